@@ -1,0 +1,282 @@
+"""The NATS transport behind every Sandpod component.
+
+Wraps nats-py so the rest of the code sees plain bytes, its own :class:`Inbound` message type and
+Sandpod's typed errors: no responders become ``SandboxNotFound`` (nobody serves that subject),
+timeouts become ``RequestTimeout``, a closed connection becomes ``ConnectionLost``. Reconnection
+is nats-py's (unbounded attempts by default), with the buffered publishes it does while away.
+Subscriptions are always bounded by pending message and byte limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+
+from sandpod_contract.errors import (
+    ConnectionLost,
+    PayloadTooLarge,
+    RequestTimeout,
+    SandboxNotFound,
+)
+
+__all__ = ["Bus", "BusSettings", "Inbound", "Subscription"]
+
+log = logging.getLogger("sandpod.bus")
+
+
+@dataclasses.dataclass(frozen=True)
+class BusSettings:
+    """How to reach NATS.
+
+    Attributes:
+        url: one or more comma-separated NATS URLs.
+        name: client name shown by the server (``nats server report connections``).
+        reconnect_wait: seconds between reconnect attempts.
+        max_reconnect_attempts: -1 for unbounded.
+        connect_timeout: seconds to wait for the first connection.
+        reconnect_buffer_bytes: publishes buffered while disconnected (nats-py pending size).
+    """
+
+    url: str = "nats://127.0.0.1:4222"
+    name: str = "sandpod"
+    reconnect_wait: float = 0.25
+    max_reconnect_attempts: int = -1
+    connect_timeout: float = 5.0
+    reconnect_buffer_bytes: int = 8 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Inbound:
+    """A received message, without nats-py types."""
+
+    subject: str
+    data: bytes
+    reply: str | None
+
+
+Handler = Callable[[Inbound], Awaitable[None]]
+
+
+class Subscription:
+    """A bounded subscription; ``stop()`` unsubscribes (idempotent)."""
+
+    def __init__(self, sub: NatsSubscription) -> None:
+        self._sub = sub
+        self._stopped = False
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            await self._sub.unsubscribe()
+        except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
+            pass
+
+    async def drain(self) -> None:
+        """Stop receiving and wait until already-received messages were handled."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            await self._sub.drain()
+        except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
+            pass
+
+
+class Bus:
+    """One NATS connection. Create with :meth:`connect`; close with :meth:`drain` or :meth:`close`."""
+
+    def __init__(self, nc: NatsClient, settings: BusSettings) -> None:
+        self._nc = nc
+        self.settings = settings
+        self._closing = False
+
+    @classmethod
+    async def connect(cls, settings: BusSettings) -> Bus:
+        """Connect to NATS.
+
+        Raises:
+            ConnectionLost: no server answered at ``settings.url`` within ``connect_timeout``.
+        """
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error: %s", exc)
+
+        async def on_disconnect() -> None:
+            log.info("nats disconnected; reconnecting")
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected")
+
+        nc = NatsClient()
+        servers = [u.strip() for u in settings.url.split(",") if u.strip()]
+        try:
+            await nc.connect(
+                servers=servers,
+                name=settings.name,
+                connect_timeout=settings.connect_timeout,
+                reconnect_time_wait=settings.reconnect_wait,
+                max_reconnect_attempts=settings.max_reconnect_attempts,
+                allow_reconnect=True,
+                pending_size=settings.reconnect_buffer_bytes,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+            )
+        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+            # Do not let nats-py keep trying in the background after we gave up.
+            await _close_quietly(nc)
+            raise ConnectionLost(
+                f"cannot connect to NATS at {settings.url}: {exc or type(exc).__name__}; "
+                "is the server running (`sandpod up`) and the URL right?",
+                url=settings.url,
+            ) from exc
+        return cls(nc, settings)
+
+    # -- properties ----------------------------------------------------------------------------
+
+    @property
+    def max_payload(self) -> int:
+        """The server's max payload in bytes (what one message may carry)."""
+        return int(self._nc.max_payload)
+
+    @property
+    def is_connected(self) -> bool:
+        return bool(self._nc.is_connected)
+
+    @property
+    def is_closed(self) -> bool:
+        return bool(self._nc.is_closed)
+
+    def new_inbox(self) -> str:
+        return str(self._nc.new_inbox())
+
+    # -- messaging -----------------------------------------------------------------------------
+
+    async def request(self, subject: str, payload: bytes, timeout: float) -> bytes:
+        """Send a request and return the reply payload.
+
+        Raises:
+            SandboxNotFound: nobody subscribes to ``subject`` (NATS "no responders").
+            RequestTimeout: no reply within ``timeout`` seconds.
+            ConnectionLost: the connection is closed.
+            PayloadTooLarge: ``payload`` exceeds the server's max payload.
+        """
+        self._check_size(payload)
+        try:
+            msg = await self._nc.request(subject, payload, timeout=timeout)
+        except nats.errors.NoRespondersError as exc:
+            raise SandboxNotFound(f"no responders on {subject}", subject=subject) from exc
+        except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+            raise RequestTimeout(
+                f"no reply on {subject} within {timeout:g}s", subject=subject
+            ) from exc
+        except nats.errors.MaxPayloadError as exc:
+            raise PayloadTooLarge(str(exc), limit=self.max_payload) from exc
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as exc:
+            raise ConnectionLost("NATS connection is closed") from exc
+        return bytes(msg.data)
+
+    async def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
+        """Publish (fire and forget; buffered by nats-py while reconnecting).
+
+        Raises:
+            ConnectionLost: the connection is closed.
+            PayloadTooLarge: ``payload`` exceeds the server's max payload.
+        """
+        self._check_size(payload)
+        try:
+            await self._nc.publish(subject, payload, reply=reply)
+        except nats.errors.MaxPayloadError as exc:
+            raise PayloadTooLarge(str(exc), limit=self.max_payload) from exc
+        except (
+            nats.errors.ConnectionClosedError,
+            nats.errors.ConnectionDrainingError,
+            nats.errors.OutboundBufferLimitError,
+        ) as exc:
+            raise ConnectionLost(f"cannot publish: {type(exc).__name__}") from exc
+
+    async def subscribe(
+        self,
+        subject: str,
+        handler: Handler,
+        *,
+        queue: str = "",
+        pending_msgs: int = 4096,
+        pending_bytes: int = 64 * 1024 * 1024,
+    ) -> Subscription:
+        """Subscribe with a handler called in order, one message at a time.
+
+        The handler must return quickly (hand long work to its own task owner); nats-py buffers
+        at most ``pending_msgs``/``pending_bytes`` behind it and reports a slow consumer beyond.
+        """
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                await handler(Inbound(msg.subject, bytes(msg.data), msg.reply or None))
+            except Exception:  # a handler bug must not kill the subscription
+                log.exception("handler for %s failed", subject)
+
+        sub = await self._nc.subscribe(
+            subject,
+            queue=queue,
+            cb=on_msg,
+            pending_msgs_limit=pending_msgs,
+            pending_bytes_limit=pending_bytes,
+        )
+        return Subscription(sub)
+
+    async def flush(self, timeout: float = 5.0) -> None:
+        """Round-trip to the server: everything published so far has reached it."""
+        try:
+            await self._nc.flush(timeout=timeout)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+            raise RequestTimeout("flush timed out") from exc
+        except nats.errors.ConnectionClosedError as exc:
+            raise ConnectionLost("NATS connection is closed") from exc
+
+    def _check_size(self, payload: bytes) -> None:
+        if self._nc.is_connected and len(payload) > self.max_payload:
+            raise PayloadTooLarge(
+                f"message of {len(payload)} bytes exceeds the NATS max payload "
+                f"{self.max_payload}",
+                size=len(payload),
+                limit=self.max_payload,
+            )
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Stop subscriptions after in-flight messages, flush publishes, close. Idempotent."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._nc.is_closed:
+            return
+        try:
+            await self._nc.drain()
+        except Exception as exc:  # draining a broken connection: closing is all that is left
+            log.debug("drain failed (%s); closing", exc)
+            await _close_quietly(self._nc)
+
+    async def close(self) -> None:
+        """Close immediately. Idempotent."""
+        self._closing = True
+        await _close_quietly(self._nc)
+
+
+async def _close_quietly(nc: Any) -> None:
+    try:
+        await nc.close()
+    except Exception as exc:  # already closed or never connected
+        log.debug("close: %s", exc)

@@ -1,0 +1,70 @@
+"""The one serve loop every Sandpod service runs through.
+
+``serve(service)``: configure logging, connect the bus, ``service.start(bus)``, then on
+SIGTERM/SIGINT: ``service.stop(grace)`` (stop intake, finish in-flight work up to the grace
+period, cancel stragglers with a log line), drain NATS, return 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Protocol
+
+import structlog
+
+from sandpod_bus import Bus, BusSettings
+from sandpod_contract.errors import ConnectionLost
+from sandpod_service.logs import configure_logging
+
+__all__ = ["Service", "serve"]
+
+log = structlog.get_logger("sandpod.serve")
+
+
+class Service(Protocol):
+    """What ``serve()`` needs from a service."""
+
+    name: str
+
+    async def start(self, bus: Bus) -> None:
+        """Subscribe and start background work; return once serving."""
+
+    async def stop(self, grace: float) -> None:
+        """Stop intake, finish in-flight work within ``grace`` seconds, cancel the rest."""
+
+
+async def serve(
+    service: Service,
+    bus_settings: BusSettings,
+    *,
+    grace: float = 10.0,
+    log_level: str = "info",
+    ready: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run ``service`` until SIGTERM/SIGINT (or ``stop`` is set); return the exit code."""
+    configure_logging(service.name, log_level)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        try:
+            bus = await Bus.connect(bus_settings)
+        except ConnectionLost as exc:
+            log.error("nats_unreachable", url=bus_settings.url, error=exc.message)
+            return 2
+        await service.start(bus)
+        log.info("service_started", nats=bus_settings.url)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("service_stopping", grace=grace)
+        await service.stop(grace)
+        await bus.drain()
+        log.info("service_stopped")
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

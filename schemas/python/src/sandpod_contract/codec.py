@@ -1,0 +1,225 @@
+"""The one codec for everything that crosses NATS.
+
+Wire messages are msgpack maps with string keys; ``bytes`` stay msgpack ``bin`` (never base64).
+Every message carries ``v`` (its schema version) first, then its fields in declaration order;
+fields whose value is ``None`` are omitted, so encoding is canonical (the test vectors in
+``schemas/vectors`` pin the exact bytes). Decoding ignores unknown fields, rejects missing required
+fields and wrong types with :class:`~sandpod_contract.errors.BadRequest`, and refuses a version
+newer than the binding knows with :class:`~sandpod_contract.errors.UnsupportedVersion`.
+
+Replies use one envelope: a successful reply is the reply message itself; a failed one is
+``{"v": 1, "error": {code, message, retryable, details}}``. ``decode_reply`` turns the latter into
+the typed exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from functools import cache
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
+
+import msgpack
+
+from sandpod_contract.errors import (
+    BadRequest,
+    SandpodError,
+    UnsupportedVersion,
+    error_from_wire,
+)
+
+__all__ = [
+    "Message",
+    "decode",
+    "decode_map",
+    "decode_reply",
+    "encode",
+    "encode_error",
+    "pack",
+    "to_map",
+    "unpack",
+]
+
+T = TypeVar("T", bound="Message")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """Base of every wire message: a frozen dataclass with a stable type name and version."""
+
+    TYPE: ClassVar[str] = "message"
+    VERSION: ClassVar[int] = 1
+
+
+def pack(obj: Any) -> bytes:
+    """msgpack-encode a plain structure (bin for bytes, str for text)."""
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def unpack(data: bytes) -> Any:
+    """msgpack-decode ``data`` strictly; malformed input raises :class:`BadRequest`."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+    except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        raise BadRequest("payload is not valid msgpack", reason=type(exc).__name__) from exc
+    except Exception as exc:  # msgpack raises assorted errors (e.g. ExtraData, StackError)
+        raise BadRequest("payload is not valid msgpack", reason=type(exc).__name__) from exc
+
+
+def to_map(msg: Message) -> dict[str, Any]:
+    """The wire map of ``msg``: ``v`` first, then set fields in declaration order."""
+    out: dict[str, Any] = {"v": msg.VERSION}
+    for f in dataclasses.fields(msg):
+        value = getattr(msg, f.name)
+        if value is None:
+            continue
+        out[f.name] = _to_wire(value)
+    return out
+
+
+def _to_wire(value: Any) -> Any:
+    if isinstance(value, Message):
+        return to_map(value)
+    if isinstance(value, tuple | list):
+        return [_to_wire(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _to_wire(v) for k, v in value.items()}
+    return value
+
+
+def encode(msg: Message) -> bytes:
+    """Encode a message to its canonical msgpack bytes."""
+    return pack(to_map(msg))
+
+
+def encode_error(err: SandpodError) -> bytes:
+    """Encode an error reply envelope."""
+    return pack({"v": 1, "error": err.to_wire()})
+
+
+def decode(cls: type[T], data: bytes) -> T:
+    """Decode ``data`` as a ``cls`` message.
+
+    Raises:
+        BadRequest: malformed msgpack, not a map, missing field or wrong type.
+        UnsupportedVersion: ``v`` is newer than ``cls.VERSION``.
+    """
+    return decode_map(cls, unpack(data))
+
+
+def decode_reply(cls: type[T], data: bytes) -> T:
+    """Decode a reply: the message on success, or raise the typed error it carries."""
+    raw = unpack(data)
+    if isinstance(raw, dict) and "error" in raw:
+        wire = raw["error"]
+        if not isinstance(wire, dict):
+            raise BadRequest("error envelope is not a map")
+        raise error_from_wire(wire)
+    return decode_map(cls, raw)
+
+
+def decode_map(cls: type[T], raw: Any, path: str = "") -> T:
+    """Validate and convert an already-unpacked map into ``cls``."""
+    where = path or cls.TYPE
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{where}: expected a map, got {_kind(raw)}", field=path or None)
+    version = raw.get("v")
+    if version is None:
+        raise BadRequest(f"{where}: missing required field 'v'", field=_join(path, "v"))
+    if type(version) is not int:
+        raise BadRequest(f"{where}.v: expected int, got {_kind(version)}", field=_join(path, "v"))
+    if version > cls.VERSION:
+        raise UnsupportedVersion(
+            f"{where}: version {version} is newer than supported {cls.VERSION}",
+            type=cls.TYPE,
+            version=version,
+            supported=cls.VERSION,
+        )
+    kwargs: dict[str, Any] = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        fpath = _join(path, f.name)
+        if f.name not in raw or raw[f.name] is None:
+            if _required(f):
+                raise BadRequest(f"{where}: missing required field '{f.name}'", field=fpath)
+            continue
+        kwargs[f.name] = _convert(hints[f.name], raw[f.name], fpath)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:  # __post_init__ validation
+        raise BadRequest(f"{where}: {exc}", field=path or None) from exc
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _kind(value: Any) -> str:
+    return {
+        dict: "map",
+        list: "array",
+        str: "string",
+        bytes: "bytes",
+        bool: "bool",
+        int: "int",
+        float: "float",
+        type(None): "nil",
+    }.get(type(value), type(value).__name__)
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:  # noqa: PLR0911, PLR0912 - one branch per wire type
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [a for a in get_args(tp) if a is not type(None)]
+        errors: list[BadRequest] = []
+        for option in options:
+            try:
+                return _convert(option, value, path)
+            except BadRequest as exc:
+                errors.append(exc)
+        raise errors[0]
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed or type(value) is bool:
+            raise BadRequest(f"{path}: expected one of {list(allowed)}, got {value!r}", field=path)
+        return value
+    if origin is tuple:  # tuple[X, ...]
+        (item_tp, _) = get_args(tp)
+        if not isinstance(value, list):
+            raise BadRequest(f"{path}: expected array, got {_kind(value)}", field=path)
+        return tuple(_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin in (dict, Mapping) or tp is dict:
+        key_tp, val_tp = get_args(tp) or (str, Any)
+        if not isinstance(value, dict):
+            raise BadRequest(f"{path}: expected map, got {_kind(value)}", field=path)
+        return {
+            _convert(key_tp, k, f"{path}<key>"): _convert(val_tp, v, f"{path}.{k}")
+            for k, v in value.items()
+        }
+    if isinstance(tp, type) and issubclass(tp, Message):
+        return decode_map(tp, value, path)
+    if tp is Any:
+        return value
+    if tp is float:
+        if type(value) in (int, float):
+            return float(value)
+    elif tp is int:
+        if type(value) is int:
+            return value
+    elif tp in (str, bytes, bool):
+        if type(value) is tp:
+            return value
+    else:  # pragma: no cover - a binding bug, not a wire error
+        raise TypeError(f"unsupported field type {tp!r} at {path}")
+    raise BadRequest(f"{path}: expected {tp.__name__}, got {_kind(value)}", field=path)

@@ -1,0 +1,236 @@
+"""The error model shared by every Sandpod component.
+
+An error crosses the wire exactly once, as ``{"code", "message", "retryable", "details"}`` inside a
+reply envelope (see ``codec``). Each stable ``code`` maps to one exception class here, so every
+service raises and every SDK catches the same types. Nothing decides anything by matching message
+text: callers branch on the class (or ``code``) and ``retryable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+__all__ = [
+    "BadRequest",
+    "Busy",
+    "CommandNotFound",
+    "ConnectionLost",
+    "ExecError",
+    "ExecLost",
+    "ExecNotFound",
+    "InternalError",
+    "InvalidCwd",
+    "PayloadTooLarge",
+    "RequestTimeout",
+    "SandboxError",
+    "SandboxNotFound",
+    "SandboxUnavailable",
+    "SandpodError",
+    "SpawnFailed",
+    "StreamClosed",
+    "UnknownSubject",
+    "UnsupportedVersion",
+    "error_catalogue",
+    "error_from_wire",
+]
+
+
+class SandpodError(Exception):
+    """Root of every Sandpod error.
+
+    Attributes:
+        code: stable machine-readable code, e.g. ``exec.not_found``.
+        retryable: whether the same request may succeed if sent again later.
+        details: structured, JSON/msgpack-safe fields (never secrets).
+    """
+
+    code: ClassVar[str] = "internal"
+    retryable: ClassVar[bool] = False
+    summary: ClassVar[str] = "unexpected internal error"
+
+    def __init__(self, message: str | None = None, **details: Any) -> None:
+        self.message = message or self.summary
+        self.details: dict[str, Any] = details
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def to_wire(self) -> dict[str, Any]:
+        """Return the wire form of this error (the ``error`` field of a reply)."""
+        return {
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+            "details": dict(self.details),
+        }
+
+
+class InternalError(SandpodError):
+    code = "internal"
+    retryable = True
+    summary = "unexpected internal error; retry, and report it if it persists"
+
+
+# -- bad requests: the caller sent something the receiver cannot accept ---------------------------
+
+
+class BadRequest(SandpodError):
+    code = "bad_request"
+    summary = "malformed request"
+
+
+class PayloadTooLarge(BadRequest):
+    code = "bad_request.too_large"
+    summary = "payload exceeds the receiver's limit; send less or stream it in chunks"
+
+
+class UnsupportedVersion(BadRequest):
+    code = "bad_request.unsupported_version"
+    summary = "message schema version is newer than the receiver understands; upgrade the receiver"
+
+
+class UnknownSubject(BadRequest):
+    code = "bad_request.unknown_subject"
+    summary = "no operation is defined on this subject"
+
+
+# -- transport-level conditions seen by clients ----------------------------------------------------
+
+
+class ConnectionLost(SandpodError):
+    code = "connection.lost"
+    retryable = True
+    summary = "the connection to NATS is closed or was lost; check the NATS URL and retry"
+
+
+class RequestTimeout(SandpodError):
+    code = "timeout"
+    retryable = True
+    summary = "no reply within the deadline"
+
+
+class Busy(SandpodError):
+    code = "busy"
+    retryable = True
+    summary = "the receiver is at its concurrency limit; retry shortly"
+
+
+# -- sandbox family --------------------------------------------------------------------------------
+
+
+class SandboxError(SandpodError):
+    code = "sandbox.error"
+    summary = "sandbox error"
+
+
+class SandboxNotFound(SandboxError):
+    code = "sandbox.not_found"
+    summary = "no execd answers for this sandbox; check the sandbox id and that it is running"
+
+
+class SandboxUnavailable(SandboxError):
+    code = "sandbox.unavailable"
+    retryable = True
+    summary = "the sandbox's execd stopped answering mid-request"
+
+
+# -- exec family -----------------------------------------------------------------------------------
+
+
+class ExecError(SandpodError):
+    code = "exec.error"
+    summary = "exec error"
+
+
+class ExecNotFound(ExecError):
+    code = "exec.not_found"
+    summary = "execd does not know this exec id (finished long ago, or execd restarted)"
+
+
+class ExecLost(ExecError):
+    code = "exec.lost"
+    retryable = True
+    summary = "the command's execd restarted or lost it before it finished; its outcome is unknown"
+
+
+class SpawnFailed(ExecError):
+    code = "exec.spawn_failed"
+    summary = "the command could not be started"
+
+
+class CommandNotFound(SpawnFailed):
+    code = "exec.command_not_found"
+    summary = "executable not found on PATH"
+
+
+class InvalidCwd(SpawnFailed):
+    code = "exec.invalid_cwd"
+    summary = "working directory does not exist or is not a directory"
+
+
+class StreamClosed(ExecError):
+    code = "exec.stream_closed"
+    summary = "the stream is closed (stdin already at EOF, or the command has exited)"
+
+
+_ALL: tuple[type[SandpodError], ...] = (
+    InternalError,
+    BadRequest,
+    PayloadTooLarge,
+    UnsupportedVersion,
+    UnknownSubject,
+    ConnectionLost,
+    RequestTimeout,
+    Busy,
+    SandboxError,
+    SandboxNotFound,
+    SandboxUnavailable,
+    ExecError,
+    ExecNotFound,
+    ExecLost,
+    SpawnFailed,
+    CommandNotFound,
+    InvalidCwd,
+    StreamClosed,
+)
+_BY_CODE: dict[str, type[SandpodError]] = {cls.code: cls for cls in _ALL}
+
+
+def _family_fallback(code: str) -> type[SandpodError]:
+    """Map an unknown code to the closest known family (``exec.foo`` -> ExecError)."""
+    family = code.split(".", 1)[0]
+    for prefix in (family, f"{family}.error"):
+        if prefix in _BY_CODE:
+            return _BY_CODE[prefix]
+    return SandpodError
+
+
+def error_from_wire(wire: Mapping[str, Any]) -> SandpodError:
+    """Build the exception for a decoded wire error.
+
+    Unknown codes (from a newer peer) map to their family's base class, keeping the code, so old
+    clients still branch correctly on family and ``retryable``.
+    """
+    code = str(wire.get("code", "internal"))
+    message = str(wire.get("message", ""))
+    details = wire.get("details") or {}
+    if not isinstance(details, Mapping):
+        details = {}
+    cls = _BY_CODE.get(code) or _family_fallback(code)
+    err = cls(message or None, **{str(k): v for k, v in details.items()})
+    if cls.code != code:
+        # A newer peer's code: keep it verbatim on the instance.
+        err.code = code  # type: ignore[misc]
+    retryable = wire.get("retryable")
+    if isinstance(retryable, bool) and retryable != cls.retryable:
+        err.retryable = retryable  # type: ignore[misc]
+    return err
+
+
+def error_catalogue() -> list[dict[str, Any]]:
+    """Every known error code with its class, retryability and meaning (for docs and vectors)."""
+    return [
+        {"code": cls.code, "retryable": cls.retryable, "summary": cls.summary} for cls in _ALL
+    ]

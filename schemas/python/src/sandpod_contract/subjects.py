@@ -1,0 +1,106 @@
+"""Subject builders: the only place a NATS subject string is assembled or parsed.
+
+    <prefix>.api.<kind>.<verb>                 control plane requests (queue groups)
+    <prefix>.sbx.<sandbox>.<family>.<verb>     data plane of one sandbox, answered by its execd
+    <prefix>.events.<kind>.<name>.<type>       lifecycle and audit events
+
+Every data-plane subject of a sandbox sits under ``<prefix>.sbx.<sandbox>.>``, so one NATS
+permission scopes a credential to exactly one sandbox. The prefix is configurable so several
+installations can share one NATS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import NamedTuple
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "SANDBOX_ID_RE",
+    "DataSubject",
+    "Subjects",
+    "validate_sandbox_id",
+]
+
+DEFAULT_PREFIX = "sandpod"
+SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def validate_sandbox_id(sandbox_id: str) -> str:
+    """Return ``sandbox_id`` if it is a DNS label (as Kubernetes names are), else raise ValueError."""
+    if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.match(sandbox_id):
+        raise ValueError(
+            f"invalid sandbox id {sandbox_id!r}: use 1-63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return sandbox_id
+
+
+def _validate_prefix(prefix: str) -> None:
+    if not prefix or not all(_TOKEN_RE.match(t) for t in prefix.split(".")):
+        raise ValueError(f"invalid subject prefix {prefix!r}: dot-separated [A-Za-z0-9_-] tokens")
+
+
+class DataSubject(NamedTuple):
+    """A parsed data-plane subject."""
+
+    sandbox_id: str
+    family: str
+    verb: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Subjects:
+    """Subject builders for one installation (one prefix)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        _validate_prefix(self.prefix)
+
+    # -- data plane ----------------------------------------------------------------------------
+
+    def sandbox(self, sandbox_id: str, family: str, verb: str) -> str:
+        """The subject of ``family.verb`` on sandbox ``sandbox_id``."""
+        validate_sandbox_id(sandbox_id)
+        for token in (family, verb):
+            if not _TOKEN_RE.match(token):
+                raise ValueError(f"invalid subject token {token!r}")
+        return f"{self.prefix}.sbx.{sandbox_id}.{family}.{verb}"
+
+    def sandbox_all(self, sandbox_id: str) -> str:
+        """Wildcard covering every data-plane subject of one sandbox (for subscriptions/ACLs)."""
+        validate_sandbox_id(sandbox_id)
+        return f"{self.prefix}.sbx.{sandbox_id}.>"
+
+    def parse_sandbox(self, subject: str) -> DataSubject | None:
+        """Split a data-plane subject; ``None`` if it is not ``<prefix>.sbx.<id>.<family>.<verb>``."""
+        head = f"{self.prefix}.sbx."
+        if not subject.startswith(head):
+            return None
+        parts = subject[len(head) :].split(".")
+        if len(parts) != 3 or not all(parts):
+            return None
+        return DataSubject(parts[0], parts[1], parts[2])
+
+    # -- control plane and events --------------------------------------------------------------
+
+    def api(self, kind: str, verb: str) -> str:
+        """Control-plane request subject, e.g. ``sandpod.api.sandboxes.create``."""
+        for token in (kind, verb):
+            if not _TOKEN_RE.match(token):
+                raise ValueError(f"invalid subject token {token!r}")
+        return f"{self.prefix}.api.{kind}.{verb}"
+
+    def event(self, kind: str, name: str, event_type: str) -> str:
+        """Event subject, e.g. ``sandpod.events.sandbox.demo.ready``."""
+        for token in (kind, name, event_type):
+            if not _TOKEN_RE.match(token):
+                raise ValueError(f"invalid subject token {token!r}")
+        return f"{self.prefix}.events.{kind}.{name}.{event_type}"
+
+    def events_all(self) -> str:
+        """Wildcard covering every event subject."""
+        return f"{self.prefix}.events.>"

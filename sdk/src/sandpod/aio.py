@@ -1,0 +1,575 @@
+"""The asynchronous SDK: :class:`AsyncSandbox` and :class:`AsyncExecStream`.
+
+Every call is one NATS request on the sandbox's own subjects, answered by its execd; nothing goes
+through a control plane. Errors arrive as the contract's typed exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar, overload
+
+from sandpod_bus import Bus, BusSettings, Inbound, Subscription
+from sandpod_contract.codec import Message, decode_map, decode_reply, encode, unpack
+from sandpod_contract.errors import (
+    ConnectionLost,
+    ExecLost,
+    ExecNotFound,
+    RequestTimeout,
+    SandboxNotFound,
+    SandboxUnavailable,
+    SandpodError,
+    StreamClosed,
+)
+from sandpod_contract.messages.common import Empty
+from sandpod_contract.messages.exec import (
+    ExecExit,
+    ExecFetch,
+    ExecRef,
+    ExecRequest,
+    ExecResult as WireResult,
+    ExecResume,
+    ExecSignal,
+    ExecStart,
+    ExecStarted,
+    ExecStatus,
+    OutputChunk as WireChunk,
+    OutputPart,
+    StdinWrite,
+    StreamAck,
+)
+from sandpod_contract.messages.system import Info, Pong
+from sandpod_contract.subjects import Subjects, validate_sandbox_id
+from sandpod.config import resolve_nats_url, resolve_prefix
+from sandpod.errors import CommandFailed
+from sandpod._watch import watch
+from sandpod.results import ExecResult, ExitStatus, OutputChunk
+
+__all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
+
+log = logging.getLogger("sandpod")
+
+R = TypeVar("R", bound=Message)
+Command = str | Sequence[str]
+
+DEFAULT_TIMEOUT = 60.0
+CONTROL_TIMEOUT = 5.0
+REPLY_SLACK = 10.0  # execd enforces the command timeout; the reply may take this much longer
+NO_DEADLINE = 10 * 365 * 86400.0
+STDIN_CHUNK = 256 * 1024
+
+
+def _split_command(command: Command) -> tuple[tuple[str, ...] | None, str | None]:
+    if isinstance(command, str):
+        return None, command
+    argv = tuple(command)
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise TypeError("command must be a shell string or a non-empty sequence of strings")
+    return argv, None
+
+
+class AsyncSandbox:
+    """A handle on one sandbox. Create with :meth:`connect`; close with :meth:`close`."""
+
+    def __init__(self, bus: Bus, sandbox_id: str, subjects: Subjects, *, owns_bus: bool) -> None:
+        self.bus = bus
+        self.id = validate_sandbox_id(sandbox_id)
+        self.subjects = subjects
+        self._owns_bus = owns_bus
+
+    @classmethod
+    async def connect(
+        cls,
+        sandbox_id: str = "default",
+        *,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+        connect_timeout: float = 5.0,
+        bus: Bus | None = None,
+    ) -> AsyncSandbox:
+        """Connect to sandbox ``sandbox_id``.
+
+        Args:
+            nats_url: NATS URL(s); default ``$SANDPOD_NATS_URL``, ``$NATS_URL``, localhost.
+            prefix: subject prefix of the installation (default ``$SANDPOD_PREFIX``/``sandpod``).
+            bus: share an existing connection instead of opening one (not closed by ``close``).
+
+        Raises:
+            ConnectionLost: NATS is unreachable.
+        """
+        validate_sandbox_id(sandbox_id)
+        subjects = Subjects(resolve_prefix(prefix))
+        if bus is not None:
+            return cls(bus, sandbox_id, subjects, owns_bus=False)
+        settings = BusSettings(
+            url=resolve_nats_url(nats_url),
+            name=f"sandpod-sdk:{sandbox_id}",
+            connect_timeout=connect_timeout,
+        )
+        return cls(await Bus.connect(settings), sandbox_id, subjects, owns_bus=True)
+
+    async def close(self) -> None:
+        if self._owns_bus:
+            await self.bus.drain()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _subject(self, family: str, verb: str) -> str:
+        return self.subjects.sandbox(self.id, family, verb)
+
+    async def _call(
+        self, family: str, verb: str, msg: Message, reply: type[R], timeout: float
+    ) -> R:
+        try:
+            data = await self.bus.request(self._subject(family, verb), encode(msg), timeout)
+        except SandboxNotFound as exc:
+            raise SandboxNotFound(
+                f"sandbox {self.id!r} has no execd answering; is it running (`sandpod up`)?",
+                sandbox_id=self.id,
+            ) from exc
+        return decode_reply(reply, data)
+
+    # -- sys -----------------------------------------------------------------------------------
+
+    async def ping(self, timeout: float = CONTROL_TIMEOUT) -> float:
+        """Round-trip time to the sandbox's execd in seconds."""
+        t0 = time.perf_counter()
+        await self._call("sys", "ping", Empty(), Pong, timeout)
+        return time.perf_counter() - t0
+
+    async def info(self, timeout: float = CONTROL_TIMEOUT) -> Info:
+        """Runtime, isolation and limits of the sandbox's execd."""
+        return await self._call("sys", "info", Empty(), Info, timeout)
+
+    # -- exec ----------------------------------------------------------------------------------
+
+    @overload
+    async def exec(self, command: Command, /, **kw: Any) -> ExecResult: ...
+    @overload
+    async def exec(self, cwd: str | None, command: Command, /, **kw: Any) -> ExecResult: ...
+
+    async def exec(self, *args: Any, **kw: Any) -> ExecResult:
+        """Run a command to completion: ``exec("/workspace", "date")`` or ``exec(["ls", "-l"])``.
+
+        Args:
+            cwd: working directory (default: the workspace); first of two positionals.
+            command: a shell string (run by the sandbox's shell) or an argv sequence.
+            env: variables added to the sandbox's environment.
+            stdin: bytes (or str) fed to the command, then EOF.
+            timeout: seconds before execd kills the whole process tree (``None``: no limit);
+                the result then has ``timed_out=True``.
+            max_output: per-stream capture cap in bytes (beyond it: ``*_truncated``).
+            check: raise :class:`CommandFailed` unless the command exited 0.
+
+        Raises:
+            SandboxNotFound, SandboxUnavailable, ExecLost: execd absent or lost mid-request.
+            CommandNotFound, InvalidCwd, SpawnFailed: the command could not start.
+            BadRequest: invalid arguments.
+        """
+        cwd, command = _cwd_and_command(args)
+        return await self._exec(cwd, command, **kw)
+
+    async def _exec(
+        self,
+        cwd: str | None,
+        command: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        max_output: int | None = None,
+        check: bool = False,
+    ) -> ExecResult:
+        argv, shell = _split_command(command)
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        if data is not None and len(data) > self.bus.max_payload // 2:
+            return await self._exec_via_stream(cwd, command, env, data, timeout, max_output, check)
+        exec_id = uuid.uuid4().hex
+        req = ExecRequest(
+            exec_id=exec_id,
+            argv=argv,
+            shell=shell,
+            cwd=cwd,
+            env=dict(env) if env else None,
+            stdin=data,
+            timeout=timeout,
+            max_output=max_output,
+        )
+        deadline = timeout + REPLY_SLACK if timeout else NO_DEADLINE
+        wire = await watch(
+            self._call("exec", "run", req, WireResult, deadline),
+            lambda: self._status(exec_id),
+            what=f"exec {exec_id}",
+        )
+        stdout = await self._complete(wire, "stdout", wire.stdout, wire.stdout_size)
+        stderr = await self._complete(wire, "stderr", wire.stderr, wire.stderr_size)
+        result = ExecResult(
+            exec_id=wire.exec_id,
+            exit_code=wire.exit_code,
+            signal=wire.signal,
+            stdout_bytes=stdout,
+            stderr_bytes=stderr,
+            stdout_truncated=wire.stdout_truncated,
+            stderr_truncated=wire.stderr_truncated,
+            timed_out=wire.timed_out,
+            duration=wire.duration,
+        )
+        if check and not result.ok:
+            raise CommandFailed(
+                f"command exited with {result.exit_code if result.signal is None else result.signal_name}",
+                exit_code=result.exit_code,
+                signal=result.signal,
+                timed_out=result.timed_out,
+            )
+        return result
+
+    async def _complete(self, wire: WireResult, stream: str, head: bytes, size: int) -> bytes:
+        """Fetch the part of the output that did not fit in the reply."""
+        parts = [head]
+        offset = len(head)
+        while offset < size:
+            req = ExecFetch(exec_id=wire.exec_id, stream=stream, offset=offset)  # type: ignore[arg-type]
+            part = await self._call("exec", "fetch", req, OutputPart, CONTROL_TIMEOUT)
+            if not part.data:
+                break
+            parts.append(part.data)
+            offset += len(part.data)
+            if part.eof:
+                break
+        return b"".join(parts)
+
+    async def _exec_via_stream(
+        self,
+        cwd: str | None,
+        command: Command,
+        env: Mapping[str, str] | None,
+        stdin: bytes,
+        timeout: float | None,
+        max_output: int | None,
+        check: bool,
+    ) -> ExecResult:
+        """A one-shot exec whose stdin is too large for one message: stream it in."""
+        cap = max_output if max_output is not None else 16 * 1024 * 1024
+        out: list[bytes] = []
+        err: list[bytes] = []
+        sizes = {"stdout": 0, "stderr": 0}
+        async with self.exec_stream(cwd, command, env=env, stdin_open=True, timeout=timeout) as st:
+            feeder = asyncio.create_task(st._feed_all(stdin))
+            try:
+                async for chunk in st:
+                    room = cap - sizes[chunk.stream]
+                    if room > 0:
+                        (out if chunk.stream == "stdout" else err).append(chunk.data[:room])
+                    sizes[chunk.stream] += len(chunk.data)
+            finally:
+                feeder.cancel()
+                await asyncio.gather(feeder, return_exceptions=True)
+            status = await st.wait()
+        result = ExecResult(
+            exec_id=status.exec_id,
+            exit_code=status.exit_code,
+            signal=status.signal,
+            stdout_bytes=b"".join(out),
+            stderr_bytes=b"".join(err),
+            stdout_truncated=sizes["stdout"] > cap,
+            stderr_truncated=sizes["stderr"] > cap,
+            timed_out=status.timed_out,
+            duration=status.duration,
+        )
+        if check and not result.ok:
+            raise CommandFailed(f"command exited with {result.exit_code}")
+        return result
+
+    async def _status(self, exec_id: str) -> ExecStatus:
+        return await self._call(
+            "exec", "status", ExecRef(exec_id=exec_id), ExecStatus, CONTROL_TIMEOUT
+        )
+
+    @overload
+    def exec_stream(self, command: Command, /, **kw: Any) -> AsyncExecStream: ...
+    @overload
+    def exec_stream(self, cwd: str | None, command: Command, /, **kw: Any) -> AsyncExecStream: ...
+
+    def exec_stream(self, *args: Any, **kw: Any) -> AsyncExecStream:
+        """Start a streaming exec; iterate it for :class:`OutputChunk` s, then ``await .wait()``.
+
+        Keyword args: ``env``, ``stdin`` (initial bytes), ``stdin_open`` (keep stdin open for
+        :meth:`AsyncExecStream.write`), ``timeout`` (default none), ``window`` (bytes in flight),
+        ``abandon_after`` (seconds of client silence before execd kills the command).
+        """
+        cwd, command = _cwd_and_command(args)
+        return AsyncExecStream(self, cwd, command, **kw)
+
+
+def _cwd_and_command(args: tuple[Any, ...]) -> tuple[str | None, Command]:
+    if len(args) == 1:
+        return None, args[0]
+    if len(args) == 2:
+        return args[0], args[1]
+    raise TypeError("expected (command) or (cwd, command)")
+
+
+class AsyncExecStream:
+    """A running streaming exec: async-iterate for output, then :meth:`wait` for the exit."""
+
+    def __init__(
+        self,
+        sandbox: AsyncSandbox,
+        cwd: str | None,
+        command: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        stdin_open: bool = False,
+        timeout: float | None = None,
+        window: int | None = None,
+        abandon_after: float | None = None,
+        probe_interval: float = 1.0,
+    ) -> None:
+        argv, shell = _split_command(command)
+        self._sbx = sandbox
+        self._bus = sandbox.bus
+        self._exec_id = uuid.uuid4().hex
+        self._inbox = self._bus.new_inbox()
+        self._request = ExecStart(
+            deliver=self._inbox,
+            exec_id=self._exec_id,
+            argv=argv,
+            shell=shell,
+            cwd=cwd,
+            env=dict(env) if env else None,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            stdin_open=stdin_open,
+            timeout=timeout,
+            window=window,
+            abandon_after=abandon_after,
+        )
+        self._abandon_after = abandon_after or 60.0
+        self._probe_interval = probe_interval
+        # Bounded by the protocol: execd never has more than `window` unacked bytes in flight.
+        self._frames: asyncio.Queue[WireChunk | ExecExit | SandpodError] = asyncio.Queue()
+        self._expected = 1
+        self._consumed = 0  # highest seq handed to the user
+        self._unacked_bytes = 0
+        self._resume_asked_for = 0
+        self._window = 0
+        self._sub: Subscription | None = None
+        self._keepalive: asyncio.Task[None] | None = None
+        self._exit: ExitStatus | None = None
+        self._started = False
+        self._closed = False
+        self.pid: int | None = None
+
+    @property
+    def exec_id(self) -> str:
+        return self._exec_id
+
+    @property
+    def exit(self) -> ExitStatus | None:
+        """The exit status once the stream ended, else ``None``."""
+        return self._exit
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> Self:
+        """Start the command (implicit on first iteration or ``async with``)."""
+        if self._started:
+            return self
+        self._started = True
+        self._sub = await self._bus.subscribe(
+            self._inbox, self._on_frame, pending_msgs=1 << 20, pending_bytes=256 * 1024 * 1024
+        )
+        try:
+            started = await self._sbx._call(
+                "exec", "start", self._request, ExecStarted, CONTROL_TIMEOUT
+            )
+        except BaseException:
+            await self._sub.stop()
+            raise
+        self.pid = started.pid
+        self._window = started.window
+        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"keepalive:{self._exec_id}")
+        return self
+
+    async def close(self) -> None:
+        """Stop listening; if the command still runs, cancel it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            await asyncio.gather(self._keepalive, return_exceptions=True)
+        if self._started and self._exit is None:
+            with contextlib.suppress(SandpodError):
+                await self.cancel()
+        if self._sub is not None:
+            await self._sub.stop()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- frames --------------------------------------------------------------------------------
+
+    async def _on_frame(self, msg: Inbound) -> None:
+        try:
+            raw = unpack(msg.data)
+            kind = raw.get("kind") if isinstance(raw, dict) else None
+            frame: WireChunk | ExecExit = decode_map(ExecExit if kind == "exit" else WireChunk, raw)
+        except SandpodError as exc:
+            log.warning("dropping malformed frame on %s: %s", msg.subject, exc)
+            return
+        if frame.exec_id != self._exec_id or frame.seq < self._expected:
+            return  # a duplicate after a resume
+        if frame.seq > self._expected:
+            # Frames were lost (e.g. across a reconnect): ask for them again, once per gap.
+            if self._resume_asked_for != self._expected:
+                with contextlib.suppress(SandpodError):
+                    await self._ask_resume()
+            return
+        self._expected += 1
+        self._frames.put_nowait(frame)
+
+    async def _ask_resume(self) -> ExecStatus:
+        self._resume_asked_for = self._expected
+        req = ExecResume(exec_id=self._exec_id, from_seq=self._expected, deliver=self._inbox)
+        return await self._sbx._call("exec", "resume", req, ExecStatus, CONTROL_TIMEOUT)
+
+    async def _probe(self) -> ExecStatus:
+        try:
+            return await self._ask_resume()
+        except ExecNotFound as exc:
+            if self._exit is None:
+                raise ExecLost(f"execd no longer knows stream {self._exec_id}") from exc
+            raise
+
+    async def _keep_alive(self) -> None:
+        """Tell execd we are alive (even while the user is slow) so it does not abandon us."""
+        interval = max(self._abandon_after / 4, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(SandpodError):
+                await self._ack(force=True)
+
+    async def _ack(self, force: bool = False) -> None:
+        if not force and self._unacked_bytes < max(self._window // 4, 1):
+            return
+        self._unacked_bytes = 0
+        msg = StreamAck(exec_id=self._exec_id, seq=self._consumed)
+        await self._bus.publish(self._sbx._subject("exec", "ack"), encode(msg))
+
+    async def _next_frame(self) -> WireChunk | ExecExit:
+        missed = 0
+        while True:
+            try:
+                item = await asyncio.wait_for(self._frames.get(), self._probe_interval)
+            except TimeoutError:
+                try:
+                    await self._probe()
+                    missed = 0
+                except SandboxNotFound as exc:
+                    raise SandboxUnavailable("execd stopped answering during the stream") from exc
+                except RequestTimeout as exc:
+                    missed += 1
+                    if missed >= 3:
+                        raise SandboxUnavailable("execd did not answer 3 liveness probes") from exc
+                except ConnectionLost:
+                    missed += 1
+                    if missed >= 30:
+                        raise
+                continue
+            if isinstance(item, SandpodError):
+                raise item
+            return item
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> OutputChunk:
+        if self._exit is not None or self._closed:
+            raise StopAsyncIteration
+        await self.start()
+        frame = await self._next_frame()
+        self._consumed = frame.seq
+        if isinstance(frame, ExecExit):
+            self._exit = ExitStatus(
+                exec_id=frame.exec_id,
+                exit_code=frame.exit_code,
+                signal=frame.signal,
+                timed_out=frame.timed_out,
+                cancelled=frame.cancelled,
+                abandoned=frame.abandoned,
+                duration=frame.duration,
+                stdout_size=frame.stdout_size,
+                stderr_size=frame.stderr_size,
+            )
+            with contextlib.suppress(SandpodError):
+                await self._ack(force=True)
+            if self._keepalive is not None:
+                self._keepalive.cancel()
+            raise StopAsyncIteration
+        self._unacked_bytes += len(frame.data)
+        await self._ack()
+        return OutputChunk(stream=frame.stream, data=frame.data, seq=frame.seq)
+
+    async def wait(self) -> ExitStatus:
+        """Consume (and discard) remaining output, then return the exit status."""
+        async for _ in self:
+            pass
+        assert self._exit is not None
+        return self._exit
+
+    # -- control -------------------------------------------------------------------------------
+
+    async def write(self, data: bytes | str) -> None:
+        """Write to stdin (needs ``stdin_open=True``); returns once execd put it in the pipe."""
+        await self.start()
+        payload = data.encode() if isinstance(data, str) else data
+        for i in range(0, max(len(payload), 1), STDIN_CHUNK):
+            await self._stdin(payload[i : i + STDIN_CHUNK], eof=False)
+
+    async def close_stdin(self) -> None:
+        """Send EOF on stdin."""
+        await self.start()
+        await self._stdin(b"", eof=True)
+
+    async def _feed_all(self, data: bytes) -> None:
+        await self.write(data)
+        await self.close_stdin()
+
+    async def _stdin(self, data: bytes, eof: bool) -> None:
+        req = StdinWrite(exec_id=self._exec_id, data=data, eof=eof)
+        try:
+            await self._sbx._call("exec", "stdin", req, ExecStatus, NO_DEADLINE)
+        except ExecNotFound as exc:
+            raise StreamClosed("the command has already exited") from exc
+
+    async def signal(self, sig: int) -> None:
+        """Send signal ``sig`` to the command's process group."""
+        await self.start()
+        req = ExecSignal(exec_id=self._exec_id, signal=int(sig))
+        with contextlib.suppress(ExecNotFound):
+            await self._sbx._call("exec", "signal", req, ExecStatus, CONTROL_TIMEOUT)
+
+    async def cancel(self) -> None:
+        """Kill the command's whole tree; the stream then ends with ``cancelled=True``."""
+        await self.start()
+        req = ExecRef(exec_id=self._exec_id)
+        with contextlib.suppress(ExecNotFound):
+            await self._sbx._call("exec", "cancel", req, ExecStatus, CONTROL_TIMEOUT)

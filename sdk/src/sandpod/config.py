@@ -1,0 +1,25 @@
+"""Where the SDK connects: explicit arguments first, then the environment, then the default."""
+
+from __future__ import annotations
+
+import os
+
+from sandpod_contract.subjects import DEFAULT_PREFIX
+
+__all__ = ["DEFAULT_NATS_URL", "resolve_nats_url", "resolve_prefix"]
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def resolve_nats_url(explicit: str | None) -> str:
+    """``explicit``, else ``$SANDPOD_NATS_URL``, else ``$NATS_URL``, else localhost:4222."""
+    return (
+        explicit
+        or os.environ.get("SANDPOD_NATS_URL")
+        or os.environ.get("NATS_URL")
+        or DEFAULT_NATS_URL
+    )
+
+
+def resolve_prefix(explicit: str | None) -> str:
+    return explicit or os.environ.get("SANDPOD_PREFIX") or DEFAULT_PREFIX

@@ -1,0 +1,137 @@
+"""The synchronous SDK: the same surface as :mod:`sandpod.aio`, blocking.
+
+Each method runs its async twin on the SDK's private loop thread (:mod:`sandpod._loop`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, Self, overload
+
+from sandpod_contract.messages.system import Info
+from sandpod._loop import run
+from sandpod.aio import AsyncExecStream, AsyncSandbox, Command
+from sandpod.results import ExecResult, ExitStatus, OutputChunk
+
+__all__ = ["ExecStream", "Sandbox"]
+
+
+class Sandbox:
+    """A handle on one sandbox (blocking). ``Sandbox.connect("default").exec("/workspace", "date")``."""
+
+    def __init__(self, inner: AsyncSandbox) -> None:
+        self._inner = inner
+
+    @classmethod
+    def connect(
+        cls,
+        sandbox_id: str = "default",
+        *,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+        connect_timeout: float = 5.0,
+    ) -> Sandbox:
+        """Connect to sandbox ``sandbox_id`` (see :meth:`AsyncSandbox.connect`)."""
+        return cls(
+            run(
+                AsyncSandbox.connect(
+                    sandbox_id, nats_url=nats_url, prefix=prefix, connect_timeout=connect_timeout
+                )
+            )
+        )
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    def close(self) -> None:
+        run(self._inner.close())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def ping(self, timeout: float = 5.0) -> float:
+        return run(self._inner.ping(timeout))
+
+    def info(self, timeout: float = 5.0) -> Info:
+        return run(self._inner.info(timeout))
+
+    @overload
+    def exec(self, command: Command, /, **kw: Any) -> ExecResult: ...
+    @overload
+    def exec(self, cwd: str | None, command: Command, /, **kw: Any) -> ExecResult: ...
+
+    def exec(self, *args: Any, **kw: Any) -> ExecResult:
+        """Run a command to completion (see :meth:`AsyncSandbox.exec`)."""
+        return run(self._inner.exec(*args, **kw))
+
+    @overload
+    def exec_stream(self, command: Command, /, **kw: Any) -> ExecStream: ...
+    @overload
+    def exec_stream(self, cwd: str | None, command: Command, /, **kw: Any) -> ExecStream: ...
+
+    def exec_stream(self, *args: Any, **kw: Any) -> ExecStream:
+        """Start a streaming exec (see :meth:`AsyncSandbox.exec_stream`)."""
+        return ExecStream(self._inner.exec_stream(*args, **kw))
+
+
+class ExecStream:
+    """Blocking twin of :class:`AsyncExecStream`: iterate for chunks, then :meth:`wait`."""
+
+    def __init__(self, inner: AsyncExecStream) -> None:
+        self._inner = inner
+
+    @property
+    def exec_id(self) -> str:
+        return self._inner.exec_id
+
+    @property
+    def pid(self) -> int | None:
+        return self._inner.pid
+
+    @property
+    def exit(self) -> ExitStatus | None:
+        return self._inner.exit
+
+    def start(self) -> Self:
+        run(self._inner.start())
+        return self
+
+    def close(self) -> None:
+        run(self._inner.close())
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        return self
+
+    def __next__(self) -> OutputChunk:
+        try:
+            return run(self._inner.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def wait(self) -> ExitStatus:
+        return run(self._inner.wait())
+
+    def write(self, data: bytes | str) -> None:
+        run(self._inner.write(data))
+
+    def close_stdin(self) -> None:
+        run(self._inner.close_stdin())
+
+    def signal(self, sig: int) -> None:
+        run(self._inner.signal(sig))
+
+    def cancel(self) -> None:
+        run(self._inner.cancel())

@@ -1,0 +1,50 @@
+"""``sys`` family: ping and info."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from sandpod_contract.catalogue import DATA_PLANE, PROTOCOL_VERSION
+from sandpod_contract.messages.common import Empty
+from sandpod_contract.messages.system import Info, Pong
+from sandpod_execd import __version__
+from sandpod_execd.sandbox import SandboxContext
+from sandpod_execd.settings import ExecdSettings
+
+__all__ = ["SystemHandlers"]
+
+RUNTIME = "process"
+ISOLATION = "none"  # commands run on the host as execd's user; the jail comes with `local`
+
+
+class SystemHandlers:
+    def __init__(self, settings: ExecdSettings, max_payload: int) -> None:
+        self._settings = settings
+        self._max_payload = max_payload
+        self._started = time.time()
+        self._families = tuple(sorted({op.family for op in DATA_PLANE}))
+
+    async def ping(self, sbx: SandboxContext, _: Empty) -> Pong:
+        return Pong(sandbox_id=sbx.sandbox_id, time=time.time())
+
+    async def info(self, sbx: SandboxContext, _: Empty) -> Info:
+        s = self._settings
+        return Info(
+            sandbox_id=sbx.sandbox_id,
+            execd_version=__version__,
+            protocol_version=PROTOCOL_VERSION,
+            runtime=RUNTIME,
+            isolation=ISOLATION,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=self._started,
+            workspace=str(sbx.workspace),
+            max_request_bytes=s.max_request_bytes,
+            max_payload=self._max_payload,
+            default_window=s.default_window,
+            max_window=s.max_window,
+            default_max_output=s.default_max_output,
+            families=self._families,
+        )

@@ -1,0 +1,255 @@
+"""Spawning and controlling one command, knowing nothing about NATS.
+
+A command runs as the leader of its own session and process group (``setsid``), with its stdout and
+stderr on enlarged pipes we read without blocking, and its stdin on a pipe we write without
+blocking. Exit is observed through a pidfd, so no watcher thread exists per child. Killing a
+command kills its whole tree: the process group plus any descendant that left it with setsid
+(found by walking ``/proc``), so grandchildren never outlive a timeout or a cancel.
+
+This is the ``process`` runtime: **no isolation**. Commands run on the host as execd's user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from sandpod_contract.errors import CommandNotFound, InvalidCwd, SpawnFailed
+
+__all__ = ["Command", "PipeReader", "PipeWriter", "Process", "descendants", "spawn"]
+
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, not exported by Python 3.11
+PIPE_SIZE = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Command:
+    """A fully resolved command: argv, absolute cwd, complete environment."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+    stdin: bool  # give the command a stdin pipe (else /dev/null)
+
+
+class PipeReader:
+    """Non-blocking reads from a pipe's read end on the running loop."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self.closed = False
+
+    async def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes as soon as any are available; ``b""`` at EOF."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return os.read(self.fd, size)
+            except BlockingIOError:
+                pass
+            ready = loop.create_future()
+            loop.add_reader(self.fd, _set_once, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(self.fd)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+
+
+class PipeWriter:
+    """Non-blocking writes to a pipe's write end; ``write`` returns once all bytes are in."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self.closed = False
+
+    async def write(self, data: bytes) -> None:
+        """Write all of ``data``. Raises BrokenPipeError if the reader went away."""
+        loop = asyncio.get_running_loop()
+        view = memoryview(data)
+        while view:
+            if self.closed:
+                raise BrokenPipeError(errno.EPIPE, "stdin is closed")
+            try:
+                n = os.write(self.fd, view)
+                view = view[n:]
+                continue
+            except BlockingIOError:
+                pass
+            ready = loop.create_future()
+            loop.add_writer(self.fd, _set_once, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_writer(self.fd)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Process:
+    """A running command: its pipes, exit status and tree-wide kill."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], stdout: int, stderr: int, stdin: int | None):
+        self.pid = popen.pid
+        self._popen = popen
+        self.stdout = PipeReader(stdout)
+        self.stderr = PipeReader(stderr)
+        self.stdin = PipeWriter(stdin) if stdin is not None else None
+        self.started = time.monotonic()
+        self.returncode: int | None = None
+        self._exited = asyncio.get_running_loop().create_future()
+        self._watch()
+
+    def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except OSError:  # very old kernel: poll instead
+            loop.call_later(0.01, self._poll)
+            return
+
+        def on_exit() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            self._reap()
+
+        loop.add_reader(pidfd, on_exit)
+
+    def _poll(self) -> None:
+        if not self._reap():
+            asyncio.get_running_loop().call_later(0.01, self._poll)
+
+    def _reap(self) -> bool:
+        if self._popen.poll() is None:
+            return False
+        self.returncode = self._popen.returncode
+        if not self._exited.done():
+            self._exited.set_result(self.returncode)
+        return True
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None
+
+    async def wait(self) -> int:
+        """Wait for exit; the raw return code (negative: killed by that signal)."""
+        return await asyncio.shield(self._exited)
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the command's process group (and the leader if it left the group)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+        if self.running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, sig)
+
+    def kill_tree(self) -> None:
+        """SIGKILL the group and every descendant, including ones that called setsid."""
+        stray = descendants(self.pid)
+        self.signal_group(signal.SIGKILL)
+        for pid in stray:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def close_pipes(self) -> None:
+        self.stdout.close()
+        self.stderr.close()
+        if self.stdin is not None:
+            self.stdin.close()
+
+
+def descendants(root: int) -> list[int]:
+    """All live descendants of ``root`` (by parent pid), read from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: parse after the last ')'
+        fields = stat[stat.rfind(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    with contextlib.suppress(OSError):  # larger pipes: fewer wake-ups on bulk output
+        fcntl.fcntl(r, F_SETPIPE_SZ, PIPE_SIZE)
+    return r, w
+
+
+def spawn(cmd: Command) -> Process:
+    """Start ``cmd`` in a new session; must be called on the event loop.
+
+    Raises:
+        InvalidCwd: ``cmd.cwd`` is missing or not a directory.
+        CommandNotFound: the program does not exist.
+        SpawnFailed: any other reason the kernel refused (permission, exec format...).
+    """
+    if not os.path.isdir(cmd.cwd):
+        raise InvalidCwd(f"working directory {cmd.cwd!r} does not exist", cwd=cmd.cwd)
+    out_r, out_w = _pipe()
+    err_r, err_w = _pipe()
+    in_r, in_w = _pipe() if cmd.stdin else (None, None)
+    try:
+        popen = subprocess.Popen(
+            cmd.argv,
+            stdin=in_r if in_r is not None else subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=err_w,
+            cwd=cmd.cwd,
+            env=dict(cmd.env),
+            start_new_session=True,
+            close_fds=True,
+        )
+    except FileNotFoundError as exc:
+        for fd in (out_r, err_r, in_w):
+            if fd is not None:
+                os.close(fd)
+        raise CommandNotFound(f"{cmd.argv[0]!r}: command not found", program=cmd.argv[0]) from exc
+    except OSError as exc:
+        for fd in (out_r, err_r, in_w):
+            if fd is not None:
+                os.close(fd)
+        raise SpawnFailed(
+            f"cannot start {cmd.argv[0]!r}: {exc.strerror}",
+            program=cmd.argv[0],
+            errno=exc.errno or 0,
+        ) from exc
+    finally:
+        for fd in (out_w, err_w, in_r):
+            if fd is not None:
+                os.close(fd)
+    return Process(popen, out_r, err_r, in_w)

@@ -1,0 +1,70 @@
+"""What execd remembers about execs of one sandbox, all of it bounded.
+
+- running one-shot execs (id -> pid) and streaming execs (id -> StreamingExec), so status probes
+  and control verbs find them;
+- output of finished one-shot execs that did not fit in one reply, until fetched to the end or
+  ``result_ttl`` passed, within a total byte budget;
+- ids of recently finished execs (a bounded LRU), so a status probe that races the reply learns
+  "exited" rather than "unknown".
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+from sandpod_execd.streaming import StreamingExec
+
+__all__ = ["ExecRegistry", "StoredOutput"]
+
+RECENT_LIMIT = 4096
+
+
+@dataclasses.dataclass(slots=True)
+class StoredOutput:
+    stdout: bytes
+    stderr: bytes
+    expires: float
+
+
+class ExecRegistry:
+    def __init__(self, result_ttl: float, stored_budget: int) -> None:
+        self.result_ttl = result_ttl
+        self.stored_budget = stored_budget
+        self.oneshots: dict[str, int] = {}
+        self.streams: dict[str, StreamingExec] = {}
+        self.stored: dict[str, StoredOutput] = {}
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def __contains__(self, exec_id: str) -> bool:
+        return exec_id in self.oneshots or exec_id in self.streams or exec_id in self._recent
+
+    @property
+    def active(self) -> int:
+        return len(self.oneshots) + len(self.streams)
+
+    def finished(self, exec_id: str) -> None:
+        self.oneshots.pop(exec_id, None)
+        self.streams.pop(exec_id, None)
+        self._recent[exec_id] = None
+        self._recent.move_to_end(exec_id)
+        while len(self._recent) > RECENT_LIMIT:
+            self._recent.popitem(last=False)
+
+    def was_recent(self, exec_id: str) -> bool:
+        return exec_id in self._recent
+
+    def store_output(self, exec_id: str, stdout: bytes, stderr: bytes) -> bool:
+        """Keep output for ``exec.fetch``; False if the byte budget is exhausted."""
+        self.expire()
+        used = sum(len(s.stdout) + len(s.stderr) for s in self.stored.values())
+        if used + len(stdout) + len(stderr) > self.stored_budget:
+            return False
+        self.stored[exec_id] = StoredOutput(stdout, stderr, time.monotonic() + self.result_ttl)
+        return True
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for exec_id in [k for k, v in self.stored.items() if v.expires <= now]:
+            del self.stored[exec_id]

@@ -1,0 +1,99 @@
+"""execd settings, read once from the environment at start-up.
+
+| variable | default | meaning |
+|---|---|---|
+| ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix of the installation |
+| ``SANDPOD_SANDBOX_ID`` | ``default`` | sandbox id(s) served, comma-separated |
+| ``SANDPOD_WORKSPACE`` | ``$SANDPOD_STATE_DIR/workspaces/<id>`` | directory ``/workspace`` maps to |
+| ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | where workspaces are created |
+| ``SANDPOD_EXECD_MAX_EXECS`` | 1024 | concurrent execs before ``busy`` |
+| ``SANDPOD_EXECD_MAX_REQUEST`` | 1 MiB | largest accepted request (bytes) |
+| ``SANDPOD_EXECD_MAX_OUTPUT`` | 16 MiB | default per-stream capture cap of one-shot exec |
+| ``SANDPOD_EXECD_WINDOW`` | 4 MiB | default stream window (unacked bytes in flight) |
+| ``SANDPOD_EXECD_MAX_WINDOW`` | 16 MiB | largest window a client may ask for |
+| ``SANDPOD_EXECD_ABANDON_AFTER`` | 60 s | default silence after which a stream's command is killed |
+| ``SANDPOD_EXECD_RESULT_TTL`` | 60 s | how long unfetched one-shot output is kept |
+| ``SANDPOD_EXECD_SHELL`` | ``/bin/bash`` if present, else ``/bin/sh`` | shell for shell strings |
+| ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from sandpod_bus import BusSettings
+from sandpod_contract.subjects import DEFAULT_PREFIX, validate_sandbox_id
+from sandpod_service import env_float, env_int, env_str
+
+__all__ = ["ExecdSettings"]
+
+MiB = 1024 * 1024
+
+
+def _default_shell() -> str:
+    return "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecdSettings:
+    bus: BusSettings = dataclasses.field(default_factory=BusSettings)
+    prefix: str = DEFAULT_PREFIX
+    sandbox_ids: tuple[str, ...] = ("default",)
+    state_dir: Path = Path("~/.local/state/sandpod").expanduser()
+    workspace: Path | None = None  # None: <state_dir>/workspaces/<sandbox id>
+    max_execs: int = 1024
+    max_request_bytes: int = MiB
+    default_max_output: int = 16 * MiB
+    default_window: int = 4 * MiB
+    max_window: int = 16 * MiB
+    max_chunk: int = 256 * 1024
+    abandon_after: float = 60.0
+    result_ttl: float = 60.0
+    pipe_grace: float = 0.2  # after exit, how long to keep reading pipes a grandchild holds open
+    shell: str = dataclasses.field(default_factory=_default_shell)
+    base_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    grace: float = 10.0
+    log_level: str = "info"
+
+    def workspace_for(self, sandbox_id: str) -> Path:
+        return self.workspace or self.state_dir / "workspaces" / sandbox_id
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ExecdSettings:
+        """Build settings from ``env`` (default: the process environment)."""
+        env = os.environ if env is None else env
+        ids = tuple(
+            validate_sandbox_id(s.strip())
+            for s in env_str(env, "SANDPOD_SANDBOX_ID", "default").split(",")
+            if s.strip()
+        )
+        workspace = env_str(env, "SANDPOD_WORKSPACE", "")
+        if workspace and len(ids) > 1:
+            raise ValueError("SANDPOD_WORKSPACE is per sandbox: serve one sandbox id with it")
+        return cls(
+            bus=BusSettings(
+                url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
+                name=f"execd:{','.join(ids)}",
+            ),
+            prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
+            sandbox_ids=ids,
+            state_dir=Path(env_str(env, "SANDPOD_STATE_DIR", str(cls.state_dir))).expanduser(),
+            workspace=Path(workspace).expanduser() if workspace else None,
+            max_execs=env_int(env, "SANDPOD_EXECD_MAX_EXECS", cls.max_execs, minimum=1),
+            max_request_bytes=env_int(
+                env, "SANDPOD_EXECD_MAX_REQUEST", cls.max_request_bytes, minimum=1024
+            ),
+            default_max_output=env_int(env, "SANDPOD_EXECD_MAX_OUTPUT", cls.default_max_output),
+            default_window=env_int(env, "SANDPOD_EXECD_WINDOW", cls.default_window, minimum=1),
+            max_window=env_int(env, "SANDPOD_EXECD_MAX_WINDOW", cls.max_window, minimum=1),
+            abandon_after=env_float(
+                env, "SANDPOD_EXECD_ABANDON_AFTER", cls.abandon_after, minimum=0.1
+            ),
+            result_ttl=env_float(env, "SANDPOD_EXECD_RESULT_TTL", cls.result_ttl, minimum=0.1),
+            shell=env_str(env, "SANDPOD_EXECD_SHELL", _default_shell()),
+            log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
+        )
