@@ -10,6 +10,7 @@ Subscriptions are always bounded by pending message and byte limits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
@@ -82,15 +83,20 @@ class Subscription:
         except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
             pass
 
-    async def drain(self) -> None:
-        """Stop receiving and wait until already-received messages were handled."""
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Stop receiving and wait (up to ``timeout``) until received messages were handled."""
         if self._stopped:
             return
         self._stopped = True
         try:
-            await self._sub.drain()
-        except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
-            pass
+            await asyncio.wait_for(self._sub.drain(), timeout)
+        except (
+            nats.errors.ConnectionClosedError,
+            nats.errors.BadSubscriptionError,
+            asyncio.TimeoutError,
+        ):
+            with contextlib.suppress(Exception):  # best effort: the connection may be gone
+                await self._sub.unsubscribe()
 
 
 class Bus:
@@ -256,15 +262,22 @@ class Bus:
 
     # -- shutdown ------------------------------------------------------------------------------
 
-    async def drain(self) -> None:
-        """Stop subscriptions after in-flight messages, flush publishes, close. Idempotent."""
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Stop subscriptions after in-flight messages, flush publishes, close. Idempotent.
+
+        A connection that is down (reconnecting) cannot drain: it is closed at once, so shutdown
+        never waits on a server that is gone.
+        """
         if self._closing:
             return
         self._closing = True
         if self._nc.is_closed:
             return
+        if not self._nc.is_connected:
+            await _close_quietly(self._nc)
+            return
         try:
-            await self._nc.drain()
+            await asyncio.wait_for(self._nc.drain(), timeout)
         except Exception as exc:  # draining a broken connection: closing is all that is left
             log.debug("drain failed (%s); closing", exc)
             await _close_quietly(self._nc)

@@ -62,7 +62,7 @@ async def serve(
         await stop.wait()
         log.info("service_stopping", grace=grace)
         await service.stop(grace)
-        await bus.drain()
+        await bus.drain(timeout=grace)
         log.info("service_stopped")
         return 0
     finally:

@@ -1,0 +1,162 @@
+"""``sandpod exec|ping|info``: talk to one sandbox's execd through the SDK."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from typing import Any
+
+from sandpod.aio import AsyncSandbox
+from sandpod.errors import SandpodError
+
+__all__ = ["add_parsers"]
+
+EXIT_SANDPOD_ERROR = 125
+EXIT_TIMEOUT = 124
+
+
+def add_parsers(sub: Any) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--nats-url", help="NATS URL (default: $SANDPOD_NATS_URL, $NATS_URL)")
+    common.add_argument("--prefix", help="subject prefix (default: sandpod)")
+
+    p = sub.add_parser(
+        "exec",
+        parents=[common],
+        help="run a command in a sandbox",
+        description="Run a command in a sandbox, streaming its output; exits with its code.",
+        epilog="examples:  sandpod exec default -- ls -la\n"
+        "           sandpod exec default -c 'echo $HOME | wc -c'\n"
+        "           cat data.csv | sandpod exec -i default -- wc -l",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("sandbox", help="sandbox id")
+    p.add_argument("argv", nargs="*", help="program and arguments (after --)")
+    p.add_argument("-c", "--shell", help="a shell command line instead of argv")
+    p.add_argument("-w", "--cwd", help="working directory (default: the workspace)")
+    p.add_argument("-e", "--env", action="append", default=[], metavar="K=V", help="add env")
+    p.add_argument("-i", "--interactive", action="store_true", help="forward local stdin")
+    p.add_argument("-t", "--timeout", type=float, help="kill the command after SECONDS")
+    p.set_defaults(run=_run_exec)
+
+    p = sub.add_parser("ping", parents=[common], help="round-trip time to a sandbox's execd")
+    p.add_argument("sandbox", nargs="?", default="default")
+    p.set_defaults(run=_run_ping)
+
+    p = sub.add_parser("info", parents=[common], help="what a sandbox's execd is and its limits")
+    p.add_argument("sandbox", nargs="?", default="default")
+    p.set_defaults(run=_run_info)
+
+
+def _fail(exc: SandpodError) -> int:
+    print(f"error: {exc}", file=sys.stderr)
+    if exc.retryable:
+        print("hint: this error is retryable; try again", file=sys.stderr)
+    return EXIT_SANDPOD_ERROR
+
+
+def _run_exec(args: argparse.Namespace) -> int:
+    if bool(args.argv) == bool(args.shell):
+        print("error: give either a command after -- or -c 'command line'", file=sys.stderr)
+        return 2
+    env: dict[str, str] = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"error: --env {item!r} is not K=V", file=sys.stderr)
+            return 2
+        env[key] = value
+    try:
+        return asyncio.run(_exec(args, env))
+    except SandpodError as exc:
+        return _fail(exc)
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _exec(args: argparse.Namespace, env: dict[str, str]) -> int:
+    sbx = await AsyncSandbox.connect(args.sandbox, nats_url=args.nats_url, prefix=args.prefix)
+    async with sbx:
+        stream = sbx.exec_stream(
+            args.cwd,
+            args.shell if args.shell else args.argv,
+            env=env or None,
+            timeout=args.timeout,
+            stdin_open=args.interactive,
+        )
+        async with stream:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, _forward, stream, sig)
+            feeder = asyncio.create_task(_feed_stdin(stream)) if args.interactive else None
+            try:
+                async for chunk in stream:
+                    out = sys.stdout if chunk.stream == "stdout" else sys.stderr
+                    out.buffer.write(chunk.data)
+                    out.buffer.flush()
+                status = await stream.wait()
+            finally:
+                if feeder is not None:
+                    feeder.cancel()
+                    await asyncio.gather(feeder, return_exceptions=True)
+    if status.timed_out:
+        print(f"sandpod: command timed out after {args.timeout:g}s", file=sys.stderr)
+        return EXIT_TIMEOUT
+    if status.signal is not None:
+        return 128 + status.signal
+    return status.exit_code if status.exit_code is not None else EXIT_SANDPOD_ERROR
+
+
+def _forward(stream: Any, sig: int) -> None:
+    """Ctrl-C/SIGTERM: pass the signal to the remote command (the stream then ends)."""
+    task = asyncio.ensure_future(stream.signal(sig))
+    task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+
+async def _feed_stdin(stream: Any) -> None:
+    loop = asyncio.get_running_loop()
+    fd = sys.stdin.fileno()
+    while True:
+        data = await loop.run_in_executor(None, os.read, fd, 65536)
+        if not data:
+            break
+        await stream.write(data)
+    with contextlib.suppress(SandpodError):
+        await stream.close_stdin()
+
+
+def _run_ping(args: argparse.Namespace) -> int:
+    async def go() -> float:
+        async with await AsyncSandbox.connect(
+            args.sandbox, nats_url=args.nats_url, prefix=args.prefix
+        ) as sbx:
+            return await sbx.ping()
+
+    try:
+        rtt = asyncio.run(go())
+    except SandpodError as exc:
+        return _fail(exc)
+    print(f"{args.sandbox}: execd answered in {rtt * 1000:.2f} ms")
+    return 0
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    async def go() -> Any:
+        async with await AsyncSandbox.connect(
+            args.sandbox, nats_url=args.nats_url, prefix=args.prefix
+        ) as sbx:
+            return await sbx.info()
+
+    try:
+        info = asyncio.run(go())
+    except SandpodError as exc:
+        return _fail(exc)
+    for key in info.__dataclass_fields__:
+        print(f"{key:20} {getattr(info, key)}")
+    if info.isolation == "none":
+        print("\nWARNING: runtime 'process' has NO ISOLATION: commands run on the host.")
+    return 0

@@ -1,0 +1,116 @@
+"""``sandpod up``: bring the embedded platform up on this machine and keep it running."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from sandpod.supervisor import PlatformConfig, StartupError, Supervisor
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "up",
+        help="start NATS, the services and a default sandbox on this machine",
+        description="Start the embedded platform (nats-server with JetStream, execd serving "
+        "the sandbox 'default') in the foreground. Ctrl-C or SIGTERM stops everything.",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("SANDPOD_STATE_DIR", "~/.local/state/sandpod")).expanduser(),
+        help="where NATS data, workspaces and logs live (default: %(default)s)",
+    )
+    p.add_argument("--nats-url", help="use an existing NATS instead of starting one")
+    p.add_argument("--host", default="127.0.0.1", help="NATS listen address")
+    p.add_argument("--port", type=int, default=4222, help="NATS port (default: %(default)s)")
+    p.add_argument(
+        "--sandbox", action="append", dest="sandboxes", help="sandbox id to serve (repeatable)"
+    )
+    p.add_argument("--prefix", default="sandpod", help="subject prefix")
+    p.set_defaults(run=_run)
+
+
+def _say(line: str) -> None:
+    print(f"sandpod: {line}", flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = PlatformConfig(
+        state_dir=args.state_dir.resolve(),
+        nats_url=args.nats_url,
+        host=args.host,
+        port=args.port,
+        sandboxes=tuple(args.sandboxes or ["default"]),
+        prefix=args.prefix,
+    )
+    return asyncio.run(_up(config))
+
+
+async def _up(config: PlatformConfig) -> int:
+    sup = Supervisor(config, _say)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        starting = asyncio.ensure_future(sup.start())
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return 130
+        stopper.cancel()
+        try:
+            starting.result()
+        except StartupError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        _banner(sup, config)
+        exited = asyncio.ensure_future(sup.wait_any_exit())
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({exited, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if exited.done():
+            child = exited.result()
+            print(
+                f"error: {child.name} exited unexpectedly with {child.proc.returncode}; "
+                f"see {child.log_path}. Stopping everything.",
+                file=sys.stderr,
+            )
+            return 1
+        exited.cancel()
+        await asyncio.gather(exited, return_exceptions=True)
+        return 0
+    finally:
+        await sup.stop()
+        _say("stopped")
+
+
+def _banner(sup: Supervisor, config: PlatformConfig) -> None:
+    first = config.sandboxes[0]
+    print(
+        f"""
+Sandpod is up.
+  NATS       {sup.nats_url}
+  sandboxes  {", ".join(config.sandboxes)}
+  runtime    process: NO ISOLATION, commands run on this host as {getpass.getuser()!r}
+  workspace  {config.state_dir / "workspaces" / first}  (what "/workspace" means here)
+  logs       {sup.logs}
+
+Try it (in another terminal):
+  export SANDPOD_NATS_URL={sup.nats_url}
+  sandpod exec {first} -- date
+  python -c 'from sandpod import Sandbox; print(Sandbox.connect("{first}").exec("/workspace", "date").stdout)'
+
+Ctrl-C stops everything.""",
+        flush=True,
+    )

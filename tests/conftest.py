@@ -1,0 +1,227 @@
+"""Shared fixtures: a real nats-server per session, execd processes, and leak detection.
+
+Tests isolate by unique sandbox ids. Every wait is on an event (a port accepting, a ping answering,
+a process exiting) with a deadline, never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandpod import AsyncSandbox
+from sandpod.errors import SandpodError
+
+SCRIPTS = Path(sysconfig.get_path("scripts"))
+NATS_BIN = SCRIPTS / "nats-server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until true; fail the test with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class NatsServer:
+    """A real nats-server with JetStream on a free loopback port."""
+
+    def __init__(self, store: Path) -> None:
+        if not NATS_BIN.exists():
+            pytest.fail(f"{NATS_BIN} missing: install dev deps with `make install`")
+        self.port = free_port()
+        self.store = store
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(self._accepting, 10, f"nats-server on port {self.port}")
+
+    def _accepting(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            pytest.fail(f"nats-server exited with {self.proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                return s.recv(4).startswith(b"INFO")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = None
+
+
+class Execd:
+    """An execd process serving some sandbox ids, with a handle to kill or stop it."""
+
+    def __init__(self, nats_url: str, state: Path, ids: list[str], env: dict[str, str]) -> None:
+        self.ids = ids
+        self.nats_url = nats_url
+        self.log = state / f"execd-{ids[0]}-{uuid.uuid4().hex[:6]}.log"
+        full_env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": nats_url,
+            "SANDPOD_SANDBOX_ID": ",".join(ids),
+            "SANDPOD_STATE_DIR": str(state),
+            **env,
+        }
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sandpod_execd"], env=full_env, stdout=log, stderr=log
+            )
+        wait_until(self._answers, 20, f"execd for {ids} to answer ping")
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            pytest.fail(f"execd exited with {self.proc.returncode}:\n{self.log.read_text()}")
+
+        async def ping() -> bool:
+            try:
+                sbx = await AsyncSandbox.connect(self.ids[0], nats_url=self.nats_url)
+            except SandpodError:
+                return False
+            async with sbx:
+                try:
+                    await sbx.ping(timeout=1)
+                except SandpodError:
+                    return False
+            return True
+
+        return asyncio.run(ping())
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+                pytest.fail("execd did not stop within 15s of SIGTERM")
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sandpod-state")
+
+
+@pytest.fixture(scope="session")
+def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    server = NatsServer(tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_execd(nats: NatsServer, state_dir: Path) -> Iterator[Execd]:
+    """One execd for most tests, serving ``default`` and ``shared``."""
+    execd = Execd(nats.url, state_dir, ["default", "shared"], {"SANDPOD_EXECD_RESULT_TTL": "30"})
+    yield execd
+    execd.stop()
+
+
+@pytest.fixture
+def start_execd(
+    nats: NatsServer, state_dir: Path
+) -> Iterator[Callable[..., Execd]]:
+    """Factory for a private execd (for tests that kill or reconfigure it)."""
+    started: list[Execd] = []
+
+    def start(sandbox_id: str | None = None, **env: str) -> Execd:
+        sid = sandbox_id or f"t-{uuid.uuid4().hex[:10]}"
+        execd = Execd(nats.url, state_dir, [sid], env)
+        started.append(execd)
+        return execd
+
+    yield start
+    for execd in started:
+        if execd.proc.poll() is None:
+            execd.stop()
+
+
+@pytest.fixture
+async def sbx(nats: NatsServer, shared_execd: Execd) -> AsyncIterator[AsyncSandbox]:
+    """An async SDK handle on the shared sandbox; fails the test if it leaks asyncio tasks."""
+    before = asyncio.all_tasks()
+    sandbox = await AsyncSandbox.connect("shared", nats_url=nats.url)
+    yield sandbox
+    await sandbox.close()
+    current = asyncio.current_task()
+    leaked = [
+        t for t in asyncio.all_tasks() - before if t is not current and not t.done()
+    ]
+    for task in leaked:
+        task.cancel()
+    assert not leaked, f"test leaked asyncio tasks: {[t.get_name() for t in leaked]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_daemons(nats: NatsServer, shared_execd: Execd) -> None:
+    """Start the session daemons before any test, so the leak check never counts them."""
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(_session_daemons: None) -> Iterator[None]:
+    """Fail a test that leaves child processes behind (its own, or commands run by execds)."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    after = [p for p in me.children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(after, timeout=10)
+    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    assert not alive, f"test leaked processes: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+def marker() -> str:
+    """A unique token to find a test's processes by command line."""
+    return f"sandpod-test-{uuid.uuid4().hex[:12]}"
+
+
+def pids_with(token: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if any(token in part for part in proc.info["cmdline"] or []):
+                found.append(proc.pid)
+    return found

@@ -1,0 +1,159 @@
+"""One-shot exec through the async SDK against a real execd and nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import marker, pids_with
+from sandpod import AsyncSandbox
+from sandpod.errors import CommandFailed, CommandNotFound, InvalidCwd
+
+PY = "python3"
+
+
+async def test_shell_command_returns_stdout_stderr_and_exit_code(sbx: AsyncSandbox) -> None:
+    """A shell string runs in the sandbox shell; stdout, stderr and the exit code come back."""
+    r = await sbx.exec("/workspace", "echo out; echo err >&2; exit 7")
+    assert (r.stdout, r.stderr, r.exit_code, r.signal) == ("out\n", "err\n", 7, None)
+    assert not r.timed_out and r.duration > 0
+
+
+async def test_argv_is_passed_without_a_shell(sbx: AsyncSandbox) -> None:
+    """An argv list reaches the program verbatim: no globbing, no word splitting."""
+    r = await sbx.exec(["printf", "%s|", "a b", "*", "$HOME"])
+    assert r.stdout == "a b|*|$HOME|"
+
+
+async def test_binary_output_is_byte_exact(sbx: AsyncSandbox) -> None:
+    """Every byte value, invalid UTF-8 included, comes back unchanged."""
+    payload = bytes(range(256)) * 64 + b"\xff\xfe\x00\x80"
+    code = "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())"
+    r = await sbx.exec([PY, "-c", code], stdin=payload)
+    assert r.stdout_bytes == payload
+    assert "\ufffd" in r.stdout  # the text view replaces what is not UTF-8
+
+
+async def test_multi_megabyte_output_is_complete_and_exact(sbx: AsyncSandbox) -> None:
+    """Output far beyond one NATS message arrives whole (fetched in parts), on both streams."""
+    code = (
+        "import sys, hashlib\n"
+        "out = bytes((i * 7) % 251 for i in range(6_000_000))\n"
+        "err = bytes((i * 13) % 241 for i in range(3_000_000))\n"
+        "sys.stdout.buffer.write(out); sys.stderr.buffer.write(err)\n"
+    )
+    r = await sbx.exec([PY, "-c", code], timeout=60)
+    assert r.exit_code == 0
+    assert r.stdout_bytes == bytes((i * 7) % 251 for i in range(6_000_000))
+    assert r.stderr_bytes == bytes((i * 13) % 241 for i in range(3_000_000))
+    assert not r.stdout_truncated and not r.stderr_truncated
+
+
+async def test_output_over_the_cap_is_truncated_and_flagged(sbx: AsyncSandbox) -> None:
+    """max_output caps what is kept per stream and says so; the command still runs to the end."""
+    r = await sbx.exec("head -c 100000 /dev/zero; echo done >&2", max_output=1000)
+    assert len(r.stdout_bytes) == 1000 and r.stdout_truncated
+    assert r.stderr == "done\n" and not r.stderr_truncated
+    assert r.exit_code == 0
+
+
+async def test_exit_by_signal_is_reported_as_signal(sbx: AsyncSandbox) -> None:
+    """A command killed by a signal has no exit code, and the signal number is reported."""
+    r = await sbx.exec("kill -TERM $$")
+    assert r.exit_code is None and r.signal == signal.SIGTERM
+    assert r.signal_name == "SIGTERM"
+
+
+async def test_timeout_kills_the_whole_tree_including_grandchildren(
+    sbx: AsyncSandbox, tmp_path: Path
+) -> None:
+    """On timeout the process group and escaped (setsid) grandchildren are all killed."""
+    tag = marker()
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    # Each sleeper records its pid before sleeping, so the test knows they really started.
+    (tmp_path / "sleeper.py").write_text(
+        f"import os, time\nopen('{pids}/' + str(os.getpid()), 'w').close()\ntime.sleep(300)\n"
+    )
+    sleeper = f"{PY} {tmp_path}/sleeper.py {tag}"
+    # one grandchild in the group, one that left it with setsid, one under a nested shell
+    script = f"{sleeper} & setsid {sleeper} & sh -c '{sleeper}' & wait"
+    r = await sbx.exec(script, timeout=2.0)
+    assert r.timed_out
+    assert r.signal == signal.SIGKILL
+    started = [int(p.name) for p in pids.iterdir()]
+    assert len(started) == 3, "all three grandchildren must have started before the timeout"
+    procs = [psutil.Process(p) for p in started if psutil.pid_exists(p)]
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in pids_with(tag) if psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_stdin_bytes_reach_the_command(sbx: AsyncSandbox) -> None:
+    """stdin is written to the command and closed, so readers see EOF."""
+    r = await sbx.exec("wc -c; cat", stdin=b"")
+    assert r.stdout.strip() == "0"
+    r = await sbx.exec("tr a-z A-Z", stdin="hello\n")
+    assert r.stdout == "HELLO\n"
+
+
+async def test_large_stdin_is_streamed_transparently(sbx: AsyncSandbox) -> None:
+    """stdin larger than one NATS message still arrives byte-exact (sent as a stream)."""
+    data = os.urandom(3 * 1024 * 1024)
+    r = await sbx.exec("sha256sum | cut -d' ' -f1", stdin=data, timeout=60)
+    assert r.stdout.strip() == hashlib.sha256(data).hexdigest()
+    assert r.exit_code == 0
+
+
+async def test_env_is_added_and_daemon_env_does_not_leak(sbx: AsyncSandbox) -> None:
+    """Request env is visible; execd's own environment (e.g. its NATS URL) is not."""
+    r = await sbx.exec('echo "$GREETING|$SANDPOD_NATS_URL|$SANDPOD_SANDBOX_ID"', env={"GREETING": "hi there"})
+    assert r.stdout == "hi there||shared\n"
+
+
+async def test_cwd_workspace_alias_relative_and_absolute(sbx: AsyncSandbox, tmp_path: Path) -> None:
+    """/workspace maps to the sandbox workspace; relative paths are under it; absolute stay."""
+    info = await sbx.info()
+    r = await sbx.exec("/workspace", "pwd")
+    assert r.stdout.strip() == os.path.realpath(info.workspace)
+    await sbx.exec("mkdir -p sub/dir")
+    r = await sbx.exec("sub/dir", "pwd")
+    assert r.stdout.strip() == os.path.join(os.path.realpath(info.workspace), "sub/dir")
+    r = await sbx.exec(str(tmp_path), "pwd")
+    assert r.stdout.strip() == str(tmp_path)
+
+
+async def test_missing_cwd_and_program_are_typed_errors(sbx: AsyncSandbox) -> None:
+    """A missing directory or program is a typed error, not a generic failure."""
+    with pytest.raises(InvalidCwd):
+        await sbx.exec("/no/such/dir", "true")
+    with pytest.raises(CommandNotFound):
+        await sbx.exec(["no-such-program-sandpod"])
+
+
+async def test_check_raises_command_failed(sbx: AsyncSandbox) -> None:
+    """check=True turns a non-zero exit into CommandFailed carrying the exit code."""
+    with pytest.raises(CommandFailed) as info:
+        await sbx.exec("exit 3", check=True)
+    assert info.value.details["exit_code"] == 3
+
+
+async def test_concurrent_execs_each_get_their_own_output(sbx: AsyncSandbox) -> None:
+    """64 concurrent calls on one connection never mix results."""
+    results = await asyncio.gather(*(sbx.exec(["echo", str(i)]) for i in range(64)))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(64)]
+
+
+async def test_info_names_the_runtime_honestly(sbx: AsyncSandbox) -> None:
+    """The process runtime says it has no isolation, so nobody mistakes it for a jail."""
+    info = await sbx.info()
+    assert (info.runtime, info.isolation) == ("process", "none")
+    assert info.sandbox_id == "shared"
+    assert await sbx.ping() > 0
