@@ -1,0 +1,251 @@
+"""Streaming exec: ordering, flow control, stdin, signals, cancel, resume, abandonment."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import NatsServer
+from sandpod import AsyncSandbox
+from sandpod.errors import BadRequest, StreamClosed
+from sandpod_bus import Bus, BusSettings, Inbound
+from sandpod_contract.codec import decode, decode_reply, encode, unpack
+from sandpod_contract.messages.exec import (
+    ExecExit,
+    ExecRef,
+    ExecResume,
+    ExecStart,
+    ExecStarted,
+    ExecStatus,
+    OutputChunk,
+)
+from sandpod_contract.subjects import Subjects
+
+PY = "python3"
+
+
+async def test_chunks_arrive_in_order_then_the_exit(sbx: AsyncSandbox) -> None:
+    """Chunks carry consecutive sequence numbers; the exit status follows the last one."""
+    seqs, out = [], b""
+    async with sbx.exec_stream("for i in $(seq 1 50); do echo line$i; done; exit 4") as st:
+        async for chunk in st:
+            seqs.append(chunk.seq)
+            out += chunk.data
+        status = await st.wait()
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert out == b"".join(f"line{i}\n".encode() for i in range(1, 51))
+    assert status.exit_code == 4 and status.stdout_size == len(out)
+
+
+async def test_stdout_and_stderr_are_told_apart(sbx: AsyncSandbox) -> None:
+    """Each chunk says which stream it came from."""
+    got: dict[str, bytes] = {"stdout": b"", "stderr": b""}
+    async with sbx.exec_stream(["sh", "-c", "echo a; echo b >&2; echo c"]) as st:
+        async for chunk in st:
+            got[chunk.stream] += chunk.data
+    assert got == {"stdout": b"a\nc\n", "stderr": b"b\n"}
+
+
+def _wchan(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return ""
+
+
+async def _until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    async def poll() -> None:
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except TimeoutError:
+        pytest.fail(f"timed out waiting for {what}")
+
+
+async def test_slow_consumer_blocks_the_command_and_loses_nothing(sbx: AsyncSandbox) -> None:
+    """With the window full, execd stops reading: the writer blocks in pipe_write; then every
+    byte still arrives in order once the consumer reads."""
+    total = 32 * 1024 * 1024
+    writer = (
+        "import sys\n"
+        f"for i in range({total // 4096}):\n"
+        "    sys.stdout.buffer.write(i.to_bytes(4, 'big') * 1024)\n"
+    )
+    st = sbx.exec_stream([PY, "-c", writer], window=256 * 1024)
+    async with st:
+        assert st.pid is not None
+        # Consume nothing: the command must end up blocked writing to its full pipe.
+        await _until(lambda: "pipe_write" in _wchan(st.pid), 20, "the writer to block")
+        proc = psutil.Process(st.pid)
+        assert proc.status() == psutil.STATUS_SLEEPING
+        received = bytearray()
+        async for chunk in st:
+            received += chunk.data
+            if len(received) < 2 * 1024 * 1024:
+                await asyncio.sleep(0.001)  # be slow for a while
+        status = await st.wait()
+    assert status.exit_code == 0
+    assert len(received) == total
+    expected = b"".join(i.to_bytes(4, "big") * 1024 for i in range(total // 4096))
+    assert hashlib.sha256(received).digest() == hashlib.sha256(expected).digest()
+
+
+async def test_execd_memory_stays_bounded_by_the_window(
+    sbx: AsyncSandbox, shared_execd  # type: ignore[no-untyped-def]
+) -> None:
+    """A fast producer and an absent consumer do not grow execd's memory."""
+    execd = psutil.Process(shared_execd.proc.pid)
+    rss_before = execd.memory_info().rss
+    st = sbx.exec_stream(["cat", "/dev/zero"], window=1024 * 1024)
+    async with st:
+        await _until(lambda: "pipe_write" in _wchan(st.pid), 20, "cat to block")
+        growth = execd.memory_info().rss - rss_before
+        await st.cancel()
+        status = await st.wait()
+    assert status.cancelled and status.signal == signal.SIGKILL
+    assert growth < 32 * 1024 * 1024, f"execd grew by {growth} bytes with a 1 MiB window"
+
+
+async def test_stdin_streams_with_eof(sbx: AsyncSandbox) -> None:
+    """Bytes written to stdin reach the command in order; close_stdin delivers EOF."""
+    data = os.urandom(2 * 1024 * 1024 + 17)
+    out = bytearray()
+    async with sbx.exec_stream("cat", stdin_open=True) as st:
+
+        async def feed() -> None:
+            for i in range(0, len(data), 100_000):
+                await st.write(data[i : i + 100_000])
+            await st.close_stdin()
+
+        feeder = asyncio.create_task(feed())
+        async for chunk in st:
+            out += chunk.data
+        await feeder
+        status = await st.wait()
+    assert bytes(out) == data and status.exit_code == 0
+
+
+async def test_writing_after_eof_is_a_typed_error(sbx: AsyncSandbox) -> None:
+    """stdin that is already closed refuses further writes with StreamClosed."""
+    async with sbx.exec_stream("cat >/dev/null; sleep 0.1", stdin_open=True) as st:
+        await st.close_stdin()
+        with pytest.raises(StreamClosed):
+            await st.write(b"late")
+        assert (await st.wait()).exit_code == 0
+
+
+async def test_signal_reaches_the_running_command(sbx: AsyncSandbox) -> None:
+    """A signal sent to a stream is delivered to the command's process group."""
+    script = "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done"
+    async with sbx.exec_stream(script) as st:
+        first = await st.__anext__()
+        assert first.data == b"ready\n"
+        await st.signal(signal.SIGTERM)
+        rest = b"".join([c.data async for c in st])
+        status = await st.wait()
+    assert b"got-term" in rest and status.exit_code == 7
+
+
+async def test_cancel_kills_the_command(sbx: AsyncSandbox) -> None:
+    """cancel() kills the tree; the exit says cancelled."""
+    async with sbx.exec_stream("echo started; sleep 300") as st:
+        await st.__anext__()
+        await st.cancel()
+        status = await st.wait()
+    assert status.cancelled and status.signal == signal.SIGKILL
+
+
+async def test_stream_timeout_kills_and_says_so(sbx: AsyncSandbox) -> None:
+    """A streaming exec's timeout kills the command and the exit says timed_out."""
+    async with sbx.exec_stream("sleep 300", timeout=0.5) as st:
+        status = await st.wait()
+    assert status.timed_out and status.signal == signal.SIGKILL
+
+
+class RawClient:
+    """Speaks the streaming protocol by hand (no SDK), to test execd's side of it."""
+
+    def __init__(self, bus: Bus, sandbox: str) -> None:
+        self.bus = bus
+        self.subjects = Subjects()
+        self.sandbox = sandbox
+        self.frames: asyncio.Queue[OutputChunk | ExecExit] = asyncio.Queue()
+
+    def subject(self, verb: str) -> str:
+        return self.subjects.sandbox(self.sandbox, "exec", verb)
+
+    async def on_frame(self, msg: Inbound) -> None:
+        raw = unpack(msg.data)
+        cls = ExecExit if raw["kind"] == "exit" else OutputChunk
+        await self.frames.put(decode(cls, msg.data))
+
+    async def start(self, **kw) -> tuple[str, ExecStarted]:  # type: ignore[no-untyped-def]
+        inbox = self.bus.new_inbox()
+        await self.bus.subscribe(inbox, self.on_frame)
+        req = ExecStart(deliver=inbox, **kw)
+        reply = await self.bus.request(self.subject("start"), encode(req), 5)
+        return inbox, decode_reply(ExecStarted, reply)
+
+    async def call(self, verb: str, msg, reply_type=ExecStatus):  # type: ignore[no-untyped-def]
+        return decode_reply(reply_type, await self.bus.request(self.subject(verb), encode(msg), 5))
+
+
+@pytest.fixture
+async def raw(nats: NatsServer, shared_execd) -> RawClient:  # type: ignore[no-untyped-def]
+    bus = await Bus.connect(BusSettings(url=nats.url))
+    yield RawClient(bus, "shared")
+    await bus.close()
+
+
+async def test_resume_resends_unacked_frames(raw: RawClient) -> None:
+    """Frames not yet acknowledged are kept and re-sent on resume, with the same seqs."""
+    _, started = await raw.start(shell="echo one; echo two")
+    first = [await raw.frames.get() for _ in range(3)]
+    assert isinstance(first[-1], ExecExit) or isinstance(first[-1], OutputChunk)
+    while not isinstance(first[-1], ExecExit):
+        first.append(await raw.frames.get())
+    await raw.call("resume", ExecResume(exec_id=started.exec_id, from_seq=1))
+    again = [await raw.frames.get() for _ in first]
+    assert [f.seq for f in again] == [f.seq for f in first]
+    assert again == first
+
+
+async def test_resume_before_the_acked_point_is_refused(raw: RawClient) -> None:
+    """Frames the client acknowledged are released; asking for them again is a bad request."""
+    from sandpod_contract.messages.exec import StreamAck
+
+    _, started = await raw.start(shell="echo a; sleep 300")
+    chunk = await raw.frames.get()
+    await raw.bus.publish(raw.subject("ack"), encode(StreamAck(exec_id=started.exec_id, seq=chunk.seq)))
+    await raw.bus.flush()
+    with pytest.raises(BadRequest):
+        await raw.call("resume", ExecResume(exec_id=started.exec_id, from_seq=1))
+    status = await raw.call("cancel", ExecRef(exec_id=started.exec_id))
+    assert status.state == "running" or status.state == "exited"
+    frame = await raw.frames.get()
+    assert isinstance(frame, ExecExit) and frame.cancelled
+
+
+async def test_a_silent_client_is_abandoned_and_its_command_killed(raw: RawClient) -> None:
+    """A client that stops acking and sending keepalives loses its command after abandon_after."""
+    _, started = await raw.start(shell="sleep 300", abandon_after=0.5)
+    frame = await asyncio.wait_for(raw.frames.get(), 20)
+    assert isinstance(frame, ExecExit)
+    assert frame.abandoned and frame.signal == signal.SIGKILL
+    assert not psutil.pid_exists(started.pid) or psutil.Process(started.pid).status() == "zombie"
+
+
+async def test_sdk_keepalive_prevents_abandonment(sbx: AsyncSandbox) -> None:
+    """A live SDK stream with a quiet command is not abandoned: keepalives reach execd."""
+    async with sbx.exec_stream("sleep 1.5; echo late", abandon_after=0.4) as st:
+        out = b"".join([c.data async for c in st])
+        status = await st.wait()
+    assert out == b"late\n" and not status.abandoned and status.exit_code == 0
