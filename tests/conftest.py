@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandpod import AsyncSandbox
+from sandpod import AsyncSandbox, Sandbox
 from sandpod.errors import SandpodError
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
@@ -107,19 +107,13 @@ class Execd:
         if self.proc.poll() is not None:
             pytest.fail(f"execd exited with {self.proc.returncode}:\n{self.log.read_text()}")
 
-        async def ping() -> bool:
-            try:
-                sbx = await AsyncSandbox.connect(self.ids[0], nats_url=self.nats_url)
-            except SandpodError:
-                return False
-            async with sbx:
-                try:
-                    await sbx.ping(timeout=1)
-                except SandpodError:
-                    return False
-            return True
-
-        return asyncio.run(ping())
+        # The sync SDK runs on its own loop thread, so this works from async tests too.
+        try:
+            with Sandbox.connect(self.ids[0], nats_url=self.nats_url, connect_timeout=1) as sbx:
+                sbx.ping(timeout=1)
+        except SandpodError:
+            return False
+        return True
 
     def kill(self) -> None:
         self.proc.kill()
@@ -179,18 +173,25 @@ def start_execd(
 
 @pytest.fixture
 async def sbx(nats: NatsServer, shared_execd: Execd) -> AsyncIterator[AsyncSandbox]:
-    """An async SDK handle on the shared sandbox; fails the test if it leaks asyncio tasks."""
-    before = asyncio.all_tasks()
+    """An async SDK handle on the shared sandbox."""
     sandbox = await AsyncSandbox.connect("shared", nats_url=nats.url)
     yield sandbox
     await sandbox.close()
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves asyncio tasks running (set up first, so checked last)."""
+    before = asyncio.all_tasks()
+    yield
     current = asyncio.current_task()
-    leaked = [
-        t for t in asyncio.all_tasks() - before if t is not current and not t.done()
-    ]
+    pending = [t for t in asyncio.all_tasks() - before if t is not current and not t.done()]
+    if pending:  # tasks being cancelled right now get one chance to finish
+        await asyncio.wait(pending, timeout=2)
+    leaked = [t for t in pending if not t.done()]
     for task in leaked:
         task.cancel()
-    assert not leaked, f"test leaked asyncio tasks: {[t.get_name() for t in leaked]}"
+    assert not leaked, f"test leaked asyncio tasks: {[t.get_coro() for t in leaked]}"
 
 
 @pytest.fixture(scope="session", autouse=True)
