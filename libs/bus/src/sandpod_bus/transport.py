@@ -115,8 +115,11 @@ class Bus:
             ConnectionLost: no server answered at ``settings.url`` within ``connect_timeout``.
         """
 
+        connected = False
+
         async def on_error(exc: Exception) -> None:
-            log.warning("nats error: %s", exc)
+            # Failed attempts before the first connection are reported once, by the raise below.
+            log.log(logging.WARNING if connected else logging.DEBUG, "nats error: %s", exc)
 
         async def on_disconnect() -> None:
             log.info("nats disconnected; reconnecting")
@@ -127,7 +130,9 @@ class Bus:
         nc = NatsClient()
         servers = [u.strip() for u in settings.url.split(",") if u.strip()]
         try:
-            await nc.connect(
+            # nats-py retries the first connection forever when reconnects are unbounded:
+            # bound the whole attempt by connect_timeout.
+            connecting = nc.connect(
                 servers=servers,
                 name=settings.name,
                 connect_timeout=settings.connect_timeout,
@@ -139,14 +144,17 @@ class Bus:
                 disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect,
             )
+            await asyncio.wait_for(connecting, settings.connect_timeout)
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
             # Do not let nats-py keep trying in the background after we gave up.
             await _close_quietly(nc)
             raise ConnectionLost(
-                f"cannot connect to NATS at {settings.url}: {exc or type(exc).__name__}; "
-                "is the server running (`sandpod up`) and the URL right?",
+                f"cannot connect to NATS at {settings.url} within {settings.connect_timeout:g}s "
+                f"({exc or type(exc).__name__}); is the server running (`sandpod up`) and the "
+                "URL right?",
                 url=settings.url,
             ) from exc
+        connected = True
         return cls(nc, settings)
 
     # -- properties ----------------------------------------------------------------------------

@@ -1,0 +1,235 @@
+"""The hand-written inputs of ``schemagen``: value rules, examples and payloads to reject.
+
+Everything else in ``schemas/`` is derived from the binding; these tables hold what cannot be:
+the value rules the messages' ``__post_init__`` enforce (as JSON Schema keywords; a rule naming a
+field that does not exist fails generation), one realistic instance per message shape, payloads a
+decoder must accept although they are not canonical, payloads it must reject, and one error per
+code. ``S604`` is ignored on examples: ``shell`` there is a wire field, not a subprocess call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandpod_contract import errors
+from sandpod_contract.codec import Message, pack, to_map
+from sandpod_contract.messages.common import Empty
+from sandpod_contract.messages.exec import (
+    ExecExit,
+    ExecFetch,
+    ExecRef,
+    ExecRequest,
+    ExecResult,
+    ExecResume,
+    ExecSignal,
+    ExecStart,
+    ExecStarted,
+    ExecStatus,
+    OutputChunk,
+    OutputPart,
+    StdinWrite,
+    StreamAck,
+)
+from sandpod_contract.messages.system import Info, Pong
+
+__all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
+
+# -- value rules enforced by __post_init__ (a rule naming a missing field fails generation) -------
+
+_NO_NUL = "^[^\\u0000]*$"
+_TEXT: dict[str, Any] = {"type": "string", "pattern": _NO_NUL}
+_COMMAND: dict[str, dict[str, Any]] = {
+    "argv": {"minItems": 1, "prefixItems": [{**_TEXT, "minLength": 1}], "items": _TEXT},
+    "shell": {"pattern": _NO_NUL},
+    "cwd": {"pattern": _NO_NUL},
+    "env": {
+        "propertyNames": {"minLength": 1, "pattern": "^[^=\\u0000]*$"},
+        "additionalProperties": _TEXT,
+    },
+    "timeout": {"exclusiveMinimum": 0},
+}
+RULES: dict[str, dict[str, dict[str, Any]]] = {
+    "exec.request": {**_COMMAND, "max_output": {"minimum": 0}},
+    "exec.start": {
+        **_COMMAND,
+        "deliver": {"minLength": 1, "pattern": _NO_NUL},
+        "window": {"minimum": 1},
+        "abandon_after": {"exclusiveMinimum": 0},
+    },
+    "exec.fetch": {"offset": {"minimum": 0}, "max_bytes": {"minimum": 1}},
+    "exec.signal": {"signal": {"minimum": 1, "maximum": 64}},
+    "exec.resume": {"from_seq": {"minimum": 1}},
+}
+_ONE_COMMAND: dict[str, Any] = {"oneOf": [{"required": ["argv"]}, {"required": ["shell"]}]}
+MESSAGE_RULES = {"exec.request": _ONE_COMMAND, "exec.start": _ONE_COMMAND}
+
+# -- examples: realistic instances, "full" first (every field set), then variants and "minimal" ---
+
+_ID = "8c1f0e5a2b3d4c6e9f7a1b2c3d4e5f60"
+_INBOX = "_INBOX.Qm9kX2y7Lh3Tz1Wb8Vc4Nf"
+_MiB = 1024 * 1024
+EXAMPLES: dict[str, list[tuple[str, Message]]] = {
+    "empty": [("basic", Empty())],
+    "sys.pong": [("basic", Pong(sandbox_id="demo", time=1732900000.25))],
+    "sys.info": [
+        ("full", Info(sandbox_id="demo", execd_version="0.1.0", protocol_version=1,
+                      runtime="process", isolation="none", hostname="worker-1", pid=4242,
+                      started_at=1732899000.5, workspace="/var/lib/sandpod/workspaces/demo",
+                      max_request_bytes=_MiB, max_payload=_MiB, default_window=4 * _MiB,
+                      max_window=16 * _MiB, default_max_output=16 * _MiB,
+                      families=("exec", "sys"))),
+        ("minimal", Info(sandbox_id="demo", execd_version="0.0.9", protocol_version=1,
+                         runtime="process", isolation="none", hostname="worker-1", pid=7,
+                         started_at=1732899000.0, workspace="/workspace", max_request_bytes=_MiB,
+                         max_payload=_MiB, default_window=4 * _MiB, max_window=16 * _MiB,
+                         default_max_output=16 * _MiB)),
+    ],
+    "exec.request": [
+        ("full", ExecRequest(exec_id=_ID, argv=("python3", "-c", "print(input().upper())"),
+                             cwd="/workspace/src", env={"LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1"},
+                             stdin=b"hello\n", timeout=30.0, max_output=_MiB)),
+        ("shell", ExecRequest(exec_id=_ID, shell="make test 2>&1 | tail -n 20", timeout=600.0)),  # noqa: S604
+        ("minimal", ExecRequest(argv=("true",))),
+    ],
+    "exec.result": [
+        ("full", ExecResult(exec_id=_ID, exit_code=0, stdout=b"HELLO\n", stderr=b"warn\n",
+                            stdout_size=6, stderr_size=5, duration=0.042)),
+        ("timed-out", ExecResult(exec_id=_ID, signal=9, stdout=b"step 1\n", stdout_size=7,
+                                 timed_out=True, duration=30.001)),
+        ("needs-fetch", ExecResult(exec_id=_ID, exit_code=0, stdout=b"\x00\x01\xfe\xff",
+                                   stdout_size=3 * _MiB, duration=1.5)),
+        ("truncated", ExecResult(exec_id=_ID, exit_code=0, stdout=b"y\n" * 4, stdout_size=8,
+                                 stdout_truncated=True, duration=2.0)),
+        ("minimal", ExecResult(exec_id=_ID, exit_code=0)),
+    ],
+    "exec.fetch": [
+        ("full", ExecFetch(exec_id=_ID, stream="stdout", offset=4, max_bytes=_MiB - 1024)),
+        ("minimal", ExecFetch(exec_id=_ID, stream="stderr", offset=0)),
+    ],
+    "exec.output_part": [
+        ("basic", OutputPart(exec_id=_ID, stream="stdout", offset=4, data=b"\xfe\xff\n", eof=True)),
+    ],
+    "exec.start": [
+        ("full", ExecStart(deliver=_INBOX, exec_id=_ID, argv=("python3", "-i"), cwd="/workspace",
+                           env={"TERM": "dumb"}, stdin=b"import sys\n", stdin_open=True,
+                           timeout=3600.0, window=_MiB, abandon_after=30.0)),
+        ("shell", ExecStart(deliver=_INBOX, exec_id=_ID, shell="tail -f /var/log/app.log")),  # noqa: S604
+        ("minimal", ExecStart(deliver=_INBOX, argv=("ls", "-l"))),
+    ],
+    "exec.started": [("basic", ExecStarted(exec_id=_ID, pid=31337, window=4 * _MiB))],
+    "exec.ack": [
+        ("basic", StreamAck(exec_id=_ID, seq=17)),
+        ("keepalive", StreamAck(exec_id=_ID, seq=0)),
+    ],
+    "exec.stdin": [
+        ("full", StdinWrite(exec_id=_ID, data=b"print(1)\n", eof=True)),
+        ("data", StdinWrite(exec_id=_ID, data=b"\x04binary\x00")),
+        ("minimal", StdinWrite(exec_id=_ID, eof=True)),
+    ],
+    "exec.signal": [("sigterm", ExecSignal(exec_id=_ID, signal=15))],
+    "exec.ref": [("basic", ExecRef(exec_id=_ID))],
+    "exec.resume": [
+        ("full", ExecResume(exec_id=_ID, from_seq=18, deliver=_INBOX)),
+        ("minimal", ExecResume(exec_id=_ID, from_seq=1)),
+    ],
+    "exec.status": [
+        ("stream", ExecStatus(exec_id=_ID, state="running", pid=31337, next_seq=42, acked_seq=40)),
+        ("minimal", ExecStatus(exec_id=_ID, state="exited")),
+    ],
+    "exec.chunk": [
+        ("stdout", OutputChunk(exec_id=_ID, seq=1, stream="stdout", data=b"line 1\n")),
+        ("stderr", OutputChunk(exec_id=_ID, seq=2, stream="stderr", data=b"\x1b[31merr\x1b[0m\n")),
+    ],
+    "exec.exit": [
+        ("full", ExecExit(exec_id=_ID, seq=42, exit_code=0, duration=12.5, stdout_size=1048576,
+                          stderr_size=12)),
+        ("cancelled", ExecExit(exec_id=_ID, seq=3, signal=9, cancelled=True, duration=0.5)),
+        ("abandoned", ExecExit(exec_id=_ID, seq=9, signal=9, abandoned=True, duration=60.0)),
+        ("minimal", ExecExit(exec_id=_ID, seq=1)),
+    ],
+}  # fmt: skip
+
+_REQ = to_map(EXAMPLES["exec.request"][0][1])
+ACCEPT: list[tuple[str, type[Message], dict[str, Any], str]] = [
+    ("unknown-fields", ExecRequest, {**_REQ, "priority": 5, "x_new": {"a": [1, b"\x00"]}},
+     "unknown fields are ignored (and dropped on re-encoding)"),
+    ("int-for-float", ExecRequest, {**_REQ, "timeout": 30}, "an int is accepted for a float"),
+    ("nil-is-absent", ExecRequest, {**_REQ, "cwd": None}, "nil on a non-required field = absent"),
+    ("any-key-order", ExecStatus, dict(reversed(to_map(EXAMPLES["exec.status"][0][1]).items())),
+     "keys may come in any order ('v' too)"),
+]  # fmt: skip
+
+_REF = {"v": 1, "exec_id": _ID}
+REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
+    # (label, type, payload, error code, a JSON Schema validator catches it too, why). The JSON
+    # view cannot tell str from bin, nor 1.0 from 1 (JSON Schema counts 1.0 as an integer).
+    ("empty-payload", Empty, b"", "bad_request", False, "even an empty request is {'v': 1}"),
+    ("garbage", ExecRef, b"\xc1", "bad_request", False, "0xc1 is never valid msgpack"),
+    ("truncated", ExecRef, pack(_REF)[:-3], "bad_request", False, "msgpack cut short"),
+    ("trailing-bytes", ExecRef, pack(_REF) + b"\x00", "bad_request", False, "data after the map"),
+    ("not-a-map", ExecRef, pack([1, _ID]), "bad_request", True, "a message is always a map"),
+    ("int-key", ExecRef, pack({**_REF, 1: 2}), "bad_request", False, "map keys are strings"),
+    ("missing-v", ExecRef, pack({"exec_id": _ID}), "bad_request", True, "'v' is required"),
+    ("missing-field", ExecRef, pack({"v": 1}), "bad_request", True, "exec_id is required"),
+    ("version-too-new", ExecRef, pack({**_REF, "v": 2}), "bad_request.unsupported_version", True,
+     "v newer than the receiver knows"),
+    ("wrong-type", ExecRef, pack({"v": 1, "exec_id": 42}), "bad_request", True, "int for str"),
+    ("bin-for-str", ExecRef, pack({"v": 1, "exec_id": _ID.encode()}), "bad_request", False,
+     "text is msgpack str, never bin"),
+    ("str-for-bin", StdinWrite, pack({**_REF, "data": "hi"}), "bad_request", False,
+     "bytes are msgpack bin, never str (nor base64)"),
+    ("bool-for-int", StreamAck, pack({**_REF, "seq": True}), "bad_request", True,
+     "a bool is not an int"),
+    ("float-for-int", StreamAck, pack({**_REF, "seq": 1.0}), "bad_request", False,
+     "a float is not an int"),
+    ("bad-enum", ExecFetch, pack({**_REF, "stream": "stdin", "offset": 0}), "bad_request", True,
+     "stream is stdout or stderr"),
+    ("argv-and-shell", ExecRequest, pack({"v": 1, "argv": ["ls"], "shell": "ls"}), "bad_request",
+     True, "exactly one of argv or shell"),
+    ("no-command", ExecRequest, pack({"v": 1, "cwd": "/workspace"}), "bad_request", True,
+     "exactly one of argv or shell"),
+    ("empty-argv", ExecRequest, pack({"v": 1, "argv": []}), "bad_request", True,
+     "argv needs a program"),
+    ("nul-in-argv", ExecRequest, pack({"v": 1, "argv": ["ls", "a\x00b"]}), "bad_request", True,
+     "no NUL in argv, env, cwd, shell"),
+    ("bad-env-name", ExecRequest, pack({"v": 1, "shell": "env", "env": {"A=B": "1"}}),
+     "bad_request", True, "env names have no '=' or NUL"),
+    ("zero-timeout", ExecRequest, pack({"v": 1, "shell": "ls", "timeout": 0.0}), "bad_request",
+     True, "timeout > 0"),
+    ("str-list-for-array", ExecRequest, pack({"v": 1, "argv": "ls -l"}), "bad_request", True,
+     "argv is an array"),
+    ("empty-deliver", ExecStart, pack({"v": 1, "deliver": "", "shell": "ls"}), "bad_request", True,
+     "deliver must be a subject"),
+    ("bad-signal", ExecSignal, pack({**_REF, "signal": 0}), "bad_request", True, "signal 1..64"),
+    ("resume-from-zero", ExecResume, pack({**_REF, "from_seq": 0}), "bad_request", True,
+     "seq starts at 1"),
+    ("wrong-kind", OutputChunk, pack({**_REF, "kind": "exit", "seq": 1, "stream": "stdout",
+     "data": b""}), "bad_request", True, "kind tells the frame types apart"),
+]  # fmt: skip
+
+ERRORS: list[errors.SandpodError] = [
+    errors.InternalError("RuntimeError in exec.run"),
+    errors.BadRequest("exec.request: exactly one of 'argv' or 'shell' is required"),
+    errors.PayloadTooLarge("request of 2097152 bytes exceeds 1048576", size=2097152, limit=_MiB),
+    errors.UnsupportedVersion("exec.ref: version 2 is newer than supported 1", type="exec.ref",
+                              version=2, supported=1),
+    errors.UnknownSubject("no operation exec.frobnicate; see schemas/README.md",
+                          subject="sandpod.sbx.demo.exec.frobnicate"),
+    errors.ConnectionLost("NATS connection is closed"),
+    errors.RequestTimeout("no reply on sandpod.sbx.demo.exec.status within 5s",
+                          subject="sandpod.sbx.demo.exec.status", timeout=5.0),
+    errors.Busy("1024 execs running (limit 1024)", limit=1024),
+    errors.SandboxError(),
+    errors.SandboxNotFound("sandpod.sbx.gone.exec.run is not served here"),
+    errors.SandboxUnavailable("execd stopped answering during exec " + _ID),
+    errors.ExecError(),
+    errors.ExecNotFound(f"no streaming exec {_ID!r} in this execd", exec_id=_ID),
+    errors.ExecLost(f"exec {_ID} finished but its reply never arrived"),
+    errors.SpawnFailed("cannot start './build.sh': Permission denied", program="./build.sh",
+                       errno=13),
+    errors.CommandNotFound("'pytohn': command not found", program="pytohn"),
+    errors.InvalidCwd("working directory '/workspace/nope' does not exist", cwd="/workspace/nope"),
+    errors.StreamClosed("stdin is closed (already at EOF, or never opened)"),
+    errors.error_from_wire({"code": "exec.quota_exceeded", "message": "CPU quota used up",
+                            "retryable": True, "details": {"quota": "cpu"}}),
+]  # fmt: skip
