@@ -1,0 +1,7 @@
+"""``python -m sandpod.cli``."""
+
+import sys
+
+from sandpod.cli import main
+
+sys.exit(main())

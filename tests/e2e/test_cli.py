@@ -1,0 +1,98 @@
+"""`sandpod up` then `sandpod exec`, end to end through the real CLI processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import free_port
+
+SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
+
+
+def _read_until(proc: subprocess.Popen[str], needle: str, limit: int = 200) -> list[str]:
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for _ in range(limit):
+        line = proc.stdout.readline()
+        if not line:
+            pytest.fail(f"`sandpod up` exited early:\n{''.join(lines)}")
+        lines.append(line)
+        if needle in line:
+            return lines
+    pytest.fail(f"{needle!r} never printed:\n{''.join(lines)}")
+
+
+def test_up_exec_and_clean_shutdown(tmp_path: Path) -> None:
+    """`sandpod up` serves 'default'; `sandpod exec` runs a command and exits with its code;
+    SIGTERM stops everything and leaves no process behind."""
+    port = free_port()
+    up = subprocess.Popen(
+        [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        banner = "".join(_read_until(up, "Ctrl-C stops everything"))
+        url = f"nats://127.0.0.1:{port}"
+        assert url in banner and "NO ISOLATION" in banner
+        children = psutil.Process(up.pid).children(recursive=True)
+        assert {"nats-server", "python"} & {c.name().split(".")[0] for c in children}
+        env = {**os.environ, "SANDPOD_NATS_URL": url}
+        run = subprocess.run(
+            [SANDPOD, "exec", "default", "--", "sh", "-c", "echo hi; echo oops >&2; exit 3"],
+            env=env, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert (run.stdout, run.stderr, run.returncode) == ("hi\n", "oops\n", 3)
+        run = subprocess.run(
+            [SANDPOD, "exec", "-i", "default", "-c", "tr a-z A-Z"],
+            env=env, input="piped\n", capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert (run.stdout, run.returncode) == ("PIPED\n", 0)
+        run = subprocess.run(
+            [SANDPOD, "exec", "nope", "--", "true"], env=env, capture_output=True, text=True,
+            timeout=30,
+        )  # fmt: skip
+        assert run.returncode == 125 and "sandbox.not_found" in run.stderr
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(30) == 0
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, f"left behind: {alive}"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def test_up_reports_a_busy_port_with_what_to_do(tmp_path: Path) -> None:
+    """A port already in use is reported with the fix, not a stack trace."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        run = subprocess.run(
+            [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert run.returncode == 1
+    assert "in use" in run.stderr and "--nats-url" in run.stderr
+
+
+def test_exec_without_nats_tells_how_to_start_it() -> None:
+    """`sandpod exec` with no NATS running says to run `sandpod up`."""
+    env = {**os.environ, "SANDPOD_NATS_URL": "nats://127.0.0.1:1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "sandpod.cli", "exec", "default", "--", "true"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 125 and "sandpod up" in run.stderr
