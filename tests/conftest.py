@@ -153,9 +153,7 @@ def shared_execd(nats: NatsServer, state_dir: Path) -> Iterator[Execd]:
 
 
 @pytest.fixture
-def start_execd(
-    nats: NatsServer, state_dir: Path
-) -> Iterator[Callable[..., Execd]]:
+def start_execd(nats: NatsServer, state_dir: Path) -> Iterator[Callable[..., Execd]]:
     """Factory for a private execd (for tests that kill or reconfigure it)."""
     started: list[Execd] = []
 

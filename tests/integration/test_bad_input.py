@@ -97,7 +97,8 @@ async def test_unknown_subjects_get_a_typed_error(bus: Bus, subject: str) -> Non
 
 
 async def test_oversized_request_is_refused(
-    bus: Bus, start_execd  # type: ignore[no-untyped-def]
+    bus: Bus,
+    start_execd,  # type: ignore[no-untyped-def]
 ) -> None:
     """A request above execd's limit gets bad_request.too_large (and the hint to stream)."""
     execd: Execd = start_execd(SANDPOD_EXECD_MAX_REQUEST="4096")
@@ -114,9 +115,7 @@ async def test_payload_over_the_nats_limit_is_refused_client_side(bus: Bus) -> N
         await bus.request(RUN, b"x" * (bus.max_payload + 1), 5)
 
 
-async def test_bad_input_flood_does_not_disturb_other_clients(
-    bus: Bus, sbx: AsyncSandbox
-) -> None:
+async def test_bad_input_flood_does_not_disturb_other_clients(bus: Bus, sbx: AsyncSandbox) -> None:
     """While one client sends garbage as fast as it can, another's execs all succeed."""
 
     async def flood() -> int:

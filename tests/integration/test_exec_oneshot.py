@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import os
 import signal
-
 from pathlib import Path
 
 import psutil
@@ -114,7 +113,9 @@ async def test_large_stdin_is_streamed_transparently(sbx: AsyncSandbox) -> None:
 
 async def test_env_is_added_and_daemon_env_does_not_leak(sbx: AsyncSandbox) -> None:
     """Request env is visible; execd's own environment (e.g. its NATS URL) is not."""
-    r = await sbx.exec('echo "$GREETING|$SANDPOD_NATS_URL|$SANDPOD_SANDBOX_ID"', env={"GREETING": "hi there"})
+    r = await sbx.exec(
+        'echo "$GREETING|$SANDPOD_NATS_URL|$SANDPOD_SANDBOX_ID"', env={"GREETING": "hi there"}
+    )
     assert r.stdout == "hi there||shared\n"
 
 

@@ -99,7 +99,8 @@ async def test_slow_consumer_blocks_the_command_and_loses_nothing(sbx: AsyncSand
 
 
 async def test_execd_memory_stays_bounded_by_the_window(
-    sbx: AsyncSandbox, shared_execd  # type: ignore[no-untyped-def]
+    sbx: AsyncSandbox,
+    shared_execd,  # type: ignore[no-untyped-def]
 ) -> None:
     """A fast producer and an absent consumer do not grow execd's memory."""
     execd = psutil.Process(shared_execd.proc.pid)
@@ -209,7 +210,7 @@ async def test_resume_resends_unacked_frames(raw: RawClient) -> None:
     """Frames not yet acknowledged are kept and re-sent on resume, with the same seqs."""
     _, started = await raw.start(shell="echo one; echo two")
     first = [await raw.frames.get() for _ in range(3)]
-    assert isinstance(first[-1], ExecExit) or isinstance(first[-1], OutputChunk)
+    assert isinstance(first[-1], (ExecExit, OutputChunk))
     while not isinstance(first[-1], ExecExit):
         first.append(await raw.frames.get())
     await raw.call("resume", ExecResume(exec_id=started.exec_id, from_seq=1))
@@ -224,12 +225,14 @@ async def test_resume_before_the_acked_point_is_refused(raw: RawClient) -> None:
 
     _, started = await raw.start(shell="echo a; sleep 300")
     chunk = await raw.frames.get()
-    await raw.bus.publish(raw.subject("ack"), encode(StreamAck(exec_id=started.exec_id, seq=chunk.seq)))
+    await raw.bus.publish(
+        raw.subject("ack"), encode(StreamAck(exec_id=started.exec_id, seq=chunk.seq))
+    )
     await raw.bus.flush()
     with pytest.raises(BadRequest):
         await raw.call("resume", ExecResume(exec_id=started.exec_id, from_seq=1))
     status = await raw.call("cancel", ExecRef(exec_id=started.exec_id))
-    assert status.state == "running" or status.state == "exited"
+    assert status.state in {"running", "exited"}
     frame = await raw.frames.get()
     assert isinstance(frame, ExecExit) and frame.cancelled
 

@@ -46,7 +46,7 @@ async def test_execd_killed_mid_stream_gives_sandbox_unavailable(
 ) -> None:
     """SIGKILL on execd during a stream: iteration raises SandboxUnavailable promptly."""
     execd = start_execd()
-    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
+    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:  # noqa: SIM117 - the stream needs sbx
         async with sbx.exec_stream("echo up; exec sleep 30") as st:
             assert (await st.__anext__()).data == b"up\n"
             execd.kill()
@@ -92,9 +92,7 @@ async def test_concurrency_limit_answers_busy(
     """Beyond its exec limit execd answers Busy (retryable) instead of queueing forever."""
     execd = start_execd(SANDPOD_EXECD_MAX_EXECS="2")
     async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
-        slow = [
-            asyncio.create_task(sbx.exec(f"touch {tmp_path}/{i}; sleep 2")) for i in range(2)
-        ]
+        slow = [asyncio.create_task(sbx.exec(f"touch {tmp_path}/{i}; sleep 2")) for i in range(2)]
         for i in range(2):
             await asyncio.wait_for(_started(sbx, tmp_path, str(i)), 10)
         with pytest.raises(Busy) as info:

@@ -13,8 +13,12 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar, overload
+from typing import Self, TypeVar
 
+from sandpod._watch import watch
+from sandpod.config import resolve_nats_url, resolve_prefix
+from sandpod.errors import CommandFailed
+from sandpod.results import ExecResult, ExitStatus, OutputChunk
 from sandpod_bus import Bus, BusSettings, Inbound, Subscription
 from sandpod_contract.codec import Message, decode_map, decode_reply, encode, unpack
 from sandpod_contract.errors import (
@@ -33,23 +37,23 @@ from sandpod_contract.messages.exec import (
     ExecFetch,
     ExecRef,
     ExecRequest,
-    ExecResult as WireResult,
     ExecResume,
     ExecSignal,
     ExecStart,
     ExecStarted,
     ExecStatus,
-    OutputChunk as WireChunk,
     OutputPart,
     StdinWrite,
     StreamAck,
 )
+from sandpod_contract.messages.exec import (
+    ExecResult as WireResult,
+)
+from sandpod_contract.messages.exec import (
+    OutputChunk as WireChunk,
+)
 from sandpod_contract.messages.system import Info, Pong
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
-from sandpod.config import resolve_nats_url, resolve_prefix
-from sandpod.errors import CommandFailed
-from sandpod._watch import watch
-from sandpod.results import ExecResult, ExitStatus, OutputChunk
 
 __all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
 
@@ -155,12 +159,18 @@ class AsyncSandbox:
 
     # -- exec ----------------------------------------------------------------------------------
 
-    @overload
-    async def exec(self, command: Command, /, **kw: Any) -> ExecResult: ...
-    @overload
-    async def exec(self, cwd: str | None, command: Command, /, **kw: Any) -> ExecResult: ...
-
-    async def exec(self, *args: Any, **kw: Any) -> ExecResult:
+    async def exec(
+        self,
+        cwd_or_command: str | Command | None,
+        command: Command | None = None,
+        /,
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        max_output: int | None = None,
+        check: bool = False,
+    ) -> ExecResult:
         """Run a command to completion: ``exec("/workspace", "date")`` or ``exec(["ls", "-l"])``.
 
         Args:
@@ -178,24 +188,19 @@ class AsyncSandbox:
             CommandNotFound, InvalidCwd, SpawnFailed: the command could not start.
             BadRequest: invalid arguments.
         """
-        cwd, command = _cwd_and_command(args)
-        return await self._exec(cwd, command, **kw)
-
-    async def _exec(
-        self,
-        cwd: str | None,
-        command: Command,
-        *,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        max_output: int | None = None,
-        check: bool = False,
-    ) -> ExecResult:
+        cwd, command = _cwd_and_command(cwd_or_command, command)
         argv, shell = _split_command(command)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         if data is not None and len(data) > self.bus.max_payload // 2:
-            return await self._exec_via_stream(cwd, command, env, data, timeout, max_output, check)
+            return await self._exec_via_stream(
+                cwd,
+                command,
+                env=env,
+                stdin=data,
+                timeout=timeout,
+                max_output=max_output,
+                check=check,
+            )
         exec_id = uuid.uuid4().hex
         req = ExecRequest(
             exec_id=exec_id,
@@ -227,8 +232,9 @@ class AsyncSandbox:
             duration=wire.duration,
         )
         if check and not result.ok:
+            how = result.exit_code if result.signal is None else result.signal_name
             raise CommandFailed(
-                f"command exited with {result.exit_code if result.signal is None else result.signal_name}",
+                f"command exited with {how}",
                 exit_code=result.exit_code,
                 signal=result.signal,
                 timed_out=result.timed_out,
@@ -254,6 +260,7 @@ class AsyncSandbox:
         self,
         cwd: str | None,
         command: Command,
+        *,
         env: Mapping[str, str] | None,
         stdin: bytes,
         timeout: float | None,
@@ -297,28 +304,56 @@ class AsyncSandbox:
             "exec", "status", ExecRef(exec_id=exec_id), ExecStatus, CONTROL_TIMEOUT
         )
 
-    @overload
-    def exec_stream(self, command: Command, /, **kw: Any) -> AsyncExecStream: ...
-    @overload
-    def exec_stream(self, cwd: str | None, command: Command, /, **kw: Any) -> AsyncExecStream: ...
-
-    def exec_stream(self, *args: Any, **kw: Any) -> AsyncExecStream:
+    def exec_stream(
+        self,
+        cwd_or_command: str | Command | None,
+        command: Command | None = None,
+        /,
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        stdin_open: bool = False,
+        timeout: float | None = None,
+        window: int | None = None,
+        abandon_after: float | None = None,
+    ) -> AsyncExecStream:
         """Start a streaming exec; iterate it for :class:`OutputChunk` s, then ``await .wait()``.
 
-        Keyword args: ``env``, ``stdin`` (initial bytes), ``stdin_open`` (keep stdin open for
-        :meth:`AsyncExecStream.write`), ``timeout`` (default none), ``window`` (bytes in flight),
-        ``abandon_after`` (seconds of client silence before execd kills the command).
+        Args:
+            cwd_or_command, command: as for :meth:`exec`.
+            env: variables added to the sandbox's environment.
+            stdin: initial stdin bytes (then EOF, unless ``stdin_open``).
+            stdin_open: keep stdin open for :meth:`AsyncExecStream.write`/``close_stdin``.
+            timeout: seconds before the whole tree is killed (default: no limit).
+            window: bytes execd may have in flight unacknowledged (default from execd).
+            abandon_after: seconds of client silence (no acks or keepalives) before execd kills
+                the command; the SDK sends keepalives while the stream object is open.
         """
-        cwd, command = _cwd_and_command(args)
-        return AsyncExecStream(self, cwd, command, **kw)
+        cwd, command = _cwd_and_command(cwd_or_command, command)
+        return AsyncExecStream(
+            self,
+            cwd,
+            command,
+            env=env,
+            stdin=stdin,
+            stdin_open=stdin_open,
+            timeout=timeout,
+            window=window,
+            abandon_after=abandon_after,
+        )
 
 
-def _cwd_and_command(args: tuple[Any, ...]) -> tuple[str | None, Command]:
-    if len(args) == 1:
-        return None, args[0]
-    if len(args) == 2:
-        return args[0], args[1]
-    raise TypeError("expected (command) or (cwd, command)")
+def _cwd_and_command(
+    first: str | Command | None, second: Command | None
+) -> tuple[str | None, Command]:
+    """``(command)`` or ``(cwd, command)``: the write-up's ``exec("/workspace", "date")`` form."""
+    if second is None:
+        if first is None:
+            raise TypeError("a command is required")
+        return None, first
+    if first is not None and not isinstance(first, str):
+        raise TypeError("cwd must be a string path")
+    return first, second
 
 
 class AsyncExecStream:
@@ -431,7 +466,9 @@ class AsyncExecStream:
         try:
             raw = unpack(msg.data)
             kind = raw.get("kind") if isinstance(raw, dict) else None
-            frame: WireChunk | ExecExit = decode_map(ExecExit if kind == "exit" else WireChunk, raw)
+            frame: WireChunk | ExecExit = (
+                decode_map(ExecExit, raw) if kind == "exit" else decode_map(WireChunk, raw)
+            )
         except SandpodError as exc:
             log.warning("dropping malformed frame on %s: %s", msg.subject, exc)
             return

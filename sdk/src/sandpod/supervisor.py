@@ -118,7 +118,7 @@ class Supervisor:
                 stdout=log_file,
                 stderr=log_file,
                 env=env,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe
+                preexec_fn=_die_with_parent,
             )
         child = Child(name, proc, log_path)
         self.children.append(child)

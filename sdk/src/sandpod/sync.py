@@ -5,20 +5,23 @@ Each method runs its async twin on the SDK's private loop thread (:mod:`sandpod.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import Any, Self, overload
+from typing import Self
 
-from sandpod_contract.messages.system import Info
 from sandpod._loop import run
-from sandpod.aio import AsyncExecStream, AsyncSandbox, Command
+from sandpod.aio import DEFAULT_TIMEOUT, AsyncExecStream, AsyncSandbox, Command
 from sandpod.results import ExecResult, ExitStatus, OutputChunk
+from sandpod_contract.messages.system import Info
 
 __all__ = ["ExecStream", "Sandbox"]
 
 
 class Sandbox:
-    """A handle on one sandbox (blocking). ``Sandbox.connect("default").exec("/workspace", "date")``."""
+    """A blocking handle on one sandbox.
+
+    ``Sandbox.connect("default").exec("/workspace", "date")``
+    """
 
     def __init__(self, inner: AsyncSandbox) -> None:
         self._inner = inner
@@ -60,23 +63,57 @@ class Sandbox:
     def info(self, timeout: float = 5.0) -> Info:
         return run(self._inner.info(timeout))
 
-    @overload
-    def exec(self, command: Command, /, **kw: Any) -> ExecResult: ...
-    @overload
-    def exec(self, cwd: str | None, command: Command, /, **kw: Any) -> ExecResult: ...
-
-    def exec(self, *args: Any, **kw: Any) -> ExecResult:
+    def exec(
+        self,
+        cwd_or_command: str | Command | None,
+        command: Command | None = None,
+        /,
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        max_output: int | None = None,
+        check: bool = False,
+    ) -> ExecResult:
         """Run a command to completion (see :meth:`AsyncSandbox.exec`)."""
-        return run(self._inner.exec(*args, **kw))
+        return run(
+            self._inner.exec(
+                cwd_or_command,
+                command,
+                env=env,
+                stdin=stdin,
+                timeout=timeout,
+                max_output=max_output,
+                check=check,
+            )
+        )
 
-    @overload
-    def exec_stream(self, command: Command, /, **kw: Any) -> ExecStream: ...
-    @overload
-    def exec_stream(self, cwd: str | None, command: Command, /, **kw: Any) -> ExecStream: ...
-
-    def exec_stream(self, *args: Any, **kw: Any) -> ExecStream:
+    def exec_stream(
+        self,
+        cwd_or_command: str | Command | None,
+        command: Command | None = None,
+        /,
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        stdin_open: bool = False,
+        timeout: float | None = None,
+        window: int | None = None,
+        abandon_after: float | None = None,
+    ) -> ExecStream:
         """Start a streaming exec (see :meth:`AsyncSandbox.exec_stream`)."""
-        return ExecStream(self._inner.exec_stream(*args, **kw))
+        return ExecStream(
+            self._inner.exec_stream(
+                cwd_or_command,
+                command,
+                env=env,
+                stdin=stdin,
+                stdin_open=stdin_open,
+                timeout=timeout,
+                window=window,
+                abandon_after=abandon_after,
+            )
+        )
 
 
 class ExecStream:

@@ -78,10 +78,10 @@ class Subscription:
         if self._stopped:
             return
         self._stopped = True
-        try:
+        with contextlib.suppress(
+            nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError
+        ):
             await self._sub.unsubscribe()
-        except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
-            pass
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Stop receiving and wait (up to ``timeout``) until received messages were handled."""
@@ -89,18 +89,14 @@ class Subscription:
             return
         self._stopped = True
         try:
-            await asyncio.wait_for(self._sub.drain(), timeout)
-        except (
-            nats.errors.ConnectionClosedError,
-            nats.errors.BadSubscriptionError,
-            asyncio.TimeoutError,
-        ):
+            await asyncio.wait_for(self._sub.drain(), timeout)  # type: ignore[no-untyped-call]
+        except (TimeoutError, nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
             with contextlib.suppress(Exception):  # best effort: the connection may be gone
                 await self._sub.unsubscribe()
 
 
 class Bus:
-    """One NATS connection. Create with :meth:`connect`; close with :meth:`drain` or :meth:`close`."""
+    """One NATS connection: create with :meth:`connect`, end with :meth:`drain` or :meth:`close`."""
 
     def __init__(self, nc: NatsClient, settings: BusSettings) -> None:
         self._nc = nc
@@ -135,8 +131,8 @@ class Bus:
             connecting = nc.connect(
                 servers=servers,
                 name=settings.name,
-                connect_timeout=settings.connect_timeout,
-                reconnect_time_wait=settings.reconnect_wait,
+                connect_timeout=settings.connect_timeout,  # type: ignore[arg-type]  # float ok
+                reconnect_time_wait=settings.reconnect_wait,  # type: ignore[arg-type]
                 max_reconnect_attempts=settings.max_reconnect_attempts,
                 allow_reconnect=True,
                 pending_size=settings.reconnect_buffer_bytes,
@@ -145,7 +141,7 @@ class Bus:
                 reconnected_cb=on_reconnect,
             )
             await asyncio.wait_for(connecting, settings.connect_timeout)
-        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
             # Do not let nats-py keep trying in the background after we gave up.
             await _close_quietly(nc)
             raise ConnectionLost(
@@ -191,7 +187,7 @@ class Bus:
             msg = await self._nc.request(subject, payload, timeout=timeout)
         except nats.errors.NoRespondersError as exc:
             raise SandboxNotFound(f"no responders on {subject}", subject=subject) from exc
-        except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, nats.errors.TimeoutError) as exc:
             raise RequestTimeout(
                 f"no reply on {subject} within {timeout:g}s", subject=subject
             ) from exc
@@ -253,8 +249,8 @@ class Bus:
     async def flush(self, timeout: float = 5.0) -> None:
         """Round-trip to the server: everything published so far has reached it."""
         try:
-            await self._nc.flush(timeout=timeout)
-        except (nats.errors.TimeoutError, asyncio.TimeoutError) as exc:
+            await self._nc.flush(timeout=timeout)  # type: ignore[arg-type]
+        except (TimeoutError, nats.errors.TimeoutError) as exc:
             raise RequestTimeout("flush timed out") from exc
         except nats.errors.ConnectionClosedError as exc:
             raise ConnectionLost("NATS connection is closed") from exc
@@ -262,8 +258,7 @@ class Bus:
     def _check_size(self, payload: bytes) -> None:
         if self._nc.is_connected and len(payload) > self.max_payload:
             raise PayloadTooLarge(
-                f"message of {len(payload)} bytes exceeds the NATS max payload "
-                f"{self.max_payload}",
+                f"message of {len(payload)} bytes exceeds the NATS max payload {self.max_payload}",
                 size=len(payload),
                 limit=self.max_payload,
             )

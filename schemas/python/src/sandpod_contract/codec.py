@@ -138,7 +138,7 @@ def decode_map(cls: type[T], raw: Any, path: str = "") -> T:
             supported=cls.VERSION,
         )
     kwargs: dict[str, Any] = {}
-    hints = _hints(cls)
+    hints = _hints(cls)  # type: ignore[arg-type]  # classes are hashable
     for f in dataclasses.fields(cls):
         fpath = _join(path, f.name)
         if f.name not in raw or raw[f.name] is None:

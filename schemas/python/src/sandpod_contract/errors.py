@@ -231,6 +231,4 @@ def error_from_wire(wire: Mapping[str, Any]) -> SandpodError:
 
 def error_catalogue() -> list[dict[str, Any]]:
     """Every known error code with its class, retryability and meaning (for docs and vectors)."""
-    return [
-        {"code": cls.code, "retryable": cls.retryable, "summary": cls.summary} for cls in _ALL
-    ]
+    return [{"code": cls.code, "retryable": cls.retryable, "summary": cls.summary} for cls in _ALL]

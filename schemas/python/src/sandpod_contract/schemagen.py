@@ -25,6 +25,7 @@ import base64
 import dataclasses
 import inspect
 import json
+import re
 import sys
 import tokenize
 import types
@@ -156,7 +157,7 @@ def message_schema(cls: type[Message]) -> dict[str, Any]:
         if has_default:
             prop["default"] = default
         if f.name in comments:
-            prop["description"] = comments[f.name].replace("``", "`")
+            prop["description"] = _markdown(comments[f.name])
     for name, rule in RULES.get(cls.TYPE, {}).items():
         props[name].update(rule)  # KeyError for a stale rule
     required = [f.name for f in fields if _is_required(f)]
@@ -164,7 +165,7 @@ def message_schema(cls: type[Message]) -> dict[str, Any]:
         "$schema": DIALECT,
         "$comment": LENIENCY,
         "title": cls.TYPE,
-        "description": inspect.cleandoc(cls.__doc__ or cls.TYPE).replace("``", "`"),
+        "description": _markdown(inspect.cleandoc(cls.__doc__ or cls.TYPE)),
         "type": "object",
         "properties": props,
         "required": ["v", *required],
@@ -174,6 +175,11 @@ def message_schema(cls: type[Message]) -> dict[str, Any]:
         "x-sandpod-field-order": ["v", *(f.name for f in fields)],
         **MESSAGE_RULES.get(cls.TYPE, {}),
     }
+
+
+def _markdown(text: str) -> str:
+    """reST literals and roles (``x``, :class:`X`) as Markdown code spans, for any reader."""
+    return re.sub(r":[a-z]+:`", "`", text.replace("``", "`"))
 
 
 def _is_required(f: dataclasses.Field[Any]) -> bool:

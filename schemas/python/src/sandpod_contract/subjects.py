@@ -29,7 +29,7 @@ _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def validate_sandbox_id(sandbox_id: str) -> str:
-    """Return ``sandbox_id`` if it is a DNS label (as Kubernetes names are), else raise ValueError."""
+    """Return ``sandbox_id`` if it is a DNS label (like Kubernetes names), else raise ValueError."""
     if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.match(sandbox_id):
         raise ValueError(
             f"invalid sandbox id {sandbox_id!r}: use 1-63 lowercase letters, digits and '-', "
@@ -76,7 +76,7 @@ class Subjects:
         return f"{self.prefix}.sbx.{sandbox_id}.>"
 
     def parse_sandbox(self, subject: str) -> DataSubject | None:
-        """Split a data-plane subject; ``None`` if it is not ``<prefix>.sbx.<id>.<family>.<verb>``."""
+        """Split a data-plane subject; ``None`` unless ``<prefix>.sbx.<id>.<family>.<verb>``."""
         head = f"{self.prefix}.sbx."
         if not subject.startswith(head):
             return None

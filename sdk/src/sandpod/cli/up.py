@@ -109,7 +109,8 @@ Sandpod is up.
 Try it (in another terminal):
   export SANDPOD_NATS_URL={sup.nats_url}
   sandpod exec {first} -- date
-  python -c 'from sandpod import Sandbox; print(Sandbox.connect("{first}").exec("/workspace", "date").stdout)'
+  python -c 'from sandpod import Sandbox
+  print(Sandbox.connect("{first}").exec("/workspace", "date").stdout)'
 
 Ctrl-C stops everything.""",
         flush=True,

@@ -47,7 +47,7 @@ INLINE = frozenset({("sys", "ping"), ("exec", "ack"), ("exec", "status"), ("exec
                     ("exec", "cancel")})  # fmt: skip
 QUIET = frozenset({("sys", "ping"), ("exec", "ack"), ("exec", "status")})
 
-Handler = Callable[[SandboxContext, Any], Awaitable[Message | None]]
+Handler = Callable[..., Awaitable[Message | None]]
 
 
 class ExecdService:
@@ -125,20 +125,20 @@ class ExecdService:
             return
         op = operation(parsed.family, parsed.verb)
         if op is None:
-            err = UnknownSubject(
+            unknown = UnknownSubject(
                 f"no operation {parsed.family}.{parsed.verb}; see schemas/README.md",
                 subject=msg.subject,
             )
-            await self._reject(msg, err, "unknown_subject")
+            await self._reject(msg, unknown, "unknown_subject")
             return
         if len(msg.data) > self.settings.max_request_bytes:
-            err = PayloadTooLarge(
+            too_large = PayloadTooLarge(
                 f"request of {len(msg.data)} bytes exceeds {self.settings.max_request_bytes}; "
                 "stream large stdin with exec.start + exec.stdin",
                 size=len(msg.data),
                 limit=self.settings.max_request_bytes,
             )
-            await self._reject(msg, err, "too_large")
+            await self._reject(msg, too_large, "too_large")
             return
         try:
             req = decode(op.request, msg.data)
@@ -151,7 +151,8 @@ class ExecdService:
             return
         args: tuple[Any, ...] = (req,)
         if key == ("exec", "run"):
-            assert self._exec is not None and isinstance(req, ExecRequest)
+            assert self._exec is not None
+            assert isinstance(req, ExecRequest)
             try:
                 args = (req, self._exec.register_run(sbx, req))
             except SandpodError as exc:

@@ -5,14 +5,14 @@
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix of the installation |
 | ``SANDPOD_SANDBOX_ID`` | ``default`` | sandbox id(s) served, comma-separated |
-| ``SANDPOD_WORKSPACE`` | ``$SANDPOD_STATE_DIR/workspaces/<id>`` | directory ``/workspace`` maps to |
+| ``SANDPOD_WORKSPACE`` | ``$SANDPOD_STATE_DIR/workspaces/<id>`` | what ``/workspace`` maps to |
 | ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | where workspaces are created |
 | ``SANDPOD_EXECD_MAX_EXECS`` | 1024 | concurrent execs before ``busy`` |
 | ``SANDPOD_EXECD_MAX_REQUEST`` | 1 MiB | largest accepted request (bytes) |
 | ``SANDPOD_EXECD_MAX_OUTPUT`` | 16 MiB | default per-stream capture cap of one-shot exec |
 | ``SANDPOD_EXECD_WINDOW`` | 4 MiB | default stream window (unacked bytes in flight) |
 | ``SANDPOD_EXECD_MAX_WINDOW`` | 16 MiB | largest window a client may ask for |
-| ``SANDPOD_EXECD_ABANDON_AFTER`` | 60 s | default silence after which a stream's command is killed |
+| ``SANDPOD_EXECD_ABANDON_AFTER`` | 60 s | client silence after which a stream's command dies |
 | ``SANDPOD_EXECD_RESULT_TTL`` | 60 s | how long unfetched one-shot output is kept |
 | ``SANDPOD_EXECD_SHELL`` | ``/bin/bash`` if present, else ``/bin/sh`` | shell for shell strings |
 | ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
@@ -32,6 +32,7 @@ from sandpod_service import env_float, env_int, env_str
 __all__ = ["ExecdSettings"]
 
 MiB = 1024 * 1024
+DEFAULT_STATE_DIR = Path("~/.local/state/sandpod").expanduser()
 
 
 def _default_shell() -> str:
@@ -43,7 +44,7 @@ class ExecdSettings:
     bus: BusSettings = dataclasses.field(default_factory=BusSettings)
     prefix: str = DEFAULT_PREFIX
     sandbox_ids: tuple[str, ...] = ("default",)
-    state_dir: Path = Path("~/.local/state/sandpod").expanduser()
+    state_dir: Path = dataclasses.field(default_factory=lambda: DEFAULT_STATE_DIR)
     workspace: Path | None = None  # None: <state_dir>/workspaces/<sandbox id>
     max_execs: int = 1024
     max_request_bytes: int = MiB
@@ -81,7 +82,7 @@ class ExecdSettings:
             ),
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
             sandbox_ids=ids,
-            state_dir=Path(env_str(env, "SANDPOD_STATE_DIR", str(cls.state_dir))).expanduser(),
+            state_dir=Path(env_str(env, "SANDPOD_STATE_DIR", str(DEFAULT_STATE_DIR))).expanduser(),
             workspace=Path(workspace).expanduser() if workspace else None,
             max_execs=env_int(env, "SANDPOD_EXECD_MAX_EXECS", cls.max_execs, minimum=1),
             max_request_bytes=env_int(

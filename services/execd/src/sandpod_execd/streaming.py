@@ -141,7 +141,9 @@ class StreamingExec:
             log.info("frame_publish_failed", exec_id=self.exec_id, seq=seq)  # resume re-sends it
 
     async def _publish_exit(self) -> None:
-        exit_code, sig = status_fields(self.proc.returncode if self.proc.returncode is not None else -9)
+        exit_code, sig = status_fields(
+            self.proc.returncode if self.proc.returncode is not None else -9
+        )
         frame = ExecExit(
             exec_id=self.exec_id,
             seq=self.next_seq,

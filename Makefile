@@ -1,0 +1,45 @@
+# One entry point for humans and CI. `make up` brings the platform up; `make check` runs
+# everything CI runs (lint, types, import contracts, the whole test suite on a real nats-server).
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+UV ?= $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
+PYTHON ?= python3
+
+.PHONY: install up check lint types imports test bench vectors clean
+
+$(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
+	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
+		{ echo "installing uv (the workspace installer) with pip"; $(PYTHON) -m pip install --quiet 'uv>=0.5'; }
+	$(UV) sync --all-packages --locked
+	@touch $@
+
+install: $(BIN)/sandpod  ## create .venv with every package (editable) and the dev tools
+
+up: install  ## start NATS + execd serving sandbox "default" in the foreground
+	$(BIN)/sandpod up
+
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+types: install
+	$(BIN)/mypy
+
+imports: install
+	$(BIN)/lint-imports
+
+test: install  ## the whole test suite against a real nats-server
+	$(BIN)/pytest
+
+check: lint types imports test  ## everything CI runs
+
+vectors: install  ## regenerate schemas/ (JSON Schemas, vectors, catalogues) from the binding
+	$(BIN)/python -m sandpod_contract.schemagen
+
+bench: install  ## benchmarks: print measured floors and ratios
+	$(BIN)/python bench/exec_latency.py
+	$(BIN)/python bench/stream_throughput.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
