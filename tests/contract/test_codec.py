@@ -28,6 +28,11 @@ from sandpod_contract.messages.system import Pong
 from sandpod_contract.subjects import DataSubject, Subjects, validate_sandbox_id
 
 
+@pytest.fixture(scope="session")
+def _session_daemons() -> None:
+    """No nats-server or execd: these tests are pure (overrides the root conftest's autouse one)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Inner(codec.Message):
     """A nested message (the contract has none yet; the codec supports them)."""

@@ -22,6 +22,12 @@ from sandpod_contract.catalogue import DATA_PLANE, FRAMES
 from sandpod_contract.messages.exec import ExecRef
 from sandpod_contract.subjects import Subjects
 
+
+@pytest.fixture(scope="session")
+def _session_daemons() -> None:
+    """No nats-server or execd: these tests are pure (overrides the root conftest's autouse one)."""
+
+
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"
 TYPES = {cls.TYPE: cls for cls in schemagen.message_types()}

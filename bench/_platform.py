@@ -1,0 +1,98 @@
+"""Start a throwaway platform for a benchmark: nats-server and one execd, on free ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+NATS_BIN = Path(sysconfig.get_path("scripts")) / "nats-server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
+            if s.recv(4).startswith(b"INFO"):
+                return
+        time.sleep(0.02)
+    raise SystemExit(f"nats-server did not start on {port}")
+
+
+@contextlib.contextmanager
+def platform(sandbox: str = "bench", **env: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Yield (nats_url, execd process) with execd answering for ``sandbox``."""
+    from sandpod import Sandbox
+    from sandpod.errors import SandpodError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        nats = subprocess.Popen(
+            [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"nats://127.0.0.1:{port}"
+        execd = None
+        try:
+            _wait_port(port)
+            execd = subprocess.Popen(
+                [sys.executable, "-m", "sandpod_execd"],
+                env={
+                    **os.environ,
+                    "SANDPOD_NATS_URL": url,
+                    "SANDPOD_SANDBOX_ID": sandbox,
+                    "SANDPOD_STATE_DIR": tmp,
+                    "SANDPOD_LOG_LEVEL": "warning",
+                    **env,
+                },
+                stderr=subprocess.DEVNULL,
+            )
+            end = time.monotonic() + 20
+            while True:
+                try:
+                    with Sandbox.connect(sandbox, nats_url=url) as sbx:
+                        sbx.ping(timeout=1)
+                    break
+                except SandpodError:
+                    if time.monotonic() > end:
+                        raise
+                    time.sleep(0.05)
+            yield url, execd
+        finally:
+            for proc in (execd, nats):
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(15)
+
+
+def pct(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) of ``samples``."""
+    ordered = sorted(samples)
+    idx = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[idx]
+
+
+def ms(value: float) -> str:
+    return f"{value * 1000:8.3f} ms"
+
+
+def summary(name: str, samples: Sequence[float]) -> str:
+    return (
+        f"{name:38} p50 {ms(pct(samples, 50))}  p99 {ms(pct(samples, 99))}  "
+        f"mean {ms(statistics.fmean(samples))}  n={len(samples)}"
+    )

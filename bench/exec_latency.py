@@ -1,0 +1,140 @@
+"""Warm exec round trip through the SDK next to the floor measured in the same run.
+
+Floor = a bare NATS request/reply round trip (to a responder in another process, as execd is)
++ a bare asyncio subprocess spawn of the same command. Target: SDK exec p50 <= 1.5x the floor.
+Then 64 concurrent callers: exec/s through Sandpod next to spawn-only exec/s.
+
+    .venv/bin/python bench/exec_latency.py [--calls 1000] [--concurrency 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+from _platform import pct, platform, summary
+
+from sandpod import AsyncSandbox
+from sandpod_bus import Bus, BusSettings
+
+RESPONDER = """
+import asyncio, sys
+import nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    async def echo(msg):
+        await msg.respond(msg.data)
+    await nc.subscribe("bench.echo", cb=echo)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+async def nats_rtt(url: str, calls: int) -> list[float]:
+    responder = subprocess.Popen(
+        [sys.executable, "-c", RESPONDER, url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert responder.stdout is not None
+        responder.stdout.readline()
+        bus = await Bus.connect(BusSettings(url=url))
+        payload = b"x" * 64
+        for _ in range(100):
+            await bus.request("bench.echo", payload, 5)
+        samples = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            await bus.request("bench.echo", payload, 5)
+            samples.append(time.perf_counter() - t0)
+        await bus.close()
+        return samples
+    finally:
+        responder.terminate()
+        responder.wait()
+
+
+async def spawn_once(argv: list[str]) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    await proc.communicate()
+
+
+async def spawn_samples(argv: list[str], calls: int) -> list[float]:
+    for _ in range(20):
+        await spawn_once(argv)
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        await spawn_once(argv)
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+async def sdk_samples(sbx: AsyncSandbox, argv: list[str], calls: int) -> list[float]:
+    for _ in range(50):
+        await sbx.exec(argv)
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        r = await sbx.exec(argv)
+        samples.append(time.perf_counter() - t0)
+        assert r.exit_code == 0
+    return samples
+
+
+async def concurrent(n_calls: int, concurrency: int, call) -> float:  # type: ignore[no-untyped-def]
+    queue = iter(range(n_calls))
+
+    async def worker() -> None:
+        for _ in queue:
+            await call()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return n_calls / (time.perf_counter() - t0)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with platform() as (url, _execd):
+        print(f"exec latency, {args.calls} warm calls each, 2 cores, nats-server on loopback\n")
+        rtt = await nats_rtt(url, args.calls)
+        print(summary("floor: bare NATS request/reply", rtt))
+        sbx = await AsyncSandbox.connect("bench", nats_url=url)
+        for argv in (["true"], ["date"]):
+            spawn = await spawn_samples(argv, args.calls)
+            sdk = await sdk_samples(sbx, argv, args.calls)
+            floor50 = pct(rtt, 50) + pct(spawn, 50)
+            floor99 = pct(rtt, 99) + pct(spawn, 99)
+            print(summary(f"floor: asyncio spawn of {argv[0]!r}", spawn))
+            print(summary(f"sandpod exec {argv[0]!r} (SDK)", sdk))
+            ratio50 = pct(sdk, 50) / floor50
+            ratio99 = pct(sdk, 99) / floor99
+            verdict = "OK" if ratio50 <= 1.5 else "ABOVE TARGET"
+            print(
+                f"  -> floor p50 {floor50 * 1000:.3f} ms; sandpod/floor p50 {ratio50:.2f}x "
+                f"(target <= 1.5x: {verdict}), p99 {ratio99:.2f}x\n"
+            )
+        n = args.concurrency * 30
+        spawn_rate = await concurrent(n, args.concurrency, lambda: spawn_once(["true"]))
+        sdk_rate = await concurrent(n, args.concurrency, lambda: sbx.exec(["true"]))
+        print(
+            f"{args.concurrency} concurrent callers, {n} calls of 'true':\n"
+            f"  floor: spawn-only        {spawn_rate:8.0f} exec/s\n"
+            f"  sandpod exec (SDK)       {sdk_rate:8.0f} exec/s  "
+            f"({sdk_rate / spawn_rate:.2f}x of spawn-only)"
+        )
+        await sbx.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    asyncio.run(main(parser.parse_args()))
