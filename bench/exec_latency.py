@@ -58,9 +58,21 @@ async def nats_rtt(url: str, calls: int) -> list[float]:
         responder.wait()
 
 
+# The environment execd gives commands (locale included: `date` reads locale files with it).
+SANDBOX_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+}
+
+
 async def spawn_once(argv: list[str]) -> None:
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=SANDBOX_ENV,
+        start_new_session=True,
     )
     await proc.communicate()
 
