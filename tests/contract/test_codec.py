@@ -292,11 +292,6 @@ def test_error_without_message_uses_the_class_summary() -> None:
     assert err.message == ExecNotFound.summary
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract bug: error_from_wire passes details as **kwargs, so a 'message' detail "
-    "collides with the message argument and raises TypeError instead of a typed error",
-)
 def test_error_detail_named_message_is_kept() -> None:
     """A details key named 'message' does not break decoding of the error."""
     err = error_from_wire({"code": "exec.not_found", "message": "m", "details": {"message": "x"}})
@@ -350,11 +345,6 @@ def test_valid_sandbox_ids_are_accepted() -> None:
         assert validate_sandbox_id(sandbox_id) == sandbox_id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract bug: SANDBOX_ID_RE and _TOKEN_RE end in '$', which also matches before a "
-    "trailing newline, so 'demo\\n' passes validation and lands in a NATS subject",
-)
 def test_trailing_newline_in_sandbox_id_is_refused() -> None:
     """A sandbox id with a trailing newline is not a DNS label."""
     with pytest.raises(ValueError, match="invalid sandbox id"):

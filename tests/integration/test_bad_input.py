@@ -49,7 +49,8 @@ RUN = SUBJECTS.sandbox("shared", "exec", "run")
         (pack([1, 2, 3]), "expected a map"),
         (pack({"v": 1}), "exactly one of 'argv' or 'shell'"),
         (pack({"shell": "true"}), "missing required field 'v'"),
-        (pack({"v": "1", "shell": "true"}), "expected int"),
+        (pack({"v": "1", "shell": "true"}), "expected an int"),
+        (pack({"v": 0, "shell": "true"}), "expected an int >= 1"),
         (pack({"v": 1, "argv": "ls -l"}), "expected array"),
         (pack({"v": 1, "argv": [1, 2]}), "expected str"),
         (pack({"v": 1, "argv": []}), "non-empty"),
@@ -142,3 +143,25 @@ async def test_requests_without_reply_subject_are_harmless(bus: Bus, sbx: AsyncS
         await bus.publish(RUN, payload)
     await bus.flush()
     assert (await sbx.exec("echo alive")).stdout == "alive\n"
+
+
+START = SUBJECTS.sandbox("shared", "exec", "start")
+
+
+@pytest.mark.parametrize(
+    "deliver", ["_INBOX.*", "_INBOX.>", "a..b", "has space", "sandpod.sbx.other.exec.run"]
+)
+async def test_deliver_must_be_a_concrete_subject_outside_sandpod(bus: Bus, deliver: str) -> None:
+    """execd never publishes frames to wildcards or into Sandpod's own subjects."""
+    err = await _error(bus, START, pack({"v": 1, "shell": "true", "deliver": deliver}))
+    assert isinstance(err, BadRequest)
+
+
+async def test_a_reused_exec_id_is_refused(bus: Bus, sbx: AsyncSandbox) -> None:
+    """An exec id that is running or finished recently cannot be reused (no mixed-up probes)."""
+    from sandpod_contract.errors import ExecIdInUse
+
+    first = await bus.request(RUN, encode(ExecRequest(exec_id="reused-id-1", shell="true")), 5)
+    assert decode_reply(ExecResult, first).exit_code == 0
+    err = await _error(bus, RUN, encode(ExecRequest(exec_id="reused-id-1", shell="true")))
+    assert isinstance(err, ExecIdInUse) and not err.retryable

@@ -158,3 +158,40 @@ async def test_info_names_the_runtime_honestly(sbx: AsyncSandbox) -> None:
     assert (info.runtime, info.isolation) == ("process", "none")
     assert info.sandbox_id == "shared"
     assert await sbx.ping() > 0
+
+
+async def test_cancelling_the_caller_cancels_the_remote_command(
+    sbx: AsyncSandbox, tmp_path: Path
+) -> None:
+    """A caller that gives up (task cancelled, Ctrl-C) does not leave its command running."""
+    pid_file = tmp_path / "pid"
+    call = asyncio.create_task(
+        sbx.exec(
+            f"echo $$ > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}; exec sleep 300", timeout=None
+        )
+    )
+    while not pid_file.exists():
+        await asyncio.sleep(0.02)
+    pid = int(pid_file.read_text())
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    proc = psutil.Process(pid) if psutil.pid_exists(pid) else None
+    if proc is not None:
+        proc.wait(10)  # raises TimeoutExpired if the command survived
+
+
+async def test_oversized_output_is_released_once_fetched(
+    sbx: AsyncSandbox,
+    shared_execd,  # type: ignore[no-untyped-def]
+) -> None:
+    """Output kept for exec.fetch is dropped as soon as the client read it all."""
+    from sandpod.errors import ExecNotFound
+    from sandpod_contract.messages.exec import ExecFetch, OutputPart
+
+    r = await sbx.exec("head -c 3000000 /dev/zero")
+    assert len(r.stdout_bytes) == 3_000_000
+    with pytest.raises(ExecNotFound):
+        await sbx._call(
+            "exec", "fetch", ExecFetch(exec_id=r.exec_id, stream="stdout", offset=0), OutputPart, 5
+        )

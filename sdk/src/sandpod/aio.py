@@ -213,11 +213,17 @@ class AsyncSandbox:
             max_output=max_output,
         )
         deadline = timeout + REPLY_SLACK if timeout else NO_DEADLINE
-        wire = await watch(
-            self._call("exec", "run", req, WireResult, deadline),
-            lambda: self._status(exec_id),
-            what=f"exec {exec_id}",
-        )
+        try:
+            wire = await watch(
+                self._call("exec", "run", req, WireResult, deadline),
+                lambda: self._status(exec_id),
+                what=f"exec {exec_id}",
+            )
+        except asyncio.CancelledError:
+            # The caller gave up (task cancelled, Ctrl-C in the sync SDK): do not leave the
+            # command running in the sandbox.
+            await asyncio.shield(self._cancel_quietly(exec_id))
+            raise
         stdout = await self._complete(wire, "stdout", wire.stdout, wire.stdout_size)
         stderr = await self._complete(wire, "stderr", wire.stderr, wire.stderr_size)
         result = ExecResult(
@@ -298,6 +304,10 @@ class AsyncSandbox:
         if check and not result.ok:
             raise CommandFailed(f"command exited with {result.exit_code}")
         return result
+
+    async def _cancel_quietly(self, exec_id: str) -> None:
+        with contextlib.suppress(SandpodError):
+            await self._call("exec", "cancel", ExecRef(exec_id=exec_id), ExecStatus, 2.0)
 
     async def _status(self, exec_id: str) -> ExecStatus:
         return await self._call(
@@ -435,6 +445,8 @@ class AsyncExecStream:
             raise
         self.pid = started.pid
         self._window = started.window
+        if started.abandon_after:
+            self._abandon_after = started.abandon_after
         self._keepalive = asyncio.create_task(self._keep_alive(), name=f"keepalive:{self._exec_id}")
         return self
 

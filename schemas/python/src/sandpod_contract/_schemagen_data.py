@@ -116,7 +116,10 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("shell", ExecStart(deliver=_INBOX, exec_id=_ID, shell="tail -f /var/log/app.log")),  # noqa: S604
         ("minimal", ExecStart(deliver=_INBOX, argv=("ls", "-l"))),
     ],
-    "exec.started": [("basic", ExecStarted(exec_id=_ID, pid=31337, window=4 * _MiB))],
+    "exec.started": [
+        ("full", ExecStarted(exec_id=_ID, pid=31337, window=4 * _MiB, abandon_after=60.0)),
+        ("minimal", ExecStarted(exec_id=_ID, pid=31337, window=4 * _MiB)),
+    ],
     "exec.ack": [
         ("basic", StreamAck(exec_id=_ID, seq=17)),
         ("keepalive", StreamAck(exec_id=_ID, seq=0)),
@@ -229,6 +232,7 @@ ERRORS: list[errors.SandpodError] = [
                        errno=13),
     errors.CommandNotFound("'pytohn': command not found", program="pytohn"),
     errors.InvalidCwd("working directory '/workspace/nope' does not exist", cwd="/workspace/nope"),
+    errors.ExecIdInUse("exec id 'c0ffee' is in use; choose a fresh one", exec_id="c0ffee"),
     errors.StreamClosed("stdin is closed (already at EOF, or never opened)"),
     errors.error_from_wire({"code": "exec.quota_exceeded", "message": "CPU quota used up",
                             "retryable": True, "details": {"quota": "cpu"}}),

@@ -84,8 +84,8 @@ def _to_wire(value: Any) -> Any:
         return to_map(value)
     if isinstance(value, tuple | list):
         return [_to_wire(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _to_wire(v) for k, v in value.items()}
+    if isinstance(value, Mapping):  # sorted keys: the encoding is canonical for maps too
+        return {k: _to_wire(value[k]) for k in sorted(value)}
     return value
 
 
@@ -128,8 +128,10 @@ def decode_map(cls: type[T], raw: Any, path: str = "") -> T:
     version = raw.get("v")
     if version is None:
         raise BadRequest(f"{where}: missing required field 'v'", field=_join(path, "v"))
-    if type(version) is not int:
-        raise BadRequest(f"{where}.v: expected int, got {_kind(version)}", field=_join(path, "v"))
+    if type(version) is not int or version < 1:
+        raise BadRequest(
+            f"{where}.v: expected an int >= 1, got {version!r}", field=_join(path, "v")
+        )
     if version > cls.VERSION:
         raise UnsupportedVersion(
             f"{where}: version {version} is newer than supported {cls.VERSION}",

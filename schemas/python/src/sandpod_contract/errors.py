@@ -17,6 +17,7 @@ __all__ = [
     "CommandNotFound",
     "ConnectionLost",
     "ExecError",
+    "ExecIdInUse",
     "ExecLost",
     "ExecNotFound",
     "InternalError",
@@ -51,7 +52,8 @@ class SandpodError(Exception):
 
     def __init__(self, message: str | None = None, **details: Any) -> None:
         self.message = message or self.summary
-        self.details: dict[str, Any] = details
+        # None-valued details carry nothing: keep the wire form free of nils.
+        self.details: dict[str, Any] = {k: v for k, v in details.items() if v is not None}
         super().__init__(self.message)
 
     def __str__(self) -> str:
@@ -170,6 +172,11 @@ class InvalidCwd(SpawnFailed):
     summary = "working directory does not exist or is not a directory"
 
 
+class ExecIdInUse(ExecError):
+    code = "exec.id_in_use"
+    summary = "this exec id is running or finished recently; choose a fresh id"
+
+
 class StreamClosed(ExecError):
     code = "exec.stream_closed"
     summary = "the stream is closed (stdin already at EOF, or the command has exited)"
@@ -190,6 +197,7 @@ _ALL: tuple[type[SandpodError], ...] = (
     ExecError,
     ExecNotFound,
     ExecLost,
+    ExecIdInUse,
     SpawnFailed,
     CommandNotFound,
     InvalidCwd,
@@ -219,7 +227,9 @@ def error_from_wire(wire: Mapping[str, Any]) -> SandpodError:
     if not isinstance(details, Mapping):
         details = {}
     cls = _BY_CODE.get(code) or _family_fallback(code)
-    err = cls(message or None, **{str(k): v for k, v in details.items()})
+    err = cls(message or None)
+    # Set, not passed as keywords: a detail may be named like a parameter ("message").
+    err.details = {str(k): v for k, v in details.items()}
     if cls.code != code:
         # A newer peer's code: keep it verbatim on the instance.
         err.code = code  # type: ignore[misc]

@@ -399,7 +399,7 @@ def _subjects_doc() -> dict[str, Any]:
             "events": "<prefix>.events.<kind>.<name>.<type>",
         },
         "sandbox_id_pattern": subjects.SANDBOX_ID_RE.pattern,
-        "token_pattern": subjects._TOKEN_RE.pattern,  # one source for the rule
+        "token_pattern": subjects.TOKEN_RE.pattern,  # one source for the rule
         "operations": [
             {
                 "subject": _subject(f"{op.family}.{op.verb}"),

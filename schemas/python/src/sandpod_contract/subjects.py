@@ -18,19 +18,21 @@ from typing import NamedTuple
 __all__ = [
     "DEFAULT_PREFIX",
     "SANDBOX_ID_RE",
+    "TOKEN_RE",
     "DataSubject",
     "Subjects",
     "validate_sandbox_id",
 ]
 
 DEFAULT_PREFIX = "sandpod"
-SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+# Always used with fullmatch: "$" alone would accept a trailing newline.
+SANDBOX_ID_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def validate_sandbox_id(sandbox_id: str) -> str:
     """Return ``sandbox_id`` if it is a DNS label (like Kubernetes names), else raise ValueError."""
-    if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.match(sandbox_id):
+    if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.fullmatch(sandbox_id):
         raise ValueError(
             f"invalid sandbox id {sandbox_id!r}: use 1-63 lowercase letters, digits and '-', "
             "starting and ending with a letter or digit"
@@ -39,7 +41,7 @@ def validate_sandbox_id(sandbox_id: str) -> str:
 
 
 def _validate_prefix(prefix: str) -> None:
-    if not prefix or not all(_TOKEN_RE.match(t) for t in prefix.split(".")):
+    if not prefix or not all(TOKEN_RE.fullmatch(t) for t in prefix.split(".")):
         raise ValueError(f"invalid subject prefix {prefix!r}: dot-separated [A-Za-z0-9_-] tokens")
 
 
@@ -66,7 +68,7 @@ class Subjects:
         """The subject of ``family.verb`` on sandbox ``sandbox_id``."""
         validate_sandbox_id(sandbox_id)
         for token in (family, verb):
-            if not _TOKEN_RE.match(token):
+            if not TOKEN_RE.fullmatch(token):
                 raise ValueError(f"invalid subject token {token!r}")
         return f"{self.prefix}.sbx.{sandbox_id}.{family}.{verb}"
 
@@ -90,14 +92,14 @@ class Subjects:
     def api(self, kind: str, verb: str) -> str:
         """Control-plane request subject, e.g. ``sandpod.api.sandboxes.create``."""
         for token in (kind, verb):
-            if not _TOKEN_RE.match(token):
+            if not TOKEN_RE.fullmatch(token):
                 raise ValueError(f"invalid subject token {token!r}")
         return f"{self.prefix}.api.{kind}.{verb}"
 
     def event(self, kind: str, name: str, event_type: str) -> str:
         """Event subject, e.g. ``sandpod.events.sandbox.demo.ready``."""
         for token in (kind, name, event_type):
-            if not _TOKEN_RE.match(token):
+            if not TOKEN_RE.fullmatch(token):
                 raise ValueError(f"invalid subject token {token!r}")
         return f"{self.prefix}.events.{kind}.{name}.{event_type}"
 

@@ -1,9 +1,9 @@
 """What execd remembers about execs of one sandbox, all of it bounded.
 
-- running one-shot execs (id -> pid) and streaming execs (id -> StreamingExec), so status probes
-  and control verbs find them;
-- output of finished one-shot execs that did not fit in one reply, until fetched to the end or
-  ``result_ttl`` passed, within a total byte budget;
+- running one-shot execs (id -> Process, ``None`` while spawning) and streaming execs
+  (id -> StreamingExec), so status probes and control verbs find them;
+- output of finished one-shot execs that did not fit in one reply, until every stream that did
+  not fit was fetched to the end or ``result_ttl`` passed, within a total byte budget;
 - ids of recently finished execs (a bounded LRU), so a status probe that races the reply learns
   "exited" rather than "unknown".
 """
@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import time
 
+from sandpod_execd.process import Process
 from sandpod_execd.streaming import StreamingExec
 
 __all__ = ["ExecRegistry", "StoredOutput"]
@@ -26,13 +27,14 @@ class StoredOutput:
     stdout: bytes
     stderr: bytes
     expires: float
+    unfetched: set[str]  # streams the client still has to read to the end
 
 
 class ExecRegistry:
     def __init__(self, result_ttl: float, stored_budget: int) -> None:
         self.result_ttl = result_ttl
         self.stored_budget = stored_budget
-        self.oneshots: dict[str, int] = {}
+        self.oneshots: dict[str, Process | None] = {}
         self.streams: dict[str, StreamingExec] = {}
         self.stored: dict[str, StoredOutput] = {}
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -55,14 +57,23 @@ class ExecRegistry:
     def was_recent(self, exec_id: str) -> bool:
         return exec_id in self._recent
 
-    def store_output(self, exec_id: str, stdout: bytes, stderr: bytes) -> bool:
+    def store_output(self, exec_id: str, stdout: bytes, stderr: bytes, unfetched: set[str]) -> bool:
         """Keep output for ``exec.fetch``; False if the byte budget is exhausted."""
         self.expire()
         used = sum(len(s.stdout) + len(s.stderr) for s in self.stored.values())
         if used + len(stdout) + len(stderr) > self.stored_budget:
             return False
-        self.stored[exec_id] = StoredOutput(stdout, stderr, time.monotonic() + self.result_ttl)
+        expires = time.monotonic() + self.result_ttl
+        self.stored[exec_id] = StoredOutput(stdout, stderr, expires, unfetched)
         return True
+
+    def fetched_to_end(self, exec_id: str, stream: str) -> None:
+        """The client read ``stream`` to its end: release the output once all streams are."""
+        stored = self.stored.get(exec_id)
+        if stored is not None:
+            stored.unfetched.discard(stream)
+            if not stored.unfetched:
+                del self.stored[exec_id]
 
     def expire(self) -> None:
         now = time.monotonic()

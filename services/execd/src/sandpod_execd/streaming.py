@@ -3,10 +3,12 @@
 Data flow: two pumps read the command's stdout and stderr, but only while the bytes in flight
 (published, not yet acknowledged) are below the window; each piece becomes an ``OutputChunk``
 frame with the next ``seq``, kept in ``retained`` until the client acks it, and published through
-the injected ``publish`` callable. When the client is slow or away the pumps stop reading, the pipe
-fills and the command blocks on write: nothing is dropped and memory stays below window + one
-chunk. When the command has exited and both pipes are drained, an ``ExecExit`` frame ends the
-stream; it too is retained until acked (or until the client was silent for ``abandon_after``).
+the injected ``publish`` callable. A pump reserves its read size from the window before reading,
+so published-but-unacked plus being-read bytes never exceed the window. When the client is slow
+or away the pumps stop reading, the pipe fills and the command blocks on write: nothing is
+dropped and memory stays below the window. When the command has exited and both pipes are
+drained, an ``ExecExit`` frame ends the stream; it too is retained until acked (or until the
+client was silent for ``abandon_after``).
 A client that missed frames asks ``resume(from_seq)`` and gets every retained frame again.
 """
 
@@ -56,6 +58,8 @@ class StreamingExec:
         timeout: float | None,
         abandon_after: float,
         pipe_grace: float,
+        initial_stdin: bytes | None = None,
+        keep_stdin_open: bool = False,
     ) -> None:
         self.exec_id = exec_id
         self.proc = proc
@@ -70,7 +74,12 @@ class StreamingExec:
         self.next_seq = 1
         self.acked_seq = 0
         self._retained: collections.deque[tuple[int, bytes, int]] = collections.deque()
-        self._in_flight = 0
+        self._in_flight = 0  # published, not yet acked
+        self._reserved = 0  # being read by a pump right now
+        self._starved = 0  # pumps waiting for window credit
+        self._initial_stdin = initial_stdin
+        self._keep_stdin_open = keep_stdin_open
+        self.abandon_after = abandon_after
         self._credit = asyncio.Event()
         self._credit.set()
         self._heard = time.monotonic()
@@ -88,15 +97,18 @@ class StreamingExec:
             asyncio.create_task(self._pump(self.proc.stderr, "stderr"), name="pump:stderr"),
         ]
         watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
+        # Initial stdin is fed concurrently with the pumps: a command that echoes it back
+        # (cat) must be able to write while we are still writing to it.
+        feeder = asyncio.create_task(self._feed_initial_stdin(), name="stdin")
         try:
             await self.proc.wait()
             await self._finish_pumps(pumps)
             await self._publish_exit()
             await self._acked_exit.wait()
         finally:
-            for task in (*pumps, watchdog):
+            for task in (*pumps, watchdog, feeder):
                 task.cancel()
-            await asyncio.gather(*pumps, watchdog, return_exceptions=True)
+            await asyncio.gather(*pumps, watchdog, feeder, return_exceptions=True)
             if self.proc.running:
                 self.proc.kill_tree()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -107,21 +119,53 @@ class StreamingExec:
     async def _finish_pumps(self, pumps: list[asyncio.Task[None]]) -> None:
         """After exit: read the pipes to EOF while the client keeps acking.
 
-        Stops early when the client was abandoned, or when the pumps have credit yet see no EOF
-        for ``pipe_grace`` (a grandchild holds the pipe open; its later output is not ours).
+        Stops early when the client was abandoned, or when no pump is waiting for window credit
+        yet they see no EOF for ``pipe_grace`` (a grandchild holds the pipe open; its later output
+        is not ours).
         """
         pending: set[asyncio.Task[None]] = set(pumps)
         while pending and not self.abandoned:
-            had_credit = self._credit.is_set()
             _, pending = await asyncio.wait(pending, timeout=self._pipe_grace)
-            if pending and had_credit and self._credit.is_set():
+            if pending and self._starved == 0:
+                return  # no pump waits for the client: they wait for a pipe nobody closes
+
+    async def _feed_initial_stdin(self) -> None:
+        stdin = self.proc.stdin
+        if stdin is None:
+            return
+        if self._initial_stdin:
+            try:
+                await self.write_stdin(self._initial_stdin, eof=not self._keep_stdin_open)
+            except StreamClosed:
                 return
+        elif not self._keep_stdin_open:
+            stdin.close()
+
+    def _update_credit(self) -> None:
+        if self._in_flight + self._reserved < self.window:
+            self._credit.set()
+        else:
+            self._credit.clear()
 
     async def _pump(self, reader: PipeReader, stream: StreamName) -> None:
         while True:
-            await self._credit.wait()
-            room = min(self._max_chunk, self.window - self._in_flight)
-            data = await reader.read(max(room, 1))
+            if not self._credit.is_set():
+                self._starved += 1
+                try:
+                    await self._credit.wait()
+                finally:
+                    self._starved -= 1
+            room = min(self._max_chunk, self.window - self._in_flight - self._reserved)
+            if room <= 0:
+                self._update_credit()
+                continue
+            self._reserved += room
+            self._update_credit()
+            try:
+                data = await reader.read(room)
+            finally:
+                self._reserved -= room
+                self._update_credit()
             if not data:
                 return
             self._sizes[stream] += len(data)
@@ -133,8 +177,7 @@ class StreamingExec:
         self.next_seq += 1
         self._retained.append((seq, payload, nbytes))
         self._in_flight += nbytes
-        if self._in_flight >= self.window:
-            self._credit.clear()
+        self._update_credit()
         try:
             await self._publish(self.deliver, payload)
         except ConnectionLost:
@@ -197,8 +240,7 @@ class StreamingExec:
         while self._retained and self._retained[0][0] <= self.acked_seq:
             _, _, nbytes = self._retained.popleft()
             self._in_flight -= nbytes
-        if self._in_flight < self.window:
-            self._credit.set()
+        self._update_credit()
         if self.state is StreamState.EXITED and not self._retained:
             self._acked_exit.set()
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from sandpod_contract.codec import Message
 
-__all__ = ["Empty", "check_env", "check_text"]
+__all__ = ["Empty", "check_deliver", "check_env", "check_text"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,6 +22,15 @@ def check_text(name: str, values: Iterable[str]) -> None:
     for value in values:
         if "\x00" in value:
             raise ValueError(f"{name} must not contain NUL bytes")
+
+
+def check_deliver(subject: str) -> None:
+    """A reply/deliver subject must be one concrete subject: no wildcards, no whitespace."""
+    tokens = subject.split(".")
+    if not subject or not all(tokens) or any(t in ("*", ">") for t in tokens):
+        raise ValueError(f"deliver subject {subject!r} must be concrete (no wildcards or empties)")
+    if any(c.isspace() or c == "\x00" for c in subject):
+        raise ValueError("deliver subject must not contain whitespace or NUL")
 
 
 def check_env(env: Mapping[str, str] | None) -> None:

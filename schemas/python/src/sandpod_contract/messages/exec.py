@@ -18,7 +18,7 @@ import dataclasses
 from typing import Literal
 
 from sandpod_contract.codec import Message
-from sandpod_contract.messages.common import check_env, check_text
+from sandpod_contract.messages.common import check_deliver, check_env, check_text
 
 __all__ = [
     "ExecExit",
@@ -64,7 +64,7 @@ class ExecRequest(Message):
     TYPE = "exec.request"
     exec_id: str | None = None  # client-chosen id for exec.status probes; execd makes one if unset
     argv: tuple[str, ...] | None = None  # program and arguments, no shell
-    shell: str | None = None  # a command line for /bin/sh -c
+    shell: str | None = None  # a command line for the sandbox shell (sys.info; bash or sh) -c
     cwd: str | None = None  # default: the sandbox workspace
     env: dict[str, str] | None = None  # added to the sandbox's base environment
     stdin: bytes | None = None  # written to the command's stdin, then EOF
@@ -156,9 +156,7 @@ class ExecStart(Message):
         _check_positive("timeout", self.timeout)
         _check_positive("window", self.window)
         _check_positive("abandon_after", self.abandon_after)
-        if not self.deliver:
-            raise ValueError("deliver must be a subject")
-        check_text("deliver", [self.deliver])
+        check_deliver(self.deliver)
         if self.cwd is not None:
             check_text("cwd", [self.cwd])
 
@@ -171,6 +169,7 @@ class ExecStarted(Message):
     exec_id: str
     pid: int
     window: int  # the window execd applies (the request's, clamped to max_window)
+    abandon_after: float | None = None  # the silence limit execd applies: keep alive well within
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,7 +227,10 @@ class StdinWrite(Message):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ExecSignal(Message):
-    """``exec.signal``: send a signal (number) to the command's whole process group."""
+    """``exec.signal``: send a signal (number) to the command's whole process group.
+
+    Works for streaming and one-shot execs (name a one-shot by the ``exec_id`` it was sent with).
+    """
 
     TYPE = "exec.signal"
     exec_id: str
@@ -241,7 +243,7 @@ class ExecSignal(Message):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ExecRef(Message):
-    """``exec.status`` / ``exec.cancel``: names one exec."""
+    """``exec.status`` / ``exec.cancel``: names one exec (streaming or one-shot)."""
 
     TYPE = "exec.ref"
     exec_id: str
@@ -259,6 +261,8 @@ class ExecResume(Message):
     def __post_init__(self) -> None:
         if self.from_seq < 1:
             raise ValueError("from_seq must be >= 1")
+        if self.deliver is not None:
+            check_deliver(self.deliver)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

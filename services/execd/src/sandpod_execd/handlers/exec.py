@@ -7,7 +7,7 @@ import uuid
 
 import structlog
 
-from sandpod_contract.errors import Busy, ExecNotFound
+from sandpod_contract.errors import BadRequest, Busy, ExecIdInUse, ExecNotFound
 from sandpod_contract.messages.exec import (
     ExecFetch,
     ExecRef,
@@ -60,6 +60,7 @@ class ExecHandlers:
         max_payload: int,
     ) -> None:
         self._settings = settings
+        self._prefix = settings.prefix
         self._metrics = metrics
         self._supervisor = supervisor
         self._publish = publish
@@ -72,6 +73,8 @@ class ExecHandlers:
                 f"{sbx.registry.active} execs running (limit {self._settings.max_execs})",
                 limit=self._settings.max_execs,
             )
+        if exec_id is not None and exec_id in sbx.registry:
+            raise ExecIdInUse(f"exec id {exec_id!r} is in use; choose a fresh one", exec_id=exec_id)
         return exec_id or uuid.uuid4().hex
 
     # -- one-shot ------------------------------------------------------------------------------
@@ -79,14 +82,14 @@ class ExecHandlers:
     def register_run(self, sbx: SandboxContext, req: ExecRequest) -> str:
         """Synchronous part of ``exec.run``: admit and register, so probes find it at once."""
         exec_id = self._admit(sbx, req.exec_id)
-        sbx.registry.oneshots[exec_id] = 0
+        sbx.registry.oneshots[exec_id] = None
         return exec_id
 
     async def run(self, sbx: SandboxContext, req: ExecRequest, exec_id: str) -> ExecResult:
         try:
             cmd = sbx.command(req.argv, req.shell, req.cwd, req.env, stdin=req.stdin is not None)
             proc = spawn(cmd)
-            sbx.registry.oneshots[exec_id] = proc.pid
+            sbx.registry.oneshots[exec_id] = proc
             self._metrics.running.inc()
             try:
                 outcome = await run_to_completion(
@@ -110,10 +113,11 @@ class ExecHandlers:
         out, err = outcome.stdout.value(), outcome.stderr.value()
         n_out, n_err = len(out), len(err)
         if n_out + n_err > self._budget:
-            if sbx.registry.store_output(exec_id, out, err):
-                n_out, n_err = _split_budget(self._budget, n_out, n_err)
-            else:  # over the stored-output budget: what fits is all the client gets
-                n_out, n_err = _split_budget(self._budget, n_out, n_err)
+            n_out, n_err = _split_budget(self._budget, n_out, n_err)
+            unfetched = {name for name, n, d in (("stdout", n_out, out), ("stderr", n_err, err))
+                         if n < len(d)}  # fmt: skip
+            if not sbx.registry.store_output(exec_id, out, err, unfetched):
+                # Over the stored-output budget: what fits is all the client gets (truncated).
                 out, err = out[:n_out], err[:n_err]
                 log.warning("output_store_full", exec_id=exec_id)
         exit_code, sig = status_fields(outcome.returncode)
@@ -144,6 +148,8 @@ class ExecHandlers:
         size = min(req.max_bytes or self._budget, self._budget)
         part = data[req.offset : req.offset + size]
         eof = req.offset + len(part) >= len(data)
+        if eof:
+            sbx.registry.fetched_to_end(req.exec_id, req.stream)
         return OutputPart(
             exec_id=req.exec_id, stream=req.stream, offset=req.offset, data=part, eof=eof
         )
@@ -152,8 +158,11 @@ class ExecHandlers:
 
     async def start(self, sbx: SandboxContext, req: ExecStart) -> ExecStarted:
         exec_id = self._admit(sbx, req.exec_id)
-        if exec_id in sbx.registry:
-            raise Busy(f"exec id {exec_id!r} is already in use", exec_id=exec_id)
+        if req.deliver.startswith(f"{self._prefix}."):
+            raise BadRequest(
+                f"deliver subject {req.deliver!r} is inside the Sandpod namespace; use an inbox",
+                deliver=req.deliver,
+            )
         stdin_pipe = req.stdin_open or req.stdin is not None
         cmd = sbx.command(req.argv, req.shell, req.cwd, req.env, stdin=stdin_pipe)
         proc = spawn(cmd)
@@ -168,19 +177,18 @@ class ExecHandlers:
             timeout=req.timeout,
             abandon_after=req.abandon_after or self._settings.abandon_after,
             pipe_grace=self._settings.pipe_grace,
+            initial_stdin=req.stdin,
+            keep_stdin_open=req.stdin_open,
         )
         sbx.registry.streams[exec_id] = stream
-        self._supervisor.spawn(self._drive(sbx, stream, req), name=f"stream:{exec_id}")
-        return ExecStarted(exec_id=exec_id, pid=proc.pid, window=window)
+        self._supervisor.spawn(self._drive(sbx, stream), name=f"stream:{exec_id}")
+        return ExecStarted(
+            exec_id=exec_id, pid=proc.pid, window=window, abandon_after=stream.abandon_after
+        )
 
-    async def _drive(self, sbx: SandboxContext, stream: StreamingExec, req: ExecStart) -> None:
+    async def _drive(self, sbx: SandboxContext, stream: StreamingExec) -> None:
         self._metrics.running.inc()
         try:
-            if stream.proc.stdin is not None:
-                if req.stdin:
-                    await stream.write_stdin(req.stdin, eof=not req.stdin_open)
-                elif not req.stdin_open:
-                    stream.proc.stdin.close()
             await stream.run()
         finally:
             self._metrics.running.dec()
@@ -206,11 +214,20 @@ class ExecHandlers:
         return stream.status()
 
     async def signal(self, sbx: SandboxContext, req: ExecSignal) -> ExecStatus:
+        sig = validate_signal(req.signal)
+        proc = sbx.registry.oneshots.get(req.exec_id)
+        if proc is not None:
+            proc.signal_group(sig)
+            return await self.status(sbx, ExecRef(exec_id=req.exec_id))
         stream = self._stream(sbx, req.exec_id)
-        stream.send_signal(validate_signal(req.signal))
+        stream.send_signal(sig)
         return stream.status()
 
     async def cancel(self, sbx: SandboxContext, req: ExecRef) -> ExecStatus:
+        proc = sbx.registry.oneshots.get(req.exec_id)
+        if proc is not None:
+            proc.kill_tree()  # the one-shot's result then reports signal 9
+            return await self.status(sbx, req)
         stream = self._stream(sbx, req.exec_id)
         stream.cancel()
         return stream.status()
@@ -225,7 +242,9 @@ class ExecHandlers:
         if req.exec_id in reg.streams:
             return reg.streams[req.exec_id].status()
         if req.exec_id in reg.oneshots:
-            return ExecStatus(exec_id=req.exec_id, state="running", pid=reg.oneshots[req.exec_id])
+            proc = reg.oneshots[req.exec_id]
+            pid = proc.pid if proc is not None else None
+            return ExecStatus(exec_id=req.exec_id, state="running", pid=pid)
         if reg.was_recent(req.exec_id):
             return ExecStatus(exec_id=req.exec_id, state="exited")
         raise ExecNotFound(f"exec {req.exec_id!r} is unknown to this execd", exec_id=req.exec_id)
