@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from _platform import platform
-
 from sandpod import AsyncSandbox
 
 MiB = 1024 * 1024

@@ -18,7 +18,13 @@ from typing import Self, TypeVar
 from sandpod._watch import watch
 from sandpod.config import resolve_nats_url, resolve_prefix
 from sandpod.errors import CommandFailed
+from sandpod.fs import AsyncFiles
+from sandpod.git import AsyncGit
+from sandpod.proc import AsyncProcesses
+from sandpod.pty import AsyncPtys
 from sandpod.results import ExecResult, ExitStatus, OutputChunk
+from sandpod.session import AsyncSessions
+from sandpod.watch import AsyncWatches
 from sandpod_bus import Bus, BusSettings, Inbound, Subscription
 from sandpod_contract.codec import Message, decode_map, decode_reply, encode, unpack
 from sandpod_contract.errors import (
@@ -86,6 +92,12 @@ class AsyncSandbox:
         self.id = validate_sandbox_id(sandbox_id)
         self.subjects = subjects
         self._owns_bus = owns_bus
+        self.fs = AsyncFiles(self)
+        self.proc = AsyncProcesses(self)
+        self.sessions = AsyncSessions(self)
+        self.pty = AsyncPtys(self)
+        self.watch = AsyncWatches(self)
+        self.git = AsyncGit(self)
 
     @classmethod
     async def connect(

@@ -11,7 +11,13 @@ from typing import Self
 
 from sandpod._loop import run
 from sandpod.aio import DEFAULT_TIMEOUT, AsyncExecStream, AsyncSandbox, Command
+from sandpod.fs import Files
+from sandpod.git import Git
+from sandpod.proc import Processes
+from sandpod.pty import Ptys
 from sandpod.results import ExecResult, ExitStatus, OutputChunk
+from sandpod.session import Sessions
+from sandpod.watch import Watches
 from sandpod_contract.messages.system import Info
 
 __all__ = ["ExecStream", "Sandbox"]
@@ -25,6 +31,12 @@ class Sandbox:
 
     def __init__(self, inner: AsyncSandbox) -> None:
         self._inner = inner
+        self.fs = Files(inner.fs)
+        self.proc = Processes(inner.proc)
+        self.sessions = Sessions(inner.sessions)
+        self.pty = Ptys(inner.pty)
+        self.watch = Watches(inner.watch)
+        self.git = Git(inner.git)
 
     @classmethod
     def connect(

@@ -237,3 +237,29 @@ ERRORS: list[errors.SandpodError] = [
     errors.error_from_wire({"code": "exec.quota_exceeded", "message": "CPU quota used up",
                             "retryable": True, "details": {"quota": "cpu"}}),
 ]  # fmt: skip
+
+
+# -- the other families keep their inputs in _vectors_<family>.py ----------------------------------
+
+
+def _merge() -> None:
+    from sandpod_contract import (
+        _vectors_fs,
+        _vectors_git,
+        _vectors_proc,
+        _vectors_pty,
+        _vectors_session,
+        _vectors_watch,
+    )
+
+    for fam in (_vectors_fs, _vectors_proc, _vectors_session, _vectors_pty, _vectors_watch,
+                _vectors_git):  # fmt: skip
+        RULES.update(fam.RULES)
+        MESSAGE_RULES.update(fam.MESSAGE_RULES)
+        EXAMPLES.update(fam.EXAMPLES)
+        ACCEPT.extend(fam.ACCEPT)
+        REJECT.extend(fam.REJECT)
+        ERRORS.extend(fam.ERRORS)
+
+
+_merge()

@@ -20,21 +20,52 @@ __all__ = [
     "ExecIdInUse",
     "ExecLost",
     "ExecNotFound",
+    "FsAlreadyExists",
+    "FsError",
+    "FsInvalidPath",
+    "FsIsADirectory",
+    "FsNoSpace",
+    "FsNotADirectory",
+    "FsNotEmpty",
+    "FsNotFound",
+    "FsPermissionDenied",
+    "FsTooLarge",
+    "GitAuthFailed",
+    "GitError",
+    "GitNetwork",
+    "GitNotFound",
+    "GitTimeout",
     "InternalError",
     "InvalidCwd",
     "PayloadTooLarge",
+    "ProcError",
+    "ProcIdInUse",
+    "ProcNotFound",
+    "PtyClosed",
+    "PtyError",
+    "PtyNotFound",
     "RequestTimeout",
     "SandboxError",
     "SandboxNotFound",
     "SandboxUnavailable",
     "SandpodError",
+    "SessionAlreadyExists",
+    "SessionDead",
+    "SessionError",
+    "SessionNotFound",
     "SpawnFailed",
     "StreamClosed",
     "UnknownSubject",
     "UnsupportedVersion",
+    "WatchError",
+    "WatchLimit",
+    "WatchNotFound",
     "error_catalogue",
     "error_from_wire",
 ]
+
+
+_BY_CODE: dict[str, type[SandpodError]] = {}
 
 
 class SandpodError(Exception):
@@ -49,6 +80,15 @@ class SandpodError(Exception):
     code: ClassVar[str] = "internal"
     retryable: ClassVar[bool] = False
     summary: ClassVar[str] = "unexpected internal error"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Every contract class that names a code is on the wire; client-side subclasses
+        # (e.g. the SDK's CommandFailed) are not part of the catalogue.
+        if "code" in cls.__dict__ and cls.__module__ == __name__:
+            if cls.code in _BY_CODE and _BY_CODE[cls.code] is not cls:
+                raise TypeError(f"error code {cls.code!r} defined twice")
+            _BY_CODE[cls.code] = cls
 
     def __init__(self, message: str | None = None, **details: Any) -> None:
         self.message = message or self.summary
@@ -182,28 +222,166 @@ class StreamClosed(ExecError):
     summary = "the stream is closed (stdin already at EOF, or the command has exited)"
 
 
-_ALL: tuple[type[SandpodError], ...] = (
-    InternalError,
-    BadRequest,
-    PayloadTooLarge,
-    UnsupportedVersion,
-    UnknownSubject,
-    ConnectionLost,
-    RequestTimeout,
-    Busy,
-    SandboxError,
-    SandboxNotFound,
-    SandboxUnavailable,
-    ExecError,
-    ExecNotFound,
-    ExecLost,
-    ExecIdInUse,
-    SpawnFailed,
-    CommandNotFound,
-    InvalidCwd,
-    StreamClosed,
-)
-_BY_CODE: dict[str, type[SandpodError]] = {cls.code: cls for cls in _ALL}
+# -- fs family -------------------------------------------------------------------------------------
+
+
+class FsError(SandpodError):
+    code = "fs.error"
+    summary = "file operation failed"
+
+
+class FsNotFound(FsError):
+    code = "fs.not_found"
+    summary = "no such file or directory"
+
+
+class FsAlreadyExists(FsError):
+    code = "fs.already_exists"
+    summary = "the path already exists"
+
+
+class FsIsADirectory(FsError):
+    code = "fs.is_a_directory"
+    summary = "the path is a directory"
+
+
+class FsNotADirectory(FsError):
+    code = "fs.not_a_directory"
+    summary = "a path component is not a directory"
+
+
+class FsPermissionDenied(FsError):
+    code = "fs.permission_denied"
+    summary = "permission denied"
+
+
+class FsTooLarge(FsError):
+    code = "fs.too_large"
+    summary = "the file is larger than this operation allows; read it in ranges or stream it"
+
+
+class FsInvalidPath(FsError):
+    code = "fs.invalid_path"
+    summary = "the path is not acceptable (NUL bytes, too long, or escapes the allowed root)"
+
+
+class FsNotEmpty(FsError):
+    code = "fs.not_empty"
+    summary = "the directory is not empty; remove it recursively"
+
+
+class FsNoSpace(FsError):
+    code = "fs.no_space"
+    retryable = True
+    summary = "no space left on the device"
+
+
+# -- proc family -----------------------------------------------------------------------------------
+
+
+class ProcError(SandpodError):
+    code = "proc.error"
+    summary = "background process error"
+
+
+class ProcNotFound(ProcError):
+    code = "proc.not_found"
+    summary = "no background process with this id"
+
+
+class ProcIdInUse(ProcError):
+    code = "proc.id_in_use"
+    summary = "a background process with this id exists; choose another id or remove it"
+
+
+# -- session family --------------------------------------------------------------------------------
+
+
+class SessionError(SandpodError):
+    code = "session.error"
+    summary = "session error"
+
+
+class SessionNotFound(SessionError):
+    code = "session.not_found"
+    summary = "no session with this id"
+
+
+class SessionAlreadyExists(SessionError):
+    code = "session.already_exists"
+    summary = "a session with this id exists"
+
+
+class SessionDead(SessionError):
+    code = "session.dead"
+    summary = "the session's shell has exited; delete and recreate the session"
+
+
+# -- pty family ------------------------------------------------------------------------------------
+
+
+class PtyError(SandpodError):
+    code = "pty.error"
+    summary = "pty error"
+
+
+class PtyNotFound(PtyError):
+    code = "pty.not_found"
+    summary = "no pty with this id"
+
+
+class PtyClosed(PtyError):
+    code = "pty.closed"
+    summary = "the pty's process has exited"
+
+
+# -- watch family ----------------------------------------------------------------------------------
+
+
+class WatchError(SandpodError):
+    code = "watch.error"
+    summary = "watch error"
+
+
+class WatchNotFound(WatchError):
+    code = "watch.not_found"
+    summary = "no watch with this id"
+
+
+class WatchLimit(WatchError):
+    code = "watch.limit"
+    retryable = True
+    summary = "too many watches (or the kernel's inotify limit was reached)"
+
+
+# -- git family ------------------------------------------------------------------------------------
+
+
+class GitError(SandpodError):
+    code = "git.error"
+    summary = "git command failed"
+
+
+class GitAuthFailed(GitError):
+    code = "git.auth_failed"
+    summary = "authentication to the git remote failed; check the credentials"
+
+
+class GitNotFound(GitError):
+    code = "git.not_found"
+    summary = "repository, branch or ref not found"
+
+
+class GitNetwork(GitError):
+    code = "git.network"
+    retryable = True
+    summary = "the git remote could not be reached"
+
+
+class GitTimeout(GitError):
+    code = "git.timeout"
+    retryable = True
+    summary = "the git operation exceeded its timeout"
 
 
 def _family_fallback(code: str) -> type[SandpodError]:
@@ -241,4 +419,7 @@ def error_from_wire(wire: Mapping[str, Any]) -> SandpodError:
 
 def error_catalogue() -> list[dict[str, Any]]:
     """Every known error code with its class, retryability and meaning (for docs and vectors)."""
-    return [{"code": cls.code, "retryable": cls.retryable, "summary": cls.summary} for cls in _ALL]
+    return [
+        {"code": cls.code, "retryable": cls.retryable, "summary": cls.summary}
+        for cls in _BY_CODE.values()
+    ]

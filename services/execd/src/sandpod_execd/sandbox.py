@@ -8,6 +8,7 @@ this sandbox's workspace directory on the host, and ``$HOME``/``$SANDPOD_WORKSPA
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class SandboxContext:
         self.workspace = workspace
         self.shell = shell
         self.registry = registry
+        self.last_activity = time.time()  # wall clock of the last client activity (idle timeouts)
         # Never the daemon's own environment: it may hold NATS credentials.
         self.base_env: dict[str, str] = {
             "PATH": DEFAULT_PATH,
@@ -42,6 +44,10 @@ class SandboxContext:
             "SANDPOD_WORKSPACE": str(workspace),
             **extra_env,
         }
+
+    def touch(self) -> None:
+        """Record client activity: exec, stdin, PTY input, stream reads (not probes or info)."""
+        self.last_activity = time.time()
 
     def prepare(self) -> None:
         self.workspace.mkdir(parents=True, exist_ok=True)

@@ -2,23 +2,23 @@
 
 One wildcard subscription per served sandbox (``<prefix>.sbx.<id>.>``, queue group
 ``sandpod-execd``) feeds ``_on_message``, which checks size, looks the verb up in the contract's
-operation catalogue, decodes the request and hands it to the family's handler. Cheap verbs run
-inline (so they keep order with what came before them on the connection); the rest run as tasks
-owned by one bounded :class:`~sandpod_service.Supervisor`. Every request gets exactly one reply:
-the handler's message or a typed error. Nothing a client sends can stop the loop.
+operation catalogue, decodes the request and hands it to the family's :class:`Route`. Inline
+routes run in the callback (so they keep order with what came before them on the connection);
+the rest run as tasks owned by one bounded :class:`~sandpod_service.Supervisor`. Every request
+gets exactly one reply: the handler's message or a typed error. Nothing a client sends can stop
+the loop.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry
 
 from sandpod_bus import Bus, Inbound, Subscription
-from sandpod_contract.catalogue import Operation, operation
+from sandpod_contract.catalogue import operation
 from sandpod_contract.codec import Message, decode, encode, encode_error
 from sandpod_contract.errors import (
     Busy,
@@ -28,10 +28,16 @@ from sandpod_contract.errors import (
     SandpodError,
     UnknownSubject,
 )
-from sandpod_contract.messages.exec import ExecRequest
 from sandpod_contract.subjects import Subjects
+from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.handlers.exec import ExecHandlers
+from sandpod_execd.handlers.fs import FsHandlers
+from sandpod_execd.handlers.git import GitHandlers
+from sandpod_execd.handlers.proc import ProcHandlers
+from sandpod_execd.handlers.pty import PtyHandlers
+from sandpod_execd.handlers.session import SessionHandlers
 from sandpod_execd.handlers.system import SystemHandlers
+from sandpod_execd.handlers.watch import WatchHandlers
 from sandpod_execd.metrics import ExecdMetrics
 from sandpod_execd.registry import ExecRegistry
 from sandpod_execd.sandbox import SandboxContext
@@ -43,11 +49,22 @@ __all__ = ["ExecdService"]
 log = structlog.get_logger("sandpod.execd")
 
 QUEUE_GROUP = "sandpod-execd"
-INLINE = frozenset({("sys", "ping"), ("exec", "ack"), ("exec", "status"), ("exec", "signal"),
-                    ("exec", "cancel")})  # fmt: skip
-QUIET = frozenset({("sys", "ping"), ("exec", "ack"), ("exec", "status")})
+FAMILY_HANDLERS = (
+    SystemHandlers,
+    ExecHandlers,
+    FsHandlers,
+    ProcHandlers,
+    SessionHandlers,
+    PtyHandlers,
+    WatchHandlers,
+    GitHandlers,
+)
 
-Handler = Callable[..., Awaitable[Message | None]]
+
+class FamilyHandlers(Protocol):
+    def routes(self) -> dict[tuple[str, str], Route]: ...
+
+    async def close(self) -> None: ...
 
 
 class ExecdService:
@@ -70,28 +87,15 @@ class ExecdService:
         }
         self._subs: list[Subscription] = []
         self._bus: Bus | None = None
-        self._routes: dict[tuple[str, str], Handler] = {}
-        self._exec: ExecHandlers | None = None
+        self._families: list[FamilyHandlers] = []
+        self._routes: dict[tuple[str, str], Route] = {}
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
-        system = SystemHandlers(self.settings, bus.max_payload)
-        self._exec = ex = ExecHandlers(
-            self.settings, self.metrics, self.supervisor, bus.publish, bus.max_payload
-        )
-        self._routes = {
-            ("sys", "ping"): system.ping,
-            ("sys", "info"): system.info,
-            ("exec", "run"): ex.run,
-            ("exec", "fetch"): ex.fetch,
-            ("exec", "start"): ex.start,
-            ("exec", "ack"): ex.ack,
-            ("exec", "stdin"): ex.stdin,
-            ("exec", "signal"): ex.signal,
-            ("exec", "cancel"): ex.cancel,
-            ("exec", "resume"): ex.resume,
-            ("exec", "status"): ex.status,
-        }
+        deps = Deps(self.settings, self.metrics, self.supervisor, bus.publish, bus.max_payload)
+        self._families = [cls(deps) for cls in FAMILY_HANDLERS]
+        for family in self._families:
+            self._routes.update(family.routes())
         for sbx in self.sandboxes.values():
             sbx.prepare()
             sub = await bus.subscribe(
@@ -113,6 +117,8 @@ class ExecdService:
     async def stop(self, grace: float) -> None:
         for sub in self._subs:
             await sub.drain()
+        for family in self._families:
+            await family.close()
         await self.supervisor.close(grace)
 
     # -- routing -------------------------------------------------------------------------------
@@ -124,7 +130,8 @@ class ExecdService:
             await self._reject(msg, SandboxNotFound(f"{msg.subject} is not served here"), "route")
             return
         op = operation(parsed.family, parsed.verb)
-        if op is None:
+        route = self._routes.get((parsed.family, parsed.verb))
+        if op is None or route is None:
             unknown = UnknownSubject(
                 f"no operation {parsed.family}.{parsed.verb}; see schemas/README.md",
                 subject=msg.subject,
@@ -134,7 +141,7 @@ class ExecdService:
         if len(msg.data) > self.settings.max_request_bytes:
             too_large = PayloadTooLarge(
                 f"request of {len(msg.data)} bytes exceeds {self.settings.max_request_bytes}; "
-                "stream large stdin with exec.start + exec.stdin",
+                "send it in chunks (exec.stdin, fs write chunks)",
                 size=len(msg.data),
                 limit=self.settings.max_request_bytes,
             )
@@ -142,55 +149,52 @@ class ExecdService:
             return
         try:
             req = decode(op.request, msg.data)
-        except SandpodError as exc:
-            await self._reject(msg, exc, "malformed")
+            prepared = route.prepare(sbx, req) if route.prepare else ()
+        except SandpodError as exc:  # malformed request, or refused by prepare (busy, id in use)
+            await self._reject(
+                msg, exc, "malformed" if exc.code.startswith("bad_request") else "refused"
+            )
             return
-        key = (op.family, op.verb)
-        if key in INLINE:
-            await self._handle(op, sbx, req, msg.reply, time.monotonic())
-            return
-        args: tuple[Any, ...] = (req,)
-        if key == ("exec", "run"):
-            assert self._exec is not None
-            assert isinstance(req, ExecRequest)
-            try:
-                args = (req, self._exec.register_run(sbx, req))
-            except SandpodError as exc:
-                await self._reject(msg, exc, "busy")
-                return
+        if route.activity:
+            sbx.touch()
+        name = f"{op.family}.{op.verb}"
         started = time.monotonic()
-        coro = self._handle(op, sbx, args, msg.reply, started)
-        if not self.supervisor.try_spawn(coro, f"{op.family}.{op.verb}"):
-            if key == ("exec", "run"):
-                sbx.registry.finished(args[1])
+        if route.inline:
+            await self._handle(name, route, sbx, (req, *prepared), reply=msg.reply, started=started)
+            return
+        coro = self._handle(name, route, sbx, (req, *prepared), reply=msg.reply, started=started)
+        if not self.supervisor.try_spawn(coro, name):
+            if route.release is not None:
+                route.release(sbx, prepared)
             await self._reject(msg, Busy("execd is at its request limit; retry"), "busy")
 
     async def _handle(
         self,
-        op: Operation,
+        name: str,
+        route: Route,
         sbx: SandboxContext,
-        args: Any,
+        args: tuple[Any, ...],
+        *,
         reply: str | None,
         started: float,
     ) -> None:
-        handler = self._routes[(op.family, op.verb)]
-        call_args = args if isinstance(args, tuple) else (args,)
         code = "ok"
+        payload: bytes | None
         try:
-            result = await handler(sbx, *call_args)
+            result: Message | None = await route.handler(sbx, *args)
             payload = encode(result) if result is not None else None
         except SandpodError as exc:
             code = exc.code
             payload = encode_error(exc)
         except Exception as exc:
-            log.exception("handler_failed", op=f"{op.family}.{op.verb}")
+            log.exception("handler_failed", op=name)
             code = InternalError.code
-            payload = encode_error(InternalError(f"{type(exc).__name__} in {op.family}.{op.verb}"))
-        self.metrics.requests.labels(f"{op.family}.{op.verb}", code).inc()
-        if (op.family, op.verb) not in QUIET or code != "ok":
+            payload = encode_error(InternalError(f"{type(exc).__name__} in {name}"))
+        self.metrics.requests.labels(name, code).inc()
+        if not route.quiet or code != "ok":
             log.info(
                 "request_handled",
-                op=f"{op.family}.{op.verb}",
+                op=name,
                 sandbox_id=sbx.sandbox_id,
                 code=code,
                 ms=round((time.monotonic() - started) * 1000, 2),

@@ -19,8 +19,11 @@ from typing import Literal
 
 from sandpod_contract.codec import Message
 from sandpod_contract.messages.common import check_deliver, check_env, check_text
+from sandpod_contract.operations import Operation
 
 __all__ = [
+    "FRAMES",
+    "OPERATIONS",
     "ExecExit",
     "ExecFetch",
     "ExecRef",
@@ -275,3 +278,19 @@ class ExecStatus(Message):
     pid: int | None = None
     next_seq: int | None = None  # seq the next new frame will carry (streaming execs)
     acked_seq: int | None = None  # highest seq the client acknowledged
+
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("exec", "run", ExecRequest, ExecResult, "run a command to completion"),
+    Operation("exec", "fetch", ExecFetch, OutputPart, "read one-shot output that did not fit"),
+    Operation("exec", "start", ExecStart, ExecStarted, "start a streaming exec (frames follow)"),
+    Operation("exec", "ack", StreamAck, None, "acknowledge consumed frames (publish only)"),
+    Operation("exec", "stdin", StdinWrite, ExecStatus, "write/close a streaming exec's stdin"),
+    Operation("exec", "signal", ExecSignal, ExecStatus, "signal the command's process group"),
+    Operation("exec", "cancel", ExecRef, ExecStatus, "kill the command (SIGKILL to the group)"),
+    Operation("exec", "resume", ExecResume, ExecStatus, "re-send retained frames from a seq"),
+    Operation("exec", "status", ExecRef, ExecStatus, "is this exec known, running, exited"),
+)
+
+# Frames published by execd to a stream's ``deliver`` subject, told apart by their ``kind`` field.
+FRAMES: tuple[type[Message], ...] = (OutputChunk, ExecExit)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 from sandpod_contract.codec import Message
+from sandpod_contract.messages.common import Empty
+from sandpod_contract.operations import Operation
 
-__all__ = ["Info", "Pong"]
+__all__ = ["OPERATIONS", "Info", "Pong"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,3 +40,9 @@ class Info(Message):
     max_window: int
     default_max_output: int  # per-stream capture cap of one-shot exec
     families: tuple[str, ...] = ()
+
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation("sys", "ping", Empty, Pong, "liveness; answers without touching any command"),
+    Operation("sys", "info", Empty, Info, "runtime, isolation and limits of this execd"),
+)

@@ -22,13 +22,11 @@ from sandpod_contract.messages.exec import (
     StdinWrite,
     StreamAck,
 )
-from sandpod_execd.metrics import ExecdMetrics
+from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.oneshot import Outcome, run_to_completion, status_fields
 from sandpod_execd.process import spawn
 from sandpod_execd.sandbox import SandboxContext
-from sandpod_execd.settings import ExecdSettings
-from sandpod_execd.streaming import Publish, StreamingExec, validate_signal
-from sandpod_service import Supervisor
+from sandpod_execd.streaming import StreamingExec, validate_signal
 
 __all__ = ["ExecHandlers", "reply_budget"]
 
@@ -51,20 +49,33 @@ def _split_budget(budget: int, out: int, err: int) -> tuple[int, int]:
 
 
 class ExecHandlers:
-    def __init__(
-        self,
-        settings: ExecdSettings,
-        metrics: ExecdMetrics,
-        supervisor: Supervisor,
-        publish: Publish,
-        max_payload: int,
-    ) -> None:
-        self._settings = settings
-        self._prefix = settings.prefix
-        self._metrics = metrics
-        self._supervisor = supervisor
-        self._publish = publish
-        self._budget = reply_budget(max_payload)
+    def __init__(self, deps: Deps) -> None:
+        self._settings = deps.settings
+        self._prefix = deps.settings.prefix
+        self._metrics = deps.metrics
+        self._supervisor = deps.supervisor
+        self._publish = deps.publish
+        self._budget = reply_budget(deps.max_payload)
+
+    def routes(self) -> dict[tuple[str, str], Route]:
+        return {
+            ("exec", "run"): Route(
+                self.run,
+                prepare=lambda sbx, req: (self.register_run(sbx, req),),
+                release=lambda sbx, prepared: sbx.registry.finished(prepared[0]),
+            ),
+            ("exec", "fetch"): Route(self.fetch),
+            ("exec", "start"): Route(self.start),
+            ("exec", "ack"): Route(self.ack, inline=True, quiet=True),
+            ("exec", "stdin"): Route(self.stdin),
+            ("exec", "signal"): Route(self.signal, inline=True),
+            ("exec", "cancel"): Route(self.cancel, inline=True),
+            ("exec", "resume"): Route(self.resume),
+            ("exec", "status"): Route(self.status, inline=True, quiet=True, activity=False),
+        }
+
+    async def close(self) -> None:
+        """Streams end through the supervisor's shutdown (their tasks kill their commands)."""
 
     def _admit(self, sbx: SandboxContext, exec_id: str | None) -> str:
         if sbx.registry.active >= self._settings.max_execs:

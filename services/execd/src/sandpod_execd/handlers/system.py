@@ -10,8 +10,8 @@ from sandpod_contract.catalogue import DATA_PLANE, PROTOCOL_VERSION
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.system import Info, Pong
 from sandpod_execd import __version__
+from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.sandbox import SandboxContext
-from sandpod_execd.settings import ExecdSettings
 
 __all__ = ["SystemHandlers"]
 
@@ -20,11 +20,20 @@ ISOLATION = "none"  # commands run on the host as execd's user; the jail comes w
 
 
 class SystemHandlers:
-    def __init__(self, settings: ExecdSettings, max_payload: int) -> None:
-        self._settings = settings
-        self._max_payload = max_payload
+    def __init__(self, deps: Deps) -> None:
+        self._settings = deps.settings
+        self._max_payload = deps.max_payload
         self._started = time.time()
         self._families = tuple(sorted({op.family for op in DATA_PLANE}))
+
+    def routes(self) -> dict[tuple[str, str], Route]:
+        return {
+            ("sys", "ping"): Route(self.ping, inline=True, quiet=True, activity=False),
+            ("sys", "info"): Route(self.info, activity=False),
+        }
+
+    async def close(self) -> None:
+        """Nothing held."""
 
     async def ping(self, sbx: SandboxContext, _: Empty) -> Pong:
         return Pong(sandbox_id=sbx.sandbox_id, time=time.time())

@@ -1,0 +1,11 @@
+"""``git`` family: clone/checkout, status and diff, with credentials scrubbed."""
+
+from __future__ import annotations
+
+from sandpod_contract.codec import Message
+from sandpod_contract.operations import Operation
+
+__all__ = ["FRAMES", "OPERATIONS"]
+
+OPERATIONS: tuple[Operation, ...] = ()
+FRAMES: tuple[type[Message], ...] = ()

@@ -1,0 +1,11 @@
+"""``proc`` family: background processes with bounded, cursor-readable logs."""
+
+from __future__ import annotations
+
+from sandpod_contract.codec import Message
+from sandpod_contract.operations import Operation
+
+__all__ = ["FRAMES", "OPERATIONS"]
+
+OPERATIONS: tuple[Operation, ...] = ()
+FRAMES: tuple[type[Message], ...] = ()

@@ -1,0 +1,11 @@
+"""``pty`` family: pseudo-terminals with a replay buffer and several viewers."""
+
+from __future__ import annotations
+
+from sandpod_contract.codec import Message
+from sandpod_contract.operations import Operation
+
+__all__ = ["FRAMES", "OPERATIONS"]
+
+OPERATIONS: tuple[Operation, ...] = ()
+FRAMES: tuple[type[Message], ...] = ()

@@ -1,0 +1,18 @@
+"""``fs``-family handlers (see ``sandpod_contract.messages.fs``)."""
+
+from __future__ import annotations
+
+from sandpod_execd.handlers import Deps, Route
+
+__all__ = ["FsHandlers"]
+
+
+class FsHandlers:
+    def __init__(self, deps: Deps) -> None:
+        self._deps = deps
+
+    def routes(self) -> dict[tuple[str, str], Route]:
+        return {}
+
+    async def close(self) -> None:
+        """Release what this family holds (called once at shutdown, after intake stopped)."""

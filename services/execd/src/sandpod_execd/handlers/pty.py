@@ -1,0 +1,18 @@
+"""``pty``-family handlers (see ``sandpod_contract.messages.pty``)."""
+
+from __future__ import annotations
+
+from sandpod_execd.handlers import Deps, Route
+
+__all__ = ["PtyHandlers"]
+
+
+class PtyHandlers:
+    def __init__(self, deps: Deps) -> None:
+        self._deps = deps
+
+    def routes(self) -> dict[tuple[str, str], Route]:
+        return {}
+
+    async def close(self) -> None:
+        """Release what this family holds (called once at shutdown, after intake stopped)."""
