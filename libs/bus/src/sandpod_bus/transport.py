@@ -118,7 +118,8 @@ class Bus:
             log.log(logging.WARNING if connected else logging.DEBUG, "nats error: %s", exc)
 
         async def on_disconnect() -> None:
-            log.info("nats disconnected; reconnecting")
+            if not nc.is_closed and not nc.is_draining:  # closing on purpose is not news
+                log.info("nats disconnected; reconnecting")
 
         async def on_reconnect() -> None:
             log.info("nats reconnected")

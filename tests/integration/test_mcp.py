@@ -1,0 +1,85 @@
+"""The MCP server: lists its tools and runs them against a real sandbox, in-process and over
+stdio with the official SDK's own client."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.server.mcpserver import MCPServer
+
+from conftest import Execd, NatsServer
+from sandpod.mcp_server import SandboxPool, build_server
+
+SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
+
+
+@pytest.fixture
+def server(nats: NatsServer, shared_execd: Execd) -> MCPServer[Any]:
+    return build_server(SandboxPool("shared", nats.url, None))
+
+
+def _structured(result: Any) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    data: dict[str, Any] = result.structured_content
+    return data
+
+
+async def test_lists_tools_with_descriptions_for_a_model(server: MCPServer[Any]) -> None:
+    """Every tool has a description a model can act on and a JSON schema for its arguments."""
+    async with Client(server) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert "exec" in tools
+        for tool in tools.values():
+            assert tool.description and len(tool.description) > 40
+            assert tool.input_schema["type"] == "object"
+
+
+async def test_exec_tool_returns_output_and_exit_code(server: MCPServer[Any]) -> None:
+    """exec runs a shell command line in the sandbox with cwd, env, stdin and timeout."""
+    async with Client(server) as client:
+        out = _structured(
+            await client.call_tool(
+                "exec",
+                {"command": "cat; echo $GREETING; pwd; exit 3", "env": {"GREETING": "hi"},
+                 "stdin": "in\n", "cwd": "/workspace"},
+            )
+        )  # fmt: skip
+        assert out["exit_code"] == 3
+        assert out["stdout"].startswith("in\nhi\n")
+        timed = _structured(await client.call_tool("exec", {"command": "sleep 30", "timeout": 0.5}))
+        assert timed["timed_out"] is True
+
+
+async def test_exec_tool_caps_output_for_the_model(server: MCPServer[Any]) -> None:
+    """Huge output is cut at 64 KiB and flagged, so it cannot flood the model's context."""
+    async with Client(server) as client:
+        out = _structured(
+            await client.call_tool("exec", {"command": "head -c 1000000 /dev/zero | tr '\\0' a"})
+        )
+        assert len(out["stdout"]) == 64 * 1024 and out["stdout_truncated"] is True
+
+
+async def test_tool_errors_are_readable_and_typed(server: MCPServer[Any]) -> None:
+    """A failing tool call is an MCP error carrying the Sandpod error code."""
+    async with Client(server) as client:
+        result = await client.call_tool("exec", {"command": "true", "cwd": "/no/such/dir"})
+        assert result.is_error
+        assert "exec.invalid_cwd" in result.content[0].text
+        result = await client.call_tool("exec", {"command": "true", "sandbox": "nobody-here"})
+        assert result.is_error and "sandbox.not_found" in result.content[0].text
+
+
+async def test_stdio_server_via_the_cli(nats: NatsServer, shared_execd: Execd) -> None:
+    """`sandpod mcp` speaks MCP over stdio to the official client."""
+    params = StdioServerParameters(
+        command=SANDPOD, args=["mcp", "--sandbox", "shared", "--nats-url", nats.url]
+    )
+    async with Client(params) as c:
+        names = {t.name for t in (await c.list_tools()).tools}
+        assert "exec" in names
+        out = _structured(await c.call_tool("exec", {"command": "echo over-stdio"}))
+        assert out["stdout"] == "over-stdio\n"
