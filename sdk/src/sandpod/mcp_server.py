@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import inspect
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -89,7 +90,11 @@ def build_server(pool: SandboxPool) -> MCPServer:
         "sandpod", instructions=INSTRUCTIONS, version="0.1.0", lifespan=lifespan
     )
 
-    @server.tool()
+    def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Register ``fn`` with its docstring, dedented, as the description the model reads."""
+        return server.tool(description=inspect.cleandoc(fn.__doc__ or ""))(fn)
+
+    @tool
     async def exec(
         *,
         command: str,
