@@ -96,3 +96,30 @@ def test_exec_without_nats_tells_how_to_start_it() -> None:
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert run.returncode == 125 and "sandpod up" in run.stderr
+
+
+def test_up_with_an_existing_nats(tmp_path: Path, nats) -> None:  # type: ignore[no-untyped-def]
+    """`sandpod up --nats-url` starts no NATS of its own, serves the sandbox on the given one,
+    and leaves that NATS running when it stops."""
+    up = subprocess.Popen(
+        [SANDPOD, "up", "--state-dir", str(tmp_path), "--nats-url", nats.url,
+         "--sandbox", "ext-nats"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        banner = "".join(_read_until(up, "Ctrl-C stops everything"))
+        assert "using existing NATS" in banner
+        names = [c.name() for c in psutil.Process(up.pid).children(recursive=True)]
+        assert not [n for n in names if n.startswith("nats-server")]
+        run = subprocess.run(
+            [SANDPOD, "exec", "--nats-url", nats.url, "ext-nats", "--", "echo", "shared-nats"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert (run.stdout, run.returncode) == ("shared-nats\n", 0)
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(30) == 0
+        assert nats.proc.poll() is None, "the external NATS must keep running"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
