@@ -11,12 +11,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Self, TypeVar
 
 from sandpod._watch import watch
 from sandpod.config import resolve_nats_url, resolve_prefix
+from sandpod.control import SandboxInfo, api_call, create_object, follow_events
 from sandpod.errors import CommandFailed
 from sandpod.fs import AsyncFiles
 from sandpod.git import AsyncGit
@@ -32,6 +33,7 @@ from sandpod_contract.errors import (
     ExecLost,
     ExecNotFound,
     RequestTimeout,
+    SandboxError,
     SandboxNotFound,
     SandboxUnavailable,
     SandpodError,
@@ -58,7 +60,16 @@ from sandpod_contract.messages.exec import (
 from sandpod_contract.messages.exec import (
     OutputChunk as WireChunk,
 )
-from sandpod_contract.messages.system import Info, Pong
+from sandpod_contract.messages.sandboxes import (
+    ObjectReply,
+    ObjectRequest,
+    ObjectsReply,
+    Ref,
+    Renew,
+    SandboxEvent,
+    Selection,
+)
+from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
 
 __all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
@@ -130,6 +141,107 @@ class AsyncSandbox:
         )
         return cls(await Bus.connect(settings), sandbox_id, subjects, owns_bus=True)
 
+    @classmethod
+    async def create(
+        cls,
+        template: str | None = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        permanent: bool = False,
+        idle_timeout: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: float = 60.0,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+    ) -> AsyncSandbox:
+        """Create a sandbox through the lifecycle service and return it once it is Ready.
+
+        Args:
+            template: SandboxTemplate name (default: the built-in template).
+            name: sandbox id (default: generated).
+            timeout: lifetime in seconds (default: the template's; ``permanent`` opts out).
+            idle_timeout: expire after this many seconds without activity (0 disables).
+            labels: labels to select it by later (``list(labels=...)``).
+            env: environment for its commands.
+            wait: seconds to wait for Ready.
+
+        Raises:
+            ResourceInvalid: bad arguments or unknown template.
+            SandboxError: the sandbox failed to start (the reason is in the message), or no
+                lifecycle service answers.
+        """
+        sbx = await cls.connect("default", nats_url=nats_url, prefix=prefix)
+        try:
+            obj = create_object(name=name, template=template, timeout=timeout,
+                                permanent=permanent, idle_timeout=idle_timeout, labels=labels,
+                                env=env)  # fmt: skip
+            reply = await api_call(sbx.bus, sbx.subjects, "sandboxes", "create",
+                                   ObjectRequest(object=obj, wait_ready=wait), ObjectReply,
+                                   timeout=wait + 10)  # fmt: skip
+            info = SandboxInfo.of(reply.object)
+            if not info.ready:
+                failed = info.condition("Failed") or info.condition("Ready") or {}
+                raise SandboxError(
+                    f"sandbox {info.name} is {info.phase or 'not ready'}: "
+                    f"{failed.get('reason', '')} {failed.get('message', '')}".strip(),
+                    sandbox_id=info.name,
+                )
+        except BaseException:
+            await sbx.close()
+            raise
+        return cls(sbx.bus, info.name, sbx.subjects, owns_bus=True)
+
+    @classmethod
+    async def list(
+        cls,
+        labels: str | Mapping[str, str] | None = None,
+        *,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+    ) -> list[SandboxInfo]:
+        """Sandboxes known to the lifecycle service, filtered by a label selector."""
+        async with await cls.connect("default", nats_url=nats_url, prefix=prefix) as sbx:
+            selector = labels if isinstance(labels, str) or labels is None else ",".join(
+                f"{k}={v}" for k, v in labels.items()
+            )  # fmt: skip
+            reply = await api_call(sbx.bus, sbx.subjects, "sandboxes", "list",
+                                   Selection(selector=selector), ObjectsReply)  # fmt: skip
+        return [SandboxInfo.of(o) for o in reply.items]
+
+    async def describe(self) -> SandboxInfo:
+        """This sandbox's resource: phase, conditions, expiry, last activity."""
+        reply = await api_call(self.bus, self.subjects, "sandboxes", "get", Ref(name=self.id),
+                               ObjectReply)  # fmt: skip
+        return SandboxInfo.of(reply.object)
+
+    async def kill(self, wait: float = 30.0) -> None:
+        """Delete this sandbox and wait until its instance is gone."""
+        await api_call(self.bus, self.subjects, "sandboxes", "delete",
+                       Ref(name=self.id, wait=wait), ObjectReply, timeout=wait + 10)  # fmt: skip
+
+    async def renew(self, seconds: float) -> SandboxInfo:
+        """Push this sandbox's expiry to now + ``seconds``."""
+        reply = await api_call(self.bus, self.subjects, "sandboxes", "renew",
+                               Renew(name=self.id, seconds=seconds), ObjectReply)  # fmt: skip
+        return SandboxInfo.of(reply.object)
+
+    async def pause(self) -> SandboxInfo:
+        """Freeze the sandbox's processes (they continue on resume)."""
+        reply = await api_call(self.bus, self.subjects, "sandboxes", "pause", Ref(name=self.id),
+                               ObjectReply, timeout=30)  # fmt: skip
+        return SandboxInfo.of(reply.object)
+
+    async def resume(self) -> SandboxInfo:
+        reply = await api_call(self.bus, self.subjects, "sandboxes", "resume", Ref(name=self.id),
+                               ObjectReply, timeout=30)  # fmt: skip
+        return SandboxInfo.of(reply.object)
+
+    def events(self) -> AsyncIterator[SandboxEvent]:
+        """Live lifecycle events of this sandbox (created, ready, paused, expired, ...)."""
+        return follow_events(self.bus, self.subjects, self.id)
+
     async def close(self) -> None:
         if self._owns_bus:
             await self.bus.drain()
@@ -168,6 +280,22 @@ class AsyncSandbox:
     async def info(self, timeout: float = CONTROL_TIMEOUT) -> Info:
         """Runtime, isolation and limits of the sandbox's execd."""
         return await self._call("sys", "info", Empty(), Info, timeout)
+
+    async def metrics(self, timeout: float = CONTROL_TIMEOUT) -> SandboxMetrics:
+        """What the sandbox uses now: CPU, memory, workspace disk, processes, running execs.
+
+        A probe: it does not count as activity. Memory and load ``host`` fields describe the
+        machine; ``disk_complete=False`` means the workspace walk hit its bound.
+        """
+        return await self._call("sys", "metrics", Empty(), SandboxMetrics, timeout)
+
+    async def activity(self, timeout: float = CONTROL_TIMEOUT) -> Activity:
+        """When a client last did something with the sandbox (probes like this one do not count).
+
+        Returns:
+            ``Activity`` with ``last_activity`` (wall clock) and ``idle`` (seconds since).
+        """
+        return await self._call("sys", "activity", Empty(), Activity, timeout)
 
     # -- exec ----------------------------------------------------------------------------------
 

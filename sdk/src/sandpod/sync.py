@@ -11,6 +11,7 @@ from typing import Self
 
 from sandpod._loop import run
 from sandpod.aio import DEFAULT_TIMEOUT, AsyncExecStream, AsyncSandbox, Command
+from sandpod.control import SandboxInfo
 from sandpod.fs import Files
 from sandpod.git import Git
 from sandpod.proc import Processes
@@ -18,7 +19,8 @@ from sandpod.pty import Ptys
 from sandpod.results import ExecResult, ExitStatus, OutputChunk
 from sandpod.session import Sessions
 from sandpod.watch import Watches
-from sandpod_contract.messages.system import Info
+from sandpod_contract.messages.sandboxes import SandboxEvent
+from sandpod_contract.messages.system import Activity, Info, SandboxMetrics
 
 __all__ = ["ExecStream", "Sandbox"]
 
@@ -60,6 +62,74 @@ class Sandbox:
     def id(self) -> str:
         return self._inner.id
 
+    @classmethod
+    def create(
+        cls,
+        template: str | None = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        permanent: bool = False,
+        idle_timeout: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: float = 60.0,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+    ) -> Sandbox:
+        """Create a sandbox and return it once Ready (see :meth:`AsyncSandbox.create`)."""
+        return cls(
+            run(
+                AsyncSandbox.create(
+                    template, name=name, timeout=timeout, permanent=permanent,
+                    idle_timeout=idle_timeout, labels=labels, env=env, wait=wait,
+                    nats_url=nats_url, prefix=prefix,
+                )
+            )
+        )  # fmt: skip
+
+    @classmethod
+    def list(
+        cls,
+        labels: str | Mapping[str, str] | None = None,
+        *,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+    ) -> list[SandboxInfo]:
+        """Sandboxes known to the lifecycle service, filtered by a label selector."""
+        return run(AsyncSandbox.list(labels, nats_url=nats_url, prefix=prefix))
+
+    def describe(self) -> SandboxInfo:
+        return run(self._inner.describe())
+
+    def kill(self, wait: float = 30.0) -> None:
+        run(self._inner.kill(wait))
+
+    def renew(self, seconds: float) -> SandboxInfo:
+        return run(self._inner.renew(seconds))
+
+    def pause(self) -> SandboxInfo:
+        return run(self._inner.pause())
+
+    def resume(self) -> SandboxInfo:
+        return run(self._inner.resume())
+
+    def events(self) -> Iterator[SandboxEvent]:
+        """Live lifecycle events (blocking iterator; break out of the loop to stop)."""
+        events = self._inner.events()
+
+        async def next_event() -> SandboxEvent:
+            return await anext(events)
+
+        async def close() -> None:
+            await events.aclose()  # type: ignore[attr-defined]
+
+        try:
+            while True:
+                yield run(next_event())
+        finally:
+            run(close())
+
     def close(self) -> None:
         run(self._inner.close())
 
@@ -74,6 +144,14 @@ class Sandbox:
 
     def info(self, timeout: float = 5.0) -> Info:
         return run(self._inner.info(timeout))
+
+    def metrics(self, timeout: float = 5.0) -> SandboxMetrics:
+        """Resource use now (see :meth:`AsyncSandbox.metrics`)."""
+        return run(self._inner.metrics(timeout))
+
+    def activity(self, timeout: float = 5.0) -> Activity:
+        """Last client activity (see :meth:`AsyncSandbox.activity`)."""
+        return run(self._inner.activity(timeout))
 
     def exec(
         self,

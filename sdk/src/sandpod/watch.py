@@ -1,18 +1,279 @@
-"""SDK surface for file watching (``sbx.watch``): async and blocking twins."""
+"""SDK surface for file watching (``sbx.watch``): async and blocking twins.
+
+A watch lives in the sandbox's execd; the client pulls its events with long polls by cursor
+(``watch.poll``), so a slow client is never overrun and one that went away asks "what changed since
+cursor X" when it comes back. Usage::
+
+    async with sbx.watch("/workspace", include=["**/*.py"]) as w:
+        async for ev in w:          # WatchEvent(type="modify", path="/workspace/app.py", ...)
+            ...
+
+``overflow`` events mean some events were lost (too many while nobody read, or the kernel's
+queue overflowed): rescan what you care about.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import collections
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+from sandpod._loop import run
+from sandpod_contract.errors import BadRequest, WatchNotFound
+from sandpod_contract.messages import watch as wire
+from sandpod_contract.messages.common import Empty
 
 if TYPE_CHECKING:
     from sandpod.aio import AsyncSandbox
 
-__all__ = ["AsyncWatches", "Watches"]
+__all__ = [
+    "AsyncWatch",
+    "AsyncWatches",
+    "EventType",
+    "Watch",
+    "WatchBatch",
+    "WatchEvent",
+    "WatchInfo",
+    "Watches",
+]
+
+EventType = Literal["create", "modify", "delete", "move", "attrib", "overflow"]
+CONTROL_TIMEOUT = 5.0
+DEFAULT_WAIT = 20.0  # seconds one long poll may wait for news
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change. ``move`` has ``old_path`` -> ``path``; ``overflow`` means events were lost."""
+
+    type: EventType
+    path: str
+    old_path: str | None
+    is_dir: bool
+    time: float  # wall clock in the sandbox
+    count: int  # raw events merged into this one; overflow: events lost (0: unknown)
+    seq: int  # cursor of this event
+    reason: str | None  # overflow: "queue", "kernel" or "limit"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WatchBatch:
+    """One poll's answer: events from ``cursor``; pass ``next_cursor`` next time."""
+
+    events: tuple[WatchEvent, ...]
+    cursor: int
+    next_cursor: int
+    skipped: int  # events lost before this client read them (an overflow event says so too)
+    closed: bool  # the watch ended (path removed or watch stopped) and nothing is left
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WatchInfo:
+    """A watch as execd holds it."""
+
+    watch_id: str
+    path: str
+    state: Literal["active", "closed"]
+    recursive: bool
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    events: tuple[str, ...]
+    coalesce: float
+    queue: int
+    idle_timeout: float
+    dirs: int
+    next_cursor: int
+    created: float
+
+
+@contextlib.contextmanager
+def _bad_request() -> Iterator[None]:
+    """Invalid arguments fail here exactly as execd would refuse them: BadRequest."""
+    try:
+        yield
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
+
+
+def _info(w: wire.WatchInfo) -> WatchInfo:
+    return WatchInfo(**{f.name: getattr(w, f.name) for f in dataclasses.fields(WatchInfo)})
+
+
+def _batch(r: wire.WatchEvents) -> WatchBatch:
+    events = tuple(
+        WatchEvent(type=e.type, path=e.path, old_path=e.old_path, is_dir=e.is_dir, time=e.time,
+                   count=e.count, seq=e.seq, reason=e.reason)
+        for e in r.events
+    )  # fmt: skip
+    return WatchBatch(events, r.cursor, r.next_cursor, r.skipped, r.closed)
 
 
 class AsyncWatches:
+    """``sbx.watch``: call it for a watch to ``async with``/iterate, or use the verbs directly."""
+
     def __init__(self, sbx: AsyncSandbox) -> None:
         self._sbx = sbx
+
+    def __call__(
+        self,
+        path: str,
+        *,
+        recursive: bool = True,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        events: Sequence[EventType] = (),
+        coalesce: float | None = None,
+        queue: int | None = None,
+        idle_timeout: float | None = None,
+        wait: float = DEFAULT_WAIT,
+    ) -> AsyncWatch:
+        """A watch of ``path``, started by ``async with``, iteration or :meth:`AsyncWatch.start`.
+
+        Args:
+            path: file or directory (``/workspace/...`` or relative to the workspace).
+            recursive: also watch subdirectories, including ones created later.
+            include: globs relative to ``path`` (``**`` spans directories, ``*.py`` matches at
+                any depth): report only matching paths.
+            exclude: globs never reported (and directories never watched), e.g. ``node_modules``.
+            events: report only these types (default: all); overflow is always reported.
+            coalesce: seconds a path's events may be merged (default 0.05; 0: off).
+            queue: events execd keeps for you (default 4096); more are reported as overflow.
+            idle_timeout: execd stops the watch after this long without a poll (default 600 s).
+            wait: seconds one long poll waits for news while iterating.
+        """
+        with _bad_request():
+            req = wire.WatchStart(path=path, recursive=recursive, include=tuple(include),
+                                  exclude=tuple(exclude), events=tuple(events), coalesce=coalesce,
+                                  queue=queue, idle_timeout=idle_timeout)  # fmt: skip
+        return AsyncWatch(self._sbx, request=req, wait=wait)
+
+    async def start(self, path: str, **options: Any) -> AsyncWatch:
+        """Start a watch now (same arguments as calling ``sbx.watch``); returns it started.
+
+        Raises:
+            FsNotFound: ``path`` does not exist.
+            WatchLimit: too many watches (per sandbox, or the kernel's inotify limits).
+        """
+        return await self(path, **options).start()
+
+    def attach(self, watch_id: str, cursor: int = 0, *, wait: float = DEFAULT_WAIT) -> AsyncWatch:
+        """Follow an existing watch from ``cursor`` (closing it does not stop the watch)."""
+        return AsyncWatch(self._sbx, watch_id=watch_id, cursor=cursor, wait=wait)
+
+    async def poll(
+        self, watch_id: str, cursor: int, *, max_events: int | None = None, wait: float = 0.0
+    ) -> WatchBatch:
+        """Events of ``watch_id`` since ``cursor``: what changed while you were away.
+
+        Args:
+            wait: seconds to wait for an event if there is none yet (0: answer at once).
+
+        Raises:
+            WatchNotFound: no such watch (stopped, expired, or execd restarted).
+        """
+        with _bad_request():
+            req = wire.WatchPoll(watch_id=watch_id, cursor=cursor, max_events=max_events, wait=wait)
+        reply = await self._sbx._call(
+            "watch", "poll", req, wire.WatchEvents, wait + CONTROL_TIMEOUT
+        )
+        return _batch(reply)
+
+    async def stop(self, watch_id: str) -> WatchInfo:
+        """Stop a watch; its remaining events are discarded.
+
+        Raises:
+            WatchNotFound: no such watch.
+        """
+        req = wire.WatchRef(watch_id=watch_id)
+        return _info(await self._sbx._call("watch", "stop", req, wire.WatchInfo, CONTROL_TIMEOUT))
+
+    async def list(self) -> list[WatchInfo]:
+        """The sandbox's watches."""
+        reply = await self._sbx._call("watch", "list", Empty(), wire.WatchList, CONTROL_TIMEOUT)
+        return [_info(w) for w in reply.watches]
+
+
+class AsyncWatch:
+    """One watch: ``async for`` its events; ``cursor`` is where the next poll starts."""
+
+    def __init__(
+        self,
+        sbx: AsyncSandbox,
+        *,
+        request: wire.WatchStart | None = None,
+        watch_id: str | None = None,
+        cursor: int = 0,
+        wait: float = DEFAULT_WAIT,
+    ) -> None:
+        self._sbx = sbx
+        self._request = request
+        self._owned = request is not None  # we started it, so closing stops it
+        self.watch_id = watch_id
+        self.info: WatchInfo | None = None
+        self.cursor = cursor
+        self.closed = False
+        self._wait = wait
+        self._buffer: collections.deque[WatchEvent] = collections.deque()
+
+    async def start(self) -> Self:
+        """Start the watch in execd (no-op when attached or already started)."""
+        if self.watch_id is None and self._request is not None:
+            reply = await self._sbx._call(
+                "watch", "start", self._request, wire.WatchInfo, CONTROL_TIMEOUT + 30
+            )
+            self.info = _info(reply)
+            self.watch_id, self.cursor = reply.watch_id, reply.next_cursor
+        return self
+
+    async def poll(self, *, wait: float = 0.0, max_events: int | None = None) -> WatchBatch:
+        """The next events after ``cursor`` (advancing it); waits up to ``wait`` for one."""
+        await self.start()
+        assert self.watch_id is not None
+        batch = await self._sbx.watch.poll(
+            self.watch_id, self.cursor, max_events=max_events, wait=wait
+        )
+        self.cursor = batch.next_cursor
+        self.closed = batch.closed
+        return batch
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while not self._buffer:
+            if self.closed:
+                raise StopAsyncIteration
+            batch = await self.poll(wait=self._wait)
+            self._buffer.extend(batch.events)
+        return self._buffer.popleft()
+
+    async def stop(self) -> WatchInfo | None:
+        """Stop the watch in execd (``None`` if it was already gone)."""
+        if self.watch_id is None:
+            return None
+        try:
+            return await self._sbx.watch.stop(self.watch_id)
+        except WatchNotFound:
+            return None
+        finally:
+            self.closed = True
+
+    async def close(self) -> None:
+        """Stop the watch if this object started it; an attached one keeps running."""
+        if self._owned:
+            await self.stop()
+        self.closed = True
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
 
 
 class Watches:
@@ -20,3 +281,75 @@ class Watches:
 
     def __init__(self, inner: AsyncWatches) -> None:
         self._inner = inner
+
+    def __call__(self, path: str, **options: Any) -> Watch:
+        """A watch of ``path`` (see :meth:`AsyncWatches.__call__`); ``with`` or iterate it."""
+        return Watch(self._inner(path, **options))
+
+    def start(self, path: str, **options: Any) -> Watch:
+        """Start a watch now (see :meth:`AsyncWatches.start`)."""
+        return Watch(run(self._inner.start(path, **options)))
+
+    def attach(self, watch_id: str, cursor: int = 0, *, wait: float = DEFAULT_WAIT) -> Watch:
+        return Watch(self._inner.attach(watch_id, cursor, wait=wait))
+
+    def poll(
+        self, watch_id: str, cursor: int, *, max_events: int | None = None, wait: float = 0.0
+    ) -> WatchBatch:
+        """Events since ``cursor`` (see :meth:`AsyncWatches.poll`)."""
+        return run(self._inner.poll(watch_id, cursor, max_events=max_events, wait=wait))
+
+    def stop(self, watch_id: str) -> WatchInfo:
+        return run(self._inner.stop(watch_id))
+
+    def list(self) -> list[WatchInfo]:
+        return run(self._inner.list())
+
+
+class Watch:
+    """Blocking twin of :class:`AsyncWatch`: iterate for events; ``with`` stops it at the end."""
+
+    def __init__(self, inner: AsyncWatch) -> None:
+        self._inner = inner
+
+    @property
+    def watch_id(self) -> str | None:
+        return self._inner.watch_id
+
+    @property
+    def cursor(self) -> int:
+        return self._inner.cursor
+
+    @property
+    def info(self) -> WatchInfo | None:
+        return self._inner.info
+
+    def start(self) -> Self:
+        run(self._inner.start())
+        return self
+
+    def poll(self, *, wait: float = 0.0, max_events: int | None = None) -> WatchBatch:
+        return run(self._inner.poll(wait=wait, max_events=max_events))
+
+    def stop(self) -> WatchInfo | None:
+        return run(self._inner.stop())
+
+    def close(self) -> None:
+        run(self._inner.close())
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        return self
+
+    def __next__(self) -> WatchEvent:
+        try:
+            return run(self._inner.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None

@@ -4,6 +4,7 @@
 and SDKs talk to NATS through :class:`Bus` and get Sandpod's typed errors, never nats-py's.
 """
 
+from sandpod_bus.kv import KvBucket, KvEntry
 from sandpod_bus.transport import Bus, BusSettings, Inbound, Subscription
 
-__all__ = ["Bus", "BusSettings", "Inbound", "Subscription"]
+__all__ = ["Bus", "BusSettings", "Inbound", "KvBucket", "KvEntry", "Subscription"]

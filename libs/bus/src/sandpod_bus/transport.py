@@ -18,15 +18,19 @@ from typing import Any
 
 import nats
 import nats.errors
+import nats.js.api
+import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
+from sandpod_bus.kv import KvBucket, open_bucket
 from sandpod_contract.errors import (
     ConnectionLost,
     PayloadTooLarge,
     RequestTimeout,
     SandboxNotFound,
+    StoreError,
 )
 
 __all__ = ["Bus", "BusSettings", "Inbound", "Subscription"]
@@ -246,6 +250,34 @@ class Bus:
             pending_bytes_limit=pending_bytes,
         )
         return Subscription(sub)
+
+    async def kv(self, bucket: str, *, history: int = 1) -> KvBucket:
+        """The JetStream key-value bucket ``bucket`` (created with ``history`` if missing)."""
+        return await open_bucket(self._nc.jetstream(), bucket, history)
+
+    async def ensure_stream(self, name: str, subjects: list[str], max_age: float) -> None:
+        """Create (or update) JetStream stream ``name`` capturing ``subjects``."""
+        js = self._nc.jetstream()
+        config = nats.js.api.StreamConfig(name=name, subjects=subjects, max_age=max_age)
+        try:
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.BadRequestError:  # exists with another config: update it
+                await js.update_stream(config)
+        except nats.errors.Error as exc:
+            raise StoreError(f"cannot create stream {name}: {exc}") from exc
+
+    async def js_publish(self, subject: str, payload: bytes, timeout: float = 5.0) -> int:
+        """Publish into JetStream and wait for the ack; the stream sequence.
+
+        Raises:
+            StoreError: no stream captures ``subject`` or JetStream did not acknowledge.
+        """
+        try:
+            ack = await self._nc.jetstream().publish(subject, payload, timeout=timeout)
+        except nats.errors.Error as exc:
+            raise StoreError(f"JetStream publish to {subject} failed: {exc}") from exc
+        return int(ack.seq)
 
     async def flush(self, timeout: float = 5.0) -> None:
         """Round-trip to the server: everything published so far has reached it."""

@@ -61,7 +61,10 @@ async def serve(
             ready.set()
         await stop.wait()
         log.info("service_stopping", grace=grace)
-        await service.stop(grace)
+        try:
+            await service.stop(grace)
+        except Exception:  # shutdown goes on: the bus must still be drained and closed
+            log.exception("service_stop_failed")
         await bus.drain(timeout=grace)
         log.info("service_stopped")
         return 0

@@ -30,7 +30,7 @@ from sandpod_contract.messages.exec import (
     StdinWrite,
     StreamAck,
 )
-from sandpod_contract.messages.system import Info, Pong
+from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
 
 __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 
@@ -83,6 +83,18 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
                          started_at=1732899000.0, workspace="/workspace", max_request_bytes=_MiB,
                          max_payload=_MiB, default_window=4 * _MiB, max_window=16 * _MiB,
                          default_max_output=16 * _MiB)),
+    ],
+    "sys.metrics": [
+        ("basic", SandboxMetrics(sandbox_id="demo", time=1732900000.25, source="procfs",
+                                 cpu_seconds=12.75, cpu_count=2, load1=0.42, load5=0.3,
+                                 load15=0.25, memory_rss=48 * _MiB, memory_total=24 * 1024 * _MiB,
+                                 memory_available=20 * 1024 * _MiB, disk_used=3 * _MiB,
+                                 disk_entries=214, disk_complete=True, disk_free=40 * 1024 * _MiB,
+                                 disk_total=100 * 1024 * _MiB, processes=3, execs=1)),
+    ],
+    "sys.activity": [
+        ("basic", Activity(sandbox_id="demo", last_activity=1732899990.0, idle=10.25,
+                           time=1732900000.25)),
     ],
     "exec.request": [
         ("full", ExecRequest(exec_id=_ID, argv=("python3", "-c", "print(input().upper())"),
@@ -234,6 +246,12 @@ ERRORS: list[errors.SandpodError] = [
     errors.InvalidCwd("working directory '/workspace/nope' does not exist", cwd="/workspace/nope"),
     errors.ExecIdInUse("exec id 'c0ffee' is in use; choose a fresh one", exec_id="c0ffee"),
     errors.StreamClosed("stdin is closed (already at EOF, or never opened)"),
+    errors.StoreError("KV bucket sandpod-resources unavailable"),
+    errors.ResourceNotFound("Sandbox default/demo not found", kind="Sandbox", name="demo"),
+    errors.ResourceExists("Sandbox default/demo exists", kind="Sandbox", name="demo"),
+    errors.ResourceConflict("Sandbox default/demo changed (resourceVersion 7, not 5)",
+                            kind="Sandbox", name="demo"),
+    errors.ResourceInvalid("spec.idleTimeoutSeconds must be >= 0", field="spec.idleTimeoutSeconds"),
     errors.error_from_wire({"code": "exec.quota_exceeded", "message": "CPU quota used up",
                             "retryable": True, "details": {"quota": "cpu"}}),
 ]  # fmt: skip

@@ -30,6 +30,7 @@ __all__ = [
     "FsNotFound",
     "FsPermissionDenied",
     "FsTooLarge",
+    "FsUploadNotFound",
     "GitAuthFailed",
     "GitError",
     "GitNetwork",
@@ -43,8 +44,13 @@ __all__ = [
     "ProcNotFound",
     "PtyClosed",
     "PtyError",
+    "PtyIdInUse",
     "PtyNotFound",
     "RequestTimeout",
+    "ResourceConflict",
+    "ResourceExists",
+    "ResourceInvalid",
+    "ResourceNotFound",
     "SandboxError",
     "SandboxNotFound",
     "SandboxUnavailable",
@@ -54,6 +60,7 @@ __all__ = [
     "SessionError",
     "SessionNotFound",
     "SpawnFailed",
+    "StoreError",
     "StreamClosed",
     "UnknownSubject",
     "UnsupportedVersion",
@@ -276,6 +283,11 @@ class FsNoSpace(FsError):
     summary = "no space left on the device"
 
 
+class FsUploadNotFound(FsError):
+    code = "fs.upload_not_found"
+    summary = "no such upload (committed, aborted, or dropped after going idle); start it again"
+
+
 # -- proc family -----------------------------------------------------------------------------------
 
 
@@ -335,6 +347,11 @@ class PtyClosed(PtyError):
     summary = "the pty's process has exited"
 
 
+class PtyIdInUse(PtyError):
+    code = "pty.id_in_use"
+    summary = "a pty with this id exists; choose another id or close it"
+
+
 # -- watch family ----------------------------------------------------------------------------------
 
 
@@ -382,6 +399,39 @@ class GitTimeout(GitError):
     code = "git.timeout"
     retryable = True
     summary = "the git operation exceeded its timeout"
+
+
+# -- store family: the resource store (JetStream KV embedded, Kubernetes CRDs in clusters) --------
+
+
+class StoreError(SandpodError):
+    code = "store.error"
+    retryable = True
+    summary = "the resource store failed; retry"
+
+
+class ResourceNotFound(StoreError):
+    code = "store.not_found"
+    retryable = False
+    summary = "no such resource"
+
+
+class ResourceExists(StoreError):
+    code = "store.already_exists"
+    retryable = False
+    summary = "a resource with this name exists"
+
+
+class ResourceConflict(StoreError):
+    code = "store.conflict"
+    retryable = True
+    summary = "the resource changed since it was read (resourceVersion); re-read and retry"
+
+
+class ResourceInvalid(StoreError):
+    code = "store.invalid"
+    retryable = False
+    summary = "the resource does not satisfy its schema"
 
 
 def _family_fallback(code: str) -> type[SandpodError]:

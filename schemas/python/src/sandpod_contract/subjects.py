@@ -96,12 +96,33 @@ class Subjects:
                 raise ValueError(f"invalid subject token {token!r}")
         return f"{self.prefix}.api.{kind}.{verb}"
 
+    def api_all(self) -> str:
+        """Wildcard covering every control-plane subject."""
+        return f"{self.prefix}.api.>"
+
+    def parse_api(self, subject: str) -> tuple[str, str] | None:
+        """``(kind, verb)`` of ``<prefix>.api.<kind>.<verb>``, else ``None``."""
+        head = f"{self.prefix}.api."
+        if not subject.startswith(head):
+            return None
+        parts = subject[len(head) :].split(".")
+        if len(parts) != 2 or not all(parts):
+            return None
+        return parts[0], parts[1]
+
     def event(self, kind: str, name: str, event_type: str) -> str:
         """Event subject, e.g. ``sandpod.events.sandbox.demo.ready``."""
         for token in (kind, name, event_type):
             if not TOKEN_RE.fullmatch(token):
                 raise ValueError(f"invalid subject token {token!r}")
         return f"{self.prefix}.events.{kind}.{name}.{event_type}"
+
+    def events_of(self, kind: str, name: str) -> str:
+        """Wildcard covering every event type of one object."""
+        for token in (kind, name):
+            if not TOKEN_RE.fullmatch(token):
+                raise ValueError(f"invalid subject token {token!r}")
+        return f"{self.prefix}.events.{kind}.{name}.*"
 
     def events_all(self) -> str:
         """Wildcard covering every event subject."""

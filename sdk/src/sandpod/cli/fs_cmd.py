@@ -1,11 +1,175 @@
-"""``sandpod`` subcommands of this family (see ``sandpod.cli``)."""
+"""``sandpod cp``: copy files between this machine and a sandbox, streamed, any size.
+
+``SANDBOX:PATH`` names a path in a sandbox (as ``scp`` does; a local path containing ``:`` can be
+written ``./a:b``), ``-`` is stdin or stdout, anything else is a local path. Uploads and
+downloads are atomic on the receiving side and keep the file's mode; a large transfer shows its
+progress on stderr when stderr is a terminal.
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import os
+import sys
+import time
 from typing import Any
 
+from sandpod.aio import AsyncSandbox
+from sandpod.errors import SandpodError
+from sandpod_contract.subjects import SANDBOX_ID_RE
+
 __all__ = ["add_parsers"]
+
+EXIT_SANDPOD_ERROR = 125
+PROGRESS_FROM = 8 * 1024 * 1024  # smaller transfers finish before a progress line helps
+STDIO_CHUNK = 512 * 1024
 
 
 def add_parsers(sub: Any) -> None:
     """Register this module's subcommands on the ``sandpod`` parser."""
+    p = sub.add_parser(
+        "cp",
+        help="copy a file into or out of a sandbox",
+        description="Copy a file between this machine and a sandbox (streamed, atomic, mode kept).",
+        epilog="examples:  sandpod cp ./data.csv default:/workspace/data.csv\n"
+        "           sandpod cp default:/workspace/out.tar.gz .\n"
+        "           tar cz src | sandpod cp - default:src.tgz\n"
+        "           sandpod cp default:log.txt - | tail",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", help="SANDBOX:PATH, a local path, or - for stdin")
+    p.add_argument("dst", help="SANDBOX:PATH, a local path or directory, or - for stdout")
+    p.add_argument("-m", "--mode", type=lambda s: int(s, 8), help="mode of the new file (octal)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--nats-url", help="NATS URL (default: $SANDPOD_NATS_URL, $NATS_URL)")
+    p.add_argument("--prefix", help="subject prefix (default: sandpod)")
+    p.set_defaults(run=_run_cp)
+
+
+def _remote(arg: str) -> tuple[str, str] | None:
+    """``(sandbox, path)`` for ``SANDBOX:PATH``, else None (a local path or ``-``)."""
+    sandbox, sep, path = arg.partition(":")
+    if sep and SANDBOX_ID_RE.fullmatch(sandbox):
+        return sandbox, path or "/workspace"
+    return None
+
+
+def _run_cp(args: argparse.Namespace) -> int:
+    src, dst = _remote(args.src), _remote(args.dst)
+    if (src is None) == (dst is None):
+        print("error: exactly one of SRC and DST must be SANDBOX:PATH", file=sys.stderr)
+        return 2
+    local = args.dst if src is not None else args.src
+    local_dir = local != "-" and os.path.isdir(local)
+    if dst is not None and local_dir:
+        print(f"error: {local} is a directory; copy an archive instead: "
+              f"tar cz {local} | sandpod cp - {args.dst}.tgz", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        return asyncio.run(_cp(args, src, dst, local_dir=local_dir))
+    except SandpodError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        if exc.retryable:
+            print("hint: this error is retryable; try again", file=sys.stderr)
+        return EXIT_SANDPOD_ERROR
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _cp(
+    args: argparse.Namespace,
+    src: tuple[str, str] | None,
+    dst: tuple[str, str] | None,
+    *,
+    local_dir: bool,
+) -> int:
+    sandbox = (src or dst or ("", ""))[0]
+    progress = None if args.quiet or not sys.stderr.isatty() else _Progress()
+    async with await AsyncSandbox.connect(
+        sandbox, nats_url=args.nats_url, prefix=args.prefix
+    ) as sbx:
+        if src is not None:
+            local = args.dst
+            if local_dir:
+                local = os.path.join(local, os.path.basename(src[1].rstrip("/")) or "file")
+            await _download(sbx, src[1], local, progress)
+        else:
+            assert dst is not None
+            await _upload(sbx, args.src, dst[1], args.mode, progress)
+    if progress is not None:
+        progress.finish()
+    return 0
+
+
+async def _download(sbx: AsyncSandbox, path: str, local: str, progress: _Progress | None) -> None:
+    if local == "-":
+        out = sys.stdout.buffer
+        async with sbx.fs.read_stream(path) as reader:
+            done = 0
+            async for chunk in reader:
+                out.write(chunk)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, reader.size or None)
+        out.flush()
+        return
+    await sbx.fs.download(path, local, progress=progress)
+
+
+async def _upload(
+    sbx: AsyncSandbox, local: str, path: str, mode: int | None, progress: _Progress | None
+) -> None:
+    if local != "-" and (path.endswith("/") or await _is_dir(sbx, path)):
+        path = path.rstrip("/") + "/" + os.path.basename(local.rstrip("/"))
+    if local != "-":
+        await sbx.fs.upload(local, path, mode=mode, progress=progress)
+        return
+    loop = asyncio.get_running_loop()
+    fd = sys.stdin.fileno()
+    async with sbx.fs.open_writer(path, mode=mode) as writer:
+        while data := await loop.run_in_executor(None, os.read, fd, STDIO_CHUNK):
+            await writer.write(data)
+            if progress is not None:
+                progress(writer.written, None)
+
+
+async def _is_dir(sbx: AsyncSandbox, path: str) -> bool:
+    try:
+        return (await sbx.fs.stat(path, follow_symlinks=True)).is_dir
+    except SandpodError:
+        return False
+
+
+class _Progress:
+    """A throttled ``\\r`` progress line on stderr (only created when stderr is a terminal)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.shown = 0.0
+        self.done = 0
+        self.total: int | None = None
+
+    def __call__(self, done: int, total: int | None) -> None:
+        self.done, self.total = done, total
+        now = time.monotonic()
+        if done >= PROGRESS_FROM and now - self.shown >= 0.1:
+            self.shown = now
+            self._render(now)
+
+    def _render(self, now: float) -> None:
+        rate = self.done / max(now - self.started, 1e-6) / 2**20
+        line = f"{self.done / 2**20:10.1f} MiB"
+        if self.total:
+            line += f" / {self.total / 2**20:.1f} MiB {100 * self.done / self.total:5.1f}%"
+        sys.stderr.write(f"\r{line}  {rate:7.1f} MiB/s ")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.shown:  # a line was drawn: draw the final numbers and end it
+            self._render(time.monotonic())
+            sys.stderr.write("\n")
+            sys.stderr.flush()

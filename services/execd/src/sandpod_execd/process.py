@@ -21,9 +21,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from sandpod_contract.errors import CommandNotFound, InvalidCwd, SpawnFailed
+from sandpod_service.procs import descendants
 
 __all__ = ["Command", "PipeReader", "PipeWriter", "Process", "descendants", "spawn"]
 
@@ -179,28 +179,6 @@ class Process:
         self.stderr.close()
         if self.stdin is not None:
             self.stdin.close()
-
-
-def descendants(root: int) -> list[int]:
-    """All live descendants of ``root`` (by parent pid), read from ``/proc``."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        # the command name may contain spaces and parentheses: parse after the last ')'
-        fields = stat[stat.rfind(")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found: list[int] = []
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 def _pipe() -> tuple[int, int]:

@@ -1,4 +1,8 @@
-"""``sys`` family: liveness and self-description of a sandbox's execd."""
+"""``sys`` family: liveness, self-description, resource metrics and activity of a sandbox.
+
+``sys.ping``, ``sys.info``, ``sys.metrics`` and ``sys.activity`` are probes: none of them counts as
+sandbox activity, so a monitor polling them never keeps an idle sandbox alive.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from sandpod_contract.codec import Message
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.operations import Operation
 
-__all__ = ["OPERATIONS", "Info", "Pong"]
+__all__ = ["OPERATIONS", "Activity", "Info", "Pong", "SandboxMetrics"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +46,54 @@ class Info(Message):
     families: tuple[str, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxMetrics(Message):
+    """Reply to ``sys.metrics``: a snapshot of what the sandbox uses now.
+
+    ``source`` says how the sandbox's processes were counted: ``procfs`` (the ``process`` runtime:
+    every live process whose environment carries the sandbox's id, summed) or ``cgroup`` (runtimes
+    that give each sandbox its own cgroup). Memory and load ``host_*`` fields describe the machine.
+    """
+
+    TYPE = "sys.metrics"
+    sandbox_id: str
+    time: float  # wall clock of the snapshot
+    source: str  # "procfs" or "cgroup"
+    cpu_seconds: float  # user + system CPU time of the sandbox's live processes
+    cpu_count: int  # CPUs the host has
+    load1: float  # host load averages
+    load5: float
+    load15: float
+    memory_rss: int  # bytes resident, summed over the sandbox's processes (shared pages repeat)
+    memory_total: int  # host memory, bytes
+    memory_available: int  # host memory available for new work, bytes
+    disk_used: int  # bytes allocated under the workspace (like du)
+    disk_entries: int  # files and directories counted
+    disk_complete: bool  # False: the walk hit its bound and disk_used is a lower bound
+    disk_free: int  # bytes available to unprivileged users on the workspace's filesystem
+    disk_total: int  # size of that filesystem, bytes
+    processes: int  # live processes of the sandbox
+    execs: int  # running execs (one-shot and streaming) of the sandbox
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Activity(Message):
+    """Reply to ``sys.activity``: when a client last did something with the sandbox.
+
+    Exec, stdin, stream acks, PTY input and every other non-probe verb count; the ``sys.*`` probes,
+    ``exec.status`` and passive readers (``watch.poll``, ``pty.read``) do not.
+    """
+
+    TYPE = "sys.activity"
+    sandbox_id: str
+    last_activity: float  # wall clock of the last activity
+    idle: float  # seconds since then, by execd's clock
+    time: float  # execd's wall clock now
+
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation("sys", "ping", Empty, Pong, "liveness; answers without touching any command"),
     Operation("sys", "info", Empty, Info, "runtime, isolation and limits of this execd"),
+    Operation("sys", "metrics", Empty, SandboxMetrics, "cpu, memory, disk and process counts"),
+    Operation("sys", "activity", Empty, Activity, "last client activity (for idle timeouts)"),
 )

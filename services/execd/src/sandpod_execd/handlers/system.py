@@ -1,4 +1,4 @@
-"""``sys`` family: ping and info."""
+"""``sys`` family: ping, info, metrics and activity (all probes: none counts as activity)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 from sandpod_contract.catalogue import DATA_PLANE, PROTOCOL_VERSION
 from sandpod_contract.messages.common import Empty
-from sandpod_contract.messages.system import Info, Pong
-from sandpod_execd import __version__
+from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
+from sandpod_execd import __version__, sysmetrics
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.sandbox import SandboxContext
 
@@ -30,6 +30,8 @@ class SystemHandlers:
         return {
             ("sys", "ping"): Route(self.ping, inline=True, quiet=True, activity=False),
             ("sys", "info"): Route(self.info, activity=False),
+            ("sys", "metrics"): Route(self.metrics, quiet=True, activity=False),
+            ("sys", "activity"): Route(self.activity, inline=True, quiet=True, activity=False),
         }
 
     async def close(self) -> None:
@@ -56,4 +58,41 @@ class SystemHandlers:
             max_window=s.max_window,
             default_max_output=s.default_max_output,
             families=self._families,
+        )
+
+    async def metrics(self, sbx: SandboxContext, _: Empty) -> SandboxMetrics:
+        workspace = str(sbx.workspace)
+        procs = await sysmetrics.sandbox_processes(sbx.sandbox_id, workspace)
+        disk = await sysmetrics.disk_usage(workspace)
+        free, total = sysmetrics.filesystem(workspace)
+        mem_total, mem_available = sysmetrics.host_memory()
+        load1, load5, load15 = os.getloadavg()
+        return SandboxMetrics(
+            sandbox_id=sbx.sandbox_id,
+            time=time.time(),
+            source="procfs",
+            cpu_seconds=procs.cpu_seconds,
+            cpu_count=os.cpu_count() or 1,
+            load1=load1,
+            load5=load5,
+            load15=load15,
+            memory_rss=procs.rss,
+            memory_total=mem_total,
+            memory_available=mem_available,
+            disk_used=disk.used,
+            disk_entries=disk.entries,
+            disk_complete=disk.complete,
+            disk_free=free,
+            disk_total=total,
+            processes=procs.processes,
+            execs=sbx.registry.active,
+        )
+
+    async def activity(self, sbx: SandboxContext, _: Empty) -> Activity:
+        now = time.time()
+        return Activity(
+            sandbox_id=sbx.sandbox_id,
+            last_activity=sbx.last_activity,
+            idle=max(now - sbx.last_activity, 0.0),
+            time=now,
         )

@@ -1,0 +1,164 @@
+"""Keystroke echo round trip through a Sandpod pty next to the floor measured in the same run.
+
+A keystroke is typed into a terminal and timed until its echo reaches a viewer, the way a user's
+terminal sees it: a long-poll ``pty.read`` is already parked at execd (as ``sandpod shell``
+keeps one), then ``pty.input`` carries the key, the terminal echoes it, and the parked read
+returns it. Keys alternate ``a`` and DEL so the line never grows. Two programs: ``cat`` (the
+kernel's line discipline echoes) and an interactive ``bash`` (readline echoes).
+
+Floor = a bare NATS request/reply round trip (to a responder in another process, as execd is)
++ the same keystroke echo on a local pty with no NATS at all. Target: p50 <= 1.5x the floor.
+
+    .venv/bin/python bench/pty_echo.py [--keys 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import select
+import subprocess
+import sys
+import time
+
+from _platform import pct, platform, summary
+from sandpod import AsyncSandbox
+from sandpod.pty import AsyncPty
+from sandpod_bus import Bus, BusSettings
+
+RESPONDER = """
+import asyncio, sys
+import nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    async def echo(msg):
+        await msg.respond(msg.data)
+    await nc.subscribe("bench.echo", cb=echo)
+    await nc.flush()  # the subscription is registered at the server before we say ready
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+KEYS = ((b"a", b"a"), (b"\x7f", b"\x08"))  # (typed, what its echo contains)
+PROGRAMS = {
+    "cat": ["cat"],
+    "bash": ["bash", "--norc", "--noprofile", "-i"],
+}
+PACE = 0.002  # seconds between keys, so the next read is parked at execd as in real typing
+
+
+async def nats_rtt(url: str, calls: int) -> list[float]:
+    """Round trips of a 64-byte request to a bare responder in another process."""
+    responder = subprocess.Popen(  # noqa: ASYNC220 - once, before measuring
+        [sys.executable, "-c", RESPONDER, url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert responder.stdout is not None
+        responder.stdout.readline()
+        bus = await Bus.connect(BusSettings(url=url))
+        samples = []
+        for i in range(calls + 100):
+            t0 = time.perf_counter()
+            await bus.request("bench.echo", b"x" * 64, 5)
+            if i >= 100:  # warm-up
+                samples.append(time.perf_counter() - t0)
+        await bus.close()
+        return samples
+    finally:
+        responder.terminate()
+        responder.wait()
+
+
+def local_echo(argv: list[str], keys: int) -> list[float]:
+    """Keystroke echo on a local pty: write one key to the master, read until its echo."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        argv, stdin=slave, stdout=slave, stderr=slave, env=SANDBOX_ENV, start_new_session=True
+    )
+    os.close(slave)
+    try:
+        _settle(master)
+        samples = []
+        for i in range(keys + 50):
+            typed, echo = KEYS[i % 2]
+            t0 = time.perf_counter()
+            os.write(master, typed)
+            seen = b""
+            while echo not in seen:
+                select.select([master], [], [], 5)
+                seen += os.read(master, 4096)
+            if i >= 50:  # warm-up
+                samples.append(time.perf_counter() - t0)
+            time.sleep(PACE)
+        return samples
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(master)
+
+
+def _settle(master: int) -> None:
+    """Read whatever the program prints at start (a prompt) until it goes quiet."""
+    while select.select([master], [], [], 0.3)[0]:
+        os.read(master, 65536)
+
+
+async def sandpod_echo(sbx: AsyncSandbox, argv: list[str], keys: int) -> list[float]:
+    async with await sbx.pty.open(argv) as term:
+        await _quiet(term)
+        samples = []
+        parked = asyncio.create_task(term.read(wait=10))
+        for i in range(keys + 50):
+            typed, echo = KEYS[i % 2]
+            await asyncio.sleep(PACE)
+            t0 = time.perf_counter()
+            writing = asyncio.create_task(term.write(typed))
+            seen = b""
+            while True:
+                seen += (await parked).data
+                parked = asyncio.create_task(term.read(wait=10))  # park the next one at once
+                if echo in seen:
+                    break
+            elapsed = time.perf_counter() - t0
+            await writing
+            if i >= 50:
+                samples.append(elapsed)
+        parked.cancel()
+        await asyncio.gather(parked, return_exceptions=True)
+        return samples
+
+
+async def _quiet(term: AsyncPty) -> None:
+    while (await term.read(wait=0.3)).data:
+        pass
+
+
+async def main(args: argparse.Namespace) -> None:
+    with platform() as (url, _execd):
+        print(f"pty keystroke echo, {args.keys} keys each, 2 cores, nats-server on loopback\n")
+        rtt = await nats_rtt(url, args.keys)
+        print(summary("floor: bare NATS request/reply", rtt))
+        sbx = await AsyncSandbox.connect("bench", nats_url=url)
+        for name, argv in PROGRAMS.items():
+            local = local_echo(argv, args.keys)
+            remote = await sandpod_echo(sbx, argv, args.keys)
+            floor50 = pct(rtt, 50) + pct(local, 50)
+            floor99 = pct(rtt, 99) + pct(local, 99)
+            print(summary(f"floor: local pty echo ({name})", local))
+            print(summary(f"sandpod pty echo ({name}, SDK)", remote))
+            ratio50, ratio99 = pct(remote, 50) / floor50, pct(remote, 99) / floor99
+            verdict = "OK" if ratio50 <= 1.5 else "ABOVE TARGET"
+            print(
+                f"  -> floor p50 {floor50 * 1000:.3f} ms; sandpod/floor p50 {ratio50:.2f}x "
+                f"(target <= 1.5x: {verdict}), p99 {ratio99:.2f}x\n"
+            )
+        await sbx.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keys", type=int, default=1000)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,57 @@
+"""Transitions shared by store implementations: stamping creates, merging updates."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import uuid
+
+from sandpod_contract.errors import ResourceConflict
+from sandpod_store.model import Resource
+
+__all__ = ["check_version", "merge_status", "merge_update", "stamp_create"]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stamp_create(obj: Resource) -> Resource:
+    """What ``create`` stores: fresh uid/generation/timestamp, no status, no version yet."""
+    obj.validate()
+    meta = dataclasses.replace(
+        obj.metadata, uid=str(uuid.uuid4()), generation=1, creation_timestamp=_now(),
+        resource_version="",
+    )  # fmt: skip
+    return dataclasses.replace(obj, metadata=meta, status={})
+
+
+def check_version(obj: Resource, current: Resource) -> None:
+    wanted = obj.metadata.resource_version
+    if wanted and wanted != current.metadata.resource_version:
+        kind, ns, name = obj.key
+        raise ResourceConflict(
+            f"{kind} {ns}/{name} is at resourceVersion {current.metadata.resource_version}, "
+            f"not {wanted}; re-read it and retry",
+            kind=kind,
+            name=name,
+        )
+
+
+def merge_update(obj: Resource, current: Resource) -> Resource:
+    """``current`` with obj's labels, annotations and spec; generation+1 if spec changed."""
+    obj.validate()
+    check_version(obj, current)
+    generation = current.metadata.generation + (1 if dict(obj.spec) != dict(current.spec) else 0)
+    meta = dataclasses.replace(
+        current.metadata,
+        labels=dict(obj.metadata.labels),
+        annotations=dict(obj.metadata.annotations),
+        generation=generation,
+    )
+    return dataclasses.replace(current, metadata=meta, spec=dict(obj.spec))
+
+
+def merge_status(obj: Resource, current: Resource) -> Resource:
+    check_version(obj, current)
+    return dataclasses.replace(current, status=dict(obj.status))

@@ -1,0 +1,132 @@
+"""The embedded store: resources in one JetStream KV bucket, keyed ``<kind>.<namespace>.<name>``.
+
+Each value is ``{"op": create|update|status, "object": <Kubernetes-shaped map>}`` as JSON (easy to
+read with ``nats kv get``); ``resourceVersion`` is the KV revision, so optimistic concurrency is
+the bucket's compare-and-set, and a watch resumes from any revision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Mapping
+
+from sandpod_bus import Bus, KvBucket, KvEntry
+from sandpod_contract.errors import ResourceConflict, ResourceInvalid, ResourceNotFound
+from sandpod_store.common import merge_status, merge_update, stamp_create
+from sandpod_store.interface import EventType, WatchEvent
+from sandpod_store.model import Resource, parse_selector, validate_name
+
+__all__ = ["KvStore"]
+
+DEFAULT_BUCKET = "sandpod-resources"
+HISTORY = 64
+
+
+def _key(kind: str, namespace: str, name: str) -> str:
+    validate_name("metadata.namespace", namespace)
+    validate_name("metadata.name", name)
+    return f"{kind}.{namespace}.{name}"
+
+
+def _encode(op: str, obj: Resource) -> bytes:
+    data = obj.to_dict()
+    data["metadata"].pop("resourceVersion", None)
+    return json.dumps({"op": op, "object": data}, sort_keys=True).encode()
+
+
+def _decode(entry: KvEntry) -> tuple[str, Resource]:
+    try:
+        raw = json.loads(entry.value)
+        obj = Resource.from_dict(raw["object"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ResourceInvalid(f"stored value of {entry.key} is corrupt: {exc}") from exc
+    meta = dataclasses.replace(obj.metadata, resource_version=str(entry.revision))
+    return str(raw.get("op", "update")), dataclasses.replace(obj, metadata=meta)
+
+
+class KvStore:
+    def __init__(self, bucket: KvBucket) -> None:
+        self._bucket = bucket
+
+    @classmethod
+    async def open(cls, bus: Bus, bucket: str = DEFAULT_BUCKET) -> KvStore:
+        # 64 revisions per key (the JetStream maximum): a watch resuming from a recent revision
+        # sees every step, not just the latest value of a key.
+        return cls(await bus.kv(bucket, history=HISTORY))
+
+    async def get(self, kind: str, namespace: str, name: str) -> Resource:
+        try:
+            entry = await self._bucket.get(_key(kind, namespace, name))
+        except ResourceNotFound:
+            raise ResourceNotFound(f"{kind} {namespace}/{name} not found", kind=kind,
+                                   name=name) from None  # fmt: skip
+        return _decode(entry)[1]
+
+    async def list(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        selector: str | Mapping[str, str] | None = None,
+    ) -> tuple[list[Resource], int]:
+        sel = parse_selector(selector)
+        entries, revision = await self._bucket.entries(f"{kind}.{namespace or '*'}.*")
+        items = [
+            obj for obj in (_decode(e)[1] for e in entries) if sel.matches(obj.metadata.labels)
+        ]
+        return items, revision
+
+    async def create(self, obj: Resource) -> Resource:
+        fresh = stamp_create(obj)
+        revision = await self._bucket.create(_key(*fresh.key), _encode("create", fresh))
+        return _with_version(fresh, revision)
+
+    async def update(self, obj: Resource) -> Resource:
+        current = await self.get(*obj.key)
+        merged = merge_update(obj, current)
+        return await self._put("update", merged, current)
+
+    async def update_status(self, obj: Resource) -> Resource:
+        current = await self.get(*obj.key)
+        merged = merge_status(obj, current)
+        return await self._put("status", merged, current)
+
+    async def _put(self, op: str, merged: Resource, current: Resource) -> Resource:
+        try:
+            revision = await self._bucket.update(
+                _key(*merged.key), _encode(op, merged), int(current.metadata.resource_version)
+            )
+        except ResourceConflict:
+            kind, ns, name = merged.key
+            raise ResourceConflict(f"{kind} {ns}/{name} changed concurrently; re-read and retry",
+                                   kind=kind, name=name) from None  # fmt: skip
+        return _with_version(merged, revision)
+
+    async def delete(
+        self, kind: str, namespace: str, name: str, resource_version: str | None = None
+    ) -> None:
+        try:
+            await self._bucket.delete(
+                _key(kind, namespace, name), int(resource_version) if resource_version else None
+            )
+        except ResourceNotFound:
+            raise ResourceNotFound(f"{kind} {namespace}/{name} not found", kind=kind,
+                                   name=name) from None  # fmt: skip
+
+    async def watch(
+        self, kind: str, namespace: str | None = None, from_revision: int = 0
+    ) -> AsyncIterator[WatchEvent]:
+        async for entry in self._bucket.watch(f"{kind}.{namespace or '*'}.*", from_revision):
+            _, ns, name = entry.key.split(".", 2)
+            if entry.deleted:
+                yield WatchEvent(EventType.DELETED, kind, ns, name, entry.revision, None)
+                continue
+            op, obj = _decode(entry)
+            etype = EventType.ADDED if op == "create" else EventType.MODIFIED
+            yield WatchEvent(etype, kind, ns, name, entry.revision, obj)
+
+
+def _with_version(obj: Resource, revision: int) -> Resource:
+    return dataclasses.replace(
+        obj, metadata=dataclasses.replace(obj.metadata, resource_version=str(revision))
+    )

@@ -1,0 +1,286 @@
+"""Typed models of the resources in ``schemas/crds/`` (``sandpod.dev/v1alpha1``).
+
+The CRD YAML is the single source of the schema; these dataclasses mirror its ``spec`` and
+``status`` properties field for field (``tests/contract/test_crds.py`` checks names, enums and
+required fields against the YAML), convert to and from the camelCase wire maps, and validate what
+the OpenAPI schema validates, raising :class:`ResourceInvalid` with the offending field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from sandpod_contract.errors import ResourceInvalid
+
+__all__ = [
+    "API_VERSION",
+    "Condition",
+    "ConditionType",
+    "EnvVar",
+    "OperatingMode",
+    "Phase",
+    "SandboxSpec",
+    "SandboxStatus",
+    "SandboxTemplateSpec",
+    "TemplateResources",
+]
+
+API_VERSION = "sandpod.dev/v1alpha1"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_QUANTITY = re.compile(r"[0-9]+(Ki|Mi|Gi|Ti|K|M|G|T)?")
+_CPU = re.compile(r"[0-9]+(\.[0-9]+)?m?")
+
+
+class Phase(enum.StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    PAUSED = "Paused"
+    TERMINATING = "Terminating"
+    TERMINATED = "Terminated"
+    FAILED = "Failed"
+
+
+class OperatingMode(enum.StrEnum):
+    RUNNING = "Running"
+    PAUSED = "Paused"
+
+
+class ConditionType(enum.StrEnum):
+    READY = "Ready"
+    PAUSED = "Paused"
+    EXPIRED = "Expired"
+    FAILED = "Failed"
+    ISOLATED = "Isolated"
+
+
+def _fail(field: str, why: str) -> ResourceInvalid:
+    return ResourceInvalid(f"{field}: {why}", field=field)
+
+
+def _time(field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _fail(field, "must be an RFC 3339 date-time string")
+    try:
+        datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise _fail(field, f"{value!r} is not an RFC 3339 date-time") from exc
+    return value
+
+
+def _int(field: str, value: Any, minimum: int) -> int:
+    if type(value) is not int or value < minimum:
+        raise _fail(field, f"must be an integer >= {minimum}")
+    return value
+
+
+def _enum(field: str, cls: type[enum.StrEnum], value: Any) -> Any:
+    try:
+        return cls(value)
+    except ValueError as exc:
+        raise _fail(field, f"must be one of {[m.value for m in cls]}") from exc
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EnvVar:
+    name: str
+    value: str = ""
+
+    @classmethod
+    def parse(cls, field: str, raw: Any) -> tuple[EnvVar, ...]:
+        if raw is None:
+            return ()
+        if not isinstance(raw, list):
+            raise _fail(field, "must be a list of {name, value}")
+        out = []
+        for i, item in enumerate(raw):
+            if not isinstance(item, Mapping) or not _ENV_NAME.fullmatch(str(item.get("name", ""))):
+                raise _fail(f"{field}[{i}].name", "must be an environment variable name")
+            out.append(cls(str(item["name"]), str(item.get("value", ""))))
+        return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+    observed_generation: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "status": self.status,
+            "reason": self.reason,
+            "message": self.message,
+            "lastTransitionTime": self.last_transition_time,
+            "observedGeneration": self.observed_generation,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Condition:
+        return cls(
+            type=str(raw["type"]),
+            status=str(raw["status"]),
+            reason=str(raw.get("reason", "")),
+            message=str(raw.get("message", "")),
+            last_transition_time=str(raw.get("lastTransitionTime", "")),
+            observed_generation=int(raw.get("observedGeneration", 0)),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    template_ref: str | None = None  # wire: templateRef.name
+    shutdown_time: str | None = None
+    permanent: bool = False
+    idle_timeout_seconds: int | None = None
+    operating_mode: OperatingMode = OperatingMode.RUNNING
+    env: tuple[EnvVar, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> SandboxSpec:
+        """Validate and convert ``spec``. Raises ResourceInvalid naming the field."""
+        ref = raw.get("templateRef")
+        name = None
+        if ref is not None:
+            if not isinstance(ref, Mapping) or not _NAME.fullmatch(str(ref.get("name", ""))):
+                raise _fail("spec.templateRef.name", "must be a DNS label")
+            name = str(ref["name"])
+        permanent = raw.get("permanent", False)
+        if type(permanent) is not bool:
+            raise _fail("spec.permanent", "must be a boolean")
+        shutdown = raw.get("shutdownTime")
+        if shutdown is not None:
+            shutdown = _time("spec.shutdownTime", shutdown)
+            if permanent:
+                raise _fail("spec", "a permanent sandbox cannot have a shutdownTime")
+        idle = raw.get("idleTimeoutSeconds")
+        return cls(
+            template_ref=name,
+            shutdown_time=shutdown,
+            permanent=permanent,
+            idle_timeout_seconds=None if idle is None else _int("spec.idleTimeoutSeconds", idle, 0),
+            operating_mode=_enum(
+                "spec.operatingMode", OperatingMode, raw.get("operatingMode", "Running")
+            ),
+            env=EnvVar.parse("spec.env", raw.get("env")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "permanent": self.permanent,
+            "operatingMode": str(self.operating_mode),
+        }
+        if self.template_ref:
+            out["templateRef"] = {"name": self.template_ref}
+        if self.shutdown_time:
+            out["shutdownTime"] = self.shutdown_time
+        if self.idle_timeout_seconds is not None:
+            out["idleTimeoutSeconds"] = self.idle_timeout_seconds
+        if self.env:
+            out["env"] = [{"name": e.name, "value": e.value} for e in self.env]
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SandboxStatus:
+    phase: Phase = Phase.PENDING
+    observed_generation: int = 0
+    shutdown_time: str | None = None
+    last_activity_time: str | None = None
+    node: str | None = None
+    endpoint: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    conditions: tuple[Condition, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> SandboxStatus:
+        return cls(
+            phase=_enum("status.phase", Phase, raw.get("phase", "Pending")),
+            observed_generation=int(raw.get("observedGeneration", 0)),
+            shutdown_time=raw.get("shutdownTime"),
+            last_activity_time=raw.get("lastActivityTime"),
+            node=raw.get("node"),
+            endpoint=dict(raw.get("endpoint") or {}),
+            conditions=tuple(Condition.from_dict(c) for c in raw.get("conditions") or ()),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "phase": str(self.phase),
+            "observedGeneration": self.observed_generation,
+            "conditions": [c.to_dict() for c in self.conditions],
+        }
+        for key, value in (
+            ("shutdownTime", self.shutdown_time),
+            ("lastActivityTime", self.last_activity_time),
+            ("node", self.node),
+        ):
+            if value:
+                out[key] = value
+        if self.endpoint:
+            out["endpoint"] = dict(self.endpoint)
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TemplateResources:
+    cpu: str | None = None
+    memory: str | None = None
+    pids: int | None = None
+    disk: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SandboxTemplateSpec:
+    image: str | None = None
+    rootfs: str | None = None
+    runtime_class_name: str | None = None
+    user: str = "sandbox"
+    env: tuple[EnvVar, ...] = ()
+    resources: TemplateResources = dataclasses.field(default_factory=TemplateResources)
+    egress: tuple[str, ...] = ()  # wire: network.egress
+    default_lifetime_seconds: int = 3600
+    idle_timeout_seconds: int = 900
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> SandboxTemplateSpec:
+        """Validate and convert a template ``spec``. Raises ResourceInvalid naming the field."""
+        res = raw.get("resources") or {}
+        if not isinstance(res, Mapping):
+            raise _fail("spec.resources", "must be a map")
+        for key, pattern in (("cpu", _CPU), ("memory", _QUANTITY), ("disk", _QUANTITY)):
+            if key in res and not pattern.fullmatch(str(res[key])):
+                raise _fail(f"spec.resources.{key}", f"{res[key]!r} is not a quantity")
+        pids = res.get("pids")
+        net = raw.get("network") or {}
+        egress = net.get("egress") or [] if isinstance(net, Mapping) else None
+        if not isinstance(egress, list) or not all(isinstance(e, str) for e in egress):
+            raise _fail("spec.network.egress", "must be a list of strings")
+        return cls(
+            image=raw.get("image"),
+            rootfs=raw.get("rootfs"),
+            runtime_class_name=raw.get("runtimeClassName"),
+            user=str(raw.get("user", "sandbox")),
+            env=EnvVar.parse("spec.env", raw.get("env")),
+            resources=TemplateResources(
+                cpu=res.get("cpu"),
+                memory=res.get("memory"),
+                pids=None if pids is None else _int("spec.resources.pids", pids, 1),
+                disk=res.get("disk"),
+            ),
+            egress=tuple(egress),
+            default_lifetime_seconds=_int(
+                "spec.defaultLifetimeSeconds", raw.get("defaultLifetimeSeconds", 3600), 1
+            ),
+            idle_timeout_seconds=_int(
+                "spec.idleTimeoutSeconds", raw.get("idleTimeoutSeconds", 900), 0
+            ),
+        )

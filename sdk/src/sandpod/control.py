@@ -1,0 +1,122 @@
+"""Control-plane calls of the SDK: create, list, renew, pause, resume and delete sandboxes
+through the lifecycle service (``<prefix>.api.sandboxes.*``), and follow their events."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from sandpod_bus import Bus, Inbound
+from sandpod_contract.codec import Message, decode, decode_reply, encode
+from sandpod_contract.errors import SandboxError, SandboxNotFound, SandpodError
+from sandpod_contract.messages.sandboxes import SandboxEvent
+from sandpod_contract.resources import API_VERSION
+from sandpod_contract.subjects import Subjects
+
+__all__ = ["SandboxInfo", "api_call", "create_object", "follow_events"]
+
+API_TIMEOUT = 10.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SandboxInfo:
+    """A Sandbox as the lifecycle service sees it (the printer columns, and the raw object)."""
+
+    name: str
+    namespace: str
+    phase: str
+    ready: bool
+    template: str | None
+    shutdown_time: str | None
+    last_activity_time: str | None
+    created: str
+    labels: Mapping[str, str]
+    conditions: tuple[Mapping[str, Any], ...]
+    object: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> SandboxInfo:
+        meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status", {})
+        conditions = tuple(status.get("conditions") or ())
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return cls(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", "default"),
+            phase=status.get("phase", ""),
+            ready=ready,
+            template=(spec.get("templateRef") or {}).get("name"),
+            shutdown_time=spec.get("shutdownTime") or status.get("shutdownTime"),
+            last_activity_time=status.get("lastActivityTime"),
+            created=meta.get("creationTimestamp", ""),
+            labels=dict(meta.get("labels") or {}),
+            conditions=conditions,
+            object=obj,
+        )
+
+    def condition(self, type_: str) -> Mapping[str, Any] | None:
+        return next((c for c in self.conditions if c.get("type") == type_), None)
+
+
+async def api_call(  # noqa: PLR0917 - where (bus, subjects) + what (kind, verb, msg, reply)
+    bus: Bus, subjects: Subjects, kind: str, verb: str, msg: Message, reply: type[Message], *,
+    timeout: float = API_TIMEOUT,
+) -> Any:  # fmt: skip
+    """One control-plane request; a missing lifecycle service gets an actionable error."""
+    try:
+        data = await bus.request(subjects.api(kind, verb), encode(msg), timeout)
+    except SandboxNotFound as exc:
+        raise SandboxError(
+            "no lifecycle service answers; start the platform with `sandpod up`",
+            subject=subjects.api(kind, verb),
+        ) from exc
+    return decode_reply(reply, data)
+
+
+def create_object(
+    *,
+    name: str | None,
+    template: str | None,
+    timeout: float | None,
+    permanent: bool,
+    idle_timeout: int | None,
+    labels: Mapping[str, str] | None,
+    env: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    """The Sandbox object for a create request."""
+    spec: dict[str, Any] = {"permanent": permanent}
+    if template:
+        spec["templateRef"] = {"name": template}
+    if timeout is not None:
+        expiry = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=timeout)
+        spec["shutdownTime"] = expiry.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if idle_timeout is not None:
+        spec["idleTimeoutSeconds"] = idle_timeout
+    if env:
+        spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    meta: dict[str, Any] = {"labels": dict(labels or {})}
+    if name:
+        meta["name"] = name
+    return {"apiVersion": API_VERSION, "kind": "Sandbox", "metadata": meta, "spec": spec}
+
+
+async def follow_events(bus: Bus, subjects: Subjects, name: str) -> AsyncIterator[SandboxEvent]:
+    """Live events of sandbox ``name`` until the iterator is closed."""
+    queue: asyncio.Queue[SandboxEvent] = asyncio.Queue(maxsize=1024)
+
+    async def on_event(msg: Inbound) -> None:
+        try:
+            event = decode(SandboxEvent, msg.data)
+        except SandpodError:
+            return
+        if not queue.full():
+            queue.put_nowait(event)
+
+    sub = await bus.subscribe(subjects.events_of("sandbox", name), on_event)
+    try:
+        while True:
+            yield await queue.get()
+    finally:
+        await sub.stop()

@@ -1,0 +1,149 @@
+"""What a sandbox uses right now, read from ``/proc`` and the filesystem (no NATS, no contract).
+
+In the ``process`` runtime a sandbox has no cgroup of its own, so its processes are found by their
+environment: execd gives every command ``SANDPOD_SANDBOX_ID`` and ``SANDPOD_WORKSPACE`` (see
+:class:`~sandpod_execd.sandbox.SandboxContext`), and descendants inherit them, including ones that
+left the process group with ``setsid``. CPU time and RSS are summed over those processes (RSS
+counts shared pages once per process). A command that clears its environment escapes the count;
+the ``local`` runtime will read the sandbox's cgroup instead.
+
+Disk usage is a bounded walk of the workspace (``MAX_ENTRIES`` entries, ``MAX_WALK_SECONDS``), on
+the loop with a yield every ``YIELD_EVERY`` entries, so a huge workspace can neither stall other
+requests nor make the reply wait long; ``complete`` says whether the walk saw everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import stat
+import time
+
+__all__ = [
+    "DiskUsage",
+    "ProcessUsage",
+    "disk_usage",
+    "filesystem",
+    "host_memory",
+    "sandbox_processes",
+]
+
+MAX_ENTRIES = 200_000
+MAX_WALK_SECONDS = 2.0
+YIELD_EVERY = 1000  # entries (or /proc processes) between yields to the loop
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    processes: int
+    cpu_seconds: float
+    rss: int  # bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DiskUsage:
+    used: int  # bytes allocated
+    entries: int
+    complete: bool
+
+
+def _stat_fields(pid: str) -> tuple[float, int] | None:
+    """(user + system CPU seconds, RSS bytes) of a live process, None if gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # the command name may hold spaces and parentheses: the fields start after the last ')'
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    if len(fields) < 22 or fields[0] == b"Z":
+        return None
+    cpu = (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (clock ticks)
+    return cpu, int(fields[21]) * _PAGE  # rss (pages)
+
+
+async def sandbox_processes(sandbox_id: str, workspace: str) -> ProcessUsage:
+    """Count and sum the live processes whose environment names this sandbox and workspace."""
+    markers = (f"\0SANDPOD_SANDBOX_ID={sandbox_id}\0".encode(),
+               f"\0SANDPOD_WORKSPACE={workspace}\0".encode())  # fmt: skip
+    me = str(os.getpid())
+    count, cpu, rss = 0, 0.0, 0
+    with os.scandir("/proc") as it:
+        pids = [e.name for e in it if e.name.isdigit() and e.name != me]
+    for i, pid in enumerate(pids):
+        if i % YIELD_EVERY == YIELD_EVERY - 1:
+            await asyncio.sleep(0)
+        fields = _usage_if_marked(pid, markers)
+        if fields is not None:
+            count, cpu, rss = count + 1, cpu + fields[0], rss + fields[1]
+    return ProcessUsage(count, cpu, rss)
+
+
+def _usage_if_marked(pid: str, markers: tuple[bytes, ...]) -> tuple[float, int] | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = b"\0" + f.read()
+    except OSError:  # gone, or another user's process
+        return None
+    return _stat_fields(pid) if all(m in env for m in markers) else None
+
+
+async def disk_usage(
+    root: str, max_entries: int = MAX_ENTRIES, max_seconds: float = MAX_WALK_SECONDS
+) -> DiskUsage:
+    """Bytes allocated under ``root`` (like ``du``: hard links once, symlinks not followed)."""
+    deadline = time.monotonic() + max_seconds
+    used, entries = 0, 0
+    seen_links: set[tuple[int, int]] = set()
+    stack = [root]
+    while stack:
+        path = stack.pop()
+        try:
+            with os.scandir(path) as it:
+                batch = list(it)
+        except OSError:
+            continue
+        for entry in batch:
+            if entries >= max_entries or time.monotonic() > deadline:
+                return DiskUsage(used, entries, complete=False)
+            entries += 1
+            if entries % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) in seen_links:
+                    continue
+                seen_links.add((st.st_dev, st.st_ino))
+            used += st.st_blocks * 512
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(entry.path)
+    return DiskUsage(used, entries, complete=True)
+
+
+def filesystem(path: str) -> tuple[int, int]:
+    """(bytes free for unprivileged users, total bytes) of the filesystem holding ``path``."""
+    try:
+        vfs = os.statvfs(path)
+    except OSError:
+        return 0, 0
+    return vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
+
+
+def host_memory() -> tuple[int, int]:
+    """(total, available) bytes of the host's memory, from /proc/meminfo."""
+    values: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    values[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return values.get("MemTotal", 0), values.get("MemAvailable", 0)

@@ -1,0 +1,1 @@
+"""The lifecycle service: Sandbox resources driven to their spec (API, reconciler, runtimes)."""

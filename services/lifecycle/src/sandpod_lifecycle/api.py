@@ -1,0 +1,225 @@
+"""The control-plane API (``<prefix>.api.sandboxes.*``, ``<prefix>.api.templates.*``).
+
+Handlers validate, apply safe defaults and write the store; the reconciler does the rest. Any
+replica can answer any request (queue group): the store's optimistic concurrency keeps them
+consistent. ``create`` and ``delete`` can wait for the outcome (Ready / gone) so a client gets a
+usable sandbox, or a reason, in one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+from collections.abc import Callable
+
+from sandpod_contract.errors import ResourceConflict, ResourceInvalid, ResourceNotFound
+from sandpod_contract.messages.sandboxes import (
+    ObjectReply,
+    ObjectRequest,
+    ObjectsReply,
+    Ref,
+    Renew,
+    Selection,
+)
+from sandpod_contract.resources import (
+    Condition,
+    Phase,
+    SandboxSpec,
+    SandboxStatus,
+    SandboxTemplateSpec,
+)
+from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.objects import (
+    SANDBOX,
+    TEMPLATE,
+    apply_defaults,
+    iso,
+    now,
+    parse_time,
+    sandbox_from_map,
+    template_from_map,
+    with_condition,
+)
+from sandpod_store import EventType, Resource, Store
+
+__all__ = ["LifecycleApi"]
+
+MAX_LIST = 1000
+MAX_CONFLICTS = 20
+DELETE_ANNOTATION = "sandpod.dev/delete-requested"
+
+
+class LifecycleApi:
+    def __init__(
+        self, store: Store, events: Events, enqueue: asyncio.Queue[str] | None = None
+    ) -> None:
+        self.store = store
+        self.events = events
+
+    async def template(self, namespace: str, name: str | None) -> SandboxTemplateSpec:
+        """The named template's spec (the built-in default when ``name`` is None)."""
+        if name is None:
+            return SandboxTemplateSpec()
+        try:
+            obj = await self.store.get(TEMPLATE, namespace, name)
+        except ResourceNotFound:
+            raise ResourceInvalid(
+                f"unknown template {name!r} in namespace {namespace!r}; create it first "
+                "(sandpod template apply) or omit templateRef for the default",
+                field="spec.templateRef.name",
+            ) from None
+        return SandboxTemplateSpec.from_dict(obj.spec)
+
+    # -- sandboxes -----------------------------------------------------------------------------
+
+    async def create(self, req: ObjectRequest) -> ObjectReply:
+        obj, spec = sandbox_from_map(req.object)
+        template = await self.template(obj.metadata.namespace, spec.template_ref)
+        obj = apply_defaults(obj, spec, template)
+        SandboxSpec.from_dict(obj.spec)  # defaults must still satisfy the schema
+        created = await self.store.create(obj)
+        status = with_condition(
+            SandboxStatus(phase=Phase.PENDING, shutdown_time=created.spec.get("shutdownTime")),
+            Condition("Ready", "False", "Creating", "waiting for the instance"),
+        )
+        created = await self.store.update_status(
+            dataclasses.replace(created, status=status.to_dict())
+        )
+        await self.events.publish(name=created.metadata.name, namespace=created.metadata.namespace,
+                                  type_="created", phase=str(Phase.PENDING),
+                                  generation=created.metadata.generation)  # fmt: skip
+        if req.wait_ready:
+            created = await self._wait(created, req.wait_ready, _settled)
+        return ObjectReply(object=created.to_dict())
+
+    async def get(self, req: Ref) -> ObjectReply:
+        return ObjectReply(
+            object=(await self.store.get(SANDBOX, req.namespace, req.name)).to_dict()
+        )
+
+    async def list(self, req: Selection) -> ObjectsReply:
+        return await self._list(SANDBOX, req)
+
+    async def _mutate(
+        self, kind: str, namespace: str, name: str, change: Callable[[Resource], Resource]
+    ) -> Resource:
+        """Read, change, write; on a conflict (the reconciler wrote status meanwhile) again."""
+        for _ in range(MAX_CONFLICTS):
+            obj = await self.store.get(kind, namespace, name)
+            try:
+                return await self.store.update(change(obj))
+            except ResourceConflict:
+                continue
+        raise ResourceConflict(f"{kind} {namespace}/{name} keeps changing; retry", name=name)
+
+    async def delete(self, req: Ref) -> ObjectReply:
+        def mark(obj: Resource) -> Resource:
+            annotations = {**obj.metadata.annotations, DELETE_ANNOTATION: "true"}
+            return dataclasses.replace(
+                obj, metadata=dataclasses.replace(obj.metadata, annotations=annotations)
+            )
+
+        obj = await self._mutate(SANDBOX, req.namespace, req.name, mark)
+        if req.wait:
+            obj = await self._wait(obj, req.wait, lambda o: o is None)
+        return ObjectReply(object=obj.to_dict())
+
+    async def renew(self, req: Renew) -> ObjectReply:
+        obj = await self.store.get(SANDBOX, req.namespace, req.name)
+        if SandboxSpec.from_dict(obj.spec).permanent:
+            raise ResourceInvalid("a permanent sandbox has no lifetime to renew", field="spec")
+        if req.seconds is not None:
+            expiry = iso(now() + datetime.timedelta(seconds=req.seconds))
+        else:
+            assert req.shutdown_time is not None
+            expiry = iso(parse_time(req.shutdown_time))
+        obj = await self._mutate(
+            SANDBOX, req.namespace, req.name,
+            lambda o: dataclasses.replace(o, spec={**o.spec, "shutdownTime": expiry}),
+        )  # fmt: skip
+        phase = str(obj.status.get("phase", ""))
+        await self.events.publish(
+            name=req.name, namespace=req.namespace, type_="renewed", phase=phase, message=expiry
+        )
+        return ObjectReply(object=obj.to_dict())
+
+    async def pause(self, req: Ref) -> ObjectReply:
+        return await self._mode(req, "Paused")
+
+    async def resume(self, req: Ref) -> ObjectReply:
+        return await self._mode(req, "Running")
+
+    async def _mode(self, req: Ref, mode: str) -> ObjectReply:
+        obj = await self._mutate(
+            SANDBOX, req.namespace, req.name,
+            lambda o: dataclasses.replace(o, spec={**o.spec, "operatingMode": mode}),
+        )  # fmt: skip
+        want = Phase.PAUSED if mode == "Paused" else Phase.RUNNING
+        obj = await self._wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
+        return ObjectReply(object=obj.to_dict())
+
+    # -- templates -----------------------------------------------------------------------------
+
+    async def template_apply(self, req: ObjectRequest) -> ObjectReply:
+        obj, _ = template_from_map(req.object)
+        try:
+            current = await self.store.get(TEMPLATE, obj.metadata.namespace, obj.metadata.name)
+        except ResourceNotFound:
+            return ObjectReply(object=(await self.store.create(obj)).to_dict())
+        meta = dataclasses.replace(obj.metadata, resource_version=current.metadata.resource_version)
+        return ObjectReply(
+            object=(await self.store.update(dataclasses.replace(obj, metadata=meta))).to_dict()
+        )
+
+    async def template_get(self, req: Ref) -> ObjectReply:
+        return ObjectReply(
+            object=(await self.store.get(TEMPLATE, req.namespace, req.name)).to_dict()
+        )
+
+    async def template_list(self, req: Selection) -> ObjectsReply:
+        return await self._list(TEMPLATE, req)
+
+    async def template_delete(self, req: Ref) -> ObjectReply:
+        obj = await self.store.get(TEMPLATE, req.namespace, req.name)
+        await self.store.delete(TEMPLATE, req.namespace, req.name)
+        return ObjectReply(object=obj.to_dict())
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    async def _list(self, kind: str, req: Selection) -> ObjectsReply:
+        items, revision = await self.store.list(kind, req.namespace, req.selector)
+        limit = min(req.limit or MAX_LIST, MAX_LIST)
+        return ObjectsReply(items=tuple(i.to_dict() for i in items[:limit]), revision=revision,
+                            truncated=len(items) > limit)  # fmt: skip
+
+    async def _wait(
+        self, obj: Resource, timeout: float, done: Callable[[Resource | None], bool]
+    ) -> Resource:
+        """Watch ``obj`` until ``done`` (None = deleted) or ``timeout``; the last state seen."""
+        kind, ns, name = obj.key
+        last: Resource | None = obj
+        if done(last):
+            return obj
+
+        async def follow() -> None:
+            nonlocal last
+            async for event in self.store.watch(kind, ns, int(obj.metadata.resource_version)):
+                if event.name != name:
+                    continue
+                last = None if event.type is EventType.DELETED else event.resource
+                if done(last):
+                    return
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(follow(), timeout)
+        return last if last is not None else obj
+
+
+def _phase(obj: Resource) -> Phase:
+    return SandboxStatus.from_dict(obj.status).phase
+
+
+def _settled(obj: Resource | None) -> bool:
+    return obj is None or _phase(obj) in (Phase.RUNNING, Phase.FAILED, Phase.PAUSED)

@@ -1,0 +1,134 @@
+"""What the reconciler needs from a runtime, and the execd launcher every local runtime shares.
+
+A driver owns *instances*: whatever makes a sandbox real on this host (a jail and its execd, or
+just an execd for the unisolated ``process`` runtime). The reconciler decides when; the driver
+knows how. ``protections()`` names each protection and whether it is active, so the Sandbox's
+``Isolated`` condition (and ``sandpod up``) can say what is degraded instead of hiding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+
+__all__ = ["Driver", "ExecdLauncher", "Instance"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Instance:
+    sandbox_id: str
+    running: bool
+    paused: bool
+    pid: int | None = None  # execd's pid
+    detail: str = ""
+
+
+class Driver(Protocol):
+    name: str
+
+    def protections(self) -> dict[str, str]:
+        """protection -> "active" or why it is not."""
+
+    async def ensure(
+        self, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
+    ) -> Instance:
+        """Create the instance if missing (idempotent); return it."""
+
+    async def inspect(self, sandbox_id: str) -> Instance | None:
+        """The instance, or None if there is none."""
+
+    async def pause(self, sandbox_id: str) -> None: ...
+
+    async def resume(self, sandbox_id: str) -> None: ...
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Remove the instance and every trace of it (idempotent)."""
+
+    async def list(self) -> list[str]:
+        """Ids of instances present on this host (for orphan cleanup after a crash)."""
+
+
+class ExecdLauncher:
+    """Starts and stops one execd process per sandbox; pid files make it survive our restarts.
+
+    execd processes are not tied to the lifecycle process (no PDEATHSIG): a restarted lifecycle
+    finds them through ``<state>/instances/<id>.json`` and adopts or destroys them.
+    """
+
+    def __init__(self, state_dir: Path, nats_url: str, prefix: str) -> None:
+        self.dir = state_dir / "instances"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir = state_dir
+        self.nats_url = nats_url
+        self.prefix = prefix
+
+    def _record(self, sandbox_id: str) -> Path:
+        return self.dir / f"{sandbox_id}.json"
+
+    def pid(self, sandbox_id: str) -> int | None:
+        """The live execd pid of ``sandbox_id`` (checked against /proc), else None."""
+        try:
+            data = json.loads(self._record(sandbox_id).read_text())
+            pid = int(data["pid"])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError, KeyError):
+            return None
+        return pid if b"sandpod_execd" in cmdline and data.get("id") == sandbox_id else None
+
+    async def start(self, sandbox_id: str, env: Mapping[str, str]) -> int:
+        log = self.state_dir / "logs" / f"execd-{sandbox_id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        full_env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SANDPOD_")},
+            "SANDPOD_NATS_URL": self.nats_url,
+            "SANDPOD_PREFIX": self.prefix,
+            "SANDPOD_SANDBOX_ID": sandbox_id,
+            "SANDPOD_STATE_DIR": str(self.state_dir),
+            **env,
+        }
+        with log.open("ab") as out:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sandpod_execd",
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=full_env,
+                start_new_session=True,  # outlives us; killed by stop()
+            )  # fmt: skip
+        self._record(sandbox_id).write_text(json.dumps({"id": sandbox_id, "pid": proc.pid}))
+        return proc.pid
+
+    async def stop(self, sandbox_id: str, grace: float = 5.0) -> None:
+        pid = self.pid(sandbox_id)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            if not await _wait_gone(pid, grace):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                await _wait_gone(pid, 5.0)
+        self._record(sandbox_id).unlink(missing_ok=True)
+
+    def known(self) -> list[str]:
+        return sorted(p.stem for p in self.dir.glob("*.json"))
+
+
+async def _wait_gone(pid: int, timeout: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        try:
+            os.kill(pid, 0)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG never blocks
+        except ProcessLookupError:
+            return True
+        await asyncio.sleep(0.02)
+    return False

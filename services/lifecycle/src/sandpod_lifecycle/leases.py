@@ -1,0 +1,84 @@
+"""Per-object leases in a JetStream KV bucket: exactly one lifecycle replica reconciles an object.
+
+A lease is the key ``<kind>.<namespace>.<name>`` holding ``{holder, expires}``. A replica may act
+on an object only while it holds its lease; it takes a free or expired lease with a
+compare-and-set (so two replicas can never both win), renews it while working, and releases it at
+shutdown. A replica that dies stops renewing; after ``ttl`` another replica's resync takes over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+from sandpod_bus import Bus, KvBucket
+from sandpod_contract.errors import (
+    ResourceConflict,
+    ResourceExists,
+    ResourceNotFound,
+    SandpodError,
+)
+
+__all__ = ["Leases"]
+
+BUCKET = "sandpod-leases"
+
+
+class Leases:
+    def __init__(self, bucket: KvBucket, holder: str, ttl: float) -> None:
+        self._bucket = bucket
+        self.holder = holder
+        self.ttl = ttl
+        self._held: dict[str, int] = {}  # key -> revision of our lease record
+
+    @classmethod
+    async def open(cls, bus: Bus, holder: str, ttl: float, bucket: str = BUCKET) -> Leases:
+        return cls(await bus.kv(bucket, history=1), holder, ttl)
+
+    def _value(self) -> bytes:
+        return json.dumps({"holder": self.holder, "expires": time.time() + self.ttl}).encode()
+
+    async def acquire(self, key: str) -> bool:
+        """Hold (or keep holding) the lease on ``key``; False if another live replica has it."""
+        try:
+            entry = await self._bucket.get(key)
+        except ResourceNotFound:
+            try:
+                self._held[key] = await self._bucket.create(key, self._value())
+                return True
+            except (ResourceExists, ResourceConflict):
+                return False
+        try:
+            data = json.loads(entry.value)
+            holder, expires = str(data["holder"]), float(data["expires"])
+        except (ValueError, KeyError, TypeError):
+            holder, expires = "", 0.0  # a corrupt lease is a free lease
+        if holder != self.holder and expires > time.time():
+            self._held.pop(key, None)
+            return False
+        try:
+            self._held[key] = await self._bucket.update(key, self._value(), entry.revision)
+        except ResourceConflict:
+            self._held.pop(key, None)
+            return False
+        return True
+
+    def holds(self, key: str) -> bool:
+        return key in self._held
+
+    async def renew_all(self) -> None:
+        """Extend every lease we hold (drop the ones we lost)."""
+        for key in list(self._held):
+            await self.acquire(key)
+
+    async def release(self, key: str) -> None:
+        revision = self._held.pop(key, None)
+        if revision is not None:
+            # Lost, changed or unreachable: the lease then simply expires after ttl.
+            with contextlib.suppress(SandpodError):
+                await self._bucket.delete(key, revision)
+
+    async def release_all(self) -> None:
+        for key in list(self._held):
+            await self.release(key)

@@ -1,0 +1,337 @@
+"""Drive every Sandbox to its spec: the lifecycle state machine.
+
+Data flow: a store watch (and a periodic resync, and per-object timers for expiry and idle
+checks) put object names on a keyed work queue; workers take one name at a time — never the same
+name in two workers, so events for one object are handled in order while different objects run
+in parallel — acquire the object's lease (multi-replica safety), read it, and take the one step
+its state calls for:
+
+    delete requested           -> destroy instance, delete object           (event: deleted)
+    now >= shutdownTime        -> destroy, Expired/LifetimeExceeded, delete  (event: expired)
+    idle >= idleTimeoutSeconds -> destroy, Expired/IdleTimeout, delete       (event: idle_expired)
+    no instance                -> create it, wait for execd, Ready/Running   (event: ready)
+    operatingMode differs      -> pause / resume                             (event: paused/resumed)
+
+Idle time is measured by asking the sandbox's execd (``sys.activity``) when the idle deadline
+comes, so a long agent think-time within the limit never kills anything. Failures to create are
+retried with backoff and, after ``max_failures``, the Sandbox is ``Failed`` with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import enum
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from sandpod_contract.errors import ResourceConflict, ResourceNotFound, SandpodError
+from sandpod_contract.resources import (
+    Condition,
+    ConditionType,
+    OperatingMode,
+    Phase,
+    SandboxTemplateSpec,
+)
+from sandpod_lifecycle.driver import Driver
+from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.leases import Leases
+from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
+from sandpod_store import EventType, Resource, Store
+
+__all__ = ["Outcome", "Reconciler"]
+
+log = structlog.get_logger("sandpod.lifecycle.reconciler")
+
+Probe = Callable[[str], Awaitable[float | None]]  # sandbox id -> seconds idle (None: unreachable)
+Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    RETRY = "retry"
+    SKIPPED = "skipped"  # another replica holds the lease
+
+
+@dataclasses.dataclass
+class _Failures:
+    count: int = 0
+    next_try: float = 0.0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        driver: Driver,
+        leases: Leases,
+        events: Events,
+        templates: Templates,
+        ready_probe: Callable[[str, float], Awaitable[bool]],
+        idle_probe: Probe,
+        workers: int = 8,
+        max_failures: int = 5,
+        resync: float = 10.0,
+        ready_timeout: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.driver = driver
+        self.leases = leases
+        self.events = events
+        self._templates = templates
+        self._ready_probe = ready_probe
+        self._idle_probe = idle_probe
+        self._workers = workers
+        self._max_failures = max_failures
+        self._resync = resync
+        self._ready_timeout = ready_timeout
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._active: set[str] = set()
+        self._dirty: set[str] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._failures: dict[str, _Failures] = {}
+        self.reconciled = 0  # for tests and metrics
+
+    # -- queue ---------------------------------------------------------------------------------
+
+    def enqueue(self, name: str) -> None:
+        if name in self._active:
+            self._dirty.add(name)  # handled again right after the current pass
+        elif name not in self._queued:
+            self._queued.add(name)
+            self._queue.put_nowait(name)
+
+    def _wake_at(self, name: str, when: float) -> None:
+        """Reconcile ``name`` again at monotonic-equivalent wall time ``when`` (earliest wins)."""
+        loop = asyncio.get_running_loop()
+        delay = max(when - time.time(), 0.0)
+        old = self._timers.get(name)
+        if old is not None and old.when() <= loop.time() + delay:
+            return
+        if old is not None:
+            old.cancel()
+        self._timers[name] = loop.call_later(delay, self._fire, name)
+
+    def _fire(self, name: str) -> None:
+        self._timers.pop(name, None)
+        self.enqueue(name)
+
+    async def run(self) -> None:
+        """Watch, resync and work until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._watch(), name="watch")
+            tg.create_task(self._resync_loop(), name="resync")
+            for i in range(self._workers):
+                tg.create_task(self._worker(), name=f"worker-{i}")
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                items, revision = await self.store.list(SANDBOX, None)
+                for obj in items:
+                    self.enqueue(obj.metadata.name)
+                async for event in self.store.watch(SANDBOX, None, revision):
+                    self.enqueue(event.name)
+                    if event.type is EventType.DELETED:
+                        self._failures.pop(event.name, None)
+            except SandpodError as exc:
+                log.warning("watch_failed_restarting", error=exc.message)
+                await asyncio.sleep(1.0)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._resync)
+            try:
+                await self.leases.renew_all()
+                items, _ = await self.store.list(SANDBOX, None)
+                names = {o.metadata.name for o in items}
+                for name in names:
+                    self.enqueue(name)
+                for orphan in set(await self.driver.list()) - names:
+                    log.warning("orphan_instance_destroyed", sandbox=orphan)
+                    await self.driver.destroy(orphan)
+            except SandpodError as exc:
+                log.warning("resync_failed", error=exc.message)
+
+    async def _worker(self) -> None:
+        while True:
+            name = await self._queue.get()
+            self._queued.discard(name)
+            self._active.add(name)
+            try:
+                outcome = await self.reconcile(name)
+            except Exception:
+                log.exception("reconcile_crashed", sandbox=name)
+                outcome = Outcome.RETRY
+            finally:
+                self._active.discard(name)
+            self.reconciled += 1
+            if outcome is Outcome.RETRY:
+                fail = self._failures.setdefault(name, _Failures())
+                self._wake_at(name, max(fail.next_try, time.time() + 0.5))
+            if name in self._dirty:
+                self._dirty.discard(name)
+                self.enqueue(name)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    async def reconcile(self, name: str, namespace: str = "default") -> Outcome:
+        key = f"{SANDBOX}.{namespace}.{name}"
+        if not await self.leases.acquire(key):
+            return Outcome.SKIPPED
+        try:
+            obj = await self.store.get(SANDBOX, namespace, name)
+        except ResourceNotFound:
+            if await self.driver.inspect(name) is not None:
+                await self.driver.destroy(name)
+            await self.leases.release(key)
+            return Outcome.DONE
+        view = SandboxView.of(obj)
+        try:
+            return await self._step(view, key)
+        except ResourceConflict:
+            return Outcome.RETRY  # someone changed it meanwhile: read again
+
+    async def _step(self, view: SandboxView, key: str) -> Outcome:
+        if view.deleting:
+            return await self._finish(view, key, "deleted", "Deleted", "deleted on request")
+        t = time.time()
+        shutdown = view.spec.shutdown_time
+        if shutdown and parse_time(shutdown).timestamp() <= t:
+            return await self._finish(view, key, "expired", "LifetimeExceeded",
+                                      f"shutdownTime {shutdown} passed")  # fmt: skip
+        instance = await self.driver.inspect(view.name)
+        if instance is None:
+            return await self._create(view)
+        idle_limit = view.spec.idle_timeout_seconds or 0
+        if idle_limit > 0 and view.status.phase is Phase.RUNNING:
+            outcome = await self._check_idle(view, key, idle_limit)
+            if outcome is not None:
+                return outcome
+        if view.spec.operating_mode is OperatingMode.PAUSED and not instance.paused:
+            await self.driver.pause(view.name)
+            await self._set(view, Phase.PAUSED, "paused", Condition("Paused", "True", "Requested"))
+        elif view.spec.operating_mode is OperatingMode.RUNNING and instance.paused:
+            await self.driver.resume(view.name)
+            await self._set(view, Phase.RUNNING, "resumed", Condition("Paused", "False", "Resumed"))
+        elif view.status.observed_generation != view.obj.metadata.generation:
+            await self._set(view, view.status.phase, None, None)
+        if shutdown:
+            self._wake_at(view.name, parse_time(shutdown).timestamp())
+        return Outcome.DONE
+
+    async def _create(self, view: SandboxView) -> Outcome:
+        fail = self._failures.setdefault(view.name, _Failures())
+        if time.time() < fail.next_try:
+            return Outcome.RETRY
+        try:
+            template = await self._templates(view.namespace, view.spec.template_ref)
+            await self.driver.ensure(view.name, view.spec, template)
+            if not await self._ready_probe(view.name, self._ready_timeout):
+                raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
+        except (SandpodError, OSError, TimeoutError) as exc:
+            fail.count += 1
+            fail.next_try = time.time() + min(2.0**fail.count, 60.0)
+            message = str(exc)
+            log.warning(
+                "instance_create_failed", sandbox=view.name, attempt=fail.count, error=message
+            )
+            await self.driver.destroy(view.name)
+            if fail.count >= self._max_failures:
+                cond = Condition("Failed", "True", "InstanceFailed", message)
+                await self._set(view, Phase.FAILED, "failed", cond)
+                return Outcome.DONE
+            await self._set(view, Phase.PENDING, None,
+                            Condition("Ready", "False", "InstanceStarting", message))  # fmt: skip
+            return Outcome.RETRY
+        self._failures.pop(view.name, None)
+        isolated = self._isolation()
+        updated = await self._set(view, Phase.RUNNING, "ready",
+                                  Condition("Ready", "True", "ExecdReady", "execd answers"),
+                                  extra=(isolated,))  # fmt: skip
+        if view.spec.operating_mode is OperatingMode.PAUSED:
+            return await self._step(SandboxView.of(updated), "")
+        return Outcome.DONE
+
+    def _isolation(self) -> Condition:
+        protections = self.driver.protections()
+        degraded = {p: s for p, s in protections.items() if s != "active"}
+        if not degraded:
+            return Condition("Isolated", "True", "FullIsolation", ", ".join(sorted(protections)))
+        reason = "NoIsolation" if len(degraded) == len(protections) else "Degraded"
+        text = "; ".join(f"{p}: {s}" for p, s in sorted(degraded.items()))
+        return Condition("Isolated", "False", reason, text)
+
+    async def _check_idle(self, view: SandboxView, key: str, limit: int) -> Outcome | None:
+        idle = await self._idle_probe(view.name)
+        if idle is None:
+            return None  # execd unreachable: the instance check handles it on the next pass
+        if idle >= limit:
+            return await self._finish(view, key, "idle_expired", "IdleTimeout",
+                                      f"no activity for {idle:.0f}s (limit {limit}s)")  # fmt: skip
+        last = time.time() - idle
+        if view.status.last_activity_time != iso_ts(last):
+            view = SandboxView.of(
+                await self.store.update_status(
+                    view.with_status(
+                        dataclasses.replace(view.status, last_activity_time=iso_ts(last))
+                    )
+                )
+            )
+        self._wake_at(view.name, last + limit + 0.05)
+        return None
+
+    async def _finish(
+        self, view: SandboxView, key: str, event: str, reason: str, msg: str
+    ) -> Outcome:
+        await self.driver.destroy(view.name)
+        if event != "deleted":
+            await self._set(view, Phase.TERMINATED, None, Condition("Expired", "True", reason, msg))
+        with contextlib.suppress(ResourceNotFound):
+            await self.store.delete(SANDBOX, view.namespace, view.name)
+        await self.events.publish(name=view.name, namespace=view.namespace, type_=event,
+                                  phase=str(Phase.TERMINATED), reason=reason, message=msg,
+                                  generation=view.obj.metadata.generation)  # fmt: skip
+        timer = self._timers.pop(view.name, None)
+        if timer is not None:
+            timer.cancel()
+        await self.leases.release(key)
+        return Outcome.DONE
+
+    async def _set(
+        self,
+        view: SandboxView,
+        phase: Phase,
+        event: str | None,
+        cond: Condition | None,
+        extra: tuple[Condition, ...] = (),
+    ) -> Resource:
+        status = dataclasses.replace(
+            view.status, phase=phase, observed_generation=view.obj.metadata.generation,
+            shutdown_time=view.spec.shutdown_time,
+            endpoint={"subjectPrefix": f"sbx.{view.name}"},
+        )  # fmt: skip
+        for c in (*(() if cond is None else (cond,)), *extra):
+            status = with_condition(status, c)
+        if phase is Phase.RUNNING:
+            status = with_condition(
+                status, Condition(str(ConditionType.READY), "True", "ExecdReady")
+            )
+        updated = await self.store.update_status(view.with_status(status))
+        if event is not None:
+            await self.events.publish(
+                name=view.name, namespace=view.namespace, type_=event, phase=str(phase),
+                reason=cond.reason if cond else "", message=cond.message if cond else "",
+                generation=view.obj.metadata.generation,
+            )  # fmt: skip
+        return updated
+
+
+def iso_ts(ts: float) -> str:
+    return iso(datetime.datetime.fromtimestamp(ts, datetime.UTC))

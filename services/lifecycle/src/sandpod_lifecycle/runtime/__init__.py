@@ -1,0 +1,1 @@
+"""Runtime drivers: ``process`` (no isolation) and ``local`` (namespace jail)."""

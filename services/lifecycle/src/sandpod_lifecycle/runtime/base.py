@@ -1,0 +1,244 @@
+"""The runtime driver seam: what a driver is asked to do and what it reports back.
+
+A driver turns an :class:`InstanceSpec` into an *instance* on this host (for the local runtime: a
+namespace jail with a copy-on-write root and cgroup limits) and answers for it by sandbox id. The
+reconciler decides *when* to create, pause, resume or destroy; the driver knows *how*, and says
+honestly what it could not do: every instance carries ``protections``, one entry per protection,
+``"active"`` or the reason it is not. Nothing here runs commands: execd enters the instance
+through the jail file the driver writes (see ``sandpod_execd.jail``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from sandpod_contract.subjects import validate_sandbox_id
+
+__all__ = [
+    "ACTIVE",
+    "CreateFailed",
+    "DestroyFailed",
+    "HostCapabilities",
+    "InstanceExists",
+    "InstanceNotFound",
+    "InstanceSpec",
+    "InstanceStatus",
+    "Resources",
+    "RuntimeDriver",
+    "RuntimeFailure",
+    "RuntimeTimeout",
+    "RuntimeUnavailable",
+]
+
+MiB = 1024 * 1024
+ACTIVE = "active"  # the one value of ``protections`` that means "in force"
+
+
+class RuntimeFailure(Exception):
+    """Root of driver errors. ``retryable``: trying the same call later may succeed."""
+
+    retryable = False
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class RuntimeUnavailable(RuntimeFailure):
+    """This host cannot provide the isolation the driver requires (see ``HostCapabilities``)."""
+
+
+class InstanceExists(RuntimeFailure):
+    """``create`` for a sandbox id that already has an instance (destroy it first)."""
+
+
+class InstanceNotFound(RuntimeFailure):
+    """The sandbox id has no instance on this host."""
+
+
+class CreateFailed(RuntimeFailure):
+    """The instance could not be started; nothing of it was left behind."""
+
+    retryable = True
+
+
+class RuntimeTimeout(RuntimeFailure):
+    """An operation (freeze, thaw) did not take effect in time; calling again may succeed."""
+
+    retryable = True
+
+
+class DestroyFailed(RuntimeFailure):
+    """Some trace could not be removed yet (e.g. a process would not die); destroy again."""
+
+    retryable = True
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Resources:
+    """Limits of one instance. ``tmp_bytes`` sizes the private ``/tmp`` and ``/dev/shm`` (tmpfs,
+    charged to the instance's memory); None means ``memory_bytes``."""
+
+    memory_bytes: int = 512 * MiB
+    cpu_millicores: int = 1000
+    pids: int = 512
+    tmp_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes < 16 * MiB:
+            raise ValueError(f"memory_bytes must be at least 16 MiB, got {self.memory_bytes}")
+        if self.cpu_millicores < 10:
+            raise ValueError(f"cpu_millicores must be at least 10, got {self.cpu_millicores}")
+        if self.pids < 8:
+            raise ValueError(f"pids must be at least 8, got {self.pids}")
+        if self.tmp_bytes is not None and self.tmp_bytes < MiB:
+            raise ValueError(f"tmp_bytes must be at least 1 MiB, got {self.tmp_bytes}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceSpec:
+    """What to create.
+
+    Attributes:
+        sandbox_id: a DNS label; also the instance's hostname.
+        rootfs: the read-only base of the copy-on-write root; None means the host's root
+            filesystem (submounts such as /proc or /dev are not part of it).
+        uid, gid: the unprivileged identity commands run as; None lets the driver allocate a
+            dedicated one per instance.
+        env: environment every command of the instance starts with (on top of execd's base).
+        egress: whether the template allows outbound network. The local runtime does not
+            support egress yet: it keeps loopback only and says so in ``protections``.
+    """
+
+    sandbox_id: str
+    rootfs: Path | None = None
+    resources: Resources = dataclasses.field(default_factory=Resources)
+    uid: int | None = None
+    gid: int | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    egress: bool = False
+
+    def __post_init__(self) -> None:
+        validate_sandbox_id(self.sandbox_id)
+        for name, value in (("uid", self.uid), ("gid", self.gid)):
+            if value is not None and not 0 < value < 2**32 - 1:
+                raise ValueError(f"{name} must be an unprivileged id (1..2^32-2), got {value}")
+        if self.rootfs is not None and not self.rootfs.is_absolute():
+            raise ValueError(f"rootfs must be an absolute path, got {self.rootfs}")
+        for key in self.env:
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"invalid environment variable name {key!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceStatus:
+    """What the driver knows about one sandbox id on this host.
+
+    ``exists`` is False when there is no trace at all (the other fields are then empty).
+    ``running``: the instance's holder process is alive. ``jail_file`` is what execd's
+    ``SANDPOD_EXECD_JAIL`` must point at to run commands inside the instance. ``upper_dir`` is
+    the writable layer of the root (the unit of snapshots). ``protections`` maps each protection
+    to ``"active"`` or why it is not; ``notes`` says what of the spec was not honoured (e.g.
+    egress); ``detail`` says why an existing instance is not running.
+    """
+
+    sandbox_id: str
+    exists: bool
+    running: bool = False
+    paused: bool = False
+    holder_pid: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    jail_file: Path | None = None
+    workspace: Path | None = None
+    upper_dir: Path | None = None
+    cgroups: tuple[str, ...] = ()
+    protections: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    detail: str = ""
+
+    @property
+    def degraded(self) -> dict[str, str]:
+        """The protections that are not active, with their reasons."""
+        return {name: why for name, why in self.protections.items() if why != ACTIVE}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class HostCapabilities:
+    """What this host allows, detected once when the driver starts.
+
+    ``problems`` lists why the driver cannot run at all (empty: usable); ``notes`` lists
+    protections that will be degraded on every instance. ``cgroup_v1`` maps each v1 controller
+    to its hierarchy's mount point; ``cgroup_v2`` is the unified mount point (None: not mounted)
+    and ``cgroup_v2_controllers`` the controllers it offers.
+    """
+
+    root: bool
+    namespaces: frozenset[str]
+    unprivileged_user_namespaces: bool
+    overlayfs: bool
+    cgroup_v1: Mapping[str, Path]
+    cgroup_v2: Path | None
+    cgroup_v2_controllers: frozenset[str]
+    freezer: str | None  # "v1" (freezer.state), "v2" (cgroup.freeze) or None
+    tools: Mapping[str, str | None]
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        return not self.problems
+
+
+class RuntimeDriver(Protocol):
+    """A runtime: creates, inspects, pauses, resumes and destroys instances by sandbox id."""
+
+    async def capabilities(self) -> HostCapabilities:
+        """What this host allows (cached after the first call)."""
+        ...
+
+    async def create(self, spec: InstanceSpec) -> InstanceStatus:
+        """Create and start the instance.
+
+        Raises:
+            RuntimeUnavailable: the host cannot isolate (see ``capabilities().problems``).
+            InstanceExists: the id already has an instance.
+            CreateFailed: starting failed; every trace was removed again.
+        """
+        ...
+
+    async def inspect(self, sandbox_id: str) -> InstanceStatus:
+        """The instance's status (``exists=False`` when there is none)."""
+        ...
+
+    async def pause(self, sandbox_id: str) -> InstanceStatus:
+        """Freeze every process of the instance; returns once they are frozen.
+
+        Raises:
+            InstanceNotFound: no running instance.
+        """
+        ...
+
+    async def resume(self, sandbox_id: str) -> InstanceStatus:
+        """Thaw the instance's processes.
+
+        Raises:
+            InstanceNotFound: no running instance.
+        """
+        ...
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Remove every trace: processes, mounts, cgroups, directories (idempotent).
+
+        Raises:
+            DestroyFailed: something could not be removed yet; calling again continues.
+        """
+        ...
+
+    async def list(self) -> list[str]:
+        """Ids with any trace on this host, including half-created or orphaned ones."""
+        ...

@@ -1,0 +1,206 @@
+"""Start a sandbox's *holder*: the long-lived pid 1 that owns its namespaces and root.
+
+Like a Kubernetes pause container, the holder does nothing but exist (and reap orphans), so the
+sandbox's namespaces and mounts live exactly as long as it does; execd enters them per command
+(see ``sandpod_execd.jail``). How it is built, in one chain of execs:
+
+1. ``launcher`` (``/bin/sh`` on the host) joins the sandbox's cgroups, so everything after it
+   is limited and tracked, and makes itself unkillable by the OOM killer (the hog dies, never
+   the holder);
+2. ``unshare --mount --pid --ipc --uts --net --cgroup --fork --kill-child`` creates the
+   namespaces (private mount propagation: nothing we mount leaks to the host);
+3. ``holder`` (``/bin/sh``, pid 1 inside) builds the root with host tools while it still sees
+   the host: overlayfs (lower = the read-only base, upper/work = the sandbox's writable layer),
+   empty read-only tmpfs over masked host paths (the state dir with every other sandbox), a
+   fresh ``/proc`` for the new pid namespace, private ``/tmp``, ``/run``, ``/dev`` (a few device
+   nodes, its own devpts, ``/dev/shm``), ``/workspace`` bound from the host; sets the hostname,
+   brings ``lo`` up (the network namespace has nothing else), adds the sandbox user to
+   ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
+   old one, so no host path is reachable any more;
+4. it prints ``ready <host pid>`` on stdout and waits forever (``sleep`` from the base, in a
+   ``wait`` loop so dash reaps re-parented orphans).
+
+Every value reaches the scripts as a positional argument, never spliced into shell text. Errors
+(``set -eu``) end the holder, whose stderr goes to a log the driver quotes in ``CreateFailed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["HolderLayout", "launch"]
+
+LAUNCHER = r"""
+echo -1000 > /proc/self/oom_score_adj
+while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done
+shift
+exec "$@"
+"""
+
+HOLDER = r"""
+set -eu
+base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
+shift 9
+mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" "$root"
+for m in "$@"; do
+  if [ -d "$root$m" ]; then
+    mount -t tmpfs -o ro,nosuid,nodev,noexec,size=4k,mode=0755 sandpod-masked "$root$m"
+  fi
+done
+mkdir -p "$root/proc" "$root/tmp" "$root/run" "$root/dev" "$root/workspace"
+mount -t proc -o nosuid,nodev,noexec proc "$root/proc"
+mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-tmp "$root/tmp"
+mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=1m sandpod-run "$root/run"
+mount --bind "$ws" "$root/workspace"
+mount -o remount,bind,nosuid,nodev "$root/workspace"
+mount -t tmpfs -o nosuid,noexec,mode=0755,size=64k sandpod-dev "$root/dev"
+for d in null zero full random urandom tty; do
+  : > "$root/dev/$d"
+  mount --bind "/dev/$d" "$root/dev/$d"
+done
+mkdir "$root/dev/pts" "$root/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,nosuid,noexec devpts "$root/dev/pts"
+mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-shm "$root/dev/shm"
+ln -s pts/ptmx "$root/dev/ptmx"
+ln -s /proc/self/fd "$root/dev/fd"
+ln -s /proc/self/fd/0 "$root/dev/stdin"
+ln -s /proc/self/fd/1 "$root/dev/stdout"
+ln -s /proc/self/fd/2 "$root/dev/stderr"
+if [ -f "$root/etc/passwd" ] && ! grep -q "^[^:]*:[^:]*:$uid:" "$root/etc/passwd"; then
+  echo "sandbox:x:$uid:$gid:sandpod sandbox:/workspace:/bin/sh" >> "$root/etc/passwd"
+fi
+if [ -f "$root/etc/group" ] && ! grep -q "^[^:]*:[^:]*:$gid:" "$root/etc/group"; then
+  echo "sandbox:x:$gid:" >> "$root/etc/group"
+fi
+if [ -f "$root/etc/hosts" ]; then
+  echo "127.0.1.1 $name" >> "$root/etc/hosts"
+fi
+echo "$name" > /proc/sys/kernel/hostname
+ip link set lo up
+read -r hostpid _ < /proc/self/stat
+cd "$root"
+pivot_root . .
+umount -l /
+cd /
+echo "ready $hostpid"
+exec </dev/null >/dev/null 2>&1
+while :; do sleep 2147483647 & wait; done
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HolderLayout:
+    """Everything the holder needs, all host paths."""
+
+    sandbox_id: str
+    base: Path
+    upper: Path
+    work: Path
+    root: Path  # an empty directory: the overlay's mount point (in the holder's namespace only)
+    workspace: Path
+    tmp_bytes: int
+    uid: int
+    gid: int
+    masks: Sequence[Path]
+    log: Path  # the holder's stderr until it is ready
+
+    def argv(self, tools: Mapping[str, str | None], cgroup_procs: Sequence[str]) -> list[str]:
+        sh, unshare = tools["sh"], tools["unshare"]
+        assert sh is not None and unshare is not None
+        for path in (self.base, self.upper, self.work, self.root, self.workspace):
+            _check_path(path)
+        return [
+            sh, "-c", LAUNCHER, "sandpod-launch", *cgroup_procs, "--",
+            unshare, "--mount", "--pid", "--ipc", "--uts", "--net", "--cgroup", "--fork",
+            "--kill-child", "--propagation", "private", "--",
+            sh, "-c", HOLDER, f"sandpod-holder:{self.sandbox_id}",
+            str(self.base), str(self.upper), str(self.work), str(self.root),
+            str(self.workspace), self.sandbox_id, str(self.tmp_bytes), str(self.uid),
+            str(self.gid), *(str(m) for m in self.masks),
+        ]  # fmt: skip
+
+
+def _check_path(path: Path) -> None:
+    # overlayfs options are comma- and colon-separated, and mount(8) splits on whitespace.
+    text = str(path)
+    if not path.is_absolute() or any(c in text for c in ",:\n\t \\"):
+        raise ValueError(f"unusable path for an overlay or mount: {text!r}")
+
+
+async def launch(
+    layout: HolderLayout,
+    tools: Mapping[str, str | None],
+    cgroup_procs: Sequence[str],
+    path_env: str,
+    timeout: float,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the holder; return (the launcher process, the holder's host pid) once it is ready.
+
+    The launcher (it becomes ``unshare``) is our child: the caller keeps the Popen to reap it
+    after destroy. It runs in its own session, so a signal to our process group never reaches
+    a sandbox.
+
+    Raises:
+        RuntimeError: the holder exited or did not become ready in ``timeout`` seconds (the
+            message quotes its log); the caller kills the cgroups and cleans up.
+    """
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        with layout.log.open("wb") as log:
+            popen = subprocess.Popen(
+                layout.argv(tools, cgroup_procs),
+                stdin=subprocess.DEVNULL,
+                stdout=ready_w,
+                stderr=log,
+                env={"PATH": path_env, "LANG": "C"},
+                cwd="/",
+                start_new_session=True,
+                close_fds=True,
+            )
+    except BaseException:
+        os.close(ready_r)
+        raise
+    finally:
+        os.close(ready_w)
+    try:
+        line = await asyncio.wait_for(_read_line(ready_r), timeout)
+    except TimeoutError:
+        line = b""
+    finally:
+        os.close(ready_r)
+    words = line.split()
+    if len(words) == 2 and words[0] == b"ready" and words[1].isdigit():
+        return popen, int(words[1])
+    with contextlib.suppress(OSError):
+        os.killpg(popen.pid, 9)
+    reason = "timed out" if popen.poll() is None else f"exited with {popen.returncode}"
+    tail = layout.log.read_text(errors="replace")[-2000:].strip()
+    raise RuntimeError(f"sandbox holder {reason}: {tail or 'no output'}")
+
+
+async def _read_line(fd: int) -> bytes:
+    """Bytes up to the first newline (or EOF) from ``fd``, without blocking the loop."""
+    os.set_blocking(fd, False)
+    loop = asyncio.get_running_loop()
+    buf = b""
+    while b"\n" not in buf:
+        try:
+            chunk = os.read(fd, 256)
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
+            continue
+        if not chunk:
+            break
+        buf += chunk
+    return buf.split(b"\n", 1)[0]

@@ -1,0 +1,340 @@
+"""The ``local`` runtime driver: each sandbox a namespace jail on this machine.
+
+An instance is a holder process (see ``holder.py``) in its own mount, pid, ipc, uts, net and
+cgroup namespaces, with a copy-on-write root, in cgroups that limit memory, cpu and pids and can
+freeze it (see ``cgroups.py``). Its traces on the host, all removed by ``destroy``:
+
+    <state_dir>/<id>/jail.json   what execd needs to run commands inside (SANDPOD_EXECD_JAIL)
+    <state_dir>/<id>/upper/      the writable layer (the unit of snapshots)
+    <state_dir>/<id>/work/       overlayfs scratch
+    <state_dir>/<id>/root/       the overlay's mount point (mounted only inside the holder)
+    <state_dir>/<id>/workspace/  mounted at /workspace, owned by the sandbox's uid
+    <cgroup hierarchy>/<parent>/<id>/   one per hierarchy used
+
+The jail file is written before anything else exists (``phase: creating``) and rewritten once
+the holder is ready, so a driver restarted after a crash finds, lists and destroys whatever is
+left. Operations on one id are serialised; different ids run in parallel.
+
+Jail file, version 1 (read by ``sandpod_execd.jail``; keep both in step)::
+
+    {"version": 1, "sandbox_id": str, "phase": "creating" | "running",
+     "holder_pid": int | null, "holder_start": int | null,   # /proc/<pid>/stat starttime
+     "uid": int, "gid": int,
+     "join": [cgroup dir, ...],    # commands join these directly
+     "track": cgroup dir,          # ... and a child c-<token> of this one (freezer + tracking)
+     "cgroups": {...},             # SandboxCgroups.to_json(), for the driver
+     "workspace": {"inside": "/workspace", "outside": host dir},
+     "upper": host dir, "rootfs": host dir, "env": {str: str},
+     "protections": {name: "active" | reason}, "notes": [str, ...]}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+
+from sandpod_contract.subjects import SANDBOX_ID_RE
+from sandpod_lifecycle.runtime import hostcaps
+from sandpod_lifecycle.runtime.base import (
+    ACTIVE,
+    CreateFailed,
+    DestroyFailed,
+    HostCapabilities,
+    InstanceExists,
+    InstanceNotFound,
+    InstanceSpec,
+    InstanceStatus,
+    RuntimeTimeout,
+    RuntimeUnavailable,
+)
+from sandpod_lifecycle.runtime.cgroups import CgroupPlan, SandboxCgroups
+from sandpod_lifecycle.runtime.holder import HolderLayout, launch
+
+__all__ = ["JAIL_FILE", "LocalRuntime", "LocalRuntimeConfig"]
+
+log = structlog.get_logger("sandpod.lifecycle.local")
+
+JAIL_FILE = "jail.json"
+JAIL_VERSION = 1
+WORKSPACE = "/workspace"
+NAMESPACE_PROTECTIONS = ("mount_namespace", "pid_namespace", "ipc_namespace", "uts_namespace",
+                         "cgroup_namespace")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LocalRuntimeConfig:
+    """Settings of the local driver.
+
+    Attributes:
+        state_dir: per-sandbox directories go in ``<state_dir>/<id>``; always masked inside
+            every sandbox (with ``mask_paths``: an empty read-only tmpfs over each).
+        cgroup_parent: the cgroup under each hierarchy's root holding one cgroup per sandbox.
+        core: which hierarchy freezes and tracks: ``auto`` (v1 freezer if mounted, else v2).
+        uid_base, uid_count: each sandbox gets a uid (= gid) of its own from this range unless
+            its spec names one.
+    """
+
+    state_dir: Path
+    cgroup_parent: str = "sandpod"
+    core: Literal["auto", "v1", "v2"] = "auto"
+    uid_base: int = 200_000
+    uid_count: int = 100_000
+    mask_paths: tuple[Path, ...] = (Path("/root"), Path("/home"))
+    create_timeout: float = 15.0
+    destroy_timeout: float = 15.0
+    pause_timeout: float = 10.0
+
+
+class LocalRuntime:
+    """The local namespace-jail driver (implements ``RuntimeDriver``)."""
+
+    def __init__(self, config: LocalRuntimeConfig, caps: HostCapabilities | None = None) -> None:
+        self.config = config
+        self._caps = caps
+        self._plan: CgroupPlan | None = None
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._launchers: dict[str, subprocess.Popen[bytes]] = {}  # ours to reap
+
+    # -- RuntimeDriver -------------------------------------------------------------------------
+
+    async def capabilities(self) -> HostCapabilities:
+        if self._caps is None:
+            self._caps = await asyncio.to_thread(hostcaps.detect)
+        return self._caps
+
+    async def create(self, spec: InstanceSpec) -> InstanceStatus:
+        caps = await self.capabilities()
+        if caps.problems:
+            raise RuntimeUnavailable("; ".join(caps.problems), problems=list(caps.problems))
+        plan = self._cgroup_plan(caps)
+        sid = spec.sandbox_id
+        base = spec.rootfs or Path("/")
+        if not base.is_dir():
+            raise CreateFailed(f"rootfs {base} is not a directory", rootfs=str(base))
+        async with self._lock(sid):
+            if self._dir(sid).exists() or sid in plan.sandbox_ids():
+                raise InstanceExists(f"sandbox {sid!r} already has an instance", sandbox_id=sid)
+            try:
+                await self._create(spec, base, plan, caps)
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    await self._teardown(sid)
+                if isinstance(exc, OSError | RuntimeError | ValueError):
+                    raise CreateFailed(f"cannot create sandbox {sid!r}: {exc}") from exc
+                raise
+        log.info("jail_created", sandbox_id=sid)
+        return await self.inspect(sid)
+
+    async def inspect(self, sandbox_id: str) -> InstanceStatus:
+        data = _read_json(self._dir(sandbox_id) / JAIL_FILE)
+        if data is None or "cgroups" not in data:  # none, or a crash right after allocation
+            caps = await self.capabilities()
+            cgroups = not caps.problems and sandbox_id in self._cgroup_plan(caps).sandbox_ids()
+            if not cgroups and not self._dir(sandbox_id).exists():
+                return InstanceStatus(sandbox_id=sandbox_id, exists=False)
+            return InstanceStatus(sandbox_id=sandbox_id, exists=True, detail="orphaned traces")
+        cg = SandboxCgroups.from_json(data["cgroups"])
+        holder = data.get("holder_pid")
+        running = holder is not None and _start_time(holder) == data.get("holder_start")
+        detail = "" if running else (
+            "being created" if data.get("phase") == "creating" else "holder exited"
+        )  # fmt: skip
+        return InstanceStatus(
+            sandbox_id=sandbox_id,
+            exists=True,
+            running=running,
+            paused=running and cg.frozen(),
+            holder_pid=holder if running else None,
+            uid=data["uid"],
+            gid=data["gid"],
+            jail_file=self._dir(sandbox_id) / JAIL_FILE,
+            workspace=Path(data["workspace"]["outside"]),
+            upper_dir=Path(data["upper"]),
+            cgroups=tuple(cg.dirs),
+            protections=dict(data.get("protections", {})),
+            notes=tuple(data.get("notes", ())),
+            detail=detail,
+        )
+
+    async def pause(self, sandbox_id: str) -> InstanceStatus:
+        return await self._freeze(sandbox_id, True)
+
+    async def resume(self, sandbox_id: str) -> InstanceStatus:
+        return await self._freeze(sandbox_id, False)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        async with self._lock(sandbox_id):
+            await self._teardown(sandbox_id)
+        log.info("jail_destroyed", sandbox_id=sandbox_id)
+
+    async def list(self) -> list[str]:
+        ids: set[str] = set()
+        with contextlib.suppress(FileNotFoundError):
+            ids.update(e.name for e in os.scandir(self.config.state_dir) if e.is_dir())
+        caps = await self.capabilities()
+        if not caps.problems:
+            ids |= self._cgroup_plan(caps).sandbox_ids()
+        return sorted(i for i in ids if SANDBOX_ID_RE.fullmatch(i))
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _dir(self, sandbox_id: str) -> Path:
+        return self.config.state_dir / sandbox_id
+
+    def _cgroup_plan(self, caps: HostCapabilities) -> CgroupPlan:
+        if self._plan is None:
+            self._plan = CgroupPlan.choose(caps, self.config.cgroup_parent, self.config.core)
+        return self._plan
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, sandbox_id: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(sandbox_id, asyncio.Lock())
+        async with lock:
+            yield
+        if not lock.locked() and self._locks.get(sandbox_id) is lock:
+            del self._locks[sandbox_id]
+
+    async def _create(
+        self, spec: InstanceSpec, base: Path, plan: CgroupPlan, caps: HostCapabilities
+    ) -> None:
+        sid, d = spec.sandbox_id, self._dir(spec.sandbox_id)
+        self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        uid, gid = self._allocate(spec)  # creates d under the allocation lock
+        for name, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755),
+                           ("workspace", 0o755)):  # fmt: skip
+            (d / name).mkdir()
+            (d / name).chmod(mode)  # upper's mode is the sandbox's "/": never 0700
+        os.chown(d / "workspace", uid, gid)
+        cg = plan.for_sandbox(sid)
+        record: dict[str, Any] = {
+            "version": JAIL_VERSION, "sandbox_id": sid, "phase": "creating",
+            "holder_pid": None, "holder_start": None, "uid": uid, "gid": gid,
+            "join": cg.joined, "track": cg.core, "cgroups": cg.to_json(),
+            "workspace": {"inside": WORKSPACE, "outside": str(d / "workspace")},
+            "upper": str(d / "upper"), "rootfs": str(base), "env": dict(spec.env),
+            "protections": {}, "notes": [],
+        }  # fmt: skip
+        _write_json(d / JAIL_FILE, record)
+        protections = cg.create(spec.resources)
+        layout = HolderLayout(
+            sandbox_id=sid, base=base, upper=d / "upper", work=d / "work", root=d / "root",
+            workspace=d / "workspace", tmp_bytes=spec.resources.tmp_bytes or
+            spec.resources.memory_bytes, uid=uid, gid=gid,
+            masks=(self.config.state_dir, *self.config.mask_paths), log=d / "holder.log",
+        )  # fmt: skip
+        procs = [f"{c}/cgroup.procs" for c in cg.dirs]
+        popen, holder = await launch(
+            layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
+        )
+        self._launchers[sid] = popen
+        notes = []
+        if spec.egress:
+            notes.append("egress requested but not supported by the local runtime yet: "
+                         "the sandbox has loopback only")  # fmt: skip
+        protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
+        protections.update(network=ACTIVE, rootfs=ACTIVE, unprivileged_user=ACTIVE,
+                           no_new_privs=ACTIVE)  # fmt: skip
+        record.update(phase="running", holder_pid=holder, holder_start=_start_time(holder),
+                      protections=protections, notes=notes)  # fmt: skip
+        _write_json(d / JAIL_FILE, record)
+
+    def _allocate(self, spec: InstanceSpec) -> tuple[int, int]:
+        """Create the sandbox's directory and pick its uid, under a lock shared by every driver
+        process using this state dir, so two creates never pick the same uid."""
+        lock_path = self.config.state_dir / ".lock"
+        with lock_path.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._dir(spec.sandbox_id).mkdir(mode=0o700)
+            if spec.uid is not None:
+                return spec.uid, spec.gid if spec.gid is not None else spec.uid
+            used = set()
+            for entry in os.scandir(self.config.state_dir):
+                data = _read_json(Path(entry.path) / JAIL_FILE) if entry.is_dir() else None
+                if data is not None:
+                    used.add(int(data["uid"]))
+            for uid in range(self.config.uid_base, self.config.uid_base + self.config.uid_count):
+                if uid not in used:
+                    # Written at once so a concurrent allocation sees it.
+                    _write_json(self._dir(spec.sandbox_id) / JAIL_FILE, {"uid": uid})
+                    return uid, uid if spec.gid is None else spec.gid
+        raise CreateFailed("no free sandbox uid left in the configured range")
+
+    async def _freeze(self, sandbox_id: str, frozen: bool) -> InstanceStatus:
+        async with self._lock(sandbox_id):
+            status = await self.inspect(sandbox_id)
+            if not status.running:
+                raise InstanceNotFound(
+                    f"sandbox {sandbox_id!r} has no running instance", sandbox_id=sandbox_id
+                )
+            data = _read_json(self._dir(sandbox_id) / JAIL_FILE)
+            assert data is not None
+            cg = SandboxCgroups.from_json(data["cgroups"])
+            cg.set_frozen(frozen)
+            if not await cg.wait_frozen(frozen, self.config.pause_timeout):
+                raise RuntimeTimeout(
+                    f"sandbox {sandbox_id!r} did not {'freeze' if frozen else 'thaw'} in time",
+                    sandbox_id=sandbox_id,
+                )
+        return await self.inspect(sandbox_id)
+
+    async def _teardown(self, sandbox_id: str) -> None:
+        """Kill, then remove cgroups and directories. Safe on partial or absent instances."""
+        d = self._dir(sandbox_id)
+        data = _read_json(d / JAIL_FILE)
+        if data is not None and "cgroups" in data:
+            cg = SandboxCgroups.from_json(data["cgroups"])
+        else:
+            caps = await self.capabilities()
+            cg = self._cgroup_plan(caps).for_sandbox(sandbox_id) if not caps.problems else None
+        popen = self._launchers.get(sandbox_id)
+
+        def reap() -> None:
+            if popen is not None:
+                popen.poll()
+
+        if cg is not None:
+            await cg.teardown(self.config.destroy_timeout, reap)
+        if popen is not None and popen.poll() is not None:
+            del self._launchers[sandbox_id]
+        if d.exists():
+            errors: list[str] = []
+            await asyncio.to_thread(
+                shutil.rmtree, d, onerror=lambda _f, path, exc: errors.append(f"{path}: {exc[1]}")
+            )
+            if errors:
+                raise DestroyFailed(f"cannot remove {d}: {errors[:3]}", path=str(d))
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot): with the pid, a unique identity."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[19])
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.chmod(0o600)
+    tmp.replace(path)

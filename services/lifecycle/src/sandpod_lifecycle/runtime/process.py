@@ -1,0 +1,62 @@
+"""The ``process`` runtime: an execd per sandbox on the host, **no isolation**.
+
+For hosts where the local jail is unavailable and for development. Every Sandbox it runs carries
+``Isolated=False`` with reason ``NoIsolation``, and ``sandpod up`` says so.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+from sandpod_lifecycle.driver import ExecdLauncher, Instance
+from sandpod_service.procs import signal_tree
+
+__all__ = ["ProcessDriver"]
+
+
+class ProcessDriver:
+    name = "process"
+
+    def __init__(self, launcher: ExecdLauncher) -> None:
+        self._launcher = launcher
+        self._paused: set[str] = set()
+
+    def protections(self) -> dict[str, str]:
+        reason = "process runtime: commands run on the host as execd's user"
+        names = ("namespaces", "filesystem", "cgroups", "network")
+        return dict.fromkeys(names, f"inactive ({reason})")
+
+    async def ensure(
+        self, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
+    ) -> Instance:
+        pid = self._launcher.pid(sandbox_id)
+        if pid is None:
+            pid = await self._launcher.start(sandbox_id, {})
+        return Instance(sandbox_id, running=True, paused=sandbox_id in self._paused, pid=pid)
+
+    async def inspect(self, sandbox_id: str) -> Instance | None:
+        pid = self._launcher.pid(sandbox_id)
+        if pid is None:
+            return None
+        return Instance(sandbox_id, running=True, paused=sandbox_id in self._paused, pid=pid)
+
+    async def pause(self, sandbox_id: str) -> None:
+        # Without cgroups, stopping execd (SIGSTOP) is the only freeze there is.
+        pid = self._launcher.pid(sandbox_id)
+        if pid is not None:
+            signal_tree(pid, signal.SIGSTOP)  # execd and every command it started
+            self._paused.add(sandbox_id)
+
+    async def resume(self, sandbox_id: str) -> None:
+        pid = self._launcher.pid(sandbox_id)
+        if pid is not None:
+            signal_tree(pid, signal.SIGCONT)
+        self._paused.discard(sandbox_id)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        await self.resume(sandbox_id)
+        await self._launcher.stop(sandbox_id)
+
+    async def list(self) -> list[str]:
+        return [i for i in self._launcher.known() if self._launcher.pid(i) is not None]

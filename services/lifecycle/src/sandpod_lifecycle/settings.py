@@ -1,0 +1,70 @@
+"""Lifecycle settings, read once from the environment at start-up.
+
+| variable | default | meaning |
+|---|---|---|
+| ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix |
+| ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | instances, workspaces, logs |
+| ``SANDPOD_RUNTIME`` | ``process`` | runtime driver (``process``: no isolation) |
+| ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
+| ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's objects move after this |
+| ``SANDPOD_RESYNC`` | 5 s | full resync period (orphans, lease renewal) |
+| ``SANDPOD_WORKERS`` | 8 | objects reconciled in parallel |
+| ``SANDPOD_READY_TIMEOUT`` | 30 s | how long a new instance may take to answer |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+from sandpod_bus import BusSettings
+from sandpod_contract.subjects import DEFAULT_PREFIX
+from sandpod_service import env_float, env_int, env_str
+
+__all__ = ["LifecycleSettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LifecycleSettings:
+    bus: BusSettings = dataclasses.field(default_factory=BusSettings)
+    prefix: str = DEFAULT_PREFIX
+    state_dir: Path = dataclasses.field(
+        default_factory=lambda: Path("~/.local/state/sandpod").expanduser()
+    )
+    runtime: str = "process"
+    replica_id: str = dataclasses.field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}"
+    )
+    lease_ttl: float = 10.0
+    resync: float = 5.0
+    workers: int = 8
+    ready_timeout: float = 30.0
+    grace: float = 10.0
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
+        env = os.environ if env is None else env
+        base = cls()
+        runtime = env_str(env, "SANDPOD_RUNTIME", "process")
+        if runtime not in ("process",):
+            raise ValueError(f"SANDPOD_RUNTIME={runtime!r}: supported runtimes are 'process'")
+        return cls(
+            bus=BusSettings(
+                url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
+                name="lifecycle",
+            ),
+            prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
+            state_dir=Path(env_str(env, "SANDPOD_STATE_DIR", str(base.state_dir))).expanduser(),
+            runtime=runtime,
+            replica_id=env_str(env, "SANDPOD_REPLICA_ID", base.replica_id),
+            lease_ttl=env_float(env, "SANDPOD_LEASE_TTL", base.lease_ttl, minimum=0.5),
+            resync=env_float(env, "SANDPOD_RESYNC", base.resync, minimum=0.1),
+            workers=env_int(env, "SANDPOD_WORKERS", base.workers, minimum=1),
+            ready_timeout=env_float(env, "SANDPOD_READY_TIMEOUT", base.ready_timeout, minimum=1),
+            log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
+        )

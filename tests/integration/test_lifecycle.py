@@ -1,0 +1,279 @@
+"""Lifecycle: Sandbox resources driven to their spec by real lifecycle processes over NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import NatsServer
+from sandpod import AsyncSandbox
+from sandpod.errors import ResourceInvalid, SandboxNotFound, SandpodError
+from sandpod_contract.messages.sandboxes import SandboxEvent
+
+
+class Lifecycle:
+    def __init__(self, nats: NatsServer, state: Path, prefix: str, replica: str) -> None:
+        self.state, self.prefix, self.url = state, prefix, nats.url
+        env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": prefix,
+               "SANDPOD_STATE_DIR": str(state), "SANDPOD_RESYNC": "0.5", "SANDPOD_LEASE_TTL": "2",
+               "SANDPOD_REPLICA_ID": replica}  # fmt: skip
+        self.log = state / f"lifecycle-{replica}.log"
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "sandpod_lifecycle"], env=env,
+                                         stdout=out, stderr=out)  # fmt: skip
+
+    def execd_pids(self) -> dict[str, int]:
+        out = {}
+        for record in (self.state / "instances").glob("*.json"):
+            data = json.loads(record.read_text())
+            if psutil.pid_exists(data["pid"]):
+                out[data["id"]] = data["pid"]
+        return out
+
+
+@pytest.fixture
+def lifecycles(nats: NatsServer, tmp_path: Path) -> Iterator[Callable[[], Lifecycle]]:
+    """Start lifecycle replicas sharing one state dir and a private subject prefix."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    started: list[Lifecycle] = []
+
+    def start() -> Lifecycle:
+        lc = Lifecycle(nats, tmp_path, prefix, f"r{len(started)}")
+        started.append(lc)
+        return lc
+
+    yield start
+    for lc in started:
+        if lc.proc.poll() is None:
+            lc.proc.terminate()
+            lc.proc.wait(20)
+    pids = started[0].execd_pids() if started else {}
+    for pid in pids.values():  # instances outlive lifecycle on purpose; tests clean them up
+        os.kill(pid, signal.SIGKILL)
+    psutil.wait_procs([psutil.Process(p) for p in pids.values() if psutil.pid_exists(p)], 10)
+
+
+async def _until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not await _maybe_await(predicate()):
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def _maybe_await(value: object) -> object:
+    return await value if asyncio.iscoroutine(value) else value  # type: ignore[no-any-return]
+
+
+async def _gone(lc: Lifecycle, name: str) -> bool:
+    try:
+        async with await AsyncSandbox.connect(name, nats_url=lc.url, prefix=lc.prefix) as s:
+            await s.describe()
+    except SandpodError as exc:
+        return exc.code == "store.not_found"
+    return False
+
+
+async def _ready_api(lc: Lifecycle) -> None:
+    async def answers() -> bool:
+        try:
+            await AsyncSandbox.list(nats_url=lc.url, prefix=lc.prefix)
+        except SandpodError:
+            return False
+        return True
+
+    await _until(answers, 20, "the lifecycle API")
+
+
+async def test_create_exec_and_honest_isolation_condition(
+    lifecycles: Callable[[], Lifecycle],
+) -> None:
+    """create returns a Ready sandbox whose execd answers; the process runtime says NoIsolation."""
+    lc = lifecycles()
+    await _ready_api(lc)
+    sbx = await AsyncSandbox.create(
+        name="demo", labels={"team": "a"}, nats_url=lc.url, prefix=lc.prefix
+    )
+    async with sbx:
+        assert (await sbx.exec("/workspace", "echo hi")).stdout == "hi\n"
+        info = await sbx.describe()
+        assert info.phase == "Running" and info.ready and info.shutdown_time
+        isolated = info.condition("Isolated")
+        assert isolated is not None and isolated["status"] == "False"
+        assert isolated["reason"] == "NoIsolation"
+    listed = await AsyncSandbox.list("team=a", nats_url=lc.url, prefix=lc.prefix)
+    assert [i.name for i in listed] == ["demo"]
+    assert await AsyncSandbox.list("team=b", nats_url=lc.url, prefix=lc.prefix) == []
+
+
+async def test_ttl_expiry_destroys_instance_and_publishes_event(
+    lifecycles: Callable[[], Lifecycle],
+) -> None:
+    """A sandbox past its shutdownTime is destroyed, deleted and an `expired` event says why."""
+    lc = lifecycles()
+    await _ready_api(lc)
+    sbx = await AsyncSandbox.create(timeout=2, nats_url=lc.url, prefix=lc.prefix)
+    events: list[SandboxEvent] = []
+
+    async def collect() -> None:
+        async for event in sbx.events():
+            events.append(event)
+            if event.type == "expired":
+                return
+
+    async with sbx:
+        pid = lc.execd_pids()[sbx.id]
+        await asyncio.wait_for(collect(), 20)
+        assert events[-1].reason == "LifetimeExceeded"
+        await _until(lambda: not psutil.pid_exists(pid), 10, "execd to stop")
+        await _until(lambda: _gone(lc, sbx.id), 10, "the object to be deleted")
+        with pytest.raises(SandboxNotFound):
+            await sbx.exec("true")
+
+
+async def test_idle_expiry_and_think_time_within_the_limit(
+    lifecycles: Callable[[], Lifecycle],
+) -> None:
+    """Idle past idleTimeoutSeconds expires; activity within the limit keeps a sandbox alive."""
+    lc = lifecycles()
+    await _ready_api(lc)
+    idle = await AsyncSandbox.create(idle_timeout=2, nats_url=lc.url, prefix=lc.prefix)
+    busy = await AsyncSandbox.create(idle_timeout=2, nats_url=lc.url, prefix=lc.prefix)
+    async with idle, busy:
+        start = time.monotonic()
+        while time.monotonic() - start < 5:  # an agent thinking 1 s between tool calls
+            assert (await busy.exec("true")).exit_code == 0
+            await asyncio.sleep(1.0)
+        await _until(lambda: _gone(lc, idle.id), 15, "the idle sandbox to expire")
+        assert (await busy.describe()).phase == "Running"
+
+
+async def test_renew_pushes_expiry(lifecycles: Callable[[], Lifecycle]) -> None:
+    """renew moves shutdownTime later and the sandbox outlives its original lifetime."""
+    lc = lifecycles()
+    await _ready_api(lc)
+    async with await AsyncSandbox.create(timeout=3, nats_url=lc.url, prefix=lc.prefix) as sbx:
+        before = (await sbx.describe()).shutdown_time
+        after = (await sbx.renew(60)).shutdown_time
+        assert after and before and after > before
+        await asyncio.sleep(4)  # past the original lifetime (a deadline, not synchronisation)
+        assert (await sbx.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_pause_freezes_and_resume_continues(
+    lifecycles: Callable[[], Lifecycle], tmp_path: Path
+) -> None:
+    """While paused a background counter stops advancing; after resume it advances again."""
+    lc = lifecycles()
+    await _ready_api(lc)
+    counter = tmp_path / "counter"
+    async with await AsyncSandbox.create(nats_url=lc.url, prefix=lc.prefix) as sbx:
+        # A running command (the process runtime freezes execd's process tree; the local
+        # runtime's freezer cgroup also catches daemons that left it).
+        stream = sbx.exec_stream(f"while :; do echo x >> {counter}; sleep 0.02; done")
+        async with stream:
+            await _until(lambda: counter.exists() and counter.stat().st_size > 10, 10, "counter")
+            assert (await sbx.pause()).phase == "Paused"
+            frozen = counter.stat().st_size
+            await asyncio.sleep(0.5)  # long enough for ~25 increments if it were running
+            assert counter.stat().st_size == frozen
+            assert (await sbx.resume()).phase == "Running"
+            await _until(lambda: counter.stat().st_size > frozen, 10, "the counter to continue")
+            await stream.cancel()
+
+
+async def test_delete_removes_instance(lifecycles: Callable[[], Lifecycle]) -> None:
+    """kill() deletes the object and stops its execd."""
+    lc = lifecycles()
+    await _ready_api(lc)
+    sbx = await AsyncSandbox.create(nats_url=lc.url, prefix=lc.prefix)
+    pid = lc.execd_pids()[sbx.id]
+    await sbx.kill()
+    await _until(lambda: not psutil.pid_exists(pid), 10, "execd to stop")
+    assert await _gone(lc, sbx.id)
+    await sbx.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"template": "no-such-template"}, "spec.templateRef.name"),
+        ({"idle_timeout": -5}, "spec.idleTimeoutSeconds"),
+        ({"name": "Bad_Name"}, "metadata.name"),
+        ({"labels": {"bad key": "x"}}, "metadata.labels"),
+    ],
+)
+async def test_invalid_requests_are_typed_errors(
+    lifecycles: Callable[[], Lifecycle], kwargs: dict[str, object], field: str
+) -> None:
+    """Unknown templates, negative limits, bad names and labels are refused with the field."""
+    lc = lifecycles()
+    await _ready_api(lc)
+    with pytest.raises(ResourceInvalid) as info:
+        await AsyncSandbox.create(nats_url=lc.url, prefix=lc.prefix, **kwargs)  # type: ignore[arg-type]
+    assert info.value.details.get("field") == field
+
+
+async def test_restart_converges_and_orphans_are_destroyed(
+    lifecycles: Callable[[], Lifecycle],
+) -> None:
+    """Killed mid-work, a restarted lifecycle adopts instances (no duplicates) and destroys
+    instances whose objects are gone."""
+    lc = lifecycles()
+    await _ready_api(lc)
+    kept = await AsyncSandbox.create(nats_url=lc.url, prefix=lc.prefix)
+    doomed = await AsyncSandbox.create(nats_url=lc.url, prefix=lc.prefix)
+    pids = lc.execd_pids()
+    lc.proc.send_signal(signal.SIGKILL)
+    lc.proc.wait(10)
+    # While no lifecycle runs, the object of `doomed` disappears behind its back.
+    from sandpod_bus import Bus, BusSettings
+    from sandpod_store import KvStore
+
+    bus = await Bus.connect(BusSettings(url=lc.url))
+    store = await KvStore.open(bus, bucket=f"{lc.prefix}-resources")
+    await store.delete("Sandbox", "default", doomed.id)
+    await bus.close()
+    lc2 = lifecycles()
+    await _until(lambda: not psutil.pid_exists(pids[doomed.id]), 20, "the orphan to be destroyed")
+    async with kept:
+        assert (await kept.exec("echo adopted")).stdout == "adopted\n"
+        assert lc2.execd_pids()[kept.id] == pids[kept.id]  # adopted, not re-created
+    await doomed.close()
+
+
+async def test_two_replicas_never_double_create(lifecycles: Callable[[], Lifecycle]) -> None:
+    """Two replicas reconcile ten sandboxes: exactly one execd each; killing one loses nothing."""
+    first, second = lifecycles(), lifecycles()
+    await _ready_api(first)
+    created = await asyncio.gather(
+        *(AsyncSandbox.create(nats_url=first.url, prefix=first.prefix) for _ in range(10))
+    )
+    second.proc.send_signal(signal.SIGKILL)
+    second.proc.wait(10)
+    more = await AsyncSandbox.create(nats_url=first.url, prefix=first.prefix)
+    counts: dict[str, int] = {}
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if env.get("SANDPOD_PREFIX") == first.prefix and "sandpod_execd" in " ".join(
+            proc.cmdline()
+        ):
+            counts[env["SANDPOD_SANDBOX_ID"]] = counts.get(env["SANDPOD_SANDBOX_ID"], 0) + 1
+    assert counts == {s.id: 1 for s in [*created, more]}
+    for s in [*created, more]:
+        assert (await s.exec("true")).exit_code == 0
+        await s.close()
