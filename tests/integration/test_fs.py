@@ -22,7 +22,7 @@ from sandpod_contract.errors import (
     FsNotFound,
     FsTooLarge,
 )
-from sandpod_contract.messages.fs import FsList, FsListing
+from sandpod_contract.messages.fs import FsChunk, FsList, FsListing, FsRead
 
 
 @pytest.fixture
@@ -102,6 +102,8 @@ async def test_reads_by_range_and_stream_and_refuses_big_files(
     (host / "r.bin").write_bytes(data)
     assert await sbx.fs.read_range(f"{d}/r.bin", 99_990, 100) == data[99_990:]
     assert await sbx.fs.read_range(f"{d}/r.bin", 200_000, 10) == b""
+    past = await sbx._call("fs", "read", FsRead(path=f"{d}/r.bin", offset=200_000), FsChunk, 5)
+    assert (past.data, past.size, past.eof) == (b"", len(data), True)
     chunks = []
     async with sbx.fs.read_stream(f"{d}/r.bin", chunk_size=7_000, in_flight=3) as reader:
         async for chunk in reader:

@@ -25,6 +25,7 @@ from sandpod.fs_stream import (
     FileReader,
     FileWriter,
     Progress,
+    lines_window,
 )
 from sandpod.fs_sync import Files
 from sandpod.fs_types import (
@@ -168,32 +169,8 @@ class AsyncFiles:
         """
         if start < 1 or (count is not None and count < 0):
             raise ValueError("start must be >= 1 and count >= 0")
-        out: list[str] = []
-        if count == 0:
-            return out
-        line, tail = 1, bytearray()
         async with self.read_stream(path) as reader:
-            async for chunk in reader:
-                if not tail and line + chunk.count(b"\n") < start:
-                    line += chunk.count(b"\n")  # the whole chunk is before the window
-                    continue
-                pos = 0
-                while (nl := chunk.find(b"\n", pos)) >= 0:
-                    if line >= start:
-                        tail += chunk[pos:nl]
-                        out.append(tail.rstrip(b"\r").decode(encoding, errors))
-                        tail.clear()
-                        if count is not None and len(out) >= count:
-                            return out
-                    line, pos = line + 1, nl + 1
-                if line >= start:
-                    tail += chunk[pos:]
-                    if len(tail) > READ_LIMIT:
-                        raise FsTooLarge(f"{path}: line {line} is longer than {READ_LIMIT} bytes",
-                                         path=path, limit=READ_LIMIT)  # fmt: skip
-        if tail:
-            out.append(tail.rstrip(b"\r").decode(encoding, errors))
-        return out
+            return await lines_window(reader, start, count, encoding=encoding, errors=errors)
 
     def read_stream(
         self, path: str, *, offset: int = 0, length: int | None = None,

@@ -47,6 +47,7 @@ __all__ = [
     "FileReader",
     "FileWriter",
     "Progress",
+    "lines_window",
 ]
 
 CHUNK = 1024 * 1024  # local read size when streaming a local file or buffer up
@@ -174,6 +175,38 @@ class AsyncFileReader:
 
     async def __aexit__(self, *_: object) -> None:
         await self.aclose()
+
+
+async def lines_window(
+    reader: AsyncFileReader, start: int, count: int | None, *, encoding: str, errors: str
+) -> list[str]:
+    """Lines ``start`` .. ``start + count - 1`` (1-based, endings stripped) of ``reader``'s file;
+    only those are kept (a line longer than ``READ_LIMIT`` raises ``FsTooLarge``)."""
+    out: list[str] = []
+    if count == 0:
+        return out
+    line, tail = 1, bytearray()
+    async for chunk in reader:
+        if not tail and line + chunk.count(b"\n") < start:
+            line += chunk.count(b"\n")  # the whole chunk is before the window
+            continue
+        pos = 0
+        while (nl := chunk.find(b"\n", pos)) >= 0:
+            if line >= start:
+                tail += chunk[pos:nl]
+                out.append(tail.rstrip(b"\r").decode(encoding, errors))
+                tail.clear()
+                if count is not None and len(out) >= count:
+                    return out
+            line, pos = line + 1, nl + 1
+        if line >= start:
+            tail += chunk[pos:]
+            if len(tail) > READ_LIMIT:
+                raise FsTooLarge(f"{reader.path}: line {line} is longer than {READ_LIMIT} bytes",
+                                 path=reader.path, limit=READ_LIMIT)  # fmt: skip
+    if tail:
+        out.append(tail.rstrip(b"\r").decode(encoding, errors))
+    return out
 
 
 def _consume(task: asyncio.Task[object]) -> None:

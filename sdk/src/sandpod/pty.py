@@ -11,6 +11,7 @@ waits for viewers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -91,6 +92,15 @@ def _build(cls: type[M], **fields: Any) -> M:
         return cls(**fields)
     except (ValueError, TypeError) as exc:
         raise BadRequest(f"{cls.TYPE}: {exc}") from exc
+
+
+def _raise_if_cancelled() -> None:
+    """Re-raise a cancellation that Python 3.11's ``wait_for`` swallowed because the reply
+    arrived at the same moment (it returns the reply then); else a cancelled viewer loop would
+    park one more long poll."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _info(msg: wire.PtyInfo) -> PtyInfo:
@@ -229,6 +239,7 @@ class AsyncPty:
         req = _build(wire.PtyRead, pty_id=self.id, cursor=self.cursor if cursor is None else cursor,
                      max_bytes=max_bytes, wait=wait)  # fmt: skip
         got = await self._ptys._call("read", req, wire.PtyOutput, wait + READ_SLACK)
+        _raise_if_cancelled()  # before moving the cursor: the bytes stay readable
         self.cursor = got.next_cursor
         done = PtyExit(got.exit_code, got.signal) if got.exited else None
         if done is not None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -108,6 +109,7 @@ class Supervisor:
         else:
             self.progress(f"using existing NATS at {self.nats_url}")
         await self._start_execd()
+        await self._start_lifecycle()
 
     async def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
         log_path = self.logs / f"{name}.log"
@@ -169,6 +171,34 @@ class Supervisor:
         child = await self._spawn("execd", [sys.executable, "-m", "sandpod_execd"], env)
         await self._wait(child, self._execd_ready)
 
+    async def _start_lifecycle(self) -> None:
+        env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": self.nats_url,
+            "SANDPOD_PREFIX": self.config.prefix,
+            "SANDPOD_STATE_DIR": str(self.config.state_dir),
+        }
+        self.progress("starting lifecycle (Sandbox API; runtime: process, NO isolation)")
+        child = await self._spawn("lifecycle", [sys.executable, "-m", "sandpod_lifecycle"], env)
+        await self._wait(child, self._lifecycle_ready)
+
+    async def _lifecycle_ready(self) -> bool:
+        try:
+            await AsyncSandbox.list(nats_url=self.nats_url, prefix=self.config.prefix)
+        except SandpodError:
+            return False
+        return True
+
+    async def _stop_instances(self) -> None:
+        """Sandboxes created through the API run their own execd: stop those too, and wait."""
+        for sandbox_id, pid in _instance_pids(self.config.state_dir / "instances"):
+            self.progress(f"stopping sandbox instance {sandbox_id}")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            if not await _wait_exit(pid, self.config.grace):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
     async def _execd_ready(self) -> bool:
         try:
             sbx = await AsyncSandbox.connect(
@@ -217,7 +247,11 @@ class Supervisor:
             await asyncio.gather(*waits, return_exceptions=True)
 
     async def stop(self) -> None:
-        """SIGTERM children in reverse order; SIGKILL what is left after ``grace``. Idempotent."""
+        """SIGTERM children in reverse order; SIGKILL what is left after ``grace``. Idempotent.
+
+        Sandbox instances started by lifecycle are stopped last; their objects stay in the store,
+        so the next ``sandpod up`` recreates what has not expired meanwhile.
+        """
         for child in reversed(self.children):
             if child.proc.returncode is None:
                 self.progress(f"stopping {child.name}")
@@ -231,6 +265,44 @@ class Supervisor:
                         child.proc.kill()
                     await child.proc.wait()
         self.children.clear()
+        await self._stop_instances()
+
+
+def _instance_pids(directory: Path) -> list[tuple[str, int]]:
+    """(sandbox id, execd pid) of live instances recorded by lifecycle's launcher."""
+    out = []
+    for record in directory.glob("*.json"):
+        try:
+            pid = int(json.loads(record.read_text())["pid"])
+            if b"sandpod_execd" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append((record.stem, pid))
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+async def _wait_exit(pid: int, timeout: float) -> bool:
+    """Wait for a process that is not our child to exit (pidfd: an event, not polling)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+
+    def on_exit() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(fd, on_exit)
+    try:
+        await asyncio.wait_for(exited, timeout)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

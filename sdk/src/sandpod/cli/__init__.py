@@ -10,7 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from sandpod.cli import exec_cmd, fs_cmd, mcp_cmd, proc_cmd, pty_cmd, up, watch_cmd
+from sandpod.cli import (
+    exec_cmd,
+    fs_cmd,
+    mcp_cmd,
+    proc_cmd,
+    pty_cmd,
+    sandbox_cmd,
+    up,
+    watch_cmd,
+)
 
 __all__ = ["main"]
 
@@ -22,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     up.add_parser(sub)
     exec_cmd.add_parsers(sub)
-    for module in (fs_cmd, proc_cmd, pty_cmd, watch_cmd, mcp_cmd):
+    for module in (sandbox_cmd, fs_cmd, proc_cmd, pty_cmd, watch_cmd, mcp_cmd):
         module.add_parsers(sub)
     return parser
 

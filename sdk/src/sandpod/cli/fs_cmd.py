@@ -40,11 +40,21 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("src", help="SANDBOX:PATH, a local path, or - for stdin")
     p.add_argument("dst", help="SANDBOX:PATH, a local path or directory, or - for stdout")
-    p.add_argument("-m", "--mode", type=lambda s: int(s, 8), help="mode of the new file (octal)")
+    p.add_argument("-m", "--mode", type=_octal, help="mode of the new file (octal, e.g. 755)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--nats-url", help="NATS URL (default: $SANDPOD_NATS_URL, $NATS_URL)")
     p.add_argument("--prefix", help="subject prefix (default: sandpod)")
     p.set_defaults(run=_run_cp)
+
+
+def _octal(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode such as 644") from None
+    if not 0 <= mode <= 0o7777:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a mode between 0 and 7777")
+    return mode
 
 
 def _remote(arg: str) -> tuple[str, str] | None:

@@ -197,9 +197,7 @@ class _Session:
         finally:
             self.loop.remove_reader(self.stdin)
             self.loop.remove_signal_handler(signal.SIGWINCH)
-            for task in (*helpers, output, detached):
-                task.cancel()
-            await asyncio.gather(*helpers, output, detached, return_exceptions=True)
+            await _cancel_all([*helpers, output, detached])
 
     def on_stdin(self) -> None:
         try:
@@ -251,6 +249,20 @@ class _Session:
                 if out.exit.signal is not None:
                     return 128 + out.exit.signal
                 return out.exit.exit_code if out.exit.exit_code is not None else 0
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that swallowed it: on Python
+    3.11 ``wait_for`` (under every NATS request) returns the reply instead of raising when the
+    reply and the cancellation arrive together, and the pump would then park another read."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.5)
+    for task in tasks:  # retrieve outcomes so none is reported as never retrieved
+        if not task.cancelled():
+            task.exception()
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -6,7 +6,11 @@ blocking. Exit is observed through a pidfd, so no watcher thread exists per chil
 command kills its whole tree: the process group plus any descendant that left it with setsid
 (found by walking ``/proc``), so grandchildren never outlive a timeout or a cancel.
 
-This is the ``process`` runtime: **no isolation**. Commands run on the host as execd's user.
+This is the ``process`` runtime: **no isolation**. Commands run on the host as execd's user. In the
+local runtime a :class:`~sandpod_execd.jail.Jail` builds the Command: its argv enters the sandbox,
+``around_fork`` wraps the fork (into the sandbox's pid namespace) and ``cgroup`` holds exactly
+this command's processes, which ``kill_tree`` also kills (strays re-parented inside the sandbox
+are no longer our descendants).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
 
 from sandpod_contract.errors import CommandNotFound, InvalidCwd, SpawnFailed
 from sandpod_service.procs import descendants
 
-__all__ = ["Command", "PipeReader", "PipeWriter", "Process", "descendants", "spawn"]
+__all__ = ["Command", "PipeReader", "PipeWriter", "Process", "descendants", "kill_cgroup", "spawn"]
 
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, not exported by Python 3.11
 PIPE_SIZE = 1024 * 1024
@@ -39,6 +45,8 @@ class Command:
     cwd: str
     env: Mapping[str, str]
     stdin: bool  # give the command a stdin pipe (else /dev/null)
+    around_fork: Callable[[], AbstractContextManager[None]] | None = None  # jail: enter its pid ns
+    cgroup: str | None = None  # jail: a cgroup directory holding only this command's processes
 
 
 class PipeReader:
@@ -112,8 +120,16 @@ def _set_once(fut: asyncio.Future[None]) -> None:
 class Process:
     """A running command: its pipes, exit status and tree-wide kill."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], stdout: int, stderr: int, stdin: int | None):
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        stdout: int,
+        stderr: int,
+        stdin: int | None,
+        cgroup: str | None = None,
+    ) -> None:
         self.pid = popen.pid
+        self.cgroup = cgroup
         self._popen = popen
         self.stdout = PipeReader(stdout)
         self.stderr = PipeReader(stderr)
@@ -173,12 +189,52 @@ class Process:
         for pid in stray:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        if self.cgroup is not None:
+            kill_cgroup(self.cgroup)
 
     def close_pipes(self) -> None:
         self.stdout.close()
         self.stderr.close()
         if self.stdin is not None:
             self.stdin.close()
+
+
+def kill_cgroup(path: str, passes: int = 64) -> None:
+    """SIGKILL every process in the cgroup directory ``path`` (gone already: nothing to do).
+
+    cgroup v2 has ``cgroup.kill``. On v1, each pass opens a pidfd per listed pid, re-reads the
+    list and signals the pids still listed, so a recycled pid is never hit; a process forked
+    during a pass shows up in the next one (a process with SIGKILL pending cannot fork), and
+    the passes end when nothing new appears.
+    """
+    with contextlib.suppress(OSError):
+        Path(path, "cgroup.kill").write_text("1")
+        return
+    procs = Path(path, "cgroup.procs")
+    signalled: set[int] = set()
+    for _ in range(passes):
+        try:
+            fresh = {int(p) for p in procs.read_text().split()} - signalled
+        except OSError:
+            return
+        if not fresh:
+            return
+        fds = {}
+        for pid in fresh:
+            with contextlib.suppress(OSError):
+                fds[pid] = os.pidfd_open(pid)
+        try:
+            still = {int(p) for p in procs.read_text().split()}
+            for pid, fd in fds.items():
+                if pid in still:
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            return
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        signalled |= fresh
 
 
 def _pipe() -> tuple[int, int]:
@@ -202,16 +258,17 @@ def spawn(cmd: Command) -> Process:
     err_r, err_w = _pipe()
     in_r, in_w = _pipe() if cmd.stdin else (None, None)
     try:
-        popen = subprocess.Popen(
-            cmd.argv,
-            stdin=in_r if in_r is not None else subprocess.DEVNULL,
-            stdout=out_w,
-            stderr=err_w,
-            cwd=cmd.cwd,
-            env=dict(cmd.env),
-            start_new_session=True,
-            close_fds=True,
-        )
+        with cmd.around_fork() if cmd.around_fork else contextlib.nullcontext():
+            popen = subprocess.Popen(
+                cmd.argv,
+                stdin=in_r if in_r is not None else subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                cwd=cmd.cwd,
+                env=dict(cmd.env),
+                start_new_session=True,
+                close_fds=True,
+            )
     except FileNotFoundError as exc:
         for fd in (out_r, err_r, in_w):
             if fd is not None:
@@ -230,4 +287,4 @@ def spawn(cmd: Command) -> Process:
         for fd in (out_w, err_w, in_r):
             if fd is not None:
                 os.close(fd)
-    return Process(popen, out_r, err_r, in_w)
+    return Process(popen, out_r, err_r, in_w, cmd.cgroup)

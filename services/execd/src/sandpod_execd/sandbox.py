@@ -3,6 +3,9 @@
 Resolves a request's command, cwd and environment into a :class:`~sandpod_execd.process.Command`.
 In the ``process`` runtime ``/workspace`` is an alias: a cwd of ``/workspace`` (or below) maps to
 this sandbox's workspace directory on the host, and ``$HOME``/``$SANDPOD_WORKSPACE`` point there.
+With a :class:`~sandpod_execd.jail.Jail` (local runtime) commands run inside the sandbox, where
+``/workspace`` is real: ``command()`` hands the jail a jail path, and ``resolve_cwd()`` returns
+the host path showing the same directory (for host-side code such as watchers).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandpod_execd.jail import Jail
 from sandpod_execd.process import Command
 from sandpod_execd.registry import ExecRegistry
 
@@ -29,20 +33,25 @@ class SandboxContext:
         shell: str,
         extra_env: Mapping[str, str],
         registry: ExecRegistry,
+        *,
+        jail: Jail | None = None,
     ) -> None:
         self.sandbox_id = sandbox_id
-        self.workspace = workspace
-        self.shell = shell
+        self.jail = jail
+        self.workspace = jail.workspace if jail else workspace
+        self.shell = shell if jail is None or jail.has_program(shell) else "/bin/sh"
         self.registry = registry
         self.last_activity = time.time()  # wall clock of the last client activity (idle timeouts)
+        home = WORKSPACE_ALIAS if jail else str(workspace)
         # Never the daemon's own environment: it may hold NATS credentials.
         self.base_env: dict[str, str] = {
             "PATH": DEFAULT_PATH,
-            "HOME": str(workspace),
+            "HOME": home,
             "LANG": "C.UTF-8",
             "SANDPOD_SANDBOX_ID": sandbox_id,
-            "SANDPOD_WORKSPACE": str(workspace),
+            "SANDPOD_WORKSPACE": home,
             **extra_env,
+            **(jail.env if jail else {}),
         }
 
     def touch(self) -> None:
@@ -53,6 +62,8 @@ class SandboxContext:
         self.workspace.mkdir(parents=True, exist_ok=True)
 
     def resolve_cwd(self, cwd: str | None) -> str:
+        if self.jail is not None:
+            return self.jail.host_path(self.jail.inside(cwd))
         if not cwd:
             return str(self.workspace)
         if cwd == WORKSPACE_ALIAS or cwd.startswith(WORKSPACE_ALIAS + "/"):
@@ -70,7 +81,11 @@ class SandboxContext:
         *,
         stdin: bool,
     ) -> Command:
+        args = argv if argv is not None else (self.shell, "-c", shell or "")
+        if self.jail is not None:
+            inside = self.jail.inside(cwd)
+            jail_env = {**self.base_env, "PWD": inside, **(env or {})}
+            return self.jail.command(tuple(args), inside, jail_env, stdin=stdin)
         resolved = self.resolve_cwd(cwd)
         full_env = {**self.base_env, "PWD": resolved, **(env or {})}
-        args = argv if argv is not None else (self.shell, "-c", shell or "")
         return Command(argv=tuple(args), cwd=resolved, env=full_env, stdin=stdin)

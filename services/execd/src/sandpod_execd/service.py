@@ -38,6 +38,7 @@ from sandpod_execd.handlers.pty import PtyHandlers
 from sandpod_execd.handlers.session import SessionHandlers
 from sandpod_execd.handlers.system import SystemHandlers
 from sandpod_execd.handlers.watch import WatchHandlers
+from sandpod_execd.jail import Jail
 from sandpod_execd.metrics import ExecdMetrics
 from sandpod_execd.registry import ExecRegistry
 from sandpod_execd.sandbox import SandboxContext
@@ -82,6 +83,7 @@ class ExecdService:
                 settings.shell,
                 settings.base_env,
                 ExecRegistry(settings.result_ttl, stored_budget=4 * settings.default_max_output),
+                jail=Jail.load(jail, sid) if (jail := settings.jail_file(sid)) else None,
             )
             for sid in settings.sandbox_ids
         }
@@ -110,8 +112,8 @@ class ExecdService:
                 "sandbox_served",
                 sandbox_id=sbx.sandbox_id,
                 workspace=str(sbx.workspace),
-                runtime="process",
-                isolation="none",
+                runtime="local" if sbx.jail else "process",
+                isolation="jail" if sbx.jail else "none",
             )
 
     async def stop(self, grace: float) -> None:

@@ -15,6 +15,7 @@
 | ``SANDPOD_EXECD_ABANDON_AFTER`` | 60 s | client silence after which a stream's command dies |
 | ``SANDPOD_EXECD_RESULT_TTL`` | 60 s | how long unfetched one-shot output is kept |
 | ``SANDPOD_EXECD_SHELL`` | ``/bin/bash`` if present, else ``/bin/sh`` | shell for shell strings |
+| ``SANDPOD_EXECD_JAIL`` | unset | jail file (local runtime): commands run in it; ``{sandbox_id}`` |
 | ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
 """
 
@@ -56,12 +57,16 @@ class ExecdSettings:
     result_ttl: float = 60.0
     pipe_grace: float = 0.2  # after exit, how long to keep reading pipes a grandchild holds open
     shell: str = dataclasses.field(default_factory=_default_shell)
+    jail: str | None = None  # jail file path, may contain {sandbox_id}; None: process runtime
     base_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     grace: float = 10.0
     log_level: str = "info"
 
     def workspace_for(self, sandbox_id: str) -> Path:
         return self.workspace or self.state_dir / "workspaces" / sandbox_id
+
+    def jail_file(self, sandbox_id: str) -> Path | None:
+        return Path(self.jail.replace("{sandbox_id}", sandbox_id)) if self.jail else None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ExecdSettings:
@@ -75,6 +80,9 @@ class ExecdSettings:
         workspace = env_str(env, "SANDPOD_WORKSPACE", "")
         if workspace and len(ids) > 1:
             raise ValueError("SANDPOD_WORKSPACE is per sandbox: serve one sandbox id with it")
+        jail = env_str(env, "SANDPOD_EXECD_JAIL", "") or None
+        if jail and len(ids) > 1 and "{sandbox_id}" not in jail:
+            raise ValueError("SANDPOD_EXECD_JAIL serving several ids needs {sandbox_id} in it")
         return cls(
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
@@ -96,5 +104,6 @@ class ExecdSettings:
             ),
             result_ttl=env_float(env, "SANDPOD_EXECD_RESULT_TTL", cls.result_ttl, minimum=0.1),
             shell=env_str(env, "SANDPOD_EXECD_SHELL", _default_shell()),
+            jail=jail,
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
         )

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from sandpod_execd.files.entries import Entry, EntryType, entry_of
 
-__all__ = ["Budget", "Found", "glob", "glob_regex", "list_dir", "walk"]
+__all__ = ["Budget", "Found", "glob", "glob_regex", "list_dir", "split_pattern", "walk"]
 
 MAX_DIR_ENTRIES = 100_000  # children read from one directory (sorting needs them all in memory)
 MAX_DEPTH = 256
@@ -196,6 +196,20 @@ def _segment(seg: str, hidden: bool) -> str:
         i += 1
     rx = "".join(out)
     return rx if hidden or seg.startswith(".") else r"(?!\.)" + rx
+
+
+def split_pattern(pattern: str) -> tuple[str | None, str]:
+    """An absolute pattern's literal leading directories and the rest: ``/a/b/*.py`` ->
+    ``("/a/b", "*.py")``; a relative pattern -> ``(None, pattern)``."""
+    if not pattern.startswith("/"):
+        return None, pattern
+    segs = pattern.split("/")
+    literal = 0
+    while literal < len(segs) - 1 and not WILDCARDS & set(segs[literal]):
+        literal += 1
+    if segs[literal] != "**" and not WILDCARDS & set(segs[literal]):
+        literal = len(segs) - 1  # no wildcard at all: the last name is the pattern
+    return "/".join(segs[:literal]) or "/", "/".join(segs[literal:])
 
 
 def glob_regex(pattern: str, hidden: bool) -> re.Pattern[str]:

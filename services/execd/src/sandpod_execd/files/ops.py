@@ -85,8 +85,10 @@ def read_chunk(path: str, offset: int, length: int, max_size: int | None) -> Chu
         eof = len(data) < length or end >= st.st_size
     else:
         eof = len(data) < length
-    size = max(st.st_size, end) if st.st_size or eof else 0  # unsized files: known at eof
-    return Chunk(data, offset, size, eof, st.st_mtime)
+    grown = end if data else 0  # a file that grew since fstat is at least this long
+    # Unsized (/proc) files report 0 until eof, then what was read.
+    unsized = grown if eof else 0
+    return Chunk(data, offset, max(st.st_size, grown) if st.st_size else unsized, eof, st.st_mtime)
 
 
 def write_file(

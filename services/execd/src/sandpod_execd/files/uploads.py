@@ -15,19 +15,25 @@ belong to one sandbox; another sandbox's subjects cannot name them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
+
+import structlog
 
 from sandpod_contract.errors import BadRequest, Busy, FsUploadNotFound
 from sandpod_execd.files.atomic import AtomicFile
 
 __all__ = ["GAP_WAIT", "MAX_WAITERS", "Upload", "UploadTable"]
 
+log = structlog.get_logger("sandpod.execd.fs")
+
 T = TypeVar("T")
 RunBlocking = Callable[..., Awaitable[Any]]
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
 GAP_WAIT = 2.0  # seconds a chunk ahead of the received bytes waits for the missing ones
 MAX_WAITERS = 8  # chunks that may wait at once per upload (each holds its data in memory)
@@ -58,11 +64,16 @@ class Upload:
 class UploadTable:
     """The open uploads of one execd (see the module docstring)."""
 
-    def __init__(self, run: RunBlocking, *, max_open: int, idle_timeout: float) -> None:
+    def __init__(
+        self, run: RunBlocking, spawn: Spawn, *, max_open: int, idle_timeout: float
+    ) -> None:
         self._run = run  # runs a blocking function off the event loop
+        self._spawn = spawn  # starts an owned background task (the sweeper)
         self.max_open = max_open
         self.idle_timeout = idle_timeout
         self._uploads: dict[str, Upload] = {}
+        self._sweeping = False
+        self._closed = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._uploads)
@@ -77,7 +88,23 @@ class UploadTable:
             )
         upload = Upload(secrets.token_hex(16), sandbox_id, file, path)
         self._uploads[upload.id] = upload
+        if not self._sweeping and not self._closed.is_set():
+            self._sweeping = True
+            self._spawn(self._sweep(), "fs-upload-sweeper")
         return upload
+
+    async def _sweep(self) -> None:
+        """Abort idle uploads while any are open (ends with the last one, or at close)."""
+        interval = max(self.idle_timeout / 4, 0.05)
+        try:
+            while self._uploads and not self._closed.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closed.wait(), interval)
+                for upload in self.sweep():
+                    log.info("upload_expired", upload_id=upload.id, path=upload.path,
+                             received=upload.received)  # fmt: skip
+        finally:
+            self._sweeping = False
 
     def get(self, sandbox_id: str, upload_id: str) -> Upload:
         upload = self._uploads.get(upload_id)
@@ -213,6 +240,7 @@ class UploadTable:
         return stale
 
     def close(self) -> None:
-        """Abort every upload (shutdown)."""
+        """Abort every upload and stop the sweeper (shutdown)."""
+        self._closed.set()
         for upload in list(self._uploads.values()):
             self.drop(upload)

@@ -11,15 +11,12 @@ supervised task while uploads exist.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
-
-import structlog
 
 from sandpod_contract.codec import Message, encode
 from sandpod_contract.errors import BadRequest, FsInvalidPath
@@ -66,8 +63,6 @@ from sandpod_execd.sandbox import SandboxContext
 
 __all__ = ["FsHandlers"]
 
-log = structlog.get_logger("sandpod.execd.fs")
-
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
@@ -91,11 +86,12 @@ class FsHandlers:
         self._reply_budget = max(deps.max_payload - REPLY_OVERHEAD, 64 * 1024)
         self._chunk_size = min(UPLOAD_CHUNK, deps.settings.max_request_bytes - READ_OVERHEAD)
         self._uploads = UploadTable(
-            self._blocking, max_open=MAX_UPLOADS, idle_timeout=deps.settings.abandon_after
+            self._blocking,
+            lambda coro, name: deps.supervisor.spawn(coro, name=name),
+            max_open=MAX_UPLOADS,
+            idle_timeout=deps.settings.abandon_after,
         )
         self._paths: dict[str, Paths] = {}
-        self._sweeping = False
-        self._closed = asyncio.Event()
         self._stop = threading.Event()  # tells walks on worker threads to end (shutdown)
 
     def routes(self) -> dict[tuple[str, str], Route]:
@@ -113,7 +109,6 @@ class FsHandlers:
         """Abort open uploads (removing their temporary files), make running walks end early,
         and retire the workers once the work already queued is done (requests in flight still
         get their replies within the service's grace period)."""
-        self._closed.set()
         self._stop.set()
         self._uploads.close()
         self._pool.shutdown(wait=False)
@@ -216,7 +211,6 @@ class FsHandlers:
 
         file = await self._run(paths, work, host)
         upload = self._uploads.add(sbx.sandbox_id, file, paths.display(host))
-        self._ensure_sweeper()
         return FsUpload(
             upload_id=upload.id,
             chunk_size=self._chunk_size,
@@ -243,24 +237,6 @@ class FsHandlers:
     async def write_abort(self, sbx: SandboxContext, req: FsUploadRef) -> FsUploadStatus:
         received = self._uploads.abort(sbx.sandbox_id, req.upload_id)
         return FsUploadStatus(upload_id=req.upload_id, received=received)
-
-    def _ensure_sweeper(self) -> None:
-        if not self._sweeping and not self._closed.is_set():
-            self._sweeping = True
-            self._deps.supervisor.spawn(self._sweep(), name="fs-upload-sweeper")
-
-    async def _sweep(self) -> None:
-        """Abort idle uploads while any are open (ends with the last one, or at close)."""
-        interval = max(self._uploads.idle_timeout / 4, 0.05)
-        try:
-            while len(self._uploads) and not self._closed.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._closed.wait(), interval)
-                for upload in self._uploads.sweep():
-                    log.info("upload_expired", upload_id=upload.id, path=upload.path,
-                             received=upload.received)  # fmt: skip
-        finally:
-            self._sweeping = False
 
     # -- describe ------------------------------------------------------------------------------
 
@@ -293,17 +269,12 @@ class FsHandlers:
 
     def _glob_root(self, paths: Paths, req: FsGlob) -> tuple[str, str]:
         """``(host root, relative pattern)``; an absolute pattern carries its own root."""
-        if not req.pattern.startswith("/"):
-            return paths.resolve(WORKSPACE_ALIAS if req.path is None else req.path), req.pattern
+        prefix, pattern = listing.split_pattern(req.pattern)
+        if prefix is None:
+            return paths.resolve(WORKSPACE_ALIAS if req.path is None else req.path), pattern
         if req.path is not None:
             raise BadRequest("an absolute pattern carries its root: leave 'path' unset")
-        segs = req.pattern.split("/")
-        literal = 0
-        while literal < len(segs) - 1 and not listing.WILDCARDS & set(segs[literal]):
-            literal += 1
-        if segs[literal] == "**" or listing.WILDCARDS & set(segs[literal]):
-            return paths.resolve("/".join(segs[:literal]) or "/"), "/".join(segs[literal:])
-        return paths.resolve("/".join(segs[:-1]) or "/"), segs[-1]  # no wildcard at all
+        return paths.resolve(prefix), pattern
 
     async def glob_paths(self, sbx: SandboxContext, req: FsGlob) -> FsListing:
         paths = self._for(sbx)

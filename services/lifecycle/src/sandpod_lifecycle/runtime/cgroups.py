@@ -210,8 +210,7 @@ class SandboxCgroups:
         while True:
             self.kill_all()
             with contextlib.suppress(OSError):  # a frozen process only dies once thawed
-                if Path(self._freeze_file()[0]).exists():
-                    self.set_frozen(False)
+                self.set_frozen(False)
             reap()
             left = self.procs()
             if not left:

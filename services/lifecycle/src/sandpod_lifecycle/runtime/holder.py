@@ -112,7 +112,8 @@ class HolderLayout:
 
     def argv(self, tools: Mapping[str, str | None], cgroup_procs: Sequence[str]) -> list[str]:
         sh, unshare = tools["sh"], tools["unshare"]
-        assert sh is not None and unshare is not None
+        assert sh is not None
+        assert unshare is not None
         for path in (self.base, self.upper, self.work, self.root, self.workspace):
             _check_path(path)
         return [
@@ -150,24 +151,7 @@ async def launch(
         RuntimeError: the holder exited or did not become ready in ``timeout`` seconds (the
             message quotes its log); the caller kills the cgroups and cleans up.
     """
-    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    try:
-        with layout.log.open("wb") as log:
-            popen = subprocess.Popen(
-                layout.argv(tools, cgroup_procs),
-                stdin=subprocess.DEVNULL,
-                stdout=ready_w,
-                stderr=log,
-                env={"PATH": path_env, "LANG": "C"},
-                cwd="/",
-                start_new_session=True,
-                close_fds=True,
-            )
-    except BaseException:
-        os.close(ready_r)
-        raise
-    finally:
-        os.close(ready_w)
+    popen, ready_r = _start(layout, layout.argv(tools, cgroup_procs), path_env)
     try:
         line = await asyncio.wait_for(_read_line(ready_r), timeout)
     except TimeoutError:
@@ -184,6 +168,37 @@ async def launch(
     raise RuntimeError(f"sandbox holder {reason}: {tail or 'no output'}")
 
 
+def _start(
+    layout: HolderLayout, argv: list[str], path_env: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Fork the launcher (a few milliseconds, like execd's spawn); return it and the read end
+    of its ready pipe."""
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        with layout.log.open("wb") as log:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=ready_w,
+                stderr=log,
+                env={"PATH": path_env, "LANG": "C"},
+                cwd="/",
+                start_new_session=True,
+                close_fds=True,
+            )
+    except BaseException:
+        os.close(ready_r)
+        raise
+    finally:
+        os.close(ready_w)
+    return popen, ready_r
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 async def _read_line(fd: int) -> bytes:
     """Bytes up to the first newline (or EOF) from ``fd``, without blocking the loop."""
     os.set_blocking(fd, False)
@@ -193,8 +208,8 @@ async def _read_line(fd: int) -> bytes:
         try:
             chunk = os.read(fd, 256)
         except BlockingIOError:
-            ready = loop.create_future()
-            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _set_once, ready)
             try:
                 await ready
             finally:

@@ -292,6 +292,7 @@ class LocalRuntime:
         """Kill, then remove cgroups and directories. Safe on partial or absent instances."""
         d = self._dir(sandbox_id)
         data = _read_json(d / JAIL_FILE)
+        cg: SandboxCgroups | None
         if data is not None and "cgroups" in data:
             cg = SandboxCgroups.from_json(data["cgroups"])
         else:

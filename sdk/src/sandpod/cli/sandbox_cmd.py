@@ -1,0 +1,163 @@
+"""``sandpod create|ls|get|rm|renew|pause|resume``: Sandbox resources through the lifecycle API.
+
+Tables use the CRD's printer columns (NAME, PHASE, READY, TEMPLATE, EXPIRES, AGE), so the CLI
+and ``kubectl get sandboxes`` show the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sandpod.aio import AsyncSandbox
+from sandpod.control import SandboxInfo
+from sandpod.errors import SandpodError
+
+__all__ = ["add_parsers", "table"]
+
+EXIT_ERROR = 125
+
+
+def _age(stamp: str | None, *, future: bool = False) -> str:
+    if not stamp:
+        return "-"
+    try:
+        t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return stamp
+    delta = (
+        (t - datetime.datetime.now(datetime.UTC))
+        if future
+        else (datetime.datetime.now(datetime.UTC) - t)
+    )
+    seconds = int(delta.total_seconds())
+    if seconds < 0:
+        return "expired" if future else "0s"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _expires(info: SandboxInfo) -> str:
+    if info.object.get("spec", {}).get("permanent"):
+        return "never"
+    return _age(info.shutdown_time, future=True)
+
+
+def table(items: list[SandboxInfo]) -> str:
+    """The printer-column table of ``items``."""
+    rows = [("NAME", "PHASE", "READY", "TEMPLATE", "EXPIRES", "AGE")]
+    for i in items:
+        ready = i.condition("Ready")
+        rows.append((
+            i.name, i.phase or "-", ready["status"] if ready else "-", i.template or "-",
+            _expires(i),
+            _age(i.created),
+        ))  # fmt: skip
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--nats-url", help="NATS URL (default: $SANDPOD_NATS_URL, $NATS_URL)")
+    common.add_argument("--prefix", help="subject prefix (default: sandpod)")
+
+    p = sub.add_parser("create", parents=[common], help="create a sandbox and wait until Ready")
+    p.add_argument("--template", help="SandboxTemplate name (default: the built-in template)")
+    p.add_argument("--name", help="sandbox id (default: generated)")
+    p.add_argument("--timeout", type=float, help="lifetime in seconds (default: the template's)")
+    p.add_argument("--idle-timeout", type=int, help="expire after N idle seconds (0: never)")
+    p.add_argument("--permanent", action="store_true", help="no lifetime at all (explicit)")
+    p.add_argument("-l", "--label", action="append", default=[], metavar="K=V")
+    p.add_argument("-e", "--env", action="append", default=[], metavar="K=V")
+    p.set_defaults(run=lambda a: _run(_create(a)))
+
+    p = sub.add_parser("ls", parents=[common], help="list sandboxes")
+    p.add_argument("-l", "--selector", help="label selector, e.g. team=a,env in (dev,ci)")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.set_defaults(run=lambda a: _run(_ls(a)))
+
+    p = sub.add_parser("get", parents=[common], help="show one sandbox (the whole object)")
+    p.add_argument("name")
+    p.set_defaults(run=lambda a: _run(_one(a, lambda s: s.describe())))
+
+    p = sub.add_parser("rm", parents=[common], help="delete sandboxes (and their instances)")
+    p.add_argument("names", nargs="+")
+    p.set_defaults(run=lambda a: _run(_rm(a)))
+
+    p = sub.add_parser("renew", parents=[common], help="extend a sandbox's lifetime")
+    p.add_argument("name")
+    p.add_argument("--for", dest="seconds", type=float, required=True, help="seconds from now")
+    p.set_defaults(run=lambda a: _run(_one(a, lambda s: s.renew(a.seconds), table_out=True)))
+
+    for verb in ("pause", "resume"):
+        p = sub.add_parser(verb, parents=[common], help=f"{verb} a sandbox")
+        p.add_argument("name")
+        p.set_defaults(
+            run=lambda a, v=verb: _run(_one(a, lambda s: getattr(s, v)(), table_out=True))
+        )
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: {what} {item!r} is not K=V")
+        out[key] = value
+    return out
+
+
+def _run(coro: Awaitable[int]) -> int:
+    try:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    except SandpodError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+async def _create(a: argparse.Namespace) -> int:
+    sbx = await AsyncSandbox.create(
+        a.template, name=a.name, timeout=a.timeout, permanent=a.permanent,
+        idle_timeout=a.idle_timeout, labels=_pairs(a.label, "--label"),
+        env=_pairs(a.env, "--env"), nats_url=a.nats_url, prefix=a.prefix,
+    )  # fmt: skip
+    async with sbx:
+        print(table([await sbx.describe()]))
+    return 0
+
+
+async def _ls(a: argparse.Namespace) -> int:
+    items = await AsyncSandbox.list(a.selector, nats_url=a.nats_url, prefix=a.prefix)
+    if a.output == "json":
+        print(json.dumps([dict(i.object) for i in items], indent=2))
+    else:
+        print(table(items))
+    return 0
+
+
+async def _one(
+    a: argparse.Namespace, call: Callable[[AsyncSandbox], Awaitable[SandboxInfo]], *,
+    table_out: bool = False,
+) -> int:  # fmt: skip
+    async with await AsyncSandbox.connect(a.name, nats_url=a.nats_url, prefix=a.prefix) as sbx:
+        info = await call(sbx)
+    print(table([info]) if table_out else json.dumps(dict(info.object), indent=2))
+    return 0
+
+
+async def _rm(a: argparse.Namespace) -> int:
+    for name in a.names:
+        async with await AsyncSandbox.connect(name, nats_url=a.nats_url, prefix=a.prefix) as sbx:
+            await sbx.kill()
+        print(f"deleted {name}")
+    return 0

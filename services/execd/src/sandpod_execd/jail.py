@@ -1,0 +1,272 @@
+"""Run a sandbox's commands inside its local-runtime jail (execd setting ``SANDPOD_EXECD_JAIL``).
+
+The lifecycle's local runtime driver builds each sandbox around a *holder* process: pid 1 of the
+sandbox's pid namespace, owner of its mount (copy-on-write root, ``/workspace``), uts, ipc, net
+and cgroup namespaces, inside the sandbox's cgroups. It writes a jail file (format: see
+``sandpod_lifecycle.runtime.local``; the two must agree on ``version``). With a :class:`Jail`,
+``SandboxContext.command()`` turns every command into one that enters the sandbox::
+
+    execd (root) forks, from the event-loop thread, into the sandbox's pid namespace
+      └ /bin/sh   joins the command's own cgroup <track>/c-<token> and the sandbox's others
+        └ nsenter -F: mount, uts, ipc, net, cgroup namespaces; root; cwd; setgroups/gid/uid
+          └ env -i NAME=VALUE…   (the jail's env binary, already the sandbox's uid)
+            └ the command
+
+Why each step: the fork lands in the pid namespace because :meth:`Jail.around_fork` switches
+the loop thread's ``pid_ns_for_children`` for the duration of the ``Popen`` (and back), so the
+process execd holds (its pid, pidfd, process group, exit status) *is* the command, not an
+``nsenter`` parent that would die first on a signal. The loop thread also gets
+``no_new_privs`` there (inherited, irreversible, harmless for a root daemon): no setuid binary
+in the base can raise a sandboxed process's privileges. The cgroups are joined before anything
+runs, so a fork bomb or a memory hog is limited from its first instruction, and the command's
+own cgroup lets ``Process.kill_tree`` find strays that re-parented to the holder. The command's
+environment reaches it only through ``env -i`` *inside* the jail: the root steps before it run
+with a fixed environment, or ``LD_PRELOAD`` from a request would run code as root on the host.
+
+Paths: a command sees the jail's root; ``/workspace`` is the workspace directory outside (the
+same files). For host-side code (``spawn``'s cwd check, watchers) :meth:`Jail.host_path` maps a
+jail path to a host path: symlinks are resolved the way the jail sees them (an absolute target
+restarts at the jail's root, ``..`` stops there), then the path is taken below
+``/proc/<holder>/root``, or below the workspace directory for ``/workspace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import os
+import posixpath
+import shutil
+import stat
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from sandpod_contract.errors import CommandNotFound, SandboxUnavailable
+from sandpod_execd.process import Command
+
+__all__ = ["Jail"]
+
+JAIL_VERSION = 1
+WORKSPACE = "/workspace"
+CLONE_NEWPID = 0x20000000
+PR_SET_NO_NEW_PRIVS = 38
+MAX_SYMLINKS = 40
+HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+LAUNCH_ENV = {"PATH": HOST_PATH, "LANG": "C"}  # all the root steps ever see
+# Join each cgroup named before "--" (writing 0 moves the writer), then exec the rest.
+JOIN = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@functools.cache
+def _host_pidns() -> int:
+    """execd's own pid namespace (opened once, kept open), to switch the thread back to."""
+    return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _setns(fd: int, nstype: int) -> None:
+    _check(_libc.setns(fd, nstype), "setns")
+
+
+def _no_new_privs() -> None:
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), 0, 0, 0), "prctl")
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rfind(")") + 2 :].split()[19])
+
+
+class Jail:
+    """One sandbox's jail, loaded from the driver's jail file."""
+
+    def __init__(self, data: Mapping[str, Any], sandbox_id: str) -> None:
+        if data.get("version") != JAIL_VERSION or data.get("sandbox_id") != sandbox_id:
+            raise ValueError(f"not a version-{JAIL_VERSION} jail file for sandbox {sandbox_id!r}")
+        if data.get("phase") != "running" or not isinstance(data.get("holder_pid"), int):
+            raise ValueError(f"sandbox {sandbox_id!r} is not running (phase {data.get('phase')})")
+        self.sandbox_id = sandbox_id
+        self.holder: int = data["holder_pid"]
+        self.holder_start: int = data["holder_start"]
+        self.uid, self.gid = int(data["uid"]), int(data["gid"])
+        self.join = tuple(str(d) for d in data["join"])
+        self.track = str(data["track"])
+        self.workspace = Path(data["workspace"]["outside"])
+        self.env = {str(k): str(v) for k, v in dict(data.get("env", {})).items()}
+        self.root = f"/proc/{self.holder}/root"
+        sh, nsenter = shutil.which("sh", path=HOST_PATH), shutil.which("nsenter", path=HOST_PATH)
+        if sh is None or nsenter is None:
+            raise ValueError("the jail needs sh and nsenter (util-linux) on the host")
+        self._sh, self._nsenter = sh, nsenter
+        if os.geteuid() != 0:
+            raise ValueError("entering a jail needs root: run execd as root")
+        # Opened before the identity check: if the holder is the right one now, this fd is its
+        # pid namespace for good (a recycled pid can never redirect our forks).
+        self._pidns = os.open(f"/proc/{self.holder}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.check()
+        env = next((p for p in ("/usr/bin/env", "/bin/env") if self.has_program(p)), None)
+        if env is None:
+            raise ValueError(f"sandbox {sandbox_id!r}: its root has no /usr/bin/env")
+        self._env_program = env
+
+    @classmethod
+    def load(cls, path: Path, sandbox_id: str) -> Jail:
+        """Read the jail file at ``path``. Raises ValueError if it is unusable."""
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read jail file {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"jail file {path} is not a JSON object")
+        return cls(data, sandbox_id)
+
+    def check(self) -> None:
+        """Raise SandboxUnavailable unless the holder is alive (and still the same process)."""
+        if _start_time(self.holder) != self.holder_start:
+            raise SandboxUnavailable(
+                f"sandbox {self.sandbox_id!r}: its jail is gone (holder {self.holder} exited)",
+                sandbox_id=self.sandbox_id,
+            )
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    def inside(self, cwd: str | None) -> str:
+        """The absolute jail path for a request's cwd (default and relative: the workspace)."""
+        if not cwd:
+            return WORKSPACE
+        joined = posixpath.join(WORKSPACE, cwd)  # an absolute cwd replaces the workspace
+        return "/" + posixpath.normpath(joined).lstrip("/")
+
+    def resolve(self, path: str) -> str:
+        """``path`` (absolute, in the jail) with symlinks resolved as the jail sees them.
+
+        A component that does not exist ends the resolution (the rest is kept as given).
+        """
+        todo = [p for p in path.split("/") if p not in ("", ".")]
+        done: list[str] = []
+        hops = 0
+        while todo:
+            part = todo.pop(0)
+            if part == "..":
+                if done:
+                    done.pop()
+                continue
+            host = self.root + "/" + "/".join([*done, part])
+            try:
+                st = os.lstat(host)
+            except (OSError, ValueError):
+                return "/" + "/".join([*done, part, *todo])
+            if not stat.S_ISLNK(st.st_mode):
+                done.append(part)
+                continue
+            hops += 1
+            if hops > MAX_SYMLINKS:
+                return "/" + "/".join([*done, part, *todo])  # ELOOP: a path that won't exist
+            target = os.readlink(host)
+            if target.startswith("/"):
+                done = []
+            todo = [p for p in target.split("/") if p not in ("", ".")] + todo
+        return "/" + "/".join(done)
+
+    def host_path(self, path: str) -> str:
+        """The host path showing what ``path`` (absolute, in the jail) shows inside."""
+        resolved = self.resolve(path)
+        if resolved == WORKSPACE or resolved.startswith(WORKSPACE + "/"):
+            return str(self.workspace) + resolved[len(WORKSPACE) :]
+        return self.root + resolved
+
+    def has_program(self, path: str) -> bool:
+        """Whether ``path`` (absolute, in the jail) is an executable file there."""
+        host = self.host_path(path)
+        return os.path.isfile(host) and os.access(host, os.X_OK)
+
+    def _find_program(self, program: str, cwd: str, path_env: str) -> bool:
+        if "/" in program:
+            return self.has_program(posixpath.join(cwd, program))
+        return any(self.has_program(posixpath.join(cwd, d, program)) for d in path_env.split(":"))
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def command(
+        self, argv: tuple[str, ...], cwd: str, env: Mapping[str, str], *, stdin: bool
+    ) -> Command:
+        """A Command that runs ``argv`` inside the jail in ``cwd`` (a jail path) with ``env``.
+
+        The Command's own ``cwd`` is the host path of the same directory (what ``spawn``
+        checks) and its ``env`` the fixed launch environment; ``env`` travels in argv.
+
+        Raises:
+            SandboxUnavailable: the jail is gone.
+            CommandNotFound: ``argv[0]`` is not an executable inside the jail.
+        """
+        self.check()
+        inside = self.resolve(cwd)
+        program = argv[0] if argv else ""
+        if (
+            not program
+            or "=" in program
+            or not self._find_program(program, inside, env.get("PATH", HOST_PATH))
+        ):
+            raise CommandNotFound(f"{program!r}: command not found", program=program)
+        own = self._command_cgroup()
+        launch = (
+            self._sh, "-c", JOIN, "sandpod-jail", f"{own}/cgroup.procs",
+            *(f"{d}/cgroup.procs" for d in self.join), "--",
+            self._nsenter, "-F", "-t", str(self.holder), "-m", "-u", "-i", "-n", "-C",
+            "-r", f"--wdns={inside}", "-S", str(self.uid), "-G", str(self.gid), "--",
+            self._env_program, "-i", "--", *(f"{k}={v}" for k, v in env.items()), *argv,
+        )  # fmt: skip
+        return Command(
+            argv=launch,
+            cwd=self.host_path(inside),
+            env=LAUNCH_ENV,
+            stdin=stdin,
+            around_fork=self.around_fork,
+            cgroup=own,
+        )
+
+    def _command_cgroup(self) -> str:
+        """A fresh cgroup for one command under ``track``; empty ones of finished commands are
+        removed first, so their number stays bounded by the commands still running."""
+        self.sweep()
+        own = f"{self.track}/c-{uuid.uuid4().hex[:16]}"
+        try:
+            os.mkdir(own)
+        except FileNotFoundError:
+            raise SandboxUnavailable(
+                f"sandbox {self.sandbox_id!r}: its cgroups are gone", sandbox_id=self.sandbox_id
+            ) from None
+        return own
+
+    def sweep(self) -> None:
+        """rmdir the command cgroups that no longer hold a process (busy ones refuse)."""
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.track):
+                if entry.name.startswith("c-") and entry.is_dir(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(entry.path)
+
+    @contextlib.contextmanager
+    def around_fork(self) -> Iterator[None]:
+        """Make the calling thread's next fork land in the sandbox's pid namespace."""
+        host = _host_pidns()
+        _no_new_privs()
+        _setns(self._pidns, CLONE_NEWPID)
+        try:
+            yield
+        finally:
+            _setns(host, CLONE_NEWPID)
