@@ -35,7 +35,7 @@ asyncio.run(main())
 
 
 async def nats_rtt(url: str, calls: int) -> list[float]:
-    responder = subprocess.Popen(  # noqa: ASYNC220 - once, before measuring
+    responder = subprocess.Popen(
         [sys.executable, "-c", RESPONDER, url], stdout=subprocess.PIPE, text=True
     )
     try:

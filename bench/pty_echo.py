@@ -51,7 +51,7 @@ PACE = 0.002  # seconds between keys, so the next read is parked at execd as in 
 
 async def nats_rtt(url: str, calls: int) -> list[float]:
     """Round trips of a 64-byte request to a bare responder in another process."""
-    responder = subprocess.Popen(  # noqa: ASYNC220 - once, before measuring
+    responder = subprocess.Popen(
         [sys.executable, "-c", RESPONDER, url], stdout=subprocess.PIPE, text=True
     )
     try:
