@@ -83,3 +83,57 @@ async def test_stdio_server_via_the_cli(nats: NatsServer, shared_execd: Execd) -
         assert "exec" in names
         out = _structured(await c.call_tool("exec", {"command": "echo over-stdio"}))
         assert out["stdout"] == "over-stdio\n"
+
+
+async def test_file_tools_round_trip(server: MCPServer[Any]) -> None:
+    """file_write, file_read (whole and by lines), file_list, file_search and file_replace."""
+    async with Client(server) as client:
+        body = "".join(f"line {i}\n" for i in range(1, 101))
+        wrote = _structured(
+            await client.call_tool("file_write", {"path": "mcp/notes.txt", "content": body})
+        )
+        assert wrote["size"] == len(body)
+        whole = _structured(await client.call_tool("file_read", {"path": "mcp/notes.txt"}))
+        assert whole["text"] == body and whole["truncated"] is False
+        window = _structured(
+            await client.call_tool(
+                "file_read", {"path": "mcp/notes.txt", "start_line": 10, "line_count": 2}
+            )
+        )
+        assert window["text"] == "line 10\nline 11"
+        listed = _structured(await client.call_tool("file_list", {"path": "mcp"}))
+        assert [e["path"].rsplit("/", 1)[-1] for e in listed["entries"]] == ["notes.txt"]
+        found = _structured(
+            await client.call_tool("file_search", {"query": "line 42", "path": "mcp"})
+        )
+        assert [(m["line"], m["text"]) for m in found["matches"]] == [(42, "line 42")]
+        replaced = _structured(
+            await client.call_tool(
+                "file_replace", {"path": "mcp/notes.txt", "old": "line 7\n", "new": "seven\n"}
+            )
+        )
+        assert replaced["files"][0]["count"] == 1
+        missing = await client.call_tool("file_read", {"path": "mcp/nope.txt"})
+        assert missing.is_error and "fs.not_found" in missing.content[0].text
+
+
+async def test_git_checkout_tool(server: MCPServer[Any], tmp_path: Path) -> None:
+    """git_checkout clones a repository into the sandbox and reports the commit."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@e"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "README").write_text("hello\n")
+    subprocess.run([*git, "add", "README"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    async with Client(server) as client:
+        target = f"/workspace/mcp-clone-{tmp_path.name}"
+        out = _structured(
+            await client.call_tool("git_checkout", {"url": f"file://{repo}", "target": target})
+        )
+        assert out["commit"] == head.stdout.strip() and out["branch"] == "main"
+        bad = await client.call_tool("git_checkout", {"url": f"file://{tmp_path}/missing"})
+        assert bad.is_error and "git.not_found" in bad.content[0].text

@@ -90,9 +90,26 @@ def build_server(pool: SandboxPool) -> MCPServer:
         "sandpod", instructions=INSTRUCTIONS, version="0.1.0", lifespan=lifespan
     )
 
+    tool = _registrar(server)
+    _exec_tools(tool, pool)
+    _file_tools(tool, pool)
+    _git_tools(tool, pool)
+    return server
+
+
+Tool = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _registrar(server: MCPServer[Any]) -> Tool:
     def tool(fn: Callable[..., Any]) -> Callable[..., Any]:
         """Register ``fn`` with its docstring, dedented, as the description the model reads."""
         return server.tool(description=inspect.cleandoc(fn.__doc__ or ""))(fn)
+
+    return tool
+
+
+def _exec_tools(tool: Tool, pool: SandboxPool) -> None:
+    """Tools for one-shot commands."""
 
     @tool
     async def exec(
@@ -131,4 +148,153 @@ def build_server(pool: SandboxPool) -> MCPServer:
             "duration_seconds": round(r.duration, 3),
         }
 
-    return server
+
+def _file_tools(tool: Tool, pool: SandboxPool) -> None:
+    """Tools for files."""
+
+    @tool
+    async def file_read(
+        *,
+        path: str,
+        start_line: int | None = None,
+        line_count: int | None = None,
+        sandbox: str | None = None,
+    ) -> dict[str, Any]:
+        """Read a text file from the sandbox (paths relative to /workspace or absolute).
+
+        Without `start_line`, returns the whole file if it is at most 64 KiB, otherwise its
+        first 64 KiB with `truncated: true` and the file's `size`: then read windows of lines
+        with `start_line` (1-based) and `line_count`. Binary bytes that are not UTF-8 appear
+        as U+FFFD.
+        """
+        try:
+            sbx = await pool.get(sandbox)
+            if start_line is not None:
+                text = "\n".join(await sbx.fs.read_lines(path, start_line, line_count or 200))
+                return {"path": path, "start_line": start_line, "text": text}
+            info = await sbx.fs.stat(path, follow_symlinks=True)
+            data = await sbx.fs.read_range(path, 0, MAX_TOOL_OUTPUT)
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        text, _ = _clip(data)
+        return {"path": path, "size": info.size, "text": text, "truncated": info.size > len(data)}
+
+    @tool
+    async def file_write(
+        *,
+        path: str,
+        content: str,
+        mode: str | None = None,
+        sandbox: str | None = None,
+    ) -> dict[str, Any]:
+        """Write a text file in the sandbox atomically, creating parent directories.
+
+        Replaces the whole file. `mode` is an octal string such as "755" (default: keep the
+        existing file's mode, 644 for new files). To change part of a file, prefer
+        file_replace, which does not need the whole content.
+        """
+        try:
+            sbx = await pool.get(sandbox)
+            info = await sbx.fs.write(path, content, mode=int(mode, 8) if mode else None)
+        except ValueError as exc:
+            raise ToolError(f"error: mode {mode!r} is not an octal number like 644") from exc
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        return {"path": info.path, "size": info.size, "mode": oct(info.mode & 0o7777)}
+
+    @tool
+    async def file_list(
+        *,
+        path: str = "/workspace",
+        depth: int = 1,
+        hidden: bool = False,
+        sandbox: str | None = None,
+    ) -> dict[str, Any]:
+        """List a directory in the sandbox, `depth` levels deep (at most 500 entries).
+
+        Each entry has its path, type (file, dir, symlink, other), size, mode and symlink
+        target. Use file_search to find files by content, exec with `find` for anything else.
+        """
+        try:
+            sbx = await pool.get(sandbox)
+            listing = await sbx.fs.list(path, depth=depth, hidden=hidden, limit=500)
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        entries = [
+            {"path": e.path, "type": e.type, "size": e.size, "mode": oct(e.mode & 0o7777),
+             **({"target": e.target} if e.target else {})}
+            for e in listing.entries
+        ]  # fmt: skip
+        return {"entries": entries, "truncated": listing.truncated}
+
+    @tool
+    async def file_search(
+        *,
+        query: str,
+        path: str = "/workspace",
+        glob: str | None = None,
+        regex: bool = False,
+        sandbox: str | None = None,
+    ) -> dict[str, Any]:
+        """Find lines containing `query` in files below `path` (like grep -rn).
+
+        `glob` limits the files searched (e.g. "**/*.py"); `regex` makes `query` a Python
+        regular expression. Returns up to 200 matches with file, line number and text;
+        binary files are skipped.
+        """
+        try:
+            sbx = await pool.get(sandbox)
+            result = await sbx.fs.search(query, path=path, glob=glob, regex=regex, limit=200)
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        matches = [{"path": m.path, "line": m.line, "text": m.text[:500]} for m in result.matches]
+        return {"matches": matches, "truncated": result.truncated}
+
+    @tool
+    async def file_replace(
+        *,
+        path: str,
+        old: str,
+        new: str,
+        glob: str | None = None,
+        regex: bool = False,
+        sandbox: str | None = None,
+    ) -> dict[str, Any]:
+        """Replace text in a file, or in every file below a directory matching `glob`.
+
+        Literal by default; with `regex`, `new` may use \\1 group references. Each file is
+        rewritten atomically. Returns how many replacements were made in each file.
+        """
+        try:
+            sbx = await pool.get(sandbox)
+            result = await sbx.fs.replace(path, old, new, glob=glob, regex=regex)
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        return {"files": [{"path": r.path, "count": r.count} for r in result.files]}
+
+
+def _git_tools(tool: Tool, pool: SandboxPool) -> None:
+    """Tools for repositories."""
+
+    @tool
+    async def git_checkout(
+        *,
+        url: str,
+        target: str | None = None,
+        branch: str | None = None,
+        depth: int | None = None,
+        token: str | None = None,
+        sandbox: str | None = None,
+    ) -> dict[str, Any]:
+        """Clone a git repository into the sandbox (default /workspace/<repository name>).
+
+        `branch` picks a branch or tag, `depth` makes a shallow clone (1 is fastest). For a
+        private repository pass `token` (it is never logged or returned). Returns the
+        directory, the commit and the branch checked out.
+        """
+        try:
+            sbx = await pool.get(sandbox)
+            head = await sbx.git.clone(url, target, branch=branch, depth=depth, token=token)
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        return {"path": head.path, "commit": head.commit, "branch": head.branch}
