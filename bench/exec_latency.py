@@ -28,6 +28,7 @@ async def main():
     async def echo(msg):
         await msg.respond(msg.data)
     await nc.subscribe("bench.echo", cb=echo)
+    await nc.flush()  # the subscription has reached the server before we say ready
     print("ready", flush=True)
     await asyncio.Event().wait()
 asyncio.run(main())

@@ -34,13 +34,11 @@ def add_parsers(sub: Any) -> None:
         "           cat data.csv | sandpod exec -i default -- wc -l",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _exec_options(p)
     p.add_argument("sandbox", help="sandbox id")
-    p.add_argument("argv", nargs="*", help="program and arguments (after --)")
-    p.add_argument("-c", "--shell", help="a shell command line instead of argv")
-    p.add_argument("-w", "--cwd", help="working directory (default: the workspace)")
-    p.add_argument("-e", "--env", action="append", default=[], metavar="K=V", help="add env")
-    p.add_argument("-i", "--interactive", action="store_true", help="forward local stdin")
-    p.add_argument("-t", "--timeout", type=float, help="kill the command after SECONDS")
+    # REMAINDER: options may also come after SANDBOX (before --); _run_exec sorts them out.
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="program and arguments (after --)")  # fmt: skip
     p.set_defaults(run=_run_exec)
 
     p = sub.add_parser("ping", parents=[common], help="round-trip time to a sandbox's execd")
@@ -52,6 +50,34 @@ def add_parsers(sub: Any) -> None:
     p.set_defaults(run=_run_info)
 
 
+def _exec_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-c", "--shell", help="a shell command line instead of argv")
+    p.add_argument("-w", "--cwd", help="working directory (default: the workspace)")
+    p.add_argument("-e", "--env", action="append", default=[], metavar="K=V", help="add env")
+    p.add_argument("-i", "--interactive", action="store_true", help="forward local stdin")
+    p.add_argument("-t", "--timeout", type=float, help="kill the command after SECONDS")
+
+
+_LATE = argparse.ArgumentParser(prog="sandpod exec", add_help=False)
+_exec_options(_LATE)
+
+
+def _split_rest(args: argparse.Namespace) -> None:
+    """Options between SANDBOX and ``--`` count like the ones before SANDBOX."""
+    rest = list(args.rest)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    if "--" not in rest:  # no separator: options first, the first non-option starts argv
+        cut = 0
+        while cut < len(rest) and rest[cut].startswith("-"):
+            cut += 1 if rest[cut] in ("-i", "--interactive") else 2
+    late = _LATE.parse_args(rest[:cut])
+    for key in ("shell", "cwd", "interactive", "timeout"):
+        if getattr(late, key):
+            setattr(args, key, getattr(late, key))
+    args.env = [*args.env, *late.env]
+    args.argv = rest[cut + 1 :] if cut < len(rest) and rest[cut] == "--" else rest[cut:]
+
+
 def _fail(exc: SandpodError) -> int:
     print(f"error: {exc}", file=sys.stderr)
     if exc.retryable:
@@ -60,6 +86,7 @@ def _fail(exc: SandpodError) -> int:
 
 
 def _run_exec(args: argparse.Namespace) -> int:
+    _split_rest(args)
     if bool(args.argv) == bool(args.shell):
         print("error: give either a command after -- or -c 'command line'", file=sys.stderr)
         return 2
