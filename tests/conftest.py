@@ -205,11 +205,18 @@ def no_leaked_processes(_session_daemons: None) -> Iterator[None]:
     yield
     after = [p for p in me.children(recursive=True) if p.pid not in before]
     _, alive = psutil.wait_procs(after, timeout=10)
-    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in alive if _really_alive(p)]
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
     assert not alive, f"test leaked processes: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+def _really_alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone, or a zombie psutil refuses to describe
+        return False
 
 
 def marker() -> str:

@@ -4,6 +4,7 @@ stdio with the official SDK's own client."""
 from __future__ import annotations
 
 import sysconfig
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 
 from conftest import Execd, NatsServer
+from sandpod import AsyncSandbox
 from sandpod.mcp_server import SandboxPool, build_server
 
 SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
@@ -137,3 +139,60 @@ async def test_git_checkout_tool(server: MCPServer[Any], tmp_path: Path) -> None
         assert out["commit"] == head.stdout.strip() and out["branch"] == "main"
         bad = await client.call_tool("git_checkout", {"url": f"file://{tmp_path}/missing"})
         assert bad.is_error and "git.not_found" in bad.content[0].text
+
+
+async def test_process_tools(server: MCPServer[Any]) -> None:
+    """process_start (waiting for a port), process_logs by cursor, process_kill."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with Client(server) as client:
+        started = _structured(
+            await client.call_tool(
+                "process_start",
+                {"command": f"echo booting; exec python3 -m http.server {port} --bind 127.0.0.1",
+                 "wait_for_port": port},
+            )
+        )  # fmt: skip
+        pid_name = started["process_id"]
+        assert started["state"] == "running"
+        logs = _structured(await client.call_tool("process_logs", {"process_id": pid_name}))
+        assert "booting" in logs["stdout"] and logs["running"] is True
+        again = _structured(
+            await client.call_tool(
+                "process_logs", {"process_id": pid_name, "cursor": logs["next_cursor"]}
+            )
+        )
+        assert "booting" not in again["stdout"]
+        killed = _structured(await client.call_tool("process_kill", {"process_id": pid_name}))
+        assert killed["state"] == "exited"
+
+
+async def test_session_tool_keeps_state_across_calls(
+    server: MCPServer[Any], nats: NatsServer
+) -> None:
+    """session_run keeps cd and exported variables between calls and survives a timeout."""
+    async with Client(server) as client:
+        session = f"mcp-{uuid.uuid4().hex[:6]}"
+        first = _structured(
+            await client.call_tool(
+                "session_run",
+                {"command": "mkdir -p /tmp/mcp-s && cd /tmp/mcp-s && export K=v",
+                 "session": session},
+            )
+        )  # fmt: skip
+        assert first["exit_code"] == 0
+        slow = _structured(
+            await client.call_tool(
+                "session_run", {"command": "sleep 30", "session": session, "timeout": 0.5}
+            )
+        )
+        assert slow["timed_out"] is True
+        after = _structured(
+            await client.call_tool("session_run", {"command": "echo $K; pwd", "session": session})
+        )
+        assert after["stdout"] == "v\n/tmp/mcp-s\n"
+    async with await AsyncSandbox.connect("shared", nats_url=nats.url) as sbx:
+        await sbx.sessions.delete(session)

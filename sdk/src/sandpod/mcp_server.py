@@ -19,7 +19,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from sandpod.aio import AsyncSandbox
-from sandpod.errors import SandpodError
+from sandpod.errors import SandpodError, SessionDead, SessionNotFound
 
 __all__ = ["MAX_TOOL_OUTPUT", "SandboxPool", "build_server"]
 
@@ -94,6 +94,8 @@ def build_server(pool: SandboxPool) -> MCPServer:
     _exec_tools(tool, pool)
     _file_tools(tool, pool)
     _git_tools(tool, pool)
+    _process_tools(tool, pool)
+    _session_tools(tool, pool)
     return server
 
 
@@ -298,3 +300,119 @@ def _git_tools(tool: Tool, pool: SandboxPool) -> None:
         except SandpodError as exc:
             raise _tool_error(exc) from exc
         return {"path": head.path, "commit": head.commit, "branch": head.branch}
+
+
+def _process_tools(tool: Tool, pool: SandboxPool) -> None:
+    """Tools for background processes (servers, watchers, long builds)."""
+
+    @tool
+    async def process_start(
+        *,
+        command: str,
+        cwd: str = "/workspace",
+        env: dict[str, str] | None = None,
+        name: str | None = None,
+        wait_for_port: int | None = None,
+        sandbox: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a long-running command in the background (a dev server, a watcher, a build).
+
+        Returns at once with its `process_id` (your `name`, or a generated one). With
+        `wait_for_port`, returns only once something listens on that TCP port (or fails with
+        the process's output if it exits first). Read its output with process_logs; stop it
+        with process_kill.
+        """
+        try:
+            sbx = await pool.get(sandbox)
+            proc = await sbx.proc.start(cwd, command, proc_id=name, env=env)
+            if wait_for_port is not None:
+                await proc.wait_for_port(wait_for_port, timeout=60)
+            info = await proc.status()
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        return {"process_id": info.proc_id, "pid": info.pid, "state": info.state}
+
+    @tool
+    async def process_logs(
+        *,
+        process_id: str,
+        cursor: int = 0,
+        wait: float = 0.0,
+        sandbox: str | None = None,
+    ) -> dict[str, Any]:
+        """Read a background process's output after `cursor` (0: from the start).
+
+        Returns up to 64 KiB of stdout and stderr, the `next_cursor` to pass next time,
+        whether it is still `running`, and its `exit_code` once it ended. `wait` (seconds,
+        at most 30) waits for new output when there is none yet.
+        """
+        try:
+            sbx = await pool.get(sandbox)
+            read = await sbx.proc.logs(process_id, cursor, wait=min(wait, 30.0),
+                                       max_bytes=MAX_TOOL_OUTPUT)  # fmt: skip
+            info = await sbx.proc.status(process_id)
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        out = b"".join(c.data for c in read.chunks if c.stream == "stdout")
+        err = b"".join(c.data for c in read.chunks if c.stream == "stderr")
+        return {
+            "stdout": out.decode("utf-8", "replace"),
+            "stderr": err.decode("utf-8", "replace"),
+            "next_cursor": read.next_cursor,
+            "skipped_bytes": read.skipped,
+            "running": info.state == "running",
+            "exit_code": info.exit_code,
+        }
+
+    @tool
+    async def process_kill(*, process_id: str, sandbox: str | None = None) -> dict[str, Any]:
+        """Stop a background process and everything it started (SIGTERM, then SIGKILL)."""
+        try:
+            sbx = await pool.get(sandbox)
+            info = await sbx.proc.kill(process_id)
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        return {"process_id": info.proc_id, "state": info.state, "exit_code": info.exit_code,
+                "signal": info.signal}  # fmt: skip
+
+
+def _session_tools(tool: Tool, pool: SandboxPool) -> None:
+    """Tools for stateful shell sessions."""
+
+    @tool
+    async def session_run(
+        *,
+        command: str,
+        session: str = "main",
+        timeout: float = 120.0,
+        sandbox: str | None = None,
+    ) -> dict[str, Any]:
+        """Run a command in a persistent bash session (created on first use).
+
+        Unlike exec, state persists between calls of the same `session`: the working
+        directory (`cd`), exported variables, activated virtualenvs, shell functions.
+        Commands in one session run one after another. A command that exceeds `timeout`
+        seconds is killed, but the session and its state survive. Output is cut at 64 KiB
+        per stream.
+        """
+        try:
+            sbx = await pool.get(sandbox)
+            try:
+                r = await sbx.sessions.run(session, command, timeout=timeout)
+            except (SessionNotFound, SessionDead):
+                await sbx.sessions.create(session)
+                r = await sbx.sessions.run(session, command, timeout=timeout)
+        except SandpodError as exc:
+            raise _tool_error(exc) from exc
+        out, out_cut = _clip(r.stdout_bytes)
+        err, err_cut = _clip(r.stderr_bytes)
+        return {
+            "exit_code": r.exit_code,
+            "stdout": out,
+            "stderr": err,
+            "stdout_truncated": out_cut or r.stdout_truncated,
+            "stderr_truncated": err_cut or r.stderr_truncated,
+            "timed_out": r.timed_out,
+            "cwd": r.cwd,
+            "session_ended": r.shell_exited,
+        }
