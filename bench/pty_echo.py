@@ -8,6 +8,8 @@ kernel's line discipline echoes) and an interactive ``bash`` (readline echoes).
 
 Floor = a bare NATS request/reply round trip (to a responder in another process, as execd is)
 + the same keystroke echo on a local pty with no NATS at all. Target: p50 <= 1.5x the floor.
+Then a flood: a program printing 32 MiB with no viewer attached finishes at the speed of a local
+pty read flat out, because execd drains the terminal into the ring whatever the viewers do.
 
     .venv/bin/python bench/pty_echo.py [--keys 1000]
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import select
 import subprocess
@@ -135,6 +138,34 @@ async def _quiet(term: AsyncPty) -> None:
         pass
 
 
+FLOOD = 32 * 1024 * 1024
+FLOOD_CMD = ["sh", "-c", f"head -c {FLOOD} /dev/zero | tr '\\0' x"]
+
+
+def local_flood() -> float:
+    """Seconds for FLOOD_CMD on a local pty whose master is read as fast as possible."""
+    master, slave = os.openpty()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(FLOOD_CMD, stdin=slave, stdout=slave, stderr=slave, env=SANDBOX_ENV)
+    os.close(slave)
+    with contextlib.suppress(OSError):  # EIO once the program is gone
+        while os.read(master, 1 << 16):
+            pass
+    proc.wait()
+    os.close(master)
+    return time.perf_counter() - t0
+
+
+async def sandpod_flood(sbx: AsyncSandbox) -> float:
+    """Seconds for FLOOD_CMD on a Sandpod pty with no viewer at all (execd drains the ring)."""
+    t0 = time.perf_counter()
+    async with await sbx.pty.open(FLOOD_CMD) as term:
+        # polling pty.get is the point: a viewer would be reading, and none may here
+        while (await term.info()).running:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+        return time.perf_counter() - t0
+
+
 async def main(args: argparse.Namespace) -> None:
     with platform() as (url, _execd):
         print(f"pty keystroke echo, {args.keys} keys each, 2 cores, nats-server on loopback\n")
@@ -154,6 +185,13 @@ async def main(args: argparse.Namespace) -> None:
                 f"  -> floor p50 {floor50 * 1000:.3f} ms; sandpod/floor p50 {ratio50:.2f}x "
                 f"(target <= 1.5x: {verdict}), p99 {ratio99:.2f}x\n"
             )
+        local, remote = local_flood(), await sandpod_flood(sbx)
+        mib = FLOOD / 2**20
+        print(
+            f"{mib:.0f} MiB of output, nobody reading: sandpod pty {remote:.2f} s "
+            f"({mib / remote:.0f} MiB/s) vs local pty read flat out {local:.2f} s "
+            f"({mib / local:.0f} MiB/s): {remote / local:.2f}x; the program never waits for viewers"
+        )
         await sbx.close()
 
 

@@ -3,6 +3,7 @@ serving."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -16,6 +17,8 @@ from sandpod_contract.codec import decode_reply, pack
 from sandpod_contract.errors import BadRequest, FsError, SandpodError
 from sandpod_contract.messages.fs import FsEntry
 from sandpod_contract.subjects import Subjects
+from sandpod_execd.files.ops import write_file
+from sandpod_execd.files.paths import Paths
 
 SUBJECTS = Subjects()
 
@@ -123,3 +126,26 @@ async def test_malformed_fs_requests_get_bad_request(
         decode_reply(FsEntry, reply)
     assert isinstance(caught.value, BadRequest), caught.value
     assert fragment in caught.value.message
+
+
+def test_a_jailed_sandbox_reaches_only_its_workspace(tmp_path: Path) -> None:
+    """With a jail (execd is root on the host), fs refuses host paths and workspace symlinks
+    that lead out; new files belong to the jail's user."""
+    ws = tmp_path / "ws"
+    (ws / "in").mkdir(parents=True)
+    (ws / "out").symlink_to("/etc")
+    (ws / "ok").symlink_to("in")
+    confined = Paths(ws, confined=True, new_owner=(4321, 4321))
+    assert confined.resolve("/workspace/in/x") == str(ws / "in" / "x")
+    assert confined.resolve("ok/new-file") == str(ws / "ok" / "new-file")
+    for outside in ("/etc/passwd", "/workspace/out/passwd", "out", "/proc/1/root/etc"):
+        with pytest.raises(FsError) as caught:
+            confined.resolve(outside)
+        assert caught.value.code == "fs.invalid_path"
+    assert Paths(ws).resolve("/etc/passwd") == "/etc/passwd"  # process runtime: host paths
+    if os.geteuid() == 0:
+        written = write_file(
+            str(ws / "in" / "f"), b"x", mode=None, owner=None, make_parents=False,
+            exclusive=True, new_owner=(4321, 4321),
+        )  # fmt: skip
+        assert os.stat(written).st_uid == 4321

@@ -103,6 +103,8 @@ async def test_framing_survives_hostile_output(sessions) -> None:  # type: ignor
     assert r.exit_code == 2
     r = await sh.run("echo still fine\necho two lines")
     assert r.stdout == "still fine\ntwo lines\n"
+    r = await sh.run("mkdir -p $'bad\\xffdir' && cd $'bad\\xffdir'")  # a cwd that is not UTF-8
+    assert r.exit_code == 0 and r.cwd is not None and r.cwd.endswith("/bad\ufffddir")
 
 
 async def test_large_output_is_fetched_transparently(sessions) -> None:  # type: ignore[no-untyped-def]
@@ -167,7 +169,7 @@ async def test_commands_of_one_session_run_one_at_a_time_in_order(sessions) -> N
     results = await asyncio.gather(*(sh.run(step.format(i=i)) for i in range(20)))
     assert all(r.stdout == "" and r.exit_code == 0 for r in results)
     numbers = (await sh.run("cat order.log")).stdout.split()
-    assert sorted(numbers, key=int) == [str(i) for i in range(20)]
+    assert numbers == [str(i) for i in range(20)]  # requests published in this order
 
 
 async def test_cancel_ends_the_running_command_and_queued_ones(sessions, sbx: AsyncSandbox) -> None:  # type: ignore[no-untyped-def]

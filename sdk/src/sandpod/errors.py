@@ -2,6 +2,7 @@
 client-side :class:`CommandFailed`. Catch a family base (``FsError``, ``ExecError``) or a precise
 class; every one has ``code``, ``message``, ``details`` and ``retryable``."""
 
+from sandpod.proc_types import ProcExited, ProcWaitTimeout  # client-side, never on the wire
 from sandpod_contract.errors import (
     BadRequest,
     Busy,
@@ -90,8 +91,10 @@ __all__ = [
     "InvalidCwd",
     "PayloadTooLarge",
     "ProcError",
+    "ProcExited",
     "ProcIdInUse",
     "ProcNotFound",
+    "ProcWaitTimeout",
     "PtyClosed",
     "PtyError",
     "PtyIdInUse",

@@ -147,6 +147,7 @@ class AsyncSessions:
         return [SessionInfo._from_wire(s) for s in listing.sessions]
 
     async def status(self, session_id: str) -> SessionInfo:
+        """Where ``session_id`` stands. Raises SessionNotFound."""
         info = await self._call(
             "status", SessionRef(session_id=session_id), WireInfo, CONTROL_TIMEOUT
         )
@@ -267,14 +268,17 @@ class AsyncSession:
         )  # fmt: skip
 
     async def status(self) -> SessionInfo:
+        """Where this session stands."""
         self.info = await self._sessions.status(self.id)
         return self.info
 
     async def cancel(self, command_id: str) -> SessionInfo:
+        """End a running or queued command of this session; the session stays."""
         self.info = await self._sessions.cancel(self.id, command_id)
         return self.info
 
     async def delete(self) -> SessionInfo:
+        """Kill the shell and everything it started."""
         self.info = await self._sessions.delete(self.id)
         return self.info
 

@@ -64,7 +64,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("sandbox", help="sandbox id")
     # REMAINDER (not "*"): argparse would otherwise refuse options between SANDBOX and "--";
     # _split_rest takes the options out again.
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="program and arguments (after --)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="program and arguments (after --); default: the login shell")  # fmt: skip
     p.set_defaults(run=_run_shell)
 
 

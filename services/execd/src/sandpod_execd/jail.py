@@ -117,10 +117,14 @@ class Jail:
         # Opened before the identity check: if the holder is the right one now, this fd is its
         # pid namespace for good (a recycled pid can never redirect our forks).
         self._pidns = os.open(f"/proc/{self.holder}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-        self.check()
-        env = next((p for p in ("/usr/bin/env", "/bin/env") if self.has_program(p)), None)
-        if env is None:
-            raise ValueError(f"sandbox {sandbox_id!r}: its root has no /usr/bin/env")
+        try:
+            self.check()
+            env = next((p for p in ("/usr/bin/env", "/bin/env") if self.has_program(p)), None)
+            if env is None:
+                raise ValueError(f"sandbox {sandbox_id!r}: its root has no /usr/bin/env")
+        except BaseException:
+            self.close()
+            raise
         self._env_program = env
 
     @classmethod
@@ -133,6 +137,12 @@ class Jail:
         if not isinstance(data, dict):
             raise ValueError(f"jail file {path} is not a JSON object")
         return cls(data, sandbox_id)
+
+    def close(self) -> None:
+        """Release the pid namespace handle (execd keeps its jails for its whole life)."""
+        if self._pidns >= 0:
+            os.close(self._pidns)
+            self._pidns = -1
 
     def check(self) -> None:
         """Raise SandboxUnavailable unless the holder is alive (and still the same process)."""

@@ -1,16 +1,22 @@
 """Is a port on the sandbox's loopback ready? (the ``proc.wait_port`` domain logic, no NATS).
 
-The check runs inside execd, i.e. from inside the sandbox's network, so it sees servers bound to
-127.0.0.1 that no client outside could reach. ``tcp``: a connection succeeds on 127.0.0.1 or
-::1. ``http``: additionally ``GET <path>`` answers with a status in 200..399 (HTTP/1.0, so the
-server closes the connection; only the status line is read).
+The check sees what the sandbox sees: a server bound to the sandbox's 127.0.0.1 that no client
+outside could reach. In the process runtime that is execd's own loopback; in the local runtime
+the sandbox has its own network namespace, so each socket is created in it (the loop thread
+joins the namespace for the ``socket()`` call only and returns at once; the socket stays
+there). ``tcp``: a connection succeeds on 127.0.0.1 or ::1. ``http``: additionally
+``GET <path>`` answers with a status in 200..399 (HTTP/1.0, so the server closes the
+connection; only the status line is read).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
+import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -19,6 +25,8 @@ __all__ = ["PortCheck", "check_port", "wait_port"]
 HOSTS = ("127.0.0.1", "::1")
 ATTEMPT_TIMEOUT = 2.0  # seconds for one connection (and, for http, its status line)
 INTERVAL = 0.1  # seconds between attempts
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,8 +48,41 @@ async def _http_status(
     return int(parts[1])
 
 
-async def _attempt(host: str, port: int, kind: str, path: str) -> PortCheck:
-    reader, writer = await asyncio.open_connection(host, port)
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def _socket(host: str, netns: str | None) -> socket.socket:
+    """A non-blocking TCP socket for ``host``, in the network namespace ``netns`` if given."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if netns is None:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    else:
+        target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(target)
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            finally:
+                _setns(home)
+        finally:
+            os.close(target)
+            os.close(home)
+    sock.setblocking(False)
+    return sock
+
+
+async def _attempt(host: str, port: int, kind: str, path: str, netns: str | None) -> PortCheck:
+    sock = _socket(host, netns)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    except BaseException:
+        sock.close()
+        raise
+    reader, writer = await asyncio.open_connection(sock=sock)
     try:
         if kind == "tcp":
             return PortCheck(ready=True)
@@ -55,12 +96,15 @@ async def _attempt(host: str, port: int, kind: str, path: str) -> PortCheck:
             await writer.wait_closed()
 
 
-async def check_port(port: int, kind: str = "tcp", path: str = "/") -> PortCheck:
-    """One check on each loopback address; ready if either is."""
+async def check_port(
+    port: int, kind: str = "tcp", path: str = "/", netns: str | None = None
+) -> PortCheck:
+    """One check on each loopback address (of ``netns``, if given); ready if either is."""
     last = PortCheck(ready=False, reason="not checked")
     for host in HOSTS:
         try:
-            result = await asyncio.wait_for(_attempt(host, port, kind, path), ATTEMPT_TIMEOUT)
+            attempt = _attempt(host, port, kind, path, netns)
+            result = await asyncio.wait_for(attempt, ATTEMPT_TIMEOUT)
         except TimeoutError:
             result = PortCheck(ready=False, reason="timed out")
         except ConnectionRefusedError:
@@ -76,12 +120,12 @@ async def check_port(port: int, kind: str = "tcp", path: str = "/") -> PortCheck
 
 
 async def wait_port(
-    port: int, kind: str, path: str, wait: float, stop: Callable[[], bool]
+    port: int, kind: str, path: str, wait: float, *, stop: Callable[[], bool], netns: str | None
 ) -> PortCheck:
     """Check until ready, ``wait`` seconds passed, or ``stop()`` is true (the process exited)."""
     deadline = time.monotonic() + wait
     while True:
-        result = await check_port(port, kind, path)
+        result = await check_port(port, kind, path, netns)
         if result.ready or stop() or time.monotonic() + INTERVAL > deadline:
             return result
         await asyncio.sleep(INTERVAL)

@@ -82,7 +82,7 @@ class BackgroundProc:
         self.log = OutputLog(log_limit)
         self.log_limit = log_limit
         self.started_at = time.time()
-        self.ended_at: float | None = None
+        self._ended_at: float | None = None
         self.killed = False
         self.timed_out = False
         self.sizes = {"stdout": 0, "stderr": 0}
@@ -94,6 +94,13 @@ class BackgroundProc:
     @property
     def state(self) -> ProcState:
         return "running" if self.proc.running else "exited"
+
+    @property
+    def ended_at(self) -> float | None:
+        """Wall clock of the exit (as first observed: the reap and this differ by microseconds)."""
+        if self._ended_at is None and not self.proc.running:
+            self._ended_at = time.time()
+        return self._ended_at
 
     @property
     def finished(self) -> bool:
@@ -117,7 +124,7 @@ class BackgroundProc:
         stop = asyncio.ensure_future(self._stopped())
         try:
             await self.proc.wait()
-            self.ended_at = time.time()
+            self._ended_at = self._ended_at or time.time()
             log.info("proc_exited", proc_id=self.proc_id, returncode=self.proc.returncode)
             await asyncio.wait([pumps, stop], return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -127,7 +134,6 @@ class BackgroundProc:
             if self.proc.running:  # cancelled (execd stopping) or discarded while running
                 self.killed = True
                 await asyncio.shield(self._kill_now())
-            self.ended_at = self.ended_at or time.time()
             self.proc.close_pipes()
             self.log.close()
             self._done.set()
@@ -229,6 +235,7 @@ class ProcTable:
         proc_id: str,
         token: str,
         display: str,
+        cwd: str,
         tags: Mapping[str, str] | None,
         log_limit: int,
         timeout: float | None,
@@ -250,7 +257,7 @@ class ProcTable:
         proc = spawn(cmd)
         bp = BackgroundProc(
             proc_id=proc_id, proc=proc, token=token, command=display[:COMMAND_DISPLAY],
-            cwd=cmd.cwd, tags=tags, log_limit=log_limit, timeout=timeout, stdin=stdin,
+            cwd=cwd, tags=tags, log_limit=log_limit, timeout=timeout, stdin=stdin,
         )  # fmt: skip
         self._procs[proc_id] = bp
         log.info("proc_started", proc_id=proc_id, pid=proc.pid)

@@ -9,6 +9,9 @@ lives, so the group id cannot have been reused), and every process whose environ
 the token (read from ``/proc/<pid>/environ``; a process that scrubs its environment *and* leaves
 both the group and its parent chain is the one case this misses).
 
+In the local runtime each command also has its own cgroup (``Process.cgroup``); its members
+belong to the tree as well, and the final SIGKILL goes to the whole cgroup.
+
 ``end_tree`` sends a signal to every member, waits up to a grace period, then SIGKILLs whatever
 is left, re-scanning so that children forked meanwhile die too.
 """
@@ -23,7 +26,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from sandpod_execd.process import Process
+from sandpod_execd.process import Process, kill_cgroup
 
 __all__ = [
     "TOKEN_ENV",
@@ -101,10 +104,20 @@ def snapshot(token: str | None = None) -> Snapshot:
     return Snapshot(children, pgid, frozenset(tagged))
 
 
+def _cgroup_pids(leader: Process | None) -> set[int]:
+    if leader is None or leader.cgroup is None:
+        return set()
+    try:
+        with open(f"{leader.cgroup}/cgroup.procs", "rb") as f:
+            return {int(p) for p in f.read().split()}
+    except OSError:
+        return set()
+
+
 def members(leader: Process | None, pid: int, token: str, snap: Snapshot | None = None) -> set[int]:
     """Every live process of the tree led by ``pid`` (see the module docstring)."""
     snap = snap or snapshot(token)
-    found = set(snap.tagged)
+    found = set(snap.tagged) | _cgroup_pids(leader)
     if leader is not None and leader.running:
         found.add(pid)
         found |= {p for p, g in snap.pgid.items() if g == pid}
@@ -169,4 +182,6 @@ async def end_tree(leader: Process | None, pid: int, token: str, sig: int, grace
     if leader is not None and leader.running:
         leader.signal_group(signal.SIGKILL)
     signal_pids(left, signal.SIGKILL)
+    if leader is not None and leader.cgroup is not None:
+        kill_cgroup(leader.cgroup)  # jailed: strays re-parented inside the sandbox too
     await _wait_gone(leader, left, 1.0)

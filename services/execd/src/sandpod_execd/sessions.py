@@ -18,13 +18,9 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import os
-import shutil
 import signal
-import tempfile
 import time
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Literal
 
 import structlog
@@ -38,9 +34,10 @@ from sandpod_contract.errors import (
 )
 from sandpod_execd import proctree
 from sandpod_execd.process import Command, spawn
+from sandpod_execd.sessiondir import SessionDir
 from sandpod_execd.shell import Outcome, Shell
 
-__all__ = ["Captured", "Session", "SessionLimits", "SessionTable", "Ticket"]
+__all__ = ["Captured", "Place", "Session", "SessionLimits", "SessionTable", "Ticket"]
 
 log = structlog.get_logger("sandpod.execd.session")
 
@@ -57,6 +54,17 @@ class SessionLimits:
     start_timeout: float = 10.0  # seconds a new shell gets to answer its first command
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Place:
+    """Where a session lives: its temp directory (host path and as the shell sees it), the
+    owner of its files (the sandbox's uid/gid when jailed) and its start directory."""
+
+    tmp: str
+    tmp_inside: str
+    owner: tuple[int, int] | None
+    cwd: str
+
+
 @dataclasses.dataclass(slots=True)
 class Ticket:
     """A command's place in its session's queue."""
@@ -68,7 +76,7 @@ class Ticket:
 
 @dataclasses.dataclass(slots=True)
 class _Retained:
-    files: dict[str, Path]
+    files: dict[str, str]  # stream -> file name in the session directory
     sizes: dict[str, int]
     unfetched: set[str]
     expires: float
@@ -99,6 +107,7 @@ class Session:
         self._limits = limits
         self._ttl = ttl
         self._retained: collections.OrderedDict[str, _Retained] = collections.OrderedDict()
+        self._dir = shell.workdir
 
     @property
     def state(self) -> Literal["idle", "busy", "dead"]:
@@ -199,17 +208,17 @@ class Session:
     def capture(self, command_id: str, outcome: Outcome, max_output: int, budget: int) -> Captured:
         """Read the command's output files; keep what does not fit in ``budget`` for fetch."""
         files = {"stdout": outcome.stdout, "stderr": outcome.stderr}
-        written = {s: _size(p) for s, p in files.items()}
+        written = {s: self._dir.size(name) for s, name in files.items()}
         sizes = {s: min(n, max_output) for s, n in written.items()}
         head = _split(budget, sizes["stdout"], sizes["stderr"])
-        data = {s: _read(files[s], 0, head[s]) for s in files}
+        data = {s: self._dir.read(files[s], 0, head[s]) for s in files}
         unfetched = {s for s in files if len(data[s]) < sizes[s]}
         if unfetched:
             self._retain(
                 command_id, _Retained(files, sizes, unfetched, time.monotonic() + self._ttl)
             )
         else:
-            _unlink(files.values())
+            self._dir.unlink(*files.values())
         return Captured(
             stdout=data["stdout"], stderr=data["stderr"],
             stdout_size=sizes["stdout"], stderr_size=sizes["stderr"],
@@ -221,7 +230,7 @@ class Session:
         self._retained[command_id] = kept
         while len(self._retained) > self._limits.max_retained:
             _, old = self._retained.popitem(last=False)
-            _unlink(old.files.values())
+            self._dir.unlink(*old.files.values())
 
     def fetch(
         self, command_id: str, stream: StreamName, offset: int, max_bytes: int
@@ -229,7 +238,7 @@ class Session:
         """``(data, eof)`` of a retained result from ``offset``; KeyError if not retained."""
         self.expire()
         kept = self._retained[command_id]
-        data = _read(
+        data = self._dir.read(
             kept.files[stream], offset, min(max_bytes, max(kept.sizes[stream] - offset, 0))
         )
         eof = offset + len(data) >= kept.sizes[stream]
@@ -237,20 +246,20 @@ class Session:
             kept.unfetched.discard(stream)
             if not kept.unfetched:
                 del self._retained[command_id]
-                _unlink(kept.files.values())
+                self._dir.unlink(*kept.files.values())
         return data, eof
 
     def expire(self) -> None:
         now = time.monotonic()
         for command_id in [c for c, k in self._retained.items() if k.expires <= now]:
-            _unlink(self._retained.pop(command_id).files.values())
+            self._dir.unlink(*self._retained.pop(command_id).files.values())
 
     def discard(self) -> None:
         """Forget a dead session now: SIGKILL what its shell left running, remove its files."""
         pids = proctree.members(self.shell.proc, self.shell.proc.pid, self.shell.token)
         proctree.signal_pids(pids, signal.SIGKILL)
         self._retained.clear()
-        shutil.rmtree(self.shell.workdir, ignore_errors=True)
+        self._dir.remove()
 
     async def close(self) -> None:
         """Kill the shell and its processes, cancel queued commands, remove its files."""
@@ -262,7 +271,7 @@ class Session:
         self.shell.interrupt()
         await self.shell.kill()
         self._retained.clear()
-        shutil.rmtree(self.shell.workdir, ignore_errors=True)
+        self._dir.remove()
 
 
 class SessionTable:
@@ -304,15 +313,16 @@ class SessionTable:
                        limit=self.limits.max_sessions)  # fmt: skip
         return old
 
-    def spawn(self, session_id: str, cmd: Command, token: str) -> Session:
-        """Start the shell for ``session_id`` (after :meth:`admit`)."""
-        workdir = Path(tempfile.mkdtemp(prefix=f"sandpod-session-{session_id[:32]}-"))
+    def spawn(self, session_id: str, cmd: Command, token: str, place: Place) -> Session:
+        """Start the shell for ``session_id`` (after :meth:`admit`) in the directory ``place``."""
+        workdir = SessionDir(place.tmp, place.tmp_inside, place.owner)
         try:
             proc = spawn(cmd)
         except BaseException:
-            shutil.rmtree(workdir, ignore_errors=True)
+            workdir.remove()
             raise
-        session = Session(session_id, Shell(proc, token, workdir, cmd.cwd), self.limits, self._ttl)
+        shell = Shell(proc, token, workdir, place.cwd)
+        session = Session(session_id, shell, self.limits, self._ttl)
         self._sessions[session_id] = session
         log.info("session_started", session_id=session_id, pid=proc.pid)
         return session
@@ -321,30 +331,6 @@ class SessionTable:
         session = self.get(session_id)
         del self._sessions[session_id]
         return session
-
-
-def _size(path: Path) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
-def _read(path: Path, offset: int, size: int) -> bytes:
-    if size <= 0:
-        return b""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(size)
-    except OSError:
-        return b""
-
-
-def _unlink(paths: Iterable[Path]) -> None:
-    for path in paths:
-        with contextlib.suppress(OSError):
-            path.unlink()
 
 
 def _split(budget: int, out: int, err: int) -> dict[str, int]:

@@ -27,18 +27,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import secrets
 import shlex
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 from sandpod_execd import proctree
 from sandpod_execd.process import Process
+from sandpod_execd.sessiondir import SessionDir
 
 __all__ = ["INTERRUPT_SIGNAL", "Outcome", "Shell"]
 
@@ -60,14 +59,14 @@ class Outcome:
     interrupted: bool  # timeout or cancel: the command was abandoned
     shell_exited: bool
     duration: float
-    stdout: Path
-    stderr: Path
+    stdout: str  # file names in the session directory
+    stderr: str
 
 
 class Shell:
     """A running bash with a private directory for command files. ``pump()`` drives it."""
 
-    def __init__(self, proc: Process, token: str, workdir: Path, cwd: str) -> None:
+    def __init__(self, proc: Process, token: str, workdir: SessionDir, cwd: str) -> None:
         self.proc = proc
         self.token = token
         self.workdir = workdir
@@ -126,7 +125,7 @@ class Shell:
         del self._buf[: end + 1]
         self._waiting = None
         if not future.done():
-            future.set_result((int(status), os.fsdecode(cwd)))
+            future.set_result((int(status), cwd.decode("utf-8", "replace")))
 
     async def kill(self) -> None:
         """SIGKILL the shell and everything it started."""
@@ -171,14 +170,13 @@ class Shell:
     async def run(self, command: str, stdin: bytes | None, timeout: float | None) -> Outcome:
         """Run one command in the shell; returns once it ended (or was abandoned)."""
         self._seq += 1
-        base = self.workdir / str(self._seq)
-        files = {ext: Path(f"{base}.{ext}") for ext in ("cmd", "in", "out", "err")}
-        _write_private(files["cmd"], command.encode())
+        files = {ext: f"{self._seq}.{ext}" for ext in ("cmd", "in", "out", "err")}
+        self.workdir.write(files["cmd"], command.encode())
         if stdin is not None:
-            _write_private(files["in"], stdin)
-        source = shlex.quote(str(files["in"])) if stdin is not None else "/dev/null"
+            self.workdir.write(files["in"], stdin)
+        q = {ext: shlex.quote(self.workdir.path(name)) for ext, name in files.items()}
+        source = q["in"] if stdin is not None else "/dev/null"
         nonce, future = self._expect()
-        q = {ext: shlex.quote(str(path)) for ext, path in files.items()}
         line = (
             f"\\builtin trap '\\builtin return {TIMEOUT_STATUS} 2>/dev/null' {INTERRUPT_SIGNAL}; "
             f"{{ \\builtin . {q['cmd']}; }} <{source} >{q['out']} 2>{q['err']}; "
@@ -194,9 +192,7 @@ class Shell:
         if interrupted:
             await self._abandon(future, before)
         record = future.result() if future.done() else None
-        with contextlib.suppress(OSError):
-            files["cmd"].unlink()
-            files["in"].unlink(missing_ok=True)
+        self.workdir.unlink(files["cmd"], files["in"])
         if record is not None:
             self.cwd = record[1]
         return Outcome(
@@ -246,13 +242,3 @@ class Shell:
         # A signal still pending in the shell must fire now, not in the next command.
         if not await self.sync(KILL_GRACE):
             await self.kill()
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)

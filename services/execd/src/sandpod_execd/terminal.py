@@ -170,7 +170,8 @@ class Terminal:
             except BlockingIOError:
                 break
             except OSError as exc:
-                self._fail_writes(PtyClosed(f"terminal write failed: {exc.strerror}"))
+                self._fail_writes(PtyClosed(f"terminal write failed: {exc.strerror}",
+                                            pty_id=self.spec.pty_id))  # fmt: skip
                 return
             self._pending_input -= k
             head.view = head.view[k:]

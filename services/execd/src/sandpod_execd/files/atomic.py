@@ -76,6 +76,7 @@ class AtomicFile:
         owner: tuple[int, int] | None = None,
         make_parents: bool = True,
         exclusive: bool = False,
+        new_owner: tuple[int, int] | None = None,
     ) -> None:
         if os.path.islink(target):
             target = os.path.realpath(target)  # write through the link, keep the link
@@ -93,11 +94,12 @@ class AtomicFile:
         self.mode = mode if mode is not None else (
             stat.S_IMODE(existing.st_mode) if existing is not None else DEFAULT_MODE
         )  # fmt: skip
-        # An explicit owner must be applied; an existing file's is kept when execd may (root).
+        # An explicit owner must be applied; an existing file's is kept when execd may (root);
+        # a new file gets ``new_owner`` (the sandbox's user when execd works for a jail).
         self._owner_required = owner is not None
         self.owner = owner
-        if owner is None and existing is not None:
-            self.owner = (existing.st_uid, existing.st_gid)
+        if owner is None:
+            self.owner = (existing.st_uid, existing.st_gid) if existing is not None else new_owner
         self.tmp = os.path.join(directory, f".sandpod-{secrets.token_hex(8)}.tmp")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
         self.fd = os.open(self.tmp, flags, 0o600)

@@ -99,11 +99,13 @@ def write_file(
     owner: tuple[int, int] | None,
     make_parents: bool,
     exclusive: bool,
+    new_owner: tuple[int, int] | None = None,
 ) -> str:
     """Replace ``path`` with ``data`` atomically; returns the path written (a link's target)."""
     atomic = AtomicFile(
-        path, mode=mode, owner=owner, make_parents=make_parents, exclusive=exclusive
-    )
+        path, mode=mode, owner=owner, make_parents=make_parents, exclusive=exclusive,
+        new_owner=new_owner,
+    )  # fmt: skip
     try:
         atomic.write(data)
     except BaseException:
@@ -190,8 +192,17 @@ def move(src: str, dst: str, *, overwrite: bool, make_parents: bool) -> None:
     shutil.move(src, dst)
 
 
-def copy(src: str, dst: str, *, recursive: bool, overwrite: bool, make_parents: bool) -> None:
-    """Copy a file atomically (mode kept), or a directory tree (links copied as links)."""
+def copy(
+    src: str,
+    dst: str,
+    *,
+    recursive: bool,
+    overwrite: bool,
+    make_parents: bool,
+    new_owner: tuple[int, int] | None = None,
+) -> None:
+    """Copy a file atomically (mode kept), or a directory tree (links copied as links); what is
+    created belongs to ``new_owner`` when given."""
     _prepare_dst(src, dst, make_parents=make_parents)
     st = os.stat(src)
     if stat.S_ISDIR(st.st_mode):
@@ -200,11 +211,13 @@ def copy(src: str, dst: str, *, recursive: bool, overwrite: bool, make_parents: 
         if os.path.lexists(dst) and not overwrite:
             raise _err(errno.EEXIST, dst)
         shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=overwrite)
+        if new_owner is not None:
+            chown(dst, *new_owner, recursive=True)
         return
     if os.path.isdir(dst):
         raise _err(errno.EISDIR, dst)
     atomic = AtomicFile(dst, mode=stat.S_IMODE(st.st_mode), make_parents=False,
-                        exclusive=not overwrite)  # fmt: skip
+                        exclusive=not overwrite, new_owner=new_owner)  # fmt: skip
     try:
         with open(src, "rb") as source:
             _copy_fd(source.fileno(), atomic.fd)

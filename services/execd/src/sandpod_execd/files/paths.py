@@ -75,10 +75,26 @@ def wire_str(text: str) -> str:
 
 
 class Paths:
-    """Path rules of one sandbox (see the module docstring)."""
+    """Path rules of one sandbox (see the module docstring).
 
-    def __init__(self, workspace: Path | str) -> None:
+    ``confined`` (a jailed sandbox, local runtime): execd works on the host as root, so only the
+    workspace is reachable, and a path whose symlinks lead out of it is refused. This is an
+    interim guard, checked before the operation (a sandbox process racing to swap a directory
+    for a link could still win): the real fix is resolving inside the jail (``openat2`` with
+    ``RESOLVE_IN_ROOT``, or a helper in its namespaces). ``new_owner`` (the jail's user) owns
+    what fs creates there.
+    """
+
+    def __init__(
+        self,
+        workspace: Path | str,
+        *,
+        confined: bool = False,
+        new_owner: tuple[int, int] | None = None,
+    ) -> None:
         self.workspace = os.path.abspath(workspace)
+        self.confined = confined
+        self.new_owner = new_owner
 
     def resolve(self, path: str) -> str:
         """The host path for a client ``path``.
@@ -96,12 +112,22 @@ class Paths:
             )
         aliased = path == WORKSPACE_ALIAS or path.startswith(WORKSPACE_ALIAS + "/")
         if not aliased and os.path.isabs(path):
+            if self.confined:
+                raise FsInvalidPath(
+                    f"{path}: only {WORKSPACE_ALIAS} is reachable through fs in this runtime",
+                    path=path,
+                )
             return path
         inside = path[len(WORKSPACE_ALIAS) :] if aliased else path
         inside = os.path.normpath(inside.lstrip("/")) if inside.strip("/") else "."
         if inside == ".." or inside.startswith("../"):
             raise FsInvalidPath(f"{path}: '..' climbs out of {WORKSPACE_ALIAS}", path=path)
-        return self.workspace if inside == "." else os.path.join(self.workspace, inside)
+        host = self.workspace if inside == "." else os.path.join(self.workspace, inside)
+        if self.confined:
+            real, top = os.path.realpath(host), os.path.realpath(self.workspace)
+            if real != top and not real.startswith(top + "/"):
+                raise FsInvalidPath(f"{path}: a symlink leads out of {WORKSPACE_ALIAS}", path=path)
+        return host
 
     def display(self, host: str) -> str:
         """How a reply shows host path ``host``: ``/workspace/...`` inside the workspace."""

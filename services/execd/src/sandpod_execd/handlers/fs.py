@@ -119,7 +119,12 @@ class FsHandlers:
     def _for(self, sbx: SandboxContext) -> Paths:
         paths = self._paths.get(sbx.sandbox_id)
         if paths is None:
-            paths = self._paths[sbx.sandbox_id] = Paths(sbx.workspace)
+            jail = sbx.jail
+            paths = self._paths[sbx.sandbox_id] = Paths(
+                sbx.workspace,
+                confined=jail is not None,
+                new_owner=(jail.uid, jail.gid) if jail is not None else None,
+            )
         return paths
 
     async def _blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -194,6 +199,7 @@ class FsHandlers:
             target = ops.write_file(
                 host, req.data, mode=req.mode, owner=self._owner(req.owner),
                 make_parents=req.make_parents, exclusive=req.exclusive,
+                new_owner=paths.new_owner,
             )  # fmt: skip
             return self._entry(paths, entry_of(target))
 
@@ -207,6 +213,7 @@ class FsHandlers:
             return AtomicFile(
                 host, mode=req.mode, owner=self._owner(req.owner),
                 make_parents=req.make_parents, exclusive=req.exclusive,
+                new_owner=paths.new_owner,
             )  # fmt: skip
 
         file = await self._run(paths, work, host)
@@ -342,7 +349,8 @@ class FsHandlers:
         host = paths.resolve(req.path)
 
         def work() -> None:
-            ops.mkdir(host, parents=req.parents, mode=req.mode, owner=self._owner(req.owner))
+            owner = self._owner(req.owner) or paths.new_owner
+            ops.mkdir(host, parents=req.parents, mode=req.mode, owner=owner)
 
         await self._run(paths, work, host)
         return await self._stat_reply(paths, host)
@@ -382,7 +390,7 @@ class FsHandlers:
 
         def work() -> None:
             ops.copy(src, dst, recursive=req.recursive, overwrite=req.overwrite,
-                     make_parents=req.make_parents)  # fmt: skip
+                     make_parents=req.make_parents, new_owner=paths.new_owner)  # fmt: skip
 
         await self._run(paths, work, src, walk=True)
         return await self._stat_reply(paths, dst, follow=False)

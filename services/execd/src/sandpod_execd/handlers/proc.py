@@ -49,6 +49,7 @@ class ProcHandlers:
         self._limits = limits or ProcLimits()
         self._tables: dict[str, ProcTable] = {}
         self._budget = reply_budget(deps.max_payload)
+        self._closing = False  # shutdown: pending port waits answer at once
 
     def routes(self) -> dict[tuple[str, str], Route]:
         return {
@@ -65,6 +66,7 @@ class ProcHandlers:
 
     async def close(self) -> None:
         """End every background process tree (SIGTERM, SIGKILL after a short grace)."""
+        self._closing = True
         procs = [bp for table in self._tables.values() for bp in table]
         grace = self._limits.shutdown_grace
         await asyncio.gather(
@@ -94,6 +96,7 @@ class ProcHandlers:
             proc_id=proc_id,
             token=token,
             display=display(req.argv, req.shell),
+            cwd=sbx.jail.inside(req.cwd) if sbx.jail is not None else cmd.cwd,
             tags=req.tags,
             log_limit=table.log_limit(req.log_limit),
             timeout=req.timeout,
@@ -152,7 +155,10 @@ class ProcHandlers:
         return _info(bp)
 
     async def remove(self, sbx: SandboxContext, req: ProcRef) -> ProcInfo:
-        bp = self._table(sbx).remove(req.proc_id)
+        table = self._table(sbx)
+        # Kill first and wait for the tree to be gone, so the reply means "nothing left".
+        await table.get(req.proc_id).kill(signal.SIGKILL, 0)
+        bp = table.remove(req.proc_id)
         await bp.closed()
         return _info(bp)
 
@@ -162,9 +168,12 @@ class ProcHandlers:
             bp = self._table(sbx).get(req.proc_id)
 
         def exited() -> bool:
-            return bp is not None and not bp.proc.running
+            return self._closing or (bp is not None and not bp.proc.running)
 
-        result = await wait_port(req.port, req.kind, req.path or "/", req.wait or 0.0, exited)
+        netns = f"/proc/{sbx.jail.holder}/ns/net" if sbx.jail is not None else None
+        result = await wait_port(
+            req.port, req.kind, req.path or "/", req.wait or 0.0, stop=exited, netns=netns
+        )
         return ProcPortStatus(
             port=req.port,
             ready=result.ready,
@@ -186,7 +195,7 @@ def _info(bp: BackgroundProc) -> ProcInfo:
         cwd=bp.cwd,
         tags=bp.tags,
         started_at=bp.started_at,
-        ended_at=bp.ended_at if bp.proc.returncode is not None else None,
+        ended_at=bp.ended_at,
         exit_code=exit_code,
         signal=sig,
         killed=bp.killed,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -30,12 +31,16 @@ from sandpod_execd import proctree
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.handlers.exec import reply_budget
 from sandpod_execd.oneshot import status_fields
+from sandpod_execd.process import Command
 from sandpod_execd.sandbox import SandboxContext
-from sandpod_execd.sessions import Session, SessionLimits, SessionTable, Ticket
+from sandpod_execd.sessions import Place, Session, SessionLimits, SessionTable, Ticket
 
 __all__ = ["SessionHandlers"]
 
 SESSION_ID_ENV = "SANDPOD_SESSION_ID"
+# The sandbox's own /tmp (a private tmpfs in the jail); files go through SessionDir, never by
+# a path the sandbox could swap.
+JAIL_TMP = "/tmp"  # noqa: S108
 CANCEL_STATUS = 130
 TIMEOUT_STATUS = 124
 
@@ -78,6 +83,8 @@ class SessionHandlers:
     def _bash(self, sbx: SandboxContext) -> str:
         if Path(sbx.shell).name == "bash":
             return sbx.shell
+        if sbx.jail is not None:
+            return "/bin/bash"  # not there: session.create fails with exec.command_not_found
         return shutil.which("bash", path=sbx.base_env.get("PATH")) or "/bin/bash"
 
     # -- verbs ---------------------------------------------------------------------------------
@@ -85,7 +92,8 @@ class SessionHandlers:
     async def create(self, sbx: SandboxContext, req: SessionCreate) -> SessionInfo:
         table = self._table(sbx)
         session_id = req.session_id or uuid.uuid4().hex[:12]
-        if (old := table.admit(session_id)) is not None:
+        # Re-admit after each await: a concurrent create of the same id may have won meanwhile.
+        while (old := table.admit(session_id)) is not None:
             table.remove(session_id)
             await old.close()
         token = uuid.uuid4().hex
@@ -93,7 +101,7 @@ class SessionHandlers:
         cmd = sbx.command(
             (self._bash(sbx), "--noprofile", "--norc"), None, req.cwd, env, stdin=True
         )
-        session = table.spawn(session_id, cmd, token)
+        session = table.spawn(session_id, cmd, token, _place(sbx, cmd, req.cwd))
         self._deps.supervisor.spawn(session.shell.pump(), name=f"session:{session_id}")
         if not await session.shell.start(self._limits.start_timeout):
             table.remove(session_id)
@@ -174,6 +182,16 @@ class SessionHandlers:
             data=data,
             eof=eof,
         )
+
+
+def _place(sbx: SandboxContext, cmd: Command, cwd: str | None) -> Place:
+    """Jailed, the session's files live in the sandbox's own /tmp, owned by its user."""
+    if sbx.jail is None:
+        tmp = tempfile.gettempdir()
+        return Place(tmp=tmp, tmp_inside=tmp, owner=None, cwd=cmd.cwd)
+    jail, tmp = sbx.jail, JAIL_TMP
+    return Place(tmp=jail.host_path(tmp), tmp_inside=tmp, owner=(jail.uid, jail.gid),
+                 cwd=jail.inside(cwd))  # fmt: skip
 
 
 def _info(session: Session) -> SessionInfo:

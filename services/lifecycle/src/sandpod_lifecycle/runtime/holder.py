@@ -5,8 +5,8 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
 (see ``sandpod_execd.jail``). How it is built, in one chain of execs:
 
 1. ``launcher`` (``/bin/sh`` on the host) joins the sandbox's cgroups, so everything after it
-   is limited and tracked, and makes itself unkillable by the OOM killer (the hog dies, never
-   the holder);
+   is limited and tracked, and asks the OOM killer to spare it (``oom_score_adj``, best effort:
+   some hosts refuse; the hog is the largest process anyway);
 2. ``unshare --mount --pid --ipc --uts --net --cgroup --fork --kill-child`` creates the
    namespaces (private mount propagation: nothing we mount leaks to the host);
 3. ``holder`` (``/bin/sh``, pid 1 inside) builds the root with host tools while it still sees
@@ -16,9 +16,11 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
    nodes, its own devpts, ``/dev/shm``), ``/workspace`` bound from the host; sets the hostname,
    brings ``lo`` up (the network namespace has nothing else), adds the sandbox user to
    ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
-   old one, so no host path is reachable any more;
-4. it prints ``ready <host pid>`` on stdout and waits forever (``sleep`` from the base, in a
-   ``wait`` loop so dash reaps re-parented orphans).
+   old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
+   so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and ``umount``;
+4. it prints ``ready <host pid>`` on stdout and re-executes the base's ``sh`` (a short command
+   line, no host paths) to wait forever: ``sleep`` in a ``wait`` loop, so it also reaps the
+   orphans the kernel re-parents to it.
 
 Every value reaches the scripts as a positional argument, never spliced into shell text. Errors
 (``set -eu``) end the holder, whose stderr goes to a log the driver quotes in ``CreateFailed``.
@@ -34,10 +36,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["HolderLayout", "launch"]
+__all__ = ["HolderLayout", "launch", "wait_exit"]
 
 LAUNCHER = r"""
-echo -1000 > /proc/self/oom_score_adj
+echo -1000 2>/dev/null > /proc/self/oom_score_adj || :  # best effort: some hosts refuse
 while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done
 shift
 exec "$@"
@@ -83,14 +85,23 @@ if [ -f "$root/etc/hosts" ]; then
 fi
 echo "$name" > /proc/sys/kernel/hostname
 ip link set lo up
+for tool in sh sleep umount; do
+  found=
+  IFS=:
+  for d in $PATH; do [ -x "$root$d/$tool" ] && found=y; done
+  unset IFS
+  if [ -z "$found" ]; then
+    echo "the sandbox's base has no $tool command (in $PATH)" >&2
+    exit 1
+  fi
+done
 read -r hostpid _ < /proc/self/stat
 cd "$root"
 pivot_root . .
-umount -l /
+umount -l .
 cd /
 echo "ready $hostpid"
-exec </dev/null >/dev/null 2>&1
-while :; do sleep 2147483647 & wait; done
+exec sh -c 'exec </dev/null >/dev/null 2>&1; while :; do sleep 2147483647 & wait; done' "$0"
 """
 
 
@@ -120,7 +131,7 @@ class HolderLayout:
             sh, "-c", LAUNCHER, "sandpod-launch", *cgroup_procs, "--",
             unshare, "--mount", "--pid", "--ipc", "--uts", "--net", "--cgroup", "--fork",
             "--kill-child", "--propagation", "private", "--",
-            sh, "-c", HOLDER, f"sandpod-holder:{self.sandbox_id}",
+            sh, "-c", HOLDER, "sandpod-holder",
             str(self.base), str(self.upper), str(self.work), str(self.root),
             str(self.workspace), self.sandbox_id, str(self.tmp_bytes), str(self.uid),
             str(self.gid), *(str(m) for m in self.masks),
@@ -192,6 +203,27 @@ def _start(
     finally:
         os.close(ready_w)
     return popen, ready_r
+
+
+async def wait_exit(popen: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait (on a pidfd, without blocking the loop) until our child exits; reap it. Returns
+    whether it has exited."""
+    if popen.poll() is not None:
+        return True
+    loop = asyncio.get_running_loop()
+    fd = os.pidfd_open(popen.pid)
+    try:
+        exited: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, _set_once, exited)
+        try:
+            await asyncio.wait_for(exited, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+    return popen.poll() is not None
 
 
 def _set_once(fut: asyncio.Future[None]) -> None:

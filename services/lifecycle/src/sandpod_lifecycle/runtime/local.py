@@ -59,7 +59,7 @@ from sandpod_lifecycle.runtime.base import (
     RuntimeUnavailable,
 )
 from sandpod_lifecycle.runtime.cgroups import CgroupPlan, SandboxCgroups
-from sandpod_lifecycle.runtime.holder import HolderLayout, launch
+from sandpod_lifecycle.runtime.holder import HolderLayout, launch, wait_exit
 
 __all__ = ["JAIL_FILE", "LocalRuntime", "LocalRuntimeConfig"]
 
@@ -77,8 +77,9 @@ class LocalRuntimeConfig:
     """Settings of the local driver.
 
     Attributes:
-        state_dir: per-sandbox directories go in ``<state_dir>/<id>``; always masked inside
-            every sandbox (with ``mask_paths``: an empty read-only tmpfs over each).
+        state_dir: per-sandbox directories go in ``<state_dir>/<id>`` (a directory without a
+            jail file is never treated as ours, but keep it dedicated to the driver); always
+            masked inside every sandbox (with ``mask_paths``: an empty read-only tmpfs over each).
         cgroup_parent: the cgroup under each hierarchy's root holding one cgroup per sandbox.
         core: which hierarchy freezes and tracks: ``auto`` (v1 freezer if mounted, else v2).
         uid_base, uid_count: each sandbox gets a uid (= gid) of its own from this range unless
@@ -103,7 +104,7 @@ class LocalRuntime:
         self.config = config
         self._caps = caps
         self._plan: CgroupPlan | None = None
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # id -> (lock, users)
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}  # ours to reap
 
     # -- RuntimeDriver -------------------------------------------------------------------------
@@ -125,8 +126,9 @@ class LocalRuntime:
         async with self._lock(sid):
             if self._dir(sid).exists() or sid in plan.sandbox_ids():
                 raise InstanceExists(f"sandbox {sid!r} already has an instance", sandbox_id=sid)
+            uid, gid = self._allocate(spec)  # from here on every trace is ours to remove
             try:
-                await self._create(spec, base, plan, caps)
+                await self._create(spec, base, plan, caps, uid=uid, gid=gid)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await self._teardown(sid)
@@ -141,7 +143,7 @@ class LocalRuntime:
         if data is None or "cgroups" not in data:  # none, or a crash right after allocation
             caps = await self.capabilities()
             cgroups = not caps.problems and sandbox_id in self._cgroup_plan(caps).sandbox_ids()
-            if not cgroups and not self._dir(sandbox_id).exists():
+            if data is None and not cgroups:
                 return InstanceStatus(sandbox_id=sandbox_id, exists=False)
             return InstanceStatus(sandbox_id=sandbox_id, exists=True, detail="orphaned traces")
         cg = SandboxCgroups.from_json(data["cgroups"])
@@ -179,9 +181,7 @@ class LocalRuntime:
         log.info("jail_destroyed", sandbox_id=sandbox_id)
 
     async def list(self) -> list[str]:
-        ids: set[str] = set()
-        with contextlib.suppress(FileNotFoundError):
-            ids.update(e.name for e in os.scandir(self.config.state_dir) if e.is_dir())
+        ids = set(self._records())
         caps = await self.capabilities()
         if not caps.problems:
             ids |= self._cgroup_plan(caps).sandbox_ids()
@@ -199,18 +199,29 @@ class LocalRuntime:
 
     @contextlib.asynccontextmanager
     async def _lock(self, sandbox_id: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(sandbox_id, asyncio.Lock())
-        async with lock:
-            yield
-        if not lock.locked() and self._locks.get(sandbox_id) is lock:
-            del self._locks[sandbox_id]
+        lock, users = self._locks.get(sandbox_id, (asyncio.Lock(), 0))
+        self._locks[sandbox_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[sandbox_id]
+            if users == 1:  # nobody else holds or waits for it: forget it (bounded memory)
+                del self._locks[sandbox_id]
+            else:
+                self._locks[sandbox_id] = (lock, users - 1)
 
     async def _create(
-        self, spec: InstanceSpec, base: Path, plan: CgroupPlan, caps: HostCapabilities
+        self,
+        spec: InstanceSpec,
+        base: Path,
+        plan: CgroupPlan,
+        caps: HostCapabilities,
+        *,
+        uid: int,
+        gid: int,
     ) -> None:
         sid, d = spec.sandbox_id, self._dir(spec.sandbox_id)
-        self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        uid, gid = self._allocate(spec)  # creates d under the allocation lock
         for name, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755),
                            ("workspace", 0o755)):  # fmt: skip
             (d / name).mkdir()
@@ -250,25 +261,41 @@ class LocalRuntime:
         _write_json(d / JAIL_FILE, record)
 
     def _allocate(self, spec: InstanceSpec) -> tuple[int, int]:
-        """Create the sandbox's directory and pick its uid, under a lock shared by every driver
-        process using this state dir, so two creates never pick the same uid."""
-        lock_path = self.config.state_dir / ".lock"
-        with lock_path.open("a") as lock:
+        """Create the sandbox's directory with a stub jail file holding its uid, under a lock
+        shared by every driver process using this state dir: two creates never pick the same
+        uid, and a directory without a jail file is never ours (see ``list``).
+
+        Raises:
+            InstanceExists: another driver process created the id meanwhile.
+            CreateFailed: the uid range is exhausted.
+        """
+        sid = spec.sandbox_id
+        self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with (self.config.state_dir / ".lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            self._dir(spec.sandbox_id).mkdir(mode=0o700)
-            if spec.uid is not None:
-                return spec.uid, spec.gid if spec.gid is not None else spec.uid
-            used = set()
+            uid = spec.uid
+            if uid is None:
+                used = {int(data["uid"]) for data in self._records().values() if "uid" in data}
+                end = self.config.uid_base + self.config.uid_count
+                uid = next((u for u in range(self.config.uid_base, end) if u not in used), None)
+                if uid is None:
+                    raise CreateFailed("no free sandbox uid left in the configured range")
+            try:
+                self._dir(sid).mkdir(mode=0o700)
+            except FileExistsError:
+                raise InstanceExists(f"sandbox {sid!r} already has an instance") from None
+            _write_json(self._dir(sid) / JAIL_FILE, {"uid": uid})
+        return uid, spec.gid if spec.gid is not None else uid
+
+    def _records(self) -> dict[str, dict[str, Any]]:
+        """id -> jail file of every sandbox directory (a directory without one is not ours)."""
+        records = {}
+        with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.config.state_dir):
-                data = _read_json(Path(entry.path) / JAIL_FILE) if entry.is_dir() else None
+                data = _read_json(Path(entry.path, JAIL_FILE)) if entry.is_dir() else None
                 if data is not None:
-                    used.add(int(data["uid"]))
-            for uid in range(self.config.uid_base, self.config.uid_base + self.config.uid_count):
-                if uid not in used:
-                    # Written at once so a concurrent allocation sees it.
-                    _write_json(self._dir(spec.sandbox_id) / JAIL_FILE, {"uid": uid})
-                    return uid, uid if spec.gid is None else spec.gid
-        raise CreateFailed("no free sandbox uid left in the configured range")
+                    records[entry.name] = data
+        return records
 
     async def _freeze(self, sandbox_id: str, frozen: bool) -> InstanceStatus:
         async with self._lock(sandbox_id):
@@ -306,9 +333,10 @@ class LocalRuntime:
 
         if cg is not None:
             await cg.teardown(self.config.destroy_timeout, reap)
-        if popen is not None and popen.poll() is not None:
+        # The launcher is dead or dying now: reap it, so no zombie of ours outlives destroy.
+        if popen is not None and await wait_exit(popen, self.config.destroy_timeout):
             del self._launchers[sandbox_id]
-        if d.exists():
+        if (d / JAIL_FILE).exists():  # never remove a directory that is not ours
             errors: list[str] = []
             await asyncio.to_thread(
                 shutil.rmtree, d, onerror=lambda _f, path, exc: errors.append(f"{path}: {exc[1]}")

@@ -1,0 +1,117 @@
+"""Pieces of the local runtime that need no root: mount-table parsing, cgroup layout and limits
+(cgroup v2 included, which this host cannot run), and jail path resolution against symlinks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandpod_execd.jail import Jail
+from sandpod_lifecycle.runtime.base import HostCapabilities, Resources
+from sandpod_lifecycle.runtime.cgroups import CgroupPlan
+from sandpod_lifecycle.runtime.hostcaps import parse_cgroup_mounts
+
+HYBRID = """\
+30 24 0:26 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw
+31 24 0:27 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct
+32 24 0:28 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
+33 24 0:29 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids
+34 24 0:30 / /sys/fs/cgroup/freezer rw,nosuid - cgroup cgroup rw,freezer
+35 24 0:31 /docker/abc /sys/fs/cgroup/blkio rw - cgroup cgroup rw,blkio
+36 24 0:32 /sub /mnt/memory rw - cgroup cgroup rw,memory
+"""
+
+
+def caps(v1: dict[str, Path], v2: Path | None, v2_controllers: set[str]) -> HostCapabilities:
+    return HostCapabilities(
+        root=True, namespaces=frozenset(), unprivileged_user_namespaces=False, overlayfs=True,
+        cgroup_v1=v1, cgroup_v2=v2, cgroup_v2_controllers=frozenset(v2_controllers),
+        freezer="v1" if "freezer" in v1 else "v2", tools={},
+    )  # fmt: skip
+
+
+def test_mountinfo_yields_hierarchy_roots_only() -> None:
+    """v1 controllers map to their mount points; sub-cgroup bind mounts are ignored."""
+    v1, v2 = parse_cgroup_mounts(HYBRID)
+    assert v2 == Path("/sys/fs/cgroup/unified")
+    assert v1 == {
+        "cpu": Path("/sys/fs/cgroup/cpu,cpuacct"),
+        "cpuacct": Path("/sys/fs/cgroup/cpu,cpuacct"),
+        "memory": Path("/sys/fs/cgroup/memory"),
+        "pids": Path("/sys/fs/cgroup/pids"),
+        "freezer": Path("/sys/fs/cgroup/freezer"),
+    }
+
+
+def test_hybrid_host_limits_on_v1_and_core_where_asked() -> None:
+    """On a hybrid host the limits use v1; the core is the v1 freezer unless v2 is asked for."""
+    v1, v2 = parse_cgroup_mounts(HYBRID)
+    plan = CgroupPlan.choose(caps(v1, v2, set()), "sandpod")
+    cg = plan.for_sandbox("s1")
+    assert cg.core == "/sys/fs/cgroup/freezer/sandpod/s1" and cg.core_version == 1
+    assert cg.joined == [
+        f"/sys/fs/cgroup/{h}/sandpod/s1" for h in ("memory", "cpu,cpuacct", "pids")
+    ]
+    v2_core = CgroupPlan.choose(caps(v1, v2, set()), "sandpod", core="v2").for_sandbox("s1")
+    assert v2_core.core == "/sys/fs/cgroup/unified/sandpod/s1" and v2_core.core_version == 2
+    with pytest.raises(ValueError, match="plain name"):
+        CgroupPlan.choose(caps(v1, v2, set()), "../escape")
+
+
+def test_pure_v2_host_writes_v2_limits_and_enables_controllers(tmp_path: Path) -> None:
+    """On cgroup v2 one directory does everything: controllers enabled down the tree, limits in
+    v2 syntax, swap off."""
+    (tmp_path / "cgroup.subtree_control").write_text("memory\n")
+    plan = CgroupPlan.choose(caps({}, tmp_path, {"memory", "cpu", "pids"}), "sandpod")
+    cg = plan.for_sandbox("s2")
+    assert cg.dirs == [str(tmp_path / "sandpod/s2")] and cg.joined == []
+    d = tmp_path / "sandpod/s2"
+    (tmp_path / "sandpod").mkdir()
+    protections = cg.create(Resources(memory_bytes=64 << 20, cpu_millicores=1500, pids=99))
+    assert protections == dict.fromkeys(("freezer", "memory", "cpu", "pids"), "active")
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu +pids"
+    assert (tmp_path / "sandpod/cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    assert (d / "memory.max").read_text() == str(64 << 20)
+    assert (d / "cpu.max").read_text() == "150000 100000"
+    assert (d / "pids.max").read_text() == "99"
+    assert cg.memory_usage() is None or cg.memory_usage() == 0  # no memory.current in a fake
+
+
+def test_missing_controllers_are_reported_not_hidden(tmp_path: Path) -> None:
+    """Without a pids controller the sandbox is still limited elsewhere and says pids is not."""
+    plan = CgroupPlan.choose(caps({"freezer": tmp_path / "f", "memory": tmp_path / "m"}, None,
+                                  set()), "p")  # fmt: skip
+    cg = plan.for_sandbox("s3")
+    protections = cg.create(Resources())
+    assert protections["memory"] == "active" and protections["freezer"] == "active"
+    assert protections["pids"].startswith("unavailable") and protections["cpu"].startswith("unav")
+    assert (tmp_path / "m/p/s3/memory.limit_in_bytes").read_text() == str(Resources().memory_bytes)
+
+
+def fake_jail(root: Path, workspace: Path) -> Jail:
+    jail = Jail.__new__(Jail)  # only the path logic: no holder, no namespaces
+    jail.root = str(root)
+    jail.workspace = workspace
+    return jail
+
+
+def test_jail_paths_resolve_symlinks_inside_the_jail(tmp_path: Path) -> None:
+    """Absolute links restart at the jail's root, .. stops there, loops end: never a host path."""
+    root, ws = tmp_path / "root", tmp_path / "ws"
+    (root / "etc").mkdir(parents=True)
+    (root / "workspace").mkdir()
+    ws.mkdir()
+    (root / "etc/escape").symlink_to("/")  # would be the host's / if followed on the host
+    (root / "etc/up").symlink_to("../../../../..")
+    (root / "etc/loop").symlink_to("loop")
+    (root / "etc/ws").symlink_to("/workspace/sub")
+    jail = fake_jail(root, ws)
+    assert jail.inside(None) == "/workspace" and jail.inside("a/../b") == "/workspace/b"
+    assert jail.inside("/etc/../..") == "/" and jail.inside("../..") == "/"
+    assert jail.resolve("/etc/escape/etc") == "/etc"
+    assert jail.resolve("/etc/up/etc") == "/etc"
+    assert jail.host_path("/etc/escape") == str(root) + "/"
+    assert jail.resolve("/etc/loop/x").startswith("/etc/loop")  # left unresolved, won't exist
+    assert jail.host_path("/etc/ws/f") == str(ws / "sub/f")
+    assert jail.host_path("/workspace") == str(ws)
