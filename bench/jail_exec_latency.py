@@ -3,7 +3,7 @@
 Two pairs measured in the same run, alternating so host noise hits both alike:
 
 - spawn: execd's ``spawn()`` + wait of ``true``, bare (the process runtime) and through the jail
-  prefix (pid-namespace fork, cgroup join in ``sh``, ``nsenter``, ``env -i``);
+  prefix (pid-namespace fork, cgroup join in ``sh``, ``nsenter``, the jail's ``sh`` restoring env);
 - SDK: ``exec(["true"])`` round trips through a process-runtime execd (the floor of
   ``bench/exec_latency.py``: NATS + spawn) and through an execd with ``SANDPOD_EXECD_JAIL``.
 

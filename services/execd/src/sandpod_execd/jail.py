@@ -9,7 +9,7 @@ and cgroup namespaces, inside the sandbox's cgroups. It writes a jail file (form
     execd (root) forks, from the event-loop thread, into the sandbox's pid namespace
       └ /bin/sh   joins the command's own cgroup <track>/c-<token> and the sandbox's others
         └ nsenter -F: mount, uts, ipc, net, cgroup namespaces; root; cwd; setgroups/gid/uid
-          └ env -i NAME=VALUE…   (the jail's env binary, already the sandbox's uid)
+          └ /bin/sh of the jail (already the sandbox's uid): restores the command's environment
             └ the command
 
 Why each step: the fork lands in the pid namespace because :meth:`Jail.around_fork` switches
@@ -20,8 +20,11 @@ process execd holds (its pid, pidfd, process group, exit status) *is* the comman
 in the base can raise a sandboxed process's privileges. The cgroups are joined before anything
 runs, so a fork bomb or a memory hog is limited from its first instruction, and the command's
 own cgroup lets ``Process.kill_tree`` find strays that re-parented to the holder. The command's
-environment reaches it only through ``env -i`` *inside* the jail: the root steps before it run
-with a fixed environment, or ``LD_PRELOAD`` from a request would run code as root on the host.
+environment must not reach the root steps as it is (``LD_PRELOAD`` from a request would run code
+as root on the host): they get a fixed environment plus each variable wrapped as
+``SANDPOD_JAIL_ENV_<i>=NAME=VALUE`` (names nothing reads), and the jail's shell, running as the
+sandbox's user, unwraps them just before the command. Values never appear on a command line,
+where any host user could read them.
 
 Paths: a command sees the jail's root; ``/workspace`` is the workspace directory outside (the
 same files). For host-side code (``spawn``'s cwd check, watchers) :meth:`Jail.host_path` maps a
@@ -38,6 +41,7 @@ import functools
 import json
 import os
 import posixpath
+import re
 import shutil
 import stat
 import uuid
@@ -45,7 +49,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from sandpod_contract.errors import CommandNotFound, SandboxUnavailable
+from sandpod_contract.errors import CommandNotFound, SandboxUnavailable, SpawnFailed
 from sandpod_execd.process import Command
 
 __all__ = ["Jail"]
@@ -59,6 +63,21 @@ HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCH_ENV = {"PATH": HOST_PATH, "LANG": "C"}  # all the root steps ever see
 # Join each cgroup named before "--" (writing 0 moves the writer), then exec the rest.
 JOIN = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
+# Inside, as the sandbox's user: replace the launch environment by the command's ($1 variables).
+UNWRAP = r"""
+unset PATH LANG
+SANDPOD_JAIL_I=0
+while [ "$SANDPOD_JAIL_I" -lt "$1" ]; do
+  eval "SANDPOD_JAIL_KV=\$SANDPOD_JAIL_ENV_$SANDPOD_JAIL_I"
+  unset "SANDPOD_JAIL_ENV_$SANDPOD_JAIL_I"
+  export "${SANDPOD_JAIL_KV%%=*}=${SANDPOD_JAIL_KV#*=}"
+  SANDPOD_JAIL_I=$((SANDPOD_JAIL_I + 1))
+done
+unset SANDPOD_JAIL_I SANDPOD_JAIL_KV
+shift
+exec "$@"
+"""
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -119,13 +138,11 @@ class Jail:
         self._pidns = os.open(f"/proc/{self.holder}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         try:
             self.check()
-            env = next((p for p in ("/usr/bin/env", "/bin/env") if self.has_program(p)), None)
-            if env is None:
-                raise ValueError(f"sandbox {sandbox_id!r}: its root has no /usr/bin/env")
+            if not self.has_program("/bin/sh"):
+                raise ValueError(f"sandbox {sandbox_id!r}: its root has no /bin/sh")
         except BaseException:
             self.close()
             raise
-        self._env_program = env
 
     @classmethod
     def load(cls, path: Path, sandbox_id: str) -> Jail:
@@ -217,13 +234,21 @@ class Jail:
         """A Command that runs ``argv`` inside the jail in ``cwd`` (a jail path) with ``env``.
 
         The Command's own ``cwd`` is the host path of the same directory (what ``spawn``
-        checks) and its ``env`` the fixed launch environment; ``env`` travels in argv.
+        checks) and its ``env`` the launch environment with ``env`` wrapped in it.
 
         Raises:
             SandboxUnavailable: the jail is gone.
             CommandNotFound: ``argv[0]`` is not an executable inside the jail.
+            SpawnFailed: an environment variable name is not a shell name (the jail's shell
+                could not set it).
         """
         self.check()
+        bad = sorted(k for k in env if not NAME_RE.fullmatch(k))
+        if bad:
+            raise SpawnFailed(
+                f"environment variable names must be letters, digits and _ in a jail: {bad[:5]}",
+                program=argv[0] if argv else "",
+            )
         inside = self.resolve(cwd)
         program = argv[0] if argv else ""
         if (
@@ -238,12 +263,13 @@ class Jail:
             *(f"{d}/cgroup.procs" for d in self.join), "--",
             self._nsenter, "-F", "-t", str(self.holder), "-m", "-u", "-i", "-n", "-C",
             "-r", f"--wdns={inside}", "-S", str(self.uid), "-G", str(self.gid), "--",
-            self._env_program, "-i", "--", *(f"{k}={v}" for k, v in env.items()), *argv,
+            "/bin/sh", "-c", UNWRAP, "sandpod-env", str(len(env)), *argv,
         )  # fmt: skip
+        wrapped = {f"SANDPOD_JAIL_ENV_{i}": f"{k}={v}" for i, (k, v) in enumerate(env.items())}
         return Command(
             argv=launch,
             cwd=self.host_path(inside),
-            env=LAUNCH_ENV,
+            env={**LAUNCH_ENV, **wrapped},
             stdin=stdin,
             around_fork=self.around_fork,
             cgroup=own,

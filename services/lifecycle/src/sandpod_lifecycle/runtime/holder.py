@@ -172,9 +172,10 @@ async def launch(
     words = line.split()
     if len(words) == 2 and words[0] == b"ready" and words[1].isdigit():
         return popen, int(words[1])
-    with contextlib.suppress(OSError):
-        os.killpg(popen.pid, 9)
     reason = "timed out" if popen.poll() is None else f"exited with {popen.returncode}"
+    with contextlib.suppress(OSError):
+        os.killpg(popen.pid, 9)  # the caller kills the cgroups too; this one we must reap
+    await wait_exit(popen, 5.0)
     tail = layout.log.read_text(errors="replace")[-2000:].strip()
     raise RuntimeError(f"sandbox holder {reason}: {tail or 'no output'}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 from sandpod_lifecycle.runtime.base import HostCapabilities
@@ -53,8 +54,21 @@ def _read(path: str) -> str:
         return ""
 
 
+def _nsenter_has_wdns(nsenter: str | None) -> bool:
+    """Whether nsenter can change directory inside the namespace (-W, util-linux 2.38)."""
+    if nsenter is None:
+        return False
+    try:
+        usage = subprocess.run(
+            [nsenter, "--help"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--wdns" in usage
+
+
 def detect() -> HostCapabilities:
-    """Probe the host (cheap: a few /proc reads and PATH lookups)."""
+    """Probe the host (cheap: a few /proc reads, PATH lookups and ``nsenter --help``)."""
     root = os.geteuid() == 0
     namespaces = frozenset(n for n in (*NAMESPACES, "user") if os.path.exists(f"/proc/self/ns/{n}"))
     userns = _read("/proc/sys/user/max_user_namespaces").strip() not in ("", "0") and _read(
@@ -78,6 +92,8 @@ def detect() -> HostCapabilities:
     missing_tools = sorted(name for name, path in tools.items() if path is None)
     if missing_tools:
         problems.append(f"missing tools: {', '.join(missing_tools)} (util-linux, iproute2)")
+    elif not _nsenter_has_wdns(tools["nsenter"]):
+        problems.append("nsenter has no --wdns: execd needs util-linux >= 2.38")
 
     freezer = "v1" if "freezer" in v1 else "v2" if v2 is not None else None
     if freezer is None:
