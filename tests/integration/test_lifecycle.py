@@ -27,7 +27,7 @@ class Lifecycle:
         self.state, self.prefix, self.url = state, prefix, nats.url
         env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": prefix,
                "SANDPOD_STATE_DIR": str(state), "SANDPOD_RESYNC": "0.5", "SANDPOD_LEASE_TTL": "2",
-               "SANDPOD_REPLICA_ID": replica}  # fmt: skip
+               "SANDPOD_REPLICA_ID": replica, "SANDPOD_LOG_LEVEL": "debug"}  # fmt: skip
         self.log = state / f"lifecycle-{replica}.log"
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "sandpod_lifecycle"], env=env,

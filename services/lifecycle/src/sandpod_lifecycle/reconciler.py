@@ -134,6 +134,7 @@ class Reconciler:
         while True:
             try:
                 items, revision = await self.store.list(SANDBOX, None)
+                log.debug("watch_listed", count=len(items), revision=revision)
                 for obj in items:
                     self.enqueue(obj.metadata.name)
                 async for event in self.store.watch(SANDBOX, None, revision):
@@ -164,6 +165,7 @@ class Reconciler:
             name = await self._queue.get()
             self._queued.discard(name)
             self._active.add(name)
+            log.debug("reconcile_start", sandbox=name)
             try:
                 outcome = await self.reconcile(name)
             except Exception:
@@ -172,6 +174,7 @@ class Reconciler:
             finally:
                 self._active.discard(name)
             self.reconciled += 1
+            log.debug("reconcile_done", sandbox=name, outcome=outcome.value)
             if outcome is Outcome.RETRY:
                 fail = self._failures.setdefault(name, _Failures())
                 self._wake_at(name, max(fail.next_try, time.time() + 0.5))
@@ -207,7 +210,9 @@ class Reconciler:
             return await self._finish(view, key, "expired", "LifetimeExceeded",
                                       f"shutdownTime {shutdown} passed")  # fmt: skip
         instance = await self.driver.inspect(view.name)
-        if instance is None:
+        if instance is None or view.status.phase is Phase.PENDING:
+            # Pending with an instance: an earlier pass created it but lost the race to record
+            # it (a status conflict); ensure() adopts it and this pass finishes the job.
             return await self._create(view)
         idle_limit = view.spec.idle_timeout_seconds or 0
         if idle_limit > 0 and view.status.phase is Phase.RUNNING:
