@@ -57,11 +57,11 @@ def where(state_dir: Path) -> tuple[str, Path]:
 async def test_large_round_trip_matches_and_execd_memory_stays_small(
     nats: NatsServer, start_execd: Callable[..., Execd], state_dir: Path
 ) -> None:
-    """192 MiB written then read back through the SDK keeps its SHA-256 while execd's peak RSS
+    """1 GiB written then read back through the SDK keeps its SHA-256 while execd's peak RSS
     grows by far less than the file (chunks are streamed, never held whole)."""
     execd = start_execd()
     sid = execd.ids[0]
-    size = 192 * MiB
+    size = 1024 * MiB
     block = hashlib.sha256(b"seed").digest() * (MiB // 32)  # 1 MiB, deterministic
     sent = hashlib.sha256()
 

@@ -21,13 +21,23 @@ from sandpod import AsyncSandbox
 from sandpod.errors import ResourceInvalid, SandboxNotFound, SandpodError
 from sandpod_contract.messages.sandboxes import SandboxEvent
 
+DESTROY_JAIL = """
+import asyncio, sys
+from pathlib import Path
+from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
+rt = LocalRuntime(LocalRuntimeConfig(state_dir=Path(sys.argv[1]), cgroup_parent=sys.argv[3]))
+asyncio.run(rt.destroy(sys.argv[2]))
+"""
+
 
 class Lifecycle:
-    def __init__(self, nats: NatsServer, state: Path, prefix: str, replica: str) -> None:
+    def __init__(
+        self, nats: NatsServer, state: Path, prefix: str, replica: str, **extra: str
+    ) -> None:
         self.state, self.prefix, self.url = state, prefix, nats.url
         env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": prefix,
                "SANDPOD_STATE_DIR": str(state), "SANDPOD_RESYNC": "0.5", "SANDPOD_LEASE_TTL": "2",
-               "SANDPOD_REPLICA_ID": replica, "SANDPOD_LOG_LEVEL": "debug"}  # fmt: skip
+               "SANDPOD_REPLICA_ID": replica, "SANDPOD_LOG_LEVEL": "debug", **extra}  # fmt: skip
         self.log = state / f"lifecycle-{replica}.log"
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "sandpod_lifecycle"], env=env,
@@ -43,13 +53,13 @@ class Lifecycle:
 
 
 @pytest.fixture
-def lifecycles(nats: NatsServer, tmp_path: Path) -> Iterator[Callable[[], Lifecycle]]:
+def lifecycles(nats: NatsServer, tmp_path: Path) -> Iterator[Callable[..., Lifecycle]]:
     """Start lifecycle replicas sharing one state dir and a private subject prefix."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
     started: list[Lifecycle] = []
 
-    def start() -> Lifecycle:
-        lc = Lifecycle(nats, tmp_path, prefix, f"r{len(started)}")
+    def start(**extra: str) -> Lifecycle:
+        lc = Lifecycle(nats, tmp_path, prefix, f"r{len(started)}", **extra)
         started.append(lc)
         return lc
 
@@ -58,6 +68,12 @@ def lifecycles(nats: NatsServer, tmp_path: Path) -> Iterator[Callable[[], Lifecy
         if lc.proc.poll() is None:
             lc.proc.terminate()
             lc.proc.wait(20)
+    for jail in (tmp_path / "jails").glob("*/jail.json"):  # local runtime: destroy what is left
+        subprocess.run(
+            [sys.executable, "-c", DESTROY_JAIL, str(tmp_path / "jails"), jail.parent.name,
+             f"sandpod-{prefix}"],
+            check=False, timeout=60,
+        )  # fmt: skip
     pids = started[0].execd_pids() if started else {}
     for pid in pids.values():  # instances outlive lifecycle on purpose; tests clean them up
         os.kill(pid, signal.SIGKILL)
@@ -277,3 +293,32 @@ async def test_two_replicas_never_double_create(lifecycles: Callable[[], Lifecyc
     for s in [*created, more]:
         assert (await s.exec("true")).exit_code == 0
         await s.close()
+
+
+async def test_local_runtime_jail_through_lifecycle(
+    lifecycles: Callable[..., Lifecycle], tmp_path: Path
+) -> None:
+    """With SANDPOD_RUNTIME=local a Sandbox is a jail: own uid, hostname and pid namespace,
+    Isolated=True, frozen by pause, and deletion leaves no jail directory or holder behind."""
+    if os.geteuid() != 0:
+        pytest.skip("the local runtime needs root (run the suite as root, as CI does)")
+    lc = lifecycles(SANDPOD_RUNTIME="local")
+    await _ready_api(lc)
+    sbx = await AsyncSandbox.create(name="jailed", nats_url=lc.url, prefix=lc.prefix)
+    async with sbx:
+        r = await sbx.exec("/workspace", "id -u; hostname; ps -e --no-headers | wc -l; pwd")
+        uid, host, nprocs, cwd = r.stdout.split()
+        assert int(uid) >= 200_000 and host == "jailed" and int(nprocs) < 10
+        assert cwd == "/workspace"
+        info = await sbx.describe()
+        isolated = info.condition("Isolated")
+        assert isolated is not None and isolated["status"] == "True", isolated
+        host_file = tmp_path / "host-secret"
+        host_file.write_text("secret")
+        r = await sbx.exec(f"cat {host_file}")  # the lifecycle state dir is masked
+        assert r.exit_code != 0 and "secret" not in r.stdout
+        assert (await sbx.pause()).phase == "Paused"
+        assert (await sbx.resume()).phase == "Running"
+        assert (await sbx.exec("echo back")).stdout == "back\n"
+        await sbx.kill()
+    await _until(lambda: not (tmp_path / "jails" / "jailed").exists(), 20, "the jail to go")

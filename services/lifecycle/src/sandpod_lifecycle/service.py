@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -27,6 +28,8 @@ from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.leases import Leases
 from sandpod_lifecycle.reconciler import Reconciler
+from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
+from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_service import Supervisor
@@ -54,9 +57,16 @@ class LifecycleService:
         self._bus: Bus | None = None
 
     def _driver(self) -> Driver:
-        launcher = ExecdLauncher(
-            self.settings.state_dir, self.settings.bus.url, self.settings.prefix
-        )
+        state = self.settings.state_dir
+        launcher = ExecdLauncher(state, self.settings.bus.url, self.settings.prefix)
+        if self.settings.runtime == "local":
+            # The whole state dir (NATS data, logs, other sandboxes) is masked in every jail.
+            config = LocalRuntimeConfig(
+                state_dir=state / "jails",
+                cgroup_parent=f"sandpod-{self.settings.prefix.replace('.', '-')}",
+                mask_paths=(Path("/root"), Path("/home"), state),
+            )
+            return LocalDriver(LocalRuntime(config), launcher)
         return ProcessDriver(launcher)
 
     async def start(self, bus: Bus) -> None:

@@ -5,7 +5,7 @@
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix |
 | ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | instances, workspaces, logs |
-| ``SANDPOD_RUNTIME`` | ``process`` | runtime driver (``process``: no isolation) |
+| ``SANDPOD_RUNTIME`` | ``process`` | ``local`` (namespace jail, root) or ``process`` (none) |
 | ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
 | ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's objects move after this |
 | ``SANDPOD_RESYNC`` | 5 s | full resync period (orphans, lease renewal) |
@@ -51,8 +51,11 @@ class LifecycleSettings:
         env = os.environ if env is None else env
         base = cls()
         runtime = env_str(env, "SANDPOD_RUNTIME", "process")
-        if runtime not in ("process",):
-            raise ValueError(f"SANDPOD_RUNTIME={runtime!r}: supported runtimes are 'process'")
+        if runtime not in ("process", "local"):
+            raise ValueError(
+                f"SANDPOD_RUNTIME={runtime!r}: use 'local' (namespace jail, needs root) or "
+                "'process' (no isolation)"
+            )
         return cls(
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
