@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandpod.aio import AsyncSandbox
-from sandpod.errors import SandpodError
+from sandpod.errors import ResourceExists, SandpodError
 
 __all__ = ["Child", "PlatformConfig", "StartupError", "Supervisor", "find_nats_server"]
 
@@ -44,6 +44,7 @@ class PlatformConfig:
     host: str = "127.0.0.1"
     port: int = 4222
     sandboxes: tuple[str, ...] = ("default",)
+    runtime: str = "auto"  # local (namespace jail), process (no isolation), auto: local if root
     prefix: str = "sandpod"
     grace: float = 10.0
     ready_timeout: float = 20.0
@@ -96,6 +97,8 @@ class Supervisor:
         self.children: list[Child] = []
         self.nats_url = config.nats_url or f"nats://{config.host}:{config.port}"
         self.logs = config.state_dir / "logs"
+        self.runtime = "process"
+        self.workspaces: dict[str, str] = {}
 
     async def start(self) -> None:
         """Start NATS (unless external) and execd; return when all are ready.
@@ -108,8 +111,9 @@ class Supervisor:
             await self._start_nats()
         else:
             self.progress(f"using existing NATS at {self.nats_url}")
-        await self._start_execd()
         await self._start_lifecycle()
+        for sandbox_id in self.config.sandboxes:
+            await self._ensure_sandbox(sandbox_id)
 
     async def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
         log_path = self.logs / f"{name}.log"
@@ -158,27 +162,52 @@ class Supervisor:
                 await writer.wait_closed()
         return line.startswith(b"INFO")
 
-    async def _start_execd(self) -> None:
-        ids = ",".join(self.config.sandboxes)
-        env = {
-            **os.environ,
-            "SANDPOD_NATS_URL": self.nats_url,
-            "SANDPOD_PREFIX": self.config.prefix,
-            "SANDPOD_SANDBOX_ID": ids,
-            "SANDPOD_STATE_DIR": str(self.config.state_dir),
-        }
-        self.progress(f"starting execd for sandbox(es) {ids} (runtime: process, NO isolation)")
-        child = await self._spawn("execd", [sys.executable, "-m", "sandpod_execd"], env)
-        await self._wait(child, self._execd_ready)
+    def pick_runtime(self) -> str:
+        """The runtime to run: ``local`` needs root and util-linux's nsenter; else ``process``."""
+        if self.config.runtime != "auto":
+            return self.config.runtime
+        if os.geteuid() == 0 and shutil.which("nsenter") and shutil.which("unshare"):
+            return "local"
+        return "process"
+
+    async def _ensure_sandbox(self, sandbox_id: str) -> None:
+        """Create ``sandbox_id`` as a permanent Sandbox unless it exists; wait until Ready."""
+        self.progress(f"ensuring sandbox {sandbox_id} (permanent)")
+        t0 = time.monotonic()
+        try:
+            sbx = await AsyncSandbox.create(
+                name=sandbox_id, permanent=True, wait=60, nats_url=self.nats_url,
+                prefix=self.config.prefix,
+            )  # fmt: skip
+        except ResourceExists:
+            sbx = await AsyncSandbox.connect(sandbox_id, nats_url=self.nats_url,
+                                             prefix=self.config.prefix)  # fmt: skip
+        except SandpodError as exc:
+            raise StartupError(f"sandbox {sandbox_id} did not start: {exc}") from exc
+        async with sbx:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    self.workspaces[sandbox_id] = (await sbx.info(timeout=1.0)).workspace
+                    break
+                except SandpodError as exc:
+                    if time.monotonic() > deadline:
+                        raise StartupError(f"sandbox {sandbox_id} is not answering: {exc}") from exc
+                    await asyncio.sleep(0.1)
+        self.progress(f"sandbox {sandbox_id} ready in {(time.monotonic() - t0) * 1000:.0f} ms")
 
     async def _start_lifecycle(self) -> None:
+        self.runtime = self.pick_runtime()
         env = {
             **os.environ,
             "SANDPOD_NATS_URL": self.nats_url,
             "SANDPOD_PREFIX": self.config.prefix,
             "SANDPOD_STATE_DIR": str(self.config.state_dir),
+            "SANDPOD_RUNTIME": self.runtime,
+            "SANDPOD_DESTROY_ON_EXIT": "true",  # `sandpod up` leaves no process behind
         }
-        self.progress("starting lifecycle (Sandbox API; runtime: process, NO isolation)")
+        what = "namespace jail" if self.runtime == "local" else "process, NO isolation"
+        self.progress(f"starting lifecycle (Sandbox API; runtime: {self.runtime}: {what})")
         child = await self._spawn("lifecycle", [sys.executable, "-m", "sandpod_lifecycle"], env)
         await self._wait(child, self._lifecycle_ready)
 
@@ -198,23 +227,6 @@ class Supervisor:
             if not await _wait_exit(pid, self.config.grace):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-
-    async def _execd_ready(self) -> bool:
-        try:
-            sbx = await AsyncSandbox.connect(
-                self.config.sandboxes[0],
-                nats_url=self.nats_url,
-                prefix=self.config.prefix,
-                connect_timeout=1.0,
-            )
-        except SandpodError:
-            return False
-        async with sbx:
-            try:
-                await sbx.ping(timeout=1.0)
-            except SandpodError:
-                return False
-        return True
 
     async def _wait(self, child: Child, ready: Callable[[], asyncio.Future[bool] | object]) -> None:
         t0 = time.monotonic()

@@ -36,6 +36,12 @@ def add_parser(sub: Any) -> None:
         "--sandbox", action="append", dest="sandboxes", help="sandbox id to serve (repeatable)"
     )
     p.add_argument("--prefix", default="sandpod", help="subject prefix")
+    p.add_argument(
+        "--runtime",
+        choices=["auto", "local", "process"],
+        default="auto",
+        help="local: namespace jail (needs root); process: NO isolation; auto: local if root",
+    )
     p.set_defaults(run=_run)
 
 
@@ -51,6 +57,7 @@ def _run(args: argparse.Namespace) -> int:
         port=args.port,
         sandboxes=tuple(args.sandboxes or ["default"]),
         prefix=args.prefix,
+        runtime=args.runtime,
     )
     return asyncio.run(_up(config))
 
@@ -95,6 +102,12 @@ async def _up(config: PlatformConfig) -> int:
         _say("stopped")
 
 
+def _runtime_line(runtime: str) -> str:
+    if runtime == "local":
+        return "local: each sandbox in its own namespace jail (see `sandpod get <id>` Isolated)"
+    return f"process: NO ISOLATION, commands run on this host as {getpass.getuser()!r}"
+
+
 def _banner(sup: Supervisor, config: PlatformConfig) -> None:
     first = config.sandboxes[0]
     print(
@@ -102,8 +115,8 @@ def _banner(sup: Supervisor, config: PlatformConfig) -> None:
 Sandpod is up.
   NATS       {sup.nats_url}
   sandboxes  {", ".join(config.sandboxes)}
-  runtime    process: NO ISOLATION, commands run on this host as {getpass.getuser()!r}
-  workspace  {config.state_dir / "workspaces" / first}  (what "/workspace" means here)
+  runtime    {_runtime_line(sup.runtime)}
+  workspace  {sup.workspaces.get(first, "?")}  (host path of /workspace in {first})
   logs       {sup.logs}
 
 Try it (in another terminal):

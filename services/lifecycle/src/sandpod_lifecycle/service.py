@@ -104,6 +104,11 @@ class LifecycleService:
         if self._sub is not None:
             await self._sub.drain()
         await self.supervisor.close(0.1)  # the reconciler loops forever: cancel it
+        if self.settings.destroy_on_exit and self.reconciler is not None:
+            driver = self.reconciler.driver
+            for sandbox_id in await driver.list():
+                log.info("instance_destroyed_at_exit", sandbox=sandbox_id)
+                await driver.destroy(sandbox_id)
         if self._leases is not None:
             await self._leases.release_all()
 

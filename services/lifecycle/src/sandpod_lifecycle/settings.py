@@ -11,6 +11,7 @@
 | ``SANDPOD_RESYNC`` | 5 s | full resync period (orphans, lease renewal) |
 | ``SANDPOD_WORKERS`` | 8 | objects reconciled in parallel |
 | ``SANDPOD_READY_TIMEOUT`` | 30 s | how long a new instance may take to answer |
+| ``SANDPOD_DESTROY_ON_EXIT`` | false | destroy every instance at shutdown (``sandpod up``) |
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
-from sandpod_service import env_float, env_int, env_str
+from sandpod_service import env_bool, env_float, env_int, env_str
 
 __all__ = ["LifecycleSettings"]
 
@@ -43,6 +44,7 @@ class LifecycleSettings:
     resync: float = 5.0
     workers: int = 8
     ready_timeout: float = 30.0
+    destroy_on_exit: bool = False  # `sandpod up`: stopping the platform stops every sandbox
     grace: float = 10.0
     log_level: str = "info"
 
@@ -69,5 +71,6 @@ class LifecycleSettings:
             resync=env_float(env, "SANDPOD_RESYNC", base.resync, minimum=0.1),
             workers=env_int(env, "SANDPOD_WORKERS", base.workers, minimum=1),
             ready_timeout=env_float(env, "SANDPOD_READY_TIMEOUT", base.ready_timeout, minimum=1),
+            destroy_on_exit=env_bool(env, "SANDPOD_DESTROY_ON_EXIT", False),
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
         )
