@@ -600,3 +600,19 @@ async def test_paused_jail_holds_execs_until_resumed(
     finally:
         await runtime.resume(st.sandbox_id)
     assert (await pending).stdout == "thawed\n"
+
+
+async def test_terminals_run_inside_the_jail_too(
+    jailed: tuple[InstanceStatus, AsyncSandbox],
+) -> None:
+    """A PTY opened in a jailed sandbox runs jailed: its uid, hostname and pid namespace."""
+    st, sbx = jailed
+    # $$ is the shell's pid as its own pid namespace numbers it: small only inside the jail's
+    term = await sbx.pty.open(["sh", "-c", "id -u; hostname; echo $$"])
+    async with term:
+        status = await term.wait()
+        out = (await term.read(cursor=0, wait=0)).data.decode()
+    uid, host, pid = out.split()
+    assert (int(uid), host) == (st.uid, st.sandbox_id), out
+    assert int(pid) < 100, out
+    assert status is not None

@@ -8,6 +8,7 @@ threaded process). Spawn errors are raised as the contract's typed errors before
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import functools
@@ -17,7 +18,8 @@ import shutil
 import struct
 import subprocess
 import termios
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 
 from sandpod_contract.errors import CommandNotFound, InvalidCwd, SpawnFailed
 
@@ -40,6 +42,10 @@ class TerminalSpec:
     buffer_bytes: int
     abandon_after: float | None = None
     token: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16))
+    # jail (local runtime): enter the sandbox's pid namespace around the fork, and the cgroup
+    # holding exactly this terminal's processes (killed whole on close)
+    around_fork: Callable[[], AbstractContextManager[None]] | None = None
+    cgroup: str | None = None
 
 
 @functools.cache
@@ -154,18 +160,20 @@ def spawn_on_pty(spec: TerminalSpec) -> tuple[subprocess.Popen[bytes], int]:
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
         wrapper = _ctty_wrapper()
         argv = (wrapper, "--ctty", *spec.argv) if wrapper else spec.argv
-        popen = subprocess.Popen(
-            argv,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            cwd=spec.cwd,
-            env={**spec.env, TOKEN_VAR: spec.token},
-            # setsid --ctty makes the session itself (it must not be a group leader, or it
-            # would fork and the pid would not be the program's)
-            start_new_session=wrapper is None,
-            close_fds=True,
-        )
+        enter = spec.around_fork() if spec.around_fork else contextlib.nullcontext()
+        with enter:
+            popen = subprocess.Popen(
+                argv,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                cwd=spec.cwd,
+                env={**spec.env, TOKEN_VAR: spec.token},
+                # setsid --ctty makes the session itself (it must not be a group leader, or it
+                # would fork and the pid would not be the program's)
+                start_new_session=wrapper is None,
+                close_fds=True,
+            )
     except OSError as exc:
         os.close(master)
         raise SpawnFailed(

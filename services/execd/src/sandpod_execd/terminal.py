@@ -39,6 +39,7 @@ import structlog
 from sandpod_contract.errors import Busy, PtyClosed, PtyIdInUse, PtyNotFound
 from sandpod_execd.cursorlog import ByteLog
 from sandpod_execd.oneshot import status_fields
+from sandpod_execd.process import kill_cgroup
 from sandpod_execd.ptyspawn import TerminalSpec, session_tree, set_size, spawn_on_pty
 
 __all__ = ["MAX_PENDING_INPUT", "Terminal", "TerminalSet"]
@@ -234,6 +235,8 @@ class Terminal:
         for pid in stray:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        if self.spec.cgroup is not None:  # jail: everything the terminal started, escaped or not
+            kill_cgroup(self.spec.cgroup)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

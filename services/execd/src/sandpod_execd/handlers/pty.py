@@ -138,6 +138,8 @@ class PtyHandlers:
             rows=req.rows,
             buffer_bytes=min(max(size, MIN_BUFFER), MAX_BUFFER),
             abandon_after=req.abandon_after,
+            around_fork=cmd.around_fork,
+            cgroup=cmd.cgroup,
         )
         term = Terminal.open(spec)
         terms.add(term)
