@@ -616,3 +616,19 @@ async def test_terminals_run_inside_the_jail_too(
     assert (int(uid), host) == (st.uid, st.sandbox_id), out
     assert int(pid) < 100, out
     assert status is not None
+
+
+async def test_git_works_inside_the_jail(
+    jailed: tuple[InstanceStatus, AsyncSandbox],
+) -> None:
+    """git in a jailed sandbox sees jail paths: init, commit, clone a local repo, status."""
+    st, sbx = jailed
+    setup = "git init -q -b main src && cd src && echo a > f && git add f && " \
+        "git -c user.name=t -c user.email=t@e commit -qm one"  # fmt: skip
+    assert (await sbx.exec(setup)).exit_code == 0
+    head = await sbx.git.clone("/workspace/src", "/workspace/copy")
+    assert head.path == "/workspace/copy" and head.branch == "main"
+    assert st.workspace is not None and (st.workspace / "copy" / "f").read_text() == "a\n"
+    await sbx.exec("echo b >> copy/f", check=True)
+    status = await sbx.git.status("/workspace/copy")
+    assert [e.path for e in status.entries] == ["f"]

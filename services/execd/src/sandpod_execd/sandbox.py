@@ -72,6 +72,17 @@ class SandboxContext:
             return os.path.normpath(os.path.join(self.workspace, cwd))
         return cwd
 
+    def command_path(self, path: str | None) -> str:
+        """A client path as the sandbox's commands see it (for argv and cwd).
+
+        In a jail that is the path inside it (``/workspace/...``); in the process runtime the
+        host path (``/workspace`` mapped to the workspace directory). Host-side checks use
+        :meth:`resolve_cwd` instead.
+        """
+        if self.jail is not None:
+            return self.jail.inside(path)
+        return self.resolve_cwd(path)
+
     def command(
         self,
         argv: tuple[str, ...] | None,

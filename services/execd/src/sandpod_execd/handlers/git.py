@@ -96,8 +96,8 @@ class GitHandlers:
         )
         with creds as auth_env:
             config = ("-c", "credential.helper=") if auth else ()  # never store the token
-            await job.git((*config, *args, "--", source, target), str(sbx.workspace), "git clone",
-                          env=auth_env, ref=req.branch, url=shown)  # fmt: skip
+            await job.git((*config, *args, "--", source, target), sbx.command_path(None),
+                          "git clone", env=auth_env, ref=req.branch, url=shown)  # fmt: skip
         if req.ref:
             await job.git(("checkout", "--quiet", "--detach", req.ref), target, "git checkout",
                           ref=req.ref)  # fmt: skip
@@ -110,7 +110,7 @@ class GitHandlers:
         return await _scrubbed(job.scrub, self._checkout(job, req))
 
     async def _checkout(self, job: _Job, req: GitCheckout) -> GitHead:
-        repo = job.sbx.resolve_cwd(req.path)
+        repo = job.sbx.command_path(req.path)
         args = ("-b", req.ref) if req.create else (req.ref, "--")
         await job.git(("checkout", "--quiet", *args), repo, "git checkout", ref=req.ref,
                       path=req.path)  # fmt: skip
@@ -123,7 +123,7 @@ class GitHandlers:
         return await _scrubbed(job.scrub, self._status(job, req))
 
     async def _status(self, job: _Job, req: GitRepo) -> GitStatus:
-        repo = job.sbx.resolve_cwd(req.path)
+        repo = job.sbx.command_path(req.path)
         top = await job.git(("rev-parse", "--show-toplevel"), repo, "git status", path=req.path)
         root = os.fsdecode(top.stdout.strip())
         run = await job.git(
@@ -151,11 +151,11 @@ class GitHandlers:
 
     async def _diff(self, job: _Job, req: GitDiff) -> GitPatch:
         sbx = job.sbx
-        repo = sbx.resolve_cwd(req.path)
+        repo = sbx.command_path(req.path)
         cap = min(req.max_bytes or self._budget, self._budget)
         args = ["diff", "--no-color", "--no-ext-diff"] + (["--cached"] if req.staged else [])
         if req.file is not None:  # /workspace/... names a file by its alias; else repo-relative
-            args += ["--", sbx.resolve_cwd(req.file) if req.file.startswith("/") else req.file]
+            args += ["--", sbx.command_path(req.file) if req.file.startswith("/") else req.file]
         run = await job.git(tuple(args), repo, "git diff", max_output=cap, path=req.path)
         text = run.stdout.decode("utf-8", "replace")
         encoded = text.encode()
@@ -225,17 +225,18 @@ class _Job:
 def _source(sbx: SandboxContext, url: str) -> str:
     """Local paths (and file:// URLs) under /workspace resolve like every sandbox path."""
     if url.startswith("file:///workspace"):
-        return "file://" + sbx.resolve_cwd(url[len("file://") :])
-    return url if is_remote(url) else sbx.resolve_cwd(url)
+        return "file://" + sbx.command_path(url[len("file://") :])
+    return url if is_remote(url) else sbx.command_path(url)
 
 
 def _fresh_target(sbx: SandboxContext, target: str) -> str:
-    """The host path to clone into; it must not exist, or be an empty directory."""
+    """The path to clone into, as git in the sandbox sees it; checked (on the host) to be
+    absent or an empty directory."""
     host = sbx.resolve_cwd(target)
     if os.path.lexists(host) and (not os.path.isdir(host) or os.listdir(host)):
         shown = client_path(sbx.workspace, host)
         raise FsAlreadyExists(f"{shown!r} exists and is not an empty directory", path=shown)
-    return host
+    return sbx.command_path(target)
 
 
 async def _scrubbed(scrub: Callable[[str], str], work: Awaitable[T]) -> T:
