@@ -322,3 +322,20 @@ async def test_local_runtime_jail_through_lifecycle(
         assert (await sbx.exec("echo back")).stdout == "back\n"
         await sbx.kill()
     await _until(lambda: not (tmp_path / "jails" / "jailed").exists(), 20, "the jail to go")
+
+
+async def test_a_long_command_or_quiet_stream_is_not_idleness(
+    lifecycles: Callable[..., Lifecycle],
+) -> None:
+    """A command running longer than idleTimeoutSeconds (one-shot or a quiet stream) keeps the
+    sandbox alive: a client waiting on it is active; idleness counts from when it ended."""
+    lc = lifecycles()
+    await _ready_api(lc)
+    async with await AsyncSandbox.create(idle_timeout=2, nats_url=lc.url, prefix=lc.prefix) as sbx:
+        r = await sbx.exec("sleep 4; echo done", timeout=30)
+        assert r.stdout == "done\n"
+        async with sbx.exec_stream("sleep 4; echo streamed") as st:
+            out = b"".join([c.data async for c in st])
+        assert out == b"streamed\n"
+        assert (await sbx.describe()).phase == "Running"
+        await _until(lambda: _gone(lc, sbx.id), 15, "idle expiry once nothing runs")

@@ -42,6 +42,7 @@ class SandboxContext:
         self.shell = shell if jail is None or jail.has_program(shell) else "/bin/sh"
         self.registry = registry
         self.last_activity = time.time()  # wall clock of the last client activity (idle timeouts)
+        self.inflight = 0  # activity requests being handled (a running exec.run, session.run...)
         home = WORKSPACE_ALIAS if jail else str(workspace)
         # Never the daemon's own environment: it may hold NATS credentials.
         self.base_env: dict[str, str] = {
@@ -57,6 +58,12 @@ class SandboxContext:
     def touch(self) -> None:
         """Record client activity: exec, stdin, PTY input, stream reads (not probes or info)."""
         self.last_activity = time.time()
+
+    @property
+    def busy(self) -> bool:
+        """A client is waiting on this sandbox right now: a request in flight or a stream whose
+        command runs. A busy sandbox is never idle, however long the command takes."""
+        return self.inflight > 0 or bool(self.registry.streams)
 
     def prepare(self) -> None:
         self.workspace.mkdir(parents=True, exist_ok=True)

@@ -182,6 +182,8 @@ class ExecdService:
     ) -> None:
         code = "ok"
         payload: bytes | None
+        if route.activity:
+            sbx.inflight += 1
         try:
             result: Message | None = await route.handler(sbx, *args)
             payload = encode(result) if result is not None else None
@@ -192,6 +194,10 @@ class ExecdService:
             log.exception("handler_failed", op=name)
             code = InternalError.code
             payload = encode_error(InternalError(f"{type(exc).__name__} in {name}"))
+        finally:
+            if route.activity:
+                sbx.inflight -= 1
+                sbx.touch()  # the idle clock starts when the work ends, not when it began
         self.metrics.requests.labels(name, code).inc()
         if not route.quiet or code != "ok":
             log.info(

@@ -90,6 +90,8 @@ class SystemHandlers:
 
     async def activity(self, sbx: SandboxContext, _: Empty) -> Activity:
         now = time.time()
+        if sbx.busy:  # a command a client waits for is running: that is activity, right now
+            sbx.touch()
         return Activity(
             sandbox_id=sbx.sandbox_id,
             last_activity=sbx.last_activity,
