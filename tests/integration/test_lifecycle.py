@@ -101,6 +101,13 @@ async def _gone(lc: Lifecycle, name: str) -> bool:
     return False
 
 
+def _env(proc: psutil.Process) -> dict[str, str]:
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}
+
+
 async def _ready_api(lc: Lifecycle) -> None:
     async def answers() -> bool:
         try:
@@ -320,6 +327,14 @@ async def test_local_runtime_jail_through_lifecycle(
         assert (await sbx.pause()).phase == "Paused"
         assert (await sbx.resume()).phase == "Running"
         assert (await sbx.exec("echo back")).stdout == "back\n"
+        other = await AsyncSandbox.create(name="second", nats_url=lc.url, prefix=lc.prefix)
+        async with other:
+            assert (await other.exec("hostname")).stdout == "second\n"
+            execds = [p for p in psutil.process_iter(["cmdline"])
+                      if "sandpod_execd" in " ".join(p.info["cmdline"] or [])
+                      and _env(p).get("SANDPOD_PREFIX") == lc.prefix]  # fmt: skip
+            assert len(execds) == 1, "one node execd serves every local sandbox"
+            await other.kill()
         await sbx.kill()
     await _until(lambda: not (tmp_path / "jails" / "jailed").exists(), 20, "the jail to go")
 

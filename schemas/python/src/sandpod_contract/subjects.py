@@ -96,6 +96,18 @@ class Subjects:
                 raise ValueError(f"invalid subject token {token!r}")
         return f"{self.prefix}.api.{kind}.{verb}"
 
+    def node(self, node: str, service: str, verb: str) -> str:
+        """Node-plane subject: ``<prefix>.node.<node>.<service>.<verb>``."""
+        for token in (node, service, verb):
+            if not TOKEN_RE.fullmatch(token):
+                raise ValueError(f"invalid subject token {token!r}")
+        return f"{self.prefix}.node.{node}.{service}.{verb}"
+
+    def node_all(self, node: str, service: str) -> str:
+        if not TOKEN_RE.fullmatch(node) or not TOKEN_RE.fullmatch(service):
+            raise ValueError(f"invalid node {node!r} or service {service!r}")
+        return f"{self.prefix}.node.{node}.{service}.*"
+
     def api_all(self) -> str:
         """Wildcard covering every control-plane subject."""
         return f"{self.prefix}.api.>"

@@ -12,6 +12,7 @@ the loop.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
@@ -21,6 +22,7 @@ from sandpod_bus import Bus, Inbound, Subscription
 from sandpod_contract.catalogue import operation
 from sandpod_contract.codec import Message, decode, encode, encode_error
 from sandpod_contract.errors import (
+    BadRequest,
     Busy,
     InternalError,
     PayloadTooLarge,
@@ -28,7 +30,8 @@ from sandpod_contract.errors import (
     SandpodError,
     UnknownSubject,
 )
-from sandpod_contract.subjects import Subjects
+from sandpod_contract.messages.node import NodeSandboxes, Release, Serve
+from sandpod_contract.subjects import Subjects, validate_sandbox_id
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.handlers.exec import ExecHandlers
 from sandpod_execd.handlers.fs import FsHandlers
@@ -43,6 +46,7 @@ from sandpod_execd.metrics import ExecdMetrics
 from sandpod_execd.registry import ExecRegistry
 from sandpod_execd.sandbox import SandboxContext
 from sandpod_execd.settings import ExecdSettings
+from sandpod_execd.sysmetrics import kill_marked
 from sandpod_service import Supervisor
 
 __all__ = ["ExecdService"]
@@ -77,17 +81,10 @@ class ExecdService:
         self.metrics = ExecdMetrics(registry or CollectorRegistry())
         self.supervisor = Supervisor("execd", settings.max_execs + 64)
         self.sandboxes = {
-            sid: SandboxContext(
-                sid,
-                settings.workspace_for(sid),
-                settings.shell,
-                settings.base_env,
-                ExecRegistry(settings.result_ttl, stored_budget=4 * settings.default_max_output),
-                jail=Jail.load(jail, sid) if (jail := settings.jail_file(sid)) else None,
-            )
-            for sid in settings.sandbox_ids
+            sid: self._context(sid, settings.jail_file(sid)) for sid in settings.sandbox_ids
         }
-        self._subs: list[Subscription] = []
+        self._subs: dict[str, Subscription] = {}
+        self._node_sub: Subscription | None = None
         self._bus: Bus | None = None
         self._families: list[FamilyHandlers] = []
         self._routes: dict[tuple[str, str], Route] = {}
@@ -99,25 +96,85 @@ class ExecdService:
         for family in self._families:
             self._routes.update(family.routes())
         for sbx in self.sandboxes.values():
-            sbx.prepare()
-            sub = await bus.subscribe(
-                self.subjects.sandbox_all(sbx.sandbox_id),
-                self._on_message,
-                queue=QUEUE_GROUP,
-                pending_msgs=8192,
-                pending_bytes=max(256 * 1024 * 1024, 8 * self.settings.max_request_bytes),
+            await self._serve(sbx)
+        if self.settings.node:
+            self._node_sub = await bus.subscribe(
+                self.subjects.node_all(self.settings.node, "execd"), self._on_node
             )
-            self._subs.append(sub)
-            log.info(
-                "sandbox_served",
-                sandbox_id=sbx.sandbox_id,
-                workspace=str(sbx.workspace),
-                runtime="local" if sbx.jail else "process",
-                isolation="jail" if sbx.jail else "none",
-            )
+            log.info("node_serving", node=self.settings.node)
+
+    def _context(self, sid: str, jail: Path | None) -> SandboxContext:
+        settings = self.settings
+        return SandboxContext(
+            sid,
+            settings.workspace_for(sid),
+            settings.shell,
+            settings.base_env,
+            ExecRegistry(settings.result_ttl, stored_budget=4 * settings.default_max_output),
+            jail=Jail.load(jail, sid) if jail else None,
+        )
+
+    async def _serve(self, sbx: SandboxContext) -> None:
+        assert self._bus is not None
+        sbx.prepare()
+        self._subs[sbx.sandbox_id] = await self._bus.subscribe(
+            self.subjects.sandbox_all(sbx.sandbox_id),
+            self._on_message,
+            queue=QUEUE_GROUP,
+            pending_msgs=8192,
+            pending_bytes=max(256 * 1024 * 1024, 8 * self.settings.max_request_bytes),
+        )
+        log.info(
+            "sandbox_served",
+            sandbox_id=sbx.sandbox_id,
+            workspace=str(sbx.workspace),
+            runtime="local" if sbx.jail else "process",
+            isolation="jail" if sbx.jail else "none",
+        )
+
+    async def _release(self, sandbox_id: str) -> None:
+        """Stop serving ``sandbox_id``: unsubscribe, then kill everything it started."""
+        sub = self._subs.pop(sandbox_id, None)
+        if sub is not None:
+            await sub.stop()
+        sbx = self.sandboxes.pop(sandbox_id, None)
+        if sbx is None:
+            return
+        for stream in list(sbx.registry.streams.values()):
+            stream.cancel()
+        for proc in list(sbx.registry.oneshots.values()):
+            if proc is not None:
+                proc.kill_tree()
+        kill_marked(sandbox_id, str(sbx.base_env.get("SANDPOD_WORKSPACE", sbx.workspace)))
+        log.info("sandbox_released", sandbox_id=sandbox_id)
+
+    async def _on_node(self, msg: Inbound) -> None:
+        """``serve`` / ``release`` / ``list`` from the lifecycle service of this node."""
+        verb = msg.subject.rsplit(".", 1)[-1]
+        try:
+            if verb == "serve":
+                req = decode(Serve, msg.data)
+                validate_sandbox_id(req.sandbox_id)
+                if req.sandbox_id not in self.sandboxes:
+                    sbx = self._context(req.sandbox_id, Path(req.jail) if req.jail else None)
+                    self.sandboxes[req.sandbox_id] = sbx
+                    await self._serve(sbx)
+            elif verb == "release":
+                await self._release(decode(Release, msg.data).sandbox_id)
+            elif verb != "list":
+                raise UnknownSubject(f"no node operation {verb}")
+            payload = encode(NodeSandboxes(sandbox_ids=tuple(sorted(self.sandboxes))))
+        except SandpodError as exc:
+            payload = encode_error(exc)
+        except (ValueError, OSError) as exc:  # a bad id or an unreadable jail file
+            payload = encode_error(BadRequest(f"cannot serve: {exc}"))
+        if msg.reply:
+            await self._respond(msg.reply, payload)
 
     async def stop(self, grace: float) -> None:
-        for sub in self._subs:
+        if self._node_sub is not None:
+            await self._node_sub.stop()
+        for sub in self._subs.values():
             await sub.drain()
         for family in self._families:
             await family.close()

@@ -15,6 +15,7 @@
 | ``SANDPOD_EXECD_ABANDON_AFTER`` | 60 s | client silence after which a stream's command dies |
 | ``SANDPOD_EXECD_RESULT_TTL`` | 60 s | how long unfetched one-shot output is kept |
 | ``SANDPOD_EXECD_SHELL`` | ``/bin/bash`` if present, else ``/bin/sh`` | shell for shell strings |
+| ``SANDPOD_EXECD_NODE`` | unset | node id: serve sandboxes on demand (``node.*.execd.serve``) |
 | ``SANDPOD_EXECD_JAIL`` | unset | jail file (local runtime): commands run in it; ``{sandbox_id}`` |
 | ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
 """
@@ -58,6 +59,7 @@ class ExecdSettings:
     pipe_grace: float = 0.2  # after exit, how long to keep reading pipes a grandchild holds open
     shell: str = dataclasses.field(default_factory=_default_shell)
     jail: str | None = None  # jail file path, may contain {sandbox_id}; None: process runtime
+    node: str | None = None  # serve sandboxes on demand: <prefix>.node.<node>.execd.*
     base_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     grace: float = 10.0
     log_level: str = "info"
@@ -72,9 +74,10 @@ class ExecdSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> ExecdSettings:
         """Build settings from ``env`` (default: the process environment)."""
         env = os.environ if env is None else env
+        node = env_str(env, "SANDPOD_EXECD_NODE", "") or None
         ids = tuple(
             validate_sandbox_id(s.strip())
-            for s in env_str(env, "SANDPOD_SANDBOX_ID", "default").split(",")
+            for s in env_str(env, "SANDPOD_SANDBOX_ID", "" if node else "default").split(",")
             if s.strip()
         )
         workspace = env_str(env, "SANDPOD_WORKSPACE", "")
@@ -90,6 +93,7 @@ class ExecdSettings:
             ),
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
             sandbox_ids=ids,
+            node=node,
             state_dir=Path(env_str(env, "SANDPOD_STATE_DIR", str(DEFAULT_STATE_DIR))).expanduser(),
             workspace=Path(workspace).expanduser() if workspace else None,
             max_execs=env_int(env, "SANDPOD_EXECD_MAX_EXECS", cls.max_execs, minimum=1),

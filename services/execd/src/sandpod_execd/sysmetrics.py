@@ -15,8 +15,10 @@ requests nor make the reply wait long; ``complete`` says whether the walk saw ev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
+import signal
 import stat
 import time
 
@@ -80,6 +82,27 @@ async def sandbox_processes(sandbox_id: str, workspace: str) -> ProcessUsage:
         if fields is not None:
             count, cpu, rss = count + 1, cpu + fields[0], rss + fields[1]
     return ProcessUsage(count, cpu, rss)
+
+
+def kill_marked(sandbox_id: str, workspace: str) -> int:
+    """SIGKILL every live process whose environment names this sandbox and workspace (a
+    released sandbox's background processes, sessions and terminals); how many were hit."""
+    markers = (f"\0SANDPOD_SANDBOX_ID={sandbox_id}\0".encode(),
+               f"\0SANDPOD_WORKSPACE={workspace}\0".encode())  # fmt: skip
+    me, hit = str(os.getpid()), 0
+    with os.scandir("/proc") as it:
+        pids = [e.name for e in it if e.name.isdigit() and e.name != me]
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = b"\0" + f.read()
+        except OSError:
+            continue
+        if all(m in env for m in markers):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(pid), signal.SIGKILL)
+                hit += 1
+    return hit
 
 
 def _usage_if_marked(pid: str, markers: tuple[bytes, ...]) -> tuple[float, int] | None:

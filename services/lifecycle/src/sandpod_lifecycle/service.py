@@ -20,6 +20,7 @@ from sandpod_bus import Bus, Inbound, Subscription
 from sandpod_contract.codec import Message, decode, decode_reply, encode, encode_error
 from sandpod_contract.errors import InternalError, SandpodError, UnknownSubject
 from sandpod_contract.messages.common import Empty
+from sandpod_contract.messages.node import NodeSandboxes
 from sandpod_contract.messages.sandboxes import CONTROL_PLANE
 from sandpod_contract.messages.system import Activity, Pong
 from sandpod_contract.subjects import Subjects
@@ -27,6 +28,7 @@ from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.leases import Leases
+from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
@@ -55,6 +57,7 @@ class LifecycleService:
         self._leases: Leases | None = None
         self._routes: dict[tuple[str, str], Callable[[Any], Awaitable[Message]]] = {}
         self._bus: Bus | None = None
+        self._node: NodeLauncher | None = None
 
     def _driver(self) -> Driver:
         state = self.settings.state_dir
@@ -66,7 +69,9 @@ class LifecycleService:
                 cgroup_parent=f"sandpod-{self.settings.prefix.replace('.', '-')}",
                 mask_paths=(Path("/root"), Path("/home"), state),
             )
-            return LocalDriver(LocalRuntime(config), launcher)
+            node = NodeLauncher(launcher, self.settings.node, self._node_request)
+            self._node = node
+            return LocalDriver(LocalRuntime(config), node)
         return ProcessDriver(launcher)
 
     async def start(self, bus: Bus) -> None:
@@ -100,6 +105,11 @@ class LifecycleService:
         )
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
 
+    async def _node_request(self, verb: str, msg: Message) -> NodeSandboxes:
+        assert self._bus is not None
+        subject = self.subjects.node(self.settings.node, "execd", verb)
+        return decode_reply(NodeSandboxes, await self._bus.request(subject, encode(msg), 10.0))
+
     async def stop(self, grace: float) -> None:
         if self._sub is not None:
             await self._sub.drain()
@@ -109,6 +119,8 @@ class LifecycleService:
             for sandbox_id in await driver.list():
                 log.info("instance_destroyed_at_exit", sandbox=sandbox_id)
                 await driver.destroy(sandbox_id)
+            if self._node is not None:
+                await self._node.shutdown()
         if self._leases is not None:
             await self._leases.release_all()
 

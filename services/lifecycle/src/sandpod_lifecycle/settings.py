@@ -12,6 +12,7 @@
 | ``SANDPOD_WORKERS`` | 8 | objects reconciled in parallel |
 | ``SANDPOD_READY_TIMEOUT`` | 30 s | how long a new instance may take to answer |
 | ``SANDPOD_DESTROY_ON_EXIT`` | false | destroy every instance at shutdown (``sandpod up``) |
+| ``SANDPOD_NODE`` | hostname | this host's node id (local runtime: one execd serves all) |
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class LifecycleSettings:
     workers: int = 8
     ready_timeout: float = 30.0
     destroy_on_exit: bool = False  # `sandpod up`: stopping the platform stops every sandbox
+    node: str = dataclasses.field(default_factory=lambda: socket.gethostname().split(".")[0])
     grace: float = 10.0
     log_level: str = "info"
 
@@ -72,5 +74,6 @@ class LifecycleSettings:
             workers=env_int(env, "SANDPOD_WORKERS", base.workers, minimum=1),
             ready_timeout=env_float(env, "SANDPOD_READY_TIMEOUT", base.ready_timeout, minimum=1),
             destroy_on_exit=env_bool(env, "SANDPOD_DESTROY_ON_EXIT", False),
+            node=env_str(env, "SANDPOD_NODE", base.node),
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
         )

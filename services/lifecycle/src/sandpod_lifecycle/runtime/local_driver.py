@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 from sandpod_lifecycle.driver import ExecdLauncher, Instance
+from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus, Resources
 from sandpod_lifecycle.runtime.local import LocalRuntime
 
@@ -48,7 +49,7 @@ def _resources(template: SandboxTemplateSpec) -> Resources:
 class LocalDriver:
     name = "local"
 
-    def __init__(self, runtime: LocalRuntime, launcher: ExecdLauncher) -> None:
+    def __init__(self, runtime: LocalRuntime, launcher: ExecdLauncher | NodeLauncher) -> None:
         self._runtime = runtime
         self._launcher = launcher
         self._protections: dict[str, str] = {}

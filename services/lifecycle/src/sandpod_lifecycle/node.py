@@ -1,0 +1,95 @@
+"""One execd per host serving every local sandbox (node mode): a sandbox is a subscription in a
+running daemon, not a new interpreter, so creating one takes milliseconds and costs a few hundred
+KiB instead of ~35 MiB.
+
+:class:`NodeLauncher` has the launcher surface the drivers use (``start``/``stop``/``pid``/
+``known``): ``start`` makes sure the node's execd runs (a pid file in the state dir, so replicas
+on one host share it and a restarted lifecycle adopts it) and asks it to ``serve`` the sandbox;
+``stop`` asks it to ``release``. If the node execd is replaced, what it served is forgotten and
+the reconciler's next pass serves it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from sandpod_contract.codec import Message
+from sandpod_contract.errors import SandpodError
+from sandpod_contract.messages.common import Empty
+from sandpod_contract.messages.node import NodeSandboxes, Release, Serve
+from sandpod_lifecycle.driver import ExecdLauncher
+
+__all__ = ["NodeLauncher"]
+
+Request = Callable[[str, Message], Awaitable[NodeSandboxes]]  # verb, message -> reply
+START_TIMEOUT = 30.0
+
+
+class NodeLauncher:
+    def __init__(self, processes: ExecdLauncher, node: str, request: Request) -> None:
+        self._processes = processes
+        self.node = node
+        self._key = f"node-{node}"
+        self._request = request
+        self._served: set[str] = set()
+        self._node_pid: int | None = None
+        self._lock = asyncio.Lock()
+
+    def _alive(self) -> int | None:
+        pid = self._processes.pid(self._key)
+        if pid != self._node_pid:  # a new (or no) node execd: it serves nothing we know of
+            self._served.clear()
+            self._node_pid = pid
+        return pid
+
+    async def _ensure_node(self) -> int:
+        async with self._lock:
+            pid = self._alive()
+            if pid is None:
+                env = {"SANDPOD_EXECD_NODE": self.node, "SANDPOD_SANDBOX_ID": ""}
+                await self._processes.start(self._key, env)
+                pid = self._alive()
+            deadline = time.monotonic() + START_TIMEOUT
+            while True:
+                try:
+                    self._served = set((await self._request("list", Empty())).sandbox_ids)
+                    break
+                except SandpodError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.02)
+            assert pid is not None
+            return pid
+
+    async def start(self, sandbox_id: str, env: Mapping[str, str]) -> int:
+        pid = await self._ensure_node()
+        reply = await self._request(
+            "serve", Serve(sandbox_id=sandbox_id, jail=env.get("SANDPOD_EXECD_JAIL"))
+        )
+        self._served = set(reply.sandbox_ids)
+        return pid
+
+    async def stop(self, sandbox_id: str, grace: float = 5.0) -> None:
+        if self._alive() is None:
+            self._served.discard(sandbox_id)
+            return
+        try:
+            self._served = set(
+                (await self._request("release", Release(sandbox_id=sandbox_id))).sandbox_ids
+            )
+        except SandpodError:
+            self._served.discard(sandbox_id)
+
+    def pid(self, sandbox_id: str) -> int | None:
+        pid = self._alive()
+        return pid if pid is not None and sandbox_id in self._served else None
+
+    def known(self) -> list[str]:
+        self._alive()
+        return sorted(self._served)
+
+    async def shutdown(self) -> None:
+        """Stop the node's execd (``sandpod up`` leaving nothing behind)."""
+        await self._processes.stop(self._key)
