@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 UV ?= $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 PYTHON ?= python3
+CC ?= cc
 
 .PHONY: install up check lint types imports test bench vectors clean
 
@@ -14,7 +15,12 @@ $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.t
 	$(UV) sync --all-packages --locked
 	@touch $@
 
-install: $(BIN)/sandpod  ## create .venv with every package (editable) and the dev tools
+$(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c $(BIN)/sandpod
+	@# The local runtime's one-step jail entry; without a C compiler execd falls back to sh+nsenter.
+	@if command -v $(CC) >/dev/null 2>&1; then $(CC) -O2 -Wall -Wextra -o $@ $<; \
+	else echo "note: no C compiler: the jail uses the slower sh + nsenter entry"; fi
+
+install: $(BIN)/sandpod $(BIN)/sandpod-jail-exec  ## .venv with every package (editable), dev tools, the jail entry helper
 
 up: install  ## start NATS + execd serving sandbox "default" in the foreground
 	$(BIN)/sandpod up

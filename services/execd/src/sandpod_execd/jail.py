@@ -44,6 +44,7 @@ import posixpath
 import re
 import shutil
 import stat
+import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -96,6 +97,16 @@ def _check(ret: int, what: str) -> None:
 
 def _setns(fd: int, nstype: int) -> None:
     _check(_libc.setns(fd, nstype), "setns")
+
+
+@functools.cache
+def _fast_entry() -> str | None:
+    """``sandpod-jail-exec`` (built from ``services/execd/native`` by ``make install``), found
+    next to the interpreter or on PATH; None: the portable sh + nsenter chain is used."""
+    beside = Path(sys.executable).parent / "sandpod-jail-exec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("sandpod-jail-exec")
 
 
 def _no_new_privs() -> None:
@@ -258,13 +269,20 @@ class Jail:
         ):
             raise CommandNotFound(f"{program!r}: command not found", program=program)
         own = self._command_cgroup()
-        launch = (
+        helper = _fast_entry()
+        if helper is not None:  # one small exec instead of sh -> nsenter -> sh
+            launch: tuple[str, ...] = (
+                helper, f"{own}/cgroup.procs", *(f"{d}/cgroup.procs" for d in self.join),
+                "--", str(self.holder), inside, str(self.uid), str(self.gid), "--", *argv,
+            )  # fmt: skip
+        else:
+            launch = (
             self._sh, "-c", JOIN, "sandpod-jail", f"{own}/cgroup.procs",
             *(f"{d}/cgroup.procs" for d in self.join), "--",
             self._nsenter, "-F", "-t", str(self.holder), "-m", "-u", "-i", "-n", "-C",
             "-r", f"--wdns={inside}", "-S", str(self.uid), "-G", str(self.gid), "--",
             "/bin/sh", "-c", UNWRAP, "sandpod-env", str(len(env)), *argv,
-        )  # fmt: skip
+            )  # fmt: skip
         wrapped = {f"SANDPOD_JAIL_ENV_{i}": f"{k}={v}" for i, (k, v) in enumerate(env.items())}
         return Command(
             argv=launch,
