@@ -80,6 +80,46 @@ def platform(sandbox: str = "bench", **env: str) -> Iterator[tuple[str, subproce
                     proc.wait(15)
 
 
+RESPONDER = """
+import asyncio, sys
+import nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    async def echo(msg):
+        await msg.respond(msg.data)
+    await nc.subscribe("bench.echo", cb=echo)
+    await nc.flush()  # the subscription has reached the server before we say ready
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+async def nats_rtt(url: str, calls: int) -> list[float]:
+    """The NATS part of every floor: round trips of a 64-byte request to a bare responder in
+    another process (as execd is), after 100 warm-up calls."""
+    from sandpod_bus import Bus, BusSettings
+
+    responder = subprocess.Popen(
+        [sys.executable, "-c", RESPONDER, url], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert responder.stdout is not None
+        responder.stdout.readline()
+        bus = await Bus.connect(BusSettings(url=url))
+        samples = []
+        for i in range(calls + 100):
+            t0 = time.perf_counter()
+            await bus.request("bench.echo", b"x" * 64, 5)
+            if i >= 100:
+                samples.append(time.perf_counter() - t0)
+        await bus.close()
+        return samples
+    finally:
+        responder.terminate()
+        responder.wait()
+
+
 def pct(samples: Sequence[float], q: float) -> float:
     """The q-th percentile (0-100) of ``samples``."""
     ordered = sorted(samples)

@@ -12,51 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import time
 
-from _platform import pct, platform, summary
+from _platform import nats_rtt, pct, platform, summary
 from sandpod import AsyncSandbox
-from sandpod_bus import Bus, BusSettings
-
-RESPONDER = """
-import asyncio, sys
-import nats
-async def main():
-    nc = await nats.connect(sys.argv[1])
-    async def echo(msg):
-        await msg.respond(msg.data)
-    await nc.subscribe("bench.echo", cb=echo)
-    await nc.flush()  # the subscription has reached the server before we say ready
-    print("ready", flush=True)
-    await asyncio.Event().wait()
-asyncio.run(main())
-"""
-
-
-async def nats_rtt(url: str, calls: int) -> list[float]:
-    responder = subprocess.Popen(
-        [sys.executable, "-c", RESPONDER, url], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert responder.stdout is not None
-        responder.stdout.readline()
-        bus = await Bus.connect(BusSettings(url=url))
-        payload = b"x" * 64
-        for _ in range(100):
-            await bus.request("bench.echo", payload, 5)
-        samples = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            await bus.request("bench.echo", payload, 5)
-            samples.append(time.perf_counter() - t0)
-        await bus.close()
-        return samples
-    finally:
-        responder.terminate()
-        responder.wait()
-
 
 # The environment execd gives commands (locale included: `date` reads locale files with it).
 SANDBOX_ENV = {

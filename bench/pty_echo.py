@@ -22,27 +22,12 @@ import contextlib
 import os
 import select
 import subprocess
-import sys
 import time
 
-from _platform import pct, platform, summary
+from _platform import nats_rtt, pct, platform, summary
 from sandpod import AsyncSandbox
 from sandpod.pty import AsyncPty
-from sandpod_bus import Bus, BusSettings
 
-RESPONDER = """
-import asyncio, sys
-import nats
-async def main():
-    nc = await nats.connect(sys.argv[1])
-    async def echo(msg):
-        await msg.respond(msg.data)
-    await nc.subscribe("bench.echo", cb=echo)
-    await nc.flush()  # the subscription is registered at the server before we say ready
-    print("ready", flush=True)
-    await asyncio.Event().wait()
-asyncio.run(main())
-"""
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 KEYS = ((b"a", b"a"), (b"\x7f", b"\x08"))  # (typed, what its echo contains)
 PROGRAMS = {
@@ -50,28 +35,6 @@ PROGRAMS = {
     "bash": ["bash", "--norc", "--noprofile", "-i"],
 }
 PACE = 0.002  # seconds between keys, so the next read is parked at execd as in real typing
-
-
-async def nats_rtt(url: str, calls: int) -> list[float]:
-    """Round trips of a 64-byte request to a bare responder in another process."""
-    responder = subprocess.Popen(
-        [sys.executable, "-c", RESPONDER, url], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert responder.stdout is not None
-        responder.stdout.readline()
-        bus = await Bus.connect(BusSettings(url=url))
-        samples = []
-        for i in range(calls + 100):
-            t0 = time.perf_counter()
-            await bus.request("bench.echo", b"x" * 64, 5)
-            if i >= 100:  # warm-up
-                samples.append(time.perf_counter() - t0)
-        await bus.close()
-        return samples
-    finally:
-        responder.terminate()
-        responder.wait()
 
 
 def local_echo(argv: list[str], keys: int) -> list[float]:

@@ -18,8 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from _platform import pct, platform, summary
-from exec_latency import nats_rtt
+from _platform import nats_rtt, pct, platform, summary
 from sandpod import AsyncSandbox
 
 
