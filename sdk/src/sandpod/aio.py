@@ -227,15 +227,19 @@ class AsyncSandbox:
                                Renew(name=self.id, seconds=seconds), ObjectReply)  # fmt: skip
         return SandboxInfo.of(reply.object)
 
-    async def pause(self) -> SandboxInfo:
-        """Freeze the sandbox's processes (they continue on resume)."""
-        reply = await api_call(self.bus, self.subjects, "sandboxes", "pause", Ref(name=self.id),
-                               ObjectReply, timeout=30)  # fmt: skip
+    async def pause(self, wait: float = 30.0) -> SandboxInfo:
+        """Freeze the sandbox's processes (they continue on resume); returns once Paused, or
+        after ``wait`` seconds with the phase it has then."""
+        ref = Ref(name=self.id, wait=wait)
+        reply = await api_call(self.bus, self.subjects, "sandboxes", "pause", ref, ObjectReply,
+                               timeout=wait + 10)  # fmt: skip
         return SandboxInfo.of(reply.object)
 
-    async def resume(self) -> SandboxInfo:
-        reply = await api_call(self.bus, self.subjects, "sandboxes", "resume", Ref(name=self.id),
-                               ObjectReply, timeout=30)  # fmt: skip
+    async def resume(self, wait: float = 30.0) -> SandboxInfo:
+        """Thaw the sandbox; returns once Running (or after ``wait`` seconds)."""
+        ref = Ref(name=self.id, wait=wait)
+        reply = await api_call(self.bus, self.subjects, "sandboxes", "resume", ref, ObjectReply,
+                               timeout=wait + 10)  # fmt: skip
         return SandboxInfo.of(reply.object)
 
     def events(self) -> AsyncIterator[SandboxEvent]:

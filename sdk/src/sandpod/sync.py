@@ -108,11 +108,11 @@ class Sandbox:
     def renew(self, seconds: float) -> SandboxInfo:
         return run(self._inner.renew(seconds))
 
-    def pause(self) -> SandboxInfo:
-        return run(self._inner.pause())
+    def pause(self, wait: float = 30.0) -> SandboxInfo:
+        return run(self._inner.pause(wait))
 
-    def resume(self) -> SandboxInfo:
-        return run(self._inner.resume())
+    def resume(self, wait: float = 30.0) -> SandboxInfo:
+        return run(self._inner.resume(wait))
 
     def events(self) -> Iterator[SandboxEvent]:
         """Live lifecycle events (blocking iterator; break out of the loop to stop)."""

@@ -216,15 +216,21 @@ class Reconciler:
             return await self._create(view)
         idle_limit = view.spec.idle_timeout_seconds or 0
         if idle_limit > 0 and view.status.phase is Phase.RUNNING:
-            outcome = await self._check_idle(view, key, idle_limit)
+            outcome, view = await self._check_idle(view, key, idle_limit)
             if outcome is not None:
                 return outcome
-        if view.spec.operating_mode is OperatingMode.PAUSED and not instance.paused:
+        want_paused = view.spec.operating_mode is OperatingMode.PAUSED
+        if want_paused and not instance.paused:
             await self.driver.pause(view.name)
-            await self._set(view, Phase.PAUSED, "paused", Condition("Paused", "True", "Requested"))
-        elif view.spec.operating_mode is OperatingMode.RUNNING and instance.paused:
+        elif not want_paused and instance.paused:
             await self.driver.resume(view.name)
-            await self._set(view, Phase.RUNNING, "resumed", Condition("Paused", "False", "Resumed"))
+        # The phase follows what the instance is, so a pass that froze the jail but lost the
+        # race to record it (a status conflict) is corrected by the next one.
+        phase = Phase.PAUSED if want_paused else Phase.RUNNING
+        if phase is not view.status.phase:
+            cond = (Condition("Paused", "True", "Requested") if want_paused
+                    else Condition("Paused", "False", "Resumed"))  # fmt: skip
+            await self._set(view, phase, "paused" if want_paused else "resumed", cond)
         elif view.status.observed_generation != view.obj.metadata.generation:
             await self._set(view, view.status.phase, None, None)
         if shutdown:
@@ -273,13 +279,16 @@ class Reconciler:
         text = "; ".join(f"{p}: {s}" for p, s in sorted(degraded.items()))
         return Condition("Isolated", "False", reason, text)
 
-    async def _check_idle(self, view: SandboxView, key: str, limit: int) -> Outcome | None:
+    async def _check_idle(
+        self, view: SandboxView, key: str, limit: int
+    ) -> tuple[Outcome | None, SandboxView]:
+        """(an outcome if the sandbox expired, the view as it now is)."""
         idle = await self._idle_probe(view.name)
         if idle is None:
-            return None  # execd unreachable: the instance check handles it on the next pass
+            return None, view  # execd unreachable: the instance check handles it next pass
         if idle >= limit:
-            return await self._finish(view, key, "idle_expired", "IdleTimeout",
-                                      f"no activity for {idle:.0f}s (limit {limit}s)")  # fmt: skip
+            why = f"no activity for {idle:.0f}s (limit {limit}s)"
+            return await self._finish(view, key, "idle_expired", "IdleTimeout", why), view
         last = time.time() - idle
         if view.status.last_activity_time != iso_ts(last):
             view = SandboxView.of(
@@ -290,7 +299,7 @@ class Reconciler:
                 )
             )
         self._wake_at(view.name, last + limit + 0.05)
-        return None
+        return None, view
 
     async def _finish(
         self, view: SandboxView, key: str, event: str, reason: str, msg: str
