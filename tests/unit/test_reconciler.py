@@ -1,0 +1,143 @@
+"""The reconciler's state machine against the in-memory store and a fake driver (fast layer;
+the real thing runs in tests/integration/test_lifecycle.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from sandpod_contract.resources import SandboxSpec, SandboxStatus, SandboxTemplateSpec
+from sandpod_lifecycle.driver import Instance
+from sandpod_lifecycle.reconciler import Outcome, Reconciler
+from sandpod_store import MemoryStore, ObjectMeta, Resource
+
+
+@pytest.fixture(scope="session")
+def _session_daemons() -> None:
+    """No nats-server or execd: the reconciler runs on fakes here."""
+
+
+class FakeDriver:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.instances: dict[str, Instance] = {}
+        self.calls: list[str] = []
+
+    def protections(self) -> dict[str, str]:
+        return {"jail": "active"}
+
+    async def ensure(self, sid: str, spec: SandboxSpec, template: SandboxTemplateSpec) -> Instance:
+        self.calls.append(f"ensure {sid}")
+        self.instances.setdefault(sid, Instance(sid, running=True, paused=False, pid=1))
+        return self.instances[sid]
+
+    async def inspect(self, sid: str) -> Instance | None:
+        return self.instances.get(sid)
+
+    async def pause(self, sid: str) -> None:
+        self.calls.append(f"pause {sid}")
+        self.instances[sid] = dataclasses.replace(self.instances[sid], paused=True)
+
+    async def resume(self, sid: str) -> None:
+        self.calls.append(f"resume {sid}")
+        self.instances[sid] = dataclasses.replace(self.instances[sid], paused=False)
+
+    async def destroy(self, sid: str) -> None:
+        self.calls.append(f"destroy {sid}")
+        self.instances.pop(sid, None)
+
+    async def list(self) -> list[str]:
+        return sorted(self.instances)
+
+
+class Always:
+    async def acquire(self, key: str) -> bool:
+        return True
+
+    async def release(self, key: str) -> None: ...
+
+    async def renew_all(self) -> None: ...
+
+
+class Events:
+    def __init__(self) -> None:
+        self.types: list[str] = []
+
+    async def publish(self, **kw: object) -> None:
+        self.types.append(str(kw["type_"]))
+
+
+async def _template(ns: str, name: str | None) -> SandboxTemplateSpec:
+    return SandboxTemplateSpec()
+
+
+async def _ready(sid: str, timeout: float) -> bool:
+    return True
+
+
+async def _idle(sid: str) -> float | None:
+    return 0.0
+
+
+def _reconciler(store: MemoryStore, driver: FakeDriver, events: Events) -> Reconciler:
+    return Reconciler(store=store, driver=driver, leases=Always(), events=events,  # type: ignore[arg-type]
+                      templates=_template, ready_probe=_ready, idle_probe=_idle)  # fmt: skip
+
+
+async def _sandbox(store: MemoryStore, **spec: object) -> Resource:
+    obj = Resource("sandpod.dev/v1alpha1", "Sandbox", ObjectMeta(name="s1"),
+                   {"permanent": True, **spec})  # fmt: skip
+    return await store.create(obj)
+
+
+async def test_create_then_ready_then_pause_resume() -> None:
+    """A new Sandbox gets an instance and Running; pause/resume follow operatingMode."""
+    store, driver, events = MemoryStore(), FakeDriver(), Events()
+    rec = _reconciler(store, driver, events)
+    await _sandbox(store)
+    assert await rec.reconcile("s1") is Outcome.DONE
+    obj = await store.get("Sandbox", "default", "s1")
+    assert SandboxStatus.from_dict(obj.status).phase.value == "Running"
+    await store.update(dataclasses.replace(obj, spec={**obj.spec, "operatingMode": "Paused"}))
+    await rec.reconcile("s1")
+    obj = await store.get("Sandbox", "default", "s1")
+    assert SandboxStatus.from_dict(obj.status).phase.value == "Paused"
+    assert driver.instances["s1"].paused and events.types[-1] == "paused"
+    await store.update(dataclasses.replace(obj, spec={**obj.spec, "operatingMode": "Running"}))
+    await rec.reconcile("s1")
+    assert not driver.instances["s1"].paused and events.types[-1] == "resumed"
+
+
+async def test_a_frozen_instance_with_a_stale_phase_is_corrected() -> None:
+    """If a pass froze the instance but lost the race to record it, the next pass records
+    Paused instead of leaving the phase Running forever (and does not pause twice)."""
+    store, driver, events = MemoryStore(), FakeDriver(), Events()
+    rec = _reconciler(store, driver, events)
+    await _sandbox(store)
+    await rec.reconcile("s1")
+    obj = await store.get("Sandbox", "default", "s1")
+    await store.update(dataclasses.replace(obj, spec={**obj.spec, "operatingMode": "Paused"}))
+    driver.instances["s1"] = dataclasses.replace(driver.instances["s1"], paused=True)
+    await rec.reconcile("s1")
+    obj = await store.get("Sandbox", "default", "s1")
+    assert SandboxStatus.from_dict(obj.status).phase.value == "Paused"
+    assert "pause s1" not in driver.calls
+
+
+async def test_deleted_objects_lose_their_instance(tmp_path: Path) -> None:
+    """An instance whose object is gone is destroyed; a delete request removes both."""
+    store, driver, events = MemoryStore(), FakeDriver(), Events()
+    rec = _reconciler(store, driver, events)
+    await _sandbox(store)
+    await rec.reconcile("s1")
+    obj = await store.get("Sandbox", "default", "s1")
+    meta = dataclasses.replace(obj.metadata, annotations={"sandpod.dev/delete-requested": "true"})
+    await store.update(dataclasses.replace(obj, metadata=meta))
+    await rec.reconcile("s1")
+    assert "destroy s1" in driver.calls and events.types[-1] == "deleted"
+    driver.instances["orphan"] = Instance("orphan", running=True, paused=False)
+    await rec.reconcile("orphan")
+    assert "orphan" not in driver.instances
