@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import signal
@@ -195,3 +196,19 @@ async def test_oversized_output_is_released_once_fetched(
         await sbx._call(
             "exec", "fetch", ExecFetch(exec_id=r.exec_id, stream="stdout", offset=0), OutputPart, 5
         )
+
+
+async def test_timeout_kills_orphans_that_left_the_tree(sbx: AsyncSandbox, tmp_path: Path) -> None:
+    """A grandchild that called setsid and whose parent exited (re-parented to init: no longer
+    a descendant, nor in the group) still dies on timeout: the tree's token finds it."""
+    pid_file = tmp_path / "orphan"
+    script = (
+        f"(setsid sh -c 'echo $$ > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}; exec sleep 300' &)"
+        f"; while [ ! -e {pid_file} ]; do sleep 0.01; done; sleep 300"
+    )
+    r = await sbx.exec(script, timeout=1.0)
+    assert r.timed_out
+    pid = int(pid_file.read_text())
+    if psutil.pid_exists(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).wait(10)  # raises TimeoutExpired if the orphan survived

@@ -33,6 +33,7 @@ from sandpod_service.procs import descendants
 
 __all__ = ["Command", "PipeReader", "PipeWriter", "Process", "descendants", "kill_cgroup", "spawn"]
 
+TREE_TOKEN = "SANDPOD_TREE_ID"  # noqa: S105 - a variable name, not a secret
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, not exported by Python 3.11
 PIPE_SIZE = 1024 * 1024
 
@@ -47,6 +48,7 @@ class Command:
     stdin: bool  # give the command a stdin pipe (else /dev/null)
     around_fork: Callable[[], AbstractContextManager[None]] | None = None  # jail: enter its pid ns
     cgroup: str | None = None  # jail: a cgroup directory holding only this command's processes
+    token: str | None = None  # value of TREE_TOKEN in its environment: finds re-parented orphans
 
 
 class PipeReader:
@@ -126,10 +128,13 @@ class Process:
         stdout: int,
         stderr: int,
         stdin: int | None,
+        *,
         cgroup: str | None = None,
+        token: str | None = None,
     ) -> None:
         self.pid = popen.pid
         self.cgroup = cgroup
+        self.token = token
         self._popen = popen
         self.stdout = PipeReader(stdout)
         self.stderr = PipeReader(stderr)
@@ -183,8 +188,11 @@ class Process:
                 os.kill(self.pid, sig)
 
     def kill_tree(self) -> None:
-        """SIGKILL the group and every descendant, including ones that called setsid."""
+        """SIGKILL the group, every descendant (setsid'd ones included) and every process
+        carrying the command's tree token (orphans re-parented away from the tree)."""
         stray = descendants(self.pid)
+        if self.token is not None:
+            stray += tagged(TREE_TOKEN, self.token)
         self.signal_group(signal.SIGKILL)
         for pid in stray:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -197,6 +205,24 @@ class Process:
         self.stderr.close()
         if self.stdin is not None:
             self.stdin.close()
+
+
+def tagged(name: str, value: str) -> list[int]:
+    """Live processes whose environment holds ``name=value`` (children inherit it, so this finds
+    a tree's members even after they left its group and were re-parented)."""
+    needle = f"\0{name}={value}\0".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = b"\0" + f.read() + b"\0"
+        except OSError:
+            continue
+        if needle in env:
+            found.append(int(entry.name))
+    return found
 
 
 def kill_cgroup(path: str, passes: int = 64) -> None:
@@ -287,4 +313,4 @@ def spawn(cmd: Command) -> Process:
         for fd in (out_w, err_w, in_r):
             if fd is not None:
                 os.close(fd)
-    return Process(popen, out_r, err_r, in_w, cmd.cgroup)
+    return Process(popen, out_r, err_r, in_w, cgroup=cmd.cgroup, token=cmd.token)

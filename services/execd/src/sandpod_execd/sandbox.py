@@ -10,13 +10,15 @@ the host path showing the same directory (for host-side code such as watchers).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
 from sandpod_execd.jail import Jail
-from sandpod_execd.process import Command
+from sandpod_execd.process import TREE_TOKEN, Command
 from sandpod_execd.registry import ExecRegistry
 
 __all__ = ["SandboxContext"]
@@ -100,10 +102,14 @@ class SandboxContext:
         stdin: bool,
     ) -> Command:
         args = argv if argv is not None else (self.shell, "-c", shell or "")
+        # Every command's tree carries a token (a caller's own, e.g. proc's, is kept), so
+        # kill_tree finds members that left the group and were re-parented.
+        token = (env or {}).get(TREE_TOKEN) or uuid.uuid4().hex
         if self.jail is not None:
             inside = self.jail.inside(cwd)
-            jail_env = {**self.base_env, "PWD": inside, **(env or {})}
-            return self.jail.command(tuple(args), inside, jail_env, stdin=stdin)
+            jail_env = {**self.base_env, "PWD": inside, **(env or {}), TREE_TOKEN: token}
+            cmd = self.jail.command(tuple(args), inside, jail_env, stdin=stdin)
+            return dataclasses.replace(cmd, token=token)
         resolved = self.resolve_cwd(cwd)
-        full_env = {**self.base_env, "PWD": resolved, **(env or {})}
-        return Command(argv=tuple(args), cwd=resolved, env=full_env, stdin=stdin)
+        full_env = {**self.base_env, "PWD": resolved, **(env or {}), TREE_TOKEN: token}
+        return Command(argv=tuple(args), cwd=resolved, env=full_env, stdin=stdin, token=token)
