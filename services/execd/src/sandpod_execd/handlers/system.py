@@ -16,7 +16,9 @@ from sandpod_execd.sandbox import SandboxContext
 __all__ = ["SystemHandlers"]
 
 RUNTIME = "process"
-ISOLATION = "none"  # commands run on the host as execd's user; the jail comes with `local`
+ISOLATION = "none"  # commands run on the host as execd's user
+JAIL_RUNTIME = "local"
+JAIL_ISOLATION = "jail"  # namespaces, overlay root, cgroups, own uid (see the Sandbox's Isolated)
 
 
 class SystemHandlers:
@@ -46,8 +48,8 @@ class SystemHandlers:
             sandbox_id=sbx.sandbox_id,
             execd_version=__version__,
             protocol_version=PROTOCOL_VERSION,
-            runtime=RUNTIME,
-            isolation=ISOLATION,
+            runtime=JAIL_RUNTIME if sbx.jail else RUNTIME,
+            isolation=JAIL_ISOLATION if sbx.jail else ISOLATION,
             hostname=socket.gethostname(),
             pid=os.getpid(),
             started_at=self._started,
