@@ -101,6 +101,7 @@ async def test_create_then_ready_then_pause_resume() -> None:
     assert await rec.reconcile("s1") is Outcome.DONE
     obj = await store.get("Sandbox", "default", "s1")
     assert SandboxStatus.from_dict(obj.status).phase.value == "Running"
+    assert obj.status["endpoint"] == {"subjectPrefix": "sandpod.sbx.s1"}
     await store.update(dataclasses.replace(obj, spec={**obj.spec, "operatingMode": "Paused"}))
     await rec.reconcile("s1")
     obj = await store.get("Sandbox", "default", "s1")

@@ -72,6 +72,11 @@ class Subjects:
                 raise ValueError(f"invalid subject token {token!r}")
         return f"{self.prefix}.sbx.{sandbox_id}.{family}.{verb}"
 
+    def sandbox_prefix(self, sandbox_id: str) -> str:
+        """``<prefix>.sbx.<id>``: what every data-plane subject of the sandbox starts with."""
+        validate_sandbox_id(sandbox_id)
+        return f"{self.prefix}.sbx.{sandbox_id}"
+
     def sandbox_all(self, sandbox_id: str) -> str:
         """Wildcard covering every data-plane subject of one sandbox (for subscriptions/ACLs)."""
         validate_sandbox_id(sandbox_id)

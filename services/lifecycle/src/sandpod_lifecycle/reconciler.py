@@ -37,6 +37,7 @@ from sandpod_contract.resources import (
     Phase,
     SandboxTemplateSpec,
 )
+from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.driver import Driver
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.leases import Leases
@@ -74,6 +75,7 @@ class Reconciler:
         templates: Templates,
         ready_probe: Callable[[str, float], Awaitable[bool]],
         idle_probe: Probe,
+        subjects: Subjects | None = None,
         workers: int = 8,
         max_failures: int = 5,
         resync: float = 10.0,
@@ -83,6 +85,7 @@ class Reconciler:
         self.driver = driver
         self.leases = leases
         self.events = events
+        self.subjects = subjects or Subjects()
         self._templates = templates
         self._ready_probe = ready_probe
         self._idle_probe = idle_probe
@@ -329,7 +332,7 @@ class Reconciler:
         status = dataclasses.replace(
             view.status, phase=phase, observed_generation=view.obj.metadata.generation,
             shutdown_time=view.spec.shutdown_time,
-            endpoint={"subjectPrefix": f"sbx.{view.name}"},
+            endpoint={"subjectPrefix": self.subjects.sandbox_prefix(view.name)},
         )  # fmt: skip
         for c in (*(() if cond is None else (cond,)), *extra):
             status = with_condition(status, c)

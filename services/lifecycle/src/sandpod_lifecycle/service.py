@@ -88,7 +88,7 @@ class LifecycleService:
         self.reconciler = Reconciler(
             store=store, driver=self._driver(), leases=self._leases, events=events,
             templates=api.template, ready_probe=self._ready, idle_probe=self._idle,
-            workers=self.settings.workers, resync=self.settings.resync,
+            subjects=self.subjects, workers=self.settings.workers, resync=self.settings.resync,
             ready_timeout=self.settings.ready_timeout,
         )  # fmt: skip
         self._routes = {
