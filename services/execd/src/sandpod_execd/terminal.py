@@ -42,7 +42,7 @@ from sandpod_execd.oneshot import status_fields
 from sandpod_execd.process import kill_cgroup
 from sandpod_execd.ptyspawn import TerminalSpec, session_tree, set_size, spawn_on_pty
 
-__all__ = ["MAX_PENDING_INPUT", "Terminal", "TerminalSet"]
+__all__ = ["MAX_PENDING_INPUT", "Terminal", "TerminalSet", "foreground_group"]
 
 log = structlog.get_logger("sandpod.execd.pty")
 
@@ -218,12 +218,8 @@ class Terminal:
         the program exited."""
         if not self.running:
             return
-        pgrp = self.pid
-        if self._master is not None:
-            with contextlib.suppress(OSError):
-                pgrp = os.tcgetpgrp(self._master)
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgrp, sig)
+            os.killpg(foreground_group(self._master, self.pid), sig)
 
     def kill(self) -> None:
         """SIGKILL the whole tree: descendants, group and session (while the program is not
@@ -396,3 +392,20 @@ class TerminalSet:
         for pty_id, term in list(self._terminals.items()):
             if term.exited_at is not None and now - term.exited_at > self.keep_exited:
                 del self._terminals[pty_id]
+
+
+def foreground_group(master: int | None, leader: int) -> int:
+    """The process group a terminal signal goes to: the pty's foreground group, else the
+    program's own group (``leader`` leads it).
+
+    Until the program has made the pty its controlling terminal, ``tcgetpgrp`` answers 0, and
+    ``killpg(0, sig)`` would signal execd's own process group (and whatever shares it: the
+    supervisor, a test runner, CI's make). Never anything but a positive group other than ours.
+    """
+    pgrp = 0
+    if master is not None:
+        with contextlib.suppress(OSError):
+            pgrp = os.tcgetpgrp(master)
+    if pgrp <= 1 or pgrp == os.getpgrp():
+        return leader
+    return pgrp
