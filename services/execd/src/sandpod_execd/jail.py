@@ -52,6 +52,7 @@ from typing import Any
 
 from sandpod_contract.errors import CommandNotFound, SandboxUnavailable, SpawnFailed
 from sandpod_execd.process import Command
+from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["Jail"]
 
@@ -269,16 +270,16 @@ class Jail:
         ):
             raise CommandNotFound(f"{program!r}: command not found", program=program)
         own = self._command_cgroup()
+        joins = [cgroup_join_file(d) for d in (own, *self.join)]
         helper = _fast_entry()
         if helper is not None:  # one small exec instead of sh -> nsenter -> sh
             launch: tuple[str, ...] = (
-                helper, f"{own}/cgroup.procs", *(f"{d}/cgroup.procs" for d in self.join),
+                helper, *joins,
                 "--", str(self.holder), inside, str(self.uid), str(self.gid), "--", *argv,
             )  # fmt: skip
         else:
             launch = (
-            self._sh, "-c", JOIN, "sandpod-jail", f"{own}/cgroup.procs",
-            *(f"{d}/cgroup.procs" for d in self.join), "--",
+            self._sh, "-c", JOIN, "sandpod-jail", *joins, "--",
             self._nsenter, "-F", "-t", str(self.holder), "-m", "-u", "-i", "-n", "-C",
             "-r", f"--wdns={inside}", "-S", str(self.uid), "-G", str(self.gid), "--",
             "/bin/sh", "-c", UNWRAP, "sandpod-env", str(len(env)), *argv,

@@ -60,6 +60,7 @@ from sandpod_lifecycle.runtime.base import (
 )
 from sandpod_lifecycle.runtime.cgroups import CgroupPlan, SandboxCgroups
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, wait_exit
+from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["JAIL_FILE", "LocalRuntime", "LocalRuntimeConfig"]
 
@@ -244,7 +245,7 @@ class LocalRuntime:
             spec.resources.memory_bytes, uid=uid, gid=gid,
             masks=(self.config.state_dir, *self.config.mask_paths), log=d / "holder.log",
         )  # fmt: skip
-        procs = [f"{c}/cgroup.procs" for c in cg.dirs]
+        procs = [cgroup_join_file(c) for c in cg.dirs]
         popen, holder = await launch(
             layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
         )
