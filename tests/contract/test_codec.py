@@ -376,6 +376,7 @@ def test_control_plane_and_event_subjects() -> None:
     assert subjects.api("sandboxes", "create") == "acme.api.sandboxes.create"
     assert subjects.event("sandbox", "demo", "ready") == "acme.events.sandbox.demo.ready"
     assert subjects.events_all() == "acme.events.>"
+    assert subjects.api_kind("pools") == "acme.api.pools.*"
 
 
 def test_no_message_has_a_field_named_error() -> None:
@@ -384,9 +385,10 @@ def test_no_message_has_a_field_named_error() -> None:
 
     from sandpod_contract.catalogue import DATA_PLANE, FRAMES
     from sandpod_contract.messages.node import NODE_PLANE
+    from sandpod_contract.messages.pools import POOL_PLANE
     from sandpod_contract.messages.sandboxes import CONTROL_PLANE
 
-    types = {t for op in (*DATA_PLANE, *CONTROL_PLANE, *NODE_PLANE)
+    types = {t for op in (*DATA_PLANE, *CONTROL_PLANE, *POOL_PLANE, *NODE_PLANE)
              for t in (op.request, op.reply) if t is not None} | set(FRAMES)  # fmt: skip
     offenders = [t.TYPE for t in types if "error" in {f.name for f in dataclasses.fields(t)}]
     assert not offenders

@@ -10,6 +10,18 @@ import pytest
 import yaml
 
 from sandpod_contract.errors import ResourceInvalid
+from sandpod_contract.pooling import (
+    ClaimConditionType,
+    ClaimPhase,
+    ClaimReason,
+    ClaimSpec,
+    ClaimStatus,
+    PoolConditionType,
+    PoolReason,
+    UpdateStrategy,
+    WarmPoolSpec,
+    WarmPoolStatus,
+)
 from sandpod_contract.resources import (
     ConditionType,
     OperatingMode,
@@ -43,7 +55,12 @@ def camel(name: str) -> str:
     return head + "".join(p.title() for p in rest)
 
 
-WIRE_NAMES = {"template_ref": "templateRef", "egress": "network"}
+WIRE_NAMES = {
+    "template_ref": "templateRef",
+    "pool_ref": "poolRef",
+    "egress": "network",
+    "update_strategy": "updateStrategy",
+}
 
 
 def fields(cls: type) -> set[str]:
@@ -52,7 +69,12 @@ def fields(cls: type) -> set[str]:
 
 def test_crds_are_well_formed_with_status_printer_columns_and_short_names() -> None:
     """Both CRDs: group sandpod.dev, v1alpha1, status subresource, printer columns, short names."""
-    for name, short in (("sandboxes", "sbx"), ("sandboxtemplates", "sbxt")):
+    for name, short in (
+        ("sandboxes", "sbx"),
+        ("sandboxtemplates", "sbxt"),
+        ("sandboxwarmpools", "sbxpool"),
+        ("sandboxclaims", "sbxclaim"),
+    ):
         doc = crd(name)
         assert doc["kind"] == "CustomResourceDefinition"
         assert doc["metadata"]["name"] == f"{name}.sandpod.dev"
@@ -60,7 +82,7 @@ def test_crds_are_well_formed_with_status_printer_columns_and_short_names() -> N
         assert short in doc["spec"]["names"]["shortNames"]
         version = doc["spec"]["versions"][0]
         assert version["name"] == "v1alpha1" and version["storage"] is True
-        assert version["subresources"] == {"status": {}}
+        assert version["subresources"]["status"] == {}
         assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Age"}
     columns = {
         c["name"] for c in crd("sandboxes")["spec"]["versions"][0]["additionalPrinterColumns"]
@@ -139,3 +161,84 @@ def test_spec_round_trips_and_defaults_are_safe() -> None:
         {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     )
     assert SandboxStatus.from_dict(status.to_dict()) == status
+
+
+def test_warm_pool_model_mirrors_the_crd_and_has_a_scale_subresource() -> None:
+    """WarmPoolSpec/Status fields, strategy and condition enums match; scale paths exist."""
+    props = schema("sandboxwarmpools")
+    assert fields(WarmPoolSpec) == set(props["spec"]["properties"])
+    assert fields(WarmPoolStatus) == set(props["status"]["properties"])
+    strategy = props["spec"]["properties"]["updateStrategy"]["properties"]["type"]
+    assert strategy["enum"] == [s.value for s in UpdateStrategy]
+    assert strategy["default"] == WarmPoolSpec().update_strategy
+    cond = props["status"]["properties"]["conditions"]
+    assert cond["items"]["properties"]["type"]["enum"] == [c.value for c in PoolConditionType]
+    assert all(r.value in cond["description"] for r in PoolReason)
+    scale = crd("sandboxwarmpools")["spec"]["versions"][0]["subresources"]["scale"]
+    assert scale == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+
+
+def test_claim_model_mirrors_the_crd() -> None:
+    """ClaimSpec/Status fields, phases, condition types and every stable reason are in the YAML."""
+    props = schema("sandboxclaims")
+    assert fields(ClaimSpec) == set(props["spec"]["properties"])
+    assert fields(ClaimStatus) == set(props["status"]["properties"])
+    assert props["status"]["properties"]["phase"]["enum"] == [p.value for p in ClaimPhase]
+    cond = props["status"]["properties"]["conditions"]
+    assert cond["items"]["properties"]["type"]["enum"] == [c.value for c in ClaimConditionType]
+    assert all(r.value in cond["description"] for r in ClaimReason)
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"replicas": -1}, "spec.replicas"),
+        ({"replicas": 1001}, "spec.replicas"),
+        ({"replicas": "3"}, "spec.replicas"),
+        ({"updateStrategy": {"type": "Sometimes"}}, "spec.updateStrategy.type"),
+        ({"templateRef": {"name": "No_Such"}}, "spec.templateRef.name"),
+    ],
+)
+def test_invalid_pool_specs_name_the_field(raw: dict[str, Any], field: str) -> None:
+    """Negative or absurd replicas and unknown strategies are refused with the field named."""
+    with pytest.raises(ResourceInvalid) as info:
+        WarmPoolSpec.from_dict(raw)
+    assert info.value.details["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"poolRef": {"name": "a"}, "templateRef": {"name": "b"}}, "spec"),
+        ({"lifetimeSeconds": 0}, "spec.lifetimeSeconds"),
+        ({"idleTimeoutSeconds": -5}, "spec.idleTimeoutSeconds"),
+        ({"labels": {"a": 1}}, "spec.labels"),
+        ({"env": [{"name": "A B"}]}, "spec.env[0].name"),
+        ({"poolRef": "python"}, "spec.poolRef.name"),
+    ],
+)
+def test_invalid_claim_specs_name_the_field(raw: dict[str, Any], field: str) -> None:
+    """A claim naming both a pool and a template, or a zero lifetime, is refused."""
+    with pytest.raises(ResourceInvalid) as info:
+        ClaimSpec.from_dict(raw)
+    assert info.value.details["field"] == field
+
+
+def test_pool_and_claim_round_trip() -> None:
+    """to_dict/from_dict round-trip for pool and claim specs and statuses."""
+    pool = WarmPoolSpec.from_dict(
+        {"templateRef": {"name": "py"}, "replicas": 5, "updateStrategy": {"type": "Recreate"}}
+    )
+    assert WarmPoolSpec.from_dict(pool.to_dict()) == pool
+    claim = ClaimSpec.from_dict(
+        {"poolRef": {"name": "py"}, "lifetimeSeconds": 60, "idleTimeoutSeconds": 0,
+         "labels": {"agent": "a1"}, "env": [{"name": "TOKEN", "value": "x"}]}
+    )  # fmt: skip
+    assert ClaimSpec.from_dict(claim.to_dict()) == claim
+    status = ClaimStatus.from_dict({"phase": "Bound", "sandbox": "sbx-1"})
+    assert ClaimStatus.from_dict(status.to_dict()) == status
+    assert WarmPoolStatus.from_dict(WarmPoolStatus(replicas=3).to_dict()).replicas == 3

@@ -30,7 +30,14 @@ from sandpod_contract.messages.exec import (
     StdinWrite,
     StreamAck,
 )
-from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
+from sandpod_contract.messages.system import (
+    Activity,
+    Configure,
+    Configured,
+    Info,
+    Pong,
+    SandboxMetrics,
+)
 
 __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 
@@ -95,6 +102,15 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
     "sys.activity": [
         ("basic", Activity(sandbox_id="demo", last_activity=1732899990.0, idle=10.25,
                            time=1732900000.25)),
+    ],
+    "sys.configure": [
+        ("claim-env", Configure(env={"AGENT_ID": "a-17", "OPENAI_BASE_URL": "http://proxy:8080"},
+                                generation=2)),
+        ("minimal", Configure()),
+    ],
+    "sys.configured": [
+        ("basic", Configured(sandbox_id="demo", generation=2,
+                             env_keys=("AGENT_ID", "OPENAI_BASE_URL"))),
     ],
     "exec.request": [
         ("full", ExecRequest(exec_id=_ID, argv=("python3", "-c", "print(input().upper())"),
@@ -252,6 +268,12 @@ ERRORS: list[errors.SandpodError] = [
     errors.ResourceConflict("Sandbox default/demo changed (resourceVersion 7, not 5)",
                             kind="Sandbox", name="demo"),
     errors.ResourceInvalid("spec.idleTimeoutSeconds must be >= 0", field="spec.idleTimeoutSeconds"),
+    errors.ClaimError("claim default/c1 could not be served"),
+    errors.PoolNotFound("no SandboxWarmPool 'python' in namespace 'default'", pool="python"),
+    errors.ClaimTimeout("claim default/c1 not ready within 30s (PoolExhausted: cold create)",
+                        claim="c1", reason="PoolExhausted"),
+    errors.ClaimFailed("claim default/c1: sandbox failed: rootfs not found", claim="c1",
+                       reason="SandboxFailed"),
     errors.error_from_wire({"code": "exec.quota_exceeded", "message": "CPU quota used up",
                             "retryable": True, "details": {"quota": "cpu"}}),
 ]  # fmt: skip

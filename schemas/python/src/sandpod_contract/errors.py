@@ -14,6 +14,9 @@ from typing import Any, ClassVar
 __all__ = [
     "BadRequest",
     "Busy",
+    "ClaimError",
+    "ClaimFailed",
+    "ClaimTimeout",
     "CommandNotFound",
     "ConnectionLost",
     "ExecError",
@@ -39,6 +42,7 @@ __all__ = [
     "InternalError",
     "InvalidCwd",
     "PayloadTooLarge",
+    "PoolNotFound",
     "ProcError",
     "ProcIdInUse",
     "ProcNotFound",
@@ -399,6 +403,30 @@ class GitTimeout(GitError):
     code = "git.timeout"
     retryable = True
     summary = "the git operation exceeded its timeout"
+
+
+# -- claim family: warm pools and claims (the pool service) -------------------------------------
+
+
+class ClaimError(SandpodError):
+    code = "claim.error"
+    summary = "the claim could not be served"
+
+
+class PoolNotFound(ClaimError):
+    code = "claim.pool_not_found"
+    summary = "no SandboxWarmPool by that name in the namespace; create it (sandpod pool create)"
+
+
+class ClaimTimeout(ClaimError):
+    code = "claim.timeout"
+    retryable = True
+    summary = "the claimed sandbox was not ready in time; the claim stays and may still bind"
+
+
+class ClaimFailed(ClaimError):
+    code = "claim.failed"
+    summary = "the claim's sandbox failed to start; see the claim's conditions for the reason"
 
 
 # -- store family: the resource store (JetStream KV embedded, Kubernetes CRDs in clusters) --------

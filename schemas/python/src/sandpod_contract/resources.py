@@ -28,6 +28,10 @@ __all__ = [
     "SandboxStatus",
     "SandboxTemplateSpec",
     "TemplateResources",
+    "check_int",
+    "check_name",
+    "check_time",
+    "field_error",
 ]
 
 API_VERSION = "sandpod.dev/v1alpha1"
@@ -77,6 +81,19 @@ def _int(field: str, value: Any, minimum: int) -> int:
     if type(value) is not int or value < minimum:
         raise _fail(field, f"must be an integer >= {minimum}")
     return value
+
+
+def check_name(field: str, value: Any) -> str:
+    """``value`` if it is a DNS label (an object name), else ResourceInvalid naming ``field``."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise _fail(field, "must be a DNS label")
+    return value
+
+
+# Public names of the validators, for the other resource models of the contract.
+field_error = _fail
+check_int = _int
+check_time = _time
 
 
 def _enum(field: str, cls: type[enum.StrEnum], value: Any) -> Any:

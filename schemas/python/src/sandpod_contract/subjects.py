@@ -113,6 +113,13 @@ class Subjects:
             raise ValueError(f"invalid node {node!r} or service {service!r}")
         return f"{self.prefix}.node.{node}.{service}.*"
 
+    def api_kind(self, kind: str) -> str:
+        """Wildcard of one kind's control-plane verbs, e.g. ``sandpod.api.pools.*`` (each
+        service subscribes to the kinds it serves)."""
+        if not TOKEN_RE.fullmatch(kind):
+            raise ValueError(f"invalid subject token {kind!r}")
+        return f"{self.prefix}.api.{kind}.*"
+
     def api_all(self) -> str:
         """Wildcard covering every control-plane subject."""
         return f"{self.prefix}.api.>"

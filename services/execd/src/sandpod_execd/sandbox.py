@@ -56,6 +56,16 @@ class SandboxContext:
             **extra_env,
             **(jail.env if jail else {}),
         }
+        self._template_env = dict(self.base_env)
+        self.config_generation = 0
+
+    def configure(self, env: Mapping[str, str], generation: int) -> None:
+        """Make ``env`` the configured default environment of new commands (``sys.configure``),
+        unless ``generation`` is older than the one in effect."""
+        if generation < self.config_generation:
+            return
+        self.config_generation = generation
+        self.base_env = {**self._template_env, **env}
 
     def touch(self) -> None:
         """Record client activity: exec, stdin, PTY input, stream reads (not probes or info)."""

@@ -40,8 +40,8 @@ from sandpod_contract.resources import (
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.driver import Driver
 from sandpod_lifecycle.events import Events
-from sandpod_lifecycle.leases import Leases
 from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
+from sandpod_service.leases import Leases
 from sandpod_store import EventType, Resource, Store
 
 __all__ = ["Outcome", "Reconciler"]

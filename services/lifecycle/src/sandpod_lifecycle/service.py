@@ -1,6 +1,7 @@
 """Lifecycle wiring: store, leases, events, driver, reconciler and the control-plane API.
 
-The API subscription (``<prefix>.api.>``, queue group ``sandpod-lifecycle``) routes by
+The API subscriptions (``<prefix>.api.sandboxes.*`` and ``.templates.*``, queue group
+``sandpod-lifecycle``) routes by
 ``(kind, verb)`` through the contract's control-plane catalogue; the reconciler runs as one task
 owned by the service's supervisor. Stopping leaves instances running (a restarted replica adopts
 them through the driver) and releases this replica's leases so others take over at once.
@@ -27,7 +28,6 @@ from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
-from sandpod_lifecycle.leases import Leases
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
@@ -35,6 +35,7 @@ from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_service import Supervisor
+from sandpod_service.leases import Leases
 from sandpod_store import KvStore
 
 __all__ = ["LifecycleService"]
@@ -53,7 +54,7 @@ class LifecycleService:
         self.subjects = Subjects(settings.prefix)
         self.supervisor = Supervisor("lifecycle", 256)
         self.reconciler: Reconciler | None = None
-        self._sub: Subscription | None = None
+        self._subs: list[Subscription] = []
         self._leases: Leases | None = None
         self._routes: dict[tuple[str, str], Callable[[Any], Awaitable[Message]]] = {}
         self._bus: Bus | None = None
@@ -100,9 +101,11 @@ class LifecycleService:
             ("templates", "delete"): api.template_delete,
         }  # fmt: skip
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
-        self._sub = await bus.subscribe(
-            self.subjects.api_all(), self._on_message, queue=QUEUE_GROUP
-        )
+        # Only the kinds served here: the pool service answers pools and claims.
+        self._subs = [
+            await bus.subscribe(self.subjects.api_kind(kind), self._on_message, queue=QUEUE_GROUP)
+            for kind in sorted({op.family for op in CONTROL_PLANE})
+        ]
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
 
     async def _node_request(self, verb: str, msg: Message) -> NodeSandboxes:
@@ -111,8 +114,8 @@ class LifecycleService:
         return decode_reply(NodeSandboxes, await self._bus.request(subject, encode(msg), 10.0))
 
     async def stop(self, grace: float) -> None:
-        if self._sub is not None:
-            await self._sub.drain()
+        for sub in self._subs:
+            await sub.drain()
         await self.supervisor.close(0.1)  # the reconciler loops forever: cancel it
         if self.settings.destroy_on_exit and self.reconciler is not None:
             driver = self.reconciler.driver

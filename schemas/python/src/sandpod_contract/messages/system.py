@@ -91,9 +91,35 @@ class Activity(Message):
     time: float  # execd's wall clock now
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Configure(Message):
+    """``sys.configure``: the default environment of the sandbox's *new* commands from now on
+    (execs, processes, sessions and terminals started later), on top of the template's.
+
+    Sent by the pool service when a claim binds a warm sandbox (so a claim's env never forces a
+    cold start) and by the lifecycle service after an instance restarts. ``env`` replaces the
+    previous configured set; a ``generation`` lower than the last one applied is ignored (a late
+    duplicate cannot undo a newer configuration). Counts as activity: a claimed sandbox's idle
+    clock starts at the claim.
+    """
+
+    TYPE = "sys.configure"
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    generation: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Configured(Message):
+    TYPE = "sys.configured"
+    sandbox_id: str
+    generation: int  # the generation in effect (higher than asked: the request was stale)
+    env_keys: tuple[str, ...]  # names of the configured variables (values are not echoed)
+
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation("sys", "ping", Empty, Pong, "liveness; answers without touching any command"),
     Operation("sys", "info", Empty, Info, "runtime, isolation and limits of this execd"),
     Operation("sys", "metrics", Empty, SandboxMetrics, "cpu, memory, disk and process counts"),
     Operation("sys", "activity", Empty, Activity, "last client activity (for idle timeouts)"),
+    Operation("sys", "configure", Configure, Configured, "default env of new commands (claims)"),
 )

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 
 from sandpod_contract.catalogue import DATA_PLANE, PROTOCOL_VERSION
+from sandpod_contract.errors import BadRequest
 from sandpod_contract.messages.common import Empty
-from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
+from sandpod_contract.messages.system import (
+    Activity,
+    Configure,
+    Configured,
+    Info,
+    Pong,
+    SandboxMetrics,
+)
 from sandpod_execd import __version__, sysmetrics
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.sandbox import SandboxContext
 
 __all__ = ["SystemHandlers"]
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RUNTIME = "process"
 ISOLATION = "none"  # commands run on the host as execd's user
 JAIL_RUNTIME = "local"
@@ -34,10 +44,22 @@ class SystemHandlers:
             ("sys", "info"): Route(self.info, activity=False),
             ("sys", "metrics"): Route(self.metrics, quiet=True, activity=False),
             ("sys", "activity"): Route(self.activity, inline=True, quiet=True, activity=False),
+            ("sys", "configure"): Route(self.configure, inline=True),
         }
 
     async def close(self) -> None:
         """Nothing held."""
+
+    async def configure(self, sbx: SandboxContext, req: Configure) -> Configured:
+        bad = sorted(k for k in req.env if not ENV_NAME.fullmatch(k))
+        if bad:
+            raise BadRequest(f"environment variable names must be letters, digits and _: {bad[:5]}")
+        sbx.configure(req.env, req.generation)
+        return Configured(
+            sandbox_id=sbx.sandbox_id,
+            generation=sbx.config_generation,
+            env_keys=tuple(sorted(req.env)) if sbx.config_generation == req.generation else (),
+        )
 
     async def ping(self, sbx: SandboxContext, _: Empty) -> Pong:
         return Pong(sandbox_id=sbx.sandbox_id, time=time.time())

@@ -1,4 +1,5 @@
-"""Per-object leases in a JetStream KV bucket: exactly one lifecycle replica reconciles an object.
+"""Per-object leases in a JetStream KV bucket: exactly one replica of a service (lifecycle, pool)
+reconciles an object at a time.
 
 A lease is the key ``<kind>.<namespace>.<name>`` holding ``{holder, expires}``. A replica may act
 on an object only while it holds its lease; it takes a free or expired lease with a
