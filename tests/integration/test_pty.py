@@ -192,6 +192,16 @@ async def test_signal_goes_to_the_foreground_job(sbx: AsyncSandbox) -> None:
         assert (await term.wait(10)).signal == signal.SIGTERM
 
 
+async def test_a_signal_right_after_open_reaches_the_program(sbx: AsyncSandbox) -> None:
+    """Signalled before the program has taken its terminal, the program still gets the signal
+    (and never execd's own process group: the CI run this once killed)."""
+    for _ in range(15):
+        async with await sbx.pty.open(["sleep", "1000"]) as term:
+            await term.signal(signal.SIGTERM)
+            assert (await term.wait(10)).signal == signal.SIGTERM
+    assert (await sbx.exec("true")).exit_code == 0  # execd is alive and well
+
+
 async def test_abandoned_terminal_is_killed(sbx: AsyncSandbox) -> None:
     """With abandon_after, a terminal no request names for that long is killed (list and get
     do not count as activity: list is used to watch it here)."""

@@ -218,8 +218,12 @@ class Terminal:
         the program exited."""
         if not self.running:
             return
+        pgrp = foreground_group(self._master)
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(foreground_group(self._master, self.pid), sig)
+            if pgrp is None:  # not its terminal yet (nor its own group): the program itself
+                os.kill(self.pid, sig)
+            else:
+                os.killpg(pgrp, sig)
 
     def kill(self) -> None:
         """SIGKILL the whole tree: descendants, group and session (while the program is not
@@ -394,18 +398,20 @@ class TerminalSet:
                 del self._terminals[pty_id]
 
 
-def foreground_group(master: int | None, leader: int) -> int:
-    """The process group a terminal signal goes to: the pty's foreground group, else the
-    program's own group (``leader`` leads it).
+def foreground_group(master: int | None) -> int | None:
+    """The terminal's foreground process group, or None while it has none.
 
-    Until the program has made the pty its controlling terminal, ``tcgetpgrp`` answers 0, and
-    ``killpg(0, sig)`` would signal execd's own process group (and whatever shares it: the
-    supervisor, a test runner, CI's make). Never anything but a positive group other than ours.
+    Until the program has made the pty its controlling terminal (``setsid --ctty`` runs just
+    after the fork), ``tcgetpgrp`` answers 0 and the program is still in execd's own process
+    group: ``killpg(0, sig)`` or ``killpg(pid, sig)`` would then signal execd's group (the
+    supervisor, a test runner, CI's make) or nobody. The caller signals the program's pid then.
     """
-    pgrp = 0
-    if master is not None:
-        with contextlib.suppress(OSError):
-            pgrp = os.tcgetpgrp(master)
+    if master is None:
+        return None
+    try:
+        pgrp = os.tcgetpgrp(master)
+    except OSError:
+        return None
     if pgrp <= 1 or pgrp == os.getpgrp():
-        return leader
+        return None
     return pgrp
