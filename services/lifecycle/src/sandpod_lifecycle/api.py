@@ -14,7 +14,12 @@ import dataclasses
 import datetime
 from collections.abc import Callable
 
-from sandpod_contract.errors import ResourceConflict, ResourceInvalid, ResourceNotFound
+from sandpod_contract.errors import (
+    ResourceConflict,
+    ResourceExists,
+    ResourceInvalid,
+    ResourceNotFound,
+)
 from sandpod_contract.messages.sandboxes import (
     ObjectReply,
     ObjectRequest,
@@ -76,6 +81,8 @@ class LifecycleApi:
 
     async def create(self, req: ObjectRequest) -> ObjectReply:
         obj, spec = sandbox_from_map(req.object)
+        if (req.object.get("metadata") or {}).get("name"):
+            await self._name_free(obj.metadata.name)
         template = await self.template(obj.metadata.namespace, spec.template_ref)
         obj = apply_defaults(obj, spec, template)
         SandboxSpec.from_dict(obj.spec)  # defaults must still satisfy the schema
@@ -93,6 +100,18 @@ class LifecycleApi:
         if req.wait_ready:
             created = await self._wait(created, req.wait_ready, _settled)
         return ObjectReply(object=created.to_dict())
+
+    async def _name_free(self, name: str) -> None:
+        """A sandbox's name is its id on the data plane (``<prefix>.sbx.<name>.>``), so it is
+        unique across namespaces, not only within one. Generated names never collide."""
+        items, _ = await self.store.list(SANDBOX, None)
+        taken = next((o for o in items if o.metadata.name == name), None)
+        if taken is not None:
+            raise ResourceExists(
+                f"a Sandbox named {name!r} exists (namespace {taken.metadata.namespace!r}); "
+                "sandbox names are unique across namespaces: choose another or omit the name",
+                kind=SANDBOX, name=name,
+            )  # fmt: skip
 
     async def get(self, req: Ref) -> ObjectReply:
         return ObjectReply(

@@ -125,6 +125,11 @@ class SandboxView:
         return self.obj.metadata.namespace
 
     @property
+    def key(self) -> str:
+        """``namespace/name``: the reconciler's work-queue key."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
     def deleting(self) -> bool:
         return self.obj.metadata.annotations.get("sandpod.dev/delete-requested") == "true"
 

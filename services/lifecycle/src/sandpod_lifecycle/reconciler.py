@@ -11,6 +11,7 @@ its state calls for:
     idle >= idleTimeoutSeconds -> destroy, Expired/IdleTimeout, delete       (event: idle_expired)
     no instance                -> create it, wait for execd, Ready/Running   (event: ready)
     operatingMode differs      -> pause / resume                             (event: paused/resumed)
+    generation not observed    -> push spec.env to execd (sys.configure), observe it
 
 Idle time is measured by asking the sandbox's execd (``sys.activity``) when the idle deadline
 comes, so a long agent think-time within the limit never kills anything. Failures to create are
@@ -50,6 +51,8 @@ log = structlog.get_logger("sandpod.lifecycle.reconciler")
 
 Probe = Callable[[str], Awaitable[float | None]]  # sandbox id -> seconds idle (None: unreachable)
 Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
+# sandbox id, env, generation -> whether the sandbox's execd applied it (sys.configure)
+Configure = Callable[[str, dict[str, str], int], Awaitable[bool]]
 
 
 class Outcome(enum.Enum):
@@ -75,6 +78,7 @@ class Reconciler:
         templates: Templates,
         ready_probe: Callable[[str, float], Awaitable[bool]],
         idle_probe: Probe,
+        configure: Configure | None = None,
         subjects: Subjects | None = None,
         workers: int = 8,
         max_failures: int = 5,
@@ -89,6 +93,7 @@ class Reconciler:
         self._templates = templates
         self._ready_probe = ready_probe
         self._idle_probe = idle_probe
+        self._configure = configure
         self._workers = workers
         self._max_failures = max_failures
         self._resync = resync
@@ -103,7 +108,11 @@ class Reconciler:
 
     # -- queue ---------------------------------------------------------------------------------
 
-    def enqueue(self, name: str) -> None:
+    def enqueue(self, name: str, namespace: str = "default") -> None:
+        """Reconcile Sandbox ``namespace/name`` soon (once, however often it is asked)."""
+        self._enqueue(_key(namespace, name))
+
+    def _enqueue(self, name: str) -> None:
         if name in self._active:
             self._dirty.add(name)  # handled again right after the current pass
         elif name not in self._queued:
@@ -123,7 +132,7 @@ class Reconciler:
 
     def _fire(self, name: str) -> None:
         self._timers.pop(name, None)
-        self.enqueue(name)
+        self._enqueue(name)
 
     async def run(self) -> None:
         """Watch, resync and work until cancelled."""
@@ -139,11 +148,11 @@ class Reconciler:
                 items, revision = await self.store.list(SANDBOX, None)
                 log.debug("watch_listed", count=len(items), revision=revision)
                 for obj in items:
-                    self.enqueue(obj.metadata.name)
+                    self.enqueue(obj.metadata.name, obj.metadata.namespace)
                 async for event in self.store.watch(SANDBOX, None, revision):
-                    self.enqueue(event.name)
+                    self.enqueue(event.name, event.namespace)
                     if event.type is EventType.DELETED:
-                        self._failures.pop(event.name, None)
+                        self._failures.pop(_key(event.namespace, event.name), None)
             except SandpodError as exc:
                 log.warning("watch_failed_restarting", error=exc.message)
                 await asyncio.sleep(1.0)
@@ -154,9 +163,9 @@ class Reconciler:
             try:
                 await self.leases.renew_all()
                 items, _ = await self.store.list(SANDBOX, None)
-                names = {o.metadata.name for o in items}
-                for name in names:
-                    self.enqueue(name)
+                names = {o.metadata.name for o in items}  # instance ids: names, all namespaces
+                for obj in items:
+                    self.enqueue(obj.metadata.name, obj.metadata.namespace)
                 for orphan in set(await self.driver.list()) - names:
                     log.warning("orphan_instance_destroyed", sandbox=orphan)
                     await self.driver.destroy(orphan)
@@ -169,8 +178,9 @@ class Reconciler:
             self._queued.discard(name)
             self._active.add(name)
             log.debug("reconcile_start", sandbox=name)
+            namespace, _, short = name.partition("/")
             try:
-                outcome = await self.reconcile(name)
+                outcome = await self.reconcile(short, namespace)
             except Exception:
                 log.exception("reconcile_crashed", sandbox=name)
                 outcome = Outcome.RETRY
@@ -183,7 +193,7 @@ class Reconciler:
                 self._wake_at(name, max(fail.next_try, time.time() + 0.5))
             if name in self._dirty:
                 self._dirty.discard(name)
-                self.enqueue(name)
+                self._enqueue(name)
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -235,13 +245,20 @@ class Reconciler:
                     else Condition("Paused", "False", "Resumed"))  # fmt: skip
             await self._set(view, phase, "paused" if want_paused else "resumed", cond)
         elif view.status.observed_generation != view.obj.metadata.generation:
+            # A spec change: env (a claim's) reaches the running sandbox's new commands.
+            env = {e.name: e.value for e in view.spec.env}
+            generation = view.obj.metadata.generation
+            if self._configure is not None and not await self._configure(
+                view.name, env, generation
+            ):
+                return Outcome.RETRY
             await self._set(view, view.status.phase, None, None)
         if shutdown:
-            self._wake_at(view.name, parse_time(shutdown).timestamp())
+            self._wake_at(view.key, parse_time(shutdown).timestamp())
         return Outcome.DONE
 
     async def _create(self, view: SandboxView) -> Outcome:
-        fail = self._failures.setdefault(view.name, _Failures())
+        fail = self._failures.setdefault(view.key, _Failures())
         if time.time() < fail.next_try:
             return Outcome.RETRY
         try:
@@ -264,7 +281,7 @@ class Reconciler:
             await self._set(view, Phase.PENDING, None,
                             Condition("Ready", "False", "InstanceStarting", message))  # fmt: skip
             return Outcome.RETRY
-        self._failures.pop(view.name, None)
+        self._failures.pop(view.key, None)
         isolated = self._isolation()
         updated = await self._set(view, Phase.RUNNING, "ready",
                                   Condition("Ready", "True", "ExecdReady", "execd answers"),
@@ -301,7 +318,7 @@ class Reconciler:
                     )
                 )
             )
-        self._wake_at(view.name, last + limit + 0.05)
+        self._wake_at(view.key, last + limit + 0.05)
         return None, view
 
     async def _finish(
@@ -315,7 +332,7 @@ class Reconciler:
         await self.events.publish(name=view.name, namespace=view.namespace, type_=event,
                                   phase=str(Phase.TERMINATED), reason=reason, message=msg,
                                   generation=view.obj.metadata.generation)  # fmt: skip
-        timer = self._timers.pop(view.name, None)
+        timer = self._timers.pop(view.key, None)
         if timer is not None:
             timer.cancel()
         await self.leases.release(key)
@@ -348,6 +365,11 @@ class Reconciler:
                 generation=view.obj.metadata.generation,
             )  # fmt: skip
         return updated
+
+
+def _key(namespace: str, name: str) -> str:
+    """The work-queue key of a Sandbox (timers and failure counts use it too)."""
+    return f"{namespace}/{name}"
 
 
 def iso_ts(ts: float) -> str:

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import structlog
 
-from sandpod_bus import Bus, Inbound, Subscription
-from sandpod_contract.codec import Message, decode, decode_reply, encode, encode_error
-from sandpod_contract.errors import InternalError, SandpodError, UnknownSubject
+from sandpod_bus import Bus
+from sandpod_contract.codec import Message, decode_reply, encode
+from sandpod_contract.errors import SandpodError
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.node import NodeSandboxes
 from sandpod_contract.messages.sandboxes import CONTROL_PLANE
-from sandpod_contract.messages.system import Activity, Pong
+from sandpod_contract.messages.system import Activity, Configure, Configured, Pong
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
@@ -35,6 +33,7 @@ from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_service import Supervisor
+from sandpod_service.api import ApiServer, Handler
 from sandpod_service.leases import Leases
 from sandpod_store import KvStore
 
@@ -43,7 +42,6 @@ __all__ = ["LifecycleService"]
 log = structlog.get_logger("sandpod.lifecycle")
 
 QUEUE_GROUP = "sandpod-lifecycle"
-_OPS = {(op.family, op.verb): op for op in CONTROL_PLANE}
 
 
 class LifecycleService:
@@ -54,9 +52,8 @@ class LifecycleService:
         self.subjects = Subjects(settings.prefix)
         self.supervisor = Supervisor("lifecycle", 256)
         self.reconciler: Reconciler | None = None
-        self._subs: list[Subscription] = []
+        self._api: ApiServer | None = None
         self._leases: Leases | None = None
-        self._routes: dict[tuple[str, str], Callable[[Any], Awaitable[Message]]] = {}
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
 
@@ -89,10 +86,11 @@ class LifecycleService:
         self.reconciler = Reconciler(
             store=store, driver=self._driver(), leases=self._leases, events=events,
             templates=api.template, ready_probe=self._ready, idle_probe=self._idle,
+            configure=self._configure,
             subjects=self.subjects, workers=self.settings.workers, resync=self.settings.resync,
             ready_timeout=self.settings.ready_timeout,
         )  # fmt: skip
-        self._routes = {
+        routes: dict[tuple[str, str], Handler] = {
             ("sandboxes", "create"): api.create, ("sandboxes", "get"): api.get,
             ("sandboxes", "list"): api.list, ("sandboxes", "delete"): api.delete,
             ("sandboxes", "renew"): api.renew, ("sandboxes", "pause"): api.pause,
@@ -102,10 +100,9 @@ class LifecycleService:
         }  # fmt: skip
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
         # Only the kinds served here: the pool service answers pools and claims.
-        self._subs = [
-            await bus.subscribe(self.subjects.api_kind(kind), self._on_message, queue=QUEUE_GROUP)
-            for kind in sorted({op.family for op in CONTROL_PLANE})
-        ]
+        self._api = ApiServer(bus, self.subjects, queue=QUEUE_GROUP, operations=CONTROL_PLANE,
+                              routes=routes, supervisor=self.supervisor)  # fmt: skip
+        await self._api.start()
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
 
     async def _node_request(self, verb: str, msg: Message) -> NodeSandboxes:
@@ -114,8 +111,8 @@ class LifecycleService:
         return decode_reply(NodeSandboxes, await self._bus.request(subject, encode(msg), 10.0))
 
     async def stop(self, grace: float) -> None:
-        for sub in self._subs:
-            await sub.drain()
+        if self._api is not None:
+            await self._api.stop()
         await self.supervisor.close(0.1)  # the reconciler loops forever: cancel it
         if self.settings.destroy_on_exit and self.reconciler is not None:
             driver = self.reconciler.driver
@@ -150,43 +147,13 @@ class LifecycleService:
             return None
         return max(reply.idle, 0.0)
 
-    # -- API routing ---------------------------------------------------------------------------
-
-    async def _on_message(self, msg: Inbound) -> None:
-        if not msg.reply:
-            return
-        parsed = self.subjects.parse_api(msg.subject)
-        op = _OPS.get(parsed) if parsed else None
-        handler = self._routes.get(parsed) if parsed else None
-        if op is None or handler is None:
-            await self._reply(
-                msg.reply, encode_error(UnknownSubject(f"no operation on {msg.subject}"))
-            )
-            return
-        self.supervisor.spawn(
-            self._handle(op.family + "." + op.verb, handler, op.request, msg), name="api"
-        )
-
-    async def _handle(self, name: str, handler: Callable[[Any], Awaitable[Message]],
-                      request: type[Message], msg: Inbound) -> None:  # fmt: skip
-        assert msg.reply is not None
-        try:
-            payload = encode(await handler(decode(request, msg.data)))
-            code = "ok"
-        except SandpodError as exc:
-            payload, code = encode_error(exc), exc.code
-        except Exception as exc:
-            log.exception("api_handler_failed", op=name)
-            payload, code = (
-                encode_error(InternalError(f"{type(exc).__name__} in {name}")),
-                "internal",
-            )
-        log.info("api_request", op=name, code=code)
-        await self._reply(msg.reply, payload)
-
-    async def _reply(self, subject: str, payload: bytes) -> None:
+    async def _configure(self, sandbox_id: str, env: dict[str, str], generation: int) -> bool:
         assert self._bus is not None
+        subject = self.subjects.sandbox(sandbox_id, "sys", "configure")
+        request = Configure(env=env, generation=generation)
         try:
-            await self._bus.publish(subject, payload)
+            decode_reply(Configured, await self._bus.request(subject, encode(request), 2.0))
         except SandpodError as exc:
-            log.warning("reply_failed", code=exc.code)
+            log.warning("configure_failed", sandbox=sandbox_id, error=exc.message)
+            return False
+        return True

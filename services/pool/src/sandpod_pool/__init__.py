@@ -1,0 +1,1 @@
+"""Sandpod pool service: keeps warm sandboxes ready and binds claims to them."""

@@ -1,0 +1,138 @@
+"""The pool service's API: ``<prefix>.api.pools.*`` and ``<prefix>.api.claims.*``.
+
+Pool handlers validate and write the store (the reconciler does the rest: the reply to
+``apply`` or ``scale`` comes before the members exist). Claim handlers bind in the request (see
+:mod:`sandpod_pool.claims`), so a claim reply carries a ready sandbox or a typed reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sandpod_contract.errors import ResourceConflict, ResourceInvalid, ResourceNotFound
+from sandpod_contract.messages.pools import Scale
+from sandpod_contract.messages.sandboxes import (
+    ObjectReply,
+    ObjectRequest,
+    ObjectsReply,
+    Ref,
+    Selection,
+)
+from sandpod_contract.pooling import WarmPoolSpec
+from sandpod_contract.resources import API_VERSION
+from sandpod_pool.cache import Mirror
+from sandpod_pool.claims import CLAIM, Claims
+from sandpod_pool.members import POOL_KIND
+from sandpod_store import Resource, Store
+
+__all__ = ["PoolApi"]
+
+MAX_LIST = 1000
+MAX_CONFLICTS = 20
+
+
+class PoolApi:
+    def __init__(
+        self, store: Store, pools: Mirror, claims: Claims, *, claim_wait: float,
+        on_pool_change: Callable[[str, str], None],
+    ) -> None:  # fmt: skip
+        self.store = store
+        self.pools = pools
+        self.claims = claims
+        self.claim_wait = claim_wait
+        self._on_pool_change = on_pool_change
+
+    def routes(self) -> dict[tuple[str, str], Callable[[Any], Awaitable[Any]]]:
+        return {
+            ("pools", "apply"): self.pool_apply, ("pools", "get"): self.pool_get,
+            ("pools", "list"): self.pool_list, ("pools", "scale"): self.pool_scale,
+            ("pools", "delete"): self.pool_delete, ("claims", "create"): self.claim_create,
+            ("claims", "get"): self.claim_get, ("claims", "list"): self.claim_list,
+            ("claims", "delete"): self.claim_delete,
+        }  # fmt: skip
+
+    # -- pools ---------------------------------------------------------------------------------
+
+    async def pool_apply(self, req: ObjectRequest) -> ObjectReply:
+        obj = _pool_from_map(req.object)
+        try:
+            current = await self.store.get(POOL_KIND, obj.metadata.namespace, obj.metadata.name)
+        except ResourceNotFound:
+            saved = await self.store.create(obj)
+        else:
+            meta = dataclasses.replace(
+                obj.metadata, resource_version=current.metadata.resource_version
+            )
+            saved = await self.store.update(dataclasses.replace(obj, metadata=meta))
+        return self._pool_saved(saved)
+
+    def _pool_saved(self, saved: Resource) -> ObjectReply:
+        self.pools.observe(saved)
+        self._on_pool_change(saved.metadata.namespace, saved.metadata.name)
+        return ObjectReply(object=saved.to_dict())
+
+    async def pool_get(self, req: Ref) -> ObjectReply:
+        return ObjectReply(
+            object=(await self.store.get(POOL_KIND, req.namespace, req.name)).to_dict()
+        )
+
+    async def pool_list(self, req: Selection) -> ObjectsReply:
+        return await self._list(POOL_KIND, req)
+
+    async def pool_scale(self, req: Scale) -> ObjectReply:
+        WarmPoolSpec.from_dict({"replicas": req.replicas})  # the same bounds as the schema
+        for _ in range(MAX_CONFLICTS):
+            obj = await self.store.get(POOL_KIND, req.namespace, req.name)
+            try:
+                saved = await self.store.update(
+                    dataclasses.replace(obj, spec={**obj.spec, "replicas": req.replicas})
+                )
+            except ResourceConflict:
+                continue
+            return self._pool_saved(saved)
+        raise ResourceConflict(f"pool {req.namespace}/{req.name} keeps changing; retry")
+
+    async def pool_delete(self, req: Ref) -> ObjectReply:
+        """Delete the pool; the reconciler then deletes its free members (claimed ones stay
+        with their claims)."""
+        obj = await self.store.get(POOL_KIND, req.namespace, req.name)
+        await self.store.delete(POOL_KIND, req.namespace, req.name)
+        self.pools.forget(req.namespace, req.name)
+        self._on_pool_change(req.namespace, req.name)
+        return ObjectReply(object=obj.to_dict())
+
+    # -- claims --------------------------------------------------------------------------------
+
+    async def claim_create(self, req: ObjectRequest) -> ObjectReply:
+        wait = self.claim_wait if req.wait_ready is None else req.wait_ready
+        return ObjectReply(object=(await self.claims.claim(req.object, wait)).to_dict())
+
+    async def claim_get(self, req: Ref) -> ObjectReply:
+        return ObjectReply(object=(await self.store.get(CLAIM, req.namespace, req.name)).to_dict())
+
+    async def claim_list(self, req: Selection) -> ObjectsReply:
+        return await self._list(CLAIM, req)
+
+    async def claim_delete(self, req: Ref) -> ObjectReply:
+        return ObjectReply(object=(await self.claims.release(req.namespace, req.name)).to_dict())
+
+    async def _list(self, kind: str, req: Selection) -> ObjectsReply:
+        items, revision = await self.store.list(kind, req.namespace, req.selector)
+        limit = min(req.limit or MAX_LIST, MAX_LIST)
+        return ObjectsReply(items=tuple(i.to_dict() for i in items[:limit]), revision=revision,
+                            truncated=len(items) > limit)  # fmt: skip
+
+
+def _pool_from_map(raw: Any) -> Resource:
+    if not isinstance(raw, dict):
+        raise ResourceInvalid("object must be a map")
+    if raw.get("kind", POOL_KIND) != POOL_KIND or raw.get("apiVersion", API_VERSION) != API_VERSION:
+        raise ResourceInvalid(f"expected {API_VERSION} {POOL_KIND}", field="kind")
+    obj = Resource.from_dict({**raw, "apiVersion": API_VERSION, "kind": POOL_KIND, "status": {}})
+    if not obj.metadata.name:
+        raise ResourceInvalid("a pool needs metadata.name", field="metadata.name")
+    obj.validate()
+    spec = WarmPoolSpec.from_dict(obj.spec)
+    return dataclasses.replace(obj, spec=spec.to_dict())

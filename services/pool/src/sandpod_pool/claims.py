@@ -1,0 +1,443 @@
+"""Binding claims to sandboxes, and keeping claims and their sandboxes consistent.
+
+The hot path (``claims.create``), in this order so a crash anywhere leaves something the
+reconciler can finish:
+
+    1. write the SandboxClaim (Pending)                      - the claim exists before any bind
+    2. bind: update a free, ready warm member from the mirror at its resourceVersion, setting
+       the claim label, the claim's lifetime, idle timeout, labels and env          (atomic step)
+       - a conflict means another claim (any replica, any process) took it: try the next one
+       - none left: create a Sandbox for the claim instead, reason PoolExhausted (or NoPool)
+    3. warm: ``sys.configure`` the env straight to the sandbox's execd (its new commands get it,
+       and its idle clock starts now); cold: wait until the lifecycle reports it Ready
+    4. write the claim's status: Bound (reason), Ready, the sandbox, its shutdownTime
+
+Two claims can never hold one sandbox: step 2 is a compare-and-set on the sandbox object, and
+the label it sets is what every later reader trusts. The reconciler (``reconcile``) finishes
+claims whose handler died (adopting a sandbox already labelled for the claim, else binding
+anew), deletes claims whose sandbox is gone or whose lifetime is over, and deletes sandboxes
+labelled for a claim that no longer exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import random
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import structlog
+
+from sandpod_contract.errors import (
+    ClaimFailed,
+    ClaimTimeout,
+    PoolNotFound,
+    ResourceConflict,
+    ResourceInvalid,
+    ResourceNotFound,
+    SandpodError,
+)
+from sandpod_contract.pooling import (
+    CLAIM_LABEL,
+    POOL_LABEL,
+    ClaimConditionType,
+    ClaimPhase,
+    ClaimReason,
+    ClaimSpec,
+    ClaimStatus,
+    WarmPoolSpec,
+)
+from sandpod_contract.resources import API_VERSION, SandboxTemplateSpec
+from sandpod_pool.cache import Mirror
+from sandpod_pool.members import (
+    DELETE_ANNOTATION,
+    POOL_KIND,
+    SANDBOX,
+    TEMPLATE,
+    MemberState,
+    age,
+    condition,
+    expiry,
+    is_deleting,
+    member_state,
+    set_condition,
+)
+from sandpod_store import ObjectMeta, Resource, Store
+
+__all__ = ["CLAIM", "Binding", "Claims"]
+
+log = structlog.get_logger("sandpod.pool.claims")
+
+CLAIM = "SandboxClaim"
+CLAIM_ANNOTATION = "sandpod.dev/claimed-by"
+BOUND_AS_ANNOTATION = "sandpod.dev/bound-as"  # the claim's Bound reason, for adoption
+RECOVER_AFTER = 10.0  # a Pending claim this old without a sandbox lost its handler
+Configure = Callable[[str, dict[str, str], int], Awaitable[bool]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Binding:
+    """What a claim needs to bind: resolved from its spec, its pool and its template."""
+
+    spec: ClaimSpec
+    pool: str | None
+    template_ref: str | None
+    template: SandboxTemplateSpec
+    shutdown_time: str
+    idle_timeout: int
+
+
+def _running(obj: Resource | None) -> bool:
+    return obj is None or member_state_of(obj) in ("ready", "failed")
+
+
+def member_state_of(obj: Resource) -> str:
+    """``ready``, ``failed`` or ``starting`` for a claimed sandbox (labels aside)."""
+    phase = obj.status.get("phase", "Pending")
+    ready = condition(obj.status, "Ready")
+    if phase == "Running" and ready is not None and ready.get("status") == "True":
+        return "ready"
+    if phase in ("Failed", "Terminated") or is_deleting(obj):
+        return "failed"
+    return "starting"
+
+
+class Claims:
+    def __init__(
+        self, *, store: Store, pools: Mirror, sandboxes: Mirror, claims: Mirror,
+        configure: Configure,
+    ) -> None:  # fmt: skip
+        self.store = store
+        self.pools = pools
+        self.sandboxes = sandboxes
+        self.claims = claims
+        self._configure = configure
+        self.warm_binds = 0
+        self.cold_creates = 0
+
+    # -- the API -------------------------------------------------------------------------------
+
+    async def resolve(self, namespace: str, spec: ClaimSpec) -> Binding:
+        """The pool, template and lifetimes a claim binds with. Raises PoolNotFound,
+        ResourceInvalid (unknown template)."""
+        pool = None
+        template_ref = spec.template_ref
+        if spec.pool_ref is not None:
+            pool_obj = self.pools.get(namespace, spec.pool_ref)
+            if pool_obj is None:
+                try:
+                    pool_obj = await self.store.get(POOL_KIND, namespace, spec.pool_ref)
+                except ResourceNotFound:
+                    raise PoolNotFound(
+                        f"no SandboxWarmPool {spec.pool_ref!r} in namespace {namespace!r}; "
+                        "create it (sandpod pool create) or claim by template",
+                        pool=spec.pool_ref,
+                    ) from None
+            pool = spec.pool_ref
+            template_ref = WarmPoolSpec.from_dict(pool_obj.spec).template_ref
+        template = SandboxTemplateSpec()
+        if template_ref is not None:
+            try:
+                template = SandboxTemplateSpec.from_dict(
+                    (await self.store.get(TEMPLATE, namespace, template_ref)).spec
+                )
+            except ResourceNotFound:
+                raise ResourceInvalid(
+                    f"unknown template {template_ref!r} in namespace {namespace!r}",
+                    field="spec.templateRef.name",
+                ) from None
+        lifetime = spec.lifetime_seconds or template.default_lifetime_seconds
+        idle = (spec.idle_timeout_seconds if spec.idle_timeout_seconds is not None
+                else template.idle_timeout_seconds)  # fmt: skip
+        return Binding(spec, pool, template_ref, template, expiry(lifetime), idle)
+
+    async def claim(self, raw: Mapping[str, Any], wait: float) -> Resource:
+        """Create a claim and bind it; the claim once Ready (or as it is after ``wait``).
+
+        Raises ResourceInvalid, PoolNotFound, ClaimFailed (the sandbox failed to start),
+        ClaimTimeout (not ready within ``wait``; the claim stays and may still bind).
+        """
+        obj = claim_from_map(raw)
+        binding = await self.resolve(obj.metadata.namespace, ClaimSpec.from_dict(obj.spec))
+        claim = await self.store.create(obj)
+        self.claims.observe(claim)
+        return await self._bind_and_wait(claim, binding, wait)
+
+    async def _bind_and_wait(self, claim: Resource, binding: Binding, wait: float) -> Resource:
+        sandbox, reason = await self._bind(claim, binding)
+        claim = await self._set(claim, sandbox, reason, binding.shutdown_time)
+        if member_state_of(sandbox) != "ready":
+            now = await self.sandboxes.wait_for(
+                sandbox.metadata.namespace, sandbox.metadata.name, _running, wait
+            )  # fmt: skip
+            claim = await self._set(claim, now, reason, binding.shutdown_time)
+        status = ClaimStatus.from_dict(claim.status)
+        ready = status.condition(ClaimConditionType.READY)
+        name = f"{claim.metadata.namespace}/{claim.metadata.name}"
+        if status.phase is ClaimPhase.FAILED:
+            raise ClaimFailed(
+                f"claim {name}: {ready.message if ready else 'its sandbox failed'}",
+                claim=claim.metadata.name, reason=ClaimReason.SANDBOX_FAILED,
+            )  # fmt: skip
+        if ready is None or ready.status != "True":
+            raise ClaimTimeout(
+                f"claim {name} bound {status.sandbox} ({reason}) but it was not ready within "
+                f"{wait:g}s; the claim stays: get it later or delete it",
+                claim=claim.metadata.name, reason=str(reason),
+            )  # fmt: skip
+        return claim
+
+    async def _bind(self, claim: Resource, b: Binding) -> tuple[Resource, ClaimReason]:
+        """Take a warm member, else create a sandbox: (the sandbox, how it was bound)."""
+        if b.pool is not None:
+            candidates = [
+                m for m in self.sandboxes.values()
+                if m.metadata.namespace == claim.metadata.namespace
+                and m.metadata.labels.get(POOL_LABEL) == b.pool
+                and member_state(m) is MemberState.READY
+            ]  # fmt: skip
+            random.shuffle(candidates)  # concurrent claims (any replica) rarely collide
+            for member in candidates:
+                bound = await self._take(member, claim, b)
+                if bound is not None:
+                    self.warm_binds += 1
+                    return bound, ClaimReason.WARM
+        sandbox = await self.store.create(self._cold_object(claim, b))
+        self.sandboxes.observe(sandbox)
+        self.cold_creates += 1
+        reason = ClaimReason.POOL_EXHAUSTED if b.pool is not None else ClaimReason.NO_POOL
+        log.info("claim_cold_create", claim=claim.metadata.name, sandbox=sandbox.metadata.name,
+                 reason=str(reason))  # fmt: skip
+        return sandbox, reason
+
+    async def _take(self, member: Resource, claim: Resource, b: Binding) -> Resource | None:
+        """The compare-and-set that binds: None if someone else changed the member first."""
+        labels = {**member.metadata.labels, **b.spec.labels, CLAIM_LABEL: claim.metadata.name}
+        annotations = {**member.metadata.annotations, BOUND_AS_ANNOTATION: ClaimReason.WARM,
+                       CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}"}  # fmt: skip
+        env = {e.name: e.value for e in b.spec.env}
+        spec = {**member.spec, "shutdownTime": b.shutdown_time, "permanent": False,
+                "idleTimeoutSeconds": b.idle_timeout}  # fmt: skip
+        if env:
+            spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        meta = dataclasses.replace(member.metadata, labels=labels, annotations=annotations)
+        try:
+            bound = await self.store.update(dataclasses.replace(member, metadata=meta, spec=spec))
+        except (ResourceConflict, ResourceNotFound):
+            return None
+        self.sandboxes.observe(bound)
+        # The claimant's env and idle clock, now: the lifecycle would only get there on its next
+        # pass. Failing here is not fatal: the lifecycle pushes the same generation again.
+        await self._configure(bound.metadata.name, env, bound.metadata.generation)
+        return bound
+
+    def _cold_object(self, claim: Resource, b: Binding) -> Resource:
+        reason = ClaimReason.POOL_EXHAUSTED if b.pool is not None else ClaimReason.NO_POOL
+        spec: dict[str, Any] = {
+            "permanent": False, "shutdownTime": b.shutdown_time,
+            "idleTimeoutSeconds": b.idle_timeout, "operatingMode": "Running",
+        }  # fmt: skip
+        if b.template_ref:
+            spec["templateRef"] = {"name": b.template_ref}
+        if b.spec.env:
+            spec["env"] = [{"name": e.name, "value": e.value} for e in b.spec.env]
+        labels = {**b.spec.labels, CLAIM_LABEL: claim.metadata.name}
+        if b.pool is not None:
+            labels[POOL_LABEL] = b.pool
+        meta = ObjectMeta(
+            name=f"sbx-{secrets.token_hex(5)}", namespace=claim.metadata.namespace, labels=labels,
+            annotations={CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
+                         BOUND_AS_ANNOTATION: str(reason)},
+        )  # fmt: skip
+        return Resource(api_version=API_VERSION, kind=SANDBOX, metadata=meta, spec=spec)
+
+    async def _set(
+        self, claim: Resource, sandbox: Resource | None, reason: ClaimReason, shutdown: str
+    ) -> Resource:
+        """Write the claim's status from its sandbox (conflicts: re-read and write again)."""
+        for _ in range(10):
+            status = _status_for(claim, sandbox, reason, shutdown)
+            if status == dict(claim.status):
+                return claim
+            try:
+                claim = await self.store.update_status(dataclasses.replace(claim, status=status))
+                self.claims.observe(claim)
+                return claim
+            except ResourceConflict:
+                claim = await self.store.get(CLAIM, claim.metadata.namespace, claim.metadata.name)
+        raise ResourceConflict(f"claim {claim.metadata.name} keeps changing; retry")
+
+    async def release(self, namespace: str, name: str) -> Resource:
+        """Delete a claim and its sandbox. Raises ResourceNotFound."""
+        claim = await self.store.get(CLAIM, namespace, name)
+        for sbx in self._sandboxes_of(claim):
+            await self._delete_sandbox(sbx)
+        sandbox = ClaimStatus.from_dict(claim.status).sandbox
+        if sandbox is not None and self.sandboxes.get(namespace, sandbox) is None:
+            with contextlib.suppress(ResourceNotFound):
+                await self._delete_sandbox(await self.store.get(SANDBOX, namespace, sandbox))
+        with contextlib.suppress(ResourceNotFound):
+            await self.store.delete(CLAIM, namespace, name)
+        self.claims.forget(namespace, name)
+        log.info("claim_released", claim=f"{namespace}/{name}")
+        return claim
+
+    def _sandboxes_of(self, claim: Resource) -> list[Resource]:
+        return [
+            s for s in self.sandboxes.values()
+            if s.metadata.namespace == claim.metadata.namespace
+            and s.metadata.labels.get(CLAIM_LABEL) == claim.metadata.name
+        ]  # fmt: skip
+
+    async def _delete_sandbox(self, sbx: Resource) -> None:
+        for _ in range(5):
+            if is_deleting(sbx):
+                return
+            annotations = {**sbx.metadata.annotations, DELETE_ANNOTATION: "true"}
+            meta = dataclasses.replace(sbx.metadata, annotations=annotations)
+            try:
+                self.sandboxes.observe(
+                    await self.store.update(dataclasses.replace(sbx, metadata=meta))
+                )
+                return
+            except ResourceNotFound:
+                return
+            except ResourceConflict:
+                sbx = await self.store.get(SANDBOX, sbx.metadata.namespace, sbx.metadata.name)
+
+    # -- the reconciler ------------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> float | None:
+        """Bring claim ``namespace/name`` in line with its sandbox; when to look again."""
+        namespace, _, name = key.partition("/")
+        claim = self.claims.get(namespace, name)
+        if claim is None:
+            return None
+        status = ClaimStatus.from_dict(claim.status)
+        if status.shutdown_time and _passed(status.shutdown_time):
+            log.info("claim_expired", claim=key)
+            await self.release(namespace, name)
+            return None
+        if status.sandbox is None:
+            if age(claim) < RECOVER_AFTER:
+                return RECOVER_AFTER - age(claim)
+            return await self._recover(claim)
+        sandbox = self.sandboxes.get(namespace, status.sandbox)
+        if sandbox is None:
+            try:
+                sandbox = await self.store.get(SANDBOX, namespace, status.sandbox)
+            except ResourceNotFound:
+                log.info("claim_sandbox_gone", claim=key, sandbox=status.sandbox)
+                await self.release(namespace, name)
+                return None
+        bound = status.condition(ClaimConditionType.BOUND)
+        reason = ClaimReason(bound.reason) if bound else ClaimReason.WARM
+        await self._set(claim, sandbox, reason, status.shutdown_time or "")
+        for extra in self._sandboxes_of(claim):  # a second bind after a lost handler
+            if extra.metadata.name != status.sandbox and age(claim) > RECOVER_AFTER:
+                await self._delete_sandbox(extra)
+        return None
+
+    async def _recover(self, claim: Resource) -> float | None:
+        """A claim whose handler died: adopt a sandbox already labelled for it, else bind."""
+        ns, name = claim.metadata.namespace, claim.metadata.name
+        try:
+            binding = await self.resolve(ns, ClaimSpec.from_dict(claim.spec))
+        except SandpodError as exc:
+            await self._fail(claim, str(exc))
+            return None
+        labelled = self._sandboxes_of(claim)
+        if labelled:
+            how = labelled[0].metadata.annotations.get(BOUND_AS_ANNOTATION, ClaimReason.WARM)
+            reason = ClaimReason(how) if how in set(ClaimReason) else ClaimReason.WARM
+            log.info("claim_adopted", claim=f"{ns}/{name}", sandbox=labelled[0].metadata.name)
+            await self._set(claim, labelled[0], reason, binding.shutdown_time)
+            return None
+        log.info("claim_recovered", claim=f"{ns}/{name}")
+        sandbox, reason = await self._bind(claim, binding)
+        await self._set(claim, sandbox, reason, binding.shutdown_time)
+        return None
+
+    async def _fail(self, claim: Resource, message: str) -> None:
+        conds = [dict(c) for c in claim.status.get("conditions") or ()]
+        conds = set_condition(conds, ClaimConditionType.BOUND, "False",
+                              ClaimReason.POOL_NOT_FOUND, message)  # fmt: skip
+        status = {**claim.status, "phase": str(ClaimPhase.FAILED), "conditions": conds}
+        self.claims.observe(
+            await self.store.update_status(dataclasses.replace(claim, status=status))
+        )
+
+    async def orphans(self) -> None:
+        """Delete sandboxes labelled for a claim that does not exist (its deletion raced a bind,
+        or the service died between the two)."""
+        for sbx in self.sandboxes.values():
+            claim = sbx.metadata.labels.get(CLAIM_LABEL)
+            if claim is None or is_deleting(sbx) or age(sbx) < RECOVER_AFTER:
+                continue
+            if self.claims.get(sbx.metadata.namespace, claim) is not None:
+                continue
+            try:
+                await self.store.get(CLAIM, sbx.metadata.namespace, claim)
+            except ResourceNotFound:
+                log.warning("claim_orphan_sandbox_deleted", sandbox=sbx.metadata.name, claim=claim)
+                await self._delete_sandbox(sbx)
+
+
+def claim_from_map(raw: Mapping[str, Any]) -> Resource:
+    """A SandboxClaim from a client's map, validated (name generated if absent).
+
+    Raises ResourceInvalid."""
+    if not isinstance(raw, Mapping):
+        raise ResourceInvalid("object must be a map")
+    if raw.get("kind", CLAIM) != CLAIM or raw.get("apiVersion", API_VERSION) != API_VERSION:
+        raise ResourceInvalid(f"expected {API_VERSION} {CLAIM}", field="kind")
+    obj = Resource.from_dict({**raw, "apiVersion": API_VERSION, "kind": CLAIM, "status": {}})
+    if not obj.metadata.name:
+        meta = dataclasses.replace(obj.metadata, name=f"claim-{secrets.token_hex(5)}")
+        obj = dataclasses.replace(obj, metadata=meta)
+    obj.validate()
+    ClaimSpec.from_dict(obj.spec)
+    return obj
+
+
+def _status_for(
+    claim: Resource, sandbox: Resource | None, reason: ClaimReason, shutdown: str
+) -> dict[str, Any]:
+    conds = [dict(c) for c in claim.status.get("conditions") or ()]
+    state = "failed" if sandbox is None else member_state_of(sandbox)
+    bound_msg = {ClaimReason.WARM: "bound a ready warm sandbox",
+                 ClaimReason.POOL_EXHAUSTED: "no free warm sandbox: created one (cold start)",
+                 ClaimReason.NO_POOL: "no pool named: created one (cold start)"}  # fmt: skip
+    conds = set_condition(conds, ClaimConditionType.BOUND, "True", reason,
+                          bound_msg.get(reason, ""))  # fmt: skip
+    phase = ClaimPhase.BOUND
+    if state == "ready":
+        conds = set_condition(conds, ClaimConditionType.READY, "True", ClaimReason.SANDBOX_READY)
+    elif state == "failed":
+        why = "" if sandbox is None else _failure(sandbox)
+        conds = set_condition(conds, ClaimConditionType.READY, "False",
+                              ClaimReason.SANDBOX_FAILED, why)  # fmt: skip
+        phase = ClaimPhase.FAILED
+    else:
+        conds = set_condition(conds, ClaimConditionType.READY, "False",
+                              ClaimReason.SANDBOX_STARTING)  # fmt: skip
+    return ClaimStatus(
+        phase=phase, sandbox=None if sandbox is None else sandbox.metadata.name,
+        shutdown_time=shutdown or None, observed_generation=claim.metadata.generation,
+    ).to_dict() | {"conditions": conds}  # fmt: skip
+
+
+def _failure(sandbox: Resource) -> str:
+    for type_ in ("Failed", "Ready", "Expired"):
+        cond = condition(sandbox.status, type_)
+        if cond is not None and cond.get("message"):
+            return f"{cond.get('reason', '')}: {cond['message']}"
+    return str(sandbox.status.get("phase", "deleted"))
+
+
+def _passed(stamp: str) -> bool:
+    t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return t <= datetime.datetime.now(datetime.UTC)

@@ -1,0 +1,164 @@
+"""Pool members: what a warm Sandbox looks like, and which state one is in. No I/O here.
+
+A member is an ordinary Sandbox object written to the store by the pool service; the lifecycle
+service creates its instance like any other. While warm it carries the pool and template-hash
+labels, no claim label, no idle timeout (nobody uses it yet, so idleness means nothing) and a
+lifetime of its template's default (nothing immortal by accident: an abandoned pool's members
+still expire, and the pool refills). Binding a claim rewrites exactly those fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from sandpod_contract.pooling import CLAIM_LABEL, HASH_LABEL, POOL_LABEL, WarmPoolSpec
+from sandpod_contract.resources import API_VERSION, SandboxTemplateSpec
+from sandpod_store import ObjectMeta, Resource
+
+__all__ = [
+    "DELETE_ANNOTATION",
+    "POOL_KIND",
+    "SANDBOX",
+    "TEMPLATE",
+    "MemberState",
+    "age",
+    "condition",
+    "expiry",
+    "failure_message",
+    "free_selector",
+    "is_deleting",
+    "member_object",
+    "member_state",
+    "set_condition",
+    "template_hash",
+]
+
+SANDBOX = "Sandbox"
+TEMPLATE = "SandboxTemplate"
+POOL_KIND = "SandboxWarmPool"
+DELETE_ANNOTATION = "sandpod.dev/delete-requested"  # the lifecycle API's delete mark
+OWNER_ANNOTATION = "sandpod.dev/owner"
+
+
+class MemberState(enum.Enum):
+    READY = "ready"  # free, Running and Ready: claimable
+    STARTING = "starting"  # free, not ready yet
+    FAILED = "failed"  # free and Failed, or retrying a failed create
+    CLAIMED = "claimed"  # a claim owns it: no longer the pool's
+    DELETING = "deleting"
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def expiry(seconds: float) -> str:
+    """RFC 3339 time ``seconds`` from now (the store's format)."""
+    t = now() + datetime.timedelta(seconds=seconds)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def template_hash(pool: WarmPoolSpec, template: SandboxTemplateSpec) -> str:
+    """A short digest of everything a member is made from: a change means stale members."""
+    raw = json.dumps(
+        {"template": dataclasses.asdict(template), "ref": pool.template_ref},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+
+
+def free_selector(pool: str) -> str:
+    """Label selector of a pool's free members (the scale subresource's ``status.selector``)."""
+    return f"{POOL_LABEL}={pool},!{CLAIM_LABEL}"
+
+
+def member_object(
+    namespace: str, pool: str, spec: WarmPoolSpec, template: SandboxTemplateSpec, digest: str
+) -> Resource:
+    """A new warm member of ``pool`` (name: the pool's plus a random suffix)."""
+    name = f"{pool[:40].rstrip('-')}-{secrets.token_hex(5)}"
+    sandbox_spec: dict[str, Any] = {
+        "permanent": False,
+        "shutdownTime": expiry(template.default_lifetime_seconds),
+        "idleTimeoutSeconds": 0,
+        "operatingMode": "Running",
+    }
+    if spec.template_ref:
+        sandbox_spec["templateRef"] = {"name": spec.template_ref}
+    return Resource(
+        api_version=API_VERSION,
+        kind=SANDBOX,
+        metadata=ObjectMeta(
+            name=name,
+            namespace=namespace,
+            labels={POOL_LABEL: pool, HASH_LABEL: digest},
+            annotations={OWNER_ANNOTATION: f"{POOL_KIND}/{pool}"},
+        ),
+        spec=sandbox_spec,
+    )
+
+
+def is_deleting(obj: Resource) -> bool:
+    return obj.metadata.annotations.get(DELETE_ANNOTATION) == "true"
+
+
+def condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
+    return next((c for c in status.get("conditions") or () if c.get("type") == type_), None)
+
+
+def member_state(obj: Resource) -> MemberState:
+    """Where a pool's Sandbox stands, from its labels and the lifecycle's status."""
+    if is_deleting(obj):
+        return MemberState.DELETING
+    if CLAIM_LABEL in obj.metadata.labels:
+        return MemberState.CLAIMED
+    phase = obj.status.get("phase", "Pending")
+    ready = condition(obj.status, "Ready")
+    if phase == "Running" and ready is not None and ready.get("status") == "True":
+        return MemberState.READY
+    if phase in ("Failed", "Terminated") or (
+        ready is not None and ready.get("reason") == "InstanceStarting"
+    ):
+        return MemberState.FAILED  # InstanceStarting: a create failed and is being retried
+    return MemberState.STARTING
+
+
+def failure_message(obj: Resource) -> str:
+    """Why a failed member failed, from its conditions."""
+    for type_ in ("Failed", "Ready", "Expired"):
+        cond = condition(obj.status, type_)
+        if cond is not None and cond.get("message"):
+            return f"{obj.metadata.name}: {cond.get('reason', '')}: {cond['message']}"
+    return f"{obj.metadata.name}: {obj.status.get('phase', 'Pending')}"
+
+
+def age(obj: Resource) -> float:
+    """Seconds since the object was created."""
+    stamp = obj.metadata.creation_timestamp
+    if not stamp:
+        return 0.0
+    created = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (now() - created).total_seconds()
+
+
+def set_condition(
+    conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str = ""
+) -> list[dict[str, Any]]:
+    """``conditions`` with ``type_`` set (its lastTransitionTime kept while status is unchanged)."""
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    stamp = (
+        old.get("lastTransitionTime", "")
+        if old is not None and old.get("status") == status
+        else expiry(0)
+    )
+    new = {"type": type_, "status": status, "reason": reason, "message": message,
+           "lastTransitionTime": stamp}  # fmt: skip
+    return [*(c for c in conditions if c.get("type") != type_), new]

@@ -1,0 +1,158 @@
+"""Pool-service wiring: mirrors of pools, claims and pooled sandboxes; the pool and claim work
+queues; the API in the ``sandpod-pool`` queue group.
+
+Data flow: the three mirrors follow the store (list + watch). A change to a pool, or to a
+sandbox carrying a pool label, queues that pool; a change to a claim, or to a sandbox carrying a
+claim label, queues that claim. A resync queues everything every ``resync`` seconds (lease
+renewal, failover, timers that a crash lost) and sweeps orphaned claimed sandboxes. Any replica
+answers any request; pool passes run under per-pool leases, one replica per pool at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from sandpod_bus import Bus
+from sandpod_contract.codec import decode_reply, encode
+from sandpod_contract.errors import SandpodError
+from sandpod_contract.messages.pools import POOL_PLANE
+from sandpod_contract.messages.system import Configure, Configured
+from sandpod_contract.pooling import CLAIM_LABEL, POOL_LABEL
+from sandpod_contract.subjects import Subjects
+from sandpod_pool.api import PoolApi
+from sandpod_pool.cache import Key, Mirror
+from sandpod_pool.claims import CLAIM, Claims
+from sandpod_pool.members import POOL_KIND, SANDBOX
+from sandpod_pool.pools import PoolReconciler
+from sandpod_pool.settings import PoolSettings
+from sandpod_pool.workqueue import WorkQueue
+from sandpod_service import Supervisor
+from sandpod_service.api import ApiServer
+from sandpod_service.leases import Leases
+from sandpod_store import KvStore, Resource
+
+__all__ = ["PoolService"]
+
+log = structlog.get_logger("sandpod.pool")
+
+QUEUE_GROUP = "sandpod-pool"
+CONFIGURE_TIMEOUT = 2.0
+
+
+class PoolService:
+    name = "pool"
+
+    def __init__(self, settings: PoolSettings) -> None:
+        self.settings = settings
+        self.subjects = Subjects(settings.prefix)
+        self.supervisor = Supervisor("pool", 512)
+        self._bus: Bus | None = None
+        self._api: ApiServer | None = None
+        self._leases: Leases | None = None
+        self.pools_queue: WorkQueue | None = None
+        self.claims_queue: WorkQueue | None = None
+        self.claims: Claims | None = None
+        self.reconciler: PoolReconciler | None = None
+
+    async def start(self, bus: Bus) -> None:
+        self._bus = bus
+        base = self.settings.prefix.replace(".", "-")
+        store = await KvStore.open(bus, bucket=f"{base}-resources")
+        self._leases = await Leases.open(
+            bus, self.settings.replica_id, self.settings.lease_ttl, bucket=f"{base}-leases"
+        )
+        pools = Mirror(store, POOL_KIND, on_change=self._pool_changed)
+        claims = Mirror(store, CLAIM, on_change=self._claim_changed)
+        sandboxes = Mirror(
+            store, SANDBOX, on_change=self._sandbox_changed,
+            keep=lambda o: POOL_LABEL in o.metadata.labels or CLAIM_LABEL in o.metadata.labels,
+        )  # fmt: skip
+        self.reconciler = PoolReconciler(
+            store=store, leases=self._leases, pools=pools, sandboxes=sandboxes,
+            create_rate=self.settings.create_rate, member_grace=self.settings.member_grace,
+        )  # fmt: skip
+        self.claims = Claims(store=store, pools=pools, sandboxes=sandboxes, claims=claims,
+                             configure=self._configure)  # fmt: skip
+        self.pools_queue = WorkQueue("pools", self.reconciler.reconcile, workers=4)
+        self.claims_queue = WorkQueue("claims", self.claims.reconcile, workers=4)
+        self._mirrors = (pools, claims, sandboxes)
+        for mirror in self._mirrors:
+            self.supervisor.spawn(mirror.run(), name=f"mirror-{mirror.kind}")
+        await asyncio.gather(*(m.synced.wait() for m in self._mirrors))
+        self.supervisor.spawn(self.pools_queue.run(), name="pools")
+        self.supervisor.spawn(self.claims_queue.run(), name="claims")
+        self.supervisor.spawn(self._resync(), name="resync")
+        api = PoolApi(
+            store, pools, self.claims, claim_wait=self.settings.claim_wait,
+            on_pool_change=lambda ns, name: self._pool_changed((ns, name), None),
+        )  # fmt: skip
+        self._api = ApiServer(bus, self.subjects, queue=QUEUE_GROUP, operations=POOL_PLANE,
+                              routes=api.routes(), supervisor=self.supervisor)  # fmt: skip
+        await self._api.start()
+        log.info("pool_ready", replica=self.settings.replica_id)
+
+    async def stop(self, grace: float) -> None:
+        if self._api is not None:
+            await self._api.stop()
+        await self.supervisor.close(min(grace, 1.0))
+        if self._leases is not None:
+            await self._leases.release_all()
+
+    # -- change routing ------------------------------------------------------------------------
+
+    def _pool_changed(self, key: Key, _: Resource | None) -> None:
+        if self.pools_queue is not None:
+            self.pools_queue.add(f"{key[0]}/{key[1]}")
+
+    def _claim_changed(self, key: Key, obj: Resource | None) -> None:
+        if self.claims_queue is not None and obj is not None:
+            self.claims_queue.add(f"{key[0]}/{key[1]}")
+
+    def _sandbox_changed(self, key: Key, obj: Resource | None) -> None:
+        if obj is None:  # gone: its pool refills, its claim notices at the next resync
+            return
+        pool = obj.metadata.labels.get(POOL_LABEL)
+        if pool is not None and self.pools_queue is not None:
+            self.pools_queue.add(f"{key[0]}/{pool}")
+        claim = obj.metadata.labels.get(CLAIM_LABEL)
+        if claim is not None and self.claims_queue is not None:
+            self.claims_queue.add(f"{key[0]}/{claim}")
+
+    async def _resync(self) -> None:
+        pools, claims, sandboxes = self._mirrors
+        assert self.pools_queue is not None
+        assert self.claims_queue is not None
+        assert self.claims is not None
+        assert self._leases is not None
+        while True:
+            await asyncio.sleep(self.settings.resync)
+            try:
+                await self._leases.renew_all()
+                for obj in pools.values():
+                    self.pools_queue.add(f"{obj.metadata.namespace}/{obj.metadata.name}")
+                for obj in sandboxes.values():  # pools deleted while we were away
+                    pool = obj.metadata.labels.get(POOL_LABEL)
+                    if pool is not None and pools.get(obj.metadata.namespace, pool) is None:
+                        self.pools_queue.add(f"{obj.metadata.namespace}/{pool}")
+                for obj in claims.values():
+                    self.claims_queue.add(f"{obj.metadata.namespace}/{obj.metadata.name}")
+                await self.claims.orphans()
+            except SandpodError as exc:
+                log.warning("resync_failed", error=exc.message)
+
+    # -- the sandbox's execd -------------------------------------------------------------------
+
+    async def _configure(self, sandbox_id: str, env: dict[str, str], generation: int) -> bool:
+        assert self._bus is not None
+        subject = self.subjects.sandbox(sandbox_id, "sys", "configure")
+        try:
+            data = await self._bus.request(
+                subject, encode(Configure(env=env, generation=generation)), CONFIGURE_TIMEOUT
+            )
+            decode_reply(Configured, data)
+        except SandpodError as exc:
+            log.warning("configure_failed", sandbox=sandbox_id, error=exc.message)
+            return False
+        return True

@@ -1,0 +1,60 @@
+"""Pool-service settings, read once from the environment at start-up.
+
+| variable | default | meaning |
+|---|---|---|
+| ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix (buckets are named after it) |
+| ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
+| ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's pools move to another after this |
+| ``SANDPOD_POOL_RESYNC`` | 2 s | every pool is reconciled at least this often |
+| ``SANDPOD_POOL_CREATE_RATE`` | 20 /s | member creates per second per pool (no storms) |
+| ``SANDPOD_POOL_MEMBER_GRACE`` | 60 s | a member not ready after this is replaced |
+| ``SANDPOD_CLAIM_WAIT`` | 60 s | default wait for a claimed sandbox to be ready |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping
+
+from sandpod_bus import BusSettings
+from sandpod_contract.subjects import DEFAULT_PREFIX
+from sandpod_service import env_float, env_str
+
+__all__ = ["PoolSettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSettings:
+    bus: BusSettings = dataclasses.field(default_factory=BusSettings)
+    prefix: str = DEFAULT_PREFIX
+    replica_id: str = dataclasses.field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}"
+    )
+    lease_ttl: float = 10.0
+    resync: float = 2.0
+    create_rate: float = 20.0
+    member_grace: float = 60.0
+    claim_wait: float = 60.0
+    grace: float = 10.0
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PoolSettings:
+        env = os.environ if env is None else env
+        base = cls()
+        return cls(
+            bus=BusSettings(
+                url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url), name="pool"
+            ),
+            prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
+            replica_id=env_str(env, "SANDPOD_REPLICA_ID", base.replica_id),
+            lease_ttl=env_float(env, "SANDPOD_LEASE_TTL", base.lease_ttl, minimum=0.5),
+            resync=env_float(env, "SANDPOD_POOL_RESYNC", base.resync, minimum=0.1),
+            create_rate=env_float(env, "SANDPOD_POOL_CREATE_RATE", base.create_rate, minimum=0.1),
+            member_grace=env_float(env, "SANDPOD_POOL_MEMBER_GRACE", base.member_grace, minimum=1),
+            claim_wait=env_float(env, "SANDPOD_CLAIM_WAIT", base.claim_wait, minimum=0.1),
+            log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
+        )
