@@ -18,6 +18,7 @@ from sandpod.errors import (
     SandboxUnavailable,
     SandpodError,
 )
+from sandpod.pools import AsyncPools, ClaimInfo, PoolInfo, Pools
 from sandpod.results import ExecResult, ExitStatus, OutputChunk
 from sandpod.sync import ExecStream, Sandbox
 
@@ -25,13 +26,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncExecStream",
+    "AsyncPools",
     "AsyncSandbox",
+    "ClaimInfo",
     "CommandFailed",
     "ExecLost",
     "ExecResult",
     "ExecStream",
     "ExitStatus",
     "OutputChunk",
+    "PoolInfo",
+    "Pools",
     "RequestTimeout",
     "Sandbox",
     "SandboxNotFound",

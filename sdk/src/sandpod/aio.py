@@ -21,6 +21,7 @@ from sandpod.control import SandboxInfo, api_call, create_object, follow_events
 from sandpod.errors import CommandFailed
 from sandpod.fs import AsyncFiles
 from sandpod.git import AsyncGit
+from sandpod.pools import ClaimInfo, claim_object
 from sandpod.proc import AsyncProcesses
 from sandpod.pty import AsyncPtys
 from sandpod.results import ExecResult, ExitStatus, OutputChunk
@@ -109,6 +110,7 @@ class AsyncSandbox:
         self.pty = AsyncPtys(self)
         self.watch = AsyncWatches(self)
         self.git = AsyncGit(self)
+        self.claim_info: ClaimInfo | None = None  # set when this sandbox came from a claim
 
     @classmethod
     async def connect(
@@ -192,6 +194,61 @@ class AsyncSandbox:
             await sbx.close()
             raise
         return cls(sbx.bus, info.name, sbx.subjects, owns_bus=True)
+
+    @classmethod
+    async def claim(
+        cls,
+        pool: str | None = None,
+        *,
+        template: str | None = None,
+        timeout: float | None = None,
+        idle_timeout: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str | None = None,
+        wait: float = 60.0,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+        bus: Bus | None = None,
+    ) -> AsyncSandbox:
+        """Claim a ready sandbox from warm pool ``pool`` (or a cold one of ``template``).
+
+        Returns as soon as the sandbox is bound and ready: from a warm pool in milliseconds;
+        when the pool has no free member, after a cold create (``claim_info.bound_reason`` is
+        then ``PoolExhausted``). ``timeout`` is the claim's lifetime in seconds (default: the
+        template's), ``env`` the default environment of its commands, ``labels`` are added to
+        the sandbox. ``kill()`` or :meth:`release` ends the claim and deletes the sandbox.
+
+        Raises:
+            PoolNotFound: no such pool.
+            ClaimFailed: the sandbox failed to start (the reason is in the message).
+            ClaimTimeout: not ready within ``wait`` seconds (the claim stays and may bind).
+            ResourceInvalid: bad arguments or unknown template.
+        """
+        sbx = await cls.connect("default", nats_url=nats_url, prefix=prefix, bus=bus)
+        try:
+            obj = claim_object(pool=pool, template=template, name=name, timeout=timeout,
+                               idle_timeout=idle_timeout, labels=labels, env=env)  # fmt: skip
+            reply = await api_call(sbx.bus, sbx.subjects, "claims", "create",
+                                   ObjectRequest(object=obj, wait_ready=wait), ObjectReply,
+                                   timeout=wait + 10)  # fmt: skip
+            info = ClaimInfo.of(reply.object)
+            if info.sandbox is None:  # a bound claim always names one: a server bug otherwise
+                raise SandboxError(f"claim {info.name} replied without a sandbox")
+        except BaseException:
+            await sbx.close()
+            raise
+        out = cls(sbx.bus, info.sandbox, sbx.subjects, owns_bus=bus is None)
+        out.claim_info = info
+        return out
+
+    async def release(self, wait: float = 30.0) -> None:
+        """End this sandbox's claim and delete the sandbox (a sandbox not claimed: ``kill``)."""
+        if self.claim_info is None:
+            await self.kill(wait)
+            return
+        ref = Ref(name=self.claim_info.name, namespace=self.claim_info.namespace)
+        await api_call(self.bus, self.subjects, "claims", "delete", ref, ObjectReply)
 
     @classmethod
     async def list(

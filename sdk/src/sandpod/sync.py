@@ -14,6 +14,7 @@ from sandpod.aio import DEFAULT_TIMEOUT, AsyncExecStream, AsyncSandbox, Command
 from sandpod.control import SandboxInfo
 from sandpod.fs import Files
 from sandpod.git import Git
+from sandpod.pools import ClaimInfo
 from sandpod.proc import Processes
 from sandpod.pty import Ptys
 from sandpod.results import ExecResult, ExitStatus, OutputChunk
@@ -87,6 +88,41 @@ class Sandbox:
                 )
             )
         )  # fmt: skip
+
+    @classmethod
+    def claim(
+        cls,
+        pool: str | None = None,
+        *,
+        template: str | None = None,
+        timeout: float | None = None,
+        idle_timeout: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str | None = None,
+        wait: float = 60.0,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+    ) -> Sandbox:
+        """Claim a ready sandbox from a warm pool (see :meth:`AsyncSandbox.claim`)."""
+        return cls(
+            run(
+                AsyncSandbox.claim(
+                    pool, template=template, timeout=timeout, idle_timeout=idle_timeout,
+                    labels=labels, env=env, name=name, wait=wait, nats_url=nats_url,
+                    prefix=prefix,
+                )
+            )
+        )  # fmt: skip
+
+    @property
+    def claim_info(self) -> ClaimInfo | None:
+        """The claim this sandbox came from (None: not claimed)."""
+        return self._inner.claim_info
+
+    def release(self, wait: float = 30.0) -> None:
+        """End this sandbox's claim and delete the sandbox."""
+        run(self._inner.release(wait))
 
     @classmethod
     def list(

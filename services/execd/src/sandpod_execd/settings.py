@@ -17,12 +17,14 @@
 | ``SANDPOD_EXECD_SHELL`` | ``/bin/bash`` if present, else ``/bin/sh`` | shell for shell strings |
 | ``SANDPOD_EXECD_NODE`` | unset | node id: serve sandboxes on demand (``node.*.execd.serve``) |
 | ``SANDPOD_EXECD_JAIL`` | unset | jail file (local runtime): commands run in it; ``{sandbox_id}`` |
+| ``SANDPOD_EXECD_ENV`` | ``{}`` | JSON map: default env of commands (the template's and spec's) |
 | ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,6 +86,7 @@ class ExecdSettings:
         if workspace and len(ids) > 1:
             raise ValueError("SANDPOD_WORKSPACE is per sandbox: serve one sandbox id with it")
         jail = env_str(env, "SANDPOD_EXECD_JAIL", "") or None
+        base_env = _json_env(env_str(env, "SANDPOD_EXECD_ENV", "") or "{}")
         if jail and len(ids) > 1 and "{sandbox_id}" not in jail:
             raise ValueError("SANDPOD_EXECD_JAIL serving several ids needs {sandbox_id} in it")
         return cls(
@@ -96,6 +99,7 @@ class ExecdSettings:
             node=node,
             state_dir=Path(env_str(env, "SANDPOD_STATE_DIR", str(DEFAULT_STATE_DIR))).expanduser(),
             workspace=Path(workspace).expanduser() if workspace else None,
+            base_env=base_env,
             max_execs=env_int(env, "SANDPOD_EXECD_MAX_EXECS", cls.max_execs, minimum=1),
             max_request_bytes=env_int(
                 env, "SANDPOD_EXECD_MAX_REQUEST", cls.max_request_bytes, minimum=1024
@@ -111,3 +115,16 @@ class ExecdSettings:
             jail=jail,
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
         )
+
+
+def _json_env(raw: str) -> dict[str, str]:
+    """``SANDPOD_EXECD_ENV``: a JSON object of string values. Raises ValueError."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"SANDPOD_EXECD_ENV is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise ValueError("SANDPOD_EXECD_ENV must be a JSON object of strings")
+    return data

@@ -74,7 +74,6 @@ log = structlog.get_logger("sandpod.pool.claims")
 CLAIM = "SandboxClaim"
 CLAIM_ANNOTATION = "sandpod.dev/claimed-by"
 BOUND_AS_ANNOTATION = "sandpod.dev/bound-as"  # the claim's Bound reason, for adoption
-RECOVER_AFTER = 10.0  # a Pending claim this old without a sandbox lost its handler
 Configure = Callable[[str, dict[str, str], int], Awaitable[bool]]
 
 
@@ -108,13 +107,14 @@ def member_state_of(obj: Resource) -> str:
 class Claims:
     def __init__(
         self, *, store: Store, pools: Mirror, sandboxes: Mirror, claims: Mirror,
-        configure: Configure,
+        configure: Configure, recover_after: float = 10.0,
     ) -> None:  # fmt: skip
         self.store = store
         self.pools = pools
         self.sandboxes = sandboxes
         self.claims = claims
         self._configure = configure
+        self.recover_after = recover_after  # a Pending claim this old lost its handler
         self.warm_binds = 0
         self.cold_creates = 0
 
@@ -322,8 +322,8 @@ class Claims:
             await self.release(namespace, name)
             return None
         if status.sandbox is None:
-            if age(claim) < RECOVER_AFTER:
-                return RECOVER_AFTER - age(claim)
+            if age(claim) < self.recover_after:
+                return self.recover_after - age(claim)
             return await self._recover(claim)
         sandbox = self.sandboxes.get(namespace, status.sandbox)
         if sandbox is None:
@@ -337,7 +337,7 @@ class Claims:
         reason = ClaimReason(bound.reason) if bound else ClaimReason.WARM
         await self._set(claim, sandbox, reason, status.shutdown_time or "")
         for extra in self._sandboxes_of(claim):  # a second bind after a lost handler
-            if extra.metadata.name != status.sandbox and age(claim) > RECOVER_AFTER:
+            if extra.metadata.name != status.sandbox and age(claim) > self.recover_after:
                 await self._delete_sandbox(extra)
         return None
 
@@ -375,7 +375,7 @@ class Claims:
         or the service died between the two)."""
         for sbx in self.sandboxes.values():
             claim = sbx.metadata.labels.get(CLAIM_LABEL)
-            if claim is None or is_deleting(sbx) or age(sbx) < RECOVER_AFTER:
+            if claim is None or is_deleting(sbx) or age(sbx) < self.recover_after:
                 continue
             if self.claims.get(sbx.metadata.namespace, claim) is not None:
                 continue

@@ -74,7 +74,8 @@ class PoolService:
             create_rate=self.settings.create_rate, member_grace=self.settings.member_grace,
         )  # fmt: skip
         self.claims = Claims(store=store, pools=pools, sandboxes=sandboxes, claims=claims,
-                             configure=self._configure)  # fmt: skip
+                             configure=self._configure,
+                             recover_after=self.settings.recover_after)  # fmt: skip
         self.pools_queue = WorkQueue("pools", self.reconciler.reconcile, workers=4)
         self.claims_queue = WorkQueue("claims", self.claims.reconcile, workers=4)
         self._mirrors = (pools, claims, sandboxes)

@@ -10,6 +10,7 @@
 | ``SANDPOD_POOL_CREATE_RATE`` | 20 /s | member creates per second per pool (no storms) |
 | ``SANDPOD_POOL_MEMBER_GRACE`` | 60 s | a member not ready after this is replaced |
 | ``SANDPOD_CLAIM_WAIT`` | 60 s | default wait for a claimed sandbox to be ready |
+| ``SANDPOD_CLAIM_RECOVER_AFTER`` | 10 s | a claim unbound this long lost its handler: finish it |
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class PoolSettings:
     create_rate: float = 20.0
     member_grace: float = 60.0
     claim_wait: float = 60.0
+    recover_after: float = 10.0
     grace: float = 10.0
     log_level: str = "info"
 
@@ -56,5 +58,8 @@ class PoolSettings:
             create_rate=env_float(env, "SANDPOD_POOL_CREATE_RATE", base.create_rate, minimum=0.1),
             member_grace=env_float(env, "SANDPOD_POOL_MEMBER_GRACE", base.member_grace, minimum=1),
             claim_wait=env_float(env, "SANDPOD_CLAIM_WAIT", base.claim_wait, minimum=0.1),
+            recover_after=env_float(
+                env, "SANDPOD_CLAIM_RECOVER_AFTER", base.recover_after, minimum=0.1
+            ),
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
         )

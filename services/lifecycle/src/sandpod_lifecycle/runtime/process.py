@@ -6,6 +6,7 @@ For hosts where the local jail is unavailable and for development. Every Sandbox
 
 from __future__ import annotations
 
+import json
 import signal
 
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
@@ -32,7 +33,8 @@ class ProcessDriver:
     ) -> Instance:
         pid = self._launcher.pid(sandbox_id)
         if pid is None:
-            pid = await self._launcher.start(sandbox_id, {})
+            env = {e.name: e.value for e in (*template.env, *spec.env)}
+            pid = await self._launcher.start(sandbox_id, {"SANDPOD_EXECD_ENV": json.dumps(env)})
         return Instance(sandbox_id, running=True, paused=sandbox_id in self._paused, pid=pid)
 
     async def inspect(self, sandbox_id: str) -> Instance | None:
