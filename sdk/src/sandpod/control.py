@@ -68,8 +68,10 @@ async def api_call(  # noqa: PLR0917 - where (bus, subjects) + what (kind, verb,
     try:
         data = await bus.request(subjects.api(kind, verb), encode(msg), timeout)
     except SandboxNotFound as exc:
+        service = "pool service" if kind in ("pools", "claims") else "lifecycle service"
         raise SandboxError(
-            "no lifecycle service answers; start the platform with `sandpod up`",
+            f"no {service} answers on {subjects.api(kind, verb)}; start the platform with "
+            "`sandpod up` (or check SANDPOD_NATS_URL / SANDPOD_PREFIX)",
             subject=subjects.api(kind, verb),
         ) from exc
     return decode_reply(reply, data)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import datetime
+import math
 from collections.abc import Mapping
 from typing import Any, Self
 
@@ -113,7 +113,7 @@ def claim_object(
     if template:
         spec["templateRef"] = {"name": template}
     if timeout is not None:
-        spec["lifetimeSeconds"] = max(1, int(datetime.timedelta(seconds=timeout).total_seconds()))
+        spec["lifetimeSeconds"] = math.ceil(timeout)  # the service refuses < 1 with the field
     if idle_timeout is not None:
         spec["idleTimeoutSeconds"] = idle_timeout
     if labels:

@@ -42,6 +42,7 @@ from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.driver import Driver
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
+from sandpod_lifecycle.runtime.base import RuntimeFailure
 from sandpod_service.leases import Leases
 from sandpod_store import EventType, Resource, Store
 
@@ -266,7 +267,7 @@ class Reconciler:
             await self.driver.ensure(view.name, view.spec, template)
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
-        except (SandpodError, OSError, TimeoutError) as exc:
+        except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:
             fail.count += 1
             fail.next_try = time.time() + min(2.0**fail.count, 60.0)
             message = str(exc)

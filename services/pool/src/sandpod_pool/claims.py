@@ -169,23 +169,27 @@ class Claims:
     async def _bind_and_wait(self, claim: Resource, binding: Binding, wait: float) -> Resource:
         sandbox, reason = await self._bind(claim, binding)
         claim = await self._set(claim, sandbox, reason, binding.shutdown_time)
-        if member_state_of(sandbox) != "ready":
-            now = await self.sandboxes.wait_for(
-                sandbox.metadata.namespace, sandbox.metadata.name, _running, wait
+        name = ClaimStatus.from_dict(claim.status).sandbox or sandbox.metadata.name
+        current = self.sandboxes.get(claim.metadata.namespace, name)
+        if current is None or member_state_of(current) != "ready":
+            current = await self.sandboxes.wait_for(
+                claim.metadata.namespace, name, _running, wait
             )  # fmt: skip
-            claim = await self._set(claim, now, reason, binding.shutdown_time)
+            claim = await self._set(claim, current, reason, binding.shutdown_time)
         status = ClaimStatus.from_dict(claim.status)
         ready = status.condition(ClaimConditionType.READY)
-        name = f"{claim.metadata.namespace}/{claim.metadata.name}"
+        name = f"{claim.metadata.namespace}/{claim.metadata.name}"  # for messages
         if status.phase is ClaimPhase.FAILED:
             raise ClaimFailed(
                 f"claim {name}: {ready.message if ready else 'its sandbox failed'}",
                 claim=claim.metadata.name, reason=ClaimReason.SANDBOX_FAILED,
             )  # fmt: skip
         if ready is None or ready.status != "True":
+            sandbox_now = self.sandboxes.get(claim.metadata.namespace, status.sandbox or "")
+            why = "" if sandbox_now is None else f" (last: {_failure(sandbox_now)})"
             raise ClaimTimeout(
                 f"claim {name} bound {status.sandbox} ({reason}) but it was not ready within "
-                f"{wait:g}s; the claim stays: get it later or delete it",
+                f"{wait:g}s{why}; the claim stays: get it later or delete it",
                 claim=claim.metadata.name, reason=str(reason),
             )  # fmt: skip
         return claim
@@ -257,8 +261,19 @@ class Claims:
     async def _set(
         self, claim: Resource, sandbox: Resource | None, reason: ClaimReason, shutdown: str
     ) -> Resource:
-        """Write the claim's status from its sandbox (conflicts: re-read and write again)."""
+        """Write the claim's status from its sandbox (conflicts: re-read and write again).
+
+        The first sandbox recorded in a claim's status wins: if another writer (the recovery
+        of a claim whose handler seemed lost) recorded a different one meanwhile, ours is
+        deleted and the claim is returned as it is, naming theirs.
+        """
         for _ in range(10):
+            recorded = ClaimStatus.from_dict(claim.status).sandbox
+            if sandbox is not None and recorded not in (None, sandbox.metadata.name):
+                log.warning("claim_bound_twice", claim=claim.metadata.name, kept=recorded,
+                            dropped=sandbox.metadata.name)  # fmt: skip
+                await self._delete_sandbox(sandbox)
+                return claim
             status = _status_for(claim, sandbox, reason, shutdown)
             if status == dict(claim.status):
                 return claim

@@ -143,10 +143,11 @@ class PoolReconciler:
             if member_state(m) is MemberState.FAILED
             or (member_state(m) is MemberState.STARTING and age(m) > self.member_grace)
         ]  # fmt: skip
-        for m in failed:
+        if failed:  # one step of backoff per pass, however many failed together
             state.failures += 1
-            state.last_failure = failure_message(m)
+            state.last_failure = failure_message(failed[0])
             state.next_create = time.monotonic() + min(2.0**state.failures, MAX_BACKOFF)
+        for m in failed:
             log.warning("pool_member_failed", pool=key, member=m.metadata.name,
                         failures=state.failures, reason=state.last_failure)  # fmt: skip
             await self._delete(m, "failed")
