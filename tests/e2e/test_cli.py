@@ -127,3 +127,45 @@ def test_up_with_an_existing_nats(tmp_path: Path, nats) -> None:  # type: ignore
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+def test_pools_and_claims_from_the_cli(tmp_path: Path) -> None:
+    """`sandpod up` runs the pool service: `pool create`, `claim` (a usable sandbox id),
+    `claims`, `pool ls/scale`, `release` and `pool rm` work end to end."""
+    port = free_port()
+    up = subprocess.Popen(
+        [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}"}
+
+    def cli(*args: str) -> str:
+        run = subprocess.run([SANDPOD, *args], env=env, capture_output=True, text=True,
+                             timeout=90)  # fmt: skip
+        assert run.returncode == 0, (args, run.stdout, run.stderr)
+        return run.stdout
+
+    try:
+        banner = "".join(_read_until(up, "Ctrl-C stops everything"))
+        assert "pool ready" in banner, banner
+        assert "py" in cli("pool", "create", "py", "--replicas", "2")
+        sandbox = cli("claim", "py", "-e", "WHO=cli", "--timeout", "600", "-o", "id").strip()
+        assert cli("exec", sandbox, "-c", "echo $WHO") == "cli\n"
+        claims = cli("claims")
+        assert sandbox in claims and "claim-" in claims
+        claim = next(line.split()[0] for line in claims.splitlines() if sandbox in line)
+        listed = cli("pool", "ls")
+        assert listed.splitlines()[0].split()[:3] == ["NAME", "TEMPLATE", "DESIRED"]
+        assert "py" in listed
+        assert " 0 " in cli("pool", "scale", "py", "0") + " "
+        assert f"released {claim}" in cli("release", claim)
+        assert "deleted pool py" in cli("pool", "rm", "py")
+        run = subprocess.run([SANDPOD, "claim", "nope"], env=env, capture_output=True, text=True,
+                             timeout=30)  # fmt: skip
+        assert run.returncode == 125 and "claim.pool_not_found" in run.stderr
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()

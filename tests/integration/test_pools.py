@@ -395,6 +395,33 @@ async def test_pool_service_killed_mid_burst_converges(warm: Platform) -> None:
     assert len({c.sandbox for c in claims}) == len(claims)
 
 
+async def test_lifecycle_killed_mid_claim_the_claim_completes(platform: Platform) -> None:
+    """An empty pool makes a claim a cold create; SIGKILL the lifecycle service as the claim's
+    sandbox is written, restart it: the claim still returns a ready sandbox that works."""
+    lifecycle = platform.service("sandpod_lifecycle", **LIFECYCLE_ENV)
+    platform.service("sandpod_pool", **POOL_ENV)
+    await platform.answering()
+    await platform.pools.create("py", replicas=0)
+    _, revision = await platform.store.list("Sandbox", "default")
+    claim = asyncio.create_task(platform.claim(timeout=600, wait=60))
+    async with asyncio.timeout(30):
+        async for event in platform.store.watch("Sandbox", "default", revision):
+            if event.resource is not None and CLAIM_LABEL in event.resource.metadata.labels:
+                break  # the cold sandbox is written; its instance is being made
+    lifecycle.kill()
+    lifecycle.restart()
+    sbx = await claim
+    try:
+        assert sbx.claim_info is not None
+        assert sbx.claim_info.bound_reason == "PoolExhausted"
+        assert (await sbx.exec(["echo", "ok"])).stdout == "ok\n"
+        sandboxes, _ = await platform.store.list("Sandbox", "default", CLAIM_LABEL)
+        assert [s.metadata.name for s in sandboxes] == [sbx.id]  # nothing double-created
+    finally:
+        await sbx.release()
+        await sbx.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root: run as root")
 async def test_an_unschedulable_template_is_reported_without_churn(platform: Platform) -> None:
     """A template whose rootfs does not exist: the pool reports ReplicaFailure/MembersFailing

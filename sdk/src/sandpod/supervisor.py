@@ -26,6 +26,7 @@ from pathlib import Path
 
 from sandpod.aio import AsyncSandbox
 from sandpod.errors import ResourceExists, SandpodError
+from sandpod.pools import AsyncPools
 
 __all__ = ["Child", "PlatformConfig", "StartupError", "Supervisor", "find_nats_server"]
 
@@ -112,6 +113,7 @@ class Supervisor:
         else:
             self.progress(f"using existing NATS at {self.nats_url}")
         await self._start_lifecycle()
+        await self._start_pool()
         for sandbox_id in self.config.sandboxes:
             await self._ensure_sandbox(sandbox_id)
 
@@ -210,6 +212,26 @@ class Supervisor:
         self.progress(f"starting lifecycle (Sandbox API; runtime: {self.runtime}: {what})")
         child = await self._spawn("lifecycle", [sys.executable, "-m", "sandpod_lifecycle"], env)
         await self._wait(child, self._lifecycle_ready)
+
+    async def _start_pool(self) -> None:
+        env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": self.nats_url,
+            "SANDPOD_PREFIX": self.config.prefix,
+        }
+        self.progress("starting pool (warm pools and claims)")
+        child = await self._spawn("pool", [sys.executable, "-m", "sandpod_pool"], env)
+        await self._wait(child, self._pool_ready)
+
+    async def _pool_ready(self) -> bool:
+        try:
+            async with await AsyncPools.connect(
+                nats_url=self.nats_url, prefix=self.config.prefix
+            ) as pools:
+                await pools.list()
+        except SandpodError:
+            return False
+        return True
 
     async def _lifecycle_ready(self) -> bool:
         try:

@@ -14,6 +14,7 @@ from sandpod.cli import (
     exec_cmd,
     fs_cmd,
     mcp_cmd,
+    pool_cmd,
     proc_cmd,
     pty_cmd,
     sandbox_cmd,
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     up.add_parser(sub)
     exec_cmd.add_parsers(sub)
-    for module in (sandbox_cmd, fs_cmd, proc_cmd, pty_cmd, watch_cmd, mcp_cmd):
+    for module in (sandbox_cmd, pool_cmd, fs_cmd, proc_cmd, pty_cmd, watch_cmd, mcp_cmd):
         module.add_parsers(sub)
     return parser
 

@@ -11,19 +11,19 @@ import asyncio
 import datetime
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sandpod.aio import AsyncSandbox
 from sandpod.control import SandboxInfo
 from sandpod.errors import SandpodError
 
-__all__ = ["add_parsers", "table"]
+__all__ = ["add_parsers", "age", "pairs", "render", "run", "table"]
 
 EXIT_ERROR = 125
 
 
-def _age(stamp: str | None, *, future: bool = False) -> str:
+def age(stamp: str | None, *, future: bool = False) -> str:
     if not stamp:
         return "-"
     try:
@@ -47,7 +47,7 @@ def _age(stamp: str | None, *, future: bool = False) -> str:
 def _expires(info: SandboxInfo) -> str:
     if info.object.get("spec", {}).get("permanent"):
         return "never"
-    return _age(info.shutdown_time, future=True)
+    return age(info.shutdown_time, future=True)
 
 
 def table(items: list[SandboxInfo]) -> str:
@@ -58,8 +58,13 @@ def table(items: list[SandboxInfo]) -> str:
         rows.append((
             i.name, i.phase or "-", ready["status"] if ready else "-", i.template or "-",
             _expires(i),
-            _age(i.created),
+            age(i.created),
         ))  # fmt: skip
+    return render(rows)
+
+
+def render(rows: Sequence[Sequence[str]]) -> str:
+    """Rows (the first one: headers) as aligned columns, like kubectl."""
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return "\n".join(
         "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
@@ -79,35 +84,35 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--permanent", action="store_true", help="no lifetime at all (explicit)")
     p.add_argument("-l", "--label", action="append", default=[], metavar="K=V")
     p.add_argument("-e", "--env", action="append", default=[], metavar="K=V")
-    p.set_defaults(run=lambda a: _run(_create(a)))
+    p.set_defaults(run=lambda a: run(_create(a)))
 
     p = sub.add_parser("ls", parents=[common], help="list sandboxes")
     p.add_argument("-l", "--selector", help="label selector, e.g. team=a,env in (dev,ci)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    p.set_defaults(run=lambda a: _run(_ls(a)))
+    p.set_defaults(run=lambda a: run(_ls(a)))
 
     p = sub.add_parser("get", parents=[common], help="show one sandbox (the whole object)")
     p.add_argument("name")
-    p.set_defaults(run=lambda a: _run(_one(a, lambda s: s.describe())))
+    p.set_defaults(run=lambda a: run(_one(a, lambda s: s.describe())))
 
     p = sub.add_parser("rm", parents=[common], help="delete sandboxes (and their instances)")
     p.add_argument("names", nargs="+")
-    p.set_defaults(run=lambda a: _run(_rm(a)))
+    p.set_defaults(run=lambda a: run(_rm(a)))
 
     p = sub.add_parser("renew", parents=[common], help="extend a sandbox's lifetime")
     p.add_argument("name")
     p.add_argument("--for", dest="seconds", type=float, required=True, help="seconds from now")
-    p.set_defaults(run=lambda a: _run(_one(a, lambda s: s.renew(a.seconds), table_out=True)))
+    p.set_defaults(run=lambda a: run(_one(a, lambda s: s.renew(a.seconds), table_out=True)))
 
     for verb in ("pause", "resume"):
         p = sub.add_parser(verb, parents=[common], help=f"{verb} a sandbox")
         p.add_argument("name")
         p.set_defaults(
-            run=lambda a, v=verb: _run(_one(a, lambda s: getattr(s, v)(), table_out=True))
+            run=lambda a, v=verb: run(_one(a, lambda s: getattr(s, v)(), table_out=True))
         )
 
 
-def _pairs(items: list[str], what: str) -> dict[str, str]:
+def pairs(items: list[str], what: str) -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -117,7 +122,7 @@ def _pairs(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
-def _run(coro: Awaitable[int]) -> int:
+def run(coro: Awaitable[int]) -> int:
     try:
         return asyncio.run(coro)  # type: ignore[arg-type]
     except SandpodError as exc:
@@ -128,8 +133,8 @@ def _run(coro: Awaitable[int]) -> int:
 async def _create(a: argparse.Namespace) -> int:
     sbx = await AsyncSandbox.create(
         a.template, name=a.name, timeout=a.timeout, permanent=a.permanent,
-        idle_timeout=a.idle_timeout, labels=_pairs(a.label, "--label"),
-        env=_pairs(a.env, "--env"), nats_url=a.nats_url, prefix=a.prefix,
+        idle_timeout=a.idle_timeout, labels=pairs(a.label, "--label"),
+        env=pairs(a.env, "--env"), nats_url=a.nats_url, prefix=a.prefix,
     )  # fmt: skip
     async with sbx:
         print(table([await sbx.describe()]))
