@@ -21,6 +21,7 @@ labelled for a claim that no longer exists.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -107,12 +108,13 @@ def member_state_of(obj: Resource) -> str:
 class Claims:
     def __init__(
         self, *, store: Store, pools: Mirror, sandboxes: Mirror, claims: Mirror,
-        configure: Configure, recover_after: float = 10.0,
+        templates: Mirror, configure: Configure, recover_after: float = 10.0,
     ) -> None:  # fmt: skip
         self.store = store
         self.pools = pools
         self.sandboxes = sandboxes
         self.claims = claims
+        self.templates = templates
         self._configure = configure
         self.recover_after = recover_after  # a Pending claim this old lost its handler
         self.warm_binds = 0
@@ -141,9 +143,9 @@ class Claims:
         template = SandboxTemplateSpec()
         if template_ref is not None:
             try:
-                template = SandboxTemplateSpec.from_dict(
-                    (await self.store.get(TEMPLATE, namespace, template_ref)).spec
-                )
+                cached = self.templates.get(namespace, template_ref)
+                obj = cached or await self.store.get(TEMPLATE, namespace, template_ref)
+                template = SandboxTemplateSpec.from_dict(obj.spec)
             except ResourceNotFound:
                 raise ResourceInvalid(
                     f"unknown template {template_ref!r} in namespace {namespace!r}",
@@ -168,7 +170,13 @@ class Claims:
 
     async def _bind_and_wait(self, claim: Resource, binding: Binding, wait: float) -> Resource:
         sandbox, reason = await self._bind(claim, binding)
-        claim = await self._set(claim, sandbox, reason, binding.shutdown_time)
+        if reason is ClaimReason.WARM:  # one round trip for both
+            claim, _ = await asyncio.gather(
+                self._set(claim, sandbox, reason, binding.shutdown_time),
+                self._configure_env(sandbox),
+            )
+        else:
+            claim = await self._set(claim, sandbox, reason, binding.shutdown_time)
         name = ClaimStatus.from_dict(claim.status).sandbox or sandbox.metadata.name
         current = self.sandboxes.get(claim.metadata.namespace, name)
         if current is None or member_state_of(current) != "ready":
@@ -233,10 +241,13 @@ class Claims:
         except (ResourceConflict, ResourceNotFound):
             return None
         self.sandboxes.observe(bound)
-        # The claimant's env and idle clock, now: the lifecycle would only get there on its next
-        # pass. Failing here is not fatal: the lifecycle pushes the same generation again.
-        await self._configure(bound.metadata.name, env, bound.metadata.generation)
         return bound
+
+    async def _configure_env(self, sandbox: Resource) -> bool:
+        """The claimant's env and idle clock, now: the lifecycle would only get there on its
+        next pass. Failing is not fatal: the lifecycle pushes the same generation again."""
+        env = {str(e["name"]): str(e.get("value", "")) for e in sandbox.spec.get("env") or ()}
+        return await self._configure(sandbox.metadata.name, env, sandbox.metadata.generation)
 
     def _cold_object(self, claim: Resource, b: Binding) -> Resource:
         reason = ClaimReason.POOL_EXHAUSTED if b.pool is not None else ClaimReason.NO_POOL
@@ -373,6 +384,8 @@ class Claims:
             return None
         log.info("claim_recovered", claim=f"{ns}/{name}")
         sandbox, reason = await self._bind(claim, binding)
+        if reason is ClaimReason.WARM:
+            await self._configure_env(sandbox)
         await self._set(claim, sandbox, reason, binding.shutdown_time)
         return None
 

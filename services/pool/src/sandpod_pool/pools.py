@@ -82,6 +82,7 @@ class PoolReconciler:
         leases: Leases,
         pools: Mirror,
         sandboxes: Mirror,
+        templates: Mirror,
         create_rate: float,
         member_grace: float,
     ) -> None:
@@ -89,6 +90,7 @@ class PoolReconciler:
         self.leases = leases
         self.pools = pools
         self.sandboxes = sandboxes
+        self.templates = templates
         self.create_rate = create_rate
         self.member_grace = member_grace
         self._state: dict[str, _PoolState] = {}

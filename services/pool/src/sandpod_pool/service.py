@@ -24,7 +24,7 @@ from sandpod_contract.subjects import Subjects
 from sandpod_pool.api import PoolApi
 from sandpod_pool.cache import Key, Mirror
 from sandpod_pool.claims import CLAIM, Claims
-from sandpod_pool.members import POOL_KIND, SANDBOX
+from sandpod_pool.members import POOL_KIND, SANDBOX, TEMPLATE
 from sandpod_pool.pools import PoolReconciler
 from sandpod_pool.settings import PoolSettings
 from sandpod_pool.workqueue import WorkQueue
@@ -65,23 +65,25 @@ class PoolService:
         )
         pools = Mirror(store, POOL_KIND, on_change=self._pool_changed)
         claims = Mirror(store, CLAIM, on_change=self._claim_changed)
+        templates = Mirror(store, TEMPLATE, on_change=self._template_changed)
         sandboxes = Mirror(
             store, SANDBOX, on_change=self._sandbox_changed,
             keep=lambda o: POOL_LABEL in o.metadata.labels or CLAIM_LABEL in o.metadata.labels,
         )  # fmt: skip
         self.reconciler = PoolReconciler(
-            store=store, leases=self._leases, pools=pools, sandboxes=sandboxes,
+            store=store, leases=self._leases, pools=pools, sandboxes=sandboxes, templates=templates,
             create_rate=self.settings.create_rate, member_grace=self.settings.member_grace,
         )  # fmt: skip
         self.claims = Claims(store=store, pools=pools, sandboxes=sandboxes, claims=claims,
+                             templates=templates,
                              configure=self._configure,
                              recover_after=self.settings.recover_after)  # fmt: skip
         self.pools_queue = WorkQueue("pools", self.reconciler.reconcile, workers=4)
         self.claims_queue = WorkQueue("claims", self.claims.reconcile, workers=4)
         self._mirrors = (pools, claims, sandboxes)
-        for mirror in self._mirrors:
+        for mirror in (*self._mirrors, templates):
             self.supervisor.spawn(mirror.run(), name=f"mirror-{mirror.kind}")
-        await asyncio.gather(*(m.synced.wait() for m in self._mirrors))
+        await asyncio.gather(*(m.synced.wait() for m in (*self._mirrors, templates)))
         self.supervisor.spawn(self.pools_queue.run(), name="pools")
         self.supervisor.spawn(self.claims_queue.run(), name="claims")
         self.supervisor.spawn(self._resync(), name="resync")
@@ -106,6 +108,15 @@ class PoolService:
     def _pool_changed(self, key: Key, _: Resource | None) -> None:
         if self.pools_queue is not None:
             self.pools_queue.add(f"{key[0]}/{key[1]}")
+
+    def _template_changed(self, key: Key, _: Resource | None) -> None:
+        """A template change may make pool members stale: look at the pools using it."""
+        if self.pools_queue is None:
+            return
+        for pool in self._mirrors[0].values():
+            ref = (pool.spec.get("templateRef") or {}).get("name")
+            if pool.metadata.namespace == key[0] and ref == key[1]:
+                self.pools_queue.add(f"{key[0]}/{pool.metadata.name}")
 
     def _claim_changed(self, key: Key, obj: Resource | None) -> None:
         if self.claims_queue is not None and obj is not None:
