@@ -8,6 +8,7 @@ error. One canonical log line per request.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -72,6 +73,7 @@ class ApiServer:
     async def _handle(self, op: Operation, handler: Handler, msg: Inbound) -> None:
         assert msg.reply is not None
         name = f"{op.family}.{op.verb}"
+        started = time.perf_counter()
         try:
             payload = encode(await handler(decode(op.request, msg.data)))
             code = "ok"
@@ -81,7 +83,8 @@ class ApiServer:
             log.exception("api_handler_failed", op=name)
             payload = encode_error(InternalError(f"{type(exc).__name__} in {name}"))
             code = "internal"
-        log.info("api_request", op=name, code=code)
+        log.info("api_request", op=name, code=code,
+                 ms=round((time.perf_counter() - started) * 1000, 3))  # fmt: skip
         await self._reply(msg.reply, payload)
 
     async def _reply(self, subject: str, payload: bytes) -> None:

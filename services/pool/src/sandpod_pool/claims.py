@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import random
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -162,11 +163,17 @@ class Claims:
         Raises ResourceInvalid, PoolNotFound, ClaimFailed (the sandbox failed to start),
         ClaimTimeout (not ready within ``wait``; the claim stays and may still bind).
         """
+        t0 = time.perf_counter()
         obj = claim_from_map(raw)
         binding = await self.resolve(obj.metadata.namespace, ClaimSpec.from_dict(obj.spec))
         claim = await self.store.create(obj)
         self.claims.observe(claim)
-        return await self._bind_and_wait(claim, binding, wait)
+        t1 = time.perf_counter()
+        claim = await self._bind_and_wait(claim, binding, wait)
+        log.info("claim_bound", claim=claim.metadata.name, sandbox=claim.status.get("sandbox"),
+                 create_ms=round((t1 - t0) * 1000, 3),
+                 bind_ms=round((time.perf_counter() - t1) * 1000, 3))  # fmt: skip
+        return claim
 
     async def _bind_and_wait(self, claim: Resource, binding: Binding, wait: float) -> Resource:
         sandbox, reason = await self._bind(claim, binding)

@@ -127,7 +127,10 @@ class PoolService:
             return
         pool = obj.metadata.labels.get(POOL_LABEL)
         if pool is not None and self.pools_queue is not None:
-            self.pools_queue.add(f"{key[0]}/{pool}")
+            # A member changed (claimed, ready, failed): refill a moment later, so a burst of
+            # claims is one pass, and a claimant's first round trips do not compete with the
+            # refill's create for the CPU.
+            self.pools_queue.add_after(f"{key[0]}/{pool}", self.settings.refill_delay)
         claim = obj.metadata.labels.get(CLAIM_LABEL)
         if claim is not None and self.claims_queue is not None:
             self.claims_queue.add(f"{key[0]}/{claim}")

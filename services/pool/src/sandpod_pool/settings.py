@@ -8,6 +8,7 @@
 | ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's pools move to another after this |
 | ``SANDPOD_POOL_RESYNC`` | 2 s | every pool is reconciled at least this often |
 | ``SANDPOD_POOL_CREATE_RATE`` | 20 /s | member creates per second per pool (no storms) |
+| ``SANDPOD_POOL_REFILL_DELAY`` | 0.1 s | after a member changes, wait this long before refilling |
 | ``SANDPOD_POOL_MEMBER_GRACE`` | 60 s | a member not ready after this is replaced |
 | ``SANDPOD_CLAIM_WAIT`` | 60 s | default wait for a claimed sandbox to be ready |
 | ``SANDPOD_CLAIM_RECOVER_AFTER`` | 10 s | a claim unbound this long lost its handler: finish it |
@@ -38,6 +39,7 @@ class PoolSettings:
     resync: float = 2.0
     create_rate: float = 20.0
     member_grace: float = 60.0
+    refill_delay: float = 0.1
     claim_wait: float = 60.0
     recover_after: float = 10.0
     grace: float = 10.0
@@ -56,6 +58,7 @@ class PoolSettings:
             lease_ttl=env_float(env, "SANDPOD_LEASE_TTL", base.lease_ttl, minimum=0.5),
             resync=env_float(env, "SANDPOD_POOL_RESYNC", base.resync, minimum=0.1),
             create_rate=env_float(env, "SANDPOD_POOL_CREATE_RATE", base.create_rate, minimum=0.1),
+            refill_delay=env_float(env, "SANDPOD_POOL_REFILL_DELAY", base.refill_delay),
             member_grace=env_float(env, "SANDPOD_POOL_MEMBER_GRACE", base.member_grace, minimum=1),
             claim_wait=env_float(env, "SANDPOD_CLAIM_WAIT", base.claim_wait, minimum=0.1),
             recover_after=env_float(
