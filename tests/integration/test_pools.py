@@ -92,6 +92,30 @@ class Platform:
         logs = "\n".join(f"--- {p.replica}\n{p.tail(15)}" for p in self.procs)
         pytest.fail(f"{kind} {name} never reached the state waited for; last: {current}\n{logs}")
 
+    async def until_free_ready(self, pool: str, n: int, timeout: float = 30) -> None:
+        """Watch sandboxes until ``pool`` has exactly ``n`` free, ready members in the store
+        (the pool's status may lag a moment behind a claim)."""
+        items, revision = await self.store.list("Sandbox", "default")
+        objs = {o.metadata.name: o for o in items}
+
+        def count() -> int:
+            return sum(
+                1 for o in objs.values()
+                if o.metadata.labels.get(POOL_LABEL) == pool and _free(o)
+                and o.status.get("phase") == "Running"
+            )  # fmt: skip
+
+        if count() == n:
+            return
+        async with asyncio.timeout(timeout):
+            async for event in self.store.watch("Sandbox", "default", revision):
+                if event.resource is None:
+                    objs.pop(event.name, None)
+                else:
+                    objs[event.name] = event.resource
+                if count() == n:
+                    return
+
     async def members(self, pool: str) -> list[Resource]:
         items, _ = await self.store.list("Sandbox", "default", f"{POOL_LABEL}={pool}")
         return items
@@ -146,7 +170,7 @@ async def test_a_claim_binds_a_warm_sandbox_with_its_env_and_the_pool_refills(
         info = await sbx.describe()
         assert info.labels["team"] == "x" and info.labels[CLAIM_LABEL] == sbx.claim_info.name
         assert info.object["spec"]["idleTimeoutSeconds"] == 900  # the template's, not 0
-        await warm.until("SandboxWarmPool", "py", available(3))
+        await warm.until_free_ready("py", 3)
         assert len(await warm.free_members("py")) == 3
         assert sbx.id not in {m.metadata.name for m in await warm.free_members("py")}
     finally:
@@ -248,7 +272,7 @@ async def test_refill_never_overshoots_replicas(warm: Platform) -> None:
     watcher = asyncio.create_task(follow())
     try:
         claims = [await warm.claim(timeout=600) for _ in range(4)]
-        await warm.until("SandboxWarmPool", "py", available(3))
+        await warm.until_free_ready("py", 3)
     finally:
         watcher.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -270,7 +294,7 @@ async def test_claim_lifetime_and_release_delete_everything(warm: Platform) -> N
     await other.release()
     await warm.until("Sandbox", other.id, lambda o: o is None)
     await warm.until("SandboxClaim", other.claim_info.name, lambda o: o is None)
-    await warm.until("SandboxWarmPool", "py", available(3))
+    await warm.until_free_ready("py", 3)
     for sbx in (short, other):
         await sbx.close()
 
