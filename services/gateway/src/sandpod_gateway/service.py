@@ -48,6 +48,7 @@ class GatewayService:
         self.settings = settings
         self.registry = registry or CollectorRegistry()
         self.supervisor = Supervisor("gateway", 8)
+        self.background = Supervisor("gateway-background", 8)  # loops that run until cancelled
         self.port = 0
         self._server: _Server | None = None
         self._sock: socket.socket | None = None
@@ -81,7 +82,7 @@ class GatewayService:
         self._sock = sock
         self.port = int(sock.getsockname()[1])
         self.supervisor.spawn(self._server.serve(sockets=[sock]), name="uvicorn")
-        self.supervisor.spawn(keys.follow(), name="key-watch")
+        self.background.spawn(keys.follow(), name="key-watch")
         ctx.ready.set()
         log.info("gateway_listening", url=self.url)
 
@@ -89,5 +90,6 @@ class GatewayService:
         if self._server is not None:
             self._server.should_exit = True
         await self.supervisor.close(grace)
+        await self.background.close(0.0)
         if self._sock is not None:
             self._sock.close()
