@@ -72,9 +72,12 @@ async def test_exec_stream_is_sse_ending_with_exit_event(
 async def test_sse_keepalive_comments_on_idle_stream(gateway: Gateway, shared_execd: Execd) -> None:
     """An idle SSE stream gets ': keepalive' comments at the configured interval (0.2 s here)."""
     key = await mint_key(gateway, "default")
-    async with gateway.client(key) as c, c.stream(
-        "POST", "/v1/sandboxes/shared/exec/stream", json={"shell": "sleep 1; echo done"}
-    ) as r:
+    async with (
+        gateway.client(key) as c,
+        c.stream(
+            "POST", "/v1/sandboxes/shared/exec/stream", json={"shell": "sleep 1; echo done"}
+        ) as r,
+    ):
         seen = ""
         async for text in r.aiter_text():
             seen += text
