@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+MAX_INT = 2**53  # what JSON numbers carry exactly (and far inside msgpack's int64)
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -85,11 +86,18 @@ class Body:
         return value
 
     def integer(self, name: str, default: int | None = None) -> int | None:
-        return self._get(name, int, "an integer", default)  # type: ignore[no-any-return]
+        value = self._get(name, int, "an integer", default)
+        if value is not None and not -MAX_INT <= value <= MAX_INT:
+            raise BadRequest(f"{name}: out of range", field=name)
+        return value  # type: ignore[no-any-return]
 
     def number(self, name: str, default: float | None = None) -> float | None:
         value = self._get(name, (int, float), "a number", default)
-        return None if value is None else float(value)
+        if value is None:
+            return None
+        if not -1e15 <= value <= 1e15:  # also refuses nan
+            raise BadRequest(f"{name}: out of range", field=name)
+        return float(value)
 
     def flag(self, name: str, default: bool = False) -> bool:
         return self._get(name, bool, "a boolean", default)  # type: ignore[no-any-return]
@@ -156,8 +164,8 @@ def query_int(request: Request, name: str, default: int | None = None, minimum: 
         value = int(raw)
     except ValueError:
         raise BadRequest(f"{name}: expected an integer", field=name) from None
-    if value < minimum:
-        raise BadRequest(f"{name}: must be >= {minimum}", field=name)
+    if not minimum <= value <= MAX_INT:
+        raise BadRequest(f"{name}: must be in {minimum}..{MAX_INT}", field=name)
     return value
 
 

@@ -26,7 +26,7 @@ from sandpod_contract.messages.sandboxes import (
 )
 from sandpod_gateway.context import context, principal
 from sandpod_gateway.errors import sandbox_not_found
-from sandpod_gateway.handlers.common import handler, query_float, query_int, read_json
+from sandpod_gateway.handlers.common import Body, handler, query_float, query_int, read_json
 from sandpod_gateway.tenancy import LIFECYCLE_NAMESPACE, Scope
 from sandpod_gateway.upstream import Upstream
 
@@ -68,17 +68,18 @@ async def create(request: Request) -> Response:
     """Create a sandbox; waits until it is Ready (or failed) for up to ``wait`` seconds."""
     body = await read_json(request, optional=True)
     scope = principal(request).scope
-    meta = body.obj("metadata") or {}
-    name = meta.get("name") or body.text("name") or f"sbx-{uuid.uuid4().hex[:10]}"
-    if not isinstance(name, str) or scope.sandbox_id(name) is None:
+    meta = Body(body.obj("metadata") or {})
+    name = meta.text("name") or body.text("name") or f"sbx-{uuid.uuid4().hex[:10]}"
+    if scope.sandbox_id(name) is None:
         raise ResourceInvalid(
             f"invalid sandbox name {name!r}: a DNS label of at most {scope.max_name} characters "
             "without '--'", field="metadata.name",
         )  # fmt: skip
-    labels = meta.get("labels", body.obj("labels"))
+    labels = meta.text_map("labels") or body.text_map("labels")
+    annotations = meta.text_map("annotations")
     obj = {"apiVersion": "sandpod.dev/v1alpha1", "kind": "Sandbox",
            "metadata": {"name": name, **({"labels": labels} if labels else {}),
-                        **({"annotations": meta["annotations"]} if "annotations" in meta else {})},
+                        **({"annotations": annotations} if annotations else {})},
            "spec": body.obj("spec") or {}}  # fmt: skip
     wait = min(body.number("wait", 60.0) or 0.0, MAX_WAIT)
     req = ObjectRequest(object=scope.inbound(obj, name), wait_ready=wait or None)
