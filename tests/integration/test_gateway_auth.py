@@ -9,8 +9,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from conftest import Execd, NatsServer
 from gateway_harness import Gateway, GatewayFactory, mint_key, start_gateway  # noqa: F401
+
+from conftest import Execd, NatsServer
 from sandpod_gateway.keys import KeyStore
 from sandpod_gateway.ratelimit import RateLimiter
 
@@ -69,7 +70,7 @@ async def test_revocation_reaches_other_replica(start_gateway: GatewayFactory) -
 
 
 async def test_rate_limit_per_key(start_gateway: GatewayFactory) -> None:
-    """Past its burst a key gets 429 busy.rate_limited with Retry-After; another key is unaffected."""
+    """Past its burst a key gets 429 busy.rate_limited + Retry-After; other keys are unaffected."""
     gw = await start_gateway(rate=0.5, burst=3)
     k1, k2 = await mint_key(gw, "acme"), await mint_key(gw, "acme")
     async with gw.client(k1) as c:
@@ -96,8 +97,11 @@ def test_rate_limiter_memory_is_bounded() -> None:
 def test_bootstrap_cli_creates_lists_and_revokes_keys(nats: NatsServer) -> None:
     """`python -m sandpod_gateway keys create` prints a key once; list shows it; revoke marks it."""
     env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": "clitest"}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "sandpod_gateway", "keys", *a],  # noqa: E731
-                                    env=env, capture_output=True, text=True, timeout=30)  # fmt: skip
+
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "sandpod_gateway", "keys", *a]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+
     created = run("create", "--tenant", "acme", "--name", "ci")
     assert created.returncode == 0, created.stderr
     token = created.stdout.strip()

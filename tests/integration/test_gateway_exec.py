@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import httpx
+from gateway_harness import Gateway, gateway, mint_key, start_gateway  # noqa: F401
 
 from conftest import Execd
-from gateway_harness import Gateway, gateway, mint_key, start_gateway  # noqa: F401
 
 __all__: list[str] = []
 

@@ -9,8 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
-
-from conftest import Execd
 from gateway_harness import (  # noqa: F401
     Gateway,
     GatewayProcess,
@@ -19,6 +17,8 @@ from gateway_harness import (  # noqa: F401
     mint_key,
     start_gateway,
 )
+
+from conftest import Execd
 
 __all__: list[str] = []
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 import schemathesis
+from gateway_harness import GatewayProcess
 from hypothesis import HealthCheck, settings
 
 from conftest import NatsServer
-from gateway_harness import GatewayProcess
 from sandpod_gateway.openapi import spec
 
 __all__: list[str] = []

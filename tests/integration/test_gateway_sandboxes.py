@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gateway_harness import Gateway, GatewayFactory, gateway, mint_key, start_gateway  # noqa: F401
 
 from conftest import Execd, NatsServer
-from gateway_harness import Gateway, GatewayFactory, gateway, mint_key, start_gateway  # noqa: F401
 
 __all__: list[str] = []
 
@@ -86,8 +86,8 @@ async def _crud(c: httpx.AsyncClient, o: httpx.AsyncClient, events: asyncio.Futu
     assert r.json()["stdout"] == "in-box\n"
     page1 = (await c.get("/v1/sandboxes", params={"limit": 1})).json()
     assert [i["metadata"]["name"] for i in page1["items"]] == ["box"]
-    page2 = (await c.get("/v1/sandboxes", params={"limit": 1,
-                                                  "cursor": page1["next_cursor"]})).json()  # fmt: skip
+    nxt = {"limit": 1, "cursor": page1["next_cursor"]}
+    page2 = (await c.get("/v1/sandboxes", params=nxt)).json()
     assert [i["metadata"]["name"] for i in page2["items"]] == ["box2"]
     assert page2["next_cursor"] is None
     sel = (await c.get("/v1/sandboxes", params={"selector": "app=web"})).json()

@@ -7,11 +7,11 @@ import json
 import uuid
 
 import pytest
+from gateway_harness import Gateway, gateway, mint_key, start_gateway  # noqa: F401
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from conftest import Execd
-from gateway_harness import Gateway, gateway, mint_key, start_gateway  # noqa: F401
 
 __all__: list[str] = []
 

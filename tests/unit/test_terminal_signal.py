@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+
 from sandpod_execd.terminal import foreground_group
 
 

@@ -14,7 +14,6 @@ import json
 import re
 import time
 import uuid
-from typing import Any
 from urllib.parse import parse_qs
 
 import structlog
@@ -31,7 +30,7 @@ from sandpod_gateway.errors import (
 )
 from sandpod_gateway.tenancy import Scope as TenantScope
 
-__all__ = ["GatewayMiddleware", "PUBLIC_PATHS"]
+__all__ = ["PUBLIC_PATHS", "GatewayMiddleware"]
 
 log = structlog.get_logger("sandpod.gateway.http")
 
@@ -82,8 +81,10 @@ class GatewayMiddleware:
             elapsed = time.perf_counter() - started
             self.ctx.metrics.requests.labels(scope.get("method", "WS"), route, str(status[0])).inc()
             self.ctx.metrics.latency.labels(scope.get("method", "WS"), route).observe(elapsed)
-            log.info("http_request", method=scope.get("method", "WS"), route=route,
-                     status=status[0], ms=round(elapsed * 1000, 2), tenant=tenant or None)  # fmt: skip
+            log.info(
+                "http_request", method=scope.get("method", "WS"), route=route,
+                status=status[0], ms=round(elapsed * 1000, 2), tenant=tenant or None,
+            )  # fmt: skip
             structlog.contextvars.unbind_contextvars("request_id")
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, status: list[int]) -> None:

@@ -84,9 +84,11 @@ PATH_Q = _q("path", STR, "path in the sandbox (/workspace/... or relative)", Tru
 PROC = {"name": "proc_id", "in": "path", "required": True, "schema": STR}
 
 
-def _op(op_id: str, summary: str, tag: str, *, params: list[dict[str, Any]] | None = None,
-        body: str | None = None, ok: int = 200, reply: str | None = None,
-        content: dict[str, Any] | None = None, raw_body: bool = False) -> dict[str, Any]:  # fmt: skip
+def _op(
+    op_id: str, summary: str, tag: str, *, params: list[dict[str, Any]] | None = None,
+    body: str | None = None, ok: int = 200, reply: str | None = None,
+    content: dict[str, Any] | None = None, raw_body: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     op: dict[str, Any] = {"operationId": op_id, "summary": summary, "tags": [tag],
                           "parameters": params or []}  # fmt: skip
     if body:

@@ -9,13 +9,13 @@
 | ``SANDPOD_GATEWAY_KEEPALIVE`` | 15 s | SSE comment / WebSocket ping interval on idle streams |
 | ``SANDPOD_GATEWAY_RATE`` | 50 /s | requests per second per API key (token bucket refill) |
 | ``SANDPOD_GATEWAY_BURST`` | 100 | token bucket size per API key |
-| ``SANDPOD_GATEWAY_RATE_KEYS`` | 10000 | API keys tracked by the rate limiter (least recent evicted) |
+| ``SANDPOD_GATEWAY_RATE_KEYS`` | 10000 | keys tracked by the rate limiter (LRU) |
 | ``SANDPOD_GATEWAY_MAX_HEADER_BYTES`` | 16384 | requests with larger headers get 431 |
 | ``SANDPOD_GATEWAY_MAX_JSON_BYTES`` | 1 MiB | JSON bodies above this get 413 |
 | ``SANDPOD_GATEWAY_MAX_STREAMS`` | 1024 | concurrent SSE/WebSocket/transfer streams per replica |
-| ``SANDPOD_GATEWAY_KEY_CACHE`` | 4096 | verified API keys cached (invalidated by the key bucket's watch) |
+| ``SANDPOD_GATEWAY_KEY_CACHE`` | 4096 | verified keys cached (evicted by the bucket watch) |
 | ``SANDPOD_GATEWAY_REQUEST_TIMEOUT`` | 30 s | deadline of one NATS request made for a client |
-| ``SANDPOD_GATEWAY_WEB_DIR`` | ``<package>/web`` | web terminal assets (xterm.js under ``vendor/``) |
+| ``SANDPOD_GATEWAY_WEB_DIR`` | ``<package>/web`` | web terminal assets (xterm.js: ``vendor/``) |
 | ``SANDPOD_GRACE`` | 10 s | shutdown grace for in-flight requests |
 | ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
 """
@@ -81,7 +81,7 @@ class GatewaySettings:
             ),
             max_json_bytes=env_int(
                 env, "SANDPOD_GATEWAY_MAX_JSON_BYTES", d.max_json_bytes, minimum=1024
-            ),  # fmt: skip
+            ),
             max_streams=env_int(env, "SANDPOD_GATEWAY_MAX_STREAMS", d.max_streams, minimum=1),
             key_cache=env_int(env, "SANDPOD_GATEWAY_KEY_CACHE", d.key_cache, minimum=1),
             request_timeout=env_float(

@@ -150,8 +150,10 @@ async def mkdir(request: Request) -> Response:
 async def move(request: Request) -> Response:
     """Rename or move ``src`` to ``dst``."""
     body = await read_json(request)
-    req = FsMove(src=body.req_text("src"), dst=body.req_text("dst"),
-                 overwrite=body.flag("overwrite"), make_parents=body.flag("make_parents"))  # fmt: skip
+    req = FsMove(
+        src=body.req_text("src"), dst=body.req_text("dst"),
+        overwrite=body.flag("overwrite"), make_parents=body.flag("make_parents"),
+    )  # fmt: skip
     return JSONResponse(message_json(await target(request).call("fs", "move", req, FsEntry)))
 
 

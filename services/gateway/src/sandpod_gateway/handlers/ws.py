@@ -239,8 +239,10 @@ async def _exec_out(es: ExecStream, link: _Link) -> None:
         if frame.kind == "chunk":
             await link.send_bytes((b"\x01" if frame.stream == "stdout" else b"\x02") + frame.data)
         else:
-            await link.send_json({"type": "exit", "exit_code": frame.exit_code,
-                                  "signal": frame.signal, "timed_out": frame.timed_out})  # fmt: skip
+            await link.send_json(
+                {"type": "exit", "exit_code": frame.exit_code, "signal": frame.signal,
+                 "timed_out": frame.timed_out}
+            )  # fmt: skip
 
 
 async def _exec_in(es: ExecStream, link: _Link) -> None:
