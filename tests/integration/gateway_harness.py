@@ -134,3 +134,18 @@ def gateway_procs(nats: NatsServer, tmp_path: Path) -> Iterator[Callable[..., Ga
     yield start
     for gp in started:
         assert gp.stop() == 0, gp.log.read_text()
+
+
+@pytest.fixture
+def lifecycle_prefix(nats: NatsServer, tmp_path: Path) -> Iterator[str]:
+    """A lifecycle replica (process runtime) on a private prefix; instances killed at teardown."""
+    prefix = f"g{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": prefix,
+           "SANDPOD_STATE_DIR": str(tmp_path), "SANDPOD_RESYNC": "0.5",
+           "SANDPOD_RUNTIME": "process", "SANDPOD_DESTROY_ON_EXIT": "true"}  # fmt: skip
+    with (tmp_path / "lifecycle.log").open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sandpod_lifecycle"], env=env,
+                                stdout=out, stderr=out)  # fmt: skip
+    yield prefix
+    proc.terminate()
+    proc.wait(30)

@@ -15,26 +15,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gateway_harness import Gateway, GatewayFactory, gateway, mint_key, start_gateway  # noqa: F401
+from gateway_harness import (  # noqa: F401
+    Gateway,
+    GatewayFactory,
+    gateway,
+    lifecycle_prefix,
+    mint_key,
+    start_gateway,
+)
 
 from conftest import Execd, NatsServer
 
 __all__: list[str] = []
-
-
-@pytest.fixture
-def lifecycle_prefix(nats: NatsServer, tmp_path: Path) -> Iterator[str]:
-    """A lifecycle replica (process runtime) on a private prefix; instances killed at teardown."""
-    prefix = f"g{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": prefix,
-           "SANDPOD_STATE_DIR": str(tmp_path), "SANDPOD_RESYNC": "0.5",
-           "SANDPOD_RUNTIME": "process", "SANDPOD_DESTROY_ON_EXIT": "true"}  # fmt: skip
-    with (tmp_path / "lifecycle.log").open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sandpod_lifecycle"], env=env,
-                                stdout=out, stderr=out)  # fmt: skip
-    yield prefix
-    proc.terminate()
-    proc.wait(30)
 
 
 async def _sse(c: httpx.AsyncClient, url: str, want: int, **kw: object) -> AsyncIterator[

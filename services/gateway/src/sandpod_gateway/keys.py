@@ -130,8 +130,18 @@ class KeyStore:
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
 
-    async def follow(self) -> None:
-        """Drop cached records the moment the bucket changes them (runs until cancelled)."""
+    async def follow(self, stopping: asyncio.Event) -> None:
+        """Drop cached records the moment the bucket changes them, until ``stopping`` is set."""
+        watcher = asyncio.ensure_future(self._follow())
+        stopper = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watcher, stopper):
+                task.cancel()
+            await asyncio.gather(watcher, stopper, return_exceptions=True)
+
+    async def _follow(self) -> None:
         backoff = 0.1
         while True:
             try:

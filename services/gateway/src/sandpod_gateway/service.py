@@ -48,7 +48,7 @@ class GatewayService:
         self.settings = settings
         self.registry = registry or CollectorRegistry()
         self.supervisor = Supervisor("gateway", 8)
-        self.background = Supervisor("gateway-background", 8)  # loops that run until cancelled
+        self._stopping = asyncio.Event()
         self.port = 0
         self._server: _Server | None = None
         self._sock: socket.socket | None = None
@@ -82,14 +82,14 @@ class GatewayService:
         self._sock = sock
         self.port = int(sock.getsockname()[1])
         self.supervisor.spawn(self._server.serve(sockets=[sock]), name="uvicorn")
-        self.background.spawn(keys.follow(), name="key-watch")
+        self.supervisor.spawn(keys.follow(self._stopping), name="key-watch")
         ctx.ready.set()
         log.info("gateway_listening", url=self.url)
 
     async def stop(self, grace: float) -> None:
         if self._server is not None:
             self._server.should_exit = True
+        self._stopping.set()
         await self.supervisor.close(grace)
-        await self.background.close(0.0)
         if self._sock is not None:
             self._sock.close()
