@@ -37,8 +37,16 @@ def test_up_exec_and_clean_shutdown(tmp_path: Path) -> None:
     leaves no process behind."""
     port, http_port = free_port(), free_port()
     up = subprocess.Popen(
-        [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port),
-         "--gateway-port", str(http_port)],  # fmt: skip
+        [
+            SANDPOD,
+            "up",
+            "--state-dir",
+            str(tmp_path),
+            "--port",
+            str(port),
+            "--gateway-port",
+            str(http_port),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -4,13 +4,13 @@ the socket and see the earlier output redrawn after the reconnect."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 from pathlib import Path
 
-from playwright.async_api import Page, async_playwright
-
 from gateway_harness import GatewayFactory, lifecycle_prefix, mint_key, start_gateway  # noqa: F401
+from playwright.async_api import Page, async_playwright
 
 __all__: list[str] = []
 
@@ -45,9 +45,10 @@ async def test_web_terminal_in_chromium(
     key = await mint_key(gw, "web")
     async with gw.client(key) as c:
         deadline = time.monotonic() + 20
-        while (r := await c.post("/v1/sandboxes", json={"metadata": {"name": "term"},
-                                                        "wait": 60})).status_code == 503:  # fmt: skip
+        create = {"metadata": {"name": "term"}, "wait": 60}
+        while (r := await c.post("/v1/sandboxes", json=create)).status_code == 503:
             assert time.monotonic() < deadline, "lifecycle never answered"
+            await asyncio.sleep(0.05)
         assert r.status_code == 201, r.text
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
@@ -57,7 +58,9 @@ async def test_web_terminal_in_chromium(
                 await page.goto(f"{gw.url}/terminal#key={key}")
                 await page.wait_for_selector("#sandboxes option[value=term]", state="attached")
                 await page.click("#open")
-                await page.wait_for_function("document.body.dataset.status?.startsWith('connected')")
+                await page.wait_for_function(
+                    "document.body.dataset.status?.startsWith('connected')"
+                )
                 await page.click("#term")
                 await page.keyboard.type("echo h''i-$((6*7))\n")
                 await _wait_screen(page, "hi-42")
@@ -66,13 +69,15 @@ async def test_web_terminal_in_chromium(
                 await page.keyboard.type("stty size\n")
                 await _wait_screen(page, f" {cols}\n")
                 await page.evaluate("window.sandpodDrop()")
-                await page.wait_for_function("document.body.dataset.status?.startsWith('reconnecting')")
-                await page.wait_for_function("document.body.dataset.status?.startsWith('connected')")
+                await page.wait_for_function(
+                    "document.body.dataset.status?.startsWith('reconnecting')"
+                )
+                await page.wait_for_function(
+                    "document.body.dataset.status?.startsWith('connected')"
+                )
                 await _wait_screen(page, "hi-42")  # redrawn from the replay buffer
                 await page.keyboard.type("exit\n")
                 await page.wait_for_function("document.body.dataset.status?.startsWith('exited')")
             finally:
                 await browser.close()
         await c.delete("/v1/sandboxes/term", params={"wait": 30})
-
-

@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import httpx
-import pytest
 from gateway_harness import (  # noqa: F401
     Gateway,
     GatewayFactory,
@@ -24,7 +19,7 @@ from gateway_harness import (  # noqa: F401
     start_gateway,
 )
 
-from conftest import Execd, NatsServer
+from conftest import Execd
 
 __all__: list[str] = []
 
