@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from sandpod_contract.errors import BadRequest, PtyNotFound, SandpodError
+from sandpod_contract.errors import BadRequest, Busy, PtyNotFound, SandpodError
 from sandpod_contract.messages.pty import (
     PtyInfo,
     PtyInput,
@@ -37,7 +37,7 @@ from sandpod_contract.messages.pty import (
     PtySignal,
     PtyWritten,
 )
-from sandpod_gateway.context import context, principal
+from sandpod_gateway.context import Context, context, principal
 from sandpod_gateway.errors import error_body
 from sandpod_gateway.execstream import ExecStream
 from sandpod_gateway.handlers.common import Body
@@ -93,6 +93,19 @@ async def _run(link: _Link, *jobs: Callable[[], Awaitable[None]]) -> None:
             raise exc
 
 
+@contextlib.asynccontextmanager
+async def _slot(ctx: Context) -> AsyncIterator[None]:
+    """One of the replica's bounded stream slots (refused with ``busy`` when none is free)."""
+    if ctx.streams.locked():
+        raise Busy("too many open streams on this gateway replica")
+    async with ctx.streams:
+        ctx.metrics.streams.inc()
+        try:
+            yield
+        finally:
+            ctx.metrics.streams.dec()
+
+
 def _target(ws: WebSocket) -> Target:
     return context(ws).upstream.sandbox(principal(ws).scope, ws.path_params["name"])
 
@@ -139,15 +152,12 @@ async def pty_ws(ws: WebSocket) -> None:
         link = _Link(ws, ctx.settings.keepalive)
         await link.send_json({"type": "ready", "pty_id": info.pty_id, "cols": info.cols,
                               "rows": info.rows, "cursor": cursor})  # fmt: skip
-        ctx.metrics.streams.inc()
-        try:
+        async with _slot(ctx):
             await _run(
                 link,
                 lambda: _pty_out(sbx, link, info.pty_id, cursor),
                 lambda: _pty_in(sbx, link, info.pty_id),
             )
-        finally:
-            ctx.metrics.streams.dec()
         with contextlib.suppress(Exception):
             await ws.close(code=1000)
     except SandpodError as exc:
@@ -213,16 +223,13 @@ async def exec_ws(ws: WebSocket) -> None:
             raise BadRequest("the first frame must be a JSON object")
         es = await ExecStream.open(sbx, **command_params(Body(body)), stdin_open=True)
         await link.send_json({"type": "started", "exec_id": es.exec_id})
-        ctx.metrics.streams.inc()
-        try:
+        async with _slot(ctx):
             await _run(
                 link,
                 lambda: _exec_out(es, link),
                 lambda: _exec_in(es, link),
                 es.keepalive,
             )
-        finally:
-            ctx.metrics.streams.dec()
         with contextlib.suppress(Exception):
             await ws.close(code=1000)
     except WebSocketDisconnect:
