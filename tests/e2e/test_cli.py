@@ -63,7 +63,7 @@ def test_up_exec_and_clean_shutdown(tmp_path: Path) -> None:
         key = banner.split("API key")[1].split()[0]
         r = httpx.post(f"{gateway}/v1/sandboxes/default/exec", json={"argv": ["echo", "http"]},
                        headers={"authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
-        assert r.json()["stdout"] == "http\n", r.text
+        assert r.status_code == 200 and r.json()["stdout"] == "http\n", r.text
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 3  # nats-server, lifecycle, the sandbox's execd (and its jail)
         assert {"nats-server", "python"} & {c.name().split(".")[0] for c in children}
