@@ -7,7 +7,9 @@ UV ?= $(shell command -v uv 2>/dev/null || echo "$(PYTHON) -m uv")
 PYTHON ?= python3
 CC ?= cc
 
-.PHONY: install up check lint types imports test bench vectors clean
+WEB := services/gateway/src/sandpod_gateway/web
+
+.PHONY: install web up check lint types imports test bench vectors openapi clean
 
 $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
@@ -20,7 +22,13 @@ $(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c $(BIN)/sandpod
 	@if command -v $(CC) >/dev/null 2>&1; then $(CC) -O2 -Wall -Wextra -o $@ $<; \
 	else echo "note: no C compiler: the jail uses the slower sh + nsenter entry"; fi
 
-install: $(BIN)/sandpod $(BIN)/sandpod-jail-exec  ## .venv with every package (editable), dev tools, the jail entry helper
+$(WEB)/node_modules/.package-lock.json: $(WEB)/package-lock.json
+	@# xterm.js for the gateway's web terminal, from the npm registry (never committed, no CDN)
+	npm ci --prefix $(WEB) --no-audit --no-fund
+
+web: $(WEB)/node_modules/.package-lock.json  ## the web terminal's xterm.js (npm ci)
+
+install: $(BIN)/sandpod $(BIN)/sandpod-jail-exec web  ## .venv with every package (editable), dev tools, the jail entry helper, xterm.js
 
 up: install  ## start NATS + execd serving sandbox "default" in the foreground
 	$(BIN)/sandpod up
@@ -46,6 +54,10 @@ vectors: install  ## regenerate schemas/ (JSON Schemas, vectors, catalogues) fro
 bench: install  ## benchmarks: print measured floors and ratios
 	$(BIN)/python bench/exec_latency.py
 	$(BIN)/python bench/stream_throughput.py
+	$(BIN)/python bench/gateway_exec.py
+
+openapi: install  ## regenerate schemas/openapi/gateway.json from the gateway
+	$(BIN)/python -m sandpod_gateway openapi > schemas/openapi/gateway.json
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache $(WEB)/node_modules

@@ -22,11 +22,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 from _platform import NATS_BIN, _wait_port, free_port, pct, summary
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod.errors import SandpodError
 from sandpod_bus import Bus, BusSettings
+
+
+def log_file(directory: str | None, name: str) -> Any:
+    """Where a service's stderr goes: ``<directory>/<name>.log``, or nowhere."""
+    if directory is None:
+        return subprocess.DEVNULL
+    return open(f"{directory}/{name}.log", "wb")
 
 
 async def answering(call: Callable[[], object]) -> None:
@@ -82,8 +90,10 @@ async def latency(url: str, bus: Bus, pools: AsyncPools, claims: int) -> None:
     print(summary("second exec", second))
     print(summary("claim + first exec (usable)", total))
     p50, p99 = pct(total, 50), pct(total, 99)
-    print(f"  -> p50 {p50 / pct(floor, 50):.2f}x the floor; targets p50 <= 10 ms: "
-          f"{'OK' if p50 <= 0.010 else 'ABOVE'}, p99 <= 50 ms: {'OK' if p99 <= 0.050 else 'ABOVE'}")
+    print(
+        f"  -> p50 {p50 / pct(floor, 50):.2f}x the floor; targets p50 <= 10 ms: "
+        f"{'OK' if p50 <= 0.010 else 'ABOVE'}, p99 <= 50 ms: {'OK' if p99 <= 0.050 else 'ABOVE'}"
+    )
 
 
 async def burst(bus: Bus, pools: AsyncPools, count: int, size: int) -> None:
@@ -105,8 +115,10 @@ async def burst(bus: Bus, pools: AsyncPools, count: int, size: int) -> None:
     doubles = len(ok) - len({s.id for s in ok})
     refill = await until_available(pools, "burst", size)
     print(f"  all {count} answered in {took:.2f} s")
-    print(f"  warm binds: {reasons.pop('WarmPoolBind', 0)}; cold fallbacks: "
-          f"{sum(reasons.values())} {dict(reasons)}")
+    print(
+        f"  warm binds: {reasons.pop('WarmPoolBind', 0)}; cold fallbacks: "
+        f"{sum(reasons.values())} {dict(reasons)}"
+    )
     print(f"  failures: {len(failed)} (target 0) {[str(f)[:120] for f in failed[:3]]}")
     print(f"  double assignments: {doubles} (must be 0)")
     print(f"  pool full again {refill:.2f} s after the burst")
@@ -128,8 +140,7 @@ async def main(args: argparse.Namespace) -> None:
             env["SANDPOD_LOG_LEVEL"] = "info"
         procs = [
             subprocess.Popen([sys.executable, "-m", m], env=env,
-                             stderr=open(f"{args.logs}/{m}.log", "wb") if args.logs  # noqa: SIM115
-                             else subprocess.DEVNULL)
+                             stderr=log_file(args.logs, m))
             for m in ("sandpod_lifecycle", "sandpod_pool")
         ]  # fmt: skip
         bus = await Bus.connect(BusSettings(url=url))

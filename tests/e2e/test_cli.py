@@ -9,6 +9,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -31,11 +32,21 @@ def _read_until(proc: subprocess.Popen[str], needle: str, limit: int = 200) -> l
 
 
 def test_up_exec_and_clean_shutdown(tmp_path: Path) -> None:
-    """`sandpod up` serves 'default'; `sandpod exec` runs a command and exits with its code;
-    SIGTERM stops everything and leaves no process behind."""
-    port = free_port()
+    """`sandpod up` serves 'default'; `sandpod exec` runs a command and exits with its code; the
+    gateway it starts answers HTTP with the API key it printed; SIGTERM stops everything and
+    leaves no process behind."""
+    port, http_port = free_port(), free_port()
     up = subprocess.Popen(
-        [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port)],
+        [
+            SANDPOD,
+            "up",
+            "--state-dir",
+            str(tmp_path),
+            "--port",
+            str(port),
+            "--gateway-port",
+            str(http_port),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -47,6 +58,12 @@ def test_up_exec_and_clean_shutdown(tmp_path: Path) -> None:
         # Root with util-linux (as CI runs): the default sandbox is a namespace jail.
         expected = "namespace jail" if os.geteuid() == 0 else "NO ISOLATION"
         assert expected in banner, banner
+        gateway = f"http://127.0.0.1:{http_port}"
+        assert gateway in banner
+        key = banner.split("API key")[1].split()[0]
+        r = httpx.post(f"{gateway}/v1/sandboxes/default/exec", json={"argv": ["echo", "http"]},
+                       headers={"authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+        assert r.status_code == 200 and r.json()["stdout"] == "http\n", r.text
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 3  # nats-server, lifecycle, the sandbox's execd (and its jail)
         assert {"nats-server", "python"} & {c.name().split(".")[0] for c in children}
@@ -107,7 +124,7 @@ def test_up_with_an_existing_nats(tmp_path: Path, nats) -> None:  # type: ignore
     and leaves that NATS running when it stops."""
     up = subprocess.Popen(
         [SANDPOD, "up", "--state-dir", str(tmp_path), "--nats-url", nats.url,
-         "--sandbox", "ext-nats"],
+         "--sandbox", "ext-nats", "--no-gateway"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

@@ -7,11 +7,11 @@ import dataclasses
 from typing import Any
 
 import pytest
+
+from sandpod_contract.pooling import CLAIM_LABEL, HASH_LABEL, POOL_LABEL
 from sandpod_pool.cache import Mirror
 from sandpod_pool.members import POOL_KIND, SANDBOX, TEMPLATE, MemberState, member_state
 from sandpod_pool.pools import PoolReconciler
-
-from sandpod_contract.pooling import CLAIM_LABEL, HASH_LABEL, POOL_LABEL
 from sandpod_store import MemoryStore, ObjectMeta, Resource
 
 

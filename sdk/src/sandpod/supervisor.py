@@ -49,6 +49,7 @@ class PlatformConfig:
     prefix: str = "sandpod"
     grace: float = 10.0
     ready_timeout: float = 20.0
+    gateway_port: int | None = 8080  # HTTP API and web terminal; None: no gateway
 
 
 @dataclasses.dataclass
@@ -100,6 +101,8 @@ class Supervisor:
         self.logs = config.state_dir / "logs"
         self.runtime = "process"
         self.workspaces: dict[str, str] = {}
+        self.gateway_url: str | None = None
+        self.api_key: str | None = None
 
     async def start(self) -> None:
         """Start NATS (unless external) and execd; return when all are ready.
@@ -116,6 +119,8 @@ class Supervisor:
         await self._start_pool()
         for sandbox_id in self.config.sandboxes:
             await self._ensure_sandbox(sandbox_id)
+        if self.config.gateway_port is not None:
+            await self._start_gateway(self.config.gateway_port)
 
     async def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
         log_path = self.logs / f"{name}.log"
@@ -233,6 +238,38 @@ class Supervisor:
             return False
         return True
 
+    async def _start_gateway(self, port: int) -> None:
+        """The HTTP gateway, and an API key of tenant ``default`` (created once, kept in the
+        state dir with mode 0600 so the next ``sandpod up`` prints the same key)."""
+        if not _port_free(self.config.host, port):
+            raise StartupError(
+                f"gateway port {port} on {self.config.host} is in use; choose --gateway-port "
+                "or --no-gateway"
+            )
+        env = {**os.environ, "SANDPOD_NATS_URL": self.nats_url, "SANDPOD_PREFIX":
+               self.config.prefix, "SANDPOD_GATEWAY_HOST": self.config.host,
+               "SANDPOD_GATEWAY_PORT": str(port)}  # fmt: skip
+        self.gateway_url = f"http://{self.config.host}:{port}"
+        self.progress(f"starting gateway (HTTP API, web terminal) on {self.gateway_url}")
+        child = await self._spawn("gateway", [sys.executable, "-m", "sandpod_gateway"], env)
+        await self._wait(child, lambda: _http_ok(self.config.host, port, "/readyz"))
+        key_file = self.config.state_dir / "gateway-api-key"
+        if key_file.is_file():
+            self.api_key = key_file.read_text().strip()
+            return
+        made = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sandpod_gateway", "keys", "create", "--tenant", "default",
+            "--name", "sandpod-up", env=env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await made.communicate()
+        if made.returncode != 0:
+            raise StartupError(f"could not create the first API key: {err.decode().strip()}")
+        self.api_key = out.decode().strip()
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.api_key + "\n")
+
     async def _lifecycle_ready(self) -> bool:
         try:
             await AsyncSandbox.list(nats_url=self.nats_url, prefix=self.config.prefix)
@@ -337,6 +374,24 @@ async def _wait_exit(pid: int, timeout: float) -> bool:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
+
+
+async def _http_ok(host: str, port: int, path: str) -> bool:
+    """GET ``path`` answers 200 (stdlib only: the SDK has no HTTP client dependency)."""
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return False
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        line = await asyncio.wait_for(reader.readline(), 2.0)
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    return line.startswith(b"HTTP/1.1 200")
 
 
 def _tail(path: Path, lines: int = 15) -> str:

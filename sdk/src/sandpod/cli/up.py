@@ -42,6 +42,13 @@ def add_parser(sub: Any) -> None:
         default="auto",
         help="local: namespace jail (needs root); process: NO isolation; auto: local if root",
     )
+    p.add_argument(
+        "--gateway-port",
+        type=int,
+        default=8080,
+        help="HTTP API and web terminal port (default: %(default)s)",
+    )
+    p.add_argument("--no-gateway", action="store_true", help="do not start the HTTP gateway")
     p.set_defaults(run=_run)
 
 
@@ -58,6 +65,7 @@ def _run(args: argparse.Namespace) -> int:
         sandboxes=tuple(args.sandboxes or ["default"]),
         prefix=args.prefix,
         runtime=args.runtime,
+        gateway_port=None if args.no_gateway else args.gateway_port,
     )
     return asyncio.run(_up(config))
 
@@ -118,6 +126,9 @@ Sandpod is up.
   runtime    {_runtime_line(sup.runtime)}
   workspace  {sup.workspaces.get(first, "?")}  (host path of /workspace in {first})
   logs       {sup.logs}
+  gateway    {sup.gateway_url or "(not started)"}  (HTTP API, OpenAPI at /openapi.json)
+  API key    {sup.api_key or "-"}  (tenant "default"; kept in the state dir)
+  terminal   {(sup.gateway_url or "") + "/terminal" if sup.gateway_url else "-"}
 
 Try it (in another terminal):
   export SANDPOD_NATS_URL={sup.nats_url}

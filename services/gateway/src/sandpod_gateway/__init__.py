@@ -1,0 +1,1 @@
+"""Sandpod gateway: the HTTP and WebSocket API, translated to NATS."""

@@ -1,0 +1,46 @@
+"""What every handler needs, built once by the service and reached through ``app.state``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from starlette.requests import HTTPConnection
+
+from sandpod_gateway.keys import ApiKey, KeyStore
+from sandpod_gateway.metrics import GatewayMetrics
+from sandpod_gateway.ratelimit import RateLimiter
+from sandpod_gateway.settings import GatewaySettings
+from sandpod_gateway.tenancy import Scope
+from sandpod_gateway.upstream import Upstream
+
+__all__ = ["Context", "Principal", "context", "principal"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the verified key and its tenant's scope."""
+
+    key: ApiKey
+    scope: Scope
+
+
+@dataclasses.dataclass
+class Context:
+    settings: GatewaySettings
+    upstream: Upstream
+    keys: KeyStore
+    limiter: RateLimiter
+    metrics: GatewayMetrics
+    streams: asyncio.Semaphore  # long-lived streams (SSE, WebSocket, transfers) per replica
+    ready: asyncio.Event
+
+
+def context(conn: HTTPConnection) -> Context:
+    ctx: Context = conn.app.state.ctx
+    return ctx
+
+
+def principal(conn: HTTPConnection) -> Principal:
+    who: Principal = conn.scope["state"]["principal"]
+    return who

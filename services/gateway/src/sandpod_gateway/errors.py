@@ -1,0 +1,146 @@
+"""Errors at the HTTP boundary: the wire's typed errors become ``{code, message, retryable}``.
+
+Every failure a client sees is a JSON body with the contract's stable ``code`` (or one of the few
+gateway-only codes below, which follow the same family rules: an unknown ``auth.*`` code maps to
+``auth.error``), its ``message`` and ``retryable``, and an HTTP status chosen by the code's
+family. Handlers raise contract exceptions; only this module decides statuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from sandpod_contract.errors import BadRequest, Busy, SandboxNotFound, SandpodError
+
+__all__ = [
+    "AuthError",
+    "Forbidden",
+    "HeadersTooLarge",
+    "MethodNotAllowed",
+    "RangeNotSatisfiable",
+    "RateLimited",
+    "RouteNotFound",
+    "Unauthenticated",
+    "error_body",
+    "error_response",
+    "http_status",
+    "sandbox_not_found",
+]
+
+
+class AuthError(SandpodError):
+    """Gateway-only family: the request's credentials (never crosses NATS)."""
+
+    code = "auth.error"
+    summary = "authentication error"
+
+
+class Unauthenticated(AuthError):
+    code = "auth.unauthenticated"
+    summary = "missing, unknown or revoked API key"
+
+
+class Forbidden(AuthError):
+    code = "auth.forbidden"
+    summary = "this API key may not do that"
+
+
+class RateLimited(Busy):
+    code = "busy.rate_limited"
+    summary = "too many requests for this API key; retry after the advertised delay"
+
+
+class RouteNotFound(BadRequest):
+    code = "bad_request.unknown_route"
+    summary = "no such endpoint"
+
+
+class MethodNotAllowed(BadRequest):
+    code = "bad_request.method_not_allowed"
+    summary = "method not allowed on this endpoint"
+
+
+class HeadersTooLarge(BadRequest):
+    code = "bad_request.headers_too_large"
+    summary = "request headers are too large"
+
+
+class RangeNotSatisfiable(BadRequest):
+    code = "bad_request.range_not_satisfiable"
+    summary = "the requested byte range is outside the file"
+
+
+# Most specific first: the first matching prefix decides.
+_STATUS: tuple[tuple[str, int], ...] = (
+    ("auth.unauthenticated", 401),
+    ("auth.forbidden", 403),
+    ("auth.", 401),
+    ("busy.rate_limited", 429),
+    ("busy", 503),
+    ("bad_request.too_large", 413),
+    ("bad_request.unknown_route", 404),
+    ("bad_request.method_not_allowed", 405),
+    ("bad_request.headers_too_large", 431),
+    ("bad_request.range_not_satisfiable", 416),
+    ("bad_request", 400),
+    ("timeout", 504),
+    ("connection.lost", 503),
+    ("sandbox.not_found", 404),
+    ("sandbox.unavailable", 503),
+    ("store.not_found", 404),
+    ("store.already_exists", 409),
+    ("store.conflict", 409),
+    ("store.invalid", 422),
+    ("store.", 503),
+    ("exec.not_found", 404),
+    ("exec.id_in_use", 409),
+    ("exec.stream_closed", 409),
+    ("exec.lost", 502),
+    ("exec.", 422),
+    ("fs.not_found", 404),
+    ("fs.upload_not_found", 404),
+    ("fs.already_exists", 409),
+    ("fs.not_empty", 409),
+    ("fs.permission_denied", 403),
+    ("fs.too_large", 413),
+    ("fs.no_space", 507),
+    ("fs.", 422),
+    ("proc.not_found", 404),
+    ("proc.id_in_use", 409),
+    ("pty.not_found", 404),
+    ("pty.id_in_use", 409),
+    ("pty.closed", 410),
+    ("watch.not_found", 404),
+    ("watch.limit", 429),
+    ("session.not_found", 404),
+    ("git.", 422),
+    ("internal", 500),
+)
+
+
+def http_status(code: str) -> int:
+    """The HTTP status for a wire error code (unknown families: 500, or 422 for x.y codes)."""
+    for prefix, status in _STATUS:
+        if code == prefix or (prefix.endswith(".") and code.startswith(prefix)):
+            return status
+        if "." not in prefix and code.startswith(prefix + "."):
+            return status
+    return 422 if "." in code else 500
+
+
+def error_body(err: SandpodError) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": err.code, "message": err.message, "retryable": err.retryable}
+    if err.details:
+        body["details"] = err.details
+    return body
+
+
+def error_response(err: SandpodError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(err), status_code=http_status(err.code), headers=headers)
+
+
+def sandbox_not_found(name: str) -> SandboxNotFound:
+    """The one answer for a sandbox that is missing, or belongs to another tenant (same bytes)."""
+    return SandboxNotFound(f"sandbox {name!r} not found")

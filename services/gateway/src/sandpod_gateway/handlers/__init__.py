@@ -1,0 +1,1 @@
+"""HTTP and WebSocket handlers, one module per family; they translate, the domain modules act."""

@@ -1,0 +1,156 @@
+"""API keys: issued once, stored hashed in a JetStream KV bucket, mapped to a tenant.
+
+A key is ``spk_<key_id>_<secret>``. The bucket ``<prefix>-gateway-keys`` holds, under
+``<key_id>``, a JSON record with the tenant, the SHA-256 of the whole key (the secret has 192
+random bits, so a fast hash is enough: nothing to brute-force) and whether it is revoked; the key
+itself is printed once at creation and never stored. Every replica keeps a bounded cache of
+records it verified and drops an entry as soon as the bucket's watch reports a change to it, so a
+revocation reaches all replicas within one watch delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import time
+
+import structlog
+
+from sandpod_bus import Bus, KvBucket
+from sandpod_contract.errors import ResourceNotFound, SandpodError
+from sandpod_gateway.errors import Unauthenticated
+from sandpod_gateway.tenancy import validate_tenant
+
+__all__ = ["ApiKey", "KeyStore", "bucket_name", "parse_token"]
+
+log = structlog.get_logger("sandpod.gateway.keys")
+
+_TOKEN = re.compile(r"spk_([0-9a-f]{12})_([0-9a-f]{48})")
+
+
+def bucket_name(base: str) -> str:
+    return f"{base}-gateway-keys"
+
+
+def parse_token(token: str) -> str | None:
+    """The key id of a well-formed key, else None."""
+    m = _TOKEN.fullmatch(token)
+    return m.group(1) if m else None
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ApiKey:
+    key_id: str
+    tenant: str
+    digest: str
+    created: float
+    revoked: bool = False
+    name: str = ""
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ApiKey:
+        raw = json.loads(data)
+        return cls(
+            key_id=str(raw["key_id"]), tenant=str(raw["tenant"]), digest=str(raw["digest"]),
+            created=float(raw["created"]), revoked=bool(raw.get("revoked", False)),
+            name=str(raw.get("name", "")),
+        )  # fmt: skip
+
+
+class KeyStore:
+    """Issue, revoke and verify keys; verification is cached per replica (bounded)."""
+
+    def __init__(self, bucket: KvBucket, cache_size: int = 4096) -> None:
+        self._bucket = bucket
+        self._cache: collections.OrderedDict[str, ApiKey] = collections.OrderedDict()
+        self._cache_size = cache_size
+
+    @classmethod
+    async def open(cls, bus: Bus, base: str, cache_size: int = 4096) -> KeyStore:
+        return cls(await bus.kv(bucket_name(base)), cache_size)
+
+    async def create(self, tenant: str, name: str = "") -> tuple[str, ApiKey]:
+        """A new key for ``tenant``: (the key, shown once; its record)."""
+        validate_tenant(tenant)
+        key_id = secrets.token_hex(6)
+        token = f"spk_{key_id}_{secrets.token_hex(24)}"
+        record = ApiKey(key_id, tenant, _digest(token), time.time(), name=name)
+        await self._bucket.create(key_id, record.to_json())
+        return token, record
+
+    async def revoke(self, key_id: str) -> ApiKey:
+        """Mark ``key_id`` revoked (kept for audit). Raises ResourceNotFound if unknown."""
+        entry = await self._bucket.get(key_id)
+        record = dataclasses.replace(ApiKey.from_json(entry.value), revoked=True)
+        await self._bucket.update(key_id, record.to_json(), entry.revision)
+        self._cache.pop(key_id, None)
+        return record
+
+    async def list(self) -> list[ApiKey]:
+        entries, _ = await self._bucket.entries()
+        return [ApiKey.from_json(e.value) for e in entries]
+
+    async def verify(self, token: str) -> ApiKey:
+        """The live record of ``token``.
+
+        Raises:
+            Unauthenticated: malformed, unknown, wrong secret or revoked.
+        """
+        key_id = parse_token(token)
+        if key_id is None:
+            raise Unauthenticated()
+        record = self._cache.get(key_id)
+        if record is None:
+            try:
+                record = ApiKey.from_json((await self._bucket.get(key_id)).value)
+            except ResourceNotFound:
+                raise Unauthenticated() from None
+            self._remember(record)
+        else:
+            self._cache.move_to_end(key_id)
+        if record.revoked or not hmac.compare_digest(record.digest, _digest(token)):
+            raise Unauthenticated()
+        return record
+
+    def _remember(self, record: ApiKey) -> None:
+        self._cache[record.key_id] = record
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    async def follow(self, stopping: asyncio.Event) -> None:
+        """Drop cached records the moment the bucket changes them, until ``stopping`` is set."""
+        watcher = asyncio.ensure_future(self._follow())
+        stopper = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({watcher, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watcher, stopper):
+                task.cancel()
+            await asyncio.gather(watcher, stopper, return_exceptions=True)
+
+    async def _follow(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                start = await self._bucket.revision()
+                async for entry in self._bucket.watch(">", start):
+                    self._cache.pop(entry.key, None)
+                    backoff = 0.1
+            except SandpodError as exc:
+                log.warning("key_watch_failed", error=exc.message)
+                self._cache.clear()  # we may have missed changes meanwhile
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)

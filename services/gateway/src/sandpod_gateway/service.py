@@ -1,0 +1,95 @@
+"""Gateway wiring: the key store, the upstream, the ASGI app and uvicorn, owned by one
+supervisor and run through the shared ``serve()`` loop.
+
+uvicorn runs inside our event loop on a socket bound here (so port 0 works and the port is known
+before the first request); its own signal handling is disabled: ``serve()`` owns SIGTERM, and
+``stop()`` asks uvicorn to finish in-flight requests within the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Generator
+
+import structlog
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from sandpod_bus import Bus
+from sandpod_contract.subjects import Subjects
+from sandpod_gateway.app import build_app
+from sandpod_gateway.context import Context
+from sandpod_gateway.keys import KeyStore
+from sandpod_gateway.metrics import GatewayMetrics
+from sandpod_gateway.ratelimit import RateLimiter
+from sandpod_gateway.settings import GatewaySettings
+from sandpod_gateway.upstream import Upstream
+from sandpod_service import Supervisor
+
+__all__ = ["GatewayService"]
+
+log = structlog.get_logger("sandpod.gateway")
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield  # serve() owns the signals
+
+
+class GatewayService:
+    name = "gateway"
+
+    def __init__(
+        self, settings: GatewaySettings, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.settings = settings
+        self.registry = registry or CollectorRegistry()
+        self.supervisor = Supervisor("gateway", 8)
+        self._stopping = asyncio.Event()
+        self.port = 0
+        self._server: _Server | None = None
+        self._sock: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    async def start(self, bus: Bus) -> None:
+        s = self.settings
+        keys = await KeyStore.open(bus, s.bucket_base, s.key_cache)
+        ctx = Context(
+            settings=s, upstream=Upstream(bus, Subjects(s.prefix), s.request_timeout), keys=keys,
+            limiter=RateLimiter(s.rate, s.burst, s.rate_keys),
+            metrics=GatewayMetrics(self.registry), streams=asyncio.Semaphore(s.max_streams),
+            ready=asyncio.Event(),
+        )  # fmt: skip
+        config = uvicorn.Config(
+            build_app(ctx), loop="none", http="httptools", ws="websockets-sansio", lifespan="off",
+            log_config=None, access_log=False, ws_ping_interval=s.keepalive,
+            ws_ping_timeout=max(s.keepalive, 20.0), ws_max_size=4 * 1024 * 1024,
+            timeout_graceful_shutdown=int(max(s.grace, 1)), server_header=False,
+        )  # fmt: skip
+        self._server = _Server(config)
+        family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((s.host, s.port))
+        sock.listen(1024)
+        sock.setblocking(False)
+        self._sock = sock
+        self.port = int(sock.getsockname()[1])
+        self.supervisor.spawn(self._server.serve(sockets=[sock]), name="uvicorn")
+        self.supervisor.spawn(keys.follow(self._stopping), name="key-watch")
+        ctx.ready.set()
+        log.info("gateway_listening", url=self.url)
+
+    async def stop(self, grace: float) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        self._stopping.set()
+        await self.supervisor.close(grace)
+        if self._sock is not None:
+            self._sock.close()

@@ -1,0 +1,93 @@
+"""Gateway settings, read once from the environment at start-up and passed down.
+
+| variable | default | meaning |
+|---|---|---|
+| ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix |
+| ``SANDPOD_GATEWAY_HOST`` | ``127.0.0.1`` | listen address |
+| ``SANDPOD_GATEWAY_PORT`` | 8080 | listen port (0: any free port) |
+| ``SANDPOD_GATEWAY_KEEPALIVE`` | 15 s | SSE comment / WebSocket ping interval on idle streams |
+| ``SANDPOD_GATEWAY_RATE`` | 50 /s | requests per second per API key (token bucket refill) |
+| ``SANDPOD_GATEWAY_BURST`` | 100 | token bucket size per API key |
+| ``SANDPOD_GATEWAY_RATE_KEYS`` | 10000 | keys tracked by the rate limiter (LRU) |
+| ``SANDPOD_GATEWAY_MAX_HEADER_BYTES`` | 16384 | requests with larger headers get 431 |
+| ``SANDPOD_GATEWAY_MAX_JSON_BYTES`` | 1 MiB | JSON bodies above this get 413 |
+| ``SANDPOD_GATEWAY_MAX_STREAMS`` | 1024 | concurrent SSE/WebSocket/transfer streams per replica |
+| ``SANDPOD_GATEWAY_KEY_CACHE`` | 4096 | verified keys cached (evicted by the bucket watch) |
+| ``SANDPOD_GATEWAY_REQUEST_TIMEOUT`` | 30 s | deadline of one NATS request made for a client |
+| ``SANDPOD_GATEWAY_WEB_DIR`` | ``<package>/web`` | web terminal assets (xterm.js: ``vendor/``) |
+| ``SANDPOD_GRACE`` | 10 s | shutdown grace for in-flight requests |
+| ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from sandpod_bus import BusSettings
+from sandpod_contract.subjects import DEFAULT_PREFIX
+from sandpod_service import env_float, env_int, env_str
+
+__all__ = ["GatewaySettings"]
+
+WEB_DIR = Path(__file__).parent / "web"
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewaySettings:
+    bus: BusSettings = dataclasses.field(default_factory=lambda: BusSettings(name="gateway"))
+    prefix: str = DEFAULT_PREFIX
+    host: str = "127.0.0.1"
+    port: int = 8080
+    keepalive: float = 15.0
+    rate: float = 50.0
+    burst: int = 100
+    rate_keys: int = 10_000
+    max_header_bytes: int = 16 * 1024
+    max_json_bytes: int = 1024 * 1024
+    max_streams: int = 1024
+    key_cache: int = 4096
+    request_timeout: float = 30.0
+    web_dir: Path = WEB_DIR
+    grace: float = 10.0
+    log_level: str = "info"
+
+    @property
+    def bucket_base(self) -> str:
+        """Buckets and streams are named after the prefix, like lifecycle's."""
+        return self.prefix.replace(".", "-")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> GatewaySettings:
+        env = os.environ if env is None else env
+        d = cls()
+        return cls(
+            bus=BusSettings(
+                url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
+                name="gateway",
+            ),
+            prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
+            host=env_str(env, "SANDPOD_GATEWAY_HOST", d.host),
+            port=env_int(env, "SANDPOD_GATEWAY_PORT", d.port),
+            keepalive=env_float(env, "SANDPOD_GATEWAY_KEEPALIVE", d.keepalive, minimum=0.01),
+            rate=env_float(env, "SANDPOD_GATEWAY_RATE", d.rate, minimum=0.001),
+            burst=env_int(env, "SANDPOD_GATEWAY_BURST", d.burst, minimum=1),
+            rate_keys=env_int(env, "SANDPOD_GATEWAY_RATE_KEYS", d.rate_keys, minimum=1),
+            max_header_bytes=env_int(
+                env, "SANDPOD_GATEWAY_MAX_HEADER_BYTES", d.max_header_bytes, minimum=1024
+            ),
+            max_json_bytes=env_int(
+                env, "SANDPOD_GATEWAY_MAX_JSON_BYTES", d.max_json_bytes, minimum=1024
+            ),
+            max_streams=env_int(env, "SANDPOD_GATEWAY_MAX_STREAMS", d.max_streams, minimum=1),
+            key_cache=env_int(env, "SANDPOD_GATEWAY_KEY_CACHE", d.key_cache, minimum=1),
+            request_timeout=env_float(
+                env, "SANDPOD_GATEWAY_REQUEST_TIMEOUT", d.request_timeout, minimum=0.1
+            ),
+            web_dir=Path(env_str(env, "SANDPOD_GATEWAY_WEB_DIR", str(d.web_dir))),
+            grace=env_float(env, "SANDPOD_GRACE", d.grace),
+            log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
+        )
