@@ -149,3 +149,16 @@ def lifecycle_prefix(nats: NatsServer, tmp_path: Path) -> Iterator[str]:
     yield prefix
     proc.terminate()
     proc.wait(30)
+
+
+@pytest.fixture
+def pool_service(nats: NatsServer, tmp_path: Path, lifecycle_prefix: str) -> Iterator[str]:
+    """A pool-service replica next to ``lifecycle_prefix``'s lifecycle; yields the prefix."""
+    env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": lifecycle_prefix,
+           "SANDPOD_POOL_RESYNC": "0.3"}  # fmt: skip
+    with (tmp_path / "pool.log").open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sandpod_pool"], env=env,
+                                stdout=out, stderr=out)  # fmt: skip
+    yield lifecycle_prefix
+    proc.terminate()
+    proc.wait(30)

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from sandpod_gateway.context import Context
 from sandpod_gateway.errors import MethodNotAllowed, RouteNotFound, error_response
-from sandpod_gateway.handlers import events, exec, files, health, procs, sandboxes, ws
+from sandpod_gateway.handlers import events, exec, files, health, pools, procs, sandboxes, ws
 from sandpod_gateway.middleware import GatewayMiddleware
 
 __all__ = ["build_app"]
@@ -75,7 +75,15 @@ def routes(ctx: Context) -> list[BaseRoute]:
         _Route(f"{s}/processes/{{proc_id}}/logs", procs.logs, methods=["GET"]),
         _Route(f"{s}/watch", events.watch, methods=["GET"]),
         _Route("/v1/events", events.lifecycle_events, methods=["GET"]),
-        # Follow-up: pools and claims (/v1/pools, /v1/claims) once their contract exists.
+        _Route("/v1/pools", pools.pool_list, methods=["GET"]),
+        _Route("/v1/pools", pools.pool_create, methods=["POST"]),
+        _Route("/v1/pools/{name}", pools.pool_get, methods=["GET"]),
+        _Route("/v1/pools/{name}", pools.pool_delete, methods=["DELETE"]),
+        _Route("/v1/pools/{name}/scale", pools.pool_scale, methods=["POST"]),
+        _Route("/v1/claims", pools.claim_list, methods=["GET"]),
+        _Route("/v1/claims", pools.claim_create, methods=["POST"]),
+        _Route("/v1/claims/{name}", pools.claim_get, methods=["GET"]),
+        _Route("/v1/claims/{name}", pools.claim_delete, methods=["DELETE"]),
     ]
     if ctx.settings.web_dir.is_dir():
         table.append(Mount("/static", StaticFiles(directory=ctx.settings.web_dir)))

@@ -116,6 +116,10 @@ _STATUS: tuple[tuple[str, int], ...] = (
     ("watch.limit", 429),
     ("session.not_found", 404),
     ("git.", 422),
+    ("claim.pool_not_found", 404),
+    ("claim.timeout", 504),
+    ("claim.failed", 422),
+    ("claim.", 422),
     ("internal", 500),
 )
 

@@ -69,6 +69,29 @@ SCHEMAS: dict[str, Any] = {
     "Search": {"type": "object", "required": ["query"], "properties": {
         "query": STR, "path": STR, "glob": STR, "regex": BOOL, "case_sensitive": BOOL,
         "hidden": BOOL, "limit": {"type": "integer", "minimum": 1}}},
+    "Pool": {"type": "object", "description": "a sandpod.dev/v1alpha1 SandboxWarmPool",
+             "properties": {"apiVersion": STR, "kind": STR, "metadata": OBJ, "spec": OBJ,
+                            "status": OBJ}},
+    "PoolCreate": {"type": "object", "required": ["name"], "properties": {
+        "name": STR, "template": STR,
+        "replicas": {"type": "integer", "minimum": 0, "maximum": 1000},
+        "strategy": {"enum": ["RollingUpdate", "Recreate", "OnClaim"]}}},
+    "PoolScale": {"type": "object", "required": ["replicas"], "properties": {
+        "replicas": {"type": "integer", "minimum": 0, "maximum": 1000}}},
+    "PoolList": {"type": "object", "properties": {
+        "items": {"type": "array", "items": {"$ref": _S + "Pool"}}}},
+    "Claim": {"type": "object", "description": "a sandpod.dev/v1alpha1 SandboxClaim; "
+              "status.sandbox is the bound sandbox's name",
+              "properties": {"apiVersion": STR, "kind": STR, "metadata": OBJ, "spec": OBJ,
+                             "status": OBJ}},
+    "ClaimCreate": {"type": "object", "properties": {
+        "pool": STR, "template": STR, "name": STR,
+        "lifetime_seconds": {"type": "integer", "minimum": 1},
+        "idle_timeout_seconds": {"type": "integer", "minimum": 0},
+        "labels": STRMAP, "env": STRMAP, "wait": {"type": "number", "minimum": 0,
+                                                 "maximum": 300}}},
+    "ClaimList": {"type": "object", "properties": {
+        "items": {"type": "array", "items": {"$ref": _S + "Claim"}}}},
     "Renew": {"type": "object", "properties": {
         "seconds": {"type": "number", "exclusiveMinimum": 0}, "shutdown_time": STR}},
 }  # fmt: skip
@@ -199,6 +222,28 @@ def _paths() -> dict[str, Any]:
         f"{sbx}/watch": {"get": _op("watch", "file changes as SSE", "events", content=SSE,
                                     params=[NAME, _q("path", STR, "default /workspace"),
                                             _q("recursive", BOOL, "default true")])},
+        "/v1/pools": {
+            "get": _op("listPools", "the tenant's warm pools", "pools", reply="PoolList"),
+            "post": _op("createPool", "create or update a warm pool", "pools", ok=201,
+                        body="PoolCreate", reply="Pool"),
+        },
+        "/v1/pools/{name}": {
+            "get": _op("getPool", "one pool", "pools", params=[NAME], reply="Pool"),
+            "delete": _op("deletePool", "delete a pool and its free members", "pools",
+                          params=[NAME], reply="Pool"),
+        },
+        "/v1/pools/{name}/scale": {"post": _op("scalePool", "set replicas", "pools",
+                                               params=[NAME], body="PoolScale", reply="Pool")},
+        "/v1/claims": {
+            "get": _op("listClaims", "the tenant's claims", "claims", reply="ClaimList"),
+            "post": _op("createClaim", "claim a ready sandbox (warm, else cold: PoolExhausted)",
+                        "claims", ok=201, body="ClaimCreate", reply="Claim"),
+        },
+        "/v1/claims/{name}": {
+            "get": _op("getClaim", "one claim", "claims", params=[NAME], reply="Claim"),
+            "delete": _op("deleteClaim", "release a claim (its sandbox is deleted)", "claims",
+                          params=[NAME], reply="Claim"),
+        },
         "/v1/events": {"get": _op("events", "the tenant's lifecycle events as SSE", "events",
                                   content=SSE, params=[_q("sandbox", STR, "only this one")])},
     }  # fmt: skip

@@ -270,7 +270,9 @@ class Claims:
         if b.pool is not None:
             labels[POOL_LABEL] = b.pool
         meta = ObjectMeta(
-            name=f"sbx-{secrets.token_hex(5)}", namespace=claim.metadata.namespace, labels=labels,
+            # Named after the claim: a prefix naming the owner (the gateway's tenant) carries over.
+            name=f"{claim.metadata.name[:40].rstrip('-')}-{secrets.token_hex(5)}",
+            namespace=claim.metadata.namespace, labels=labels,
             annotations={CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
                          BOUND_AS_ANNOTATION: str(reason)},
         )  # fmt: skip
