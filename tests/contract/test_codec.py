@@ -392,3 +392,16 @@ def test_no_message_has_a_field_named_error() -> None:
              for t in (op.request, op.reply) if t is not None} | set(FRAMES)  # fmt: skip
     offenders = [t.TYPE for t in types if "error" in {f.name for f in dataclasses.fields(t)}]
     assert not offenders
+
+
+def test_values_msgpack_cannot_carry_are_a_typed_bad_request() -> None:
+    """An integer beyond 64 bits or a non-wire type inside a message is BadRequest, not a crash
+    (the gateway fuzzing found a 500 here)."""
+    from sandpod_contract.codec import encode
+    from sandpod_contract.errors import BadRequest
+    from sandpod_contract.messages.sandboxes import ObjectRequest
+
+    with pytest.raises(BadRequest, match="cannot be encoded"):
+        encode(ObjectRequest(object={"spec": {"x": -(2**63) - 1}}))
+    with pytest.raises(BadRequest):
+        encode(ObjectRequest(object={"spec": {"x": object()}}))

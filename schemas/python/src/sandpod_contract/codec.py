@@ -54,8 +54,16 @@ class Message:
 
 
 def pack(obj: Any) -> bytes:
-    """msgpack-encode a plain structure (bin for bytes, str for text)."""
-    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+    """msgpack-encode a plain structure (bin for bytes, str for text).
+
+    Raises:
+        BadRequest: a value msgpack cannot carry (an integer beyond 64 bits, a non-wire type,
+            nesting deeper than msgpack allows): the sender's input is at fault, never a crash.
+    """
+    try:
+        return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise BadRequest(f"a value cannot be encoded: {exc}") from exc
 
 
 def unpack(data: bytes) -> Any:
