@@ -45,7 +45,7 @@ async def test_pools_and_claims_over_http_are_tenant_scoped(
             await asyncio.sleep(0.1)
         assert r.status_code == 201, r.text
         assert r.json()["metadata"] == {**r.json()["metadata"], "name": "py", "namespace": "acme"}
-        await _until(c, "/v1/pools/py", lambda p: p["status"].get("availableReplicas") == 2)
+        await _until(c, "/v1/pools/py", lambda p: p.get("status", {}).get("availableReplicas") == 2)
         assert [p["metadata"]["name"] for p in (await c.get("/v1/pools")).json()["items"]] == ["py"]
         claim = await c.post("/v1/claims", json={"pool": "py", "env": {"WHO": "acme"},
                                                  "lifetime_seconds": 600})  # fmt: skip

@@ -76,6 +76,7 @@ log = structlog.get_logger("sandpod.pool.claims")
 CLAIM = "SandboxClaim"
 CLAIM_ANNOTATION = "sandpod.dev/claimed-by"
 BOUND_AS_ANNOTATION = "sandpod.dev/bound-as"  # the claim's Bound reason, for adoption
+BOUND_AT_ANNOTATION = "sandpod.dev/bound-at"  # wall clock of the bind (orphans: by its age)
 Configure = Callable[[str, dict[str, str], int], Awaitable[bool]]
 
 
@@ -166,17 +167,32 @@ class Claims:
         t0 = time.perf_counter()
         obj = claim_from_map(raw)
         binding = await self.resolve(obj.metadata.namespace, ClaimSpec.from_dict(obj.spec))
-        claim = await self.store.create(obj)
-        self.claims.observe(claim)
+        # The claim's write and the bind in one round trip. A crash between them leaves either a
+        # claim without a sandbox (the reconciler binds it) or a sandbox labelled for a claim that
+        # never appeared (deleted as an orphan once its bind is older than recover_after).
+        created, bound = await asyncio.gather(
+            self.store.create(obj), self._bind(obj, binding), return_exceptions=True
+        )
+        if isinstance(created, BaseException):
+            if not isinstance(bound, BaseException):
+                await self._delete_sandbox(bound[0])  # no claim to hold it: give it back
+            raise created
+        self.claims.observe(created)
+        if isinstance(bound, BaseException):
+            await self.release(created.metadata.namespace, created.metadata.name)
+            raise bound
         t1 = time.perf_counter()
-        claim = await self._bind_and_wait(claim, binding, wait)
+        claim = await self._bind_and_wait(created, binding, wait, bound)
         log.info("claim_bound", claim=claim.metadata.name, sandbox=claim.status.get("sandbox"),
-                 create_ms=round((t1 - t0) * 1000, 3),
-                 bind_ms=round((time.perf_counter() - t1) * 1000, 3))  # fmt: skip
+                 bind_ms=round((t1 - t0) * 1000, 3),
+                 ready_ms=round((time.perf_counter() - t1) * 1000, 3))  # fmt: skip
         return claim
 
-    async def _bind_and_wait(self, claim: Resource, binding: Binding, wait: float) -> Resource:
-        sandbox, reason = await self._bind(claim, binding)
+    async def _bind_and_wait(
+        self, claim: Resource, binding: Binding, wait: float,
+        bound: tuple[Resource, ClaimReason],
+    ) -> Resource:  # fmt: skip
+        sandbox, reason = bound
         if reason is ClaimReason.WARM:  # one round trip for both
             claim, _ = await asyncio.gather(
                 self._set(claim, sandbox, reason, binding.shutdown_time),
@@ -235,7 +251,8 @@ class Claims:
     async def _take(self, member: Resource, claim: Resource, b: Binding) -> Resource | None:
         """The compare-and-set that binds: None if someone else changed the member first."""
         labels = {**member.metadata.labels, **b.spec.labels, CLAIM_LABEL: claim.metadata.name}
-        annotations = {**member.metadata.annotations, BOUND_AS_ANNOTATION: ClaimReason.WARM,
+        annotations = {**member.metadata.annotations, BOUND_AS_ANNOTATION: str(ClaimReason.WARM),
+                       BOUND_AT_ANNOTATION: f"{time.time():.3f}",
                        CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}"}  # fmt: skip
         env = {e.name: e.value for e in b.spec.env}
         spec = {**member.spec, "shutdownTime": b.shutdown_time, "permanent": False,
@@ -274,7 +291,8 @@ class Claims:
             name=f"{claim.metadata.name[:40].rstrip('-')}-{secrets.token_hex(5)}",
             namespace=claim.metadata.namespace, labels=labels,
             annotations={CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
-                         BOUND_AS_ANNOTATION: str(reason)},
+                         BOUND_AS_ANNOTATION: str(reason),
+                         BOUND_AT_ANNOTATION: f"{time.time():.3f}"},
         )  # fmt: skip
         return Resource(api_version=API_VERSION, kind=SANDBOX, metadata=meta, spec=spec)
 
@@ -412,7 +430,7 @@ class Claims:
         or the service died between the two)."""
         for sbx in self.sandboxes.values():
             claim = sbx.metadata.labels.get(CLAIM_LABEL)
-            if claim is None or is_deleting(sbx) or age(sbx) < self.recover_after:
+            if claim is None or is_deleting(sbx) or _bound_age(sbx) < self.recover_after:
                 continue
             if self.claims.get(sbx.metadata.namespace, claim) is not None:
                 continue
@@ -421,6 +439,16 @@ class Claims:
             except ResourceNotFound:
                 log.warning("claim_orphan_sandbox_deleted", sandbox=sbx.metadata.name, claim=claim)
                 await self._delete_sandbox(sbx)
+
+
+def _bound_age(sbx: Resource) -> float:
+    """Seconds since a claim bound ``sbx`` (its creation for sandboxes bound before the
+    annotation existed)."""
+    stamp = sbx.metadata.annotations.get(BOUND_AT_ANNOTATION)
+    try:
+        return time.time() - float(stamp) if stamp else age(sbx)
+    except ValueError:
+        return age(sbx)
 
 
 def claim_from_map(raw: Mapping[str, Any]) -> Resource:
