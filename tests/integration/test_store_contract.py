@@ -193,3 +193,28 @@ async def test_watch_from_a_list_revision_sees_every_later_change(store: Store) 
     ]
     assert [e.revision for e in events] == sorted(e.revision for e in events)
     assert events[1].resource is not None and events[1].resource.metadata.labels == {"v": "2"}
+
+
+async def test_kv_update_at_a_known_revision_skips_the_read_and_still_detects_conflicts(
+    nats: NatsServer,
+) -> None:
+    """KV: an update carrying the resourceVersion the store last saw needs no read; a second
+    writer holding the same (now old) version still gets ResourceConflict, and generation and
+    status merge as if it had read."""
+    bus = await Bus.connect(BusSettings(url=nats.url))
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    try:
+        kv = await KvStore.open(bus, bucket=bucket)
+        created = await kv.create(sandbox("a"))
+        with_status = await kv.update_status(dataclasses.replace(created, status={"phase": "X"}))
+        saved = kv.reads_saved
+        spec = {**with_status.spec, "idleTimeoutSeconds": 7}
+        first = await kv.update(dataclasses.replace(with_status, spec=spec))
+        assert kv.reads_saved == saved + 1
+        assert first.metadata.generation == 2 and first.status == {"phase": "X"}
+        with pytest.raises(ResourceConflict):
+            await kv.update(dataclasses.replace(with_status, spec={**spec, "permanent": True}))
+        other = await KvStore.open(bus, bucket=bucket)  # another replica: nothing remembered
+        assert (await other.get("Sandbox", "default", "a")) == first
+    finally:
+        await bus.close()

@@ -142,3 +142,32 @@ async def test_deleted_objects_lose_their_instance(tmp_path: Path) -> None:
     driver.instances["orphan"] = Instance("orphan", running=True, paused=False)
     await rec.reconcile("orphan")
     assert "orphan" not in driver.instances
+
+
+class CreatingDuringList(MemoryStore):
+    """A store whose list answers from before a sandbox (object and instance) was created while
+    the list was in flight: what a fast create racing the resync looks like."""
+
+    def __init__(self, driver: FakeDriver) -> None:
+        super().__init__()
+        self.driver = driver
+
+    async def list(self, kind: str, namespace: str | None = None, selector: object = None):  # type: ignore[no-untyped-def, override]
+        before = await super().list(kind, namespace, selector)  # type: ignore[arg-type]
+        if kind == "Sandbox" and "fresh" not in self.driver.instances:
+            await self.create(Resource("sandpod.dev/v1alpha1", "Sandbox",
+                                       ObjectMeta(name="fresh"), {"permanent": True}))  # fmt: skip
+            await self.driver.ensure("fresh", SandboxSpec(), SandboxTemplateSpec())
+        return before
+
+
+async def test_resync_never_destroys_an_instance_created_while_it_listed() -> None:
+    """An instance whose object appeared during the resync's list is not an orphan (the
+    resync lists instances before objects); a real orphan is still destroyed."""
+    driver = FakeDriver()
+    store, events = CreatingDuringList(driver), Events()
+    rec = _reconciler(store, driver, events)
+    driver.instances["ghost"] = Instance("ghost", running=True, paused=False, pid=2)
+    await rec.resync_once()
+    assert "fresh" in driver.instances
+    assert "destroy fresh" not in driver.calls and "destroy ghost" in driver.calls

@@ -3,10 +3,18 @@
 Each value is ``{"op": create|update|status, "object": <Kubernetes-shaped map>}`` as JSON (easy to
 read with ``nats kv get``); ``resourceVersion`` is the KV revision, so optimistic concurrency is
 the bucket's compare-and-set, and a watch resumes from any revision.
+
+An update merges the caller's object into the stored one (status kept, generation bumped on a
+spec change), which needs the stored object. A revision names exactly one stored value, so the
+store remembers the last object it saw per key (from reads, writes and watches; bounded LRU):
+when the caller's ``resourceVersion`` is that revision, the remembered object *is* the current
+one if the compare-and-set succeeds, and the read round trip is skipped. A claim's bind is then
+one round trip, not two.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 from collections.abc import AsyncIterator, Mapping
@@ -21,6 +29,7 @@ __all__ = ["KvStore"]
 
 DEFAULT_BUCKET = "sandpod-resources"
 HISTORY = 64
+REMEMBER = 16384  # objects remembered for updates without a read (LRU)
 
 
 def _key(kind: str, namespace: str, name: str) -> str:
@@ -46,8 +55,30 @@ def _decode(entry: KvEntry) -> tuple[str, Resource]:
 
 
 class KvStore:
-    def __init__(self, bucket: KvBucket) -> None:
+    def __init__(self, bucket: KvBucket, remember: int = REMEMBER) -> None:
         self._bucket = bucket
+        self._seen: collections.OrderedDict[str, Resource] = collections.OrderedDict()
+        self._remember = remember
+        self.reads_saved = 0  # updates that needed no read (tests, metrics)
+
+    def _note(self, obj: Resource) -> Resource:
+        key = _key(*obj.key)
+        old = self._seen.get(key)
+        if old is None or _rev(old) <= _rev(obj):
+            self._seen[key] = obj
+            self._seen.move_to_end(key)
+            if len(self._seen) > self._remember:
+                self._seen.popitem(last=False)
+        return obj
+
+    async def _current(self, obj: Resource) -> Resource:
+        """The stored object ``obj`` was read from, without a round trip when it is known."""
+        seen = self._seen.get(_key(*obj.key))
+        wanted = obj.metadata.resource_version
+        if seen is not None and wanted and seen.metadata.resource_version == wanted:
+            self.reads_saved += 1
+            return seen
+        return await self.get(*obj.key)
 
     @classmethod
     async def open(cls, bus: Bus, bucket: str = DEFAULT_BUCKET) -> KvStore:
@@ -61,7 +92,7 @@ class KvStore:
         except ResourceNotFound:
             raise ResourceNotFound(f"{kind} {namespace}/{name} not found", kind=kind,
                                    name=name) from None  # fmt: skip
-        return _decode(entry)[1]
+        return self._note(_decode(entry)[1])
 
     async def list(
         self,
@@ -72,22 +103,23 @@ class KvStore:
         sel = parse_selector(selector)
         entries, revision = await self._bucket.entries(f"{kind}.{namespace or '*'}.*")
         items = [
-            obj for obj in (_decode(e)[1] for e in entries) if sel.matches(obj.metadata.labels)
-        ]
+            obj for obj in (self._note(_decode(e)[1]) for e in entries)
+            if sel.matches(obj.metadata.labels)
+        ]  # fmt: skip
         return items, revision
 
     async def create(self, obj: Resource) -> Resource:
         fresh = stamp_create(obj)
         revision = await self._bucket.create(_key(*fresh.key), _encode("create", fresh))
-        return _with_version(fresh, revision)
+        return self._note(_with_version(fresh, revision))
 
     async def update(self, obj: Resource) -> Resource:
-        current = await self.get(*obj.key)
+        current = await self._current(obj)
         merged = merge_update(obj, current)
         return await self._put("update", merged, current)
 
     async def update_status(self, obj: Resource) -> Resource:
-        current = await self.get(*obj.key)
+        current = await self._current(obj)
         merged = merge_status(obj, current)
         return await self._put("status", merged, current)
 
@@ -100,11 +132,12 @@ class KvStore:
             kind, ns, name = merged.key
             raise ResourceConflict(f"{kind} {ns}/{name} changed concurrently; re-read and retry",
                                    kind=kind, name=name) from None  # fmt: skip
-        return _with_version(merged, revision)
+        return self._note(_with_version(merged, revision))
 
     async def delete(
         self, kind: str, namespace: str, name: str, resource_version: str | None = None
     ) -> None:
+        self._seen.pop(_key(kind, namespace, name), None)
         try:
             await self._bucket.delete(
                 _key(kind, namespace, name), int(resource_version) if resource_version else None
@@ -119,11 +152,17 @@ class KvStore:
         async for entry in self._bucket.watch(f"{kind}.{namespace or '*'}.*", from_revision):
             _, ns, name = entry.key.split(".", 2)
             if entry.deleted:
+                self._seen.pop(entry.key, None)
                 yield WatchEvent(EventType.DELETED, kind, ns, name, entry.revision, None)
                 continue
             op, obj = _decode(entry)
+            self._note(obj)
             etype = EventType.ADDED if op == "create" else EventType.MODIFIED
             yield WatchEvent(etype, kind, ns, name, entry.revision, obj)
+
+
+def _rev(obj: Resource) -> int:
+    return int(obj.metadata.resource_version or 0)
 
 
 def _with_version(obj: Resource, revision: int) -> Resource:

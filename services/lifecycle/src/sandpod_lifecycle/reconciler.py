@@ -162,16 +162,24 @@ class Reconciler:
         while True:
             await asyncio.sleep(self._resync)
             try:
-                await self.leases.renew_all()
-                items, _ = await self.store.list(SANDBOX, None)
-                names = {o.metadata.name for o in items}  # instance ids: names, all namespaces
-                for obj in items:
-                    self.enqueue(obj.metadata.name, obj.metadata.namespace)
-                for orphan in set(await self.driver.list()) - names:
-                    log.warning("orphan_instance_destroyed", sandbox=orphan)
-                    await self.driver.destroy(orphan)
+                await self.resync_once()
             except SandpodError as exc:
                 log.warning("resync_failed", error=exc.message)
+
+    async def resync_once(self) -> None:
+        """Renew leases, queue every object, destroy instances whose object is gone."""
+        await self.leases.renew_all()
+        # Instances first, objects second: an instance is made only after its object exists,
+        # so one missing from a *later* list is a true orphan. The other order destroyed
+        # sandboxes created between the two calls.
+        instances = set(await self.driver.list())
+        items, _ = await self.store.list(SANDBOX, None)
+        names = {o.metadata.name for o in items}  # instance ids: names, all namespaces
+        for obj in items:
+            self.enqueue(obj.metadata.name, obj.metadata.namespace)
+        for orphan in instances - names:
+            log.warning("orphan_instance_destroyed", sandbox=orphan)
+            await self.driver.destroy(orphan)
 
     async def _worker(self) -> None:
         while True:
