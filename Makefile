@@ -9,7 +9,7 @@ CC ?= cc
 
 WEB := services/gateway/src/sandpod_gateway/web
 
-.PHONY: install web up check lint types imports test bench vectors openapi clean
+.PHONY: install web up check lint types imports test bench vectors openapi clean envtest
 
 $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
@@ -43,6 +43,9 @@ types: install
 
 imports: install
 	$(BIN)/lint-imports
+
+envtest:  ## build (or reuse, cached) kube-apiserver + etcd for the Kubernetes tests (needs Go)
+	bash deploy/envtest/build.sh
 
 test: install  ## the whole test suite against a real nats-server
 	$(BIN)/pytest

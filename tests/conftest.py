@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
@@ -25,7 +26,12 @@ import pytest
 from sandpod import AsyncSandbox, Sandbox
 from sandpod.errors import SandpodError
 
+if TYPE_CHECKING:
+    from k8s.envtest import ControlPlane
+
 SCRIPTS = Path(sysconfig.get_path("scripts"))
+# Daemons a session fixture started lazily, inside some test's setup: not that test's leak.
+SESSION_DAEMON_PIDS: set[int] = set()
 NATS_BIN = SCRIPTS / "nats-server"
 
 
@@ -152,6 +158,35 @@ def shared_execd(nats: NatsServer, state_dir: Path) -> Iterator[Execd]:
     execd.stop()
 
 
+@pytest.fixture(scope="session")
+def kube_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A real etcd + kube-apiserver (tests/k8s/envtest.py) with schemas/crds/ applied.
+
+    Started on first use only. Fails (never skips) when deploy/envtest/build.sh has not been run.
+    """
+    import yaml
+
+    from k8s.envtest import REPO, ControlPlane, missing_binaries
+    from sandpod_kube import apply_crds
+
+    if problem := missing_binaries():
+        pytest.fail(problem)
+    plane = ControlPlane(tmp_path_factory.mktemp("kube"), (free_port(), free_port(), free_port()))
+    manifests = [
+        doc for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+    ]  # fmt: skip
+    try:
+        plane.start()
+        apply_crds(plane.settings, manifests)
+    except Exception as exc:
+        plane.stop()
+        pytest.fail(f"the test control plane did not come up: {exc}")
+    SESSION_DAEMON_PIDS.update(p.pid for p in plane.procs)
+    yield plane
+    plane.stop()
+
+
 @pytest.fixture
 def start_execd(nats: NatsServer, state_dir: Path) -> Iterator[Callable[..., Execd]]:
     """Factory for a private execd (for tests that kill or reconfigure it)."""
@@ -203,7 +238,10 @@ def no_leaked_processes(_session_daemons: None) -> Iterator[None]:
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     yield
-    after = [p for p in me.children(recursive=True) if p.pid not in before]
+    after = [
+        p for p in me.children(recursive=True)
+        if p.pid not in before and p.pid not in SESSION_DAEMON_PIDS
+    ]  # fmt: skip
     _, alive = psutil.wait_procs(after, timeout=10)
     alive = [p for p in alive if _really_alive(p)]
     for proc in alive:

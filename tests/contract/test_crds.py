@@ -242,3 +242,29 @@ def test_pool_and_claim_round_trip() -> None:
     status = ClaimStatus.from_dict({"phase": "Bound", "sandbox": "sbx-1"})
     assert ClaimStatus.from_dict(status.to_dict()) == status
     assert WarmPoolStatus.from_dict(WarmPoolStatus(replicas=3).to_dict()).replicas == 3
+
+
+KEYWORDS = {
+    "type", "description", "properties", "items", "required", "enum", "default", "minimum",
+    "maximum", "pattern", "format", "additionalProperties", "x-kubernetes-validations",
+}  # fmt: skip
+
+
+def _stray(schema: Any, path: str) -> list[str]:
+    if not isinstance(schema, dict):
+        return [path]
+    out = [f"{path}.{k}" for k in schema if k not in KEYWORDS]
+    for name, sub in (schema.get("properties") or {}).items():
+        out += _stray(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        out += _stray(schema["items"], f"{path}[]")
+    return out
+
+
+@pytest.mark.parametrize("name", ["sandboxes", "sandboxtemplates", "sandboxwarmpools",
+                                  "sandboxclaims"])  # fmt: skip
+def test_crd_schemas_use_only_openapi_keywords(name: str) -> None:
+    """No stray keys (a comma in an unquoted YAML flow description once made one, which the
+    real API server refused)."""
+    version = crd(name)["spec"]["versions"][0]
+    assert _stray(version["schema"]["openAPIV3Schema"], name) == []

@@ -1,5 +1,8 @@
-"""The store contract suite: every Store implementation (memory, JetStream KV; Kubernetes later)
-must pass the same tests, so services can rely on one set of semantics."""
+"""The store contract suite: every Store implementation (memory, JetStream KV, Kubernetes CRDs on a
+real kube-apiserver) must pass the same tests, so services can rely on one set of semantics.
+
+Objects here are valid against schemas/crds/ (the API server enforces it, and prunes fields the
+schema does not declare), so spec fields are ones the Sandbox CRD has."""
 
 from __future__ import annotations
 
@@ -20,11 +23,28 @@ from sandpod_contract.errors import (
 )
 from sandpod_store import EventType, KvStore, MemoryStore, ObjectMeta, Resource, Store, WatchEvent
 
+NAMESPACES = ("default", "other")  # every namespace the tests below write to
 
-@pytest.fixture(params=["memory", "kv"])
+
+@pytest.fixture(params=["memory", "kv", "kube"])
 async def store(request: pytest.FixtureRequest, nats: NatsServer) -> AsyncIterator[Store]:
     if request.param == "memory":
         yield MemoryStore()
+        return
+    if request.param == "kube":
+        from sandpod_kube import KubeStore, delete_all, ensure_namespace
+
+        settings = request.getfixturevalue("kube_apiserver").settings
+
+        def reset() -> None:  # one API server for the session: each test starts empty
+            for ns in NAMESPACES:
+                ensure_namespace(settings, ns)
+            delete_all(settings, "Sandbox")  # in every namespace: list(ns=None) sees them all
+
+        await asyncio.to_thread(reset)
+        kube = await KubeStore.connect(settings)
+        yield kube
+        await kube.close()
         return
     bus = await Bus.connect(BusSettings(url=nats.url))
     yield await KvStore.open(bus, bucket=f"test-{uuid.uuid4().hex[:12]}")
@@ -36,7 +56,7 @@ def sandbox(name: str, labels: dict[str, str] | None = None, ns: str = "default"
         api_version="sandpod.dev/v1alpha1",
         kind="Sandbox",
         metadata=ObjectMeta(name=name, namespace=ns, labels=labels or {}),
-        spec={"templateRef": "python", "idleTimeoutSeconds": 300},
+        spec={"templateRef": {"name": "python"}, "idleTimeoutSeconds": 300},
         status={"phase": "Ignored"},
     )
 
@@ -108,7 +128,9 @@ async def test_status_update_touches_only_status(store: Store) -> None:
     """update_status ignores spec changes and conflicts on a stale version."""
     v1 = await store.create(sandbox("a"))
     v2 = await store.update_status(
-        dataclasses.replace(v1, spec={"templateRef": "hacked"}, status={"phase": "Pending"})
+        dataclasses.replace(
+            v1, spec={"templateRef": {"name": "hacked"}}, status={"phase": "Pending"}
+        )
     )
     assert v2.spec == v1.spec and v2.status == {"phase": "Pending"}
     with pytest.raises(ResourceConflict):
@@ -117,12 +139,12 @@ async def test_status_update_touches_only_status(store: Store) -> None:
 
 async def test_concurrent_read_modify_write_loses_nothing(store: Store) -> None:
     """20 writers each increment a counter with retry-on-conflict: the result is exactly 20."""
-    await store.create(sandbox("counter"))
+    await store.create(dataclasses.replace(sandbox("counter"), spec={"idleTimeoutSeconds": 0}))
 
-    async def increment() -> None:
+    async def increment() -> None:  # the counter is a schema field: the API server prunes others
         while True:
             cur = await store.get("Sandbox", "default", "counter")
-            spec = {**cur.spec, "n": int(cur.spec.get("n", 0)) + 1}
+            spec = {**cur.spec, "idleTimeoutSeconds": int(cur.spec["idleTimeoutSeconds"]) + 1}
             try:
                 await store.update(dataclasses.replace(cur, spec=spec))
                 return
@@ -131,7 +153,7 @@ async def test_concurrent_read_modify_write_loses_nothing(store: Store) -> None:
 
     await asyncio.gather(*(increment() for _ in range(20)))
     final = await store.get("Sandbox", "default", "counter")
-    assert final.spec["n"] == 20 and final.metadata.generation == 21
+    assert final.spec["idleTimeoutSeconds"] == 20 and final.metadata.generation == 21
 
 
 async def test_delete_with_version_guard(store: Store) -> None:

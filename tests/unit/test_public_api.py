@@ -16,6 +16,7 @@ MODULES = [
     "sandpod_contract.subjects",
     "sandpod_bus",
     "sandpod_service",
+    "sandpod_kube",
 ]
 
 

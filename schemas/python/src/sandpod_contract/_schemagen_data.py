@@ -268,6 +268,7 @@ ERRORS: list[errors.SandpodError] = [
     errors.ResourceConflict("Sandbox default/demo changed (resourceVersion 7, not 5)",
                             kind="Sandbox", name="demo"),
     errors.ResourceInvalid("spec.idleTimeoutSeconds must be >= 0", field="spec.idleTimeoutSeconds"),
+    errors.ResourceExpired("watch of Sandbox: too old resource version: 5 (812)", kind="Sandbox"),
     errors.ClaimError("claim default/c1 could not be served"),
     errors.PoolNotFound("no SandboxWarmPool 'python' in namespace 'default'", pool="python"),
     errors.ClaimTimeout("claim default/c1 not ready within 30s (PoolExhausted: cold create)",

@@ -53,6 +53,7 @@ __all__ = [
     "RequestTimeout",
     "ResourceConflict",
     "ResourceExists",
+    "ResourceExpired",
     "ResourceInvalid",
     "ResourceNotFound",
     "SandboxError",
@@ -460,6 +461,15 @@ class ResourceInvalid(StoreError):
     code = "store.invalid"
     retryable = False
     summary = "the resource does not satisfy its schema"
+
+
+class ResourceExpired(StoreError):
+    code = "store.expired"
+    retryable = False
+    summary = (
+        "the revision to watch from is older than the store keeps (compacted); "
+        "list again and watch from the list's revision"
+    )
 
 
 def _family_fallback(code: str) -> type[SandpodError]:
