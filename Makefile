@@ -47,7 +47,7 @@ imports: install
 envtest:  ## build (or reuse, cached) kube-apiserver + etcd for the Kubernetes tests (needs Go)
 	bash deploy/envtest/build.sh
 
-test: install  ## the whole test suite against a real nats-server
+test: install envtest  ## the whole test suite against a real nats-server (and kube-apiserver)
 	$(BIN)/pytest
 
 check: lint types imports test  ## everything CI runs

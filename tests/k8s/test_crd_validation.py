@@ -76,3 +76,37 @@ def test_kind_table_matches_the_crds() -> None:
         info = KINDS[names["kind"]]
         served = [v["name"] for v in spec["versions"] if v.get("storage")]
         assert (info.group, info.plural, [info.version]) == (spec["group"], names["plural"], served)
+
+
+def _obj(kind: str, namespace: str, spec: dict[str, Any]) -> Resource:
+    return Resource(api_version="sandpod.dev/v1alpha1", kind=kind,
+                    metadata=ObjectMeta(name="x", namespace=namespace), spec=spec)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "field"),
+    [
+        ("SandboxWarmPool", {"replicas": -1}, "spec.replicas"),
+        ("SandboxWarmPool", {"replicas": 1001}, "spec.replicas"),
+        ("SandboxWarmPool", {"updateStrategy": {"type": "Sometimes"}}, "spec.updateStrategy.type"),
+        ("SandboxClaim", {"poolRef": {"name": "a"}, "templateRef": {"name": "b"}}, "spec"),
+        ("SandboxClaim", {"lifetimeSeconds": 0}, "spec.lifetimeSeconds"),
+        ("SandboxClaim", {"env": [{"name": "A B"}]}, "spec.env[0].name"),
+    ],
+)
+async def test_pool_and_claim_schema_violations_are_refused_by_the_api_server(
+    kube: KubeStore, namespace: str, kind: str, spec: dict[str, Any], field: str
+) -> None:
+    """The warm-pool and claim CRDs hold on the real API server what the models validate."""
+    with pytest.raises(ResourceInvalid) as info:
+        await kube.create(_obj(kind, namespace, spec))
+    assert field in info.value.details.get("field", ""), info.value
+
+
+async def test_pool_defaults_and_scale_subresource_come_from_the_crd(
+    kube: KubeStore, namespace: str
+) -> None:
+    """A pool gets replicas 1 and RollingUpdate from the CRD's defaults."""
+    created = await kube.create(_obj("SandboxWarmPool", namespace, {}))
+    assert created.spec["replicas"] == 1
+    assert created.spec["updateStrategy"] == {"type": "RollingUpdate"}
