@@ -29,7 +29,9 @@ class FakeDriver:
     def protections(self) -> dict[str, str]:
         return {"jail": "active"}
 
-    async def ensure(self, sid: str, spec: SandboxSpec, template: SandboxTemplateSpec) -> Instance:
+    async def ensure(
+        self, sid: str, spec: SandboxSpec, template: SandboxTemplateSpec, owner: object = None
+    ) -> Instance:
         self.calls.append(f"ensure {sid}")
         self.instances.setdefault(sid, Instance(sid, running=True, paused=False, pid=1))
         return self.instances[sid]

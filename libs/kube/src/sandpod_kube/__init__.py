@@ -2,22 +2,47 @@
 
 - :class:`KubeStore` -- the ``Store`` interface over the ``sandpod.dev`` CRDs (cluster mode).
 - :class:`KubeSettings` -- how to reach an API server (kubeconfig, in-cluster, explicit).
+- :class:`PodApi` -- the Pods, NetworkPolicies and Secrets the Pod runtime needs.
 - :mod:`sandpod_kube.admin` -- installing CRDs, namespaces.
+
+Names are resolved lazily (PEP 562): ``from sandpod_kube import KubeSettings`` does not import the
+``kubernetes`` client (~1 s), so a service in KV mode never pays for it.
 """
 
-from sandpod_kube.admin import apply_crds, delete_all, ensure_namespace
-from sandpod_kube.config import KubeSettings
-from sandpod_kube.errors import StoreForbidden
-from sandpod_kube.kinds import KINDS, KindInfo
-from sandpod_kube.store import KubeStore
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandpod_kube.admin import apply_crds, delete_all, ensure_namespace
+    from sandpod_kube.config import KubeSettings
+    from sandpod_kube.errors import StoreForbidden
+    from sandpod_kube.kinds import KINDS, KindInfo
+    from sandpod_kube.pods import PodApi
+    from sandpod_kube.store import KubeStore
 
 __all__ = [
     "KINDS",
     "KindInfo",
     "KubeSettings",
     "KubeStore",
+    "PodApi",
     "StoreForbidden",
     "apply_crds",
     "delete_all",
     "ensure_namespace",
 ]
+
+_WHERE = {
+    "KINDS": "kinds", "KindInfo": "kinds", "KubeSettings": "config", "KubeStore": "store",
+    "PodApi": "pods", "StoreForbidden": "errors", "apply_crds": "admin", "delete_all": "admin",
+    "ensure_namespace": "admin",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sandpod_kube' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sandpod_kube.{module}"), name)

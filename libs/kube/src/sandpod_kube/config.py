@@ -1,16 +1,35 @@
 """How to reach an API server: typed settings, turned into a ``kubernetes`` client in one place.
 
-Services build :class:`KubeSettings` once at start (from a kubeconfig file, from the in-cluster
-service account, or explicitly, as the tests do) and pass it down; deep code never reads the
-environment or a kubeconfig itself.
+Services build :class:`KubeSettings` once at start (:meth:`KubeSettings.from_env`: explicit
+variables, a kubeconfig file, or the in-cluster service account) and pass it down; deep code never
+reads the environment or a kubeconfig itself.
+
+``kubernetes`` is imported inside the methods that need it, not at module load: the services read
+their settings in every mode, and importing the client costs ~1 s that the KV mode never needs.
+
+| variable | meaning |
+|---|---|
+| ``SANDPOD_KUBE_SERVER`` | API server URL; with it, the explicit variables below are used |
+| ``SANDPOD_KUBE_CA_FILE`` | PEM bundle of the API server's CA |
+| ``SANDPOD_KUBE_TOKEN_FILE`` | file holding a bearer token (a ServiceAccount token) |
+| ``SANDPOD_KUBE_CLIENT_CERT`` / ``SANDPOD_KUBE_CLIENT_KEY`` | client certificate instead |
+| ``SANDPOD_KUBECONFIG`` / ``KUBECONFIG`` | kubeconfig file (when no server is given) |
+| ``SANDPOD_KUBE_CONTEXT`` | kubeconfig context (default: the current one) |
+| ``SANDPOD_KUBE_NAMESPACE`` | only this namespace is listed and watched (unset: all) |
+
+Without a server or kubeconfig, inside a pod (``KUBERNETES_SERVICE_HOST`` set) the mounted
+ServiceAccount is used, else ``~/.kube/config``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kubernetes import client, config
+if TYPE_CHECKING:
+    from kubernetes import client
 
 __all__ = ["KubeSettings"]
 
@@ -28,6 +47,8 @@ class KubeSettings:
         request_timeout: seconds for one non-watch request (connect + read).
         watch_timeout: seconds the API server keeps one watch request open before the store
             re-opens it from the last revision seen (bounded, so a dead connection is noticed).
+        namespace: when set, "all namespaces" means this one (a namespace-scoped installation,
+            and what lets several installations share one API server).
     """
 
     host: str
@@ -38,12 +59,41 @@ class KubeSettings:
     max_workers: int = 8
     request_timeout: float = 30.0
     watch_timeout: int = 300
+    namespace: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> KubeSettings:
+        """Settings from ``SANDPOD_KUBE_*`` variables (table above). Raises ValueError."""
+
+        def get(*names: str) -> str | None:
+            return next((env[n].strip() for n in names if env.get(n, "").strip()), None)
+
+        namespace = get("SANDPOD_KUBE_NAMESPACE")
+        server = get("SANDPOD_KUBE_SERVER")
+        if server:
+            token_file = get("SANDPOD_KUBE_TOKEN_FILE")
+            try:
+                token = Path(token_file).read_text().strip() if token_file else None
+            except OSError as exc:
+                raise ValueError(f"SANDPOD_KUBE_TOKEN_FILE={token_file!r}: {exc}") from exc
+            return cls(
+                host=server, ca_file=get("SANDPOD_KUBE_CA_FILE"), token=token,
+                client_cert_file=get("SANDPOD_KUBE_CLIENT_CERT"),
+                client_key_file=get("SANDPOD_KUBE_CLIENT_KEY"), namespace=namespace,
+            )  # fmt: skip
+        kubeconfig = get("SANDPOD_KUBECONFIG", "KUBECONFIG")
+        if kubeconfig is None and get("KUBERNETES_SERVICE_HOST"):
+            return dataclasses.replace(cls.in_cluster(), namespace=namespace)
+        base = cls.from_kubeconfig(kubeconfig, get("SANDPOD_KUBE_CONTEXT"))
+        return dataclasses.replace(base, namespace=namespace)
 
     @classmethod
     def from_kubeconfig(
         cls, path: str | Path | None = None, context: str | None = None
     ) -> KubeSettings:
         """Settings from a kubeconfig file (``$KUBECONFIG`` or ``~/.kube/config`` when None)."""
+        from kubernetes import client, config
+
         cfg = client.Configuration()
         config.load_kube_config(  # type: ignore[no-untyped-call]  # untyped in the client
             config_file=str(path) if path else None, context=context, client_configuration=cfg
@@ -53,6 +103,8 @@ class KubeSettings:
     @classmethod
     def in_cluster(cls) -> KubeSettings:
         """Settings from the pod's mounted ServiceAccount (only inside a cluster)."""
+        from kubernetes import client, config
+
         cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         return cls._from_configuration(cfg)
@@ -71,6 +123,8 @@ class KubeSettings:
 
     def api_client(self) -> client.ApiClient:
         """A new ``kubernetes`` ApiClient for these settings (the caller closes it)."""
+        from kubernetes import client
+
         cfg = client.Configuration(host=self.host)
         cfg.verify_ssl = True
         cfg.ssl_ca_cert = self.ca_file

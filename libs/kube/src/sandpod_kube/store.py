@@ -10,6 +10,7 @@ resume from a list's ``resourceVersion``. So this adapter mostly translates:
 
 The ``kubernetes`` client is synchronous: every call runs on this store's own bounded thread pool
 (``KubeSettings.max_workers``), watches on their own threads (``watch.WatchStream``).
+With ``KubeSettings.namespace`` set, "all namespaces" (``namespace=None``) means that one.
 Revisions are etcd revisions, exposed by the API server as ``resourceVersion`` strings holding
 integers; the store treats them as integers, as the interface does.
 """
@@ -119,6 +120,7 @@ class KubeStore:
         info = resolve(kind)
         label_selector = _selector_string(selector)
         what = f"list {info.kind}"
+        namespace = namespace or self._settings.namespace  # a scoped store's "all"
         if namespace is None:
             raw = await self._call(
                 what, kind, None, self._api.list_cluster_custom_object,
@@ -255,6 +257,7 @@ class KubeStore:
             ResourceExpired: ``from_revision`` was compacted away (list again, watch from there).
         """
         info = resolve(kind)
+        namespace = namespace or self._settings.namespace  # a scoped store's "all"
         if namespace is not None:
             validate_name("metadata.namespace", namespace)
         stream = WatchStream(

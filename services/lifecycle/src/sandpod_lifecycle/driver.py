@@ -21,7 +21,7 @@ from typing import Protocol
 
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 
-__all__ = ["Driver", "ExecdLauncher", "Instance"]
+__all__ = ["Driver", "ExecdLauncher", "Instance", "Owner"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -33,6 +33,14 @@ class Instance:
     detail: str = ""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Owner:
+    """The Sandbox object an instance belongs to (the Pod runtime attaches Pods to it)."""
+
+    namespace: str
+    uid: str
+
+
 class Driver(Protocol):
     name: str
 
@@ -40,7 +48,11 @@ class Driver(Protocol):
         """protection -> "active" or why it is not."""
 
     async def ensure(
-        self, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
+        self,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        template: SandboxTemplateSpec,
+        owner: Owner | None = None,
     ) -> Instance:
         """Create the instance if missing (idempotent); return it."""
 

@@ -39,7 +39,7 @@ from sandpod_contract.resources import (
     SandboxTemplateSpec,
 )
 from sandpod_contract.subjects import Subjects
-from sandpod_lifecycle.driver import Driver
+from sandpod_lifecycle.driver import Driver, Owner
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
 from sandpod_lifecycle.runtime.base import RuntimeFailure
@@ -272,7 +272,8 @@ class Reconciler:
             return Outcome.RETRY
         try:
             template = await self._templates(view.namespace, view.spec.template_ref)
-            await self.driver.ensure(view.name, view.spec, template)
+            owner = Owner(view.namespace, view.obj.metadata.uid)
+            await self.driver.ensure(view.name, view.spec, template, owner)
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
         except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:

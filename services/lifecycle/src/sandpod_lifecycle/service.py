@@ -1,5 +1,10 @@
 """Lifecycle wiring: store, leases, events, driver, reconciler and the control-plane API.
 
+The store is the JetStream KV bucket (``SANDPOD_STORE=kv``) or the CRDs on an API server
+(``kube``, through ``sandpod_kube``, imported only then). Leases stay in a NATS KV bucket in both
+modes (Lease objects are a follow-up). The ``kubernetes`` runtime needs the ``kube`` store: its
+Pods are owned by the Sandbox objects.
+
 The API subscriptions (``<prefix>.api.sandboxes.*`` and ``.templates.*``, queue group
 ``sandpod-lifecycle``) routes by
 ``(kind, verb)`` through the contract's control-plane catalogue; the reconciler runs as one task
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -35,7 +41,7 @@ from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
 from sandpod_service.leases import Leases
-from sandpod_store import KvStore
+from sandpod_store import KvStore, Store
 
 __all__ = ["LifecycleService"]
 
@@ -56,9 +62,30 @@ class LifecycleService:
         self._leases: Leases | None = None
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
+        self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
+
+    async def _store(self, bus: Bus, bucket: str) -> Store:
+        if self.settings.kube is None:
+            return await KvStore.open(bus, bucket=bucket)
+        from sandpod_kube import KubeStore
+
+        store = await KubeStore.connect(self.settings.kube)
+        self._closers.append(store.close)
+        return store
 
     def _driver(self) -> Driver:
         state = self.settings.state_dir
+        if self.settings.runtime == "kubernetes":
+            from sandpod_kube import PodApi
+            from sandpod_lifecycle.runtime.pod import PodDriver
+
+            assert self.settings.kube is not None  # settings refuse kubernetes without kube
+            pods = PodApi(self.settings.kube)
+            self._closers.append(pods.close)
+            return PodDriver(
+                pods, self.settings.pods, installation=self.settings.prefix,
+                ready_timeout=self.settings.ready_timeout, namespace=self.settings.kube.namespace,
+            )  # fmt: skip
         launcher = ExecdLauncher(state, self.settings.bus.url, self.settings.prefix)
         if self.settings.runtime == "local":
             # The whole state dir (NATS data, logs, other sandboxes) is masked in every jail.
@@ -76,7 +103,7 @@ class LifecycleService:
         self._bus = bus
         # Buckets and streams are named after the prefix: installations sharing a NATS stay apart.
         base = self.settings.prefix.replace(".", "-")
-        store = await KvStore.open(bus, bucket=f"{base}-resources")
+        store = await self._store(bus, f"{base}-resources")
         events = Events(bus, self.subjects, stream=f"{base}-events")
         await events.setup()
         self._leases = await Leases.open(
@@ -123,6 +150,9 @@ class LifecycleService:
                 await self._node.shutdown()
         if self._leases is not None:
             await self._leases.release_all()
+        for close in reversed(self._closers):
+            await close()
+        self._closers.clear()
 
     # -- probes of a sandbox's execd -----------------------------------------------------------
 

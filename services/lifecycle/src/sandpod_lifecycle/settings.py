@@ -5,7 +5,9 @@
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix |
 | ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | instances, workspaces, logs |
-| ``SANDPOD_RUNTIME`` | ``process`` | ``local`` (namespace jail, root) or ``process`` (none) |
+| ``SANDPOD_RUNTIME`` | ``process`` | ``local`` (jail, root), ``process``, ``kubernetes`` (Pods) |
+| ``SANDPOD_STORE`` | ``kv`` | ``kv`` (JetStream KV) or ``kube`` (CRDs: ``SANDPOD_KUBE_*``) |
+| ``SANDPOD_POD_*`` | | the ``kubernetes`` runtime's settings (``runtime/pod.py``) |
 | ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
 | ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's objects move after this |
 | ``SANDPOD_RESYNC`` | 5 s | full resync period (orphans, lease renewal) |
@@ -25,6 +27,8 @@ from pathlib import Path
 
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
+from sandpod_kube import KubeSettings
+from sandpod_kube.podspec import PodSettings
 from sandpod_service import env_bool, env_float, env_int, env_str
 
 __all__ = ["LifecycleSettings"]
@@ -38,6 +42,8 @@ class LifecycleSettings:
         default_factory=lambda: Path("~/.local/state/sandpod").expanduser()
     )
     runtime: str = "process"
+    kube: KubeSettings | None = None  # None: the KV store (SANDPOD_STORE=kv)
+    pods: PodSettings = dataclasses.field(default_factory=PodSettings)
     replica_id: str = dataclasses.field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}"
     )
@@ -55,11 +61,17 @@ class LifecycleSettings:
         env = os.environ if env is None else env
         base = cls()
         runtime = env_str(env, "SANDPOD_RUNTIME", "process")
-        if runtime not in ("process", "local"):
+        if runtime not in ("process", "local", "kubernetes"):
             raise ValueError(
-                f"SANDPOD_RUNTIME={runtime!r}: use 'local' (namespace jail, needs root) or "
-                "'process' (no isolation)"
+                f"SANDPOD_RUNTIME={runtime!r}: use 'local' (namespace jail, needs root), "
+                "'process' (no isolation) or 'kubernetes' (a Pod per sandbox)"
             )
+        store = env_str(env, "SANDPOD_STORE", "kv")
+        if store not in ("kv", "kube"):
+            raise ValueError(f"SANDPOD_STORE={store!r}: use 'kv' (JetStream KV) or 'kube' (CRDs)")
+        if runtime == "kubernetes" and store != "kube":
+            raise ValueError("SANDPOD_RUNTIME=kubernetes needs SANDPOD_STORE=kube (Pods are owned "
+                             "by Sandbox objects on the API server)")  # fmt: skip
         return cls(
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
@@ -68,6 +80,8 @@ class LifecycleSettings:
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
             state_dir=Path(env_str(env, "SANDPOD_STATE_DIR", str(base.state_dir))).expanduser(),
             runtime=runtime,
+            kube=KubeSettings.from_env(env) if store == "kube" else None,
+            pods=PodSettings.from_env(env),
             replica_id=env_str(env, "SANDPOD_REPLICA_ID", base.replica_id),
             lease_ttl=env_float(env, "SANDPOD_LEASE_TTL", base.lease_ttl, minimum=0.5),
             resync=env_float(env, "SANDPOD_RESYNC", base.resync, minimum=0.1),

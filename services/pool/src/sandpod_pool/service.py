@@ -6,11 +6,15 @@ sandbox carrying a pool label, queues that pool; a change to a claim, or to a sa
 claim label, queues that claim. A resync queues everything every ``resync`` seconds (lease
 renewal, failover, timers that a crash lost) and sweeps orphaned claimed sandboxes. Any replica
 answers any request; pool passes run under per-pool leases, one replica per pool at a time.
+
+The store is the JetStream KV bucket (``SANDPOD_STORE=kv``) or the CRDs on an API server (``kube``;
+``sandpod_kube`` is imported only then). Leases stay in a NATS KV bucket in both modes.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -31,7 +35,10 @@ from sandpod_pool.workqueue import WorkQueue
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer
 from sandpod_service.leases import Leases
-from sandpod_store import KvStore, Resource
+from sandpod_store import KvStore, Resource, Store
+
+if TYPE_CHECKING:
+    from sandpod_kube import KubeStore
 
 __all__ = ["PoolService"]
 
@@ -55,11 +62,18 @@ class PoolService:
         self.claims_queue: WorkQueue | None = None
         self.claims: Claims | None = None
         self.reconciler: PoolReconciler | None = None
+        self._kube: KubeStore | None = None
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         base = self.settings.prefix.replace(".", "-")
-        store = await KvStore.open(bus, bucket=f"{base}-resources")
+        store: Store
+        if self.settings.kube is None:
+            store = await KvStore.open(bus, bucket=f"{base}-resources")
+        else:
+            from sandpod_kube import KubeStore
+
+            self._kube = store = await KubeStore.connect(self.settings.kube)
         self._leases = await Leases.open(
             bus, self.settings.replica_id, self.settings.lease_ttl, bucket=f"{base}-leases"
         )
@@ -102,6 +116,9 @@ class PoolService:
         await self.supervisor.close(min(grace, 1.0))
         if self._leases is not None:
             await self._leases.release_all()
+        if self._kube is not None:
+            await self._kube.close()
+            self._kube = None
 
     # -- change routing ------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 |---|---|---|
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix (buckets are named after it) |
+| ``SANDPOD_STORE`` | ``kv`` | ``kv`` (JetStream KV) or ``kube`` (CRDs: ``SANDPOD_KUBE_*``) |
 | ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
 | ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's pools move to another after this |
 | ``SANDPOD_POOL_RESYNC`` | 2 s | every pool is reconciled at least this often |
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
+from sandpod_kube import KubeSettings
 from sandpod_service import env_float, env_str
 
 __all__ = ["PoolSettings"]
@@ -32,6 +34,7 @@ __all__ = ["PoolSettings"]
 class PoolSettings:
     bus: BusSettings = dataclasses.field(default_factory=BusSettings)
     prefix: str = DEFAULT_PREFIX
+    kube: KubeSettings | None = None  # None: the KV store (SANDPOD_STORE=kv)
     replica_id: str = dataclasses.field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}"
     )
@@ -49,7 +52,11 @@ class PoolSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> PoolSettings:
         env = os.environ if env is None else env
         base = cls()
+        store = env_str(env, "SANDPOD_STORE", "kv")
+        if store not in ("kv", "kube"):
+            raise ValueError(f"SANDPOD_STORE={store!r}: use 'kv' (JetStream KV) or 'kube' (CRDs)")
         return cls(
+            kube=KubeSettings.from_env(env) if store == "kube" else None,
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url), name="pool"
             ),

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
-from sandpod_lifecycle.driver import ExecdLauncher, Instance
+from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus, Resources
 from sandpod_lifecycle.runtime.local import LocalRuntime
@@ -62,7 +62,11 @@ class LocalDriver:
                         pid=self._launcher.pid(sandbox_id), detail=status.detail)  # fmt: skip
 
     async def ensure(
-        self, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
+        self,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        template: SandboxTemplateSpec,
+        owner: Owner | None = None,  # host instances belong to no API object
     ) -> Instance:
         status = await self._runtime.inspect(sandbox_id)
         if not status.exists:

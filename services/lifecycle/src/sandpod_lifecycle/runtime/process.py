@@ -10,7 +10,7 @@ import json
 import signal
 
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
-from sandpod_lifecycle.driver import ExecdLauncher, Instance
+from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_service.procs import signal_tree
 
 __all__ = ["ProcessDriver"]
@@ -29,7 +29,11 @@ class ProcessDriver:
         return dict.fromkeys(names, f"inactive ({reason})")
 
     async def ensure(
-        self, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
+        self,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        template: SandboxTemplateSpec,
+        owner: Owner | None = None,  # host instances belong to no API object
     ) -> Instance:
         pid = self._launcher.pid(sandbox_id)
         if pid is None:

@@ -1,0 +1,275 @@
+"""What a sandbox is on Kubernetes: the Pod and the per-template NetworkPolicy, rendered as
+manifests from typed input. Pure (no I/O, no ``kubernetes`` import); :mod:`sandpod_kube.pods`
+sends them.
+
+How execd gets into an arbitrary image (the template's ``image`` knows nothing about Sandpod):
+
+    initContainer "execd-install"  image: <execd bundle image> (PodSettings.execd_image)
+        /bundle/bin/busybox cp -a /bundle/. /opt/sandpod/      -> emptyDir "sandpod"
+    container "sandbox"            image: the template's image
+        /opt/sandpod/bin/sandpod-execd                          (emptyDir mounted read-only)
+
+The bundle is self-contained and relocatable: a standalone CPython (python-build-standalone,
+statically linked against musl) with ``sandpod-execd`` and its few dependencies installed into it,
+plus a static busybox for the copy, so it runs in any image of the same CPU architecture -- one
+without a shell, Python or libc included. It is built once per release (``deploy/images``), never
+per template. The emptyDir lives as long as the Pod; the copy costs one small image pull per node
+(cached) and a ~40 MB copy per Pod.
+
+Hardening, on every container: ``runAsNonRoot`` with a numeric uid (images whose USER is root
+still start, as that uid), ``allowPrivilegeEscalation: false``, every capability dropped, the
+RuntimeDefault seccomp profile; on the Pod: no ServiceAccount token, no service links, the
+template's RuntimeClass (gVisor/Kata) when it names one. NATS is reached with the URL (credentials
+embedded, ``nats://user:pass@host``) from a Secret in the sandbox's namespace, via env.
+
+Network: one NetworkPolicy per template selects that template's Pods: no ingress at all (execd
+dials out to NATS; nothing dials in); egress to NATS always, to DNS when the template allows any
+egress, and to each CIDR of the template's ``network.egress`` (``10.0.0.0/8``, ``1.2.3.4:443``).
+Host names cannot be expressed in a NetworkPolicy: they are returned as ``unenforceable``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "INSTALLATION_LABEL",
+    "MANAGED_BY",
+    "SANDBOX_LABEL",
+    "TEMPLATE_LABEL",
+    "PodSettings",
+    "SandboxPod",
+    "egress_policy",
+    "pod_manifest",
+]
+
+SANDBOX_LABEL = "sandpod.dev/sandbox"
+TEMPLATE_LABEL = "sandpod.dev/template"
+INSTALLATION_LABEL = "sandpod.dev/installation"
+MANAGED_BY = "sandpod-lifecycle"
+BUNDLE_MOUNT = "/opt/sandpod"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodSettings:
+    """How the ``kubernetes`` runtime builds Pods (env ``SANDPOD_POD_*``).
+
+    Attributes:
+        execd_image: image holding the self-contained execd bundle under ``/bundle``.
+        default_image: the sandbox image when the template names none.
+        nats_secret: Secret (in the sandbox's namespace) whose key ``url`` is execd's NATS URL.
+        nats_port: NATS client port, always allowed by the egress policy.
+        nats_cidrs: where NATS runs (egress to ``nats_port`` only there); empty: any address.
+        run_as_user: uid (and gid) every container runs as.
+        grace_seconds: termination grace period of a sandbox Pod.
+        bundle_size: size limit of the emptyDir holding the execd bundle.
+    """
+
+    execd_image: str = "ghcr.io/sandpod/execd-bundle:0.1.0"
+    default_image: str = "debian:bookworm-slim"
+    nats_secret: str = "sandpod-nats"  # noqa: S105 - a Secret's name, not a password
+    nats_port: int = 4222
+    nats_cidrs: tuple[str, ...] = ()
+    run_as_user: int = 1000
+    grace_seconds: int = 5
+    bundle_size: str = "256Mi"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> PodSettings:
+        """Settings from ``SANDPOD_POD_*``. Raises ValueError naming a malformed variable."""
+        base = cls()
+
+        def text(name: str, default: str) -> str:
+            return env.get(f"SANDPOD_POD_{name}", "").strip() or default
+
+        def number(name: str, default: int) -> int:
+            raw = text(name, str(default))
+            if not raw.isdigit():
+                raise ValueError(f"SANDPOD_POD_{name}={raw!r} is not a non-negative integer")
+            return int(raw)
+
+        cidrs = tuple(c.strip() for c in text("NATS_CIDRS", "").split(",") if c.strip())
+        for cidr in cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"SANDPOD_POD_NATS_CIDRS: {cidr!r} is not a CIDR") from exc
+        return cls(
+            execd_image=text("EXECD_IMAGE", base.execd_image),
+            default_image=text("DEFAULT_IMAGE", base.default_image),
+            nats_secret=text("NATS_SECRET", base.nats_secret),
+            nats_port=number("NATS_PORT", base.nats_port),
+            nats_cidrs=cidrs,
+            run_as_user=number("RUN_AS_USER", base.run_as_user),
+            grace_seconds=number("GRACE", base.grace_seconds),
+            bundle_size=text("BUNDLE_SIZE", base.bundle_size),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SandboxPod:
+    """One sandbox's Pod, in the words of the Sandbox and its template."""
+
+    name: str
+    namespace: str
+    owner_uid: str  # the Sandbox's uid: the Pod's ownerReference
+    template: str  # template name ("default" for the built-in one): labels, NetworkPolicy
+    installation: str  # the subject prefix: which installation's lifecycle owns the Pod
+    image: str | None = None
+    runtime_class_name: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
+    disk: str | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def labels_of(pod: SandboxPod) -> dict[str, str]:
+    return {
+        SANDBOX_LABEL: pod.name,
+        TEMPLATE_LABEL: pod.template,
+        INSTALLATION_LABEL: pod.installation,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def _hardened(settings: PodSettings) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": settings.run_as_user,
+        "runAsGroup": settings.run_as_user,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
+    """The Pod of ``pod`` (see the module docstring for what and why)."""
+    limits = {k: v for k, v in (("cpu", pod.cpu), ("memory", pod.memory),
+                                ("ephemeral-storage", pod.disk)) if v}  # fmt: skip
+    env = [
+        {"name": "SANDPOD_SANDBOX_ID", "value": pod.name},
+        {"name": "SANDPOD_PREFIX", "value": pod.installation},
+        {"name": "SANDPOD_NATS_URL",
+         "valueFrom": {"secretKeyRef": {"name": settings.nats_secret, "key": "url"}}},
+        {"name": "SANDPOD_WORKSPACE", "value": "/workspace"},
+        {"name": "SANDPOD_STATE_DIR", "value": "/tmp/sandpod"},  # noqa: S108 - the Pod's own emptyDir
+        {"name": "SANDPOD_EXECD_ENV", "value": json.dumps(dict(pod.env), sort_keys=True)},
+        {"name": "HOME", "value": "/workspace"},
+    ]  # fmt: skip
+    workspace: dict[str, Any] = {"sizeLimit": pod.disk} if pod.disk else {}
+    spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "restartPolicy": "Never",  # a dead execd is a new Pod (the reconciler's call), not a loop
+        "terminationGracePeriodSeconds": settings.grace_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.run_as_user,
+            "runAsGroup": settings.run_as_user,
+            "fsGroup": settings.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "initContainers": [{
+            "name": "execd-install",
+            "image": settings.execd_image,
+            "command": ["/bundle/bin/busybox", "cp", "-a", "/bundle/.", f"{BUNDLE_MOUNT}/"],
+            "securityContext": _hardened(settings),
+            "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
+            "volumeMounts": [{"name": "sandpod", "mountPath": BUNDLE_MOUNT}],
+        }],
+        "containers": [{
+            "name": "sandbox",
+            "image": pod.image or settings.default_image,
+            "command": [f"{BUNDLE_MOUNT}/bin/sandpod-execd"],
+            "workingDir": "/workspace",
+            "env": env,
+            "resources": {"limits": limits, "requests": limits} if limits else {},
+            "securityContext": _hardened(settings),
+            "volumeMounts": [
+                {"name": "sandpod", "mountPath": BUNDLE_MOUNT, "readOnly": True},
+                {"name": "workspace", "mountPath": "/workspace"},
+                {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - an emptyDir
+            ],
+        }],
+        "volumes": [
+            {"name": "sandpod", "emptyDir": {"sizeLimit": settings.bundle_size}},
+            {"name": "workspace", "emptyDir": workspace},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }  # fmt: skip
+    if pod.runtime_class_name:
+        spec["runtimeClassName"] = pod.runtime_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.name,
+            "namespace": pod.namespace,
+            "labels": labels_of(pod),
+            "ownerReferences": [
+                {
+                    "apiVersion": "sandpod.dev/v1alpha1",
+                    "kind": "Sandbox",
+                    "name": pod.name,
+                    "uid": pod.owner_uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+
+
+def _peer(entry: str) -> tuple[str, int | None] | None:
+    """(CIDR, port or None) of an egress entry; None for a host name (not expressible)."""
+    host, _, port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+    if entry in ("*", "0.0.0.0/0"):
+        return "0.0.0.0/0", None
+    try:
+        network = ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        return None
+    return str(network), int(port) if port.isdigit() else None
+
+
+def egress_policy(
+    namespace: str, template: str, egress: tuple[str, ...], settings: PodSettings
+) -> tuple[dict[str, Any], list[str]]:
+    """The template's NetworkPolicy, and the egress entries it cannot enforce (host names)."""
+    nats: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": settings.nats_port}]}
+    if settings.nats_cidrs:
+        nats["to"] = [{"ipBlock": {"cidr": c}} for c in settings.nats_cidrs]
+    rules: list[dict[str, Any]] = [nats]
+    unenforceable = []
+    if egress:  # names need DNS
+        rules.append({"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]})
+    for entry in egress:
+        peer = _peer(entry)
+        if peer is None:
+            unenforceable.append(entry)
+            continue
+        rule: dict[str, Any] = {"to": [{"ipBlock": {"cidr": peer[0]}}]}
+        if peer[1] is not None:
+            rule["ports"] = [{"protocol": "TCP", "port": peer[1]}]
+        rules.append(rule)
+    manifest = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"sandpod-template-{template}",
+            "namespace": namespace,
+            "labels": {TEMPLATE_LABEL: template, "app.kubernetes.io/managed-by": MANAGED_BY},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {TEMPLATE_LABEL: template}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": rules,
+        },
+    }
+    return manifest, unenforceable

@@ -1,0 +1,154 @@
+"""The ``kubernetes`` runtime: a Pod per Sandbox, execd inside it, on the API server.
+
+Everything Kubernetes goes through :mod:`sandpod_kube` (``PodApi`` sends, ``podspec`` renders);
+this module maps the reconciler's verbs onto it:
+
+    ensure   -> apply the template's NetworkPolicy, create the Pod (owned by the Sandbox: its uid
+                in ``ownerReferences``), wait until the Pod is Ready. The reconciler then pings
+                execd over NATS: Ready = the Pod is Ready AND execd answers.
+    inspect  -> the sandbox's live Pod (label ``sandpod.dev/sandbox``, this installation's label);
+                none, or one that ended or is being deleted, means "no instance".
+    destroy  -> delete the Pod explicitly. ownerReferences alone would let the garbage collector
+                delete it once the Sandbox is gone -- but only where kube-controller-manager
+                runs, and the reconciler must not depend on when that happens.
+    list     -> sandbox ids of this installation's Pods (orphan cleanup after a crash).
+    pause    -> unsupported: a Pod cannot be frozen through the API (no checkpoint yet); the
+                call is logged and the Pod keeps running. See ``protections()``.
+
+Instance ids are Sandbox names (unique across namespaces); the Pod lives in its Sandbox's
+namespace (an ownerReference cannot cross namespaces) under the same name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import structlog
+
+from sandpod_contract.errors import ResourceExists, ResourceNotFound, StoreError
+from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+from sandpod_kube.pods import PodApi, PodState
+from sandpod_kube.podspec import (
+    INSTALLATION_LABEL,
+    SANDBOX_LABEL,
+    PodSettings,
+    SandboxPod,
+    egress_policy,
+    pod_manifest,
+)
+from sandpod_lifecycle.driver import Instance, Owner
+from sandpod_lifecycle.runtime.base import RuntimeFailure
+
+__all__ = ["PodDriver"]
+
+log = structlog.get_logger("sandpod.lifecycle.pods")
+
+DEFAULT_TEMPLATE = "default"  # template label of sandboxes without a templateRef
+
+
+class PodDriver:
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        api: PodApi,
+        settings: PodSettings,
+        *,
+        installation: str,
+        ready_timeout: float,
+        namespace: str | None = None,
+    ) -> None:
+        """``installation``: the subject prefix (labels this installation's Pods);
+        ``namespace``: where Pods are listed (None: all namespaces)."""
+        self._api = api
+        self._settings = settings
+        self._installation = installation
+        self._ready_timeout = ready_timeout
+        self._namespace = namespace
+
+    def protections(self) -> dict[str, str]:
+        return {
+            "pod-security": "active",  # non-root, no escalation, no capabilities, seccomp
+            "network-policy": "active",  # enforced by the cluster's CNI, if it enforces any
+            "pause": "inactive (Pods cannot be frozen: paused sandboxes keep running)",
+        }
+
+    def _selector(self, sandbox_id: str | None = None) -> str:
+        mine = f"{INSTALLATION_LABEL}={self._installation}"
+        return f"{mine},{SANDBOX_LABEL}={sandbox_id}" if sandbox_id else mine
+
+    async def _pods(self, sandbox_id: str) -> list[PodState]:
+        # A StoreError (API server unreachable, forbidden) propagates: the reconciler retries
+        # a pass (and a resync) that failed with one.
+        return await self._api.list(self._selector(sandbox_id), self._namespace)
+
+    async def ensure(
+        self,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        template: SandboxTemplateSpec,
+        owner: Owner | None = None,
+    ) -> Instance:
+        """Create the Pod unless a live one of this Sandbox exists; wait until it is Ready.
+
+        Raises:
+            RuntimeFailure: no owner given, or the API server refused a write.
+            TimeoutError: the Pod was not Ready within the ready timeout.
+        """
+        if owner is None or not owner.uid:
+            raise RuntimeFailure("the kubernetes runtime needs the Sandbox's namespace and uid")
+        pod = SandboxPod(
+            name=sandbox_id, namespace=owner.namespace, owner_uid=owner.uid,
+            template=spec.template_ref or DEFAULT_TEMPLATE, installation=self._installation,
+            image=template.image, runtime_class_name=template.runtime_class_name,
+            cpu=template.resources.cpu, memory=template.resources.memory,
+            disk=template.resources.disk,
+            env={e.name: e.value for e in (*template.env, *spec.env)},
+        )  # fmt: skip
+        try:
+            await self._apply_policy(pod, template)
+            for stale in await self._pods(sandbox_id):
+                if stale.terminal or stale.owner_uid != owner.uid:  # ended, or an old Sandbox's
+                    log.info("stale_pod_deleted", sandbox=sandbox_id, phase=stale.phase)
+                    await self._api.delete(stale.namespace, stale.name, grace_seconds=0)
+            with contextlib.suppress(ResourceExists):  # an earlier pass made it: wait below
+                await self._api.create(pod_manifest(pod, self._settings))
+            state = await self._api.wait_ready(pod.namespace, pod.name, self._ready_timeout)
+        except ResourceNotFound as exc:  # deleted or ended while we waited: the next pass retries
+            raise RuntimeFailure(str(exc)) from exc
+        except StoreError as exc:
+            raise RuntimeFailure(f"Pod of {sandbox_id}: {exc}") from exc
+        return self._instance(state)
+
+    async def _apply_policy(self, pod: SandboxPod, template: SandboxTemplateSpec) -> None:
+        manifest, unenforceable = egress_policy(
+            pod.namespace, pod.template, template.egress, self._settings
+        )
+        if unenforceable:
+            log.warning("egress_not_enforceable", template=pod.template, entries=unenforceable)
+        await self._api.apply_network_policy(manifest)
+
+    def _instance(self, state: PodState) -> Instance:
+        return Instance(
+            state.name, running=state.ready, paused=False,
+            detail=f"pod {state.namespace}/{state.name} {state.phase}",
+        )  # fmt: skip
+
+    async def inspect(self, sandbox_id: str) -> Instance | None:
+        live = [p for p in await self._pods(sandbox_id) if not (p.terminal or p.deleting)]
+        return self._instance(live[0]) if live else None
+
+    async def pause(self, sandbox_id: str) -> None:
+        log.warning("pause_unsupported", sandbox=sandbox_id, runtime=self.name)
+
+    async def resume(self, sandbox_id: str) -> None:
+        return None  # never paused (see pause)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        for pod in await self._pods(sandbox_id):
+            await self._api.delete(pod.namespace, pod.name, self._settings.grace_seconds)
+            log.info("pod_deleted", sandbox=sandbox_id, namespace=pod.namespace)
+
+    async def list(self) -> list[str]:
+        pods = await self._api.list(self._selector(), self._namespace)
+        return sorted({p.labels[SANDBOX_LABEL] for p in pods if SANDBOX_LABEL in p.labels})
