@@ -1,0 +1,170 @@
+"""A fake kubelet for the kubelet-less control plane: Pods on the real API server come alive here.
+
+This machine has no nodes. :class:`FakeKubelet` watches the Pods of one namespace on the real
+kube-apiserver and does, for each sandbox Pod, what a kubelet would:
+
+    Pod ADDED/MODIFIED, not yet Running -> resolve the container's env (``secretKeyRef`` read from
+        the Secret, as the kubelet does), start that Pod's execd as a local process against the
+        test NATS, then PUT ``pods/status``: Running, Ready, a containerStatus.
+    Pod DELETED -> stop that execd (SIGTERM, then SIGKILL).
+
+Unscheduled Pods (no ``nodeName``) are deleted at once by the API server, so a DELETED event
+follows every delete without grace handling here. ``hold()`` keeps new Pods un-Ready until
+``release()``, so a test can see a Sandbox Pending while its Pod exists. The image's filesystem
+does not exist here: the Pod's ``/workspace`` and ``/tmp`` emptyDirs become directories under the
+kubelet's state dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from sandpod_kube import KubeSettings, PodApi
+
+__all__ = ["FakeKubelet"]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FakeKubelet:
+    """Runs the sandbox Pods of ``namespace``; use as ``async with FakeKubelet(...) as k``."""
+
+    def __init__(self, settings: KubeSettings, namespace: str, state: Path) -> None:
+        self.settings, self.namespace, self.state = settings, namespace, state
+        self.api = PodApi(settings)
+        self.execds: dict[str, asyncio.subprocess.Process] = {}  # pod name -> its execd
+        self.started: list[str] = []  # pod names, in the order their execd started
+        self.stopped: list[str] = []
+        self.seen: dict[str, dict[str, Any]] = {}  # pod name -> the Pod as last seen
+        self._released = asyncio.Event()
+        self._released.set()
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    def hold(self) -> None:
+        """New Pods stay un-Ready (no execd) until :meth:`release`."""
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def __aenter__(self) -> FakeKubelet:
+        self._task = asyncio.create_task(self._run(), name="fake-kubelet")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        for name in list(self.execds):
+            await self._stop(name)
+        await self.api.close()
+
+    async def until(self, what: str, done: Any, timeout: float = 30) -> None:
+        """Wait (on the kubelet's own events) until ``done()`` is true."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(done)
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _run(self) -> None:
+        events = self.api.watch(self.namespace)
+        async with contextlib.aclosing(events):
+            async for etype, raw in events:
+                name = raw["metadata"]["name"]
+                if etype == "DELETED":
+                    self.seen.pop(name, None)
+                    await self._stop(name)
+                    await self._notify()
+                    continue
+                self.seen[name] = raw
+                await self._notify()
+                status = raw.get("status") or {}
+                if name not in self.execds and status.get("phase", "Pending") == "Pending":
+                    await self._released.wait()
+                    await self._start(raw)
+                    await self._notify()
+
+    async def _env(self, container: Mapping[str, Any]) -> dict[str, str]:
+        """The container's env as the kubelet resolves it (Secrets read from the API server)."""
+        out: dict[str, str] = {}
+        for var in container.get("env") or []:
+            if "value" in var:
+                out[var["name"]] = var["value"]
+                continue
+            ref = var["valueFrom"]["secretKeyRef"]
+            secret = await asyncio.to_thread(self._read_secret, ref["name"])
+            out[var["name"]] = base64.b64decode(secret[ref["key"]]).decode()
+        return out
+
+    def _read_secret(self, name: str) -> dict[str, str]:
+        with self.settings.api_client() as api_client:
+            secret = client.CoreV1Api(api_client).read_namespaced_secret(name, self.namespace)
+            return dict(secret.data or {})
+
+    async def _start(self, raw: dict[str, Any]) -> None:
+        name = raw["metadata"]["name"]
+        container = raw["spec"]["containers"][0]
+        root = self.state / "pods" / name
+        for volume in ("workspace", "tmp"):
+            (root / volume).mkdir(parents=True, exist_ok=True)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SANDPOD_")},
+            **await self._env(container),
+            "SANDPOD_WORKSPACE": str(root / "workspace"),  # the Pod's emptyDirs, here
+            "SANDPOD_STATE_DIR": str(root / "tmp"),
+        }
+        with (root / "execd.log").open("ab") as log:
+            # The image's /opt/sandpod/bin/sandpod-execd is this checkout's execd.
+            self.execds[name] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sandpod_execd", env=env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+            )  # fmt: skip
+        self.started.append(name)
+        await self._mark_running(raw)
+
+    async def _mark_running(self, raw: dict[str, Any]) -> None:
+        now = _now()
+        conditions = [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ]
+        container = raw["spec"]["containers"][0]
+        raw["status"] = {
+            "phase": "Running", "conditions": conditions, "startTime": now,
+            "podIP": "10.244.0.10", "hostIP": "127.0.0.1",
+            "containerStatuses": [{
+                "name": container["name"], "image": container["image"], "imageID": "",
+                "ready": True, "restartCount": 0, "started": True,
+                "state": {"running": {"startedAt": now}},
+            }],
+        }  # fmt: skip
+        await self.api.replace_status(self.namespace, raw["metadata"]["name"], raw)
+
+    async def _stop(self, name: str) -> None:
+        proc = self.execds.pop(name, None)
+        if proc is None:
+            return
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        self.stopped.append(name)

@@ -1,0 +1,274 @@
+"""The Kubernetes mode end to end, without a kubelet: lifecycle and pool services on the CRDs of a
+real kube-apiserver, the ``kubernetes`` runtime making a Pod per Sandbox, and a fake kubelet
+(tests/k8s/kubelet.py) running each Pod's execd locally against the test NATS.
+
+The objects live in the ``default`` namespace (the SDK creates there); each test has its own
+subject prefix, its services are scoped to the namespace, and everything is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from conftest import NatsServer
+from k8s.envtest import ControlPlane
+from k8s.kubelet import FakeKubelet
+from sandpod import AsyncPools, AsyncSandbox
+from sandpod.errors import SandboxError
+from sandpod_contract.pooling import POOL_LABEL
+from sandpod_kube import KubeSettings, KubeStore, PodApi, delete_all
+from sandpod_kube.podspec import INSTALLATION_LABEL
+from sandpod_store import ObjectMeta, Resource
+from svcprocs import ServiceProc
+
+NS = "default"
+KINDS = ("SandboxClaim", "SandboxWarmPool", "Sandbox", "SandboxTemplate")
+
+
+def kube_env(plane: ControlPlane) -> dict[str, str]:
+    """The services' settings for the test API server (admin client certificate)."""
+    cert, key = plane.admin_cert
+    return {
+        "SANDPOD_STORE": "kube", "SANDPOD_KUBE_SERVER": plane.url,
+        "SANDPOD_KUBE_CA_FILE": str(plane.ca_file), "SANDPOD_KUBE_CLIENT_CERT": str(cert),
+        "SANDPOD_KUBE_CLIENT_KEY": str(key), "SANDPOD_KUBE_NAMESPACE": NS,
+    }  # fmt: skip
+
+
+def _ensure(create: Callable[[], object]) -> None:
+    try:
+        create()
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def cluster_setup(settings: KubeSettings, nats_url: str) -> None:
+    """The NATS Secret execd reads its URL from, a RuntimeClass for templates to name, and the
+    namespace's ``default`` ServiceAccount (the ServiceAccount admission plugin refuses Pods
+    without it; kube-controller-manager, absent here, creates it in a real cluster)."""
+    with settings.api_client() as api_client:
+        core = client.CoreV1Api(api_client)
+        secret = client.V1Secret(metadata=client.V1ObjectMeta(name="sandpod-nats"),
+                                 string_data={"url": nats_url})  # fmt: skip
+        try:
+            core.create_namespaced_secret(NS, secret)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            core.replace_namespaced_secret("sandpod-nats", NS, secret)
+        _ensure(lambda: core.create_namespaced_service_account(
+            NS, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))))  # fmt: skip
+        node = client.NodeV1Api(api_client)
+        _ensure(lambda: node.create_runtime_class(client.V1RuntimeClass(
+            metadata=client.V1ObjectMeta(name="gvisor"), handler="runsc")))  # fmt: skip
+
+
+class Cluster:
+    """Services on a private prefix over the API server, the fake kubelet, and a store client."""
+
+    def __init__(self, plane: ControlPlane, nats: NatsServer, state: Path) -> None:
+        self.plane, self.nats, self.state = plane, nats, state
+        self.prefix = f"t{uuid.uuid4().hex[:8]}"
+        self.procs: list[ServiceProc] = []
+        self.kubelet = FakeKubelet(plane.settings, NS, state)
+        self.store: KubeStore
+
+    def service(self, module: str, **extra: str) -> ServiceProc:
+        proc = ServiceProc(module, self.nats, self.state, self.prefix, f"{module[8:]}0",
+                           **kube_env(self.plane), **extra)  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    async def answering(self) -> None:
+        """Until the lifecycle API answers (the service starts concurrently with the test)."""
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    await AsyncSandbox.list(nats_url=self.nats.url, prefix=self.prefix)
+                    return
+                except SandboxError:  # no responders yet
+                    await asyncio.sleep(0.05)
+
+    async def until(
+        self, kind: str, name: str, done: Callable[[Resource | None], bool], timeout: float = 60
+    ) -> Resource | None:
+        """Watch ``kind/name`` until ``done(obj)`` (None: absent); fail after ``timeout``."""
+        items, revision = await self.store.list(kind, NS)
+        current = next((o for o in items if o.metadata.name == name), None)
+        if done(current):
+            return current
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                async for event in self.store.watch(kind, NS, revision):
+                    if event.name == name:
+                        current = event.resource
+                        if done(current):
+                            return current
+        logs = "\n".join(f"--- {p.replica}\n{p.tail(20)}" for p in self.procs)
+        pytest.fail(f"{kind} {name} never reached the state waited for; last: {current}\n{logs}")
+
+    async def cleanup(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+        await asyncio.to_thread(delete_all, self.plane.settings, "SandboxClaim", [NS])
+        for kind in KINDS:
+            await asyncio.to_thread(delete_all, self.plane.settings, kind, [NS])
+        pods = PodApi(self.plane.settings)
+        try:
+            for pod in await pods.list(f"{INSTALLATION_LABEL}={self.prefix}", NS):
+                await pods.delete(NS, pod.name, 0)
+        finally:
+            await pods.close()
+
+
+@pytest.fixture
+async def cluster(
+    kube_apiserver: ControlPlane, kube: KubeStore, nats: NatsServer, tmp_path: Path
+) -> AsyncIterator[Cluster]:
+    await asyncio.to_thread(cluster_setup, kube_apiserver.settings, nats.url)
+    c = Cluster(kube_apiserver, nats, tmp_path)
+    c.store = kube
+    async with c.kubelet:
+        try:
+            yield c
+        finally:
+            await c.cleanup()
+
+
+def ready(obj: Resource | None) -> bool:
+    conditions = (obj.status.get("conditions") or []) if obj is not None else []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+async def test_a_sandbox_runs_in_its_own_hardened_pod_until_its_lifetime_ends(
+    cluster: Cluster,
+) -> None:
+    """A Sandbox created with the SDK gets a hardened Pod owned by it; it stays Pending until the
+    Pod is Ready and execd answers, then runs commands; at its TTL the Pod is deleted."""
+    template, name = f"kt-{uuid.uuid4().hex[:6]}", f"ks-{uuid.uuid4().hex[:8]}"
+    await cluster.store.create(Resource(
+        api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
+        metadata=ObjectMeta(name=template, namespace=NS),
+        spec={"image": "python:3.12-slim", "runtimeClassName": "gvisor",
+              "resources": {"cpu": "500m", "memory": "256Mi", "disk": "1Gi"},
+              "env": [{"name": "GREETING", "value": "hello-from-the-template"}],
+              "network": {"egress": ["10.1.0.0/16", "203.0.113.7:443", "pypi.org:443"]}},
+    ))  # fmt: skip
+    kubelet = cluster.kubelet
+    kubelet.hold()  # the Pod will exist but not be Ready until released
+    cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5",
+                    SANDPOD_READY_TIMEOUT="30")  # fmt: skip
+    await cluster.answering()
+    async with asyncio.TaskGroup() as tg:
+        creating = tg.create_task(AsyncSandbox.create(
+            template, name=name, timeout=15, nats_url=cluster.nats.url, prefix=cluster.prefix,
+        ))  # fmt: skip
+        await kubelet.until("the Pod", lambda: name in kubelet.seen)
+        pending = await cluster.store.get("Sandbox", NS, name)
+        assert pending.status.get("phase") == "Pending" and not ready(pending)
+        kubelet.release()
+    sbx = creating.result()
+    try:
+        pod = kubelet.seen[name]
+        sandbox = await cluster.store.get("Sandbox", NS, name)
+        assert sandbox.status["phase"] == "Running" and ready(sandbox)
+        owner = pod["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+            "Sandbox", name, sandbox.metadata.uid, True)  # fmt: skip
+        spec = pod["spec"]
+        assert spec["runtimeClassName"] == "gvisor"
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        main, init = spec["containers"][0], spec["initContainers"][0]
+        assert main["image"] == "python:3.12-slim"
+        assert main["command"] == ["/opt/sandpod/bin/sandpod-execd"]
+        assert main["resources"]["limits"] == {"cpu": "500m", "memory": "256Mi",
+                                               "ephemeral-storage": "1Gi"}  # fmt: skip
+        for c in (main, init):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["runAsNonRoot"] is True
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+        nats_env = next(e for e in main["env"] if e["name"] == "SANDPOD_NATS_URL")
+        assert nats_env["valueFrom"]["secretKeyRef"] == {"name": "sandpod-nats", "key": "url"}
+        assert {"name": "sandpod", "mountPath": "/opt/sandpod"} in init["volumeMounts"]
+        r = await sbx.exec("echo $GREETING")
+        assert r.exit_code == 0 and r.stdout == "hello-from-the-template\n"
+        await _check_network_policy(cluster.plane.settings, template)
+        # TTL: the reconciler deletes the Pod (no garbage collector here), then the Sandbox.
+        await kubelet.until("the Pod deleted", lambda: name in kubelet.stopped, timeout=60)
+        await cluster.until("Sandbox", name, lambda o: o is None)
+        assert kubelet.started == [name]
+    finally:
+        await sbx.close()
+
+
+async def _check_network_policy(settings: KubeSettings, template: str) -> None:
+    with settings.api_client() as api_client:
+        policy = await asyncio.to_thread(
+            client.NetworkingV1Api(api_client).read_namespaced_network_policy,
+            f"sandpod-template-{template}",
+            NS,
+        )
+    assert policy.spec.pod_selector.match_labels == {"sandpod.dev/template": template}
+    assert policy.spec.policy_types == ["Ingress", "Egress"] and not policy.spec.ingress
+    rules = [
+        ([p.ip_block.cidr for p in r.to or []], [(p.protocol, p.port) for p in r.ports or []])
+        for r in policy.spec.egress
+    ]
+    assert rules == [
+        ([], [("TCP", 4222)]),  # NATS, always
+        ([], [("UDP", 53), ("TCP", 53)]),  # DNS, since the template allows egress
+        (["10.1.0.0/16"], []),
+        (["203.0.113.7/32"], [("TCP", 443)]),
+    ]  # pypi.org:443 is a host name: not expressible, logged by the lifecycle
+
+
+async def test_a_warm_pool_on_kubernetes_keeps_real_sandboxes_with_pods_and_a_claim_binds_one(
+    cluster: Cluster,
+) -> None:
+    """The pool service on the CRDs fills a pool with Sandbox objects whose Pods run execd, and a
+    claim binds one of those members (warm), whose commands see the claim's env."""
+    cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5")
+    cluster.service("sandpod_pool", SANDPOD_POOL_RESYNC="0.3")
+    await cluster.answering()
+    pools = await AsyncPools.connect(nats_url=cluster.nats.url, prefix=cluster.prefix)
+    pool = f"kp-{uuid.uuid4().hex[:6]}"
+    try:
+        await pools.create(pool, replicas=2)
+        await cluster.until(
+            "SandboxWarmPool",
+            pool,
+            lambda o: o is not None and o.status.get("availableReplicas") == 2,
+        )
+        members, _ = await cluster.store.list("Sandbox", NS, f"{POOL_LABEL}={pool}")
+        names = {m.metadata.name for m in members}
+        assert len(names) == 2 and all(ready(m) for m in members)
+        assert names <= set(cluster.kubelet.started)  # each member is a Pod running execd
+        sbx = await AsyncSandbox.claim(
+            pool,
+            env={"AGENT": "a-17"},
+            timeout=600,
+            nats_url=cluster.nats.url,
+            prefix=cluster.prefix,
+        )
+        try:
+            assert sbx.claim_info is not None and sbx.claim_info.warm
+            assert sbx.claim_info.bound_reason == "WarmPoolBind" and sbx.id in names
+            claim = await cluster.store.get("SandboxClaim", NS, sbx.claim_info.name)
+            assert claim.status.get("sandbox") == sbx.id
+            r = await sbx.exec("echo $AGENT")
+            assert r.stdout == "a-17\n"
+        finally:
+            await sbx.close()
+    finally:
+        await pools.close()
