@@ -10,7 +10,9 @@ kube-apiserver and does, for each sandbox Pod, what a kubelet would:
 
 Unscheduled Pods (no ``nodeName``) are deleted at once by the API server, so a DELETED event
 follows every delete without grace handling here. ``hold()`` keeps new Pods un-Ready until
-``release()``, so a test can see a Sandbox Pending while its Pod exists. The image's filesystem
+``release()``, so a test can see a Sandbox Pending while its Pod exists; ``run_execd = False``
+marks Pods Ready without starting execd (a container that runs but whose execd never answers).
+The image's filesystem
 does not exist here: the Pod's ``/workspace`` and ``/tmp`` emptyDirs become directories under the
 kubelet's state dir.
 """
@@ -48,6 +50,7 @@ class FakeKubelet:
         self.started: list[str] = []  # pod names, in the order their execd started
         self.stopped: list[str] = []
         self.seen: dict[str, dict[str, Any]] = {}  # pod name -> the Pod as last seen
+        self.run_execd = True
         self._released = asyncio.Event()
         self._released.set()
         self._changed = asyncio.Condition()
@@ -96,6 +99,7 @@ class FakeKubelet:
                 await self._notify()
                 status = raw.get("status") or {}
                 if name not in self.execds and status.get("phase", "Pending") == "Pending":
+                    # (a re-created Pod of the same name is Pending again: started afresh)
                     await self._released.wait()
                     await self._start(raw)
                     await self._notify()
@@ -119,6 +123,9 @@ class FakeKubelet:
 
     async def _start(self, raw: dict[str, Any]) -> None:
         name = raw["metadata"]["name"]
+        if not self.run_execd:
+            await self._mark_running(raw)
+            return
         container = raw["spec"]["containers"][0]
         root = self.state / "pods" / name
         for volume in ("workspace", "tmp"):

@@ -272,3 +272,38 @@ async def test_a_warm_pool_on_kubernetes_keeps_real_sandboxes_with_pods_and_a_cl
             await sbx.close()
     finally:
         await pools.close()
+
+
+async def test_a_ready_pod_whose_execd_does_not_answer_leaves_the_sandbox_pending(
+    cluster: Cluster,
+) -> None:
+    """A Sandbox applied straight to the API server (as kubectl would) is not Ready while its Pod
+    is Ready but execd is silent; its Pod is replaced, and once execd answers it is Ready."""
+    kubelet = cluster.kubelet
+    kubelet.run_execd = False
+    cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5",
+                    SANDPOD_READY_TIMEOUT="8")  # fmt: skip
+    name = f"ks-{uuid.uuid4().hex[:8]}"
+    await cluster.store.create(Resource(
+        api_version="sandpod.dev/v1alpha1", kind="Sandbox",
+        metadata=ObjectMeta(name=name, namespace=NS),
+        spec={"shutdownTime": "2099-01-01T00:00:00Z"},
+    ))  # fmt: skip
+
+    def silent(obj: Resource | None) -> bool:
+        conditions = (obj.status.get("conditions") or []) if obj is not None else []
+        return any(
+            (c["type"], c["status"]) == ("Ready", "False")
+            and "execd did not answer" in c.get("message", "")
+            for c in conditions
+        )
+
+    stuck = await cluster.until("Sandbox", name, silent)
+    assert stuck is not None and stuck.status["phase"] == "Pending"
+    assert name not in kubelet.execds  # the Pod was Ready; only execd was missing
+    kubelet.run_execd = True
+    await cluster.until("Sandbox", name, ready)
+    assert kubelet.started == [name]
+    async with await AsyncSandbox.connect(name, nats_url=cluster.nats.url,
+                                          prefix=cluster.prefix) as sbx:  # fmt: skip
+        assert (await sbx.exec("echo up")).stdout == "up\n"
