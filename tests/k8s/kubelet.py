@@ -25,10 +25,11 @@ import contextlib
 import datetime
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from sandpod_kube import KubeSettings, PodApi
@@ -51,6 +52,7 @@ class FakeKubelet:
         self.stopped: list[str] = []
         self.seen: dict[str, dict[str, Any]] = {}  # pod name -> the Pod as last seen
         self.run_execd = True
+        self.error: Exception | None = None
         self._released = asyncio.Event()
         self._released.set()
         self._changed = asyncio.Condition()
@@ -76,16 +78,30 @@ class FakeKubelet:
             await self._stop(name)
         await self.api.close()
 
-    async def until(self, what: str, done: Any, timeout: float = 30) -> None:
-        """Wait (on the kubelet's own events) until ``done()`` is true."""
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(done)
+    async def until(self, what: str, done: Callable[[], bool], timeout: float = 30) -> None:
+        """Wait (on the kubelet's own events) until ``done()``; fail the test after ``timeout``
+        seconds, or at once if the kubelet itself failed."""
+        try:
+            async with asyncio.timeout(timeout), self._changed:
+                await self._changed.wait_for(lambda: done() or self.error is not None)
+        except TimeoutError:
+            pytest.fail(f"fake kubelet: no {what} after {timeout}s (pods: {sorted(self.seen)})")
+        if self.error is not None:
+            pytest.fail(f"fake kubelet failed: {self.error!r}")
 
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
 
     async def _run(self) -> None:
+        try:
+            await self._serve()
+        except Exception as exc:  # surfaced to the test by until()
+            self.error = exc
+            await self._notify()
+            raise
+
+    async def _serve(self) -> None:
         events = self.api.watch(self.namespace)
         async with contextlib.aclosing(events):
             async for etype, raw in events:
