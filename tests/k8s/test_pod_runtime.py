@@ -181,6 +181,8 @@ async def test_a_sandbox_runs_in_its_own_hardened_pod_until_its_lifetime_ends(
         pod = kubelet.seen[name]
         sandbox = await cluster.store.get("Sandbox", NS, name)
         assert sandbox.status["phase"] == "Running" and ready(sandbox)
+        isolated = {c["type"]: c for c in sandbox.status["conditions"]}["Isolated"]
+        assert (isolated["status"], isolated["reason"]) == ("True", "FullIsolation")
         owner = pod["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
             "Sandbox", name, sandbox.metadata.uid, True)  # fmt: skip

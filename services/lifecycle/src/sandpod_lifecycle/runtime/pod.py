@@ -13,7 +13,7 @@ this module maps the reconciler's verbs onto it:
                 runs, and the reconciler must not depend on when that happens.
     list     -> sandbox ids of this installation's Pods (orphan cleanup after a crash).
     pause    -> unsupported: a Pod cannot be frozen through the API (no checkpoint yet); the
-                call is logged and the Pod keeps running. See ``protections()``.
+                call is logged (``pause_unsupported``) and the Pod keeps running.
 
 Instance ids are Sandbox names (unique across namespaces); the Pod lives in its Sandbox's
 namespace (an ownerReference cannot cross namespaces) under the same name.
@@ -67,10 +67,10 @@ class PodDriver:
         self._namespace = namespace
 
     def protections(self) -> dict[str, str]:
+        # Pause is not an isolation property: its absence is logged by pause(), not here.
         return {
             "pod-security": "active",  # non-root, no escalation, no capabilities, seccomp
             "network-policy": "active",  # enforced by the cluster's CNI, if it enforces any
-            "pause": "inactive (Pods cannot be frozen: paused sandboxes keep running)",
         }
 
     def _selector(self, sandbox_id: str | None = None) -> str:
