@@ -1,0 +1,157 @@
+"""The control plane works with exactly the rules of deploy/rbac/sandpod-rbac.yaml, and the API
+server refuses it anything beyond them: each service runs as its own ServiceAccount (a bound token
+from the TokenRequest API) whose ClusterRole is bound in the ``default`` namespace only."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from k8s.cluster import NS, Cluster, ready
+from k8s.envtest import REPO, ControlPlane
+from sandpod import AsyncPools, AsyncSandbox
+from sandpod_kube import KubeSettings, KubeStore, PodApi, StoreForbidden
+from sandpod_kube.podspec import PodSettings, SandboxPod, pod_manifest
+from sandpod_store import ObjectMeta, Resource
+
+RBAC = REPO / "deploy" / "rbac" / "sandpod-rbac.yaml"
+AUDIENCE = "https://kubernetes.default.svc"  # the test API server's issuer, its default audience
+
+
+def grant(plane: ControlPlane, role: str) -> str:
+    """Apply the ClusterRoles, bind ``role`` to a ServiceAccount of that name in ``default``;
+    return a token of that ServiceAccount."""
+    with plane.settings.api_client() as api_client:
+        rbac, core = client.RbacAuthorizationV1Api(api_client), client.CoreV1Api(api_client)
+        for doc in yaml.safe_load_all(RBAC.read_text()):
+            try:
+                rbac.create_cluster_role(doc)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                rbac.replace_cluster_role(doc["metadata"]["name"], doc)
+        meta = client.V1ObjectMeta(name=role)
+        account = client.V1ServiceAccount(metadata=meta)
+        for create in (
+            lambda: core.create_namespaced_service_account(NS, account),
+            lambda: rbac.create_namespaced_role_binding(NS, client.V1RoleBinding(
+                metadata=meta, role_ref=client.V1RoleRef(
+                    api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+                subjects=[client.RbacV1Subject(kind="ServiceAccount", name=role, namespace=NS)],
+            )),
+        ):  # fmt: skip
+            try:
+                create()
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[AUDIENCE], expiration_seconds=3600)
+        )
+        answer = core.create_namespaced_service_account_token(role, NS, request)
+        return str(answer.status.token)
+
+
+def token_env(plane: ControlPlane, token: str, state: Path, role: str) -> dict[str, str]:
+    path = state / f"{role}.token"
+    path.write_text(token)
+    return {"SANDPOD_KUBE_CLIENT_CERT": "", "SANDPOD_KUBE_CLIENT_KEY": "",
+            "SANDPOD_KUBE_TOKEN_FILE": str(path)}  # fmt: skip
+
+
+async def test_lifecycle_and_pool_work_with_exactly_their_roles(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With only their ServiceAccounts' rules, lifecycle runs a sandbox in a Pod and the pool
+    service fills a pool and binds a claim; neither logs a refusal."""
+    plane = cluster.plane
+    for role, module in (
+        ("sandpod-lifecycle", "sandpod_lifecycle"),
+        ("sandpod-pool", "sandpod_pool"),
+    ):
+        token = await asyncio.to_thread(grant, plane, role)
+        cluster.credentials[module] = token_env(plane, token, tmp_path, role)
+    cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5")
+    cluster.service("sandpod_pool", SANDPOD_POOL_RESYNC="0.3")
+    await cluster.answering()
+    template = f"kt-{uuid.uuid4().hex[:6]}"
+    await cluster.store.create(Resource(
+        api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
+        metadata=ObjectMeta(name=template, namespace=NS),
+        spec={"network": {"egress": ["10.2.0.0/16"]}},
+    ))  # fmt: skip
+    sbx = await AsyncSandbox.create(template, timeout=600, nats_url=cluster.nats.url,
+                                    prefix=cluster.prefix)  # fmt: skip
+    try:
+        assert (await sbx.exec("echo rbac")).stdout == "rbac\n"
+    finally:
+        await sbx.kill()
+        await sbx.close()
+    pools = await AsyncPools.connect(nats_url=cluster.nats.url, prefix=cluster.prefix)
+    try:
+        pool = f"kp-{uuid.uuid4().hex[:6]}"
+        await pools.create(pool, replicas=1)
+        await cluster.until(
+            "SandboxWarmPool",
+            pool,
+            lambda o: o is not None and o.status.get("availableReplicas") == 1,
+        )
+        claimed = await AsyncSandbox.claim(pool, timeout=600, nats_url=cluster.nats.url,
+                                           prefix=cluster.prefix)  # fmt: skip
+        try:
+            assert claimed.claim_info is not None and claimed.claim_info.warm
+            member = await cluster.store.get("Sandbox", NS, claimed.id)
+            assert ready(member)
+        finally:
+            await claimed.close()
+    finally:
+        await pools.close()
+    for proc in cluster.procs:
+        assert "forbidden" not in proc.log.read_text().lower(), proc.tail(40)
+
+
+async def test_each_service_is_refused_beyond_its_role(
+    kube_apiserver: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """The lifecycle's token cannot read Secrets' namespaces elsewhere, nor touch pools; the pool's
+    token cannot create Pods or change templates: each is a typed StoreForbidden."""
+    tokens = {role: await asyncio.to_thread(grant, kube_apiserver, role)
+              for role in ("sandpod-lifecycle", "sandpod-pool")}  # fmt: skip
+
+    def as_(role: str) -> KubeSettings:
+        return dataclasses.replace(kube_apiserver.settings, client_cert_file=None,
+                                   client_key_file=None, token=tokens[role])  # fmt: skip
+
+    lifecycle_store, pool_store = (
+        KubeStore(as_("sandpod-lifecycle")),
+        KubeStore(as_("sandpod-pool")),
+    )
+    lifecycle_pods, pool_pods = PodApi(as_("sandpod-lifecycle")), PodApi(as_("sandpod-pool"))
+    try:
+        await lifecycle_store.list("Sandbox", NS)  # allowed: its namespace
+        with pytest.raises(StoreForbidden):
+            await lifecycle_store.list("Sandbox", namespace)  # not bound there
+        with pytest.raises(StoreForbidden):
+            await lifecycle_store.list("SandboxWarmPool", NS)  # the pool service's kind
+        with pytest.raises(StoreForbidden):
+            await lifecycle_pods.list("app=x", "kube-system")
+        await pool_store.list("SandboxClaim", NS)  # allowed
+        pod = SandboxPod(name="no-way", namespace=NS, owner_uid="u", template="t",
+                         installation="x")  # fmt: skip
+        with pytest.raises(StoreForbidden):
+            await pool_pods.create(pod_manifest(pod, PodSettings()))
+        with pytest.raises(StoreForbidden):
+            await pool_store.create(Resource(
+                api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
+                metadata=ObjectMeta(name="no-way", namespace=NS), spec={},
+            ))  # fmt: skip
+    finally:
+        for closeable in (lifecycle_store, pool_store, lifecycle_pods, pool_pods):
+            await closeable.close()
