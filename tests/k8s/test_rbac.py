@@ -120,8 +120,8 @@ async def test_lifecycle_and_pool_work_with_exactly_their_roles(
 async def test_each_service_is_refused_beyond_its_role(
     kube_apiserver: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
-    """The lifecycle's token cannot read Secrets' namespaces elsewhere, nor touch pools; the pool's
-    token cannot create Pods or change templates: each is a typed StoreForbidden."""
+    """The lifecycle's token cannot list Sandboxes outside its namespace, pools, or Pods elsewhere;
+    the pool's token cannot create Pods or templates: each refusal is a typed StoreForbidden."""
     tokens = {role: await asyncio.to_thread(grant, kube_apiserver, role)
               for role in ("sandpod-lifecycle", "sandpod-pool")}  # fmt: skip
 

@@ -5,6 +5,7 @@ No API server here (tests/k8s has the real one); these are the pure parts.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,16 +23,29 @@ def test_the_kv_store_is_the_default_and_needs_no_kubernetes_settings() -> None:
 
 
 def test_an_explicit_server_with_a_token_file_and_namespace_scope(tmp_path: Path) -> None:
-    """SANDPOD_STORE=kube with SANDPOD_KUBE_SERVER reads the token file and the namespace scope."""
+    """SANDPOD_STORE=kube with SANDPOD_KUBE_SERVER: the token file and the namespace scope."""
     token = tmp_path / "token"
     token.write_text("abc.def\n")
     env = {"SANDPOD_STORE": "kube", "SANDPOD_KUBE_SERVER": "https://10.0.0.1:6443",
            "SANDPOD_KUBE_CA_FILE": "/ca.crt", "SANDPOD_KUBE_TOKEN_FILE": str(token),
            "SANDPOD_KUBE_NAMESPACE": "sandboxes"}  # fmt: skip
     for settings in (LifecycleSettings.from_env(env), PoolSettings.from_env(env)):
-        assert settings.kube == KubeSettings(
-            host="https://10.0.0.1:6443", ca_file="/ca.crt", token="abc.def", namespace="sandboxes"
-        )
+        expected = KubeSettings(host="https://10.0.0.1:6443", ca_file="/ca.crt",
+                                token_file=str(token), namespace="sandboxes")  # fmt: skip
+        assert settings.kube == expected
+
+
+def test_a_rotated_token_file_is_sent_from_the_next_request_on(tmp_path: Path) -> None:
+    """Projected ServiceAccount tokens rotate: the client re-reads the file when it changes."""
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    settings = KubeSettings(host="https://10.0.0.1:6443", token_file=str(token))
+    with settings.api_client() as api_client:
+        cfg = api_client.configuration
+        assert cfg.get_api_key_with_prefix("BearerToken") == "Bearer first"
+        token.write_text("second\n")
+        os.utime(token, ns=(1, 10**18))  # a different mtime, whatever the clock's resolution
+        assert cfg.get_api_key_with_prefix("BearerToken") == "Bearer second"
 
 
 def test_a_kubeconfig_is_read_when_no_server_is_given(tmp_path: Path) -> None:

@@ -33,6 +33,26 @@ if TYPE_CHECKING:
 
 __all__ = ["KubeSettings"]
 
+_SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class _TokenFile:
+    """The client's refresh hook: the token file's content, re-read only when the file changed
+    (its mtime), so every request carries the current token at the cost of one ``stat``."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._mtime = -1
+
+    def __call__(self, cfg: client.Configuration) -> None:
+        try:
+            mtime = self._path.stat().st_mtime_ns
+            if mtime != self._mtime:
+                cfg.api_key["BearerToken"] = self._path.read_text().strip()
+                self._mtime = mtime
+        except OSError:  # keep the last token; the API server's 401 says the rest
+            return
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KubeSettings:
@@ -41,7 +61,9 @@ class KubeSettings:
     Attributes:
         host: API server URL, e.g. ``https://127.0.0.1:6443``.
         ca_file: PEM bundle that signs the API server's certificate (None: system trust).
-        token: bearer token (a ServiceAccount token, or a static token for tests).
+        token: bearer token (a static token; tests).
+        token_file: file holding the bearer token, re-read when it changes: projected
+            ServiceAccount tokens rotate (hourly) and a token read once would expire.
         client_cert_file / client_key_file: client certificate authentication instead of a token.
         max_workers: threads running blocking client calls (bounds concurrent requests).
         request_timeout: seconds for one non-watch request (connect + read).
@@ -54,6 +76,7 @@ class KubeSettings:
     host: str
     ca_file: str | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
+    token_file: str | None = None
     client_cert_file: str | None = None
     client_key_file: str | None = None
     max_workers: int = 8
@@ -72,12 +95,10 @@ class KubeSettings:
         server = get("SANDPOD_KUBE_SERVER")
         if server:
             token_file = get("SANDPOD_KUBE_TOKEN_FILE")
-            try:
-                token = Path(token_file).read_text().strip() if token_file else None
-            except OSError as exc:
-                raise ValueError(f"SANDPOD_KUBE_TOKEN_FILE={token_file!r}: {exc}") from exc
+            if token_file and not Path(token_file).is_file():
+                raise ValueError(f"SANDPOD_KUBE_TOKEN_FILE={token_file!r} is not a readable file")
             return cls(
-                host=server, ca_file=get("SANDPOD_KUBE_CA_FILE"), token=token,
+                host=server, ca_file=get("SANDPOD_KUBE_CA_FILE"), token_file=token_file,
                 client_cert_file=get("SANDPOD_KUBE_CLIENT_CERT"),
                 client_key_file=get("SANDPOD_KUBE_CLIENT_KEY"), namespace=namespace,
             )  # fmt: skip
@@ -102,12 +123,15 @@ class KubeSettings:
 
     @classmethod
     def in_cluster(cls) -> KubeSettings:
-        """Settings from the pod's mounted ServiceAccount (only inside a cluster)."""
+        """Settings from the pod's mounted ServiceAccount (only inside a cluster); the token file
+        is re-read as the kubelet rotates it."""
         from kubernetes import client, config
 
         cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return cls._from_configuration(cfg)
+        return dataclasses.replace(
+            cls._from_configuration(cfg), token=None, token_file=f"{_SERVICE_ACCOUNT}/token"
+        )
 
     @classmethod
     def _from_configuration(cls, cfg: client.Configuration) -> KubeSettings:
@@ -133,6 +157,10 @@ class KubeSettings:
         if self.token:
             cfg.api_key = {"BearerToken": self.token}
             cfg.api_key_prefix = {"BearerToken": "Bearer"}
+        if self.token_file:
+            cfg.api_key_prefix = {"BearerToken": "Bearer"}
+            hook = _TokenFile(Path(self.token_file))
+            cfg.refresh_api_key_hook = hook  # type: ignore[assignment]  # typed None in the client
         # One pooled connection per worker thread, plus the long-lived watch streams.
         cfg.connection_pool_maxsize = self.max_workers + 4
         return client.ApiClient(cfg)
