@@ -42,10 +42,10 @@ def test_a_rotated_token_file_is_sent_from_the_next_request_on(tmp_path: Path) -
     settings = KubeSettings(host="https://10.0.0.1:6443", token_file=str(token))
     with settings.api_client() as api_client:
         cfg = api_client.configuration
-        assert cfg.get_api_key_with_prefix("BearerToken") == "Bearer first"
+        assert cfg.auth_settings()["BearerToken"]["value"] == "Bearer first"
         token.write_text("second\n")
         os.utime(token, ns=(1, 10**18))  # a different mtime, whatever the clock's resolution
-        assert cfg.get_api_key_with_prefix("BearerToken") == "Bearer second"
+        assert cfg.auth_settings()["BearerToken"]["value"] == "Bearer second"
 
 
 def test_a_kubeconfig_is_read_when_no_server_is_given(tmp_path: Path) -> None:

@@ -160,6 +160,7 @@ class KubeSettings:
         if self.token_file:
             cfg.api_key_prefix = {"BearerToken": "Bearer"}
             hook = _TokenFile(Path(self.token_file))
+            hook(cfg)  # the client sends a token only if one is there before the hook runs
             cfg.refresh_api_key_hook = hook  # type: ignore[assignment]  # typed None in the client
         # One pooled connection per worker thread, plus the long-lived watch streams.
         cfg.connection_pool_maxsize = self.max_workers + 4
