@@ -18,6 +18,7 @@ from sandpod import AsyncPools, AsyncSandbox
 from sandpod_contract.pooling import POOL_LABEL
 from sandpod_kube import KubeSettings
 from sandpod_store import ObjectMeta, Resource
+from svcprocs import ServiceProc
 
 
 async def test_a_sandbox_runs_in_its_own_hardened_pod_until_its_lifetime_ends(
@@ -180,3 +181,37 @@ async def test_a_ready_pod_whose_execd_does_not_answer_leaves_the_sandbox_pendin
     async with await AsyncSandbox.connect(name, nats_url=cluster.nats.url,
                                           prefix=cluster.prefix) as sbx:  # fmt: skip
         assert (await sbx.exec("echo up")).stdout == "up\n"
+
+
+async def test_a_restarted_lifecycle_adopts_running_pods_and_a_kill_deletes_the_pod(
+    cluster: Cluster,
+) -> None:
+    """State lives on the API server: a new lifecycle process adopts the running Pod (no second
+    execd), and killing the sandbox through the SDK deletes its Pod and then the Sandbox."""
+    lifecycle = cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes",
+                                SANDPOD_RESYNC="0.5")  # fmt: skip
+    await cluster.answering()
+    sbx = await AsyncSandbox.create(timeout=600, nats_url=cluster.nats.url, prefix=cluster.prefix)
+    try:
+        before = await cluster.store.get("Sandbox", NS, sbx.id)
+        lifecycle.restart()
+        await cluster.answering()
+        assert (await sbx.exec("echo still-here")).stdout == "still-here\n"
+        # A full resync of the new replica has passed once it has renewed the sandbox's lease:
+        # wait for a status write of its own, or a resync period's worth of reconciles.
+        await asyncio.wait_for(_resynced(lifecycle), 30)
+        after = await cluster.store.get("Sandbox", NS, sbx.id)
+        assert after.status["phase"] == "Running" and ready(after)
+        assert after.metadata.uid == before.metadata.uid
+        assert cluster.kubelet.started == [sbx.id]  # adopted: the Pod was never re-created
+        await sbx.kill()
+        await cluster.kubelet.until("the Pod deleted", lambda: sbx.id in cluster.kubelet.stopped)
+        await cluster.until("Sandbox", sbx.id, lambda o: o is None)
+    finally:
+        await sbx.close()
+
+
+async def _resynced(proc: ServiceProc) -> None:
+    """Until the replica's log shows a reconcile pass finished after its start."""
+    while '"reconcile_done"' not in proc.log.read_text().split('"lifecycle_ready"')[-1]:
+        await asyncio.sleep(0.1)
