@@ -150,6 +150,7 @@ class ControlPlane:
         self.dir = workdir
         self.etcd_port, self.peer_port, self.port = ports
         self.procs: list[subprocess.Popen[bytes]] = []
+        self._apiserver_argv: list[str] = []
 
     @property
     def url(self) -> str:
@@ -189,7 +190,7 @@ class ControlPlane:
             f"--initial-cluster=envtest={peer_url}", "--unsafe-no-fsync", "--log-level=warn",
         ])  # fmt: skip
         d = self.dir
-        self._spawn("kube-apiserver", [
+        self._apiserver_argv = [
             str(bin_dir / "kube-apiserver"), f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
             f"--secure-port={self.port}", f"--cert-dir={d / 'certs'}",
@@ -202,8 +203,22 @@ class ControlPlane:
             f"--service-account-signing-key-file={d / 'sa.key'}",
             # No node or Service IPs here; the endpoint reconciler refuses loopback addresses.
             "--endpoint-reconciler-type=none", "--allow-privileged=true", "--v=1",
-        ])  # fmt: skip
+        ]  # fmt: skip
+        self._spawn("kube-apiserver", self._apiserver_argv)
         self._wait_ready(timeout)
+
+    def restart_apiserver(self, timeout: float = 120.0) -> int:
+        """SIGKILL kube-apiserver (a crash: open watches are cut, not drained) and start it again on
+        the same port over the same etcd; return the new pid (every object stays, in etcd)."""
+        old = self.procs[1]
+        old.kill()
+        old.wait(30)
+        with (self.dir / "kube-apiserver.log").open("ab") as log:
+            self.procs[1] = subprocess.Popen(
+                self._apiserver_argv, stdout=log, stderr=subprocess.STDOUT
+            )
+        self._wait_ready(timeout)
+        return self.procs[1].pid
 
     def _wait_ready(self, timeout: float) -> None:
         context = ssl.create_default_context(cafile=str(self.ca_file))

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from sandpod_contract.errors import ResourceExpired
 from sandpod_kube import KubeSettings, PodApi
 
 __all__ = ["FakeKubelet"]
@@ -102,6 +103,13 @@ class FakeKubelet:
             raise
 
     async def _serve(self) -> None:
+        while True:
+            try:
+                await self._follow()
+            except ResourceExpired:  # the API server restarted: re-watch from the current state
+                continue  # (as an informer re-lists); Pods already running keep their execd
+
+    async def _follow(self) -> None:
         events = self.api.watch(self.namespace)
         async with contextlib.aclosing(events):
             async for etype, raw in events:

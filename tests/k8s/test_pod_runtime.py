@@ -13,6 +13,7 @@ import uuid
 
 from kubernetes import client
 
+from conftest import SESSION_DAEMON_PIDS
 from k8s.cluster import NS, Cluster, ready
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod_contract.pooling import POOL_LABEL
@@ -215,3 +216,24 @@ async def _resynced(proc: ServiceProc) -> None:
     """Until the replica's log shows a reconcile pass finished after its start."""
     while '"reconcile_done"' not in proc.log.read_text().split('"lifecycle_ready"')[-1]:
         await asyncio.sleep(0.1)
+
+
+async def test_the_lifecycle_keeps_working_across_an_api_server_crash(cluster: Cluster) -> None:
+    """After kube-apiserver is killed and restarted, the running sandbox still answers and a new
+    Sandbox becomes Ready in its Pod: the reconciler's watch re-lists and carries on."""
+    cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5")
+    await cluster.answering()
+    first = await AsyncSandbox.create(timeout=600, nats_url=cluster.nats.url, prefix=cluster.prefix)
+    try:
+        pid = await asyncio.to_thread(cluster.plane.restart_apiserver)
+        SESSION_DAEMON_PIDS.add(pid)  # the session's API server, not this test's leak
+        second = await AsyncSandbox.create(timeout=600, nats_url=cluster.nats.url,
+                                           prefix=cluster.prefix)  # fmt: skip
+        try:
+            assert (await second.exec("echo after")).stdout == "after\n"
+            assert (await first.exec("echo before")).stdout == "before\n"
+            assert cluster.kubelet.started == [first.id, second.id]
+        finally:
+            await second.close()
+    finally:
+        await first.close()
