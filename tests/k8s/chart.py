@@ -52,6 +52,24 @@ def missing_helm() -> str | None:
     )
 
 
+def without_dependencies(workdir: Path) -> Path:
+    """A copy of the chart in ``workdir`` whose Chart.yaml declares no dependencies."""
+    chart = workdir / "sandpod"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+        meta.pop("dependencies", None)
+        (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    return chart
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run helm with ``args``; the caller checks ``returncode``."""
+    return subprocess.run(
+        [str(helm_binary()), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 def render(
     workdir: Path, values: dict[str, Any], *, release: str, namespace: str
 ) -> list[dict[str, Any]]:
@@ -60,12 +78,7 @@ def render(
     Raises:
         subprocess.CalledProcessError: helm refused the chart or the values (stderr attached).
     """
-    chart = workdir / "sandpod"
-    if not chart.exists():
-        shutil.copytree(CHART, chart)
-        meta = yaml.safe_load((chart / "Chart.yaml").read_text())
-        meta.pop("dependencies", None)
-        (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    chart = without_dependencies(workdir)
     values_file = workdir / f"values-{release}.yaml"
     values_file.write_text(yaml.safe_dump(values))
     out = subprocess.run(

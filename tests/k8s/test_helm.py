@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from k8s.chart import CHART, Rest, missing_helm, render
-from k8s.envtest import REPO, ControlPlane
+from k8s.chart import CHART, Rest, helm, missing_helm, render, without_dependencies
+from k8s.envtest import KUBE_VERSION, REPO, ControlPlane
 from sandpod_kube import ensure_namespace
 
 SCHEMA_CRDS = REPO / "schemas" / "crds"
@@ -131,6 +131,16 @@ def test_chart_declares_the_nats_dependency_with_jetstream() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["nats"]["enabled"] is True
     assert values["nats"]["config"]["jetstream"]["enabled"] is True
+
+
+def test_helm_lint_strict_finds_nothing_but_the_unfetched_dependency(helm_dir: Path) -> None:
+    """helm lint --strict: clean without the dependency list; the real chart only misses nats."""
+    version = ("--kube-version", KUBE_VERSION)
+    stripped = helm("lint", "--strict", str(without_dependencies(helm_dir)), *version)
+    assert stripped.returncode == 0, stripped.stdout + stripped.stderr
+    real = helm("lint", "--strict", str(CHART), *version)
+    warnings = [line for line in real.stdout.splitlines() if line.startswith("[WARNING]")]
+    assert warnings == [f"[WARNING] {CHART}: chart directory is missing these dependencies: nats"]
 
 
 def test_external_nats_needs_a_url(helm_dir: Path) -> None:
