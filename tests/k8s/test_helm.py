@@ -374,3 +374,31 @@ def test_real_calls_with_service_account_tokens(installed: Installed) -> None:
         gateway.http.get(f"/api/v1/namespaces/{ns}/pods"),
     ]  # fmt: skip
     assert [r.status_code for r in refused] == [403] * len(refused)
+
+
+def test_namespaced_rbac_stops_at_the_release_namespace(
+    helm_dir: Path, admin: Rest, kube_apiserver: ControlPlane
+) -> None:
+    """rbac.clusterWide=false: lifecycle manages pods in its own namespace only, not a tenant's."""
+    release_ns, other_ns = unique("sandpod"), unique("tenant")
+    for name in (release_ns, other_ns):
+        ensure_namespace(kube_apiserver.settings, name)
+    release = unique("nsrbac")
+    values = {"rbac": {"clusterWide": False}}
+    docs = render(helm_dir, values, release=release, namespace=release_ns)
+    assert not [d for d in docs if d["kind"].startswith("ClusterRole")]
+    for doc in (d for d in docs if d["kind"] in {"ServiceAccount", "Role", "RoleBinding"}):
+        assert admin.create(doc).status_code == 201
+    reply = admin.http.post(
+        f"/api/v1/namespaces/{release_ns}/serviceaccounts/{release}-sandpod-lifecycle/token",
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+    )
+    assert reply.status_code == 201, reply.text
+    lifecycle = Rest(kube_apiserver, token=reply.json()["status"]["token"])
+    try:
+        assert allowed(lifecycle, ("", "pods", "create", ""), release_ns)
+        assert allowed(lifecycle, ("sandpod.dev", "sandboxes", "watch", ""), release_ns)
+        assert not allowed(lifecycle, ("", "pods", "create", ""), other_ns)
+        assert not allowed(lifecycle, ("sandpod.dev", "sandboxes", "watch", ""), other_ns)
+    finally:
+        lifecycle.close()
