@@ -8,6 +8,7 @@ API server's RBAC authorizer shows each service can do what it needs and nothing
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,10 +144,27 @@ def test_helm_lint_strict_finds_nothing_but_the_unfetched_dependency(helm_dir: P
     assert warnings == [f"[WARNING] {CHART}: chart directory is missing these dependencies: nats"]
 
 
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"gatway": {"port": 8080}}, "gatway"),  # a misspelt key is not silently ignored
+        ({"gateway": {"port": "http"}}, "port"),
+        ({"natsUrl": "http://nats:4222"}, "natsUrl"),
+        ({"rbac": {"clusterWide": "yes"}}, "clusterWide"),
+    ],
+)
+def test_values_schema_refuses_bad_values(
+    helm_dir: Path, values: dict[str, Any], complaint: str
+) -> None:
+    """values.schema.json makes helm refuse unknown keys and mistyped values before rendering."""
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        render(helm_dir, values, release="bad", namespace="sandpod")
+    assert "values don't meet the specifications of the schema" in info.value.stderr
+    assert complaint in info.value.stderr
+
+
 def test_external_nats_needs_a_url(helm_dir: Path) -> None:
     """nats.enabled=false without natsUrl fails the render with a message saying so."""
-    import subprocess
-
     with pytest.raises(subprocess.CalledProcessError) as info:
         render(helm_dir, {"nats": {"enabled": False}}, release="nourl", namespace="sandpod")
     assert "natsUrl is required" in info.value.stderr
