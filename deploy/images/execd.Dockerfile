@@ -31,15 +31,12 @@ COPY . .
 RUN uv python install 3.11 \
  && mkdir -p /sandpod-bundle/bin \
  && cp -a "$(dirname "$(dirname "$(uv python find 3.11 --managed-python)")")" /sandpod-bundle/python
-# execd and exactly its locked dependencies (no dev tools), installed as plain packages.
+# execd and exactly its locked dependencies (no dev tools) as plain packages, plus the launcher:
+# the same script tests/integration/test_execd_bundle.py runs.
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv export --locked --no-dev --no-editable --no-hashes --package sandpod-execd -o /tmp/req.txt \
- && uv pip install --python /sandpod-bundle/python/bin/python3 --target /sandpod-bundle/site \
-      --no-deps -r /tmp/req.txt
-COPY deploy/images/sandpod-execd.sh /sandpod-bundle/bin/sandpod-execd
+    deploy/images/build-execd-bundle.sh /sandpod-bundle/python/bin/python3 /sandpod-bundle
 # Fail the build unless the bundle imports with its own interpreter and packages alone.
-RUN chmod 0755 /sandpod-bundle/bin/sandpod-execd \
- && PYTHONPATH=/sandpod-bundle/site /sandpod-bundle/python/bin/python3 -c "import sandpod_execd.service"
+RUN PYTHONPATH=/sandpod-bundle/site /sandpod-bundle/python/bin/python3 -c "import sandpod_execd.service"
 
 FROM ${BUSYBOX_IMAGE}
 COPY --from=build /sandpod-bundle /sandpod-bundle
