@@ -56,7 +56,11 @@ def combos(ns: str) -> dict[str, dict[str, Any]]:
             "leaderElection": {"enabled": False},
             "gateway": {"hpa": {"enabled": False}, "pdb": {"enabled": False}},
             "lifecycle": {"replicas": 1, "pdb": {"enabled": False}},
-            "networkPolicy": {"natsCIDRs": ["10.20.0.0/16"], "allowDNS": False},
+            "networkPolicy": {
+                "natsCIDRs": ["10.20.0.0/16"],
+                "natsNamespace": "messaging",
+                "allowDNS": False,
+            },
             "topologySpread": {"enabled": False},
             "serviceAccount": {"create": False},
         },
@@ -163,11 +167,21 @@ def test_values_schema_refuses_bad_values(
     assert complaint in info.value.stderr
 
 
-def test_external_nats_needs_a_url(helm_dir: Path) -> None:
-    """nats.enabled=false without natsUrl fails the render with a message saying so."""
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"nats": {"enabled": False}}, "natsUrl is required"),
+        # an egress rule with no destination would let sandboxes reach anything on that port
+        ({"nats": {"enabled": False}, "natsUrl": "nats://n:4222"}, "set networkPolicy.nats"),
+    ],
+)
+def test_external_nats_needs_a_url_and_a_policy_destination(
+    helm_dir: Path, values: dict[str, Any], complaint: str
+) -> None:
+    """nats.enabled=false without natsUrl or a NATS egress destination fails the render."""
     with pytest.raises(subprocess.CalledProcessError) as info:
-        render(helm_dir, {"nats": {"enabled": False}}, release="nourl", namespace="sandpod")
-    assert "natsUrl is required" in info.value.stderr
+        render(helm_dir, values, release="nourl", namespace="sandpod")
+    assert complaint in info.value.stderr
 
 
 @pytest.mark.parametrize("combo", ["defaults", "external-nats-namespaced", "everything-on"])
@@ -186,6 +200,8 @@ def test_every_rendered_object_passes_the_api_servers_dry_run(
     # The Prometheus Operator's CRDs are not part of this cluster: only the ServiceMonitor is
     # left to the schema of whoever installs that operator.
     assert unserved == (["ServiceMonitor"] if combo == "everything-on" else [])
+    egress = [r for d in docs if d["kind"] == "NetworkPolicy" for r in d["spec"].get("egress", [])]
+    assert egress and all(rule.get("to") for rule in egress)  # an empty `to` allows everywhere
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "NetworkPolicy", "ClusterRole" if combo != "external-nats-namespaced"
             else "Role"} <= kinds  # fmt: skip
