@@ -26,8 +26,8 @@ SCRIPT = REPO / "deploy" / "images" / "build-execd-bundle.sh"
 
 
 def uv_command() -> str:
-    """How to run uv here: on PATH, else through this Python (as the Makefile does)."""
-    return shutil.which("uv") or f"{sys.executable} -m uv"
+    """How to run uv here: on PATH, else as the Makefile and .ci/run do (``python3 -m uv``)."""
+    return shutil.which("uv") or "python3 -m uv"
 
 
 def test_execd_bundle_serves_with_nothing_but_its_own_files(
