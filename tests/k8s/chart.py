@@ -48,7 +48,7 @@ def missing_helm() -> str | None:
         return None
     return (
         f"{helm_binary()} not found: build it with `{BUILD_SCRIPT.relative_to(REPO)}` "
-        "(Go from the module proxy, ~2 min once, then cached; .ci/run does this)"
+        "(Go from the module proxy, 2-8 min once, then cached; .ci/run does this)"
     )
 
 
