@@ -8,6 +8,7 @@ API server's RBAC authorizer shows each service can do what it needs and nothing
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,8 @@ import yaml
 
 from k8s.chart import CHART, Rest, helm, missing_helm, render, without_dependencies
 from k8s.envtest import KUBE_VERSION, REPO, ControlPlane
-from sandpod_kube import ensure_namespace
+from sandpod_kube import KubeSettings, KubeStore, StoreForbidden, ensure_namespace
+from sandpod_store import ObjectMeta, Resource
 
 SCHEMA_CRDS = REPO / "schemas" / "crds"
 SANDBOX = "sandpod.dev/v1alpha1"
@@ -317,8 +319,15 @@ REFUSED: dict[str, list[Access]] = {
 class Installed:
     """The chart's RBAC applied for real, with a token for each service's ServiceAccount."""
 
-    def __init__(self, release_ns: str, tenant_ns: str, clients: dict[str, Rest]) -> None:
-        self.release_ns, self.tenant_ns, self.clients = release_ns, tenant_ns, clients
+    def __init__(
+        self, release_ns: str, tenant_ns: str, tokens: dict[str, str], plane: ControlPlane
+    ) -> None:
+        self.release_ns, self.tenant_ns, self.tokens = release_ns, tenant_ns, tokens
+        self.clients = {c: Rest(plane, token=t) for c, t in tokens.items()}
+        self.settings = {
+            c: KubeSettings(host=plane.url, ca_file=str(plane.ca_file), token=t)
+            for c, t in tokens.items()
+        }
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +342,7 @@ def installed(helm_dir: Path, admin: Rest, kube_apiserver: ControlPlane) -> Iter
     for doc in (d for d in docs if d["kind"] in rbac_kinds):
         reply = admin.create(doc)
         assert reply.status_code == 201, reply.text
-    clients = {}
+    tokens = {}
     for component in ("lifecycle", "pool", "gateway"):
         sa = f"{release}-sandpod-{component}"
         reply = admin.http.post(
@@ -342,9 +351,10 @@ def installed(helm_dir: Path, admin: Rest, kube_apiserver: ControlPlane) -> Iter
                   "spec": {"expirationSeconds": 3600}},
         )  # fmt: skip
         assert reply.status_code == 201, reply.text
-        clients[component] = Rest(kube_apiserver, token=reply.json()["status"]["token"])
-    yield Installed(release_ns, tenant_ns, clients)
-    for rest in clients.values():
+        tokens[component] = reply.json()["status"]["token"]
+    installed = Installed(release_ns, tenant_ns, tokens, kube_apiserver)
+    yield installed
+    for rest in installed.clients.values():
         rest.close()
 
 
@@ -436,3 +446,41 @@ def test_namespaced_rbac_stops_at_the_release_namespace(
         assert not allowed(lifecycle, ("sandpod.dev", "sandboxes", "watch", ""), other_ns)
     finally:
         lifecycle.close()
+
+
+def resource(kind: str, namespace: str, name: str, spec: dict[str, Any]) -> Resource:
+    return Resource(api_version=SANDBOX, kind=kind, spec=spec,
+                    metadata=ObjectMeta(name=name, namespace=namespace))  # fmt: skip
+
+
+async def test_the_kube_store_works_within_each_services_rbac(installed: Installed) -> None:
+    """KubeStore (what the services use) does the pool's and lifecycle's work with their tokens."""
+    ns = installed.tenant_ns
+    pool = await KubeStore.connect(installed.settings["pool"])
+    lifecycle = await KubeStore.connect(installed.settings["lifecycle"])
+    try:
+        warm = await pool.create(resource("SandboxWarmPool", ns, "wp", {"templateRef": {
+            "name": "python"}, "replicas": 1}))  # fmt: skip
+        await pool.update_status(dataclasses.replace(warm, status={"readyReplicas": 0}))
+        member = await pool.create(resource("Sandbox", ns, "wp-1", {"templateRef": {
+            "name": "python"}}))  # fmt: skip
+        claim = await pool.create(resource("SandboxClaim", ns, "c1", {"poolRef": {"name": "wp"}}))
+        await pool.update_status(dataclasses.replace(claim, status={"sandbox": "wp-1"}))
+        listed, _ = await lifecycle.list("Sandbox")  # every namespace: a ClusterRole
+        assert "wp-1" in {o.metadata.name for o in listed}
+        running = await lifecycle.update_status(
+            dataclasses.replace(member, status={"phase": "Running"})
+        )
+        await lifecycle.list("SandboxTemplate", ns)
+        with pytest.raises(StoreForbidden):  # lifecycle never touches claims or pools
+            await lifecycle.list("SandboxClaim", ns)
+        with pytest.raises(StoreForbidden):
+            await lifecycle.update_status(dataclasses.replace(warm, status={}))
+        with pytest.raises(StoreForbidden):  # only lifecycle reports a sandbox's status
+            await pool.update_status(dataclasses.replace(running, status={"phase": "Failed"}))
+        with pytest.raises(StoreForbidden):  # templates are the lifecycle API's to write
+            await pool.create(resource("SandboxTemplate", ns, "t", {}))
+        await pool.delete("Sandbox", ns, "wp-1")
+    finally:
+        await pool.close()
+        await lifecycle.close()
