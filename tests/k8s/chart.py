@@ -21,6 +21,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,11 @@ from k8s.envtest import KUBE_VERSION, REPO, ControlPlane
 CHART = REPO / "deploy" / "helm" / "sandpod"
 BUILD_SCRIPT = REPO / "deploy" / "envtest" / "build-helm.sh"
 HELM_VERSION = (REPO / "deploy" / "helm" / "helm-version").read_text().strip()
+
+
+def unique(prefix: str) -> str:
+    """A name no other test uses (objects stay: there is no controller-manager to collect them)."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def helm_binary() -> Path:
