@@ -121,8 +121,10 @@ async def burst(bus: Bus, pools: AsyncPools, count: int, size: int) -> None:
     )
     print(f"  failures: {len(failed)} (target 0) {[str(f)[:120] for f in failed[:3]]}")
     print(f"  double assignments: {doubles} (must be 0)")
-    print(f"  pool full again {refill:.2f} s after the last claim answered "
-          f"({took + refill:.2f} s after the burst began)")
+    print(
+        f"  pool full again {refill:.2f} s after the last claim answered "
+        f"({took + refill:.2f} s after the burst began)"
+    )
     await asyncio.gather(*(s.release() for s in ok), return_exceptions=True)
     await pools.delete("burst")
 
