@@ -9,7 +9,7 @@ CC ?= cc
 
 WEB := services/gateway/src/sandpod_gateway/web
 
-.PHONY: install web up check lint types imports test bench vectors openapi clean envtest
+.PHONY: install web up check lint types imports test bench vectors openapi clean envtest chart-crds
 
 $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
@@ -44,8 +44,12 @@ types: install
 imports: install
 	$(BIN)/lint-imports
 
-envtest:  ## build (or reuse, cached) kube-apiserver + etcd for the Kubernetes tests (needs Go)
+envtest:  ## build (or reuse, cached) kube-apiserver + etcd + helm for the Kubernetes tests (needs Go)
 	bash deploy/envtest/build.sh
+	bash deploy/envtest/build-helm.sh
+
+chart-crds:  ## copy schemas/crds/ into the Helm chart (tests/k8s/test_helm.py fails on drift)
+	cp schemas/crds/*.yaml deploy/helm/sandpod/crds/
 
 test: install envtest  ## the whole test suite against a real nats-server (and kube-apiserver)
 	$(BIN)/pytest

@@ -46,6 +46,18 @@ async def answering(call: Callable[[], object]) -> None:
             await asyncio.sleep(0.05)
 
 
+async def gone(sbx: AsyncSandbox, timeout: float = 60) -> None:
+    """Until the released sandbox's object is deleted (its instance torn down)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        try:
+            await sbx.describe()
+        except SandpodError:
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"sandbox {sbx.id} still exists {timeout}s after its release")
+
+
 async def until_available(pools: AsyncPools, name: str, n: int, timeout: float = 300) -> float:
     """Seconds until pool ``name`` has ``n`` available members."""
     t0 = time.perf_counter()
@@ -82,6 +94,7 @@ async def latency(url: str, bus: Bus, pools: AsyncPools, claims: int) -> None:
         bind.append(t1 - t0)
         first.append(t2 - t1)
         await sbx.release()
+        await gone(sbx)  # its teardown must not overlap the next measurement
     await held.release()
     await pools.delete("lat")
     print(summary("floor: exec round trip (held sandbox)", floor))
@@ -121,7 +134,10 @@ async def burst(bus: Bus, pools: AsyncPools, count: int, size: int) -> None:
     )
     print(f"  failures: {len(failed)} (target 0) {[str(f)[:120] for f in failed[:3]]}")
     print(f"  double assignments: {doubles} (must be 0)")
-    print(f"  pool full again {refill:.2f} s after the burst")
+    print(
+        f"  pool full again {refill:.2f} s after the last claim answered "
+        f"({took + refill:.2f} s after the burst began)"
+    )
     await asyncio.gather(*(s.release() for s in ok), return_exceptions=True)
     await pools.delete("burst")
 

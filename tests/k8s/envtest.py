@@ -150,7 +150,6 @@ class ControlPlane:
         self.dir = workdir
         self.etcd_port, self.peer_port, self.port = ports
         self.procs: list[subprocess.Popen[bytes]] = []
-        self._apiserver_argv: list[str] = []
 
     @property
     def url(self) -> str:
@@ -174,7 +173,7 @@ class ControlPlane:
         )  # fmt: skip
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with (self.dir / f"{name}.log").open("wb") as log:
+        with (self.dir / f"{name}.log").open("ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         return proc
@@ -189,8 +188,25 @@ class ControlPlane:
             f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
             f"--initial-cluster=envtest={peer_url}", "--unsafe-no-fsync", "--log-level=warn",
         ])  # fmt: skip
+        self._start_apiserver(etcd_url)
+        self._wait_ready(timeout)
+
+    def restart_apiserver(self, timeout: float = 120.0) -> None:
+        """Stop kube-apiserver (etcd keeps the data) and start it again on the same port."""
+        apiserver = self.procs.pop()
+        apiserver.send_signal(signal.SIGTERM)
+        try:
+            apiserver.wait(15)
+        except subprocess.TimeoutExpired:
+            apiserver.kill()
+            apiserver.wait(5)
+        self._start_apiserver(f"http://127.0.0.1:{self.etcd_port}")
+        self._wait_ready(timeout)
+
+    def _start_apiserver(self, etcd_url: str) -> None:
+        bin_dir = binaries_dir()
         d = self.dir
-        self._apiserver_argv = [
+        self._spawn("kube-apiserver", [
             str(bin_dir / "kube-apiserver"), f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
             f"--secure-port={self.port}", f"--cert-dir={d / 'certs'}",
@@ -203,22 +219,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={d / 'sa.key'}",
             # No node or Service IPs here; the endpoint reconciler refuses loopback addresses.
             "--endpoint-reconciler-type=none", "--allow-privileged=true", "--v=1",
-        ]  # fmt: skip
-        self._spawn("kube-apiserver", self._apiserver_argv)
-        self._wait_ready(timeout)
-
-    def restart_apiserver(self, timeout: float = 120.0) -> int:
-        """SIGKILL kube-apiserver (a crash: open watches are cut, not drained) and start it again on
-        the same port over the same etcd; return the new pid (every object stays, in etcd)."""
-        old = self.procs[1]
-        old.kill()
-        old.wait(30)
-        with (self.dir / "kube-apiserver.log").open("ab") as log:
-            self.procs[1] = subprocess.Popen(
-                self._apiserver_argv, stdout=log, stderr=subprocess.STDOUT
-            )
-        self._wait_ready(timeout)
-        return self.procs[1].pid
+        ])  # fmt: skip
 
     def _wait_ready(self, timeout: float) -> None:
         context = ssl.create_default_context(cafile=str(self.ca_file))

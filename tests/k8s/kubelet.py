@@ -161,7 +161,7 @@ class FakeKubelet:
             "SANDPOD_STATE_DIR": str(root / "tmp"),
         }
         with (root / "execd.log").open("ab") as log:
-            # The image's /opt/sandpod/bin/sandpod-execd is this checkout's execd.
+            # The bundle runs `python3 -m sandpod_execd`: here, the same module from this checkout.
             self.execds[name] = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sandpod_execd", env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,

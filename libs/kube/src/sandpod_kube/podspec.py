@@ -4,17 +4,18 @@ sends them.
 
 How execd gets into an arbitrary image (the template's ``image`` knows nothing about Sandpod):
 
-    initContainer "execd-install"  image: <execd bundle image> (PodSettings.execd_image)
-        /bundle/bin/busybox cp -a /bundle/. /opt/sandpod/      -> emptyDir "sandpod"
+    initContainer "execd-install"  image: sandpod-execd (PodSettings.execd_image)
+        cp -a /sandpod-bundle/. /opt/sandpod/                   -> emptyDir "sandpod"
     container "sandbox"            image: the template's image
-        /opt/sandpod/bin/sandpod-execd                          (emptyDir mounted read-only)
+        /opt/sandpod/python/bin/python3 -m sandpod_execd        (emptyDir mounted read-only)
+        PYTHONPATH=/opt/sandpod/site
 
-The bundle is self-contained and relocatable: a standalone CPython (python-build-standalone,
-statically linked against musl) with ``sandpod-execd`` and its few dependencies installed into it,
-plus a static busybox for the copy, so it runs in any image of the same CPU architecture -- one
-without a shell, Python or libc included. It is built once per release (``deploy/images``), never
-per template. The emptyDir lives as long as the Pod; the copy costs one small image pull per node
-(cached) and a ~40 MB copy per Pod.
+The bundle (``deploy/images/execd.Dockerfile``, built by ``deploy/images/build-execd-bundle.sh``)
+is self-contained and relocatable: a standalone CPython (python-build-standalone, via uv) plus
+``sandpod-execd`` and its locked dependencies, in a busybox image whose ``cp`` does the copy. The
+interpreter is started directly rather than through the bundle's ``/bin/sh`` launcher, so images
+without a shell work too; it needs glibc >= 2.17 (musl images such as Alpine do not run it). The
+bundle is built once per release, never per template; the emptyDir lives as long as the Pod.
 
 Hardening, on every container: ``runAsNonRoot`` with a numeric uid (images whose USER is root
 still start, as that uid), ``allowPrivilegeEscalation: false``, every capability dropped, the
@@ -59,7 +60,7 @@ class PodSettings:
     """How the ``kubernetes`` runtime builds Pods (env ``SANDPOD_POD_*``).
 
     Attributes:
-        execd_image: image holding the self-contained execd bundle under ``/bundle``.
+        execd_image: the ``sandpod-execd`` image (the bundle under ``/sandpod-bundle``).
         default_image: the sandbox image when the template names none.
         nats_secret: Secret (in the sandbox's namespace) whose key ``url`` is execd's NATS URL.
         nats_port: NATS client port, always allowed by the egress policy.
@@ -69,7 +70,7 @@ class PodSettings:
         bundle_size: size limit of the emptyDir holding the execd bundle.
     """
 
-    execd_image: str = "ghcr.io/sandpod/execd-bundle:0.1.0"
+    execd_image: str = "ghcr.io/sandpod/sandpod-execd:0.1.0"
     default_image: str = "debian:bookworm-slim"
     nats_secret: str = "sandpod-nats"  # noqa: S105 - a Secret's name, not a password
     nats_port: int = 4222
@@ -160,6 +161,8 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
         {"name": "SANDPOD_STATE_DIR", "value": "/tmp/sandpod"},  # noqa: S108 - the Pod's own emptyDir
         {"name": "SANDPOD_EXECD_ENV", "value": json.dumps(dict(pod.env), sort_keys=True)},
         {"name": "HOME", "value": "/workspace"},
+        {"name": "PYTHONPATH", "value": f"{BUNDLE_MOUNT}/site"},  # the bundle's packages only
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},  # the bundle is mounted read-only
     ]  # fmt: skip
     workspace: dict[str, Any] = {"sizeLimit": pod.disk} if pod.disk else {}
     spec: dict[str, Any] = {
@@ -177,7 +180,7 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
         "initContainers": [{
             "name": "execd-install",
             "image": settings.execd_image,
-            "command": ["/bundle/bin/busybox", "cp", "-a", "/bundle/.", f"{BUNDLE_MOUNT}/"],
+            "command": ["cp", "-a", "/sandpod-bundle/.", f"{BUNDLE_MOUNT}/"],
             "securityContext": _hardened(settings),
             "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
             "volumeMounts": [{"name": "sandpod", "mountPath": BUNDLE_MOUNT}],
@@ -185,7 +188,7 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
         "containers": [{
             "name": "sandbox",
             "image": pod.image or settings.default_image,
-            "command": [f"{BUNDLE_MOUNT}/bin/sandpod-execd"],
+            "command": [f"{BUNDLE_MOUNT}/python/bin/python3", "-m", "sandpod_execd"],
             "workingDir": "/workspace",
             "env": env,
             "resources": {"limits": limits, "requests": limits} if limits else {},

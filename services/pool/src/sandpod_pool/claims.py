@@ -28,7 +28,7 @@ import datetime
 import random
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
@@ -110,7 +110,8 @@ def member_state_of(obj: Resource) -> str:
 class Claims:
     def __init__(
         self, *, store: Store, pools: Mirror, sandboxes: Mirror, claims: Mirror,
-        templates: Mirror, configure: Configure, recover_after: float = 10.0,
+        templates: Mirror, configure: Configure, recover_after: float,
+        background: Callable[[Coroutine[Any, Any, Any], str], None],
     ) -> None:  # fmt: skip
         self.store = store
         self.pools = pools
@@ -119,6 +120,7 @@ class Claims:
         self.templates = templates
         self._configure = configure
         self.recover_after = recover_after  # a Pending claim this old lost its handler
+        self._spawn = background
         self.warm_binds = 0
         self.cold_creates = 0
 
@@ -167,11 +169,12 @@ class Claims:
         t0 = time.perf_counter()
         obj = claim_from_map(raw)
         binding = await self.resolve(obj.metadata.namespace, ClaimSpec.from_dict(obj.spec))
-        # The claim's write and the bind in one round trip. A crash between them leaves either a
-        # claim without a sandbox (the reconciler binds it) or a sandbox labelled for a claim that
-        # never appeared (deleted as an orphan once its bind is older than recover_after).
+        # The claim's write runs alongside the bind and the env's configuration. A crash between
+        # them leaves either a claim without a sandbox (the reconciler binds it) or a sandbox
+        # labelled for a claim that never appeared (deleted as an orphan once its bind is older
+        # than recover_after; the client never got a reply for it).
         created, bound = await asyncio.gather(
-            self.store.create(obj), self._bind(obj, binding), return_exceptions=True
+            self.store.create(obj), self._bind_configured(obj, binding), return_exceptions=True
         )
         if isinstance(created, BaseException):
             if not isinstance(bound, BaseException):
@@ -193,13 +196,15 @@ class Claims:
         bound: tuple[Resource, ClaimReason],
     ) -> Resource:  # fmt: skip
         sandbox, reason = bound
-        if reason is ClaimReason.WARM:  # one round trip for both
-            claim, _ = await asyncio.gather(
-                self._set(claim, sandbox, reason, binding.shutdown_time),
-                self._configure_env(sandbox),
-            )
-        else:
-            claim = await self._set(claim, sandbox, reason, binding.shutdown_time)
+        if reason is ClaimReason.WARM and member_state_of(sandbox) == "ready":
+            # The hot path (env already configured by _bind_configured): the claim's status is
+            # written in the background (the reply carries exactly what is written); if this
+            # replica dies first, the reconciler adopts the sandbox labelled for the claim.
+            self._background(self._set(claim, sandbox, reason, binding.shutdown_time),
+                             name="claim-status")  # fmt: skip
+            projected = _status_for(claim, sandbox, reason, binding.shutdown_time)
+            return dataclasses.replace(claim, status=projected)
+        claim = await self._set(claim, sandbox, reason, binding.shutdown_time)
         name = ClaimStatus.from_dict(claim.status).sandbox or sandbox.metadata.name
         current = self.sandboxes.get(claim.metadata.namespace, name)
         if current is None or member_state_of(current) != "ready":
@@ -224,6 +229,14 @@ class Claims:
                 claim=claim.metadata.name, reason=str(reason),
             )  # fmt: skip
         return claim
+
+    async def _bind_configured(self, claim: Resource, b: Binding) -> tuple[Resource, ClaimReason]:
+        """Bind, and put the claimant's env into a warm sandbox's execd before anyone is told
+        (its new commands get it, and its idle clock starts now)."""
+        sandbox, reason = await self._bind(claim, b)
+        if reason is ClaimReason.WARM:
+            await self._configure_env(sandbox)
+        return sandbox, reason
 
     async def _bind(self, claim: Resource, b: Binding) -> tuple[Resource, ClaimReason]:
         """Take a warm member, else create a sandbox: (the sandbox, how it was bound)."""
@@ -266,6 +279,10 @@ class Claims:
             return None
         self.sandboxes.observe(bound)
         return bound
+
+    def _background(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        """Run ``coro`` after the reply, owned by the service's supervisor."""
+        self._spawn(coro, name)
 
     async def _configure_env(self, sandbox: Resource) -> bool:
         """The claimant's env and idle clock, now: the lifecycle would only get there on its
@@ -410,9 +427,7 @@ class Claims:
             await self._set(claim, labelled[0], reason, binding.shutdown_time)
             return None
         log.info("claim_recovered", claim=f"{ns}/{name}")
-        sandbox, reason = await self._bind(claim, binding)
-        if reason is ClaimReason.WARM:
-            await self._configure_env(sandbox)
+        sandbox, reason = await self._bind_configured(claim, binding)
         await self._set(claim, sandbox, reason, binding.shutdown_time)
         return None
 

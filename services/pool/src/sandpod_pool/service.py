@@ -91,7 +91,8 @@ class PoolService:
         self.claims = Claims(store=store, pools=pools, sandboxes=sandboxes, claims=claims,
                              templates=templates,
                              configure=self._configure,
-                             recover_after=self.settings.recover_after)  # fmt: skip
+                             recover_after=self.settings.recover_after,
+                             background=self.supervisor.spawn)  # fmt: skip
         self.pools_queue = WorkQueue("pools", self.reconciler.reconcile, workers=4)
         self.claims_queue = WorkQueue("claims", self.claims.reconcile, workers=4)
         self._mirrors = (pools, claims, sandboxes)

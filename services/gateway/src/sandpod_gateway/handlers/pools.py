@@ -11,6 +11,7 @@ claim answers the same 404 as a missing one.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -120,6 +121,31 @@ def _one(out: dict[str, Any] | None, kind: str, name: str) -> dict[str, Any]:
     return out
 
 
+Out = Callable[[Scope, dict[str, Any]], dict[str, Any] | None]
+_KINDS: dict[str, tuple[str, Out]] = {}  # API kind -> (what clients call it, how they see it)
+
+
+async def _list(request: Request, api_kind: str) -> Response:
+    """The tenant's objects of ``api_kind``."""
+    _, out = _KINDS[api_kind]
+    scope = principal(request).scope
+    req = Selection(namespace=LIFECYCLE_NAMESPACE, selector=f"{TENANT_LABEL}={scope.tenant}")
+    reply = await _api(request, api_kind, "list", req, ObjectsReply)
+    return JSONResponse({"items": [o for o in (out(scope, i) for i in reply.items) if o]})
+
+
+async def _one_call(request: Request, api_kind: str, verb: str, msg: Any = None) -> Response:
+    """``verb`` on the object named in the path (a Ref unless ``msg`` is given); 404 alike for
+    missing and foreign."""
+    what, out = _KINDS[api_kind]
+    scope, name, sid = _path_id(request, what)
+    try:
+        reply = await _api(request, api_kind, verb, msg or Ref(name=sid), ObjectReply)
+    except ResourceNotFound:
+        raise _not_found(what, name) from None
+    return JSONResponse(_one(out(scope, reply.object), what, name))
+
+
 # -- pools ---------------------------------------------------------------------------------------
 
 
@@ -145,48 +171,28 @@ async def pool_create(request: Request) -> Response:
 @handler
 async def pool_list(request: Request) -> Response:
     """The tenant's pools."""
-    scope = principal(request).scope
-    req = Selection(namespace=LIFECYCLE_NAMESPACE, selector=f"{TENANT_LABEL}={scope.tenant}")
-    reply = await _api(request, "pools", "list", req, ObjectsReply)
-    items = [o for o in (_pool_out(scope, i) for i in reply.items) if o is not None]
-    return JSONResponse({"items": items})
+    return await _list(request, "pools")
 
 
 @handler
 async def pool_get(request: Request) -> Response:
-    scope, name, sid = _path_id(request, "pool")
-    try:
-        reply = await _api(request, "pools", "get", Ref(name=sid), ObjectReply)
-    except ResourceNotFound:
-        raise _not_found("pool", name) from None
-    return JSONResponse(_one(_pool_out(scope, reply.object), "pool", name))
+    return await _one_call(request, "pools", "get")
 
 
 @handler
 async def pool_scale(request: Request) -> Response:
     """Set the pool's replicas: ``{replicas}``."""
-    scope, name, sid = _path_id(request, "pool")
-    body = await read_json(request)
-    replicas = body.integer("replicas")
+    _, _, sid = _path_id(request, "pool")
+    replicas = (await read_json(request)).integer("replicas")
     if replicas is None:
         raise ResourceInvalid("replicas is required", field="replicas")
-    try:
-        reply = await _api(request, "pools", "scale", Scale(name=sid, replicas=replicas),
-                           ObjectReply)  # fmt: skip
-    except ResourceNotFound:
-        raise _not_found("pool", name) from None
-    return JSONResponse(_one(_pool_out(scope, reply.object), "pool", name))
+    return await _one_call(request, "pools", "scale", Scale(name=sid, replicas=replicas))
 
 
 @handler
 async def pool_delete(request: Request) -> Response:
     """Delete a pool; its free members go, claimed ones stay with their claims."""
-    scope, name, sid = _path_id(request, "pool")
-    try:
-        reply = await _api(request, "pools", "delete", Ref(name=sid), ObjectReply)
-    except ResourceNotFound:
-        raise _not_found("pool", name) from None
-    return JSONResponse(_one(_pool_out(scope, reply.object), "pool", name))
+    return await _one_call(request, "pools", "delete")
 
 
 # -- claims --------------------------------------------------------------------------------------
@@ -231,29 +237,18 @@ def _wait(body: Body) -> float:
 
 @handler
 async def claim_list(request: Request) -> Response:
-    scope = principal(request).scope
-    req = Selection(namespace=LIFECYCLE_NAMESPACE, selector=f"{TENANT_LABEL}={scope.tenant}")
-    reply = await _api(request, "claims", "list", req, ObjectsReply)
-    items = [o for o in (_claim_out(scope, i) for i in reply.items) if o is not None]
-    return JSONResponse({"items": items})
+    return await _list(request, "claims")
 
 
 @handler
 async def claim_get(request: Request) -> Response:
-    scope, name, sid = _path_id(request, "claim")
-    try:
-        reply = await _api(request, "claims", "get", Ref(name=sid), ObjectReply)
-    except ResourceNotFound:
-        raise _not_found("claim", name) from None
-    return JSONResponse(_one(_claim_out(scope, reply.object), "claim", name))
+    return await _one_call(request, "claims", "get")
 
 
 @handler
 async def claim_delete(request: Request) -> Response:
     """Release a claim: its sandbox is deleted."""
-    scope, name, sid = _path_id(request, "claim")
-    try:
-        reply = await _api(request, "claims", "delete", Ref(name=sid), ObjectReply)
-    except ResourceNotFound:
-        raise _not_found("claim", name) from None
-    return JSONResponse(_one(_claim_out(scope, reply.object), "claim", name))
+    return await _one_call(request, "claims", "delete")
+
+
+_KINDS.update(pools=("pool", _pool_out), claims=("claim", _claim_out))

@@ -1,0 +1,266 @@
+"""The chart's RBAC on the real API server: each service can do what it needs, nothing beyond.
+
+The rendered ServiceAccounts, (Cluster)Roles and bindings are created for real, each
+ServiceAccount gets a token from the TokenRequest API, and the API server's RBAC authorizer
+answers: SelfSubjectAccessReviews, plain REST calls, and KubeStore (what the services use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k8s.chart import Rest, missing_helm, render, unique
+from k8s.envtest import ControlPlane
+from sandpod_kube import KubeSettings, KubeStore, StoreForbidden, ensure_namespace
+from sandpod_store import ObjectMeta, Resource
+
+SANDBOX = "sandpod.dev/v1alpha1"
+
+
+@pytest.fixture(scope="module")
+def helm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A work dir for rendered copies of the chart; fails (never skips) without helm."""
+    if problem := missing_helm():
+        pytest.fail(problem)
+    return tmp_path_factory.mktemp("helm-rbac")
+
+
+@pytest.fixture(scope="module")
+def admin(kube_apiserver: ControlPlane) -> Iterator[Rest]:
+    """REST calls with the admin credential."""
+    rest = Rest(kube_apiserver)
+    yield rest
+    rest.close()
+
+
+# -- RBAC: least privilege, judged by the API server's authorizer --------------------------------
+
+# (apiGroup, resource, verb, subresource)
+Access = tuple[str, str, str, str]
+NEEDS: dict[str, list[Access]] = {
+    "lifecycle": [
+        ("sandpod.dev", "sandboxes", "watch", ""),
+        ("sandpod.dev", "sandboxes", "delete", ""),
+        ("sandpod.dev", "sandboxes", "update", "status"),
+        ("sandpod.dev", "sandboxtemplates", "list", ""),
+        ("", "pods", "create", ""),
+        ("", "pods", "delete", ""),
+        ("networking.k8s.io", "networkpolicies", "create", ""),
+        ("", "secrets", "get", ""),
+        ("", "events", "create", ""),
+    ],
+    "pool": [
+        ("sandpod.dev", "sandboxwarmpools", "watch", ""),
+        ("sandpod.dev", "sandboxwarmpools", "update", "status"),
+        ("sandpod.dev", "sandboxwarmpools", "update", "scale"),
+        ("sandpod.dev", "sandboxclaims", "update", "status"),
+        ("sandpod.dev", "sandboxes", "create", ""),
+        ("sandpod.dev", "sandboxes", "delete", ""),
+        ("sandpod.dev", "sandboxes", "list", ""),
+        ("sandpod.dev", "sandboxtemplates", "get", ""),
+    ],
+    "gateway": [],
+}
+REFUSED: dict[str, list[Access]] = {
+    "lifecycle": [
+        ("sandpod.dev", "sandboxclaims", "get", ""),
+        ("sandpod.dev", "sandboxwarmpools", "list", ""),
+        ("", "secrets", "create", ""),
+        ("", "secrets", "delete", ""),
+        ("", "pods", "create", "exec"),
+        ("", "serviceaccounts", "create", ""),
+        ("rbac.authorization.k8s.io", "roles", "create", ""),
+        ("", "configmaps", "list", ""),
+    ],
+    "pool": [
+        ("", "secrets", "get", ""),
+        ("", "pods", "list", ""),
+        ("", "pods", "create", ""),
+        ("networking.k8s.io", "networkpolicies", "create", ""),
+        ("sandpod.dev", "sandboxes", "update", "status"),
+        ("sandpod.dev", "sandboxtemplates", "create", ""),
+    ],
+    "gateway": [
+        ("sandpod.dev", "sandboxes", "get", ""),
+        ("sandpod.dev", "sandboxclaims", "create", ""),
+        ("", "pods", "list", ""),
+        ("", "secrets", "get", ""),
+        ("", "configmaps", "get", ""),
+        ("coordination.k8s.io", "leases", "get", ""),
+    ],
+}
+
+
+class Installed:
+    """The chart's RBAC applied for real, with a token for each service's ServiceAccount."""
+
+    def __init__(
+        self, release_ns: str, tenant_ns: str, tokens: dict[str, str], plane: ControlPlane
+    ) -> None:
+        self.release_ns, self.tenant_ns, self.tokens = release_ns, tenant_ns, tokens
+        self.clients = {c: Rest(plane, token=t) for c, t in tokens.items()}
+        self.settings = {
+            c: KubeSettings(host=plane.url, ca_file=str(plane.ca_file), token=t)
+            for c, t in tokens.items()
+        }
+
+
+@pytest.fixture(scope="module")
+def installed(helm_dir: Path, admin: Rest, kube_apiserver: ControlPlane) -> Iterator[Installed]:
+    """Render, create SAs/Roles/Bindings for real, mint a token per SA (TokenRequest API)."""
+    release_ns, tenant_ns = unique("sandpod"), unique("tenant")
+    for name in (release_ns, tenant_ns):
+        ensure_namespace(kube_apiserver.settings, name)
+    release = unique("rbac")
+    docs = render(helm_dir, {}, release=release, namespace=release_ns)
+    rbac_kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    for doc in (d for d in docs if d["kind"] in rbac_kinds):
+        reply = admin.create(doc)
+        assert reply.status_code == 201, reply.text
+    tokens = {}
+    for component in ("lifecycle", "pool", "gateway"):
+        sa = f"{release}-sandpod-{component}"
+        reply = admin.http.post(
+            f"/api/v1/namespaces/{release_ns}/serviceaccounts/{sa}/token",
+            json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                  "spec": {"expirationSeconds": 3600}},
+        )  # fmt: skip
+        assert reply.status_code == 201, reply.text
+        tokens[component] = reply.json()["status"]["token"]
+    installed = Installed(release_ns, tenant_ns, tokens, kube_apiserver)
+    yield installed
+    for rest in installed.clients.values():
+        rest.close()
+
+
+def allowed(rest: Rest, access: Access, namespace: str) -> bool:
+    """The API server's answer to SelfSubjectAccessReview for ``access`` in ``namespace``."""
+    group, resource, verb, sub = access
+    reply = rest.http.post(
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        json={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": {"group": group, "resource": resource, "verb": verb,
+                                              "subresource": sub, "namespace": namespace}}},
+    )  # fmt: skip
+    assert reply.status_code == 201, reply.text
+    return bool(reply.json()["status"]["allowed"])
+
+
+@pytest.mark.parametrize("component", ["lifecycle", "pool", "gateway"])
+def test_each_service_is_allowed_what_it_needs_and_refused_beyond(
+    installed: Installed, component: str
+) -> None:
+    """SelfSubjectAccessReview with the service's own token: needs allowed, the rest refused."""
+    rest = installed.clients[component]
+    ns = installed.tenant_ns
+    assert [a for a in NEEDS[component] if not allowed(rest, a, ns)] == []
+    assert [a for a in REFUSED[component] if allowed(rest, a, ns)] == []
+
+
+@pytest.mark.parametrize("component", ["lifecycle", "pool"])
+def test_leases_only_in_the_release_namespace(installed: Installed, component: str) -> None:
+    """Leader-election Leases are writable in the release namespace only, never deletable."""
+    rest = installed.clients[component]
+    lease = ("coordination.k8s.io", "leases", "update", "")
+    assert allowed(rest, lease, installed.release_ns)
+    assert not allowed(rest, lease, installed.tenant_ns)
+    assert not allowed(rest, ("coordination.k8s.io", "leases", "delete", ""), installed.release_ns)
+
+
+def test_real_calls_with_service_account_tokens(installed: Installed) -> None:
+    """Real requests: pool creates a Sandbox, lifecycle sets its status; refusals are 403."""
+    ns = installed.tenant_ns
+    pool, lifecycle = installed.clients["pool"], installed.clients["lifecycle"]
+    gateway = installed.clients["gateway"]
+    sbx = {"apiVersion": SANDBOX, "kind": "Sandbox", "metadata": {"name": "s1", "namespace": ns},
+           "spec": {"templateRef": {"name": "python"}}}  # fmt: skip
+    assert pool.create(sbx).status_code == 201
+    path = f"/apis/{SANDBOX}/namespaces/{ns}/sandboxes/s1"
+    current = lifecycle.http.get(path).json()
+    current["status"] = {"phase": "Pending"}
+    reply = lifecycle.http.put(f"{path}/status", json=current)
+    assert reply.status_code == 200, reply.text
+    assert lifecycle.http.get(f"/api/v1/namespaces/{ns}/pods").status_code == 200
+    assert lifecycle.http.get(f"/api/v1/namespaces/{ns}/secrets").status_code == 200
+    refused = [
+        pool.http.get(f"/api/v1/namespaces/{ns}/secrets"),
+        pool.http.get(f"/api/v1/namespaces/{ns}/pods"),
+        pool.http.put(f"{path}/status", json=current),
+        lifecycle.http.get(f"/apis/{SANDBOX}/namespaces/{ns}/sandboxclaims"),
+        lifecycle.create({"apiVersion": "v1", "kind": "Secret",
+                          "metadata": {"name": "x", "namespace": ns}}),
+        gateway.http.get(path),
+        gateway.http.get(f"/api/v1/namespaces/{ns}/pods"),
+    ]  # fmt: skip
+    assert [r.status_code for r in refused] == [403] * len(refused)
+
+
+def test_namespaced_rbac_stops_at_the_release_namespace(
+    helm_dir: Path, admin: Rest, kube_apiserver: ControlPlane
+) -> None:
+    """rbac.clusterWide=false: lifecycle manages pods in its own namespace only, not a tenant's."""
+    release_ns, other_ns = unique("sandpod"), unique("tenant")
+    for name in (release_ns, other_ns):
+        ensure_namespace(kube_apiserver.settings, name)
+    release = unique("nsrbac")
+    values = {"rbac": {"clusterWide": False}}
+    docs = render(helm_dir, values, release=release, namespace=release_ns)
+    assert not [d for d in docs if d["kind"].startswith("ClusterRole")]
+    for doc in (d for d in docs if d["kind"] in {"ServiceAccount", "Role", "RoleBinding"}):
+        assert admin.create(doc).status_code == 201
+    reply = admin.http.post(
+        f"/api/v1/namespaces/{release_ns}/serviceaccounts/{release}-sandpod-lifecycle/token",
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+    )
+    assert reply.status_code == 201, reply.text
+    lifecycle = Rest(kube_apiserver, token=reply.json()["status"]["token"])
+    try:
+        assert allowed(lifecycle, ("", "pods", "create", ""), release_ns)
+        assert allowed(lifecycle, ("sandpod.dev", "sandboxes", "watch", ""), release_ns)
+        assert not allowed(lifecycle, ("", "pods", "create", ""), other_ns)
+        assert not allowed(lifecycle, ("sandpod.dev", "sandboxes", "watch", ""), other_ns)
+    finally:
+        lifecycle.close()
+
+
+def resource(kind: str, namespace: str, name: str, spec: dict[str, Any]) -> Resource:
+    return Resource(api_version=SANDBOX, kind=kind, spec=spec,
+                    metadata=ObjectMeta(name=name, namespace=namespace))  # fmt: skip
+
+
+async def test_the_kube_store_works_within_each_services_rbac(installed: Installed) -> None:
+    """KubeStore (what the services use) does the pool's and lifecycle's work with their tokens."""
+    ns = installed.tenant_ns
+    pool = await KubeStore.connect(installed.settings["pool"])
+    lifecycle = await KubeStore.connect(installed.settings["lifecycle"])
+    try:
+        warm = await pool.create(resource("SandboxWarmPool", ns, "wp", {"templateRef": {
+            "name": "python"}, "replicas": 1}))  # fmt: skip
+        await pool.update_status(dataclasses.replace(warm, status={"readyReplicas": 0}))
+        member = await pool.create(resource("Sandbox", ns, "wp-1", {"templateRef": {
+            "name": "python"}}))  # fmt: skip
+        claim = await pool.create(resource("SandboxClaim", ns, "c1", {"poolRef": {"name": "wp"}}))
+        await pool.update_status(dataclasses.replace(claim, status={"sandbox": "wp-1"}))
+        listed, _ = await lifecycle.list("Sandbox")  # every namespace: a ClusterRole
+        assert "wp-1" in {o.metadata.name for o in listed}
+        running = await lifecycle.update_status(
+            dataclasses.replace(member, status={"phase": "Running"})
+        )
+        await lifecycle.list("SandboxTemplate", ns)
+        with pytest.raises(StoreForbidden):  # lifecycle never touches claims or pools
+            await lifecycle.list("SandboxClaim", ns)
+        with pytest.raises(StoreForbidden):
+            await lifecycle.update_status(dataclasses.replace(warm, status={}))
+        with pytest.raises(StoreForbidden):  # only lifecycle reports a sandbox's status
+            await pool.update_status(dataclasses.replace(running, status={"phase": "Failed"}))
+        with pytest.raises(StoreForbidden):  # templates are the lifecycle API's to write
+            await pool.create(resource("SandboxTemplate", ns, "t", {}))
+        await pool.delete("Sandbox", ns, "wp-1")
+    finally:
+        await pool.close()
+        await lifecycle.close()
