@@ -1,6 +1,8 @@
-"""The control plane works with exactly the rules of deploy/rbac/sandpod-rbac.yaml, and the API
-server refuses it anything beyond them: each service runs as its own ServiceAccount (a bound token
-from the TokenRequest API) whose ClusterRole is bound in the ``default`` namespace only."""
+"""The real lifecycle and pool services work with exactly the rules the Helm chart gives them
+(deploy/helm/sandpod/templates/rbac.yaml, rendered by helm), and the API server refuses them
+anything beyond: each service runs as its own ServiceAccount (a bound token from the TokenRequest
+API) whose ClusterRole carries the chart's rules and is bound in the ``default`` namespace only.
+(tests/k8s/test_helm_rbac.py checks the chart's RBAC itself; this runs the services under it.)"""
 
 from __future__ import annotations
 
@@ -8,35 +10,46 @@ import asyncio
 import dataclasses
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from k8s.chart import missing_helm, render
 from k8s.cluster import NS, Cluster, ready
-from k8s.envtest import REPO, ControlPlane
+from k8s.envtest import ControlPlane
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod_kube import KubeSettings, KubeStore, PodApi, StoreForbidden
 from sandpod_kube.podspec import PodSettings, SandboxPod, pod_manifest
 from sandpod_store import ObjectMeta, Resource
 
-RBAC = REPO / "deploy" / "rbac" / "sandpod-rbac.yaml"
 AUDIENCE = "https://kubernetes.default.svc"  # the test API server's issuer, its default audience
 
 
-def grant(plane: ControlPlane, role: str) -> str:
-    """Apply the ClusterRoles, bind ``role`` to a ServiceAccount of that name in ``default``;
-    return a token of that ServiceAccount."""
+@pytest.fixture(scope="module")
+def chart_rules(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    """The rules of the chart's lifecycle and pool ClusterRoles (helm template, defaults)."""
+    if problem := missing_helm():
+        pytest.fail(problem)
+    docs = render(tmp_path_factory.mktemp("rbac-chart"), {}, release="r", namespace="sandpod")
+    roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole"}
+    return {f"sandpod-{c}": roles[f"r-sandpod-{c}"] for c in ("lifecycle", "pool")}
+
+
+def grant(plane: ControlPlane, role: str, rules: list[Any]) -> str:
+    """A ClusterRole ``role`` with ``rules``, bound to a ServiceAccount of that name in
+    ``default`` only; return a token of that ServiceAccount."""
     with plane.settings.api_client() as api_client:
         rbac, core = client.RbacAuthorizationV1Api(api_client), client.CoreV1Api(api_client)
-        for doc in yaml.safe_load_all(RBAC.read_text()):
-            try:
-                rbac.create_cluster_role(doc)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-                rbac.replace_cluster_role(doc["metadata"]["name"], doc)
+        doc = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": role}, "rules": rules}  # fmt: skip
+        try:
+            rbac.create_cluster_role(doc)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            rbac.replace_cluster_role(role, doc)
         meta = client.V1ObjectMeta(name=role)
         account = client.V1ServiceAccount(metadata=meta)
         for create in (
@@ -67,7 +80,7 @@ def token_env(plane: ControlPlane, token: str, state: Path, role: str) -> dict[s
 
 
 async def test_lifecycle_and_pool_work_with_exactly_their_roles(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, chart_rules: dict[str, list[Any]]
 ) -> None:
     """With only their ServiceAccounts' rules, lifecycle runs a sandbox in a Pod and the pool
     service fills a pool and binds a claim; neither logs a refusal."""
@@ -76,7 +89,7 @@ async def test_lifecycle_and_pool_work_with_exactly_their_roles(
         ("sandpod-lifecycle", "sandpod_lifecycle"),
         ("sandpod-pool", "sandpod_pool"),
     ):
-        token = await asyncio.to_thread(grant, plane, role)
+        token = await asyncio.to_thread(grant, plane, role, chart_rules[role])
         cluster.credentials[module] = token_env(plane, token, tmp_path, role)
     cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5")
     cluster.service("sandpod_pool", SANDPOD_POOL_RESYNC="0.3")
@@ -118,11 +131,11 @@ async def test_lifecycle_and_pool_work_with_exactly_their_roles(
 
 
 async def test_each_service_is_refused_beyond_its_role(
-    kube_apiserver: ControlPlane, namespace: str, tmp_path: Path
+    kube_apiserver: ControlPlane, namespace: str, chart_rules: dict[str, list[Any]]
 ) -> None:
     """The lifecycle's token cannot list Sandboxes outside its namespace, pools, or Pods elsewhere;
     the pool's token cannot create Pods or templates: each refusal is a typed StoreForbidden."""
-    tokens = {role: await asyncio.to_thread(grant, kube_apiserver, role)
+    tokens = {role: await asyncio.to_thread(grant, kube_apiserver, role, chart_rules[role])
               for role in ("sandpod-lifecycle", "sandpod-pool")}  # fmt: skip
 
     def as_(role: str) -> KubeSettings:
