@@ -39,7 +39,8 @@ async def test_a_sandbox_runs_in_its_own_hardened_pod_until_its_lifetime_ends(
     kubelet = cluster.kubelet
     kubelet.hold()  # the Pod will exist but not be Ready until released
     cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5",
-                    SANDPOD_READY_TIMEOUT="30")  # fmt: skip
+                    SANDPOD_READY_TIMEOUT="30", SANDPOD_POD_NATS_NAMESPACE="nats-system",
+                    SANDPOD_POD_NATS_CIDRS="127.0.0.1/32")  # fmt: skip
     await cluster.answering()
     async with asyncio.TaskGroup() as tg:
         creating = tg.create_task(AsyncSandbox.create(
@@ -97,12 +98,16 @@ async def _check_network_policy(settings: KubeSettings, template: str) -> None:
         )
     assert policy.spec.pod_selector.match_labels == {"sandpod.dev/template": template}
     assert policy.spec.policy_types == ["Ingress", "Egress"] and not policy.spec.ingress
+    nats = policy.spec.egress[0].to[0]
+    assert nats.namespace_selector.match_labels == {"kubernetes.io/metadata.name": "nats-system"}
+    assert nats.pod_selector.match_labels == {"app.kubernetes.io/name": "nats"}
     rules = [
-        ([p.ip_block.cidr for p in r.to or []], [(p.protocol, p.port) for p in r.ports or []])
+        ([p.ip_block.cidr for p in r.to or [] if p.ip_block],
+         [(p.protocol, p.port) for p in r.ports or []])
         for r in policy.spec.egress
-    ]
+    ]  # fmt: skip
     assert rules == [
-        ([], [("TCP", 4222)]),  # NATS, always
+        (["127.0.0.1/32"], [("TCP", 4222)]),  # NATS, always: its pods, and its address
         ([], [("UDP", 53), ("TCP", 53)]),  # DNS, since the template allows egress
         (["10.1.0.0/16"], []),
         (["203.0.113.7/32"], [("TCP", 443)]),

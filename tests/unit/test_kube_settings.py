@@ -70,6 +70,7 @@ def test_a_kubeconfig_is_read_when_no_server_is_given(tmp_path: Path) -> None:
           "SANDPOD_KUBE_TOKEN_FILE": "/nonexistent/token"}, "SANDPOD_KUBE_TOKEN_FILE"),
         ({"SANDPOD_POD_NATS_CIDRS": "10.0.0.0/8,nats"}, "SANDPOD_POD_NATS_CIDRS"),
         ({"SANDPOD_POD_RUN_AS_USER": "-1"}, "SANDPOD_POD_RUN_AS_USER"),
+        ({"SANDPOD_POD_NATS_POD_LABELS": "nats"}, "SANDPOD_POD_NATS_POD_LABELS"),
     ],
 )  # fmt: skip
 def test_bad_kubernetes_settings_fail_start_up_naming_the_variable(
@@ -94,17 +95,24 @@ def test_a_pod_without_a_template_image_or_limits_still_is_hardened() -> None:
     assert manifest["metadata"]["labels"]["sandpod.dev/installation"] == "sandpod"
 
 
-def test_a_template_without_egress_gets_only_nats_and_nats_can_be_pinned() -> None:
-    """No egress: the policy allows NATS (only at its CIDRs when given) and no DNS, no ingress."""
-    settings = PodSettings(nats_cidrs=("10.96.0.0/12",), nats_port=4223)
+def test_a_template_without_egress_gets_only_nats_and_never_a_destinationless_rule() -> None:
+    """No egress: the policy allows NATS at its named pods/CIDRs only, no DNS, no ingress; with
+    no NATS destination configured there is no NATS rule at all (never "port 4222 anywhere")."""
+    settings = PodSettings.from_env({
+        "SANDPOD_POD_NATS_NAMESPACE": "nats", "SANDPOD_POD_NATS_POD_LABELS": "app=nats,tier=bus",
+        "SANDPOD_POD_NATS_CIDRS": "10.96.0.0/12", "SANDPOD_POD_NATS_PORT": "4223",
+    })  # fmt: skip
     policy, unenforceable = egress_policy("ns", "t", (), settings)
-    assert unenforceable == []
-    assert policy["spec"]["ingress"] == []
-    assert policy["spec"]["egress"] == [
-        {
-            "ports": [{"protocol": "TCP", "port": 4223}],
-            "to": [{"ipBlock": {"cidr": "10.96.0.0/12"}}],
-        }
-    ]
-    policy, _ = egress_policy("ns", "t", ("*",), settings)
-    assert {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]} in policy["spec"]["egress"]
+    assert unenforceable == [] and policy["spec"]["ingress"] == []
+    assert policy["spec"]["egress"] == [{
+        "to": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nats"}},
+             "podSelector": {"matchLabels": {"app": "nats", "tier": "bus"}}},
+            {"ipBlock": {"cidr": "10.96.0.0/12"}},
+        ],
+        "ports": [{"protocol": "TCP", "port": 4223}],
+    }]  # fmt: skip
+    unpinned, _ = egress_policy("ns", "t", ("*",), PodSettings())
+    egress = unpinned["spec"]["egress"]
+    assert not any(p["port"] == 4222 for rule in egress for p in rule.get("ports", []))
+    assert {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]} in unpinned["spec"]["egress"]

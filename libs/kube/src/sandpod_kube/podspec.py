@@ -26,7 +26,11 @@ embedded, ``nats://user:pass@host``) from a Secret in the sandbox's namespace, v
 Network: one NetworkPolicy per template selects that template's Pods: no ingress at all (execd
 dials out to NATS; nothing dials in); egress to NATS always, to DNS when the template allows any
 egress, and to each CIDR of the template's ``network.egress`` (``10.0.0.0/8``, ``1.2.3.4:443``).
-Host names cannot be expressed in a NetworkPolicy: they are returned as ``unenforceable``.
+Host names cannot be expressed in a NetworkPolicy: they are returned as ``unenforceable``. The
+NATS rule names its destination (the NATS pods' namespace and labels, and/or CIDRs): a rule with
+a port and no destination would open that port to every address. With neither configured the
+rule is left out and ``nats_pinned`` is False: the installation's own policy must allow NATS
+(the Helm chart's ``sandbox-allow-nats`` does; policies are additive).
 """
 
 from __future__ import annotations
@@ -63,8 +67,10 @@ class PodSettings:
         execd_image: the ``sandpod-execd`` image (the bundle under ``/sandpod-bundle``).
         default_image: the sandbox image when the template names none.
         nats_secret: Secret (in the sandbox's namespace) whose key ``url`` is execd's NATS URL.
-        nats_port: NATS client port, always allowed by the egress policy.
-        nats_cidrs: where NATS runs (egress to ``nats_port`` only there); empty: any address.
+        nats_port: NATS client port, allowed by the egress policy.
+        nats_namespace: namespace of the NATS pods (selected by ``nats_pod_labels``).
+        nats_pod_labels: labels of the NATS pods (``key=value,...``).
+        nats_cidrs: addresses of a NATS outside the cluster.
         run_as_user: uid (and gid) every container runs as.
         grace_seconds: termination grace period of a sandbox Pod.
         bundle_size: size limit of the emptyDir holding the execd bundle.
@@ -74,10 +80,19 @@ class PodSettings:
     default_image: str = "debian:bookworm-slim"
     nats_secret: str = "sandpod-nats"  # noqa: S105 - a Secret's name, not a password
     nats_port: int = 4222
+    nats_namespace: str | None = None
+    nats_pod_labels: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: {"app.kubernetes.io/name": "nats"}
+    )
     nats_cidrs: tuple[str, ...] = ()
     run_as_user: int = 1000
     grace_seconds: int = 5
     bundle_size: str = "256Mi"
+
+    @property
+    def nats_pinned(self) -> bool:
+        """Whether the per-template policies can name NATS as a destination."""
+        return bool(self.nats_namespace or self.nats_cidrs)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> PodSettings:
@@ -93,6 +108,12 @@ class PodSettings:
                 raise ValueError(f"SANDPOD_POD_{name}={raw!r} is not a non-negative integer")
             return int(raw)
 
+        labels = dict(base.nats_pod_labels)
+        if raw_labels := text("NATS_POD_LABELS", ""):
+            pairs = [item.partition("=") for item in raw_labels.split(",") if item.strip()]
+            if any(not k.strip() or not eq for k, eq, _ in pairs):
+                raise ValueError(f"SANDPOD_POD_NATS_POD_LABELS={raw_labels!r}: use key=value,...")
+            labels = {k.strip(): v.strip() for k, _, v in pairs}
         cidrs = tuple(c.strip() for c in text("NATS_CIDRS", "").split(",") if c.strip())
         for cidr in cidrs:
             try:
@@ -104,6 +125,8 @@ class PodSettings:
             default_image=text("DEFAULT_IMAGE", base.default_image),
             nats_secret=text("NATS_SECRET", base.nats_secret),
             nats_port=number("NATS_PORT", base.nats_port),
+            nats_namespace=text("NATS_NAMESPACE", "") or None,
+            nats_pod_labels=labels,
             nats_cidrs=cidrs,
             run_as_user=number("RUN_AS_USER", base.run_as_user),
             grace_seconds=number("GRACE", base.grace_seconds),
@@ -244,10 +267,16 @@ def egress_policy(
     namespace: str, template: str, egress: tuple[str, ...], settings: PodSettings
 ) -> tuple[dict[str, Any], list[str]]:
     """The template's NetworkPolicy, and the egress entries it cannot enforce (host names)."""
-    nats: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": settings.nats_port}]}
-    if settings.nats_cidrs:
-        nats["to"] = [{"ipBlock": {"cidr": c}} for c in settings.nats_cidrs]
-    rules: list[dict[str, Any]] = [nats]
+    peers: list[dict[str, Any]] = [{"ipBlock": {"cidr": c}} for c in settings.nats_cidrs]
+    if settings.nats_namespace:
+        peers.insert(0, {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": settings.nats_namespace}},
+            "podSelector": {"matchLabels": dict(settings.nats_pod_labels)},
+        })  # fmt: skip
+    rules: list[dict[str, Any]] = []
+    if peers:  # never a destination-less rule: that would open the port to every address
+        rules.append({"to": peers, "ports": [{"protocol": "TCP", "port": settings.nats_port}]})
     unenforceable = []
     if egress:  # names need DNS
         rules.append({"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]})

@@ -65,6 +65,12 @@ class PodDriver:
         self._installation = installation
         self._ready_timeout = ready_timeout
         self._namespace = namespace
+        if not settings.nats_pinned:
+            log.warning(
+                "nats_egress_not_pinned",
+                hint="set SANDPOD_POD_NATS_NAMESPACE or SANDPOD_POD_NATS_CIDRS; until then the "
+                "installation's own NetworkPolicy must allow sandbox Pods to reach NATS",
+            )
 
     def protections(self) -> dict[str, str]:
         # Pause is not an isolation property: its absence is logged by pause(), not here.
