@@ -61,7 +61,11 @@ BUNDLE_MOUNT = "/opt/sandpod"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PodSettings:
-    """How the ``kubernetes`` runtime builds Pods (env ``SANDPOD_POD_*``).
+    """How the ``kubernetes`` runtime builds Pods.
+
+    Each attribute is read from ``SANDPOD_POD_<NAME>`` (``EXECD_IMAGE``, ``DEFAULT_IMAGE``,
+    ``NATS_SECRET``, ``NATS_PORT``, ``NATS_NAMESPACE``, ``NATS_POD_LABELS`` as ``k=v,...``,
+    ``NATS_CIDRS`` comma-separated, ``RUN_AS_USER``, ``GRACE`` for grace_seconds, ``BUNDLE_SIZE``).
 
     Attributes:
         execd_image: the ``sandpod-execd`` image (the bundle under ``/sandpod-bundle``).

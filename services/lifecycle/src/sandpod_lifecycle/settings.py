@@ -7,7 +7,7 @@
 | ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | instances, workspaces, logs |
 | ``SANDPOD_RUNTIME`` | ``process`` | ``local`` (jail, root), ``process``, ``kubernetes`` (Pods) |
 | ``SANDPOD_STORE`` | ``kv`` | ``kv`` (JetStream KV) or ``kube`` (CRDs: ``SANDPOD_KUBE_*``) |
-| ``SANDPOD_POD_*`` | | the ``kubernetes`` runtime's settings (``runtime/pod.py``) |
+| ``SANDPOD_POD_*`` | | the ``kubernetes`` runtime's Pods (``sandpod_kube.podspec.PodSettings``) |
 | ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
 | ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's objects move after this |
 | ``SANDPOD_RESYNC`` | 5 s | full resync period (orphans, lease renewal) |
