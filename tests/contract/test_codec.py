@@ -377,6 +377,7 @@ def test_control_plane_and_event_subjects() -> None:
     assert subjects.event("sandbox", "demo", "ready") == "acme.events.sandbox.demo.ready"
     assert subjects.events_all() == "acme.events.>"
     assert subjects.api_kind("pools") == "acme.api.pools.*"
+    assert Subjects("acme.eu").storage("resources") == "acme-eu-resources"
 
 
 def test_no_message_has_a_field_named_error() -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sandpod_kube.admin import apply_crds, delete_all, ensure_namespace
+    from sandpod_kube.choice import open_store, store_settings
     from sandpod_kube.config import KubeSettings
     from sandpod_kube.errors import StoreForbidden
     from sandpod_kube.kinds import KINDS, KindInfo
@@ -32,12 +33,14 @@ __all__ = [
     "apply_crds",
     "delete_all",
     "ensure_namespace",
+    "open_store",
+    "store_settings",
 ]
 
 _WHERE = {
     "KINDS": "kinds", "KindInfo": "kinds", "KubeSettings": "config", "KubeStore": "store",
     "PodApi": "pods", "StoreForbidden": "errors", "apply_crds": "admin", "delete_all": "admin",
-    "ensure_namespace": "admin",
+    "ensure_namespace": "admin", "open_store": "choice", "store_settings": "choice",
 }  # fmt: skip
 
 

@@ -113,6 +113,18 @@ class Subjects:
             raise ValueError(f"invalid node {node!r} or service {service!r}")
         return f"{self.prefix}.node.{node}.{service}.*"
 
+    @property
+    def storage_base(self) -> str:
+        """The installation's name for JetStream buckets and streams (no dots there): the
+        prefix with ``.`` as ``-``, so installations sharing a NATS keep their state apart."""
+        return self.prefix.replace(".", "-")
+
+    def storage(self, name: str) -> str:
+        """A bucket or stream of this installation, e.g. ``sandpod-resources``."""
+        if not TOKEN_RE.fullmatch(name):
+            raise ValueError(f"invalid storage name {name!r}")
+        return f"{self.storage_base}-{name}"
+
     def api_kind(self, kind: str) -> str:
         """Wildcard of one kind's control-plane verbs, e.g. ``sandpod.api.pools.*`` (each
         service subscribes to the kinds it serves)."""

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sandpod_bus import BusSettings
-from sandpod_contract.subjects import DEFAULT_PREFIX
+from sandpod_contract.subjects import DEFAULT_PREFIX, Subjects
 from sandpod_service import env_float, env_int, env_str
 
 __all__ = ["GatewaySettings"]
@@ -58,7 +58,7 @@ class GatewaySettings:
     @property
     def bucket_base(self) -> str:
         """Buckets and streams are named after the prefix, like lifecycle's."""
-        return self.prefix.replace(".", "-")
+        return Subjects(self.prefix).storage_base
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> GatewaySettings:

@@ -29,6 +29,7 @@ from sandpod_contract.messages.node import NodeSandboxes
 from sandpod_contract.messages.sandboxes import CONTROL_PLANE
 from sandpod_contract.messages.system import Activity, Configure, Configured, Pong
 from sandpod_contract.subjects import Subjects
+from sandpod_kube import open_store
 from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
@@ -41,7 +42,7 @@ from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
 from sandpod_service.leases import Leases
-from sandpod_store import KvStore, Store
+from sandpod_store import Store
 
 __all__ = ["LifecycleService"]
 
@@ -65,12 +66,9 @@ class LifecycleService:
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
     async def _store(self, bus: Bus, bucket: str) -> Store:
-        if self.settings.kube is None:
-            return await KvStore.open(bus, bucket=bucket)
-        from sandpod_kube import KubeStore
-
-        store = await KubeStore.connect(self.settings.kube)
-        self._closers.append(store.close)
+        store, close = await open_store(bus, bucket, self.settings.kube)
+        if close is not None:
+            self._closers.append(close)
         return store
 
     def _driver(self) -> Driver:
@@ -102,12 +100,14 @@ class LifecycleService:
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         # Buckets and streams are named after the prefix: installations sharing a NATS stay apart.
-        base = self.settings.prefix.replace(".", "-")
-        store = await self._store(bus, f"{base}-resources")
-        events = Events(bus, self.subjects, stream=f"{base}-events")
+        store = await self._store(bus, self.subjects.storage("resources"))
+        events = Events(bus, self.subjects, stream=self.subjects.storage("events"))
         await events.setup()
         self._leases = await Leases.open(
-            bus, self.settings.replica_id, self.settings.lease_ttl, bucket=f"{base}-leases"
+            bus,
+            self.settings.replica_id,
+            self.settings.lease_ttl,
+            bucket=self.subjects.storage("leases"),
         )
         api = LifecycleApi(store, events)
         self.reconciler = Reconciler(

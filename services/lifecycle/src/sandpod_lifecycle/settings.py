@@ -27,7 +27,7 @@ from pathlib import Path
 
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
-from sandpod_kube import KubeSettings
+from sandpod_kube import KubeSettings, store_settings
 from sandpod_kube.podspec import PodSettings
 from sandpod_service import env_bool, env_float, env_int, env_str
 
@@ -66,10 +66,8 @@ class LifecycleSettings:
                 f"SANDPOD_RUNTIME={runtime!r}: use 'local' (namespace jail, needs root), "
                 "'process' (no isolation) or 'kubernetes' (a Pod per sandbox)"
             )
-        store = env_str(env, "SANDPOD_STORE", "kv")
-        if store not in ("kv", "kube"):
-            raise ValueError(f"SANDPOD_STORE={store!r}: use 'kv' (JetStream KV) or 'kube' (CRDs)")
-        if runtime == "kubernetes" and store != "kube":
+        kube = store_settings(env)
+        if runtime == "kubernetes" and kube is None:
             raise ValueError("SANDPOD_RUNTIME=kubernetes needs SANDPOD_STORE=kube (Pods are owned "
                              "by Sandbox objects on the API server)")  # fmt: skip
         return cls(
@@ -80,7 +78,7 @@ class LifecycleSettings:
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
             state_dir=Path(env_str(env, "SANDPOD_STATE_DIR", str(base.state_dir))).expanduser(),
             runtime=runtime,
-            kube=KubeSettings.from_env(env) if store == "kube" else None,
+            kube=kube,
             pods=PodSettings.from_env(env),
             replica_id=env_str(env, "SANDPOD_REPLICA_ID", base.replica_id),
             lease_ttl=env_float(env, "SANDPOD_LEASE_TTL", base.lease_ttl, minimum=0.5),

@@ -55,16 +55,17 @@ from sandpod_contract.pooling import (
 from sandpod_contract.resources import API_VERSION, SandboxTemplateSpec
 from sandpod_pool.cache import Mirror
 from sandpod_pool.members import (
-    DELETE_ANNOTATION,
     POOL_KIND,
     SANDBOX,
     TEMPLATE,
     MemberState,
     age,
-    condition,
     expiry,
+    failure_reason,
     is_deleting,
+    is_ready,
     member_state,
+    request_delete,
     set_condition,
 )
 from sandpod_store import ObjectMeta, Resource, Store
@@ -97,12 +98,11 @@ def _running(obj: Resource | None) -> bool:
 
 
 def member_state_of(obj: Resource) -> str:
-    """``ready``, ``failed`` or ``starting`` for a claimed sandbox (labels aside)."""
-    phase = obj.status.get("phase", "Pending")
-    ready = condition(obj.status, "Ready")
-    if phase == "Running" and ready is not None and ready.get("status") == "True":
+    """``ready``, ``failed`` or ``starting`` for a claimed sandbox (labels aside; unlike a
+    free member, a retried create is still ``starting``: the claim waits for it)."""
+    if is_ready(obj):
         return "ready"
-    if phase in ("Failed", "Terminated") or is_deleting(obj):
+    if obj.status.get("phase") in ("Failed", "Terminated") or is_deleting(obj):
         return "failed"
     return "starting"
 
@@ -222,7 +222,9 @@ class Claims:
             )  # fmt: skip
         if ready is None or ready.status != "True":
             sandbox_now = self.sandboxes.get(claim.metadata.namespace, status.sandbox or "")
-            why = "" if sandbox_now is None else f" (last: {_failure(sandbox_now)})"
+            why = (
+                "" if sandbox_now is None else f" (last: {failure_reason(sandbox_now, 'deleted')})"
+            )
             raise ClaimTimeout(
                 f"claim {name} bound {status.sandbox} ({reason}) but it was not ready within "
                 f"{wait:g}s{why}; the claim stays: get it later or delete it",
@@ -363,20 +365,7 @@ class Claims:
         ]  # fmt: skip
 
     async def _delete_sandbox(self, sbx: Resource) -> None:
-        for _ in range(5):
-            if is_deleting(sbx):
-                return
-            annotations = {**sbx.metadata.annotations, DELETE_ANNOTATION: "true"}
-            meta = dataclasses.replace(sbx.metadata, annotations=annotations)
-            try:
-                self.sandboxes.observe(
-                    await self.store.update(dataclasses.replace(sbx, metadata=meta))
-                )
-                return
-            except ResourceNotFound:
-                return
-            except ResourceConflict:
-                sbx = await self.store.get(SANDBOX, sbx.metadata.namespace, sbx.metadata.name)
+        await request_delete(self.store, self.sandboxes, sbx, unless=lambda _: False)
 
     # -- the reconciler ------------------------------------------------------------------------
 
@@ -497,7 +486,7 @@ def _status_for(
     if state == "ready":
         conds = set_condition(conds, ClaimConditionType.READY, "True", ClaimReason.SANDBOX_READY)
     elif state == "failed":
-        why = "" if sandbox is None else _failure(sandbox)
+        why = "" if sandbox is None else failure_reason(sandbox, "deleted")
         conds = set_condition(conds, ClaimConditionType.READY, "False",
                               ClaimReason.SANDBOX_FAILED, why)  # fmt: skip
         phase = ClaimPhase.FAILED
@@ -508,14 +497,6 @@ def _status_for(
         phase=phase, sandbox=None if sandbox is None else sandbox.metadata.name,
         shutdown_time=shutdown or None, observed_generation=claim.metadata.generation,
     ).to_dict() | {"conditions": conds}  # fmt: skip
-
-
-def _failure(sandbox: Resource) -> str:
-    for type_ in ("Failed", "Ready", "Expired"):
-        cond = condition(sandbox.status, type_)
-        if cond is not None and cond.get("message"):
-            return f"{cond.get('reason', '')}: {cond['message']}"
-    return str(sandbox.status.get("phase", "deleted"))
 
 
 def _passed(stamp: str) -> bool:

@@ -15,12 +15,14 @@ import enum
 import hashlib
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from sandpod_contract.errors import ResourceConflict, ResourceNotFound
 from sandpod_contract.pooling import CLAIM_LABEL, HASH_LABEL, POOL_LABEL, WarmPoolSpec
 from sandpod_contract.resources import API_VERSION, SandboxTemplateSpec
-from sandpod_store import ObjectMeta, Resource
+from sandpod_pool.cache import Mirror
+from sandpod_store import ObjectMeta, Resource, Store
 
 __all__ = [
     "DELETE_ANNOTATION",
@@ -32,10 +34,13 @@ __all__ = [
     "condition",
     "expiry",
     "failure_message",
+    "failure_reason",
     "free_selector",
     "is_deleting",
+    "is_ready",
     "member_object",
     "member_state",
+    "request_delete",
     "set_condition",
     "template_hash",
 ]
@@ -120,24 +125,37 @@ def member_state(obj: Resource) -> MemberState:
         return MemberState.DELETING
     if CLAIM_LABEL in obj.metadata.labels:
         return MemberState.CLAIMED
-    phase = obj.status.get("phase", "Pending")
-    ready = condition(obj.status, "Ready")
-    if phase == "Running" and ready is not None and ready.get("status") == "True":
+    if is_ready(obj):
         return MemberState.READY
-    if phase in ("Failed", "Terminated") or (
+    ready = condition(obj.status, "Ready")
+    if obj.status.get("phase") in ("Failed", "Terminated") or (
         ready is not None and ready.get("reason") == "InstanceStarting"
     ):
         return MemberState.FAILED  # InstanceStarting: a create failed and is being retried
     return MemberState.STARTING
 
 
-def failure_message(obj: Resource) -> str:
-    """Why a failed member failed, from its conditions."""
+def failure_reason(obj: Resource, default: str = "Pending") -> str:
+    """``reason: message`` of the first telling condition (Failed, Ready, Expired), else the
+    phase (``default`` without one)."""
     for type_ in ("Failed", "Ready", "Expired"):
         cond = condition(obj.status, type_)
         if cond is not None and cond.get("message"):
-            return f"{obj.metadata.name}: {cond.get('reason', '')}: {cond['message']}"
-    return f"{obj.metadata.name}: {obj.status.get('phase', 'Pending')}"
+            return f"{cond.get('reason', '')}: {cond['message']}"
+    return str(obj.status.get("phase", default))
+
+
+def failure_message(obj: Resource) -> str:
+    """Why a failed member failed, from its conditions, naming it."""
+    return f"{obj.metadata.name}: {failure_reason(obj)}"
+
+
+def is_ready(obj: Resource) -> bool:
+    """Running with a true Ready condition: what the lifecycle reports of a usable sandbox."""
+    ready = condition(obj.status, "Ready")
+    return (
+        obj.status.get("phase") == "Running" and ready is not None and ready.get("status") == "True"
+    )
 
 
 def age(obj: Resource) -> float:
@@ -162,3 +180,28 @@ def set_condition(
     new = {"type": type_, "status": status, "reason": reason, "message": message,
            "lastTransitionTime": stamp}  # fmt: skip
     return [*(c for c in conditions if c.get("type") != type_), new]
+
+
+async def request_delete(
+    store: Store, mirror: Mirror, sbx: Resource, *, unless: Callable[[Resource], bool]
+) -> bool:
+    """Mark ``sbx`` for deletion (the lifecycle destroys its instance and the object), re-reading
+    on conflicts. Gives up when the sandbox is gone or, as re-read, ``unless(it)`` holds.
+    True when this call marked it."""
+    for _ in range(5):
+        if is_deleting(sbx) or unless(sbx):
+            return False
+        annotations = {**sbx.metadata.annotations, DELETE_ANNOTATION: "true"}
+        meta = dataclasses.replace(sbx.metadata, annotations=annotations)
+        try:
+            mirror.observe(await store.update(dataclasses.replace(sbx, metadata=meta)))
+            return True
+        except ResourceNotFound:
+            mirror.forget(sbx.metadata.namespace, sbx.metadata.name)
+            return False
+        except ResourceConflict:
+            try:
+                sbx = await store.get(SANDBOX, sbx.metadata.namespace, sbx.metadata.name)
+            except ResourceNotFound:
+                return False
+    return False

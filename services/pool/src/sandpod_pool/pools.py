@@ -39,9 +39,7 @@ from sandpod_contract.pooling import (
 from sandpod_contract.resources import SandboxTemplateSpec
 from sandpod_pool.cache import Mirror
 from sandpod_pool.members import (
-    DELETE_ANNOTATION,
     POOL_KIND,
-    SANDBOX,
     TEMPLATE,
     MemberState,
     age,
@@ -49,6 +47,7 @@ from sandpod_pool.members import (
     free_selector,
     member_object,
     member_state,
+    request_delete,
     set_condition,
     template_hash,
 )
@@ -235,26 +234,9 @@ class PoolReconciler:
         return None if n >= want else 1.0 / self.create_rate
 
     async def _delete(self, member: Resource, why: str) -> None:
-        """Mark a member for deletion (the lifecycle destroys the instance and the object)."""
-        for _ in range(5):
-            annotations = {**member.metadata.annotations, DELETE_ANNOTATION: "true"}
-            meta = dataclasses.replace(member.metadata, annotations=annotations)
-            try:
-                self.sandboxes.observe(
-                    await self.store.update(dataclasses.replace(member, metadata=meta))
-                )
-                log.info("pool_member_deleted", member=member.metadata.name, why=why)
-                return
-            except ResourceNotFound:
-                self.sandboxes.forget(member.metadata.namespace, member.metadata.name)
-                return
-            except ResourceConflict:
-                try:
-                    member = await self.store.get(SANDBOX, *_ns_name(member))
-                except ResourceNotFound:
-                    return
-                if member_state(member) is MemberState.CLAIMED:
-                    return  # a claim took it meanwhile: it is not ours to delete any more
+        """Mark a member for deletion, unless a claim took it meanwhile (no longer ours)."""
+        if await request_delete(self.store, self.sandboxes, member, unless=_claimed):
+            log.info("pool_member_deleted", member=member.metadata.name, why=why)
 
     async def _status(
         self, pool: Resource, spec: WarmPoolSpec, free: list[Resource], digest: str, *,
@@ -293,6 +275,10 @@ class PoolReconciler:
         self.pools.observe(await self.store.update_status(dataclasses.replace(pool, status=status)))
 
 
+def _claimed(m: Resource) -> bool:
+    return member_state(m) is MemberState.CLAIMED
+
+
 def _removal_order(m: Resource) -> tuple[int, str]:
     """Unready before ready, then newest first (the oldest ready members are kept)."""
     ready = member_state(m) is MemberState.READY
@@ -301,10 +287,6 @@ def _removal_order(m: Resource) -> tuple[int, str]:
 
 def _neg(stamp: str) -> str:
     return "".join(chr(0x10FFFF - ord(c)) for c in stamp)
-
-
-def _ns_name(obj: Resource) -> tuple[str, str]:
-    return obj.metadata.namespace, obj.metadata.name
 
 
 def _same(a: dict[str, object], b: dict[str, object]) -> bool:

@@ -14,7 +14,7 @@ The store is the JetStream KV bucket (``SANDPOD_STORE=kv``) or the CRDs on an AP
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -25,6 +25,7 @@ from sandpod_contract.messages.pools import POOL_PLANE
 from sandpod_contract.messages.system import Configure, Configured
 from sandpod_contract.pooling import CLAIM_LABEL, POOL_LABEL
 from sandpod_contract.subjects import Subjects
+from sandpod_kube import open_store
 from sandpod_pool.api import PoolApi
 from sandpod_pool.cache import Key, Mirror
 from sandpod_pool.claims import CLAIM, Claims
@@ -35,10 +36,7 @@ from sandpod_pool.workqueue import WorkQueue
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer
 from sandpod_service.leases import Leases
-from sandpod_store import KvStore, Resource, Store
-
-if TYPE_CHECKING:
-    from sandpod_kube import KubeStore
+from sandpod_store import Resource
 
 __all__ = ["PoolService"]
 
@@ -62,21 +60,17 @@ class PoolService:
         self.claims_queue: WorkQueue | None = None
         self.claims: Claims | None = None
         self.reconciler: PoolReconciler | None = None
-        self._kube: KubeStore | None = None
+        self._close_store: Callable[[], Awaitable[None]] | None = None
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
-        base = self.settings.prefix.replace(".", "-")
-        store: Store
-        if self.settings.kube is None:
-            store = await KvStore.open(bus, bucket=f"{base}-resources")
-        else:
-            from sandpod_kube import KubeStore
-
-            self._kube = store = await KubeStore.connect(self.settings.kube)
-        self._leases = await Leases.open(
-            bus, self.settings.replica_id, self.settings.lease_ttl, bucket=f"{base}-leases"
+        store, self._close_store = await open_store(
+            bus, self.subjects.storage("resources"), self.settings.kube
         )
+        self._leases = await Leases.open(
+            bus, self.settings.replica_id, self.settings.lease_ttl,
+            bucket=self.subjects.storage("leases"),
+        )  # fmt: skip
         pools = Mirror(store, POOL_KIND, on_change=self._pool_changed)
         claims = Mirror(store, CLAIM, on_change=self._claim_changed)
         templates = Mirror(store, TEMPLATE, on_change=self._template_changed)
@@ -117,9 +111,9 @@ class PoolService:
         await self.supervisor.close(min(grace, 1.0))
         if self._leases is not None:
             await self._leases.release_all()
-        if self._kube is not None:
-            await self._kube.close()
-            self._kube = None
+        if self._close_store is not None:
+            await self._close_store()
+            self._close_store = None
 
     # -- change routing ------------------------------------------------------------------------
 

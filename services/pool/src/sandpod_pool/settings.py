@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
-from sandpod_kube import KubeSettings
+from sandpod_kube import KubeSettings, store_settings
 from sandpod_service import env_float, env_str
 
 __all__ = ["PoolSettings"]
@@ -52,11 +52,8 @@ class PoolSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> PoolSettings:
         env = os.environ if env is None else env
         base = cls()
-        store = env_str(env, "SANDPOD_STORE", "kv")
-        if store not in ("kv", "kube"):
-            raise ValueError(f"SANDPOD_STORE={store!r}: use 'kv' (JetStream KV) or 'kube' (CRDs)")
         return cls(
-            kube=KubeSettings.from_env(env) if store == "kube" else None,
+            kube=store_settings(env),
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url), name="pool"
             ),
