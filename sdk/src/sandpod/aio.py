@@ -338,8 +338,19 @@ class AsyncSandbox:
         await self._call("sys", "ping", Empty(), Pong, timeout)
         return time.perf_counter() - t0
 
-    async def info(self, timeout: float = CONTROL_TIMEOUT) -> Info:
-        """Runtime, isolation and limits of the sandbox's execd."""
+    async def info(self) -> SandboxInfo:
+        """This sandbox as a resource: phase, conditions (``Isolated`` says which protections
+        are active), expiry, idle timeout, last activity (the same as :meth:`describe`).
+
+        Raises:
+            ResourceNotFound: no lifecycle service knows it (a bare execd: see
+                :meth:`runtime_info`).
+        """
+        return await self.describe()
+
+    async def runtime_info(self, timeout: float = CONTROL_TIMEOUT) -> Info:
+        """What the sandbox's execd says of itself: runtime, isolation, limits, workspace path.
+        Answered by the sandbox itself, so it works without a lifecycle service too."""
         return await self._call("sys", "info", Empty(), Info, timeout)
 
     async def metrics(self, timeout: float = CONTROL_TIMEOUT) -> SandboxMetrics:

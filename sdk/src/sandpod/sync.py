@@ -178,8 +178,11 @@ class Sandbox:
     def ping(self, timeout: float = 5.0) -> float:
         return run(self._inner.ping(timeout))
 
-    def info(self, timeout: float = 5.0) -> Info:
-        return run(self._inner.info(timeout))
+    def info(self) -> SandboxInfo:
+        return run(self._inner.info())
+
+    def runtime_info(self, timeout: float = 5.0) -> Info:
+        return run(self._inner.runtime_info(timeout))
 
     def metrics(self, timeout: float = 5.0) -> SandboxMetrics:
         """Resource use now (see :meth:`AsyncSandbox.metrics`)."""
