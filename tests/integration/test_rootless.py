@@ -15,6 +15,8 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sysconfig
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import NatsServer
+from conftest import NatsServer, free_port
 from rootless import as_user, ensure_user
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
@@ -341,3 +343,45 @@ async def _until_phase(sbx: AsyncSandbox, phase: str) -> None:
     while (info := await sbx.info()).phase != phase:
         assert time.monotonic() < deadline, (info.phase, info.conditions)
         await asyncio.sleep(0.05)
+
+
+def test_sandpod_up_as_an_unprivileged_user_runs_rootless_jails(
+    state: Path, user: tuple[int, int]
+) -> None:
+    """`sandpod up` by a user without privileges picks the local runtime, says it is rootless
+    and which protections are degraded, serves exec from a jail, and stops cleanly."""
+    sandpod = str(Path(sysconfig.get_path("scripts")) / "sandpod")
+    port, http_port = free_port(), free_port()
+    wrap = as_user(*user, Path("/run") / f"sandpod-expose-{uuid.uuid4().hex[:8]}")
+    up = subprocess.Popen(
+        [*wrap, sandpod, "up", "--state-dir", str(state / "up"), "--port", str(port),
+         "--gateway-port", str(http_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "HOME": str(state)},
+    )  # fmt: skip
+    try:
+        assert up.stdout is not None
+        lines: list[str] = []
+        while not lines or "Ctrl-C stops everything" not in lines[-1]:
+            line = up.stdout.readline()
+            assert line, f"`sandpod up` exited early:\n{''.join(lines)}"
+            lines.append(line)
+        banner = "".join(lines)
+        assert "rootless" in banner and "isolation  DEGRADED" in banner, banner
+        assert "pids: unavailable: rootless" in banner, banner
+        run = subprocess.run(
+            [sandpod, "exec", "default", "--", "sh", "-c", "id -u; cat /proc/self/uid_map"],
+            env={**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}"},
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        inside, _, outside, _ = run.stdout.split()
+        assert int(inside) >= 200_000 and outside == str(user[0]), run
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(30) == 0
+        left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"].real == user[0]]
+        _, alive = psutil.wait_procs(left, timeout=15)
+        assert not alive, f"left behind: {alive}"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
