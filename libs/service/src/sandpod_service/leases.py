@@ -32,21 +32,32 @@ class Leases:
         self.holder = holder
         self.ttl = ttl
         self._held: dict[str, int] = {}  # key -> revision of our lease record
+        self._expires: dict[str, float] = {}  # key -> when our record says it expires
 
     @classmethod
     async def open(cls, bus: Bus, holder: str, ttl: float, bucket: str = BUCKET) -> Leases:
         return cls(await bus.kv(bucket, history=1), holder, ttl)
 
-    def _value(self) -> bytes:
-        return json.dumps({"holder": self.holder, "expires": time.time() + self.ttl}).encode()
+    def _value(self, key: str) -> bytes:
+        self._expires[key] = expires = time.time() + self.ttl
+        return json.dumps({"holder": self.holder, "expires": expires}).encode()
 
-    async def acquire(self, key: str) -> bool:
-        """Hold (or keep holding) the lease on ``key``; False if another live replica has it."""
+    async def acquire(self, key: str, *, renew: bool = False) -> bool:
+        """Hold (or keep holding) the lease on ``key``; False if another live replica has it.
+
+        A lease we hold with more than half its ttl left is ours without asking the bucket
+        (nobody may take it before it expires): reconciling an object again costs no round
+        trip. ``renew`` extends it anyway.
+        """
+        if not renew and key in self._held and self._expires.get(key, 0.0) - time.time() > (
+            self.ttl / 2
+        ):
+            return True
         try:
             entry = await self._bucket.get(key)
         except ResourceNotFound:
             try:
-                self._held[key] = await self._bucket.create(key, self._value())
+                self._held[key] = await self._bucket.create(key, self._value(key))
                 return True
             except (ResourceExists, ResourceConflict):
                 return False
@@ -57,11 +68,13 @@ class Leases:
             holder, expires = "", 0.0  # a corrupt lease is a free lease
         if holder != self.holder and expires > time.time():
             self._held.pop(key, None)
+            self._expires.pop(key, None)
             return False
         try:
-            self._held[key] = await self._bucket.update(key, self._value(), entry.revision)
+            self._held[key] = await self._bucket.update(key, self._value(key), entry.revision)
         except ResourceConflict:
             self._held.pop(key, None)
+            self._expires.pop(key, None)
             return False
         return True
 
@@ -71,10 +84,11 @@ class Leases:
     async def renew_all(self) -> None:
         """Extend every lease we hold (drop the ones we lost)."""
         for key in list(self._held):
-            await self.acquire(key)
+            await self.acquire(key, renew=True)
 
     async def release(self, key: str) -> None:
         revision = self._held.pop(key, None)
+        self._expires.pop(key, None)
         if revision is not None:
             # Lost, changed or unreachable: the lease then simply expires after ttl.
             with contextlib.suppress(SandpodError):

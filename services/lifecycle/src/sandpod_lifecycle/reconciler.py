@@ -312,7 +312,19 @@ class Reconciler:
     async def _check_idle(
         self, view: SandboxView, key: str, limit: int
     ) -> tuple[Outcome | None, SandboxView]:
-        """(an outcome if the sandbox expired, the view as it now is)."""
+        """(an outcome if the sandbox expired, the view as it now is).
+
+        The recorded ``lastActivityTime`` is a lower bound of the last activity (activity
+        never un-happens): until ``limit`` seconds after it, the sandbox cannot be idle, so
+        passes triggered by other changes (a claim's bind) skip asking its execd.
+        """
+        known = view.status.last_activity_time
+        if known:
+            with contextlib.suppress(ValueError):
+                deadline = parse_time(known).timestamp() + limit
+                if time.time() < deadline:
+                    self._wake_at(view.key, deadline + 0.05)
+                    return None, view
         idle = await self._idle_probe(view.name)
         if idle is None:
             return None, view  # execd unreachable: the instance check handles it next pass
