@@ -49,8 +49,10 @@ class Leases:
         (nobody may take it before it expires): reconciling an object again costs no round
         trip. ``renew`` extends it anyway.
         """
-        if not renew and key in self._held and self._expires.get(key, 0.0) - time.time() > (
-            self.ttl / 2
+        if (
+            not renew
+            and key in self._held
+            and self._expires.get(key, 0.0) - time.time() > (self.ttl / 2)
         ):
             return True
         try:

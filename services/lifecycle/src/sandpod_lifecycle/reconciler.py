@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from sandpod_contract.errors import ResourceConflict, ResourceNotFound, SandpodError
+from sandpod_contract.pooling import BOUND_AT_ANNOTATION
 from sandpod_contract.resources import (
     Condition,
     ConditionType,
@@ -318,16 +319,16 @@ class Reconciler:
         never un-happens): until ``limit`` seconds after it, the sandbox cannot be idle, so
         passes triggered by other changes (a claim's bind) skip asking its execd.
         """
-        known = view.status.last_activity_time
-        if known:
-            with contextlib.suppress(ValueError):
-                deadline = parse_time(known).timestamp() + limit
-                if time.time() < deadline:
-                    self._wake_at(view.key, deadline + 0.05)
-                    return None, view
+        known = _latest(_bound_at(view), view.status.last_activity_time)
+        if known is not None and time.time() < known + limit:
+            self._wake_at(view.key, known + limit + 0.05)
+            return None, view
         idle = await self._idle_probe(view.name)
         if idle is None:
             return None, view  # execd unreachable: the instance check handles it next pass
+        bound = _bound_at(view)
+        if bound is not None:  # a claim's bind is activity (the pool does not tell execd)
+            idle = min(idle, max(time.time() - bound, 0.0))
         if idle >= limit:
             why = f"no activity for {idle:.0f}s (limit {limit}s)"
             return await self._finish(view, key, "idle_expired", "IdleTimeout", why), view
@@ -396,3 +397,21 @@ def _key(namespace: str, name: str) -> str:
 
 def iso_ts(ts: float) -> str:
     return iso(datetime.datetime.fromtimestamp(ts, datetime.UTC))
+
+
+def _bound_at(view: SandboxView) -> float | None:
+    """When a claim bound this sandbox (the pool's annotation), if it did."""
+    raw = view.obj.metadata.annotations.get(BOUND_AT_ANNOTATION)
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _latest(bound: float | None, last_activity: str | None) -> float | None:
+    """The latest known moment of activity: a bind, or the recorded lastActivityTime."""
+    times = [t for t in (bound,) if t is not None]
+    if last_activity:
+        with contextlib.suppress(ValueError):
+            times.append(parse_time(last_activity).timestamp())
+    return max(times) if times else None
