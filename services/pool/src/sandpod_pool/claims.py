@@ -9,7 +9,8 @@ reconciler can finish:
        - a conflict means another claim (any replica, any process) took it: try the next one
        - none left: create a Sandbox for the claim instead, reason PoolExhausted (or NoPool)
     3. warm: ``sys.configure`` the claim's env (if any) straight to the sandbox's execd (its new
-       commands get it); the bind's ``bound-at`` annotation starts its idle clock; cold: wait until the lifecycle reports it Ready
+       commands get it); the bind's ``bound-at`` annotation starts its idle clock; cold: wait
+       until the lifecycle reports it Ready
     4. write the claim's status: Bound (reason), Ready, the sandbox, its shutdownTime
 
 Two claims can never hold one sandbox: step 2 is a compare-and-set on the sandbox object, and
