@@ -3,6 +3,7 @@
 | variable | default | meaning |
 |---|---|---|
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_NATS_CREDS`` | unset | NATS creds file (operator mode), watched for renewals |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix |
 | ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | instances, workspaces, logs |
 | ``SANDPOD_RUNTIME`` | ``process`` | ``local`` (jail, root), ``process``, ``kubernetes`` (Pods) |
@@ -73,6 +74,7 @@ class LifecycleSettings:
         return cls(
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
+                creds=env_str(env, "SANDPOD_NATS_CREDS", "") or None,
                 name="lifecycle",
             ),
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
