@@ -17,11 +17,11 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 
-__all__ = ["Driver", "ExecdLauncher", "Instance", "Owner"]
+__all__ = ["Driver", "ExecdLauncher", "Instance", "Owner", "RenewsCredentials"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +68,14 @@ class Driver(Protocol):
 
     async def list(self) -> list[str]:
         """Ids of instances present on this host (for orphan cleanup after a crash)."""
+
+
+@runtime_checkable
+class RenewsCredentials(Protocol):
+    """A driver whose instances hold credentials that expire (the Pod runtime's NATS JWTs)."""
+
+    async def renew_credentials(self, sandbox_id: str, spec: SandboxSpec, owner: Owner) -> None:
+        """Renew the instance's credentials if due (cheap when not). Raises RuntimeFailure."""
 
 
 class ExecdLauncher:
