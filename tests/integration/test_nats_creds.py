@@ -10,6 +10,7 @@ file, which is how a renewed credential reaches a running execd.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -19,12 +20,13 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from conftest import Execd
+from conftest import Execd, NatsServer
 from operator_nats import OperatorNats
 from sandpod import AsyncSandbox
 from sandpod_bus import Bus, BusSettings, Inbound
 from sandpod_bus.natsauth import decode_jwt, sandbox_permissions, service_permissions
 from sandpod_contract.subjects import Subjects
+from sandpod_lifecycle import natsauth_setup
 
 PREFIX = "credtest"
 SUBJECTS = Subjects(PREFIX)
@@ -238,3 +240,38 @@ async def test_a_renewed_creds_file_reaches_the_live_bus_before_expiry(
 def _jwt(creds: Path) -> str:
     lines = creds.read_text().splitlines()
     return lines[lines.index("-----BEGIN NATS USER JWT-----") + 1]
+
+
+async def test_natsauth_setup_makes_a_working_operator_installation(tmp_path: Path) -> None:
+    """The setup command's files: a nats-server started from its config accepts the service
+    creds (JetStream KV included), which reach the installation's subjects only; the Helm
+    values carry the same operator and accounts; every secret file is 0600."""
+    out = tmp_path / "auth"
+    assert natsauth_setup.main(["--out", str(out), "--prefix", PREFIX]) == 0
+    assert natsauth_setup.main(["--out", str(out)]) == 2  # never overwrites keys
+    for name in ("operator.seed", "account.seed", "lifecycle.creds", "pool.creds",
+                 "gateway.creds"):  # fmt: skip
+        assert (out / name).stat().st_mode & 0o777 == 0o600
+    merge = json.loads((out / "nats-values.yaml").read_text())["nats"]["config"]["merge"]
+    conf = (out / "nats-server.conf").read_text()
+    assert f"operator: {merge['operator']}" in conf and merge["resolver"] == "MEMORY"
+    assert all(f"{k}: {v}" in conf for k, v in merge["resolver_preload"].items())
+    (tmp_path / "js").mkdir()
+    server = NatsServer(tmp_path / "js", out / "nats-server.conf")
+    server.start()
+    try:
+        violations = Violations()
+        nc = await nats.connect(server.url, user_credentials=str(out / "lifecycle.creds"),
+                                error_cb=violations.record)  # fmt: skip
+        try:
+            kv = await nc.jetstream().create_key_value(bucket=f"{PREFIX}-objects")
+            assert await kv.put("k", b"v") == 1
+            await nc.publish(SUBJECTS.api("sandboxes", "list"), b"")
+            await nc.publish("other.api.sandboxes.list", b"")
+            await nc.flush()
+            await violations.wait_for('permissions violation for publish to "other.api')
+            assert len(violations.errors) == 1
+        finally:
+            await nc.close()
+    finally:
+        server.stop()
