@@ -92,7 +92,9 @@ class LifecycleService:
                 ready_timeout=self.settings.ready_timeout, namespace=self.settings.kube.namespace,
                 creds=creds,
             )  # fmt: skip
-        launcher = ExecdLauncher(state, self.settings.bus.url, self.settings.prefix)
+        launcher = ExecdLauncher(
+            state, self.settings.bus.url, self.settings.prefix, self.settings.bus.creds
+        )
         if self.settings.runtime == "local":
             # The whole state dir (NATS data, logs, other sandboxes) is masked in every jail.
             config = LocalRuntimeConfig(
