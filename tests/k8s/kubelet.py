@@ -13,7 +13,8 @@ kube-apiserver and does, for each sandbox Pod, what a kubelet would:
 
 Unscheduled Pods (no ``nodeName``) are deleted at once by the API server, so a DELETED event
 follows every delete without grace handling here. ``hold()`` keeps new Pods un-Ready until
-``release()``, so a test can see a Sandbox Pending while its Pod exists; ``run_execd = False``
+``release()``, so a test can see a Sandbox Pending while its Pod exists; ``sync_secret_volumes``
+re-reads a Pod's Secrets into its files (a real kubelet's periodic sync); ``run_execd = False``
 marks Pods Ready without starting execd (a container that runs but whose execd never answers).
 The image's filesystem
 does not exist here: the Pod's ``/workspace`` and ``/tmp`` emptyDirs become directories under the
@@ -166,12 +167,19 @@ class FakeKubelet:
             where = root / "volumes" / mount["name"]
             where.mkdir(parents=True, exist_ok=True)
             items = source.get("items") or [{"key": k, "path": k} for k in data]
-            for item in items:
-                path = where / item["path"]
-                path.write_bytes(base64.b64decode(data[item["key"]]))
-                path.chmod(item.get("mode", source.get("defaultMode", 0o644)))
+            for item in items:  # replaced atomically, as the kubelet swaps its ..data symlink
+                path, tmp = where / item["path"], where / f".{item['path']}.new"
+                tmp.write_bytes(base64.b64decode(data[item["key"]]))
+                tmp.chmod(item.get("mode", source.get("defaultMode", 0o644)))
+                tmp.replace(path)
             out[mount["mountPath"]] = where
         return out
+
+    async def sync_secret_volumes(self, name: str) -> None:
+        """Rewrite Pod ``name``'s Secret volumes from the API server: what a real kubelet does
+        periodically, so a renewed Secret reaches the running container's files."""
+        raw = self.seen[name]
+        await self._secret_volumes(raw, raw["spec"]["containers"][0], self.state / "pods" / name)
 
     def _read_secret(self, name: str) -> dict[str, str]:
         with self.settings.api_client() as api_client:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from k8s.cluster import NS, Cluster, cluster_setup
@@ -151,3 +151,51 @@ async def _a_cannot_reach_b(c: Cluster, creds: str, tmp_path: Path, b_name: str)
                 await seen.wait()
     finally:
         await nc.close()
+
+
+async def test_a_renew_re_mints_the_secret_and_the_running_execd_switches_to_it(
+    op_cluster: tuple[Cluster, Path],
+) -> None:
+    """Renewing a sandbox moves its JWT's expiry: lifecycle rewrites the Secret, the kubelet's
+    sync rewrites the file, and execd reconnects with the new JWT (and keeps serving)."""
+    c, seed = op_cluster
+    c.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5",
+              SANDPOD_READY_TIMEOUT="30", SANDPOD_POD_NATS_CIDRS="127.0.0.1/32",
+              SANDPOD_NATS_ACCOUNT_SEED_FILE=str(seed))  # fmt: skip
+    await c.answering()
+    name = f"cr-{uuid.uuid4().hex[:8]}"
+    sbx = await AsyncSandbox.create(name=name, timeout=120, nats_url=c.nats.url, prefix=c.prefix)
+    try:
+        secret = _secret(c, name)
+        assert secret is not None
+        first = int(secret.metadata.annotations[CREDS_EXPIRES])
+        await sbx.renew(3 * 3600)
+        renewed = await asyncio.to_thread(_next_version, c, name, secret.metadata.resource_version)
+        later = int(renewed.metadata.annotations[CREDS_EXPIRES])
+        assert later >= first + 3 * 3600 - 120
+        creds = base64.b64decode(renewed.data[CREDS_KEY]).decode()
+        assert decode_jwt(creds_jwt(creds))["exp"] == later
+        await c.kubelet.sync_secret_volumes(name)
+        log = c.state / "pods" / name / "execd.log"
+        async with asyncio.timeout(30):  # execd polls its creds file every few seconds
+            while "nats reconnected" not in log.read_text():
+                await asyncio.sleep(0.1)
+        assert "nats creds file changed" in log.read_text()
+        assert (await sbx.exec(["echo", "still", name])).stdout == f"still {name}\n"
+    finally:
+        await sbx.kill()
+        await sbx.close()
+
+
+def _next_version(c: Cluster, name: str, after: str) -> client.V1Secret:
+    """The Secret once it changed after resourceVersion ``after`` (a watch, not polling)."""
+    with c.plane.settings.api_client() as api_client:
+        core = client.CoreV1Api(api_client)
+        stream = watch.Watch()
+        for event in stream.stream(core.list_namespaced_secret, NS, timeout_seconds=30,
+                                   field_selector=f"metadata.name={name}-nats-creds",
+                                   resource_version=after):  # fmt: skip
+            if event["type"] == "MODIFIED":
+                stream.stop()
+                return event["object"]
+    pytest.fail(f"the creds Secret of {name} was not renewed within 30s")
