@@ -121,6 +121,11 @@ def sandbox_permissions(sandbox_all: str) -> Permissions:
     client named, which is a client inbox (``_INBOX.<random>``): hence publish on ``_INBOX.>``.
     It never subscribes to inboxes (it makes no requests), never touches ``<prefix>.api.>``,
     ``<prefix>.events.>``, ``$JS.>``/``$KV.>`` or another sandbox's subjects.
+
+    ``resp`` (ttl 0: the server's default window, 2 minutes) covers replies to requests whose
+    reply subject is not an ``_INBOX.`` one; a client with a custom inbox prefix gets replies
+    within that window only, and no stream frames. Clients using the default ``_INBOX`` prefix
+    (nats-py, the SDK, the gateway) get everything through the ``_INBOX.>`` allow.
     """
     return Permissions(pub_allow=(INBOX_ALL,), sub_allow=(sandbox_all,), resp_max=1, resp_ttl=0)
 
