@@ -51,7 +51,9 @@ NEEDS: dict[str, list[Access]] = {
         ("", "pods", "create", ""),
         ("", "pods", "delete", ""),
         ("networking.k8s.io", "networkpolicies", "create", ""),
-        ("", "secrets", "get", ""),
+        ("", "secrets", "create", ""),  # each sandbox's NATS creds Secret
+        ("", "secrets", "patch", ""),  # its renewal (server-side apply)
+        ("", "secrets", "delete", ""),
         ("", "events", "create", ""),
     ],
     "pool": [
@@ -70,8 +72,9 @@ REFUSED: dict[str, list[Access]] = {
     "lifecycle": [
         ("sandpod.dev", "sandboxclaims", "get", ""),
         ("sandpod.dev", "sandboxwarmpools", "list", ""),
-        ("", "secrets", "create", ""),
-        ("", "secrets", "delete", ""),
+        ("", "secrets", "get", ""),  # write-only: reading would expose the namespace's Secrets
+        ("", "secrets", "list", ""),
+        ("", "secrets", "watch", ""),
         ("", "pods", "create", "exec"),
         ("", "serviceaccounts", "create", ""),
         ("rbac.authorization.k8s.io", "roles", "create", ""),
@@ -186,14 +189,16 @@ def test_real_calls_with_service_account_tokens(installed: Installed) -> None:
     reply = lifecycle.http.put(f"{path}/status", json=current)
     assert reply.status_code == 200, reply.text
     assert lifecycle.http.get(f"/api/v1/namespaces/{ns}/pods").status_code == 200
-    assert lifecycle.http.get(f"/api/v1/namespaces/{ns}/secrets").status_code == 200
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x", "namespace": ns}}
+    assert lifecycle.create(secret).status_code == 201  # a sandbox's NATS creds
+    assert lifecycle.http.delete(f"/api/v1/namespaces/{ns}/secrets/x").status_code == 200
     refused = [
+        lifecycle.http.get(f"/api/v1/namespaces/{ns}/secrets"),
+        lifecycle.http.get(f"/api/v1/namespaces/{ns}/secrets/sandpod-nats"),
         pool.http.get(f"/api/v1/namespaces/{ns}/secrets"),
         pool.http.get(f"/api/v1/namespaces/{ns}/pods"),
         pool.http.put(f"{path}/status", json=current),
         lifecycle.http.get(f"/apis/{SANDBOX}/namespaces/{ns}/sandboxclaims"),
-        lifecycle.create({"apiVersion": "v1", "kind": "Secret",
-                          "metadata": {"name": "x", "namespace": ns}}),
         gateway.http.get(path),
         gateway.http.get(f"/api/v1/namespaces/{ns}/pods"),
     ]  # fmt: skip

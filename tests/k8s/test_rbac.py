@@ -21,7 +21,13 @@ from k8s.cluster import NS, Cluster, ready
 from k8s.envtest import ControlPlane
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod_kube import KubeSettings, KubeStore, PodApi, StoreForbidden
-from sandpod_kube.podspec import PodSettings, SandboxPod, pod_manifest
+from sandpod_kube.podspec import (
+    PodSettings,
+    SandboxPod,
+    creds_secret_manifest,
+    creds_secret_name,
+    pod_manifest,
+)
 from sandpod_store import ObjectMeta, Resource
 
 AUDIENCE = "https://kubernetes.default.svc"  # the test API server's issuer, its default audience
@@ -160,6 +166,16 @@ async def test_each_service_is_refused_beyond_its_role(
                          installation="x")  # fmt: skip
         with pytest.raises(StoreForbidden):
             await pool_pods.create(pod_manifest(pod, PodSettings()))
+        # A sandbox's NATS creds Secret: lifecycle writes (create, renew) and deletes it (reads
+        # are refused: test_helm_rbac.py); the pool service cannot write one.
+        name = f"rb-{uuid.uuid4().hex[:6]}"
+        secret = SandboxPod(name=name, namespace=NS, owner_uid=str(uuid.uuid4()), template="t",
+                            installation="x")  # fmt: skip
+        await lifecycle_pods.apply_secret(creds_secret_manifest(secret, "creds-1", 1))
+        await lifecycle_pods.apply_secret(creds_secret_manifest(secret, "creds-2", 2))
+        await lifecycle_pods.delete_secret(NS, creds_secret_name(name))
+        with pytest.raises(StoreForbidden):
+            await pool_pods.apply_secret(creds_secret_manifest(secret, "creds-3", 3))
         with pytest.raises(StoreForbidden):
             await pool_store.create(Resource(
                 api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",

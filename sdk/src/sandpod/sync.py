@@ -49,15 +49,17 @@ class Sandbox:
         nats_url: str | None = None,
         prefix: str | None = None,
         connect_timeout: float = 5.0,
+        nats_creds: str | None = None,
     ) -> Sandbox:
         """Connect to sandbox ``sandbox_id`` (see :meth:`AsyncSandbox.connect`)."""
         return cls(
             run(
                 AsyncSandbox.connect(
-                    sandbox_id, nats_url=nats_url, prefix=prefix, connect_timeout=connect_timeout
+                    sandbox_id, nats_url=nats_url, prefix=prefix,
+                    connect_timeout=connect_timeout, nats_creds=nats_creds,
                 )
             )
-        )
+        )  # fmt: skip
 
     @property
     def id(self) -> str:

@@ -42,7 +42,7 @@ from sandpod_contract.resources import (
     SandboxTemplateSpec,
 )
 from sandpod_contract.subjects import Subjects
-from sandpod_lifecycle.driver import Driver, Owner
+from sandpod_lifecycle.driver import Driver, Owner, RenewsCredentials
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
 from sandpod_lifecycle.runtime.base import RuntimeFailure
@@ -241,11 +241,9 @@ class Reconciler:
             # Pending with an instance: an earlier pass created it but lost the race to record
             # it (a status conflict); ensure() adopts it and this pass finishes the job.
             return await self._create(view)
-        idle_limit = view.spec.idle_timeout_seconds or 0
-        if idle_limit > 0 and view.status.phase is Phase.RUNNING:
-            outcome, view = await self._check_idle(view, key, idle_limit)
-            if outcome is not None:
-                return outcome
+        outcome, view = await self._maintain(view, key)
+        if outcome is not None:
+            return outcome
         want_paused = view.spec.operating_mode is OperatingMode.PAUSED
         if want_paused and not instance.paused:
             await self.driver.pause(view.name)
@@ -325,6 +323,21 @@ class Reconciler:
         reason = "NoIsolation" if len(degraded) == len(protections) else "Degraded"
         text = "; ".join(f"{p}: {s}" for p, s in sorted(degraded.items()))
         return Condition("Isolated", "False", reason, text)
+
+    async def _maintain(self, view: SandboxView, key: str) -> tuple[Outcome | None, SandboxView]:
+        """A live instance's upkeep: its credentials renewed when due (the driver's call: a
+        renew moved ``shutdownTime``, or they aged), its idle timeout checked."""
+        if isinstance(self.driver, RenewsCredentials):
+            try:
+                owner = Owner(view.namespace, view.obj.metadata.uid)
+                await self.driver.renew_credentials(view.name, view.spec, owner)
+            except RuntimeFailure as exc:
+                log.warning("credentials_renew_failed", sandbox=view.name, error=str(exc))
+                return Outcome.RETRY, view
+        idle_limit = view.spec.idle_timeout_seconds or 0
+        if idle_limit > 0 and view.status.phase is Phase.RUNNING:
+            return await self._check_idle(view, key, idle_limit)
+        return None, view
 
     async def _check_idle(
         self, view: SandboxView, key: str, limit: int

@@ -76,15 +76,25 @@ class LifecycleService:
         if self.settings.runtime == "kubernetes":
             from sandpod_kube import PodApi
             from sandpod_lifecycle.runtime.pod import PodDriver
+            from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
             assert self.settings.kube is not None  # settings refuse kubernetes without kube
             pods = PodApi(self.settings.kube)
             self._closers.append(pods.close)
+            creds = None
+            if seed := self.settings.nats_account_seed_file:  # unreadable or not a seed: fail
+                creds = CredsPolicy.from_seed_file(
+                    seed, Subjects(self.settings.prefix), self.settings.nats_creds_ttl,
+                    self.settings.nats_creds_margin,
+                )  # fmt: skip
             return PodDriver(
                 pods, self.settings.pods, installation=self.settings.prefix,
                 ready_timeout=self.settings.ready_timeout, namespace=self.settings.kube.namespace,
+                creds=creds,
             )  # fmt: skip
-        launcher = ExecdLauncher(state, self.settings.bus.url, self.settings.prefix)
+        launcher = ExecdLauncher(
+            state, self.settings.bus.url, self.settings.prefix, self.settings.bus.creds
+        )
         if self.settings.runtime == "local":
             # The whole state dir (NATS data, logs, other sandboxes) is masked in every jail.
             config = LocalRuntimeConfig(

@@ -3,6 +3,7 @@
 | variable | default | meaning |
 |---|---|---|
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_NATS_CREDS`` | unset | NATS creds file (operator mode), watched for renewals |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix |
 | ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | instances, workspaces, logs |
 | ``SANDPOD_RUNTIME`` | ``process`` | ``local`` (jail, root), ``process``, ``kubernetes`` (Pods) |
@@ -15,6 +16,9 @@
 | ``SANDPOD_READY_TIMEOUT`` | 30 s | how long a new instance may take to answer |
 | ``SANDPOD_DESTROY_ON_EXIT`` | false | destroy every instance at shutdown (``sandpod up``) |
 | ``SANDPOD_NODE`` | hostname | this host's node id (local runtime: one execd serves all) |
+| ``SANDPOD_NATS_ACCOUNT_SEED_FILE`` | unset | the NATS account's seed: per-sandbox creds (Pods) |
+| ``SANDPOD_NATS_CREDS_TTL`` | 86400 s | longest life of a sandbox's JWT (renewed at half) |
+| ``SANDPOD_NATS_CREDS_MARGIN`` | 300 s | a sandbox JWT outlives its ``shutdownTime`` by this |
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ class LifecycleSettings:
     node: str = dataclasses.field(default_factory=lambda: socket.gethostname().split(".")[0])
     grace: float = 10.0
     log_level: str = "info"
+    nats_account_seed_file: Path | None = None  # kubernetes: mint per-sandbox NATS creds
+    nats_creds_ttl: float = 86400.0
+    nats_creds_margin: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -73,6 +80,7 @@ class LifecycleSettings:
         return cls(
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
+                creds=env_str(env, "SANDPOD_NATS_CREDS", "") or None,
                 name="lifecycle",
             ),
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
@@ -88,4 +96,10 @@ class LifecycleSettings:
             destroy_on_exit=env_bool(env, "SANDPOD_DESTROY_ON_EXIT", False),
             node=env_str(env, "SANDPOD_NODE", base.node),
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
-        )
+            nats_account_seed_file=Path(seed) if (
+                seed := env_str(env, "SANDPOD_NATS_ACCOUNT_SEED_FILE", "")) else None,
+            nats_creds_ttl=env_float(env, "SANDPOD_NATS_CREDS_TTL", base.nats_creds_ttl,
+                                     minimum=60),
+            nats_creds_margin=env_float(env, "SANDPOD_NATS_CREDS_MARGIN", base.nats_creds_margin,
+                                        minimum=0),
+        )  # fmt: skip

@@ -3,6 +3,7 @@
 | variable | default | meaning |
 |---|---|---|
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_NATS_CREDS`` | unset | NATS creds file (operator mode), watched for renewals |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix (buckets are named after it) |
 | ``SANDPOD_STORE`` | ``kv`` | ``kv`` (JetStream KV) or ``kube`` (CRDs: ``SANDPOD_KUBE_*``) |
 | ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
@@ -55,7 +56,9 @@ class PoolSettings:
         return cls(
             kube=store_settings(env),
             bus=BusSettings(
-                url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url), name="pool"
+                url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
+                creds=env_str(env, "SANDPOD_NATS_CREDS", "") or None,
+                name="pool",
             ),
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
             replica_id=env_str(env, "SANDPOD_REPLICA_ID", base.replica_id),
