@@ -43,7 +43,7 @@ from sandpod_lifecycle.driver import Driver, Owner
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
 from sandpod_lifecycle.runtime.base import RuntimeFailure
-from sandpod_service.leases import Leases
+from sandpod_service.leases import LeaseKeeper
 from sandpod_store import EventType, Resource, Store
 
 __all__ = ["Outcome", "Reconciler"]
@@ -74,7 +74,7 @@ class Reconciler:
         *,
         store: Store,
         driver: Driver,
-        leases: Leases,
+        leases: LeaseKeeper,
         events: Events,
         templates: Templates,
         ready_probe: Callable[[str, float], Awaitable[bool]],
@@ -105,6 +105,7 @@ class Reconciler:
         self._dirty: set[str] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._failures: dict[str, _Failures] = {}
+        self._resync_now = asyncio.Event()
         self.reconciled = 0  # for tests and metrics
 
     # -- queue ---------------------------------------------------------------------------------
@@ -158,9 +159,15 @@ class Reconciler:
                 log.warning("watch_failed_restarting", error=exc.message)
                 await asyncio.sleep(1.0)
 
+    def resync_soon(self) -> None:
+        """Resync now rather than at the next period (this replica just became the leader)."""
+        self._resync_now.set()
+
     async def _resync_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._resync)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resync_now.wait(), self._resync)
+            self._resync_now.clear()
             try:
                 await self.resync_once()
             except SandpodError as exc:
@@ -177,6 +184,8 @@ class Reconciler:
         names = {o.metadata.name for o in items}  # instance ids: names, all namespaces
         for obj in items:
             self.enqueue(obj.metadata.name, obj.metadata.namespace)
+        if not self.leases.active():
+            return  # a standby replica: the leader sweeps
         for orphan in instances - names:
             log.warning("orphan_instance_destroyed", sandbox=orphan)
             await self.driver.destroy(orphan)
