@@ -97,8 +97,9 @@ class LeaderElector:
     """One replica's side of the election for Lease ``namespace/name``.
 
     Run :meth:`run` as a supervised task; read :attr:`is_leader` before acting; call
-    :meth:`release` then :meth:`close` at shutdown. ``on_change(leading)`` is called from the
-    loop when leadership is won or lost (a cheap, non-blocking callback: set an event).
+    :meth:`release` then :meth:`close` at shutdown. ``on_change(leading)`` is called when
+    leadership is won (by the loop) or lost (by the loop, or by a timer at the renew deadline,
+    however stuck the loop is): a cheap, non-blocking callback (set an event).
     """
 
     def __init__(
@@ -123,6 +124,7 @@ class LeaderElector:
         self._observed: _Observed | None = None
         self._leading_until = 0.0  # monotonic; leader while now < this
         self._reported = False  # what on_change last said
+        self._deadline: asyncio.TimerHandle | None = None  # reports the loss if no renew came
 
     @property
     def is_leader(self) -> bool:
@@ -157,6 +159,11 @@ class LeaderElector:
             won = False
         if won:
             self._leading_until = sent + self.settings.renew_deadline
+            # Report the loss at the deadline even if this loop is stuck in a call by then.
+            if self._deadline is not None:
+                self._deadline.cancel()
+            delay = max(self._leading_until - time.monotonic(), 0.0) + 0.001
+            self._deadline = asyncio.get_running_loop().call_later(delay, self._report)
         self._report()
         return self.is_leader
 
@@ -183,6 +190,8 @@ class LeaderElector:
 
     async def close(self) -> None:
         """Wait for in-flight calls and close connections (idempotent)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
         await asyncio.to_thread(self._pool.shutdown, wait=True)
         self._client.close()  # type: ignore[no-untyped-call]  # the client leaves close untyped
 
