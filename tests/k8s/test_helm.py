@@ -177,6 +177,18 @@ def test_external_nats_needs_a_url_and_a_policy_destination(
     assert complaint in info.value.stderr
 
 
+def test_kube_mode_needs_leader_election(helm_dir: Path) -> None:
+    """store=kube without the leader-election Leases fails the render (nobody would ever lead);
+    store=kv renders without the Lease Roles."""
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        render(helm_dir, {"leaderElection": {"enabled": False}}, release="nolease",
+               namespace="sandpod")  # fmt: skip
+    assert "leaderElection.enabled=false with store=kube" in info.value.stderr
+    docs = render(helm_dir, {"leaderElection": {"enabled": False}, "store": "kv"},
+                  release="kvmode", namespace="sandpod")  # fmt: skip
+    assert not [d for d in docs if d["kind"] == "Role" and "leases" in d["metadata"]["name"]]
+
+
 @pytest.mark.parametrize("combo", ["defaults", "external-nats-namespaced", "everything-on"])
 def test_every_rendered_object_passes_the_api_servers_dry_run(
     helm_dir: Path, admin: Rest, kube_apiserver: ControlPlane, combo: str
