@@ -90,9 +90,11 @@ class Cluster:
         # module -> how its service authenticates (default: the admin client certificate)
         self.credentials: dict[str, dict[str, str]] = {}
 
-    def service(self, module: str, **extra: str) -> ServiceProc:
+    def service(self, module: str, replica: str | None = None, **extra: str) -> ServiceProc:
+        """Start a replica of ``module`` (``<service>0`` unless named: its lease identity)."""
         env = {**kube_env(self.plane), **self.credentials.get(module, {}), **extra}
-        proc = ServiceProc(module, self.nats, self.state, self.prefix, f"{module[8:]}0", **env)
+        replica = replica or f"{module[8:]}0"
+        proc = ServiceProc(module, self.nats, self.state, self.prefix, replica, **env)
         self.procs.append(proc)
         return proc
 
