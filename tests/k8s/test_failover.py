@@ -164,3 +164,29 @@ async def test_a_killed_leader_is_replaced_and_no_sandbox_is_lost_or_doubled(
     started = collections.Counter(kubelet.started)
     assert {n: started[n] for n in every} == dict.fromkeys(every, 1)
     assert not set(every) & set(kubelet.stopped)
+
+
+async def test_a_stopped_leader_hands_over_at_once(cluster: Cluster) -> None:
+    """SIGTERM to the leader (a rolling update): it releases its Lease on the way out, so with
+    a 30 s lease the standby leads within a few retry periods, and creates keep working."""
+    env = {"SANDPOD_RUNTIME": "kubernetes", "SANDPOD_LEADER_LEASE_DURATION": "30",
+           "SANDPOD_LEADER_RENEW_DEADLINE": "20"}  # fmt: skip
+    replicas = {r: cluster.service("sandpod_lifecycle", r, **env) for r in ("lc-a", "lc-b")}
+    await cluster.answering()
+    lease = await until_lease(cluster, lambda s: bool(s.get("holderIdentity")), 30, "held")
+    leader = replicas[lease["holderIdentity"]]
+    standby = next(p for p in replicas.values() if p is not leader)
+    stopped = time.monotonic()
+    await asyncio.to_thread(leader.stop)
+    assert leader.proc.returncode == 0, leader.tail(40)
+    await until_lease(cluster, lambda s: s.get("holderIdentity") == standby.replica, 15,
+                      f"taken by {standby.replica} well within the 30 s lease")  # fmt: skip
+    print(f"\nhand-over after SIGTERM: {time.monotonic() - stopped:.2f}s (lease 30 s)")
+    template = f"kt-{uuid.uuid4().hex[:6]}"
+    await cluster.store.create(Resource(
+        api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
+        metadata=ObjectMeta(name=template, namespace=NS), spec={},
+    ))  # fmt: skip
+    sbx = await make_sandbox(cluster, template)
+    await sbx.close()
+    await until_acted(standby, [sbx.id])

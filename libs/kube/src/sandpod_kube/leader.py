@@ -168,8 +168,9 @@ class LeaderElector:
         return self.is_leader
 
     async def release(self) -> None:
-        """Give the Lease up (clean shutdown) if we hold it: holder cleared, so a standby takes
-        over at its next step. Best effort: on failure the Lease simply expires."""
+        """Give the Lease up (clean shutdown, after :meth:`run` is stopped) if we hold it:
+        holder cleared, so a standby takes over at its next step. Best effort: on failure the
+        Lease simply expires."""
         self._leading_until = 0.0
         self._report()
         for _ in range(3):
