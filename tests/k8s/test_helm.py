@@ -46,7 +46,6 @@ def combos(ns: str) -> dict[str, dict[str, Any]]:
             "nats": {"enabled": False},
             "natsUrl": "nats://nats.example.com:4222",
             "rbac": {"clusterWide": False},
-            "leaderElection": {"enabled": False},
             "gateway": {"hpa": {"enabled": False}, "pdb": {"enabled": False}},
             "lifecycle": {"replicas": 1, "pdb": {"enabled": False}},
             "networkPolicy": {
