@@ -221,3 +221,23 @@ async def test_a_standby_neither_reconciles_nor_sweeps_until_it_leads() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_create_that_outlives_the_lease_leaves_the_instance_alone() -> None:
+    """Leadership lost while waiting for a new instance to answer: the failed wait neither
+    destroys the instance (the new leader may have adopted it) nor counts as a failure."""
+    store, driver, events = MemoryStore(), FakeDriver(), Events()
+    leases = Always()
+
+    async def lost_while_waiting(sid: str, timeout: float) -> bool:
+        leases.leading = False
+        return False
+
+    rec = Reconciler(store=store, driver=driver, leases=leases, events=events,  # type: ignore[arg-type]
+                     templates=_template, ready_probe=lost_while_waiting,
+                     idle_probe=_idle)  # fmt: skip
+    await _sandbox(store)
+    assert await rec.reconcile("s1") is Outcome.SKIPPED
+    assert driver.calls == ["ensure s1"]
+    obj = await store.get("Sandbox", "default", "s1")
+    assert "conditions" not in obj.status

@@ -244,7 +244,7 @@ class Reconciler:
         if instance is None or view.status.phase is Phase.PENDING:
             # Pending with an instance: an earlier pass created it but lost the race to record
             # it (a status conflict); ensure() adopts it and this pass finishes the job.
-            return await self._create(view)
+            return await self._create(view, key)
         idle_limit = view.spec.idle_timeout_seconds or 0
         if idle_limit > 0 and view.status.phase is Phase.RUNNING:
             outcome, view = await self._check_idle(view, key, idle_limit)
@@ -275,7 +275,7 @@ class Reconciler:
             self._wake_at(view.key, parse_time(shutdown).timestamp())
         return Outcome.DONE
 
-    async def _create(self, view: SandboxView) -> Outcome:
+    async def _create(self, view: SandboxView, key: str) -> Outcome:
         fail = self._failures.setdefault(view.key, _Failures())
         if time.time() < fail.next_try:
             return Outcome.RETRY
@@ -286,6 +286,11 @@ class Reconciler:
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
         except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:
+            if key and not self.leases.holds(key):
+                # Lost the lease while waiting (a leader that stepped down): the new holder
+                # may have adopted this instance, so it is not ours to destroy or count.
+                log.warning("instance_create_abandoned", sandbox=view.name, error=str(exc))
+                return Outcome.SKIPPED
             fail.count += 1
             fail.next_try = time.time() + min(2.0**fail.count, 60.0)
             message = str(exc)
