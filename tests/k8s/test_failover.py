@@ -22,7 +22,8 @@ import pytest
 from kubernetes import client
 
 from k8s.cluster import LEASE_DURATION, NS, Cluster, ready
-from sandpod import AsyncSandbox
+from sandpod import AsyncPools, AsyncSandbox
+from sandpod_contract.pooling import POOL_LABEL
 from sandpod_kube import PodApi
 from sandpod_kube.podspec import INSTALLATION_LABEL
 from sandpod_store import ObjectMeta, Resource
@@ -41,11 +42,15 @@ def read_lease(cluster: Cluster, name: str) -> dict[str, Any]:
 
 
 async def until_lease(
-    cluster: Cluster, done: Callable[[dict[str, Any]], bool], timeout: float, what: str
+    cluster: Cluster,
+    done: Callable[[dict[str, Any]], bool],
+    timeout: float,
+    what: str,
+    service: str = "lifecycle",
 ) -> dict[str, Any]:
-    """The lifecycle Lease's spec once ``done(spec)``; polled with a deadline (the services
+    """The service's Lease's spec once ``done(spec)``; polled with a deadline (the services
     write it every retry period)."""
-    name = f"{cluster.prefix}-lifecycle"
+    name = f"{cluster.prefix}-{service}"
     deadline = time.monotonic() + timeout
     while True:
         spec = await asyncio.to_thread(read_lease, cluster, name)
@@ -55,6 +60,19 @@ async def until_lease(
             logs = "\n".join(f"--- {p.replica}\n{p.tail(20)}" for p in cluster.procs)
             pytest.fail(f"Lease {name}: not {what} within {timeout:g}s; last: {spec}\n{logs}")
         await asyncio.sleep(0.05)
+
+
+def logged(proc: ServiceProc, event: str) -> list[dict[str, Any]]:
+    """The JSON log entries ``event`` of ``proc``."""
+    entries = []
+    for line in proc.log.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("event") == event:
+            entries.append(entry)
+    return entries
 
 
 def acted_on(proc: ServiceProc) -> set[str]:
@@ -190,3 +208,42 @@ async def test_a_stopped_leader_hands_over_at_once(cluster: Cluster) -> None:
     sbx = await make_sandbox(cluster, template)
     await sbx.close()
     await until_acted(standby, [sbx.id])
+
+
+async def test_a_killed_pool_leader_is_replaced_and_the_pool_is_not_overfilled(
+    cluster: Cluster,
+) -> None:
+    """Two pool replicas: only the holder of ``<prefix>-pool`` creates members; SIGKILLed, the
+    standby takes the Lease, resyncs at once and fills the scaled-up pool to exactly its size."""
+    cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5")
+    # The periodic resync (120 s) is not what moves the work: the new leader's resync is.
+    env = {"SANDPOD_POOL_RESYNC": "120"}
+    replicas = {r: cluster.service("sandpod_pool", r, **env) for r in ("pool-a", "pool-b")}
+    await cluster.answering()
+    lease = await until_lease(cluster, lambda s: bool(s.get("holderIdentity")), 30, "held",
+                              service="pool")  # fmt: skip
+    leader = replicas[lease["holderIdentity"]]
+    standby = next(p for p in replicas.values() if p is not leader)
+    pools = await AsyncPools.connect(nats_url=cluster.nats.url, prefix=cluster.prefix)
+    pool = f"kp-{uuid.uuid4().hex[:6]}"
+
+    def available(n: int) -> Callable[[Resource | None], bool]:
+        return lambda o: o is not None and o.status.get("availableReplicas") == n
+
+    try:
+        await pools.create(pool, replicas=2)
+        await cluster.until("SandboxWarmPool", pool, available(2))
+        assert logged(leader, "pool_members_created")
+        assert logged(standby, "pool_members_created") == []
+        killed = time.monotonic()
+        await asyncio.to_thread(leader.kill)
+        await pools.scale(pool, 3)  # answered by the standby; acted on once it leads
+        await until_lease(cluster, lambda s: s.get("holderIdentity") == standby.replica,
+                          LEASE_DURATION * 5, "taken by the standby", service="pool")  # fmt: skip
+        print(f"\npool failover: Lease taken {time.monotonic() - killed:.2f}s after SIGKILL")
+        await cluster.until("SandboxWarmPool", pool, available(3))
+        members, _ = await cluster.store.list("Sandbox", NS, f"{POOL_LABEL}={pool}")
+        assert len(members) == 3 and all(ready(m) for m in members)
+        assert logged(standby, "pool_members_created")
+    finally:
+        await pools.close()
