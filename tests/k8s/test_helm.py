@@ -46,7 +46,6 @@ def combos(ns: str) -> dict[str, dict[str, Any]]:
             "nats": {"enabled": False},
             "natsUrl": "nats://nats.example.com:4222",
             "rbac": {"clusterWide": False},
-            "leaderElection": {"enabled": False},
             "gateway": {"hpa": {"enabled": False}, "pdb": {"enabled": False}},
             "lifecycle": {"replicas": 1, "pdb": {"enabled": False}},
             "networkPolicy": {
@@ -176,6 +175,18 @@ def test_external_nats_needs_a_url_and_a_policy_destination(
     with pytest.raises(subprocess.CalledProcessError) as info:
         render(helm_dir, values, release="nourl", namespace="sandpod")
     assert complaint in info.value.stderr
+
+
+def test_kube_mode_needs_leader_election(helm_dir: Path) -> None:
+    """store=kube without the leader-election Leases fails the render (nobody would ever lead);
+    store=kv renders without the Lease Roles."""
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        render(helm_dir, {"leaderElection": {"enabled": False}}, release="nolease",
+               namespace="sandpod")  # fmt: skip
+    assert "leaderElection.enabled=false with store=kube" in info.value.stderr
+    docs = render(helm_dir, {"leaderElection": {"enabled": False}, "store": "kv"},
+                  release="kvmode", namespace="sandpod")  # fmt: skip
+    assert not [d for d in docs if d["kind"] == "Role" and "leases" in d["metadata"]["name"]]
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,10 @@ A lease is the key ``<kind>.<namespace>.<name>`` holding ``{holder, expires}``. 
 on an object only while it holds its lease; it takes a free or expired lease with a
 compare-and-set (so two replicas can never both win), renews it while working, and releases it at
 shutdown. A replica that dies stops renewing; after ``ttl`` another replica's resync takes over.
+
+:class:`LeaseKeeper` is the seam the reconcilers see, so they do not care which kind they have:
+these KV leases (embedded mode), or in Kubernetes mode ``sandpod_kube.ElectedLeases``, where one
+elected leader (a ``coordination.k8s.io`` Lease) holds every object and the others hold none.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from typing import Protocol
 
 from sandpod_bus import Bus, KvBucket
 from sandpod_contract.errors import (
@@ -21,9 +26,37 @@ from sandpod_contract.errors import (
     SandpodError,
 )
 
-__all__ = ["Leases"]
+__all__ = ["LeaseKeeper", "Leases"]
 
 BUCKET = "sandpod-leases"
+
+
+class LeaseKeeper(Protocol):
+    """Who may act on which object: per-object leases, or one leader for everything."""
+
+    async def acquire(self, key: str) -> bool:
+        """Hold (or keep holding) ``key``; False: another replica acts on it, do nothing."""
+        ...
+
+    def holds(self, key: str) -> bool:
+        """Whether ``key`` is held now (no I/O)."""
+        ...
+
+    def active(self) -> bool:
+        """Whether this replica may do replica-wide work (orphan sweeps) now."""
+        ...
+
+    async def renew_all(self) -> None:
+        """Extend what we hold (a no-op where renewal runs on its own)."""
+        ...
+
+    async def release(self, key: str) -> None:
+        """Done with ``key`` (it was deleted)."""
+        ...
+
+    async def release_all(self) -> None:
+        """Shutdown: give everything up so another replica takes over at once."""
+        ...
 
 
 class Leases:
@@ -82,6 +115,10 @@ class Leases:
 
     def holds(self, key: str) -> bool:
         return key in self._held
+
+    def active(self) -> bool:
+        """Always: each replica sweeps what it sees (sweeps are idempotent)."""
+        return True
 
     async def renew_all(self) -> None:
         """Extend every lease we hold (drop the ones we lost)."""

@@ -46,7 +46,7 @@ from sandpod_lifecycle.driver import Driver, Owner, RenewsCredentials
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
 from sandpod_lifecycle.runtime.base import RuntimeFailure
-from sandpod_service.leases import Leases
+from sandpod_service.leases import LeaseKeeper
 from sandpod_store import EventType, Resource, Store
 
 __all__ = ["Outcome", "Reconciler"]
@@ -77,7 +77,7 @@ class Reconciler:
         *,
         store: Store,
         driver: Driver,
-        leases: Leases,
+        leases: LeaseKeeper,
         events: Events,
         templates: Templates,
         ready_probe: Callable[[str, float], Awaitable[bool]],
@@ -110,6 +110,7 @@ class Reconciler:
         self._dirty: set[str] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._failures: dict[str, _Failures] = {}
+        self._resync_now = asyncio.Event()
         self.reconciled = 0  # for tests and metrics
 
     # -- queue ---------------------------------------------------------------------------------
@@ -163,9 +164,15 @@ class Reconciler:
                 log.warning("watch_failed_restarting", error=exc.message)
                 await asyncio.sleep(1.0)
 
+    def resync_soon(self) -> None:
+        """Resync now rather than at the next period (this replica just became the leader)."""
+        self._resync_now.set()
+
     async def _resync_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._resync)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resync_now.wait(), self._resync)
+            self._resync_now.clear()
             try:
                 await self.resync_once()
             except SandpodError as exc:
@@ -182,6 +189,8 @@ class Reconciler:
         names = {o.metadata.name for o in items}  # instance ids: names, all namespaces
         for obj in items:
             self.enqueue(obj.metadata.name, obj.metadata.namespace)
+        if not self.leases.active():
+            return  # a standby replica: the leader sweeps
         for orphan in instances - names:
             log.warning("orphan_instance_destroyed", sandbox=orphan)
             await self.driver.destroy(orphan)
@@ -240,7 +249,7 @@ class Reconciler:
         if instance is None or view.status.phase is Phase.PENDING:
             # Pending with an instance: an earlier pass created it but lost the race to record
             # it (a status conflict); ensure() adopts it and this pass finishes the job.
-            return await self._create(view)
+            return await self._create(view, key)
         outcome, view = await self._maintain(view, key)
         if outcome is not None:
             return outcome
@@ -281,7 +290,7 @@ class Reconciler:
         await self._set(view, view.status.phase, None, None)
         return True
 
-    async def _create(self, view: SandboxView) -> Outcome:
+    async def _create(self, view: SandboxView, key: str) -> Outcome:
         fail = self._failures.setdefault(view.key, _Failures())
         if time.time() < fail.next_try:
             return Outcome.RETRY
@@ -292,6 +301,11 @@ class Reconciler:
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
         except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:
+            if key and not self.leases.holds(key):
+                # Lost the lease while waiting (a leader that stepped down): the new holder
+                # may have adopted this instance, so it is not ours to destroy or count.
+                log.warning("instance_create_abandoned", sandbox=view.name, error=str(exc))
+                return Outcome.SKIPPED
             fail.count += 1
             fail.next_try = time.time() + min(2.0**fail.count, 60.0)
             message = str(exc)

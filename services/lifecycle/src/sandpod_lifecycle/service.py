@@ -1,8 +1,10 @@
 """Lifecycle wiring: store, leases, events, driver, reconciler and the control-plane API.
 
 The store is the JetStream KV bucket (``SANDPOD_STORE=kv``) or the CRDs on an API server
-(``kube``, through ``sandpod_kube``, imported only then). Leases stay in a NATS KV bucket in both
-modes (Lease objects are a follow-up). The ``kubernetes`` runtime needs the ``kube`` store: its
+(``kube``, through ``sandpod_kube``, imported only then). Who reconciles what follows the store:
+per-object leases in a NATS KV bucket (kv), or one leader elected on the Lease
+``<prefix>-lifecycle`` (kube: ``sandpod_kube.leader``); a replica that becomes leader resyncs at
+once, one that loses it stops acting. The ``kubernetes`` runtime needs the ``kube`` store: its
 Pods are owned by the Sandbox objects.
 
 The API subscriptions (``<prefix>.api.sandboxes.*`` and ``.templates.*``, queue group
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -41,7 +44,7 @@ from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
-from sandpod_service.leases import Leases
+from sandpod_service.leases import LeaseKeeper, Leases
 from sandpod_store import Store
 
 __all__ = ["LifecycleService"]
@@ -60,7 +63,10 @@ class LifecycleService:
         self.supervisor = Supervisor("lifecycle", 256)
         self.reconciler: Reconciler | None = None
         self._api: ApiServer | None = None
-        self._leases: Leases | None = None
+        self._leases: LeaseKeeper | None = None
+        self._elect: Callable[[], Coroutine[Any, Any, None]] | None = (
+            None  # kube: the election loop
+        )
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
@@ -70,6 +76,29 @@ class LifecycleService:
         if close is not None:
             self._closers.append(close)
         return store
+
+    async def _lease_keeper(self, bus: Bus) -> LeaseKeeper:
+        """KV leases per object (kv store), or leader election on a Lease (kube store)."""
+        kube = self.settings.kube
+        if kube is None:
+            return await Leases.open(bus, self.settings.replica_id, self.settings.lease_ttl,
+                                     bucket=self.subjects.storage("leases"))  # fmt: skip
+        from sandpod_kube import ElectedLeases, LeaderElector, lease_name
+
+        elector = LeaderElector(
+            kube, self.settings.leader, name=lease_name(self.settings.prefix, "lifecycle"),
+            identity=self.settings.replica_id, on_change=self._leadership,
+        )  # fmt: skip
+        self._closers.append(elector.close)
+        self._elect = elector.run
+        return ElectedLeases(elector)
+
+    def _leadership(self, leading: bool) -> None:
+        """Won: queue everything now (the old leader's work, timers it had). Lost: acquire()
+        already refuses every object, so the workers stop acting."""
+        log.info("leadership_changed", leading=leading, replica=self.settings.replica_id)
+        if leading and self.reconciler is not None:
+            self.reconciler.resync_soon()
 
     def _driver(self) -> Driver:
         state = self.settings.state_dir
@@ -113,12 +142,7 @@ class LifecycleService:
         store = await self._store(bus, self.subjects.storage("resources"))
         events = Events(bus, self.subjects, stream=self.subjects.storage("events"))
         await events.setup()
-        self._leases = await Leases.open(
-            bus,
-            self.settings.replica_id,
-            self.settings.lease_ttl,
-            bucket=self.subjects.storage("leases"),
-        )
+        self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events)
         self.reconciler = Reconciler(
             store=store, driver=self._driver(), leases=self._leases, events=events,
@@ -136,6 +160,8 @@ class LifecycleService:
             ("templates", "delete"): api.template_delete,
         }  # fmt: skip
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
+        if self._elect is not None:
+            self.supervisor.spawn(self._elect(), name="leader-election")
         # Only the kinds served here: the pool service answers pools and claims.
         self._api = ApiServer(bus, self.subjects, queue=QUEUE_GROUP, operations=CONTROL_PLANE,
                               routes=routes, supervisor=self.supervisor)  # fmt: skip

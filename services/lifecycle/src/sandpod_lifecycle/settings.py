@@ -10,7 +10,8 @@
 | ``SANDPOD_STORE`` | ``kv`` | ``kv`` (JetStream KV) or ``kube`` (CRDs: ``SANDPOD_KUBE_*``) |
 | ``SANDPOD_POD_*`` | | the ``kubernetes`` runtime's Pods (``sandpod_kube.podspec.PodSettings``) |
 | ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
-| ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's objects move after this |
+| ``SANDPOD_LEASE_TTL`` | 10 s | KV store: a dead replica's objects move after this |
+| ``SANDPOD_LEADER_*`` | 15/10/2 s | kube store: leader election (``LeaderSettings``) |
 | ``SANDPOD_RESYNC`` | 5 s | full resync period (orphans, lease renewal) |
 | ``SANDPOD_WORKERS`` | 8 | objects reconciled in parallel |
 | ``SANDPOD_READY_TIMEOUT`` | 30 s | how long a new instance may take to answer |
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
-from sandpod_kube import KubeSettings, store_settings
+from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.podspec import PodSettings
 from sandpod_service import env_bool, env_float, env_int, env_str
 
@@ -47,6 +48,7 @@ class LifecycleSettings:
     )
     runtime: str = "process"
     kube: KubeSettings | None = None  # None: the KV store (SANDPOD_STORE=kv)
+    leader: LeaderSettings = dataclasses.field(default_factory=LeaderSettings)  # kube only
     pods: PodSettings = dataclasses.field(default_factory=PodSettings)
     replica_id: str = dataclasses.field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}"
@@ -89,6 +91,7 @@ class LifecycleSettings:
             kube=kube,
             pods=PodSettings.from_env(env),
             replica_id=env_str(env, "SANDPOD_REPLICA_ID", base.replica_id),
+            leader=LeaderSettings.from_env(env),
             lease_ttl=env_float(env, "SANDPOD_LEASE_TTL", base.lease_ttl, minimum=0.5),
             resync=env_float(env, "SANDPOD_RESYNC", base.resync, minimum=0.1),
             workers=env_int(env, "SANDPOD_WORKERS", base.workers, minimum=1),
