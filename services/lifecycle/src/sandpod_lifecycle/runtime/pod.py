@@ -144,7 +144,8 @@ class PodDriver:
         )  # fmt: skip
         try:
             await self._apply_policy(pod, template)
-            await self._write_creds(pod, spec)
+            if self._creds_due(sandbox_id, spec):  # a second pass keeps what the Pod mounted
+                await self._write_creds(pod, spec)
             for stale in await self._pods(sandbox_id):
                 if stale.terminal or stale.owner_uid != owner.uid:  # ended, or an old Sandbox's
                     log.info("stale_pod_deleted", sandbox=sandbox_id, phase=stale.phase)
@@ -169,14 +170,19 @@ class PodDriver:
         self._issued[pod.name] = (pod.namespace, minted.expires)
         log.info("nats_creds_written", sandbox=pod.name, expires=minted.expires)
 
+    def _creds_due(self, sandbox_id: str, spec: SandboxSpec) -> bool:
+        """Whether the sandbox's creds must be (re-)minted: never issued by this replica, or
+        stale (see ``podcreds``)."""
+        if self._creds is None:
+            return False
+        issued = self._issued.get(sandbox_id)
+        shutdown = parse_time(spec.shutdown_time).timestamp() if spec.shutdown_time else None
+        return issued is None or self._creds.stale(issued[1], shutdown, time.time())
+
     async def renew_credentials(self, sandbox_id: str, spec: SandboxSpec, owner: Owner) -> None:
         """Re-mint the sandbox's creds if they are stale (see ``podcreds``). Raises
         RuntimeFailure when the API server refused the write (the next pass tries again)."""
-        if self._creds is None:
-            return
-        issued = self._issued.get(sandbox_id)
-        shutdown = parse_time(spec.shutdown_time).timestamp() if spec.shutdown_time else None
-        if issued is not None and not self._creds.stale(issued[1], shutdown, time.time()):
+        if not self._creds_due(sandbox_id, spec):
             return
         pod = SandboxPod(name=sandbox_id, namespace=owner.namespace, owner_uid=owner.uid,
                          template=spec.template_ref or DEFAULT_TEMPLATE,
