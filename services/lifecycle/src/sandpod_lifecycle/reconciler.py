@@ -157,12 +157,34 @@ class Reconciler:
                 for obj in items:
                     self.enqueue(obj.metadata.name, obj.metadata.namespace)
                 async for event in self.store.watch(SANDBOX, None, revision):
-                    self.enqueue(event.name, event.namespace)
+                    settles = self._settles(event.resource)
+                    if settles is not None:  # a claim's bind: nothing to do until it settled
+                        self._wake_at(_key(event.namespace, event.name), settles)
+                    else:
+                        self.enqueue(event.name, event.namespace)
                     if event.type is EventType.DELETED:
                         self._failures.pop(_key(event.namespace, event.name), None)
             except SandpodError as exc:
                 log.warning("watch_failed_restarting", error=exc.message)
                 await asyncio.sleep(1.0)
+
+    def _settles(self, obj: Resource | None) -> float | None:
+        """When a just-bound running sandbox's pass is due (see ``_observe_generation``), if
+        the change is only that bind; None: reconcile it now."""
+        bound = obj.metadata.annotations.get(BOUND_AT_ANNOTATION) if obj is not None else None
+        if obj is None or not bound:
+            return None
+        try:
+            view, settles = SandboxView.of(obj), float(bound) + self._bind_settle
+        except (SandpodError, ValueError):
+            return None
+        quiet = (
+            not view.deleting
+            and view.status.phase is Phase.RUNNING
+            and view.spec.operating_mode is OperatingMode.RUNNING
+            and view.status.observed_generation != obj.metadata.generation
+        )
+        return settles if quiet and time.time() < settles else None
 
     def resync_soon(self) -> None:
         """Resync now rather than at the next period (this replica just became the leader)."""
