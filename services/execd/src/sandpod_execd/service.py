@@ -27,11 +27,13 @@ from sandpod_contract.errors import (
     InternalError,
     PayloadTooLarge,
     SandboxNotFound,
+    SandboxPaused,
     SandpodError,
     UnknownSubject,
 )
 from sandpod_contract.messages.node import NodeSandboxes, Release, Serve
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
+from sandpod_execd.freezer import STARTS
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.handlers.exec import ExecHandlers
 from sandpod_execd.handlers.fs import FsHandlers
@@ -112,6 +114,7 @@ class ExecdService:
             settings.base_env,
             ExecRegistry(settings.result_ttl, stored_budget=4 * settings.default_max_output),
             jail=Jail.load(jail, sid) if jail else None,
+            sole=settings.node is None and len(settings.sandbox_ids) == 1,
         )
 
     async def _serve(self, sbx: SandboxContext) -> None:
@@ -205,6 +208,13 @@ class ExecdService:
                 limit=self.settings.max_request_bytes,
             )
             await self._reject(msg, too_large, "too_large")
+            return
+        if sbx.freezer.frozen and (op.family, op.verb) in STARTS:
+            paused = SandboxPaused(
+                f"sandbox {sbx.sandbox_id} is paused (its processes are frozen): resume it to "
+                f"start commands", sandbox_id=sbx.sandbox_id,
+            )  # fmt: skip
+            await self._reject(msg, paused, "paused")
             return
         try:
             req = decode(op.request, msg.data)
