@@ -9,7 +9,8 @@ the first problem found, most final first:
     sandbox container terminated, OOMKilled   -> OOMKilled          terminal
     sandbox container terminated (exit code)  -> ExecdExited        terminal
     phase Failed, anything else               -> PodFailed          terminal
-    waiting: CrashLoopBackOff                 -> CrashLoop          terminal
+    waiting: CrashLoopBackOff                 -> CrashLoop          terminal (OOMKilled when
+                                                                  the last exit was one)
     waiting: InvalidImageName                 -> InvalidImage       terminal
     waiting: ErrImagePull / ImagePullBackOff  -> ImagePullFailed    transient (registry, secret)
     waiting: CreateContainerConfigError       -> ContainerConfigError  transient (missing Secret)
@@ -64,8 +65,7 @@ def _statuses(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _terminated(cs: Mapping[str, Any]) -> PodProblem | None:
-    state = cs.get("state") or {}
-    ended = state.get("terminated") or (cs.get("lastState") or {}).get("terminated")
+    ended = (cs.get("state") or {}).get("terminated")
     if not ended or cs.get("name") != SANDBOX_CONTAINER:
         return None
     code, why = ended.get("exitCode"), str(ended.get("reason") or "")
@@ -86,6 +86,11 @@ def _waiting(cs: Mapping[str, Any]) -> PodProblem | None:
     message = f"container {cs.get('name')}: {waiting['reason']}"
     if reason in _IMAGE:
         message += f" (image {cs.get('image', '?')})"
+    last = (cs.get("lastState") or {}).get("terminated") or {}
+    if reason is ConditionReason.CRASH_LOOP and last:
+        message += f" (last exit code {last.get('exitCode')}, {last.get('reason') or 'no reason'})"
+        if last.get("reason") == "OOMKilled":  # restarted after each OOM kill: say that
+            reason = ConditionReason.OOM_KILLED
     if waiting.get("message"):
         message += f": {waiting['message']}"
     return PodProblem(reason, message)
