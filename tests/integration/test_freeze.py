@@ -75,7 +75,8 @@ async def test_freeze_stops_every_command_tree_and_thaw_continues_it(
 ) -> None:
     """After sys.freeze a background process and a setsid escapee stop counting (state T) while
     a process outside execd's tree goes on; new commands get sandbox.paused, execd answers
-    pings; after sys.thaw both counters advance again and commands run."""
+    pings; after sys.thaw (which counts as activity) both counters advance again and commands
+    run."""
     execd = start_execd()
     sid = execd.ids[0]
     inner, escaped = tmp_path / "inner", tmp_path / "escaped"
@@ -111,8 +112,11 @@ async def test_freeze_stops_every_command_tree_and_thaw_continues_it(
         again = await _sys(sbx, "freeze")  # idempotent
         assert again.frozen and (await _sys(sbx, "freezer")).frozen
 
+        idle_since = (await sbx.activity()).last_activity  # refused commands are no activity
         thawed = await _sys(sbx, "thaw")
         assert not thawed.frozen
+        # resuming restarts the idle clock: a long pause cannot expire it on resume
+        assert (await sbx.activity()).last_activity > idle_since
         await _until(
             "both counters advance after thaw",
             lambda: _count(inner) > frozen_at[0] and _count(escaped) > frozen_at[1],
