@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,16 +69,46 @@ def bystander(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     proc.wait(10)
 
 
+def _cgroup_of(pid: int) -> str:
+    """The cgroup v2 path of ``pid`` ("" when it has exited meanwhile, e.g. a ``sleep``)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return next((line[3:].strip() for line in f if line.startswith("0::")), "")
+    except OSError:
+        return ""
+
+
+def _check_frozen(state: FreezeState, sid: str, execd_pid: int) -> None:
+    """Every command process is frozen the way ``state.mechanism`` says; execd and this test
+    are not."""
+    members = _sandbox_pids(sid, execd_pid)
+    assert len(members) >= 2  # the two loops' shells (and a sleep of each, at times)
+    if state.mechanism == "signals":
+        assert "observe" in state.detail
+        for pid in members:
+            assert psutil.Process(pid).status() == psutil.STATUS_STOPPED, pid
+    else:  # the cgroup freezer: invisible to them (no SIGSTOP), all in the frozen cgroup
+        assert state.mechanism == "cgroup" and "invisible" in state.detail
+        for pid in members:
+            assert _cgroup_of(pid).endswith(f"/sandpod-freeze-{sid}"), pid
+            assert psutil.Process(pid).status() != psutil.STATUS_STOPPED, pid
+    for pid in (execd_pid, os.getpid()):
+        assert "sandpod-freeze" not in _cgroup_of(pid)
+        assert psutil.Process(pid).status() != psutil.STATUS_STOPPED
+
+
+@pytest.mark.parametrize("mode", ["signals", "auto"])
 async def test_freeze_stops_every_command_tree_and_thaw_continues_it(
     start_execd: Callable[..., Execd],
     tmp_path: Path,
     bystander: tuple[subprocess.Popen[bytes], Path],
+    mode: str,
 ) -> None:
-    """After sys.freeze a background process and a setsid escapee stop counting (state T) while
-    a process outside execd's tree goes on; new commands get sandbox.paused, execd answers
-    pings; after sys.thaw (which counts as activity) both counters advance again and commands
-    run."""
-    execd = start_execd()
+    """After sys.freeze a background process and a setsid escapee stop counting (SIGSTOPped,
+    or in the frozen cgroup with ``auto`` where execd's cgroup v2 is writable) while a process
+    outside execd's tree goes on; new commands get sandbox.paused, execd answers pings; after
+    sys.thaw (which counts as activity) both counters advance again and commands run."""
+    execd = start_execd(SANDPOD_EXECD_FREEZER=mode)
     sid = execd.ids[0]
     inner, escaped = tmp_path / "inner", tmp_path / "escaped"
     outside, outside_path = bystander
@@ -89,14 +120,10 @@ async def test_freeze_stops_every_command_tree_and_thaw_continues_it(
         assert (await _sys(sbx, "freezer")).frozen is False
 
         state = await _sys(sbx, "freeze")
-        assert state.frozen and state.mechanism == "signals" and state.processes >= 2
-        assert "observe" in state.detail
-        members = _sandbox_pids(sid, execd.proc.pid)
-        assert len(members) >= 4  # two loops, each with its sh (and maybe a sleep)
-        for pid in members:
-            assert psutil.Process(pid).status() == psutil.STATUS_STOPPED, pid
-        assert psutil.Process(execd.proc.pid).status() != psutil.STATUS_STOPPED
-        assert psutil.Process().status() != psutil.STATUS_STOPPED
+        assert state.frozen and state.processes >= 2
+        if mode == "signals":
+            assert state.mechanism == "signals"
+        _check_frozen(state, sid, execd.proc.pid)
         frozen_at = _count(inner), _count(escaped)
         start = _count(outside_path)
         await _until("the bystander counts on", lambda: _count(outside_path) > start + 10)
@@ -122,6 +149,7 @@ async def test_freeze_stops_every_command_tree_and_thaw_continues_it(
             lambda: _count(inner) > frozen_at[0] and _count(escaped) > frozen_at[1],
         )
         assert (await sbx.exec("echo hi")).stdout == "hi\n"
+        assert not any("sandpod-freeze" in _cgroup_of(p) for p in _sandbox_pids(sid, 0))
         await sbx.proc.kill(proc.id)
         await sbx.exec(f"pkill -f '{escaped}' || true")
 

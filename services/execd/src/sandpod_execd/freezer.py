@@ -10,13 +10,15 @@ serves only this sandbox (a Pod), every other descendant of execd (a command tha
 environment). Never execd itself nor any of its ancestors: on a test host execd runs beside
 everything else, and nothing outside its commands' trees may stop.
 
-How -- ``signals``: SIGSTOP each member, then scan again, until a scan finds no member that is
-not stopped (a process that forked between a scan and its SIGSTOP has its child caught by the
-next scan), within a deadline; thaw sends SIGCONT to every member. Stopping is observable by the
-processes (a parent's ``waitpid(WUNTRACED)``, SIGCHLD, state ``T`` in ``/proc``), and a process
-a user had stopped on purpose is continued by thaw; the Sandbox's ``Paused`` condition says so.
-A cgroup v2 freezer (invisible to the processes) needs execd's commands in a cgroup of their own
-that execd may write; Pods do not delegate one today, so ``signals`` is the mechanism in use.
+How -- ``cgroup`` (preferred; :mod:`sandpod_execd.cgfreeze`): when execd may create a cgroup v2
+beside its own, the members move into it and it is frozen; the kernel freezes whatever they fork
+too, and the processes cannot tell. Otherwise (a Pod without a delegated cgroup; or
+``SANDPOD_EXECD_FREEZER=signals``) -- ``signals``: SIGSTOP each member, then scan again, until a
+scan finds no member that is not stopped (a process that forked between a scan and its SIGSTOP
+has its child caught by the next scan), within a deadline; thaw sends SIGCONT to every member.
+Stopping is observable by the processes (a parent's ``waitpid(WUNTRACED)``, SIGCHLD, state
+``T`` in ``/proc``), and a process a user had stopped on purpose is continued by thaw; the
+reply's ``detail`` (and the Sandbox's ``Paused`` condition) says so.
 
 While frozen, the router refuses verbs that would start a process (:data:`STARTS`) with
 ``sandbox.paused`` rather than letting them hang on a stopped tree.
@@ -32,13 +34,17 @@ import time
 
 from sandpod_contract.errors import RequestTimeout
 from sandpod_contract.messages.system import FreezeState
+from sandpod_execd.cgfreeze import CommandsCgroup, open_commands
 from sandpod_execd.proctree import Snapshot, snapshot
 
-__all__ = ["STARTS", "Freezer"]
+__all__ = ["MODES", "STARTS", "Freezer"]
+
+MODES = ("auto", "signals")  # auto: the cgroup freezer when execd may use one, else signals
 
 SANDBOX_ENV = "SANDPOD_SANDBOX_ID"
 POLL = 0.005  # seconds between scans while waiting for SIGSTOP to take effect
 SIGNALS_DETAIL = "SIGSTOP to each process: the processes can observe it; thaw sends SIGCONT"
+CGROUP_DETAIL = "cgroup v2 freezer: invisible to the processes"
 STARTS = frozenset({
     ("exec", "run"), ("exec", "start"), ("proc", "start"), ("session", "create"),
     ("session", "run"), ("pty", "open"), ("git", "clone"), ("git", "checkout"),
@@ -67,13 +73,18 @@ def _state(pid: int) -> str | None:
 class Freezer:
     """The freeze state of one sandbox served by this execd."""
 
-    def __init__(self, sandbox_id: str, *, sole: bool) -> None:
-        """``sole``: this execd serves only this sandbox (all its descendants belong to it)."""
+    def __init__(self, sandbox_id: str, *, sole: bool, mode: str = "auto") -> None:
+        """``sole``: this execd serves only this sandbox (all its descendants belong to it);
+        ``mode``: one of :data:`MODES`."""
+        if mode not in MODES:
+            raise ValueError(f"freezer mode must be one of {MODES}, got {mode!r}")
         self.sandbox_id = sandbox_id
         self.sole = sole
+        self.mode = mode
         self.frozen = False
         self.mechanism = ""
         self._stopped: set[int] = set()
+        self._cgroup: CommandsCgroup | None = None
         self._lock = asyncio.Lock()
 
     def members(self) -> set[int]:
@@ -94,45 +105,82 @@ class Freezer:
                            detail=detail)  # fmt: skip
 
     async def freeze(self, timeout: float) -> FreezeState:
-        """Stop every member; returns once each one is stopped (idempotent).
+        """Freeze every member; returns once each one is frozen (idempotent).
 
         Raises:
-            RequestTimeout: some process would not stop within ``timeout`` seconds (one in
-                uninterruptible sleep); everything stopped so far is continued again.
+            RequestTimeout: some process would not freeze within ``timeout`` seconds (one in
+                uninterruptible sleep); everything frozen so far is continued again.
         """
         async with self._lock:
-            self.frozen, self.mechanism = True, "signals"  # refuse new commands from now on
             deadline = time.monotonic() + timeout
-            while True:
-                members = await asyncio.to_thread(self.members)
-                running = {p for p in members if _state(p) not in ("T", "t", None)}
-                if not running:
-                    break
-                if time.monotonic() >= deadline:
-                    await self._continue(members)
-                    self.frozen = False
-                    raise RequestTimeout(
-                        f"{len(running)} process(es) of {self.sandbox_id} did not stop within "
-                        f"{timeout:g}s", pids=sorted(running)[:20],
-                    )  # fmt: skip
-                for pid in running:  # again, too, if someone continued it meanwhile
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGSTOP)
-                self._stopped |= running
-                await asyncio.sleep(POLL)  # SIGSTOP takes effect asynchronously
-            self._stopped = {p for p in self._stopped if _state(p) is not None}
-            return self.state(SIGNALS_DETAIL)
+            why = "SANDPOD_EXECD_FREEZER=signals"
+            if self.frozen and self.mechanism == "signals":
+                why = "already stopped by signals"  # a re-freeze keeps its mechanism
+            elif self._cgroup is None and self.mode == "auto":
+                self._cgroup, why = await asyncio.to_thread(open_commands, self.sandbox_id)
+            self.frozen = True  # refuse new commands from now on
+            if self._cgroup is not None:
+                self.mechanism = "cgroup"
+                await self._freeze_cgroup(self._cgroup, deadline, timeout)
+                return self.state(CGROUP_DETAIL)
+            self.mechanism = "signals"
+            await self._freeze_signals(deadline, timeout)
+            return self.state(f"{SIGNALS_DETAIL} (no cgroup freezer: {why})")
+
+    async def _freeze_cgroup(self, cg: CommandsCgroup, deadline: float, timeout: float) -> None:
+        await asyncio.to_thread(cg.set_frozen, True)  # what moves in now freezes on arrival
+        while True:
+            outside = await asyncio.to_thread(lambda: self.members() - cg.pids())
+            if not outside and await asyncio.to_thread(cg.frozen):
+                break
+            if time.monotonic() >= deadline:
+                await self._thaw_cgroup(cg)
+                raise self._timeout(outside, timeout)
+            await asyncio.to_thread(cg.move_in, outside)
+            await asyncio.sleep(POLL)  # the kernel reports "frozen" asynchronously
+        self._stopped = cg.pids()
+
+    async def _freeze_signals(self, deadline: float, timeout: float) -> None:
+        while True:
+            members = await asyncio.to_thread(self.members)
+            running = {p for p in members if _state(p) not in ("T", "t", None)}
+            if not running:
+                break
+            if time.monotonic() >= deadline:
+                await self._continue(members | self._stopped)
+                self._stopped = set()
+                self.frozen = False
+                raise self._timeout(running, timeout)
+            for pid in running:  # again, too, if someone continued it meanwhile
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+            self._stopped |= running
+            await asyncio.sleep(POLL)  # SIGSTOP takes effect asynchronously
+        self._stopped = {p for p in self._stopped if _state(p) is not None}
+
+    def _timeout(self, stuck: set[int], timeout: float) -> RequestTimeout:
+        return RequestTimeout(
+            f"{len(stuck)} process(es) of {self.sandbox_id} did not freeze within {timeout:g}s",
+            pids=sorted(stuck)[:20],
+        )
 
     async def thaw(self) -> FreezeState:
-        """Continue every process the freeze stopped (and any member still stopped)."""
+        """Continue every frozen process (and any member still stopped by signals)."""
         async with self._lock:
-            if self.frozen:
+            if self.frozen and self._cgroup is not None:
+                await self._thaw_cgroup(self._cgroup)
+            elif self.frozen:
                 members = await asyncio.to_thread(self.members)
                 await self._continue(members | self._stopped)
             self.frozen = False
             state = self.state()
             self._stopped = set()
             return state
+
+    async def _thaw_cgroup(self, cg: CommandsCgroup) -> None:
+        await asyncio.to_thread(cg.release)
+        self._cgroup = None
+        self.frozen = False
 
     async def _continue(self, pids: set[int]) -> None:
         for pid in pids:

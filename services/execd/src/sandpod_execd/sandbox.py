@@ -39,10 +39,12 @@ class SandboxContext:
         *,
         jail: Jail | None = None,
         sole: bool = False,
+        freezer: str = "auto",
     ) -> None:
-        """``sole``: this execd serves no other sandbox (see :class:`Freezer`)."""
+        """``sole``: this execd serves no other sandbox; ``freezer``: its mode (both: see
+        :class:`~sandpod_execd.freezer.Freezer`)."""
         self.sandbox_id = sandbox_id
-        self.freezer = Freezer(sandbox_id, sole=sole)
+        self.freezer = Freezer(sandbox_id, sole=sole, mode=freezer)
         self.jail = jail
         self.workspace = jail.workspace if jail else workspace
         self.shell = shell if jail is None or jail.has_program(shell) else "/bin/sh"

@@ -115,6 +115,7 @@ class ExecdService:
             ExecRegistry(settings.result_ttl, stored_budget=4 * settings.default_max_output),
             jail=Jail.load(jail, sid) if jail else None,
             sole=settings.node is None and len(settings.sandbox_ids) == 1,
+            freezer=settings.freezer,
         )
 
     async def _serve(self, sbx: SandboxContext) -> None:
@@ -181,6 +182,8 @@ class ExecdService:
             await sub.drain()
         for family in self._families:
             await family.close()
+        for sbx in self.sandboxes.values():  # never leave a process frozen behind us
+            await sbx.freezer.thaw()
         await self.supervisor.close(grace)
 
     # -- routing -------------------------------------------------------------------------------
