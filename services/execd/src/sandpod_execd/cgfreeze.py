@@ -5,9 +5,9 @@ mounted and execd's cgroup is writable (root, or a delegated subtree), :func:`op
 creates ``<execd's cgroup>/sandpod-freeze-<id>``; the freezer moves the sandbox's processes
 into it and writes ``cgroup.freeze`` -- the kernel then freezes them and every child they fork,
 invisibly to them (no SIGSTOP, no SIGCHLD, state stays ``S``). On thaw they move back (still
-frozen, so none forks inside meanwhile) and the cgroup is removed. No controllers are enabled in it, so the "no internal processes" rule does
-not apply. Pods rarely get a writable cgroup today: :func:`open_commands` then says why not,
-and the freezer uses signals.
+frozen, so none forks inside meanwhile) and the cgroup is removed. No controllers are enabled
+in it, so the "no internal processes" rule does not apply. Pods rarely get a writable cgroup
+today: :func:`open_commands` then says why not, and the freezer uses signals.
 """
 
 from __future__ import annotations
