@@ -67,6 +67,7 @@ class FakeKubelet:
         self.seen: dict[str, dict[str, Any]] = {}  # pod name -> the Pod as last seen
         self.run_execd = True
         self.fault: str | None = None  # one of FAULTS: what happens to new Pods
+        self.execd_env: dict[str, str] = {}  # extra env of every execd started from now on
         self.uids: dict[str, list[str]] = {}  # pod name -> every uid seen, in order
         self.error: Exception | None = None
         self._released = asyncio.Event()
@@ -189,6 +190,7 @@ class FakeKubelet:
             **await self._env(container),
             "SANDPOD_WORKSPACE": str(root / "workspace"),  # the Pod's emptyDirs, here
             "SANDPOD_STATE_DIR": str(root / "tmp"),
+            **self.execd_env,
         }
         with (root / "execd.log").open("ab") as log:
             # The bundle runs `python3 -m sandpod_execd`: here, the same module from this checkout.

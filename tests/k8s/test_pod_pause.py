@@ -61,13 +61,23 @@ def bystander(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     proc.wait(10)
 
 
+def _cgroup_of(proc: psutil.Process) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{proc.pid}/cgroup") as f:
+        return next((line[3:].strip() for line in f if line.startswith("0::")), "")
+    return ""  # exited meanwhile
+
+
+@pytest.mark.parametrize(
+    ("freezer", "reason"), [("signals", "SignalStopped"), ("auto", "CgroupFrozen")]
+)
 async def test_pausing_a_pod_sandbox_freezes_its_processes_through_execd_and_resume_continues(
-    cluster: Cluster, bystander: tuple[subprocess.Popen[bytes], Path]
+    cluster: Cluster, bystander: tuple[subprocess.Popen[bytes], Path], freezer: str, reason: str
 ) -> None:
     """Sandbox.pause(): phase Paused, the Paused condition names the mechanism (SignalStopped,
-    observable by the processes), the background counter stops while execd stays up and a
-    process outside the tree counts on; exec gets sandbox.paused. resume(): Running, the
-    counter continues, exec runs."""
+    which the processes can observe; CgroupFrozen where execd may write its cgroup, as here),
+    the background counter stops while execd stays up and a process outside the tree counts
+    on; exec gets sandbox.paused. resume(): Running, the counter continues, exec runs."""
+    cluster.kubelet.execd_env["SANDPOD_EXECD_FREEZER"] = freezer
     cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5")
     await cluster.answering()
     name = f"kz-{uuid.uuid4().hex[:8]}"
@@ -83,11 +93,18 @@ async def test_pausing_a_pod_sandbox_freezes_its_processes_through_execd_and_res
         info = await sbx.pause()
         assert info.phase == "Paused"
         paused = info.condition("Paused") or {}
-        assert (paused.get("status"), paused.get("reason")) == ("True", "SignalStopped")
-        assert "observe" in paused.get("message", "")
+        assert (paused.get("status"), paused.get("reason")) == ("True", reason)
         commands = _commands(name, execd.pid)
-        assert commands and all(p.status() == psutil.STATUS_STOPPED for p in commands)
+        assert commands
+        if reason == "SignalStopped":
+            assert "observe" in paused.get("message", "")
+            assert all(p.status() == psutil.STATUS_STOPPED for p in commands)
+        else:
+            assert "invisible" in paused.get("message", "")
+            inside = [_cgroup_of(p) for p in commands]  # "": a sleep that ended meanwhile
+            assert all(c == "" or c.endswith(f"/sandpod-freeze-{name}") for c in inside), inside
         assert psutil.Process(execd.pid).status() != psutil.STATUS_STOPPED
+        assert "sandpod-freeze" not in _cgroup_of(psutil.Process(execd.pid))
         assert psutil.Process().status() != psutil.STATUS_STOPPED
         frozen_at, start = _count(counter), _count(outside_path)
         await _until("the bystander counts on", lambda: _count(outside_path) > start + 10)
