@@ -192,7 +192,8 @@ class LifecycleService:
         assert self._bus is not None
         subject = self.subjects.sandbox(sandbox_id, "sys", verb)
         request: Message = Freeze(timeout=FREEZE_TIMEOUT) if verb == "freeze" else Empty()
-        reply = await self._bus.request(subject, encode(request), FREEZE_TIMEOUT + 2.0)
+        wait = FREEZE_TIMEOUT + 2.0 if verb == "freeze" else 2.0  # inspect asks every pass
+        reply = await self._bus.request(subject, encode(request), wait)
         return decode_reply(FreezeState, reply)
 
     async def _configure(self, sandbox_id: str, env: dict[str, str], generation: int) -> bool:
