@@ -10,13 +10,16 @@ the CRDs as the store, the case agent-sandbox publishes numbers for (warm claim 
     runtime ``process``: each sandbox is one execd process on this host. A warm claim starts
         no instance, so the claim path is the store's writes (SandboxClaim create, the member's
         bind, statuses) and NATS; the process runtime keeps the pool's refill from competing
-        with the measured claims for the 2 cores the way Pods + a fake kubelet would.
+        with the measured claims for the 2 cores the way Pods + a fake kubelet would. Refill
+        still starts one Python execd per claimed member (~1 s of CPU here, on other nodes in
+        a cluster), so the pool's refill delay is raised (``--refill-delay``, 8 s): refill runs
+        between measured batches, not during them.
 
 1. Floors, measured in this run: one API-server write round trip (create of a small object
    through KubeStore), one bare NATS request/reply, one exec round trip on a held sandbox.
-2. Latency: a pool of ``--pool`` (50); ``--claims`` claims one at a time, the pool full before
-   each: SDK call until bound and ready, and until the first exec succeeds. p50/p99 and the
-   ratio to the floors.
+2. Latency: a pool of ``--pool`` (50); ``--claims`` claims one at a time, in batches of
+   ``--batch`` with the pool full before each batch: SDK call until bound and ready, and until
+   the first exec succeeds. p50/p99 and the ratio to the floors.
 3. Throughput: at each concurrency in ``--concurrency`` (1,4,8,16), ``--per-level`` claims
    (fewer than the pool, so all can be warm) by that many concurrent clients, each claim
    followed by its first exec: claims/s, latency p50/p99, warm/cold split. The pool is full
@@ -88,7 +91,9 @@ async def write_floor(plane: ControlPlane, n: int) -> list[float]:
     return samples
 
 
-async def latency(bus: Bus, pools: AsyncPools, size: int, claims: int) -> dict[str, list[float]]:
+async def latency(
+    bus: Bus, pools: AsyncPools, size: int, claims: int, batch: int
+) -> dict[str, list[float]]:
     held = await AsyncSandbox.claim("kc", bus=bus, timeout=3600)
     floor = []
     for i in range(claims + 20):
@@ -97,18 +102,23 @@ async def latency(bus: Bus, pools: AsyncPools, size: int, claims: int) -> dict[s
         if i >= 20:
             floor.append(time.perf_counter() - t0)
     bind, usable = [], []
-    for _ in range(claims):
+    for start in range(0, claims, batch):
+        # A batch of claims one at a time, the pool full before it; refill (a new execd per
+        # claimed member) waits for the refill delay, so it does not overlap the batch.
         await until_available(pools, "kc", size - 1)  # one member is `held`
-        t0 = time.perf_counter()
-        sbx = await AsyncSandbox.claim("kc", bus=bus, timeout=3600)
-        t1 = time.perf_counter()
-        r = await sbx.exec(["true"])
-        t2 = time.perf_counter()
-        assert r.exit_code == 0 and sbx.claim_info is not None and sbx.claim_info.warm
-        bind.append(t1 - t0)
-        usable.append(t2 - t0)
-        await sbx.release()
-        await gone(sbx)
+        taken = []
+        for _ in range(min(batch, claims - start)):
+            t0 = time.perf_counter()
+            sbx = await AsyncSandbox.claim("kc", bus=bus, timeout=3600)
+            t1 = time.perf_counter()
+            r = await sbx.exec(["true"])
+            t2 = time.perf_counter()
+            assert r.exit_code == 0 and sbx.claim_info is not None and sbx.claim_info.warm
+            bind.append(t1 - t0)
+            usable.append(t2 - t0)
+            taken.append(sbx)
+        await asyncio.gather(*(s.release() for s in taken))
+        await asyncio.gather(*(gone(s) for s in taken))
     await held.release()
     return {"exec": floor, "bind": bind, "usable": usable}
 
@@ -145,6 +155,7 @@ async def level(bus: Bus, pools: AsyncPools, size: int, concurrency: int, count:
     took = time.perf_counter() - t0
     reasons = collections.Counter(s.claim_info.bound_reason for s in held if s.claim_info)
     await asyncio.gather(*(s.release() for s in held), return_exceptions=True)
+    await asyncio.gather(*(gone(s) for s in held))  # no teardown overlaps the next level
     line = (
         f"concurrency {concurrency:3}: {len(samples) / took:6.1f} claims/s  "
         f"p50 {pct(samples, 50) * 1000:7.1f} ms  p99 {pct(samples, 99) * 1000:7.1f} ms  "
@@ -167,7 +178,10 @@ async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
            "SANDPOD_DESTROY_ON_EXIT": "true", "SANDPOD_STORE": "kube",
            "SANDPOD_KUBE_SERVER": plane.url, "SANDPOD_KUBE_CA_FILE": str(plane.ca_file),
            "SANDPOD_KUBE_CLIENT_CERT": str(cert), "SANDPOD_KUBE_CLIENT_KEY": str(key),
-           "SANDPOD_KUBE_NAMESPACE": NS}  # fmt: skip
+           "SANDPOD_KUBE_NAMESPACE": NS,
+           # refill after a batch, not during it (see the module docstring)
+           "SANDPOD_POOL_REFILL_DELAY": str(args.refill_delay),
+           "SANDPOD_POOL_RESYNC": "60"}  # fmt: skip
     procs = [subprocess.Popen([sys.executable, "-m", m], env=env, stderr=subprocess.DEVNULL)
              for m in ("sandpod_lifecycle", "sandpod_pool")]  # fmt: skip
     bus = await Bus.connect(BusSettings(url=url))
@@ -176,13 +190,14 @@ async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
         await answering(pools.list)
         await answering(lambda: AsyncSandbox.list(nats_url=url))
         print("store: kube (real kube-apiserver + etcd, --unsafe-no-fsync); runtime: process "
-              "(warm claims start no instance: the claim path is store writes + NATS)")  # fmt: skip
+              "(warm claims start no instance: the claim path is store writes + NATS); pool "
+              f"refill delay {args.refill_delay:g} s (no refill during a batch)")  # fmt: skip
         writes = await write_floor(plane, 100)
         rtt = await nats_rtt(url, 500)
         await pools.create("kc", replicas=args.pool)
         fill = await until_available(pools, "kc", args.pool, timeout=600)
         print(f"pool of {args.pool} filled in {fill:.2f} s (from empty)\n")
-        lat = await latency(bus, pools, args.pool, args.claims)
+        lat = await latency(bus, pools, args.pool, args.claims, args.batch)
         print(summary("floor: API-server write (create)", writes))
         print(summary("floor: bare NATS request/reply", rtt))
         print(summary("floor: exec round trip (held sandbox)", lat["exec"]))
@@ -213,6 +228,8 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=50)
     parser.add_argument("--claims", type=int, default=50)
     parser.add_argument("--per-level", type=int, default=45)
+    parser.add_argument("--batch", type=int, default=20)
+    parser.add_argument("--refill-delay", type=float, default=8.0)
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 4, 8, 16])  # fmt: skip
     args = parser.parse_args()
