@@ -45,16 +45,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import yaml
 
 from _platform import NATS_BIN, _wait_port, free_port, nats_rtt, pct, summary
-from claim_latency import answering, gone, until_available
+from claim_latency import answering, gone
 from k8s.envtest import REPO, ControlPlane, missing_binaries
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod_bus import Bus, BusSettings
+from sandpod_contract.pooling import POOL_LABEL
 from sandpod_kube import KubeStore, apply_crds
+from sandpod_pool.members import MemberState, member_state
 from sandpod_store import ObjectMeta, Resource
 
 AGENT_SANDBOX_P50 = 0.092  # seconds, agent-sandbox's published warm claim p50
 AGENT_SANDBOX_RATE = 45.0  # claims/s it was measured at
 NS = "default"
+
+
+async def until_warm(store: KubeStore, n: int, timeout: float = 600) -> float:
+    """Seconds until pool ``kc`` has ``n`` claimable members, counted from the Sandboxes
+    themselves (the pool's status lags: it is written by the refill pass, delayed here)."""
+    t0 = time.perf_counter()
+    while True:
+        items, _ = await store.list("Sandbox", NS, f"{POOL_LABEL}=kc")
+        if sum(member_state(o) is MemberState.READY for o in items) >= n:
+            return time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"pool kc: not {n} warm members after {timeout}s")
+        await asyncio.sleep(0.05)
 
 
 def start_plane(workdir: Path) -> ControlPlane:
@@ -92,7 +107,7 @@ async def write_floor(plane: ControlPlane, n: int) -> list[float]:
 
 
 async def latency(
-    bus: Bus, pools: AsyncPools, size: int, claims: int, batch: int
+    bus: Bus, store: KubeStore, size: int, claims: int, batch: int
 ) -> dict[str, list[float]]:
     held = await AsyncSandbox.claim("kc", bus=bus, timeout=3600)
     floor = []
@@ -105,7 +120,7 @@ async def latency(
     for start in range(0, claims, batch):
         # A batch of claims one at a time, the pool full before it; refill (a new execd per
         # claimed member) waits for the refill delay, so it does not overlap the batch.
-        await until_available(pools, "kc", size - 1)  # one member is `held`
+        await until_warm(store, size - 1)  # one member is `held`
         taken = []
         for _ in range(min(batch, claims - start)):
             t0 = time.perf_counter()
@@ -123,8 +138,8 @@ async def latency(
     return {"exec": floor, "bind": bind, "usable": usable}
 
 
-async def level(bus: Bus, pools: AsyncPools, size: int, concurrency: int, count: int) -> str:
-    await until_available(pools, "kc", size)
+async def level(bus: Bus, store: KubeStore, size: int, concurrency: int, count: int) -> str:
+    await until_warm(store, size)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(count):
         queue.put_nowait(i)
@@ -186,6 +201,7 @@ async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
              for m in ("sandpod_lifecycle", "sandpod_pool")]  # fmt: skip
     bus = await Bus.connect(BusSettings(url=url))
     pools = await AsyncPools.connect(bus=bus)
+    store = await KubeStore.connect(plane.settings)
     try:
         await answering(pools.list)
         await answering(lambda: AsyncSandbox.list(nats_url=url))
@@ -195,9 +211,9 @@ async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
         writes = await write_floor(plane, 100)
         rtt = await nats_rtt(url, 500)
         await pools.create("kc", replicas=args.pool)
-        fill = await until_available(pools, "kc", args.pool, timeout=600)
+        fill = await until_warm(store, args.pool)
         print(f"pool of {args.pool} filled in {fill:.2f} s (from empty)\n")
-        lat = await latency(bus, pools, args.pool, args.claims, args.batch)
+        lat = await latency(bus, store, args.pool, args.claims, args.batch)
         print(summary("floor: API-server write (create)", writes))
         print(summary("floor: bare NATS request/reply", rtt))
         print(summary("floor: exec round trip (held sandbox)", lat["exec"]))
@@ -212,9 +228,10 @@ async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
               f"{args.pool}; agent-sandbox: {AGENT_SANDBOX_RATE:.0f} claims/s at "
               f"p50 {AGENT_SANDBOX_P50 * 1000:.0f} ms")  # fmt: skip
         for c in args.concurrency:
-            print(await level(bus, pools, args.pool, c, args.per_level))
+            print(await level(bus, store, args.pool, c, args.per_level))
         await pools.delete("kc")
     finally:
+        await store.close()
         await bus.close()
         for p in reversed(procs):
             p.terminate()
