@@ -133,7 +133,7 @@ async def latency(
             usable.append(t2 - t0)
             taken.append(sbx)
         await asyncio.gather(*(s.release() for s in taken))
-        await asyncio.gather(*(gone(s) for s in taken))
+        await asyncio.gather(*(gone(s, 600) for s in taken))
     await held.release()
     return {"exec": floor, "bind": bind, "usable": usable}
 
@@ -170,7 +170,7 @@ async def level(bus: Bus, store: KubeStore, size: int, concurrency: int, count: 
     took = time.perf_counter() - t0
     reasons = collections.Counter(s.claim_info.bound_reason for s in held if s.claim_info)
     await asyncio.gather(*(s.release() for s in held), return_exceptions=True)
-    await asyncio.gather(*(gone(s) for s in held))  # no teardown overlaps the next level
+    await asyncio.gather(*(gone(s, 600) for s in held))  # no teardown overlaps the next level
     line = (
         f"concurrency {concurrency:3}: {len(samples) / took:6.1f} claims/s  "
         f"p50 {pct(samples, 50) * 1000:7.1f} ms  p99 {pct(samples, 99) * 1000:7.1f} ms  "
