@@ -45,7 +45,7 @@ async def main(count: int) -> None:
     with platform("bench") as (url, _execd):
         rtt = await nats_rtt(url, 1000)
         async with await AsyncSandbox.connect("bench", nats_url=url) as sbx:
-            root = Path((await sbx.info()).workspace)
+            root = Path((await sbx.runtime_info()).workspace)
             results = {w: await latencies(sbx, root, w, count) for w in (0.05, 0.0)}
     rtt50 = pct(rtt, 50)
     print(summary("NATS request/reply RTT (floor part)", rtt))

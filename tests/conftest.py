@@ -28,6 +28,7 @@ from sandpod.errors import SandpodError
 
 if TYPE_CHECKING:
     from k8s.envtest import ControlPlane
+    from operator_nats import OperatorNats
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 # Daemons a session fixture started lazily, inside some test's setup: not that test's leak.
@@ -51,13 +52,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
 
 
 class NatsServer:
-    """A real nats-server with JetStream on a free loopback port."""
+    """A real nats-server with JetStream on a free loopback port (``config``: a config file,
+    e.g. operator mode; the address, port and JetStream flags still come from here)."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, config: Path | None = None) -> None:
         if not NATS_BIN.exists():
             pytest.fail(f"{NATS_BIN} missing: install dev deps with `make install`")
         self.port = free_port()
         self.store = store
+        self.config = config
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,8 +68,10 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        config = ["-c", str(self.config)] if self.config else []
+        address = ["-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)]
         self.proc = subprocess.Popen(
-            [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)],
+            [str(NATS_BIN), *config, *address],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -92,9 +97,15 @@ class NatsServer:
 class Execd:
     """An execd process serving some sandbox ids, with a handle to kill or stop it."""
 
-    def __init__(self, nats_url: str, state: Path, ids: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, nats_url: str, state: Path, ids: list[str], env: dict[str, str],
+        client_creds: str | None = None,
+    ) -> None:  # fmt: skip
+        """``client_creds``: the creds the readiness ping connects with (operator mode)."""
         self.ids = ids
         self.nats_url = nats_url
+        self.client_creds = client_creds
+        self.prefix = env.get("SANDPOD_PREFIX")
         self.log = state / f"execd-{ids[0]}-{uuid.uuid4().hex[:6]}.log"
         full_env = {
             **os.environ,
@@ -115,7 +126,10 @@ class Execd:
 
         # The sync SDK runs on its own loop thread, so this works from async tests too.
         try:
-            with Sandbox.connect(self.ids[0], nats_url=self.nats_url, connect_timeout=1) as sbx:
+            with Sandbox.connect(
+                self.ids[0], nats_url=self.nats_url, connect_timeout=1,
+                nats_creds=self.client_creds, prefix=self.prefix,
+            ) as sbx:  # fmt: skip
                 sbx.ping(timeout=1)
         except SandpodError:
             return False
@@ -148,6 +162,19 @@ def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def operator_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorNats]:
+    """A second nats-server, in operator mode (JWT auth), started on first use."""
+    from operator_nats import OperatorNats
+
+    server = OperatorNats(tmp_path_factory.mktemp("nats-operator"))
+    server.server.start()
+    assert server.server.proc is not None
+    SESSION_DAEMON_PIDS.add(server.server.proc.pid)
+    yield server
+    server.server.stop()
 
 
 @pytest.fixture(scope="session")

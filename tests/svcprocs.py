@@ -17,13 +17,14 @@ __all__ = ["ServiceProc", "kill_instances"]
 
 
 class ServiceProc:
-    """One replica of ``python -m <module>`` with the test's NATS, prefix and state dir."""
+    """One replica of ``python -m <module>`` with the test's NATS, prefix and state dir
+    (``wrap``: an argv prefix, e.g. one that runs it as another user)."""
 
     def __init__(
         self, module: str, nats: NatsServer, state: Path, prefix: str, replica: str,
-        **extra: str,
+        *, wrap: tuple[str, ...] = (), **extra: str,
     ) -> None:  # fmt: skip
-        self.module, self.replica = module, replica
+        self.module, self.replica, self.wrap = module, replica, wrap
         self.env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": prefix,
                     "SANDPOD_STATE_DIR": str(state), "SANDPOD_REPLICA_ID": replica,
                     "SANDPOD_LEASE_TTL": "2", "SANDPOD_LOG_LEVEL": "debug", **extra}  # fmt: skip
@@ -32,7 +33,7 @@ class ServiceProc:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as out:
-            return subprocess.Popen([sys.executable, "-m", self.module], env=self.env,
+            return subprocess.Popen([*self.wrap, sys.executable, "-m", self.module], env=self.env,
                                     stdout=out, stderr=out)  # fmt: skip
 
     def restart(self) -> None:

@@ -122,7 +122,7 @@ async def test_env_is_added_and_daemon_env_does_not_leak(sbx: AsyncSandbox) -> N
 
 async def test_cwd_workspace_alias_relative_and_absolute(sbx: AsyncSandbox, tmp_path: Path) -> None:
     """/workspace maps to the sandbox workspace; relative paths are under it; absolute stay."""
-    info = await sbx.info()
+    info = await sbx.runtime_info()
     r = await sbx.exec("/workspace", "pwd")
     assert r.stdout.strip() == os.path.realpath(info.workspace)
     await sbx.exec("mkdir -p sub/dir")
@@ -155,7 +155,7 @@ async def test_concurrent_execs_each_get_their_own_output(sbx: AsyncSandbox) -> 
 
 async def test_info_names_the_runtime_honestly(sbx: AsyncSandbox) -> None:
     """The process runtime says it has no isolation, so nobody mistakes it for a jail."""
-    info = await sbx.info()
+    info = await sbx.runtime_info()
     assert (info.runtime, info.isolation) == ("process", "none")
     assert info.sandbox_id == "shared"
     assert await sbx.ping() > 0

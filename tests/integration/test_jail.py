@@ -548,7 +548,7 @@ async def test_execd_runs_every_command_inside_the_jail(
     assert (await sbx.exec("exit 7")).exit_code == 7
     with Sandbox.connect(st.sandbox_id, nats_url=nats.url) as sync_sbx:
         assert sync_sbx.exec(["hostname"]).stdout == f"{st.sandbox_id}\n"
-    info = await sbx.info()
+    info = await sbx.runtime_info()
     assert (info.runtime, info.isolation) == ("local", "jail")
 
 

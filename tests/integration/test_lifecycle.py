@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import signal
@@ -186,11 +187,14 @@ async def test_renew_pushes_expiry(lifecycles: Callable[[], Lifecycle]) -> None:
     """renew moves shutdownTime later and the sandbox outlives its original lifetime."""
     lc = lifecycles()
     await _ready_api(lc)
-    async with await AsyncSandbox.create(timeout=3, nats_url=lc.url, prefix=lc.prefix) as sbx:
+    # 6 s: a lifetime a loaded machine cannot use up between the create and the renew.
+    async with await AsyncSandbox.create(timeout=6, nats_url=lc.url, prefix=lc.prefix) as sbx:
         before = (await sbx.describe()).shutdown_time
         after = (await sbx.renew(60)).shutdown_time
         assert after and before and after > before
-        await asyncio.sleep(4)  # past the original lifetime (a deadline, not synchronisation)
+        original = datetime.datetime.fromisoformat(before.replace("Z", "+00:00")).timestamp()
+        while time.time() < original + 0.5:  # past the original lifetime (a deadline)
+            await asyncio.sleep(0.1)
         assert (await sbx.exec("echo alive")).stdout == "alive\n"
 
 

@@ -75,7 +75,7 @@ async def test_activity_advances_on_exec_but_not_on_probes(own: AsyncSandbox) ->
     """ping, info, status, metrics and activity leave last_activity alone; exec moves it."""
     first = await own.activity()
     await own.ping()
-    await own.info()
+    await own.runtime_info()
     await own.metrics()
     with pytest.raises(ExecNotFound):
         await own._status(uuid.uuid4().hex)

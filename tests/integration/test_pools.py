@@ -299,6 +299,28 @@ async def test_claim_lifetime_and_release_delete_everything(warm: Platform) -> N
         await sbx.close()
 
 
+async def test_a_claim_restarts_the_idle_clock_of_a_member_idle_in_the_pool(
+    warm: Platform,
+) -> None:
+    """A member idle in the pool for longer than the claim's idle timeout is not expired by the
+    claim (the bind is activity, though no env reaches execd); idle from then on, it expires."""
+    members = await warm.free_members("py")
+    probes = [await AsyncSandbox.connect(m.metadata.name, nats_url=warm.nats.url,
+                                         prefix=warm.prefix) for m in members]  # fmt: skip
+    deadline = time.monotonic() + 30
+    while min([(await p.activity()).idle for p in probes]) < 2.5:  # members older than 2 s
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    for p in probes:
+        await p.close()
+    t0 = time.monotonic()
+    sbx = await warm.claim(idle_timeout=2, timeout=600)
+    assert (await sbx.exec("true")).exit_code == 0
+    await warm.until("Sandbox", sbx.id, lambda o: o is None, timeout=30)
+    assert time.monotonic() - t0 >= 1.9, "expired before its idle timeout from the claim"
+    await sbx.close()
+
+
 async def test_deleting_a_pool_deletes_its_free_members_but_not_claimed_ones(
     warm: Platform,
 ) -> None:

@@ -40,4 +40,4 @@ def test_context_manager_stream_stdin_and_errors(nats: NatsServer, shared_execd:
             assert st.wait().signal == signal.SIGINT
         with pytest.raises(InvalidCwd):
             sbx.exec("/definitely/not/here", "true")
-        assert sbx.info().runtime == "process"
+        assert sbx.runtime_info().runtime == "process"

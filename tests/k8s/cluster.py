@@ -25,19 +25,27 @@ from sandpod_kube.podspec import INSTALLATION_LABEL
 from sandpod_store import Resource
 from svcprocs import ServiceProc
 
-__all__ = ["NS", "Cluster", "cluster_setup", "kube_env", "ready"]
+__all__ = ["LEASE_DURATION", "NS", "Cluster", "cluster_setup", "kube_env", "ready"]
 
 NS = "default"
+LEASE_DURATION = 3  # seconds: a SIGKILLed leader is replaced after about this long
+LEADER_ENV = {
+    "SANDPOD_LEADER_LEASE_DURATION": str(LEASE_DURATION),
+    "SANDPOD_LEADER_RENEW_DEADLINE": "2",
+    "SANDPOD_LEADER_RETRY_PERIOD": "0.25",
+}
 KINDS = ("SandboxClaim", "SandboxWarmPool", "Sandbox", "SandboxTemplate")
 
 
 def kube_env(plane: ControlPlane) -> dict[str, str]:
-    """The services' settings for the test API server (admin client certificate)."""
+    """The services' settings for the test API server (admin client certificate), with a short
+    leader-election Lease (in ``default``, named after the test's prefix)."""
     cert, key = plane.admin_cert
     return {
         "SANDPOD_STORE": "kube", "SANDPOD_KUBE_SERVER": plane.url,
         "SANDPOD_KUBE_CA_FILE": str(plane.ca_file), "SANDPOD_KUBE_CLIENT_CERT": str(cert),
         "SANDPOD_KUBE_CLIENT_KEY": str(key), "SANDPOD_KUBE_NAMESPACE": NS,
+        **LEADER_ENV,
     }  # fmt: skip
 
 
@@ -82,9 +90,11 @@ class Cluster:
         # module -> how its service authenticates (default: the admin client certificate)
         self.credentials: dict[str, dict[str, str]] = {}
 
-    def service(self, module: str, **extra: str) -> ServiceProc:
+    def service(self, module: str, replica: str | None = None, **extra: str) -> ServiceProc:
+        """Start a replica of ``module`` (``<service>0`` unless named: its lease identity)."""
         env = {**kube_env(self.plane), **self.credentials.get(module, {}), **extra}
-        proc = ServiceProc(module, self.nats, self.state, self.prefix, f"{module[8:]}0", **env)
+        replica = replica or f"{module[8:]}0"
+        proc = ServiceProc(module, self.nats, self.state, self.prefix, replica, **env)
         self.procs.append(proc)
         return proc
 

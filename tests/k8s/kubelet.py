@@ -4,13 +4,17 @@ This machine has no nodes. :class:`FakeKubelet` watches the Pods of one namespac
 kube-apiserver and does, for each sandbox Pod, what a kubelet would:
 
     Pod ADDED/MODIFIED, not yet Running -> resolve the container's env (``secretKeyRef`` read from
-        the Secret, as the kubelet does), start that Pod's execd as a local process against the
-        test NATS, then PUT ``pods/status``: Running, Ready, a containerStatus.
+        the Secret, as the kubelet does), write each Secret volume the container mounts (its
+        items, with the volume's ``defaultMode``) into a directory of the Pod's and point env
+        values under the mount path there, start that Pod's execd as a local process against
+        the test NATS, then PUT ``pods/status``: Running, Ready, a containerStatus. A Secret
+        missing at start fails the kubelet (a real one would keep the Pod ContainerCreating).
     Pod DELETED -> stop that execd (SIGTERM, then SIGKILL).
 
 Unscheduled Pods (no ``nodeName``) are deleted at once by the API server, so a DELETED event
 follows every delete without grace handling here. ``hold()`` keeps new Pods un-Ready until
-``release()``, so a test can see a Sandbox Pending while its Pod exists; ``run_execd = False``
+``release()``, so a test can see a Sandbox Pending while its Pod exists; ``sync_secret_volumes``
+re-reads a Pod's Secrets into its files (a real kubelet's periodic sync); ``run_execd = False``
 marks Pods Ready without starting execd (a container that runs but whose execd never answers).
 
 Failures, as a real kubelet/scheduler writes them into ``pods/status``: ``fault`` (one of
@@ -49,6 +53,14 @@ __all__ = ["FAULTS", "FakeKubelet"]
 FAULTS = ("unschedulable", "image_pull", "crash_loop", "exit")
 SCHEDULER_MESSAGE = "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are " \
     "available: 3 No preemption victims found for incoming pod."  # fmt: skip
+
+
+def _remap(value: str, mounts: Mapping[str, Path]) -> str:
+    """An env value naming a file under a mounted volume, pointed at its local copy."""
+    for mount_path, local in mounts.items():
+        if value == mount_path or value.startswith(mount_path + "/"):
+            return str(local) + value[len(mount_path) :]
+    return value
 
 
 def _now() -> str:
@@ -171,6 +183,35 @@ class FakeKubelet:
             out[var["name"]] = base64.b64decode(secret[ref["key"]]).decode()
         return out
 
+    async def _secret_volumes(
+        self, raw: Mapping[str, Any], container: Mapping[str, Any], root: Path
+    ) -> dict[str, Path]:
+        """Write the container's Secret volumes under ``root``; mountPath -> local directory."""
+        volumes = {v["name"]: v["secret"] for v in raw["spec"].get("volumes") or []
+                   if "secret" in v}  # fmt: skip
+        out: dict[str, Path] = {}
+        for mount in container.get("volumeMounts") or []:
+            source = volumes.get(mount["name"])
+            if source is None:
+                continue
+            data = await asyncio.to_thread(self._read_secret, source["secretName"])
+            where = root / "volumes" / mount["name"]
+            where.mkdir(parents=True, exist_ok=True)
+            items = source.get("items") or [{"key": k, "path": k} for k in data]
+            for item in items:  # replaced atomically, as the kubelet swaps its ..data symlink
+                path, tmp = where / item["path"], where / f".{item['path']}.new"
+                tmp.write_bytes(base64.b64decode(data[item["key"]]))
+                tmp.chmod(item.get("mode", source.get("defaultMode", 0o644)))
+                tmp.replace(path)
+            out[mount["mountPath"]] = where
+        return out
+
+    async def sync_secret_volumes(self, name: str) -> None:
+        """Rewrite Pod ``name``'s Secret volumes from the API server: what a real kubelet does
+        periodically, so a renewed Secret reaches the running container's files."""
+        raw = self.seen[name]
+        await self._secret_volumes(raw, raw["spec"]["containers"][0], self.state / "pods" / name)
+
     def _read_secret(self, name: str) -> dict[str, str]:
         with self.settings.api_client() as api_client:
             secret = client.CoreV1Api(api_client).read_namespaced_secret(name, self.namespace)
@@ -185,9 +226,10 @@ class FakeKubelet:
         root = self.state / "pods" / name
         for volume in ("workspace", "tmp"):
             (root / volume).mkdir(parents=True, exist_ok=True)
+        mounts = await self._secret_volumes(raw, container, root)
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("SANDPOD_")},
-            **await self._env(container),
+            **{k: _remap(v, mounts) for k, v in (await self._env(container)).items()},
             "SANDPOD_WORKSPACE": str(root / "workspace"),  # the Pod's emptyDirs, here
             "SANDPOD_STATE_DIR": str(root / "tmp"),
             **self.execd_env,

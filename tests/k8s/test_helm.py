@@ -46,7 +46,6 @@ def combos(ns: str) -> dict[str, dict[str, Any]]:
             "nats": {"enabled": False},
             "natsUrl": "nats://nats.example.com:4222",
             "rbac": {"clusterWide": False},
-            "leaderElection": {"enabled": False},
             "gateway": {"hpa": {"enabled": False}, "pdb": {"enabled": False}},
             "lifecycle": {"replicas": 1, "pdb": {"enabled": False}},
             "networkPolicy": {
@@ -68,6 +67,7 @@ def combos(ns: str) -> dict[str, dict[str, Any]]:
             "tolerations": [{"key": "sandpod", "operator": "Exists", "effect": "NoSchedule"}],
             "serviceAccount": {"annotations": {"example.com/role": "sandpod"}},
         },
+        "nats-operator-mode": {"natsAuth": {"secret": "sandpod-nats-auth"}},
     }
 
 
@@ -177,7 +177,21 @@ def test_external_nats_needs_a_url_and_a_policy_destination(
     assert complaint in info.value.stderr
 
 
-@pytest.mark.parametrize("combo", ["defaults", "external-nats-namespaced", "everything-on"])
+def test_kube_mode_needs_leader_election(helm_dir: Path) -> None:
+    """store=kube without the leader-election Leases fails the render (nobody would ever lead);
+    store=kv renders without the Lease Roles."""
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        render(helm_dir, {"leaderElection": {"enabled": False}}, release="nolease",
+               namespace="sandpod")  # fmt: skip
+    assert "leaderElection.enabled=false with store=kube" in info.value.stderr
+    docs = render(helm_dir, {"leaderElection": {"enabled": False}, "store": "kv"},
+                  release="kvmode", namespace="sandpod")  # fmt: skip
+    assert not [d for d in docs if d["kind"] == "Role" and "leases" in d["metadata"]["name"]]
+
+
+@pytest.mark.parametrize(
+    "combo", ["defaults", "external-nats-namespaced", "everything-on", "nats-operator-mode"]
+)
 def test_every_rendered_object_passes_the_api_servers_dry_run(
     helm_dir: Path, admin: Rest, kube_apiserver: ControlPlane, combo: str
 ) -> None:
@@ -247,3 +261,29 @@ def test_workloads_are_hardened(helm_dir: Path) -> None:
     probes = pod["containers"][0]
     assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert probes["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_nats_operator_mode_gives_each_service_only_its_own_keys(helm_dir: Path) -> None:
+    """natsAuth.secret: each service mounts only its own creds (0400, read-only) and points
+    SANDPOD_NATS_CREDS at it; only lifecycle gets the account seed; without it, none do."""
+    values = {"natsAuth": {"secret": "sandpod-nats-auth"}}
+    docs = render(helm_dir, values, release="auth", namespace="sandpod")
+    for dep in (d for d in docs if d["kind"] == "Deployment"):
+        component = dep["metadata"]["name"].removeprefix("auth-sandpod-")
+        pod = dep["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "nats-auth")["secret"]
+        items = {i["key"]: i["path"] for i in volume["items"]}
+        seed = {"account.seed": "account.seed"} if component == "lifecycle" else {}
+        assert items == {f"{component}.creds": "nats.creds", **seed}
+        assert volume["secretName"] == "sandpod-nats-auth" and volume["defaultMode"] == 0o400
+        container = pod["containers"][0]
+        assert {"name": "nats-auth", "mountPath": "/etc/sandpod/nats", "readOnly": True} in (
+            container["volumeMounts"])  # fmt: skip
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["SANDPOD_NATS_CREDS"] == "/etc/sandpod/nats/nats.creds"
+        assert env.get("SANDPOD_NATS_ACCOUNT_SEED_FILE") == (
+            "/etc/sandpod/nats/account.seed" if component == "lifecycle" else None)  # fmt: skip
+    plain = render(helm_dir, {}, release="plain", namespace="sandpod")
+    for dep in (d for d in plain if d["kind"] == "Deployment"):
+        env = {e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert not env & {"SANDPOD_NATS_CREDS", "SANDPOD_NATS_ACCOUNT_SEED_FILE"}

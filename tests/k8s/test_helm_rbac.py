@@ -16,7 +16,14 @@ import pytest
 
 from k8s.chart import Rest, missing_helm, render, unique
 from k8s.envtest import ControlPlane
-from sandpod_kube import KubeSettings, KubeStore, StoreForbidden, ensure_namespace
+from sandpod_kube import (
+    KubeSettings,
+    KubeStore,
+    LeaderElector,
+    LeaderSettings,
+    StoreForbidden,
+    ensure_namespace,
+)
 from sandpod_store import ObjectMeta, Resource
 
 SANDBOX = "sandpod.dev/v1alpha1"
@@ -51,7 +58,9 @@ NEEDS: dict[str, list[Access]] = {
         ("", "pods", "create", ""),
         ("", "pods", "delete", ""),
         ("networking.k8s.io", "networkpolicies", "create", ""),
-        ("", "secrets", "get", ""),
+        ("", "secrets", "create", ""),  # each sandbox's NATS creds Secret
+        ("", "secrets", "patch", ""),  # its renewal (server-side apply)
+        ("", "secrets", "delete", ""),
         ("", "events", "create", ""),
     ],
     "pool": [
@@ -70,8 +79,9 @@ REFUSED: dict[str, list[Access]] = {
     "lifecycle": [
         ("sandpod.dev", "sandboxclaims", "get", ""),
         ("sandpod.dev", "sandboxwarmpools", "list", ""),
-        ("", "secrets", "create", ""),
-        ("", "secrets", "delete", ""),
+        ("", "secrets", "get", ""),  # write-only: reading would expose the namespace's Secrets
+        ("", "secrets", "list", ""),
+        ("", "secrets", "watch", ""),
         ("", "pods", "create", "exec"),
         ("", "serviceaccounts", "create", ""),
         ("rbac.authorization.k8s.io", "roles", "create", ""),
@@ -162,14 +172,47 @@ def test_each_service_is_allowed_what_it_needs_and_refused_beyond(
     assert [a for a in REFUSED[component] if allowed(rest, a, ns)] == []
 
 
+LEASE_VERBS = ("get", "create", "update")  # what sandpod_kube.leader does, and nothing more
+
+
 @pytest.mark.parametrize("component", ["lifecycle", "pool"])
 def test_leases_only_in_the_release_namespace(installed: Installed, component: str) -> None:
-    """Leader-election Leases are writable in the release namespace only, never deletable."""
+    """Leader-election Leases: exactly get/create/update, in the release namespace only."""
     rest = installed.clients[component]
-    lease = ("coordination.k8s.io", "leases", "update", "")
-    assert allowed(rest, lease, installed.release_ns)
-    assert not allowed(rest, lease, installed.tenant_ns)
-    assert not allowed(rest, ("coordination.k8s.io", "leases", "delete", ""), installed.release_ns)
+    verbs = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+    granted = [v for v in verbs if allowed(rest, ("coordination.k8s.io", "leases", v, ""),
+                                           installed.release_ns)]  # fmt: skip
+    assert tuple(granted) == LEASE_VERBS
+    elsewhere = [v for v in verbs if allowed(rest, ("coordination.k8s.io", "leases", v, ""),
+                                             installed.tenant_ns)]  # fmt: skip
+    assert elsewhere == []
+
+
+@pytest.mark.parametrize("component", ["lifecycle", "pool"])
+async def test_elector_runs_on_the_service_account_token(
+    installed: Installed, component: str
+) -> None:
+    """With the service's own token the elector creates, renews and releases its Lease in the
+    release namespace; in another namespace it is refused and never leads (no crash)."""
+    settings = LeaderSettings(lease_duration=2, renew_deadline=1.0, retry_period=0.2)
+    name = unique(f"sandpod-{component}")
+    home = LeaderElector(installed.settings[component],
+                         dataclasses.replace(settings, namespace=installed.release_ns),
+                         name=name, identity="r0")  # fmt: skip
+    away = LeaderElector(installed.settings[component],
+                         dataclasses.replace(settings, namespace=installed.tenant_ns),
+                         name=name, identity="r0")  # fmt: skip
+    try:
+        assert await home.step()  # create
+        assert await home.step()  # get + update (renew)
+        await home.release()  # get + update
+        assert not home.is_leader
+        assert home.holder == ""
+        assert not await away.step()  # 403 on get: a follower step, logged
+        assert not away.is_leader
+    finally:
+        await home.close()
+        await away.close()
 
 
 def test_real_calls_with_service_account_tokens(installed: Installed) -> None:
@@ -186,14 +229,16 @@ def test_real_calls_with_service_account_tokens(installed: Installed) -> None:
     reply = lifecycle.http.put(f"{path}/status", json=current)
     assert reply.status_code == 200, reply.text
     assert lifecycle.http.get(f"/api/v1/namespaces/{ns}/pods").status_code == 200
-    assert lifecycle.http.get(f"/api/v1/namespaces/{ns}/secrets").status_code == 200
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x", "namespace": ns}}
+    assert lifecycle.create(secret).status_code == 201  # a sandbox's NATS creds
+    assert lifecycle.http.delete(f"/api/v1/namespaces/{ns}/secrets/x").status_code == 200
     refused = [
+        lifecycle.http.get(f"/api/v1/namespaces/{ns}/secrets"),
+        lifecycle.http.get(f"/api/v1/namespaces/{ns}/secrets/sandpod-nats"),
         pool.http.get(f"/api/v1/namespaces/{ns}/secrets"),
         pool.http.get(f"/api/v1/namespaces/{ns}/pods"),
         pool.http.put(f"{path}/status", json=current),
         lifecycle.http.get(f"/apis/{SANDBOX}/namespaces/{ns}/sandboxclaims"),
-        lifecycle.create({"apiVersion": "v1", "kind": "Secret",
-                          "metadata": {"name": "x", "namespace": ns}}),
         gateway.http.get(path),
         gateway.http.get(f"/api/v1/namespaces/{ns}/pods"),
     ]  # fmt: skip

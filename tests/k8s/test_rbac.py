@@ -1,7 +1,8 @@
 """The real lifecycle and pool services work with exactly the rules the Helm chart gives them
 (deploy/helm/sandpod/templates/rbac.yaml, rendered by helm), and the API server refuses them
 anything beyond: each service runs as its own ServiceAccount (a bound token from the TokenRequest
-API) whose ClusterRole carries the chart's rules and is bound in the ``default`` namespace only.
+API) whose ClusterRole carries the chart's rules (its ClusterRole's and its leader-election Lease
+Role's) and is bound in the ``default`` namespace only, where its Lease lives.
 (tests/k8s/test_helm_rbac.py checks the chart's RBAC itself; this runs the services under it.)"""
 
 from __future__ import annotations
@@ -21,20 +22,31 @@ from k8s.cluster import NS, Cluster, ready
 from k8s.envtest import ControlPlane
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod_kube import KubeSettings, KubeStore, PodApi, StoreForbidden
-from sandpod_kube.podspec import PodSettings, SandboxPod, pod_manifest
+from sandpod_kube.podspec import (
+    PodSettings,
+    SandboxPod,
+    creds_secret_manifest,
+    creds_secret_name,
+    pod_manifest,
+)
 from sandpod_store import ObjectMeta, Resource
 
+ROLE_KINDS = ("ClusterRole", "Role")
 AUDIENCE = "https://kubernetes.default.svc"  # the test API server's issuer, its default audience
 
 
 @pytest.fixture(scope="module")
 def chart_rules(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
-    """The rules of the chart's lifecycle and pool ClusterRoles (helm template, defaults)."""
+    """The rules of the chart's lifecycle and pool ClusterRoles plus their Lease Roles (helm
+    template, defaults)."""
     if problem := missing_helm():
         pytest.fail(problem)
     docs = render(tmp_path_factory.mktemp("rbac-chart"), {}, release="r", namespace="sandpod")
-    roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole"}
-    return {f"sandpod-{c}": roles[f"r-sandpod-{c}"] for c in ("lifecycle", "pool")}
+    roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] in ROLE_KINDS}
+    return {
+        f"sandpod-{c}": [*roles[f"r-sandpod-{c}"], *roles[f"r-sandpod-{c}-leases"]]
+        for c in ("lifecycle", "pool")
+    }
 
 
 def grant(plane: ControlPlane, role: str, rules: list[Any]) -> str:
@@ -70,6 +82,12 @@ def grant(plane: ControlPlane, role: str, rules: list[Any]) -> str:
         )
         answer = core.create_namespaced_service_account_token(role, NS, request)
         return str(answer.status.token)
+
+
+def read_lease(plane: ControlPlane, name: str) -> dict[str, Any]:
+    with plane.settings.api_client() as api_client:
+        lease = client.CoordinationV1Api(api_client).read_namespaced_lease(name, NS)
+        return dict(api_client.sanitize_for_serialization(lease)["spec"])
 
 
 def token_env(plane: ControlPlane, token: str, state: Path, role: str) -> dict[str, str]:
@@ -126,6 +144,9 @@ async def test_lifecycle_and_pool_work_with_exactly_their_roles(
             await claimed.close()
     finally:
         await pools.close()
+    for service in ("lifecycle", "pool"):  # each elected itself on its own Lease
+        lease = await asyncio.to_thread(read_lease, plane, f"{cluster.prefix}-{service}")
+        assert lease["holderIdentity"] == f"{service}0"
     for proc in cluster.procs:
         assert "forbidden" not in proc.log.read_text().lower(), proc.tail(40)
 
@@ -160,6 +181,16 @@ async def test_each_service_is_refused_beyond_its_role(
                          installation="x")  # fmt: skip
         with pytest.raises(StoreForbidden):
             await pool_pods.create(pod_manifest(pod, PodSettings()))
+        # A sandbox's NATS creds Secret: lifecycle writes (create, renew) and deletes it (reads
+        # are refused: test_helm_rbac.py); the pool service cannot write one.
+        name = f"rb-{uuid.uuid4().hex[:6]}"
+        secret = SandboxPod(name=name, namespace=NS, owner_uid=str(uuid.uuid4()), template="t",
+                            installation="x")  # fmt: skip
+        await lifecycle_pods.apply_secret(creds_secret_manifest(secret, "creds-1", 1))
+        await lifecycle_pods.apply_secret(creds_secret_manifest(secret, "creds-2", 2))
+        await lifecycle_pods.delete_secret(NS, creds_secret_name(name))
+        with pytest.raises(StoreForbidden):
+            await pool_pods.apply_secret(creds_secret_manifest(secret, "creds-3", 3))
         with pytest.raises(StoreForbidden):
             await pool_store.create(Resource(
                 api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",

@@ -26,7 +26,15 @@ class Always:
     async def acquire(self, key: str) -> bool:
         return True
 
+    def holds(self, key: str) -> bool:
+        return True
+
+    def active(self) -> bool:
+        return True
+
     async def release(self, key: str) -> None: ...
+
+    async def release_all(self) -> None: ...
 
     async def renew_all(self) -> None: ...
 

@@ -3,6 +3,8 @@ the real thing runs in tests/integration/test_lifecycle.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -57,10 +59,24 @@ class FakeDriver:
 
 
 class Always:
+    """A lease keeper (sandpod_service.leases.LeaseKeeper): this replica holds every object
+    while ``leading`` (always, unless a test makes it a standby)."""
+
+    def __init__(self, leading: bool = True) -> None:
+        self.leading = leading
+
     async def acquire(self, key: str) -> bool:
-        return True
+        return self.leading
+
+    def holds(self, key: str) -> bool:
+        return self.leading
+
+    def active(self) -> bool:
+        return self.leading
 
     async def release(self, key: str) -> None: ...
+
+    async def release_all(self) -> None: ...
 
     async def renew_all(self) -> None: ...
 
@@ -85,9 +101,16 @@ async def _idle(sid: str) -> float | None:
     return 0.0
 
 
-def _reconciler(store: MemoryStore, driver: FakeDriver, events: Events) -> Reconciler:
-    return Reconciler(store=store, driver=driver, leases=Always(), events=events,  # type: ignore[arg-type]
-                      templates=_template, ready_probe=_ready, idle_probe=_idle)  # fmt: skip
+def _reconciler(
+    store: MemoryStore,
+    driver: FakeDriver,
+    events: Events,
+    leases: Always | None = None,
+    resync: float = 10.0,
+) -> Reconciler:
+    return Reconciler(store=store, driver=driver, leases=leases or Always(), events=events,  # type: ignore[arg-type]
+                      templates=_template, ready_probe=_ready, idle_probe=_idle,
+                      resync=resync)  # fmt: skip
 
 
 async def _sandbox(store: MemoryStore, **spec: object) -> Resource:
@@ -174,6 +197,51 @@ async def test_resync_never_destroys_an_instance_created_while_it_listed() -> No
     await rec.resync_once()
     assert "fresh" in driver.instances
     assert "destroy fresh" not in driver.calls and "destroy ghost" in driver.calls
+
+
+async def test_a_standby_neither_reconciles_nor_sweeps_until_it_leads() -> None:
+    """Without the lease (a standby replica) nothing is created and no orphan destroyed; once it
+    leads, ``resync_soon`` resyncs at once (not after the period): the orphan goes, the
+    Sandbox gets its instance."""
+    store, driver, events = MemoryStore(), FakeDriver(), Events()
+    leases = Always(leading=False)
+    rec = _reconciler(store, driver, events, leases, resync=3600)
+    await _sandbox(store)
+    driver.instances["ghost"] = Instance("ghost", running=True, paused=False, pid=2)
+    assert await rec.reconcile("s1") is Outcome.SKIPPED
+    await rec.resync_once()
+    assert driver.calls == []
+    task = asyncio.create_task(rec.run(), name="reconciler")
+    try:
+        leases.leading = True
+        rec.resync_soon()
+        async with asyncio.timeout(10):
+            while "ensure s1" not in driver.calls or "destroy ghost" not in driver.calls:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_create_that_outlives_the_lease_leaves_the_instance_alone() -> None:
+    """Leadership lost while waiting for a new instance to answer: the failed wait neither
+    destroys the instance (the new leader may have adopted it) nor counts as a failure."""
+    store, driver, events = MemoryStore(), FakeDriver(), Events()
+    leases = Always()
+
+    async def lost_while_waiting(sid: str, timeout: float) -> bool:
+        leases.leading = False
+        return False
+
+    rec = Reconciler(store=store, driver=driver, leases=leases, events=events,  # type: ignore[arg-type]
+                     templates=_template, ready_probe=lost_while_waiting,
+                     idle_probe=_idle)  # fmt: skip
+    await _sandbox(store)
+    assert await rec.reconcile("s1") is Outcome.SKIPPED
+    assert driver.calls == ["ensure s1"]
+    obj = await store.get("Sandbox", "default", "s1")
+    assert "conditions" not in obj.status
 
 
 class UnhealthyDriver(FakeDriver):

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Self, TypeVar
 
 from sandpod._watch import watch
-from sandpod.config import resolve_nats_url, resolve_prefix
+from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
 from sandpod.control import SandboxInfo, api_call, create_object, follow_events
 from sandpod.errors import CommandFailed
 from sandpod.fs import AsyncFiles
@@ -121,11 +121,13 @@ class AsyncSandbox:
         prefix: str | None = None,
         connect_timeout: float = 5.0,
         bus: Bus | None = None,
+        nats_creds: str | None = None,
     ) -> AsyncSandbox:
         """Connect to sandbox ``sandbox_id``.
 
         Args:
             nats_url: NATS URL(s); default ``$SANDPOD_NATS_URL``, ``$NATS_URL``, localhost.
+            nats_creds: creds file for a NATS in operator mode; default ``$SANDPOD_NATS_CREDS``.
             prefix: subject prefix of the installation (default ``$SANDPOD_PREFIX``/``sandpod``).
             bus: share an existing connection instead of opening one (not closed by ``close``).
 
@@ -140,6 +142,7 @@ class AsyncSandbox:
             url=resolve_nats_url(nats_url),
             name=f"sandpod-sdk:{sandbox_id}",
             connect_timeout=connect_timeout,
+            creds=resolve_nats_creds(nats_creds),
         )
         return cls(await Bus.connect(settings), sandbox_id, subjects, owns_bus=True)
 
@@ -338,8 +341,19 @@ class AsyncSandbox:
         await self._call("sys", "ping", Empty(), Pong, timeout)
         return time.perf_counter() - t0
 
-    async def info(self, timeout: float = CONTROL_TIMEOUT) -> Info:
-        """Runtime, isolation and limits of the sandbox's execd."""
+    async def info(self) -> SandboxInfo:
+        """This sandbox as a resource: phase, conditions (``Isolated`` says which protections
+        are active), expiry, idle timeout, last activity (the same as :meth:`describe`).
+
+        Raises:
+            ResourceNotFound: no lifecycle service knows it (a bare execd: see
+                :meth:`runtime_info`).
+        """
+        return await self.describe()
+
+    async def runtime_info(self, timeout: float = CONTROL_TIMEOUT) -> Info:
+        """What the sandbox's execd says of itself: runtime, isolation, limits, workspace path.
+        Answered by the sandbox itself, so it works without a lifecycle service too."""
         return await self._call("sys", "info", Empty(), Info, timeout)
 
     async def metrics(self, timeout: float = CONTROL_TIMEOUT) -> SandboxMetrics:

@@ -6,7 +6,7 @@ import os
 
 from sandpod_contract.subjects import DEFAULT_PREFIX
 
-__all__ = ["DEFAULT_NATS_URL", "resolve_nats_url", "resolve_prefix"]
+__all__ = ["DEFAULT_NATS_URL", "resolve_nats_creds", "resolve_nats_url", "resolve_prefix"]
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -23,3 +23,9 @@ def resolve_nats_url(explicit: str | None) -> str:
 
 def resolve_prefix(explicit: str | None) -> str:
     return explicit or os.environ.get("SANDPOD_PREFIX") or DEFAULT_PREFIX
+
+
+def resolve_nats_creds(explicit: str | None = None) -> str | None:
+    """``explicit``, else ``$SANDPOD_NATS_CREDS``: a creds file for a NATS in operator mode
+    (None: connect without)."""
+    return explicit or os.environ.get("SANDPOD_NATS_CREDS") or None

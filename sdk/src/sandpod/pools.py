@@ -19,7 +19,7 @@ from typing import Any, Self
 
 from sandpod._loop import run
 from sandpod._twins import twin
-from sandpod.config import resolve_nats_url, resolve_prefix
+from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
 from sandpod.control import api_call
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.messages.pools import Scale
@@ -142,7 +142,9 @@ class AsyncPools:
         subjects = Subjects(resolve_prefix(prefix))
         if bus is not None:
             return cls(bus, subjects, owns_bus=False, namespace=namespace)
-        settings = BusSettings(url=resolve_nats_url(nats_url), name="sandpod-sdk:pools")
+        settings = BusSettings(
+            url=resolve_nats_url(nats_url), name="sandpod-sdk:pools", creds=resolve_nats_creds()
+        )
         return cls(await Bus.connect(settings), subjects, owns_bus=True, namespace=namespace)
 
     async def _call(self, kind: str, verb: str, msg: Any, reply: type[Any]) -> Any:

@@ -101,6 +101,7 @@ class Supervisor:
         self.logs = config.state_dir / "logs"
         self.runtime = "process"
         self.workspaces: dict[str, str] = {}
+        self.isolation: dict[str, str] = {}  # sandbox -> its Isolated condition, in words
         self.gateway_url: str | None = None
         self.api_key: str | None = None
 
@@ -170,12 +171,13 @@ class Supervisor:
         return line.startswith(b"INFO")
 
     def pick_runtime(self) -> str:
-        """The runtime to run: ``local`` needs root and util-linux's nsenter; else ``process``."""
+        """The runtime to run: ``local`` needs util-linux's nsenter and unshare, and root or
+        unprivileged user namespaces (rootless jails); else ``process``."""
         if self.config.runtime != "auto":
             return self.config.runtime
-        if os.geteuid() == 0 and shutil.which("nsenter") and shutil.which("unshare"):
-            return "local"
-        return "process"
+        if not (shutil.which("nsenter") and shutil.which("unshare")):
+            return "process"
+        return "local" if os.geteuid() == 0 or _user_namespaces() else "process"
 
     async def _ensure_sandbox(self, sandbox_id: str) -> None:
         """Create ``sandbox_id`` as a permanent Sandbox unless it exists; wait until Ready."""
@@ -195,12 +197,16 @@ class Supervisor:
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    self.workspaces[sandbox_id] = (await sbx.info(timeout=1.0)).workspace
+                    self.workspaces[sandbox_id] = (await sbx.runtime_info(timeout=1.0)).workspace
                     break
                 except SandpodError as exc:
                     if time.monotonic() > deadline:
                         raise StartupError(f"sandbox {sandbox_id} is not answering: {exc}") from exc
                     await asyncio.sleep(0.1)
+            isolated = (await sbx.describe()).condition("Isolated")
+        if isolated is not None:
+            status, why = isolated.get("status"), isolated.get("message", "")
+            self.isolation[sandbox_id] = "full" if status == "True" else f"DEGRADED: {why}"
         self.progress(f"sandbox {sandbox_id} ready in {(time.monotonic() - t0) * 1000:.0f} ms")
 
     async def _start_lifecycle(self) -> None:
@@ -213,7 +219,9 @@ class Supervisor:
             "SANDPOD_RUNTIME": self.runtime,
             "SANDPOD_DESTROY_ON_EXIT": "true",  # `sandpod up` leaves no process behind
         }
-        what = "namespace jail" if self.runtime == "local" else "process, NO isolation"
+        what = "process, NO isolation"
+        if self.runtime == "local":
+            what = "namespace jail" if os.geteuid() == 0 else "rootless namespace jail"
         self.progress(f"starting lifecycle (Sandbox API; runtime: {self.runtime}: {what})")
         child = await self._spawn("lifecycle", [sys.executable, "-m", "sandpod_lifecycle"], env)
         await self._wait(child, self._lifecycle_ready)
@@ -399,3 +407,16 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _user_namespaces() -> bool:
+    """Whether this kernel lets an unprivileged user create user namespaces."""
+    try:
+        limit = Path("/proc/sys/user/max_user_namespaces").read_text().strip()
+    except OSError:
+        return False
+    try:
+        clone = Path("/proc/sys/kernel/unprivileged_userns_clone").read_text().strip()
+    except OSError:
+        clone = "1"  # upstream kernels have no such switch
+    return limit not in ("", "0") and clone == "1"

@@ -49,15 +49,17 @@ class Sandbox:
         nats_url: str | None = None,
         prefix: str | None = None,
         connect_timeout: float = 5.0,
+        nats_creds: str | None = None,
     ) -> Sandbox:
         """Connect to sandbox ``sandbox_id`` (see :meth:`AsyncSandbox.connect`)."""
         return cls(
             run(
                 AsyncSandbox.connect(
-                    sandbox_id, nats_url=nats_url, prefix=prefix, connect_timeout=connect_timeout
+                    sandbox_id, nats_url=nats_url, prefix=prefix,
+                    connect_timeout=connect_timeout, nats_creds=nats_creds,
                 )
             )
-        )
+        )  # fmt: skip
 
     @property
     def id(self) -> str:
@@ -178,8 +180,11 @@ class Sandbox:
     def ping(self, timeout: float = 5.0) -> float:
         return run(self._inner.ping(timeout))
 
-    def info(self, timeout: float = 5.0) -> Info:
-        return run(self._inner.info(timeout))
+    def info(self) -> SandboxInfo:
+        return run(self._inner.info())
+
+    def runtime_info(self, timeout: float = 5.0) -> Info:
+        return run(self._inner.runtime_info(timeout))
 
     def metrics(self, timeout: float = 5.0) -> SandboxMetrics:
         """Resource use now (see :meth:`AsyncSandbox.metrics`)."""

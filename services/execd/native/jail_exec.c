@@ -4,7 +4,7 @@
  * Replaces the chain `sh (join cgroups) -> nsenter -> sh (unwrap env)` of execd's jail with one
  * small exec (the fork into the sandbox's pid namespace is done by execd before exec):
  *
- *   sandpod-jail-exec CGROUP_PROCS... -- HOLDER_PID CWD UID GID -- COMMAND [ARGS...]
+ *   sandpod-jail-exec [--userns] CGROUP_PROCS... -- HOLDER_PID CWD UID GID -- COMMAND [ARGS...]
  *
  *   1. write 0 to each cgroup file named (`tasks` on v1: see cgroup_join_file in sandpod_service;
  *      `cgroup.procs` on v2), joining the command's cgroups before anything runs;
@@ -13,6 +13,15 @@
  *   4. replace the environment by the SANDPOD_JAIL_ENV_<i>=NAME=VALUE variables, unwrapped
  *      (the root steps never see the command's environment as such: no LD_PRELOAD as root);
  *   5. execvp COMMAND (PATH from the unwrapped environment).
+ *
+ * --userns (rootless: the jail lives in a user namespace we own): step 2 enters the user
+ * namespace first, which grants the rights to enter the others, and the pid namespace too;
+ * execd cannot fork into it (a multithreaded process may not change user namespace), so this
+ * process forks the command into it and stays as a transparent parent: it ignores the signals
+ * execd sends to the command's process group (the command gets them too), kills the command if
+ * it is killed itself (PR_SET_PDEATHSIG), and exits with the command's status (re-raising the
+ * signal that ended it). Supplementary groups cannot be dropped there (setgroups is denied in
+ * an unprivileged user namespace); the uid and gid are ours already.
  *
  * Exit 125 with a message on stderr when a step fails (like nsenter/the shell did), 127 when
  * the command cannot be executed.
@@ -25,7 +34,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -35,8 +46,39 @@ static int fail(const char *what, const char *arg) {
     return 125;
 }
 
+/* Rootless: fork the command into the pid namespace entered; wait; exit as it did. */
+static int forward(void) {
+    static const int quiet[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGPIPE,
+                                SIGALRM, SIGTSTP, SIGTTIN, SIGTTOU, SIGWINCH, SIGCONT};
+    const size_t nquiet = sizeof quiet / sizeof quiet[0];
+    for (size_t k = 0; k < nquiet; k++) signal(quiet[k], SIG_IGN);
+    pid_t child = fork();
+    if (child < 0) return fail("fork", NULL);
+    if (child == 0) {
+        for (size_t k = 0; k < nquiet; k++) signal(quiet[k], SIG_DFL);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) _exit(fail("pdeathsig", NULL));
+        /* Our parent is outside the pid namespace, so getppid() is 0 while it lives; had it
+         * died before the prctl, we would have been re-parented to the holder (pid 1). */
+        if (getppid() != 0) _exit(125);
+        return -1;                          /* go on to exec the command */
+    }
+    int status;
+    while (waitpid(child, &status, 0) < 0)
+        if (errno != EINTR) return fail("waitpid", NULL);
+    if (WIFEXITED(status)) exit(WEXITSTATUS(status));
+    int sig = WTERMSIG(status);
+    signal(sig, SIG_DFL);
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* no core file of ours for the command's SIGSEGV */
+    raise(sig);
+    exit(128 + sig);
+}
+
 int main(int argc, char **argv) {
-    int i = 1;
+    int i = 1, userns = 0;
+    if (i < argc && strcmp(argv[i], "--userns") == 0) {
+        userns = 1;
+        i++;
+    }
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         int fd = open(argv[i], O_WRONLY | O_CLOEXEC);
         if (fd < 0 || write(fd, "0", 1) != 1) return fail("join cgroup", argv[i]);
@@ -52,25 +94,31 @@ int main(int argc, char **argv) {
     char **command = &argv[i + 6];
     if (!command[0]) return fail("no command", NULL);
 
-    static const char *spaces[] = {"cgroup", "ipc", "uts", "net", "mnt"};
-    static const int types[] = {CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET,
-                                CLONE_NEWNS};
+    /* user first (rootless: it grants the rights for the rest), pid before mnt */
+    static const char *spaces[] = {"user", "pid", "cgroup", "ipc", "uts", "net", "mnt"};
+    static const int types[] = {CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWCGROUP, CLONE_NEWIPC,
+                                CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWNS};
+    const int first = userns ? 0 : 2; /* as root, execd already forked us into the pid ns */
     char path[256];
     snprintf(path, sizeof path, "/proc/%s/root", pid);
     int root = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (root < 0) return fail("open", path);
-    int fds[5];
-    for (int k = 0; k < 5; k++) {  /* open all first: /proc/<pid> is not visible after mnt */
+    int fds[7];
+    for (int k = first; k < 7; k++) {  /* open all first: /proc/<pid> is not visible after mnt */
         snprintf(path, sizeof path, "/proc/%s/ns/%s", pid, spaces[k]);
         fds[k] = open(path, O_RDONLY | O_CLOEXEC);
         if (fds[k] < 0) return fail("open", path);
     }
-    for (int k = 0; k < 5; k++)
+    for (int k = first; k < 7; k++)
         if (setns(fds[k], types[k]) != 0) return fail("setns", spaces[k]);
     if (fchdir(root) != 0 || chroot(".") != 0) return fail("chroot", "holder root");
     if (chdir(cwd) != 0) return fail("chdir", cwd);
-    if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+    if ((!userns && setgroups(0, NULL) != 0) || setgid(gid) != 0 || setuid(uid) != 0)
         return fail("drop privileges to", argv[i + 3]);
+    if (userns) {
+        int done = forward(); /* returns only in the child */
+        if (done >= 0) return done;
+    }
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail("no_new_privs", NULL);
 
     /* Unwrap SANDPOD_JAIL_ENV_<i> in index order into a fresh environment. */

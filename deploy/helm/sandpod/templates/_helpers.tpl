@@ -131,6 +131,20 @@ volumes:
   - name: tmp
     emptyDir:
       sizeLimit: 256Mi
+{{- with $v.natsAuth.secret }}
+  # This service's NATS creds (and, for lifecycle, the account seed): only its own keys.
+  - name: nats-auth
+    secret:
+      secretName: {{ . }}
+      defaultMode: 0400
+      items:
+        - key: {{ $.component }}.creds
+          path: nats.creds
+        {{- if eq $.component "lifecycle" }}
+        - key: account.seed
+          path: account.seed
+        {{- end }}
+{{- end }}
 {{- end }}
 
 {{- define "sandpod.containerCommon" -}}
@@ -141,4 +155,21 @@ securityContext:
 volumeMounts:
   - name: tmp
     mountPath: /tmp
+{{- if .root.Values.natsAuth.secret }}
+  - name: nats-auth
+    mountPath: /etc/sandpod/nats
+    readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* NATS operator mode: the service's creds file (and lifecycle's account seed). */}}
+{{- define "sandpod.natsAuthEnv" -}}
+{{- if .root.Values.natsAuth.secret }}
+- name: SANDPOD_NATS_CREDS
+  value: /etc/sandpod/nats/nats.creds
+{{- if eq .component "lifecycle" }}
+- name: SANDPOD_NATS_ACCOUNT_SEED_FILE
+  value: /etc/sandpod/nats/account.seed
+{{- end }}
+{{- end }}
 {{- end }}

@@ -2,6 +2,8 @@
 
 :mod:`sandpod_bus.transport` is the only module in the code base that imports ``nats``; services
 and SDKs talk to NATS through :class:`Bus` and get Sandpod's typed errors, never nats-py's.
+:mod:`sandpod_bus.natsauth` (nkeys, JWTs, creds files for NATS operator mode) is imported only by
+the control plane, which mints credentials; everyone else just passes ``BusSettings.creds``.
 """
 
 from sandpod_bus.kv import KvBucket, KvEntry

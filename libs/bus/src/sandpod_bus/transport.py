@@ -24,6 +24,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
+from sandpod_bus.credswatch import CredsWatch
 from sandpod_bus.kv import KvBucket, open_bucket
 from sandpod_contract.errors import (
     ConnectionLost,
@@ -49,6 +50,11 @@ class BusSettings:
         max_reconnect_attempts: -1 for unbounded.
         connect_timeout: seconds to wait for the first connection.
         reconnect_buffer_bytes: publishes buffered while disconnected (nats-py pending size).
+        creds: a NATS creds file (user JWT + nkey seed; ``SANDPOD_NATS_CREDS``) for servers in
+            operator mode. nats-py re-reads it at every (re)connect, so a renewed file is
+            picked up at a reconnect, which :class:`CredsWatch` forces when the file changes
+            (a server drops an expired JWT's connection and nats-py then closes it for good).
+        creds_poll: seconds between checks of the creds file for a renewal.
     """
 
     url: str = "nats://127.0.0.1:4222"
@@ -57,6 +63,8 @@ class BusSettings:
     max_reconnect_attempts: int = -1
     connect_timeout: float = 5.0
     reconnect_buffer_bytes: int = 8 * 1024 * 1024
+    creds: str | None = None
+    creds_poll: float = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,6 +114,22 @@ class Bus:
         self._nc = nc
         self.settings = settings
         self._closing = False
+        self._creds_task: asyncio.Task[None] | None = None
+        self.creds_watch: CredsWatch | None = None
+
+    def _watch_creds(self, path: str, every: float) -> None:
+        """Own a :class:`CredsWatch` task (stopped by drain/close) that reconnects on renewal."""
+        self.creds_watch = CredsWatch(path, self._nc.force_reconnect, every)
+        self._creds_task = asyncio.get_running_loop().create_task(
+            self.creds_watch.run(), name=f"nats-creds-watch:{path}"
+        )
+
+    async def _stop_creds_watch(self) -> None:
+        task, self._creds_task = self._creds_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     @classmethod
     async def connect(cls, settings: BusSettings) -> Bus:
@@ -128,6 +152,17 @@ class Bus:
         async def on_reconnect() -> None:
             log.info("nats reconnected")
 
+        async def on_closed() -> None:
+            if not bus_closing():  # e.g. the server dropped an expired JWT: nats-py gives up
+                log.error(
+                    "nats connection closed by the server (%s); not reconnecting", nc.last_error
+                )
+
+        def bus_closing() -> bool:
+            return bus is not None and bus._closing
+
+        bus: Bus | None = None
+
         nc = NatsClient()
         servers = [u.strip() for u in settings.url.split(",") if u.strip()]
         try:
@@ -144,6 +179,8 @@ class Bus:
                 error_cb=on_error,
                 disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect,
+                closed_cb=on_closed,
+                user_credentials=settings.creds,
             )
             await asyncio.wait_for(connecting, settings.connect_timeout)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
@@ -156,7 +193,10 @@ class Bus:
                 url=settings.url,
             ) from exc
         connected = True
-        return cls(nc, settings)
+        bus = cls(nc, settings)
+        if settings.creds:
+            bus._watch_creds(settings.creds, settings.creds_poll)
+        return bus
 
     # -- properties ----------------------------------------------------------------------------
 
@@ -307,6 +347,7 @@ class Bus:
         if self._closing:
             return
         self._closing = True
+        await self._stop_creds_watch()
         if self._nc.is_closed:
             return
         if not self._nc.is_connected:
@@ -321,6 +362,7 @@ class Bus:
     async def close(self) -> None:
         """Close immediately. Idempotent."""
         self._closing = True
+        await self._stop_creds_watch()
         await _close_quietly(self._nc)
 
 

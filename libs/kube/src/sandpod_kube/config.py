@@ -19,6 +19,17 @@ their settings in every mode, and importing the client costs ~1 s that the KV mo
 
 Without a server or kubeconfig, inside a pod (``KUBERNETES_SERVICE_HOST`` set) the mounted
 ServiceAccount is used, else ``~/.kube/config``.
+
+Leader election (:class:`LeaderSettings`, used by :mod:`sandpod_kube.leader`; client-go's
+defaults):
+
+| variable | default | meaning |
+|---|---|---|
+| ``SANDPOD_LEADER_LEASE_DURATION`` | 15 s | whole seconds a dead leader's Lease stays taken |
+| ``SANDPOD_LEADER_RENEW_DEADLINE`` | 10 s | a leader unable to renew this long stops acting |
+| ``SANDPOD_LEADER_RETRY_PERIOD`` | 2 s | how often each replica tries to acquire or renew |
+| ``SANDPOD_LEADER_NAMESPACE`` | | the Lease's namespace; else ``SANDPOD_NAMESPACE`` (the |
+| | | pod's, from the chart), the watched namespace, the pod's ServiceAccount's, ``default`` |
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kubernetes import client
 
-__all__ = ["KubeSettings"]
+__all__ = ["KubeSettings", "LeaderSettings"]
 
 _SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -165,3 +176,58 @@ class KubeSettings:
         # One pooled connection per worker thread, plus the long-lived watch streams.
         cfg.connection_pool_maxsize = self.max_workers + 4
         return client.ApiClient(cfg)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaderSettings:
+    """Timing and place of the leader-election Lease (table above).
+
+    Attributes:
+        lease_duration: seconds a standby waits, from when it last saw the Lease's record
+            change, before it takes the Lease (``leaseDurationSeconds``: whole seconds).
+        renew_deadline: seconds after its last successful renew was *sent* that a leader stops
+            acting; smaller than ``lease_duration``, so it stops before anyone else can start.
+        retry_period: seconds between two acquire-or-renew attempts.
+        namespace: the Lease's namespace (None: the watched namespace, else the pod's own).
+    """
+
+    lease_duration: int = 15
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.lease_duration < 1:
+            raise ValueError(f"lease duration {self.lease_duration}s: must be >= 1 s")
+        if not 0 < self.renew_deadline < self.lease_duration:
+            raise ValueError(f"renew deadline {self.renew_deadline:g}s must be > 0 and below "
+                             f"the lease duration ({self.lease_duration}s)")  # fmt: skip
+        if not 0 < self.retry_period < self.renew_deadline:
+            raise ValueError(f"retry period {self.retry_period:g}s must be > 0 and below the "
+                             f"renew deadline ({self.renew_deadline:g}s)")  # fmt: skip
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> LeaderSettings:
+        """Settings from ``SANDPOD_LEADER_*`` (table above). Raises ValueError."""
+
+        def number(name: str, default: float) -> float:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                return float(raw)
+            except ValueError as exc:
+                raise ValueError(f"{name}={raw!r} is not a number") from exc
+
+        base = cls()
+        duration = number("SANDPOD_LEADER_LEASE_DURATION", base.lease_duration)
+        if duration != int(duration):
+            raise ValueError(f"SANDPOD_LEADER_LEASE_DURATION={duration:g}: whole seconds only")
+        namespace = next((env[n].strip() for n in ("SANDPOD_LEADER_NAMESPACE", "SANDPOD_NAMESPACE")
+                          if env.get(n, "").strip()), None)  # fmt: skip
+        return cls(
+            lease_duration=int(duration),
+            renew_deadline=number("SANDPOD_LEADER_RENEW_DEADLINE", base.renew_deadline),
+            retry_period=number("SANDPOD_LEADER_RETRY_PERIOD", base.retry_period),
+            namespace=namespace,
+        )

@@ -1,4 +1,5 @@
-"""The core objects the Pod runtime touches: Pods and NetworkPolicies, over the same seam.
+"""The core objects the Pod runtime touches: Pods, NetworkPolicies and the sandboxes' NATS creds
+Secrets, over the same seam.
 
 Data flow mirrors :class:`~sandpod_kube.store.KubeStore`: every blocking ``kubernetes`` call runs
 on this object's bounded thread pool; answers are read as JSON (``_preload_content=False``, no
@@ -223,3 +224,25 @@ class PodApi:
             meta["namespace"], dict(manifest), field_manager=FIELD_MANAGER, force=True,
             _content_type="application/apply-patch+yaml",
         )  # fmt: skip
+
+    # -- Secrets (a sandbox's NATS creds) ------------------------------------------------------
+    # Write-only on purpose: RBAC cannot scope get/list of Secrets to ours, and reading every
+    # Secret of a namespace is more than the lifecycle needs (it remembers what it wrote).
+
+    async def apply_secret(self, manifest: Mapping[str, Any]) -> None:
+        """Server-side apply a Secret (create, or replace its data on renewal)."""
+        meta = manifest["metadata"]
+        await self._call(
+            f"apply Secret {meta['namespace']}/{meta['name']}", "Secret", meta["name"],
+            self._core.patch_namespaced_secret, meta["name"], meta["namespace"], dict(manifest),
+            field_manager=FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml",
+        )  # fmt: skip
+
+    async def delete_secret(self, namespace: str, name: str) -> None:
+        """Delete the Secret (idempotent: a missing one is fine)."""
+        try:
+            await self._call(f"delete Secret {namespace}/{name}", "Secret", name,
+                             self._core.delete_namespaced_secret, name, namespace)  # fmt: skip
+        except ResourceNotFound:
+            return

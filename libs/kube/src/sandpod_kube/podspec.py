@@ -20,8 +20,19 @@ bundle is built once per release, never per template; the emptyDir lives as long
 Hardening, on every container: ``runAsNonRoot`` with a numeric uid (images whose USER is root
 still start, as that uid), ``allowPrivilegeEscalation: false``, every capability dropped, the
 RuntimeDefault seccomp profile; on the Pod: no ServiceAccount token, no service links, the
-template's RuntimeClass (gVisor/Kata) when it names one. NATS is reached with the URL (credentials
-embedded, ``nats://user:pass@host``) from a Secret in the sandbox's namespace, via env.
+template's RuntimeClass (gVisor/Kata) when it names one. NATS is reached with the URL from the
+installation's Secret (``PodSettings.nats_secret``, key ``url``), via env.
+
+NATS credentials, per sandbox (``SandboxPod.creds_secret`` set; the lifecycle's Pod runtime mints
+them when it has the account seed): the Sandbox's own Secret (``creds_secret_manifest``: key
+``nats.creds``, owned by the Sandbox like the Pod) is mounted read-only at ``CREDS_MOUNT`` (a
+directory, never ``subPath``, so the kubelet's updates of a renewed Secret reach the file), mode
+0400, and ``SANDPOD_NATS_CREDS`` points execd at it. Its user JWT allows only the sandbox's own
+subjects (``sandpod_bus.natsauth.sandbox_permissions``). Without ``creds_secret`` every Pod
+shares whatever the URL Secret carries (the old, shared mode; lifecycle says so loudly).
+Trade-off: the sandbox's code runs as the same uid as execd, so it can read the file. What it
+gets is the sandbox's own credential, which reaches nothing it could not already reach through
+execd; keeping it from the code too needs execd under another uid (a later change).
 
 Network: one NetworkPolicy per template selects that template's Pods: no ingress at all (execd
 dials out to NATS; nothing dials in); egress to NATS always, to DNS when the template allows any
@@ -35,6 +46,7 @@ rule is left out and ``nats_pinned`` is False: the installation's own policy mus
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import ipaddress
 import json
@@ -42,12 +54,17 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "CREDS_EXPIRES",
+    "CREDS_KEY",
+    "CREDS_MOUNT",
     "INSTALLATION_LABEL",
     "MANAGED_BY",
     "SANDBOX_LABEL",
     "TEMPLATE_LABEL",
     "PodSettings",
     "SandboxPod",
+    "creds_secret_manifest",
+    "creds_secret_name",
     "egress_policy",
     "pod_manifest",
 ]
@@ -57,6 +74,9 @@ TEMPLATE_LABEL = "sandpod.dev/template"
 INSTALLATION_LABEL = "sandpod.dev/installation"
 MANAGED_BY = "sandpod-lifecycle"
 BUNDLE_MOUNT = "/opt/sandpod"
+CREDS_MOUNT = "/var/run/sandpod/nats"
+CREDS_KEY = "nats.creds"
+CREDS_EXPIRES = "sandpod.dev/nats-creds-expires"  # annotation: the JWT's exp (unix seconds)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -158,6 +178,34 @@ class SandboxPod:
     memory: str | None = None
     disk: str | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    creds_secret: str | None = None  # the Sandbox's own NATS creds Secret (None: shared URL)
+
+
+def creds_secret_name(sandbox: str) -> str:
+    """The name of a sandbox's NATS creds Secret (a Sandbox name is at most 63 characters)."""
+    return f"{sandbox}-nats-creds"
+
+
+def _owner(pod: SandboxPod) -> dict[str, Any]:
+    return {"apiVersion": "sandpod.dev/v1alpha1", "kind": "Sandbox", "name": pod.name,
+            "uid": pod.owner_uid, "controller": True}  # fmt: skip
+
+
+def creds_secret_manifest(pod: SandboxPod, creds: str, expires: int) -> dict[str, Any]:
+    """The Secret holding ``pod``'s creds file; owned by the Sandbox, labelled like its Pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": creds_secret_name(pod.name),
+            "namespace": pod.namespace,
+            "labels": labels_of(pod),
+            "annotations": {CREDS_EXPIRES: str(expires)},
+            "ownerReferences": [_owner(pod)],
+        },
+        "data": {CREDS_KEY: base64.b64encode(creds.encode()).decode()},
+    }
 
 
 def labels_of(pod: SandboxPod) -> dict[str, str]:
@@ -239,6 +287,8 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
     }  # fmt: skip
     if pod.runtime_class_name:
         spec["runtimeClassName"] = pod.runtime_class_name
+    if pod.creds_secret:
+        _mount_creds(spec, pod.creds_secret)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -246,18 +296,20 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
             "name": pod.name,
             "namespace": pod.namespace,
             "labels": labels_of(pod),
-            "ownerReferences": [
-                {
-                    "apiVersion": "sandpod.dev/v1alpha1",
-                    "kind": "Sandbox",
-                    "name": pod.name,
-                    "uid": pod.owner_uid,
-                    "controller": True,
-                }
-            ],
+            "ownerReferences": [_owner(pod)],
         },
         "spec": spec,
     }
+
+
+def _mount_creds(spec: dict[str, Any], secret: str) -> None:
+    """execd's creds file: the Secret as a read-only directory (updates reach it), mode 0400."""
+    spec["volumes"].append({"name": "nats-creds", "secret": {
+        "secretName": secret, "defaultMode": 0o400,
+        "items": [{"key": CREDS_KEY, "path": CREDS_KEY}]}})  # fmt: skip
+    main = spec["containers"][0]
+    main["volumeMounts"].append({"name": "nats-creds", "mountPath": CREDS_MOUNT, "readOnly": True})
+    main["env"].append({"name": "SANDPOD_NATS_CREDS", "value": f"{CREDS_MOUNT}/{CREDS_KEY}"})
 
 
 def _peer(entry: str) -> tuple[str, int | None] | None:

@@ -31,6 +31,7 @@ from sandpod_contract.resources import (
 )
 
 __all__ = [
+    "BOUND_AT_ANNOTATION",
     "CLAIM_LABEL",
     "HASH_LABEL",
     "MAX_REPLICAS",
@@ -50,6 +51,9 @@ __all__ = [
 POOL_LABEL = "sandpod.dev/pool"
 HASH_LABEL = "sandpod.dev/template-hash"
 CLAIM_LABEL = "sandpod.dev/claim"
+# Wall clock (Unix seconds) when a claim bound the sandbox: the claim's start of activity for
+# the lifecycle's idle clock, and the age by which the pool service judges orphans.
+BOUND_AT_ANNOTATION = "sandpod.dev/bound-at"
 MAX_REPLICAS = 1000
 
 

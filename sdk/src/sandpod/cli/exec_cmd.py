@@ -176,7 +176,7 @@ def _run_info(args: argparse.Namespace) -> int:
         async with await AsyncSandbox.connect(
             args.sandbox, nats_url=args.nats_url, prefix=args.prefix
         ) as sbx:
-            return await sbx.info()
+            return await sbx.runtime_info()
 
     try:
         info = asyncio.run(go())

@@ -112,7 +112,8 @@ async def _up(config: PlatformConfig) -> int:
 
 def _runtime_line(runtime: str) -> str:
     if runtime == "local":
-        return "local: each sandbox in its own namespace jail (see `sandpod get <id>` Isolated)"
+        how = "" if os.geteuid() == 0 else " (rootless: in a user namespace)"
+        return f"local: each sandbox in its own namespace jail{how}; see `sandpod get <id>`"
     return f"process: NO ISOLATION, commands run on this host as {getpass.getuser()!r}"
 
 
@@ -124,6 +125,7 @@ Sandpod is up.
   NATS       {sup.nats_url}
   sandboxes  {", ".join(config.sandboxes)}
   runtime    {_runtime_line(sup.runtime)}
+  isolation  {sup.isolation.get(first, "-")}
   workspace  {sup.workspaces.get(first, "?")}  (host path of /workspace in {first})
   logs       {sup.logs}
   gateway    {sup.gateway_url or "(not started)"}  (HTTP API, OpenAPI at /openapi.json)

@@ -134,8 +134,9 @@ class Jail:
         self.holder: int = data["holder_pid"]
         self.holder_start: int = data["holder_start"]
         self.uid, self.gid = int(data["uid"]), int(data["gid"])
+        self.userns = bool(data.get("userns", False))
         self.join = tuple(str(d) for d in data["join"])
-        self.track = str(data["track"])
+        self.track: str | None = None if data["track"] is None else str(data["track"])
         self.workspace = Path(data["workspace"]["outside"])
         self.env = {str(k): str(v) for k, v in dict(data.get("env", {})).items()}
         self.root = f"/proc/{self.holder}/root"
@@ -143,8 +144,8 @@ class Jail:
         if sh is None or nsenter is None:
             raise ValueError("the jail needs sh and nsenter (util-linux) on the host")
         self._sh, self._nsenter = sh, nsenter
-        if os.geteuid() != 0:
-            raise ValueError("entering a jail needs root: run execd as root")
+        if os.geteuid() != 0 and not self.userns:
+            raise ValueError("entering a jail built as root needs root: run execd as root")
         # Opened before the identity check: if the holder is the right one now, this fd is its
         # pid namespace for good (a recycled pid can never redirect our forks).
         self._pidns = os.open(f"/proc/{self.holder}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
@@ -180,6 +181,12 @@ class Jail:
                 f"sandbox {self.sandbox_id!r}: its jail is gone (holder {self.holder} exited)",
                 sandbox_id=self.sandbox_id,
             )
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """(uid, gid) to give files execd creates for the sandbox; None: they are already the
+        sandbox's (rootless, our host uid is the sandbox's uid inside)."""
+        return None if self.userns else (self.uid, self.gid)
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -269,18 +276,21 @@ class Jail:
             or not self._find_program(program, inside, env.get("PATH", HOST_PATH))
         ):
             raise CommandNotFound(f"{program!r}: command not found", program=program)
-        own = self._command_cgroup()
-        joins = [cgroup_join_file(d) for d in (own, *self.join)]
+        own = self._command_cgroup() if self.track is not None else None
+        joins = [cgroup_join_file(d) for d in (*([own] if own else []), *self.join)]
         helper = _fast_entry()
+        # Rootless, the user namespace is entered first (it grants the rights to enter the
+        # others) and the pid namespace too, by a fork in the entry step (see around_fork).
         if helper is not None:  # one small exec instead of sh -> nsenter -> sh
             launch: tuple[str, ...] = (
-                helper, *joins,
+                helper, *(["--userns"] if self.userns else []), *joins,
                 "--", str(self.holder), inside, str(self.uid), str(self.gid), "--", *argv,
             )  # fmt: skip
         else:
+            spaces = ("-U", "--preserve-credentials", "-p") if self.userns else ("-F",)
             launch = (
             self._sh, "-c", JOIN, "sandpod-jail", *joins, "--",
-            self._nsenter, "-F", "-t", str(self.holder), "-m", "-u", "-i", "-n", "-C",
+            self._nsenter, *spaces, "-t", str(self.holder), "-m", "-u", "-i", "-n", "-C",
             "-r", f"--wdns={inside}", "-S", str(self.uid), "-G", str(self.gid), "--",
             "/bin/sh", "-c", UNWRAP, "sandpod-env", str(len(env)), *argv,
             )  # fmt: skip
@@ -290,13 +300,14 @@ class Jail:
             cwd=self.host_path(inside),
             env={**LAUNCH_ENV, **wrapped},
             stdin=stdin,
-            around_fork=self.around_fork,
+            around_fork=None if self.userns else self.around_fork,
             cgroup=own,
         )
 
     def _command_cgroup(self) -> str:
         """A fresh cgroup for one command under ``track``; empty ones of finished commands are
         removed first, so their number stays bounded by the commands still running."""
+        assert self.track is not None
         self.sweep()
         own = f"{self.track}/c-{uuid.uuid4().hex[:16]}"
         try:
@@ -309,6 +320,8 @@ class Jail:
 
     def sweep(self) -> None:
         """rmdir the command cgroups that no longer hold a process (busy ones refuse)."""
+        if self.track is None:
+            return
         with contextlib.suppress(OSError):
             for entry in os.scandir(self.track):
                 if entry.name.startswith("c-") and entry.is_dir(follow_symlinks=False):

@@ -4,7 +4,8 @@ The check sees what the sandbox sees: a server bound to the sandbox's 127.0.0.1 
 outside could reach. In the process runtime that is execd's own loopback; in the local runtime
 the sandbox has its own network namespace, so each socket is created in it (the loop thread
 joins the namespace for the ``socket()`` call only and returns at once; the socket stays
-there). ``tcp``: a connection succeeds on 127.0.0.1 or ::1. ``http``: additionally
+there; rootless, a forked child makes the socket and passes it back). ``tcp``: a connection
+succeeds on 127.0.0.1 or ::1. ``http``: additionally
 ``GET <path>`` answers with a status in 200..399 (HTTP/1.0, so the server closes the
 connection; only the status line is read).
 """
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import ctypes
 import dataclasses
+import errno
 import os
 import socket
 import time
@@ -26,6 +28,7 @@ HOSTS = ("127.0.0.1", "::1")
 ATTEMPT_TIMEOUT = 2.0  # seconds for one connection (and, for http, its status line)
 INTERVAL = 0.1  # seconds between attempts
 CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -59,6 +62,8 @@ def _socket(host: str, netns: str | None) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     if netns is None:
         sock = socket.socket(family, socket.SOCK_STREAM)
+    elif os.geteuid() != 0:
+        sock = _socket_from_child(family, netns)
     else:
         target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
         home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -73,6 +78,45 @@ def _socket(host: str, netns: str | None) -> socket.socket:
             os.close(home)
     sock.setblocking(False)
     return sock
+
+
+def _socket_from_child(family: int, netns: str) -> socket.socket:
+    r"""Rootless: a socket made in ``netns`` by a forked child, passed back over a socketpair.
+
+    An unprivileged process may enter a network namespace only from inside the user namespace
+    owning it, and a multithreaded process (execd) may not change user namespace; a fresh child
+    is single-threaded. It only makes syscalls and ``_exit``\s (nothing that could need a lock
+    another thread held at the fork).
+    """
+    user = netns.rsplit("/", 1)[0] + "/user"
+    target_user = os.open(user, os.O_RDONLY | os.O_CLOEXEC)
+    target_net = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child (coverage does not follow it)
+            code = 1
+            try:
+                if _libc.setns(target_user, CLONE_NEWUSER) == 0 and _setns_ok(target_net):
+                    made = socket.socket(family, socket.SOCK_STREAM)
+                    socket.send_fds(theirs, [b"s"], [made.fileno()])
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise OSError(errno.EPERM, f"cannot enter the network namespace {netns}")
+        _, fds, _, _ = socket.recv_fds(ours, 16, 1)
+        return socket.socket(fileno=fds[0])
+    finally:
+        ours.close()
+        theirs.close()
+        os.close(target_user)
+        os.close(target_net)
+
+
+def _setns_ok(fd: int) -> bool:
+    return bool(_libc.setns(fd, CLONE_NEWNET) == 0)
 
 
 async def _attempt(host: str, port: int, kind: str, path: str, netns: str | None) -> PortCheck:

@@ -3,6 +3,7 @@
 | variable | default | meaning |
 |---|---|---|
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_NATS_CREDS`` | unset | NATS creds file (operator mode), watched for renewals |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix of the installation |
 | ``SANDPOD_SANDBOX_ID`` | ``default`` | sandbox id(s) served, comma-separated |
 | ``SANDPOD_WORKSPACE`` | ``$SANDPOD_STATE_DIR/workspaces/<id>`` | what ``/workspace`` maps to |
@@ -94,6 +95,7 @@ class ExecdSettings:
         return cls(
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
+                creds=env_str(env, "SANDPOD_NATS_CREDS", "") or None,
                 name=f"execd:{','.join(ids)}",
             ),
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),

@@ -17,11 +17,11 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 
-__all__ = ["Driver", "ExecdLauncher", "Instance", "Owner"]
+__all__ = ["Driver", "ExecdLauncher", "Instance", "Owner", "RenewsCredentials"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,19 +80,34 @@ class Driver(Protocol):
         """Ids of instances present on this host (for orphan cleanup after a crash)."""
 
 
+@runtime_checkable
+class RenewsCredentials(Protocol):
+    """A driver whose instances hold credentials that expire (the Pod runtime's NATS JWTs)."""
+
+    async def renew_credentials(self, sandbox_id: str, spec: SandboxSpec, owner: Owner) -> None:
+        """Renew the instance's credentials if due (cheap when not). Raises RuntimeFailure."""
+
+
 class ExecdLauncher:
     """Starts and stops one execd process per sandbox; pid files make it survive our restarts.
 
     execd processes are not tied to the lifecycle process (no PDEATHSIG): a restarted lifecycle
     finds them through ``<state>/instances/<id>.json`` and adopts or destroys them.
+
+    ``nats_creds``: the lifecycle's own creds file, handed to its execds (a NATS in operator
+    mode). These execds run on the host, outside the jails (which have no network and mask the
+    state dir), so the sandboxes' code never sees it; per-sandbox creds are the Pod runtime's.
     """
 
-    def __init__(self, state_dir: Path, nats_url: str, prefix: str) -> None:
+    def __init__(
+        self, state_dir: Path, nats_url: str, prefix: str, nats_creds: str | None = None
+    ) -> None:
         self.dir = state_dir / "instances"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.state_dir = state_dir
         self.nats_url = nats_url
         self.prefix = prefix
+        self.nats_creds = nats_creds
 
     def _record(self, sandbox_id: str) -> Path:
         return self.dir / f"{sandbox_id}.json"
@@ -116,6 +131,7 @@ class ExecdLauncher:
             "SANDPOD_PREFIX": self.prefix,
             "SANDPOD_SANDBOX_ID": sandbox_id,
             "SANDPOD_STATE_DIR": str(self.state_dir),
+            **({"SANDPOD_NATS_CREDS": self.nats_creds} if self.nats_creds else {}),
             **env,
         }
         with log.open("ab") as out:

@@ -12,15 +12,17 @@ its state calls for:
     no instance                -> create it, wait for execd, Ready/Running   (event: ready)
     operatingMode differs      -> pause / resume                             (event: paused/resumed)
     generation not observed    -> push spec.env to execd (sys.configure), observe it
+                                  (``bind_settle`` seconds after a claim's bind, not before)
 
 Idle time is measured by asking the sandbox's execd (``sys.activity``) when the idle deadline
-comes, so a long agent think-time within the limit never kills anything; a paused sandbox is
-never idle-checked (only Running ones are), and resuming counts as activity. Failures to create
-are retried with backoff and, after ``max_failures``, the Sandbox is ``Failed`` with the reason.
-A runtime that says *why* an instance does not serve (``InstanceUnhealthy``, e.g. a Pod that is
-Unschedulable or OOMKilled) is believed: terminal -> destroy, ``Failed`` with that reason at
-once; transient -> keep the instance, ``Ready=False`` with the reason, look again shortly (no
-backoff count, no re-create: the runtime applies its own start deadline).
+comes, so a long agent think-time within the limit never kills anything; a claim's bind
+(``sandpod.dev/bound-at``) counts as activity; a paused sandbox is never idle-checked (only
+Running ones are), and resuming counts as activity. Failures to create are retried with backoff
+and, after ``max_failures``, the Sandbox is ``Failed`` with the reason. A runtime that says
+*why* an instance does not serve (``InstanceUnhealthy``, e.g. a Pod that is Unschedulable or
+OOMKilled) is believed: terminal -> destroy, ``Failed`` with that reason at once; transient ->
+keep the instance, ``Ready=False`` with the reason, look again shortly (no backoff count, no
+re-create: the runtime applies its own start deadline).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from sandpod_contract.errors import ResourceConflict, ResourceNotFound, SandpodError
+from sandpod_contract.pooling import BOUND_AT_ANNOTATION
 from sandpod_contract.resources import (
     Condition,
     ConditionReason,
@@ -45,11 +48,11 @@ from sandpod_contract.resources import (
     SandboxTemplateSpec,
 )
 from sandpod_contract.subjects import Subjects
-from sandpod_lifecycle.driver import Driver, Instance, Owner
+from sandpod_lifecycle.driver import Driver, Instance, Owner, RenewsCredentials
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
-from sandpod_service.leases import Leases
+from sandpod_service.leases import LeaseKeeper
 from sandpod_store import EventType, Resource, Store
 
 __all__ = ["Outcome", "Reconciler"]
@@ -87,7 +90,7 @@ class Reconciler:
         *,
         store: Store,
         driver: Driver,
-        leases: Leases,
+        leases: LeaseKeeper,
         events: Events,
         templates: Templates,
         ready_probe: Callable[[str, float], Awaitable[bool]],
@@ -98,6 +101,7 @@ class Reconciler:
         max_failures: int = 5,
         resync: float = 10.0,
         ready_timeout: float = 30.0,
+        bind_settle: float = 0.25,
     ) -> None:
         self.store = store
         self.driver = driver
@@ -112,12 +116,14 @@ class Reconciler:
         self._max_failures = max_failures
         self._resync = resync
         self._ready_timeout = ready_timeout
+        self._bind_settle = bind_settle
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._active: set[str] = set()
         self._dirty: set[str] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._failures: dict[str, _Failures] = {}
+        self._resync_now = asyncio.Event()
         self.reconciled = 0  # for tests and metrics
 
     # -- queue ---------------------------------------------------------------------------------
@@ -171,9 +177,15 @@ class Reconciler:
                 log.warning("watch_failed_restarting", error=exc.message)
                 await asyncio.sleep(1.0)
 
+    def resync_soon(self) -> None:
+        """Resync now rather than at the next period (this replica just became the leader)."""
+        self._resync_now.set()
+
     async def _resync_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._resync)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resync_now.wait(), self._resync)
+            self._resync_now.clear()
             try:
                 await self.resync_once()
             except SandpodError as exc:
@@ -190,6 +202,8 @@ class Reconciler:
         names = {o.metadata.name for o in items}  # instance ids: names, all namespaces
         for obj in items:
             self.enqueue(obj.metadata.name, obj.metadata.namespace)
+        if not self.leases.active():
+            return  # a standby replica: the leader sweeps
         for orphan in instances - names:
             log.warning("orphan_instance_destroyed", sandbox=orphan)
             await self.driver.destroy(orphan)
@@ -252,17 +266,15 @@ class Reconciler:
         if instance is None or view.status.phase is Phase.PENDING:
             # Pending with an instance: an earlier pass created it but lost the race to record
             # it (a status conflict); ensure() adopts it and this pass finishes the job.
-            return await self._create(view)
+            return await self._create(view, key)
         return await self._steady(view, key, instance)
 
     async def _steady(self, view: SandboxView, key: str, instance: Instance) -> Outcome:
-        """A sandbox whose instance runs: idle expiry, pause/resume, spec changes."""
+        """A sandbox whose instance runs: upkeep (credentials, idle), pause/resume, spec."""
         shutdown = view.spec.shutdown_time
-        idle_limit = view.spec.idle_timeout_seconds or 0
-        if idle_limit > 0 and view.status.phase is Phase.RUNNING:
-            outcome, view = await self._check_idle(view, key, idle_limit)
-            if outcome is not None:
-                return outcome
+        outcome, view = await self._maintain(view, key)
+        if outcome is not None:
+            return outcome
         want_paused = view.spec.operating_mode is OperatingMode.PAUSED
         how: str | None = None
         if want_paused and not instance.paused:
@@ -277,20 +289,32 @@ class Reconciler:
             cond = (Condition("Paused", "True", reason, PAUSE_MESSAGES.get(reason, ""))
                     if want_paused else Condition("Paused", "False", "Resumed"))  # fmt: skip
             await self._set(view, phase, "paused" if want_paused else "resumed", cond)
-        elif view.status.observed_generation != view.obj.metadata.generation:
-            # A spec change: env (a claim's) reaches the running sandbox's new commands.
-            env = {e.name: e.value for e in view.spec.env}
-            generation = view.obj.metadata.generation
-            if self._configure is not None and not await self._configure(
-                view.name, env, generation
-            ):
-                return Outcome.RETRY
-            await self._set(view, view.status.phase, None, None)
+        elif view.status.observed_generation != view.obj.metadata.generation and not (
+            await self._observe_generation(view)
+        ):
+            return Outcome.RETRY
         if shutdown:
             self._wake_at(view.key, parse_time(shutdown).timestamp())
         return Outcome.DONE
 
-    async def _create(self, view: SandboxView) -> Outcome:
+    async def _observe_generation(self, view: SandboxView) -> bool:
+        """A spec change: env (a claim's) reaches the running sandbox's new commands. False:
+        its execd did not take it (retry)."""
+        settled = (_bound_at(view) or 0.0) + self._bind_settle
+        if time.time() < settled:
+            # Just bound by a claim: the pool service has given execd the claim's env already;
+            # this pass (the same env again, observedGeneration) waits until the claimant's
+            # first commands had the machine (bench/claim_latency.py).
+            self._wake_at(view.key, settled)
+            return True
+        env = {e.name: e.value for e in view.spec.env}
+        generation = view.obj.metadata.generation
+        if self._configure is not None and not await self._configure(view.name, env, generation):
+            return False
+        await self._set(view, view.status.phase, None, None)
+        return True
+
+    async def _create(self, view: SandboxView, key: str) -> Outcome:
         fail = self._failures.setdefault(view.key, _Failures())
         if time.time() < fail.next_try:
             return Outcome.RETRY
@@ -304,20 +328,7 @@ class Reconciler:
         except InstanceUnhealthy as exc:
             return await self._unhealthy(view, exc, fail)
         except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:
-            fail.count += 1
-            fail.next_try = time.time() + min(2.0**fail.count, 60.0)
-            message = str(exc)
-            log.warning(
-                "instance_create_failed", sandbox=view.name, attempt=fail.count, error=message
-            )
-            await self.driver.destroy(view.name)
-            if fail.count >= self._max_failures:
-                cond = Condition("Failed", "True", "InstanceFailed", message)
-                await self._set(view, Phase.FAILED, "failed", cond)
-                return Outcome.DONE
-            await self._set(view, Phase.PENDING, None,
-                            Condition("Ready", "False", "InstanceStarting", message))  # fmt: skip
-            return Outcome.RETRY
+            return await self._create_failed(view, key, fail, exc)
         self._failures.pop(view.key, None)
         isolated = self._isolation()
         updated = await self._set(view, Phase.RUNNING, "ready",
@@ -336,6 +347,28 @@ class Reconciler:
         await self._set(view, Phase.FAILED, "failed", Condition("Failed", "True", reason, message),
                         extra=(Condition("Ready", "False", reason, message),))  # fmt: skip
         return Outcome.DONE
+
+    async def _create_failed(
+        self, view: SandboxView, key: str, fail: _Failures, exc: Exception
+    ) -> Outcome:
+        """A create that failed without a reason from the runtime: backoff, then give up."""
+        if key and not self.leases.holds(key):
+            # Lost the lease while waiting (a leader that stepped down): the new holder
+            # may have adopted this instance, so it is not ours to destroy or count.
+            log.warning("instance_create_abandoned", sandbox=view.name, error=str(exc))
+            return Outcome.SKIPPED
+        fail.count += 1
+        fail.next_try = time.time() + min(2.0**fail.count, 60.0)
+        message = str(exc)
+        log.warning("instance_create_failed", sandbox=view.name, attempt=fail.count, error=message)
+        await self.driver.destroy(view.name)
+        if fail.count >= self._max_failures:
+            cond = Condition("Failed", "True", "InstanceFailed", message)
+            await self._set(view, Phase.FAILED, "failed", cond)
+            return Outcome.DONE
+        await self._set(view, Phase.PENDING, None,
+                        Condition("Ready", "False", "InstanceStarting", message))  # fmt: skip
+        return Outcome.RETRY
 
     async def _unhealthy(
         self, view: SandboxView, exc: InstanceUnhealthy, fail: _Failures
@@ -367,13 +400,40 @@ class Reconciler:
         text = "; ".join(f"{p}: {s}" for p, s in sorted(degraded.items()))
         return Condition("Isolated", "False", reason, text)
 
+    async def _maintain(self, view: SandboxView, key: str) -> tuple[Outcome | None, SandboxView]:
+        """A live instance's upkeep: its credentials renewed when due (the driver's call: a
+        renew moved ``shutdownTime``, or they aged), its idle timeout checked."""
+        if isinstance(self.driver, RenewsCredentials):
+            try:
+                owner = Owner(view.namespace, view.obj.metadata.uid)
+                await self.driver.renew_credentials(view.name, view.spec, owner)
+            except RuntimeFailure as exc:
+                log.warning("credentials_renew_failed", sandbox=view.name, error=str(exc))
+                return Outcome.RETRY, view
+        idle_limit = view.spec.idle_timeout_seconds or 0
+        if idle_limit > 0 and view.status.phase is Phase.RUNNING:
+            return await self._check_idle(view, key, idle_limit)
+        return None, view
+
     async def _check_idle(
         self, view: SandboxView, key: str, limit: int
     ) -> tuple[Outcome | None, SandboxView]:
-        """(an outcome if the sandbox expired, the view as it now is)."""
+        """(an outcome if the sandbox expired, the view as it now is).
+
+        The recorded ``lastActivityTime`` is a lower bound of the last activity (activity
+        never un-happens): until ``limit`` seconds after it, the sandbox cannot be idle, so
+        passes triggered by other changes (a claim's bind) skip asking its execd.
+        """
+        known = _latest(_bound_at(view), view.status.last_activity_time)
+        if known is not None and time.time() < known + limit:
+            self._wake_at(view.key, known + limit + 0.05)
+            return None, view
         idle = await self._idle_probe(view.name)
         if idle is None:
             return None, view  # execd unreachable: the instance check handles it next pass
+        bound = _bound_at(view)
+        if bound is not None:  # a claim's bind is activity (the pool does not tell execd)
+            idle = min(idle, max(time.time() - bound, 0.0))
         if idle >= limit:
             why = f"no activity for {idle:.0f}s (limit {limit}s)"
             return await self._finish(view, key, "idle_expired", "IdleTimeout", why), view
@@ -442,3 +502,21 @@ def _key(namespace: str, name: str) -> str:
 
 def iso_ts(ts: float) -> str:
     return iso(datetime.datetime.fromtimestamp(ts, datetime.UTC))
+
+
+def _bound_at(view: SandboxView) -> float | None:
+    """When a claim bound this sandbox (the pool's annotation), if it did."""
+    raw = view.obj.metadata.annotations.get(BOUND_AT_ANNOTATION)
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _latest(bound: float | None, last_activity: str | None) -> float | None:
+    """The latest known moment of activity: a bind, or the recorded lastActivityTime."""
+    times = [t for t in (bound,) if t is not None]
+    if last_activity:
+        with contextlib.suppress(ValueError):
+            times.append(parse_time(last_activity).timestamp())
+    return max(times) if times else None

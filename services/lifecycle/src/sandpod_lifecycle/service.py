@@ -1,8 +1,10 @@
 """Lifecycle wiring: store, leases, events, driver, reconciler and the control-plane API.
 
 The store is the JetStream KV bucket (``SANDPOD_STORE=kv``) or the CRDs on an API server
-(``kube``, through ``sandpod_kube``, imported only then). Leases stay in a NATS KV bucket in both
-modes (Lease objects are a follow-up). The ``kubernetes`` runtime needs the ``kube`` store: its
+(``kube``, through ``sandpod_kube``, imported only then). Who reconciles what follows the store:
+per-object leases in a NATS KV bucket (kv), or one leader elected on the Lease
+``<prefix>-lifecycle`` (kube: ``sandpod_kube.leader``); a replica that becomes leader resyncs at
+once, one that loses it stops acting. The ``kubernetes`` runtime needs the ``kube`` store: its
 Pods are owned by the Sandbox objects.
 
 The API subscriptions (``<prefix>.api.sandboxes.*`` and ``.templates.*``, queue group
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -48,7 +51,7 @@ from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
-from sandpod_service.leases import Leases
+from sandpod_service.leases import LeaseKeeper, Leases
 from sandpod_store import Store
 
 __all__ = ["LifecycleService"]
@@ -68,7 +71,10 @@ class LifecycleService:
         self.supervisor = Supervisor("lifecycle", 256)
         self.reconciler: Reconciler | None = None
         self._api: ApiServer | None = None
-        self._leases: Leases | None = None
+        self._leases: LeaseKeeper | None = None
+        self._elect: Callable[[], Coroutine[Any, Any, None]] | None = (
+            None  # kube: the election loop
+        )
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
@@ -79,21 +85,54 @@ class LifecycleService:
             self._closers.append(close)
         return store
 
+    async def _lease_keeper(self, bus: Bus) -> LeaseKeeper:
+        """KV leases per object (kv store), or leader election on a Lease (kube store)."""
+        kube = self.settings.kube
+        if kube is None:
+            return await Leases.open(bus, self.settings.replica_id, self.settings.lease_ttl,
+                                     bucket=self.subjects.storage("leases"))  # fmt: skip
+        from sandpod_kube import ElectedLeases, LeaderElector, lease_name
+
+        elector = LeaderElector(
+            kube, self.settings.leader, name=lease_name(self.settings.prefix, "lifecycle"),
+            identity=self.settings.replica_id, on_change=self._leadership,
+        )  # fmt: skip
+        self._closers.append(elector.close)
+        self._elect = elector.run
+        return ElectedLeases(elector)
+
+    def _leadership(self, leading: bool) -> None:
+        """Won: queue everything now (the old leader's work, timers it had). Lost: acquire()
+        already refuses every object, so the workers stop acting."""
+        log.info("leadership_changed", leading=leading, replica=self.settings.replica_id)
+        if leading and self.reconciler is not None:
+            self.reconciler.resync_soon()
+
     def _driver(self) -> Driver:
         state = self.settings.state_dir
         if self.settings.runtime == "kubernetes":
             from sandpod_kube import PodApi
             from sandpod_lifecycle.runtime.pod import PodDriver
+            from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
             assert self.settings.kube is not None  # settings refuse kubernetes without kube
             pods = PodApi(self.settings.kube)
             self._closers.append(pods.close)
+            creds = None
+            if seed := self.settings.nats_account_seed_file:  # unreadable or not a seed: fail
+                creds = CredsPolicy.from_seed_file(
+                    seed, Subjects(self.settings.prefix), self.settings.nats_creds_ttl,
+                    self.settings.nats_creds_margin,
+                )  # fmt: skip
             return PodDriver(
                 pods, self.settings.pods, installation=self.settings.prefix,
                 ready_timeout=self.settings.ready_timeout, namespace=self.settings.kube.namespace,
                 freezer=self._freezer,
+                creds=creds,
             )  # fmt: skip
-        launcher = ExecdLauncher(state, self.settings.bus.url, self.settings.prefix)
+        launcher = ExecdLauncher(
+            state, self.settings.bus.url, self.settings.prefix, self.settings.bus.creds
+        )
         if self.settings.runtime == "local":
             # The whole state dir (NATS data, logs, other sandboxes) is masked in every jail.
             config = LocalRuntimeConfig(
@@ -112,12 +151,7 @@ class LifecycleService:
         store = await self._store(bus, self.subjects.storage("resources"))
         events = Events(bus, self.subjects, stream=self.subjects.storage("events"))
         await events.setup()
-        self._leases = await Leases.open(
-            bus,
-            self.settings.replica_id,
-            self.settings.lease_ttl,
-            bucket=self.subjects.storage("leases"),
-        )
+        self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events)
         self.reconciler = Reconciler(
             store=store, driver=self._driver(), leases=self._leases, events=events,
@@ -135,6 +169,8 @@ class LifecycleService:
             ("templates", "delete"): api.template_delete,
         }  # fmt: skip
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
+        if self._elect is not None:
+            self.supervisor.spawn(self._elect(), name="leader-election")
         # Only the kinds served here: the pool service answers pools and claims.
         self._api = ApiServer(bus, self.subjects, queue=QUEUE_GROUP, operations=CONTROL_PLANE,
                               routes=routes, supervisor=self.supervisor)  # fmt: skip

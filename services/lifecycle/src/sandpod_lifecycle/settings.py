@@ -3,18 +3,23 @@
 | variable | default | meaning |
 |---|---|---|
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_NATS_CREDS`` | unset | NATS creds file (operator mode), watched for renewals |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix |
 | ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | instances, workspaces, logs |
 | ``SANDPOD_RUNTIME`` | ``process`` | ``local`` (jail, root), ``process``, ``kubernetes`` (Pods) |
 | ``SANDPOD_STORE`` | ``kv`` | ``kv`` (JetStream KV) or ``kube`` (CRDs: ``SANDPOD_KUBE_*``) |
 | ``SANDPOD_POD_*`` | | the ``kubernetes`` runtime's Pods (``sandpod_kube.podspec.PodSettings``) |
 | ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
-| ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's objects move after this |
+| ``SANDPOD_LEASE_TTL`` | 10 s | KV store: a dead replica's objects move after this |
+| ``SANDPOD_LEADER_*`` | 15/10/2 s | kube store: leader election (``LeaderSettings``) |
 | ``SANDPOD_RESYNC`` | 5 s | full resync period (orphans, lease renewal) |
 | ``SANDPOD_WORKERS`` | 8 | objects reconciled in parallel |
 | ``SANDPOD_READY_TIMEOUT`` | 30 s | how long a new instance may take to answer |
 | ``SANDPOD_DESTROY_ON_EXIT`` | false | destroy every instance at shutdown (``sandpod up``) |
 | ``SANDPOD_NODE`` | hostname | this host's node id (local runtime: one execd serves all) |
+| ``SANDPOD_NATS_ACCOUNT_SEED_FILE`` | unset | the NATS account's seed: per-sandbox creds (Pods) |
+| ``SANDPOD_NATS_CREDS_TTL`` | 86400 s | longest life of a sandbox's JWT (renewed at half) |
+| ``SANDPOD_NATS_CREDS_MARGIN`` | 300 s | a sandbox JWT outlives its ``shutdownTime`` by this |
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from pathlib import Path
 
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
-from sandpod_kube import KubeSettings, store_settings
+from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.podspec import PodSettings
 from sandpod_service import env_bool, env_float, env_int, env_str
 
@@ -43,6 +48,7 @@ class LifecycleSettings:
     )
     runtime: str = "process"
     kube: KubeSettings | None = None  # None: the KV store (SANDPOD_STORE=kv)
+    leader: LeaderSettings = dataclasses.field(default_factory=LeaderSettings)  # kube only
     pods: PodSettings = dataclasses.field(default_factory=PodSettings)
     replica_id: str = dataclasses.field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}"
@@ -55,6 +61,9 @@ class LifecycleSettings:
     node: str = dataclasses.field(default_factory=lambda: socket.gethostname().split(".")[0])
     grace: float = 10.0
     log_level: str = "info"
+    nats_account_seed_file: Path | None = None  # kubernetes: mint per-sandbox NATS creds
+    nats_creds_ttl: float = 86400.0
+    nats_creds_margin: float = 300.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -73,6 +82,7 @@ class LifecycleSettings:
         return cls(
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
+                creds=env_str(env, "SANDPOD_NATS_CREDS", "") or None,
                 name="lifecycle",
             ),
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
@@ -81,6 +91,7 @@ class LifecycleSettings:
             kube=kube,
             pods=PodSettings.from_env(env),
             replica_id=env_str(env, "SANDPOD_REPLICA_ID", base.replica_id),
+            leader=LeaderSettings.from_env(env),
             lease_ttl=env_float(env, "SANDPOD_LEASE_TTL", base.lease_ttl, minimum=0.5),
             resync=env_float(env, "SANDPOD_RESYNC", base.resync, minimum=0.1),
             workers=env_int(env, "SANDPOD_WORKERS", base.workers, minimum=1),
@@ -88,4 +99,10 @@ class LifecycleSettings:
             destroy_on_exit=env_bool(env, "SANDPOD_DESTROY_ON_EXIT", False),
             node=env_str(env, "SANDPOD_NODE", base.node),
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
-        )
+            nats_account_seed_file=Path(seed) if (
+                seed := env_str(env, "SANDPOD_NATS_ACCOUNT_SEED_FILE", "")) else None,
+            nats_creds_ttl=env_float(env, "SANDPOD_NATS_CREDS_TTL", base.nats_creds_ttl,
+                                     minimum=60),
+            nats_creds_margin=env_float(env, "SANDPOD_NATS_CREDS_MARGIN", base.nats_creds_margin,
+                                        minimum=0),
+        )  # fmt: skip

@@ -8,8 +8,9 @@ reconciler can finish:
        the claim label, the claim's lifetime, idle timeout, labels and env          (atomic step)
        - a conflict means another claim (any replica, any process) took it: try the next one
        - none left: create a Sandbox for the claim instead, reason PoolExhausted (or NoPool)
-    3. warm: ``sys.configure`` the env straight to the sandbox's execd (its new commands get it,
-       and its idle clock starts now); cold: wait until the lifecycle reports it Ready
+    3. warm: ``sys.configure`` the claim's env (if any) straight to the sandbox's execd (its new
+       commands get it); the bind's ``bound-at`` annotation starts its idle clock; cold: wait
+       until the lifecycle reports it Ready
     4. write the claim's status: Bound (reason), Ready, the sandbox, its shutdownTime
 
 Two claims can never hold one sandbox: step 2 is a compare-and-set on the sandbox object, and
@@ -43,6 +44,7 @@ from sandpod_contract.errors import (
     SandpodError,
 )
 from sandpod_contract.pooling import (
+    BOUND_AT_ANNOTATION,
     CLAIM_LABEL,
     POOL_LABEL,
     ClaimConditionType,
@@ -77,7 +79,6 @@ log = structlog.get_logger("sandpod.pool.claims")
 CLAIM = "SandboxClaim"
 CLAIM_ANNOTATION = "sandpod.dev/claimed-by"
 BOUND_AS_ANNOTATION = "sandpod.dev/bound-as"  # the claim's Bound reason, for adoption
-BOUND_AT_ANNOTATION = "sandpod.dev/bound-at"  # wall clock of the bind (orphans: by its age)
 Configure = Callable[[str, dict[str, str], int], Awaitable[bool]]
 
 
@@ -234,9 +235,10 @@ class Claims:
 
     async def _bind_configured(self, claim: Resource, b: Binding) -> tuple[Resource, ClaimReason]:
         """Bind, and put the claimant's env into a warm sandbox's execd before anyone is told
-        (its new commands get it, and its idle clock starts now)."""
+        (its new commands get it). Without env there is nothing to tell execd: the bind's
+        ``bound-at`` annotation starts the sandbox's idle clock (the lifecycle counts it)."""
         sandbox, reason = await self._bind(claim, b)
-        if reason is ClaimReason.WARM:
+        if reason is ClaimReason.WARM and b.spec.env:
             await self._configure_env(sandbox)
         return sandbox, reason
 
@@ -287,7 +289,7 @@ class Claims:
         self._spawn(coro, name)
 
     async def _configure_env(self, sandbox: Resource) -> bool:
-        """The claimant's env and idle clock, now: the lifecycle would only get there on its
+        """The claimant's env, now: the lifecycle would only get there on its
         next pass. Failing is not fatal: the lifecycle pushes the same generation again."""
         env = {str(e["name"]): str(e.get("value", "")) for e in sandbox.spec.get("env") or ()}
         return await self._configure(sandbox.metadata.name, env, sandbox.metadata.generation)

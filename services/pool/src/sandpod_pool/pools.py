@@ -51,7 +51,7 @@ from sandpod_pool.members import (
     set_condition,
     template_hash,
 )
-from sandpod_service.leases import Leases
+from sandpod_service.leases import LeaseKeeper
 from sandpod_store import Resource, Store
 
 __all__ = ["PoolReconciler"]
@@ -78,7 +78,7 @@ class PoolReconciler:
         self,
         *,
         store: Store,
-        leases: Leases,
+        leases: LeaseKeeper,
         pools: Mirror,
         sandboxes: Mirror,
         templates: Mirror,

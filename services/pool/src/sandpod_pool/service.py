@@ -8,13 +8,17 @@ renewal, failover, timers that a crash lost) and sweeps orphaned claimed sandbox
 answers any request; pool passes run under per-pool leases, one replica per pool at a time.
 
 The store is the JetStream KV bucket (``SANDPOD_STORE=kv``) or the CRDs on an API server (``kube``;
-``sandpod_kube`` is imported only then). Leases stay in a NATS KV bucket in both modes.
+``sandpod_kube`` is imported only then). Pool leases follow the store: per pool in a NATS KV
+bucket (kv), or one leader elected on the Lease ``<prefix>-pool`` for all pools (kube); a replica
+that becomes leader resyncs at once, and only the leader sweeps orphans.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import structlog
 
@@ -35,7 +39,7 @@ from sandpod_pool.settings import PoolSettings
 from sandpod_pool.workqueue import WorkQueue
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer
-from sandpod_service.leases import Leases
+from sandpod_service.leases import LeaseKeeper, Leases
 from sandpod_store import Resource
 
 __all__ = ["PoolService"]
@@ -55,7 +59,12 @@ class PoolService:
         self.supervisor = Supervisor("pool", 512)
         self._bus: Bus | None = None
         self._api: ApiServer | None = None
-        self._leases: Leases | None = None
+        self._leases: LeaseKeeper | None = None
+        self._elect: Callable[[], Coroutine[Any, Any, None]] | None = (
+            None  # kube: the election loop
+        )
+        self._closers: list[Callable[[], Awaitable[None]]] = []
+        self._resync_now = asyncio.Event()
         self.pools_queue: WorkQueue | None = None
         self.claims_queue: WorkQueue | None = None
         self.claims: Claims | None = None
@@ -67,10 +76,7 @@ class PoolService:
         store, self._close_store = await open_store(
             bus, self.subjects.storage("resources"), self.settings.kube
         )
-        self._leases = await Leases.open(
-            bus, self.settings.replica_id, self.settings.lease_ttl,
-            bucket=self.subjects.storage("leases"),
-        )  # fmt: skip
+        self._leases = await self._lease_keeper(bus)
         pools = Mirror(store, POOL_KIND, on_change=self._pool_changed)
         claims = Mirror(store, CLAIM, on_change=self._claim_changed)
         templates = Mirror(store, TEMPLATE, on_change=self._template_changed)
@@ -96,6 +102,8 @@ class PoolService:
         self.supervisor.spawn(self.pools_queue.run(), name="pools")
         self.supervisor.spawn(self.claims_queue.run(), name="claims")
         self.supervisor.spawn(self._resync(), name="resync")
+        if self._elect is not None:
+            self.supervisor.spawn(self._elect(), name="leader-election")
         api = PoolApi(
             store, pools, self.claims, claim_wait=self.settings.claim_wait,
             on_pool_change=lambda ns, name: self._pool_changed((ns, name), None),
@@ -105,12 +113,37 @@ class PoolService:
         await self._api.start()
         log.info("pool_ready", replica=self.settings.replica_id)
 
+    async def _lease_keeper(self, bus: Bus) -> LeaseKeeper:
+        """KV leases per pool (kv store), or leader election on a Lease (kube store)."""
+        kube = self.settings.kube
+        if kube is None:
+            return await Leases.open(bus, self.settings.replica_id, self.settings.lease_ttl,
+                                     bucket=self.subjects.storage("leases"))  # fmt: skip
+        from sandpod_kube import ElectedLeases, LeaderElector, lease_name
+
+        elector = LeaderElector(
+            kube, self.settings.leader, name=lease_name(self.settings.prefix, "pool"),
+            identity=self.settings.replica_id, on_change=self._leadership,
+        )  # fmt: skip
+        self._closers.append(elector.close)
+        self._elect = elector.run
+        return ElectedLeases(elector)
+
+    def _leadership(self, leading: bool) -> None:
+        """Won: queue every pool and claim now. Lost: acquire() refuses every pool at once."""
+        log.info("leadership_changed", leading=leading, replica=self.settings.replica_id)
+        if leading:
+            self._resync_now.set()
+
     async def stop(self, grace: float) -> None:
         if self._api is not None:
             await self._api.stop()
         await self.supervisor.close(min(grace, 1.0))
         if self._leases is not None:
             await self._leases.release_all()
+        for close in reversed(self._closers):
+            await close()
+        self._closers.clear()
         if self._close_store is not None:
             await self._close_store()
             self._close_store = None
@@ -154,7 +187,9 @@ class PoolService:
         assert self.claims is not None
         assert self._leases is not None
         while True:
-            await asyncio.sleep(self.settings.resync)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resync_now.wait(), self.settings.resync)
+            self._resync_now.clear()
             try:
                 await self._leases.renew_all()
                 for obj in pools.values():
@@ -165,7 +200,8 @@ class PoolService:
                         self.pools_queue.add(f"{obj.metadata.namespace}/{pool}")
                 for obj in claims.values():
                     self.claims_queue.add(f"{obj.metadata.namespace}/{obj.metadata.name}")
-                await self.claims.orphans()
+                if self._leases.active():  # a standby leaves sweeping to the leader
+                    await self.claims.orphans()
             except SandpodError as exc:
                 log.warning("resync_failed", error=exc.message)
 

@@ -3,10 +3,12 @@
 | variable | default | meaning |
 |---|---|---|
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
+| ``SANDPOD_NATS_CREDS`` | unset | NATS creds file (operator mode), watched for renewals |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix (buckets are named after it) |
 | ``SANDPOD_STORE`` | ``kv`` | ``kv`` (JetStream KV) or ``kube`` (CRDs: ``SANDPOD_KUBE_*``) |
 | ``SANDPOD_REPLICA_ID`` | hostname-pid | lease holder name of this replica |
-| ``SANDPOD_LEASE_TTL`` | 10 s | a dead replica's pools move to another after this |
+| ``SANDPOD_LEASE_TTL`` | 10 s | KV store: a dead replica's pools move to another after this |
+| ``SANDPOD_LEADER_*`` | 15/10/2 s | kube store: leader election (``LeaderSettings``) |
 | ``SANDPOD_POOL_RESYNC`` | 2 s | every pool is reconciled at least this often |
 | ``SANDPOD_POOL_CREATE_RATE`` | 20 /s | member creates per second per pool (no storms) |
 | ``SANDPOD_POOL_REFILL_DELAY`` | 0.1 s | after a member changes, wait this long before refilling |
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
-from sandpod_kube import KubeSettings, store_settings
+from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_service import env_float, env_str
 
 __all__ = ["PoolSettings"]
@@ -35,6 +37,7 @@ class PoolSettings:
     bus: BusSettings = dataclasses.field(default_factory=BusSettings)
     prefix: str = DEFAULT_PREFIX
     kube: KubeSettings | None = None  # None: the KV store (SANDPOD_STORE=kv)
+    leader: LeaderSettings = dataclasses.field(default_factory=LeaderSettings)  # kube only
     replica_id: str = dataclasses.field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}"
     )
@@ -55,10 +58,13 @@ class PoolSettings:
         return cls(
             kube=store_settings(env),
             bus=BusSettings(
-                url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url), name="pool"
+                url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
+                creds=env_str(env, "SANDPOD_NATS_CREDS", "") or None,
+                name="pool",
             ),
             prefix=env_str(env, "SANDPOD_PREFIX", DEFAULT_PREFIX),
             replica_id=env_str(env, "SANDPOD_REPLICA_ID", base.replica_id),
+            leader=LeaderSettings.from_env(env),
             lease_ttl=env_float(env, "SANDPOD_LEASE_TTL", base.lease_ttl, minimum=0.5),
             resync=env_float(env, "SANDPOD_POOL_RESYNC", base.resync, minimum=0.1),
             create_rate=env_float(env, "SANDPOD_POOL_CREATE_RATE", base.create_rate, minimum=0.1),

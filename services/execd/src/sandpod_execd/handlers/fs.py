@@ -123,7 +123,7 @@ class FsHandlers:
             paths = self._paths[sbx.sandbox_id] = Paths(
                 sbx.workspace,
                 confined=jail is not None,
-                new_owner=(jail.uid, jail.gid) if jail is not None else None,
+                new_owner=jail.owner if jail is not None else None,
             )
         return paths
 

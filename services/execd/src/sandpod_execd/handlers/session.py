@@ -190,7 +190,7 @@ def _place(sbx: SandboxContext, cmd: Command, cwd: str | None) -> Place:
         tmp = tempfile.gettempdir()
         return Place(tmp=tmp, tmp_inside=tmp, owner=None, cwd=cmd.cwd)
     jail, tmp = sbx.jail, JAIL_TMP
-    return Place(tmp=jail.host_path(tmp), tmp_inside=tmp, owner=(jail.uid, jail.gid),
+    return Place(tmp=jail.host_path(tmp), tmp_inside=tmp, owner=jail.owner,
                  cwd=jail.inside(cwd))  # fmt: skip
 
 

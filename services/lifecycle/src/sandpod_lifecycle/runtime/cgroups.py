@@ -10,6 +10,11 @@ Roles, each served by one hierarchy chosen once per driver (:meth:`CgroupPlan.ch
   in a child ``c-<token>`` of it, so a command's strays are found (and killed) by cgroup even
   after they left its process tree, and destroy finds everything.
 
+Rootless (the driver is not root), only hierarchies whose ``<mount>/<parent>`` directory an
+administrator delegated to this user (writable by it) are used; without a delegated ``core``
+there is no freezing and no tracking (the driver then kills a sandbox through its pid
+namespace's init, see ``local.py``), and ``protections`` says so.
+
 Per sandbox the directories are ``<hierarchy>/<parent>/<sandbox id>``; their paths go into the
 jail file, so a later driver (or execd) never has to recompute them. Writes here are tiny
 cgroupfs writes done inline; only waiting (frozen, empty) yields to the loop.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import os
 import signal
 from collections.abc import Callable, Iterable
@@ -32,6 +38,10 @@ __all__ = ["CgroupPlan", "SandboxCgroups"]
 
 LIMITS = ("memory", "cpu", "pids")
 CFS_PERIOD_US = 100_000
+UNDELEGATED = (
+    "unavailable: rootless, and no cgroup delegated to this user for %s "
+    "(an administrator can create <cgroup mount>/<parent> and chown it to the user)"
+)
 POLL = 0.005  # seconds between looks at freezer / emptiness state (the kernel offers no wakeup
 # we can wait on without inotify plumbing; these waits last milliseconds)
 
@@ -47,7 +57,7 @@ class CgroupPlan:
     """Which hierarchy serves each role on this host, and the parent cgroup name."""
 
     parent: str
-    core: Hierarchy
+    core: Hierarchy | None  # None: rootless without a delegated freezer hierarchy
     limits: dict[str, Hierarchy]  # role -> hierarchy; absent: the host has no such controller
 
     @classmethod
@@ -55,30 +65,42 @@ class CgroupPlan:
         cls, caps: HostCapabilities, parent: str, core: Literal["auto", "v1", "v2"] = "auto"
     ) -> CgroupPlan:
         """Pick hierarchies. ``core="auto"``: the v1 freezer hierarchy if mounted (joining v1
-        cgroups is cheap), else cgroup v2. Raises ValueError if the requested core is missing."""
+        cgroups is cheap), else cgroup v2. Rootless, a hierarchy counts only if its
+        ``<mount>/<parent>`` is delegated to us (see the module docstring). Raises ValueError if
+        the requested core is missing (as root)."""
         if "/" in parent or parent in ("", ".", ".."):
             raise ValueError(f"cgroup parent must be a plain name, got {parent!r}")
-        v1_freezer = caps.cgroup_v1.get("freezer")
+        v1 = {c: m for c, m in caps.cgroup_v1.items() if caps.root or _delegated(m / parent)}
+        v2 = caps.cgroup_v2 if caps.root or (
+            caps.cgroup_v2 is not None and _delegated(caps.cgroup_v2 / parent)
+        ) else None  # fmt: skip
+        v2_controllers = caps.cgroup_v2_controllers if caps.root or v2 is None else frozenset(
+            _read(v2 / parent / "cgroup.subtree_control").split()
+        )  # fmt: skip
+        v1_freezer = v1.get("freezer")
+        chosen: Hierarchy | None
         if core == "v1" or (core == "auto" and v1_freezer is not None):
             if v1_freezer is None:
                 raise ValueError("no v1 freezer hierarchy on this host")
             chosen = Hierarchy(1, v1_freezer)
-        elif caps.cgroup_v2 is not None:
-            chosen = Hierarchy(2, caps.cgroup_v2)
-        else:
+        elif v2 is not None:
+            chosen = Hierarchy(2, v2)
+        elif caps.root:
             raise ValueError("no cgroup v2 hierarchy on this host")
+        else:
+            chosen = None
         limits: dict[str, Hierarchy] = {}
         for role in LIMITS:
-            if role in caps.cgroup_v1:
-                limits[role] = Hierarchy(1, caps.cgroup_v1[role])
-            elif caps.cgroup_v2 is not None and role in caps.cgroup_v2_controllers:
-                limits[role] = Hierarchy(2, caps.cgroup_v2)
+            if role in v1:
+                limits[role] = Hierarchy(1, v1[role])
+            elif v2 is not None and role in v2_controllers:
+                limits[role] = Hierarchy(2, v2)
         return cls(parent, chosen, limits)
 
     def for_sandbox(self, sandbox_id: str) -> SandboxCgroups:
         return SandboxCgroups(
-            core=str(self.core.mount / self.parent / sandbox_id),
-            core_version=self.core.version,
+            core=None if self.core is None else str(self.core.mount / self.parent / sandbox_id),
+            core_version=0 if self.core is None else self.core.version,
             limits={
                 role: (h.version, str(h.mount / self.parent / sandbox_id))
                 for role, h in self.limits.items()
@@ -88,7 +110,8 @@ class CgroupPlan:
     def sandbox_ids(self) -> set[str]:
         """Names of every sandbox cgroup under our parent, in any hierarchy (for orphans)."""
         found: set[str] = set()
-        for h in {self.core, *self.limits.values()}:
+        used = {*self.limits.values(), *([self.core] if self.core is not None else [])}
+        for h in used:
             with contextlib.suppress(OSError):
                 found.update(e.name for e in os.scandir(h.mount / self.parent) if e.is_dir())
         return found
@@ -98,7 +121,7 @@ class CgroupPlan:
 class SandboxCgroups:
     """The cgroup directories of one sandbox (serialisable into the jail file)."""
 
-    core: str
+    core: str | None  # None: no freezing or tracking (rootless without delegation)
     core_version: int
     limits: dict[str, tuple[int, str]]  # role -> (version, directory)
 
@@ -107,7 +130,7 @@ class SandboxCgroups:
     @property
     def dirs(self) -> list[str]:
         """Every distinct directory, core first (the order processes join them in)."""
-        out = [self.core]
+        out = [] if self.core is None else [self.core]
         out += [d for _, d in self.limits.values() if d not in out]
         return out
 
@@ -123,7 +146,8 @@ class SandboxCgroups:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SandboxCgroups:
         limits = {str(r): (int(v[0]), str(v[1])) for r, v in dict(data["limits"]).items()}
-        return cls(str(data["core"]), int(data["core_version"]), limits)
+        core = data["core"]
+        return cls(None if core is None else str(core), int(data["core_version"]), limits)
 
     # -- creation ------------------------------------------------------------------------------
 
@@ -136,10 +160,12 @@ class SandboxCgroups:
         for d in self.dirs:
             _enable_v2_controllers(d, self.limits)
             Path(d).mkdir(parents=True, exist_ok=False)
-        protections = {"freezer": ACTIVE}
+        protections = {"freezer": ACTIVE if self.core is not None else UNDELEGATED % "freezer"}
         for role in LIMITS:
             if role not in self.limits:
-                protections[role] = f"unavailable: no {role} cgroup controller on this host"
+                protections[role] = UNDELEGATED % role if self.core is None else (
+                    f"unavailable: no {role} cgroup controller on this host"
+                )  # fmt: skip
                 continue
             version, d = self.limits[role]
             _write_limit(role, version, Path(d), resources)
@@ -149,6 +175,8 @@ class SandboxCgroups:
     # -- freezing ------------------------------------------------------------------------------
 
     def _freeze_file(self) -> tuple[Path, str, str]:
+        if self.core is None:
+            raise OSError(errno.EOPNOTSUPP, UNDELEGATED % "freezer")
         if self.core_version == 1:
             return Path(self.core, "freezer.state"), "FROZEN", "THAWED"
         return Path(self.core, "cgroup.freeze"), "1", "0"
@@ -159,6 +187,8 @@ class SandboxCgroups:
 
     def frozen(self) -> bool:
         """True once every process is frozen (not while v1 is still ``FREEZING``)."""
+        if self.core is None:
+            return False
         if self.core_version == 1:
             return _read(Path(self.core, "freezer.state")).strip() == "FROZEN"
         return "frozen 1" in _read(Path(self.core, "cgroup.events")).splitlines()
@@ -192,7 +222,7 @@ class SandboxCgroups:
 
     def kill_all(self) -> None:
         """SIGKILL every process of the sandbox (one pass; :meth:`teardown` repeats it)."""
-        if self.core_version == 2:
+        if self.core is not None and self.core_version == 2:
             with contextlib.suppress(OSError):  # kernel >= 5.14: atomic, the whole subtree
                 Path(self.core, "cgroup.kill").write_text("1")
                 return
@@ -210,7 +240,8 @@ class SandboxCgroups:
         while True:
             self.kill_all()
             with contextlib.suppress(OSError):  # a frozen process only dies once thawed
-                self.set_frozen(False)
+                if self.core is not None:
+                    self.set_frozen(False)
             reap()
             left = self.procs()
             if not left:
@@ -239,6 +270,11 @@ class SandboxCgroups:
                 except OSError:
                     busy.append(str(sub))
         return busy
+
+
+def _delegated(path: Path) -> bool:
+    """Whether we may create cgroups below ``path`` (rootless: an administrator chowned it)."""
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
 def _read(path: Path) -> str:

@@ -18,9 +18,15 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
    ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
    old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
    so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and ``umount``;
-4. it prints ``ready <host pid>`` on stdout and re-executes the base's ``sh`` (a short command
-   line, no host paths) to wait forever: ``sleep`` in a ``wait`` loop, so it also reaps the
-   orphans the kernel re-parents to it.
+4. it prints ``ready <host pid> [skipped dirs]`` on stdout and re-executes the base's ``sh``
+   (a short command line, no host paths) to wait forever: ``sleep`` in a ``wait`` loop, so it
+   also reaps the orphans the kernel re-parents to it.
+
+Rootless (the driver is not root), ``unshare`` also creates a user namespace mapping our uid and
+gid to the sandbox's and keeps the namespace's capabilities for the holder script; the kernel
+refuses an unprivileged overlay whose lower layer has mounts below it (the host root), so the
+holder then layers each top-level directory of the base separately in a tmpfs root, and reports
+the directories it had to leave empty (``/mnt`` with a mount inside, say).
 
 Every value reaches the scripts as a positional argument, never spliced into shell text. Errors
 (``set -eu``) end the holder, whose stderr goes to a log the driver quotes in ``CreateFailed``.
@@ -48,8 +54,36 @@ exec "$@"
 HOLDER = r"""
 set -eu
 base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
-shift 9
-mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" "$root"
+rootless=${10}
+shift 10
+skipped=
+if ! mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" \
+    "$root" 2>/dev/null; then
+  [ "$rootless" = 1 ] || { echo "cannot mount the overlay root over $base" >&2; exit 1; }
+  # Rootless, a base with mounts below it (the host root) cannot be one overlay's lower layer:
+  # layer each top-level directory of it on its own (upper/<name>), in a tmpfs root.
+  mount -t tmpfs -o "nosuid,nodev,mode=0755,size=$tmpsize" sandpod-root "$root"
+  for e in $(ls -A "$base"); do
+    case "$e" in
+      proc|sys|dev|tmp|run) mkdir -p "$root/$e"; continue ;;
+      lost+found) continue ;;
+      *[!A-Za-z0-9._-]*) skipped="$skipped /$e"; continue ;;
+    esac
+    p=${base%/}/$e
+    if [ -L "$p" ]; then
+      ln -s "$(readlink "$p")" "$root/$e"
+    elif [ -d "$p" ]; then
+      mkdir -p "$root/$e" "$upper/$e" "$work/layers/$e"
+      mount -t overlay overlay \
+        -o "nosuid,nodev,lowerdir=$p,upperdir=$upper/$e,workdir=$work/layers/$e" \
+        "$root/$e" 2>/dev/null || skipped="$skipped /$e"
+    elif [ -f "$p" ]; then
+      : > "$root/$e"
+      mount --bind "$p" "$root/$e"
+      mount -o remount,bind,ro,nosuid,nodev "$root/$e"
+    fi
+  done
+fi
 for m in "$@"; do
   if [ -d "$root$m" ]; then
     mount -t tmpfs -o ro,nosuid,nodev,noexec,size=4k,mode=0755 sandpod-masked "$root$m"
@@ -74,16 +108,27 @@ ln -s /proc/self/fd "$root/dev/fd"
 ln -s /proc/self/fd/0 "$root/dev/stdin"
 ln -s /proc/self/fd/1 "$root/dev/stdout"
 ln -s /proc/self/fd/2 "$root/dev/stderr"
+# Add a line to a file of the base. Rootless, the base's files belong to a uid unmapped in our
+# user namespace (no copy-up allowed): a copy in the sandbox's /run is bound over the file.
+add_line() {
+  if [ "$rootless" = 1 ]; then
+    copy="$root/run/sandpod$(echo "$1" | tr / -)"
+    { cat "$root$1"; echo "$2"; } > "$copy"
+    mount --bind "$copy" "$root$1"
+  else
+    echo "$2" >> "$root$1"
+  fi
+}
 if [ -f "$root/etc/passwd" ] && ! grep -q "^[^:]*:[^:]*:$uid:" "$root/etc/passwd"; then
-  echo "sandbox:x:$uid:$gid:sandpod sandbox:/workspace:/bin/sh" >> "$root/etc/passwd"
+  add_line /etc/passwd "sandbox:x:$uid:$gid:sandpod sandbox:/workspace:/bin/sh"
 fi
 if [ -f "$root/etc/group" ] && ! grep -q "^[^:]*:[^:]*:$gid:" "$root/etc/group"; then
-  echo "sandbox:x:$gid:" >> "$root/etc/group"
+  add_line /etc/group "sandbox:x:$gid:"
 fi
 if [ -f "$root/etc/hosts" ]; then
-  echo "127.0.1.1 $name" >> "$root/etc/hosts"
+  add_line /etc/hosts "127.0.1.1 $name"
 fi
-echo "$name" > /proc/sys/kernel/hostname
+if [ "$rootless" = 1 ]; then hostname "$name"; else echo "$name" > /proc/sys/kernel/hostname; fi
 ip link set lo up
 for tool in sh sleep umount; do
   found=
@@ -100,7 +145,7 @@ cd "$root"
 pivot_root . .
 umount -l .
 cd /
-echo "ready $hostpid"
+echo "ready $hostpid$skipped"
 exec sh -c 'exec </dev/null >/dev/null 2>&1; while :; do sleep 2147483647 & wait; done' "$0"
 """
 
@@ -120,6 +165,7 @@ class HolderLayout:
     gid: int
     masks: Sequence[Path]
     log: Path  # the holder's stderr until it is ready
+    rootless: bool = False  # build it in a user namespace mapping us to uid/gid inside
 
     def argv(self, tools: Mapping[str, str | None], cgroup_procs: Sequence[str]) -> list[str]:
         sh, unshare = tools["sh"], tools["unshare"]
@@ -127,14 +173,20 @@ class HolderLayout:
         assert unshare is not None
         for path in (self.base, self.upper, self.work, self.root, self.workspace):
             _check_path(path)
+        # Rootless: --keep-caps hands the capabilities we hold in the new user namespace to the
+        # holder script (as ambient ones) although it runs as a non-zero uid there.
+        user = (
+            ["--user", f"--map-user={self.uid}", f"--map-group={self.gid}", "--keep-caps"]
+            if self.rootless else []
+        )  # fmt: skip
         return [
             sh, "-c", LAUNCHER, "sandpod-launch", *cgroup_procs, "--",
-            unshare, "--mount", "--pid", "--ipc", "--uts", "--net", "--cgroup", "--fork",
+            unshare, *user, "--mount", "--pid", "--ipc", "--uts", "--net", "--cgroup", "--fork",
             "--kill-child", "--propagation", "private", "--",
             sh, "-c", HOLDER, "sandpod-holder",
             str(self.base), str(self.upper), str(self.work), str(self.root),
             str(self.workspace), self.sandbox_id, str(self.tmp_bytes), str(self.uid),
-            str(self.gid), *(str(m) for m in self.masks),
+            str(self.gid), "1" if self.rootless else "0", *(str(m) for m in self.masks),
         ]  # fmt: skip
 
 
@@ -151,8 +203,10 @@ async def launch(
     cgroup_procs: Sequence[str],
     path_env: str,
     timeout: float,
-) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the holder; return (the launcher process, the holder's host pid) once it is ready.
+) -> tuple[subprocess.Popen[bytes], int, list[str]]:
+    """Start the holder; return (the launcher process, the holder's host pid, the base's
+    top-level directories left empty) once it is ready. Only a rootless holder leaves any: one
+    with mounts below it cannot be layered without privileges.
 
     The launcher (it becomes ``unshare``) is our child: the caller keeps the Popen to reap it
     after destroy. It runs in its own session, so a signal to our process group never reaches
@@ -169,9 +223,11 @@ async def launch(
         line = b""
     finally:
         os.close(ready_r)
-    words = line.split()
-    if len(words) == 2 and words[0] == b"ready" and words[1].isdigit():
-        return popen, int(words[1])
+    if not line:  # EOF: the holder failed; give the launcher a moment to exit and say so
+        await wait_exit(popen, 2.0)
+    words = line.decode(errors="replace").split()
+    if len(words) >= 2 and words[0] == "ready" and words[1].isdigit():
+        return popen, int(words[1]), words[2:]
     reason = "timed out" if popen.poll() is None else f"exited with {popen.returncode}"
     with contextlib.suppress(OSError):
         os.killpg(popen.pid, 9)  # the caller kills the cgroups too; this one we must reap

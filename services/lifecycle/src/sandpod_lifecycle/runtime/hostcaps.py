@@ -1,9 +1,12 @@
 """Detect what this host allows the local runtime to do, once, from /proc and the mount table.
 
-The local runtime needs root, the mount/pid/ipc/uts/net/cgroup namespaces, overlayfs and the
-util-linux and iproute2 tools; without any of them it refuses to run (``problems``) rather than
-run sandboxes unisolated. cgroup controllers are optional: a missing one degrades that
-protection on every instance (``notes``), and ``InstanceStatus.protections`` says so.
+The local runtime needs the mount/pid/ipc/uts/net/cgroup namespaces, overlayfs and the
+util-linux and iproute2 tools, and either root or (*rootless*) unprivileged user namespaces;
+without any of them it refuses to run (``problems``) rather than run sandboxes unisolated.
+cgroup controllers are optional: a missing one degrades that protection on every instance
+(``notes``), and ``InstanceStatus.protections`` says so. Rootless, only cgroups delegated to
+this user count (see ``cgroups.CgroupPlan.choose``); supplementary groups the user cannot drop
+in a user namespace are a note too.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ __all__ = ["TOOLS", "detect", "parse_cgroup_mounts"]
 NAMESPACES = ("mnt", "pid", "ipc", "uts", "net", "cgroup")
 # Run on the host while the jail is built (sleep runs from the base, see holder.py).
 TOOLS = ("sh", "unshare", "nsenter", "mount", "umount", "pivot_root", "ip", "grep")
+ROOTLESS_TOOLS = ("hostname",)  # /proc/sys/kernel/hostname is not ours to write in a userns
 CONTROLLERS = ("memory", "cpu", "pids")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -77,12 +81,21 @@ def detect() -> HostCapabilities:
     overlay = any(line.split()[-1] == "overlay" for line in _read("/proc/filesystems").splitlines())
     v1, v2 = parse_cgroup_mounts(_read("/proc/self/mountinfo"))
     v2_controllers = frozenset(_read(f"{v2}/cgroup.controllers").split()) if v2 else frozenset()
-    tools = {name: shutil.which(name, path=PATH) for name in TOOLS}
+    needed = TOOLS if root else (*TOOLS, *ROOTLESS_TOOLS)
+    tools = {name: shutil.which(name, path=PATH) for name in needed}
 
     problems: list[str] = []
-    if not root:
+    notes: list[str] = []
+    if not root and not ("user" in namespaces and userns):
         problems.append(
-            "the local runtime needs root (rootless mode with user namespaces is not implemented)"
+            "the local runtime needs root or unprivileged user namespaces "
+            "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone = 1)"
+        )
+    extra_groups = sorted(set(os.getgroups()) - {os.getegid()})
+    if not root and extra_groups:
+        notes.append(
+            f"rootless: sandboxes keep this user's supplementary groups {extra_groups} "
+            "(a user namespace cannot drop them): run sandpod as a user without any"
         )
     missing_ns = [n for n in NAMESPACES if n not in namespaces]
     if missing_ns:
@@ -96,9 +109,9 @@ def detect() -> HostCapabilities:
         problems.append("nsenter has no --wdns: execd needs util-linux >= 2.38")
 
     freezer = "v1" if "freezer" in v1 else "v2" if v2 is not None else None
-    if freezer is None:
+    if freezer is None and root:
         problems.append("no cgroup freezer: neither a v1 freezer hierarchy nor cgroup v2")
-    notes = [
+    notes += [
         f"no {c} cgroup controller: {c} is not limited"
         for c in CONTROLLERS
         if c not in v1 and c not in v2_controllers

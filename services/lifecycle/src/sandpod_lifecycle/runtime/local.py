@@ -37,8 +37,9 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,7 +59,7 @@ from sandpod_lifecycle.runtime.base import (
     RuntimeTimeout,
     RuntimeUnavailable,
 )
-from sandpod_lifecycle.runtime.cgroups import CgroupPlan, SandboxCgroups
+from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCgroups
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, wait_exit
 from sandpod_service.procs import cgroup_join_file
 
@@ -227,7 +228,9 @@ class LocalRuntime:
                            ("workspace", 0o755)):  # fmt: skip
             (d / name).mkdir()
             (d / name).chmod(mode)  # upper's mode is the sandbox's "/": never 0700
-        os.chown(d / "workspace", uid, gid)
+        rootless = not caps.root
+        if not rootless:  # rootless, our own uid is the sandbox's uid inside: nothing to chown
+            os.chown(d / "workspace", uid, gid)
         cg = plan.for_sandbox(sid)
         record: dict[str, Any] = {
             "version": JAIL_VERSION, "sandbox_id": sid, "phase": "creating",
@@ -235,7 +238,7 @@ class LocalRuntime:
             "join": cg.joined, "track": cg.core, "cgroups": cg.to_json(),
             "workspace": {"inside": WORKSPACE, "outside": str(d / "workspace")},
             "upper": str(d / "upper"), "rootfs": str(base), "env": dict(spec.env),
-            "protections": {}, "notes": [],
+            "userns": rootless, "protections": {}, "notes": [],
         }  # fmt: skip
         _write_json(d / JAIL_FILE, record)
         protections = cg.create(spec.resources)
@@ -244,19 +247,27 @@ class LocalRuntime:
             workspace=d / "workspace", tmp_bytes=spec.resources.tmp_bytes or
             spec.resources.memory_bytes, uid=uid, gid=gid,
             masks=(self.config.state_dir, *self.config.mask_paths), log=d / "holder.log",
+            rootless=rootless,
         )  # fmt: skip
         procs = [cgroup_join_file(c) for c in cg.dirs]
-        popen, holder = await launch(
+        popen, holder, skipped = await launch(
             layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
         )
         self._launchers[sid] = popen
-        notes = []
+        notes = list(caps.notes) if rootless else []
+        if skipped:
+            notes.append(f"rootless: these directories of the base have mounts below them and "
+                         f"are empty in the sandbox: {' '.join(skipped)}")  # fmt: skip
         if spec.egress:
             notes.append("egress requested but not supported by the local runtime yet: "
                          "the sandbox has loopback only")  # fmt: skip
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
         protections.update(network=ACTIVE, rootfs=ACTIVE, unprivileged_user=ACTIVE,
                            no_new_privs=ACTIVE)  # fmt: skip
+        if rootless:
+            protections["user_namespace"] = ACTIVE
+            notes.append(f"rootless: uid {uid} inside is the unprivileged host uid "
+                         f"{os.geteuid()}, shared by every sandbox of this user")  # fmt: skip
         record.update(phase="running", holder_pid=holder, holder_start=_start_time(holder),
                       protections=protections, notes=notes)  # fmt: skip
         _write_json(d / JAIL_FILE, record)
@@ -308,6 +319,11 @@ class LocalRuntime:
             data = _read_json(self._dir(sandbox_id) / JAIL_FILE)
             assert data is not None
             cg = SandboxCgroups.from_json(data["cgroups"])
+            if cg.core is None:
+                raise RuntimeUnavailable(
+                    f"cannot pause sandbox {sandbox_id!r}: {UNDELEGATED % 'freezer'}",
+                    problems=[UNDELEGATED % "freezer"],
+                )
             cg.set_frozen(frozen)
             if not await cg.wait_frozen(frozen, self.config.pause_timeout):
                 raise RuntimeTimeout(
@@ -332,18 +348,70 @@ class LocalRuntime:
             if popen is not None:
                 popen.poll()
 
+        if data is not None and (cg is None or cg.core is None):
+            # No cgroup tracks the sandbox (rootless without delegation): its pid namespace
+            # does. Killing the namespace's init (the holder) kills every process in it.
+            await _kill_holder(data, self.config.destroy_timeout, reap)
         if cg is not None:
             await cg.teardown(self.config.destroy_timeout, reap)
         # The launcher is dead or dying now: reap it, so no zombie of ours outlives destroy.
         if popen is not None and await wait_exit(popen, self.config.destroy_timeout):
             del self._launchers[sandbox_id]
         if (d / JAIL_FILE).exists():  # never remove a directory that is not ours
-            errors: list[str] = []
-            await asyncio.to_thread(
-                shutil.rmtree, d, onerror=lambda _f, path, exc: errors.append(f"{path}: {exc[1]}")
-            )
+            errors = await asyncio.to_thread(_remove_tree, d)
             if errors:
                 raise DestroyFailed(f"cannot remove {d}: {errors[:3]}", path=str(d))
+
+
+async def _kill_holder(data: dict[str, Any], timeout: float, reap: Callable[[], None]) -> None:
+    """SIGKILL the holder named in a jail file (if it is still that process) and wait until it
+    is gone; the kernel then kills the rest of its pid namespace before the holder is reaped.
+
+    Raises:
+        DestroyFailed: it is still there after ``timeout`` seconds.
+    """
+    pid, start = data.get("holder_pid"), data.get("holder_start")
+    if not isinstance(pid, int) or start is None:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone
+    try:
+        if _start_time(pid) != start:
+            return  # the pid was recycled: not ours
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while _start_time(pid) == start:  # a zombie of our launcher's: reap() collects it
+            reap()
+            if loop.time() > deadline:
+                raise DestroyFailed(f"sandbox holder {pid} would not die", pids=[pid])
+            await asyncio.sleep(0.005)
+    finally:
+        os.close(fd)
+
+
+def _remove_tree(d: Path) -> list[str]:
+    """rm -r ``d``; return what could not be removed. overlayfs leaves a mode-0 ``work``
+    directory in each workdir: as root that does not matter, rootless it is ours to chmod."""
+    errors: list[str] = []
+
+    def retry(_func: Callable[..., Any], path: str, exc: Any) -> None:
+        parent = os.path.dirname(path)
+        try:
+            os.chmod(parent, 0o700)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.chmod(path, 0o700)
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        except OSError as again:
+            errors.append(f"{path}: {again}")
+
+    shutil.rmtree(d, onerror=retry)
+    return errors
 
 
 def _start_time(pid: int) -> int | None:

@@ -20,6 +20,9 @@ this module maps the reconciler's verbs onto it:
                 delete it once the Sandbox is gone -- but only where kube-controller-manager
                 runs, and the reconciler must not depend on when that happens.
     list     -> sandbox ids of this installation's Pods (orphan cleanup after a crash).
+    renew_credentials -> with per-sandbox NATS creds (a ``CredsPolicy``): re-mint the sandbox's
+                JWT into its Secret when it gets old or the sandbox's lifetime grew
+                (``podcreds`` says when); called by the reconciler on each pass over a live one.
     pause    -> a Pod cannot be frozen through the API, but execd is the parent of every command
                 it starts: ``sys.freeze`` (execd stops its commands' trees; see
                 ``sandpod_execd.freezer``), ``sys.thaw`` on resume. ``inspect`` asks execd
@@ -27,12 +30,22 @@ this module maps the reconciler's verbs onto it:
 
 Instance ids are Sandbox names (unique across namespaces); the Pod lives in its Sandbox's
 namespace (an ownerReference cannot cross namespaces) under the same name.
+
+NATS credentials: with a ``CredsPolicy`` (the account seed configured) ``ensure`` first writes the
+Sandbox's own creds Secret (``<name>-nats-creds``, owned by the Sandbox) and the Pod mounts it for
+execd; ``destroy`` deletes it with the Pod. The Secrets are written, never read (RBAC cannot limit
+reads to ours): what was minted is remembered here; after a restart the next pass re-mints once.
+A Secret whose namespace is unknown here (lifecycle restarted and the Pod is already gone) is left
+to the garbage collector, through its ownerReference. Without a policy every Pod gets the shared
+URL Secret, and ``protections()`` reports ``nats-credentials`` as shared, so the Sandbox's
+``Isolated`` condition says Degraded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import time
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -47,11 +60,15 @@ from sandpod_kube.podspec import (
     SANDBOX_LABEL,
     PodSettings,
     SandboxPod,
+    creds_secret_manifest,
+    creds_secret_name,
     egress_policy,
     pod_manifest,
 )
 from sandpod_lifecycle.driver import Instance, Owner
+from sandpod_lifecycle.objects import parse_time
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
+from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
 __all__ = ["PodDriver"]
 
@@ -76,13 +93,17 @@ class PodDriver:
         ready_timeout: float,
         namespace: str | None = None,
         freezer: Freezer | None = None,
+        creds: CredsPolicy | None = None,
     ) -> None:
         """``installation``: the subject prefix (labels this installation's Pods);
         ``namespace``: where Pods are listed (None: all namespaces); ``freezer``: sends
         ``sys.freeze``/``sys.thaw``/``sys.freezer`` to a sandbox's execd (None: pause is
-        unsupported and logged)."""
+        unsupported and logged); ``creds``: per-sandbox NATS credentials (None: every Pod
+        shares the URL Secret's)."""
         self._api = api
         self._freezer = freezer
+        self._creds = creds
+        self._issued: dict[str, tuple[str, int]] = {}  # sandbox -> (namespace, JWT exp)
         self._settings = settings
         self._installation = installation
         self._ready_timeout = ready_timeout
@@ -93,13 +114,22 @@ class PodDriver:
                 hint="set SANDPOD_POD_NATS_NAMESPACE or SANDPOD_POD_NATS_CIDRS; until then the "
                 "installation's own NetworkPolicy must allow sandbox Pods to reach NATS",
             )
+        if creds is None:
+            log.warning(
+                "nats_credentials_shared",
+                hint="every sandbox Pod connects with the one URL Secret: code in a sandbox can "
+                "reach other sandboxes and the control plane. Set SANDPOD_NATS_ACCOUNT_SEED_FILE "
+                "(NATS in operator mode) for per-sandbox credentials",
+            )
 
     def protections(self) -> dict[str, str]:
         # Pause is not an isolation property: its absence is logged by pause(), not here.
         return {
             "pod-security": "active",  # non-root, no escalation, no capabilities, seccomp
             "network-policy": "active",  # enforced by the cluster's CNI, if it enforces any
-        }
+            "nats-credentials": "active" if self._creds else (
+                "shared by every sandbox Pod (set SANDPOD_NATS_ACCOUNT_SEED_FILE)"),
+        }  # fmt: skip
 
     def _selector(self, sandbox_id: str | None = None) -> str:
         mine = f"{INSTALLATION_LABEL}={self._installation}"
@@ -132,6 +162,7 @@ class PodDriver:
             cpu=template.resources.cpu, memory=template.resources.memory,
             disk=template.resources.disk,
             env={e.name: e.value for e in (*template.env, *spec.env)},
+            creds_secret=creds_secret_name(sandbox_id) if self._creds else None,
         )  # fmt: skip
         try:
             pods = await self._pods(sandbox_id)
@@ -145,6 +176,8 @@ class PodDriver:
                     f"the Pod {owner.namespace}/{sandbox_id} was deleted while the sandbox ran",
                     reason=ConditionReason.POD_DELETED, terminal=True,
                 )  # fmt: skip
+            if self._creds_due(sandbox_id, spec):  # a second pass keeps what the Pod mounted
+                await self._write_creds(pod, spec)
             if not live:
                 await self._apply_policy(pod, template)
                 for stale in pods:
@@ -182,6 +215,39 @@ class PodDriver:
                       f"{self._settings.start_deadline}s)"  # fmt: skip
             raise _unhealthy(PodProblem(problem.reason, message), terminal=True)
         raise _unhealthy(problem, terminal=problem.terminal)
+
+    async def _write_creds(self, pod: SandboxPod, spec: SandboxSpec) -> None:
+        """Mint the sandbox's JWT into its Secret (create or replace). Raises StoreError."""
+        if self._creds is None:
+            return
+        now = time.time()
+        shutdown = parse_time(spec.shutdown_time).timestamp() if spec.shutdown_time else None
+        minted = self._creds.mint(pod.name, shutdown, now)
+        await self._api.apply_secret(creds_secret_manifest(pod, minted.creds, minted.expires))
+        self._issued[pod.name] = (pod.namespace, minted.expires)
+        log.info("nats_creds_written", sandbox=pod.name, expires=minted.expires)
+
+    def _creds_due(self, sandbox_id: str, spec: SandboxSpec) -> bool:
+        """Whether the sandbox's creds must be (re-)minted: never issued by this replica, or
+        stale (see ``podcreds``)."""
+        if self._creds is None:
+            return False
+        issued = self._issued.get(sandbox_id)
+        shutdown = parse_time(spec.shutdown_time).timestamp() if spec.shutdown_time else None
+        return issued is None or self._creds.stale(issued[1], shutdown, time.time())
+
+    async def renew_credentials(self, sandbox_id: str, spec: SandboxSpec, owner: Owner) -> None:
+        """Re-mint the sandbox's creds if they are stale (see ``podcreds``). Raises
+        RuntimeFailure when the API server refused the write (the next pass tries again)."""
+        if not self._creds_due(sandbox_id, spec):
+            return
+        pod = SandboxPod(name=sandbox_id, namespace=owner.namespace, owner_uid=owner.uid,
+                         template=spec.template_ref or DEFAULT_TEMPLATE,
+                         installation=self._installation)  # fmt: skip
+        try:
+            await self._write_creds(pod, spec)
+        except StoreError as exc:
+            raise RuntimeFailure(f"NATS creds of {sandbox_id}: {exc}") from exc
 
     async def _apply_policy(self, pod: SandboxPod, template: SandboxTemplateSpec) -> None:
         manifest, unenforceable = egress_policy(
@@ -237,9 +303,20 @@ class PodDriver:
             raise RuntimeFailure(f"thaw {sandbox_id}: {exc.message}") from exc
 
     async def destroy(self, sandbox_id: str) -> None:
+        namespaces = set()
         for pod in await self._pods(sandbox_id):
             await self._api.delete(pod.namespace, pod.name, self._settings.grace_seconds)
+            namespaces.add(pod.namespace)
             log.info("pod_deleted", sandbox=sandbox_id, namespace=pod.namespace)
+        if self._creds is None:
+            return
+        issued = self._issued.pop(sandbox_id, None)
+        namespaces |= {issued[0]} if issued else set()
+        if not namespaces and self._namespace:
+            namespaces.add(self._namespace)
+        for namespace in namespaces:  # none known: the ownerReference's garbage collection
+            await self._api.delete_secret(namespace, creds_secret_name(sandbox_id))
+            log.info("nats_creds_deleted", sandbox=sandbox_id, namespace=namespace)
 
     async def list(self) -> list[str]:
         pods = await self._api.list(self._selector(), self._namespace)

@@ -1,0 +1,265 @@
+"""NATS decentralized auth: nkeys, JWTs and creds files, so each sandbox gets its own credential.
+
+Why it exists: a sandbox Pod's execd (and so any code in that Pod) must reach only its own
+subjects (DESIGN.md, security model). NATS "operator mode" does that without a server reload per
+sandbox: the server trusts one operator key; the operator signs an account; the account's key
+signs as many user JWTs as we like, each carrying its own publish/subscribe permissions and
+expiry, and the server checks the chain on every connect.
+
+    operator nkey --signs--> account JWT (app: JetStream on)   --preloaded into--> nats-server
+                  --signs--> account JWT (system)              --preloaded into--> nats-server
+    account nkey  --signs--> user JWT (one per sandbox / service) --in a creds file--> a client
+
+No maintained Python library writes NATS JWTs, so the tiny encoding is here: header
+``{"typ":"JWT","alg":"ed25519-nkey"}``, claims as in nats-io/jwt v2 (``jti``, ``iat``, ``iss``,
+``sub``, ``name``, ``exp``, ``nats{...}``), signature = the issuer's nkey signature of
+``b64url(header).b64url(claims)``, all base64url without padding. Keys come from the official
+``nkeys`` package (nats-py's own extra). This module is pure: no I/O, no clock of its own (callers
+pass ``now``). execd never imports it: execd only *uses* a creds file (``BusSettings.creds``).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import nkeys
+from nacl.exceptions import BadSignatureError
+from nacl.signing import VerifyKey
+
+from sandpod_contract.errors import BadRequest
+
+__all__ = [
+    "INBOX_ALL",
+    "NO_LIMIT",
+    "Account",
+    "KeyPair",
+    "OperatorSetup",
+    "Permissions",
+    "creds_jwt",
+    "decode_jwt",
+    "encode_jwt",
+    "operator_setup",
+    "sandbox_permissions",
+    "server_config",
+    "service_permissions",
+    "user_creds",
+]
+
+INBOX_ALL = "_INBOX.>"
+NO_LIMIT = -1
+_HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
+_PREFIXES = {"operator": nkeys.PREFIX_BYTE_OPERATOR, "account": nkeys.PREFIX_BYTE_ACCOUNT,
+             "user": nkeys.PREFIX_BYTE_USER}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyPair:
+    """An nkey: ``seed`` (``S...``, secret) and ``public`` (``O...``/``A...``/``U...``)."""
+
+    seed: str
+    public: str
+
+    @classmethod
+    def generate(cls, kind: str) -> KeyPair:
+        """A fresh key of ``kind`` (``operator``, ``account`` or ``user``)."""
+        seed = nkeys.encode_seed(os.urandom(32), _PREFIXES[kind]).decode()
+        return cls.from_seed(seed)
+
+    @classmethod
+    def from_seed(cls, seed: str) -> KeyPair:
+        """The key of a seed. Raises BadRequest for anything that is not an nkey seed."""
+        try:
+            kp = nkeys.from_seed(bytearray(seed.strip().encode()))
+            return cls(seed.strip(), kp.public_key.decode())
+        except (nkeys.NkeysError, ValueError, TypeError) as exc:
+            raise BadRequest(f"not an nkey seed ({type(exc).__name__})") from exc
+
+    def sign(self, data: bytes) -> bytes:
+        kp = nkeys.from_seed(bytearray(self.seed.encode()))
+        try:
+            return bytes(kp.sign(data))
+        finally:
+            kp.wipe()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Permissions:
+    """A user's permissions: subjects it may publish to / subscribe to, and reply rights.
+
+    ``resp_max`` > 0 lets the user publish that many replies to the reply subject of each
+    request it received, within ``resp_ttl`` seconds (NATS ``allow_responses``), without any
+    publish permission on ``_INBOX.>``.
+    """
+
+    pub_allow: tuple[str, ...] = ()
+    sub_allow: tuple[str, ...] = ()
+    resp_max: int = 0
+    resp_ttl: float = 0.0
+
+    def claims(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "pub": {"allow": list(self.pub_allow)} if self.pub_allow else {},
+            "sub": {"allow": list(self.sub_allow)} if self.sub_allow else {},
+        }
+        if self.resp_max > 0:
+            out["resp"] = {"max": self.resp_max, "ttl": int(self.resp_ttl * 1e9)}  # Go Duration
+        return out
+
+
+def sandbox_permissions(sandbox_all: str) -> Permissions:
+    """What one sandbox's execd needs, and nothing more.
+
+    ``sandbox_all`` is ``Subjects.sandbox_all(id)`` (``<prefix>.sbx.<id>.>``): execd subscribes
+    to it only. It publishes (a) replies to the requests it got (``resp``: one reply each) and
+    (b) stream frames (exec output, PTY, watch events, file chunks) to the ``deliver`` subject a
+    client named, which is a client inbox (``_INBOX.<random>``): hence publish on ``_INBOX.>``.
+    It never subscribes to inboxes (it makes no requests), never touches ``<prefix>.api.>``,
+    ``<prefix>.events.>``, ``$JS.>``/``$KV.>`` or another sandbox's subjects.
+
+    ``resp`` (ttl 0: the server's default window, 2 minutes) covers replies to requests whose
+    reply subject is not an ``_INBOX.`` one; a client with a custom inbox prefix gets replies
+    within that window only, and no stream frames. Clients using the default ``_INBOX`` prefix
+    (nats-py, the SDK, the gateway) get everything through the ``_INBOX.>`` allow.
+    """
+    return Permissions(pub_allow=(INBOX_ALL,), sub_allow=(sandbox_all,), resp_max=1, resp_ttl=0)
+
+
+def service_permissions(prefix: str) -> Permissions:
+    """The control plane (lifecycle, pool, gateway) and trusted clients: the installation's
+    subjects, inboxes, JetStream (KV, streams, object store) of the app account."""
+    both = (f"{prefix}.>", INBOX_ALL, "$JS.>", "$KV.>", "$O.>")
+    return Permissions(pub_allow=both, sub_allow=both)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def encode_jwt(claims: Mapping[str, Any], issuer: KeyPair) -> str:
+    """Sign ``claims`` (``jti`` is computed, ``iss`` set) with ``issuer``."""
+    body = {**claims, "iss": issuer.public, "jti": ""}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).digest()
+    body["jti"] = base64.b32encode(digest).rstrip(b"=").decode()  # like nats-io/jwt: a hash id
+    signing_input = f"{_b64(json.dumps(_HEADER).encode())}.{_b64(json.dumps(body).encode())}"
+    return f"{signing_input}.{_b64(issuer.sign(signing_input.encode()))}"
+
+
+def decode_jwt(token: str) -> dict[str, Any]:
+    """The claims of a JWT, its signature checked against its ``iss``. Raises BadRequest."""
+    try:
+        head, body, sig = token.strip().split(".")
+        claims: dict[str, Any] = json.loads(_unb64(body))
+        raw = base64.b32decode(claims["iss"] + "=" * (-len(claims["iss"]) % 8))
+        VerifyKey(raw[1:-2]).verify(f"{head}.{body}".encode(), _unb64(sig))  # prefix, key, crc
+    except (ValueError, KeyError, TypeError, BadSignatureError) as exc:
+        raise BadRequest(f"not a valid NATS JWT ({type(exc).__name__})") from exc
+    return claims
+
+
+def _claims(
+    kind: str, subject: str, name: str, now: int, nats: dict[str, Any], *,
+    expires: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    out: dict[str, Any] = {"iat": now, "sub": subject, "name": name,
+                           "nats": {**nats, "type": kind, "version": 2}}  # fmt: skip
+    if expires is not None:
+        out["exp"] = expires
+    return out
+
+
+def user_creds(
+    account: KeyPair, name: str, permissions: Permissions, *, now: int,
+    expires: int | None = None, user: KeyPair | None = None,
+) -> str:  # fmt: skip
+    """A creds file (the format nats-py's ``user_credentials=`` and the nats CLI read) for a new
+    user (or ``user``) signed by ``account``, expiring at ``expires`` (unix seconds; None: never).
+    """
+    user = user or KeyPair.generate("user")
+    nats = {**permissions.claims(), "subs": NO_LIMIT, "data": NO_LIMIT, "payload": NO_LIMIT}
+    jwt = encode_jwt(_claims("user", user.public, name, now, nats, expires=expires), account)
+    return (
+        f"-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"
+        "************************* IMPORTANT *************************\n"
+        "NKEY Seed printed below can be used to sign and prove identity.\n"
+        "NKEYs are sensitive and should be treated as secrets.\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{user.seed}\n------END USER NKEY SEED------\n\n"
+        "*************************************************************\n"
+    )
+
+
+def creds_jwt(creds: str) -> str:
+    """The user JWT inside a creds file. Raises BadRequest."""
+    lines = creds.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if "BEGIN NATS USER JWT" in line:
+            return lines[i + 1].strip()
+    raise BadRequest("no user JWT in the creds file")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Account:
+    """An account as the server's resolver preloads it: public key and its JWT."""
+
+    key: KeyPair
+    jwt: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OperatorSetup:
+    """Everything a NATS in operator mode is made of (generate once per installation)."""
+
+    operator: KeyPair
+    operator_jwt: str
+    system: Account
+    app: Account
+
+
+def _account(operator: KeyPair, name: str, now: int, *, jetstream: bool) -> Account:
+    key = KeyPair.generate("account")
+    limits = {"subs": NO_LIMIT, "data": NO_LIMIT, "payload": NO_LIMIT, "imports": NO_LIMIT,
+              "exports": NO_LIMIT, "wildcards": True, "conn": NO_LIMIT,
+              "leaf": NO_LIMIT}  # fmt: skip
+    if jetstream:  # unlimited storage: JetStream on for this account
+        limits |= {"mem_storage": NO_LIMIT, "disk_storage": NO_LIMIT, "streams": NO_LIMIT,
+                   "consumer": NO_LIMIT}  # fmt: skip
+    nats = {"limits": limits, "default_permissions": {"pub": {}, "sub": {}}}
+    return Account(key, encode_jwt(_claims("account", key.public, name, now, nats), operator))
+
+
+def operator_setup(now: int, name: str = "sandpod") -> OperatorSetup:
+    """A new operator, its system account and the app account (JetStream enabled)."""
+    operator = KeyPair.generate("operator")
+    system = _account(operator, "SYS", now, jetstream=False)
+    app = _account(operator, name, now, jetstream=True)
+    nats = {"system_account": system.key.public}
+    jwt = encode_jwt(_claims("operator", operator.public, name, now, nats), operator)
+    return OperatorSetup(operator, jwt, system, app)
+
+
+def server_config(setup: OperatorSetup, *, extra: Sequence[str] = ()) -> str:
+    """The nats-server config block for operator mode with the memory resolver.
+
+    ``extra`` lines (``port: 4222``, ``jetstream { store_dir: ... }``) are appended verbatim.
+    Users are never listed here: the server checks each user JWT's chain at connect.
+    """
+    lines = [
+        f"operator: {setup.operator_jwt}",
+        f"system_account: {setup.system.key.public}",
+        "resolver: MEMORY",
+        "resolver_preload: {",
+        f"  {setup.system.key.public}: {setup.system.jwt}",
+        f"  {setup.app.key.public}: {setup.app.jwt}",
+        "}",
+        *extra,
+    ]
+    return "\n".join(lines) + "\n"
