@@ -342,10 +342,12 @@ class Reconciler:
         """Give up: destroy the instance, ``Failed`` with the runtime's reason (kept until the
         Sandbox is deleted or its lifetime ends)."""
         log.warning("instance_failed", sandbox=view.name, reason=reason, error=message)
-        await self.driver.destroy(view.name)
-        self._failures.pop(view.key, None)
+        # Recorded first: if the write conflicts, the next pass finds the instance (and its
+        # reason) again -- destroying first would let that pass make a fresh one.
         await self._set(view, Phase.FAILED, "failed", Condition("Failed", "True", reason, message),
                         extra=(Condition("Ready", "False", reason, message),))  # fmt: skip
+        await self.driver.destroy(view.name)
+        self._failures.pop(view.key, None)
         return Outcome.DONE
 
     async def _create_failed(
