@@ -16,6 +16,15 @@ follows every delete without grace handling here. ``hold()`` keeps new Pods un-R
 ``release()``, so a test can see a Sandbox Pending while its Pod exists; ``sync_secret_volumes``
 re-reads a Pod's Secrets into its files (a real kubelet's periodic sync); ``run_execd = False``
 marks Pods Ready without starting execd (a container that runs but whose execd never answers).
+
+Failures, as a real kubelet/scheduler writes them into ``pods/status``: ``fault`` (one of
+:data:`FAULTS`) is applied to every new Pod instead of starting it -- ``unschedulable`` (what
+the scheduler writes: PodScheduled=False, Unschedulable, "0/3 nodes are available..."),
+``image_pull`` (ImagePullBackOff with the image), ``crash_loop`` (CrashLoopBackOff, last
+exit code 1), ``exit`` (the container terminated with exit code 3: phase Failed, as with
+``restartPolicy: Never``). :meth:`oom_kill` kills a running Pod's execd and reports it
+OOMKilled (exit code 137, phase Failed). ``uids`` records every Pod uid seen per name, so a
+test can tell one long-waited Pod from a create/delete storm.
 The image's filesystem
 does not exist here: the Pod's ``/workspace`` and ``/tmp`` emptyDirs become directories under the
 kubelet's state dir.
@@ -39,7 +48,11 @@ from kubernetes import client
 from sandpod_contract.errors import ResourceExpired
 from sandpod_kube import KubeSettings, PodApi
 
-__all__ = ["FakeKubelet"]
+__all__ = ["FAULTS", "FakeKubelet"]
+
+FAULTS = ("unschedulable", "image_pull", "crash_loop", "exit")
+SCHEDULER_MESSAGE = "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are " \
+    "available: 3 No preemption victims found for incoming pod."  # fmt: skip
 
 
 def _remap(value: str, mounts: Mapping[str, Path]) -> str:
@@ -65,6 +78,9 @@ class FakeKubelet:
         self.stopped: list[str] = []
         self.seen: dict[str, dict[str, Any]] = {}  # pod name -> the Pod as last seen
         self.run_execd = True
+        self.fault: str | None = None  # one of FAULTS: what happens to new Pods
+        self.execd_env: dict[str, str] = {}  # extra env of every execd started from now on
+        self.uids: dict[str, list[str]] = {}  # pod name -> every uid seen, in order
         self.error: Exception | None = None
         self._released = asyncio.Event()
         self._released.set()
@@ -132,9 +148,24 @@ class FakeKubelet:
                     await self._notify()
                     continue
                 self.seen[name] = raw
+                uids = self.uids.setdefault(name, [])
+                if raw["metadata"]["uid"] not in uids:
+                    uids.append(raw["metadata"]["uid"])
                 await self._notify()
                 status = raw.get("status") or {}
-                if name not in self.execds and status.get("phase", "Pending") == "Pending":
+                if (
+                    self.fault is not None
+                    and not status.get("containerStatuses")
+                    and (status.get("phase", "Pending") == "Pending")
+                    and not status.get("conditions")
+                ):
+                    await self._fail(raw, self.fault)
+                    continue
+                if (
+                    name not in self.execds
+                    and status.get("phase", "Pending") == "Pending"
+                    and (not status.get("conditions"))
+                ):
                     # (a re-created Pod of the same name is Pending again: started afresh)
                     await self._released.wait()
                     await self._start(raw)
@@ -201,6 +232,7 @@ class FakeKubelet:
             **{k: _remap(v, mounts) for k, v in (await self._env(container)).items()},
             "SANDPOD_WORKSPACE": str(root / "workspace"),  # the Pod's emptyDirs, here
             "SANDPOD_STATE_DIR": str(root / "tmp"),
+            **self.execd_env,
         }
         with (root / "execd.log").open("ab") as log:
             # The bundle runs `python3 -m sandpod_execd`: here, the same module from this checkout.
@@ -228,6 +260,83 @@ class FakeKubelet:
             }],
         }  # fmt: skip
         await self.api.replace_status(self.namespace, raw["metadata"]["name"], raw)
+
+    async def _fail(self, raw: dict[str, Any], fault: str) -> None:
+        """Write what a scheduler/kubelet writes when the Pod cannot start."""
+        now = _now()
+        container = raw["spec"]["containers"][0]
+        cs: dict[str, Any] = {
+            "name": container["name"],
+            "image": container["image"],
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "started": False,
+        }
+        status: dict[str, Any] = {"phase": "Pending", "startTime": now, "hostIP": "127.0.0.1"}
+        scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}
+        if fault == "unschedulable":
+            status = {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": SCHEDULER_MESSAGE, "lastTransitionTime": now}]}  # fmt: skip
+        elif fault == "image_pull":
+            cs["state"] = {
+                "waiting": {
+                    "reason": "ImagePullBackOff",
+                    "message": f'Back-off pulling image "{container["image"]}"',
+                }
+            }
+            status.update(conditions=[scheduled], containerStatuses=[cs])
+        elif fault == "crash_loop":
+            cs.update(restartCount=5, state={"waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": "back-off 2m40s restarting failed container"}},
+                lastState={"terminated": {"exitCode": 1, "reason": "Error",
+                                          "startedAt": now, "finishedAt": now}})  # fmt: skip
+            status.update(conditions=[scheduled], containerStatuses=[cs])
+        elif fault == "exit":
+            cs["state"] = {
+                "terminated": {
+                    "exitCode": 3,
+                    "reason": "Error",
+                    "startedAt": now,
+                    "finishedAt": now,
+                }
+            }
+            status.update(phase="Failed", conditions=[scheduled], containerStatuses=[cs])
+        else:
+            raise ValueError(f"unknown fault {fault!r}: one of {FAULTS}")
+        raw["status"] = status
+        await self.api.replace_status(self.namespace, raw["metadata"]["name"], raw)
+
+    async def oom_kill(self, name: str) -> None:
+        """The kernel OOM-kills the running Pod's container: execd dies, the Pod fails."""
+        proc = self.execds.get(name)
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        now = _now()
+        raw = await asyncio.to_thread(self._read_pod, name)
+        container = raw["spec"]["containers"][0]
+        raw["status"]["phase"] = "Failed"
+        raw["status"]["conditions"] = [
+            {"type": t, "status": "False" if t in ("Ready", "ContainersReady") else "True",
+             "lastTransitionTime": now}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ]  # fmt: skip
+        raw["status"]["containerStatuses"] = [{
+            "name": container["name"], "image": container["image"], "imageID": "",
+            "ready": False, "restartCount": 0, "started": False,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                     "startedAt": now, "finishedAt": now}},
+        }]  # fmt: skip
+        await self.api.replace_status(self.namespace, name, raw)
+
+    def _read_pod(self, name: str) -> dict[str, Any]:
+        with self.settings.api_client() as api_client:
+            pod = client.CoreV1Api(api_client).read_namespaced_pod(name, self.namespace)
+            result: dict[str, Any] = api_client.sanitize_for_serialization(pod)
+            return result
 
     async def _stop(self, name: str) -> None:
         proc = self.execds.pop(name, None)

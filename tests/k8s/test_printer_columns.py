@@ -64,11 +64,12 @@ async def test_the_api_servers_table_for_sandboxes_has_the_printer_columns_with_
     table = await asyncio.to_thread(get_table, kube_apiserver, path)
     assert table["kind"] == "Table"
     columns = [(c["name"], c["priority"]) for c in table["columnDefinitions"]]
-    assert columns == [("Name", 0), ("Phase", 0), ("Ready", 0), ("Template", 0),
+    assert columns == [("Name", 0), ("Phase", 0), ("Ready", 0), ("Reason", 0), ("Template", 0),
                        ("Expires", 0), ("Last-Activity", 1), ("Age", 0)]  # fmt: skip
     (row,) = table["rows"]
-    name, phase, ready, template, expires, last_activity, age = row["cells"]
-    assert (name, phase, ready, template) == ("sbx-table", "Running", "True", "python")
+    name, phase, ready, reason, template, expires, last_activity, age = row["cells"]
+    assert (name, phase, ready, reason, template) == (
+        "sbx-table", "Running", "True", "ExecdReady", "python")  # fmt: skip
     assert expires and last_activity and age  # dates: rendered as ages by the server
     assert row["object"]["metadata"]["name"] == "sbx-table"  # PartialObjectMetadata
 
@@ -91,6 +92,6 @@ async def test_kubectl_get_sandboxes_prints_the_columns(
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     header, row = out.stdout.splitlines()
-    assert header.split() == ["NAME", "PHASE", "READY", "TEMPLATE", "EXPIRES", "LAST-ACTIVITY",
-                              "AGE"]  # fmt: skip
-    assert row.split()[:4] == ["sbx-kubectl", "Running", "True", "python"]
+    assert header.split() == ["NAME", "PHASE", "READY", "REASON", "TEMPLATE", "EXPIRES",
+                              "LAST-ACTIVITY", "AGE"]  # fmt: skip
+    assert row.split()[:5] == ["sbx-kubectl", "Running", "True", "ExecdReady", "python"]

@@ -13,6 +13,7 @@ import pytest
 from sandpod_contract.resources import SandboxSpec, SandboxStatus, SandboxTemplateSpec
 from sandpod_lifecycle.driver import Instance
 from sandpod_lifecycle.reconciler import Outcome, Reconciler
+from sandpod_lifecycle.runtime.base import InstanceUnhealthy
 from sandpod_store import MemoryStore, ObjectMeta, Resource
 
 
@@ -241,3 +242,93 @@ async def test_a_create_that_outlives_the_lease_leaves_the_instance_alone() -> N
     assert driver.calls == ["ensure s1"]
     obj = await store.get("Sandbox", "default", "s1")
     assert "conditions" not in obj.status
+
+
+class UnhealthyDriver(FakeDriver):
+    """ensure() raises what a runtime raises for an instance that does not serve."""
+
+    def __init__(self, reason: str, terminal: bool) -> None:
+        super().__init__()
+        self.reason, self.terminal = reason, terminal
+        self.started: list[bool] = []
+
+    async def ensure(
+        self, sid: str, spec: SandboxSpec, template: SandboxTemplateSpec, owner: object = None
+    ) -> Instance:
+        self.calls.append(f"ensure {sid}")
+        self.started.append(bool(getattr(owner, "started", False)))
+        self.instances.setdefault(sid, Instance(sid, running=False, paused=False))
+        raise InstanceUnhealthy(f"{self.reason} says the Pod", reason=self.reason,
+                                terminal=self.terminal)  # fmt: skip
+
+
+def _conditions(obj: Resource) -> dict[str, dict[str, object]]:
+    return {c["type"]: c for c in obj.status["conditions"]}
+
+
+async def test_a_transient_problem_keeps_the_instance_and_writes_its_reason_once() -> None:
+    """A transient InstanceUnhealthy: Pending, Ready=False with the reason and message, the
+    instance kept (no destroy, no re-create) and the status written once however often the
+    same problem is seen."""
+    store, driver, events = MemoryStore(), UnhealthyDriver("Unschedulable", False), Events()
+    rec = _reconciler(store, driver, events)
+    await _sandbox(store)
+    assert await rec.reconcile("s1") is Outcome.RETRY
+    obj = await store.get("Sandbox", "default", "s1")
+    ready = _conditions(obj)["Ready"]
+    assert obj.status["phase"] == "Pending"
+    assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
+    assert ready["message"] == "Unschedulable says the Pod"
+    rec._failures.clear()  # the recheck delay, skipped
+    assert await rec.reconcile("s1") is Outcome.RETRY
+    again = await store.get("Sandbox", "default", "s1")
+    assert again.metadata.resource_version == obj.metadata.resource_version  # no churn
+    assert not any(c.startswith("destroy") for c in driver.calls)
+    assert driver.calls == ["ensure s1", "ensure s1"] and driver.started == [False, False]
+
+
+async def test_a_terminal_problem_fails_the_sandbox_with_its_reason_and_stays_failed() -> None:
+    """A terminal InstanceUnhealthy: the instance is destroyed, the Sandbox Failed with the
+    runtime's reason (Failed and Ready), a failed event; later passes change nothing."""
+    store, driver, events = MemoryStore(), UnhealthyDriver("OOMKilled", True), Events()
+    rec = _reconciler(store, driver, events)
+    await _sandbox(store)
+    assert await rec.reconcile("s1") is Outcome.DONE
+    obj = await store.get("Sandbox", "default", "s1")
+    assert obj.status["phase"] == "Failed" and events.types == ["failed"]
+    conditions = _conditions(obj)
+    assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "OOMKilled")
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "OOMKilled")
+    assert driver.calls == ["ensure s1", "destroy s1"]
+    assert await rec.reconcile("s1") is Outcome.DONE
+    assert driver.calls == ["ensure s1", "destroy s1"]
+
+
+async def test_a_running_sandbox_whose_instance_turns_terminal_fails() -> None:
+    """inspect() reporting a terminal problem on a running sandbox's instance fails it; a lost
+    instance is re-ensured with ``Owner.started`` so the runtime can tell lost from new."""
+    store, driver, events = MemoryStore(), FakeDriver(), Events()
+    rec = _reconciler(store, driver, events)
+    await _sandbox(store)
+    await rec.reconcile("s1")
+    driver.instances["s1"] = Instance("s1", running=True, paused=False, detail="CrashLoopBackOff",
+                                      reason="CrashLoop", terminal=True)  # fmt: skip
+    assert await rec.reconcile("s1") is Outcome.DONE
+    obj = await store.get("Sandbox", "default", "s1")
+    assert obj.status["phase"] == "Failed"
+    assert _conditions(obj)["Failed"]["message"] == "CrashLoopBackOff"
+
+
+async def test_a_lost_instance_of_a_running_sandbox_is_ensured_as_started() -> None:
+    """The instance of a Running sandbox vanished: ensure() is told the sandbox had started."""
+    store, driver, events = MemoryStore(), UnhealthyDriver("PodDeleted", True), Events()
+    rec = _reconciler(store, driver, events)
+    await _sandbox(store)
+    await FakeDriver.ensure(driver, "s1", SandboxSpec(), SandboxTemplateSpec())
+    obj = await store.get("Sandbox", "default", "s1")
+    status = {"phase": "Running", "conditions": []}
+    await store.update_status(dataclasses.replace(obj, status=status))
+    driver.instances.clear()
+    assert await rec.reconcile("s1") is Outcome.DONE
+    assert driver.started == [True]
+    assert (await store.get("Sandbox", "default", "s1")).status["phase"] == "Failed"

@@ -27,6 +27,7 @@ from urllib3.exceptions import HTTPError
 from sandpod_contract.errors import ResourceNotFound, StoreError
 from sandpod_kube.config import KubeSettings
 from sandpod_kube.errors import from_api_error
+from sandpod_kube.podhealth import PodProblem, diagnose
 from sandpod_kube.watch import WatchStream
 
 __all__ = ["PodApi", "PodState"]
@@ -48,6 +49,8 @@ class PodState:
     labels: Mapping[str, str]
     owner_uid: str = ""  # uid of the controlling ownerReference
     resource_version: str = ""
+    created: str = ""  # metadata.creationTimestamp (RFC 3339)
+    problem: PodProblem | None = None  # why it is not serving (sandpod_kube.podhealth)
 
     @property
     def terminal(self) -> bool:
@@ -69,6 +72,8 @@ class PodState:
             labels=dict(meta.get("labels") or {}),
             owner_uid=str(owners[0].get("uid", "")) if owners else "",
             resource_version=str(meta.get("resourceVersion") or ""),
+            created=str(meta.get("creationTimestamp") or ""),
+            problem=diagnose(raw),
         )
 
 
@@ -188,22 +193,23 @@ class PodApi:
             await stream.close()
 
     async def wait_ready(self, namespace: str, name: str, timeout: float) -> PodState:
-        """Wait until the Pod is Ready.
+        """Wait until the Pod is Ready, or reports a problem (``PodState.problem``: the caller
+        decides whether to give up or wait again), whichever comes first.
 
         Raises:
-            TimeoutError: not Ready within ``timeout`` seconds.
-            ResourceNotFound: the Pod was deleted, or ended (Succeeded/Failed), meanwhile.
+            TimeoutError: neither within ``timeout`` seconds.
+            ResourceNotFound: the Pod was deleted meanwhile.
         """
         events = self.watch(namespace, f"metadata.name={name}")
         async with asyncio.timeout(timeout), contextlib.aclosing(events):
             async for etype, raw in events:
                 state = PodState.of(raw)
-                if etype == "DELETED" or state.terminal:
+                if etype == "DELETED":
                     raise ResourceNotFound(
-                        f"Pod {namespace}/{name} ended ({state.phase}) before it was Ready",
+                        f"Pod {namespace}/{name} was deleted before it was Ready",
                         kind="Pod", name=name,
                     )  # fmt: skip
-                if state.ready:
+                if state.ready or state.problem is not None or state.terminal:
                     return state
         raise TimeoutError(f"Pod {namespace}/{name}: watch ended")  # pragma: no cover
 

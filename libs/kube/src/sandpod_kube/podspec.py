@@ -85,7 +85,8 @@ class PodSettings:
 
     Each attribute is read from ``SANDPOD_POD_<NAME>`` (``EXECD_IMAGE``, ``DEFAULT_IMAGE``,
     ``NATS_SECRET``, ``NATS_PORT``, ``NATS_NAMESPACE``, ``NATS_POD_LABELS`` as ``k=v,...``,
-    ``NATS_CIDRS`` comma-separated, ``RUN_AS_USER``, ``GRACE`` for grace_seconds, ``BUNDLE_SIZE``).
+    ``NATS_CIDRS`` comma-separated, ``RUN_AS_USER``, ``GRACE`` for grace_seconds, ``BUNDLE_SIZE``,
+    ``START_DEADLINE``).
 
     Attributes:
         execd_image: the ``sandpod-execd`` image (the bundle under ``/sandpod-bundle``).
@@ -98,6 +99,8 @@ class PodSettings:
         run_as_user: uid (and gid) every container runs as.
         grace_seconds: termination grace period of a sandbox Pod.
         bundle_size: size limit of the emptyDir holding the execd bundle.
+        start_deadline: seconds a Pod may stay un-Ready for a transient reason (Unschedulable,
+            image pull, container config) before its Sandbox is Failed with that reason.
     """
 
     execd_image: str = "ghcr.io/sandpod/sandpod-execd:0.1.0"
@@ -112,6 +115,7 @@ class PodSettings:
     run_as_user: int = 1000
     grace_seconds: int = 5
     bundle_size: str = "256Mi"
+    start_deadline: int = 300
 
     @property
     def nats_pinned(self) -> bool:
@@ -155,6 +159,7 @@ class PodSettings:
             run_as_user=number("RUN_AS_USER", base.run_as_user),
             grace_seconds=number("GRACE", base.grace_seconds),
             bundle_size=text("BUNDLE_SIZE", base.bundle_size),
+            start_deadline=number("START_DEADLINE", base.start_deadline),
         )
 
 

@@ -34,6 +34,8 @@ from sandpod_contract.messages.system import (
     Activity,
     Configure,
     Configured,
+    Freeze,
+    FreezeState,
     Info,
     Pong,
     SandboxMetrics,
@@ -111,6 +113,17 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
     "sys.configured": [
         ("basic", Configured(sandbox_id="demo", generation=2,
                              env_keys=("AGENT_ID", "OPENAI_BASE_URL"))),
+    ],
+    "sys.freeze": [
+        ("basic", Freeze(timeout=5.0)),
+        ("minimal", Freeze()),
+    ],
+    "sys.freeze_state": [
+        ("signals", FreezeState(sandbox_id="demo", frozen=True, mechanism="signals",
+                                processes=3, detail="SIGSTOP: the processes can observe it")),
+        ("thawed", FreezeState(sandbox_id="demo", frozen=False, mechanism="cgroup",
+                               processes=3)),
+        ("minimal", FreezeState(sandbox_id="demo", frozen=False)),
     ],
     "exec.request": [
         ("full", ExecRequest(exec_id=_ID, argv=("python3", "-c", "print(input().upper())"),
@@ -253,6 +266,7 @@ ERRORS: list[errors.SandpodError] = [
     errors.SandboxError(),
     errors.SandboxNotFound("sandpod.sbx.gone.exec.run is not served here"),
     errors.SandboxUnavailable("execd stopped answering during exec " + _ID),
+    errors.SandboxPaused("sandbox demo is paused: resume it to start commands"),
     errors.ExecError(),
     errors.ExecNotFound(f"no streaming exec {_ID!r} in this execd", exec_id=_ID),
     errors.ExecLost(f"exec {_ID} finished but its reply never arrived"),

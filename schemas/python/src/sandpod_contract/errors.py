@@ -58,6 +58,7 @@ __all__ = [
     "ResourceNotFound",
     "SandboxError",
     "SandboxNotFound",
+    "SandboxPaused",
     "SandboxUnavailable",
     "SandpodError",
     "SessionAlreadyExists",
@@ -188,6 +189,12 @@ class SandboxUnavailable(SandboxError):
     code = "sandbox.unavailable"
     retryable = True
     summary = "the sandbox's execd stopped answering mid-request"
+
+
+class SandboxPaused(SandboxError):
+    code = "sandbox.paused"
+    retryable = True
+    summary = "the sandbox is paused (its processes are frozen); resume it, then start commands"
 
 
 # -- exec family -----------------------------------------------------------------------------------

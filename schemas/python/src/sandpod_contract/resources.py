@@ -19,7 +19,9 @@ from sandpod_contract.errors import ResourceInvalid
 
 __all__ = [
     "API_VERSION",
+    "TERMINAL_REASONS",
     "Condition",
+    "ConditionReason",
     "ConditionType",
     "EnvVar",
     "OperatingMode",
@@ -61,6 +63,52 @@ class ConditionType(enum.StrEnum):
     EXPIRED = "Expired"
     FAILED = "Failed"
     ISOLATED = "Isolated"
+
+
+class ConditionReason(enum.StrEnum):
+    """Stable ``reason`` values of a Sandbox's conditions (also listed in the CRD's docs).
+
+    Tools may switch on these; the ``message`` beside them is for people. Terminal reasons
+    (the Sandbox is ``Failed`` and no new instance is made) and transient ones (``Ready=False``
+    while the runtime keeps waiting, ``Failed`` with the same reason after the start deadline)
+    are told apart in :data:`TERMINAL_REASONS`.
+    """
+
+    # Ready
+    EXECD_READY = "ExecdReady"  # the instance runs and its execd answers
+    INSTANCE_STARTING = "InstanceStarting"  # a create failed and is retried with backoff
+    INSTANCE_FAILED = "InstanceFailed"  # creates kept failing: given up
+    # What a Pod reports (the kubernetes runtime); on Ready=False, then on Failed
+    POD_PENDING = "PodPending"  # the Pod exists, is not Ready yet and reports no problem
+    UNSCHEDULABLE = "Unschedulable"  # no node fits (the scheduler's message): transient
+    IMAGE_PULL_FAILED = "ImagePullFailed"  # ErrImagePull / ImagePullBackOff: transient
+    INVALID_IMAGE = "InvalidImage"  # the image reference cannot be parsed: terminal
+    CONTAINER_CONFIG_ERROR = "ContainerConfigError"  # CreateContainerConfigError: transient
+    CRASH_LOOP = "CrashLoop"  # CrashLoopBackOff: execd keeps exiting: terminal
+    EXECD_EXITED = "ExecdExited"  # the sandbox container terminated (exit code): terminal
+    OOM_KILLED = "OOMKilled"  # the sandbox container hit its memory limit: terminal
+    EVICTED = "Evicted"  # the node evicted the Pod: terminal
+    POD_FAILED = "PodFailed"  # the Pod's phase is Failed for another reason: terminal
+    POD_DELETED = "PodDeleted"  # the Pod of a running Sandbox was deleted by someone: terminal
+    # Paused
+    REQUESTED = "Requested"  # frozen as requested (the local runtime's cgroup freezer)
+    RESUMED = "Resumed"
+    CGROUP_FROZEN = "CgroupFrozen"  # execd froze its commands' cgroup (invisible to them)
+    SIGNAL_STOPPED = "SignalStopped"  # execd stopped its commands with SIGSTOP (observable)
+    # Expired
+    LIFETIME_EXCEEDED = "LifetimeExceeded"
+    IDLE_TIMEOUT = "IdleTimeout"
+    # Isolated
+    FULL_ISOLATION = "FullIsolation"
+    DEGRADED = "Degraded"
+    NO_ISOLATION = "NoIsolation"
+
+
+TERMINAL_REASONS = frozenset({
+    ConditionReason.INSTANCE_FAILED, ConditionReason.INVALID_IMAGE, ConditionReason.CRASH_LOOP,
+    ConditionReason.EXECD_EXITED, ConditionReason.OOM_KILLED, ConditionReason.EVICTED,
+    ConditionReason.POD_FAILED, ConditionReason.POD_DELETED,
+})  # fmt: skip
 
 
 def _fail(field: str, why: str) -> ResourceInvalid:

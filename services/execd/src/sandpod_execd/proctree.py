@@ -83,9 +83,10 @@ def _carries(pid: str, needle: bytes) -> bool:
         return False
 
 
-def snapshot(token: str | None = None) -> Snapshot:
-    """Scan ``/proc`` once; ``token`` also collects the processes whose environment carries it."""
-    needle = f"{TOKEN_ENV}={token}".encode() if token else b""
+def snapshot(token: str | None = None, env: str = TOKEN_ENV) -> Snapshot:
+    """Scan ``/proc`` once; ``token`` also collects the processes whose environment carries
+    ``<env>=<token>`` (other than this one)."""
+    needle = f"{env}={token}".encode() if token else b""
     children: dict[int, list[int]] = {}
     pgid: dict[int, int] = {}
     tagged: set[int] = set()

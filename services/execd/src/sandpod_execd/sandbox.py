@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandpod_execd.freezer import Freezer
 from sandpod_execd.jail import Jail
 from sandpod_execd.process import TREE_TOKEN, Command
 from sandpod_execd.registry import ExecRegistry
@@ -37,8 +38,13 @@ class SandboxContext:
         registry: ExecRegistry,
         *,
         jail: Jail | None = None,
+        sole: bool = False,
+        freezer: str = "auto",
     ) -> None:
+        """``sole``: this execd serves no other sandbox; ``freezer``: its mode (both: see
+        :class:`~sandpod_execd.freezer.Freezer`)."""
         self.sandbox_id = sandbox_id
+        self.freezer = Freezer(sandbox_id, sole=sole, mode=freezer)
         self.jail = jail
         self.workspace = jail.workspace if jail else workspace
         self.shell = shell if jail is None or jail.has_program(shell) else "/bin/sh"

@@ -27,11 +27,13 @@ from sandpod_contract.errors import (
     InternalError,
     PayloadTooLarge,
     SandboxNotFound,
+    SandboxPaused,
     SandpodError,
     UnknownSubject,
 )
 from sandpod_contract.messages.node import NodeSandboxes, Release, Serve
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
+from sandpod_execd.freezer import STARTS
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.handlers.exec import ExecHandlers
 from sandpod_execd.handlers.fs import FsHandlers
@@ -115,6 +117,8 @@ class ExecdService:
             settings.base_env,
             ExecRegistry(settings.result_ttl, stored_budget=4 * settings.default_max_output),
             jail=Jail.load(jail, sid) if jail else None,
+            sole=settings.node is None and len(settings.sandbox_ids) == 1,
+            freezer=settings.freezer,
         )
 
     async def _serve(self, sbx: SandboxContext) -> None:
@@ -182,6 +186,8 @@ class ExecdService:
             await sub.drain()
         for family in self._families:
             await family.close()
+        for sbx in self.sandboxes.values():  # never leave a process frozen behind us
+            await sbx.freezer.thaw()
         await self.supervisor.close(grace)
 
     # -- routing -------------------------------------------------------------------------------
@@ -209,6 +215,13 @@ class ExecdService:
                 limit=self.settings.max_request_bytes,
             )
             await self._reject(msg, too_large, "too_large")
+            return
+        if sbx.freezer.frozen and (op.family, op.verb) in STARTS:
+            paused = SandboxPaused(
+                f"sandbox {sbx.sandbox_id} is paused (its processes are frozen): resume it to "
+                f"start commands", sandbox_id=sbx.sandbox_id,
+            )  # fmt: skip
+            await self._reject(msg, paused, "paused")
             return
         try:
             req = decode(op.request, msg.data)

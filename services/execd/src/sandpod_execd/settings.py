@@ -19,6 +19,7 @@
 | ``SANDPOD_EXECD_NODE`` | unset | node id: serve sandboxes on demand (``node.*.execd.serve``) |
 | ``SANDPOD_EXECD_JAIL`` | unset | jail file (local runtime): commands run in it; ``{sandbox_id}`` |
 | ``SANDPOD_EXECD_ENV`` | ``{}`` | JSON map: default env of commands (the template's and spec's) |
+| ``SANDPOD_EXECD_FREEZER`` | ``auto`` | pause: cgroup v2 freezer if writable, else signals |
 | ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
 """
 
@@ -65,6 +66,7 @@ class ExecdSettings:
     node: str | None = None  # serve sandboxes on demand: <prefix>.node.<node>.execd.*
     base_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     grace: float = 10.0
+    freezer: str = "auto"  # sandpod_execd.freezer.MODES
     log_level: str = "info"
 
     def workspace_for(self, sandbox_id: str) -> Path:
@@ -116,7 +118,15 @@ class ExecdSettings:
             shell=env_str(env, "SANDPOD_EXECD_SHELL", _default_shell()),
             jail=jail,
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
+            freezer=_freezer(env_str(env, "SANDPOD_EXECD_FREEZER", "auto")),
         )
+
+
+def _freezer(raw: str) -> str:
+    """``SANDPOD_EXECD_FREEZER``: ``auto`` or ``signals``. Raises ValueError."""
+    if raw not in ("auto", "signals"):
+        raise ValueError(f"SANDPOD_EXECD_FREEZER must be auto or signals, got {raw!r}")
+    return raw
 
 
 def _json_env(raw: str) -> dict[str, str]:

@@ -31,6 +31,10 @@ class Instance:
     paused: bool
     pid: int | None = None  # execd's pid
     detail: str = ""
+    # A problem the runtime reports on a live instance (a ConditionReason); ``terminal``: the
+    # instance will not serve again (e.g. its container was OOM-killed and is not restarted).
+    reason: str = ""
+    terminal: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,6 +43,10 @@ class Owner:
 
     namespace: str
     uid: str
+    # The Sandbox already ran an instance (phase Running/Paused): a missing one was lost, not
+    # never made. Runtimes whose instances hold state that a new one would not have (the Pod's
+    # emptyDirs) report that instead of quietly starting afresh.
+    started: bool = False
 
 
 class Driver(Protocol):
@@ -59,7 +67,9 @@ class Driver(Protocol):
     async def inspect(self, sandbox_id: str) -> Instance | None:
         """The instance, or None if there is none."""
 
-    async def pause(self, sandbox_id: str) -> None: ...
+    async def pause(self, sandbox_id: str) -> str | None:
+        """Freeze the instance's processes. Returns how, when the runtime has a choice
+        (a ``ConditionReason``: CgroupFrozen or SignalStopped), else None."""
 
     async def resume(self, sandbox_id: str) -> None: ...
 

@@ -16,8 +16,13 @@ its state calls for:
 
 Idle time is measured by asking the sandbox's execd (``sys.activity``) when the idle deadline
 comes, so a long agent think-time within the limit never kills anything; a claim's bind
-(``sandpod.dev/bound-at``) counts as activity. Failures to create are
-retried with backoff and, after ``max_failures``, the Sandbox is ``Failed`` with the reason.
+(``sandpod.dev/bound-at``) counts as activity; a paused sandbox is never idle-checked (only
+Running ones are), and resuming counts as activity. Failures to create are retried with backoff
+and, after ``max_failures``, the Sandbox is ``Failed`` with the reason. A runtime that says
+*why* an instance does not serve (``InstanceUnhealthy``, e.g. a Pod that is Unschedulable or
+OOMKilled) is believed: terminal -> destroy, ``Failed`` with that reason at once; transient ->
+keep the instance, ``Ready=False`` with the reason, look again shortly (no backoff count, no
+re-create: the runtime applies its own start deadline).
 """
 
 from __future__ import annotations
@@ -36,22 +41,30 @@ from sandpod_contract.errors import ResourceConflict, ResourceNotFound, SandpodE
 from sandpod_contract.pooling import BOUND_AT_ANNOTATION
 from sandpod_contract.resources import (
     Condition,
+    ConditionReason,
     ConditionType,
     OperatingMode,
     Phase,
     SandboxTemplateSpec,
 )
 from sandpod_contract.subjects import Subjects
-from sandpod_lifecycle.driver import Driver, Owner, RenewsCredentials
+from sandpod_lifecycle.driver import Driver, Instance, Owner, RenewsCredentials
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
-from sandpod_lifecycle.runtime.base import RuntimeFailure
+from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
 from sandpod_service.leases import LeaseKeeper
 from sandpod_store import EventType, Resource, Store
 
 __all__ = ["Outcome", "Reconciler"]
 
 log = structlog.get_logger("sandpod.lifecycle.reconciler")
+
+UNHEALTHY_RECHECK = 2.0  # seconds between looks at an instance that waits on a transient problem
+PAUSE_MESSAGES: dict[str, str] = {
+    ConditionReason.CGROUP_FROZEN: "execd froze its commands' cgroup (invisible to them)",
+    ConditionReason.SIGNAL_STOPPED: "execd stopped every process it started with SIGSTOP; "
+    "the processes can observe it (SIGCHLD, waitpid WUNTRACED, /proc state T)",
+}
 
 Probe = Callable[[str], Awaitable[float | None]]  # sandbox id -> seconds idle (None: unreachable)
 Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
@@ -267,25 +280,36 @@ class Reconciler:
         if shutdown and parse_time(shutdown).timestamp() <= t:
             return await self._finish(view, key, "expired", "LifetimeExceeded",
                                       f"shutdownTime {shutdown} passed")  # fmt: skip
+        if view.status.phase is Phase.FAILED:
+            return Outcome.DONE  # given up: kept for people to read until deleted or expired
         instance = await self.driver.inspect(view.name)
+        if instance is not None and instance.terminal:
+            return await self._fail(view, instance.reason, instance.detail)
         if instance is None or view.status.phase is Phase.PENDING:
             # Pending with an instance: an earlier pass created it but lost the race to record
             # it (a status conflict); ensure() adopts it and this pass finishes the job.
             return await self._create(view, key)
+        return await self._steady(view, key, instance)
+
+    async def _steady(self, view: SandboxView, key: str, instance: Instance) -> Outcome:
+        """A sandbox whose instance runs: upkeep (credentials, idle), pause/resume, spec."""
+        shutdown = view.spec.shutdown_time
         outcome, view = await self._maintain(view, key)
         if outcome is not None:
             return outcome
         want_paused = view.spec.operating_mode is OperatingMode.PAUSED
+        how: str | None = None
         if want_paused and not instance.paused:
-            await self.driver.pause(view.name)
+            how = await self.driver.pause(view.name)
         elif not want_paused and instance.paused:
             await self.driver.resume(view.name)
         # The phase follows what the instance is, so a pass that froze the jail but lost the
         # race to record it (a status conflict) is corrected by the next one.
         phase = Phase.PAUSED if want_paused else Phase.RUNNING
         if phase is not view.status.phase:
-            cond = (Condition("Paused", "True", "Requested") if want_paused
-                    else Condition("Paused", "False", "Resumed"))  # fmt: skip
+            reason = how or ConditionReason.REQUESTED
+            cond = (Condition("Paused", "True", reason, PAUSE_MESSAGES.get(reason, ""))
+                    if want_paused else Condition("Paused", "False", "Resumed"))  # fmt: skip
             await self._set(view, phase, "paused" if want_paused else "resumed", cond)
         elif view.status.observed_generation != view.obj.metadata.generation and not (
             await self._observe_generation(view)
@@ -318,30 +342,15 @@ class Reconciler:
             return Outcome.RETRY
         try:
             template = await self._templates(view.namespace, view.spec.template_ref)
-            owner = Owner(view.namespace, view.obj.metadata.uid)
+            started = view.status.phase in (Phase.RUNNING, Phase.PAUSED)
+            owner = Owner(view.namespace, view.obj.metadata.uid, started=started)
             await self.driver.ensure(view.name, view.spec, template, owner)
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
+        except InstanceUnhealthy as exc:
+            return await self._unhealthy(view, exc, fail)
         except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:
-            if key and not self.leases.holds(key):
-                # Lost the lease while waiting (a leader that stepped down): the new holder
-                # may have adopted this instance, so it is not ours to destroy or count.
-                log.warning("instance_create_abandoned", sandbox=view.name, error=str(exc))
-                return Outcome.SKIPPED
-            fail.count += 1
-            fail.next_try = time.time() + min(2.0**fail.count, 60.0)
-            message = str(exc)
-            log.warning(
-                "instance_create_failed", sandbox=view.name, attempt=fail.count, error=message
-            )
-            await self.driver.destroy(view.name)
-            if fail.count >= self._max_failures:
-                cond = Condition("Failed", "True", "InstanceFailed", message)
-                await self._set(view, Phase.FAILED, "failed", cond)
-                return Outcome.DONE
-            await self._set(view, Phase.PENDING, None,
-                            Condition("Ready", "False", "InstanceStarting", message))  # fmt: skip
-            return Outcome.RETRY
+            return await self._create_failed(view, key, fail, exc)
         self._failures.pop(view.key, None)
         isolated = self._isolation()
         updated = await self._set(view, Phase.RUNNING, "ready",
@@ -350,6 +359,61 @@ class Reconciler:
         if view.spec.operating_mode is OperatingMode.PAUSED:
             return await self._step(SandboxView.of(updated), "")
         return Outcome.DONE
+
+    async def _fail(self, view: SandboxView, reason: str, message: str) -> Outcome:
+        """Give up: destroy the instance, ``Failed`` with the runtime's reason (kept until the
+        Sandbox is deleted or its lifetime ends)."""
+        log.warning("instance_failed", sandbox=view.name, reason=reason, error=message)
+        # Recorded first: if the write conflicts, the next pass finds the instance (and its
+        # reason) again -- destroying first would let that pass make a fresh one.
+        await self._set(view, Phase.FAILED, "failed", Condition("Failed", "True", reason, message),
+                        extra=(Condition("Ready", "False", reason, message),))  # fmt: skip
+        await self.driver.destroy(view.name)
+        self._failures.pop(view.key, None)
+        return Outcome.DONE
+
+    async def _create_failed(
+        self, view: SandboxView, key: str, fail: _Failures, exc: Exception
+    ) -> Outcome:
+        """A create that failed without a reason from the runtime: backoff, then give up."""
+        if key and not self.leases.holds(key):
+            # Lost the lease while waiting (a leader that stepped down): the new holder
+            # may have adopted this instance, so it is not ours to destroy or count.
+            log.warning("instance_create_abandoned", sandbox=view.name, error=str(exc))
+            return Outcome.SKIPPED
+        fail.count += 1
+        fail.next_try = time.time() + min(2.0**fail.count, 60.0)
+        message = str(exc)
+        log.warning("instance_create_failed", sandbox=view.name, attempt=fail.count, error=message)
+        await self.driver.destroy(view.name)
+        if fail.count >= self._max_failures:
+            cond = Condition("Failed", "True", "InstanceFailed", message)
+            await self._set(view, Phase.FAILED, "failed", cond)
+            return Outcome.DONE
+        await self._set(view, Phase.PENDING, None,
+                        Condition("Ready", "False", "InstanceStarting", message))  # fmt: skip
+        return Outcome.RETRY
+
+    async def _unhealthy(
+        self, view: SandboxView, exc: InstanceUnhealthy, fail: _Failures
+    ) -> Outcome:
+        if exc.terminal:
+            return await self._fail(view, exc.reason, exc.message)
+        fail.next_try = time.time() + UNHEALTHY_RECHECK  # no count: the runtime's deadline
+        await self._waiting(view, exc.reason, exc.message)
+        return Outcome.RETRY
+
+    async def _waiting(self, view: SandboxView, reason: str, message: str) -> None:
+        """``Ready=False`` with a transient reason; written only when it changed (no churn)."""
+        ready = next((c for c in view.status.conditions if c.type == "Ready"), None)
+        if (
+            view.status.phase is Phase.PENDING
+            and ready is not None
+            and (ready.status, ready.reason, ready.message) == ("False", reason, message)
+        ):
+            return  # fmt: skip
+        log.info("instance_waiting", sandbox=view.name, reason=reason, message=message)
+        await self._set(view, Phase.PENDING, None, Condition("Ready", "False", reason, message))
 
     def _isolation(self) -> Condition:
         protections = self.driver.protections()

@@ -30,7 +30,14 @@ from sandpod_contract.errors import SandpodError
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.node import NodeSandboxes
 from sandpod_contract.messages.sandboxes import CONTROL_PLANE
-from sandpod_contract.messages.system import Activity, Configure, Configured, Pong
+from sandpod_contract.messages.system import (
+    Activity,
+    Configure,
+    Configured,
+    Freeze,
+    FreezeState,
+    Pong,
+)
 from sandpod_contract.subjects import Subjects
 from sandpod_kube import open_store
 from sandpod_lifecycle.api import LifecycleApi
@@ -52,6 +59,7 @@ __all__ = ["LifecycleService"]
 log = structlog.get_logger("sandpod.lifecycle")
 
 QUEUE_GROUP = "sandpod-lifecycle"
+FREEZE_TIMEOUT = 5.0  # seconds execd may take to stop every process of a sandbox
 
 
 class LifecycleService:
@@ -119,6 +127,7 @@ class LifecycleService:
             return PodDriver(
                 pods, self.settings.pods, installation=self.settings.prefix,
                 ready_timeout=self.settings.ready_timeout, namespace=self.settings.kube.namespace,
+                freezer=self._freezer,
                 creds=creds,
             )  # fmt: skip
         launcher = ExecdLauncher(
@@ -212,6 +221,16 @@ class LifecycleService:
         except SandpodError:
             return None
         return max(reply.idle, 0.0)
+
+    async def _freezer(self, sandbox_id: str, verb: str) -> FreezeState:
+        """``sys.freeze`` / ``sys.thaw`` / ``sys.freezer`` to the sandbox's execd (the Pod
+        runtime's pause). Raises SandpodError when execd refuses or does not answer."""
+        assert self._bus is not None
+        subject = self.subjects.sandbox(sandbox_id, "sys", verb)
+        request: Message = Freeze(timeout=FREEZE_TIMEOUT) if verb == "freeze" else Empty()
+        wait = FREEZE_TIMEOUT + 2.0 if verb == "freeze" else 2.0  # inspect asks every pass
+        reply = await self._bus.request(subject, encode(request), wait)
+        return decode_reply(FreezeState, reply)
 
     async def _configure(self, sandbox_id: str, env: dict[str, str], generation: int) -> bool:
         assert self._bus is not None

@@ -12,7 +12,17 @@ from sandpod_contract.codec import Message
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.operations import Operation
 
-__all__ = ["OPERATIONS", "Activity", "Info", "Pong", "SandboxMetrics"]
+__all__ = [
+    "OPERATIONS",
+    "Activity",
+    "Configure",
+    "Configured",
+    "Freeze",
+    "FreezeState",
+    "Info",
+    "Pong",
+    "SandboxMetrics",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,10 +126,46 @@ class Configured(Message):
     env_keys: tuple[str, ...]  # names of the configured variables (values are not echoed)
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Freeze(Message):
+    """``sys.freeze``: stop every process execd started, and their descendants, until
+    ``sys.thaw`` (pause of runtimes that cannot freeze the sandbox from outside, e.g. a Pod).
+
+    execd itself keeps serving; while frozen it refuses new commands (exec, proc, session, pty,
+    git) with ``sandbox.paused``. Idempotent: freezing a frozen sandbox re-checks that nothing
+    escaped. ``timeout``: how long execd may take to get every process stopped.
+    """
+
+    TYPE = "sys.freeze"
+    timeout: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FreezeState(Message):
+    """Reply to ``sys.freeze``, ``sys.thaw`` and ``sys.freezer``: whether the sandbox's processes
+    are frozen now, and how.
+
+    ``mechanism``: ``cgroup`` (cgroup v2 ``cgroup.freeze`` on a cgroup holding only the commands;
+    invisible to them) or ``signals`` (SIGSTOP to each process of the tree, SIGCONT on thaw: a
+    process can observe it, e.g. a parent's ``waitpid(WUNTRACED)`` or SIGCHLD). Empty when never
+    frozen. ``processes``: how many processes the last freeze stopped (or thaw continued).
+    """
+
+    TYPE = "sys.freeze_state"
+    sandbox_id: str
+    frozen: bool
+    mechanism: str = ""
+    processes: int = 0
+    detail: str = ""
+
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation("sys", "ping", Empty, Pong, "liveness; answers without touching any command"),
     Operation("sys", "info", Empty, Info, "runtime, isolation and limits of this execd"),
     Operation("sys", "metrics", Empty, SandboxMetrics, "cpu, memory, disk and process counts"),
     Operation("sys", "activity", Empty, Activity, "last client activity (for idle timeouts)"),
     Operation("sys", "configure", Configure, Configured, "default env of new commands (claims)"),
+    Operation("sys", "freeze", Freeze, FreezeState, "stop every command's process tree (pause)"),
+    Operation("sys", "thaw", Empty, FreezeState, "continue the frozen processes (resume)"),
+    Operation("sys", "freezer", Empty, FreezeState, "whether the processes are frozen, and how"),
 )

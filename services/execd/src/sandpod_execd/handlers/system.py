@@ -1,4 +1,6 @@
-"""``sys`` family: ping, info, metrics and activity (all probes: none counts as activity)."""
+"""``sys`` family: ping, info, metrics and activity (all probes: none counts as activity);
+configure (a claim's env) and freeze/thaw/freezer (pause for runtimes that cannot freeze from
+outside: :mod:`sandpod_execd.freezer`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from sandpod_contract.messages.system import (
     Activity,
     Configure,
     Configured,
+    Freeze,
+    FreezeState,
     Info,
     Pong,
     SandboxMetrics,
@@ -28,6 +32,7 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RUNTIME = "process"
 ISOLATION = "none"  # commands run on the host as execd's user
 JAIL_RUNTIME = "local"
+MAX_FREEZE_TIMEOUT = 60.0
 JAIL_ISOLATION = "jail"  # namespaces, overlay root, cgroups, own uid (see the Sandbox's Isolated)
 
 
@@ -45,7 +50,23 @@ class SystemHandlers:
             ("sys", "metrics"): Route(self.metrics, quiet=True, activity=False),
             ("sys", "activity"): Route(self.activity, inline=True, quiet=True, activity=False),
             ("sys", "configure"): Route(self.configure, inline=True),
+            # freeze is no activity (a paused sandbox is not idle-checked); thaw is: the idle
+            # clock restarts at resume, so a long pause cannot expire it the moment it resumes.
+            ("sys", "freeze"): Route(self.freeze, activity=False),
+            ("sys", "thaw"): Route(self.thaw),
+            ("sys", "freezer"): Route(self.freezer, inline=True, quiet=True, activity=False),
         }
+
+    async def freeze(self, sbx: SandboxContext, req: Freeze) -> FreezeState:
+        if not 0 < req.timeout <= MAX_FREEZE_TIMEOUT:
+            raise BadRequest(f"timeout must be in (0, {MAX_FREEZE_TIMEOUT:g}] seconds")
+        return await sbx.freezer.freeze(req.timeout)
+
+    async def thaw(self, sbx: SandboxContext, _: Empty) -> FreezeState:
+        return await sbx.freezer.thaw()
+
+    async def freezer(self, sbx: SandboxContext, _: Empty) -> FreezeState:
+        return sbx.freezer.state()
 
     async def close(self) -> None:
         """Nothing held."""

@@ -26,6 +26,7 @@ __all__ = [
     "InstanceNotFound",
     "InstanceSpec",
     "InstanceStatus",
+    "InstanceUnhealthy",
     "Resources",
     "RuntimeDriver",
     "RuntimeFailure",
@@ -58,6 +59,18 @@ class InstanceExists(RuntimeFailure):
 
 class InstanceNotFound(RuntimeFailure):
     """The sandbox id has no instance on this host."""
+
+
+class InstanceUnhealthy(RuntimeFailure):
+    """The instance exists but reports why it does not serve, as a stable ``reason`` (a
+    ``ConditionReason``: Unschedulable, OOMKilled...). ``terminal``: give up (the Sandbox is
+    Failed, the instance destroyed); otherwise keep the instance and wait (``Ready=False``)."""
+
+    def __init__(self, message: str, *, reason: str, terminal: bool) -> None:
+        super().__init__(message, reason=reason)
+        self.reason = reason
+        self.terminal = terminal
+        self.retryable = not terminal
 
 
 class CreateFailed(RuntimeFailure):

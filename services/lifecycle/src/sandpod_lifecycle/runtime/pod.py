@@ -5,9 +5,17 @@ this module maps the reconciler's verbs onto it:
 
     ensure   -> apply the template's NetworkPolicy, create the Pod (owned by the Sandbox: its uid
                 in ``ownerReferences``), wait until the Pod is Ready. The reconciler then pings
-                execd over NATS: Ready = the Pod is Ready AND execd answers.
+                execd over NATS: Ready = the Pod is Ready AND execd answers. A Pod that is not
+                Ready says why (:mod:`sandpod_kube.podhealth`): ``InstanceUnhealthy`` carries
+                that reason -- terminal (OOMKilled, ExecdExited, Evicted, InvalidImage...: the
+                Sandbox is Failed) or transient (Unschedulable, ImagePullFailed...: the Pod is
+                kept and waited for, never deleted and re-created, until ``start_deadline``
+                seconds after its creation). A Sandbox that already ran (``Owner.started``)
+                and has no Pod any more lost it: ``PodDeleted``, terminal -- a new Pod would
+                silently hand the agent an empty sandbox under the same name.
     inspect  -> the sandbox's live Pod (label ``sandpod.dev/sandbox``, this installation's label);
-                none, or one that ended or is being deleted, means "no instance".
+                none, or one that ended or is being deleted, means "no instance". A live Pod
+                with a terminal problem (CrashLoopBackOff) is reported on the Instance.
     destroy  -> delete the Pod explicitly. ownerReferences alone would let the garbage collector
                 delete it once the Sandbox is gone -- but only where kube-controller-manager
                 runs, and the reconciler must not depend on when that happens.
@@ -15,8 +23,10 @@ this module maps the reconciler's verbs onto it:
     renew_credentials -> with per-sandbox NATS creds (a ``CredsPolicy``): re-mint the sandbox's
                 JWT into its Secret when it gets old or the sandbox's lifetime grew
                 (``podcreds`` says when); called by the reconciler on each pass over a live one.
-    pause    -> unsupported: a Pod cannot be frozen through the API (no checkpoint yet); the
-                call is logged (``pause_unsupported``) and the Pod keeps running.
+    pause    -> a Pod cannot be frozen through the API, but execd is the parent of every command
+                it starts: ``sys.freeze`` (execd stops its commands' trees; see
+                ``sandpod_execd.freezer``), ``sys.thaw`` on resume. ``inspect`` asks execd
+                (``sys.freezer``) whether it is frozen, so a restarted replica sees the truth.
 
 Instance ids are Sandbox names (unique across namespaces); the Pod lives in its Sandbox's
 namespace (an ownerReference cannot cross namespaces) under the same name.
@@ -34,12 +44,16 @@ URL Secret, and ``protections()`` reports ``nats-credentials`` as shared, so the
 from __future__ import annotations
 
 import contextlib
+import datetime
 import time
+from collections.abc import Awaitable, Callable
 
 import structlog
 
-from sandpod_contract.errors import ResourceExists, ResourceNotFound, StoreError
-from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+from sandpod_contract.errors import ResourceExists, ResourceNotFound, SandpodError, StoreError
+from sandpod_contract.messages.system import FreezeState
+from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
+from sandpod_kube.podhealth import PodProblem
 from sandpod_kube.pods import PodApi, PodState
 from sandpod_kube.podspec import (
     INSTALLATION_LABEL,
@@ -53,7 +67,7 @@ from sandpod_kube.podspec import (
 )
 from sandpod_lifecycle.driver import Instance, Owner
 from sandpod_lifecycle.objects import parse_time
-from sandpod_lifecycle.runtime.base import RuntimeFailure
+from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
 from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
 __all__ = ["PodDriver"]
@@ -61,6 +75,10 @@ __all__ = ["PodDriver"]
 log = structlog.get_logger("sandpod.lifecycle.pods")
 
 DEFAULT_TEMPLATE = "default"  # template label of sandboxes without a templateRef
+MECHANISMS = {"cgroup": ConditionReason.CGROUP_FROZEN, "signals": ConditionReason.SIGNAL_STOPPED}
+
+# (sandbox id, verb: "freeze" | "thaw" | "freezer") -> execd's answer; raises SandpodError
+Freezer = Callable[[str, str], Awaitable[FreezeState]]
 
 
 class PodDriver:
@@ -74,12 +92,16 @@ class PodDriver:
         installation: str,
         ready_timeout: float,
         namespace: str | None = None,
+        freezer: Freezer | None = None,
         creds: CredsPolicy | None = None,
     ) -> None:
         """``installation``: the subject prefix (labels this installation's Pods);
-        ``namespace``: where Pods are listed (None: all namespaces); ``creds``: per-sandbox
-        NATS credentials (None: every Pod shares the URL Secret's)."""
+        ``namespace``: where Pods are listed (None: all namespaces); ``freezer``: sends
+        ``sys.freeze``/``sys.thaw``/``sys.freezer`` to a sandbox's execd (None: pause is
+        unsupported and logged); ``creds``: per-sandbox NATS credentials (None: every Pod
+        shares the URL Secret's)."""
         self._api = api
+        self._freezer = freezer
         self._creds = creds
         self._issued: dict[str, tuple[str, int]] = {}  # sandbox -> (namespace, JWT exp)
         self._settings = settings
@@ -143,21 +165,56 @@ class PodDriver:
             creds_secret=creds_secret_name(sandbox_id) if self._creds else None,
         )  # fmt: skip
         try:
-            await self._apply_policy(pod, template)
+            pods = await self._pods(sandbox_id)
+            mine = [p for p in pods if p.owner_uid == owner.uid]
+            live = [p for p in mine if not (p.terminal or p.deleting)]
+            ended = [p for p in mine if p.terminal and p.problem is not None]
+            if not live and ended:  # it ran and ended: say why, never start a second one
+                raise _unhealthy(ended[0].problem, terminal=True)
+            if not live and owner.started:  # deleted (or being deleted) under a running sandbox
+                raise InstanceUnhealthy(
+                    f"the Pod {owner.namespace}/{sandbox_id} was deleted while the sandbox ran",
+                    reason=ConditionReason.POD_DELETED, terminal=True,
+                )  # fmt: skip
             if self._creds_due(sandbox_id, spec):  # a second pass keeps what the Pod mounted
                 await self._write_creds(pod, spec)
-            for stale in await self._pods(sandbox_id):
-                if stale.terminal or stale.owner_uid != owner.uid:  # ended, or an old Sandbox's
-                    log.info("stale_pod_deleted", sandbox=sandbox_id, phase=stale.phase)
-                    await self._api.delete(stale.namespace, stale.name, grace_seconds=0)
-            with contextlib.suppress(ResourceExists):  # an earlier pass made it: wait below
-                await self._api.create(pod_manifest(pod, self._settings))
-            state = await self._api.wait_ready(pod.namespace, pod.name, self._ready_timeout)
+            if not live:
+                await self._apply_policy(pod, template)
+                for stale in pods:
+                    if stale.owner_uid != owner.uid or stale.terminal:  # an old Sandbox's
+                        log.info("stale_pod_deleted", sandbox=sandbox_id, phase=stale.phase)
+                        await self._api.delete(stale.namespace, stale.name, grace_seconds=0)
+                with contextlib.suppress(ResourceExists):  # an earlier pass made it: wait below
+                    await self._api.create(pod_manifest(pod, self._settings))
+            try:
+                state = await self._api.wait_ready(pod.namespace, pod.name, self._ready_timeout)
+            except TimeoutError:
+                current = await self._api.get(pod.namespace, pod.name)
+                if current is None:
+                    raise
+                state = current
         except ResourceNotFound as exc:  # deleted or ended while we waited: the next pass retries
             raise RuntimeFailure(str(exc)) from exc
         except StoreError as exc:
             raise RuntimeFailure(f"Pod of {sandbox_id}: {exc}") from exc
+        if not state.ready:
+            self._not_ready(sandbox_id, state)
         return self._instance(state)
+
+    def _not_ready(self, sandbox_id: str, state: PodState) -> None:
+        """Raise InstanceUnhealthy for a Pod that is not Ready: terminal for a terminal problem
+        or once the start deadline passed, transient (keep the Pod, wait) otherwise."""
+        problem = state.problem or PodProblem(
+            ConditionReason.POD_PENDING,
+            f"Pod {state.namespace}/{state.name} is {state.phase}"
+            f" and not Ready after {self._ready_timeout:g}s",
+        )
+        age = _age(state.created)
+        if not problem.terminal and age >= self._settings.start_deadline:
+            message = f"{problem.message} (not Ready {age:.0f}s after creation, deadline " \
+                      f"{self._settings.start_deadline}s)"  # fmt: skip
+            raise _unhealthy(PodProblem(problem.reason, message), terminal=True)
+        raise _unhealthy(problem, terminal=problem.terminal)
 
     async def _write_creds(self, pod: SandboxPod, spec: SandboxSpec) -> None:
         """Mint the sandbox's JWT into its Secret (create or replace). Raises StoreError."""
@@ -200,21 +257,50 @@ class PodDriver:
             log.warning("egress_not_enforceable", template=pod.template, entries=unenforceable)
         await self._api.apply_network_policy(manifest)
 
-    def _instance(self, state: PodState) -> Instance:
+    def _instance(self, state: PodState, paused: bool = False) -> Instance:
+        problem = state.problem
+        where = f"pod {state.namespace}/{state.name} {state.phase}"
         return Instance(
-            state.name, running=state.ready, paused=False,
-            detail=f"pod {state.namespace}/{state.name} {state.phase}",
+            state.name, running=state.ready, paused=paused,
+            detail=problem.message if problem else where,
+            reason=str(problem.reason) if problem else "",
+            terminal=problem.terminal if problem else False,
         )  # fmt: skip
 
     async def inspect(self, sandbox_id: str) -> Instance | None:
         live = [p for p in await self._pods(sandbox_id) if not (p.terminal or p.deleting)]
-        return self._instance(live[0]) if live else None
+        if not live:
+            return None
+        paused = False
+        if self._freezer is not None and live[0].ready:
+            with contextlib.suppress(SandpodError):  # unreachable: the ready probe says so
+                paused = (await self._freezer(sandbox_id, "freezer")).frozen
+        return self._instance(live[0], paused)
 
-    async def pause(self, sandbox_id: str) -> None:
-        log.warning("pause_unsupported", sandbox=sandbox_id, runtime=self.name)
+    async def pause(self, sandbox_id: str) -> str | None:
+        """Freeze the sandbox's commands through its execd; the mechanism's ConditionReason.
+
+        Raises:
+            RuntimeFailure: execd did not freeze them (unreachable, or a process would not stop).
+        """
+        if self._freezer is None:
+            log.warning("pause_unsupported", sandbox=sandbox_id, runtime=self.name)
+            return None
+        try:
+            state = await self._freezer(sandbox_id, "freeze")
+        except SandpodError as exc:
+            raise RuntimeFailure(f"freeze {sandbox_id}: {exc.message}") from exc
+        log.info("pod_frozen", sandbox=sandbox_id, mechanism=state.mechanism,
+                 processes=state.processes)  # fmt: skip
+        return MECHANISMS.get(state.mechanism)
 
     async def resume(self, sandbox_id: str) -> None:
-        return None  # never paused (see pause)
+        if self._freezer is None:
+            return  # never paused (see pause)
+        try:
+            await self._freezer(sandbox_id, "thaw")
+        except SandpodError as exc:
+            raise RuntimeFailure(f"thaw {sandbox_id}: {exc.message}") from exc
 
     async def destroy(self, sandbox_id: str) -> None:
         namespaces = set()
@@ -235,3 +321,16 @@ class PodDriver:
     async def list(self) -> list[str]:
         pods = await self._api.list(self._selector(), self._namespace)
         return sorted({p.labels[SANDBOX_LABEL] for p in pods if SANDBOX_LABEL in p.labels})
+
+
+def _unhealthy(problem: PodProblem | None, *, terminal: bool) -> InstanceUnhealthy:
+    assert problem is not None  # callers pass the problem of a Pod that has one
+    return InstanceUnhealthy(problem.message, reason=str(problem.reason), terminal=terminal)
+
+
+def _age(created: str) -> float:
+    """Seconds since an RFC 3339 creation time (0 when unknown)."""
+    if not created:
+        return 0.0
+    then = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    return (datetime.datetime.now(datetime.UTC) - then).total_seconds()

@@ -1,0 +1,264 @@
+"""Warm-pool claims in Kubernetes mode: the store is a real kube-apiserver + etcd.
+
+``claim_latency.py`` measures claims on the embedded KV store; this is the same question with
+the CRDs as the store, the case agent-sandbox publishes numbers for (warm claim p50 ~92 ms at
+45 claims/s). Everything is started here, on loopback:
+
+    etcd + kube-apiserver (tests/k8s/envtest.py: the binaries deploy/envtest/build.sh builds;
+        etcd runs with --unsafe-no-fsync, as in the tests -- a real etcd's fsync adds to writes)
+    nats-server, the lifecycle and pool services with SANDPOD_STORE=kube
+    runtime ``process``: each sandbox is one execd process on this host. A warm claim starts
+        no instance, so the claim path is the store's writes (SandboxClaim create, the member's
+        bind, statuses) and NATS; the process runtime keeps the pool's refill from competing
+        with the measured claims for the 2 cores the way Pods + a fake kubelet would. Refill
+        still starts one Python execd per claimed member (~1 s of CPU here, on other nodes in
+        a cluster), so the pool's refill delay is raised (``--refill-delay``, 8 s): refill runs
+        between measured batches, not during them.
+
+1. Floors, measured in this run: one API-server write round trip (create of a small object
+   through KubeStore), one bare NATS request/reply, one exec round trip on a held sandbox.
+2. Latency: a pool of ``--pool`` (50); ``--claims`` claims one at a time, in batches of
+   ``--batch`` with the pool full before each batch: SDK call until bound and ready, and until
+   the first exec succeeds. p50/p99 and the ratio to the floors.
+3. Throughput: at each concurrency in ``--concurrency`` (1,4,8,16), ``--per-level`` claims
+   (fewer than the pool, so all can be warm) by that many concurrent clients, each claim
+   followed by its first exec: claims/s, latency p50/p99, warm/cold split. The pool is full
+   again before each level.
+
+    .venv/bin/python bench/kube_claims.py [--claims 50] [--concurrency 1,4,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import yaml
+
+from _platform import NATS_BIN, _wait_port, free_port, nats_rtt, pct, summary
+from claim_latency import answering, gone
+from k8s.envtest import REPO, ControlPlane, missing_binaries
+from sandpod import AsyncPools, AsyncSandbox
+from sandpod_bus import Bus, BusSettings
+from sandpod_contract.pooling import POOL_LABEL
+from sandpod_kube import KubeStore, apply_crds
+from sandpod_pool.members import MemberState, member_state
+from sandpod_store import ObjectMeta, Resource
+
+AGENT_SANDBOX_P50 = 0.092  # seconds, agent-sandbox's published warm claim p50
+AGENT_SANDBOX_RATE = 45.0  # claims/s it was measured at
+NS = "default"
+
+
+async def until_warm(store: KubeStore, n: int, timeout: float = 600) -> float:
+    """Seconds until pool ``kc`` has ``n`` claimable members, counted from the Sandboxes
+    themselves (the pool's status lags: it is written by the refill pass, delayed here)."""
+    t0 = time.perf_counter()
+    while True:
+        items, _ = await store.list("Sandbox", NS, f"{POOL_LABEL}=kc")
+        if sum(member_state(o) is MemberState.READY for o in items) >= n:
+            return time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError(f"pool kc: not {n} warm members after {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+def start_plane(workdir: Path) -> ControlPlane:
+    if problem := missing_binaries():
+        raise SystemExit(problem)
+    plane = ControlPlane(workdir, (free_port(), free_port(), free_port()))
+    plane.start()
+    manifests = [
+        doc
+        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+    ]
+    apply_crds(plane.settings, manifests)
+    return plane
+
+
+async def write_floor(plane: ControlPlane, n: int) -> list[float]:
+    """Round trips of one write to the API server: create a small SandboxTemplate."""
+    store = await KubeStore.connect(plane.settings)
+    samples = []
+    try:
+        for i in range(n + 10):
+            obj = Resource(api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
+                           metadata=ObjectMeta(name=f"floor-{i}", namespace=NS),
+                           spec={"image": "python:3.12-slim"})  # fmt: skip
+            t0 = time.perf_counter()
+            await store.create(obj)
+            if i >= 10:
+                samples.append(time.perf_counter() - t0)
+        for i in range(n + 10):
+            await store.delete("SandboxTemplate", NS, f"floor-{i}")
+    finally:
+        await store.close()
+    return samples
+
+
+async def latency(
+    bus: Bus, store: KubeStore, size: int, claims: int, batch: int
+) -> dict[str, list[float]]:
+    held = await AsyncSandbox.claim("kc", bus=bus, timeout=3600)
+    floor = []
+    for i in range(claims + 20):
+        t0 = time.perf_counter()
+        await held.exec(["true"])
+        if i >= 20:
+            floor.append(time.perf_counter() - t0)
+    bind, usable = [], []
+    for start in range(0, claims, batch):
+        # A batch of claims one at a time, the pool full before it; refill (a new execd per
+        # claimed member) waits for the refill delay, so it does not overlap the batch.
+        await until_warm(store, size - 1)  # one member is `held`
+        taken = []
+        for _ in range(min(batch, claims - start)):
+            t0 = time.perf_counter()
+            sbx = await AsyncSandbox.claim("kc", bus=bus, timeout=3600)
+            t1 = time.perf_counter()
+            r = await sbx.exec(["true"])
+            t2 = time.perf_counter()
+            assert r.exit_code == 0 and sbx.claim_info is not None and sbx.claim_info.warm
+            bind.append(t1 - t0)
+            usable.append(t2 - t0)
+            taken.append(sbx)
+        await asyncio.gather(*(s.release() for s in taken))
+        await asyncio.gather(*(gone(s, 600) for s in taken))
+    await held.release()
+    return {"exec": floor, "bind": bind, "usable": usable}
+
+
+async def level(bus: Bus, store: KubeStore, size: int, concurrency: int, count: int) -> str:
+    await until_warm(store, size)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(count):
+        queue.put_nowait(i)
+    held: list[AsyncSandbox] = []
+    samples: list[float] = []
+    failures: list[str] = []
+
+    async def client() -> None:
+        while True:
+            try:
+                queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            t0 = time.perf_counter()
+            try:
+                sbx = await AsyncSandbox.claim("kc", bus=bus, timeout=3600, wait=120)
+                await sbx.exec(["true"])
+            except Exception as exc:  # counted and shown, the run goes on
+                failures.append(str(exc)[:100])
+                continue
+            samples.append(time.perf_counter() - t0)
+            held.append(sbx)
+
+    t0 = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(concurrency):
+            tg.create_task(client())
+    took = time.perf_counter() - t0
+    reasons = collections.Counter(s.claim_info.bound_reason for s in held if s.claim_info)
+    await asyncio.gather(*(s.release() for s in held), return_exceptions=True)
+    await asyncio.gather(*(gone(s, 600) for s in held))  # no teardown overlaps the next level
+    line = (
+        f"concurrency {concurrency:3}: {len(samples) / took:6.1f} claims/s  "
+        f"p50 {pct(samples, 50) * 1000:7.1f} ms  p99 {pct(samples, 99) * 1000:7.1f} ms  "
+        f"({len(samples)} in {took:.2f} s; {dict(reasons)}; failures {len(failures)})"
+    )
+    if failures:
+        line += f" {failures[:2]}"
+    return line
+
+
+async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+    nats = subprocess.Popen([str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js",
+                             "-sd", tmp], stderr=subprocess.DEVNULL)  # fmt: skip
+    _wait_port(port)
+    cert, key = plane.admin_cert
+    env = {**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_STATE_DIR": tmp,
+           "SANDPOD_LOG_LEVEL": "warning", "SANDPOD_RUNTIME": "process",
+           "SANDPOD_DESTROY_ON_EXIT": "true", "SANDPOD_STORE": "kube",
+           "SANDPOD_KUBE_SERVER": plane.url, "SANDPOD_KUBE_CA_FILE": str(plane.ca_file),
+           "SANDPOD_KUBE_CLIENT_CERT": str(cert), "SANDPOD_KUBE_CLIENT_KEY": str(key),
+           "SANDPOD_KUBE_NAMESPACE": NS,
+           # refill after a batch, not during it (see the module docstring)
+           "SANDPOD_POOL_REFILL_DELAY": str(args.refill_delay),
+           "SANDPOD_POOL_RESYNC": "60"}  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-m", m], env=env, stderr=subprocess.DEVNULL)
+             for m in ("sandpod_lifecycle", "sandpod_pool")]  # fmt: skip
+    bus = await Bus.connect(BusSettings(url=url))
+    pools = await AsyncPools.connect(bus=bus)
+    store = await KubeStore.connect(plane.settings)
+    try:
+        await answering(pools.list)
+        await answering(lambda: AsyncSandbox.list(nats_url=url))
+        print("store: kube (real kube-apiserver + etcd, --unsafe-no-fsync); runtime: process "
+              "(warm claims start no instance: the claim path is store writes + NATS); pool "
+              f"refill delay {args.refill_delay:g} s (no refill during a batch)")  # fmt: skip
+        writes = await write_floor(plane, 100)
+        rtt = await nats_rtt(url, 500)
+        await pools.create("kc", replicas=args.pool)
+        fill = await until_warm(store, args.pool)
+        print(f"pool of {args.pool} filled in {fill:.2f} s (from empty)\n")
+        lat = await latency(bus, store, args.pool, args.claims, args.batch)
+        print(summary("floor: API-server write (create)", writes))
+        print(summary("floor: bare NATS request/reply", rtt))
+        print(summary("floor: exec round trip (held sandbox)", lat["exec"]))
+        print(summary("claim (bound and ready)", lat["bind"]))
+        print(summary("claim + first exec (usable)", lat["usable"]))
+        p50 = pct(lat["usable"], 50)
+        print(f"  -> usable p50 = {p50 / pct(writes, 50):.1f}x one API write, "
+              f"{p50 / pct(lat['exec'], 50):.1f}x one exec; agent-sandbox's published warm "
+              f"claim p50 {AGENT_SANDBOX_P50 * 1000:.0f} ms is {AGENT_SANDBOX_P50 / p50:.1f}x "
+              f"this\n")  # fmt: skip
+        print(f"throughput: {args.per_level} claims (+ first exec) per level, pool of "
+              f"{args.pool}; agent-sandbox: {AGENT_SANDBOX_RATE:.0f} claims/s at "
+              f"p50 {AGENT_SANDBOX_P50 * 1000:.0f} ms")  # fmt: skip
+        for c in args.concurrency:
+            print(await level(bus, store, args.pool, c, args.per_level))
+        await pools.delete("kc")
+    finally:
+        await store.close()
+        await bus.close()
+        for p in reversed(procs):
+            p.terminate()
+            p.wait(120)
+        nats.terminate()
+        nats.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pool", type=int, default=50)
+    parser.add_argument("--claims", type=int, default=50)
+    parser.add_argument("--per-level", type=int, default=45)
+    parser.add_argument("--batch", type=int, default=20)
+    parser.add_argument("--refill-delay", type=float, default=8.0)
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1, 4, 8, 16])  # fmt: skip
+    args = parser.parse_args()
+    print(f"load before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        (Path(tmp) / "kube").mkdir()
+        plane = start_plane(Path(tmp) / "kube")
+        try:
+            asyncio.run(run(args, plane, tmp))
+        finally:
+            plane.stop()
+
+
+if __name__ == "__main__":
+    main()
