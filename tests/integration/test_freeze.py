@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import Execd
+from conftest import Execd, pids_with
 from sandpod import AsyncSandbox
 from sandpod.errors import BadRequest, SandboxPaused
 from sandpod_contract.messages.common import Empty
@@ -108,9 +109,25 @@ async def test_freeze_stops_every_command_tree_and_thaw_continues_it(
     or in the frozen cgroup with ``auto`` where execd's cgroup v2 is writable) while a process
     outside execd's tree goes on; new commands get sandbox.paused, execd answers pings; after
     sys.thaw (which counts as activity) both counters advance again and commands run."""
+    inner, escaped = tmp_path / "inner", tmp_path / "escaped"
+    try:
+        await _freeze_and_thaw(start_execd, bystander, mode, inner, escaped)
+    finally:  # the escapee left execd's tree: nothing else would ever stop it
+        for pid in pids_with(str(escaped)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+
+
+async def _freeze_and_thaw(
+    start_execd: Callable[..., Execd],
+    bystander: tuple[subprocess.Popen[bytes], Path],
+    mode: str,
+    inner: Path,
+    escaped: Path,
+) -> None:
     execd = start_execd(SANDPOD_EXECD_FREEZER=mode)
     sid = execd.ids[0]
-    inner, escaped = tmp_path / "inner", tmp_path / "escaped"
     outside, outside_path = bystander
     async with await AsyncSandbox.connect(sid, nats_url=execd.nats_url) as sbx:
         proc = await sbx.proc.start(LOOP.format(path=inner))
