@@ -2,10 +2,11 @@
 
 The suite runs as root; rootless jails must be built by a user without any privilege. This
 makes that user (``sandpod-rootless``: a system account with no supplementary groups) and an
-argv prefix running a command as it (``setpriv``). The test interpreter may live below a
-directory that user cannot traverse (pyenv under ``/root``): the prefix then runs the command in
-a private mount namespace where an empty tmpfs over that directory exposes only the interpreter's
-tree, so nothing else of root's becomes visible.
+argv prefix running a command as it (``setpriv``). The interpreter, the venv or the checkout
+may lie below directories that user cannot traverse (pyenv under ``/root``, a clone in a
+mode-0700 temporary directory): the prefix then runs the command in a private mount namespace
+where each such directory is replaced by a tmpfs holding bind mounts of its entries. The entries
+keep their own permissions, so only what others could already read becomes reachable.
 """
 
 from __future__ import annotations
@@ -23,13 +24,33 @@ __all__ = ["USER", "as_user", "ensure_user"]
 USER = "sandpod-rootless"
 EXPOSE = r"""
 set -eu
-child=$1 hidden=$2 spare=$3
-shift 3
+spare=$1
+shift
 mkdir -p "$spare"
-mount --bind "$child" "$spare"
-mount -t tmpfs -o mode=0755,size=64k sandpod-expose "$hidden"
-mkdir -p "$child"
-mount --move "$spare" "$child"
+mount -t tmpfs -o mode=0700,size=64k sandpod-spare "$spare"
+n=0
+while [ "$1" != -- ]; do
+  hidden=$1 keep="$spare/$n"
+  shift
+  n=$((n + 1))
+  mkdir "$keep"
+  mount --bind "$hidden" "$keep"
+  mount -t tmpfs -o mode=0755,size=64k sandpod-expose "$hidden"
+  for entry in "$keep"/* "$keep"/.[!.]* "$keep"/..?*; do
+    [ -e "$entry" ] || [ -L "$entry" ] || continue
+    name=${entry##*/}
+    if [ -L "$entry" ]; then
+      ln -s "$(readlink "$entry")" "$hidden/$name"
+      continue
+    elif [ -d "$entry" ]; then
+      mkdir "$hidden/$name"
+    else
+      : > "$hidden/$name"
+    fi
+    mount --bind "$entry" "$hidden/$name"
+  done
+done
+shift
 exec "$@"
 """
 
@@ -49,23 +70,25 @@ def ensure_user() -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
-def _hidden_ancestor(path: Path) -> tuple[Path, Path] | None:
-    """(the highest ancestor of ``path`` others cannot traverse, its child on the way)."""
-    parts = path.parts
-    for i in range(1, len(parts) - 1):
-        ancestor = Path(*parts[: i + 1])
-        if not os.stat(ancestor).st_mode & stat.S_IXOTH:
-            return ancestor, Path(*parts[: i + 2])
-    return None
+def _hidden(paths: list[Path]) -> list[Path]:
+    """Every ancestor directory of ``paths`` that others cannot traverse, parents first."""
+    found: set[Path] = set()
+    for path in paths:
+        for i in range(1, len(path.parts)):
+            ancestor = Path(*path.parts[:i])
+            if not os.stat(ancestor).st_mode & stat.S_IXOTH:
+                found.add(ancestor)
+    return sorted(found, key=lambda p: len(p.parts))
 
 
 def as_user(uid: int, gid: int, spare: Path) -> tuple[str, ...]:
     """An argv prefix running the rest as ``uid``/``gid``, no supplementary groups, with this
-    interpreter reachable (``spare``: an empty path used once as a mount point)."""
+    interpreter, its venv and this checkout reachable (``spare``: a path for an empty directory,
+    the mount point of what gets re-exposed; remove it afterwards)."""
     drop = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--")
-    hidden = _hidden_ancestor(Path(os.path.realpath(sys.executable)))
-    if hidden is None:
+    needed = [Path(os.path.realpath(sys.executable)), Path(sys.prefix), Path(__file__).parent]
+    hidden = _hidden(needed)
+    if not hidden:
         return drop
-    ancestor, child = hidden
     return ("unshare", "--mount", "--propagation", "private", "--", "sh", "-c", EXPOSE,
-            "sandpod-expose", str(child), str(ancestor), str(spare), *drop)  # fmt: skip
+            "sandpod-expose", str(spare), *(str(h) for h in hidden), "--", *drop)  # fmt: skip

@@ -51,7 +51,8 @@ class Rootless:
     ) -> None:
         self.nats, self.state, self.uid, self.prefix = nats, state, uid, prefix
         self.cgroup_parent = f"sandpod-{self.prefix}"
-        wrap = as_user(uid, gid, Path("/run") / f"sandpod-expose-{self.prefix}")
+        self.spare = Path("/run") / f"sandpod-expose-{self.prefix}"
+        wrap = as_user(uid, gid, self.spare)
         self.proc = ServiceProc(
             "sandpod_lifecycle", nats, state, self.prefix, "rootless", wrap=wrap,
             SANDPOD_RUNTIME="local", SANDPOD_RESYNC="0.5", HOME=str(state), **extra,
@@ -98,6 +99,8 @@ class Rootless:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGKILL)
         psutil.wait_procs(self.user_processes(), 10)
+        with contextlib.suppress(OSError):
+            self.spare.rmdir()
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +361,8 @@ def test_sandpod_up_as_an_unprivileged_user_runs_rootless_jails(
     and which protections are degraded, serves exec from a jail, and stops cleanly."""
     sandpod = str(Path(sysconfig.get_path("scripts")) / "sandpod")
     port, http_port = free_port(), free_port()
-    wrap = as_user(*user, Path("/run") / f"sandpod-expose-{uuid.uuid4().hex[:8]}")
+    spare = Path("/run") / f"sandpod-expose-{uuid.uuid4().hex[:8]}"
+    wrap = as_user(*user, spare)
     up = subprocess.Popen(
         [*wrap, sandpod, "up", "--state-dir", str(state / "up"), "--port", str(port),
          "--gateway-port", str(http_port)],
@@ -391,3 +395,5 @@ def test_sandpod_up_as_an_unprivileged_user_runs_rootless_jails(
         if up.poll() is None:
             up.kill()
             up.wait()
+        with contextlib.suppress(OSError):
+            spare.rmdir()
