@@ -185,6 +185,16 @@ class SandboxCgroups:
         path, on, off = self._freeze_file()
         path.write_text(on if frozen else off)
 
+    def freeze_requested(self) -> bool:
+        """Whether the sandbox is paused: freezing was asked for (v1 ``FREEZING``/``FROZEN``,
+        v2 ``cgroup.freeze`` = 1). Unlike :meth:`frozen`, this does not flicker while the
+        kernel freezes a task that was forking at the time."""
+        if self.core is None:
+            return False
+        if self.core_version == 1:
+            return _read(Path(self.core, "freezer.state")).strip() in ("FREEZING", "FROZEN")
+        return _read(Path(self.core, "cgroup.freeze")).strip() == "1"
+
     def frozen(self) -> bool:
         """True once every process is frozen (not while v1 is still ``FREEZING``)."""
         if self.core is None:

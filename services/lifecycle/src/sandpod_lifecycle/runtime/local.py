@@ -158,7 +158,7 @@ class LocalRuntime:
             sandbox_id=sandbox_id,
             exists=True,
             running=running,
-            paused=running and cg.frozen(),
+            paused=running and cg.freeze_requested(),
             holder_pid=holder if running else None,
             uid=data["uid"],
             gid=data["gid"],
