@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sandpod_kube.admin import apply_crds, delete_all, ensure_namespace
-    from sandpod_kube.choice import open_store, store_settings
+    from sandpod_kube.choice import elect, open_store, store_settings
     from sandpod_kube.config import KubeSettings, LeaderSettings
     from sandpod_kube.errors import StoreForbidden
     from sandpod_kube.kinds import KINDS, KindInfo
@@ -38,6 +38,7 @@ __all__ = [
     "StoreForbidden",
     "apply_crds",
     "delete_all",
+    "elect",
     "ensure_namespace",
     "lease_name",
     "open_store",
@@ -48,6 +49,7 @@ _WHERE = {
     "KINDS": "kinds", "KindInfo": "kinds", "KubeSettings": "config", "KubeStore": "store",
     "PodApi": "pods", "StoreForbidden": "errors", "apply_crds": "admin", "delete_all": "admin",
     "ensure_namespace": "admin", "open_store": "choice", "store_settings": "choice",
+    "elect": "choice",
     "ElectedLeases": "leader", "LeaderElector": "leader", "LeaderSettings": "config",
     "lease_name": "leader",
 }  # fmt: skip

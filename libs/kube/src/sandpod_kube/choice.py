@@ -7,13 +7,24 @@ place that reads the variable and opens the store; ``kubernetes`` is imported on
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
 
 from sandpod_bus import Bus
-from sandpod_kube.config import KubeSettings
+from sandpod_kube.config import KubeSettings, LeaderSettings
 from sandpod_store import KvStore, Store
 
-__all__ = ["open_store", "store_settings"]
+if TYPE_CHECKING:
+    from sandpod_kube.leader import ElectedLeases
+
+__all__ = ["Election", "elect", "open_store", "store_settings"]
+
+# (the per-object lease seam, the election loop to run, how to give the Lease up)
+Election = tuple[
+    "ElectedLeases",
+    Callable[[], Coroutine[Any, Any, None]],
+    Callable[[], Awaitable[None]],
+]
 
 STORES = ("kv", "kube")
 
@@ -40,3 +51,17 @@ async def open_store(
 
     store = await KubeStore.connect(kube)
     return store, store.close
+
+
+def elect(
+    kube: KubeSettings, leader: LeaderSettings, *, prefix: str, service: str, identity: str,
+    on_change: Callable[[bool], None],
+) -> Election:  # fmt: skip
+    """Leader election of ``service`` (lifecycle, pool) on its Lease ``<prefix>-<service>``:
+    what lifecycle and pool use instead of per-object KV leases in cluster mode."""
+    from sandpod_kube.leader import ElectedLeases, LeaderElector, lease_name
+
+    elector = LeaderElector(
+        kube, leader, name=lease_name(prefix, service), identity=identity, on_change=on_change
+    )
+    return ElectedLeases(elector), elector.run, elector.close

@@ -91,15 +91,14 @@ class LifecycleService:
         if kube is None:
             return await Leases.open(bus, self.settings.replica_id, self.settings.lease_ttl,
                                      bucket=self.subjects.storage("leases"))  # fmt: skip
-        from sandpod_kube import ElectedLeases, LeaderElector, lease_name
+        from sandpod_kube import elect
 
-        elector = LeaderElector(
-            kube, self.settings.leader, name=lease_name(self.settings.prefix, "lifecycle"),
+        leases, self._elect, close = elect(
+            kube, self.settings.leader, prefix=self.settings.prefix, service="lifecycle",
             identity=self.settings.replica_id, on_change=self._leadership,
         )  # fmt: skip
-        self._closers.append(elector.close)
-        self._elect = elector.run
-        return ElectedLeases(elector)
+        self._closers.append(close)
+        return leases
 
     def _leadership(self, leading: bool) -> None:
         """Won: queue everything now (the old leader's work, timers it had). Lost: acquire()

@@ -119,15 +119,14 @@ class PoolService:
         if kube is None:
             return await Leases.open(bus, self.settings.replica_id, self.settings.lease_ttl,
                                      bucket=self.subjects.storage("leases"))  # fmt: skip
-        from sandpod_kube import ElectedLeases, LeaderElector, lease_name
+        from sandpod_kube import elect
 
-        elector = LeaderElector(
-            kube, self.settings.leader, name=lease_name(self.settings.prefix, "pool"),
+        leases, self._elect, close = elect(
+            kube, self.settings.leader, prefix=self.settings.prefix, service="pool",
             identity=self.settings.replica_id, on_change=self._leadership,
         )  # fmt: skip
-        self._closers.append(elector.close)
-        self._elect = elector.run
-        return ElectedLeases(elector)
+        self._closers.append(close)
+        return leases
 
     def _leadership(self, leading: bool) -> None:
         """Won: queue every pool and claim now. Lost: acquire() refuses every pool at once."""
