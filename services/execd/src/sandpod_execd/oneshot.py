@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import signal
 import time
 
@@ -64,9 +65,44 @@ def status_fields(returncode: int) -> tuple[int | None, int | None]:
     return returncode, None
 
 
-async def _drain(reader: PipeReader, capture: Capture) -> None:
-    while data := await reader.read(READ_SIZE):
-        capture.add(data)
+class _Collector:
+    """Reads stdout and stderr from the loop's reader callbacks into their captures.
+
+    No task per stream: a one-shot exec of a short command is dominated by per-request overhead,
+    and two tasks plus the waits around them cost more than the command (measured with
+    ``bench/exec_latency.py``). ``eof`` completes once every pipe reached end of file.
+    """
+
+    def __init__(self, pipes: list[tuple[PipeReader, Capture]]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._open: set[int] = set()
+        self.eof: asyncio.Future[None] = self._loop.create_future()
+        for reader, capture in pipes:
+            self._open.add(reader.fd)
+            self._loop.add_reader(reader.fd, self._readable, reader.fd, capture)
+        if not self._open:
+            self.eof.set_result(None)
+
+    def _readable(self, fd: int, capture: Capture) -> None:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:  # the pipe broke: nothing more will come
+            data = b""
+        if data:
+            capture.add(data)
+            return
+        self._loop.remove_reader(fd)
+        self._open.discard(fd)
+        if not self._open and not self.eof.done():
+            self.eof.set_result(None)
+
+    def stop(self) -> None:
+        """Stop reading (pipes still open are abandoned to the caller, who closes them)."""
+        for fd in self._open:
+            self._loop.remove_reader(fd)
+        self._open.clear()
 
 
 async def _feed(proc: Process, data: bytes) -> None:
@@ -85,29 +121,36 @@ async def run_to_completion(
     pipe_grace: float,
 ) -> Outcome:
     """Feed ``stdin``, capture output, enforce ``timeout``; always reaps and closes pipes."""
+    loop = asyncio.get_running_loop()
     out, err = Capture(max_output), Capture(max_output)
-    io_tasks = [
-        asyncio.create_task(_drain(proc.stdout, out), name=f"exec:{proc.pid}:stdout"),
-        asyncio.create_task(_drain(proc.stderr, err), name=f"exec:{proc.pid}:stderr"),
-    ]
+    collector = _Collector([(proc.stdout, out), (proc.stderr, err)])
+    feeder = None
     if proc.stdin is not None:
-        io_tasks.append(asyncio.create_task(_feed(proc, stdin or b""), name=f"exec:{proc.pid}:in"))
+        feeder = asyncio.create_task(_feed(proc, stdin or b""), name=f"exec:{proc.pid}:in")
     timed_out = False
+
+    def expire() -> None:
+        nonlocal timed_out
+        timed_out = True
+        proc.kill_tree()
+
+    timer = loop.call_later(timeout, expire) if timeout is not None else None
     try:
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
-            timed_out = True
-            proc.kill_tree()
-            await proc.wait()
+        await proc.wait()
+        if timer is not None:
+            timer.cancel()
         # Read what is left; a grandchild holding the pipes open gets pipe_grace seconds.
-        _, pending = await asyncio.wait(io_tasks, timeout=pipe_grace)
-        if pending and timed_out:
-            proc.kill_tree()
+        if not collector.eof.done():
+            await asyncio.wait({collector.eof}, timeout=pipe_grace)
+            if not collector.eof.done() and timed_out:
+                proc.kill_tree()
     finally:
-        for task in io_tasks:
-            task.cancel()
-        await asyncio.gather(*io_tasks, return_exceptions=True)
+        if timer is not None:
+            timer.cancel()
+        collector.stop()
+        if feeder is not None:
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
         if proc.running:  # cancelled while running (execd stopping): leave nothing behind
             proc.kill_tree()
             with contextlib.suppress(asyncio.CancelledError):
