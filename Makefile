@@ -13,7 +13,8 @@ WEB := services/gateway/src/sandpod_gateway/web
 
 $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
-		{ echo "installing uv (the workspace installer) with pip"; $(PYTHON) -m pip install --quiet 'uv>=0.5'; }
+		{ echo "installing uv (the workspace installer) with pip"; $(PYTHON) -m pip install --quiet 'uv>=0.5' || \
+		  $(PYTHON) -m pip install --quiet --break-system-packages 'uv>=0.5'; }
 	$(UV) sync --all-packages --locked
 	@touch $@
 
