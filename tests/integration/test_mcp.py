@@ -3,7 +3,10 @@ stdio with the official SDK's own client."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import sysconfig
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,11 +15,15 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 
-from conftest import Execd, NatsServer
+from conftest import Execd, NatsServer, free_port
 from sandpod import AsyncSandbox
 from sandpod.mcp_server import SandboxPool, build_server
 
 SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
+TOOLS = {
+    "exec", "file_read", "file_write", "file_list", "file_search", "file_replace",
+    "git_checkout", "process_start", "process_logs", "process_kill", "session_run",
+}  # fmt: skip
 
 
 @pytest.fixture
@@ -34,7 +41,7 @@ async def test_lists_tools_with_descriptions_for_a_model(server: MCPServer[Any])
     """Every tool has a description a model can act on and a JSON schema for its arguments."""
     async with Client(server) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-        assert "exec" in tools
+        assert set(tools) == TOOLS
         for tool in tools.values():
             assert tool.description and len(tool.description) > 40
             assert tool.input_schema["type"] == "object"
@@ -85,6 +92,40 @@ async def test_stdio_server_via_the_cli(nats: NatsServer, shared_execd: Execd) -
         assert "exec" in names
         out = _structured(await c.call_tool("exec", {"command": "echo over-stdio"}))
         assert out["stdout"] == "over-stdio\n"
+
+
+async def test_streamable_http_server_via_the_cli(nats: NatsServer, shared_execd: Execd) -> None:
+    """`sandpod mcp --transport streamable-http` serves the same tools to the official client
+    over HTTP, and stops on SIGTERM."""
+    port = free_port()
+    server = subprocess.Popen(
+        [SANDPOD, "mcp", "--sandbox", "shared", "--nats-url", nats.url,
+         "--transport", "streamable-http", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        wait_for_port(port, server)
+        async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+            assert {t.name for t in (await c.list_tools()).tools} == TOOLS
+            out = _structured(await c.call_tool("exec", {"command": "echo over-http"}))
+            assert out["stdout"] == "over-http\n"
+    finally:
+        server.terminate()
+        assert server.wait(timeout=15) is not None
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    """Until something accepts on ``port``; fails with the server's stderr if it exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if proc.poll() is not None:
+            assert proc.stderr is not None
+            pytest.fail(f"MCP server exited {proc.returncode}: {proc.stderr.read().decode()}")
+        assert time.monotonic() < deadline, f"nothing listens on {port} after {timeout}s"
+        time.sleep(0.05)
 
 
 async def test_file_tools_round_trip(server: MCPServer[Any]) -> None:
