@@ -79,15 +79,25 @@ def unpack(data: bytes) -> Any:
 def to_map(msg: Message) -> dict[str, Any]:
     """The wire map of ``msg``: ``v`` first, then set fields in declaration order."""
     out: dict[str, Any] = {"v": msg.VERSION}
-    for f in dataclasses.fields(msg):
-        value = getattr(msg, f.name)
+    for name in _names(type(msg)):  # type: ignore[arg-type]  # classes are hashable
+        value = getattr(msg, name)
         if value is None:
             continue
-        out[f.name] = _to_wire(value)
+        out[name] = _to_wire(value)
     return out
 
 
+@cache
+def _names(cls: type[Message]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+_SCALARS = frozenset({str, bytes, int, float, bool})
+
+
 def _to_wire(value: Any) -> Any:
+    if type(value) in _SCALARS:  # most fields; skips the isinstance checks below
+        return value
     if isinstance(value, Message):
         return to_map(value)
     if isinstance(value, tuple | list):
@@ -148,14 +158,15 @@ def decode_map(cls: type[T], raw: Any, path: str = "") -> T:
             supported=cls.VERSION,
         )
     kwargs: dict[str, Any] = {}
-    hints = _hints(cls)  # type: ignore[arg-type]  # classes are hashable
-    for f in dataclasses.fields(cls):
-        fpath = _join(path, f.name)
-        if f.name not in raw or raw[f.name] is None:
-            if _required(f):
-                raise BadRequest(f"{where}: missing required field '{f.name}'", field=fpath)
+    for name, required, convert in _plan(cls):  # type: ignore[arg-type]  # classes are hashable
+        value = raw.get(name)
+        if value is None:
+            if required:
+                raise BadRequest(
+                    f"{where}: missing required field '{name}'", field=_join(path, name)
+                )
             continue
-        kwargs[f.name] = _convert(hints[f.name], raw[f.name], fpath)
+        kwargs[name] = convert(value, path, name)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:  # __post_init__ validation
@@ -166,9 +177,40 @@ def _required(f: dataclasses.Field[Any]) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
+Converter = typing.Callable[[Any, str, str], Any]  # (value, parent path, field name) -> value
+
+
 @cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _plan(cls: type[Message]) -> tuple[tuple[str, bool, Converter], ...]:
+    """How to decode each field of ``cls``, worked out once per class: type hints are resolved
+    and every field's type becomes a converter, so decoding a message is one call per field
+    instead of a walk over ``typing`` objects (measured: a third of a reply's decode time)."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, _required(f), _compile(hints[f.name])) for f in dataclasses.fields(cls))
+
+
+def _compile(tp: Any) -> Converter:
+    """A converter for one field type; the path of the value is built only for error messages.
+    A field's ``None`` never reaches it (an absent or nil field is skipped before), so ``X | None``
+    converts as ``X``."""
+    if get_origin(tp) in (Union, types.UnionType):
+        options = [a for a in get_args(tp) if a is not type(None)]
+        if len(options) == 1:
+            return _compile(options[0])
+    if isinstance(tp, type) and issubclass(tp, Message):
+        return lambda value, parent, name: decode_map(tp, value, _join(parent, name))
+    if tp in (str, bytes, bool, int, float) or tp is Any:
+        return lambda value, parent, name: _scalar(tp, value, parent, name)
+    return lambda value, parent, name: _convert(tp, value, _join(parent, name))
+
+
+def _scalar(tp: Any, value: Any, parent: str, name: str) -> Any:
+    kind = type(value)
+    if kind is tp or tp is Any:
+        return value
+    if tp is float and kind is int:
+        return float(value)
+    return _convert(tp, value, _join(parent, name))  # raises the typed error
 
 
 def _join(path: str, name: str) -> str:
