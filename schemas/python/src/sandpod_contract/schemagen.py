@@ -37,7 +37,19 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from sandpod_contract import errors, subjects
 from sandpod_contract._schemagen_data import ACCEPT, ERRORS, EXAMPLES, MESSAGE_RULES, REJECT, RULES
-from sandpod_contract.catalogue import DATA_PLANE, FRAMES, PROTOCOL_VERSION
+from sandpod_contract.catalogue import (
+    CONTROL_PLANES,
+    DATA,
+    DATA_PLANE,
+    EVENTS,
+    FRAMES,
+    NODE,
+    PLANES,
+    PROTOCOL_VERSION,
+    EventStream,
+    Operation,
+    Plane,
+)
 from sandpod_contract.codec import Message, decode, encode, encode_error, pack, to_map, unpack
 
 __all__ = [
@@ -54,7 +66,6 @@ __all__ = [
 ]
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
-DATA_SUBJECT = "<prefix>.sbx.<sandbox>.{}.{}"
 DELIVER = "<deliver>"
 BIN_NOTE = "msgpack bin on the wire, never base64; base64 only in this JSON view"
 LENIENCY = (
@@ -68,7 +79,8 @@ LENIENCY = (
 
 
 def message_types() -> tuple[type[Message], ...]:
-    """Every message type reachable from the catalogue: requests, replies, frames, nested ones."""
+    """Every message type reachable from the catalogue: requests and replies of every plane,
+    frames, events, and the messages nested in them."""
     seen: dict[str, type[Message]] = {}
 
     def visit(cls: type[Message]) -> None:
@@ -79,13 +91,20 @@ def message_types() -> tuple[type[Message], ...]:
                     if isinstance(inner, type) and issubclass(inner, Message):
                         visit(inner)
 
-    for op in DATA_PLANE:
+    for _, op in _all_ops():
         visit(op.request)
         if op.reply is not None:
             visit(op.reply)
     for frame in FRAMES:
         visit(frame)
+    for events in EVENTS:
+        visit(events.message)
     return tuple(seen.values())
+
+
+def _all_ops() -> Iterable[tuple[Plane, Operation]]:
+    """Every operation with its plane, data plane first (the order of the generated files)."""
+    return ((plane, op) for plane in PLANES for op in plane.operations)
 
 
 def _flatten(tp: Any) -> Iterable[Any]:
@@ -108,7 +127,9 @@ def _type_schema(tp: Any) -> dict[str, Any]:  # noqa: PLR0911 - one branch per w
     if origin is tuple:
         return {"type": "array", "items": _type_schema(get_args(tp)[0])}
     if origin is dict:
-        return {"type": "object", "additionalProperties": _type_schema(get_args(tp)[1])}
+        value = get_args(tp)[1]  # Any: an open map (Kubernetes-shaped objects)
+        return {"type": "object", "additionalProperties": True if value is Any else
+                _type_schema(value)}  # fmt: skip
     if isinstance(tp, type) and issubclass(tp, Message):
         return {"$ref": f"{tp.TYPE}.schema.json"}
     if tp is bytes:
@@ -294,40 +315,72 @@ def _examples(cls: type[Message], prefix: str, meta: dict[str, Any]) -> list[dic
     return out
 
 
-def _ops(cls: type[Message], role: Literal["request", "reply"]) -> list[str]:
+def _name(op: Operation) -> str:
+    return f"{op.family}.{op.verb}"
+
+
+def _stem(plane: Plane, op: Operation) -> str:
+    """The vectors file of ``op``'s requests: its family on the data plane, else the plane's."""
+    return op.family if plane is DATA else {"control": "api", "node": "node"}[plane.name]
+
+
+def _uses(cls: type[Message], role: Literal["request", "reply"]) -> list[tuple[Plane, Operation]]:
     return [
-        f"{op.family}.{op.verb}"
-        for op in DATA_PLANE
-        if (op.request if role == "request" else op.reply) is cls
+        (p, op) for p, op in _all_ops() if (op.request if role == "request" else op.reply) is cls
     ]
 
 
+def _ops(cls: type[Message], role: Literal["request", "reply"]) -> list[str]:
+    return [_name(op) for _, op in _uses(cls, role)]
+
+
+def _nested() -> dict[type[Message], list[str]]:
+    """Messages only ever found inside others, with the types that carry them."""
+    top = {c for _, op in _all_ops() for c in (op.request, op.reply) if c is not None}
+    top |= {*FRAMES, *(e.message for e in EVENTS)}
+    within: dict[type[Message], list[str]] = {}
+    for cls in message_types():
+        for tp in typing.get_type_hints(cls).values():
+            for inner in _flatten(tp):
+                if isinstance(inner, type) and issubclass(inner, Message) and inner not in top:
+                    within.setdefault(inner, [])
+                    if cls.TYPE not in within[inner]:
+                        within[inner].append(cls.TYPE)
+    return within
+
+
+def _events(cls: type[Message]) -> EventStream | None:
+    return next((e for e in EVENTS if e.message is cls), None)
+
+
 def _family(cls: type[Message]) -> str:
-    ops = _ops(cls, "request") or _ops(cls, "reply")
-    return ops[0].split(".", 1)[0] if ops else cls.TYPE.split(".", 1)[0]
+    if uses := _uses(cls, "request") or _uses(cls, "reply"):
+        return _stem(*uses[0])
+    return "event" if _events(cls) else cls.TYPE.split(".", 1)[0]
 
 
 def _meta(cls: type[Message]) -> dict[str, Any]:
     if cls in FRAMES:
         return {"role": "frame", "subject_pattern": DELIVER}
-    if ops := _ops(cls, "request"):
-        return {"role": "request", "operations": ops, "subject_pattern": _subject(ops[0])}
+    if (events := _events(cls)) is not None:
+        return {"role": "event", "subject_pattern": events.subject}
+    if uses := _uses(cls, "request"):  # shown as sent on its first operation
+        plane, op = uses[0]
+        return {"role": "request", "operations": [_name(op)],
+                "subject_pattern": plane.subject_of(op)}  # fmt: skip
     return {"role": "reply", "operations": _ops(cls, "reply")}
-
-
-def _subject(operation: str) -> str:
-    return DATA_SUBJECT.format(*operation.split("."))
 
 
 def vectors() -> dict[str, list[dict[str, Any]]]:
     """Test vectors by file stem: the family, or ``error`` for the error envelopes."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for op in DATA_PLANE:  # a request type shared by operations gets vectors on each subject
-        name = f"{op.family}.{op.verb}"
-        meta = {"role": "request", "operations": [name], "subject_pattern": _subject(name)}
-        out.setdefault(op.family, []).extend(_examples(op.request, f"{name}/request", meta))
-    replies = dict.fromkeys(op.reply for op in DATA_PLANE if op.reply is not None)
-    for cls in [*(r for r in replies if r is not None), *FRAMES]:
+    for plane, op in _all_ops():  # a request type shared by operations: vectors on each subject
+        name = _name(op)
+        meta = {"role": "request", "operations": [name], "subject_pattern": plane.subject_of(op)}
+        out.setdefault(_stem(plane, op), []).extend(_examples(op.request, f"{name}/request", meta))
+    replies = dict.fromkeys(op.reply for _, op in _all_ops() if op.reply is not None)
+    events = [e.message for e in EVENTS]
+    for cls in [*(r for r in replies if r is not None), *FRAMES, *events]:
         out.setdefault(_family(cls), []).extend(_examples(cls, cls.TYPE, _meta(cls)))
     for label, cls, wire, doc in ACCEPT:
         name = f"{cls.TYPE}/{label}"
@@ -341,6 +394,9 @@ def vectors() -> dict[str, list[dict[str, Any]]]:
             "error_code": code,
             "detected_by_schema": by_schema,
         })  # fmt: skip
+    for cls, within in _nested().items():  # after the rest: earlier vectors keep their place
+        meta = {"role": "nested", "within": within}
+        out.setdefault(_family(cls), []).extend(_examples(cls, cls.TYPE, meta))
     known = {cls.code for cls in _error_classes()}
     out["error"] = []
     for err in ERRORS:
@@ -385,6 +441,37 @@ def _errors_doc() -> dict[str, Any]:
     }
 
 
+def _codes(plane: Plane, op: Operation) -> list[str]:
+    """Every code ``op`` may reply with: the plane's, then its own."""
+    return list(dict.fromkeys(e.code for e in (*plane.errors, *op.errors)))
+
+
+def _plane_doc(plane: Plane) -> dict[str, Any]:
+    return {
+        "plane": plane.name,
+        "subject": plane.subject.format(family="<family>", verb="<verb>"),
+        "served_by": plane.served_by,
+        "queue_group": plane.queue,
+        "families": list(dict.fromkeys(op.family for op in plane.operations)),
+        "errors": [e.code for e in plane.errors],
+        "doc": plane.doc,
+    }
+
+
+def _op_doc(plane: Plane, op: Operation, family_key: str) -> dict[str, Any]:
+    return {
+        "subject": plane.subject_of(op),
+        family_key: op.family,
+        "verb": op.verb,
+        "request": op.request.TYPE,
+        "reply": op.reply.TYPE if op.reply is not None else None,
+        "doc": op.doc,
+        "served_by": plane.served_by,
+        "queue_group": plane.queue,
+        "errors": _codes(plane, op),
+    }
+
+
 def _subjects_doc() -> dict[str, Any]:
     kinds = [
         {"kind": get_args(typing.get_type_hints(f)["kind"])[0], "type": f.TYPE} for f in FRAMES
@@ -396,13 +483,15 @@ def _subjects_doc() -> dict[str, Any]:
             "control": "<prefix>.api.<kind>.<verb>",
             "data": "<prefix>.sbx.<sandbox>.<family>.<verb>",
             "sandbox_all": "<prefix>.sbx.<sandbox>.>",
+            "node": "<prefix>.node.<node>.<service>.<verb>",
             "events": "<prefix>.events.<kind>.<name>.<type>",
         },
         "sandbox_id_pattern": subjects.SANDBOX_ID_RE.pattern,
         "token_pattern": subjects.TOKEN_RE.pattern,  # one source for the rule
-        "operations": [
+        "planes": [_plane_doc(plane) for plane in PLANES],
+        "operations": [  # the data plane; its errors: planes[data].errors and the README
             {
-                "subject": _subject(f"{op.family}.{op.verb}"),
+                "subject": DATA.subject_of(op),
                 "family": op.family,
                 "verb": op.verb,
                 "request": op.request.TYPE,
@@ -410,6 +499,22 @@ def _subjects_doc() -> dict[str, Any]:
                 "doc": op.doc,
             }
             for op in DATA_PLANE
+        ],
+        "control_operations": [
+            _op_doc(plane, op, "kind") for plane in CONTROL_PLANES for op in plane.operations
+        ],
+        "node_operations": [_op_doc(NODE, op, "service") for op in NODE.operations],
+        "events": [
+            {
+                "kind": e.kind,
+                "subject": e.subject,
+                "message": e.message.TYPE,
+                "types": list(e.types),
+                "published_by": e.published_by,
+                "stream": e.stream,
+                "doc": e.doc,
+            }
+            for e in EVENTS
         ],
         "frames": {"subject": DELIVER, "discriminator": "kind", "types": kinds},
     }
