@@ -446,10 +446,13 @@ def _codes(plane: Plane, op: Operation) -> list[str]:
     return list(dict.fromkeys(e.code for e in (*plane.errors, *op.errors)))
 
 
+_TOKEN = {"data": "<family>", "control": "<kind>", "node": "<service>"}  # as in "patterns"
+
+
 def _plane_doc(plane: Plane) -> dict[str, Any]:
     return {
         "plane": plane.name,
-        "subject": plane.subject.format(family="<family>", verb="<verb>"),
+        "subject": plane.subject.format(family=_TOKEN[plane.name], verb="<verb>"),
         "served_by": plane.served_by,
         "queue_group": plane.queue,
         "families": list(dict.fromkeys(op.family for op in plane.operations)),
