@@ -9,7 +9,8 @@ source of truth, so those files are derived from it, never written by hand:
 - ``vectors/<family>.json``: realistic examples encoded by the real codec, payloads a decoder
   must accept although they are not canonical, and payloads it must reject with the expected
   error code; ``vectors/error.json``: one error envelope per error code;
-- ``errors.json`` (error catalogue) and ``subjects.json`` (operation catalogue).
+- ``errors.json`` (error catalogue) and ``subjects.json`` (every plane's operations, events,
+  frames), rendered by ``_schemagen_catalogues``.
 
 The hand-written inputs (value rules, examples, rejects) live in ``_schemagen_data``.
 
@@ -35,17 +36,19 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from sandpod_contract import errors, subjects
+from sandpod_contract import errors
+from sandpod_contract._schemagen_catalogues import (
+    DELIVER,
+    error_classes,
+    errors_doc,
+    subjects_doc,
+)
 from sandpod_contract._schemagen_data import ACCEPT, ERRORS, EXAMPLES, MESSAGE_RULES, REJECT, RULES
 from sandpod_contract.catalogue import (
-    CONTROL_PLANES,
     DATA,
-    DATA_PLANE,
     EVENTS,
     FRAMES,
-    NODE,
     PLANES,
-    PROTOCOL_VERSION,
     EventStream,
     Operation,
     Plane,
@@ -66,7 +69,6 @@ __all__ = [
 ]
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
-DELIVER = "<deliver>"
 BIN_NOTE = "msgpack bin on the wire, never base64; base64 only in this JSON view"
 LENIENCY = (
     "Wire form: a msgpack map with string keys, 'v' first, then the set fields in "
@@ -397,7 +399,7 @@ def vectors() -> dict[str, list[dict[str, Any]]]:
     for cls, within in _nested().items():  # after the rest: earlier vectors keep their place
         meta = {"role": "nested", "within": within}
         out.setdefault(_family(cls), []).extend(_examples(cls, cls.TYPE, meta))
-    known = {cls.code for cls in _error_classes()}
+    known = {cls.code for cls in error_classes()}
     out["error"] = []
     for err in ERRORS:
         vector = _positive_error(err)
@@ -412,115 +414,6 @@ def _positive_error(err: errors.SandpodError) -> dict[str, Any]:
     wire = encode_error(err)
     return {"name": f"error/{err.code}", "type": "error", "role": "error",
             "json": to_json(unpack(wire)), "msgpack_hex": wire.hex()}  # fmt: skip
-
-
-# -- catalogues ------------------------------------------------------------------------------------
-
-
-def _error_classes() -> list[type[errors.SandpodError]]:
-    found = [getattr(errors, name) for name in errors.__all__]
-    root = errors.SandpodError
-    return [c for c in found if isinstance(c, type) and issubclass(c, root) and c is not root]
-
-
-def _errors_doc() -> dict[str, Any]:
-    parent: dict[str, str | None] = {}
-    for cls in _error_classes():
-        base = cls.__bases__[0]
-        if issubclass(base, errors.SandpodError) and base is not errors.SandpodError:
-            parent[cls.code] = base.code
-        else:
-            parent[cls.code] = None
-    return {
-        "envelope": 'a failed request\'s reply: {"v": 1, "error": {"code", "message", '
-        '"retryable", "details"}}',
-        "unknown_codes": "map to the known code equal to the code's first dot-separated segment, "
-        "else to '<segment>.error', else to the root error; keep the code and the wire's "
-        "retryable",
-        "codes": [{**e, "parent": parent[e["code"]]} for e in errors.error_catalogue()],
-    }
-
-
-def _codes(plane: Plane, op: Operation) -> list[str]:
-    """Every code ``op`` may reply with: the plane's, then its own."""
-    return list(dict.fromkeys(e.code for e in (*plane.errors, *op.errors)))
-
-
-_TOKEN = {"data": "<family>", "control": "<kind>", "node": "<service>"}  # as in "patterns"
-
-
-def _plane_doc(plane: Plane) -> dict[str, Any]:
-    return {
-        "plane": plane.name,
-        "subject": plane.subject.format(family=_TOKEN[plane.name], verb="<verb>"),
-        "served_by": plane.served_by,
-        "queue_group": plane.queue,
-        "families": list(dict.fromkeys(op.family for op in plane.operations)),
-        "errors": [e.code for e in plane.errors],
-        "doc": plane.doc,
-    }
-
-
-def _op_doc(plane: Plane, op: Operation, family_key: str) -> dict[str, Any]:
-    return {
-        "subject": plane.subject_of(op),
-        family_key: op.family,
-        "verb": op.verb,
-        "request": op.request.TYPE,
-        "reply": op.reply.TYPE if op.reply is not None else None,
-        "doc": op.doc,
-        "served_by": plane.served_by,
-        "queue_group": plane.queue,
-        "errors": _codes(plane, op),
-    }
-
-
-def _subjects_doc() -> dict[str, Any]:
-    kinds = [
-        {"kind": get_args(typing.get_type_hints(f)["kind"])[0], "type": f.TYPE} for f in FRAMES
-    ]
-    return {
-        "default_prefix": subjects.DEFAULT_PREFIX,
-        "protocol_version": PROTOCOL_VERSION,
-        "patterns": {
-            "control": "<prefix>.api.<kind>.<verb>",
-            "data": "<prefix>.sbx.<sandbox>.<family>.<verb>",
-            "sandbox_all": "<prefix>.sbx.<sandbox>.>",
-            "node": "<prefix>.node.<node>.<service>.<verb>",
-            "events": "<prefix>.events.<kind>.<name>.<type>",
-        },
-        "sandbox_id_pattern": subjects.SANDBOX_ID_RE.pattern,
-        "token_pattern": subjects.TOKEN_RE.pattern,  # one source for the rule
-        "planes": [_plane_doc(plane) for plane in PLANES],
-        "operations": [  # the data plane; its errors: planes[data].errors and the README
-            {
-                "subject": DATA.subject_of(op),
-                "family": op.family,
-                "verb": op.verb,
-                "request": op.request.TYPE,
-                "reply": op.reply.TYPE if op.reply is not None else None,
-                "doc": op.doc,
-            }
-            for op in DATA_PLANE
-        ],
-        "control_operations": [
-            _op_doc(plane, op, "kind") for plane in CONTROL_PLANES for op in plane.operations
-        ],
-        "node_operations": [_op_doc(NODE, op, "service") for op in NODE.operations],
-        "events": [
-            {
-                "kind": e.kind,
-                "subject": e.subject,
-                "message": e.message.TYPE,
-                "types": list(e.types),
-                "published_by": e.published_by,
-                "stream": e.stream,
-                "doc": e.doc,
-            }
-            for e in EVENTS
-        ],
-        "frames": {"subject": DELIVER, "discriminator": "kind", "types": kinds},
-    }
 
 
 # -- files -----------------------------------------------------------------------------------------
@@ -539,8 +432,8 @@ def render() -> dict[str, str]:
     files["schemas/messages/error.schema.json"] = _dump(error_schema())
     for family, vecs in vectors().items():
         files[f"schemas/vectors/{family}.json"] = _dump({"family": family, "vectors": vecs})
-    files["schemas/errors.json"] = _dump(_errors_doc())
-    files["schemas/subjects.json"] = _dump(_subjects_doc())
+    files["schemas/errors.json"] = _dump(errors_doc())
+    files["schemas/subjects.json"] = _dump(subjects_doc())
     return dict(sorted(files.items()))
 
 
