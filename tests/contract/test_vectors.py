@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib
 import json
+import pkgutil
 import re
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import sandpod_contract
 from sandpod_contract import codec, errors, schemagen
-from sandpod_contract.catalogue import DATA_PLANE, FRAMES
+from sandpod_contract.catalogue import (
+    CONTROL_PLANES,
+    DATA_PLANE,
+    EVENTS,
+    FRAMES,
+    NODE,
+    PLANES,
+)
 from sandpod_contract.messages.exec import ExecRef
 from sandpod_contract.subjects import Subjects
 
@@ -258,32 +269,93 @@ def test_error_envelope_decodes_to_its_typed_error(vector: dict[str, Any]) -> No
 # -- completeness ----------------------------------------------------------------------------------
 
 
+def contract_messages() -> list[type[codec.Message]]:
+    """Every Message subclass defined in ``sandpod_contract``, after importing all its modules:
+    what may cross NATS, whether or not the catalogue mentions it."""
+    for module in pkgutil.walk_packages(sandpod_contract.__path__, "sandpod_contract."):
+        importlib.import_module(module.name)
+    found: list[type[codec.Message]] = []
+    todo = [codec.Message]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in found:
+                found.append(sub)
+                todo.append(sub)
+    # ``slots=True`` makes a dataclass a new class: the one its module binds is the message
+    return [
+        c for c in found
+        if c.__module__.startswith("sandpod_contract.")
+        and getattr(sys.modules[c.__module__], c.__qualname__, None) is c
+    ]  # fmt: skip
+
+
+def contract_gaps(cls: type[codec.Message]) -> list[str]:
+    """What ``schemas/`` lacks for message ``cls`` (empty when a client can be written for it)."""
+    gaps = []
+    if cls not in schemagen.message_types():
+        gaps.append("not reachable from the catalogue (no plane, frame or event uses it)")
+    if not (SCHEMAS / "messages" / f"{cls.TYPE}.schema.json").is_file():
+        return [*gaps, "no schema file"]
+    names = [v["name"] for v in POSITIVE if v["type"] == cls.TYPE]
+    if not names:
+        gaps.append("no positive vector")
+    schema = schema_of(f"{cls.TYPE}.schema.json")
+    optional = set(schema["properties"]) - set(schema["required"]) - {"kind"}
+    if optional and not any(n.endswith("/minimal") for n in names):
+        gaps.append(f"optional fields {sorted(optional)} but no minimal vector")
+    return gaps
+
+
 def test_every_operation_has_request_and_reply_vectors() -> None:
-    """Each data-plane operation has a request vector on its subject and a reply vector."""
-    for op in DATA_PLANE:
-        name = f"{op.family}.{op.verb}"
-        requests = [v for v in POSITIVE if v.get("role") == "request" and name in v["operations"]]
-        assert requests, name
-        assert all(v["subject_pattern"] == f"<prefix>.sbx.<sandbox>.{name}" for v in requests)
-        if op.reply is not None:
-            assert any(
-                v["type"] == op.reply.TYPE and name in v.get("operations", []) for v in POSITIVE
-            ), name
+    """Each operation of every plane has a request vector on its subject and a reply vector."""
+    for plane in PLANES:
+        for op in plane.operations:
+            name = f"{op.family}.{op.verb}"
+            requests = [
+                v for v in POSITIVE if v.get("role") == "request" and name in v["operations"]
+            ]
+            assert requests, name
+            assert all(v["subject_pattern"] == plane.subject_of(op) for v in requests), name
+            if op.reply is not None:
+                assert any(
+                    v["type"] == op.reply.TYPE and name in v.get("operations", []) for v in POSITIVE
+                ), name
 
 
 def test_every_message_type_has_vectors_and_a_schema_file() -> None:
-    """Each DATA_PLANE/FRAMES message has a schema, vectors, and a minimal one if it has options."""
-    types = {op.request for op in DATA_PLANE} | {op.reply for op in DATA_PLANE} | set(FRAMES)
-    for cls in (t for t in types if t is not None):
-        assert (SCHEMAS / "messages" / f"{cls.TYPE}.schema.json").is_file(), cls.TYPE
-        names = [v["name"] for v in POSITIVE if v["type"] == cls.TYPE]
-        assert names, cls.TYPE
-        schema = schema_of(f"{cls.TYPE}.schema.json")
-        if set(schema["properties"]) - set(schema["required"]) - {"kind"}:
-            assert any(n.endswith("/minimal") for n in names), cls.TYPE
+    """Every Message subclass in sandpod_contract (any plane, frame, event or nested message)
+    has a schema, vectors, and a minimal vector if it has optional fields."""
+    classes = contract_messages()
+    assert len({c.TYPE for c in classes}) == len(classes), "two messages share a TYPE"
+    gaps = {cls.TYPE: contract_gaps(cls) for cls in classes}
+    assert {t: g for t, g in gaps.items() if g} == {}
     for frame in FRAMES:
         assert any(v["role"] == "frame" for v in POSITIVE if v["type"] == frame.TYPE)
+    for events in EVENTS:
+        assert any(v["role"] == "event" for v in POSITIVE if v["type"] == events.message.TYPE)
     assert (SCHEMAS / "messages" / "error.schema.json").is_file()
+
+
+def test_the_message_walk_covers_every_plane() -> None:
+    """The walk finds the control-plane, node-plane and event messages, not only the data plane."""
+    types = {c.TYPE for c in contract_messages()}
+    assert {"api.scale", "api.renew", "node.serve", "node.sandboxes", "event.sandbox"} <= types
+    assert {"exec.request", "exec.chunk", "fs.entry", "empty"} <= types
+
+
+def test_a_message_without_schema_or_vectors_is_reported() -> None:
+    """A new message nobody generated a schema or vectors for is a gap (so CI fails on it)."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class Frobnicate(codec.Message):
+        TYPE = "api.frobnicate"
+        name: str
+        force: bool = False
+
+    gaps = contract_gaps(Frobnicate)
+    assert any("not reachable" in g for g in gaps)
+    assert "no schema file" in gaps
 
 
 def test_every_error_code_has_an_envelope_vector() -> None:
@@ -315,6 +387,49 @@ def test_subjects_json_matches_catalogue_and_builders() -> None:
     assert {f["type"] for f in doc["frames"]["types"]} == {f.TYPE for f in FRAMES}
     assert re.match(doc["sandbox_id_pattern"], "demo-1")
     assert not re.match(doc["sandbox_id_pattern"], "Demo_1")
+
+
+def test_subjects_json_lists_the_control_and_node_planes() -> None:
+    """Control and node operations are listed with request, reply, server, queue group and
+    error codes, on subjects the builders produce."""
+    doc = _load(SCHEMAS / "subjects.json")
+    control = [(o["kind"], o["verb"]) for o in doc["control_operations"]]
+    assert control == [(op.family, op.verb) for p in CONTROL_PLANES for op in p.operations]
+    assert [(o["service"], o["verb"]) for o in doc["node_operations"]] == [
+        (op.family, op.verb) for op in NODE.operations
+    ]
+    acme = Subjects("acme")
+    scale = next(o for o in doc["control_operations"] if o["subject"].endswith("pools.scale"))
+    assert scale["subject"].replace("<prefix>", "acme") == acme.api("pools", "scale")
+    assert (scale["request"], scale["reply"], scale["queue_group"]) == (
+        "api.scale", "api.object_reply", "sandpod-pool",
+    )  # fmt: skip
+    claim = next(o for o in doc["control_operations"] if o["subject"].endswith("claims.create"))
+    assert {"claim.pool_not_found", "claim.failed", "claim.timeout"} <= set(claim["errors"])
+    serve = next(o for o in doc["node_operations"] if o["verb"] == "serve")
+    assert serve["subject"].replace("<prefix>", "acme").replace("<node>", "n1") == acme.node(
+        "n1", "execd", "serve"
+    )
+    assert serve["queue_group"] is None
+    codes = {e["code"] for e in errors.error_catalogue()}
+    for entry in (*doc["control_operations"], *doc["node_operations"], *doc["planes"]):
+        assert set(entry["errors"]) <= codes, entry
+    groups = {(p["plane"], p["served_by"]): p["queue_group"] for p in doc["planes"]}
+    assert groups[("control", "lifecycle")] == "sandpod-lifecycle"
+    assert groups[("data", "execd serving the sandbox")] == "sandpod-execd"
+
+
+def test_subjects_json_lists_the_events() -> None:
+    """Each event kind names its subject (built by Subjects.event), message, types and stream."""
+    doc = _load(SCHEMAS / "subjects.json")
+    (sandbox,) = doc["events"]
+    assert sandbox["message"] == "event.sandbox"
+    assert {"created", "ready", "failed", "deleted", "idle_expired"} <= set(sandbox["types"])
+    subject = sandbox["subject"].replace("<prefix>", "acme").replace("<name>", "demo")
+    assert subject.replace("<type>", "ready") == Subjects("acme").event("sandbox", "demo", "ready")
+    assert sandbox["stream"].replace("<storage>", "acme-eu") == Subjects("acme.eu").storage(
+        "events"
+    )
 
 
 # -- the generator ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sandpod_contract.messages.sandboxes import SANDBOX_EVENT_TYPES
 from sandpod_contract.resources import SandboxSpec, SandboxStatus, SandboxTemplateSpec
 from sandpod_lifecycle.driver import Instance
 from sandpod_lifecycle.reconciler import Outcome, Reconciler
@@ -86,6 +87,7 @@ class Events:
         self.types: list[str] = []
 
     async def publish(self, **kw: object) -> None:
+        assert kw["type_"] in SANDBOX_EVENT_TYPES, f"event type {kw['type_']} not in the contract"
         self.types.append(str(kw["type_"]))
 
 

@@ -299,6 +299,7 @@ ERRORS: list[errors.SandpodError] = [
 
 def _merge() -> None:
     from sandpod_contract import (
+        _vectors_api,
         _vectors_fs,
         _vectors_git,
         _vectors_proc,
@@ -308,7 +309,7 @@ def _merge() -> None:
     )
 
     for fam in (_vectors_fs, _vectors_proc, _vectors_session, _vectors_pty, _vectors_watch,
-                _vectors_git):  # fmt: skip
+                _vectors_git, _vectors_api):  # fmt: skip
         RULES.update(fam.RULES)
         MESSAGE_RULES.update(fam.MESSAGE_RULES)
         EXAMPLES.update(fam.EXAMPLES)

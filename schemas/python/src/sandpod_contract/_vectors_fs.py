@@ -237,6 +237,16 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
                          recursive=True)),
         ("minimal", FsChown(path="data", owner=FsOwner(user="agent"))),
     ],
+    # nested messages (inside the replies and requests above)
+    "fs.owner": [
+        ("names", FsOwner(user="agent", group="staff")),
+        ("ids", FsOwner(uid=1000, gid=100)),
+        ("minimal", FsOwner(uid=1000)),
+    ],
+    "fs.match": [("basic", FsMatch(path="/workspace/src/main.py", line=12, column=5,
+                                   text="    return parse(args)"))],
+    "fs.replaced": [("basic", FsReplaced(path="/workspace/src/main.py", count=3))],
+    "fs.skipped": [("basic", FsSkipped(path="/workspace/src/logo.png", reason="binary"))],
 }  # fmt: skip
 
 # (label, type, non-canonical map a decoder must accept, why)

@@ -96,6 +96,12 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
                                truncated=True)),
         ("minimal", GitPatch(path="/workspace/app", text="")),
     ],
+    # nested in git.status
+    "git.entry": [
+        ("renamed", GitEntry(path="docs/guide.md", state="renamed", index="R", worktree=".",
+                             orig_path="docs/old.md")),
+        ("minimal", GitEntry(path="app.py", state="modified")),
+    ],
 }  # fmt: skip
 # (label, type, non-canonical map a decoder must accept, why)
 ACCEPT: list[tuple[str, type[Message], dict[str, Any], str]] = []

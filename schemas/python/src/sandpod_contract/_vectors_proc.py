@@ -168,6 +168,8 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("ready", ProcPortStatus(port=8000, ready=True, status_code=200, proc_state="running")),
         ("minimal", ProcPortStatus(port=5432, ready=True)),
     ],
+    # nested in proc.log_part
+    "proc.chunk": [("basic", ProcChunk(offset=913, stream="stderr", data=b"warn: \xff\n"))],
 }  # fmt: skip
 
 # (label, type, non-canonical map a decoder must accept, why)

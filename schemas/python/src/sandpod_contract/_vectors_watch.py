@@ -84,6 +84,14 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("full", WatchList(watches=(_INFO,), limit=32)),
         ("minimal", WatchList()),
     ],
+    # nested in watch.events
+    "watch.event": [
+        ("move", WatchEvent(seq=42, type="move", path="/workspace/b.txt",
+                            old_path="/workspace/a.txt", time=_T + 0.1, count=2)),
+        ("overflow", WatchEvent(seq=40, type="overflow", path="/workspace", time=_T, count=0,
+                                reason="kernel")),
+        ("minimal", WatchEvent(seq=1, type="create", path="/workspace/new.txt")),
+    ],
 }  # fmt: skip
 # (label, type, non-canonical map a decoder must accept, why)
 ACCEPT: list[tuple[str, type[Message], dict[str, Any], str]] = [

@@ -9,7 +9,8 @@ source of truth, so those files are derived from it, never written by hand:
 - ``vectors/<family>.json``: realistic examples encoded by the real codec, payloads a decoder
   must accept although they are not canonical, and payloads it must reject with the expected
   error code; ``vectors/error.json``: one error envelope per error code;
-- ``errors.json`` (error catalogue) and ``subjects.json`` (operation catalogue).
+- ``errors.json`` (error catalogue) and ``subjects.json`` (every plane's operations, events,
+  frames), rendered by ``_schemagen_catalogues``.
 
 The hand-written inputs (value rules, examples, rejects) live in ``_schemagen_data``.
 
@@ -35,9 +36,23 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from sandpod_contract import errors, subjects
+from sandpod_contract import errors
+from sandpod_contract._schemagen_catalogues import (
+    DELIVER,
+    error_classes,
+    errors_doc,
+    subjects_doc,
+)
 from sandpod_contract._schemagen_data import ACCEPT, ERRORS, EXAMPLES, MESSAGE_RULES, REJECT, RULES
-from sandpod_contract.catalogue import DATA_PLANE, FRAMES, PROTOCOL_VERSION
+from sandpod_contract.catalogue import (
+    DATA,
+    EVENTS,
+    FRAMES,
+    PLANES,
+    EventStream,
+    Operation,
+    Plane,
+)
 from sandpod_contract.codec import Message, decode, encode, encode_error, pack, to_map, unpack
 
 __all__ = [
@@ -54,8 +69,6 @@ __all__ = [
 ]
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
-DATA_SUBJECT = "<prefix>.sbx.<sandbox>.{}.{}"
-DELIVER = "<deliver>"
 BIN_NOTE = "msgpack bin on the wire, never base64; base64 only in this JSON view"
 LENIENCY = (
     "Wire form: a msgpack map with string keys, 'v' first, then the set fields in "
@@ -68,7 +81,8 @@ LENIENCY = (
 
 
 def message_types() -> tuple[type[Message], ...]:
-    """Every message type reachable from the catalogue: requests, replies, frames, nested ones."""
+    """Every message type reachable from the catalogue: requests and replies of every plane,
+    frames, events, and the messages nested in them."""
     seen: dict[str, type[Message]] = {}
 
     def visit(cls: type[Message]) -> None:
@@ -79,13 +93,20 @@ def message_types() -> tuple[type[Message], ...]:
                     if isinstance(inner, type) and issubclass(inner, Message):
                         visit(inner)
 
-    for op in DATA_PLANE:
+    for _, op in _all_ops():
         visit(op.request)
         if op.reply is not None:
             visit(op.reply)
     for frame in FRAMES:
         visit(frame)
+    for events in EVENTS:
+        visit(events.message)
     return tuple(seen.values())
+
+
+def _all_ops() -> Iterable[tuple[Plane, Operation]]:
+    """Every operation with its plane, data plane first (the order of the generated files)."""
+    return ((plane, op) for plane in PLANES for op in plane.operations)
 
 
 def _flatten(tp: Any) -> Iterable[Any]:
@@ -108,7 +129,9 @@ def _type_schema(tp: Any) -> dict[str, Any]:  # noqa: PLR0911 - one branch per w
     if origin is tuple:
         return {"type": "array", "items": _type_schema(get_args(tp)[0])}
     if origin is dict:
-        return {"type": "object", "additionalProperties": _type_schema(get_args(tp)[1])}
+        value = get_args(tp)[1]  # Any: an open map (Kubernetes-shaped objects)
+        return {"type": "object", "additionalProperties": True if value is Any else
+                _type_schema(value)}  # fmt: skip
     if isinstance(tp, type) and issubclass(tp, Message):
         return {"$ref": f"{tp.TYPE}.schema.json"}
     if tp is bytes:
@@ -294,40 +317,72 @@ def _examples(cls: type[Message], prefix: str, meta: dict[str, Any]) -> list[dic
     return out
 
 
-def _ops(cls: type[Message], role: Literal["request", "reply"]) -> list[str]:
+def _name(op: Operation) -> str:
+    return f"{op.family}.{op.verb}"
+
+
+def _stem(plane: Plane, op: Operation) -> str:
+    """The vectors file of ``op``'s requests: its family on the data plane, else the plane's."""
+    return op.family if plane is DATA else {"control": "api", "node": "node"}[plane.name]
+
+
+def _uses(cls: type[Message], role: Literal["request", "reply"]) -> list[tuple[Plane, Operation]]:
     return [
-        f"{op.family}.{op.verb}"
-        for op in DATA_PLANE
-        if (op.request if role == "request" else op.reply) is cls
+        (p, op) for p, op in _all_ops() if (op.request if role == "request" else op.reply) is cls
     ]
 
 
+def _ops(cls: type[Message], role: Literal["request", "reply"]) -> list[str]:
+    return [_name(op) for _, op in _uses(cls, role)]
+
+
+def _nested() -> dict[type[Message], list[str]]:
+    """Messages only ever found inside others, with the types that carry them."""
+    top = {c for _, op in _all_ops() for c in (op.request, op.reply) if c is not None}
+    top |= {*FRAMES, *(e.message for e in EVENTS)}
+    within: dict[type[Message], list[str]] = {}
+    for cls in message_types():
+        for tp in typing.get_type_hints(cls).values():
+            for inner in _flatten(tp):
+                if isinstance(inner, type) and issubclass(inner, Message) and inner not in top:
+                    within.setdefault(inner, [])
+                    if cls.TYPE not in within[inner]:
+                        within[inner].append(cls.TYPE)
+    return within
+
+
+def _events(cls: type[Message]) -> EventStream | None:
+    return next((e for e in EVENTS if e.message is cls), None)
+
+
 def _family(cls: type[Message]) -> str:
-    ops = _ops(cls, "request") or _ops(cls, "reply")
-    return ops[0].split(".", 1)[0] if ops else cls.TYPE.split(".", 1)[0]
+    if uses := _uses(cls, "request") or _uses(cls, "reply"):
+        return _stem(*uses[0])
+    return "event" if _events(cls) else cls.TYPE.split(".", 1)[0]
 
 
 def _meta(cls: type[Message]) -> dict[str, Any]:
     if cls in FRAMES:
         return {"role": "frame", "subject_pattern": DELIVER}
-    if ops := _ops(cls, "request"):
-        return {"role": "request", "operations": ops, "subject_pattern": _subject(ops[0])}
+    if (events := _events(cls)) is not None:
+        return {"role": "event", "subject_pattern": events.subject}
+    if uses := _uses(cls, "request"):  # shown as sent on its first operation
+        plane, op = uses[0]
+        return {"role": "request", "operations": [_name(op)],
+                "subject_pattern": plane.subject_of(op)}  # fmt: skip
     return {"role": "reply", "operations": _ops(cls, "reply")}
-
-
-def _subject(operation: str) -> str:
-    return DATA_SUBJECT.format(*operation.split("."))
 
 
 def vectors() -> dict[str, list[dict[str, Any]]]:
     """Test vectors by file stem: the family, or ``error`` for the error envelopes."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for op in DATA_PLANE:  # a request type shared by operations gets vectors on each subject
-        name = f"{op.family}.{op.verb}"
-        meta = {"role": "request", "operations": [name], "subject_pattern": _subject(name)}
-        out.setdefault(op.family, []).extend(_examples(op.request, f"{name}/request", meta))
-    replies = dict.fromkeys(op.reply for op in DATA_PLANE if op.reply is not None)
-    for cls in [*(r for r in replies if r is not None), *FRAMES]:
+    for plane, op in _all_ops():  # a request type shared by operations: vectors on each subject
+        name = _name(op)
+        meta = {"role": "request", "operations": [name], "subject_pattern": plane.subject_of(op)}
+        out.setdefault(_stem(plane, op), []).extend(_examples(op.request, f"{name}/request", meta))
+    replies = dict.fromkeys(op.reply for _, op in _all_ops() if op.reply is not None)
+    events = [e.message for e in EVENTS]
+    for cls in [*(r for r in replies if r is not None), *FRAMES, *events]:
         out.setdefault(_family(cls), []).extend(_examples(cls, cls.TYPE, _meta(cls)))
     for label, cls, wire, doc in ACCEPT:
         name = f"{cls.TYPE}/{label}"
@@ -341,7 +396,10 @@ def vectors() -> dict[str, list[dict[str, Any]]]:
             "error_code": code,
             "detected_by_schema": by_schema,
         })  # fmt: skip
-    known = {cls.code for cls in _error_classes()}
+    for cls, within in _nested().items():  # after the rest: earlier vectors keep their place
+        meta = {"role": "nested", "within": within}
+        out.setdefault(_family(cls), []).extend(_examples(cls, cls.TYPE, meta))
+    known = {cls.code for cls in error_classes()}
     out["error"] = []
     for err in ERRORS:
         vector = _positive_error(err)
@@ -356,63 +414,6 @@ def _positive_error(err: errors.SandpodError) -> dict[str, Any]:
     wire = encode_error(err)
     return {"name": f"error/{err.code}", "type": "error", "role": "error",
             "json": to_json(unpack(wire)), "msgpack_hex": wire.hex()}  # fmt: skip
-
-
-# -- catalogues ------------------------------------------------------------------------------------
-
-
-def _error_classes() -> list[type[errors.SandpodError]]:
-    found = [getattr(errors, name) for name in errors.__all__]
-    root = errors.SandpodError
-    return [c for c in found if isinstance(c, type) and issubclass(c, root) and c is not root]
-
-
-def _errors_doc() -> dict[str, Any]:
-    parent: dict[str, str | None] = {}
-    for cls in _error_classes():
-        base = cls.__bases__[0]
-        if issubclass(base, errors.SandpodError) and base is not errors.SandpodError:
-            parent[cls.code] = base.code
-        else:
-            parent[cls.code] = None
-    return {
-        "envelope": 'a failed request\'s reply: {"v": 1, "error": {"code", "message", '
-        '"retryable", "details"}}',
-        "unknown_codes": "map to the known code equal to the code's first dot-separated segment, "
-        "else to '<segment>.error', else to the root error; keep the code and the wire's "
-        "retryable",
-        "codes": [{**e, "parent": parent[e["code"]]} for e in errors.error_catalogue()],
-    }
-
-
-def _subjects_doc() -> dict[str, Any]:
-    kinds = [
-        {"kind": get_args(typing.get_type_hints(f)["kind"])[0], "type": f.TYPE} for f in FRAMES
-    ]
-    return {
-        "default_prefix": subjects.DEFAULT_PREFIX,
-        "protocol_version": PROTOCOL_VERSION,
-        "patterns": {
-            "control": "<prefix>.api.<kind>.<verb>",
-            "data": "<prefix>.sbx.<sandbox>.<family>.<verb>",
-            "sandbox_all": "<prefix>.sbx.<sandbox>.>",
-            "events": "<prefix>.events.<kind>.<name>.<type>",
-        },
-        "sandbox_id_pattern": subjects.SANDBOX_ID_RE.pattern,
-        "token_pattern": subjects.TOKEN_RE.pattern,  # one source for the rule
-        "operations": [
-            {
-                "subject": _subject(f"{op.family}.{op.verb}"),
-                "family": op.family,
-                "verb": op.verb,
-                "request": op.request.TYPE,
-                "reply": op.reply.TYPE if op.reply is not None else None,
-                "doc": op.doc,
-            }
-            for op in DATA_PLANE
-        ],
-        "frames": {"subject": DELIVER, "discriminator": "kind", "types": kinds},
-    }
 
 
 # -- files -----------------------------------------------------------------------------------------
@@ -431,8 +432,8 @@ def render() -> dict[str, str]:
     files["schemas/messages/error.schema.json"] = _dump(error_schema())
     for family, vecs in vectors().items():
         files[f"schemas/vectors/{family}.json"] = _dump({"family": family, "vectors": vecs})
-    files["schemas/errors.json"] = _dump(_errors_doc())
-    files["schemas/subjects.json"] = _dump(_subjects_doc())
+    files["schemas/errors.json"] = _dump(errors_doc())
+    files["schemas/subjects.json"] = _dump(subjects_doc())
     return dict(sorted(files.items()))
 
 

@@ -22,7 +22,7 @@ class Serve(Message):
     """``serve``: start answering ``<prefix>.sbx.<sandbox_id>.>`` (idempotent)."""
 
     TYPE = "node.serve"
-    sandbox_id: str
+    sandbox_id: str  # a sandbox id (sandbox_id_pattern in subjects.json), else bad_request
     jail: str | None = None  # jail file (local runtime); None: the process runtime
 
 
@@ -31,7 +31,7 @@ class Release(Message):
     """``release``: stop serving a sandbox and kill every process it started (idempotent)."""
 
     TYPE = "node.release"
-    sandbox_id: str
+    sandbox_id: str  # releasing a sandbox not served is a no-op (the reply lists what is)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +39,7 @@ class NodeSandboxes(Message):
     """Reply: the sandboxes this execd serves now."""
 
     TYPE = "node.sandboxes"
-    sandbox_ids: tuple[str, ...]
+    sandbox_ids: tuple[str, ...]  # sorted
 
 
 NODE_PLANE: tuple[Operation, ...] = (

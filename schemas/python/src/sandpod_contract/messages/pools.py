@@ -14,6 +14,15 @@ from __future__ import annotations
 import dataclasses
 
 from sandpod_contract.codec import Message
+from sandpod_contract.errors import (
+    ClaimFailed,
+    ClaimTimeout,
+    PoolNotFound,
+    ResourceConflict,
+    ResourceExists,
+    ResourceInvalid,
+    ResourceNotFound,
+)
 from sandpod_contract.messages.sandboxes import (
     ObjectReply,
     ObjectRequest,
@@ -42,14 +51,21 @@ class Scale(Message):
             raise ValueError("replicas must be >= 0")
 
 
+_NOT_FOUND = (ResourceNotFound,)
+
 POOL_PLANE: tuple[Operation, ...] = (
-    Operation("pools", "apply", ObjectRequest, ObjectReply, "create or update a SandboxWarmPool"),
-    Operation("pools", "get", Ref, ObjectReply, "read a SandboxWarmPool"),
+    Operation("pools", "apply", ObjectRequest, ObjectReply, "create or update a SandboxWarmPool",
+              (ResourceInvalid, ResourceConflict)),
+    Operation("pools", "get", Ref, ObjectReply, "read a SandboxWarmPool", _NOT_FOUND),
     Operation("pools", "list", Selection, ObjectsReply, "list SandboxWarmPools"),
-    Operation("pools", "scale", Scale, ObjectReply, "set a pool's replicas"),
-    Operation("pools", "delete", Ref, ObjectReply, "delete a pool and its free members"),
-    Operation("claims", "create", ObjectRequest, ObjectReply, "claim a ready sandbox"),
-    Operation("claims", "get", Ref, ObjectReply, "read a SandboxClaim"),
+    Operation("pools", "scale", Scale, ObjectReply, "set a pool's replicas",
+              (ResourceNotFound, ResourceInvalid, ResourceConflict)),
+    Operation("pools", "delete", Ref, ObjectReply, "delete a pool and its free members",
+              _NOT_FOUND),
+    Operation("claims", "create", ObjectRequest, ObjectReply, "claim a ready sandbox",
+              (ResourceInvalid, ResourceExists, PoolNotFound, ClaimFailed, ClaimTimeout)),
+    Operation("claims", "get", Ref, ObjectReply, "read a SandboxClaim", _NOT_FOUND),
     Operation("claims", "list", Selection, ObjectsReply, "list SandboxClaims"),
-    Operation("claims", "delete", Ref, ObjectReply, "release a claim and delete its sandbox"),
-)
+    Operation("claims", "delete", Ref, ObjectReply, "release a claim and delete its sandbox",
+              _NOT_FOUND),
+)  # fmt: skip

@@ -13,10 +13,17 @@ import dataclasses
 from typing import Any
 
 from sandpod_contract.codec import Message
+from sandpod_contract.errors import (
+    ResourceConflict,
+    ResourceExists,
+    ResourceInvalid,
+    ResourceNotFound,
+)
 from sandpod_contract.operations import Operation
 
 __all__ = [
     "CONTROL_PLANE",
+    "SANDBOX_EVENT_TYPES",
     "ObjectReply",
     "ObjectRequest",
     "ObjectsReply",
@@ -32,14 +39,17 @@ class ObjectRequest(Message):
     """``create``: the object to create (``metadata.name`` may be omitted: one is generated)."""
 
     TYPE = "api.object_request"
-    object: dict[str, Any]
+    object: dict[str, Any]  # Kubernetes-shaped map: apiVersion, kind, metadata, spec (crds/)
     wait_ready: float | None = None  # reply once Ready (or failed), waiting up to this long
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ObjectReply(Message):
+    """Reply of every single-object verb: the object as the store holds it now (for ``delete``
+    with ``wait``, as last seen), a Kubernetes-shaped map like ``crds/`` describe."""
+
     TYPE = "api.object_reply"
-    object: dict[str, Any]
+    object: dict[str, Any]  # apiVersion, kind, metadata, spec and status (crds/)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,15 +88,17 @@ class Selection(Message):
     """``list``: objects in a namespace (or all) matching a label selector."""
 
     TYPE = "api.selection"
-    namespace: str | None = "default"
+    namespace: str | None = "default"  # nil or absent on the wire also means "default"
     selector: str | None = None  # Kubernetes label selector syntax
     limit: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ObjectsReply(Message):
+    """Reply of ``list``: the matching objects, at most ``limit`` (and at most 1000)."""
+
     TYPE = "api.objects_reply"
-    items: tuple[dict[str, Any], ...]
+    items: tuple[dict[str, Any], ...]  # objects as in api.object_reply
     revision: int  # store revision the list reflects
     truncated: bool = False
 
@@ -106,16 +118,30 @@ class SandboxEvent(Message):
     generation: int = 0
 
 
+# The ``type`` of each :class:`SandboxEvent`, in a Sandbox's usual order (subject's last token).
+SANDBOX_EVENT_TYPES: tuple[str, ...] = (
+    "created", "ready", "paused", "resumed", "renewed", "expired", "idle_expired", "failed",
+    "deleted",
+)  # fmt: skip
+
+_NOT_FOUND = (ResourceNotFound,)
+_CHANGE = (ResourceNotFound, ResourceConflict)
+
 CONTROL_PLANE: tuple[Operation, ...] = (
-    Operation("sandboxes", "create", ObjectRequest, ObjectReply, "create a Sandbox"),
-    Operation("sandboxes", "get", Ref, ObjectReply, "read a Sandbox"),
+    Operation("sandboxes", "create", ObjectRequest, ObjectReply, "create a Sandbox",
+              (ResourceInvalid, ResourceExists)),
+    Operation("sandboxes", "get", Ref, ObjectReply, "read a Sandbox", _NOT_FOUND),
     Operation("sandboxes", "list", Selection, ObjectsReply, "list Sandboxes by label selector"),
-    Operation("sandboxes", "delete", Ref, ObjectReply, "delete a Sandbox and its instance"),
-    Operation("sandboxes", "renew", Renew, ObjectReply, "extend a Sandbox's lifetime"),
-    Operation("sandboxes", "pause", Ref, ObjectReply, "freeze a Sandbox (operatingMode Paused)"),
-    Operation("sandboxes", "resume", Ref, ObjectReply, "thaw a Sandbox"),
-    Operation("templates", "apply", ObjectRequest, ObjectReply, "create or update a template"),
-    Operation("templates", "get", Ref, ObjectReply, "read a SandboxTemplate"),
+    Operation("sandboxes", "delete", Ref, ObjectReply, "delete a Sandbox and its instance",
+              _CHANGE),
+    Operation("sandboxes", "renew", Renew, ObjectReply, "extend a Sandbox's lifetime",
+              (*_CHANGE, ResourceInvalid)),
+    Operation("sandboxes", "pause", Ref, ObjectReply, "freeze a Sandbox (operatingMode Paused)",
+              _CHANGE),
+    Operation("sandboxes", "resume", Ref, ObjectReply, "thaw a Sandbox", _CHANGE),
+    Operation("templates", "apply", ObjectRequest, ObjectReply, "create or update a template",
+              (ResourceInvalid, ResourceConflict)),
+    Operation("templates", "get", Ref, ObjectReply, "read a SandboxTemplate", _NOT_FOUND),
     Operation("templates", "list", Selection, ObjectsReply, "list SandboxTemplates"),
-    Operation("templates", "delete", Ref, ObjectReply, "delete a SandboxTemplate"),
-)
+    Operation("templates", "delete", Ref, ObjectReply, "delete a SandboxTemplate", _NOT_FOUND),
+)  # fmt: skip
