@@ -29,18 +29,22 @@ from collections.abc import Iterable
 from sandpod_execd.process import Process, kill_cgroup
 
 __all__ = [
+    "COMMAND_TOKEN_ENV",
     "TOKEN_ENV",
     "Snapshot",
     "alive",
     "children",
     "end_tree",
     "kill_members",
+    "kill_tagged",
     "members",
     "signal_pids",
     "snapshot",
 ]
 
 TOKEN_ENV = "SANDPOD_TREE_ID"  # noqa: S105 - a variable name, not a secret
+# A session shell's commands carry their own token besides the shell's (see ``shell.py``).
+COMMAND_TOKEN_ENV = "SANDPOD_COMMAND_TREE_ID"  # noqa: S105 - a variable name, not a secret
 POLL = 0.02  # seconds between liveness checks while waiting for a tree to die
 KILL_PASSES = 16  # scans that may each find children forked just before the previous kill
 
@@ -196,6 +200,19 @@ def kill_members(
         if leader is not None and leader.running:
             leader.signal_group(signal.SIGKILL)
         fresh = members(leader, pid, token) - killed
+        if not fresh:
+            break
+        signal_pids(fresh, signal.SIGKILL)
+        killed |= fresh
+    return killed
+
+
+def kill_tagged(token: str, env: str = TOKEN_ENV, passes: int = KILL_PASSES) -> set[int]:
+    """SIGKILL every process carrying ``<env>=<token>``, scanning again until a scan finds
+    nobody new (at most ``passes`` scans); returns the pids signalled."""
+    killed: set[int] = set()
+    for _ in range(passes):
+        fresh = set(snapshot(token, env).tagged) - killed
         if not fresh:
             break
         signal_pids(fresh, signal.SIGKILL)
