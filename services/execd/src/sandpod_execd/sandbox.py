@@ -80,7 +80,8 @@ class SandboxContext:
         return self.base_env.get("SANDPOD_WORKSPACE", str(self.workspace))
 
     def touch(self) -> None:
-        """Record client activity: exec, stdin, PTY input, stream reads (not probes or info)."""
+        """Record client activity: exec, stdin, PTY input, stream acks, file operations (not
+        probes, nor passive waits and reads of output: see schemas/docs/metrics.md)."""
         self.last_activity = time.time()
 
     @property

@@ -92,7 +92,8 @@ class Activity(Message):
     """Reply to ``sys.activity``: when a client last did something with the sandbox.
 
     Exec, stdin, stream acks, PTY input and every other non-probe verb count; the ``sys.*`` probes,
-    ``exec.status`` and passive readers (``watch.poll``, ``pty.read``) do not.
+    ``exec.status`` and passive waits and readers (``watch.poll``, ``pty.read``, ``proc.wait``,
+    ``proc.logs``, ``proc.wait_port``) do not.
     """
 
     TYPE = "sys.activity"
