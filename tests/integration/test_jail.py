@@ -655,16 +655,25 @@ async def _metrics_while_holding_64_mib(sbx: AsyncSandbox) -> SandboxMetrics:
     return during
 
 
+@pytest.mark.parametrize("core", ["v1", "v2"])
 async def test_metrics_of_a_jail_come_from_its_cgroups(
-    make: Make, start_execd: Callable[..., Execd], nats: NatsServer
+    state: Path, core: str, start_execd: Callable[..., Execd], nats: NatsServer
 ) -> None:
-    """sys.metrics of a jail reads its cgroups: a process holding 64 MiB counts, and memory_total
-    is the sandbox's memory limit, not the host's."""
-    st = await make(resources=Resources(memory_bytes=384 * MiB))
-    start_execd(st.sandbox_id, SANDPOD_EXECD_JAIL=str(st.jail_file))
-    async with await AsyncSandbox.connect(st.sandbox_id, nats_url=nats.url) as sbx:
-        idle = await sbx.metrics()
-        m = await _metrics_while_holding_64_mib(sbx)
+    """sys.metrics of a jail reads its cgroups (tracked on v1 or v2): a process holding 64 MiB
+    counts, and memory_total is the sandbox's memory limit, not the host's."""
+    async with _runtime(_config(state, core)) as rt:
+        if core == "v2" and (await rt.capabilities()).cgroup_v2 is None:
+            pytest.skip("no cgroup v2 hierarchy on this host")
+        spec = InstanceSpec(sandbox_id=f"m-{uuid.uuid4().hex[:8]}",
+                            resources=Resources(memory_bytes=384 * MiB))  # fmt: skip
+        st = await rt.create(spec)
+        execd = start_execd(st.sandbox_id, SANDPOD_EXECD_JAIL=str(st.jail_file))
+        try:
+            async with await AsyncSandbox.connect(st.sandbox_id, nats_url=nats.url) as sbx:
+                idle = await sbx.metrics()
+                m = await _metrics_while_holding_64_mib(sbx)
+        finally:
+            execd.stop()  # before the jail goes
     assert idle.source == "cgroup" and idle.processes == 0, idle  # the holder is not counted
     assert m.source == "cgroup" and m.processes >= 1 and m.execs == 1, m
     assert m.memory_rss >= 64 * MiB and m.cpu_seconds > 0, m
