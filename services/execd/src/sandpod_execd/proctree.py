@@ -181,9 +181,13 @@ async def end_tree(leader: Process | None, pid: int, token: str, sig: int, grace
     if leader is not None and leader.running:
         leader.signal_group(sig)
     signal_pids(pids, sig)
+    left = set(pids)
     if sig != signal.SIGKILL and grace > 0:
-        await _wait_gone(leader, pids, grace)
-    killed = kill_members(leader, pid, token)
+        left = await _wait_gone(leader, pids, grace)
+    # Survivors of the first scan die whether or not a new scan finds them again (a group
+    # member no longer counts once the leader is reaped); the new scans find what was forked.
+    signal_pids(left, signal.SIGKILL)
+    killed = left | kill_members(leader, pid, token)
     if leader is not None and leader.cgroup is not None:
         kill_cgroup(leader.cgroup)  # jailed: strays re-parented inside the sandbox too
     await _wait_gone(leader, killed, 1.0)
