@@ -212,3 +212,34 @@ async def test_timeout_kills_orphans_that_left_the_tree(sbx: AsyncSandbox, tmp_p
     if psutil.pid_exists(pid):
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).wait(10)  # raises TimeoutExpired if the orphan survived
+
+
+def _live(token: str) -> list[int]:
+    """Processes whose command line holds ``token``, zombies excluded."""
+    found = []
+    for pid in pids_with(token):
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+    return found
+
+
+async def test_timeout_kills_children_forked_while_the_tree_is_being_killed(
+    sbx: AsyncSandbox,
+) -> None:
+    """A command that keeps starting setsid'd children, each of which at once starts its own,
+    leaves none behind on timeout: the kill scans again until a scan finds nobody new."""
+    tag = marker()
+    child = f'sh -c "sleep 300; :" {tag} & sleep 300'
+    script = f"while :; do setsid sh -c '{child}' >/dev/null 2>&1 </dev/null & done"
+    try:
+        r = await sbx.exec(script, timeout=0.3)
+        assert r.timed_out
+        deadline = asyncio.get_running_loop().time() + 10
+        while survivors := _live(tag):  # SIGKILLed ones are gone within moments
+            assert asyncio.get_running_loop().time() < deadline, f"survivors: {survivors}"
+            await asyncio.sleep(0.05)
+    finally:
+        for pid in pids_with(tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -3,7 +3,9 @@ chmod, chown and exists through the async SDK and a real execd."""
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import stat
 import uuid
 from pathlib import Path
@@ -350,6 +352,28 @@ async def test_chmod_and_chown_by_id_and_name(sbx: AsyncSandbox, where: tuple[st
     assert (info.owner, info.gid) == ("root", 0)
     with pytest.raises(BadRequest):
         await sbx.fs.chown(f"{d}/t", "no-such-user-here")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another user needs root")
+async def test_write_and_mkdir_give_new_entries_the_owner_asked_for(
+    sbx: AsyncSandbox, where: tuple[str, Path]
+) -> None:
+    """owner/group on fs.write (small and streamed) and fs.mkdir chown what they create: by
+    id, and by name; the replies say so and so does stat."""
+    d, host = where
+    nobody = pwd.getpwnam("nobody")
+    group = grp.getgrgid(nobody.pw_gid).gr_name
+    small = await sbx.fs.write(f"{d}/small", b"x", owner=4321, group=4322)
+    big = await sbx.fs.write(f"{d}/big", b"y" * (2 << 20), owner=4323, group=4324)
+    made = await sbx.fs.mkdir(f"{d}/made", owner=4325, group=4326)
+    named = await sbx.fs.mkdir(f"{d}/named", owner="nobody", group=group)
+    for name, info, ids in (("small", small, (4321, 4322)), ("big", big, (4323, 4324)),
+                            ("made", made, (4325, 4326)),
+                            ("named", named, (nobody.pw_uid, nobody.pw_gid))):  # fmt: skip
+        st = (host / name).stat()
+        assert (st.st_uid, st.st_gid) == ids, name
+        assert (info.uid, info.gid) == ids, name
+    assert (host / "big").stat().st_size == 2 << 20
 
 
 def test_sync_sdk_has_the_same_files_surface(

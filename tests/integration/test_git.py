@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import http.server
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import Execd, NatsServer, free_port
+from conftest import Execd, NatsServer, free_port, pids_with
 from sandpod import AsyncSandbox, Sandbox
 from sandpod.errors import (
     BadRequest,
@@ -264,6 +265,92 @@ async def test_auth_failed_and_credentials_never_leak(sbx, target, shared_execd:
     assert password not in shared_execd.log.read_text()
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@contextlib.contextmanager
+def dumb_http_server(repo: Path, secret: str) -> Iterator[tuple[int, Recorder]]:
+    """Serve the bare repository ``repo`` over git's dumb HTTP protocol (a thread), only to
+    requests whose Basic credentials carry ``secret`` as the password (401 otherwise)."""
+    seen = Recorder(secret)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.check_argv()
+            header = self.headers.get("Authorization", "")
+            if header:
+                seen.auth.append(header)
+            _, _, password = base64.b64decode(header.removeprefix("Basic ")).decode().partition(":")
+            if password != secret:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="sandpod-test"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            # /repo.git/<file>[?query]: the query (smart protocol) is ignored, so git falls
+            # back to fetching plain files
+            relative = self.path.split("?", 1)[0].split("/", 2)[-1]
+            file = (repo / relative).resolve()
+            if not file.is_relative_to(repo) or not file.is_file():
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = file.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+async def test_authenticated_clone_succeeds_and_keeps_no_credentials(
+    sbx, origin, target, tmp_path, shared_execd: Execd
+) -> None:
+    """A token (or URL credentials) opens a protected remote; afterwards it is nowhere: not in
+    .git/config, the remote URL, a reply, argv or execd's log."""
+    host, path = target
+    bare = tmp_path / "bare.git"
+    git(tmp_path, "clone", "-q", "--bare", origin["path"], str(bare))
+    git(bare, "update-server-info")  # what the dumb protocol reads
+    token = f"tok-{uuid.uuid4().hex}"
+    with dumb_http_server(bare.resolve(), token) as (port, seen):
+        clean = f"http://127.0.0.1:{port}/repo.git"
+        head = await sbx.git.clone(clean, path, token=token)
+        head2 = await sbx.git.clone(f"http://alice:{token}@127.0.0.1:{port}/repo.git",
+                                    f"{path}-url")  # fmt: skip
+        status = await sbx.git.status(path)
+    assert (head.branch, head.commit) == ("main", origin["main"])
+    assert (head2.branch, head2.commit) == ("main", origin["main"])
+    expected = base64.b64encode(f"x-access-token:{token}".encode()).decode()
+    assert f"Basic {expected}" in seen.auth  # the token really was what opened it
+    assert seen.argv_leaks == []
+    for clone in (host, host.with_name(host.name + "-url")):
+        assert (clone / "b.txt").read_text() == "two\n"
+        assert token not in (clone / ".git" / "config").read_text()
+        assert git(clone, "remote", "get-url", "origin") == clean
+    for reply in (head, head2, status):
+        assert token not in repr(reply)
+    assert token not in shared_execd.log.read_text()
+
+
 async def test_clone_timeout_kills_git(sbx, target) -> None:
     """A remote that never answers: git.timeout after the timeout, and no git process left."""
     _, path = target
@@ -271,8 +358,16 @@ async def test_clone_timeout_kills_git(sbx, target) -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # connections queue, nobody answers
         port = silent.getsockname()[1]
+        url = f"http://127.0.0.1:{port}/x.git"
         with pytest.raises(GitTimeout) as info:
-            await sbx.git.clone(f"http://127.0.0.1:{port}/x.git", path, timeout=1)
+            await sbx.git.clone(url, path, timeout=1)
+        # Checked while the remote still hangs (closing it would end a stray helper by itself):
+        # git and its transport helper name the URL on their command lines; SIGKILLed ones are
+        # gone within moments, a survivor would stay.
+        deadline = asyncio.get_running_loop().time() + 10
+        while left := [p for p in pids_with(url) if _running(p)]:
+            assert asyncio.get_running_loop().time() < deadline, f"git processes left: {left}"
+            await asyncio.sleep(0.05)
     assert info.value.retryable and info.value.details["timeout"] == 1
 
 

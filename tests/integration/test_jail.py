@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ import pytest
 from conftest import Execd, NatsServer, marker, pids_with, wait_until
 from sandpod import AsyncSandbox, Sandbox
 from sandpod.errors import CommandNotFound, InvalidCwd, SpawnFailed
+from sandpod_contract.messages.system import SandboxMetrics
 from sandpod_execd.jail import Jail
 from sandpod_execd.oneshot import Outcome, run_to_completion
 from sandpod_execd.process import spawn
@@ -634,3 +636,64 @@ async def test_git_works_inside_the_jail(
     await sbx.exec("echo b >> copy/f", check=True)
     status = await sbx.git.status("/workspace/copy")
     assert [e.path for e in status.entries] == ["f"]
+
+
+HOLD_64_MIB = (
+    "import time; block = b'x' * (64 << 20); sum(range(2_000_000)); print('ready', flush=True); "
+    "time.sleep(300)"
+)
+
+
+async def _metrics_while_holding_64_mib(sbx: AsyncSandbox) -> SandboxMetrics:
+    """sys.metrics taken while a command of the sandbox holds 64 MiB (it is ended afterwards)."""
+    async with sbx.exec_stream(["python3", "-c", HOLD_64_MIB]) as stream:
+        chunk = await stream.__anext__()
+        assert chunk.data == b"ready\n"
+        during = await sbx.metrics()
+        await stream.cancel()
+        await stream.wait()
+    return during
+
+
+@pytest.mark.parametrize("core", ["v1", "v2"])
+async def test_metrics_of_a_jail_come_from_its_cgroups(
+    state: Path, core: str, start_execd: Callable[..., Execd], nats: NatsServer
+) -> None:
+    """sys.metrics of a jail reads its cgroups (tracked on v1 or v2): a process holding 64 MiB
+    counts, and memory_total is the sandbox's memory limit, not the host's."""
+    async with _runtime(_config(state, core)) as rt:
+        if core == "v2" and (await rt.capabilities()).cgroup_v2 is None:
+            pytest.skip("no cgroup v2 hierarchy on this host")
+        spec = InstanceSpec(sandbox_id=f"m-{uuid.uuid4().hex[:8]}",
+                            resources=Resources(memory_bytes=384 * MiB))  # fmt: skip
+        st = await rt.create(spec)
+        execd = start_execd(st.sandbox_id, SANDPOD_EXECD_JAIL=str(st.jail_file))
+        try:
+            async with await AsyncSandbox.connect(st.sandbox_id, nats_url=nats.url) as sbx:
+                idle = await sbx.metrics()
+                m = await _metrics_while_holding_64_mib(sbx)
+        finally:
+            execd.stop()  # before the jail goes
+    assert idle.source == "cgroup" and idle.processes == 0, idle  # the holder is not counted
+    assert m.source == "cgroup" and m.processes >= 1 and m.execs == 1, m
+    assert m.memory_rss >= 64 * MiB and m.cpu_seconds > 0, m
+    assert m.memory_total == 384 * MiB, m
+    assert m.memory_available <= (384 - 64) * MiB, m
+
+
+async def test_metrics_of_a_jail_without_cgroups_find_its_processes(
+    make: Make, start_execd: Callable[..., Execd], nats: NatsServer, state: Path
+) -> None:
+    """A jail whose file names no cgroups (rootless, nothing delegated) is measured from /proc by
+    the environment its commands really carry (SANDPOD_WORKSPACE=/workspace)."""
+    st = await make()
+    assert st.jail_file is not None
+    data = json.loads(st.jail_file.read_text())
+    data["cgroups"] = {"core": None, "core_version": 0, "limits": {}}
+    bare = state / f"{st.sandbox_id}-no-cgroups.json"
+    bare.write_text(json.dumps(data))
+    start_execd(st.sandbox_id, SANDPOD_EXECD_JAIL=str(bare))
+    async with await AsyncSandbox.connect(st.sandbox_id, nats_url=nats.url) as sbx:
+        m = await _metrics_while_holding_64_mib(sbx)
+    assert m.source == "procfs" and m.processes >= 1, m
+    assert m.memory_rss >= 64 * MiB, m

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import Execd, NatsServer
+from conftest import Execd, NatsServer, free_port
 from sandpod import AsyncSandbox, Sandbox
 from sandpod.errors import ExecNotFound
+from sandpod.proc import AsyncProc, ProcWaitTimeout
+from sandpod.pty import AsyncPty
 
 MiB = 1024 * 1024
 
@@ -97,3 +101,143 @@ def test_sync_sdk_metrics_and_activity(
         assert m.sandbox_id == "shared" and m.disk_total > 0
         sbx.exec(["true"])
         assert sbx.activity().idle < 5
+
+
+Action = Callable[[], Awaitable[object]]
+Setup = Callable[[AsyncSandbox, contextlib.AsyncExitStack], Awaitable[Action]]
+
+
+@pytest.fixture(scope="module")
+def verbs_execd(nats: NatsServer, state_dir: Path) -> Iterator[Execd]:
+    """One private execd for every verb case (each cleans up what it started)."""
+    execd = Execd(nats.url, state_dir, [f"t-{uuid.uuid4().hex[:10]}"], {})
+    yield execd
+    execd.stop()
+
+
+async def _running_proc(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> AsyncProc:
+    p = await sbx.proc.start("echo up; exec sleep 300", proc_id=f"p-{uuid.uuid4().hex[:8]}")
+    stack.push_async_callback(p.remove)
+    await p.wait_for_log("up", timeout=10)
+    return p
+
+
+async def _proc_wait(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    p = await _running_proc(sbx, stack)
+    return lambda: _raises(ProcWaitTimeout, sbx.proc.wait(p.id, timeout=0.3))
+
+
+async def _proc_logs(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    p = await _running_proc(sbx, stack)
+    return lambda: sbx.proc.logs(p.id, cursor=3, wait=0.3)  # after "up\n": nothing comes
+
+
+async def _proc_wait_port(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    port = free_port()  # nothing listens on it
+    return lambda: _raises(ProcWaitTimeout, sbx.proc.wait_for_port(port, timeout=0.3))
+
+
+async def _proc_status(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    p = await _running_proc(sbx, stack)
+    return lambda: sbx.proc.status(p.id)
+
+
+async def _proc_start(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    async def start() -> None:
+        p = await sbx.proc.start(["true"])
+        stack.push_async_callback(p.remove)
+
+    return start
+
+
+async def _proc_signal(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    p = await _running_proc(sbx, stack)
+    return lambda: sbx.proc.signal(p.id, signal.SIGCONT)
+
+
+async def _pty(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> AsyncPty:
+    term = await stack.enter_async_context(await sbx.pty.open(["sh", "-c", "echo up; exec cat"]))
+    await term.expect("up", timeout=10)
+    return term
+
+
+async def _pty_read(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    term = await _pty(sbx, stack)
+    return lambda: term.read(wait=0.3)
+
+
+async def _pty_input(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    term = await _pty(sbx, stack)
+    return lambda: term.write("x")
+
+
+async def _watch_poll(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    watch = await sbx.watch.start("/workspace")
+    stack.push_async_callback(watch.close)
+    return lambda: watch.poll(wait=0.3)
+
+
+async def _watch_start(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    async def start() -> None:
+        watch = await sbx.watch.start("/workspace")
+        stack.push_async_callback(watch.close)
+
+    return start
+
+
+async def _exec_run(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    return lambda: sbx.exec(["true"])
+
+
+async def _fs_write(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    return lambda: sbx.fs.write(f"/workspace/f-{uuid.uuid4().hex[:8]}", b"x")
+
+
+async def _session_run(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    session = await sbx.sessions.create(f"s-{uuid.uuid4().hex[:8]}")
+    stack.push_async_callback(session.delete)
+    return lambda: session.run("true")
+
+
+async def _metrics(sbx: AsyncSandbox, stack: contextlib.AsyncExitStack) -> Action:
+    return sbx.metrics
+
+
+async def _raises(error: type[Exception], call: Awaitable[object]) -> None:
+    with pytest.raises(error):
+        await call
+
+
+@pytest.mark.parametrize(
+    ("setup", "moves"),
+    [
+        pytest.param(_metrics, False, id="sys.metrics"),
+        pytest.param(_proc_status, False, id="proc.status"),
+        pytest.param(_proc_wait, False, id="proc.wait"),
+        pytest.param(_proc_logs, False, id="proc.logs"),
+        pytest.param(_proc_wait_port, False, id="proc.wait_port"),
+        pytest.param(_pty_read, False, id="pty.read"),
+        pytest.param(_watch_poll, False, id="watch.poll"),
+        pytest.param(_exec_run, True, id="exec.run"),
+        pytest.param(_proc_start, True, id="proc.start"),
+        pytest.param(_proc_signal, True, id="proc.signal"),
+        pytest.param(_pty_input, True, id="pty.input"),
+        pytest.param(_watch_start, True, id="watch.start"),
+        pytest.param(_fs_write, True, id="fs.write"),
+        pytest.param(_session_run, True, id="session.run"),
+    ],
+)
+async def test_which_verbs_move_the_activity_clock(
+    verbs_execd: Execd, nats: NatsServer, setup: Setup, moves: bool
+) -> None:
+    """Input, commands, starting things and file writes are activity; probes and passive waits
+    and reads (long polls included) are not, so a forgotten follower cannot keep a sandbox."""
+    async with (
+        await AsyncSandbox.connect(verbs_execd.ids[0], nats_url=nats.url) as sbx,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        action = await setup(sbx, stack)  # whatever the setup did counts: measure from here
+        before = await sbx.activity()
+        await action()
+        after = await sbx.activity()
+    assert (after.last_activity > before.last_activity) is moves, (before, after)

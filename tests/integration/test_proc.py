@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -183,6 +184,25 @@ async def test_killing_a_tree_leaves_no_survivors(
     info = await p.kill(grace=0.5)
     assert info.state == "exited" and info.killed and info.signal == signal.SIGKILL
     assert pids_with(m) == []
+
+
+async def test_kill_reaches_a_child_forked_by_the_sigterm_handler(
+    sbx: AsyncSandbox, procs: list[AsyncProc]
+) -> None:
+    """A process whose SIGTERM trap starts a setsid'd daemon and exits within the grace period:
+    the tree is scanned again after the grace, so the daemon dies too."""
+    m = marker()
+    trap = f"setsid sh -c 'sleep 300; :' {m} >/dev/null 2>&1 </dev/null & exit 0"
+    p = await start(sbx, procs, f'trap "{trap}" TERM; echo up; while :; do sleep 0.05; done')
+    await p.wait_for_log("up", timeout=10)
+    try:
+        info = await p.kill(grace=5)
+        assert info.state == "exited" and info.exit_code == 0  # it left by itself, in the trap
+        assert pids_with(m) == []
+    finally:
+        for pid in pids_with(m):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 async def test_kill_sends_the_signal_asked_for(sbx: AsyncSandbox, procs: list[AsyncProc]) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import Execd, NatsServer, marker, pids_with, wait_until
@@ -142,6 +145,32 @@ async def test_a_timeout_spares_background_jobs_of_earlier_commands(sessions) ->
     r = await sh.run(f"sh -c 'sleep 300; :' {m}-fg", timeout=0.5)
     assert r.timed_out and pids_with(f"{m}-fg") == []
     assert pids_with(f"{m}-bg")
+
+
+def carrying(variable: str, value: str) -> list[int]:
+    """Live processes whose environment holds ``variable=value`` (zombies have none)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(variable) == value:
+                found.append(proc.pid)
+    return found
+
+
+async def test_a_timeout_kills_what_the_command_started_outside_the_shells_tree(sessions) -> None:  # type: ignore[no-untyped-def]
+    """A daemon the timed-out command started with setsid from a subshell that exited (so it is
+    re-parented, out of the shell's tree) dies too: it carries the command's own tree token."""
+    sh = await sessions()
+    m = marker()
+    try:
+        r = await sh.run(f"(SANDPOD_TEST_MARK={m} setsid sleep 300 &); sleep 30", timeout=1)
+        assert r.timed_out and not r.shell_exited
+        await until(lambda: not carrying("SANDPOD_TEST_MARK", m), 10, "the daemon to die")
+        assert (await sh.run("echo still here")).stdout == "still here\n"
+    finally:
+        for pid in carrying("SANDPOD_TEST_MARK", m):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 async def test_sessions_run_in_parallel(sessions, sbx: AsyncSandbox) -> None:  # type: ignore[no-untyped-def]

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from sandpod_contract.errors import CommandNotFound, SandboxUnavailable, SpawnFailed
+from sandpod_execd.cgstats import CgroupDirs
 from sandpod_execd.process import Command
 from sandpod_service.procs import cgroup_join_file
 
@@ -138,6 +139,8 @@ class Jail:
         self.join = tuple(str(d) for d in data["join"])
         self.track: str | None = None if data["track"] is None else str(data["track"])
         self.workspace = Path(data["workspace"]["outside"])
+        self.upper = Path(data["upper"]) if data.get("upper") else None  # the root's writes
+        self.cgroups = CgroupDirs.from_json(data.get("cgroups"))  # None: no cgroup (rootless)
         self.env = {str(k): str(v) for k, v in dict(data.get("env", {})).items()}
         self.root = f"/proc/{self.holder}/root"
         sh, nsenter = shutil.which("sh", path=HOST_PATH), shutil.which("nsenter", path=HOST_PATH)

@@ -36,6 +36,7 @@ __all__ = ["Command", "PipeReader", "PipeWriter", "Process", "descendants", "kil
 TREE_TOKEN = "SANDPOD_TREE_ID"  # noqa: S105 - a variable name, not a secret
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, not exported by Python 3.11
 PIPE_SIZE = 1024 * 1024
+KILL_PASSES = 16  # kill_tree's scans, each of which may find children forked during the last
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -189,14 +190,24 @@ class Process:
 
     def kill_tree(self) -> None:
         """SIGKILL the group, every descendant (setsid'd ones included) and every process
-        carrying the command's tree token (orphans re-parented away from the tree)."""
-        stray = descendants(self.pid)
-        if self.token is not None:
-            stray += tagged(TREE_TOKEN, self.token)
-        self.signal_group(signal.SIGKILL)
-        for pid in stray:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        carrying the command's tree token (orphans re-parented away from the tree).
+
+        Scans repeat until one finds nobody new (at most ``KILL_PASSES``): a member alive
+        during a scan may fork a child that leaves the group before the signals land, and
+        only the next scan sees it. A process with SIGKILL pending forks no more.
+        """
+        killed: set[int] = set()
+        for _ in range(KILL_PASSES):
+            self.signal_group(signal.SIGKILL)
+            fresh = set(descendants(self.pid)) - killed
+            if self.token is not None:
+                fresh |= set(tagged(TREE_TOKEN, self.token)) - killed
+            if not fresh:
+                break
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            killed |= fresh
         if self.cgroup is not None:
             kill_cgroup(self.cgroup)
 

@@ -13,7 +13,7 @@ In the local runtime each command also has its own cgroup (``Process.cgroup``); 
 belong to the tree as well, and the final SIGKILL goes to the whole cgroup.
 
 ``end_tree`` sends a signal to every member, waits up to a grace period, then SIGKILLs whatever
-is left, re-scanning so that children forked meanwhile die too.
+is left, re-scanning (until a scan finds nobody new) so that children forked meanwhile die too.
 """
 
 from __future__ import annotations
@@ -29,18 +29,24 @@ from collections.abc import Iterable
 from sandpod_execd.process import Process, kill_cgroup
 
 __all__ = [
+    "COMMAND_TOKEN_ENV",
     "TOKEN_ENV",
     "Snapshot",
     "alive",
     "children",
     "end_tree",
+    "kill_members",
+    "kill_tagged",
     "members",
     "signal_pids",
     "snapshot",
 ]
 
 TOKEN_ENV = "SANDPOD_TREE_ID"  # noqa: S105 - a variable name, not a secret
+# A session shell's commands carry their own token besides the shell's (see ``shell.py``).
+COMMAND_TOKEN_ENV = "SANDPOD_COMMAND_TREE_ID"  # noqa: S105 - a variable name, not a secret
 POLL = 0.02  # seconds between liveness checks while waiting for a tree to die
+KILL_PASSES = 16  # scans that may each find children forked just before the previous kill
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,6 +171,8 @@ async def _wait_gone(leader: Process | None, pids: set[int], timeout: float) -> 
 async def end_tree(leader: Process | None, pid: int, token: str, sig: int, grace: float) -> None:
     """Send ``sig`` to the whole tree, then SIGKILL what is alive after ``grace`` seconds.
 
+    The tree is scanned again after the grace period even when everything found at first has
+    died: a member may have forked meanwhile (a SIGTERM handler starting a setsid'd child, say).
     Returns once every member found is dead (or after one more second of waiting for SIGKILL
     to take effect, which only a process stuck in the kernel survives).
     """
@@ -176,13 +184,41 @@ async def end_tree(leader: Process | None, pid: int, token: str, sig: int, grace
     left = set(pids)
     if sig != signal.SIGKILL and grace > 0:
         left = await _wait_gone(leader, pids, grace)
-        if not left:
-            return
-    # Rescan: members may have forked since the first signal.
-    left |= members(leader, pid, token)
-    if leader is not None and leader.running:
-        leader.signal_group(signal.SIGKILL)
+    # Survivors of the first scan die whether or not a new scan finds them again (a group
+    # member no longer counts once the leader is reaped); the new scans find what was forked.
     signal_pids(left, signal.SIGKILL)
+    killed = left | kill_members(leader, pid, token)
     if leader is not None and leader.cgroup is not None:
         kill_cgroup(leader.cgroup)  # jailed: strays re-parented inside the sandbox too
-    await _wait_gone(leader, left, 1.0)
+    await _wait_gone(leader, killed, 1.0)
+
+
+def kill_members(
+    leader: Process | None, pid: int, token: str, passes: int = KILL_PASSES
+) -> set[int]:
+    """SIGKILL every member, scanning again until a scan finds nobody new (at most ``passes``
+    scans); returns the pids signalled. A process with SIGKILL pending cannot fork, so each
+    scan only finds children forked before the previous pass's signals landed."""
+    killed: set[int] = set()
+    for _ in range(passes):
+        if leader is not None and leader.running:
+            leader.signal_group(signal.SIGKILL)
+        fresh = members(leader, pid, token) - killed
+        if not fresh:
+            break
+        signal_pids(fresh, signal.SIGKILL)
+        killed |= fresh
+    return killed
+
+
+def kill_tagged(token: str, env: str = TOKEN_ENV, passes: int = KILL_PASSES) -> set[int]:
+    """SIGKILL every process carrying ``<env>=<token>``, scanning again until a scan finds
+    nobody new (at most ``passes`` scans); returns the pids signalled."""
+    killed: set[int] = set()
+    for _ in range(passes):
+        fresh = set(snapshot(token, env).tagged) - killed
+        if not fresh:
+            break
+        signal_pids(fresh, signal.SIGKILL)
+        killed |= fresh
+    return killed

@@ -73,8 +73,15 @@ class SandboxContext:
         self.config_generation = generation
         self.base_env = {**self._template_env, **env}
 
+    @property
+    def env_workspace(self) -> str:
+        """``SANDPOD_WORKSPACE`` as the sandbox's commands carry it (``/workspace`` in a jail):
+        with ``SANDPOD_SANDBOX_ID``, what finds their processes by environment."""
+        return self.base_env.get("SANDPOD_WORKSPACE", str(self.workspace))
+
     def touch(self) -> None:
-        """Record client activity: exec, stdin, PTY input, stream reads (not probes or info)."""
+        """Record client activity: exec, stdin, PTY input, stream acks, file operations (not
+        probes, nor passive waits and reads of output: see schemas/docs/metrics.md)."""
         self.last_activity = time.time()
 
     @property

@@ -152,7 +152,7 @@ class ExecdService:
         for proc in list(sbx.registry.oneshots.values()):
             if proc is not None:
                 proc.kill_tree()
-        kill_marked(sandbox_id, str(sbx.base_env.get("SANDPOD_WORKSPACE", sbx.workspace)))
+        kill_marked(sandbox_id, sbx.env_workspace)
         log.info("sandbox_released", sandbox_id=sandbox_id)
 
     async def _on_node(self, msg: Inbound) -> None:

@@ -3,8 +3,9 @@
 Framing. For each command execd writes the command text to a private file ``<n>.cmd`` (and its
 stdin to ``<n>.in``), then one fixed line of its own to the shell's stdin (shown wrapped)::
 
-    trap 'return 124' <SIG>; { . <n>.cmd; } <<n>.in ><n>.out 2><n>.err
-    printf '\\36<nonce> %d %s\\0' "$?" "$PWD"
+    export SANDPOD_COMMAND_TREE_ID=<token>; trap 'return 124' <SIG>
+    { . <n>.cmd; } <<n>.in ><n>.out 2><n>.err
+    printf '\\36<nonce> %d %s\\0' "$?" "$PWD"; unset SANDPOD_COMMAND_TREE_ID
 
 The command is *sourced* in the shell itself, so ``cd``, ``export``, functions and aliases
 persist; a syntax error or an unclosed quote in it only fails that ``.`` (status 2), it cannot
@@ -16,10 +17,14 @@ trailing newline, binary output or text that looks like a marker are all just fi
 
 Timeouts end the command, not the shell. execd sends the shell a real-time signal whose trap
 (re-armed before every command) does ``return 124``, which abandons the sourced file, and
-SIGKILLs every process the command started (the shell's descendants that did not exist before
-it; background jobs of earlier commands survive). It repeats this for up to ``KILL_GRACE``
-seconds (a ``return`` inside a shell function only leaves that function); a shell that still
-does not answer is killed and the session reports itself dead.
+SIGKILLs every process the command started: the shell's descendants that did not exist before
+it, and every process carrying the command's own tree token (a fresh one per command, exported
+just for it, so processes that left the tree with ``setsid`` and were re-parented are found
+too); background jobs of earlier commands carry older tokens and survive. It repeats this for
+up to ``KILL_GRACE`` seconds (a ``return`` inside a shell function only leaves that function),
+then sweeps the token once more; a shell that still does not answer is killed and the session
+reports itself dead. The shell's own token (``SANDPOD_TREE_ID``) stays in every command's
+environment, so deleting the session still finds everything any command left running.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ __all__ = ["INTERRUPT_SIGNAL", "Outcome", "Shell"]
 
 log = structlog.get_logger("sandpod.execd.session")
 
+COMMAND_TOKEN = proctree.COMMAND_TOKEN_ENV
 INTERRUPT_SIGNAL = int(signal.SIGRTMIN) + 7  # rarely used by anything else; trapped per command
 KILL_GRACE = 2.0  # seconds the shell gets to abandon an interrupted command before it is killed
 TIMEOUT_STATUS = 124
@@ -177,10 +183,13 @@ class Shell:
         q = {ext: shlex.quote(self.workdir.path(name)) for ext, name in files.items()}
         source = q["in"] if stdin is not None else "/dev/null"
         nonce, future = self._expect()
+        token = secrets.token_hex(16)  # this command's tree: what it starts inherits it
         line = (
+            f"\\builtin export {COMMAND_TOKEN}={token}; "
             f"\\builtin trap '\\builtin return {TIMEOUT_STATUS} 2>/dev/null' {INTERRUPT_SIGNAL}; "
             f"{{ \\builtin . {q['cmd']}; }} <{source} >{q['out']} 2>{q['err']}; "
-            f'\\builtin printf \'\\036%s %d %s\\0\' {nonce} "$?" "$PWD"\n'
+            f'\\builtin printf \'\\036%s %d %s\\0\' {nonce} "$?" "$PWD"; '
+            f"\\builtin unset {COMMAND_TOKEN}\n"
         )
         before = proctree.children(self.proc.pid)  # earlier background jobs: spared
         started = time.monotonic()
@@ -190,7 +199,7 @@ class Shell:
             await self.proc.stdin.write(line.encode())
         interrupted = not await self._wait(future, timeout)
         if interrupted:
-            await self._abandon(future, before)
+            await self._abandon(future, before, token)
         record = future.result() if future.done() else None
         self.workdir.unlink(files["cmd"], files["in"])
         if record is not None:
@@ -221,19 +230,23 @@ class Shell:
             await asyncio.gather(cancel, return_exceptions=True)
 
     async def _abandon(
-        self, future: asyncio.Future[tuple[int, str] | None], before: set[int]
+        self, future: asyncio.Future[tuple[int, str] | None], before: set[int], token: str
     ) -> None:
-        """Interrupt the shell and kill the command's processes until the shell reports back."""
+        """Interrupt the shell and kill the command's processes until the shell reports back:
+        the shell's descendants born since it started, and whatever carries its token (those
+        that left the tree with setsid and were re-parented)."""
         deadline = time.monotonic() + KILL_GRACE
         while not future.done() and time.monotonic() < deadline:
             proctree.signal_pids([self.proc.pid], INTERRUPT_SIGNAL)
-            snap = proctree.snapshot()
+            snap = proctree.snapshot(token, COMMAND_TOKEN)
             keep = set(before)
             for pid in before:
                 keep |= snap.subtree(pid)
-            proctree.signal_pids(snap.subtree(self.proc.pid) - keep, signal.SIGKILL)
+            proctree.signal_pids((snap.subtree(self.proc.pid) - keep) | snap.tagged, signal.SIGKILL)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(future), 0.05)
+        # What the command forked while the last pass was signalling carries its token too.
+        proctree.kill_tagged(token, COMMAND_TOKEN)
         if not future.done():
             log.warning("shell_unresponsive", pid=self.proc.pid)
             await self.kill()

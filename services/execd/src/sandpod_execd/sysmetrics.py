@@ -4,8 +4,10 @@ In the ``process`` runtime a sandbox has no cgroup of its own, so its processes 
 environment: execd gives every command ``SANDPOD_SANDBOX_ID`` and ``SANDPOD_WORKSPACE`` (see
 :class:`~sandpod_execd.sandbox.SandboxContext`), and descendants inherit them, including ones that
 left the process group with ``setsid``. CPU time and RSS are summed over those processes (RSS
-counts shared pages once per process). A command that clears its environment escapes the count;
-the ``local`` runtime will read the sandbox's cgroup instead.
+counts shared pages once per process). A command that clears its environment escapes the count.
+In a jail the variables hold the paths the command sees (``SANDPOD_WORKSPACE=/workspace``), so
+callers pass what the sandbox's commands really carry; jails with cgroups are measured by
+:mod:`sandpod_execd.cgstats` instead.
 
 Disk usage is a bounded walk of the workspace (``MAX_ENTRIES`` entries, ``MAX_WALK_SECONDS``), on
 the loop with a yield every ``YIELD_EVERY`` entries, so a huge workspace can neither stall other
@@ -29,6 +31,7 @@ __all__ = [
     "filesystem",
     "host_memory",
     "sandbox_processes",
+    "stat_fields",
 ]
 
 MAX_ENTRIES = 200_000
@@ -52,8 +55,9 @@ class DiskUsage:
     complete: bool
 
 
-def _stat_fields(pid: str) -> tuple[float, int] | None:
-    """(user + system CPU seconds, RSS bytes) of a live process, None if gone or a zombie."""
+def stat_fields(pid: str) -> tuple[float, int, int] | None:
+    """(user + system CPU seconds, RSS bytes, session id) of a live process, None if gone or
+    a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
@@ -64,7 +68,7 @@ def _stat_fields(pid: str) -> tuple[float, int] | None:
     if len(fields) < 22 or fields[0] == b"Z":
         return None
     cpu = (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (clock ticks)
-    return cpu, int(fields[21]) * _PAGE  # rss (pages)
+    return cpu, int(fields[21]) * _PAGE, int(fields[3])  # rss (pages), session
 
 
 async def sandbox_processes(sandbox_id: str, workspace: str) -> ProcessUsage:
@@ -105,23 +109,24 @@ def kill_marked(sandbox_id: str, workspace: str) -> int:
     return hit
 
 
-def _usage_if_marked(pid: str, markers: tuple[bytes, ...]) -> tuple[float, int] | None:
+def _usage_if_marked(pid: str, markers: tuple[bytes, ...]) -> tuple[float, int, int] | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = b"\0" + f.read()
     except OSError:  # gone, or another user's process
         return None
-    return _stat_fields(pid) if all(m in env for m in markers) else None
+    return stat_fields(pid) if all(m in env for m in markers) else None
 
 
 async def disk_usage(
-    root: str, max_entries: int = MAX_ENTRIES, max_seconds: float = MAX_WALK_SECONDS
+    *roots: str, max_entries: int = MAX_ENTRIES, max_seconds: float = MAX_WALK_SECONDS
 ) -> DiskUsage:
-    """Bytes allocated under ``root`` (like ``du``: hard links once, symlinks not followed)."""
+    """Bytes allocated under ``roots`` (like ``du``: hard links once, symlinks not followed),
+    all walked within one bound."""
     deadline = time.monotonic() + max_seconds
     used, entries = 0, 0
     seen_links: set[tuple[int, int]] = set()
-    stack = [root]
+    stack = list(roots)
     while stack:
         path = stack.pop()
         try:

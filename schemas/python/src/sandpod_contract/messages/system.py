@@ -62,22 +62,23 @@ class SandboxMetrics(Message):
 
     ``source`` says how the sandbox's processes were counted: ``procfs`` (the ``process`` runtime:
     every live process whose environment carries the sandbox's id, summed) or ``cgroup`` (runtimes
-    that give each sandbox its own cgroup). Memory and load ``host_*`` fields describe the machine.
+    that give each sandbox its own cgroup: the kernel's accounting of it). Load and CPU count
+    describe the machine; memory does too unless the sandbox has a smaller memory limit.
     """
 
     TYPE = "sys.metrics"
     sandbox_id: str
     time: float  # wall clock of the snapshot
     source: str  # "procfs" or "cgroup"
-    cpu_seconds: float  # user + system CPU time of the sandbox's live processes
+    cpu_seconds: float  # CPU time of the live processes (cgroup: charged to it, exited too)
     cpu_count: int  # CPUs the host has
     load1: float  # host load averages
     load5: float
     load15: float
-    memory_rss: int  # bytes resident, summed over the sandbox's processes (shared pages repeat)
-    memory_total: int  # host memory, bytes
-    memory_available: int  # host memory available for new work, bytes
-    disk_used: int  # bytes allocated under the workspace (like du)
+    memory_rss: int  # bytes resident, summed over processes (cgroup: charged, cache included)
+    memory_total: int  # host memory, or the sandbox's memory limit if smaller, bytes
+    memory_available: int  # memory available for new work (within the limit), bytes
+    disk_used: int  # bytes allocated under the workspace, and a jail's root layer (like du)
     disk_entries: int  # files and directories counted
     disk_complete: bool  # False: the walk hit its bound and disk_used is a lower bound
     disk_free: int  # bytes available to unprivileged users on the workspace's filesystem
@@ -91,7 +92,8 @@ class Activity(Message):
     """Reply to ``sys.activity``: when a client last did something with the sandbox.
 
     Exec, stdin, stream acks, PTY input and every other non-probe verb count; the ``sys.*`` probes,
-    ``exec.status`` and passive readers (``watch.poll``, ``pty.read``) do not.
+    ``exec.status`` and passive waits and readers (``watch.poll``, ``pty.read``, ``proc.wait``,
+    ``proc.logs``, ``proc.wait_port``) do not.
     """
 
     TYPE = "sys.activity"

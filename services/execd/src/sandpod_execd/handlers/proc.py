@@ -56,12 +56,14 @@ class ProcHandlers:
             ("proc", "start"): Route(self.start),
             ("proc", "list"): Route(self.list, inline=True, activity=False),
             ("proc", "status"): Route(self.status, inline=True, quiet=True, activity=False),
-            ("proc", "wait"): Route(self.wait, quiet=True),
-            ("proc", "logs"): Route(self.logs, quiet=True),
+            # Waiting and reading output are passive, like pty.read and watch.poll: a forgotten
+            # `sandpod proc logs -f` must not keep an idle sandbox alive (schemas/docs/metrics.md).
+            ("proc", "wait"): Route(self.wait, quiet=True, activity=False),
+            ("proc", "logs"): Route(self.logs, quiet=True, activity=False),
             ("proc", "signal"): Route(self.signal, inline=True),
             ("proc", "kill"): Route(self.kill),
             ("proc", "remove"): Route(self.remove),
-            ("proc", "wait_port"): Route(self.wait_port, quiet=True),
+            ("proc", "wait_port"): Route(self.wait_port, quiet=True, activity=False),
         }
 
     async def close(self) -> None:

@@ -4,6 +4,7 @@ outside: :mod:`sandpod_execd.freezer`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -22,7 +23,7 @@ from sandpod_contract.messages.system import (
     Pong,
     SandboxMetrics,
 )
-from sandpod_execd import __version__, sysmetrics
+from sandpod_execd import __version__, cgstats, sysmetrics
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.sandbox import SandboxContext
 
@@ -106,22 +107,28 @@ class SystemHandlers:
         )
 
     async def metrics(self, sbx: SandboxContext, _: Empty) -> SandboxMetrics:
-        workspace = str(sbx.workspace)
-        procs = await sysmetrics.sandbox_processes(sbx.sandbox_id, workspace)
-        disk = await sysmetrics.disk_usage(workspace)
-        free, total = sysmetrics.filesystem(workspace)
+        jail = sbx.jail
+        usage = await _usage(sbx)
+        roots = [str(sbx.workspace)]
+        if jail is not None and jail.upper is not None:
+            roots.append(str(jail.upper))  # what the sandbox wrote outside /workspace
+        disk = await sysmetrics.disk_usage(*roots)
+        free, total = sysmetrics.filesystem(str(sbx.workspace))
         mem_total, mem_available = sysmetrics.host_memory()
+        if usage.memory_limit is not None and usage.memory_limit < mem_total:
+            mem_total = usage.memory_limit  # the sandbox's own ceiling is what it can use
+            mem_available = min(mem_available, max(usage.memory_limit - usage.memory, 0))
         load1, load5, load15 = os.getloadavg()
         return SandboxMetrics(
             sandbox_id=sbx.sandbox_id,
             time=time.time(),
-            source="procfs",
-            cpu_seconds=procs.cpu_seconds,
+            source=usage.source,
+            cpu_seconds=usage.cpu_seconds,
             cpu_count=os.cpu_count() or 1,
             load1=load1,
             load5=load5,
             load15=load15,
-            memory_rss=procs.rss,
+            memory_rss=usage.memory,
             memory_total=mem_total,
             memory_available=mem_available,
             disk_used=disk.used,
@@ -129,7 +136,7 @@ class SystemHandlers:
             disk_complete=disk.complete,
             disk_free=free,
             disk_total=total,
-            processes=procs.processes,
+            processes=usage.processes,
             execs=sbx.registry.active,
         )
 
@@ -143,3 +150,24 @@ class SystemHandlers:
             idle=max(now - sbx.last_activity, 0.0),
             time=now,
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Usage:
+    source: str
+    processes: int
+    cpu_seconds: float
+    memory: int
+    memory_limit: int | None
+
+
+async def _usage(sbx: SandboxContext) -> _Usage:
+    """A jail with cgroups is measured by them (nothing escapes a cgroup); otherwise the
+    processes carrying the sandbox's id and workspace as its commands do (``/workspace`` in a
+    jail) are summed from ``/proc``."""
+    jail = sbx.jail
+    if jail is not None and jail.cgroups is not None:
+        cg = cgstats.read_usage(jail.cgroups, jail.holder)
+        return _Usage("cgroup", cg.processes, cg.cpu_seconds, cg.memory, cg.memory_limit)
+    procs = await sysmetrics.sandbox_processes(sbx.sandbox_id, sbx.env_workspace)
+    return _Usage("procfs", procs.processes, procs.cpu_seconds, procs.rss, None)
