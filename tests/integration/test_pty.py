@@ -10,6 +10,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -213,8 +214,18 @@ async def test_abandoned_terminal_is_killed(sbx: AsyncSandbox) -> None:
         assert info.abandoned and info.exit is not None and info.exit.signal == signal.SIGKILL
 
 
-async def test_input_is_activity_and_reading_is_not(sbx: AsyncSandbox) -> None:
-    """For idle timeouts typing counts as activity; a parked viewer (read, get) does not."""
+async def test_input_is_activity_and_reading_is_not(nats: NatsServer, state_dir: Path) -> None:
+    """For idle timeouts typing counts as activity; a parked viewer (read, get) does not.
+    On a private execd: what other tests leave running on the shared one moves its clock."""
+    execd = Execd(nats.url, state_dir, [f"t-{uuid.uuid4().hex[:10]}"], {})
+    try:
+        async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
+            await _typing_moves_the_clock(sbx)
+    finally:
+        execd.stop()
+
+
+async def _typing_moves_the_clock(sbx: AsyncSandbox) -> None:
     async with await sbx.pty.open(["cat"]) as term:
         before = (await sbx.activity()).last_activity
         await term.read(wait=0.2)
