@@ -212,3 +212,20 @@ async def test_timeout_kills_orphans_that_left_the_tree(sbx: AsyncSandbox, tmp_p
     if psutil.pid_exists(pid):
         with contextlib.suppress(psutil.NoSuchProcess):
             psutil.Process(pid).wait(10)  # raises TimeoutExpired if the orphan survived
+
+
+async def test_max_output_is_clamped_to_execd_limit(
+    nats,  # type: ignore[no-untyped-def]
+    start_execd,  # type: ignore[no-untyped-def]
+) -> None:
+    """A client's huge max_output is clamped to SANDPOD_EXECD_MAX_OUTPUT_LIMIT (flagged
+    truncated), sys.info reports the limit, and execd keeps answering."""
+    limit = 256 * 1024
+    execd = start_execd(SANDPOD_EXECD_MAX_OUTPUT_LIMIT=str(limit))
+    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
+        assert (await sbx.runtime_info()).max_output_limit == limit
+        r = await sbx.exec("head -c 3000000 /dev/zero; echo done >&2", max_output=2**40)
+        assert r.exit_code == 0
+        assert len(r.stdout_bytes) == limit and r.stdout_truncated
+        assert r.stderr == "done\n" and not r.stderr_truncated
+        assert await sbx.ping() > 0

@@ -107,9 +107,7 @@ class ExecHandlers:
                     proc,
                     stdin=req.stdin,
                     timeout=req.timeout,
-                    max_output=self._settings.default_max_output
-                    if req.max_output is None
-                    else req.max_output,
+                    max_output=self._settings.output_cap(req.max_output),
                     pipe_grace=self._settings.pipe_grace,
                 )
             finally:
