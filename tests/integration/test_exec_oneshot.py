@@ -147,6 +147,19 @@ async def test_check_raises_command_failed(sbx: AsyncSandbox) -> None:
     assert info.value.details["exit_code"] == 3
 
 
+async def test_check_details_are_the_same_when_stdin_is_streamed(sbx: AsyncSandbox) -> None:
+    """A large stdin (streamed in, not one request) gives CommandFailed the same details."""
+    stdin = b"x" * sbx.bus.max_payload
+    with pytest.raises(CommandFailed) as info:
+        await sbx.exec("cat >/dev/null; exit 3", stdin=stdin, check=True)
+    details = info.value.details
+    assert (details["exit_code"], details.get("signal"), details["timed_out"]) == (3, None, False)
+    with pytest.raises(CommandFailed) as info:
+        await sbx.exec("cat >/dev/null; kill -TERM $$", stdin=stdin, check=True)
+    assert info.value.details["signal"] == signal.SIGTERM
+    assert "SIGTERM" in info.value.message
+
+
 async def test_concurrent_execs_each_get_their_own_output(sbx: AsyncSandbox) -> None:
     """64 concurrent calls on one connection never mix results."""
     results = await asyncio.gather(*(sbx.exec(["echo", str(i)]) for i in range(64)))
