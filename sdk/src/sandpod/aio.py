@@ -546,7 +546,9 @@ class AsyncSandbox:
             timeout: seconds before the whole tree is killed (default: no limit).
             window: bytes execd may have in flight unacknowledged (default from execd).
             abandon_after: seconds of client silence (no acks or keepalives) before execd kills
-                the command; the SDK sends keepalives while the stream object is open.
+                the command; the SDK sends keepalives while the stream is open: until the
+                ``async with`` block ends or, without one, until the iteration stops (leaving
+                an ``async for`` early closes the stream and cancels the command).
         """
         cwd, command = _cwd_and_command(cwd_or_command, command)
         return AsyncExecStream(
