@@ -31,9 +31,11 @@ def _read_until(proc: subprocess.Popen[str], needle: str, limit: int = 200) -> l
     pytest.fail(f"{needle!r} never printed:\n{''.join(lines)}")
 
 
-def test_up_exec_and_clean_shutdown(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
+def test_up_exec_and_clean_shutdown(tmp_path: Path, stop: str) -> None:
     """`sandpod up` serves 'default'; `sandpod exec` runs a command and exits with its code; the
-    gateway it starts answers HTTP with the API key it printed; SIGTERM stops everything and
+    gateway it starts answers HTTP with the API key it printed; SIGTERM, or Ctrl-C (SIGINT to
+    the whole foreground process group, children included), stops everything with exit 0 and
     leaves no process behind."""
     port, http_port = free_port(), free_port()
     up = subprocess.Popen(
@@ -50,6 +52,7 @@ def test_up_exec_and_clean_shutdown(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
     )
     try:
         banner = "".join(_read_until(up, "Ctrl-C stops everything"))
@@ -83,8 +86,14 @@ def test_up_exec_and_clean_shutdown(tmp_path: Path) -> None:
             timeout=30,
         )  # fmt: skip
         assert run.returncode == 125 and "sandbox.not_found" in run.stderr
-        up.send_signal(signal.SIGTERM)
+        if stop == "sigterm":
+            up.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(up.pid, signal.SIGINT)
         assert up.wait(30) == 0
+        assert up.stdout is not None
+        rest = up.stdout.read()
+        assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
         _, alive = psutil.wait_procs(children, timeout=15)
         assert not alive, f"left behind: {alive}"
     finally:

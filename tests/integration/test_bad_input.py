@@ -91,10 +91,11 @@ async def test_newer_version_is_refused_with_its_own_code(bus: Bus) -> None:
     ],
 )
 async def test_unknown_subjects_get_a_typed_error(bus: Bus, subject: str) -> None:
-    """A subject under the sandbox with no operation gets a typed error, not silence."""
+    """A subject under a served sandbox with no operation is bad_request.unknown_subject (the
+    sandbox exists; the operation does not), not sandbox.not_found."""
     err = await _error(bus, subject, encode(ExecRequest(shell="true")))
-    assert isinstance(err, (UnknownSubject, SandpodError))
-    assert err.code in ("bad_request.unknown_subject", "sandbox.not_found")
+    assert type(err) is UnknownSubject and err.code == "bad_request.unknown_subject"
+    assert not err.retryable
 
 
 async def test_oversized_request_is_refused(
@@ -155,6 +156,22 @@ async def test_deliver_must_be_a_concrete_subject_outside_sandpod(bus: Bus, deli
     """execd never publishes frames to wildcards or into Sandpod's own subjects."""
     err = await _error(bus, START, pack({"v": 1, "shell": "true", "deliver": deliver}))
     assert isinstance(err, BadRequest)
+
+
+RESUME = SUBJECTS.sandbox("shared", "exec", "resume")
+
+
+@pytest.mark.parametrize(
+    "deliver", ["_INBOX.*", "_INBOX.>", "a..b", "has space", "sandpod.sbx.other.exec.run"]
+)
+async def test_resume_cannot_redirect_frames_into_sandpod(
+    bus: Bus, sbx: AsyncSandbox, deliver: str
+) -> None:
+    """exec.resume of a running stream refuses the deliver subjects exec.start refuses."""
+    async with sbx.exec_stream("sleep 60") as stream:
+        resume = {"v": 1, "exec_id": stream.exec_id, "from_seq": 1, "deliver": deliver}
+        err = await _error(bus, RESUME, pack(resume))
+        assert isinstance(err, BadRequest), err
 
 
 async def test_a_reused_exec_id_is_refused(bus: Bus, sbx: AsyncSandbox) -> None:

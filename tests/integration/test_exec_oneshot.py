@@ -147,6 +147,19 @@ async def test_check_raises_command_failed(sbx: AsyncSandbox) -> None:
     assert info.value.details["exit_code"] == 3
 
 
+async def test_check_details_are_the_same_when_stdin_is_streamed(sbx: AsyncSandbox) -> None:
+    """A large stdin (streamed in, not one request) gives CommandFailed the same details."""
+    stdin = b"x" * sbx.bus.max_payload
+    with pytest.raises(CommandFailed) as info:
+        await sbx.exec("cat >/dev/null; exit 3", stdin=stdin, check=True)
+    details = info.value.details
+    assert (details["exit_code"], details.get("signal"), details["timed_out"]) == (3, None, False)
+    with pytest.raises(CommandFailed) as info:
+        await sbx.exec("cat >/dev/null; kill -TERM $$", stdin=stdin, check=True)
+    assert info.value.details["signal"] == signal.SIGTERM
+    assert "SIGTERM" in info.value.message
+
+
 async def test_concurrent_execs_each_get_their_own_output(sbx: AsyncSandbox) -> None:
     """64 concurrent calls on one connection never mix results."""
     results = await asyncio.gather(*(sbx.exec(["echo", str(i)]) for i in range(64)))
@@ -243,3 +256,20 @@ async def test_timeout_kills_children_forked_while_the_tree_is_being_killed(
         for pid in pids_with(tag):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_max_output_is_clamped_to_execd_limit(
+    nats,  # type: ignore[no-untyped-def]
+    start_execd,  # type: ignore[no-untyped-def]
+) -> None:
+    """A client's huge max_output is clamped to SANDPOD_EXECD_MAX_OUTPUT_LIMIT (flagged
+    truncated), sys.info reports the limit, and execd keeps answering."""
+    limit = 256 * 1024
+    execd = start_execd(SANDPOD_EXECD_MAX_OUTPUT_LIMIT=str(limit))
+    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
+        assert (await sbx.runtime_info()).max_output_limit == limit
+        r = await sbx.exec("head -c 3000000 /dev/zero; echo done >&2", max_output=2**40)
+        assert r.exit_code == 0
+        assert len(r.stdout_bytes) == limit and r.stdout_truncated
+        assert r.stderr == "done\n" and not r.stderr_truncated
+        assert await sbx.ping() > 0

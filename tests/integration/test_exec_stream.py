@@ -171,6 +171,66 @@ async def test_stream_timeout_kills_and_says_so(sbx: AsyncSandbox) -> None:
     assert status.timed_out and status.signal == signal.SIGKILL
 
 
+async def _gone(sbx: AsyncSandbox, exec_id: str, pid: int) -> None:
+    """Wait until the exec's process no longer runs (execd still knows the exec: its frames
+    wait for an ack until the abandon period ends, but the command is dead)."""
+    assert (await sbx._status(exec_id)).pid == pid
+
+    async def poll() -> None:
+        while _running(pid):
+            await asyncio.sleep(0.02)
+
+    try:
+        await asyncio.wait_for(poll(), 10)
+    except TimeoutError:
+        pytest.fail(f"exec {exec_id} (pid {pid}) still runs after its iteration was left")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_breaking_out_of_a_bare_iteration_cancels_the_command(sbx: AsyncSandbox) -> None:
+    """`async for chunk in sbx.exec_stream(...): break` (no `async with`) cancels the command
+    and stops the keepalives, instead of acking a stream nobody reads forever."""
+    st = sbx.exec_stream("yes")
+    async for chunk in st:
+        assert chunk.data.startswith(b"y\n")
+        break
+    assert st.pid is not None
+    await _gone(sbx, st.exec_id, st.pid)
+
+
+async def test_an_exception_in_a_bare_iteration_cancels_the_command(sbx: AsyncSandbox) -> None:
+    """An exception raised in the loop body also ends the command of a bare iteration."""
+    st = sbx.exec_stream("yes")
+
+    async def fail_in_the_loop() -> None:
+        async for _ in st:
+            raise LookupError
+
+    with pytest.raises(LookupError):
+        await fail_in_the_loop()
+    assert st.pid is not None
+    await _gone(sbx, st.exec_id, st.pid)
+
+
+async def test_breaking_out_inside_async_with_keeps_the_command(sbx: AsyncSandbox) -> None:
+    """Inside `async with` the block owns the command: a break leaves it running (iterating
+    again continues the output) until the block ends."""
+    async with sbx.exec_stream("echo one; read _; echo two", stdin_open=True) as st:
+        async for chunk in st:
+            assert chunk.data == b"one\n"
+            break
+        assert (await sbx._status(st.exec_id)).state == "running"
+        await st.write(b"go\n")
+        assert b"".join([c.data async for c in st]) == b"two\n"
+        assert (await st.wait()).exit_code == 0
+
+
 class RawClient:
     """Speaks the streaming protocol by hand (no SDK), to test execd's side of it."""
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import sys
+import termios
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,6 +55,41 @@ async def test_execd_killed_mid_stream_gives_sandbox_unavailable(
             execd.kill()
             with pytest.raises(SandboxUnavailable):
                 await asyncio.wait_for(st.wait(), 15)
+
+
+def _stdin_pipe_full(pid: int) -> bool:
+    """Whether process ``pid``'s stdin pipe is full (the writer must be waiting on it)."""
+    try:
+        fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        queued = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+        return int.from_bytes(queued, sys.byteorder) >= capacity
+    finally:
+        os.close(fd)
+
+
+async def test_execd_killed_during_a_blocked_stdin_write_gives_sandbox_unavailable(
+    nats: NatsServer, start_execd: Callable[..., Execd]
+) -> None:
+    """A stdin write waiting on a full pipe (the command does not read) raises
+    SandboxUnavailable promptly when execd is SIGKILLed, instead of waiting forever."""
+    execd = start_execd()
+    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:  # noqa: SIM117 - the stream needs sbx
+        async with sbx.exec_stream("echo up; exec sleep 30", stdin_open=True) as st:
+            assert (await st.__anext__()).data == b"up\n"
+            assert st.pid is not None
+            write = asyncio.create_task(st.write(b"x" * (8 * 1024 * 1024)))  # > any pipe
+            pid = st.pid
+            while not _stdin_pipe_full(pid):
+                assert not write.done(), write
+                await asyncio.sleep(0.02)
+            execd.kill()
+            with pytest.raises(SandboxUnavailable) as info:
+                await asyncio.wait_for(write, 15)
+            assert info.value.retryable
 
 
 async def test_execd_restarted_mid_exec_gives_exec_lost(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import signal
 
+import psutil
 import pytest
 
-from conftest import Execd, NatsServer
+from conftest import Execd, NatsServer, wait_until
 from sandpod import ExecResult, Sandbox
+from sandpod._loop import run
 from sandpod.errors import InvalidCwd
 
 
@@ -41,3 +43,27 @@ def test_context_manager_stream_stdin_and_errors(nats: NatsServer, shared_execd:
         with pytest.raises(InvalidCwd):
             sbx.exec("/definitely/not/here", "true")
         assert sbx.runtime_info().runtime == "process"
+
+
+def test_breaking_out_of_a_bare_sync_iteration_cancels_the_command(
+    nats: NatsServer, shared_execd: Execd
+) -> None:
+    """`for chunk in sbx.exec_stream(...): break` (the README's loop) ends the command."""
+    with Sandbox.connect("shared", nats_url=nats.url) as sbx:
+        st = sbx.exec_stream("yes")
+        for chunk in st:
+            assert chunk.data.startswith(b"y\n")
+            break
+        assert st.pid is not None
+        pid = st.pid
+
+        assert run(sbx._inner._status(st.exec_id)).pid == pid
+        wait_until(lambda: _gone(pid), 10, "the command of the abandoned iteration to end")
+
+
+def _gone(pid: int) -> bool:
+    """The process no longer runs (exited, possibly not yet reaped)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -36,8 +36,13 @@ async def watch(
     *,
     what: str,
     interval: float = PROBE_INTERVAL,
+    exit_means_lost: bool = True,
 ) -> T:
-    """Await ``work`` while probing liveness; raise a typed error as soon as it is lost."""
+    """Await ``work`` while probing liveness; raise a typed error as soon as it is lost.
+
+    ``exit_means_lost=False`` for work that may outlast the exec's process legitimately (a stdin
+    write into a pipe a grandchild still holds): only execd's own silence then counts.
+    """
     task = asyncio.ensure_future(work)
     missed = exited = 0
     try:
@@ -59,7 +64,7 @@ async def watch(
                     ) from exc
                 continue
             missed = 0
-            if status.state == "exited":
+            if status.state == "exited" and exit_means_lost:
                 exited += 1
                 if exited >= 2 and not task.done():
                     raise ExecLost(f"{what} finished but its reply never arrived")

@@ -452,14 +452,8 @@ class AsyncSandbox:
             timed_out=wire.timed_out,
             duration=wire.duration,
         )
-        if check and not result.ok:
-            how = result.exit_code if result.signal is None else result.signal_name
-            raise CommandFailed(
-                f"command exited with {how}",
-                exit_code=result.exit_code,
-                signal=result.signal,
-                timed_out=result.timed_out,
-            )
+        if check:
+            _check(result)
         return result
 
     async def _complete(self, wire: WireResult, stream: str, head: bytes, size: int) -> bytes:
@@ -516,8 +510,8 @@ class AsyncSandbox:
             timed_out=status.timed_out,
             duration=status.duration,
         )
-        if check and not result.ok:
-            raise CommandFailed(f"command exited with {result.exit_code}")
+        if check:
+            _check(result)
         return result
 
     async def _cancel_quietly(self, exec_id: str) -> None:
@@ -552,7 +546,9 @@ class AsyncSandbox:
             timeout: seconds before the whole tree is killed (default: no limit).
             window: bytes execd may have in flight unacknowledged (default from execd).
             abandon_after: seconds of client silence (no acks or keepalives) before execd kills
-                the command; the SDK sends keepalives while the stream object is open.
+                the command; the SDK sends keepalives while the stream is open: until the
+                ``async with`` block ends or, without one, until the iteration stops (leaving
+                an ``async for`` early closes the stream and cancels the command).
         """
         cwd, command = _cwd_and_command(cwd_or_command, command)
         return AsyncExecStream(
@@ -566,6 +562,23 @@ class AsyncSandbox:
             window=window,
             abandon_after=abandon_after,
         )
+
+
+def _check(result: ExecResult) -> None:
+    """``check=True``: a command that did not exit 0 is an error, with how it ended.
+
+    Raises:
+        CommandFailed: with ``exit_code``, ``signal`` and ``timed_out`` in its details.
+    """
+    if result.ok:
+        return
+    how = result.exit_code if result.signal is None else result.signal_name
+    raise CommandFailed(
+        f"command exited with {how}",
+        exit_code=result.exit_code,
+        signal=result.signal,
+        timed_out=result.timed_out,
+    )
 
 
 def _cwd_and_command(
@@ -582,7 +595,13 @@ def _cwd_and_command(
 
 
 class AsyncExecStream:
-    """A running streaming exec: async-iterate for output, then :meth:`wait` for the exit."""
+    """A running streaming exec: async-iterate for output, then :meth:`wait` for the exit.
+
+    Who owns the remote command: ``async with`` keeps it (and the keepalives that stop execd
+    from abandoning it) until the block ends. Without ``async with``, the iteration owns it:
+    leaving an ``async for`` early (``break``, an exception, the iterator collected) closes the
+    stream, which cancels a command still running, so nothing keeps acking a stream nobody reads.
+    """
 
     def __init__(
         self,
@@ -630,6 +649,7 @@ class AsyncExecStream:
         self._exit: ExitStatus | None = None
         self._started = False
         self._closed = False
+        self._managed = False  # inside ``async with``: the block, not an iteration, closes it
         self.pid: int | None = None
 
     @property
@@ -680,12 +700,19 @@ class AsyncExecStream:
             await self._sub.stop()
 
     async def __aenter__(self) -> Self:
+        self._managed = True
         return await self.start()
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+    async def _iteration_ended(self) -> None:
+        """An iteration stopped (finished, broken out of, failed, collected): without a context
+        manager to do it later, close now, cancelling a command that still runs."""
+        if not self._managed:
+            await self.close()
 
     # -- frames --------------------------------------------------------------------------------
 
@@ -762,8 +789,21 @@ class AsyncExecStream:
                 raise item
             return item
 
-    def __aiter__(self) -> Self:
-        return self
+    def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        """The chunks until the exit; a generator, so leaving the loop early runs its cleanup
+        (at once on ``aclose``, else when the loop collects the abandoned generator)."""
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[OutputChunk]:
+        try:
+            while True:
+                try:
+                    chunk = await self.__anext__()
+                except StopAsyncIteration:
+                    return
+                yield chunk
+        finally:
+            await self._iteration_ended()
 
     async def __anext__(self) -> OutputChunk:
         if self._exit is not None or self._closed:
@@ -818,9 +858,23 @@ class AsyncExecStream:
         await self.close_stdin()
 
     async def _stdin(self, data: bytes, eof: bool) -> None:
+        """One ``exec.stdin`` request. It has no deadline (a command may leave its stdin full
+        for as long as it likes), so execd's liveness is probed meanwhile: a dead execd is a
+        typed error, not a write that hangs forever.
+
+        Raises:
+            StreamClosed: the command exited or closed its stdin.
+            SandboxUnavailable, ExecLost: execd died or was replaced during the write.
+        """
         req = StdinWrite(exec_id=self._exec_id, data=data, eof=eof)
         try:
-            await self._sbx._call("exec", "stdin", req, ExecStatus, NO_DEADLINE)
+            await watch(
+                self._sbx._call("exec", "stdin", req, ExecStatus, NO_DEADLINE),
+                lambda: self._sbx._status(self._exec_id),
+                what=f"a stdin write to exec {self._exec_id}",
+                interval=self._probe_interval,
+                exit_means_lost=False,
+            )
         except ExecNotFound as exc:
             raise StreamClosed("the command has already exited") from exc
 

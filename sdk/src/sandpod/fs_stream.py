@@ -355,8 +355,16 @@ class FileReader:
         self._inner = inner
 
     @property
+    def path(self) -> str:
+        return self._inner.path
+
+    @property
     def size(self) -> int | None:
         return self._inner.size
+
+    @property
+    def mtime(self) -> float | None:
+        return self._inner.mtime
 
     def __iter__(self) -> Self:
         return self
@@ -384,8 +392,17 @@ class FileWriter:
         self._inner = inner
 
     @property
+    def path(self) -> str:
+        return self._inner.path
+
+    @property
     def written(self) -> int:
         return self._inner.written
+
+    def open(self) -> Self:
+        """Start the upload (implicit on first write); checks the target now."""
+        run(self._inner.open())
+        return self
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         run(self._inner.write(data))

@@ -223,6 +223,10 @@ class Pools:
     def __init__(self, inner: AsyncPools) -> None:
         self._inner = inner
 
+    @property
+    def namespace(self) -> str:
+        return self._inner.namespace
+
     @classmethod
     def connect(
         cls, *, nats_url: str | None = None, prefix: str | None = None, namespace: str = "default"

@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Self
 
 from sandpod._loop import run
+from sandpod._twins import iterate
 from sandpod.aio import DEFAULT_TIMEOUT, AsyncExecStream, AsyncSandbox, Command
 from sandpod.control import SandboxInfo
 from sandpod.fs import Files
@@ -273,7 +274,8 @@ class ExecStream:
         run(self._inner.close())
 
     def __enter__(self) -> Self:
-        return self.start()
+        run(self._inner.__aenter__())
+        return self
 
     def __exit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
@@ -281,7 +283,9 @@ class ExecStream:
         self.close()
 
     def __iter__(self) -> Iterator[OutputChunk]:
-        return self
+        """The chunks until the exit. Outside ``with``, leaving the loop early (``break``, an
+        exception, the iterator collected) closes the stream and cancels a running command."""
+        return iterate(aiter(self._inner))
 
     def __next__(self) -> OutputChunk:
         try:

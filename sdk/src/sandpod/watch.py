@@ -324,6 +324,10 @@ class Watch:
     def info(self) -> WatchInfo | None:
         return self._inner.info
 
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
     def start(self) -> Self:
         run(self._inner.start())
         return self

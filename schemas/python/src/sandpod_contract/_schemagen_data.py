@@ -86,7 +86,7 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
                       started_at=1732899000.5, workspace="/var/lib/sandpod/workspaces/demo",
                       max_request_bytes=_MiB, max_payload=_MiB, default_window=4 * _MiB,
                       max_window=16 * _MiB, default_max_output=16 * _MiB,
-                      families=("exec", "sys"))),
+                      families=("exec", "sys"), max_output_limit=64 * _MiB)),
         ("minimal", Info(sandbox_id="demo", execd_version="0.0.9", protocol_version=1,
                          runtime="process", isolation="none", hostname="worker-1", pid=7,
                          started_at=1732899000.0, workspace="/workspace", max_request_bytes=_MiB,

@@ -17,6 +17,7 @@ __all__ = ["add_parsers"]
 
 EXIT_SANDPOD_ERROR = 125
 EXIT_TIMEOUT = 124
+STDIN_READ = 65536
 
 
 def add_parsers(sub: Any) -> None:
@@ -145,15 +146,38 @@ def _forward(stream: Any, sig: int) -> None:
 
 
 async def _feed_stdin(stream: Any) -> None:
-    loop = asyncio.get_running_loop()
     fd = sys.stdin.fileno()
-    while True:
-        data = await loop.run_in_executor(None, os.read, fd, 65536)
-        if not data:
-            break
+    while data := await _read_stdin(fd):
         await stream.write(data)
     with contextlib.suppress(SandpodError):
         await stream.close_stdin()
+
+
+async def _read_stdin(fd: int) -> bytes:
+    """One read of local stdin, cancellable: wait for readability on the loop, then read what
+    is there. A read in an executor thread cannot be cancelled: after the command exited it
+    would keep blocking on a terminal, and ``asyncio.run`` would wait for it forever.
+
+    Regular files cannot be polled (epoll refuses them); reading one never blocks for long.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        ready: asyncio.Future[None] = loop.create_future()
+        try:
+            loop.add_reader(fd, _set_once, ready)
+        except PermissionError:
+            return os.read(fd, STDIN_READ)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
+        with contextlib.suppress(BlockingIOError):  # a non-blocking fd someone else drained
+            return os.read(fd, STDIN_READ)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _run_ping(args: argparse.Namespace) -> int:

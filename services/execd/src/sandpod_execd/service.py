@@ -196,7 +196,7 @@ class ExecdService:
         parsed = self.subjects.parse_sandbox(msg.subject)
         sbx = self.sandboxes.get(parsed.sandbox_id) if parsed else None
         if parsed is None or sbx is None:
-            await self._reject(msg, SandboxNotFound(f"{msg.subject} is not served here"), "route")
+            await self._reject(msg, *self._unroutable(msg.subject))
             return
         op = operation(parsed.family, parsed.verb)
         route = self._routes.get((parsed.family, parsed.verb))
@@ -243,6 +243,17 @@ class ExecdService:
             if route.release is not None:
                 route.release(sbx, prepared)
             await self._reject(msg, Busy("execd is at its request limit; retry"), "busy")
+
+    def _unroutable(self, subject: str) -> tuple[SandpodError, str]:
+        """Why ``subject`` reaches no handler, and the metric reason: under a sandbox served here
+        but not ``<family>.<verb>`` (``...exec``, ``...exec.run.extra``), the sandbox exists and
+        the operation does not; anything else names a sandbox this execd does not serve."""
+        if any(subject.startswith(self.subjects.sandbox_prefix(s) + ".") for s in self.sandboxes):
+            unknown = UnknownSubject(
+                f"{subject} names no operation; see schemas/README.md", subject=subject
+            )
+            return unknown, "unknown_subject"
+        return SandboxNotFound(f"{subject} is not served here"), "route"
 
     async def _handle(
         self,

@@ -11,6 +11,7 @@
 | ``SANDPOD_EXECD_MAX_EXECS`` | 1024 | concurrent execs before ``busy`` |
 | ``SANDPOD_EXECD_MAX_REQUEST`` | 1 MiB | largest accepted request (bytes) |
 | ``SANDPOD_EXECD_MAX_OUTPUT`` | 16 MiB | default per-stream capture cap of one-shot exec |
+| ``SANDPOD_EXECD_MAX_OUTPUT_LIMIT`` | 64 MiB | largest ``max_output`` honoured (more: clamped) |
 | ``SANDPOD_EXECD_WINDOW`` | 4 MiB | default stream window (unacked bytes in flight) |
 | ``SANDPOD_EXECD_MAX_WINDOW`` | 16 MiB | largest window a client may ask for |
 | ``SANDPOD_EXECD_ABANDON_AFTER`` | 60 s | client silence after which a stream's command dies |
@@ -55,6 +56,7 @@ class ExecdSettings:
     max_execs: int = 1024
     max_request_bytes: int = MiB
     default_max_output: int = 16 * MiB
+    max_output_limit: int = 64 * MiB  # a client's max_output above it is clamped to it
     default_window: int = 4 * MiB
     max_window: int = 16 * MiB
     max_chunk: int = 256 * 1024
@@ -68,6 +70,14 @@ class ExecdSettings:
     grace: float = 10.0
     freezer: str = "auto"  # sandpod_execd.freezer.MODES
     log_level: str = "info"
+
+    def output_cap(self, requested: int | None) -> int:
+        """The per-stream capture cap of a one-shot exec asking for ``requested`` bytes.
+
+        A client may not make execd hold more than ``max_output_limit`` per stream in memory.
+        """
+        return min(self.default_max_output if requested is None else requested,
+                   self.max_output_limit)  # fmt: skip
 
     def workspace_for(self, sandbox_id: str) -> Path:
         return self.workspace or self.state_dir / "workspaces" / sandbox_id
@@ -109,6 +119,9 @@ class ExecdSettings:
                 env, "SANDPOD_EXECD_MAX_REQUEST", cls.max_request_bytes, minimum=1024
             ),
             default_max_output=env_int(env, "SANDPOD_EXECD_MAX_OUTPUT", cls.default_max_output),
+            max_output_limit=env_int(
+                env, "SANDPOD_EXECD_MAX_OUTPUT_LIMIT", cls.max_output_limit, minimum=1024
+            ),
             default_window=env_int(env, "SANDPOD_EXECD_WINDOW", cls.default_window, minimum=1),
             max_window=env_int(env, "SANDPOD_EXECD_MAX_WINDOW", cls.max_window, minimum=1),
             abandon_after=env_float(

@@ -54,6 +54,7 @@ class Info(Message):
     max_window: int
     default_max_output: int  # per-stream capture cap of one-shot exec
     families: tuple[str, ...] = ()
+    max_output_limit: int | None = None  # largest max_output honoured (None: an older execd)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -107,9 +107,7 @@ class ExecHandlers:
                     proc,
                     stdin=req.stdin,
                     timeout=req.timeout,
-                    max_output=self._settings.default_max_output
-                    if req.max_output is None
-                    else req.max_output,
+                    max_output=self._settings.output_cap(req.max_output),
                     pipe_grace=self._settings.pipe_grace,
                 )
             finally:
@@ -169,11 +167,7 @@ class ExecHandlers:
 
     async def start(self, sbx: SandboxContext, req: ExecStart) -> ExecStarted:
         exec_id = self._admit(sbx, req.exec_id)
-        if req.deliver.startswith(f"{self._prefix}."):
-            raise BadRequest(
-                f"deliver subject {req.deliver!r} is inside the Sandpod namespace; use an inbox",
-                deliver=req.deliver,
-            )
+        self._check_deliver(req.deliver)
         stdin_pipe = req.stdin_open or req.stdin is not None
         cmd = sbx.command(req.argv, req.shell, req.cwd, req.env, stdin=stdin_pipe)
         proc = spawn(cmd)
@@ -196,6 +190,19 @@ class ExecHandlers:
         return ExecStarted(
             exec_id=exec_id, pid=proc.pid, window=window, abandon_after=stream.abandon_after
         )
+
+    def _check_deliver(self, deliver: str) -> None:
+        """Frames never go into Sandpod's own subjects (a client could otherwise make execd
+        publish requests to other sandboxes or the control plane).
+
+        Raises:
+            BadRequest: ``deliver`` is inside the installation's prefix.
+        """
+        if deliver.startswith(f"{self._prefix}."):
+            raise BadRequest(
+                f"deliver subject {deliver!r} is inside the Sandpod namespace; use an inbox",
+                deliver=deliver,
+            )
 
     async def _drive(self, sbx: SandboxContext, stream: StreamingExec) -> None:
         self._metrics.running.inc()
@@ -244,6 +251,8 @@ class ExecHandlers:
         return stream.status()
 
     async def resume(self, sbx: SandboxContext, req: ExecResume) -> ExecStatus:
+        if req.deliver is not None:
+            self._check_deliver(req.deliver)
         stream = self._stream(sbx, req.exec_id)
         await stream.resume(req.from_seq, req.deliver)
         return stream.status()

@@ -104,6 +104,7 @@ class SystemHandlers:
             max_window=s.max_window,
             default_max_output=s.default_max_output,
             families=self._families,
+            max_output_limit=s.max_output_limit,
         )
 
     async def metrics(self, sbx: SandboxContext, _: Empty) -> SandboxMetrics:
