@@ -20,7 +20,7 @@ import pytest
 from test_jail import jailed, make, runtime, state  # noqa: F401 - fixtures used by name
 
 from sandpod import AsyncSandbox
-from sandpod_contract.errors import FsError
+from sandpod_contract.errors import FsError, SandpodError
 from sandpod_lifecycle.runtime.base import InstanceStatus
 
 pytestmark = pytest.mark.skipif(
@@ -185,4 +185,40 @@ async def test_swapping_a_directory_for_a_link_to_the_host_root_never_escapes(
         await proc.wait(timeout=30)
     swaps = int(await inside(sbx, "cat /workspace/race/swaps"))
     assert swaps > 100, swaps
+    assert_untouched(sentinel)
+
+
+async def test_watches_and_clone_checks_resolve_in_the_sandbox_root(
+    jailed: Jailed,  # noqa: F811 - the fixture imported above
+    sentinel: Path,
+) -> None:
+    """A watch through a link to / watches the sandbox's directory: its changes are reported,
+    the host twin's are not; git's "clone target is empty" check looks at the sandbox's."""
+    _, sbx = jailed
+    t = str(sentinel)
+    await inside(sbx, f"mkdir -p {t}/sub && ln -s / /workspace/abs")
+    w = await sbx.watch.start(f"/workspace/abs{t}")
+    try:
+        (sentinel / "host-made").write_bytes(HOST)  # before the sandbox's: it would come first
+        (sentinel / "host-made").unlink()
+        await inside(sbx, f"touch {t}/sandbox-made")
+        seen: list[str] = []
+        while f"/workspace/abs{t}/sandbox-made" not in seen:
+            batch = await w.poll(wait=5.0)
+            assert batch.events, f"no event for the sandbox's file; got {seen}"
+            seen += [e.path for e in batch.events]
+        assert not [p for p in seen if "host-made" in p], seen
+    finally:
+        await w.stop()
+    full = Path(f"{t}-full")  # the host's is full, the sandbox's empty: the clone may go on
+    full.mkdir()
+    try:
+        (full / "x").write_bytes(HOST)
+        await inside(sbx, f"mkdir -p {t}-full")
+        with pytest.raises(SandpodError) as caught:
+            await sbx.git.clone("/workspace/no-such-repo", f"/workspace/abs{t}-full")
+        assert caught.value.code != "fs.already_exists", caught.value
+        assert "no-such-repo" in caught.value.message
+    finally:
+        shutil.rmtree(full)
     assert_untouched(sentinel)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +37,7 @@ from sandpod_contract.errors import (
     FsPermissionDenied,
     FsTooLarge,
 )
-from sandpod_execd.files.rooted import Root
+from sandpod_execd.files.rooted import Root, host_root
 
 __all__ = [
     "PATH_MAX",
@@ -147,12 +146,6 @@ class Paths:
                 if (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino):
                     return True
         return False
-
-
-@functools.cache
-def host_root() -> Root:
-    """The host's ``/`` as a :class:`Root` (process runtime), opened once."""
-    return Root("/")
 
 
 class FileTooLarge(OSError):

@@ -48,6 +48,7 @@ __all__ = [
     "Root",
     "chmod_fd",
     "chown_fd",
+    "host_root",
     "jail_root",
     "named",
     "naming",
@@ -166,9 +167,16 @@ class Root:
         self.usable = not jailed or openat2_available()
 
     def close(self) -> None:
+        """Close the root's descriptor. Only when nothing can use it any more: a request on
+        another thread could otherwise resolve against a reused descriptor number."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def __del__(self) -> None:
+        # A released sandbox's context is dropped with everything that used its root.
+        with contextlib.suppress(OSError, AttributeError):
+            self.close()
 
     def open(self, path: str, flags: int, mode: int = 0) -> int:
         """A descriptor of ``path`` (symlinks followed, inside the root). Raises ``OSError``
@@ -257,6 +265,12 @@ class Root:
                     pass  # made meanwhile, or a dangling link: the open below says which
             os.close(self.open(here, os.O_PATH | os.O_DIRECTORY))
         return created
+
+
+@functools.cache
+def host_root() -> Root:
+    """The host's ``/`` as a :class:`Root` (process runtime), opened once."""
+    return Root("/")
 
 
 def jail_root(jail: Jail) -> Root:

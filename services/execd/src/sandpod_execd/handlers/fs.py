@@ -14,6 +14,7 @@ import asyncio
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -57,7 +58,6 @@ from sandpod_execd.files.atomic import AtomicFile
 from sandpod_execd.files.entries import Entry, entry_of, group_name, owner_ids, user_name
 from sandpod_execd.files.listing import Budget
 from sandpod_execd.files.paths import WORKSPACE_ALIAS, Paths, os_error, wire_str
-from sandpod_execd.files.rooted import jail_root
 from sandpod_execd.files.uploads import UploadTable
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.sandbox import SandboxContext
@@ -92,7 +92,8 @@ class FsHandlers:
             max_open=MAX_UPLOADS,
             idle_timeout=deps.settings.abandon_after,
         )
-        self._paths: dict[str, Paths] = {}
+        # Per served context, not per id: a sandbox served again gets a new jail and root.
+        self._paths: weakref.WeakKeyDictionary[SandboxContext, Paths] = weakref.WeakKeyDictionary()
         self._stop = threading.Event()  # tells walks on worker threads to end (shutdown)
 
     def routes(self) -> dict[tuple[str, str], Route]:
@@ -118,13 +119,12 @@ class FsHandlers:
     # -- plumbing ------------------------------------------------------------------------------
 
     def _for(self, sbx: SandboxContext) -> Paths:
-        paths = self._paths.get(sbx.sandbox_id)
+        paths = self._paths.get(sbx)
         if paths is None:
             jail = sbx.jail
-            root = jail_root(jail) if jail is not None else None
-            paths = self._paths[sbx.sandbox_id] = Paths(
+            paths = self._paths[sbx] = Paths(
                 sbx.workspace,
-                root=root,
+                root=sbx.fs_root,
                 new_owner=jail.owner if jail is not None else None,
             )
         return paths
