@@ -14,13 +14,23 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 
 from sandpod_execd.files.atomic import AtomicFile
 from sandpod_execd.files.rooted import MAX_DEPTH, Root, naming, open_dir, split
 
-__all__ = ["check_into_itself", "contains", "copy", "copy_at", "copy_fd", "prepare_dst"]
+__all__ = [
+    "KEEP_OWNER",
+    "check_into_itself",
+    "contains",
+    "copy",
+    "copy_at",
+    "copy_fd",
+    "prepare_dst",
+]
 
 COPY_STEP = 8 * 1024 * 1024
+KEEP_OWNER = (-2, -2)  # as new_owner: each copy keeps its source's owner (a move across disks)
 
 
 def _err(code: int, path: str, other: str | None = None) -> OSError:
@@ -159,7 +169,7 @@ def _copy_dir(
         out = open_dir(dname, ddir)
         try:
             _copy_tree(sfd, out, dst, new_owner, MAX_DEPTH)
-            _finish_dir(out, st.st_mode, new_owner)
+            _finish_dir(out, st, new_owner)
         finally:
             os.close(out)
 
@@ -188,18 +198,29 @@ def _copy_tree(sfd: int, dfd: int, dst: str, new_owner: tuple[int, int] | None, 
             try:
                 if depth > 1:
                     _copy_tree(s_child, d_child, dst, new_owner, depth - 1)
-                _finish_dir(d_child, st.st_mode, new_owner)
+                _finish_dir(d_child, st, new_owner)
             finally:
                 os.close(d_child)
         finally:
             os.close(s_child)
 
 
-def _finish_dir(fd: int, mode: int | None, new_owner: tuple[int, int] | None) -> None:
-    if new_owner is not None:
-        os.fchown(fd, *new_owner)
-    if mode is not None:
-        os.fchmod(fd, stat.S_IMODE(mode))
+def _finish_dir(fd: int, st: os.stat_result, new_owner: tuple[int, int] | None) -> None:
+    _chown(lambda uid, gid: os.fchown(fd, uid, gid), st, new_owner)
+    os.fchmod(fd, stat.S_IMODE(st.st_mode))
+
+
+def _chown(
+    change: Callable[[int, int], None], st: os.stat_result, new_owner: tuple[int, int] | None
+) -> None:
+    """Give a copy ``new_owner``, or with KEEP_OWNER the source's owner where we may."""
+    if new_owner is None:
+        return
+    if new_owner == KEEP_OWNER:
+        with contextlib.suppress(PermissionError):  # rootless: only our own ids are ours
+            change(st.st_uid, st.st_gid)
+        return
+    change(*new_owner)
 
 
 def _copy_entry(
@@ -219,8 +240,8 @@ def _copy_entry(
             os.unlink(dname, dir_fd=ddir)
         if stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(sname, dir_fd=sdir), dname, dir_fd=ddir)
-            if new_owner is not None:
-                os.chown(dname, *new_owner, dir_fd=ddir, follow_symlinks=False)
+            _chown(lambda u, g: os.chown(dname, u, g, dir_fd=ddir, follow_symlinks=False), st,
+                   new_owner)  # fmt: skip
             return
         if not stat.S_ISREG(st.st_mode):
             return  # FIFOs, sockets, devices: reading one could block or have side effects
@@ -231,8 +252,7 @@ def _copy_entry(
             out = os.open(dname, out_flags, 0o600, dir_fd=ddir)
             try:
                 copy_fd(src_fd, out)
-                if new_owner is not None:
-                    os.fchown(out, *new_owner)
+                _chown(lambda u, g: os.fchown(out, u, g), st, new_owner)
                 os.fchmod(out, stat.S_IMODE(st.st_mode))
                 os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
             finally:

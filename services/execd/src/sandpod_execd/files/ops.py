@@ -20,7 +20,13 @@ import stat
 from collections.abc import Callable
 
 from sandpod_execd.files.atomic import AtomicFile, rename_noreplace
-from sandpod_execd.files.copying import check_into_itself, copy, copy_at, prepare_dst
+from sandpod_execd.files.copying import (
+    KEEP_OWNER,
+    check_into_itself,
+    copy,
+    copy_at,
+    prepare_dst,
+)
 from sandpod_execd.files.entries import EntryType, entry_type
 from sandpod_execd.files.paths import FileTooLarge
 from sandpod_execd.files.rooted import (
@@ -208,7 +214,7 @@ def move(root: Root, src: str, dst: str, *, overwrite: bool, make_parents: bool)
                 if exc.errno != errno.EXDEV:
                     raise _err(exc.errno or errno.EIO, src, dst) from exc
             _replace_for_move(ddir, dname, dst, overwrite=overwrite)
-            copy_at(sdir, sname, ddir, dname, src=src, dst=dst, merge=False, new_owner=None)
+            copy_at(sdir, sname, ddir, dname, src=src, dst=dst, merge=False, new_owner=KEEP_OWNER)
             with naming(src):
                 if stat.S_ISDIR(st.st_mode):
                     shutil.rmtree(sname, dir_fd=sdir)
