@@ -158,7 +158,7 @@ class FileTooLarge(OSError):
 
 
 def os_error(exc: OSError, paths: Paths | None = None, path: str | None = None) -> FsError:
-    """The typed error for ``exc``, naming the host path ``exc`` names (else ``path``)."""
+    """The typed error for ``exc``, naming the path (in the root) ``exc`` names (else ``path``)."""
     cls = _BY_ERRNO.get(exc.errno or 0, FsError)
     host = exc.filename if isinstance(exc.filename, str) else path
     shown = None

@@ -45,6 +45,11 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_DEPTH",
     "MAX_SYMLINKS",
+    "RESOLVE_BENEATH",
+    "RESOLVE_IN_ROOT",
+    "RESOLVE_NO_MAGICLINKS",
+    "RESOLVE_NO_SYMLINKS",
+    "RESOLVE_NO_XDEV",
     "Root",
     "chmod_fd",
     "chown_fd",
@@ -100,8 +105,8 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) 
     )
     fd = int(
         fn(
-            _SYS_OPENAT2[platform.machine()],
-            dirfd,
+            ctypes.c_long(_SYS_OPENAT2[platform.machine()]),
+            ctypes.c_long(dirfd),  # syscall(2) reads every argument as a long
             os.fsencode(path),
             ctypes.byref(how),
             ctypes.c_size_t(ctypes.sizeof(how)),
