@@ -135,6 +135,12 @@ def test_write_through_a_link_chain_and_loops(root: Root, world: tuple[Path, Pat
     atomic.commit()
     assert (top / "outside" / "f").read_text() == "chained"
     assert (top / "workspace" / "l1").is_symlink()
+    (top / "workspace" / "dirlink").symlink_to(f"{outside}/sub")  # -> /outside/sub
+    (top / "outside" / "sub" / "back").symlink_to("../f")  # .. after a link: /outside, not /ws
+    ops.write_file(root, "/workspace/dirlink/back", b"back", mode=None, owner=None,
+                   make_parents=False, exclusive=False)  # fmt: skip
+    assert (top / "outside" / "f").read_text() == "back"
+    assert not (top / "workspace" / "f").exists()
     (top / "workspace" / "loop").symlink_to("loop")
     with pytest.raises(FsError) as caught, guard(Paths("/", root=root)):
         ops.write_file(root, "/workspace/loop", b"x", mode=None, owner=None, make_parents=False,

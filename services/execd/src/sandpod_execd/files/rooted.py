@@ -246,8 +246,9 @@ class Root:
             if not stat.S_ISLNK(st.st_mode):
                 return path
             target = self.readlink(path)
-            path = posixpath.normpath(posixpath.join(split(path)[0], target))
-            path = "/" + path.lstrip("/")  # normpath keeps a leading "//"
+            joined = target if target.startswith("/") else f"{split(path)[0]}/{target}"
+            # ".." is kept: only the kernel knows what it means after the links before it.
+            path = "/" + "/".join(p for p in joined.split("/") if p not in ("", "."))
         raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
 
     def makedirs(self, path: str, mode: int = 0o777) -> list[str]:
