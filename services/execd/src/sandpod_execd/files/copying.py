@@ -40,8 +40,8 @@ def _err(code: int, path: str, other: str | None = None) -> OSError:
 def prepare_dst(
     root: Root, src: str, dst: str, *, make_parents: bool, sdir: int, sname: str
 ) -> os.stat_result:
-    """lstat ``src`` (it must exist: report it, not the destination), make ``dst``'s parents
-    and refuse a directory into itself."""
+    """lstat ``src`` (it must exist: report it, not the destination) and make ``dst``'s
+    parents if asked."""
     with naming(src):
         st = os.stat(sname, dir_fd=sdir, follow_symlinks=False)
     if make_parents:
@@ -67,7 +67,9 @@ def copy(
     try:
         st = os.fstat(sfd)
         if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
-            sfd = _reopen(sfd, os.O_RDONLY | os.O_NONBLOCK)  # no device is ever opened
+            readable = _reopen(sfd, os.O_RDONLY | os.O_NONBLOCK)  # no device is ever opened
+            os.close(sfd)
+            sfd = readable
         if stat.S_ISDIR(st.st_mode):
             if not recursive:
                 raise OSError(errno.EISDIR, "is a directory; copy it with recursive", src)
@@ -101,11 +103,9 @@ def copy(
 
 
 def _reopen(fd: int, flags: int) -> int:
-    """``fd`` (``O_PATH``) reopened with ``flags``: the same object, no name resolved again."""
-    try:
-        return os.open(f"/proc/self/fd/{fd}", flags | os.O_CLOEXEC | os.O_NOCTTY)
-    finally:
-        os.close(fd)
+    """A new descriptor of ``fd``'s object (``fd`` may be ``O_PATH``) opened with ``flags``: the
+    same object, no name resolved again."""
+    return os.open(f"/proc/self/fd/{fd}", flags | os.O_CLOEXEC | os.O_NOCTTY)
 
 
 def _stat_or_none(root: Root, path: str) -> os.stat_result | None:
