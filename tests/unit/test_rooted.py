@@ -23,6 +23,8 @@ from sandpod_execd.files.rooted import (
     openat2_available,
     tree,
 )
+from sandpod_execd.pathglob import GlobSet
+from sandpod_execd.watching import Watcher
 
 pytestmark = pytest.mark.skipif(
     not openat2_available(), reason="this kernel has no openat2: run on Linux >= 5.6"
@@ -191,3 +193,26 @@ def test_the_process_runtime_keeps_host_paths(tmp_path: Path) -> None:
     assert paths.resolve("/workspace/f") == str(tmp_path / "f")
     assert ops.read_chunk(paths.root, str(tmp_path / "f"), 0, 10, None).data == b"here"
     assert not paths.root.jailed and paths.display(str(tmp_path / "f")) == "/workspace/f"
+
+
+async def test_a_watch_resolves_in_the_root_and_never_descends_links(
+    root: Root, world: tuple[Path, Path]
+) -> None:
+    """A watch through a link watches the root's twin (its sub-directory too, not the link to
+    / below it); changes to the outside directory are not reported."""
+    top, outside = world
+    w = Watcher("w", "/workspace/abs", recursive=True, include=GlobSet([]),
+                exclude=GlobSet([]), types=frozenset(), window=0.0, queue=64, max_dirs=100,
+                fs_root=root)  # fmt: skip
+    await w.start()
+    try:
+        assert w.dirs == 2  # /outside and /outside/sub in the root; sub/up is a link
+        (outside / "host-made").write_text("x")
+        (outside / "host-made").unlink()
+        (top / "outside" / "sub" / "made").write_text("x")
+        w._on_readable()  # the events are queued already: read them now
+        w._co.flush(force=True)
+        assert {e.rel for e in w.log.read(0, 100).events} == {"sub/made"}
+    finally:
+        w.close()
+    untouched(outside)
