@@ -101,7 +101,7 @@ class AtomicFile:
             path = root.follow_last(path)  # write through a link, keep the link
             directory, name = split(path)
             if make_parents:
-                root.makedirs(directory)
+                root.makedirs(directory, owner=new_owner)  # the sandbox's, like the file
             dirfd = root.open(directory, os.O_PATH | os.O_DIRECTORY)
         else:
             dirfd, name = os.dup(at[0]), at[1]

@@ -38,14 +38,21 @@ def _err(code: int, path: str, other: str | None = None) -> OSError:
 
 
 def prepare_dst(
-    root: Root, src: str, dst: str, *, make_parents: bool, sdir: int, sname: str
+    root: Root,
+    src: str,
+    dst: str,
+    *,
+    make_parents: bool,
+    sdir: int,
+    sname: str,
+    owner: tuple[int, int] | None = None,
 ) -> os.stat_result:
     """lstat ``src`` (it must exist: report it, not the destination) and make ``dst``'s
     parents if asked."""
     with naming(src):
         st = os.stat(sname, dir_fd=sdir, follow_symlinks=False)
     if make_parents:
-        root.makedirs(split(dst)[0])
+        root.makedirs(split(dst)[0], owner=owner)
     return st
 
 
@@ -62,7 +69,8 @@ def copy(
     """Copy a file atomically (mode kept), or a directory tree (links copied as links); what is
     created belongs to ``new_owner`` when given."""
     with root.parent(src) as (sdir, sname):
-        prepare_dst(root, src, dst, make_parents=make_parents, sdir=sdir, sname=sname)
+        prepare_dst(root, src, dst, make_parents=make_parents, sdir=sdir, sname=sname,
+                    owner=new_owner)  # fmt: skip
     sfd = root.open(src, os.O_PATH)  # follows links, in the root
     try:
         st = os.fstat(sfd)

@@ -198,10 +198,20 @@ def remove(root: Root, path: str, *, recursive: bool, missing_ok: bool) -> bool:
     return True
 
 
-def move(root: Root, src: str, dst: str, *, overwrite: bool, make_parents: bool) -> None:
-    """Rename ``src`` to ``dst``; across filesystems, copy then delete."""
+def move(
+    root: Root,
+    src: str,
+    dst: str,
+    *,
+    overwrite: bool,
+    make_parents: bool,
+    new_owner: tuple[int, int] | None = None,
+) -> None:
+    """Rename ``src`` to ``dst``; across filesystems, copy then delete (owners kept). Parents
+    made for ``dst`` belong to ``new_owner`` when given."""
     with root.parent(src) as (sdir, sname):
-        st = prepare_dst(root, src, dst, make_parents=make_parents, sdir=sdir, sname=sname)
+        st = prepare_dst(root, src, dst, make_parents=make_parents, sdir=sdir, sname=sname,
+                         owner=new_owner)  # fmt: skip
         with root.parent(dst) as (ddir, dname):
             check_into_itself(st, ddir, src, dst)
             try:

@@ -251,9 +251,11 @@ class Root:
             path = "/" + "/".join(p for p in joined.split("/") if p not in ("", "."))
         raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
 
-    def makedirs(self, path: str, mode: int = 0o777) -> list[str]:
+    def makedirs(
+        self, path: str, mode: int = 0o777, owner: tuple[int, int] | None = None
+    ) -> list[str]:
         """``mkdir -p path``, each level resolved anew in the root; returns the directories
-        created. A file in the way is ENOTDIR."""
+        created, which belong to ``owner`` if given. A file in the way is ENOTDIR."""
         created: list[str] = []
         parts = [p for p in path.split("/") if p]
         for i in range(len(parts)):
@@ -269,7 +271,13 @@ class Root:
                     created.append(here)
                 except FileExistsError:
                     pass  # made meanwhile, or a dangling link: the open below says which
-            os.close(self.open(here, os.O_PATH | os.O_DIRECTORY))
+            fd = self.open(here, os.O_PATH | os.O_DIRECTORY)
+            try:
+                if owner is not None and created and created[-1] == here:
+                    with naming(here):
+                        chown_fd(fd, *owner)
+            finally:
+                os.close(fd)
         return created
 
 

@@ -383,7 +383,8 @@ class FsHandlers:
 
         def work() -> None:
             self._refuse_protected(paths, src, "move")
-            ops.move(paths.root, src, dst, overwrite=req.overwrite, make_parents=req.make_parents)
+            ops.move(paths.root, src, dst, overwrite=req.overwrite,
+                     make_parents=req.make_parents, new_owner=paths.new_owner)  # fmt: skip
 
         await self._run(paths, work, src, walk=True)  # across filesystems it copies
         return await self._stat_reply(paths, dst, follow=False)
