@@ -17,8 +17,9 @@ from sandpod_contract.codec import decode_reply, pack
 from sandpod_contract.errors import BadRequest, FsError, SandpodError
 from sandpod_contract.messages.fs import FsEntry
 from sandpod_contract.subjects import Subjects
-from sandpod_execd.files.ops import write_file
-from sandpod_execd.files.paths import Paths
+from sandpod_execd.files.ops import read_chunk, write_file
+from sandpod_execd.files.paths import Paths, guard
+from sandpod_execd.files.rooted import Root
 
 SUBJECTS = Subjects()
 
@@ -128,24 +129,35 @@ async def test_malformed_fs_requests_get_bad_request(
     assert fragment in caught.value.message
 
 
-def test_a_jailed_sandbox_reaches_only_its_workspace(tmp_path: Path) -> None:
-    """With a jail (execd is root on the host), fs refuses host paths and workspace symlinks
-    that lead out; new files belong to the jail's user."""
-    ws = tmp_path / "ws"
+def test_a_jailed_sandbox_resolves_every_path_in_its_own_root(tmp_path: Path) -> None:
+    """With a jail (execd is root on the host), fs resolves every path in the sandbox's root:
+    host paths and symlinks leading out land inside it; new files belong to the jail's user."""
+    top = tmp_path / "root"
+    ws = top / "workspace"
     (ws / "in").mkdir(parents=True)
+    (top / "etc").mkdir()
+    (top / "etc" / "passwd").write_text("the sandbox's")
     (ws / "out").symlink_to("/etc")
+    (ws / "up").symlink_to("../../../../..")
     (ws / "ok").symlink_to("in")
-    confined = Paths(ws, confined=True, new_owner=(4321, 4321))
-    assert confined.resolve("/workspace/in/x") == str(ws / "in" / "x")
-    assert confined.resolve("ok/new-file") == str(ws / "ok" / "new-file")
-    for outside in ("/etc/passwd", "/workspace/out/passwd", "out", "/proc/1/root/etc"):
-        with pytest.raises(FsError) as caught:
-            confined.resolve(outside)
-        assert caught.value.code == "fs.invalid_path"
+    root = Root(str(top), jailed=True)
+    try:
+        jailed = Paths("/unused", root=root, new_owner=(4321, 4321))
+        assert jailed.resolve("/workspace/in/x") == "/workspace/in/x"
+        assert jailed.resolve("ok/new-file") == "/workspace/ok/new-file"
+        for path in ("/etc/passwd", "/workspace/out/passwd", "up/etc/passwd", "/etc/../etc/passwd"):
+            chunk = read_chunk(root, jailed.resolve(path), 0, 100, None)
+            assert chunk.data == b"the sandbox's", path
+        with pytest.raises(FsError) as caught, guard(jailed):
+            read_chunk(root, jailed.resolve("/workspace/out/shadow"), 0, 100, None)
+        assert caught.value.code == "fs.not_found"  # the host's /etc/shadow exists
+        if os.geteuid() == 0:
+            written = write_file(
+                root, "/workspace/ok/f", b"x", mode=None, owner=None, make_parents=False,
+                exclusive=True, new_owner=(4321, 4321),
+            )  # fmt: skip
+            assert written == "/workspace/ok/f"
+            assert (ws / "in" / "f").stat().st_uid == 4321
+    finally:
+        root.close()
     assert Paths(ws).resolve("/etc/passwd") == "/etc/passwd"  # process runtime: host paths
-    if os.geteuid() == 0:
-        written = write_file(
-            str(ws / "in" / "f"), b"x", mode=None, owner=None, make_parents=False,
-            exclusive=True, new_owner=(4321, 4321),
-        )  # fmt: skip
-        assert os.stat(written).st_uid == 4321

@@ -11,12 +11,14 @@ the host path showing the same directory (for host-side code such as watchers).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandpod_execd.files.rooted import Root, host_root, jail_root
 from sandpod_execd.freezer import Freezer
 from sandpod_execd.jail import Jail
 from sandpod_execd.process import TREE_TOKEN, Command
@@ -89,6 +91,17 @@ class SandboxContext:
         """A client is waiting on this sandbox right now: a request in flight or a stream whose
         command runs. A busy sandbox is never idle, however long the command takes."""
         return self.inflight > 0 or bool(self.registry.streams)
+
+    @functools.cached_property
+    def fs_root(self) -> Root:
+        """Where client paths of host-side code (fs, watch, git's checks) resolve: the jail's
+        root (see :mod:`~sandpod_execd.files.rooted`) or, without a jail, the host's ``/``.
+        Opened on first use and kept, like the jail itself, for execd's life.
+
+        Raises:
+            SandboxUnavailable: the jail is gone.
+        """
+        return jail_root(self.jail) if self.jail is not None else host_root()
 
     def prepare(self) -> None:
         self.workspace.mkdir(parents=True, exist_ok=True)

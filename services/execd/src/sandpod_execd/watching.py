@@ -33,6 +33,15 @@ import structlog
 from sandpod_execd import inotify
 from sandpod_execd.coalesce import Coalescer, Event
 from sandpod_execd.cursorlog import EventLog
+from sandpod_execd.files.rooted import (
+    RESOLVE_BENEATH,
+    RESOLVE_NO_MAGICLINKS,
+    RESOLVE_NO_SYMLINKS,
+    Root,
+    host_root,
+    openat2,
+    openat2_available,
+)
 from sandpod_execd.pathglob import GlobSet
 
 __all__ = ["WatchCapacity", "Watcher"]
@@ -40,6 +49,7 @@ __all__ = ["WatchCapacity", "Watcher"]
 log = structlog.get_logger("sandpod.execd.watch")
 
 WALK_YIELD = 256  # directories added between yields to the loop during the first walk
+_MASK = inotify.ALL_EVENTS & ~inotify.IN_DONT_FOLLOW
 _GONE = (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP, errno.EPERM)
 
 
@@ -56,7 +66,16 @@ def _join(parent: str, name: str) -> str:
 
 
 class Watcher:
-    """Watches ``root`` (a host path: a directory, or a single file) until :meth:`close`."""
+    """Watches ``root`` (a directory, or a single file; a path in ``fs_root``, by default the
+    host's ``/``) until :meth:`close`.
+
+    ``root`` is resolved in ``fs_root`` (a jailed sandbox's own root: links resolve as the
+    sandbox sees them) whenever a directory is added or listed; directories below it are reached
+    from that descriptor with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` and watched and
+    listed through their own descriptors (``/proc/self/fd/<fd>``), so a sandbox process swapping
+    one for a link to the host cannot make execd watch or list a host directory. No descriptor
+    is held between calls: one held on the root would delay its ``IN_DELETE_SELF``.
+    """
 
     def __init__(
         self,
@@ -70,9 +89,11 @@ class Watcher:
         window: float,
         queue: int,
         max_dirs: int,
+        fs_root: Root | None = None,
     ) -> None:
         self.watch_id = watch_id
-        self.root = os.path.realpath(root)
+        self.fs_root = fs_root if fs_root is not None else host_root()
+        self.root = root if self.fs_root.jailed else os.path.realpath(root)
         self.recursive = recursive
         self.include = include
         self.exclude = exclude
@@ -107,10 +128,10 @@ class Watcher:
                 inotify instances).
             WatchCapacity: ENOSPC from the kernel or more than ``max_dirs`` directories.
         """
-        self.is_dir = stat.S_ISDIR(os.stat(self.root).st_mode)
+        self.is_dir = stat.S_ISDIR(self.fs_root.stat(self.root).st_mode)
         self._fd = inotify.init()
         try:
-            self._add(self.root, "")
+            self._add("")
             asyncio.get_running_loop().add_reader(self._fd, self._on_readable)
             if self.is_dir and self.recursive:
                 await self._first_walk()
@@ -141,26 +162,54 @@ class Watcher:
                         self.dirs,
                     )
                 with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
-                    self._add(os.path.join(self.root, child), child)
+                    self._add(child)
                     pending.append(child)
                 added += 1
                 if added % WALK_YIELD == 0:
                     await asyncio.sleep(0)  # let other requests (and this watch's events) run
 
+    def _open(self, rel: str, flags: int) -> int:
+        """A descriptor of ``rel`` below the root: a real directory reached without following
+        any link (ELOOP if one is in the way now), or the root itself for ``""``."""
+        if not rel:
+            return self.fs_root.open(self.root, flags)
+        top = self.fs_root.open(self.root, os.O_PATH | os.O_DIRECTORY)
+        try:
+            if not openat2_available():  # only without a jail (a jailed root refused above)
+                return os.open(rel, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+            resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+            return openat2(top, rel, flags | os.O_DIRECTORY, 0, resolve)
+        finally:
+            os.close(top)
+
+    def _entries(self, rel: str) -> list[tuple[str, bool]]:
+        """``(name, is a directory)`` of each child of ``rel``. Raises ``OSError``."""
+        fd = self._open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+        try:
+            with os.scandir(fd) as it:
+                return [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        finally:
+            os.close(fd)
+
     def _subdirs(self, rel: str) -> list[str]:
         try:
-            with os.scandir(os.path.join(self.root, rel)) as it:
-                return [
-                    child
-                    for e in it
-                    if e.is_dir(follow_symlinks=False)
-                    and not self.exclude.matches(child := _join(rel, e.name))
-                ]
+            entries = self._entries(rel)
         except OSError:
             return []
+        return [
+            child
+            for name, is_dir in entries
+            if is_dir and not self.exclude.matches(child := _join(rel, name))
+        ]
 
-    def _add(self, path: str, rel: str) -> None:
-        wd = inotify.add_watch(self._fd, path)
+    def _add(self, rel: str) -> None:
+        fd = self._open(rel, os.O_PATH)
+        try:
+            # Following this magic link is the point (it names fd's object and nothing else);
+            # IN_DONT_FOLLOW would watch the /proc link itself.
+            wd = inotify.add_watch(self._fd, f"/proc/self/fd/{fd}", _MASK)
+        finally:
+            os.close(fd)
         old = self._wds.get(wd)
         if old is not None and self._rels.get(old) == wd:
             del self._rels[old]
@@ -265,14 +314,13 @@ class Watcher:
                     unwatched, first = unwatched + 1, first if first is not None else rel
                     continue
                 try:
-                    self._add(os.path.join(self.root, rel), rel)
+                    self._add(rel)
                 except OSError as exc:
                     if exc.errno not in _GONE:  # ENOSPC: the kernel's limit
                         unwatched, first = unwatched + 1, first if first is not None else rel
                     continue
             try:
-                with os.scandir(os.path.join(self.root, rel)) as it:
-                    entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+                entries = self._entries(rel)
             except OSError:
                 continue
             now = time.time()

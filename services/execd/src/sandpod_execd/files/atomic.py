@@ -1,5 +1,8 @@
 """Atomic file replacement: write a temporary file next to the target, fsync, rename over it.
 
+The target is a path in a sandbox's :class:`~.rooted.Root`; its directory is resolved there
+once and used as a descriptor from then on.
+
 A reader of the target sees the old content or the new, never a mix, and a crash leaves at worst
 a stray ``.sandpod-*.tmp`` file. The temporary file is created in the target's directory (a
 rename cannot cross filesystems) with a short name (the target's name may already be 255 bytes).
@@ -18,7 +21,9 @@ import secrets
 import stat
 from collections.abc import Callable
 
-__all__ = ["DEFAULT_MODE", "AtomicFile", "makedirs", "rename_noreplace"]
+from sandpod_execd.files.rooted import Root, naming, split
+
+__all__ = ["DEFAULT_MODE", "AtomicFile", "rename_noreplace"]
 
 DEFAULT_MODE = 0o644
 _RENAME_NOREPLACE = 1
@@ -34,76 +39,110 @@ def _renameat2() -> Callable[..., int] | None:
     return fn
 
 
-def makedirs(directory: str) -> None:
-    """``mkdir -p directory``; a file in the way is ENOTDIR (as the kernel says one level down)."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except FileExistsError:
-        # Something that is not a directory is in the way; stat says what (ELOOP for a loop).
-        if not stat.S_ISDIR(os.stat(directory).st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), directory) from None
+def _renameat2_call(src_dir: int, src: str, dst_dir: int, dst: str, flags: int) -> int:
+    fn = _renameat2()
+    if fn is None:
+        return -1
+    rc = fn(src_dir, os.fsencode(src), dst_dir, os.fsencode(dst), flags)
+    return 0 if rc == 0 else ctypes.get_errno()
 
 
-def rename_noreplace(src: str, dst: str) -> None:
-    """Rename ``src`` to ``dst`` unless ``dst`` exists, atomically where the kernel can.
+def rename_noreplace(
+    src: str, dst: str, *, src_dir: int = _AT_FDCWD, dst_dir: int = _AT_FDCWD
+) -> None:
+    """Rename ``src`` to ``dst`` (each relative to its directory descriptor, if given) unless
+    ``dst`` exists, atomically where the kernel can.
 
     Raises:
         FileExistsError: ``dst`` exists.
         OSError: as ``os.rename``.
     """
-    fn = _renameat2()
-    if fn is not None:
-        rc = fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
-        if rc == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS):  # not supported here: fall back below
-            raise OSError(err, os.strerror(err), src, None, dst)
-    if os.path.lexists(dst):  # a small race remains on filesystems without RENAME_NOREPLACE
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
-    os.rename(src, dst)
+    err = _renameat2_call(src_dir, src, dst_dir, dst, _RENAME_NOREPLACE)
+    if err == 0:
+        return
+    if err not in (-1, errno.EINVAL, errno.ENOSYS):  # -1, EINVAL, ENOSYS: fall back below
+        raise OSError(err, os.strerror(err), src, None, dst)
+    try:  # a small race remains on filesystems without RENAME_NOREPLACE
+        os.stat(dst, dir_fd=_fd(dst_dir), follow_symlinks=False)
+    except FileNotFoundError:
+        os.rename(src, dst, src_dir_fd=_fd(src_dir), dst_dir_fd=_fd(dst_dir))
+        return
+    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+
+
+def _fd(dirfd: int) -> int | None:
+    return None if dirfd == _AT_FDCWD else dirfd
 
 
 class AtomicFile:
-    """A write in progress to ``target``: :meth:`write` chunks, then :meth:`commit` or
-    :meth:`abort`. Blocking; raises ``OSError`` (the caller maps it)."""
+    """A write in progress to ``path`` in ``root``: :meth:`write` chunks, then :meth:`commit`
+    or :meth:`abort`. Blocking; raises ``OSError`` naming the path (the caller maps it).
+
+    The target's directory is resolved once, in the root, and held as a descriptor: the
+    temporary file is created in it with ``O_NOFOLLOW`` and renamed over the target's name in
+    it, so swapping a directory of the path for a link meanwhile cannot redirect the write.
+    """
 
     def __init__(
         self,
-        target: str,
+        root: Root,
+        path: str,
         *,
         mode: int | None = None,
         owner: tuple[int, int] | None = None,
         make_parents: bool = True,
         exclusive: bool = False,
         new_owner: tuple[int, int] | None = None,
+        at: tuple[int, str] | None = None,
     ) -> None:
-        if os.path.islink(target):
-            target = os.path.realpath(target)  # write through the link, keep the link
-        self.target = target
+        """``at``: the target's directory descriptor (borrowed, duplicated) and name, when the
+        caller holds them already (a tree walk); ``path`` then only names it in errors."""
+        if at is None:
+            path = root.follow_last(path)  # write through a link, keep the link
+            directory, name = split(path)
+            if make_parents:
+                root.makedirs(directory, owner=new_owner)  # the sandbox's, like the file
+            dirfd = root.open(directory, os.O_PATH | os.O_DIRECTORY)
+        else:
+            dirfd, name = os.dup(at[0]), at[1]
+        self.target = path
+        self.dirfd, self.name = dirfd, name
         self.exclusive = exclusive
-        directory = os.path.dirname(target) or "."
-        if make_parents:
-            makedirs(directory)
-        existing = _stat_or_none(target)
+        self.fd = -1
+        self.tmp = f".sandpod-{secrets.token_hex(8)}.tmp"
+        try:
+            with naming(path):
+                self._open(mode, owner, new_owner)
+        except BaseException:
+            os.close(self.dirfd)
+            self.dirfd = -1
+            raise
+        self.size = 0
+
+    def _open(
+        self, mode: int | None, owner: tuple[int, int] | None, new_owner: tuple[int, int] | None
+    ) -> None:
+        existing = _lstat_or_none(self.name, self.dirfd)
         if existing is not None:
             if stat.S_ISDIR(existing.st_mode):
-                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), target)
-            if exclusive:
-                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), target)
-        self.mode = mode if mode is not None else (
-            stat.S_IMODE(existing.st_mode) if existing is not None else DEFAULT_MODE
-        )  # fmt: skip
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), self.target)
+            if self.exclusive:
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), self.target)
+            if stat.S_ISLNK(existing.st_mode):
+                existing = None  # a link appeared after we followed it: replaced, not copied
+        self.mode = (
+            mode
+            if mode is not None
+            else (stat.S_IMODE(existing.st_mode) if existing is not None else DEFAULT_MODE)
+        )
         # An explicit owner must be applied; an existing file's is kept when execd may (root);
         # a new file gets ``new_owner`` (the sandbox's user when execd works for a jail).
         self._owner_required = owner is not None
         self.owner = owner
         if owner is None:
             self.owner = (existing.st_uid, existing.st_gid) if existing is not None else new_owner
-        self.tmp = os.path.join(directory, f".sandpod-{secrets.token_hex(8)}.tmp")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-        self.fd = os.open(self.tmp, flags, 0o600)
-        self.size = 0
+        self.fd = os.open(self.tmp, flags, 0o600, dir_fd=self.dirfd)
 
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
@@ -129,13 +168,16 @@ class AtomicFile:
         os.close(self.fd)
         self.fd = -1
         try:
-            if self.exclusive:
-                rename_noreplace(self.tmp, self.target)
-            else:
-                os.replace(self.tmp, self.target)
+            with naming(self.target):
+                if self.exclusive:
+                    rename_noreplace(self.tmp, self.name, src_dir=self.dirfd, dst_dir=self.dirfd)
+                else:
+                    os.replace(self.tmp, self.name, src_dir_fd=self.dirfd, dst_dir_fd=self.dirfd)
         except BaseException:
             self.abort()
             raise
+        os.close(self.dirfd)
+        self.dirfd = -1
         return self.target
 
     def abort(self) -> None:
@@ -144,12 +186,16 @@ class AtomicFile:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
-        with contextlib.suppress(OSError):
-            os.unlink(self.tmp)
+        if self.dirfd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp, dir_fd=self.dirfd)
+            with contextlib.suppress(OSError):
+                os.close(self.dirfd)
+            self.dirfd = -1
 
 
-def _stat_or_none(path: str) -> os.stat_result | None:
+def _lstat_or_none(name: str, dirfd: int) -> os.stat_result | None:
     try:
-        return os.stat(path)
+        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
     except FileNotFoundError:
         return None

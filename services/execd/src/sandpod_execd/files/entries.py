@@ -15,15 +15,26 @@ import stat
 from typing import Literal
 
 from sandpod_contract.errors import BadRequest
+from sandpod_execd.files.rooted import Root
 
-__all__ = ["Entry", "EntryType", "entry_of", "entry_type", "group_name", "owner_ids", "user_name"]
+__all__ = [
+    "Entry",
+    "EntryType",
+    "entry_at",
+    "entry_of",
+    "entry_type",
+    "group_name",
+    "make_entry",
+    "owner_ids",
+    "user_name",
+]
 
 EntryType = Literal["file", "dir", "symlink", "other"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Entry:
-    """One file system object (host path; the handlers map it for display)."""
+    """One file system object (its path in the sandbox's root; the handlers map it for display)."""
 
     name: str
     path: str
@@ -47,12 +58,21 @@ def entry_type(mode: int) -> EntryType:
     return "other"
 
 
-def entry_of(path: str, *, follow: bool = False, st: os.stat_result | None = None) -> Entry:
-    """Describe ``path`` (``lstat`` unless ``follow``). Raises ``OSError``."""
-    if st is None:
-        st = os.stat(path) if follow else os.lstat(path)
+def entry_of(root: Root, path: str, *, follow: bool = False) -> Entry:
+    """Describe ``path`` in ``root`` (``lstat`` unless ``follow``). Raises ``OSError``."""
+    st = root.stat(path, follow=follow)
+    target = root.readlink(path) if stat.S_ISLNK(st.st_mode) else None
+    return make_entry(path, st, target)
+
+
+def entry_at(dirfd: int, name: str, path: str, st: os.stat_result) -> Entry:
+    """Describe ``name`` in directory ``dirfd`` (a walk's child, shown as ``path``)."""
+    target = os.readlink(name, dir_fd=dirfd) if stat.S_ISLNK(st.st_mode) else None
+    return make_entry(path, st, target)
+
+
+def make_entry(path: str, st: os.stat_result, target: str | None) -> Entry:
     kind = entry_type(st.st_mode)
-    target = os.readlink(path) if kind == "symlink" else None
     return Entry(
         name=os.path.basename(path.rstrip("/")) or "/",
         path=path,

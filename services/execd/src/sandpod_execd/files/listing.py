@@ -4,24 +4,39 @@ The walk is depth-first with each directory's children sorted by name, so walk o
 order of relative paths compared component by component. That makes a page cursor cheap and
 stateless: it is the relative path of the last entry returned, and the next page skips every
 subtree that sorts before it. Symlinks are listed, never descended into, so loops cannot trap a
-walk. Everything is bounded: entries read per directory, entries visited and wall time
+walk: each directory is opened through its parent's descriptor with ``O_NOFOLLOW``, so a
+sandbox process swapping one for a link mid-walk cannot lead the walk out of the sandbox.
+Everything is bounded: entries read per directory, entries visited and wall time
 (:class:`Budget`); when a bound cuts a walk short the result says ``truncated``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
+import posixpath
 import re
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
-from sandpod_execd.files.entries import Entry, EntryType, entry_of
+from sandpod_execd.files.entries import Entry, EntryType, entry_at, entry_of
+from sandpod_execd.files.rooted import Root, naming, open_dir
 
-__all__ = ["Budget", "Found", "glob", "glob_regex", "list_dir", "split_pattern", "walk"]
+__all__ = [
+    "Budget",
+    "Found",
+    "Walked",
+    "entry_of_walked",
+    "glob",
+    "glob_regex",
+    "list_dir",
+    "split_pattern",
+    "walk",
+]
 
 MAX_DIR_ENTRIES = 100_000  # children read from one directory (sorting needs them all in memory)
 MAX_DEPTH = 256
@@ -62,9 +77,9 @@ class Found:
     cursor: str | None = None  # set when truncated: where the next page starts
 
 
-def _children(path: str, budget: Budget) -> list[os.DirEntry[str]]:
+def _children(fd: int, budget: Budget) -> list[os.DirEntry[str]]:
     out: list[os.DirEntry[str]] = []
-    with os.scandir(path) as it:
+    with os.scandir(fd) as it:
         for item in it:
             if len(out) >= MAX_DIR_ENTRIES:
                 budget.exhausted = True  # the listing of this directory is incomplete
@@ -74,38 +89,46 @@ def _children(path: str, budget: Budget) -> list[os.DirEntry[str]]:
     return out
 
 
+Walked = tuple[tuple[str, ...], os.DirEntry[str], int]  # (relative path, entry, its dir's fd)
+
+
 def walk(
-    root: str,
+    root: Root,
+    path: str,
     *,
     depth: int | None,
     hidden: bool,
     budget: Budget,
     after: tuple[str, ...] | None = None,
-) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str]]]:
-    """Yield ``(relative path components, entry)`` below ``root`` in walk order.
+) -> Generator[Walked, None, None]:
+    """Yield ``(relative path components, entry, fd of the entry's directory)`` below ``path``
+    in walk order; the fd is valid until the next item (use it at once, close the generator).
 
-    ``depth`` levels (None: unlimited, up to MAX_DEPTH); entries up to and including ``after``
-    are skipped. An unreadable root raises ``OSError``; unreadable subdirectories are skipped.
+    ``path`` is resolved in ``root`` (links followed there); below it every directory is opened
+    through its parent's descriptor with ``O_NOFOLLOW``. ``depth`` levels (None: unlimited, up to
+    MAX_DEPTH); entries up to and including ``after`` are skipped. An unreadable ``path`` raises
+    ``OSError``; unreadable subdirectories are skipped.
     """
     levels = min(depth or MAX_DEPTH, MAX_DEPTH)
-    yield from _walk(root, (), levels=levels, hidden=hidden, budget=budget, after=after)
+    fd = root.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+    try:
+        with naming(path):
+            children = _children(fd, budget)
+        yield from _walk(fd, children, (), levels=levels, hidden=hidden, budget=budget, after=after)
+    finally:
+        os.close(fd)
 
 
 def _walk(
-    path: str,
+    fd: int,
+    children: list[os.DirEntry[str]],
     rel: tuple[str, ...],
     *,
     levels: int,
     hidden: bool,
     budget: Budget,
     after: tuple[str, ...] | None,
-) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str]]]:
-    try:
-        children = _children(path, budget)
-    except OSError:
-        if not rel:
-            raise
-        return  # a subdirectory we may not read: list it, skip its content
+) -> Iterator[Walked]:
     for child in children:
         if not hidden and child.name.startswith("."):
             continue
@@ -116,11 +139,22 @@ def _walk(
         if not budget.spend():
             return
         if after is None or key > after:
-            yield key, child
+            yield key, child, fd
         if levels > 1 and _is_dir(child):
-            yield from _walk(
-                child.path, key, levels=levels - 1, hidden=hidden, budget=budget, after=after
-            )
+            try:
+                sub = open_dir(child.name, fd)
+            except OSError:
+                continue  # swapped for a link, or a directory we may not open: skip its content
+            try:
+                grand = _children(sub, budget)
+            except OSError:
+                grand = []  # a directory we may not read: listed, its content skipped
+            try:
+                yield from _walk(
+                    sub, grand, key, levels=levels - 1, hidden=hidden, budget=budget, after=after
+                )
+            finally:
+                os.close(sub)
             if budget.exhausted:
                 return
 
@@ -132,25 +166,36 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def _entry(item: os.DirEntry[str]) -> Entry | None:
+def entry_of_walked(
+    base: str, key: tuple[str, ...], item: os.DirEntry[str], fd: int
+) -> Entry | None:
+    """The entry a walk found (shown as ``base/key...``), or None if it went away."""
     try:
-        return entry_of(item.path, st=item.stat(follow_symlinks=False))
+        return entry_at(fd, item.name, posixpath.join(base, *key), item.stat(follow_symlinks=False))
     except OSError:
         return None  # removed while we walked
 
 
 def list_dir(
-    root: str, *, depth: int, hidden: bool, limit: int, cursor: str | None, budget: Budget
+    root: Root,
+    path: str,
+    *,
+    depth: int,
+    hidden: bool,
+    limit: int,
+    cursor: str | None,
+    budget: Budget,
 ) -> Found:
-    """Up to ``limit`` entries below directory ``root`` after ``cursor``. Raises ``OSError``."""
+    """Up to ``limit`` entries below directory ``path`` after ``cursor``. Raises ``OSError``."""
     after = tuple(cursor.split("/")) if cursor else None
     out: list[tuple[str, Entry]] = []
-    items = walk(root, depth=depth, hidden=hidden, budget=budget, after=after)
-    for key, item in items:
-        if len(out) >= limit:
-            return Found(out, truncated=True, cursor=out[-1][0])
-        if (entry := _entry(item)) is not None:
-            out.append(("/".join(key), entry))
+    items = walk(root, path, depth=depth, hidden=hidden, budget=budget, after=after)
+    with contextlib.closing(items):
+        for key, item, fd in items:
+            if len(out) >= limit:
+                return Found(out, truncated=True, cursor=out[-1][0])
+            if (entry := entry_of_walked(path, key, item, fd)) is not None:
+                out.append(("/".join(key), entry))
     if budget.exhausted and out:
         return Found(out, truncated=True, cursor=out[-1][0])
     return Found(out, truncated=budget.exhausted)
@@ -227,11 +272,18 @@ def glob_regex(pattern: str, hidden: bool) -> re.Pattern[str]:
 
 
 def glob(
-    root: str, pattern: str, *, hidden: bool, kind: EntryType | None, limit: int, budget: Budget
+    root: Root,
+    base: str,
+    pattern: str,
+    *,
+    hidden: bool,
+    kind: EntryType | None,
+    limit: int,
+    budget: Budget,
 ) -> Found:
-    """Entries below ``root`` whose relative path matches ``pattern``. Raises ``OSError``."""
-    if not stat.S_ISDIR(os.stat(root).st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), root)
+    """Entries below ``base`` whose relative path matches ``pattern``. Raises ``OSError``."""
+    if not stat.S_ISDIR(root.stat(base).st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), base)
     segs = [s for s in pattern.split("/") if s not in ("", ".")]
     prefix: list[str] = []
     for seg in segs:
@@ -239,10 +291,10 @@ def glob(
             break
         prefix.append(seg)
     rest = segs[len(prefix) :]
-    start = os.path.join(root, *prefix)
+    start = posixpath.join(base, *prefix)
     if not rest:  # nothing to expand: the pattern names one path
         try:
-            entry = entry_of(start)
+            entry = entry_of(root, start)
         except (FileNotFoundError, NotADirectoryError):
             return Found([], truncated=False)
         keep = kind is None or entry.type == kind
@@ -251,23 +303,19 @@ def glob(
     depth = None if "**" in rest else len(rest)
     see_hidden = hidden or any(s.startswith(".") for s in rest)
     out: list[tuple[str, Entry]] = []
+    items = walk(root, start, depth=depth, hidden=see_hidden, budget=budget)
     try:
-        for rel, item in _glob_walk(start, prefix, depth, see_hidden, budget):
-            if not rx.fullmatch(rel):
-                continue
-            hit = _entry(item)
-            if hit is None or (kind is not None and hit.type != kind):
-                continue
-            if len(out) >= limit:
-                return Found(out, truncated=True)
-            out.append((rel, hit))
+        with contextlib.closing(items):
+            for key, item, fd in items:
+                rel = "/".join((*prefix, *key))
+                if not rx.fullmatch(rel):
+                    continue
+                hit = entry_of_walked(start, key, item, fd)
+                if hit is None or (kind is not None and hit.type != kind):
+                    continue
+                if len(out) >= limit:
+                    return Found(out, truncated=True)
+                out.append((rel, hit))
     except (FileNotFoundError, NotADirectoryError):
         pass  # only the walk's start raises here: a literal prefix that is missing matches nothing
     return Found(out, truncated=budget.exhausted)
-
-
-def _glob_walk(
-    start: str, prefix: list[str], depth: int | None, hidden: bool, budget: Budget
-) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    for key, item in walk(start, depth=depth, hidden=hidden, budget=budget):
-        yield "/".join((*prefix, *key)), item

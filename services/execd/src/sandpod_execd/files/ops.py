@@ -1,22 +1,41 @@
 """Single-path operations: read a byte range, write, mkdir, remove, move, copy, chmod, chown.
 
-All functions are blocking (the handlers run them on worker threads), take host paths, and raise
-``OSError`` for the caller to map with :func:`~.paths.os_error`. None of them reads a whole file
+All functions are blocking (the handlers run them on worker threads), take a sandbox's
+:class:`~.rooted.Root` and paths in it, and raise ``OSError`` naming those paths for the caller to
+map with :func:`~.paths.os_error`. Every path is resolved once, in the root, into a descriptor
+(the object, or its directory and a name used without following it); nothing re-resolves a
+path string a sandbox process could swap meanwhile. None of them reads a whole file
 into memory: reads return one bounded range, copies go through the kernel
 (``copy_file_range``/``sendfile``) in bounded steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
 import shutil
 import stat
+from collections.abc import Callable
 
-from sandpod_execd.files.atomic import AtomicFile, makedirs, rename_noreplace
+from sandpod_execd.files.atomic import AtomicFile, rename_noreplace
+from sandpod_execd.files.copying import (
+    KEEP_OWNER,
+    check_into_itself,
+    copy,
+    copy_at,
+    prepare_dst,
+)
 from sandpod_execd.files.entries import EntryType, entry_type
 from sandpod_execd.files.paths import FileTooLarge
+from sandpod_execd.files.rooted import (
+    Root,
+    chmod_fd,
+    chown_fd,
+    naming,
+    tree,
+)
 
 __all__ = [
     "Chunk",
@@ -32,7 +51,6 @@ __all__ = [
 ]
 
 DIR_MODE = 0o755
-COPY_STEP = 8 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,11 +62,11 @@ class Chunk:
     mtime: float
 
 
-def _err(code: int, path: str) -> OSError:
-    return OSError(code, os.strerror(code), path)
+def _err(code: int, path: str, other: str | None = None) -> OSError:
+    return OSError(code, os.strerror(code), path, None, other)
 
 
-def read_chunk(path: str, offset: int, length: int, max_size: int | None) -> Chunk:
+def read_chunk(root: Root, path: str, offset: int, length: int, max_size: int | None) -> Chunk:
     """Up to ``length`` bytes of ``path`` from ``offset``.
 
     Regular files are sized by ``fstat``; files the kernel does not size (``/proc``) and devices
@@ -57,7 +75,7 @@ def read_chunk(path: str, offset: int, length: int, max_size: int | None) -> Chu
     Raises:
         OSError: EISDIR for a directory, EINVAL for a FIFO or socket, EFBIG past ``max_size``.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    fd = root.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -69,12 +87,13 @@ def read_chunk(path: str, offset: int, length: int, max_size: int | None) -> Chu
             raise FileTooLarge(path, st.st_size, max_size, hint)
         parts: list[bytes] = []
         got = 0
-        while got < length:
-            part = os.pread(fd, length - got, offset + got)
-            if not part:
-                break
-            parts.append(part)
-            got += len(part)
+        with naming(path):
+            while got < length:
+                part = os.pread(fd, length - got, offset + got)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
         data = parts[0] if len(parts) == 1 else b"".join(parts)
     finally:
         os.close(fd)
@@ -92,6 +111,7 @@ def read_chunk(path: str, offset: int, length: int, max_size: int | None) -> Chu
 
 
 def write_file(
+    root: Root,
     path: str,
     data: bytes,
     *,
@@ -103,9 +123,14 @@ def write_file(
 ) -> str:
     """Replace ``path`` with ``data`` atomically; returns the path written (a link's target)."""
     atomic = AtomicFile(
-        path, mode=mode, owner=owner, make_parents=make_parents, exclusive=exclusive,
+        root,
+        path,
+        mode=mode,
+        owner=owner,
+        make_parents=make_parents,
+        exclusive=exclusive,
         new_owner=new_owner,
-    )  # fmt: skip
+    )
     try:
         atomic.write(data)
     except BaseException:
@@ -114,147 +139,160 @@ def write_file(
     return atomic.commit()
 
 
-def exists(path: str, follow: bool) -> EntryType | None:
+def exists(root: Root, path: str, follow: bool) -> EntryType | None:
     """The type of ``path``, or None when it does not exist (or is a dangling link, if
     ``follow``). Other errors (permission, loops) raise."""
     try:
-        st = os.stat(path) if follow else os.lstat(path)
+        st = root.stat(path, follow=follow)
     except (FileNotFoundError, NotADirectoryError):
         return None
     return entry_type(st.st_mode)
 
 
-def mkdir(path: str, *, parents: bool, mode: int | None, owner: tuple[int, int] | None) -> None:
-    """``mkdir`` (or ``mkdir -p`` with ``parents``: an existing directory is left as it is)."""
-    if parents and os.path.isdir(path):
-        return
+def mkdir(
+    root: Root, path: str, *, parents: bool, mode: int | None, owner: tuple[int, int] | None
+) -> None:
+    """``mkdir`` (or ``mkdir -p`` with ``parents``: an existing directory is left as it is).
+    ``mode`` applies to ``path``, ``owner`` to every directory created."""
     if parents:
-        os.makedirs(path, mode=DIR_MODE if mode is None else mode, exist_ok=True)
+        try:
+            st = root.stat(path)
+        except OSError:
+            pass  # missing, or something in the way that makedirs reports
+        else:
+            if stat.S_ISDIR(st.st_mode):
+                return
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
+        created = root.makedirs(path, DIR_MODE)
     else:
-        os.mkdir(path, DIR_MODE if mode is None else mode)
-    if mode is not None:
-        os.chmod(path, mode)  # mkdir's mode went through the umask
-    if owner is not None:
-        os.chown(path, *owner)
+        with root.parent(path) as (dirfd, name), naming(path):
+            os.mkdir(name, DIR_MODE, dir_fd=dirfd)
+        created = [path]
+    for made in created:
+        fd = root.open(made, os.O_PATH | os.O_DIRECTORY)
+        try:
+            with naming(made):
+                if mode is not None and made is created[-1]:
+                    chmod_fd(fd, mode)  # not mkdir's mode: that goes through the umask
+                if owner is not None:
+                    chown_fd(fd, *owner)
+        finally:
+            os.close(fd)
 
 
-def remove(path: str, *, recursive: bool, missing_ok: bool) -> bool:
+def remove(root: Root, path: str, *, recursive: bool, missing_ok: bool) -> bool:
     """Delete a file, a link (never its target) or a directory; returns whether it existed."""
-    path = path.rstrip("/") or "/"  # "link/" would otherwise follow the link
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        if missing_ok:
-            return False
-        raise
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-    elif recursive:
-        shutil.rmtree(path)  # fd-based: never follows a link planted inside the tree
-    else:
-        os.rmdir(path)
+    with root.parent(path) as (dirfd, name), naming(path):
+        try:
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        except FileNotFoundError:
+            if missing_ok:
+                return False
+            raise
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=dirfd)
+        elif recursive:
+            shutil.rmtree(name, dir_fd=dirfd)  # fd-based: never follows a link in the tree
+        else:
+            os.rmdir(name, dir_fd=dirfd)
     return True
 
 
-def _inside(path: str, parent: str) -> bool:
-    real, top = os.path.realpath(path), os.path.realpath(parent)
-    return real == top or real.startswith(top.rstrip("/") + "/")
-
-
-def _prepare_dst(src: str, dst: str, *, make_parents: bool) -> os.stat_result:
-    st = os.lstat(src)  # the source must exist: report it, not the destination
-    if make_parents:
-        makedirs(os.path.dirname(dst) or ".")
-    if stat.S_ISDIR(st.st_mode) and _inside(dst, src):
-        raise OSError(errno.EINVAL, "cannot move or copy a directory into itself", src, None, dst)
-    return st
-
-
-def move(src: str, dst: str, *, overwrite: bool, make_parents: bool) -> None:
-    """Rename ``src`` to ``dst``; across filesystems, copy then delete."""
-    _prepare_dst(src, dst, make_parents=make_parents)
-    try:
-        if overwrite:
-            os.rename(src, dst)
-        else:
-            rename_noreplace(src, dst)
-        return
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-    if os.path.lexists(dst):
-        if not overwrite:
-            raise _err(errno.EEXIST, dst)
-        if os.path.isdir(dst) and not os.path.islink(dst):
-            os.rmdir(dst)  # like rename(2): only an empty directory is replaced
-        else:
-            os.unlink(dst)
-    shutil.move(src, dst)
-
-
-def copy(
+def move(
+    root: Root,
     src: str,
     dst: str,
     *,
-    recursive: bool,
     overwrite: bool,
     make_parents: bool,
     new_owner: tuple[int, int] | None = None,
 ) -> None:
-    """Copy a file atomically (mode kept), or a directory tree (links copied as links); what is
-    created belongs to ``new_owner`` when given."""
-    _prepare_dst(src, dst, make_parents=make_parents)
-    st = os.stat(src)
-    if stat.S_ISDIR(st.st_mode):
-        if not recursive:
-            raise OSError(errno.EISDIR, "is a directory; copy it with recursive", src)
-        if os.path.lexists(dst) and not overwrite:
+    """Rename ``src`` to ``dst``; across filesystems, copy then delete (owners kept). Parents
+    made for ``dst`` belong to ``new_owner`` when given."""
+    with root.parent(src) as (sdir, sname):
+        st = prepare_dst(root, src, dst, make_parents=make_parents, sdir=sdir, sname=sname,
+                         owner=new_owner)  # fmt: skip
+        with root.parent(dst) as (ddir, dname):
+            check_into_itself(st, ddir, src, dst)
+            try:
+                if overwrite:
+                    os.rename(sname, dname, src_dir_fd=sdir, dst_dir_fd=ddir)
+                else:
+                    rename_noreplace(sname, dname, src_dir=sdir, dst_dir=ddir)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise _err(exc.errno or errno.EIO, src, dst) from exc
+            _replace_for_move(ddir, dname, dst, overwrite=overwrite)
+            copy_at(sdir, sname, ddir, dname, src=src, dst=dst, merge=False, new_owner=KEEP_OWNER)
+            with naming(src):
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(sname, dir_fd=sdir)
+                else:
+                    os.unlink(sname, dir_fd=sdir)
+
+
+def _replace_for_move(ddir: int, dname: str, dst: str, *, overwrite: bool) -> None:
+    """Make room for a copied move like rename(2) would: only an empty directory is replaced."""
+    with naming(dst):
+        try:
+            st = os.stat(dname, dir_fd=ddir, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if not overwrite:
             raise _err(errno.EEXIST, dst)
-        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=overwrite)
-        if new_owner is not None:
-            chown(dst, *new_owner, recursive=True)
-        return
-    if os.path.isdir(dst):
-        raise _err(errno.EISDIR, dst)
-    atomic = AtomicFile(dst, mode=stat.S_IMODE(st.st_mode), make_parents=False,
-                        exclusive=not overwrite, new_owner=new_owner)  # fmt: skip
-    try:
-        with open(src, "rb") as source:
-            _copy_fd(source.fileno(), atomic.fd)
-    except BaseException:
-        atomic.abort()
-        raise
-    atomic.commit()
+        if stat.S_ISDIR(st.st_mode):
+            os.rmdir(dname, dir_fd=ddir)
+        else:
+            os.unlink(dname, dir_fd=ddir)
 
 
-def _copy_fd(src: int, dst: int) -> None:
-    """Copy all of ``src`` to ``dst`` in the kernel, in bounded steps."""
-    try:
-        while os.copy_file_range(src, dst, COPY_STEP):
-            pass
-        return
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-    while os.sendfile(dst, src, None, COPY_STEP):
-        pass
-
-
-def chmod(path: str, mode: int, *, recursive: bool) -> None:
+def chmod(root: Root, path: str, mode: int, *, recursive: bool) -> None:
     """Set permission bits (recursion skips symlinks: their mode means nothing on Linux)."""
-    os.chmod(path, mode)
-    if recursive and os.path.isdir(path) and not os.path.islink(path):
-        for top, dirs, files in os.walk(path):
-            for name in (*dirs, *files):
-                child = os.path.join(top, name)
-                if not os.path.islink(child):
-                    os.chmod(child, mode)
+    fd = root.open(path, os.O_PATH)
+    try:
+        with naming(path):
+            chmod_fd(fd, mode)
+            if not recursive or not stat.S_ISDIR(os.fstat(fd).st_mode):
+                return
+            top = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                for dirfd, name, st in tree(top):
+                    if not stat.S_ISLNK(st.st_mode):
+                        _at_object(dirfd, name, lambda obj: chmod_fd(obj, mode))
+            finally:
+                os.close(top)
+    finally:
+        os.close(fd)
 
 
-def chown(path: str, uid: int, gid: int, *, recursive: bool) -> None:
+def chown(root: Root, path: str, uid: int, gid: int, *, recursive: bool) -> None:
     """Set owner/group (-1 keeps one); recursion changes links themselves, never follows."""
-    os.chown(path, uid, gid)
-    if recursive and os.path.isdir(path) and not os.path.islink(path):
-        for top, dirs, files in os.walk(path):
-            for name in (*dirs, *files):
-                os.lchown(os.path.join(top, name), uid, gid)
+    fd = root.open(path, os.O_PATH)
+    try:
+        with naming(path):
+            chown_fd(fd, uid, gid)
+            if not recursive or not stat.S_ISDIR(os.fstat(fd).st_mode):
+                return
+            top = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                for dirfd, name, _ in tree(top):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+            finally:
+                os.close(top)
+    finally:
+        os.close(fd)
+
+
+def _at_object(dirfd: int, name: str, change: Callable[[int], None]) -> None:
+    """Apply ``change`` to the object ``name`` in ``dirfd`` unless it is now a link."""
+    try:
+        obj = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    except FileNotFoundError:
+        return
+    try:
+        if not stat.S_ISLNK(os.fstat(obj).st_mode):
+            change(obj)
+    finally:
+        os.close(obj)

@@ -1,11 +1,19 @@
-"""Client paths to host paths and back, and ``OSError`` to typed ``fs.*`` errors (the one place).
+"""Client paths to paths in the sandbox's root and back, and ``OSError`` to typed ``fs.*`` errors
+(the one place).
 
-In the ``process`` runtime a sandbox has no root of its own: ``/workspace`` (and everything below
-it) and relative paths map into the sandbox's workspace directory, with the same rule as
-``SandboxContext.resolve_cwd``; other absolute paths are host paths, used as given (the kernel
-resolves their ``..`` and symlinks). A ``..`` that climbs out of ``/workspace`` is refused:
-in an isolated runtime it would land in the sandbox's ``/``, here in the workspace's parent on the
-host, and no answer is right for both. Replies show paths inside the workspace as
+A resolved path is an absolute path *inside the sandbox's root* (:class:`~.rooted.Root`), never
+checked here and then re-resolved: the operations resolve it through the root's descriptor.
+
+- Jailed sandbox (local runtime): the root is the sandbox's own ``/``. ``/workspace`` (and
+  below) and relative paths name the workspace; any other absolute path names that path in the
+  sandbox (``/etc/hosts`` is the sandbox's ``/etc/hosts``); symlinks and ``..`` resolve inside.
+- ``process`` runtime: the sandbox has no root of its own. ``/workspace`` and relative paths map
+  into the sandbox's workspace directory, with the same rule as ``SandboxContext.resolve_cwd``;
+  other absolute paths are host paths, used as given.
+
+In both, a ``..`` that climbs lexically out of ``/workspace`` is refused: in the process runtime
+it would land in the workspace's parent on the host, and one rule for both keeps clients
+portable (name ``/etc/passwd`` directly instead). Replies show paths inside the workspace as
 ``/workspace/...`` whichever form the client used.
 """
 
@@ -29,6 +37,7 @@ from sandpod_contract.errors import (
     FsPermissionDenied,
     FsTooLarge,
 )
+from sandpod_execd.files.rooted import Root, host_root
 
 __all__ = [
     "PATH_MAX",
@@ -36,6 +45,7 @@ __all__ = [
     "FileTooLarge",
     "Paths",
     "guard",
+    "host_root",
     "os_error",
     "wire_str",
 ]
@@ -77,27 +87,23 @@ def wire_str(text: str) -> str:
 class Paths:
     """Path rules of one sandbox (see the module docstring).
 
-    ``confined`` (a jailed sandbox, local runtime): execd works on the host as root, so only the
-    workspace is reachable, and a path whose symlinks lead out of it is refused. This is an
-    interim guard, checked before the operation (a sandbox process racing to swap a directory
-    for a link could still win): the real fix is resolving inside the jail (``openat2`` with
-    ``RESOLVE_IN_ROOT``, or a helper in its namespaces). ``new_owner`` (the jail's user) owns
-    what fs creates there.
+    ``root``: where paths resolve (a jailed sandbox's own root; by default the host's ``/``).
+    ``new_owner`` (the jail's user) owns what fs creates there.
     """
 
     def __init__(
         self,
         workspace: Path | str,
         *,
-        confined: bool = False,
+        root: Root | None = None,
         new_owner: tuple[int, int] | None = None,
     ) -> None:
-        self.workspace = os.path.abspath(workspace)
-        self.confined = confined
+        self.root = root if root is not None else host_root()
+        self.workspace = WORKSPACE_ALIAS if self.root.jailed else os.path.abspath(workspace)
         self.new_owner = new_owner
 
     def resolve(self, path: str) -> str:
-        """The host path for a client ``path``.
+        """The path in the root for a client ``path``.
 
         Raises:
             FsInvalidPath: empty, NUL byte, longer than PATH_MAX, or ``..`` leaving /workspace.
@@ -112,35 +118,34 @@ class Paths:
             )
         aliased = path == WORKSPACE_ALIAS or path.startswith(WORKSPACE_ALIAS + "/")
         if not aliased and os.path.isabs(path):
-            if self.confined:
-                raise FsInvalidPath(
-                    f"{path}: only {WORKSPACE_ALIAS} is reachable through fs in this runtime",
-                    path=path,
-                )
             return path
         inside = path[len(WORKSPACE_ALIAS) :] if aliased else path
         inside = os.path.normpath(inside.lstrip("/")) if inside.strip("/") else "."
         if inside == ".." or inside.startswith("../"):
             raise FsInvalidPath(f"{path}: '..' climbs out of {WORKSPACE_ALIAS}", path=path)
-        host = self.workspace if inside == "." else os.path.join(self.workspace, inside)
-        if self.confined:
-            real, top = os.path.realpath(host), os.path.realpath(self.workspace)
-            if real != top and not real.startswith(top + "/"):
-                raise FsInvalidPath(f"{path}: a symlink leads out of {WORKSPACE_ALIAS}", path=path)
-        return host
+        return self.workspace if inside == "." else os.path.join(self.workspace, inside)
 
     def display(self, host: str) -> str:
-        """How a reply shows host path ``host``: ``/workspace/...`` inside the workspace."""
+        """How a reply shows path ``host``: ``/workspace/...`` inside the workspace."""
         if host == self.workspace:
             return WORKSPACE_ALIAS
         if host.startswith(self.workspace + "/"):
             host = WORKSPACE_ALIAS + host[len(self.workspace) :]
         return wire_str(host)
 
-    def is_protected(self, host: str) -> bool:
-        """Paths ``fs.remove`` refuses: ``/`` and the workspace itself."""
-        real = os.path.realpath(host)
-        return real in ("/", os.path.realpath(self.workspace))
+    def is_protected(self, path: str) -> bool:
+        """Paths ``fs.remove`` and ``fs.move`` refuse: the root and the workspace itself (links
+        to them followed, in the root). Blocking."""
+        try:
+            st = self.root.stat(path.rstrip("/") or "/")
+        except OSError:
+            return False  # missing or unreachable: the operation itself reports it
+        for top in ("/", self.workspace):
+            with contextlib.suppress(OSError):
+                other = self.root.stat(top)
+                if (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino):
+                    return True
+        return False
 
 
 class FileTooLarge(OSError):
@@ -153,7 +158,7 @@ class FileTooLarge(OSError):
 
 
 def os_error(exc: OSError, paths: Paths | None = None, path: str | None = None) -> FsError:
-    """The typed error for ``exc``, naming the host path ``exc`` names (else ``path``)."""
+    """The typed error for ``exc``, naming the path (in the root) ``exc`` names (else ``path``)."""
     cls = _BY_ERRNO.get(exc.errno or 0, FsError)
     host = exc.filename if isinstance(exc.filename, str) else path
     shown = None

@@ -13,8 +13,11 @@ UTF-8; undecodable bytes survive a replace unchanged (``surrogateescape``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import os
+import posixpath
 import re
 import stat
 from collections.abc import Callable, Iterator
@@ -23,6 +26,7 @@ from sandpod_contract.errors import BadRequest
 from sandpod_execd.files.atomic import AtomicFile
 from sandpod_execd.files.listing import Budget, glob_regex, walk
 from sandpod_execd.files.paths import os_error
+from sandpod_execd.files.rooted import Root, naming
 
 __all__ = ["Match", "Replaced", "SearchFound", "files_below", "replace", "search"]
 
@@ -69,25 +73,60 @@ def _compile(pattern: str, flags: int = 0) -> re.Pattern[str]:
         raise BadRequest(f"invalid regular expression: {exc}", pattern=pattern) from exc
 
 
-def files_below(root: str, pattern: str | None, hidden: bool, budget: Budget) -> Iterator[str]:
-    """``root`` if it is a file, else the regular files below it matching ``pattern``.
+Candidate = tuple[str, int, str]  # (path in the root, fd of its directory or -1, name in it)
+
+
+def files_below(
+    root: Root, path: str, pattern: str | None, hidden: bool, budget: Budget
+) -> Iterator[Candidate]:
+    """``path`` if it is a file (fd -1: open it through the root), else the regular files below
+    it matching ``pattern``, each with its directory's descriptor (valid until the next item).
 
     Raises:
-        OSError: ``root`` is missing or unreadable.
+        OSError: ``path`` is missing or unreadable.
     """
-    if not stat.S_ISDIR(os.stat(root).st_mode):
-        yield root
+    if not stat.S_ISDIR(root.stat(path).st_mode):
+        yield path, -1, ""
         return
     rx = glob_regex(pattern, hidden) if pattern else None
     explicit_dot = pattern is not None and any(s.startswith(".") for s in pattern.split("/"))
-    for key, item in walk(root, depth=None, hidden=hidden or explicit_dot, budget=budget):
-        try:
-            if not item.is_file(follow_symlinks=False):
+    items = walk(root, path, depth=None, hidden=hidden or explicit_dot, budget=budget)
+    with contextlib.closing(items):
+        for key, item, fd in items:
+            try:
+                if not item.is_file(follow_symlinks=False):
+                    continue
+            except OSError:
                 continue
-        except OSError:
-            continue
-        if rx is None or rx.fullmatch("/".join(key)):
-            yield item.path
+            if rx is None or rx.fullmatch("/".join(key)):
+                yield posixpath.join(path, *key), fd, item.name
+
+
+def _open(root: Root, found: Candidate) -> int:
+    """A readable descriptor of a regular file found (never through a link below the root).
+
+    Raises:
+        OSError: EINVAL when it is not a regular file (a FIFO could block a read forever).
+    """
+    path, dirfd, name = found
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    if dirfd < 0:
+        fd = root.open(path, flags)
+    else:
+        with naming(path):
+            fd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=dirfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def _lstat(root: Root, found: Candidate) -> os.stat_result:
+    path, dirfd, name = found
+    if dirfd < 0:
+        return root.stat(path)
+    with naming(path):
+        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
 
 
 def _finder(query: str, regex: bool, case_sensitive: bool) -> Callable[[str], int]:
@@ -104,7 +143,8 @@ def _finder(query: str, regex: bool, case_sensitive: bool) -> Callable[[str], in
 
 
 def search(
-    root: str,
+    root: Root,
+    path: str,
     query: str,
     *,
     regex: bool,
@@ -119,10 +159,10 @@ def search(
     find = _finder(query, regex, case_sensitive)
     matches: list[Match] = []
     scanned = 0
-    for path in files_below(root, pattern, hidden, budget):
+    for found in files_below(root, path, pattern, hidden, budget):
         scanned += 1
         try:
-            if _scan(path, find, binary=binary, out=matches, limit=limit, budget=budget):
+            if _scan(root, found, find, binary=binary, out=matches, limit=limit, budget=budget):
                 return SearchFound(matches, scanned, truncated=True)
         except OSError:
             continue  # unreadable or vanished: skip it
@@ -132,7 +172,8 @@ def search(
 
 
 def _scan(
-    path: str,
+    root: Root,
+    found: Candidate,
     find: Callable[[str], int],
     *,
     binary: bool,
@@ -141,7 +182,8 @@ def _scan(
     budget: Budget,
 ) -> bool:
     """Append ``path``'s matching lines to ``out``; True once ``limit`` is exceeded."""
-    with open(path, "rb") as f:
+    path = found[0]
+    with open(_open(root, found), "rb") as f:
         if not binary and b"\x00" in f.read(BINARY_SNIFF):
             return False
         f.seek(0)
@@ -161,7 +203,8 @@ def _scan(
 
 
 def replace(
-    root: str,
+    root: Root,
+    path: str,
     old: str,
     new: str,
     *,
@@ -176,19 +219,27 @@ def replace(
     """Replace ``old`` by ``new`` in ``root`` or the files below it (see the module docstring)."""
     rx = _compile(old) if regex else None
     result = Replaced()
-    for path in files_below(root, pattern, hidden, budget):
+    for found in files_below(root, path, pattern, hidden, budget):
+        shown = found[0]
         try:
             n = _replace_one(
-                path, old=old, new=new, rx=rx, count=count, binary=binary, dry_run=dry_run,
+                root,
+                found,
+                old=old,
+                new=new,
+                rx=rx,
+                count=count,
+                binary=binary,
+                dry_run=dry_run,
                 result=result,
-            )  # fmt: skip
+            )
         except OSError as exc:
-            result.skip(path, os_error(exc).code)
+            result.skip(shown, os_error(exc).code)
             continue
         if n:
             result.total += n
             if len(result.files) < MAX_FILES_LISTED:
-                result.files.append((path, n))
+                result.files.append((shown, n))
             else:
                 result.truncated = True
         if budget.exhausted:
@@ -198,7 +249,8 @@ def replace(
 
 
 def _replace_one(
-    path: str,
+    root: Root,
+    found: Candidate,
     *,
     old: str,
     new: str,
@@ -208,11 +260,12 @@ def _replace_one(
     dry_run: bool,
     result: Replaced,
 ) -> int:
-    before = os.stat(path)
-    if before.st_size > MAX_REPLACE_FILE:
-        result.skip(path, "too_large")
-        return 0
-    with open(path, "rb") as f:
+    path = found[0]
+    with open(_open(root, found), "rb") as f:
+        before = os.fstat(f.fileno())
+        if before.st_size > MAX_REPLACE_FILE:
+            result.skip(path, "too_large")
+            return 0
         data = f.read(MAX_REPLACE_FILE + 1)
     if not binary and b"\x00" in data[:BINARY_SNIFF]:
         result.skip(path, "binary")
@@ -230,7 +283,7 @@ def _replace_one(
         changed = out.encode("utf-8", "surrogateescape")
     if not n or dry_run:
         return n
-    now = os.stat(path)
+    now = _lstat(root, found)
     if (now.st_mtime_ns, now.st_size, now.st_ino) != (
         before.st_mtime_ns,
         before.st_size,
@@ -238,7 +291,8 @@ def _replace_one(
     ):
         result.skip(path, "changed")
         return 0
-    atomic = AtomicFile(path, make_parents=False)
+    at = None if found[1] < 0 else (found[1], found[2])
+    atomic = AtomicFile(root, path, make_parents=False, at=at)
     try:
         atomic.write(changed)
     except BaseException:

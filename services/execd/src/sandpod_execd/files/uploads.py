@@ -169,7 +169,7 @@ class UploadTable:
     async def commit(
         self, sandbox_id: str, upload_id: str, size: int | None, sha256: str | None
     ) -> str:
-        """Verify and rename into place; returns the target's host path."""
+        """Verify and rename into place; returns the target's path (in the sandbox's root)."""
         upload = self.get(sandbox_id, upload_id)
         upload.busy += 1
         try:

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -91,7 +92,8 @@ class FsHandlers:
             max_open=MAX_UPLOADS,
             idle_timeout=deps.settings.abandon_after,
         )
-        self._paths: dict[str, Paths] = {}
+        # Per served context, not per id: a sandbox served again gets a new jail and root.
+        self._paths: weakref.WeakKeyDictionary[SandboxContext, Paths] = weakref.WeakKeyDictionary()
         self._stop = threading.Event()  # tells walks on worker threads to end (shutdown)
 
     def routes(self) -> dict[tuple[str, str], Route]:
@@ -117,12 +119,12 @@ class FsHandlers:
     # -- plumbing ------------------------------------------------------------------------------
 
     def _for(self, sbx: SandboxContext) -> Paths:
-        paths = self._paths.get(sbx.sandbox_id)
+        paths = self._paths.get(sbx)
         if paths is None:
             jail = sbx.jail
-            paths = self._paths[sbx.sandbox_id] = Paths(
+            paths = self._paths[sbx] = Paths(
                 sbx.workspace,
-                confined=jail is not None,
+                root=sbx.fs_root,
                 new_owner=jail.owner if jail is not None else None,
             )
         return paths
@@ -163,7 +165,9 @@ class FsHandlers:
         return out, False
 
     async def _stat_reply(self, paths: Paths, host: str, follow: bool = True) -> FsEntry:
-        return await self._run(paths, lambda: self._entry(paths, entry_of(host, follow=follow)))
+        return await self._run(
+            paths, lambda: self._entry(paths, entry_of(paths.root, host, follow=follow)), host
+        )
 
     def _budget(self, seconds: float) -> Budget:
         return Budget(seconds=seconds, stop=self._stop)
@@ -187,7 +191,7 @@ class FsHandlers:
         host = paths.resolve(req.path)
         length = self._read_cap if req.length is None else min(req.length, self._read_cap)
         c = await self._run(
-            paths, lambda: ops.read_chunk(host, req.offset, length, req.max_size), host
+            paths, lambda: ops.read_chunk(paths.root, host, req.offset, length, req.max_size), host
         )
         return FsChunk(data=c.data, offset=c.offset, size=c.size, eof=c.eof, mtime=c.mtime)
 
@@ -197,11 +201,11 @@ class FsHandlers:
 
         def work() -> FsEntry:
             target = ops.write_file(
-                host, req.data, mode=req.mode, owner=self._owner(req.owner),
+                paths.root, host, req.data, mode=req.mode, owner=self._owner(req.owner),
                 make_parents=req.make_parents, exclusive=req.exclusive,
                 new_owner=paths.new_owner,
             )  # fmt: skip
-            return self._entry(paths, entry_of(target))
+            return self._entry(paths, entry_of(paths.root, target))
 
         return await self._run(paths, work, host)
 
@@ -211,7 +215,7 @@ class FsHandlers:
 
         def work() -> AtomicFile:
             return AtomicFile(
-                host, mode=req.mode, owner=self._owner(req.owner),
+                paths.root, host, mode=req.mode, owner=self._owner(req.owner),
                 make_parents=req.make_parents, exclusive=req.exclusive,
                 new_owner=paths.new_owner,
             )  # fmt: skip
@@ -254,7 +258,7 @@ class FsHandlers:
     async def exists(self, sbx: SandboxContext, req: FsPath) -> FsExistence:
         paths = self._for(sbx)
         host = paths.resolve(req.path)
-        kind = await self._run(paths, lambda: ops.exists(host, req.follow), host)
+        kind = await self._run(paths, lambda: ops.exists(paths.root, host, req.follow), host)
         return FsExistence(path=paths.display(host), exists=kind is not None, type=kind)
 
     async def list_dir(self, sbx: SandboxContext, req: FsList) -> FsListing:
@@ -264,8 +268,8 @@ class FsHandlers:
 
         def work() -> FsListing:
             found = listing.list_dir(
-                host, depth=req.depth, hidden=req.hidden, limit=limit, cursor=req.cursor,
-                budget=self._budget(LIST_SECONDS),
+                paths.root, host, depth=req.depth, hidden=req.hidden, limit=limit,
+                cursor=req.cursor, budget=self._budget(LIST_SECONDS),
             )  # fmt: skip
             entries, cut = self._fit(self._entry(paths, e) for _, e in found.entries)
             cursor = found.entries[len(entries) - 1][0] if cut and entries else found.cursor
@@ -290,8 +294,8 @@ class FsHandlers:
         limit = min(req.limit or DEFAULT_LIMIT, MAX_LIMIT)
 
         def work() -> FsListing:
-            found = listing.glob(root, pattern, hidden=req.hidden, kind=req.type, limit=limit,
-                                 budget=self._budget(SEARCH_SECONDS))  # fmt: skip
+            found = listing.glob(paths.root, root, pattern, hidden=req.hidden, kind=req.type,
+                                 limit=limit, budget=self._budget(SEARCH_SECONDS))  # fmt: skip
             entries, cut = self._fit(self._entry(paths, e) for _, e in found.entries)
             return FsListing(path=paths.display(root), entries=tuple(entries),
                              truncated=found.truncated or cut)  # fmt: skip
@@ -308,7 +312,7 @@ class FsHandlers:
 
         def work() -> FsSearchResult:
             found = search.search(
-                root, req.query, regex=req.regex, case_sensitive=req.case_sensitive,
+                paths.root, root, req.query, regex=req.regex, case_sensitive=req.case_sensitive,
                 pattern=req.glob, hidden=req.hidden, binary=req.binary, limit=limit,
                 budget=self._budget(SEARCH_SECONDS),
             )  # fmt: skip
@@ -329,8 +333,8 @@ class FsHandlers:
 
         def work() -> FsReplaceResult:
             done = search.replace(
-                root, req.old, req.new, regex=req.regex, count=req.count, pattern=req.glob,
-                hidden=req.hidden, binary=req.binary, dry_run=req.dry_run,
+                paths.root, root, req.old, req.new, regex=req.regex, count=req.count,
+                pattern=req.glob, hidden=req.hidden, binary=req.binary, dry_run=req.dry_run,
                 budget=self._budget(REPLACE_SECONDS),
             )  # fmt: skip
             files = [FsReplaced(path=paths.display(p), count=n) for p, n in done.files]
@@ -350,13 +354,13 @@ class FsHandlers:
 
         def work() -> None:
             owner = self._owner(req.owner) or paths.new_owner
-            ops.mkdir(host, parents=req.parents, mode=req.mode, owner=owner)
+            ops.mkdir(paths.root, host, parents=req.parents, mode=req.mode, owner=owner)
 
         await self._run(paths, work, host)
         return await self._stat_reply(paths, host)
 
     def _refuse_protected(self, paths: Paths, host: str, what: str) -> None:
-        """Blocking (realpath): refuse to remove or move ``/`` or the workspace itself."""
+        """Blocking (stats): refuse to remove or move ``/`` or the workspace itself."""
         if paths.is_protected(host):
             raise FsInvalidPath(
                 f"refusing to {what} {paths.display(host)}", path=paths.display(host)
@@ -368,7 +372,7 @@ class FsHandlers:
 
         def work() -> bool:
             self._refuse_protected(paths, host, "remove")
-            return ops.remove(host, recursive=req.recursive, missing_ok=req.missing_ok)
+            return ops.remove(paths.root, host, recursive=req.recursive, missing_ok=req.missing_ok)
 
         existed = await self._run(paths, work, host, walk=req.recursive)
         return FsRemoved(path=paths.display(host), existed=existed)
@@ -379,7 +383,8 @@ class FsHandlers:
 
         def work() -> None:
             self._refuse_protected(paths, src, "move")
-            ops.move(src, dst, overwrite=req.overwrite, make_parents=req.make_parents)
+            ops.move(paths.root, src, dst, overwrite=req.overwrite,
+                     make_parents=req.make_parents, new_owner=paths.new_owner)  # fmt: skip
 
         await self._run(paths, work, src, walk=True)  # across filesystems it copies
         return await self._stat_reply(paths, dst, follow=False)
@@ -389,7 +394,7 @@ class FsHandlers:
         src, dst = paths.resolve(req.src), paths.resolve(req.dst)
 
         def work() -> None:
-            ops.copy(src, dst, recursive=req.recursive, overwrite=req.overwrite,
+            ops.copy(paths.root, src, dst, recursive=req.recursive, overwrite=req.overwrite,
                      make_parents=req.make_parents, new_owner=paths.new_owner)  # fmt: skip
 
         await self._run(paths, work, src, walk=True)
@@ -399,7 +404,7 @@ class FsHandlers:
         paths = self._for(sbx)
         host = paths.resolve(req.path)
         await self._run(
-            paths, lambda: ops.chmod(host, req.mode, recursive=req.recursive), host,
+            paths, lambda: ops.chmod(paths.root, host, req.mode, recursive=req.recursive), host,
             walk=req.recursive,
         )  # fmt: skip
         return await self._stat_reply(paths, host)
@@ -410,7 +415,7 @@ class FsHandlers:
 
         def work() -> None:
             uid, gid = owner_ids(req.owner.uid, req.owner.gid, req.owner.user, req.owner.group)
-            ops.chown(host, uid, gid, recursive=req.recursive)
+            ops.chown(paths.root, host, uid, gid, recursive=req.recursive)
 
         await self._run(paths, work, host, walk=req.recursive)
         return await self._stat_reply(paths, host)

@@ -37,6 +37,7 @@ from sandpod_contract.messages.git import (
     GitStatus,
 )
 from sandpod_execd.clientpath import client_path
+from sandpod_execd.files.rooted import Root
 from sandpod_execd.gitcreds import DEFAULT_USERNAME, Askpass, Scrubber, is_remote, split_credentials
 from sandpod_execd.gitops import BASE_CONFIG, GitRun, git_env, parse_status, run_git
 from sandpod_execd.handlers import Deps, Route
@@ -230,13 +231,30 @@ def _source(sbx: SandboxContext, url: str) -> str:
 
 
 def _fresh_target(sbx: SandboxContext, target: str) -> str:
-    """The path to clone into, as git in the sandbox sees it; checked (on the host) to be
-    absent or an empty directory."""
-    host = sbx.resolve_cwd(target)
-    if os.path.lexists(host) and (not os.path.isdir(host) or os.listdir(host)):
+    """The path to clone into, as git in the sandbox sees it; checked (from the host, resolved
+    in the sandbox's root: see ``files.rooted``) to be absent or an empty directory."""
+    host = sbx.jail.inside(target) if sbx.jail is not None else sbx.resolve_cwd(target)
+    if not _absent_or_empty(sbx.fs_root, host):
         shown = client_path(sbx.workspace, host)
         raise FsAlreadyExists(f"{shown!r} exists and is not an empty directory", path=shown)
     return sbx.command_path(target)
+
+
+def _absent_or_empty(root: Root, path: str) -> bool:
+    """Blocking (a few syscalls): whether ``path`` does not exist or is an empty directory
+    (a link to one included; a dangling link exists)."""
+    try:
+        root.stat(path, follow=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    try:
+        fd = root.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+    except OSError:
+        return False  # a file, a dangling link or unreadable: git would not clone there
+    try:
+        return not os.listdir(fd)
+    finally:
+        os.close(fd)
 
 
 async def _scrubbed(scrub: Callable[[str], str], work: Awaitable[T]) -> T:

@@ -109,7 +109,8 @@ class WatchHandlers:
             include, exclude = GlobSet(req.include), GlobSet(req.exclude)
         except ValueError as exc:
             raise WatchError(str(exc)) from exc
-        host = sbx.resolve_cwd(req.path)
+        # In a jail: the path inside it, resolved in the jail's root by the watcher itself.
+        host = sbx.jail.inside(req.path) if sbx.jail is not None else sbx.resolve_cwd(req.path)
         watch_id = uuid.uuid4().hex[:16]
         watcher = Watcher(
             watch_id,
@@ -121,6 +122,7 @@ class WatchHandlers:
             window=DEFAULT_COALESCE if req.coalesce is None else req.coalesce,
             queue=min(req.queue or DEFAULT_QUEUE, MAX_QUEUE),
             max_dirs=MAX_DIRS,
+            fs_root=sbx.fs_root,
         )
         entry = _Entry(watcher, client_path(sbx.workspace, host), tuple(req.events),
                        req.idle_timeout or DEFAULT_IDLE)  # fmt: skip
