@@ -169,11 +169,20 @@ function readMessage(schema, raw, path) {
     }
     out[name] = readValue(prop, raw_, `${path}.${name}`);
   }
-  if (schema.oneOf) {
-    const ok = schema.oneOf.filter((branch) => (branch.required ?? []).every((k) => raw[k] != null));
-    if (ok.length !== 1) fail(path, `exactly one of ${schema.oneOf.map((b) => b.required).join(" / ")}`);
-  }
+  if (!presenceHolds(schema, raw)) fail(path, `field combination not allowed: ${JSON.stringify(combinators(schema))}`);
   return out;
+}
+
+const combinators = ({ oneOf, anyOf, allOf, not }) => ({ oneOf, anyOf, allOf, not });
+
+/** Message-level rules on which fields are present (required / oneOf / anyOf / allOf / not). */
+function presenceHolds(schema, raw) {
+  const holds = (sub) => presenceHolds(sub, raw);
+  if (!(schema.required ?? []).every((k) => raw[k] !== null && raw[k] !== undefined)) return false;
+  if (schema.oneOf && schema.oneOf.filter(holds).length !== 1) return false;
+  if (schema.anyOf && !schema.anyOf.some(holds)) return false;
+  if (schema.allOf && !schema.allOf.every(holds)) return false;
+  return !(schema.not && holds(schema.not));
 }
 
 /** Raw msgpack -> JS values (bad bytes, trailing bytes, non-str keys: bad_request). */
