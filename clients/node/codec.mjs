@@ -233,7 +233,7 @@ export function encode(type, message) {
 export function jsonView(value) {
   if (value instanceof Float64) return value.value;
   if (value instanceof Uint8Array) return { $bytes: Buffer.from(value).toString("base64") };
-  if (typeof value === "bigint") return value;
+  if (typeof value === "bigint") return narrow(value);
   if (Array.isArray(value)) return value.map(jsonView);
   if (isMap(value)) return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, jsonView(v)]));
   return value;

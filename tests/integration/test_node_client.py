@@ -11,6 +11,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,14 @@ def test_exec_stdout_and_stdin_are_binary_exact(nats: NatsServer) -> None:
     assert (r["exit_code"], unb64(r["stdout_b64"])) == (0, payload)
 
 
+def test_exec_output_larger_than_one_reply_is_fetched(nats: NatsServer) -> None:
+    """Output beyond one NATS message comes back whole: the client follows up with exec.fetch."""
+    count = 400_000  # `seq` prints ~2.7 MiB, more than the 1 MiB reply
+    expected = "".join(f"{i}\n" for i in range(1, count + 1)).encode()
+    r = client(nats, "exec", {"argv": ["seq", "1", str(count)]})
+    assert (r["exit_code"], unb64(r["stdout_b64"])) == (0, expected)
+
+
 def test_exec_env_and_cwd_reach_the_command(nats: NatsServer, tmp_path: Path) -> None:
     """env is added to the command's environment and cwd is its working directory."""
     args = {"argv": ["sh", "-c", 'printf "%s|" "$GREETING"; pwd'], "env": {"GREETING": "hé"},
@@ -144,3 +153,12 @@ def test_unknown_sandbox_maps_no_responders_to_sandbox_not_found(nats: NatsServe
         False,
         ["sandbox.error"],
     )
+
+
+def test_missing_dependencies_fail_with_the_make_target(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without clients/node/node_modules the tests fail (not skip) and name `make node-client`."""
+    monkeypatch.setattr(sys.modules[__name__], "CLIENT", tmp_path)
+    with pytest.raises(pytest.fail.Exception, match="make node-client"):
+        _require_node()
