@@ -6,6 +6,7 @@
 // and decodes the reply, or raises the typed error of an error envelope or of a NATS failure.
 import { randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
+import { setTimeout as sleep } from "node:timers/promises";
 import { connect as natsConnect, createInbox, ErrorCode } from "nats";
 import { CodecError, SCHEMAS, decode, encode, isMap, unpack } from "./codec.mjs";
 import { errorFromEnvelope, makeError } from "./errors.mjs";
@@ -19,6 +20,8 @@ const FRAME_TYPES = new Map(SUBJECTS.frames.types.map((t) => [t.kind, t.type]));
 const OPERATIONS = new Map(SUBJECTS.operations.map((op) => [`${op.family}.${op.verb}`, op]));
 const REPLY_SLACK = 10; // seconds added to a command's timeout for the reply deadline (README)
 const DEFAULT_DEADLINE = 60; // seconds, for requests that do not run a command
+const NO_DEADLINE = 24 * 3600; // seconds: a command without timeout; liveness probing ends a dead wait
+const PROBE_EVERY = 1; // seconds between liveness probes (README "Liveness probing")
 const FETCH_MAX_BYTES = 512 * 1024;
 
 const newExecId = () => randomBytes(16).toString("hex");
@@ -101,8 +104,8 @@ export class Sandbox {
    */
   async exec(command, { cwd, env, stdin, timeout, maxOutput } = {}) {
     const body = { exec_id: newExecId(), ...commandFields(command), cwd, env, stdin: bytesOf(stdin), timeout, max_output: maxOutput };
-    const deadline = timeout ? timeout + REPLY_SLACK : DEFAULT_DEADLINE;
-    const r = await this.request("exec.run", body, { deadline });
+    const deadline = timeout ? timeout + REPLY_SLACK : NO_DEADLINE;
+    const r = await this.#probing(this.request("exec.run", body, { deadline }), body.exec_id);
     const out = { stdout: Buffer.from(r.stdout), stderr: Buffer.from(r.stderr) };
     for (const stream of ["stdout", "stderr"]) {
       while (out[stream].length < r[`${stream}_size`]) {
@@ -170,6 +173,42 @@ export class Sandbox {
       throw makeError("connection.lost", "the frame subscription closed before the exit frame");
     } finally {
       clearInterval(keepalive);
+    }
+  }
+
+  /** Await `pending` (an exec.run) while probing exec.status, as the README's table says. */
+  async #probing(pending, execId) {
+    const stop = new AbortController();
+    const probe = async () => {
+      let exited = 0;
+      let silent = 0;
+      for (;;) {
+        await sleep(PROBE_EVERY * 1000, undefined, { signal: stop.signal });
+        let status;
+        try {
+          status = await this.request("exec.status", { exec_id: execId }, { deadline: PROBE_EVERY });
+        } catch (exc) {
+          if (stop.signal.aborted) return;
+          if (exc.known === "exec.not_found") throw makeError("exec.lost", `execd no longer knows exec ${execId}`);
+          if (exc.code === "sandbox.not_found") throw makeError("sandbox.unavailable", `no execd serves ${this.id} any more`);
+          if (exc.code !== "timeout") throw exc;
+          if (++silent >= 3) throw makeError("sandbox.unavailable", `execd of ${this.id} stopped answering`);
+          continue;
+        }
+        silent = 0;
+        if (status.state === "exited" && ++exited >= 2 && !stop.signal.aborted) {
+          throw makeError("exec.lost", `exec ${execId} exited but its reply was lost`);
+        }
+      }
+    };
+    const prober = probe().catch((exc) => {
+      if (exc.name !== "AbortError") throw exc;
+    });
+    try {
+      return await Promise.race([pending, prober.then(() => pending)]);
+    } finally {
+      stop.abort();
+      pending.catch(() => {}); // a failed probe settled the call: the late reply (or its error) is moot
     }
   }
 

@@ -12,12 +12,13 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import NatsServer
+from conftest import Execd, NatsServer, wait_until
 
 CLIENT = Path(__file__).resolve().parents[2] / "clients" / "node"
 NODE = shutil.which("node")
@@ -153,6 +154,30 @@ def test_unknown_sandbox_maps_no_responders_to_sandbox_not_found(nats: NatsServe
         False,
         ["sandbox.error"],
     )
+
+
+def test_execd_killed_mid_exec_is_sandbox_unavailable(
+    nats: NatsServer, start_execd: Callable[..., Execd], tmp_path: Path
+) -> None:
+    """SIGKILL on execd during an exec without timeout: liveness probing ends the wait, typed."""
+    execd = start_execd()
+    args = json.dumps({"shell": f"touch {tmp_path}/go; exec sleep 30"})
+    with subprocess.Popen(
+        [_require_node(), str(CLIENT / "cli.mjs"), nats.url, execd.ids[0], "exec", args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        wait_until((tmp_path / "go").exists, 15, "the command to start")
+        execd.kill()
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(
+                "the Node client still waits 20 s after its execd died (no liveness probing)"
+            )
+    assert proc.returncode == 3, err
+    error = json.loads(out)["error"]
+    assert (error["code"], error["retryable"]) == ("sandbox.unavailable", True)
 
 
 def test_missing_dependencies_fail_with_the_make_target(
