@@ -8,8 +8,9 @@ PYTHON ?= python3
 CC ?= cc
 
 WEB := services/gateway/src/sandpod_gateway/web
+NODE_CLIENT := clients/node
 
-.PHONY: install web up check lint types imports test bench vectors openapi clean envtest chart-crds
+.PHONY: install web node-client up check lint types imports test bench vectors openapi clean envtest chart-crds
 
 $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
@@ -30,7 +31,13 @@ $(WEB)/node_modules/.package-lock.json: $(WEB)/package-lock.json
 
 web: $(WEB)/node_modules/.package-lock.json  ## the web terminal's xterm.js (npm ci)
 
-install: $(BIN)/sandpod $(BIN)/sandpod-jail-exec web  ## .venv with every package (editable), dev tools, the jail entry helper, xterm.js
+$(NODE_CLIENT)/node_modules/.package-lock.json: $(NODE_CLIENT)/package-lock.json
+	@# nats.js + @msgpack/msgpack for the Node client (tests/integration/test_node_client.py)
+	npm ci --prefix $(NODE_CLIENT) --no-audit --no-fund
+
+node-client: $(NODE_CLIENT)/node_modules/.package-lock.json  ## the Node.js client's dependencies (npm ci)
+
+install: $(BIN)/sandpod $(BIN)/sandpod-jail-exec web node-client  ## .venv with every package (editable), dev tools, the jail entry helper, xterm.js, the Node client's deps
 
 up: install  ## start NATS + execd serving sandbox "default" in the foreground
 	$(BIN)/sandpod up
@@ -69,4 +76,4 @@ openapi: install  ## regenerate schemas/openapi/gateway.json from the gateway
 	$(BIN)/python -m sandpod_gateway openapi > schemas/openapi/gateway.json
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache $(WEB)/node_modules
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache $(WEB)/node_modules $(NODE_CLIENT)/node_modules

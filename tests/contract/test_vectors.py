@@ -95,7 +95,8 @@ ANNOTATIONS = {"$schema", "$comment", "title", "description", "default"}
 ASSERTIONS = {
     "$ref", "type", "const", "enum", "properties", "required", "additionalProperties",
     "propertyNames", "items", "prefixItems", "minItems", "minLength", "pattern", "minimum",
-    "maximum", "exclusiveMinimum", "oneOf", "contentEncoding",
+    "maximum", "exclusiveMinimum", "oneOf", "anyOf", "allOf", "not", "maxProperties",
+    "contentEncoding",
 }  # fmt: skip
 
 
@@ -133,6 +134,12 @@ def validate(value: Any, schema: dict[str, Any], at: str = "$") -> list[str]:
         matched = sum(not validate(value, sub, at) for sub in schema["oneOf"])
         if matched != 1:
             out.append(f"{at}: matches {matched} of oneOf, not exactly 1")
+    if "anyOf" in schema and all(validate(value, sub, at) for sub in schema["anyOf"]):
+        out.append(f"{at}: matches none of anyOf")
+    for sub in schema.get("allOf", []):
+        out += validate(value, sub, at)
+    if "not" in schema and not validate(value, schema["not"], at):
+        out.append(f"{at}: matches what 'not' forbids")
     if isinstance(value, dict):
         out += _validate_object(value, schema, at)
     if isinstance(value, list):
@@ -165,6 +172,8 @@ def validate(value: Any, schema: dict[str, Any], at: str = "$") -> list[str]:
 
 def _validate_object(value: dict[str, Any], schema: dict[str, Any], at: str) -> list[str]:
     out = [f"{at}: missing {k!r}" for k in schema.get("required", []) if k not in value]
+    if len(value) > schema.get("maxProperties", len(value)):
+        out.append(f"{at}: more than {schema['maxProperties']} entries")
     props = schema.get("properties", {})
     extra = schema.get("additionalProperties", True)
     for key, item in value.items():
@@ -189,6 +198,12 @@ def test_validator_rejects_what_it_should() -> None:
     assert validate({"v": 1, "shell": "ls", "env": {"A=B": "x"}}, schema)
     assert validate({"v": "1", "shell": "ls"}, schema)
     assert validate({"v": True, "shell": "ls"}, schema)
+    owner = schema_of("fs.owner.schema.json")  # anyOf, allOf + not
+    assert validate({"v": 1, "uid": 0, "group": "staff"}, owner) == []
+    assert validate({"v": 1}, owner)
+    assert validate({"v": 1, "gid": 0, "group": "staff"}, owner)
+    tags = schema_of("proc.start.schema.json")  # maxProperties
+    assert validate({"v": 1, "shell": "true", "tags": {f"t{i}": "" for i in range(17)}}, tags)
 
 
 # -- vectors against the codec ---------------------------------------------------------------------

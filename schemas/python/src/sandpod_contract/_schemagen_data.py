@@ -46,6 +46,15 @@ __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 # -- value rules enforced by __post_init__ (a rule naming a missing field fails generation) -------
 
 _NO_NUL = "^[^\\u0000]*$"
+# messages.common.check_deliver as a pattern: dot-separated non-empty tokens, none "*" or ">", no
+# NUL and no whitespace. Whitespace is str.isspace spelled out, since `\s` differs between
+# Python and ECMA-262 (U+001C-U+001F, U+0085, U+FEFF); the prefix rule stays in code.
+_SPACE = (
+    "\\u0000\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a"
+    "\\u2028\\u2029\\u202f\\u205f\\u3000"
+)
+_TOKEN = f"(?![*>](?:\\.|$))[^.{_SPACE}]+"
+_DELIVER: dict[str, Any] = {"minLength": 1, "pattern": f"^{_TOKEN}(?:\\.{_TOKEN})*$"}
 _TEXT: dict[str, Any] = {"type": "string", "pattern": _NO_NUL}
 _COMMAND: dict[str, dict[str, Any]] = {
     "argv": {"minItems": 1, "prefixItems": [{**_TEXT, "minLength": 1}], "items": _TEXT},
@@ -61,13 +70,13 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
     "exec.request": {**_COMMAND, "max_output": {"minimum": 0}},
     "exec.start": {
         **_COMMAND,
-        "deliver": {"minLength": 1, "pattern": _NO_NUL},
+        "deliver": _DELIVER,
         "window": {"minimum": 1},
         "abandon_after": {"exclusiveMinimum": 0},
     },
     "exec.fetch": {"offset": {"minimum": 0}, "max_bytes": {"minimum": 1}},
     "exec.signal": {"signal": {"minimum": 1, "maximum": 64}},
-    "exec.resume": {"from_seq": {"minimum": 1}},
+    "exec.resume": {"from_seq": {"minimum": 1}, "deliver": _DELIVER},
 }
 _ONE_COMMAND: dict[str, Any] = {"oneOf": [{"required": ["argv"]}, {"required": ["shell"]}]}
 MESSAGE_RULES = {"exec.request": _ONE_COMMAND, "exec.start": _ONE_COMMAND}
@@ -244,6 +253,12 @@ REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
      "argv is an array"),
     ("empty-deliver", ExecStart, pack({"v": 1, "deliver": "", "shell": "ls"}), "bad_request", True,
      "deliver must be a subject"),
+    ("wildcard-deliver", ExecStart, pack({"v": 1, "deliver": "_INBOX.*", "shell": "ls"}),
+     "bad_request", True, "deliver is one concrete subject: no '*' or '>' token"),
+    ("empty-token-deliver", ExecResume, pack({**_REF, "from_seq": 1, "deliver": "_INBOX..x"}),
+     "bad_request", True, "deliver has no empty token"),
+    ("space-in-deliver", ExecStart, pack({"v": 1, "deliver": "_INBOX.a\u2003b", "shell": "ls"}),
+     "bad_request", True, "deliver has no whitespace (any Unicode space)"),
     ("bad-signal", ExecSignal, pack({**_REF, "signal": 0}), "bad_request", True, "signal 1..64"),
     ("resume-from-zero", ExecResume, pack({**_REF, "from_seq": 0}), "bad_request", True,
      "seq starts at 1"),

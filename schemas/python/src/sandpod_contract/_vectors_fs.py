@@ -65,7 +65,13 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
     "fs.chmod": {"mode": _MODE},
 }
 # message TYPE -> whole-message JSON Schema keywords (e.g. oneOf required)
-MESSAGE_RULES: dict[str, dict[str, Any]] = {}
+MESSAGE_RULES: dict[str, dict[str, Any]] = {
+    # at least one of the four; a user by id or by name, not both; the same for the group
+    "fs.owner": {
+        "anyOf": [{"required": [k]} for k in ("uid", "gid", "user", "group")],
+        "allOf": [{"not": {"required": ["uid", "user"]}}, {"not": {"required": ["gid", "group"]}}],
+    },
+}
 
 _UP = "3f9c2a7d5e8b4c1fa06b2d9e7c4a1f35"
 _SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -264,10 +270,10 @@ REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
      "mode is permission bits only (0..0o7777)"),
     ("str-for-data", FsWrite, pack({**_R, "data": "text"}), "bad_request", False,
      "file content is bin, never str"),
-    ("empty-owner", FsWrite, pack({**_R, "owner": {"v": 1}}), "bad_request", False,
+    ("empty-owner", FsWrite, pack({**_R, "owner": {"v": 1}}), "bad_request", True,
      "an owner names a user or a group"),
     ("uid-and-user", FsChown, pack({**_R, "owner": {"v": 1, "uid": 0, "user": "root"}}),
-     "bad_request", False, "uid or user, not both"),
+     "bad_request", True, "uid or user, not both"),
     ("bad-sha256", FsWriteCommit, pack({"v": 1, "upload_id": _UP, "sha256": "abc"}),
      "bad_request", True, "sha256 is 64 hex digits"),
     ("depth-zero", FsList, pack({**_R, "depth": 0}), "bad_request", True, "depth >= 1"),

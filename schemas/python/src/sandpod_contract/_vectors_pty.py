@@ -54,9 +54,9 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 # message TYPE -> whole-message JSON Schema keywords (e.g. oneOf required)
-# ("at most one of argv/shell" needs JSON Schema "not", which the schemas do not use: the reject
-# vector below says a schema validator does not catch it)
-MESSAGE_RULES: dict[str, dict[str, Any]] = {}
+MESSAGE_RULES: dict[str, dict[str, Any]] = {
+    "pty.open": {"not": {"required": ["argv", "shell"]}},  # at most one: neither runs a login shell
+}
 
 _PID = 31337
 _T = "build-1"
@@ -126,7 +126,7 @@ REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
     ("pty-bad-id", PtyOpen, pack({"v": 1, "pty_id": "../x"}), "bad_request", True,
      "pty ids are 1-128 of [A-Za-z0-9_.:-], starting with a letter or digit"),
     ("pty-argv-and-shell", PtyOpen, pack({"v": 1, "argv": ["vi"], "shell": "vi"}),
-     "bad_request", False, "at most one of argv or shell"),
+     "bad_request", True, "at most one of argv or shell"),
     ("pty-negative-cursor", PtyRead, pack({**_REF, "cursor": -1}), "bad_request", True,
      "cursors are >= 0"),
     ("pty-wait-too-long", PtyRead, pack({**_REF, "wait": 3600.0}), "bad_request", True,
