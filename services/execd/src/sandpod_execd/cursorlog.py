@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 from typing import Generic, TypeVar
 
@@ -20,13 +19,21 @@ T = TypeVar("T")
 
 
 class _Waitable:
+    """Long-poll readers park on a future of their own; an append resolves them all.
+
+    A bare future and a timer, not ``wait_for(Event.wait())``, which wraps every wait in a task
+    of its own and wakes the reader a loop turn later.
+    """
+
     def __init__(self) -> None:
-        self._news = asyncio.Event()
+        self._waiters: set[asyncio.Future[None]] = set()
         self.closed = False
 
     def _notify(self) -> None:
-        self._news.set()
-        self._news = asyncio.Event()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
 
     def close(self) -> None:
         """No more writes will come (e.g. the process exited); wakes every waiter."""
@@ -34,9 +41,20 @@ class _Waitable:
         self._notify()
 
     async def _wait_news(self, timeout: float) -> None:
-        news = self._news
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(news.wait(), timeout)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(waiter)
+        timer = loop.call_later(timeout, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiters.discard(waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
