@@ -218,6 +218,20 @@ class Recorder:
 
 
 @contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[int]:
+    """An HTTP server with ``handler`` on a free loopback port, in a thread; yields the port."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@contextlib.contextmanager
 def basic_auth_server(secret: str) -> Iterator[tuple[int, Recorder]]:
     """An HTTP server on 127.0.0.1 that answers every request 401 Basic (a thread)."""
     seen = Recorder(secret)
@@ -235,15 +249,8 @@ def basic_auth_server(secret: str) -> Iterator[tuple[int, Recorder]]:
         def log_message(self, *_: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1], seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(Handler) as port:
+        yield port, seen
 
 
 async def test_auth_failed_and_credentials_never_leak(sbx, target, shared_execd: Execd) -> None:
@@ -310,15 +317,8 @@ def dumb_http_server(repo: Path, secret: str) -> Iterator[tuple[int, Recorder]]:
         def log_message(self, *_: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1], seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(Handler) as port:
+        yield port, seen
 
 
 async def test_authenticated_clone_succeeds_and_keeps_no_credentials(
