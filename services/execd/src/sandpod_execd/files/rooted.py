@@ -179,9 +179,12 @@ class Root:
             self.fd = -1
 
     def __del__(self) -> None:
-        # A released sandbox's context is dropped with everything that used its root.
-        with contextlib.suppress(OSError, AttributeError):
+        # A released sandbox's context is dropped with everything that used its root. No module
+        # globals here (contextlib): at interpreter exit they may already be None.
+        try:  # noqa: SIM105 - not contextlib.suppress: see above
             self.close()
+        except (OSError, AttributeError, TypeError):
+            pass
 
     def open(self, path: str, flags: int, mode: int = 0) -> int:
         """A descriptor of ``path`` (symlinks followed, inside the root). Raises ``OSError``
