@@ -11,14 +11,23 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Self, TypeVar
 
 from sandpod._watch import watch
 from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
 from sandpod.control import SandboxInfo, api_call, create_object, follow_events
-from sandpod.errors import CommandFailed
+from sandpod.exec_args import (
+    CONTROL_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    NO_DEADLINE,
+    REPLY_SLACK,
+    Command,
+    check_result,
+    cwd_and_command,
+    split_command,
+)
 from sandpod.fs import AsyncFiles
 from sandpod.git import AsyncGit
 from sandpod.pools import ClaimInfo, claim_object
@@ -78,22 +87,8 @@ __all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
 log = logging.getLogger("sandpod")
 
 R = TypeVar("R", bound=Message)
-Command = str | Sequence[str]
 
-DEFAULT_TIMEOUT = 60.0
-CONTROL_TIMEOUT = 5.0
-REPLY_SLACK = 10.0  # execd enforces the command timeout; the reply may take this much longer
-NO_DEADLINE = 10 * 365 * 86400.0
 STDIN_CHUNK = 256 * 1024
-
-
-def _split_command(command: Command) -> tuple[tuple[str, ...] | None, str | None]:
-    if isinstance(command, str):
-        return None, command
-    argv = tuple(command)
-    if not argv or not all(isinstance(a, str) for a in argv):
-        raise TypeError("command must be a shell string or a non-empty sequence of strings")
-    return argv, None
 
 
 class AsyncSandbox:
@@ -403,8 +398,8 @@ class AsyncSandbox:
             CommandNotFound, InvalidCwd, SpawnFailed: the command could not start.
             BadRequest: invalid arguments.
         """
-        cwd, command = _cwd_and_command(cwd_or_command, command)
-        argv, shell = _split_command(command)
+        cwd, command = cwd_and_command(cwd_or_command, command)
+        argv, shell = split_command(command)
         data = stdin.encode() if isinstance(stdin, str) else stdin
         if data is not None and len(data) > self.bus.max_payload // 2:
             return await self._exec_via_stream(
@@ -453,7 +448,7 @@ class AsyncSandbox:
             duration=wire.duration,
         )
         if check:
-            _check(result)
+            check_result(result)
         return result
 
     async def _complete(self, wire: WireResult, stream: str, head: bytes, size: int) -> bytes:
@@ -511,7 +506,7 @@ class AsyncSandbox:
             duration=status.duration,
         )
         if check:
-            _check(result)
+            check_result(result)
         return result
 
     async def _cancel_quietly(self, exec_id: str) -> None:
@@ -550,7 +545,7 @@ class AsyncSandbox:
                 ``async with`` block ends or, without one, until the iteration stops (leaving
                 an ``async for`` early closes the stream and cancels the command).
         """
-        cwd, command = _cwd_and_command(cwd_or_command, command)
+        cwd, command = cwd_and_command(cwd_or_command, command)
         return AsyncExecStream(
             self,
             cwd,
@@ -562,36 +557,6 @@ class AsyncSandbox:
             window=window,
             abandon_after=abandon_after,
         )
-
-
-def _check(result: ExecResult) -> None:
-    """``check=True``: a command that did not exit 0 is an error, with how it ended.
-
-    Raises:
-        CommandFailed: with ``exit_code``, ``signal`` and ``timed_out`` in its details.
-    """
-    if result.ok:
-        return
-    how = result.exit_code if result.signal is None else result.signal_name
-    raise CommandFailed(
-        f"command exited with {how}",
-        exit_code=result.exit_code,
-        signal=result.signal,
-        timed_out=result.timed_out,
-    )
-
-
-def _cwd_and_command(
-    first: str | Command | None, second: Command | None
-) -> tuple[str | None, Command]:
-    """``(command)`` or ``(cwd, command)``: the write-up's ``exec("/workspace", "date")`` form."""
-    if second is None:
-        if first is None:
-            raise TypeError("a command is required")
-        return None, first
-    if first is not None and not isinstance(first, str):
-        raise TypeError("cwd must be a string path")
-    return first, second
 
 
 class AsyncExecStream:
@@ -617,7 +582,7 @@ class AsyncExecStream:
         abandon_after: float | None = None,
         probe_interval: float = 1.0,
     ) -> None:
-        argv, shell = _split_command(command)
+        argv, shell = split_command(command)
         self._sbx = sandbox
         self._bus = sandbox.bus
         self._exec_id = uuid.uuid4().hex
