@@ -6,26 +6,14 @@ through a control plane. Errors arrive as the contract's typed exceptions.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Self, TypeVar
 
-from sandpod._watch import watch
 from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
 from sandpod.control import SandboxInfo, api_call, create_object, follow_events
-from sandpod.exec_args import (
-    CONTROL_TIMEOUT,
-    DEFAULT_TIMEOUT,
-    NO_DEADLINE,
-    REPLY_SLACK,
-    Command,
-    check_result,
-    cwd_and_command,
-    split_command,
-)
+from sandpod.exec_args import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, Command, cwd_and_command
+from sandpod.exec_oneshot import run_oneshot
 from sandpod.exec_stream import AsyncExecStream
 from sandpod.fs import AsyncFiles
 from sandpod.git import AsyncGit
@@ -37,22 +25,9 @@ from sandpod.session import AsyncSessions
 from sandpod.watch import AsyncWatches
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.codec import Message, decode_reply, encode
-from sandpod_contract.errors import (
-    SandboxError,
-    SandboxNotFound,
-    SandpodError,
-)
+from sandpod_contract.errors import SandboxError, SandboxNotFound
 from sandpod_contract.messages.common import Empty
-from sandpod_contract.messages.exec import (
-    ExecFetch,
-    ExecRef,
-    ExecRequest,
-    ExecStatus,
-    OutputPart,
-)
-from sandpod_contract.messages.exec import (
-    ExecResult as WireResult,
-)
+from sandpod_contract.messages.exec import ExecRef, ExecStatus
 from sandpod_contract.messages.sandboxes import (
     ObjectReply,
     ObjectRequest,
@@ -378,119 +353,16 @@ class AsyncSandbox:
             BadRequest: invalid arguments.
         """
         cwd, command = cwd_and_command(cwd_or_command, command)
-        argv, shell = split_command(command)
-        data = stdin.encode() if isinstance(stdin, str) else stdin
-        if data is not None and len(data) > self.bus.max_payload // 2:
-            return await self._exec_via_stream(
-                cwd,
-                command,
-                env=env,
-                stdin=data,
-                timeout=timeout,
-                max_output=max_output,
-                check=check,
-            )
-        exec_id = uuid.uuid4().hex
-        req = ExecRequest(
-            exec_id=exec_id,
-            argv=argv,
-            shell=shell,
-            cwd=cwd,
-            env=dict(env) if env else None,
-            stdin=data,
+        return await run_oneshot(
+            self,
+            cwd,
+            command,
+            env=env,
+            stdin=stdin,
             timeout=timeout,
             max_output=max_output,
+            check=check,
         )
-        deadline = timeout + REPLY_SLACK if timeout else NO_DEADLINE
-        try:
-            wire = await watch(
-                self._call("exec", "run", req, WireResult, deadline),
-                lambda: self._status(exec_id),
-                what=f"exec {exec_id}",
-            )
-        except asyncio.CancelledError:
-            # The caller gave up (task cancelled, Ctrl-C in the sync SDK): do not leave the
-            # command running in the sandbox.
-            await asyncio.shield(self._cancel_quietly(exec_id))
-            raise
-        stdout = await self._complete(wire, "stdout", wire.stdout, wire.stdout_size)
-        stderr = await self._complete(wire, "stderr", wire.stderr, wire.stderr_size)
-        result = ExecResult(
-            exec_id=wire.exec_id,
-            exit_code=wire.exit_code,
-            signal=wire.signal,
-            stdout_bytes=stdout,
-            stderr_bytes=stderr,
-            stdout_truncated=wire.stdout_truncated,
-            stderr_truncated=wire.stderr_truncated,
-            timed_out=wire.timed_out,
-            duration=wire.duration,
-        )
-        if check:
-            check_result(result)
-        return result
-
-    async def _complete(self, wire: WireResult, stream: str, head: bytes, size: int) -> bytes:
-        """Fetch the part of the output that did not fit in the reply."""
-        parts = [head]
-        offset = len(head)
-        while offset < size:
-            req = ExecFetch(exec_id=wire.exec_id, stream=stream, offset=offset)  # type: ignore[arg-type]
-            part = await self._call("exec", "fetch", req, OutputPart, CONTROL_TIMEOUT)
-            if not part.data:
-                break
-            parts.append(part.data)
-            offset += len(part.data)
-            if part.eof:
-                break
-        return b"".join(parts)
-
-    async def _exec_via_stream(
-        self,
-        cwd: str | None,
-        command: Command,
-        *,
-        env: Mapping[str, str] | None,
-        stdin: bytes,
-        timeout: float | None,
-        max_output: int | None,
-        check: bool,
-    ) -> ExecResult:
-        """A one-shot exec whose stdin is too large for one message: stream it in."""
-        cap = max_output if max_output is not None else 16 * 1024 * 1024
-        out: list[bytes] = []
-        err: list[bytes] = []
-        sizes = {"stdout": 0, "stderr": 0}
-        async with self.exec_stream(cwd, command, env=env, stdin_open=True, timeout=timeout) as st:
-            feeder = asyncio.create_task(st._feed_all(stdin))
-            try:
-                async for chunk in st:
-                    room = cap - sizes[chunk.stream]
-                    if room > 0:
-                        (out if chunk.stream == "stdout" else err).append(chunk.data[:room])
-                    sizes[chunk.stream] += len(chunk.data)
-            finally:
-                feeder.cancel()
-                await asyncio.gather(feeder, return_exceptions=True)
-            status = await st.wait()
-        result = ExecResult(
-            exec_id=status.exec_id,
-            exit_code=status.exit_code,
-            signal=status.signal,
-            stdout_bytes=b"".join(out),
-            stderr_bytes=b"".join(err),
-            stdout_truncated=sizes["stdout"] > cap,
-            stderr_truncated=sizes["stderr"] > cap,
-            timed_out=status.timed_out,
-            duration=status.duration,
-        )
-        if check:
-            check_result(result)
-        return result
-
-    async def _cancel_quietly(self, exec_id: str) -> None:
-        with contextlib.suppress(SandpodError):
-            await self._call("exec", "cancel", ExecRef(exec_id=exec_id), ExecStatus, 2.0)
 
     async def _status(self, exec_id: str) -> ExecStatus:
         return await self._call(
