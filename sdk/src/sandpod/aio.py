@@ -1,7 +1,12 @@
-"""The asynchronous SDK: :class:`AsyncSandbox` and :class:`AsyncExecStream`.
+"""The asynchronous SDK's entry point: :class:`AsyncSandbox`, a handle on one sandbox.
 
-Every call is one NATS request on the sandbox's own subjects, answered by its execd; nothing goes
-through a control plane. Errors arrive as the contract's typed exceptions.
+Most calls are one NATS request on the sandbox's own subjects (``_call``), answered by its execd
+with no control plane in the path; errors arrive as the contract's typed exceptions. The handle
+owns (or shares) the connection and hands itself to the per-family APIs (``fs``, ``proc``,
+``sessions``, ``pty``, ``watch``, ``git``). Creating, claiming, listing, pausing and deleting go
+to the lifecycle and pool services (:mod:`sandpod.control`, :mod:`sandpod.pools`). Commands run
+in :mod:`sandpod.exec_oneshot` and :mod:`sandpod.exec_stream`, sharing :mod:`sandpod.exec_args`;
+names that lived here before the split are re-exported.
 """
 
 from __future__ import annotations
@@ -11,13 +16,16 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Self, TypeVar
 
 from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
-from sandpod.control import SandboxInfo, api_call, create_object, follow_events
+from sandpod.control import SandboxInfo, api_call, create_sandbox, follow_events, list_sandboxes
 from sandpod.exec_args import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, Command, cwd_and_command
+from sandpod.exec_args import NO_DEADLINE as NO_DEADLINE  # noqa: PLC0414 - a re-export
+from sandpod.exec_args import REPLY_SLACK as REPLY_SLACK  # noqa: PLC0414 - a re-export
 from sandpod.exec_oneshot import run_oneshot
+from sandpod.exec_stream import STDIN_CHUNK as STDIN_CHUNK  # noqa: PLC0414 - a re-export
 from sandpod.exec_stream import AsyncExecStream
 from sandpod.fs import AsyncFiles
 from sandpod.git import AsyncGit
-from sandpod.pools import ClaimInfo, claim_object
+from sandpod.pools import ClaimInfo, claim_sandbox
 from sandpod.proc import AsyncProcesses
 from sandpod.pty import AsyncPtys
 from sandpod.results import ExecResult
@@ -25,18 +33,10 @@ from sandpod.session import AsyncSessions
 from sandpod.watch import AsyncWatches
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.codec import Message, decode_reply, encode
-from sandpod_contract.errors import SandboxError, SandboxNotFound
+from sandpod_contract.errors import SandboxNotFound
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.exec import ExecRef, ExecStatus
-from sandpod_contract.messages.sandboxes import (
-    ObjectReply,
-    ObjectRequest,
-    ObjectsReply,
-    Ref,
-    Renew,
-    SandboxEvent,
-    Selection,
-)
+from sandpod_contract.messages.sandboxes import ObjectReply, Ref, Renew, SandboxEvent
 from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
 
@@ -128,20 +128,10 @@ class AsyncSandbox:
         """
         sbx = await cls.connect("default", nats_url=nats_url, prefix=prefix)
         try:
-            obj = create_object(name=name, template=template, timeout=timeout,
-                                permanent=permanent, idle_timeout=idle_timeout, labels=labels,
-                                env=env)  # fmt: skip
-            reply = await api_call(sbx.bus, sbx.subjects, "sandboxes", "create",
-                                   ObjectRequest(object=obj, wait_ready=wait), ObjectReply,
-                                   timeout=wait + 10)  # fmt: skip
-            info = SandboxInfo.of(reply.object)
-            if not info.ready:
-                failed = info.condition("Failed") or info.condition("Ready") or {}
-                raise SandboxError(
-                    f"sandbox {info.name} is {info.phase or 'not ready'}: "
-                    f"{failed.get('reason', '')} {failed.get('message', '')}".strip(),
-                    sandbox_id=info.name,
-                )
+            info = await create_sandbox(sbx.bus, sbx.subjects, name=name, template=template,
+                                        timeout=timeout, permanent=permanent,
+                                        idle_timeout=idle_timeout, labels=labels, env=env,
+                                        wait=wait)  # fmt: skip
         except BaseException:
             await sbx.close()
             raise
@@ -179,18 +169,14 @@ class AsyncSandbox:
         """
         sbx = await cls.connect("default", nats_url=nats_url, prefix=prefix, bus=bus)
         try:
-            obj = claim_object(pool=pool, template=template, name=name, timeout=timeout,
-                               idle_timeout=idle_timeout, labels=labels, env=env)  # fmt: skip
-            reply = await api_call(sbx.bus, sbx.subjects, "claims", "create",
-                                   ObjectRequest(object=obj, wait_ready=wait), ObjectReply,
-                                   timeout=wait + 10)  # fmt: skip
-            info = ClaimInfo.of(reply.object)
-            if info.sandbox is None:  # a bound claim always names one: a server bug otherwise
-                raise SandboxError(f"claim {info.name} replied without a sandbox")
+            info, sandbox = await claim_sandbox(sbx.bus, sbx.subjects, pool=pool,
+                                                template=template, name=name, timeout=timeout,
+                                                idle_timeout=idle_timeout, labels=labels,
+                                                env=env, wait=wait)  # fmt: skip
         except BaseException:
             await sbx.close()
             raise
-        out = cls(sbx.bus, info.sandbox, sbx.subjects, owns_bus=bus is None)
+        out = cls(sbx.bus, sandbox, sbx.subjects, owns_bus=bus is None)
         out.claim_info = info
         return out
 
@@ -212,12 +198,7 @@ class AsyncSandbox:
     ) -> list[SandboxInfo]:
         """Sandboxes known to the lifecycle service, filtered by a label selector."""
         async with await cls.connect("default", nats_url=nats_url, prefix=prefix) as sbx:
-            selector = labels if isinstance(labels, str) or labels is None else ",".join(
-                f"{k}={v}" for k, v in labels.items()
-            )  # fmt: skip
-            reply = await api_call(sbx.bus, sbx.subjects, "sandboxes", "list",
-                                   Selection(selector=selector), ObjectsReply)  # fmt: skip
-        return [SandboxInfo.of(o) for o in reply.items]
+            return await list_sandboxes(sbx.bus, sbx.subjects, labels)
 
     async def describe(self) -> SandboxInfo:
         """This sandbox's resource: phase, conditions, expiry, last activity."""
