@@ -1,15 +1,14 @@
 """The streaming exec: :class:`AsyncExecStream`, a running command whose output is iterated.
 
-Data flow: :meth:`AsyncExecStream.start` subscribes a private inbox and sends ``exec.start``
-naming it; execd then publishes numbered output frames (and finally an exit frame) there.
-``_on_frame`` keeps them in order: a duplicate after a resume is dropped, a gap (frames lost
-across a reconnect) asks ``exec.resume`` to resend from the first missing one. In-order frames
-are queued for the iteration, which hands out :class:`OutputChunk` s, acks what it consumed
-(``exec.ack``, every quarter window, which is execd's flow control) and records the exit. Two
-things keep the command from being orphaned or hanging: a keepalive task acks periodically
-so execd does not abandon a slow reader, and a reader that waits too long for a frame probes
-execd (``exec.resume``) to turn a dead execd into a typed error. Stdin goes the other way in
-``exec.stdin`` requests, watched for liveness the same way.
+Data flow: :meth:`~AsyncExecStream.start` subscribes a private inbox and sends ``exec.start``
+naming it; execd publishes numbered output frames there, then an exit frame. ``_on_frame`` keeps
+them in order (a duplicate after a resume is dropped; a gap, frames lost across a reconnect, asks
+``exec.resume`` to resend from the first missing one) and queues them for the iteration, which
+hands out :class:`OutputChunk` s, acks what it consumed with ``exec.ack`` once a quarter of the
+window is unacked (execd's flow control) and records the exit. A keepalive task acks
+periodically so execd does not abandon a slow reader, and a reader left waiting for a frame
+probes execd with ``exec.resume`` so that a dead execd is a typed error, not a hang. Stdin goes
+the other way as ``exec.stdin`` requests, each watched with ``exec.status`` probes.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ from sandpod_contract.messages.exec import (
 if TYPE_CHECKING:
     from sandpod.aio import AsyncSandbox
 
-__all__ = ["STDIN_CHUNK", "AsyncExecStream"]
+__all__ = ["AsyncExecStream"]
 
 log = logging.getLogger("sandpod")
 
