@@ -8,6 +8,11 @@ import pytest
 
 MODULES = [
     "sandpod",
+    "sandpod.aio",
+    "sandpod.sync",
+    "sandpod.exec_args",
+    "sandpod.exec_oneshot",
+    "sandpod.exec_stream",
     "sandpod.errors",
     "sandpod.results",
     "sandpod_contract",

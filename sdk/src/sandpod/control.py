@@ -12,11 +12,24 @@ from typing import Any
 from sandpod_bus import Bus, Inbound
 from sandpod_contract.codec import Message, decode, decode_reply, encode
 from sandpod_contract.errors import SandboxError, SandboxNotFound, SandpodError
-from sandpod_contract.messages.sandboxes import SandboxEvent
+from sandpod_contract.messages.sandboxes import (
+    ObjectReply,
+    ObjectRequest,
+    ObjectsReply,
+    SandboxEvent,
+    Selection,
+)
 from sandpod_contract.resources import API_VERSION
 from sandpod_contract.subjects import Subjects
 
-__all__ = ["SandboxInfo", "api_call", "create_object", "follow_events"]
+__all__ = [
+    "SandboxInfo",
+    "api_call",
+    "create_object",
+    "create_sandbox",
+    "follow_events",
+    "list_sandboxes",
+]
 
 API_TIMEOUT = 10.0
 
@@ -102,6 +115,55 @@ def create_object(
     if name:
         meta["name"] = name
     return {"apiVersion": API_VERSION, "kind": "Sandbox", "metadata": meta, "spec": spec}
+
+
+async def create_sandbox(
+    bus: Bus,
+    subjects: Subjects,
+    *,
+    name: str | None,
+    template: str | None,
+    timeout: float | None,
+    permanent: bool,
+    idle_timeout: int | None,
+    labels: Mapping[str, str] | None,
+    env: Mapping[str, str] | None,
+    wait: float,
+) -> SandboxInfo:
+    """Create a sandbox (arguments as :func:`create_object`) and wait ``wait`` s for it to be Ready.
+
+    Raises:
+        ResourceInvalid: bad arguments or unknown template.
+        SandboxError: the sandbox failed to start (the reason is in the message), or no
+            lifecycle service answers.
+    """
+    obj = create_object(name=name, template=template, timeout=timeout, permanent=permanent,
+                        idle_timeout=idle_timeout, labels=labels, env=env)  # fmt: skip
+    reply = await api_call(bus, subjects, "sandboxes", "create",
+                           ObjectRequest(object=obj, wait_ready=wait), ObjectReply,
+                           timeout=wait + 10)  # fmt: skip
+    info = SandboxInfo.of(reply.object)
+    if not info.ready:
+        failed = info.condition("Failed") or info.condition("Ready") or {}
+        raise SandboxError(
+            f"sandbox {info.name} is {info.phase or 'not ready'}: "
+            f"{failed.get('reason', '')} {failed.get('message', '')}".strip(),
+            sandbox_id=info.name,
+        )
+    return info
+
+
+async def list_sandboxes(
+    bus: Bus, subjects: Subjects, labels: str | Mapping[str, str] | None
+) -> list[SandboxInfo]:
+    """Sandboxes known to the lifecycle service, filtered by a label selector (a selector
+    string, or a mapping of labels that must all match)."""
+    selector = labels if isinstance(labels, str) or labels is None else ",".join(
+        f"{k}={v}" for k, v in labels.items()
+    )  # fmt: skip
+    reply = await api_call(bus, subjects, "sandboxes", "list", Selection(selector=selector),
+                           ObjectsReply)  # fmt: skip
+    return [SandboxInfo.of(o) for o in reply.items]
 
 
 async def follow_events(bus: Bus, subjects: Subjects, name: str) -> AsyncIterator[SandboxEvent]:

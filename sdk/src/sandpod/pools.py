@@ -1,7 +1,7 @@
 """Warm pools and claims in the SDK: manage ``SandboxWarmPool`` objects and read claims.
 
-Claiming a sandbox is :meth:`sandpod.AsyncSandbox.claim` / :meth:`sandpod.Sandbox.claim`; this
-module is the administration side::
+Claiming a sandbox is :meth:`sandpod.AsyncSandbox.claim` / :meth:`sandpod.Sandbox.claim` (whose
+request is :func:`claim_sandbox`); otherwise this module is the administration side::
 
     async with await AsyncPools.connect() as pools:
         await pools.create("python", template="python", replicas=20)
@@ -22,6 +22,7 @@ from sandpod._twins import twin
 from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
 from sandpod.control import api_call
 from sandpod_bus import Bus, BusSettings
+from sandpod_contract.errors import SandboxError
 from sandpod_contract.messages.pools import Scale
 from sandpod_contract.messages.sandboxes import (
     ObjectReply,
@@ -33,7 +34,7 @@ from sandpod_contract.messages.sandboxes import (
 from sandpod_contract.resources import API_VERSION
 from sandpod_contract.subjects import Subjects
 
-__all__ = ["AsyncPools", "ClaimInfo", "PoolInfo", "Pools", "claim_object"]
+__all__ = ["AsyncPools", "ClaimInfo", "PoolInfo", "Pools", "claim_object", "claim_sandbox"]
 
 
 def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
@@ -122,6 +123,34 @@ def claim_object(
         spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
     meta: dict[str, Any] = {"name": name} if name else {}
     return {"apiVersion": API_VERSION, "kind": "SandboxClaim", "metadata": meta, "spec": spec}
+
+
+async def claim_sandbox(
+    bus: Bus, subjects: Subjects, *, pool: str | None, template: str | None, name: str | None,
+    timeout: float | None, idle_timeout: int | None, labels: Mapping[str, str] | None,
+    env: Mapping[str, str] | None, wait: float,
+) -> tuple[ClaimInfo, str]:  # fmt: skip
+    """Claim a sandbox (arguments as :func:`claim_object`); returns once it is bound and ready.
+
+    Returns:
+        The claim, and the name of the sandbox bound to it.
+
+    Raises:
+        PoolNotFound: no such pool.
+        ClaimFailed: the sandbox failed to start (the reason is in the message).
+        ClaimTimeout: not ready within ``wait`` seconds (the claim stays and may bind).
+        ResourceInvalid: bad arguments or unknown template.
+        SandboxError: no pool service answers.
+    """
+    obj = claim_object(pool=pool, template=template, name=name, timeout=timeout,
+                       idle_timeout=idle_timeout, labels=labels, env=env)  # fmt: skip
+    reply = await api_call(bus, subjects, "claims", "create",
+                           ObjectRequest(object=obj, wait_ready=wait), ObjectReply,
+                           timeout=wait + 10)  # fmt: skip
+    info = ClaimInfo.of(reply.object)
+    if info.sandbox is None:  # a bound claim always names one: a server bug otherwise
+        raise SandboxError(f"claim {info.name} replied without a sandbox")
+    return info, info.sandbox
 
 
 class AsyncPools:

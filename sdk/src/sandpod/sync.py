@@ -11,8 +11,9 @@ from typing import Self
 
 from sandpod._loop import run
 from sandpod._twins import iterate
-from sandpod.aio import DEFAULT_TIMEOUT, AsyncExecStream, AsyncSandbox, Command
+from sandpod.aio import AsyncExecStream, AsyncSandbox
 from sandpod.control import SandboxInfo
+from sandpod.exec_args import DEFAULT_TIMEOUT, Command
 from sandpod.fs import Files
 from sandpod.git import Git
 from sandpod.pools import ClaimInfo
