@@ -6,6 +6,8 @@ import asyncio
 import hashlib
 import os
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -24,6 +26,7 @@ from sandpod_contract.messages.exec import (
     ExecStarted,
     ExecStatus,
     OutputChunk,
+    StreamAck,
 )
 from sandpod_contract.subjects import Subjects
 
@@ -304,6 +307,62 @@ async def test_a_silent_client_is_abandoned_and_its_command_killed(raw: RawClien
     assert isinstance(frame, ExecExit)
     assert frame.abandoned and frame.signal == signal.SIGKILL
     assert not psutil.pid_exists(started.pid) or psutil.Process(started.pid).status() == "zombie"
+
+
+async def _status_until(
+    raw: RawClient, exec_id: str, done: Callable[[ExecStatus], bool], timeout: float, what: str
+) -> ExecStatus:
+    """Poll ``exec.status`` until ``done(status)``; fail with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not done(status := await raw.call("status", ExecRef(exec_id=exec_id))):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {status}")
+        await asyncio.sleep(0.02)
+    return status
+
+
+async def _drain(raw: RawClient, exec_id: str, seen: int) -> None:
+    """Ack frame ``seen`` and every later one up to the exit frame, so execd lets it go."""
+    while True:
+        await raw.bus.publish(raw.subject("ack"), encode(StreamAck(exec_id=exec_id, seq=seen)))
+        frame = await asyncio.wait_for(raw.frames.get(), 10)
+        seen = frame.seq
+        if isinstance(frame, ExecExit):
+            await raw.bus.publish(raw.subject("ack"), encode(StreamAck(exec_id=exec_id, seq=seen)))
+            await raw.bus.flush()
+            return
+
+
+async def test_status_reports_the_exit_of_a_cancelled_stream_with_a_full_window(
+    raw: RawClient,
+) -> None:
+    """A cancelled stream whose client never acked (window full, exit frame held back) reports
+    `exited` with the killing signal as soon as its process died, not `running` for the whole
+    abandon period."""
+    _, started = await raw.start(shell="yes", window=4096)
+    first = await raw.frames.get()
+    assert isinstance(first, OutputChunk)
+    try:
+        await raw.call("cancel", ExecRef(exec_id=started.exec_id))
+        status = await _status_until(
+            raw, started.exec_id, lambda s: s.state == "exited", 5, "the cancelled exec to exit"
+        )
+        assert status.signal == signal.SIGKILL and status.exit_code is None
+        assert status.pid == started.pid
+    finally:
+        await _drain(raw, started.exec_id, first.seq)
+
+
+async def test_a_dead_stream_whose_client_went_silent_is_let_go(raw: RawClient) -> None:
+    """A stream whose command died while the client's window was full is forgotten after
+    abandon_after (its exec slot freed), instead of waiting for window credit forever."""
+    _, started = await raw.start(shell="yes", window=4096, abandon_after=0.5)
+    assert isinstance(await raw.frames.get(), OutputChunk)
+    await raw.call("cancel", ExecRef(exec_id=started.exec_id))
+    status = await _status_until(
+        raw, started.exec_id, lambda s: s.next_seq is None, 10, "execd to forget the stream"
+    )
+    assert status.state == "exited"
 
 
 async def test_sdk_keepalive_prevents_abandonment(sbx: AsyncSandbox) -> None:

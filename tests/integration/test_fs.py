@@ -3,10 +3,12 @@ chmod, chown and exists through the async SDK and a real execd."""
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import os
 import pwd
 import stat
+import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 
 from conftest import Execd, NatsServer
 from sandpod import AsyncSandbox, Sandbox
+from sandpod.fs import AsyncFileReader
 from sandpod_contract.errors import (
     BadRequest,
     FsAlreadyExists,
@@ -92,6 +95,45 @@ async def test_write_options_exclusive_parents_directories_and_symlinks(
     await sbx.fs.write(f"{d}/link", "through")
     assert (host / "link").is_symlink() and (host / "a").read_text() == "through"
     assert sorted(p.name for p in host.iterdir()) == ["a", "link", "sub"]
+
+
+async def _reads_cancelled(reader: AsyncFileReader, timeout: float = 10.0) -> None:
+    """Wait until ``reader`` holds no read in flight; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while reader._pending:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{len(reader._pending)} reads still in flight after the loop was left")
+        await asyncio.sleep(0.02)
+
+
+async def test_breaking_out_of_a_bare_read_stream_cancels_its_reads(
+    sbx: AsyncSandbox, where: tuple[str, Path]
+) -> None:
+    """`async for chunk in fs.read_stream(p): break` (no `async with`) cancels the reads still
+    in flight instead of leaving them to the garbage collector."""
+    d, host = where
+    (host / "r.bin").write_bytes(os.urandom(64_000))
+    reader = sbx.fs.read_stream(f"{d}/r.bin", chunk_size=4096, in_flight=4)
+    async for chunk in reader:  # the first reply tells the size: reads after it are pipelined
+        assert len(chunk) == 4096
+        if reader._pending:
+            break
+    await _reads_cancelled(reader)
+
+
+async def test_breaking_out_inside_async_with_keeps_the_read_stream(
+    sbx: AsyncSandbox, where: tuple[str, Path]
+) -> None:
+    """Inside `async with` a break leaves the reader usable: iterating again continues."""
+    d, host = where
+    data = os.urandom(64_000)
+    (host / "r.bin").write_bytes(data)
+    async with sbx.fs.read_stream(f"{d}/r.bin", chunk_size=4096, in_flight=4) as reader:
+        head = []
+        async for chunk in reader:
+            head.append(chunk)
+            break
+        assert b"".join(head + [c async for c in reader]) == data
 
 
 async def test_reads_by_range_and_stream_and_refuses_big_files(
@@ -389,6 +431,12 @@ def test_sync_sdk_has_the_same_files_surface(
                 w.write(b"z" * 777)
         with sbx.fs.read_stream(f"{d}/big.bin", chunk_size=2048) as r:
             assert b"".join(r) == b"z" * 7770
+        bare = sbx.fs.read_stream(f"{d}/big.bin", chunk_size=1024, in_flight=4)
+        for chunk in bare:  # a bare loop left early cancels its reads at once
+            assert chunk == b"z" * 1024
+            if bare._inner._pending:
+                break
+        assert not bare._inner._pending
         assert [e.name for e in sbx.fs.list(d)] == ["big.bin", "s.txt"]
         assert [m.line for m in sbx.fs.search("two", path=d)] == [2]
         assert sbx.fs.replace(f"{d}/s.txt", "two", "2").total == 1

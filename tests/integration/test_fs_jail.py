@@ -20,7 +20,7 @@ import pytest
 from test_jail import jailed, make, runtime, state  # noqa: F401 - fixtures used by name
 
 from sandpod import AsyncSandbox
-from sandpod_contract.errors import FsError, SandpodError
+from sandpod_contract.errors import FsError, InvalidCwd, SandpodError
 from sandpod_lifecycle.runtime.base import InstanceStatus
 
 pytestmark = pytest.mark.skipif(
@@ -226,4 +226,30 @@ async def test_watches_and_clone_checks_resolve_in_the_sandbox_root(
         assert "no-such-repo" in caught.value.message
     finally:
         shutil.rmtree(full)
+    assert_untouched(sentinel)
+
+
+async def test_disk_usage_and_exec_cwd_resolve_in_the_sandbox_root(
+    jailed: Jailed,  # noqa: F811 - the fixture imported above
+    sentinel: Path,
+) -> None:
+    """A workspace link to / never makes the disk usage walk count host files, and an exec
+    cwd through a link to a host directory is the sandbox's directory of that name (invalid
+    where only the host has one)."""
+    _, sbx = jailed
+    t = str(sentinel)
+    big = Path(f"{t}-big")  # 32 MiB on the host only, reachable through /workspace/abs if followed
+    big.mkdir()
+    try:
+        (big / "blob").write_bytes(os.urandom(32 * 1024 * 1024))
+        await inside(sbx, f"ln -s / /workspace/abs && mkdir -p {t} && printf sandbox > {t}/secret "
+                          f"&& ln -s {t} /workspace/hostdir")  # fmt: skip
+        metrics = await sbx.metrics()
+        assert metrics.disk_complete and metrics.disk_used < 16 * 1024 * 1024, metrics
+        r = await sbx.exec("/workspace/hostdir", "cat secret; pwd -P")
+        assert (r.exit_code, r.stdout) == (0, f"sandbox{t}\n"), r
+        with pytest.raises(InvalidCwd):
+            await sbx.exec(f"/workspace/abs{big}", "true")
+    finally:
+        shutil.rmtree(big)
     assert_untouched(sentinel)

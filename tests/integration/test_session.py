@@ -120,6 +120,21 @@ async def test_large_output_is_fetched_transparently(sessions) -> None:  # type:
     assert len(r.stdout_bytes) == 1000 and r.stdout_truncated
 
 
+async def test_max_output_is_clamped_to_execd_limit(nats: NatsServer, start_execd) -> None:  # type: ignore[no-untyped-def]
+    """A session command's huge max_output is clamped to SANDPOD_EXECD_MAX_OUTPUT_LIMIT, as
+    exec's is (flagged truncated), and the session keeps working."""
+    limit = 256 * 1024
+    execd: Execd = start_execd(SANDPOD_EXECD_MAX_OUTPUT_LIMIT=str(limit))
+    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
+        sh = await sbx.sessions.create(sid())
+        r = await sh.run("head -c 3000000 /dev/zero; echo done >&2", max_output=2**40)
+        assert r.exit_code == 0
+        assert len(r.stdout_bytes) == limit and r.stdout_truncated
+        assert r.stderr == "done\n" and not r.stderr_truncated
+        assert (await sh.run("echo still")).stdout == "still\n"
+        await sh.delete()
+
+
 async def test_a_timeout_kills_the_command_not_the_session(sessions) -> None:  # type: ignore[no-untyped-def]
     """State set before a timed-out command survives it; the command's processes are gone."""
     sh = await sessions()

@@ -255,6 +255,61 @@ async def test_stop_list_and_unknown_ids(sbx, area, watches) -> None:
         await sbx.watch.stop("no-such-watch")
 
 
+async def _watch_gone(sbx: AsyncSandbox, watch_id: str | None, timeout: float = 10.0) -> None:
+    """Wait until execd no longer lists ``watch_id``; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while watch_id in {i.watch_id for i in await sbx.watch.list()}:
+        if time.monotonic() > deadline:
+            pytest.fail(f"watch {watch_id} still runs after its iteration was left")
+        await asyncio.sleep(0.02)
+
+
+async def test_breaking_out_of_a_bare_iteration_stops_the_watch(sbx, area, watches) -> None:
+    """`async for ev in sbx.watch(p): break` (no `async with`) stops the watch in execd instead
+    of leaving it to collect events until its idle timeout."""
+    host, path = area
+    w = await sbx.watch(path).start()
+    watches.append(w)
+    (host / "f.txt").write_text("x")
+    async for ev in w:
+        assert ev.path == f"{path}/f.txt"
+        break
+    await _watch_gone(sbx, w.watch_id)
+
+
+async def test_an_exception_in_a_bare_iteration_stops_the_watch(sbx, area, watches) -> None:
+    """An exception raised in the loop body also stops the watch of a bare iteration."""
+    host, path = area
+    w = await sbx.watch(path).start()
+    watches.append(w)
+    (host / "f.txt").write_text("x")
+
+    async def fail_in_the_loop() -> None:
+        async for _ in w:
+            raise LookupError
+
+    with pytest.raises(LookupError):
+        await fail_in_the_loop()
+    await _watch_gone(sbx, w.watch_id)
+
+
+async def test_breaking_out_inside_async_with_keeps_the_watch(sbx, area) -> None:
+    """Inside `async with` the block owns the watch: a break leaves it running (iterating
+    again continues with the next event) until the block ends."""
+    host, path = area
+    async with sbx.watch(path) as w:
+        (host / "a.txt").write_text("x")
+        async for ev in w:
+            assert ev.path == f"{path}/a.txt"
+            break
+        assert w.watch_id in {i.watch_id for i in await sbx.watch.list()}
+        (host / "b.txt").write_text("x")
+        async for ev in w:
+            if ev.path == f"{path}/b.txt":
+                break
+    assert w.watch_id not in {i.watch_id for i in await sbx.watch.list()}
+
+
 async def test_removing_the_watched_directory_ends_the_watch(sbx, area, watches) -> None:
     """Deleting the root reports its deletion, then the watch is closed."""
     host, path = area
@@ -348,6 +403,23 @@ def test_sync_sdk_watch(nats: NatsServer, shared_execd: Execd, area) -> None:
         watch_id = w.watch_id
     with Sandbox.connect("shared", nats_url=nats.url) as sbx:
         assert watch_id not in {i.watch_id for i in sbx.watch.list()}
+
+
+def test_breaking_out_of_a_bare_sync_iteration_stops_the_watch(
+    nats: NatsServer, shared_execd: Execd, area
+) -> None:
+    """`for ev in sbx.watch(p): break` in the blocking SDK stops the watch it started."""
+    host, path = area
+    with Sandbox.connect("shared", nats_url=nats.url) as sbx:
+        w = sbx.watch(path).start()
+        try:
+            (host / "f.txt").write_text("x")
+            for ev in w:
+                assert ev.path == f"{path}/f.txt"
+                break
+            assert w.watch_id not in {i.watch_id for i in sbx.watch.list()}
+        finally:
+            w.stop()
 
 
 def test_cli_prints_events_and_stops_on_ctrl_c(nats: NatsServer, shared_execd: Execd, area) -> None:

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from sandpod_contract.errors import InvalidCwd
+from sandpod_execd.files.rooted import Root, openat2_available
 from sandpod_execd.jail import Jail
 from sandpod_lifecycle.runtime.base import HostCapabilities, Resources
 from sandpod_lifecycle.runtime.cgroups import CgroupPlan
@@ -93,7 +96,71 @@ def fake_jail(root: Path, workspace: Path) -> Jail:
     jail = Jail.__new__(Jail)  # only the path logic: no holder, no namespaces
     jail.root = str(root)
     jail.workspace = workspace
+    jail.fs_root = Root(str(root), jailed=True)
     return jail
+
+
+def commanding_jail(root: Path) -> Jail:
+    """A fake jail that can build commands (never run: there is no holder)."""
+    jail = fake_jail(root, root / "workspace")
+    jail.check = lambda: None  # type: ignore[method-assign]
+    jail.holder, jail.uid, jail.gid, jail.userns = 1, 1000, 1000, False
+    jail.join, jail.track = (), None
+    jail._sh, jail._nsenter = "/bin/sh", "/usr/bin/nsenter"
+    return jail
+
+
+@pytest.fixture
+def jail_world(tmp_path: Path) -> tuple[Path, Path]:
+    """``(root, host)``: a jail root with /bin/sh, /bin/tool and /workspace/d, and a host
+    directory (outside the root) holding an executable the jail must never see."""
+    root, host = tmp_path / "root", tmp_path / "host"
+    for d in (root / "bin", root / "workspace/d", host):
+        d.mkdir(parents=True)
+    for exe in (root / "bin/sh", root / "bin/tool", host / "tool"):
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    (root / "bin/evil").symlink_to(host / "tool")  # the host's path: absent inside the root
+    (root / "workspace/hostdir").symlink_to(host)
+    (root / "workspace/dlink").symlink_to("/workspace/d")
+    return root, host
+
+
+needs_openat2 = pytest.mark.skipif(
+    not openat2_available(), reason="this kernel has no openat2: run on Linux >= 5.6"
+)
+
+
+@needs_openat2
+def test_program_and_cwd_checks_resolve_links_in_the_jail_root(
+    jail_world: tuple[Path, Path],
+) -> None:
+    """has_program and a command's cwd check follow links as the jail does: a link to a host
+    path names what the root has there (nothing), a link inside the root works."""
+    root, host = jail_world
+    jail = commanding_jail(root)
+    assert jail.has_program("/bin/tool") and jail.has_program("/workspace/../bin/sh")
+    assert not jail.has_program("/bin/evil") and not jail.has_program(str(host / "tool"))
+    assert not jail.has_program("/workspace/d")  # a directory is no program
+    assert jail.is_dir("/workspace/dlink") and not jail.is_dir("/workspace/hostdir")
+    with pytest.raises(InvalidCwd) as caught:
+        jail.command(("sh",), "/workspace/hostdir", {"PATH": "/bin"}, stdin=False)
+    assert caught.value.details["cwd"] == "/workspace/hostdir"  # the jail's path, not a host one
+    cmd = jail.command(("tool",), "/workspace/dlink", {"PATH": "/bin"}, stdin=False)
+    assert any(a.endswith("/workspace/dlink") for a in cmd.argv)  # entered inside the jail
+
+
+@needs_openat2
+def test_a_cwd_swapped_for_a_host_link_after_the_check_never_moves_the_launcher(
+    jail_world: tuple[Path, Path],
+) -> None:
+    """The launcher starts in the jail's root, not in a host path below it: a directory the
+    sandbox swaps for a link to a host directory after the check cannot redirect it there."""
+    root, host = jail_world
+    cmd = commanding_jail(root).command(("sh",), "/workspace/d", {"PATH": "/bin"}, stdin=False)
+    os.rename(root / "workspace/d", root / "workspace/d.old")
+    (root / "workspace/d").symlink_to(host)
+    assert os.path.realpath(cmd.cwd) == os.path.realpath(root)
 
 
 def test_jail_paths_resolve_symlinks_inside_the_jail(tmp_path: Path) -> None:

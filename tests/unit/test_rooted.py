@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import errno
 import os
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandpod_contract.errors import FsError
+from sandpod_execd import sysmetrics
 from sandpod_execd.files import listing, ops, search
 from sandpod_execd.files.atomic import AtomicFile
 from sandpod_execd.files.listing import Budget
@@ -216,3 +218,40 @@ async def test_a_watch_resolves_in_the_root_and_never_descends_links(
     finally:
         w.close()
     untouched(outside)
+
+
+async def test_disk_usage_never_walks_a_directory_swapped_for_a_host_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory swapped mid-walk for a link to a host directory is not followed: the walk
+    goes by descriptor, so the host's files are never counted."""
+    ws, host = tmp_path / "ws", tmp_path / "host"
+    (ws / "d/sub").mkdir(parents=True)
+    (host / "sub").mkdir(parents=True)
+    (host / "sub/big").write_bytes(os.urandom(4 * 1024 * 1024))
+    pauses = 0
+
+    async def pause(_: float) -> None:
+        """The walk yields to the loop after each entry; on the second (``d/sub`` is next),
+        the sandbox swaps ``d`` for a link to the host directory."""
+        nonlocal pauses
+        pauses += 1
+        if pauses == 2:
+            os.rename(ws / "d", ws / "d.old")
+            (ws / "d").symlink_to(host)
+
+    monkeypatch.setattr(sysmetrics, "YIELD_EVERY", 1)
+    monkeypatch.setattr(sysmetrics, "asyncio", types.SimpleNamespace(sleep=pause))
+    usage = await sysmetrics.disk_usage(str(ws))
+    assert pauses >= 2
+    assert usage.complete and usage.used < 1024 * 1024, usage
+
+
+async def test_disk_usage_does_not_follow_links(tmp_path: Path) -> None:
+    """Links in the workspace (to / included) count as links, whatever they point at."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f").write_bytes(b"x" * 10_000)
+    (ws / "top").symlink_to("/")
+    usage = await sysmetrics.disk_usage(str(ws))
+    assert usage.complete and usage.entries == 2 and usage.used < 1024 * 1024

@@ -15,11 +15,12 @@ import asyncio
 import collections
 import contextlib
 import hashlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from sandpod._loop import run
+from sandpod._twins import iterate
 from sandpod.fs_types import FileInfo
 from sandpod_contract.errors import FsTooLarge, SandpodError
 from sandpod_contract.messages.fs import (
@@ -61,7 +62,9 @@ IO_TIMEOUT = 60.0  # one chunk request; a slow disk, not a slow network, is what
 class AsyncFileReader:
     """The chunks of a file in the sandbox, in order: ``async with`` it and ``async for`` it.
 
-    ``size`` and ``mtime`` are known after the first chunk.
+    ``size`` and ``mtime`` are known after the first chunk. Without ``async with``, the
+    iteration owns the reads: leaving an ``async for`` early (``break``, an exception, the
+    iterator collected) cancels the reads still in flight; inside ``async with`` the block does.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class AsyncFileReader:
         self._first = True
         self._done = False
         self._read = 0
+        self._managed = False  # inside ``async with``: the block, not an iteration, closes it
         self.size: int | None = None
         self.mtime: float | None = None
 
@@ -113,8 +117,22 @@ class AsyncFileReader:
             self._pending.append((self._next, n, task))
             self._next += n
 
-    def __aiter__(self) -> Self:
-        return self
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        """The chunks in order; a generator, so leaving the loop early runs its cleanup (at
+        once on ``aclose``, else when the loop collects the abandoned generator)."""
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                try:
+                    data = await self.__anext__()
+                except StopAsyncIteration:
+                    return
+                yield data
+        finally:
+            if not self._managed:  # no block to close it later: an iteration left is the end
+                await self.aclose()
 
     async def __anext__(self) -> bytes:
         while True:
@@ -171,6 +189,7 @@ class AsyncFileReader:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def __aenter__(self) -> Self:
+        self._managed = True
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -366,8 +385,10 @@ class FileReader:
     def mtime(self) -> float | None:
         return self._inner.mtime
 
-    def __iter__(self) -> Self:
-        return self
+    def __iter__(self) -> Iterator[bytes]:
+        """The chunks in order. Outside ``with``, leaving the loop early (``break``, an
+        exception, the iterator collected) cancels the reads still in flight."""
+        return iterate(aiter(self._inner))
 
     def __next__(self) -> bytes:
         try:
@@ -379,6 +400,7 @@ class FileReader:
         run(self._inner.aclose())
 
     def __enter__(self) -> Self:
+        run(self._inner.__aenter__())
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from sandpod._loop import run
+from sandpod._twins import iterate
 from sandpod_contract.errors import BadRequest, WatchNotFound
 from sandpod_contract.messages import watch as wire
 from sandpod_contract.messages.common import Empty
@@ -197,7 +198,13 @@ class AsyncWatches:
 
 
 class AsyncWatch:
-    """One watch: ``async for`` its events; ``cursor`` is where the next poll starts."""
+    """One watch: ``async for`` its events; ``cursor`` is where the next poll starts.
+
+    Who ends it: ``async with`` keeps the watch until the block ends (a ``break`` may be
+    followed by more iteration). Without ``async with`` the iteration owns it: leaving an
+    ``async for`` early (``break``, an exception, the iterator collected) closes the watch, so
+    execd does not keep collecting events for nobody until its idle timeout.
+    """
 
     def __init__(
         self,
@@ -217,6 +224,7 @@ class AsyncWatch:
         self.closed = False
         self._wait = wait
         self._buffer: collections.deque[WatchEvent] = collections.deque()
+        self._managed = False  # inside ``async with``: the block, not an iteration, closes it
 
     async def start(self) -> Self:
         """Start the watch in execd (no-op when attached or already started)."""
@@ -239,8 +247,22 @@ class AsyncWatch:
         self.closed = batch.closed
         return batch
 
-    def __aiter__(self) -> Self:
-        return self
+    def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        """The events until the watch ends; a generator, so leaving the loop early runs its
+        cleanup (at once on ``aclose``, else when the loop collects the abandoned generator)."""
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[WatchEvent]:
+        try:
+            while True:
+                try:
+                    event = await self.__anext__()
+                except StopAsyncIteration:
+                    return
+                yield event
+        finally:
+            if not self._managed:  # no block to close it later: an iteration left is the end
+                await self.close()
 
     async def __anext__(self) -> WatchEvent:
         while not self._buffer:
@@ -268,6 +290,7 @@ class AsyncWatch:
         self.closed = True
 
     async def __aenter__(self) -> Self:
+        self._managed = True
         return await self.start()
 
     async def __aexit__(
@@ -342,7 +365,8 @@ class Watch:
         run(self._inner.close())
 
     def __enter__(self) -> Self:
-        return self.start()
+        run(self._inner.__aenter__())
+        return self
 
     def __exit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
@@ -350,7 +374,9 @@ class Watch:
         self.close()
 
     def __iter__(self) -> Iterator[WatchEvent]:
-        return self
+        """The events until the watch ends. Outside ``with``, leaving the loop early (``break``,
+        an exception, the iterator collected) stops a watch this object started."""
+        return iterate(aiter(self._inner))
 
     def __next__(self) -> WatchEvent:
         try:

@@ -27,10 +27,13 @@ sandbox's user, unwraps them just before the command. Values never appear on a c
 where any host user could read them.
 
 Paths: a command sees the jail's root; ``/workspace`` is the workspace directory outside (the
-same files). For host-side code (``spawn``'s cwd check, watchers) :meth:`Jail.host_path` maps a
-jail path to a host path: symlinks are resolved the way the jail sees them (an absolute target
-restarts at the jail's root, ``..`` stops there), then the path is taken below
-``/proc/<holder>/root``, or below the workspace directory for ``/workspace``.
+same files). The host-side checks of a command (its cwd is a directory, its program an
+executable) resolve through the jail's :class:`~sandpod_execd.files.rooted.Root` (``openat2``
+with ``RESOLVE_IN_ROOT``: the kernel resolves links as the jail sees them, atomically), and the
+command changes to its cwd only after entering the jail's root: the launcher starts in that
+root, never in a host path a sandbox link could redirect. :meth:`Jail.host_path` (a path string
+below ``/proc/<holder>/root``, symlinks resolved by hand) remains for code that needs a string,
+and for kernels without ``openat2``.
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from sandpod_contract.errors import CommandNotFound, SandboxUnavailable, SpawnFailed
+from sandpod_contract.errors import CommandNotFound, InvalidCwd, SandboxUnavailable, SpawnFailed
 from sandpod_execd.cgstats import CgroupDirs
+from sandpod_execd.files.rooted import Root, jail_root
 from sandpod_execd.process import Command
 from sandpod_service.procs import cgroup_join_file
 
@@ -238,10 +242,43 @@ class Jail:
             return str(self.workspace) + resolved[len(WORKSPACE) :]
         return self.root + resolved
 
+    @functools.cached_property
+    def fs_root(self) -> Root:
+        """The jail's root as a :class:`Root` (opened on first use, kept for the jail's life).
+
+        Raises:
+            SandboxUnavailable: the jail is gone.
+        """
+        return jail_root(self)
+
+    def _open_inside(self, path: str, flags: int) -> int | None:
+        """A descriptor of ``path`` (absolute, in the jail) resolved by the kernel inside the
+        jail's root; None if it does not resolve there."""
+        root = self.fs_root
+        try:
+            if not root.usable:  # no openat2 (Linux < 5.6): the string walk is all there is
+                return os.open(self.host_path(path), flags | os.O_CLOEXEC)
+            return root.open(path, flags)
+        except OSError:
+            return None
+
     def has_program(self, path: str) -> bool:
         """Whether ``path`` (absolute, in the jail) is an executable file there."""
-        host = self.host_path(path)
-        return os.path.isfile(host) and os.access(host, os.X_OK)
+        fd = self._open_inside(path, os.O_PATH)
+        if fd is None:
+            return False
+        try:
+            # /proc/self/fd/N names the object resolved above and nothing else.
+            return stat.S_ISREG(os.fstat(fd).st_mode) and os.access(f"/proc/self/fd/{fd}", os.X_OK)
+        finally:
+            os.close(fd)
+
+    def is_dir(self, path: str) -> bool:
+        """Whether ``path`` (absolute, in the jail) is a directory there."""
+        fd = self._open_inside(path, os.O_PATH | os.O_DIRECTORY)
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
 
     def _find_program(self, program: str, cwd: str, path_env: str) -> bool:
         if "/" in program:
@@ -255,11 +292,13 @@ class Jail:
     ) -> Command:
         """A Command that runs ``argv`` inside the jail in ``cwd`` (a jail path) with ``env``.
 
-        The Command's own ``cwd`` is the host path of the same directory (what ``spawn``
-        checks) and its ``env`` the launch environment with ``env`` wrapped in it.
+        ``cwd`` is checked in the jail's root and entered only inside it: the Command's own
+        ``cwd`` (where the launcher starts on the host) is the jail's root, and its ``env`` the
+        launch environment with ``env`` wrapped in it.
 
         Raises:
             SandboxUnavailable: the jail is gone.
+            InvalidCwd: ``cwd`` is not a directory inside the jail.
             CommandNotFound: ``argv[0]`` is not an executable inside the jail.
             SpawnFailed: an environment variable name is not a shell name (the jail's shell
                 could not set it).
@@ -271,7 +310,9 @@ class Jail:
                 f"environment variable names must be letters, digits and _ in a jail: {bad[:5]}",
                 program=argv[0] if argv else "",
             )
-        inside = self.resolve(cwd)
+        inside = cwd  # resolved by the kernel in the jail's root, by the check and the chdir
+        if not self.is_dir(inside):
+            raise InvalidCwd(f"working directory {inside!r} does not exist", cwd=inside)
         program = argv[0] if argv else ""
         if (
             not program
@@ -300,7 +341,7 @@ class Jail:
         wrapped = {f"SANDPOD_JAIL_ENV_{i}": f"{k}={v}" for i, (k, v) in enumerate(env.items())}
         return Command(
             argv=launch,
-            cwd=self.host_path(inside),
+            cwd=self.root,  # not a path below it: a sandbox link could redirect that walk
             env={**LAUNCH_ENV, **wrapped},
             stdin=stdin,
             around_fork=None if self.userns else self.around_fork,

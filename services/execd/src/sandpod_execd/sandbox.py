@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from sandpod_execd.files.rooted import Root, host_root, jail_root
+from sandpod_execd.files.rooted import Root, host_root
 from sandpod_execd.freezer import Freezer
 from sandpod_execd.jail import Jail
 from sandpod_execd.process import TREE_TOKEN, Command
@@ -101,7 +101,7 @@ class SandboxContext:
         Raises:
             SandboxUnavailable: the jail is gone.
         """
-        return jail_root(self.jail) if self.jail is not None else host_root()
+        return self.jail.fs_root if self.jail is not None else host_root()
 
     def prepare(self) -> None:
         self.workspace.mkdir(parents=True, exist_ok=True)

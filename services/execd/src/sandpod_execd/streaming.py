@@ -87,6 +87,7 @@ class StreamingExec:
         self._stdin_lock = asyncio.Lock()
         self._sizes = {"stdout": 0, "stderr": 0}
         self.timed_out = self.cancelled = self.abandoned = False
+        self._given_up = False  # the client was silent too long: stop draining pipes for it
 
     # -- driving -------------------------------------------------------------------------------
 
@@ -119,12 +120,12 @@ class StreamingExec:
     async def _finish_pumps(self, pumps: list[asyncio.Task[None]]) -> None:
         """After exit: read the pipes to EOF while the client keeps acking.
 
-        Stops early when the client was abandoned, or when no pump is waiting for window credit
+        Stops early when the client went silent, or when no pump is waiting for window credit
         yet they see no EOF for ``pipe_grace`` (a grandchild holds the pipe open; its later output
         is not ours).
         """
         pending: set[asyncio.Task[None]] = set(pumps)
-        while pending and not self.abandoned:
+        while pending and not self._given_up:
             _, pending = await asyncio.wait(pending, timeout=self._pipe_grace)
             if pending and self._starved == 0:
                 return  # no pump waits for the client: they wait for a pipe nobody closes
@@ -217,14 +218,17 @@ class StreamingExec:
                 self.proc.kill_tree()
                 deadline = None
             if now >= self._heard + self._abandon_after:
-                if self.state is StreamState.RUNNING and self.proc.running:
+                if self.state is not StreamState.RUNNING:
+                    self._acked_exit.set()  # nobody is listening: let it go
+                    return
+                # Still running, or dead with pumps waiting for credit the client never gives:
+                # stop draining either way, so the stream ends instead of waiting forever.
+                self._given_up = True
+                if self.proc.running:
                     self.abandoned = True
                     log.warning("exec_abandoned", exec_id=self.exec_id, silent=self._abandon_after)
                     self.proc.kill_tree()
-                    self._heard = now  # give the exit frame its own abandon period
-                else:
-                    self._acked_exit.set()  # nobody is listening: let it go
-                    return
+                self._heard = now  # give the exit frame its own abandon period
 
     # -- client verbs --------------------------------------------------------------------------
 
@@ -296,12 +300,23 @@ class StreamingExec:
             self.proc.kill_tree()
 
     def status(self) -> ExecStatus:
+        """Where the exec stands: ``exited`` (with how) as soon as the process has exited.
+
+        The stream's own state lags behind: after the exit it may still drain pipes, or hold
+        frames (the exit frame among them) for a client whose window is full, until acked or
+        abandoned. Whoever asks ``exec.status`` wants to know about the command, not delivery.
+        """
+        code = self.proc.returncode
+        exited = code is not None or self.state is not StreamState.RUNNING
+        exit_code, sig = status_fields(code) if code is not None else (None, None)
         return ExecStatus(
             exec_id=self.exec_id,
-            state="running" if self.state is StreamState.RUNNING else "exited",
+            state="exited" if exited else "running",
             pid=self.proc.pid,
             next_seq=self.next_seq,
             acked_seq=self.acked_seq,
+            exit_code=exit_code,
+            signal=sig,
         )
 
 

@@ -11,7 +11,11 @@ callers pass what the sandbox's commands really carry; jails with cgroups are me
 
 Disk usage is a bounded walk of the workspace (``MAX_ENTRIES`` entries, ``MAX_WALK_SECONDS``), on
 the loop with a yield every ``YIELD_EVERY`` entries, so a huge workspace can neither stall other
-requests nor make the reply wait long; ``complete`` says whether the walk saw everything.
+requests nor make the reply wait long; ``complete`` says whether the walk saw everything. The walk
+goes descriptor by descriptor (:func:`~sandpod_execd.files.rooted.tree`: each child directory
+opened with ``O_NOFOLLOW`` relative to its parent's descriptor), never by path string: a sandbox
+process that swaps a directory for a link to ``/`` mid-walk ends that branch instead of making
+execd sum the host's files.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import os
 import signal
 import stat
 import time
+
+from sandpod_execd.files.rooted import tree
 
 __all__ = [
     "DiskUsage",
@@ -122,36 +128,35 @@ async def disk_usage(
     *roots: str, max_entries: int = MAX_ENTRIES, max_seconds: float = MAX_WALK_SECONDS
 ) -> DiskUsage:
     """Bytes allocated under ``roots`` (like ``du``: hard links once, symlinks not followed),
-    all walked within one bound."""
+    all walked within one bound. A root that is itself a link is not followed either."""
     deadline = time.monotonic() + max_seconds
     used, entries = 0, 0
     seen_links: set[tuple[int, int]] = set()
-    stack = list(roots)
-    while stack:
-        path = stack.pop()
+    complete = True
+    for root in roots:
         try:
-            with os.scandir(path) as it:
-                batch = list(it)
+            top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue
-        for entry in batch:
-            if entries >= max_entries or time.monotonic() > deadline:
-                return DiskUsage(used, entries, complete=False)
-            entries += 1
-            if entries % YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-                if (st.st_dev, st.st_ino) in seen_links:
-                    continue
-                seen_links.add((st.st_dev, st.st_ino))
-            used += st.st_blocks * 512
-            if stat.S_ISDIR(st.st_mode):
-                stack.append(entry.path)
-    return DiskUsage(used, entries, complete=True)
+        walk = tree(top)
+        try:
+            for _, _, st in walk:
+                if entries >= max_entries or time.monotonic() > deadline:
+                    return DiskUsage(used, entries, complete=False)
+                entries += 1
+                if entries % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                    if (st.st_dev, st.st_ino) in seen_links:
+                        continue
+                    seen_links.add((st.st_dev, st.st_ino))
+                used += st.st_blocks * 512
+        except OSError:
+            complete = False  # a directory became unreadable mid-walk
+        finally:
+            walk.close()  # closes the descriptors of the directories it was in
+            os.close(top)
+    return DiskUsage(used, entries, complete)
 
 
 def filesystem(path: str) -> tuple[int, int]:

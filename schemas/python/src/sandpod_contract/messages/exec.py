@@ -278,6 +278,9 @@ class ExecStatus(Message):
     pid: int | None = None
     next_seq: int | None = None  # seq the next new frame will carry (streaming execs)
     acked_seq: int | None = None  # highest seq the client acknowledged
+    # A stream reports these as soon as its process exited, even while frames wait for acks.
+    exit_code: int | None = None  # the process exited with this code
+    signal: int | None = None  # the process was killed by this signal
 
 
 OPERATIONS: tuple[Operation, ...] = (

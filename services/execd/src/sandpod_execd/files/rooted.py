@@ -32,7 +32,7 @@ import os
 import platform
 import posixpath
 import stat
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING
 
 import structlog
@@ -313,7 +313,9 @@ def jail_root(jail: Jail) -> Root:
     return root
 
 
-def tree(dirfd: int, depth: int = MAX_DEPTH) -> Iterator[tuple[int, str, os.stat_result]]:
+def tree(
+    dirfd: int, depth: int = MAX_DEPTH
+) -> Generator[tuple[int, str, os.stat_result], None, None]:
     """Every object below the readable directory ``dirfd``: ``(its directory's fd, name,
     lstat)``, depth first, a directory before its content. Links are reported, never followed;
     a child directory is opened with ``O_NOFOLLOW``, so swapping it for a link ends that

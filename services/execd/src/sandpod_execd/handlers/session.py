@@ -132,7 +132,7 @@ class SessionHandlers:
         if outcome is None:  # cancelled while queued: it never ran
             return SessionResult(session_id=session.session_id, command_id=ticket.command_id,
                                  cancelled=True)  # fmt: skip
-        max_output = self._settings.default_max_output if req.max_output is None else req.max_output
+        max_output = self._settings.output_cap(req.max_output)  # the same ceiling as exec
         out = session.capture(ticket.command_id, outcome, max_output, self._budget)
         exit_code = outcome.status
         if outcome.shell_exited:
