@@ -11,7 +11,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 NATS_BIN = Path(sysconfig.get_path("scripts")) / "nats-server"
@@ -95,9 +95,11 @@ asyncio.run(main())
 """
 
 
-async def nats_rtt(url: str, calls: int) -> list[float]:
-    """The NATS part of every floor: round trips of a 64-byte request to a bare responder in
-    another process (as execd is), after 100 warm-up calls."""
+@contextlib.asynccontextmanager
+async def echo_responder(url: str) -> AsyncIterator[Callable[[int], Awaitable[list[float]]]]:
+    """A bare responder in another process (as execd is), warmed up with 100 calls; yields
+    ``rtt(n)``, which times ``n`` round trips of a 64-byte request to it. Held open, so a bench
+    can interleave floor and Sandpod samples in rounds and a noisy moment hits both alike."""
     from sandpod_bus import Bus, BusSettings
 
     responder = subprocess.Popen(
@@ -107,17 +109,28 @@ async def nats_rtt(url: str, calls: int) -> list[float]:
         assert responder.stdout is not None
         responder.stdout.readline()
         bus = await Bus.connect(BusSettings(url=url))
-        samples = []
-        for i in range(calls + 100):
-            t0 = time.perf_counter()
-            await bus.request("bench.echo", b"x" * 64, 5)
-            if i >= 100:
+
+        async def rtt(calls: int) -> list[float]:
+            samples = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                await bus.request("bench.echo", b"x" * 64, 5)
                 samples.append(time.perf_counter() - t0)
+            return samples
+
+        await rtt(100)
+        yield rtt
         await bus.close()
-        return samples
     finally:
         responder.terminate()
         responder.wait()
+
+
+async def nats_rtt(url: str, calls: int) -> list[float]:
+    """The NATS part of every floor: ``calls`` round trips to a bare responder in another
+    process (as execd is), after 100 warm-up calls."""
+    async with echo_responder(url) as rtt:
+        return await rtt(calls)
 
 
 def pct(samples: Sequence[float], q: float) -> float:

@@ -2,6 +2,8 @@
 
 Floor = a bare NATS request/reply round trip (to a responder in another process, as execd is)
 + a bare asyncio subprocess spawn of the same command. Target: SDK exec p50 <= 1.5x the floor.
+Floor and Sandpod samples are taken in interleaved rounds, so a noisy moment on a shared machine
+weighs on both alike instead of on whichever happened to run then.
 Then 64 concurrent callers: exec/s through Sandpod next to spawn-only exec/s.
 
     .venv/bin/python bench/exec_latency.py [--calls 1000] [--concurrency 64]
@@ -14,7 +16,7 @@ import asyncio
 import os
 import time
 
-from _platform import nats_rtt, pct, platform, summary
+from _platform import echo_responder, pct, platform, summary
 from sandpod import AsyncSandbox
 
 # The environment execd gives commands (locale included: `date` reads locale files with it).
@@ -37,8 +39,6 @@ async def spawn_once(argv: list[str]) -> None:
 
 
 async def spawn_samples(argv: list[str], calls: int) -> list[float]:
-    for _ in range(20):
-        await spawn_once(argv)
     samples = []
     for _ in range(calls):
         t0 = time.perf_counter()
@@ -48,8 +48,6 @@ async def spawn_samples(argv: list[str], calls: int) -> list[float]:
 
 
 async def sdk_samples(sbx: AsyncSandbox, argv: list[str], calls: int) -> list[float]:
-    for _ in range(50):
-        await sbx.exec(argv)
     samples = []
     for _ in range(calls):
         t0 = time.perf_counter()
@@ -73,19 +71,34 @@ async def concurrent(n_calls: int, concurrency: int, call) -> float:  # type: ig
 
 async def main(args: argparse.Namespace) -> None:
     with platform() as (url, _execd):
-        print(f"exec latency, {args.calls} warm calls each, 2 cores, nats-server on loopback\n")
-        rtt = await nats_rtt(url, args.calls)
-        print(summary("floor: bare NATS request/reply", rtt))
+        print(
+            f"exec latency, {args.calls} warm calls each in {args.rounds} interleaved rounds, "
+            "2 cores, nats-server on loopback\n"
+        )
         sbx = await AsyncSandbox.connect("bench", nats_url=url)
-        for argv in (["true"], ["date"]):
-            spawn = await spawn_samples(argv, args.calls)
-            sdk = await sdk_samples(sbx, argv, args.calls)
-            floor50 = pct(rtt, 50) + pct(spawn, 50)
-            floor99 = pct(rtt, 99) + pct(spawn, 99)
-            print(summary(f"floor: asyncio spawn of {argv[0]!r}", spawn))
-            print(summary(f"sandpod exec {argv[0]!r} (SDK)", sdk))
-            ratio50 = pct(sdk, 50) / floor50
-            ratio99 = pct(sdk, 99) / floor99
+        programs = (["true"], ["date"])
+        rtt: list[float] = []
+        spawn: dict[str, list[float]] = {argv[0]: [] for argv in programs}
+        sdk: dict[str, list[float]] = {argv[0]: [] for argv in programs}
+        per_round = max(args.calls // args.rounds, 1)
+        async with echo_responder(url) as echo:
+            for argv in programs:  # warm up both paths
+                await spawn_samples(argv, 20)
+                await sdk_samples(sbx, argv, 50)
+            for _ in range(args.rounds):
+                rtt += await echo(per_round)
+                for argv in programs:
+                    spawn[argv[0]] += await spawn_samples(argv, per_round)
+                    sdk[argv[0]] += await sdk_samples(sbx, argv, per_round)
+        print(summary("floor: bare NATS request/reply", rtt))
+        for argv in programs:
+            name = argv[0]
+            floor50 = pct(rtt, 50) + pct(spawn[name], 50)
+            floor99 = pct(rtt, 99) + pct(spawn[name], 99)
+            print(summary(f"floor: asyncio spawn of {name!r}", spawn[name]))
+            print(summary(f"sandpod exec {name!r} (SDK)", sdk[name]))
+            ratio50 = pct(sdk[name], 50) / floor50
+            ratio99 = pct(sdk[name], 99) / floor99
             verdict = "OK" if ratio50 <= 1.5 else "ABOVE TARGET"
             print(
                 f"  -> floor p50 {floor50 * 1000:.3f} ms; sandpod/floor p50 {ratio50:.2f}x "
@@ -107,5 +120,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved measuring rounds")
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     asyncio.run(main(parser.parse_args()))
