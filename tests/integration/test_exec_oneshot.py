@@ -211,6 +211,23 @@ async def test_oversized_output_is_released_once_fetched(
         )
 
 
+async def test_status_of_a_finished_one_shot_reports_how_it_exited(sbx: AsyncSandbox) -> None:
+    """exec.status of a one-shot that finished says exited with its exit code or signal, as
+    a streaming exec's does (what execd remembers of recent execs)."""
+    from sandpod_contract.messages.exec import ExecRef, ExecStatus
+
+    async def status(exec_id: str) -> ExecStatus:
+        return await sbx._call("exec", "status", ExecRef(exec_id=exec_id), ExecStatus, 5)
+
+    coded = await sbx.exec("exit 7")
+    killed = await sbx.exec("kill -TERM $$")
+    assert (coded.exit_code, killed.signal) == (7, signal.SIGTERM)
+    s = await status(coded.exec_id)
+    assert (s.state, s.exit_code, s.signal) == ("exited", 7, None)
+    s = await status(killed.exec_id)
+    assert (s.state, s.exit_code, s.signal) == ("exited", None, signal.SIGTERM)
+
+
 async def test_timeout_kills_orphans_that_left_the_tree(sbx: AsyncSandbox, tmp_path: Path) -> None:
     """A grandchild that called setsid and whose parent exited (re-parented to init: no longer
     a descendant, nor in the group) still dies on timeout: the tree's token finds it."""

@@ -10,7 +10,11 @@ import pytest
 
 from sandpod_contract.errors import InvalidCwd
 from sandpod_execd.files.rooted import Root, openat2_available
+from sandpod_execd.handlers.session import _place
 from sandpod_execd.jail import Jail
+from sandpod_execd.registry import ExecRegistry
+from sandpod_execd.sandbox import SandboxContext
+from sandpod_execd.sessiondir import SessionDir
 from sandpod_lifecycle.runtime.base import HostCapabilities, Resources
 from sandpod_lifecycle.runtime.cgroups import CgroupPlan
 from sandpod_lifecycle.runtime.hostcaps import parse_cgroup_mounts
@@ -182,3 +186,37 @@ def test_jail_paths_resolve_symlinks_inside_the_jail(tmp_path: Path) -> None:
     assert jail.resolve("/etc/loop/x").startswith("/etc/loop")  # left unresolved, won't exist
     assert jail.host_path("/etc/ws/f") == str(ws / "sub/f")
     assert jail.host_path("/workspace") == str(ws)
+
+
+@needs_openat2
+def test_a_session_directory_goes_where_the_jails_tmp_leads_never_to_the_host(
+    jail_world: tuple[Path, Path],
+) -> None:
+    """A jailed session's directory is made in the sandbox's /tmp resolved in the jail's root:
+    a /tmp the sandbox made a link to a host directory's path leads nowhere (not to the host)
+    and nothing is created on the host; a link inside the root is followed."""
+    root, host = jail_world
+    (root / "tmp").symlink_to(host)  # the host's path: absent inside the root
+    jail = commanding_jail(root)
+    jail.env, jail.userns = {}, True  # userns: no chown, so it runs unprivileged too
+    sbx = SandboxContext(
+        "s1", root / "workspace", "/bin/sh", {}, ExecRegistry(60, 1 << 20), jail=jail
+    )
+    place = _place(sbx, sbx.command(("sh",), None, None, {}, stdin=True), "d")
+    assert (place.tmp, place.cwd, place.owner) == ("/tmp", "/workspace/d", None)
+    with pytest.raises(OSError, match="/tmp"):  # ENOENT, or ELOOP when the host path is in /tmp
+        SessionDir(place.root, place.tmp, place.owner)
+    assert sorted(os.listdir(host)) == ["tool"]
+    (root / "tmp").unlink()
+    (root / "run/tmp").mkdir(parents=True)
+    (root / "tmp").symlink_to("/run/tmp")
+    workdir = SessionDir(place.root, place.tmp, place.owner)
+    try:
+        workdir.write("cmd", b"true\n")
+        assert workdir.inside.startswith("/tmp/sandpod-session-")
+        assert (root / "run/tmp" / workdir.name / "cmd").read_bytes() == b"true\n"
+    finally:
+        workdir.remove()
+    assert os.listdir(root / "run/tmp") == [] and sorted(os.listdir(host)) == ["tool"]
+    with pytest.raises(RuntimeError, match="fs_root"):  # no host path string of a jail path
+        sbx.resolve_cwd("d")

@@ -13,7 +13,7 @@ import pytest
 
 from sandpod_contract.errors import FsError
 from sandpod_execd import sysmetrics
-from sandpod_execd.files import listing, ops, search
+from sandpod_execd.files import listing, ops, rooted, search
 from sandpod_execd.files.atomic import AtomicFile
 from sandpod_execd.files.listing import Budget
 from sandpod_execd.files.paths import Paths, guard
@@ -245,6 +245,23 @@ async def test_disk_usage_never_walks_a_directory_swapped_for_a_host_link(
     usage = await sysmetrics.disk_usage(str(ws))
     assert pauses >= 2
     assert usage.complete and usage.used < 1024 * 1024, usage
+
+
+async def test_disk_usage_cut_by_the_depth_bound_is_incomplete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree deeper than the walk's depth bound is reported incomplete; one exactly as deep
+    as the bound (nothing left unread) stays complete."""
+    monkeypatch.setattr(rooted, "MAX_DEPTH", 3)
+    ws = tmp_path / "ws"
+    (ws / "a/b").mkdir(parents=True)
+    (ws / "a/b/f").write_text("x")  # level 3: the deepest the walk reads
+    usage = await sysmetrics.disk_usage(str(ws))
+    assert usage.complete and usage.entries == 3, usage
+    (ws / "a/b/c").mkdir()
+    (ws / "a/b/c/deep").write_text("x")  # level 4: below the bound
+    usage = await sysmetrics.disk_usage(str(ws))
+    assert not usage.complete and usage.entries == 4, usage
 
 
 async def test_disk_usage_does_not_follow_links(tmp_path: Path) -> None:

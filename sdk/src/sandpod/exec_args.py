@@ -5,7 +5,8 @@ Both the one-shot exec (:mod:`sandpod.exec_oneshot`) and the streaming one
 ``exec(cwd, command)`` with ``command`` a shell string or an argv sequence. A call's positionals
 go through :func:`cwd_and_command`, the command through :func:`split_command` into the wire's
 ``argv``/``shell`` pair; a finished result goes through :func:`check_result` when the caller
-asked for ``check=True``.
+asked for ``check=True``. The timeouts and :func:`split_command` are also the session, proc,
+pty, watch and git clients' (one definition, so they cannot drift apart).
 """
 
 from __future__ import annotations

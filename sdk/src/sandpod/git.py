@@ -11,6 +11,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Literal
 
 from sandpod._loop import run
+from sandpod.exec_args import DEFAULT_TIMEOUT, REPLY_SLACK
 from sandpod_contract.errors import BadRequest
 from sandpod_contract.messages import git as wire
 
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncGit", "Git", "GitDiff", "GitEntry", "GitHead", "GitStatus"]
 
 CLONE_TIMEOUT = 600.0
-DEFAULT_TIMEOUT = 60.0
-REPLY_SLACK = 10.0  # execd enforces the timeout; its reply may take this much longer
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from sandpod._loop import run
 from sandpod._twins import iterate, twin
 from sandpod._watch import watch
+from sandpod.exec_args import CONTROL_TIMEOUT, REPLY_SLACK, split_command
 from sandpod.proc_handle import AsyncProc, Proc
 from sandpod.proc_types import (
     LogChunk,
@@ -70,8 +71,6 @@ __all__ = [
 ]
 
 R = TypeVar("R", bound=Message)
-CONTROL_TIMEOUT = 5.0
-REPLY_SLACK = 10.0
 POLL = 25.0  # seconds per long-poll request (execd caps them at 60)
 PROBE_INTERVAL = 2.0  # liveness probes while a long-poll is pending
 MATCH_WINDOW = 64 * 1024  # characters of an unfinished line kept for wait_for_log
@@ -137,7 +136,7 @@ class AsyncProcesses:
         cwd, cmd = (None, cwd_or_command) if command is None else (cwd_or_command, command)
         if cwd is not None and not isinstance(cwd, str):
             raise TypeError("cwd must be a string path")
-        argv, shell = _split_command(cmd)
+        argv, shell = split_command(cmd)
         req = ProcStart(
             proc_id=proc_id, argv=argv, shell=shell, cwd=cwd, env=dict(env) if env else None,
             tags=dict(tags) if tags else None,
@@ -399,15 +398,6 @@ class Processes:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def _split_command(command: str | Sequence[str]) -> tuple[tuple[str, ...] | None, str | None]:
-    if isinstance(command, str):
-        return None, command
-    argv = tuple(command)
-    if not argv or not all(isinstance(a, str) for a in argv):
-        raise TypeError("command must be a shell string or a non-empty sequence of strings")
-    return argv, None
 
 
 def _slice(deadline: float | None) -> float:

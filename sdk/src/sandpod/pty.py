@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from sandpod._loop import run
+from sandpod.exec_args import CONTROL_TIMEOUT
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import BadRequest, PtyClosed, PtyNotFound
 from sandpod_contract.messages import pty as wire
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncPty", "AsyncPtys", "Pty", "PtyExit", "PtyInfo", "PtyOutput", "Ptys"]
 
 M = TypeVar("M", bound=Message)
-CONTROL_TIMEOUT = 5.0
 LONG_POLL = 25.0  # seconds a read waits for output; the request deadline adds READ_SLACK
 READ_SLACK = 10.0
 INPUT_CHUNK = 32 * 1024  # well under any execd request limit (sys.info max_request_bytes)

@@ -23,6 +23,7 @@ from sandpod._loop import run
 from sandpod._twins import twin
 from sandpod._watch import watch
 from sandpod.errors import CommandFailed
+from sandpod.exec_args import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, NO_DEADLINE
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import SandpodError, SessionNotFound
 from sandpod_contract.messages.common import Empty
@@ -47,9 +48,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncSession", "AsyncSessions", "Session", "SessionInfo", "SessionResult", "Sessions"]
 
 R = TypeVar("R", bound=Message)
-CONTROL_TIMEOUT = 5.0
-DEFAULT_TIMEOUT = 60.0
-NO_DEADLINE = 10 * 365 * 86400.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

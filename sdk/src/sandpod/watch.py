@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from sandpod._loop import run
 from sandpod._twins import iterate
+from sandpod.exec_args import CONTROL_TIMEOUT
 from sandpod_contract.errors import BadRequest, WatchNotFound
 from sandpod_contract.messages import watch as wire
 from sandpod_contract.messages.common import Empty
@@ -42,7 +43,6 @@ __all__ = [
 ]
 
 EventType = Literal["create", "modify", "delete", "move", "attrib", "overflow"]
-CONTROL_TIMEOUT = 5.0
 DEFAULT_WAIT = 20.0  # seconds one long poll may wait for news
 
 

@@ -32,8 +32,10 @@ executable) resolve through the jail's :class:`~sandpod_execd.files.rooted.Root`
 with ``RESOLVE_IN_ROOT``: the kernel resolves links as the jail sees them, atomically), and the
 command changes to its cwd only after entering the jail's root: the launcher starts in that
 root, never in a host path a sandbox link could redirect. :meth:`Jail.host_path` (a path string
-below ``/proc/<holder>/root``, symlinks resolved by hand) remains for code that needs a string,
-and for kernels without ``openat2``.
+below ``/proc/<holder>/root``, symlinks resolved by hand) remains only as those checks' fallback
+on kernels without ``openat2`` (a check, never a write; the command still enters its cwd inside
+the jail). Everything execd creates or writes for a sandbox (files, session directories) goes
+through :attr:`Jail.fs_root` and fails closed without ``openat2``.
 """
 
 from __future__ import annotations

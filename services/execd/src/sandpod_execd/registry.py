@@ -4,8 +4,8 @@
   (id -> StreamingExec), so status probes and control verbs find them;
 - output of finished one-shot execs that did not fit in one reply, until every stream that did
   not fit was fetched to the end or ``result_ttl`` passed, within a total byte budget;
-- ids of recently finished execs (a bounded LRU), so a status probe that races the reply learns
-  "exited" rather than "unknown".
+- ids of recently finished execs with their raw return codes (a bounded LRU), so a status probe
+  that races the reply learns "exited" (and how) rather than "unknown".
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ class ExecRegistry:
         self.oneshots: dict[str, Process | None] = {}
         self.streams: dict[str, StreamingExec] = {}
         self.stored: dict[str, StoredOutput] = {}
-        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # exec id -> raw return code (negative: killed by that signal); None: never exited
+        # (spawn failed) or not known.
+        self._recent: collections.OrderedDict[str, int | None] = collections.OrderedDict()
 
     def __contains__(self, exec_id: str) -> bool:
         return exec_id in self.oneshots or exec_id in self.streams or exec_id in self._recent
@@ -46,16 +48,24 @@ class ExecRegistry:
     def active(self) -> int:
         return len(self.oneshots) + len(self.streams)
 
-    def finished(self, exec_id: str) -> None:
+    def finished(self, exec_id: str, returncode: int | None = None) -> None:
+        """Forget a running exec, remembering that it finished and ``returncode`` (a repeated
+        call without one, e.g. the route's release after the handler, keeps what is known)."""
         self.oneshots.pop(exec_id, None)
         self.streams.pop(exec_id, None)
-        self._recent[exec_id] = None
+        if returncode is None:
+            returncode = self._recent.get(exec_id)
+        self._recent[exec_id] = returncode
         self._recent.move_to_end(exec_id)
         while len(self._recent) > RECENT_LIMIT:
             self._recent.popitem(last=False)
 
     def was_recent(self, exec_id: str) -> bool:
         return exec_id in self._recent
+
+    def recent_returncode(self, exec_id: str) -> int | None:
+        """The raw return code a recently finished exec exited with, if remembered."""
+        return self._recent.get(exec_id)
 
     def store_output(self, exec_id: str, stdout: bytes, stderr: bytes, unfetched: set[str]) -> bool:
         """Keep output for ``exec.fetch``; False if the byte budget is exhausted."""

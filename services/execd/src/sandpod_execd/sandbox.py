@@ -4,8 +4,9 @@ Resolves a request's command, cwd and environment into a :class:`~sandpod_execd.
 In the ``process`` runtime ``/workspace`` is an alias: a cwd of ``/workspace`` (or below) maps to
 this sandbox's workspace directory on the host, and ``$HOME``/``$SANDPOD_WORKSPACE`` point there.
 With a :class:`~sandpod_execd.jail.Jail` (local runtime) commands run inside the sandbox, where
-``/workspace`` is real: ``command()`` hands the jail a jail path, and ``resolve_cwd()`` returns
-the host path showing the same directory (for host-side code such as watchers).
+``/workspace`` is real: ``command()`` hands the jail a jail path, and host-side code (files,
+watchers, session directories) resolves jail paths through :attr:`SandboxContext.fs_root`, never
+through a host path string a sandbox link could redirect.
 """
 
 from __future__ import annotations
@@ -107,8 +108,14 @@ class SandboxContext:
         self.workspace.mkdir(parents=True, exist_ok=True)
 
     def resolve_cwd(self, cwd: str | None) -> str:
+        """The host path of a request's cwd in the process runtime (``/workspace`` mapped).
+
+        Raises:
+            RuntimeError: the sandbox is jailed: a host path string of a jail path is a race
+                a sandbox symlink can win; resolve ``jail.inside(cwd)`` in :attr:`fs_root`.
+        """
         if self.jail is not None:
-            return self.jail.host_path(self.jail.inside(cwd))
+            raise RuntimeError("resolve_cwd is for the process runtime; use fs_root in a jail")
         if not cwd:
             return str(self.workspace)
         if cwd == WORKSPACE_ALIAS or cwd.startswith(WORKSPACE_ALIAS + "/"):
@@ -121,8 +128,8 @@ class SandboxContext:
         """A client path as the sandbox's commands see it (for argv and cwd).
 
         In a jail that is the path inside it (``/workspace/...``); in the process runtime the
-        host path (``/workspace`` mapped to the workspace directory). Host-side checks use
-        :meth:`resolve_cwd` instead.
+        host path (``/workspace`` mapped to the workspace directory). Host-side checks resolve
+        it in :attr:`fs_root`.
         """
         if self.jail is not None:
             return self.jail.inside(path)

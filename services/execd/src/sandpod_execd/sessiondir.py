@@ -3,7 +3,10 @@
 The shell reads each command's text and stdin from here and writes its stdout and stderr here,
 so in the local runtime the directory lives *inside* the sandbox (its ``/tmp``) and belongs to
 the sandbox's user. execd runs as root there, so it never follows a path the sandbox could have
-swapped for a symlink: the directory is created and opened once (``O_NOFOLLOW``), then every
+swapped for a symlink: its parent (the sandbox's ``/tmp``) is opened through the sandbox's
+:class:`~sandpod_execd.files.rooted.Root` (``openat2`` with ``RESOLVE_IN_ROOT``: a ``/tmp`` that
+is a link leads where it leads inside the sandbox, never to the host), the directory is created
+in that descriptor and opened once (``O_NOFOLLOW``), then every
 file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and read with ``O_NOFOLLOW`` relative to
 that descriptor. Renaming the directory or planting links in it cannot make execd write or read
 anything else.
@@ -16,6 +19,10 @@ import os
 import posixpath
 import secrets
 import shutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandpod_execd.files.rooted import Root
 
 __all__ = ["SessionDir"]
 
@@ -23,12 +30,17 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class SessionDir:
-    """``parent`` is the host path of ``parent_inside`` (the same directory, as the shell sees
-    it); ``owner`` (uid, gid) gets the directory and the files execd writes."""
+    """A fresh directory in ``parent`` (a directory as the shell sees it, resolved in ``root``);
+    ``owner`` (uid, gid) gets the directory and the files execd writes.
 
-    def __init__(self, parent: str, parent_inside: str, owner: tuple[int, int] | None) -> None:
+    Raises:
+        OSError: ``parent`` is not a directory in ``root``.
+        FsError: a jailed ``root`` cannot be resolved safely (no ``openat2``).
+    """
+
+    def __init__(self, root: Root, parent: str, owner: tuple[int, int] | None) -> None:
         self._owner = owner
-        self._parent = os.open(parent, DIR_FLAGS)
+        self._parent = root.open(parent, DIR_FLAGS)
         try:
             self.name = self._make()
             self.fd = os.open(self.name, DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self._parent)
@@ -37,7 +49,7 @@ class SessionDir:
         except BaseException:
             os.close(self._parent)
             raise
-        self.inside = posixpath.join(parent_inside, self.name)
+        self.inside = posixpath.join(parent, self.name)
 
     def _make(self) -> str:
         while True:

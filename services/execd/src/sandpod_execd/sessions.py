@@ -33,6 +33,7 @@ from sandpod_contract.errors import (
     SessionNotFound,
 )
 from sandpod_execd import proctree
+from sandpod_execd.files.rooted import Root
 from sandpod_execd.process import Command, spawn
 from sandpod_execd.sessiondir import SessionDir
 from sandpod_execd.shell import Outcome, Shell
@@ -56,11 +57,12 @@ class SessionLimits:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Place:
-    """Where a session lives: its temp directory (host path and as the shell sees it), the
+    """Where a session lives: its temp directory (``tmp``, as the shell sees it, resolved by
+    execd in ``root``: a jailed sandbox's own root, never a host path string below it), the
     owner of its files (the sandbox's uid/gid when jailed) and its start directory."""
 
+    root: Root
     tmp: str
-    tmp_inside: str
     owner: tuple[int, int] | None
     cwd: str
 
@@ -315,7 +317,7 @@ class SessionTable:
 
     def spawn(self, session_id: str, cmd: Command, token: str, place: Place) -> Session:
         """Start the shell for ``session_id`` (after :meth:`admit`) in the directory ``place``."""
-        workdir = SessionDir(place.tmp, place.tmp_inside, place.owner)
+        workdir = SessionDir(place.root, place.tmp, place.owner)
         try:
             proc = spawn(cmd)
         except BaseException:

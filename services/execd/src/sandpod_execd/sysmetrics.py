@@ -11,7 +11,8 @@ callers pass what the sandbox's commands really carry; jails with cgroups are me
 
 Disk usage is a bounded walk of the workspace (``MAX_ENTRIES`` entries, ``MAX_WALK_SECONDS``), on
 the loop with a yield every ``YIELD_EVERY`` entries, so a huge workspace can neither stall other
-requests nor make the reply wait long; ``complete`` says whether the walk saw everything. The walk
+requests nor make the reply wait long; ``complete`` says whether the walk saw everything (it also
+descends at most :data:`~sandpod_execd.files.rooted.MAX_DEPTH` levels). The walk
 goes descriptor by descriptor (:func:`~sandpod_execd.files.rooted.tree`: each child directory
 opened with ``O_NOFOLLOW`` relative to its parent's descriptor), never by path string: a sandbox
 process that swaps a directory for a link to ``/`` mid-walk ends that branch instead of making
@@ -128,17 +129,23 @@ async def disk_usage(
     *roots: str, max_entries: int = MAX_ENTRIES, max_seconds: float = MAX_WALK_SECONDS
 ) -> DiskUsage:
     """Bytes allocated under ``roots`` (like ``du``: hard links once, symlinks not followed),
-    all walked within one bound. A root that is itself a link is not followed either."""
+    all walked within one bound. A root that is itself a link is not followed either. The
+    result is incomplete if a bound (entries, time, or the walk's depth) cut the walk."""
     deadline = time.monotonic() + max_seconds
     used, entries = 0, 0
     seen_links: set[tuple[int, int]] = set()
     complete = True
+
+    def depth_cut() -> None:
+        nonlocal complete
+        complete = False  # a directory deeper than rooted.MAX_DEPTH went unread
+
     for root in roots:
         try:
             top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             continue
-        walk = tree(top)
+        walk = tree(top, on_cut=depth_cut)
         try:
             for _, _, st in walk:
                 if entries >= max_entries or time.monotonic() > deadline:

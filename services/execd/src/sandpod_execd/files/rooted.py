@@ -32,7 +32,7 @@ import os
 import platform
 import posixpath
 import stat
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING
 
 import structlog
@@ -314,13 +314,20 @@ def jail_root(jail: Jail) -> Root:
 
 
 def tree(
-    dirfd: int, depth: int = MAX_DEPTH
+    dirfd: int, depth: int | None = None, *, on_cut: Callable[[], None] | None = None
 ) -> Generator[tuple[int, str, os.stat_result], None, None]:
     """Every object below the readable directory ``dirfd``: ``(its directory's fd, name,
     lstat)``, depth first, a directory before its content. Links are reported, never followed;
     a child directory is opened with ``O_NOFOLLOW``, so swapping it for a link ends that
-    branch."""
-    if depth <= 0:
+    branch. At most ``depth`` levels (default :data:`MAX_DEPTH`) are descended: ``on_cut`` is
+    called for each non-empty directory the bound leaves unread, so a caller that sums the tree
+    can say its sum is incomplete."""
+    levels = MAX_DEPTH if depth is None else depth  # read at call time (tests lower it)
+    if levels <= 0:
+        if on_cut is not None:
+            with os.scandir(dirfd) as it:
+                if next(it, None) is not None:
+                    on_cut()
         return
     with os.scandir(dirfd) as it:
         names = [e.name for e in it]
@@ -336,7 +343,7 @@ def tree(
             except OSError:
                 continue
             try:
-                yield from tree(child, depth - 1)
+                yield from tree(child, levels - 1, on_cut=on_cut)
             finally:
                 os.close(child)
 

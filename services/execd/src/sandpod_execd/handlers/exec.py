@@ -24,7 +24,7 @@ from sandpod_contract.messages.exec import (
 )
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.oneshot import Outcome, run_to_completion, status_fields
-from sandpod_execd.process import spawn
+from sandpod_execd.process import Process, spawn
 from sandpod_execd.sandbox import SandboxContext
 from sandpod_execd.streaming import StreamingExec, validate_signal
 
@@ -97,6 +97,7 @@ class ExecHandlers:
         return exec_id
 
     async def run(self, sbx: SandboxContext, req: ExecRequest, exec_id: str) -> ExecResult:
+        proc: Process | None = None
         try:
             cmd = sbx.command(req.argv, req.shell, req.cwd, req.env, stdin=req.stdin is not None)
             proc = spawn(cmd)
@@ -113,7 +114,7 @@ class ExecHandlers:
             finally:
                 self._metrics.running.dec()
         finally:
-            sbx.registry.finished(exec_id)
+            sbx.registry.finished(exec_id, proc.returncode if proc is not None else None)
         self._metrics.exec_seconds.labels("run").observe(outcome.duration)
         self._metrics.stream_bytes.labels("run").inc(outcome.stdout.seen + outcome.stderr.seen)
         return self._result(sbx, exec_id, outcome)
@@ -210,7 +211,7 @@ class ExecHandlers:
             await stream.run()
         finally:
             self._metrics.running.dec()
-            sbx.registry.finished(stream.exec_id)
+            sbx.registry.finished(stream.exec_id, stream.proc.returncode)
             self._metrics.exec_seconds.labels("stream").observe(
                 time.monotonic() - stream.proc.started
             )
@@ -266,5 +267,9 @@ class ExecHandlers:
             pid = proc.pid if proc is not None else None
             return ExecStatus(exec_id=req.exec_id, state="running", pid=pid)
         if reg.was_recent(req.exec_id):
-            return ExecStatus(exec_id=req.exec_id, state="exited")
+            # A one-shot is "running" until its reply is made (a probe seeing "exited" twice
+            # means the reply was lost), then "exited" with how, as far as execd remembers.
+            code = reg.recent_returncode(req.exec_id)
+            exit_code, sig = status_fields(code) if code is not None else (None, None)
+            return ExecStatus(exec_id=req.exec_id, state="exited", exit_code=exit_code, signal=sig)
         raise ExecNotFound(f"exec {req.exec_id!r} is unknown to this execd", exec_id=req.exec_id)

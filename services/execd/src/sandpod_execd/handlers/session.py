@@ -185,13 +185,13 @@ class SessionHandlers:
 
 
 def _place(sbx: SandboxContext, cmd: Command, cwd: str | None) -> Place:
-    """Jailed, the session's files live in the sandbox's own /tmp, owned by its user."""
+    """Jailed, the session's files live in the sandbox's own /tmp, owned by its user, reached
+    through the jail's root (resolved by the kernel as the sandbox sees it: a /tmp the sandbox
+    turned into a link cannot lead execd to a host directory)."""
     if sbx.jail is None:
-        tmp = tempfile.gettempdir()
-        return Place(tmp=tmp, tmp_inside=tmp, owner=None, cwd=cmd.cwd)
-    jail, tmp = sbx.jail, JAIL_TMP
-    return Place(tmp=jail.host_path(tmp), tmp_inside=tmp, owner=jail.owner,
-                 cwd=jail.inside(cwd))  # fmt: skip
+        return Place(root=sbx.fs_root, tmp=tempfile.gettempdir(), owner=None, cwd=cmd.cwd)
+    jail = sbx.jail
+    return Place(root=sbx.fs_root, tmp=JAIL_TMP, owner=jail.owner, cwd=jail.inside(cwd))
 
 
 def _info(session: Session) -> SessionInfo:
