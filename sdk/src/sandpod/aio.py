@@ -16,7 +16,14 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Self, TypeVar
 
 from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
-from sandpod.control import SandboxInfo, api_call, create_sandbox, follow_events, list_sandboxes
+from sandpod.control import (
+    SandboxInfo,
+    api_call,
+    create_object,
+    create_sandbox,
+    follow_events,
+    list_sandboxes,
+)
 from sandpod.exec_args import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, Command, cwd_and_command
 from sandpod.exec_args import NO_DEADLINE as NO_DEADLINE  # noqa: PLC0414 - a re-export
 from sandpod.exec_args import REPLY_SLACK as REPLY_SLACK  # noqa: PLC0414 - a re-export
@@ -128,10 +135,10 @@ class AsyncSandbox:
         """
         sbx = await cls.connect("default", nats_url=nats_url, prefix=prefix)
         try:
-            info = await create_sandbox(sbx.bus, sbx.subjects, name=name, template=template,
-                                        timeout=timeout, permanent=permanent,
-                                        idle_timeout=idle_timeout, labels=labels, env=env,
-                                        wait=wait)  # fmt: skip
+            obj = create_object(name=name, template=template, timeout=timeout,
+                                permanent=permanent, idle_timeout=idle_timeout, labels=labels,
+                                env=env)  # fmt: skip
+            info = await create_sandbox(sbx.bus, sbx.subjects, obj, wait=wait)
         except BaseException:
             await sbx.close()
             raise

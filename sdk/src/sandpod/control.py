@@ -118,27 +118,16 @@ def create_object(
 
 
 async def create_sandbox(
-    bus: Bus,
-    subjects: Subjects,
-    *,
-    name: str | None,
-    template: str | None,
-    timeout: float | None,
-    permanent: bool,
-    idle_timeout: int | None,
-    labels: Mapping[str, str] | None,
-    env: Mapping[str, str] | None,
-    wait: float,
+    bus: Bus, subjects: Subjects, obj: dict[str, Any], *, wait: float
 ) -> SandboxInfo:
-    """Create a sandbox (arguments as :func:`create_object`) and wait ``wait`` s for it to be Ready.
+    """Create the Sandbox ``obj`` (from :func:`create_object`) and wait ``wait`` s for it to be
+    Ready.
 
     Raises:
         ResourceInvalid: bad arguments or unknown template.
         SandboxError: the sandbox failed to start (the reason is in the message), or no
             lifecycle service answers.
     """
-    obj = create_object(name=name, template=template, timeout=timeout, permanent=permanent,
-                        idle_timeout=idle_timeout, labels=labels, env=env)  # fmt: skip
     reply = await api_call(bus, subjects, "sandboxes", "create",
                            ObjectRequest(object=obj, wait_ready=wait), ObjectReply,
                            timeout=wait + 10)  # fmt: skip

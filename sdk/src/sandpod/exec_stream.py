@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
+from sandpod._iteration import items_then
 from sandpod._watch import watch
 from sandpod.exec_args import CONTROL_TIMEOUT, NO_DEADLINE, Command, split_command
 from sandpod.results import ExitStatus, OutputChunk
@@ -259,18 +260,7 @@ class AsyncExecStream:
     def __aiter__(self) -> AsyncIterator[OutputChunk]:
         """The chunks until the exit; a generator, so leaving the loop early runs its cleanup
         (at once on ``aclose``, else when the loop collects the abandoned generator)."""
-        return self._chunks()
-
-    async def _chunks(self) -> AsyncIterator[OutputChunk]:
-        try:
-            while True:
-                try:
-                    chunk = await self.__anext__()
-                except StopAsyncIteration:
-                    return
-                yield chunk
-        finally:
-            await self._iteration_ended()
+        return items_then(self.__anext__, self._iteration_ended)
 
     async def __anext__(self) -> OutputChunk:
         if self._exit is not None or self._closed:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
+from sandpod._iteration import items_then
 from sandpod._loop import run
 from sandpod._twins import iterate
 from sandpod.fs_types import FileInfo
@@ -120,19 +121,11 @@ class AsyncFileReader:
     def __aiter__(self) -> AsyncIterator[bytes]:
         """The chunks in order; a generator, so leaving the loop early runs its cleanup (at
         once on ``aclose``, else when the loop collects the abandoned generator)."""
-        return self._chunks()
+        return items_then(self.__anext__, self._iteration_ended)
 
-    async def _chunks(self) -> AsyncIterator[bytes]:
-        try:
-            while True:
-                try:
-                    data = await self.__anext__()
-                except StopAsyncIteration:
-                    return
-                yield data
-        finally:
-            if not self._managed:  # no block to close it later: an iteration left is the end
-                await self.aclose()
+    async def _iteration_ended(self) -> None:
+        if not self._managed:  # no block to close it later: an iteration left is the end
+            await self.aclose()
 
     async def __anext__(self) -> bytes:
         while True:

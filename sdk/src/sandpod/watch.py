@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
+from sandpod._iteration import items_then
 from sandpod._loop import run
 from sandpod._twins import iterate
 from sandpod.exec_args import CONTROL_TIMEOUT
@@ -250,19 +251,11 @@ class AsyncWatch:
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
         """The events until the watch ends; a generator, so leaving the loop early runs its
         cleanup (at once on ``aclose``, else when the loop collects the abandoned generator)."""
-        return self._events()
+        return items_then(self.__anext__, self._iteration_ended)
 
-    async def _events(self) -> AsyncIterator[WatchEvent]:
-        try:
-            while True:
-                try:
-                    event = await self.__anext__()
-                except StopAsyncIteration:
-                    return
-                yield event
-        finally:
-            if not self._managed:  # no block to close it later: an iteration left is the end
-                await self.close()
+    async def _iteration_ended(self) -> None:
+        if not self._managed:  # no block to close it later: an iteration left is the end
+            await self.close()
 
     async def __anext__(self) -> WatchEvent:
         while not self._buffer:
