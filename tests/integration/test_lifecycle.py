@@ -20,6 +20,7 @@ import pytest
 from conftest import NatsServer
 from sandpod import AsyncSandbox
 from sandpod.errors import ResourceInvalid, SandboxNotFound, SandpodError
+from sandpod.supervisor import PlatformConfig
 from sandpod_contract.messages.sandboxes import SandboxEvent
 
 DESTROY_JAIL = """
@@ -358,3 +359,38 @@ async def test_a_long_command_or_quiet_stream_is_not_idleness(
         assert out == b"streamed\n"
         assert (await sbx.describe()).phase == "Running"
         await _until(lambda: _gone(lc, sbx.id), 15, "idle expiry once nothing runs")
+
+
+async def test_destroy_on_exit_needs_no_nats(tmp_path: Path) -> None:
+    """With SANDPOD_DESTROY_ON_EXIT (what `sandpod up` sets), a lifecycle told to stop after
+    nats-server died (Ctrl-C reaches both at once) still takes every jail down within the grace
+    `sandpod up` gives it before SIGKILL: tearing a jail down asks nothing over NATS."""
+    if os.geteuid() != 0:
+        pytest.skip("the local runtime needs root (run the suite as root, as CI does)")
+    nats = NatsServer(tmp_path / "nats")
+    nats.start()
+    lc = Lifecycle(nats, tmp_path, f"t{uuid.uuid4().hex[:8]}", "r0", SANDPOD_RUNTIME="local",
+                   SANDPOD_DESTROY_ON_EXIT="true")  # fmt: skip
+    try:
+        await _ready_api(lc)
+        sbx = await AsyncSandbox.create(name="leftover", nats_url=lc.url, prefix=lc.prefix)
+        assert (await sbx.exec("true")).exit_code == 0
+        await sbx.close()
+        jail = json.loads((tmp_path / "jails" / "leftover" / "jail.json").read_text())
+        holder = psutil.Process(jail["holder_pid"])
+        nats.stop()
+        lc.proc.send_signal(signal.SIGTERM)
+        gone, _ = psutil.wait_procs([holder], timeout=PlatformConfig.grace)
+        assert gone, f"the jail's holder outlived lifecycle's grace ({PlatformConfig.grace}s)"
+    finally:
+        lc.proc.kill()
+        lc.proc.wait(10)
+        nats.stop()
+        for pid in lc.execd_pids().values():
+            os.kill(pid, signal.SIGKILL)
+        for jail_file in (tmp_path / "jails").glob("*/jail.json"):
+            subprocess.run(
+                [sys.executable, "-c", DESTROY_JAIL, str(tmp_path / "jails"), jail_file.parent.name,
+                 f"sandpod-{lc.prefix}"],
+                check=False, timeout=60,
+            )  # fmt: skip

@@ -187,11 +187,15 @@ class LifecycleService:
         await self.supervisor.close(0.1)  # the reconciler loops forever: cancel it
         if self.settings.destroy_on_exit and self.reconciler is not None:
             driver = self.reconciler.driver
-            for sandbox_id in await driver.list():
+            sandbox_ids = await driver.list()
+            if self._node is not None:
+                # The node's execd goes first, by signal: releasing each sandbox from it is a
+                # NATS request, and on Ctrl-C nats-server may already be gone (the request would
+                # wait out its timeout, and `sandpod up` kill us with the jails still up).
+                await self._node.shutdown()
+            for sandbox_id in sandbox_ids:
                 log.info("instance_destroyed_at_exit", sandbox=sandbox_id)
                 await driver.destroy(sandbox_id)
-            if self._node is not None:
-                await self._node.shutdown()
         if self._leases is not None:
             await self._leases.release_all()
         for close in reversed(self._closers):
