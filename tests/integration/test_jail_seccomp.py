@@ -285,9 +285,8 @@ async def test_a_template_that_allows_nested_user_namespaces_gets_them(
     out = await ok(st, "unshare -Urnm sh -c 'mount -t tmpfs x /mnt && id -u && echo mounted'")
     assert out == "0\nmounted\n"
     refused = _probe(await ok(st, ["python3", "-c", PROBE]))
-    assert {k: refused[k] for k in ("keyctl", "add_key", "io_uring_setup", "bpf", "vsock")} == {
-        k: EPERM for k in ("keyctl", "add_key", "io_uring_setup", "bpf", "vsock")
-    }
+    still = ("keyctl", "add_key", "io_uring_setup", "bpf", "vsock")
+    assert {k: refused[k] for k in still} == dict.fromkeys(still, EPERM), refused
     free = await make(seccomp="unconfined")  # type: ignore[operator]
     assert free.protections["seccomp"] == seccomp.UNCONFINED
     assert await ok(free, SECCOMP_LINE) == "Seccomp:\t0\n"
