@@ -60,7 +60,8 @@ class LocalDriver:
 
     def _instance(self, sandbox_id: str, status: InstanceStatus) -> Instance:
         return Instance(sandbox_id, running=status.running, paused=status.paused,
-                        pid=self._launcher.pid(sandbox_id), detail=status.detail)  # fmt: skip
+                        pid=self._launcher.pid(sandbox_id), detail=status.detail,
+                        protections=dict(status.protections) or None)  # fmt: skip
 
     async def ensure(
         self,
