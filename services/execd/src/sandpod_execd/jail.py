@@ -144,6 +144,8 @@ def _start_time(pid: int) -> int | None:
 class Jail:
     """One sandbox's jail, loaded from the driver's jail file."""
 
+    seccomp = "default"  # the filter mode of its commands (the jail file's "seccomp")
+
     def __init__(self, data: Mapping[str, Any], sandbox_id: str) -> None:
         if data.get("version") != JAIL_VERSION or data.get("sandbox_id") != sandbox_id:
             raise ValueError(f"not a version-{JAIL_VERSION} jail file for sandbox {sandbox_id!r}")
