@@ -19,11 +19,12 @@ $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.t
 	$(UV) sync --all-packages --locked
 	@touch $@
 
-$(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c services/execd/native/seccomp_gen.c $(BIN)/sandpod
+$(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c services/execd/native/seccomp_gen.c $(wildcard /usr/include/seccomp.h) $(BIN)/sandpod
 	@# The local runtime's one-step jail entry; without a C compiler execd falls back to sh+nsenter.
 	@# Static when libc.a exists: no dynamic loading at every command's entry (~0.2 ms, measured).
 	@# The seccomp filters are compiled here with libseccomp (libseccomp-dev) into a header the
-	@# helper embeds; without libseccomp the helper loads none and the jails report it degraded.
+	@# helper embeds; without libseccomp the helper loads none and the jails report it degraded
+	@# (installing libseccomp-dev later makes the next make install rebuild it: seccomp.h is a prerequisite).
 	@mkdir -p $(VENV)/build/seccomp && rm -f $(VENV)/build/seccomp/seccomp_bpf.h
 	@if ! command -v $(CC) >/dev/null 2>&1; then echo "note: no C compiler: the jail uses the slower sh + nsenter entry, without seccomp"; \
 	else if $(CC) -O2 -Wall -Wextra -o $(VENV)/build/seccomp/gen services/execd/native/seccomp_gen.c -lseccomp 2>/dev/null && \

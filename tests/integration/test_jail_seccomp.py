@@ -308,3 +308,16 @@ def test_the_template_loosens_only_with_valid_explicit_fields() -> None:
             parse({"security": bad})
     assert seccomp.protection(os.getpid(), "default", None) == seccomp.NO_HELPER
     assert seccomp.protection(os.getpid(), "default", "/x") == seccomp.NO_FILTER  # we: Seccomp 0
+
+
+async def test_without_the_helper_the_jail_says_it_is_unfiltered(
+    make: Make,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No sandpod-jail-exec (no C compiler at install): the holder waits unfiltered, and the
+    seccomp protection says so and what to do, instead of claiming it."""
+    monkeypatch.setattr(seccomp, "helper", lambda: None)
+    st = await make()  # type: ignore[operator]
+    assert st.protections["seccomp"] == seccomp.NO_HELPER and "seccomp" in st.degraded
+    assert st.holder_pid is not None
+    assert "\nSeccomp:\t0\n" in Path(f"/proc/{st.holder_pid}/status").read_text()
