@@ -15,8 +15,9 @@
  *   - clone with a CLONE_NEW* flag and every personality but the harmless ones fail with
  *     EPERM; clone3 fails with ENOSYS (its flags live in memory a filter cannot read, so libc
  *     must fall back to clone, which is filtered);
- *   - numbers libseccomp does not know (system calls newer than it) fail with ENOSYS, as on an
- *     older kernel, so libc's fallbacks work; a few newer harmless ones are allowed by number.
+ *   - numbers above every one libseccomp knows (system calls newer than it) fail with ENOSYS, as
+ *     on an older kernel, so libc's fallbacks work (a prologue before libseccomp's program);
+ *     a few newer harmless ones are allowed by number; unused numbers below fail with EPERM.
  * Mode "nested" (a template's allowNestedUserNamespaces) also allows creating and entering
  * namespaces and mounting in them: unshare, setns, clone(3) with any flags, the mount family.
  */
@@ -91,21 +92,20 @@ static void add(scmp_filter_ctx ctx, uint32_t action, int nr, unsigned n, struct
     if (rc != 0) die("seccomp_rule_add", rc);
 }
 
+static int last_known; /* the highest native number libseccomp can name */
+
 static scmp_filter_ctx build(int nested) {
     scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ERRNO(EPERM));
     if (!ctx) die("seccomp_init", -ENOMEM);
     int rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
     if (rc == 0) rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2); /* binary tree */
     if (rc != 0) die("seccomp_attr_set", rc);
+    for (size_t k = 0; k < sizeof NEWER_ALLOWED / sizeof *NEWER_ALLOWED; k++)
+        add(ctx, SCMP_ACT_ALLOW, NEWER_ALLOWED[k], 0, NULL);
     for (int nr = 0; nr < MAX_NR; nr++) {
         char *name = seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, nr);
-        if (!name) {
-            int newer = 0;
-            for (size_t k = 0; k < sizeof NEWER_ALLOWED / sizeof *NEWER_ALLOWED; k++)
-                newer |= NEWER_ALLOWED[k] == nr;
-            add(ctx, newer ? SCMP_ACT_ALLOW : SCMP_ACT_ERRNO(ENOSYS), nr, 0, NULL);
-            continue;
-        }
+        if (!name) continue; /* unused below last_known: EPERM; above: ENOSYS (prologue) */
+        last_known = nr;
         int deny = listed(DENIED, name) || listed(BY_ARGUMENT, name) ||
                    (!nested && listed(NAMESPACES, name));
         if (!deny) add(ctx, SCMP_ACT_ALLOW, nr, 0, NULL);
@@ -142,16 +142,29 @@ static void emit(const char *name, int nested) {
     off_t size = lseek(fd, 0, SEEK_CUR);
     unsigned char *buf = malloc((size_t)size);
     if (!buf || pread(fd, buf, (size_t)size, 0) != size) die("read back", -EIO);
+    /* The prologue: a foreign ABI is killed (libseccomp checks it too, further on), and a
+     * number above every one libseccomp knows fails with ENOSYS unless NEWER_ALLOWED names it:
+     * one comparison instead of a rule per unknown number (a smaller program loads faster). */
+    const size_t nnew = sizeof NEWER_ALLOWED / sizeof *NEWER_ALLOWED;
+    const unsigned main_at = 8 + (unsigned)nnew;
     printf("static const struct sock_filter %s[] = {\n", name);
-    for (off_t i = 0; i + 8 <= size; i += 8) {
+    printf("    {0x0020, 0, 0, 0x00000004},\n");                     /* 0: A = arch */
+    printf("    {0x0015, 1, 0, 0x%08x},\n", seccomp_arch_native()); /* 1: native? skip 1 */
+    printf("    {0x0006, 0, 0, 0x%08x},\n", SCMP_ACT_KILL_PROCESS); /* 2: kill */
+    printf("    {0x0020, 0, 0, 0x00000000},\n");                     /* 3: A = nr */
+    printf("    {0x0035, 0, 1, 0x40000000},\n");                     /* 4: x32 bit? */
+    printf("    {0x0006, 0, 0, 0x%08x},\n", SCMP_ACT_KILL_PROCESS); /* 5: kill */
+    printf("    {0x0025, 0, %u, 0x%08x},\n", main_at - 7, (unsigned)last_known); /* 6: > known? */
+    for (size_t k = 0; k < nnew; k++)                                  /* 7..: newer allowed */
+        printf("    {0x0015, %u, 0, 0x%08x},\n", (unsigned)(main_at - (7 + k) - 1),
+               (unsigned)NEWER_ALLOWED[k]);
+    printf("    {0x0006, 0, 0, 0x%08x},\n", SCMP_ACT_ERRNO(ENOSYS)); /* unknown: ENOSYS */
+    for (off_t i = 0; i + 8 <= size; i += 8) {                       /* libseccomp's */
         unsigned short code;
-        unsigned char jt, jf;
         unsigned int k;
         memcpy(&code, buf + i, 2);
-        jt = buf[i + 2];
-        jf = buf[i + 3];
         memcpy(&k, buf + i + 4, 4);
-        printf("    {0x%04x, %u, %u, 0x%08x},\n", code, jt, jf, k);
+        printf("    {0x%04x, %u, %u, 0x%08x},\n", code, buf[i + 2], buf[i + 3], k);
     }
     printf("};\n");
     free(buf);
