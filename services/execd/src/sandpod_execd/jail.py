@@ -55,6 +55,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from sandpod_contract.errors import CommandNotFound, InvalidCwd, SandboxUnavailable, SpawnFailed
 from sandpod_execd.cgstats import CgroupDirs
 from sandpod_execd.files.rooted import Root, jail_root
@@ -62,6 +64,8 @@ from sandpod_execd.process import Command
 from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["Jail"]
+
+log = structlog.get_logger("sandpod.execd.jail")
 
 JAIL_VERSION = 1
 WORKSPACE = "/workspace"
@@ -87,6 +91,7 @@ shift
 exec "$@"
 """
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECCOMP_MODES = ("default", "nested", "unconfined")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -114,7 +119,14 @@ def _fast_entry() -> str | None:
     beside = Path(sys.executable).parent / "sandpod-jail-exec"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
-    return shutil.which("sandpod-jail-exec")
+    found = shutil.which("sandpod-jail-exec")
+    if found is None:
+        log.warning(
+            "jail_entry_degraded",
+            reason="sandpod-jail-exec is not built: commands enter the jail through sh + "
+            "nsenter WITHOUT a seccomp filter; install gcc and libseccomp-dev, then make install",
+        )
+    return found
 
 
 def _no_new_privs() -> None:
@@ -132,6 +144,8 @@ def _start_time(pid: int) -> int | None:
 class Jail:
     """One sandbox's jail, loaded from the driver's jail file."""
 
+    seccomp = "default"  # the filter mode of its commands (the jail file's "seccomp")
+
     def __init__(self, data: Mapping[str, Any], sandbox_id: str) -> None:
         if data.get("version") != JAIL_VERSION or data.get("sandbox_id") != sandbox_id:
             raise ValueError(f"not a version-{JAIL_VERSION} jail file for sandbox {sandbox_id!r}")
@@ -142,6 +156,10 @@ class Jail:
         self.holder_start: int = data["holder_start"]
         self.uid, self.gid = int(data["uid"]), int(data["gid"])
         self.userns = bool(data.get("userns", False))
+        # The seccomp filter every command gets (absent: the default one; see jail_exec.c).
+        self.seccomp = str(data.get("seccomp", "default"))
+        if self.seccomp not in SECCOMP_MODES:
+            raise ValueError(f"sandbox {sandbox_id!r}: unknown seccomp mode {self.seccomp!r}")
         self.join = tuple(str(d) for d in data["join"])
         self.track: str | None = None if data["track"] is None else str(data["track"])
         self.workspace = Path(data["workspace"]["outside"])
@@ -329,10 +347,11 @@ class Jail:
         # others) and the pid namespace too, by a fork in the entry step (see around_fork).
         if helper is not None:  # one small exec instead of sh -> nsenter -> sh
             launch: tuple[str, ...] = (
-                helper, *(["--userns"] if self.userns else []), *joins,
+                helper, f"--seccomp={self.seccomp}", *(["--userns"] if self.userns else []),
+                *joins,
                 "--", str(self.holder), inside, str(self.uid), str(self.gid), "--", *argv,
             )  # fmt: skip
-        else:
+        else:  # no filter on this path: the Sandbox's Isolated condition says so (see _fast_entry)
             spaces = ("-U", "--preserve-credentials", "-p") if self.userns else ("-F",)
             launch = (
             self._sh, "-c", JOIN, "sandpod-jail", *joins, "--",
