@@ -19,7 +19,13 @@ from typing import Any, Self
 
 from sandpod._loop import run
 from sandpod._twins import twin
-from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
+from sandpod.config import (
+    resolve_inbox_prefix,
+    resolve_nats_creds,
+    resolve_nats_url,
+    resolve_prefix,
+    resolve_tenant,
+)
 from sandpod.control import api_call
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.errors import SandboxError
@@ -168,12 +174,13 @@ class AsyncPools:
         namespace: str = "default", bus: Bus | None = None,
     ) -> AsyncPools:  # fmt: skip
         """Connect (or share ``bus``). Raises ConnectionLost: NATS is unreachable."""
-        subjects = Subjects(resolve_prefix(prefix))
+        subjects = Subjects(resolve_prefix(prefix), tenant=resolve_tenant())
         if bus is not None:
             return cls(bus, subjects, owns_bus=False, namespace=namespace)
         settings = BusSettings(
-            url=resolve_nats_url(nats_url), name="sandpod-sdk:pools", creds=resolve_nats_creds()
-        )
+            url=resolve_nats_url(nats_url), name="sandpod-sdk:pools", creds=resolve_nats_creds(),
+            inbox_prefix=resolve_inbox_prefix(),
+        )  # fmt: skip
         return cls(await Bus.connect(settings), subjects, owns_bus=True, namespace=namespace)
 
     async def _call(self, kind: str, verb: str, msg: Any, reply: type[Any]) -> Any:

@@ -58,12 +58,20 @@ class DataSubject(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Subjects:
-    """Subject builders for one installation (one prefix)."""
+    """Subject builders for one installation (one prefix).
+
+    ``tenant``: a client acting as that tenant (with a tenant credential): its control-plane
+    requests (:meth:`api`) go on the tenant's own subjects (:meth:`api_tenant`), the only ones
+    its credential may publish to. Services leave it None.
+    """
 
     prefix: str = DEFAULT_PREFIX
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         _validate_prefix(self.prefix)
+        if self.tenant is not None and not TOKEN_RE.fullmatch(self.tenant):
+            raise ValueError(f"invalid tenant {self.tenant!r}")
 
     # -- data plane ----------------------------------------------------------------------------
 
@@ -98,7 +106,10 @@ class Subjects:
     # -- control plane and events --------------------------------------------------------------
 
     def api(self, kind: str, verb: str) -> str:
-        """Control-plane request subject, e.g. ``sandpod.api.sandboxes.create``."""
+        """Control-plane request subject, e.g. ``sandpod.api.sandboxes.create`` (the tenant's,
+        ``sandpod.api.t.<tenant>.sandboxes.create``, when this client acts as a tenant)."""
+        if self.tenant is not None:
+            return self.api_tenant(self.tenant, kind, verb)
         for token in (kind, verb):
             if not TOKEN_RE.fullmatch(token):
                 raise ValueError(f"invalid subject token {token!r}")

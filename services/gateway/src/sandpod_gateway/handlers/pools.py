@@ -80,9 +80,7 @@ async def _api(request: Request, kind: str, verb: str, msg: Any, reply: type[Any
                timeout: float | None = None) -> Any:  # fmt: skip
     tenant = principal(request).scope.tenant
     try:
-        return await context(request).upstream.api(
-            kind, verb, msg, reply, timeout, tenant=tenant
-        )
+        return await context(request).upstream.api(kind, verb, msg, reply, timeout, tenant=tenant)
     except SandboxUnavailable:
         raise SandboxUnavailable("the pool service is not answering; retry shortly") from None
 
