@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -288,3 +291,43 @@ async def test_the_gateway_mints_a_tenant_credential_for_the_api_key(
         for service, gw_bus in started:
             await service.stop(2.0)
             await gw_bus.drain()
+
+
+async def test_the_cli_mints_a_tenant_credential_on_the_host(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """``sandpod creds nats --tenant beta --out FILE`` (the administrator, with the host's
+    credential and the account seed): a 0600 creds file and the environment to use it, which
+    reaches beta's sandbox and nothing of acme's."""
+    seed = tmp_path / "account.seed"
+    seed.write_text(platform.op.account_seed)
+    out = tmp_path / "beta.creds"
+    env = {**os.environ, "SANDPOD_NATS_URL": platform.op.url, "SANDPOD_PREFIX": platform.prefix,
+           "SANDPOD_NATS_CREDS": str(platform.service_creds)}  # fmt: skip
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "sandpod", "creds", "nats", "--tenant", "beta", "--seed-file",
+         str(seed), "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    printed = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    assert printed["SANDPOD_NATS_CREDS"] == str(out) and printed["SANDPOD_TENANT"] == "beta"
+    assert out.stat().st_mode & 0o777 == 0o600
+    perms = decode_jwt(creds_jwt(out.read_text()))["nats"]
+    s = Subjects(platform.prefix)
+    assert sorted(perms["pub"]["allow"]) == [s.api_tenant_all("beta"), s.sandbox_all("beta--b1")]
+    sbx = await AsyncSandbox.connect(
+        "beta--b1", nats_url=platform.op.url, prefix=platform.prefix, nats_creds=str(out),
+        tenant="beta", inbox_prefix=printed["SANDPOD_NATS_INBOX_PREFIX"],
+    )  # fmt: skip
+    try:
+        assert (await sbx.exec(["echo", "cli"])).stdout == "cli\n"
+    finally:
+        await sbx.close()
+    bad = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "sandpod", "creds", "nats", "--tenant", "beta"],
+        env={k: v for k, v in env.items() if k != "SANDPOD_NATS_ACCOUNT_SEED_FILE"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 125 and "--seed-file" in bad.stderr
