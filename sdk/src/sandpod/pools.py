@@ -37,6 +37,7 @@ from sandpod_contract.messages.sandboxes import (
     Ref,
     Selection,
 )
+from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.resources import API_VERSION
 from sandpod_contract.subjects import Subjects
 
@@ -113,7 +114,9 @@ def claim_object(
     *, pool: str | None, template: str | None, name: str | None, timeout: float | None,
     idle_timeout: int | None, labels: Mapping[str, str] | None, env: Mapping[str, str] | None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The SandboxClaim object for a claim request."""
+    """The SandboxClaim object for a claim request. Raises BadRequest for a reserved
+    (``sandpod.dev/``) label, as the pool service would."""
+    refuse_reserved({"spec": {"labels": dict(labels or {})}}, spec_labels=True)
     spec: dict[str, Any] = {}
     if pool:
         spec["poolRef"] = {"name": pool}
