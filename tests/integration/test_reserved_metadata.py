@@ -11,6 +11,9 @@ binds A's own member, A's env reaches only it, and B's sandboxes never see it.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -190,6 +193,18 @@ async def test_the_nats_api_refuses_reserved_keys_and_owner_references(
     made = decode_reply(ObjectReply, data).object
     assert made["metadata"]["name"] == "beta--fine"
     assert made["metadata"]["labels"] == {"team": "x", TENANT_LABEL: "beta"}
+    # the CLI: the same refusal, a typed error and exit 125, nothing created
+    env = {**os.environ, "SANDPOD_NATS_URL": bus.settings.url, "SANDPOD_PREFIX": pool_service}
+    for argv in (["create", "--name", "cli-evil", "-l", f"{POOL_LABEL}=acme--py"],
+                 ["claim", "py", "-l", f"{POOL_LABEL}=acme--py"]):  # fmt: skip
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "sandpod", *argv], env=env,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 125 and POOL_LABEL in done.stderr, done.stderr
+        assert "bad_request" in done.stderr
+    listed = await api_call(bus, subjects, "sandboxes", "list", Selection(), ObjectsReply)
+    assert "cli-evil" not in {i["metadata"]["name"] for i in listed.items}
 
 
 def _encode(obj: dict[str, Any]) -> bytes:
