@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -287,6 +288,23 @@ async def test_the_gateway_mints_a_tenant_credential_for_the_api_key(
             assert (await sbx.exec(["echo", "via-gateway"])).stdout == "via-gateway\n"
         finally:
             await sbx.close()
+        # the tenant's CLI asks the same endpoint with its API key
+        env = {**os.environ, "SANDPOD_API_KEY": key}
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "sandpod", "creds", "nats", "--gateway", minting.url],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        via_cli = json.loads(done.stdout)
+        assert via_cli["tenant"] == "acme" and via_cli["sandboxes"] == body["sandboxes"]
+        env["SANDPOD_API_KEY"] = "spk_nope_nope"
+        refused = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "sandpod", "creds", "nats", "--gateway", minting.url],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert refused.returncode == 125 and "401" in refused.stderr, refused.stderr
     finally:
         for service, gw_bus in started:
             await service.stop(2.0)
