@@ -234,7 +234,10 @@ def _fresh_target(sbx: SandboxContext, target: str) -> str:
     """The path to clone into, as git in the sandbox sees it; checked (from the host, resolved
     in the sandbox's root: see ``files.rooted``) to be absent or an empty directory."""
     host = sbx.jail.inside(target) if sbx.jail is not None else sbx.resolve_cwd(target)
-    if not _absent_or_empty(sbx.fs_root, host):
+    root = sbx.fs_root
+    with root.acting():  # the sandbox user's view: what it cannot see, git could not use
+        fresh = _absent_or_empty(root, host)
+    if not fresh:
         shown = client_path(sbx.workspace, host)
         raise FsAlreadyExists(f"{shown!r} exists and is not an empty directory", path=shown)
     return sbx.command_path(target)
