@@ -22,9 +22,13 @@ back to 0 restores them), so every permission check the kernel makes for ``opena
 The switch is checked (``setfsuid``/``setfsgid`` report the value in force) and fails closed:
 :class:`IdentityError` (an ``OSError`` with ``EPERM``, so handlers report ``fs.permission_denied``)
 instead of running the operation as root. Blocks nest: an inner block for the same identity is a
-no-op. Where execd cannot switch (it is not root: rootless mode, where its uid already is the
-sandbox's uid in the user namespace) or need not (the process runtime: the sandbox runs as execd's
-own uid) there is no identity and :func:`acting` does nothing.
+no-op, one for another identity is refused. The fs workers *keep* the identity between blocks
+(``keep=True``): an execd serves one sandbox (or a few), so the hot path usually switches
+nothing; the event loop's thread always gets execd's own identity back.
+
+Where execd cannot switch (it is not root: rootless mode, where its uid already is the sandbox's
+uid in the user namespace) or need not (the process runtime: the sandbox runs as execd's own uid)
+there is no identity: ``acting(None)`` only makes sure the thread has execd's own.
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ class IdentityError(PermissionError):
 
 
 class _State(threading.local):
-    current: Identity | None = None
+    current: Identity | None = None  # the credentials this thread has now (None: execd's own)
+    depth = 0  # acting() blocks this thread is inside
 
 
 _state = _State()
@@ -113,48 +118,57 @@ def _setfs(which: int, value: int) -> None:
         raise _fail("setfsuid" if which == 1 else "setfsgid")
 
 
-def _apply(ident: Identity) -> None:
-    # Groups and gid first, while the fs uid (and so CAP_* of the fs set) is still execd's.
-    _setgroups(ident.groups)
-    _setfs(2, ident.gid)
-    _setfs(1, ident.uid)
-
-
-@functools.cache
-def _own() -> Identity:
-    """execd's own identity, as every thread starts with it."""
-    return Identity(os.geteuid(), os.getegid(), tuple(os.getgroups()))
+# execd's own identity, as every thread starts with it (read at import, before any switch).
+_OWN = Identity(os.geteuid(), os.getegid(), tuple(os.getgroups()))
 
 
 @contextlib.contextmanager
-def acting(ident: Identity | None) -> Iterator[None]:
-    """Run the block with this thread's filesystem identity ``ident`` (None: unchanged).
+def acting(ident: Identity | None, *, keep: bool = False) -> Iterator[None]:
+    """Run the block with this thread's filesystem identity ``ident`` (None: execd's own).
+
+    ``keep``: leave the thread with ``ident`` after the block (for workers that only ever do
+    file work for sandboxes: the next block for the same sandbox then costs no system call;
+    one for another identity, or for None, switches). Without it a block that switched gives
+    the thread execd's own identity back (the event loop's thread, which also spawns processes);
+    one that found the thread already acting as ``ident`` leaves it so.
 
     Raises:
         IdentityError: the switch did not take (the block does not run), or switching back
-            failed (the thread keeps the sandbox's identity, never more).
+            failed (the thread keeps the sandbox's identity, never more); or a block for another
+            identity is open on this thread (identities never mix).
     """
-    if ident is None or _state.current == ident:
-        yield
-        return
-    if _state.current is not None:
-        raise _fail("already acting as another sandbox's user")
-    own = _own()
-    try:
-        _apply(ident)
-    except BaseException:
-        _restore(own)
-        raise
-    _state.current = ident
+    switched = _state.current != ident
+    if switched:
+        if _state.depth:
+            raise _fail("already acting as another sandbox's user")
+        _switch(ident)
+    _state.depth += 1
     try:
         yield
     finally:
-        _restore(own)
+        _state.depth -= 1
+        if switched and not keep and _state.current is not None:
+            _switch(None)
 
 
-def _restore(own: Identity) -> None:
-    # The uid first: setting it back to 0 restores the fs capabilities the others need.
-    _setfs(1, own.uid)
-    _setfs(2, own.gid)
-    _setgroups(own.groups)
-    _state.current = None
+def _switch(ident: Identity | None) -> None:
+    """Give this thread ``ident``'s credentials (None: execd's own), from whatever it has."""
+    if ident is None:
+        # The uid first: setting it back to 0 restores the fs capabilities the others need.
+        _setfs(1, _OWN.uid)
+        _setfs(2, _OWN.gid)
+        _setgroups(_OWN.groups)
+        _state.current = None
+        return
+    if _state.current is not None:
+        _switch(None)  # from another sandbox's identity: through execd's own
+    try:
+        # Groups and gid first, while the fs uid (and so CAP_* of the fs set) is still execd's.
+        _setgroups(ident.groups)
+        _setfs(2, ident.gid)
+        _setfs(1, ident.uid)
+    except BaseException:
+        _state.current = ident  # partly switched: whatever undoes it must run
+        _switch(None)
+        raise
+    _state.current = ident

@@ -182,11 +182,12 @@ class Root:
         self.fd = os.open(host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.usable = not jailed or openat2_available()
 
-    def acting(self) -> contextlib.AbstractContextManager[None]:
+    def acting(self, *, keep: bool = False) -> contextlib.AbstractContextManager[None]:
         """A block in which the calling thread reaches files with the sandbox user's rights
-        (see :func:`~sandpod_execd.files.identity.acting`). Never spawn threads or processes
-        inside one: they would inherit the identity."""
-        return acting(self.identity)
+        (see :func:`~sandpod_execd.files.identity.acting`; ``keep``: the thread keeps them
+        after, for fs workers). Never spawn threads or processes inside one, nor on a thread
+        that keeps an identity: they would inherit it."""
+        return acting(self.identity, keep=keep)
 
     def close(self) -> None:
         """Close the root's descriptor. Only when nothing can use it any more: a request on

@@ -142,7 +142,7 @@ class FsHandlers:
         loop = asyncio.get_running_loop()
 
         def as_user() -> T:
-            with paths.root.acting():
+            with paths.root.acting(keep=True):  # these workers only ever do sandboxes' fs work
                 return fn()
 
         try:
