@@ -11,7 +11,7 @@
  *   1. write 0 to each cgroup file named (`tasks` on v1: see cgroup_join_file in sandpod_service;
  *      `cgroup.procs` on v2), joining the command's cgroups before anything runs;
  *   2. enter the holder's cgroup, ipc, uts, net and mount namespaces and its root;
- *   3. chdir CWD (inside), drop supplementary groups, setgid GID, setuid UID;
+ *   3. drop supplementary groups, setgid GID, setuid UID, then chdir CWD (inside, as the user);
  *   4. replace the environment by the SANDPOD_JAIL_ENV_<i>=NAME=VALUE variables, unwrapped
  *      (the root steps never see the command's environment as such: no LD_PRELOAD as root);
  *   5. load the seccomp filter of MODE (below), then execvp COMMAND (PATH from the unwrapped
@@ -162,9 +162,10 @@ int main(int argc, char **argv) {
     for (int k = first; k < 7; k++)
         if (setns(fds[k], types[k]) != 0) return fail("setns", spaces[k]);
     if (fchdir(root) != 0 || chroot(".") != 0) return fail("chroot", "holder root");
-    if (chdir(cwd) != 0) return fail("chdir", cwd);
     if ((!userns && setgroups(0, NULL) != 0) || setgid(gid) != 0 || setuid(uid) != 0)
         return fail("drop privileges to", argv[i + 3]);
+    /* As the sandbox's user: a cwd it may not enter is refused, never entered as root. */
+    if (chdir(cwd) != 0) return fail("chdir", cwd);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail("no_new_privs", NULL);
     if (userns) {
         if (load_seccomp(seccomp) != 0) return fail("seccomp filter", seccomp);

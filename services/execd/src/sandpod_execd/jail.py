@@ -59,6 +59,7 @@ import structlog
 
 from sandpod_contract.errors import CommandNotFound, InvalidCwd, SandboxUnavailable, SpawnFailed
 from sandpod_execd.cgstats import CgroupDirs
+from sandpod_execd.files.identity import Identity, switch_supported
 from sandpod_execd.files.rooted import Root, jail_root
 from sandpod_execd.process import Command
 from sandpod_service.procs import cgroup_join_file
@@ -215,6 +216,16 @@ class Jail:
         sandbox's (rootless, our host uid is the sandbox's uid inside)."""
         return None if self.userns else (self.uid, self.gid)
 
+    @functools.cached_property
+    def identity(self) -> Identity | None:
+        """Whose rights execd uses on the jail's files: its user's (uid, gid and no supplementary
+        group, as its commands run). None where execd needs no switch, or cannot make one:
+        rootless (our uid already is the sandbox's user inside the user namespace) or a sandbox
+        that runs as root."""
+        if self.userns or self.uid == 0 or not switch_supported():
+            return None
+        return Identity(self.uid, self.gid, ())
+
     # -- paths ---------------------------------------------------------------------------------
 
     def inside(self, cwd: str | None) -> str:
@@ -288,8 +299,11 @@ class Jail:
         if fd is None:
             return False
         try:
-            # /proc/self/fd/N names the object resolved above and nothing else.
-            return stat.S_ISREG(os.fstat(fd).st_mode) and os.access(f"/proc/self/fd/{fd}", os.X_OK)
+            # /proc/self/fd/N names the object resolved above and nothing else; effective ids:
+            # the fs identity in force (the sandbox user's inside Root.acting), not the real uid.
+            return stat.S_ISREG(os.fstat(fd).st_mode) and os.access(
+                f"/proc/self/fd/{fd}", os.X_OK, effective_ids=True
+            )
         finally:
             os.close(fd)
 
@@ -299,6 +313,17 @@ class Jail:
         if fd is not None:
             os.close(fd)
         return fd is not None
+
+    def can_enter(self, path: str) -> bool:
+        """Whether ``path`` (absolute, in the jail) is a directory the sandbox's user may enter
+        (call inside ``fs_root.acting()`` for the user's rights)."""
+        fd = self._open_inside(path, os.O_PATH | os.O_DIRECTORY)
+        if fd is None:
+            return False
+        try:
+            return os.access(f"/proc/self/fd/{fd}", os.X_OK, effective_ids=True)
+        finally:
+            os.close(fd)
 
     def _find_program(self, program: str, cwd: str, path_env: str) -> bool:
         if "/" in program:
@@ -331,14 +356,23 @@ class Jail:
                 program=argv[0] if argv else "",
             )
         inside = cwd  # resolved by the kernel in the jail's root, by the check and the chdir
-        if not self.is_dir(inside):
-            raise InvalidCwd(f"working directory {inside!r} does not exist", cwd=inside)
         program = argv[0] if argv else ""
-        if (
-            not program
-            or "=" in program
-            or not self._find_program(program, inside, env.get("PATH", HOST_PATH))
-        ):
+        # Checked with the sandbox user's rights (the launcher enters cwd before it drops root).
+        with self.fs_root.acting():
+            if not self.is_dir(inside):
+                raise InvalidCwd(f"working directory {inside!r} does not exist", cwd=inside)
+            if not self.can_enter(inside):
+                raise InvalidCwd(
+                    f"working directory {inside!r}: permission denied to the sandbox's user "
+                    f"(uid {self.uid}); choose a directory it may enter",
+                    cwd=inside,
+                )
+            found = (
+                bool(program)
+                and "=" not in program
+                and self._find_program(program, inside, env.get("PATH", HOST_PATH))
+            )
+        if not found:
             raise CommandNotFound(f"{program!r}: command not found", program=program)
         own = self._command_cgroup() if self.track is not None else None
         joins = [cgroup_join_file(d) for d in (*([own] if own else []), *self.join)]
