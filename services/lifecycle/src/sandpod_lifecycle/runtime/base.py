@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 MiB = 1024 * 1024
+SHM_FRACTION = 4  # /dev/shm may hold this fraction of the memory limit (see Resources)
 ACTIVE = "active"  # the one value of ``protections`` that means "in force"
 
 
@@ -93,8 +94,11 @@ class DestroyFailed(RuntimeFailure):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Resources:
-    """Limits of one instance. ``tmp_bytes`` sizes the private ``/tmp`` and ``/dev/shm`` (tmpfs,
-    charged to the instance's memory); None means ``memory_bytes``."""
+    """Limits of one instance. ``tmp_bytes`` sizes the private ``/tmp`` (tmpfs, charged to the
+    instance's memory); None means ``memory_bytes``. ``/dev/shm`` (tmpfs, charged to the
+    instance's memory too) is a quarter of ``memory_bytes`` at most (:attr:`shm_bytes`): what a
+    sandbox parks there stays charged with no process to kill for it, so a full ``/dev/shm``
+    must still leave its processes room to run."""
 
     memory_bytes: int = 512 * MiB
     cpu_millicores: int = 1000
@@ -110,6 +114,11 @@ class Resources:
             raise ValueError(f"pids must be at least 8, got {self.pids}")
         if self.tmp_bytes is not None and self.tmp_bytes < MiB:
             raise ValueError(f"tmp_bytes must be at least 1 MiB, got {self.tmp_bytes}")
+
+    @property
+    def shm_bytes(self) -> int:
+        """The size of ``/dev/shm``: ``memory_bytes / SHM_FRACTION`` (or ``tmp_bytes`` if less)."""
+        return min(self.memory_bytes // SHM_FRACTION, self.tmp_bytes or self.memory_bytes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

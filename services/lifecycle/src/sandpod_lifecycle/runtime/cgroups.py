@@ -139,6 +139,23 @@ class SandboxCgroups:
         """Directories a command joins directly (it joins a child of ``core`` instead of it)."""
         return [d for d in self.dirs if d != self.core]
 
+    @property
+    def holder_joined(self) -> list[str]:
+        """Directories the holder joins: :attr:`dirs`, except that a memory cgroup on a
+        hierarchy of its own (v1) is swapped for its parent (``<memory>/<parent>``, no limit),
+        so the holder is never a candidate of the sandbox's OOM killer. On a unified (v2)
+        hierarchy memory shares the core directory, which the holder must be in."""
+        memory = self.limits.get("memory")
+        if memory is None or memory[1] == self.core:
+            return self.dirs
+        return [str(Path(d).parent) if d == memory[1] else d for d in self.dirs]
+
+    @property
+    def holder_outside_memory(self) -> bool:
+        """Whether the holder is outside the sandbox's memory cgroup (see holder_joined)."""
+        memory = self.limits.get("memory")
+        return memory is not None and memory[1] not in self.holder_joined
+
     def to_json(self) -> dict[str, Any]:
         return {"core": self.core, "core_version": self.core_version,
                 "limits": {r: list(v) for r, v in self.limits.items()}}  # fmt: skip

@@ -5,8 +5,13 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
 (see ``sandpod_execd.jail``). How it is built, in one chain of execs:
 
 1. ``launcher`` (``/bin/sh`` on the host) joins the sandbox's cgroups, so everything after it
-   is limited and tracked, and asks the OOM killer to spare it (``oom_score_adj``, best effort:
-   some hosts refuse; the hog is the largest process anyway);
+   is limited and tracked -- all but the sandbox's memory cgroup where it has a hierarchy of
+   its own (cgroup v1): the holder waits in the parent memory cgroup instead, outside the OOM
+   killer's choice when the sandbox exhausts its memory (``/dev/shm`` and ``/tmp`` pages are
+   charged to the processes that write them, never to the holder). It also asks the OOM killer
+   to spare it (``oom_score_adj`` -1000, best effort: a host without ``CAP_SYS_RESOURCE``
+   refuses; it is what protects the holder on a unified v2 hierarchy). Commands never inherit
+   it: they are execd's children, and the jail entry raises a negative score to 0;
 2. ``unshare --mount --pid --ipc --uts --net --cgroup --fork --kill-child`` creates the
    namespaces (private mount propagation: nothing we mount leaks to the host);
 3. ``holder`` (``/bin/sh``, pid 1 inside) builds the root with host tools while it still sees
@@ -54,8 +59,8 @@ exec "$@"
 HOLDER = r"""
 set -eu
 base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
-rootless=${10}
-shift 10
+rootless=${10} shmsize=${11}
+shift 11
 skipped=
 if ! mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" \
     "$root" 2>/dev/null; then
@@ -102,7 +107,7 @@ for d in null zero full random urandom tty; do
 done
 mkdir "$root/dev/pts" "$root/dev/shm"
 mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,nosuid,noexec devpts "$root/dev/pts"
-mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-shm "$root/dev/shm"
+mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$shmsize" sandpod-shm "$root/dev/shm"
 ln -s pts/ptmx "$root/dev/ptmx"
 ln -s /proc/self/fd "$root/dev/fd"
 ln -s /proc/self/fd/0 "$root/dev/stdin"
@@ -161,6 +166,7 @@ class HolderLayout:
     root: Path  # an empty directory: the overlay's mount point (in the holder's namespace only)
     workspace: Path
     tmp_bytes: int
+    shm_bytes: int  # /dev/shm's size: a fraction of the memory limit (see Resources.shm_bytes)
     uid: int
     gid: int
     masks: Sequence[Path]
@@ -186,7 +192,8 @@ class HolderLayout:
             sh, "-c", HOLDER, "sandpod-holder",
             str(self.base), str(self.upper), str(self.work), str(self.root),
             str(self.workspace), self.sandbox_id, str(self.tmp_bytes), str(self.uid),
-            str(self.gid), "1" if self.rootless else "0", *(str(m) for m in self.masks),
+            str(self.gid), "1" if self.rootless else "0", str(self.shm_bytes),
+            *(str(m) for m in self.masks),
         ]  # fmt: skip
 
 

@@ -245,11 +245,11 @@ class LocalRuntime:
         layout = HolderLayout(
             sandbox_id=sid, base=base, upper=d / "upper", work=d / "work", root=d / "root",
             workspace=d / "workspace", tmp_bytes=spec.resources.tmp_bytes or
-            spec.resources.memory_bytes, uid=uid, gid=gid,
+            spec.resources.memory_bytes, shm_bytes=spec.resources.shm_bytes, uid=uid, gid=gid,
             masks=(self.config.state_dir, *self.config.mask_paths), log=d / "holder.log",
             rootless=rootless,
         )  # fmt: skip
-        procs = [cgroup_join_file(c) for c in cg.dirs]
+        procs = [cgroup_join_file(c) for c in cg.holder_joined]
         popen, holder, skipped = await launch(
             layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
         )
@@ -261,6 +261,7 @@ class LocalRuntime:
         if spec.egress:
             notes.append("egress requested but not supported by the local runtime yet: "
                          "the sandbox has loopback only")  # fmt: skip
+        protections["holder_oom"] = _holder_oom(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
         protections.update(network=ACTIVE, rootfs=ACTIVE, unprivileged_user=ACTIVE,
                            no_new_privs=ACTIVE)  # fmt: skip
@@ -391,6 +392,18 @@ async def _kill_holder(data: dict[str, Any], timeout: float, reap: Callable[[], 
             await asyncio.sleep(0.005)
     finally:
         os.close(fd)
+
+
+def _holder_oom(cg: SandboxCgroups, holder: int) -> str:
+    """Whether the sandbox's OOM killer can pick its holder (see ``holder.py``)."""
+    if cg.holder_outside_memory:
+        return ACTIVE  # not in the sandbox's memory cgroup: never its OOM killer's choice
+    with contextlib.suppress(OSError, ValueError):
+        if int(Path(f"/proc/{holder}/oom_score_adj").read_text()) == -1000:
+            return ACTIVE
+    return ("degraded: the holder shares the sandbox's memory cgroup (unified cgroup v2) and "
+            "this host refused its oom_score_adj -1000 (no CAP_SYS_RESOURCE): an OOM in the "
+            "sandbox can kill it (the Sandbox then fails with OOMKilled)")  # fmt: skip
 
 
 def _remove_tree(d: Path) -> list[str]:
