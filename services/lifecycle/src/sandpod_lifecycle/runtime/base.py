@@ -165,7 +165,9 @@ class InstanceStatus:
     ``SANDPOD_EXECD_JAIL`` must point at to run commands inside the instance. ``upper_dir`` is
     the writable layer of the root (the unit of snapshots). ``protections`` maps each protection
     to ``"active"`` or why it is not; ``notes`` says what of the spec was not honoured (e.g.
-    egress); ``detail`` says why an existing instance is not running.
+    egress); ``detail`` says why an existing instance is not running. ``lost``: it ran and its
+    holder exited (the instance will not serve again); ``oom_killed`` then says whether its
+    memory cgroup's OOM killer, which could pick the holder and did kill, is the likely cause.
     """
 
     sandbox_id: str
@@ -182,6 +184,8 @@ class InstanceStatus:
     protections: Mapping[str, str] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
     detail: str = ""
+    lost: bool = False
+    oom_killed: bool = False
 
     @property
     def degraded(self) -> dict[str, str]:

@@ -247,6 +247,18 @@ class SandboxCgroups:
         raw = _read(Path(d, "memory.usage_in_bytes" if version == 1 else "memory.current"))
         return int(raw) if raw.strip() else None
 
+    def oom_kills(self) -> int:
+        """How many processes the sandbox's memory cgroup's OOM killer killed (0 without one)."""
+        if "memory" not in self.limits:
+            return 0
+        version, d = self.limits["memory"]
+        text = _read(Path(d, "memory.oom_control" if version == 1 else "memory.events"))
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
+
     def kill_all(self) -> None:
         """SIGKILL every process of the sandbox (one pass; :meth:`teardown` repeats it)."""
         if self.core is not None and self.core_version == 2:

@@ -151,9 +151,8 @@ class LocalRuntime:
         cg = SandboxCgroups.from_json(data["cgroups"])
         holder = data.get("holder_pid")
         running = holder is not None and _start_time(holder) == data.get("holder_start")
-        detail = "" if running else (
-            "being created" if data.get("phase") == "creating" else "holder exited"
-        )  # fmt: skip
+        lost = not running and data.get("phase") != "creating"
+        detail = "" if running else "holder exited" if lost else "being created"
         return InstanceStatus(
             sandbox_id=sandbox_id,
             exists=True,
@@ -169,6 +168,8 @@ class LocalRuntime:
             protections=dict(data.get("protections", {})),
             notes=tuple(data.get("notes", ())),
             detail=detail,
+            lost=lost,
+            oom_killed=lost and not cg.holder_outside_memory and cg.oom_kills() > 0,
         )
 
     async def pause(self, sandbox_id: str) -> InstanceStatus:
