@@ -10,6 +10,7 @@ cgroup), so the sandbox is still there -- and answers -- afterwards; a holder ki
 the host) is reported as lost.
 """
 
+# ruff: noqa: F811 - the jail fixtures come from test_jail by name; pytest passes them back
 from __future__ import annotations
 
 import os
@@ -18,10 +19,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_jail import Make, make, ok, oom_kills, run, running, runtime, state  # noqa: F401
 
 from sandpod_lifecycle.runtime.base import InstanceStatus, Resources
 from sandpod_lifecycle.runtime.local import LocalRuntime
-from test_jail import Make, make, ok, oom_kills, run, running, runtime, state  # noqa: F401
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the local runtime needs root: run the jail tests as root"
+)
 
 MiB = 1024 * 1024
 ROUNDS = 40  # today's holder died within ~10-20 rounds of the fill below
@@ -116,8 +121,10 @@ async def test_commands_never_inherit_a_negative_oom_score_adj(
     try:
         own.write_text("-1000")
     except PermissionError:
-        pytest.skip("this host refuses to lower oom_score_adj (no CAP_SYS_RESOURCE): run the "
-                    "jail tests as a root with CAP_SYS_RESOURCE to test the inheritance")  # fmt: skip
+        pytest.skip(
+            "this host refuses to lower oom_score_adj (no CAP_SYS_RESOURCE): run the jail "
+            "tests as a root with CAP_SYS_RESOURCE to test the inheritance"
+        )
     try:
         assert await ok(st, "cat /proc/self/oom_score_adj") == "0\n"
         monkeypatch.setattr("sandpod_execd.jail._fast_entry", lambda: None)
