@@ -45,13 +45,20 @@ from sandpod_contract.resources import (
     ConditionType,
     OperatingMode,
     Phase,
-    SandboxStatus,
     SandboxTemplateSpec,
 )
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.driver import Driver, Instance, Owner, RenewsCredentials, ReportsLoss
 from sandpod_lifecycle.events import Events
-from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
+from sandpod_lifecycle.objects import (
+    SANDBOX,
+    SandboxView,
+    iso,
+    parse_time,
+    same_status,
+    transition,
+    with_condition,
+)
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
 from sandpod_service.leases import LeaseKeeper
 from sandpod_store import EventType, Resource, Store
@@ -519,36 +526,16 @@ class Reconciler:
             status = with_condition(
                 status, Condition(ConditionType.READY, "True", ConditionReason.EXECD_READY)
             )
-        if _same(view.status, status):
+        if same_status(view.status, status):
             return view.obj  # nothing changed: no write (whose watch event loops back), no event
         updated = await self.store.update_status(view.with_status(status))
-        if event is not None and _transition(view.status, phase, cond):
+        if event is not None and transition(view.status, phase, cond):
             await self.events.publish(
                 name=view.name, namespace=view.namespace, type_=event, phase=str(phase),
                 reason=cond.reason if cond else "", message=cond.message if cond else "",
                 generation=view.obj.metadata.generation,
             )  # fmt: skip
         return updated
-
-
-def _conds(status: SandboxStatus) -> dict[str, tuple[str, str, str]]:
-    return {c.type: (c.status, c.reason, c.message) for c in status.conditions}
-
-
-def _same(old: SandboxStatus, new: SandboxStatus) -> bool:
-    """Whether writing ``new`` over ``old`` would change nothing but condition order."""
-    return dataclasses.replace(old, conditions=()) == dataclasses.replace(
-        new, conditions=()
-    ) and _conds(old) == _conds(new)
-
-
-def _transition(old: SandboxStatus, phase: Phase, cond: Condition | None) -> bool:
-    """Whether this step is a transition worth an event: the phase changes, or the step's
-    condition changes its status or reason (a message alone is not a transition)."""
-    if phase is not old.phase:
-        return True
-    before = _conds(old).get(cond.type) if cond is not None else None
-    return cond is not None and (before is None or before[:2] != (cond.status, cond.reason))
 
 
 def _key(namespace: str, name: str) -> str:

@@ -141,14 +141,18 @@ class SandboxCgroups:
 
     @property
     def holder_joined(self) -> list[str]:
-        """Directories the holder joins: :attr:`dirs`, except that a memory cgroup on a
-        hierarchy of its own (v1) is swapped for its parent (``<memory>/<parent>``, no limit),
-        so the holder is never a candidate of the sandbox's OOM killer. On a unified (v2)
-        hierarchy memory shares the core directory, which the holder must be in."""
+        """Directories the holder joins: :attr:`dirs`, except that a v1 memory cgroup (a
+        hierarchy of its own) is swapped for its parent (``<memory>/<parent>``, no limit), so
+        the holder is never a candidate of the sandbox's OOM killer. On cgroup v2 the memory
+        cgroup's parent may hold no process (its controllers are enabled for the children), and
+        a rootless parent whose ``tasks`` is not ours cannot be joined: the holder stays in."""
         memory = self.limits.get("memory")
-        if memory is None or memory[1] == self.core:
+        if memory is None or memory[0] != 1 or memory[1] == self.core:
             return self.dirs
-        return [str(Path(d).parent) if d == memory[1] else d for d in self.dirs]
+        parent = Path(memory[1]).parent
+        if not os.access(parent / "tasks", os.W_OK):
+            return self.dirs
+        return [str(parent) if d == memory[1] else d for d in self.dirs]
 
     @property
     def holder_outside_memory(self) -> bool:

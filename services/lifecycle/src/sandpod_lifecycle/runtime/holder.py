@@ -47,7 +47,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["HolderLayout", "launch", "wait_exit"]
+from sandpod_lifecycle.runtime.base import ACTIVE
+from sandpod_lifecycle.runtime.cgroups import SandboxCgroups
+
+__all__ = ["HolderLayout", "launch", "oom_protection", "wait_exit"]
 
 LAUNCHER = r"""
 echo -1000 2>/dev/null > /proc/self/oom_score_adj || :  # best effort: some hosts refuse
@@ -195,6 +198,23 @@ class HolderLayout:
             str(self.gid), "1" if self.rootless else "0", str(self.shm_bytes),
             *(str(m) for m in self.masks),
         ]  # fmt: skip
+
+
+def oom_protection(cg: SandboxCgroups, holder: int) -> str:
+    """The ``holder_oom`` protection: ``"active"`` when the sandbox's OOM killer cannot pick
+    its holder (pid ``holder``), else why it can."""
+    if cg.holder_outside_memory:
+        return ACTIVE  # not in the sandbox's memory cgroup: never its OOM killer's choice
+    with contextlib.suppress(OSError, ValueError):
+        if int(Path(f"/proc/{holder}/oom_score_adj").read_text()) == -1000:
+            return ACTIVE
+    if "memory" not in cg.limits:
+        return ("unavailable: no memory cgroup, and this host refused the holder's "
+                "oom_score_adj -1000: a host-wide OOM can kill it")  # fmt: skip
+    return ("degraded: the holder shares the sandbox's memory cgroup (cgroup v2, or a parent "
+            "not delegated to us) and this host refused its oom_score_adj -1000 (no "
+            "CAP_SYS_RESOURCE): an OOM in the sandbox can kill it (the Sandbox then fails with "
+            "OOMKilled)")  # fmt: skip
 
 
 def _check_path(path: Path) -> None:

@@ -60,7 +60,7 @@ from sandpod_lifecycle.runtime.base import (
     RuntimeUnavailable,
 )
 from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCgroups
-from sandpod_lifecycle.runtime.holder import HolderLayout, launch, wait_exit
+from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
 from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["JAIL_FILE", "LocalRuntime", "LocalRuntimeConfig"]
@@ -262,7 +262,7 @@ class LocalRuntime:
         if spec.egress:
             notes.append("egress requested but not supported by the local runtime yet: "
                          "the sandbox has loopback only")  # fmt: skip
-        protections["holder_oom"] = _holder_oom(cg, holder)
+        protections["holder_oom"] = oom_protection(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
         protections.update(network=ACTIVE, rootfs=ACTIVE, unprivileged_user=ACTIVE,
                            no_new_privs=ACTIVE)  # fmt: skip
@@ -393,18 +393,6 @@ async def _kill_holder(data: dict[str, Any], timeout: float, reap: Callable[[], 
             await asyncio.sleep(0.005)
     finally:
         os.close(fd)
-
-
-def _holder_oom(cg: SandboxCgroups, holder: int) -> str:
-    """Whether the sandbox's OOM killer can pick its holder (see ``holder.py``)."""
-    if cg.holder_outside_memory:
-        return ACTIVE  # not in the sandbox's memory cgroup: never its OOM killer's choice
-    with contextlib.suppress(OSError, ValueError):
-        if int(Path(f"/proc/{holder}/oom_score_adj").read_text()) == -1000:
-            return ACTIVE
-    return ("degraded: the holder shares the sandbox's memory cgroup (unified cgroup v2) and "
-            "this host refused its oom_score_adj -1000 (no CAP_SYS_RESOURCE): an OOM in the "
-            "sandbox can kill it (the Sandbox then fails with OOMKilled)")  # fmt: skip
 
 
 def _remove_tree(d: Path) -> list[str]:
