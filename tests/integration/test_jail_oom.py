@@ -71,6 +71,20 @@ async def test_filling_dev_shm_stops_at_its_size_and_kills_nothing(make: Make) -
     assert await ok(st, "echo alive; cat /proc/self/oom_score_adj") == "alive\n0\n"
 
 
+async def test_sysv_shared_memory_is_bounded_like_dev_shm(make: Make) -> None:
+    """SysV segments outlive their processes like /dev/shm files: the sandbox's ipc namespace
+    holds at most a quarter of the memory limit of them (a segment past it is refused), and
+    the host's limits are untouched."""
+    st = await make(resources=Resources(memory_bytes=64 * MiB))
+    host = Path("/proc/sys/kernel/shmmax").read_text()
+    out = await run(st, "ipcmk -M 8M && ipcmk -M 8M && ipcmk -M 1M; ipcmk -M 20M; ipcs -m")
+    refused = out.stderr.value().decode()
+    assert refused.count("ipcmk: create share memory failed") == 2, refused
+    assert out.stdout.value().decode().count("sandbox") == 2  # the two 8 MiB ones
+    assert Path("/proc/sys/kernel/shmmax").read_text() == host
+    assert oom_kills(st) == 0
+
+
 async def test_an_oom_storm_inside_never_kills_the_holder(
     make: Make, runtime: LocalRuntime
 ) -> None:

@@ -18,7 +18,9 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
    the host: overlayfs (lower = the read-only base, upper/work = the sandbox's writable layer),
    empty read-only tmpfs over masked host paths (the state dir with every other sandbox), a
    fresh ``/proc`` for the new pid namespace, private ``/tmp``, ``/run``, ``/dev`` (a few device
-   nodes, its own devpts, ``/dev/shm``), ``/workspace`` bound from the host; sets the hostname,
+   nodes, its own devpts, ``/dev/shm``), ``/workspace`` bound from the host; bounds the ipc
+   namespace's SysV shared memory to ``/dev/shm``'s size (both outlive the processes that
+   filled them, charged to the sandbox's memory: they must leave room); sets the hostname,
    brings ``lo`` up (the network namespace has nothing else), adds the sandbox user to
    ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
    old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
@@ -138,6 +140,10 @@ if [ -f "$root/etc/hosts" ]; then
 fi
 if [ "$rootless" = 1 ]; then hostname "$name"; else echo "$name" > /proc/sys/kernel/hostname; fi
 ip link set lo up
+# SysV shared memory outlives its processes too: bound it like /dev/shm (this ipc namespace's).
+# Rootless, a kernel that keeps ipc sysctls from the user namespace's root leaves them as they are.
+{ echo "$shmsize" > /proc/sys/kernel/shmmax && echo $((shmsize / 4096)) > /proc/sys/kernel/shmall
+} 2>/dev/null || [ "$rootless" = 1 ]
 for tool in sh sleep umount; do
   found=
   IFS=:
