@@ -78,7 +78,8 @@ async def test_a_holder_killed_from_the_host_fails_its_sandbox_with_few_events(
         assert "create a new one" in str(failed_cond["message"])
         with pytest.raises(SandpodError):
             await sbx.exec("true")
-        assert not (lc.state / "jails" / "victim").exists()  # the dead jail was destroyed
+        dead = lc.state / "jails" / "victim"
+        await _until(lambda: not dead.exists(), 10, "the dead jail to be destroyed")
         settled, config = await _stream(lc)
         assert settled <= 4, f"{settled} events for create, ready and failed"
         # More passes over the Failed sandbox (a renew each) add their renewed events only.
