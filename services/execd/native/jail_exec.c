@@ -9,7 +9,9 @@
  *   sandpod-jail-exec [--seccomp=MODE] --filter-only COMMAND [ARGS...]   (the holder's last step)
  *
  *   1. write 0 to each cgroup file named (`tasks` on v1: see cgroup_join_file in sandpod_service;
- *      `cgroup.procs` on v2), joining the command's cgroups before anything runs;
+ *      `cgroup.procs` on v2), joining the command's cgroups before anything runs; raise a
+ *      negative oom_score_adj inherited from execd to 0 (a sandbox's processes are always fair
+ *      game for its OOM killer; unprivileged, they could not have lowered it);
  *   2. enter the holder's cgroup, ipc, uts, net and mount namespaces and its root;
  *   3. drop supplementary groups, setgid GID, setuid UID, then chdir CWD (inside, as the user);
  *   4. replace the environment by the SANDPOD_JAIL_ENV_<i>=NAME=VALUE variables, unwrapped
@@ -86,6 +88,16 @@ static int load_seccomp(const char *mode) {
 #endif
 }
 
+/* 0 if our oom_score_adj is negative (execd's, inherited); raising it needs no privilege. */
+static int oom_score_at_least_zero(void) {
+    char buf[16] = {0};
+    int fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+    if (fd < 0 || read(fd, buf, sizeof buf - 1) < 0) return fail("read", "oom_score_adj");
+    int ok = atoi(buf) >= 0 || (lseek(fd, 0, SEEK_SET) == 0 && write(fd, "0", 1) == 1);
+    close(fd);
+    return ok ? 0 : fail("reset", "oom_score_adj");
+}
+
 /* Rootless: fork the command into the pid namespace entered; wait; exit as it did. */
 static int forward(void) {
     static const int quiet[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGPIPE,
@@ -134,6 +146,7 @@ int main(int argc, char **argv) {
         if (fd < 0 || write(fd, "0", 1) != 1) return fail("join cgroup", argv[i]);
         close(fd);
     }
+    if (oom_score_at_least_zero() != 0) return 125;
     if (i + 6 > argc || strcmp(argv[i + 5], "--") != 0) {
         fprintf(stderr, "usage: sandpod-jail-exec [--seccomp=MODE] CGROUP_PROCS... -- PID CWD UID GID -- CMD...\n");
         return 125;

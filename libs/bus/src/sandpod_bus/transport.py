@@ -300,10 +300,23 @@ class Bus:
         """The JetStream key-value bucket ``bucket`` (created with ``history`` if missing)."""
         return await open_bucket(self._nc.jetstream(), bucket, history)
 
-    async def ensure_stream(self, name: str, subjects: list[str], max_age: float) -> None:
-        """Create (or update) JetStream stream ``name`` capturing ``subjects``."""
+    async def ensure_stream(
+        self,
+        name: str,
+        subjects: list[str],
+        max_age: float,
+        *,
+        max_bytes: int = -1,
+        max_msgs_per_subject: int = -1,
+    ) -> None:
+        """Create (or update) JetStream stream ``name`` capturing ``subjects``, keeping
+        messages for ``max_age`` seconds and at most ``max_bytes`` in all and
+        ``max_msgs_per_subject`` per subject (-1: unlimited); the oldest go first when full."""
         js = self._nc.jetstream()
-        config = nats.js.api.StreamConfig(name=name, subjects=subjects, max_age=max_age)
+        config = nats.js.api.StreamConfig(
+            name=name, subjects=subjects, max_age=max_age, max_bytes=max_bytes,
+            max_msgs_per_subject=max_msgs_per_subject, discard=nats.js.api.DiscardPolicy.OLD,
+        )  # fmt: skip
         try:
             try:
                 await js.add_stream(config)

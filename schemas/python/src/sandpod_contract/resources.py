@@ -91,6 +91,9 @@ class ConditionReason(enum.StrEnum):
     EVICTED = "Evicted"  # the node evicted the Pod: terminal
     POD_FAILED = "PodFailed"  # the Pod's phase is Failed for another reason: terminal
     POD_DELETED = "PodDeleted"  # the Pod of a running Sandbox was deleted by someone: terminal
+    # What the local runtime reports of a running Sandbox whose jail died (OOMKilled above: its
+    # memory cgroup's OOM killer took the jail's holder)
+    INSTANCE_LOST = "InstanceLost"  # the jail's holder process exited (killed from the host...)
     # Paused
     REQUESTED = "Requested"  # frozen as requested (the local runtime's cgroup freezer)
     RESUMED = "Resumed"
@@ -108,7 +111,7 @@ class ConditionReason(enum.StrEnum):
 TERMINAL_REASONS = frozenset({
     ConditionReason.INSTANCE_FAILED, ConditionReason.INVALID_IMAGE, ConditionReason.CRASH_LOOP,
     ConditionReason.EXECD_EXITED, ConditionReason.OOM_KILLED, ConditionReason.EVICTED,
-    ConditionReason.POD_FAILED, ConditionReason.POD_DELETED,
+    ConditionReason.POD_FAILED, ConditionReason.POD_DELETED, ConditionReason.INSTANCE_LOST,
 })  # fmt: skip
 
 

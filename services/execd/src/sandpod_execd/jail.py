@@ -75,8 +75,14 @@ PR_SET_NO_NEW_PRIVS = 38
 MAX_SYMLINKS = 40
 HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCH_ENV = {"PATH": HOST_PATH, "LANG": "C"}  # all the root steps ever see
-# Join each cgroup named before "--" (writing 0 moves the writer), then exec the rest.
-JOIN = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; exec "$@"'
+# Join each cgroup named before "--" (writing 0 moves the writer), raise a negative
+# oom_score_adj (execd's) to 0 (sandbox processes are always fair game for its OOM killer),
+# then exec the rest.
+JOIN = (
+    'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
+    'read -r adj < /proc/self/oom_score_adj; [ "$adj" -ge 0 ] || '
+    'echo 0 > /proc/self/oom_score_adj || exit 125; exec "$@"'
+)
 # Inside, as the sandbox's user: replace the launch environment by the command's ($1 variables).
 UNWRAP = r"""
 unset PATH LANG

@@ -15,13 +15,13 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 
-__all__ = ["Driver", "ExecdLauncher", "Instance", "Owner", "RenewsCredentials"]
+__all__ = ["Driver", "ExecdLauncher", "Instance", "Owner", "RenewsCredentials", "ReportsLoss"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,6 +89,14 @@ class RenewsCredentials(Protocol):
 
     async def renew_credentials(self, sandbox_id: str, spec: SandboxSpec, owner: Owner) -> None:
         """Renew the instance's credentials if due (cheap when not). Raises RuntimeFailure."""
+
+
+@runtime_checkable
+class ReportsLoss(Protocol):
+    """A driver that notices by itself when an instance dies (the local runtime's holders)."""
+
+    def on_lost(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(sandbox_id)`` (on the event loop) when an instance dies."""
 
 
 class ExecdLauncher:

@@ -33,8 +33,10 @@ __all__ = [
     "iso",
     "now",
     "parse_time",
+    "same_status",
     "sandbox_from_map",
     "template_from_map",
+    "transition",
     "with_condition",
 ]
 
@@ -143,3 +145,23 @@ def new_meta(name: str, namespace: str) -> ObjectMeta:
 
 def phase_of(obj: Resource) -> Phase:
     return SandboxStatus.from_dict(obj.status).phase
+
+
+def _conds(status: SandboxStatus) -> dict[str, tuple[str, str, str]]:
+    return {c.type: (c.status, c.reason, c.message) for c in status.conditions}
+
+
+def same_status(old: SandboxStatus, new: SandboxStatus) -> bool:
+    """Whether writing ``new`` over ``old`` would change nothing but condition order."""
+    return dataclasses.replace(old, conditions=()) == dataclasses.replace(
+        new, conditions=()
+    ) and _conds(old) == _conds(new)
+
+
+def transition(old: SandboxStatus, phase: Phase, cond: Condition | None) -> bool:
+    """Whether this step is a transition worth an event: the phase changes, or the step's
+    condition changes its status or reason (a message alone is not a transition)."""
+    if phase is not old.phase:
+        return True
+    before = _conds(old).get(cond.type) if cond is not None else None
+    return cond is not None and (before is None or before[:2] != (cond.status, cond.reason))

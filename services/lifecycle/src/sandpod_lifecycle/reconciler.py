@@ -48,9 +48,17 @@ from sandpod_contract.resources import (
     SandboxTemplateSpec,
 )
 from sandpod_contract.subjects import Subjects
-from sandpod_lifecycle.driver import Driver, Instance, Owner, RenewsCredentials
+from sandpod_lifecycle.driver import Driver, Instance, Owner, RenewsCredentials, ReportsLoss
 from sandpod_lifecycle.events import Events
-from sandpod_lifecycle.objects import SANDBOX, SandboxView, iso, parse_time, with_condition
+from sandpod_lifecycle.objects import (
+    SANDBOX,
+    SandboxView,
+    iso,
+    parse_time,
+    same_status,
+    transition,
+    with_condition,
+)
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
 from sandpod_service.leases import LeaseKeeper
 from sandpod_store import EventType, Resource, Store
@@ -125,6 +133,8 @@ class Reconciler:
         self._failures: dict[str, _Failures] = {}
         self._resync_now = asyncio.Event()
         self.reconciled = 0  # for tests and metrics
+        if isinstance(driver, ReportsLoss):
+            driver.on_lost(self._instance_lost)
 
     # -- queue ---------------------------------------------------------------------------------
 
@@ -198,6 +208,12 @@ class Reconciler:
             and view.status.observed_generation != obj.metadata.generation
         )
         return settles if quiet and time.time() < settles else None
+
+    def _instance_lost(self, sandbox_id: str) -> None:
+        """The driver saw an instance die: look at every object now (its namespace is not
+        known here), rather than at the next period; its pass then fails it."""
+        log.info("instance_lost_noticed", sandbox=sandbox_id)
+        self.resync_soon()
 
     def resync_soon(self) -> None:
         """Resync now rather than at the next period (this replica just became the leader)."""
@@ -353,9 +369,8 @@ class Reconciler:
             return await self._create_failed(view, key, fail, exc)
         self._failures.pop(view.key, None)
         isolated = self._isolation(instance.protections)
-        updated = await self._set(view, Phase.RUNNING, "ready",
-                                  Condition("Ready", "True", "ExecdReady", "execd answers"),
-                                  extra=(isolated,))  # fmt: skip
+        ready = Condition(ConditionType.READY, "True", ConditionReason.EXECD_READY, "execd answers")
+        updated = await self._set(view, Phase.RUNNING, "ready", ready, extra=(isolated,))
         if view.spec.operating_mode is OperatingMode.PAUSED:
             return await self._step(SandboxView.of(updated), "")
         return Outcome.DONE
@@ -366,8 +381,9 @@ class Reconciler:
         log.warning("instance_failed", sandbox=view.name, reason=reason, error=message)
         # Recorded first: if the write conflicts, the next pass finds the instance (and its
         # reason) again -- destroying first would let that pass make a fresh one.
-        await self._set(view, Phase.FAILED, "failed", Condition("Failed", "True", reason, message),
-                        extra=(Condition("Ready", "False", reason, message),))  # fmt: skip
+        failed = Condition(ConditionType.FAILED, "True", reason, message)
+        ready = Condition(ConditionType.READY, "False", reason, message)
+        await self._set(view, Phase.FAILED, "failed", failed, extra=(ready,))
         await self.driver.destroy(view.name)
         self._failures.pop(view.key, None)
         return Outcome.DONE
@@ -387,11 +403,12 @@ class Reconciler:
         log.warning("instance_create_failed", sandbox=view.name, attempt=fail.count, error=message)
         await self.driver.destroy(view.name)
         if fail.count >= self._max_failures:
-            cond = Condition("Failed", "True", "InstanceFailed", message)
+            cond = Condition(ConditionType.FAILED, "True", ConditionReason.INSTANCE_FAILED, message)
             await self._set(view, Phase.FAILED, "failed", cond)
             return Outcome.DONE
         await self._set(view, Phase.PENDING, None,
-                        Condition("Ready", "False", "InstanceStarting", message))  # fmt: skip
+                        Condition(ConditionType.READY, "False", ConditionReason.INSTANCE_STARTING,
+                                  message))  # fmt: skip
         return Outcome.RETRY
 
     async def _unhealthy(
@@ -507,10 +524,12 @@ class Reconciler:
             status = with_condition(status, c)
         if phase is Phase.RUNNING:
             status = with_condition(
-                status, Condition(str(ConditionType.READY), "True", "ExecdReady")
+                status, Condition(ConditionType.READY, "True", ConditionReason.EXECD_READY)
             )
+        if same_status(view.status, status):
+            return view.obj  # nothing changed: no write (whose watch event loops back), no event
         updated = await self.store.update_status(view.with_status(status))
-        if event is not None:
+        if event is not None and transition(view.status, phase, cond):
             await self.events.publish(
                 name=view.name, namespace=view.namespace, type_=event, phase=str(phase),
                 reason=cond.reason if cond else "", message=cond.message if cond else "",

@@ -141,14 +141,18 @@ class LifecycleService:
             )
             node = NodeLauncher(launcher, self.settings.node, self._node_request)
             self._node = node
-            return LocalDriver(LocalRuntime(config), node)
+            driver = LocalDriver(LocalRuntime(config), node)
+            self._closers.append(driver.close)
+            return driver
         return ProcessDriver(launcher)
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus
         # Buckets and streams are named after the prefix: installations sharing a NATS stay apart.
         store = await self._store(bus, self.subjects.storage("resources"))
-        events = Events(bus, self.subjects, stream=self.subjects.storage("events"))
+        events = Events(
+            bus, self.subjects, stream=self.subjects.storage("events"), limits=self.settings.events
+        )
         await events.setup()
         self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events)

@@ -20,6 +20,11 @@
 | ``SANDPOD_NATS_ACCOUNT_SEED_FILE`` | unset | the NATS account's seed: per-sandbox creds (Pods) |
 | ``SANDPOD_NATS_CREDS_TTL`` | 86400 s | longest life of a sandbox's JWT (renewed at half) |
 | ``SANDPOD_NATS_CREDS_MARGIN`` | 300 s | a sandbox JWT outlives its ``shutdownTime`` by this |
+| ``SANDPOD_EVENTS_MAX_BYTES`` | 256 MiB | stream ``<prefix>-events``: size (oldest dropped) |
+| ``SANDPOD_EVENTS_MAX_AGE`` | 604800 s | ... and age of its events (7 days) |
+| ``SANDPOD_EVENTS_MAX_PER_SUBJECT`` | 100 | ... and events kept per sandbox and event type |
+| ``SANDPOD_EVENTS_BURST`` | 20 | events one sandbox may publish at once ... |
+| ``SANDPOD_EVENTS_RATE`` | 1 /s | ... refilled at this rate (past it: dropped, logged) |
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
 from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.podspec import PodSettings
+from sandpod_lifecycle.events import EventLimits
 from sandpod_service import env_bool, env_float, env_int, env_str
 
 __all__ = ["LifecycleSettings"]
@@ -64,6 +70,7 @@ class LifecycleSettings:
     nats_account_seed_file: Path | None = None  # kubernetes: mint per-sandbox NATS creds
     nats_creds_ttl: float = 86400.0
     nats_creds_margin: float = 300.0
+    events: EventLimits = dataclasses.field(default_factory=EventLimits)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -105,4 +112,17 @@ class LifecycleSettings:
                                      minimum=60),
             nats_creds_margin=env_float(env, "SANDPOD_NATS_CREDS_MARGIN", base.nats_creds_margin,
                                         minimum=0),
+            events=_event_limits(env, base.events),
         )  # fmt: skip
+
+
+def _event_limits(env: Mapping[str, str], base: EventLimits) -> EventLimits:
+    return EventLimits(
+        max_bytes=env_int(env, "SANDPOD_EVENTS_MAX_BYTES", base.max_bytes, minimum=1 << 20),
+        max_age=env_float(env, "SANDPOD_EVENTS_MAX_AGE", base.max_age, minimum=60),
+        max_msgs_per_subject=env_int(
+            env, "SANDPOD_EVENTS_MAX_PER_SUBJECT", base.max_msgs_per_subject, minimum=1
+        ),
+        burst=env_int(env, "SANDPOD_EVENTS_BURST", base.burst, minimum=1),
+        rate=env_float(env, "SANDPOD_EVENTS_RATE", base.rate, minimum=0.001),
+    )

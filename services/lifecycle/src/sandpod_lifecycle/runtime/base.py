@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 MiB = 1024 * 1024
+SHM_FRACTION = 4  # /dev/shm may hold this fraction of the memory limit (see Resources)
 ACTIVE = "active"  # the one value of ``protections`` that means "in force"
 SeccompMode = Literal["default", "nested", "unconfined"]  # see runtime/seccomp.py
 
@@ -95,8 +96,11 @@ class DestroyFailed(RuntimeFailure):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Resources:
-    """Limits of one instance. ``tmp_bytes`` sizes the private ``/tmp`` and ``/dev/shm`` (tmpfs,
-    charged to the instance's memory); None means ``memory_bytes``."""
+    """Limits of one instance. ``tmp_bytes`` sizes the private ``/tmp`` (tmpfs, charged to the
+    instance's memory); None means ``memory_bytes``. ``/dev/shm`` (tmpfs, charged to the
+    instance's memory too) is a quarter of ``memory_bytes`` at most (:attr:`shm_bytes`): what a
+    sandbox parks there stays charged with no process to kill for it, so a full ``/dev/shm``
+    must still leave its processes room to run."""
 
     memory_bytes: int = 512 * MiB
     cpu_millicores: int = 1000
@@ -112,6 +116,11 @@ class Resources:
             raise ValueError(f"pids must be at least 8, got {self.pids}")
         if self.tmp_bytes is not None and self.tmp_bytes < MiB:
             raise ValueError(f"tmp_bytes must be at least 1 MiB, got {self.tmp_bytes}")
+
+    @property
+    def shm_bytes(self) -> int:
+        """The size of ``/dev/shm``: ``memory_bytes / SHM_FRACTION`` (or ``tmp_bytes`` if less)."""
+        return min(self.memory_bytes // SHM_FRACTION, self.tmp_bytes or self.memory_bytes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,7 +173,9 @@ class InstanceStatus:
     ``SANDPOD_EXECD_JAIL`` must point at to run commands inside the instance. ``upper_dir`` is
     the writable layer of the root (the unit of snapshots). ``protections`` maps each protection
     to ``"active"`` or why it is not; ``notes`` says what of the spec was not honoured (e.g.
-    egress); ``detail`` says why an existing instance is not running.
+    egress); ``detail`` says why an existing instance is not running. ``lost``: it ran and its
+    holder exited (the instance will not serve again); ``oom_killed`` then says whether its
+    memory cgroup's OOM killer, which could pick the holder and did kill, is the likely cause.
     """
 
     sandbox_id: str
@@ -181,6 +192,8 @@ class InstanceStatus:
     protections: Mapping[str, str] = dataclasses.field(default_factory=dict)
     notes: tuple[str, ...] = ()
     detail: str = ""
+    lost: bool = False
+    oom_killed: bool = False
 
     @property
     def degraded(self) -> dict[str, str]:

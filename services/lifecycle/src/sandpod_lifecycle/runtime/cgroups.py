@@ -139,6 +139,27 @@ class SandboxCgroups:
         """Directories a command joins directly (it joins a child of ``core`` instead of it)."""
         return [d for d in self.dirs if d != self.core]
 
+    @property
+    def holder_joined(self) -> list[str]:
+        """Directories the holder joins: :attr:`dirs`, except that a v1 memory cgroup (a
+        hierarchy of its own) is swapped for its parent (``<memory>/<parent>``, no limit), so
+        the holder is never a candidate of the sandbox's OOM killer. On cgroup v2 the memory
+        cgroup's parent may hold no process (its controllers are enabled for the children), and
+        a rootless parent whose ``tasks`` is not ours cannot be joined: the holder stays in."""
+        memory = self.limits.get("memory")
+        if memory is None or memory[0] != 1 or memory[1] == self.core:
+            return self.dirs
+        parent = Path(memory[1]).parent
+        if not os.access(parent / "tasks", os.W_OK):
+            return self.dirs
+        return [str(parent) if d == memory[1] else d for d in self.dirs]
+
+    @property
+    def holder_outside_memory(self) -> bool:
+        """Whether the holder is outside the sandbox's memory cgroup (see holder_joined)."""
+        memory = self.limits.get("memory")
+        return memory is not None and memory[1] not in self.holder_joined
+
     def to_json(self) -> dict[str, Any]:
         return {"core": self.core, "core_version": self.core_version,
                 "limits": {r: list(v) for r, v in self.limits.items()}}  # fmt: skip
@@ -229,6 +250,18 @@ class SandboxCgroups:
         version, d = self.limits["memory"]
         raw = _read(Path(d, "memory.usage_in_bytes" if version == 1 else "memory.current"))
         return int(raw) if raw.strip() else None
+
+    def oom_kills(self) -> int:
+        """How many processes the sandbox's memory cgroup's OOM killer killed (0 without one)."""
+        if "memory" not in self.limits:
+            return 0
+        version, d = self.limits["memory"]
+        text = _read(Path(d, "memory.oom_control" if version == 1 else "memory.events"))
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
 
     def kill_all(self) -> None:
         """SIGKILL every process of the sandbox (one pass; :meth:`teardown` repeats it)."""

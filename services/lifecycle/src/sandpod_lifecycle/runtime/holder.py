@@ -5,15 +5,22 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
 (see ``sandpod_execd.jail``). How it is built, in one chain of execs:
 
 1. ``launcher`` (``/bin/sh`` on the host) joins the sandbox's cgroups, so everything after it
-   is limited and tracked, and asks the OOM killer to spare it (``oom_score_adj``, best effort:
-   some hosts refuse; the hog is the largest process anyway);
+   is limited and tracked -- all but the sandbox's memory cgroup where it has a hierarchy of
+   its own (cgroup v1): the holder waits in the parent memory cgroup instead, outside the OOM
+   killer's choice when the sandbox exhausts its memory (``/dev/shm`` and ``/tmp`` pages are
+   charged to the processes that write them, never to the holder). It also asks the OOM killer
+   to spare it (``oom_score_adj`` -1000, best effort: a host without ``CAP_SYS_RESOURCE``
+   refuses; it is what protects the holder on a unified v2 hierarchy). Commands never inherit
+   it: they are execd's children, and the jail entry raises a negative score to 0;
 2. ``unshare --mount --pid --ipc --uts --net --cgroup --fork --kill-child`` creates the
    namespaces (private mount propagation: nothing we mount leaks to the host);
 3. ``holder`` (``/bin/sh``, pid 1 inside) builds the root with host tools while it still sees
    the host: overlayfs (lower = the read-only base, upper/work = the sandbox's writable layer),
    empty read-only tmpfs over masked host paths (the state dir with every other sandbox), a
    fresh ``/proc`` for the new pid namespace, private ``/tmp``, ``/run``, ``/dev`` (a few device
-   nodes, its own devpts, ``/dev/shm``), ``/workspace`` bound from the host; sets the hostname,
+   nodes, its own devpts, ``/dev/shm``), ``/workspace`` bound from the host; bounds the ipc
+   namespace's SysV shared memory to ``/dev/shm``'s size (both outlive the processes that
+   filled them, charged to the sandbox's memory: they must leave room); sets the hostname,
    brings ``lo`` up (the network namespace has nothing else), adds the sandbox user to
    ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
    old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
@@ -44,7 +51,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["HolderLayout", "launch", "wait_exit"]
+from sandpod_lifecycle.runtime.base import ACTIVE
+from sandpod_lifecycle.runtime.cgroups import SandboxCgroups
+
+__all__ = ["HolderLayout", "launch", "oom_protection", "wait_exit"]
 
 LAUNCHER = r"""
 echo -1000 2>/dev/null > /proc/self/oom_score_adj || :  # best effort: some hosts refuse
@@ -56,8 +66,8 @@ exec "$@"
 HOLDER = r"""
 set -eu
 base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
-rootless=${10} helper=${11} seccomp=${12}
-shift 12
+rootless=${10} helper=${11} seccomp=${12} shmsize=${13}
+shift 13
 skipped=
 if ! mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" \
     "$root" 2>/dev/null; then
@@ -106,7 +116,7 @@ for d in null zero full random urandom tty; do
 done
 mkdir "$root/dev/pts" "$root/dev/shm"
 mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,nosuid,noexec devpts "$root/dev/pts"
-mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-shm "$root/dev/shm"
+mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$shmsize" sandpod-shm "$root/dev/shm"
 ln -s pts/ptmx "$root/dev/ptmx"
 ln -s /proc/self/fd "$root/dev/fd"
 ln -s /proc/self/fd/0 "$root/dev/stdin"
@@ -134,6 +144,10 @@ if [ -f "$root/etc/hosts" ]; then
 fi
 if [ "$rootless" = 1 ]; then hostname "$name"; else echo "$name" > /proc/sys/kernel/hostname; fi
 ip link set lo up
+# SysV shared memory outlives its processes too: bound it like /dev/shm (this ipc namespace's).
+# Rootless, a kernel that keeps ipc sysctls from the user namespace's root leaves them as they are.
+{ echo "$shmsize" > /proc/sys/kernel/shmmax && echo $((shmsize / 4096)) > /proc/sys/kernel/shmall
+} 2>/dev/null || [ "$rootless" = 1 ]
 for tool in sh sleep umount; do
   found=
   IFS=:
@@ -171,6 +185,7 @@ class HolderLayout:
     root: Path  # an empty directory: the overlay's mount point (in the holder's namespace only)
     workspace: Path
     tmp_bytes: int
+    shm_bytes: int  # /dev/shm's size: a fraction of the memory limit (see Resources.shm_bytes)
     uid: int
     gid: int
     masks: Sequence[Path]
@@ -199,8 +214,26 @@ class HolderLayout:
             str(self.base), str(self.upper), str(self.work), str(self.root),
             str(self.workspace), self.sandbox_id, str(self.tmp_bytes), str(self.uid),
             str(self.gid), "1" if self.rootless else "0", self.helper or "", self.seccomp,
+            str(self.shm_bytes),
             *(str(m) for m in self.masks),
         ]  # fmt: skip
+
+
+def oom_protection(cg: SandboxCgroups, holder: int) -> str:
+    """The ``holder_oom`` protection: ``"active"`` when the sandbox's OOM killer cannot pick
+    its holder (pid ``holder``), else why it can."""
+    if cg.holder_outside_memory:
+        return ACTIVE  # not in the sandbox's memory cgroup: never its OOM killer's choice
+    with contextlib.suppress(OSError, ValueError):
+        if int(Path(f"/proc/{holder}/oom_score_adj").read_text()) == -1000:
+            return ACTIVE
+    if "memory" not in cg.limits:
+        return ("unavailable: no memory cgroup, and this host refused the holder's "
+                "oom_score_adj -1000: a host-wide OOM can kill it")  # fmt: skip
+    return ("degraded: the holder shares the sandbox's memory cgroup (cgroup v2, or a parent "
+            "not delegated to us) and this host refused its oom_score_adj -1000 (no "
+            "CAP_SYS_RESOURCE): an OOM in the sandbox can kill it (the Sandbox then fails with "
+            "OOMKilled)")  # fmt: skip
 
 
 def _check_path(path: Path) -> None:

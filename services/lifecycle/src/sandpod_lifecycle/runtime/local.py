@@ -61,7 +61,7 @@ from sandpod_lifecycle.runtime.base import (
     RuntimeUnavailable,
 )
 from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCgroups
-from sandpod_lifecycle.runtime.holder import HolderLayout, launch, wait_exit
+from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
 from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["JAIL_FILE", "LocalRuntime", "LocalRuntimeConfig"]
@@ -152,9 +152,8 @@ class LocalRuntime:
         cg = SandboxCgroups.from_json(data["cgroups"])
         holder = data.get("holder_pid")
         running = holder is not None and _start_time(holder) == data.get("holder_start")
-        detail = "" if running else (
-            "being created" if data.get("phase") == "creating" else "holder exited"
-        )  # fmt: skip
+        lost = not running and data.get("phase") != "creating"
+        detail = "" if running else "holder exited" if lost else "being created"
         return InstanceStatus(
             sandbox_id=sandbox_id,
             exists=True,
@@ -170,6 +169,8 @@ class LocalRuntime:
             protections=dict(data.get("protections", {})),
             notes=tuple(data.get("notes", ())),
             detail=detail,
+            lost=lost,
+            oom_killed=lost and not cg.holder_outside_memory and cg.oom_kills() > 0,
         )
 
     async def pause(self, sandbox_id: str) -> InstanceStatus:
@@ -246,11 +247,11 @@ class LocalRuntime:
         layout = HolderLayout(
             sandbox_id=sid, base=base, upper=d / "upper", work=d / "work", root=d / "root",
             workspace=d / "workspace", tmp_bytes=spec.resources.tmp_bytes or
-            spec.resources.memory_bytes, uid=uid, gid=gid,
+            spec.resources.memory_bytes, shm_bytes=spec.resources.shm_bytes, uid=uid, gid=gid,
             masks=(self.config.state_dir, *self.config.mask_paths), log=d / "holder.log",
             rootless=rootless, seccomp=spec.seccomp, helper=seccomp.helper(),
         )  # fmt: skip
-        procs = [cgroup_join_file(c) for c in cg.dirs]
+        procs = [cgroup_join_file(c) for c in cg.holder_joined]
         popen, holder, skipped = await launch(
             layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
         )
@@ -262,6 +263,7 @@ class LocalRuntime:
         if spec.egress:
             notes.append("egress requested but not supported by the local runtime yet: "
                          "the sandbox has loopback only")  # fmt: skip
+        protections["holder_oom"] = oom_protection(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
         protections.update(network=ACTIVE, rootfs=ACTIVE, unprivileged_user=ACTIVE,
                            no_new_privs=ACTIVE)  # fmt: skip

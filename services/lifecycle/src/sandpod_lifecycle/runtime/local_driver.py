@@ -4,21 +4,41 @@
 starts an execd for the sandbox with ``SANDPOD_EXECD_JAIL`` pointing at the jail's file, so every
 command runs inside. ``pause``/``resume`` freeze the jail's cgroup (daemons that left the process
 tree included); ``destroy`` stops execd and removes every trace of the jail.
+
+A jail whose holder died (its sandbox's OOM killer, or a kill from the host) is *lost*: every
+command would fail, and a new jail would silently hand the agent an empty workspace, so
+``inspect`` reports it as a terminal problem -- ``OOMKilled`` when the memory cgroup's OOM
+killer could pick the holder and did kill, else ``InstanceLost`` -- and the reconciler fails the
+Sandbox. It learns at once: each running holder is watched through a pidfd on the event loop
+(no polling), whose exit calls the ``on_lost`` callback; the reconciler's periodic pass is the
+backstop (a holder that died while no lifecycle ran).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
-from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+import structlog
+
+from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_lifecycle.node import NodeLauncher
-from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus, Resources
+from sandpod_lifecycle.runtime.base import (
+    InstanceSpec,
+    InstanceStatus,
+    InstanceUnhealthy,
+    Resources,
+)
 from sandpod_lifecycle.runtime.local import LocalRuntime
 from sandpod_lifecycle.runtime.seccomp import mode_for
 
 __all__ = ["LocalDriver", "parse_cpu", "parse_quantity"]
+
+log = structlog.get_logger("sandpod.lifecycle.local_driver")
 
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
@@ -54,14 +74,53 @@ class LocalDriver:
         self._runtime = runtime
         self._launcher = launcher
         self._protections: dict[str, str] = {}
+        self._watched: dict[str, int] = {}  # sandbox id -> pidfd of its holder (on the loop)
+        self._on_lost: Callable[[str], None] | None = None
 
     def protections(self) -> dict[str, str]:
         return dict(self._protections) or {"jail": "active"}
 
+    def on_lost(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(sandbox_id)`` as soon as a running jail's holder exits."""
+        self._on_lost = callback
+
     def _instance(self, sandbox_id: str, status: InstanceStatus) -> Instance:
+        if status.lost:
+            return Instance(sandbox_id, running=False, paused=False,
+                            pid=self._launcher.pid(sandbox_id), detail=_lost_message(status),
+                            reason=_lost_reason(status), terminal=True)  # fmt: skip
+        self._watch(sandbox_id, status.holder_pid)
         return Instance(sandbox_id, running=status.running, paused=status.paused,
                         pid=self._launcher.pid(sandbox_id), detail=status.detail,
                         protections=dict(status.protections) or None)  # fmt: skip
+
+    def _watch(self, sandbox_id: str, holder: int | None) -> None:
+        """Watch the holder's pidfd (once per jail): readable when the holder exits."""
+        if holder is None or sandbox_id in self._watched:
+            return
+        try:
+            fd = os.pidfd_open(holder)
+        except OSError:
+            return  # already gone: the next inspect says so
+        self._watched[sandbox_id] = fd
+        asyncio.get_running_loop().add_reader(fd, self._lost, sandbox_id)
+
+    def _unwatch(self, sandbox_id: str) -> None:
+        fd = self._watched.pop(sandbox_id, None)
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _lost(self, sandbox_id: str) -> None:
+        self._unwatch(sandbox_id)
+        log.warning("jail_holder_exited", sandbox=sandbox_id)
+        if self._on_lost is not None:
+            self._on_lost(sandbox_id)
+
+    async def close(self) -> None:
+        """Stop watching holders (the jails themselves are left alone)."""
+        for sandbox_id in list(self._watched):
+            self._unwatch(sandbox_id)
 
     async def ensure(
         self,
@@ -71,6 +130,10 @@ class LocalDriver:
         owner: Owner | None = None,  # host instances belong to no API object
     ) -> Instance:
         status = await self._runtime.inspect(sandbox_id)
+        if status.lost:  # never serve a dead jail (nor replace it: its workspace is its state)
+            raise InstanceUnhealthy(
+                _lost_message(status), reason=_lost_reason(status), terminal=True
+            )
         if not status.exists:
             env = {e.name: e.value for e in (*template.env, *spec.env)}
             status = await self._runtime.create(
@@ -93,6 +156,8 @@ class LocalDriver:
 
     async def inspect(self, sandbox_id: str) -> Instance | None:
         status = await self._runtime.inspect(sandbox_id)
+        if status.lost:
+            return self._instance(sandbox_id, status)
         if not status.exists or not status.running or self._launcher.pid(sandbox_id) is None:
             return None
         return self._instance(sandbox_id, status)
@@ -104,8 +169,25 @@ class LocalDriver:
         await self._runtime.resume(sandbox_id)
 
     async def destroy(self, sandbox_id: str) -> None:
+        self._unwatch(sandbox_id)
         await self._launcher.stop(sandbox_id)
         await self._runtime.destroy(sandbox_id)
 
     async def list(self) -> list[str]:
         return sorted(set(await self._runtime.list()) | set(self._launcher.known()))
+
+
+def _lost_reason(status: InstanceStatus) -> ConditionReason:
+    return ConditionReason.OOM_KILLED if status.oom_killed else ConditionReason.INSTANCE_LOST
+
+
+def _lost_message(status: InstanceStatus) -> str:
+    why = (
+        "its memory cgroup's OOM killer took it: give the template more memory"
+        if status.oom_killed
+        else "it was killed from outside the sandbox, or the host ran out of memory"
+    )
+    return (
+        f"the sandbox's jail is gone (its holder process exited: {why}); its processes and "
+        "files are lost -- delete this sandbox and create a new one"
+    )
