@@ -8,6 +8,7 @@ from sandpod_contract.errors import ResourceInvalid
 from sandpod_contract.resources import SandboxTemplateSpec
 from sandpod_lifecycle.runtime.base import Resources
 from sandpod_lifecycle.runtime.local_driver import _resources
+from sandpod_lifecycle.settings import LifecycleSettings
 
 MiB = 1024 * 1024
 
@@ -36,3 +37,14 @@ def test_resources_refuse_a_disk_below_the_minimum() -> None:
     """The driver's own spec refuses a disk too small to hold a filesystem."""
     with pytest.raises(ValueError, match="at least 16 MiB"):
         Resources(disk_bytes=MiB)
+
+
+def test_the_disk_settings_are_read_as_quantities() -> None:
+    """SANDPOD_DISK_DEFAULT/RESERVE take quantities; an unusable one names the variable."""
+    s = LifecycleSettings.from_env({"SANDPOD_DISK_DEFAULT": "1Gi", "SANDPOD_DISK_RESERVE": "0",
+                                    "SANDPOD_DISK_PREALLOCATE": "true"})  # fmt: skip
+    assert (s.disk_default, s.disk_reserve, s.disk_preallocate) == (1 << 30, 0, True)
+    assert LifecycleSettings.from_env({}).disk_default == 10 << 30
+    for bad in ("1Mi", "lots"):
+        with pytest.raises(ValueError, match="SANDPOD_DISK_DEFAULT"):
+            LifecycleSettings.from_env({"SANDPOD_DISK_DEFAULT": bad})

@@ -20,6 +20,9 @@
 | ``SANDPOD_NATS_ACCOUNT_SEED_FILE`` | unset | the NATS account's seed: per-sandbox creds (Pods) |
 | ``SANDPOD_NATS_CREDS_TTL`` | 86400 s | longest life of a sandbox's JWT (renewed at half) |
 | ``SANDPOD_NATS_CREDS_MARGIN`` | 300 s | a sandbox JWT outlives its ``shutdownTime`` by this |
+| ``SANDPOD_DISK_DEFAULT`` | ``10Gi`` | local runtime: disk quota of a template naming none |
+| ``SANDPOD_DISK_RESERVE`` | ``2Gi`` | local runtime: host space kept free beyond a new disk |
+| ``SANDPOD_DISK_PREALLOCATE`` | false | local runtime: reserve each sandbox's disk on the host |
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
 from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.podspec import PodSettings
+from sandpod_lifecycle.runtime.base import MIN_DISK
+from sandpod_lifecycle.runtime.local_driver import parse_quantity
 from sandpod_service import env_bool, env_float, env_int, env_str
 
 __all__ = ["LifecycleSettings"]
@@ -64,6 +69,9 @@ class LifecycleSettings:
     nats_account_seed_file: Path | None = None  # kubernetes: mint per-sandbox NATS creds
     nats_creds_ttl: float = 86400.0
     nats_creds_margin: float = 300.0
+    disk_default: int = 10 << 30  # local runtime: bytes (see runtime/diskquota.py)
+    disk_reserve: int = 2 << 30
+    disk_preallocate: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -105,4 +113,21 @@ class LifecycleSettings:
                                      minimum=60),
             nats_creds_margin=env_float(env, "SANDPOD_NATS_CREDS_MARGIN", base.nats_creds_margin,
                                         minimum=0),
+            disk_default=_quantity(env, "SANDPOD_DISK_DEFAULT", base.disk_default, MIN_DISK),
+            disk_reserve=_quantity(env, "SANDPOD_DISK_RESERVE", base.disk_reserve, 0),
+            disk_preallocate=env_bool(env, "SANDPOD_DISK_PREALLOCATE", False),
         )  # fmt: skip
+
+
+def _quantity(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    """Bytes of a quantity variable (``10Gi``, ``512M``); ValueError naming it if unusable."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = parse_quantity(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: use a quantity such as 10Gi or 512Mi") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r}: must be at least {minimum} bytes")
+    return value
