@@ -251,14 +251,30 @@ async def test_destroy_leaves_no_mount_image_or_loop_device(
 
 
 async def test_a_host_short_of_space_refuses_the_create_and_leaves_nothing(state: Path) -> None:
-    """When the host cannot hold the sandbox's quota plus the reserve, create fails with a
-    message saying what to do, and leaves no directory, mount or loop device behind."""
+    """When the host has less free space than the reserve, create fails with a message saying
+    what to do, and leaves no directory, mount or loop device behind."""
     huge = DiskOptions(reserve_bytes=1 << 60)
     async with _runtime(state, disk=huge) as rt:
-        with pytest.raises(CreateFailed, match=r"free space or ask for a smaller resources\.disk"):
+        with pytest.raises(
+            CreateFailed, match=r"free space on the host or ask for a smaller resources\.disk"
+        ):
             await rt.create(
                 InstanceSpec(sandbox_id="q-short", resources=Resources(disk_bytes=QUOTA))
             )
         assert await rt.list() == []
         assert not (state / "q-short").exists()
         assert str(state) not in Path("/proc/self/mountinfo").read_text()
+
+
+async def test_a_preallocated_disk_is_reserved_on_the_host_and_still_enospc(
+    state: Path, nats: NatsServer
+) -> None:
+    """With ``preallocate`` the sandbox's whole disk is allocated on the host at create (the
+    sandbox can never take host space it was not given) and filling it is still ENOSPC."""
+    async with _runtime(state, disk=DiskOptions(preallocate=True, reserve_bytes=0)) as rt:
+        st = await _create(rt)
+        image = state / st.sandbox_id / "disk.img"
+        assert image.stat().st_blocks * 512 >= QUOTA
+        async with _serving(nats, state, [st]) as (sbx,):
+            code, out = await _fill(sbx, "/workspace/hog")
+        assert code != 0 and ENOSPC in out, (code, out)

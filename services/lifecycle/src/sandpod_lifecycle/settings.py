@@ -21,7 +21,7 @@
 | ``SANDPOD_NATS_CREDS_TTL`` | 86400 s | longest life of a sandbox's JWT (renewed at half) |
 | ``SANDPOD_NATS_CREDS_MARGIN`` | 300 s | a sandbox JWT outlives its ``shutdownTime`` by this |
 | ``SANDPOD_DISK_DEFAULT`` | ``10Gi`` | local runtime: disk quota of a template naming none |
-| ``SANDPOD_DISK_RESERVE`` | ``2Gi`` | local runtime: host space kept free beyond a new disk |
+| ``SANDPOD_DISK_RESERVE`` | ``2Gi`` | local runtime: free host space a create needs |
 | ``SANDPOD_DISK_PREALLOCATE`` | false | local runtime: reserve each sandbox's disk on the host |
 """
 

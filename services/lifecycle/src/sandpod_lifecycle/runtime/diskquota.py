@@ -28,11 +28,11 @@ Why this mechanism (the issue's options):
   loop device frees itself when the last reference goes.
 
 The host's disk: images are sparse (thin provisioning: the sum of quotas may exceed the host's
-free space). ``create`` refuses when the state dir's filesystem has less than
-``reserve_bytes`` free beyond the new sandbox's whole quota, so a new sandbox never starts on a
-nearly full host; with ``preallocate`` each image is ``fallocate``\\d to its full size at create
-(no ``discard``), so sandboxes can never take more of the host than was reserved for them, at
-the price of reserving every quota up front.
+free space, as with Kubernetes' ephemeral-storage limits). ``create`` refuses when the state
+dir's filesystem has less than ``reserve_bytes`` free, so no sandbox starts on a nearly full
+host; with ``preallocate`` each image is ``fallocate``\\d to its full size at create (no
+``discard``) and create needs its whole disk plus the reserve, so sandboxes can never take
+more of the host than was reserved for them, at the price of reserving every quota up front.
 
 Without root, loop devices or ``mkfs.ext4`` there is no quota: :func:`probe` says why, and the
 driver reports the ``disk_quota`` protection with that reason (``/tmp`` is then a tmpfs
@@ -85,7 +85,8 @@ class DiskOptions:
 
     Attributes:
         preallocate: ``fallocate`` each image to its full size (no thin provisioning).
-        reserve_bytes: free space the host keeps beyond a new sandbox's whole quota.
+        reserve_bytes: free space the host must have for a new sandbox to start (beyond its
+            whole disk, with ``preallocate``).
     """
 
     preallocate: bool = False
@@ -154,13 +155,14 @@ def detach(sandbox_dir: Path) -> None:
 def _check_room(state_dir: Path, size: int, options: DiskOptions) -> None:
     vfs = os.statvfs(state_dir)
     free = vfs.f_bavail * vfs.f_frsize
-    if free < size + options.reserve_bytes:
+    needed = options.reserve_bytes + (size if options.preallocate else 0)
+    if free < needed:
+        what = f"its {size // MiB} MiB disk plus " if options.preallocate else ""
         raise DiskQuotaError(
             errno.ENOSPC,
-            f"the host has {free // MiB} MiB free in {state_dir}: a sandbox with a "
-            f"{size // MiB} MiB disk needs that plus a reserve of "
-            f"{options.reserve_bytes // MiB} MiB; free space or ask for a smaller "
-            "resources.disk",
+            f"the host has {free // MiB} MiB free in {state_dir}: a new sandbox needs "
+            f"{what}the reserve of {options.reserve_bytes // MiB} MiB "
+            "(SANDPOD_DISK_RESERVE); free space on the host or ask for a smaller resources.disk",
         )
 
 
