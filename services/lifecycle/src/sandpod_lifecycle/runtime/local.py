@@ -30,7 +30,8 @@ Jail file, version 1 (read by ``sandpod_execd.jail``; keep both in step)::
      "workspace": {"inside": "/workspace", "outside": host dir},
      "upper": host dir, "rootfs": host dir, "env": {str: str},
      "disk": {"bytes": int, "mount": host dir} | null,   # null: no disk quota
-     "protections": {name: "active" | reason}, "notes": [str, ...]}
+     "protections": {name: "active" | reason}, "notes": [str, ...],
+     "seccomp": "default" | "nested" | "unconfined"}   # absent: default (see seccomp.py)
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Any, Literal
 import structlog
 
 from sandpod_contract.subjects import SANDBOX_ID_RE
-from sandpod_lifecycle.runtime import diskquota, hostcaps
+from sandpod_lifecycle.runtime import diskquota, hostcaps, seccomp
 from sandpod_lifecycle.runtime.base import (
     ACTIVE,
     CreateFailed,
@@ -254,7 +255,7 @@ class LocalRuntime:
             "join": cg.joined, "track": cg.core, "cgroups": cg.to_json(),
             "workspace": {"inside": WORKSPACE, "outside": str(top / "workspace")},
             "upper": str(top / "upper"), "rootfs": str(base), "env": dict(spec.env),
-            "userns": rootless, "protections": {}, "notes": [],
+            "userns": rootless, "protections": {}, "notes": [], "seccomp": spec.seccomp,
             "disk": {"bytes": disk_bytes, "mount": str(top)} if quota else None,
         }  # fmt: skip
         _write_json(d / JAIL_FILE, record)
@@ -264,7 +265,8 @@ class LocalRuntime:
             workspace=top / "workspace", tmp_bytes=spec.resources.tmp_bytes or
             spec.resources.memory_bytes, uid=uid, gid=gid,
             masks=(self.config.state_dir, *self.config.mask_paths), log=d / "holder.log",
-            rootless=rootless, tmp_in_upper=quota,
+            rootless=rootless, seccomp=spec.seccomp, helper=seccomp.helper(),
+            tmp_in_upper=quota,
         )  # fmt: skip
         procs = [cgroup_join_file(c) for c in cg.dirs]
         popen, holder, skipped = await launch(
@@ -282,6 +284,7 @@ class LocalRuntime:
         protections.update(network=ACTIVE, rootfs=ACTIVE, unprivileged_user=ACTIVE,
                            no_new_privs=ACTIVE,
                            disk_quota=ACTIVE if quota else str(self._disk_quota))  # fmt: skip
+        protections["seccomp"] = seccomp.protection(holder, spec.seccomp, layout.helper)
         if rootless:
             protections["user_namespace"] = ACTIVE
             notes.append(f"rootless: uid {uid} inside is the unprivileged host uid "
