@@ -3,11 +3,14 @@
 Creates N jails one after another with the local runtime driver and prints: create latency
 (p50/p99), per-sandbox memory three ways (the sandbox's cgroup charge: its processes, kernel
 objects and page cache; the PSS of its holder processes; the host's MemAvailable drop / N),
-then destroy latency. With ``--execd``, one execd serves all N sandboxes (one jail file each)
-and its RSS share is added; the exec round trip with all N alive is printed next to the same
-exec on a process-runtime execd measured in the same run (the floor).
+then destroy latency. ``--compare-disk-quota`` also creates as many jails without a disk quota,
+interleaved with the others in the same run, and prints the create p50 the quota costs (the
+issue's target: at most +20 ms). With ``--execd``, one execd serves all N sandboxes (one jail
+file each) and its RSS share is added; the exec round trip with all N alive is printed next to
+the same exec on a process-runtime execd measured in the same run (the floor).
 
     sudo .venv/bin/python bench/sandbox_density.py [--count 50|200] [--execd] [--calls 200]
+        [--compare-disk-quota]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import statistics
@@ -32,6 +36,7 @@ from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus, Resourc
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 
 MiB = 1024 * 1024
+PARENT = f"sandpod-bench-{uuid.uuid4().hex[:6]}"
 
 
 def mem_available() -> int:
@@ -112,7 +117,9 @@ async def report_exec(state: Path, ids: list[str], charge: float, calls: int) ->
     print(f"{'ratio to floor (p50)':38} {pct(jailed, 50) / pct(floor, 50):8.2f}x")
 
 
-async def cleanup(rt: LocalRuntime, statuses: list[InstanceStatus], state: Path) -> None:
+async def cleanup(
+    rt: LocalRuntime, statuses: list[InstanceStatus], state: Path, *, quiet: bool = False
+) -> None:
     destroys = []
     for s in statuses:
         t0 = time.perf_counter()
@@ -120,7 +127,7 @@ async def cleanup(rt: LocalRuntime, statuses: list[InstanceStatus], state: Path)
         destroys.append(time.perf_counter() - t0)
     for sid in await rt.list():
         await rt.destroy(sid)
-    if destroys:
+    if destroys and not quiet:
         print(summary("destroy", destroys))
     plan = rt._cgroup_plan(await rt.capabilities())
     for h in {plan.core, *plan.limits.values()}:
@@ -129,23 +136,41 @@ async def cleanup(rt: LocalRuntime, statuses: list[InstanceStatus], state: Path)
     shutil.rmtree(state, ignore_errors=True)
 
 
+def baseline(state: Path) -> LocalRuntime:
+    """A runtime that gives no disk quota (as on a host without loop devices)."""
+    bare = LocalRuntime(LocalRuntimeConfig(state_dir=state, cgroup_parent=f"{PARENT}-b"))
+    bare._disk_quota = "disabled: benchmark baseline"
+    return bare
+
+
+def report_disk_quota(creates: list[float], plain: list[float]) -> None:
+    print(summary("create without a disk quota", plain))
+    delta = (pct(creates, 50) - pct(plain, 50)) * 1000
+    verdict = "OK" if delta <= 20 else "ABOVE TARGET"
+    print(f"{'disk quota cost, create p50':38} {delta:+8.2f} ms  (target <= +20 ms: {verdict})")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--count", type=int, default=50)
     ap.add_argument("--execd", action="store_true", help="serve all jails from one execd")
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--compare-disk-quota", action="store_true",
+                    help="also create jails without disk quota, print the difference")  # fmt: skip
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("the local runtime needs root")
     state = Path(tempfile.mkdtemp(prefix="sandpod-density-", dir="/var/tmp"))
-    parent = f"sandpod-bench-{uuid.uuid4().hex[:6]}"
-    rt = LocalRuntime(LocalRuntimeConfig(state_dir=state, cgroup_parent=parent))
+    rt = LocalRuntime(LocalRuntimeConfig(state_dir=state, cgroup_parent=PARENT))
     caps = await rt.capabilities()
     if caps.problems:
         sys.exit(f"this host cannot jail: {caps.problems}")
     ids = [f"d-{i:04d}" for i in range(args.count)]
     statuses: list[InstanceStatus] = []
     creates: list[float] = []
+    bare = baseline(state / "bare") if args.compare_disk_quota else None
+    bare_statuses: list[InstanceStatus] = []
+    plain: list[float] = []
     avail_before = mem_available()
     try:
         for sid in ids:
@@ -153,7 +178,16 @@ async def main() -> None:
             t0 = time.perf_counter()
             statuses.append(await rt.create(spec))
             creates.append(time.perf_counter() - t0)
+            if bare is not None:  # interleaved: both see the same host load
+                spec = dataclasses.replace(spec, sandbox_id=f"b{sid}")
+                t0 = time.perf_counter()
+                bare_statuses.append(await bare.create(spec))
+                plain.append(time.perf_counter() - t0)
+        if bare is not None:
+            await cleanup(bare, bare_statuses, state / "bare", quiet=True)
         charge = report_memory(statuses, creates, avail_before - mem_available())
+        if bare is not None:
+            report_disk_quota(creates, plain)
         if args.execd:
             await report_exec(state, ids, charge, args.calls)
     finally:

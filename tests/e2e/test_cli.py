@@ -195,3 +195,38 @@ def test_pools_and_claims_from_the_cli(tmp_path: Path) -> None:
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="disk quotas need root (loop devices)")
+def test_up_gives_the_default_sandbox_a_disk_quota(tmp_path: Path) -> None:
+    """`sandpod up` with SANDPOD_DISK_DEFAULT=64Mi: code in the default sandbox that writes
+    100 MiB into /workspace gets ENOSPC, `df` shows the 64Mi disk, and the state dir (NATS's
+    JetStream data, logs) still takes writes."""
+    port = free_port()
+    up = subprocess.Popen(
+        [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port), "--gateway-port",
+         str(free_port())],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "SANDPOD_DISK_DEFAULT": "64Mi"},
+    )  # fmt: skip
+    try:
+        _read_until(up, "Ctrl-C stops everything")
+        env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}"}
+        fill = "dd if=/dev/zero of=/workspace/hog bs=1M count=100 2>&1 | grep -c 'No space'"
+        script = f"df -B1 --output=size /workspace | tail -1; {fill}"
+        run = subprocess.run([SANDPOD, "exec", "default", "--", "sh", "-c", script], env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        size, enospc = run.stdout.split()
+        assert 56 << 20 <= int(size) <= 64 << 20 and enospc == "1", run
+        probe = tmp_path / "probe"
+        probe.write_bytes(b"x" * (8 << 20))  # the host's side of the state dir is not full
+        assert probe.stat().st_size == 8 << 20
+        run = subprocess.run([SANDPOD, "exec", "default", "--", "echo", "alive"], env=env,
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert run.stdout == "alive\n", run  # the platform (NATS, lifecycle, execd) still works
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(30) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()

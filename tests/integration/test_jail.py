@@ -62,7 +62,7 @@ def _config(state: Path, core: str = "auto") -> LocalRuntimeConfig:
 @pytest.fixture
 def state() -> Iterator[Path]:
     # Under /var/tmp, not /tmp: the host root is every jail's base and /var/tmp is part of it
-    # (a private tmpfs hides /tmp), so "the state dir is masked" is really tested.
+    # (the jail's private /tmp hides the host's), so "the state dir is masked" is really tested.
     path = Path("/var/tmp") / f"sandpod-jail-test-{uuid.uuid4().hex[:8]}"
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -261,7 +261,8 @@ async def test_host_paths_are_masked_and_no_host_mount_is_writable(make: Make, s
     assert sorted(listing) == sorted([f"{state}:", "/home:", "/root:"])
     mountinfo = await ok(st, "cat /proc/self/mountinfo")
     points = {line.split()[4]: line.split(" - ")[1].split()[0] for line in mountinfo.splitlines()}
-    expected = {"/": "overlay", "/proc": "proc", "/tmp": "tmpfs", "/run": "tmpfs", "/dev": "tmpfs",
+    # /tmp is no mount: with a disk quota it is the writable layer's own (opaque) directory.
+    expected = {"/": "overlay", "/proc": "proc", "/run": "tmpfs", "/dev": "tmpfs",
                 "/dev/pts": "devpts", "/dev/shm": "tmpfs", "/workspace": "ext4",
                 str(state): "tmpfs", "/root": "tmpfs", "/home": "tmpfs"}  # fmt: skip
     devices = {p: t for p, t in points.items() if p.startswith("/dev/") and t == "devtmpfs"}

@@ -19,9 +19,10 @@ import pytest
 
 from conftest import NatsServer
 from sandpod import AsyncSandbox
+from sandpod.control import api_call
 from sandpod.errors import ResourceInvalid, SandboxNotFound, SandpodError
 from sandpod.supervisor import PlatformConfig
-from sandpod_contract.messages.sandboxes import SandboxEvent
+from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, SandboxEvent
 
 DESTROY_JAIL = """
 import asyncio, sys
@@ -342,6 +343,34 @@ async def test_local_runtime_jail_through_lifecycle(
             await other.kill()
         await sbx.kill()
     await _until(lambda: not (tmp_path / "jails" / "jailed").exists(), 20, "the jail to go")
+
+
+async def test_a_templates_disk_is_the_jails_quota(
+    lifecycles: Callable[..., Lifecycle], tmp_path: Path
+) -> None:
+    """A template with ``resources.disk: 64Mi``: code in its sandbox that writes 100 MiB gets
+    ENOSPC, ``df`` shows 64Mi, and the Isolated condition lists the disk quota as active."""
+    if os.geteuid() != 0:
+        pytest.skip("the local runtime needs root (run the suite as root, as CI does)")
+    lc = lifecycles(SANDPOD_RUNTIME="local")
+    await _ready_api(lc)
+    admin = await AsyncSandbox.connect("default", nats_url=lc.url, prefix=lc.prefix)
+    try:
+        obj = {"kind": "SandboxTemplate", "metadata": {"name": "small-disk"},
+               "spec": {"resources": {"disk": "64Mi"}}}  # fmt: skip
+        await api_call(admin.bus, admin.subjects, "templates", "apply",
+                       ObjectRequest(object=obj), ObjectReply)  # fmt: skip
+    finally:
+        await admin.close()
+    sbx = await AsyncSandbox.create("small-disk", nats_url=lc.url, prefix=lc.prefix)
+    async with sbx:
+        r = await sbx.exec("/", "df -B1 --output=size /workspace | tail -1; "
+                           "dd if=/dev/zero of=/workspace/hog bs=1M count=100")  # fmt: skip
+        assert r.exit_code != 0 and "No space left on device" in r.stderr, r
+        assert 56 << 20 <= int(r.stdout.split()[0]) <= 64 << 20, r.stdout
+        isolated = (await sbx.describe()).condition("Isolated")
+        assert isolated is not None and isolated["status"] == "True", isolated
+        await sbx.kill()
 
 
 async def test_a_long_command_or_quiet_stream_is_not_idleness(

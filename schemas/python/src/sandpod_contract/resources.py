@@ -42,6 +42,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _QUANTITY = re.compile(r"[0-9]+(Ki|Mi|Gi|Ti|K|M|G|T)?")
 _CPU = re.compile(r"[0-9]+(\.[0-9]+)?m?")
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+MIN_DISK = 16 * 2**20  # the smallest filesystem a sandbox's disk can be
 
 
 class Phase(enum.StrEnum):
@@ -127,6 +130,12 @@ def _time(field: str, value: Any) -> str:
     except ValueError as exc:
         raise _fail(field, f"{value!r} is not an RFC 3339 date-time") from exc
     return value
+
+
+def _bytes(quantity: str) -> int:
+    """Bytes of a quantity ``_QUANTITY`` matched (``10Gi``, ``512M``)."""
+    digits = quantity.rstrip("KMGTi")
+    return int(digits) * _UNITS[quantity[len(digits) :]]
 
 
 def _int(field: str, value: Any, minimum: int) -> int:
@@ -360,6 +369,8 @@ class SandboxTemplateSpec:
         for key, pattern in (("cpu", _CPU), ("memory", _QUANTITY), ("disk", _QUANTITY)):
             if key in res and not pattern.fullmatch(str(res[key])):
                 raise _fail(f"spec.resources.{key}", f"{res[key]!r} is not a quantity")
+        if "disk" in res and _bytes(str(res["disk"])) < MIN_DISK:
+            raise _fail("spec.resources.disk", f"{res['disk']!r} is below the minimum of 16Mi")
         pids = res.get("pids")
         net = raw.get("network") or {}
         egress = net.get("egress") or [] if isinstance(net, Mapping) else None

@@ -45,6 +45,7 @@ from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
+from sandpod_lifecycle.runtime.diskquota import DiskOptions
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
@@ -138,7 +139,10 @@ class LifecycleService:
                 state_dir=state / "jails",
                 cgroup_parent=f"sandpod-{self.settings.prefix.replace('.', '-')}",
                 mask_paths=(Path("/root"), Path("/home"), state),
-            )
+                default_disk_bytes=self.settings.disk_default,
+                disk=DiskOptions(preallocate=self.settings.disk_preallocate,
+                                 reserve_bytes=self.settings.disk_reserve),
+            )  # fmt: skip
             node = NodeLauncher(launcher, self.settings.node, self._node_request)
             self._node = node
             driver = LocalDriver(LocalRuntime(config), node)

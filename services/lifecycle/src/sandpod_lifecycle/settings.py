@@ -25,6 +25,9 @@
 | ``SANDPOD_EVENTS_MAX_PER_SUBJECT`` | 100 | ... and events kept per sandbox and event type |
 | ``SANDPOD_EVENTS_BURST`` | 20 | events one sandbox may publish at once ... |
 | ``SANDPOD_EVENTS_RATE`` | 1 /s | ... refilled at this rate (past it: dropped, logged) |
+| ``SANDPOD_DISK_DEFAULT`` | ``10Gi`` | local runtime: disk quota of a template naming none |
+| ``SANDPOD_DISK_RESERVE`` | ``2Gi`` | local runtime: free host space a create needs |
+| ``SANDPOD_DISK_PREALLOCATE`` | false | local runtime: reserve each sandbox's disk on the host |
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from sandpod_contract.subjects import DEFAULT_PREFIX
 from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.events import EventLimits
+from sandpod_lifecycle.runtime.base import MIN_DISK
+from sandpod_lifecycle.runtime.local_driver import parse_quantity
 from sandpod_service import env_bool, env_float, env_int, env_str
 
 __all__ = ["LifecycleSettings"]
@@ -71,6 +76,9 @@ class LifecycleSettings:
     nats_creds_ttl: float = 86400.0
     nats_creds_margin: float = 300.0
     events: EventLimits = dataclasses.field(default_factory=EventLimits)
+    disk_default: int = 10 << 30  # local runtime: bytes (see runtime/diskquota.py)
+    disk_reserve: int = 2 << 30
+    disk_preallocate: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -113,6 +121,9 @@ class LifecycleSettings:
             nats_creds_margin=env_float(env, "SANDPOD_NATS_CREDS_MARGIN", base.nats_creds_margin,
                                         minimum=0),
             events=_event_limits(env, base.events),
+            disk_default=_quantity(env, "SANDPOD_DISK_DEFAULT", base.disk_default, MIN_DISK),
+            disk_reserve=_quantity(env, "SANDPOD_DISK_RESERVE", base.disk_reserve, 0),
+            disk_preallocate=env_bool(env, "SANDPOD_DISK_PREALLOCATE", False),
         )  # fmt: skip
 
 
@@ -126,3 +137,17 @@ def _event_limits(env: Mapping[str, str], base: EventLimits) -> EventLimits:
         burst=env_int(env, "SANDPOD_EVENTS_BURST", base.burst, minimum=1),
         rate=env_float(env, "SANDPOD_EVENTS_RATE", base.rate, minimum=0.001),
     )
+
+
+def _quantity(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    """Bytes of a quantity variable (``10Gi``, ``512M``); ValueError naming it if unusable."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = parse_quantity(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: use a quantity such as 10Gi or 512Mi") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r}: must be at least {minimum} bytes")
+    return value

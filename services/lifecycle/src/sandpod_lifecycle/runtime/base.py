@@ -37,6 +37,7 @@ __all__ = [
 
 MiB = 1024 * 1024
 SHM_FRACTION = 4  # /dev/shm may hold this fraction of the memory limit (see Resources)
+MIN_DISK = 16 * MiB  # the smallest ext4 a sandbox's disk can be
 ACTIVE = "active"  # the one value of ``protections`` that means "in force"
 SeccompMode = Literal["default", "nested", "unconfined"]  # see runtime/seccomp.py
 
@@ -96,16 +97,19 @@ class DestroyFailed(RuntimeFailure):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Resources:
-    """Limits of one instance. ``tmp_bytes`` sizes the private ``/tmp`` (tmpfs, charged to the
-    instance's memory); None means ``memory_bytes``. ``/dev/shm`` (tmpfs, charged to the
-    instance's memory too) is a quarter of ``memory_bytes`` at most (:attr:`shm_bytes`): what a
-    sandbox parks there stays charged with no process to kill for it, so a full ``/dev/shm``
-    must still leave its processes room to run."""
+    """Limits of one instance. ``disk_bytes`` limits the writable layer, ``/workspace`` and
+    ``/tmp`` together (None: the driver's default, 10 GiB for the local runtime). ``tmp_bytes``
+    sizes ``/tmp`` where the driver cannot give a disk quota (a tmpfs charged to the instance's
+    memory); None means ``memory_bytes``. ``/dev/shm`` (tmpfs, charged to the instance's memory
+    too) is a quarter of ``memory_bytes`` at most (:attr:`shm_bytes`): what a sandbox parks there
+    stays charged with no process to kill for it, so a full ``/dev/shm`` must still leave its
+    processes room to run."""
 
     memory_bytes: int = 512 * MiB
     cpu_millicores: int = 1000
     pids: int = 512
     tmp_bytes: int | None = None
+    disk_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.memory_bytes < 16 * MiB:
@@ -116,6 +120,8 @@ class Resources:
             raise ValueError(f"pids must be at least 8, got {self.pids}")
         if self.tmp_bytes is not None and self.tmp_bytes < MiB:
             raise ValueError(f"tmp_bytes must be at least 1 MiB, got {self.tmp_bytes}")
+        if self.disk_bytes is not None and self.disk_bytes < MIN_DISK:
+            raise ValueError(f"disk_bytes must be at least 16 MiB, got {self.disk_bytes}")
 
     @property
     def shm_bytes(self) -> int:

@@ -17,10 +17,11 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
 3. ``holder`` (``/bin/sh``, pid 1 inside) builds the root with host tools while it still sees
    the host: overlayfs (lower = the read-only base, upper/work = the sandbox's writable layer),
    empty read-only tmpfs over masked host paths (the state dir with every other sandbox), a
-   fresh ``/proc`` for the new pid namespace, private ``/tmp``, ``/run``, ``/dev`` (a few device
-   nodes, its own devpts, ``/dev/shm``), ``/workspace`` bound from the host; bounds the ipc
-   namespace's SysV shared memory to ``/dev/shm``'s size (both outlive the processes that
-   filled them, charged to the sandbox's memory: they must leave room); sets the hostname,
+   fresh ``/proc`` for the new pid namespace, private ``/tmp`` (a tmpfs, or with a disk quota
+   the writable layer's own ``/tmp``), ``/run``, ``/dev`` (a few device nodes, its own devpts,
+   ``/dev/shm``), ``/workspace`` bound from the host; bounds the ipc namespace's SysV shared
+   memory to ``/dev/shm``'s size (both outlive the processes that filled them, charged to the
+   sandbox's memory: they must leave room); sets the hostname,
    brings ``lo`` up (the network namespace has nothing else), adds the sandbox user to
    ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
    old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
@@ -66,8 +67,8 @@ exec "$@"
 HOLDER = r"""
 set -eu
 base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
-rootless=${10} helper=${11} seccomp=${12} shmsize=${13}
-shift 13
+rootless=${10} helper=${11} seccomp=${12} shmsize=${13} tmp_in_upper=${14}
+shift 14
 skipped=
 if ! mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" \
     "$root" 2>/dev/null; then
@@ -103,7 +104,9 @@ for m in "$@"; do
 done
 mkdir -p "$root/proc" "$root/tmp" "$root/run" "$root/dev" "$root/workspace"
 mount -t proc -o nosuid,nodev,noexec proc "$root/proc"
-mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-tmp "$root/tmp"
+if [ "$tmp_in_upper" = 0 ]; then  # else /tmp is the upper layer's (on the disk quota)
+  mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-tmp "$root/tmp"
+fi
 mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=1m sandpod-run "$root/run"
 mount --bind "$ws" "$root/workspace"
 mount -o remount,bind,nosuid,nodev "$root/workspace"
@@ -193,6 +196,7 @@ class HolderLayout:
     rootless: bool = False  # build it in a user namespace mapping us to uid/gid inside
     seccomp: str = "default"  # the filter mode of sandpod-jail-exec (see seccomp.py)
     helper: str | None = None  # sandpod-jail-exec; None: the holder waits unfiltered
+    tmp_in_upper: bool = False  # /tmp is the writable layer's (else a tmpfs of tmp_bytes)
 
     def argv(self, tools: Mapping[str, str | None], cgroup_procs: Sequence[str]) -> list[str]:
         sh, unshare = tools["sh"], tools["unshare"]
@@ -215,6 +219,7 @@ class HolderLayout:
             str(self.workspace), self.sandbox_id, str(self.tmp_bytes), str(self.uid),
             str(self.gid), "1" if self.rootless else "0", self.helper or "", self.seccomp,
             str(self.shm_bytes),
+            "1" if self.tmp_in_upper else "0",
             *(str(m) for m in self.masks),
         ]  # fmt: skip
 

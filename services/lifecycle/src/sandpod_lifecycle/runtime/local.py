@@ -9,6 +9,10 @@ freeze it (see ``cgroups.py``). Its traces on the host, all removed by ``destroy
     <state_dir>/<id>/work/       overlayfs scratch
     <state_dir>/<id>/root/       the overlay's mount point (mounted only inside the holder)
     <state_dir>/<id>/workspace/  mounted at /workspace, owned by the sandbox's uid
+    <state_dir>/<id>/disk.img    with a disk quota (see ``diskquota.py``): the sandbox's own
+    <state_dir>/<id>/disk/       filesystem, mounted here; upper/, work/ and workspace/ are
+                                 then in disk/ (and /tmp is upper/tmp)
+    <state_dir>/.disk/           one mkfs'd template image per disk size
     <cgroup hierarchy>/<parent>/<id>/   one per hierarchy used
 
 The jail file is written before anything else exists (``phase: creating``) and rewritten once
@@ -25,6 +29,7 @@ Jail file, version 1 (read by ``sandpod_execd.jail``; keep both in step)::
      "cgroups": {...},             # SandboxCgroups.to_json(), for the driver
      "workspace": {"inside": "/workspace", "outside": host dir},
      "upper": host dir, "rootfs": host dir, "env": {str: str},
+     "disk": {"bytes": int, "mount": host dir} | null,   # null: no disk quota
      "protections": {name: "active" | reason}, "notes": [str, ...],
      "seccomp": "default" | "nested" | "unconfined"}   # absent: default (see seccomp.py)
 """
@@ -47,7 +52,7 @@ from typing import Any, Literal
 import structlog
 
 from sandpod_contract.subjects import SANDBOX_ID_RE
-from sandpod_lifecycle.runtime import hostcaps, seccomp
+from sandpod_lifecycle.runtime import diskquota, hostcaps, seccomp
 from sandpod_lifecycle.runtime.base import (
     ACTIVE,
     CreateFailed,
@@ -61,6 +66,7 @@ from sandpod_lifecycle.runtime.base import (
     RuntimeUnavailable,
 )
 from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCgroups
+from sandpod_lifecycle.runtime.diskquota import DiskOptions
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
 from sandpod_service.procs import cgroup_join_file
 
@@ -87,6 +93,8 @@ class LocalRuntimeConfig:
         core: which hierarchy freezes and tracks: ``auto`` (v1 freezer if mounted, else v2).
         uid_base, uid_count: each sandbox gets a uid (= gid) of its own from this range unless
             its spec names one.
+        default_disk_bytes: the disk quota of a sandbox whose resources name none.
+        disk: how sandbox filesystems are provisioned (thin or preallocated, host reserve).
     """
 
     state_dir: Path
@@ -98,6 +106,8 @@ class LocalRuntimeConfig:
     create_timeout: float = 15.0
     destroy_timeout: float = 15.0
     pause_timeout: float = 10.0
+    default_disk_bytes: int = 10 * 1024**3
+    disk: DiskOptions = dataclasses.field(default_factory=DiskOptions)
 
 
 class LocalRuntime:
@@ -109,6 +119,7 @@ class LocalRuntime:
         self._plan: CgroupPlan | None = None
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # id -> (lock, users)
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}  # ours to reap
+        self._disk_quota: str | None = None  # diskquota.probe(), once
 
     # -- RuntimeDriver -------------------------------------------------------------------------
 
@@ -226,30 +237,37 @@ class LocalRuntime:
         gid: int,
     ) -> None:
         sid, d = spec.sandbox_id, self._dir(spec.sandbox_id)
+        disk_bytes, top = await self._disk(spec, d)
+        quota = disk_bytes is not None
         for name, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755),
                            ("workspace", 0o755)):  # fmt: skip
-            (d / name).mkdir()
-            (d / name).chmod(mode)  # upper's mode is the sandbox's "/": never 0700
+            path = (d if name == "root" else top) / name
+            path.mkdir()
+            path.chmod(mode)  # upper's mode is the sandbox's "/": never 0700
+        if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
+            diskquota.mark_opaque(top / "upper" / "tmp")
         rootless = not caps.root
         if not rootless:  # rootless, our own uid is the sandbox's uid inside: nothing to chown
-            os.chown(d / "workspace", uid, gid)
+            os.chown(top / "workspace", uid, gid)
         cg = plan.for_sandbox(sid)
         record: dict[str, Any] = {
             "version": JAIL_VERSION, "sandbox_id": sid, "phase": "creating",
             "holder_pid": None, "holder_start": None, "uid": uid, "gid": gid,
             "join": cg.joined, "track": cg.core, "cgroups": cg.to_json(),
-            "workspace": {"inside": WORKSPACE, "outside": str(d / "workspace")},
-            "upper": str(d / "upper"), "rootfs": str(base), "env": dict(spec.env),
+            "workspace": {"inside": WORKSPACE, "outside": str(top / "workspace")},
+            "upper": str(top / "upper"), "rootfs": str(base), "env": dict(spec.env),
             "userns": rootless, "protections": {}, "notes": [], "seccomp": spec.seccomp,
+            "disk": {"bytes": disk_bytes, "mount": str(top)} if quota else None,
         }  # fmt: skip
         _write_json(d / JAIL_FILE, record)
         protections = cg.create(spec.resources)
         layout = HolderLayout(
-            sandbox_id=sid, base=base, upper=d / "upper", work=d / "work", root=d / "root",
-            workspace=d / "workspace", tmp_bytes=spec.resources.tmp_bytes or
+            sandbox_id=sid, base=base, upper=top / "upper", work=top / "work", root=d / "root",
+            workspace=top / "workspace", tmp_bytes=spec.resources.tmp_bytes or
             spec.resources.memory_bytes, shm_bytes=spec.resources.shm_bytes, uid=uid, gid=gid,
             masks=(self.config.state_dir, *self.config.mask_paths), log=d / "holder.log",
             rootless=rootless, seccomp=spec.seccomp, helper=seccomp.helper(),
+            tmp_in_upper=quota,
         )  # fmt: skip
         procs = [cgroup_join_file(c) for c in cg.holder_joined]
         popen, holder, skipped = await launch(
@@ -266,7 +284,8 @@ class LocalRuntime:
         protections["holder_oom"] = oom_protection(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
         protections.update(network=ACTIVE, rootfs=ACTIVE, unprivileged_user=ACTIVE,
-                           no_new_privs=ACTIVE)  # fmt: skip
+                           no_new_privs=ACTIVE,
+                           disk_quota=ACTIVE if quota else str(self._disk_quota))  # fmt: skip
         protections["seccomp"] = seccomp.protection(holder, spec.seccomp, layout.helper)
         if rootless:
             protections["user_namespace"] = ACTIVE
@@ -275,6 +294,18 @@ class LocalRuntime:
         record.update(phase="running", holder_pid=holder, holder_start=_start_time(holder),
                       protections=protections, notes=notes)  # fmt: skip
         _write_json(d / JAIL_FILE, record)
+
+    async def _disk(self, spec: InstanceSpec, d: Path) -> tuple[int | None, Path]:
+        """(the disk quota in bytes, where the sandbox's writable directories go): with a quota
+        its own filesystem mounted in ``d`` (see ``diskquota.py``); without one (None) ``d``
+        itself, and ``protections["disk_quota"]`` says why."""
+        if self._disk_quota is None:
+            self._disk_quota = await asyncio.to_thread(diskquota.probe)
+        if self._disk_quota != ACTIVE:
+            return None, d
+        size = spec.resources.disk_bytes or self.config.default_disk_bytes
+        state, options = self.config.state_dir, self.config.disk
+        return size, await asyncio.to_thread(diskquota.attach, state, d, size, options)
 
     def _allocate(self, spec: InstanceSpec) -> tuple[int, int]:
         """Create the sandbox's directory with a stub jail file holding its uid, under a lock
@@ -361,6 +392,10 @@ class LocalRuntime:
         # The launcher is dead or dying now: reap it, so no zombie of ours outlives destroy.
         if popen is not None and await wait_exit(popen, self.config.destroy_timeout):
             del self._launchers[sandbox_id]
+        try:  # the sandbox's own filesystem, if any: its processes are gone
+            await asyncio.to_thread(diskquota.detach, d)
+        except OSError as exc:
+            raise DestroyFailed(f"cannot unmount the disk of {sandbox_id!r}: {exc}") from exc
         if (d / JAIL_FILE).exists():  # never remove a directory that is not ours
             errors = await asyncio.to_thread(_remove_tree, d)
             if errors:

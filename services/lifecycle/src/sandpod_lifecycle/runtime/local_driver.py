@@ -64,6 +64,7 @@ def _resources(template: SandboxTemplateSpec) -> Resources:
         memory_bytes=parse_quantity(res.memory) if res.memory else base.memory_bytes,
         cpu_millicores=parse_cpu(res.cpu) if res.cpu else base.cpu_millicores,
         pids=res.pids or base.pids,
+        disk_bytes=parse_quantity(res.disk) if res.disk else None,  # None: the driver's default
     )
 
 
