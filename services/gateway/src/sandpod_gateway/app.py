@@ -19,7 +19,17 @@ from starlette.types import Receive, Scope, Send
 
 from sandpod_gateway.context import Context
 from sandpod_gateway.errors import MethodNotAllowed, RouteNotFound, error_response
-from sandpod_gateway.handlers import events, exec, files, health, pools, procs, sandboxes, ws
+from sandpod_gateway.handlers import (
+    events,
+    exec,
+    files,
+    health,
+    pools,
+    procs,
+    sandboxes,
+    tickets,
+    ws,
+)
 from sandpod_gateway.middleware import GatewayMiddleware
 
 __all__ = ["build_app"]
@@ -48,6 +58,7 @@ def routes(ctx: Context) -> list[BaseRoute]:
         _Route("/openapi.json", health.openapi),
         _Route("/", lambda r: RedirectResponse("/terminal")),
         _Route("/terminal", _terminal),
+        _Route("/v1/ws-tickets", tickets.create_ticket, methods=["POST"]),
         _Route("/v1/sandboxes", sandboxes.list_, methods=["GET"]),
         _Route("/v1/sandboxes", sandboxes.create, methods=["POST"]),
         _Route(s, sandboxes.get, methods=["GET"]),

@@ -19,12 +19,15 @@ from prometheus_client import CollectorRegistry
 
 from sandpod_bus import Bus
 from sandpod_contract.subjects import Subjects
+from sandpod_gateway import redact
 from sandpod_gateway.app import build_app
 from sandpod_gateway.context import Context
 from sandpod_gateway.keys import KeyStore
 from sandpod_gateway.metrics import GatewayMetrics
+from sandpod_gateway.quotas import Quotas
 from sandpod_gateway.ratelimit import RateLimiter
 from sandpod_gateway.settings import GatewaySettings
+from sandpod_gateway.tickets import TicketStore
 from sandpod_gateway.upstream import Upstream
 from sandpod_service import Supervisor
 
@@ -59,11 +62,15 @@ class GatewayService:
 
     async def start(self, bus: Bus) -> None:
         s = self.settings
+        redact.install()  # uvicorn logs handshake paths: no key or ticket may reach the log
         keys = await KeyStore.open(bus, s.bucket_base, s.key_cache)
+        metrics = GatewayMetrics(self.registry)
+        quotas = Quotas(s.max_streams, s.tenant_max_streams, s.tenant_max_execs)
+        quotas.on_stream = metrics.streams.inc
         ctx = Context(
             settings=s, upstream=Upstream(bus, Subjects(s.prefix), s.request_timeout), keys=keys,
             limiter=RateLimiter(s.rate, s.burst, s.rate_keys),
-            metrics=GatewayMetrics(self.registry), streams=asyncio.Semaphore(s.max_streams),
+            metrics=metrics, quotas=quotas, tickets=TicketStore(s.ticket_ttl),
             ready=asyncio.Event(),
         )  # fmt: skip
         config = uvicorn.Config(

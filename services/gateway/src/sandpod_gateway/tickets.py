@@ -1,0 +1,71 @@
+"""Short-lived, single-use WebSocket tickets, so a browser never puts its API key in a URL.
+
+A browser cannot set headers on a WebSocket, and a query string ends up in access logs, proxy
+logs and the browser's history. So the page trades its key (sent in the ``Authorization`` header
+of ``POST /v1/ws-tickets``) for a ticket ``spt_<secret>`` that opens one WebSocket of the same
+key and tenant within ``ttl`` seconds, then is gone: a ticket found in a log is already spent or
+expired. Tickets live in this replica's memory (bounded; the oldest is dropped when full), so
+the WebSocket must reach the replica that issued its ticket (one replica, or sticky routing by
+client address); clients that can set headers use the key or the ``Sec-WebSocket-Protocol``
+form instead (see the README).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import secrets
+import time
+
+from sandpod_gateway.keys import ApiKey
+
+__all__ = ["TICKET_PREFIX", "TicketStore"]
+
+TICKET_PREFIX = "spt_"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Ticket:
+    key: ApiKey
+    expires: float
+
+
+class TicketStore:
+    """Issue and redeem tickets; at most ``capacity`` outstanding (oldest evicted)."""
+
+    def __init__(self, ttl: float = 30.0, capacity: int = 10_000) -> None:
+        self.ttl = ttl
+        self._capacity = capacity
+        self._tickets: collections.OrderedDict[str, _Ticket] = collections.OrderedDict()
+
+    def issue(self, key: ApiKey) -> str:
+        """A new ticket for ``key`` (shown once; only its digest is kept)."""
+        self._expire()
+        ticket = TICKET_PREFIX + secrets.token_hex(24)
+        self._tickets[_digest(ticket)] = _Ticket(key, time.monotonic() + self.ttl)
+        while len(self._tickets) > self._capacity:
+            self._tickets.popitem(last=False)
+        return ticket
+
+    def redeem(self, ticket: str) -> ApiKey | None:
+        """The key ``ticket`` was issued for, once; None if unknown, spent or expired."""
+        entry = self._tickets.pop(_digest(ticket), None)
+        if entry is None or entry.expires < time.monotonic():
+            return None
+        return entry.key
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._tickets:
+            first = next(iter(self._tickets.values()))
+            if first.expires >= now:
+                return
+            self._tickets.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._tickets)
+
+
+def _digest(ticket: str) -> str:
+    return hashlib.sha256(ticket.encode()).hexdigest()
