@@ -30,6 +30,7 @@ from sandpod_gateway.settings import GatewaySettings
 from sandpod_gateway.tickets import TicketStore
 from sandpod_gateway.upstream import Upstream
 from sandpod_service import Supervisor
+from sandpod_service.memory import Trimmer
 
 __all__ = ["GatewayService"]
 
@@ -55,6 +56,7 @@ class GatewayService:
         self.port = 0
         self._server: _Server | None = None
         self._sock: socket.socket | None = None
+        self._trimmer: Trimmer | None = None
 
     @property
     def url(self) -> str:
@@ -66,7 +68,15 @@ class GatewayService:
         keys = await KeyStore.open(bus, s.bucket_base, s.key_cache)
         metrics = GatewayMetrics(self.registry)
         quotas = Quotas(s.max_streams, s.tenant_max_streams, s.tenant_max_execs)
-        quotas.on_stream = metrics.streams.inc
+        trimmer = Trimmer()
+
+        def on_stream(delta: int) -> None:
+            metrics.streams.inc(delta)
+            if delta < 0:
+                trimmer.soon()  # a closed stream's buffers go back to the kernel, not the heap
+
+        quotas.on_stream = on_stream
+        self._trimmer = trimmer
         ctx = Context(
             settings=s, upstream=Upstream(bus, Subjects(s.prefix), s.request_timeout), keys=keys,
             limiter=RateLimiter(s.rate, s.burst, s.rate_keys),
@@ -98,5 +108,7 @@ class GatewayService:
             self._server.should_exit = True
         self._stopping.set()
         await self.supervisor.close(grace)
+        if self._trimmer is not None:
+            self._trimmer.cancel()
         if self._sock is not None:
             self._sock.close()
