@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
 
 from sandpod_gateway.keys import ApiKey
 
@@ -34,16 +35,19 @@ class _Ticket:
 class TicketStore:
     """Issue and redeem tickets; at most ``capacity`` outstanding (oldest evicted)."""
 
-    def __init__(self, ttl: float = 30.0, capacity: int = 10_000) -> None:
+    def __init__(
+        self, ttl: float = 30.0, capacity: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.ttl = ttl
         self._capacity = capacity
+        self._clock = clock
         self._tickets: collections.OrderedDict[str, _Ticket] = collections.OrderedDict()
 
     def issue(self, key: ApiKey) -> str:
         """A new ticket for ``key`` (shown once; only its digest is kept)."""
         self._expire()
         ticket = TICKET_PREFIX + secrets.token_hex(24)
-        self._tickets[_digest(ticket)] = _Ticket(key, time.monotonic() + self.ttl)
+        self._tickets[_digest(ticket)] = _Ticket(key, self._clock() + self.ttl)
         while len(self._tickets) > self._capacity:
             self._tickets.popitem(last=False)
         return ticket
@@ -51,12 +55,12 @@ class TicketStore:
     def redeem(self, ticket: str) -> ApiKey | None:
         """The key ``ticket`` was issued for, once; None if unknown, spent or expired."""
         entry = self._tickets.pop(_digest(ticket), None)
-        if entry is None or entry.expires < time.monotonic():
+        if entry is None or entry.expires < self._clock():
             return None
         return entry.key
 
     def _expire(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         while self._tickets:
             first = next(iter(self._tickets.values()))
             if first.expires >= now:
