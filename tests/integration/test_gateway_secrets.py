@@ -185,3 +185,19 @@ def test_metrics_auth_setting_is_validated() -> None:
     assert GatewaySettings.from_env({"SANDPOD_GATEWAY_METRICS_AUTH": "none"}).metrics_auth == "none"
     with pytest.raises(ValueError, match="'admin'"):
         GatewaySettings.from_env({"SANDPOD_GATEWAY_METRICS_AUTH": "off"})
+
+
+async def test_a_ticket_dies_with_its_key(gateway: Gateway, shared_execd: Execd) -> None:
+    """A ticket issued before its key was revoked opens nothing; the tenant's other key works."""
+    doomed, spare = await mint_key(gateway, "default"), await mint_key(gateway, "default")
+    async with gateway.client(doomed) as c:
+        ticket = (await c.post("/v1/ws-tickets")).json()["ticket"]
+    store = await KeyStore.open(gateway.bus, gateway.service.settings.bucket_base)
+    await store.revoke(doomed.split("_")[1])
+    url = gateway.url.replace("http://", "ws://") + "/v1/sandboxes/shared/exec/ws"
+    with pytest.raises(InvalidStatus) as refused:
+        await _ws_exec(f"{url}?ticket={ticket}", "echo nope")
+    assert refused.value.response.status_code == 401
+    async with gateway.client(spare) as c:
+        ticket = (await c.post("/v1/ws-tickets")).json()["ticket"]
+    assert await _ws_exec(f"{url}?ticket={ticket}", "echo spare") == (b"spare\n", 0)

@@ -92,3 +92,14 @@ def test_json_depth_is_capped_without_recursion() -> None:
         assert http_status(info.value.code) == 400
     with pytest.raises(json.JSONDecodeError):
         jsonbody.loads(b"{nope")
+
+
+def test_one_tenant_cannot_evict_another_tenants_tickets() -> None:
+    store = TicketStore(ttl=30, capacity=100, per_tenant=3)
+    a, b = ApiKey("0123456789ab", "a", "d", 0.0), ApiKey("ba9876543210", "b", "d", 0.0)
+    mine = store.issue(b)
+    flood = [store.issue(a) for _ in range(50)]  # a's oldest go, never b's
+    assert len(store) == 4
+    assert store.redeem(mine) == b
+    assert [store.redeem(t) for t in flood[-3:]] == [a, a, a]
+    assert store.redeem(flood[0]) is None

@@ -132,6 +132,23 @@ class KeyStore:
             raise Unauthenticated()
         return record
 
+    async def still_valid(self, record: ApiKey) -> ApiKey:
+        """The live record of a key verified earlier (a WebSocket ticket's).
+
+        Raises:
+            Unauthenticated: revoked (or replaced) since.
+        """
+        live = self._cache.get(record.key_id)
+        if live is None:
+            try:
+                live = ApiKey.from_json((await self._bucket.get(record.key_id)).value)
+            except ResourceNotFound:
+                raise Unauthenticated() from None
+            self._remember(live)
+        if live.revoked or live.digest != record.digest:
+            raise Unauthenticated()
+        return live
+
     def _remember(self, record: ApiKey) -> None:
         self._cache[record.key_id] = record
         while len(self._cache) > self._cache_size:

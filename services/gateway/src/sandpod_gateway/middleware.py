@@ -126,10 +126,11 @@ class GatewayMiddleware:
             return await self._admit_metrics(token)
         try:
             if ticket is not None:
-                key = self.ctx.tickets.redeem(ticket)
-                if key is None:
+                issued = self.ctx.tickets.redeem(ticket)
+                if issued is None:
                     raise Unauthenticated("unknown, used or expired ticket: get a fresh one from "
                                           "POST /v1/ws-tickets just before connecting")  # fmt: skip
+                key = await self.ctx.keys.still_valid(issued)  # revoked since: refused
             else:
                 key = await self.ctx.keys.verify(token or "")
         except Unauthenticated as exc:
