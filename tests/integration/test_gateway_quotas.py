@@ -85,7 +85,9 @@ async def test_one_tenant_at_its_stream_quota_never_blocks_another(
     start_execd(sandbox_id=f"{b}--box")
     key_a, key_b = await mint_key(gw, a), await mint_key(gw, b)
     async with gw.client(key_b) as c:
-        r = await c.put("/v1/sandboxes/box/files/content?path=big", content=b"B" * (4 << 20))
+        r = await c.put(
+            "/v1/sandboxes/box/files/content?path=big", content=b"B" * (32 << 20)
+        )  # more than socket buffers hold
         assert r.status_code == 201
     setting = "SANDPOD_GATEWAY_TENANT_MAX_STREAMS"
     async with contextlib.AsyncExitStack() as held, gw.client(key_b) as c:

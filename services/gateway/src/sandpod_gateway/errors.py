@@ -20,6 +20,7 @@ __all__ = [
     "HeadersTooLarge",
     "JsonTooDeep",
     "MethodNotAllowed",
+    "NotConfigured",
     "QuotaExceeded",
     "RangeNotSatisfiable",
     "RateLimited",
@@ -66,6 +67,11 @@ class QuotaExceeded(Busy):
             f"tenant {tenant!r} is at its {quota} quota ({limit}): {how}",
             quota=quota, limit=limit, setting=setting,
         )  # fmt: skip
+
+
+class NotConfigured(Busy):
+    code = "busy.not_configured"
+    summary = "this endpoint is not configured on this gateway; ask the administrator"
 
 
 class RouteNotFound(BadRequest):
