@@ -73,10 +73,12 @@ async def gateway(start_gateway: GatewayFactory) -> Gateway:
     return await start_gateway(keepalive=0.2)
 
 
-async def mint_key(gw: Gateway, tenant: str) -> str:
-    """A fresh API key for ``tenant`` in the gateway's key bucket."""
+async def mint_key(gw: Gateway, tenant: str, *, admin: bool = False,
+                   permanent: bool = False) -> str:  # fmt: skip
+    """A fresh API key for ``tenant`` in the gateway's key bucket (``admin``: may read
+    /metrics; ``permanent``: may create permanent sandboxes)."""
     store = await KeyStore.open(gw.bus, gw.service.settings.bucket_base)
-    token, _ = await store.create(tenant)
+    token, _ = await store.create(tenant, admin=admin, permanent=permanent)
     return token
 
 

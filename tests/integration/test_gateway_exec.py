@@ -114,10 +114,13 @@ async def test_command_not_found_maps_to_422(gateway: Gateway, shared_execd: Exe
 
 
 async def test_health_ready_and_metrics(gateway: Gateway) -> None:
-    """/healthz and /readyz answer without a key; /metrics exposes sandpod_gateway_* series."""
+    """/healthz and /readyz answer without a key; /metrics (admin key) exposes
+    sandpod_gateway_* series."""
+    admin = await mint_key(gateway, "ops", admin=True)
     async with gateway.client() as c:
         assert (await c.get("/healthz")).status_code == 200
         assert (await c.get("/readyz")).json()["status"] == "ready"
+    async with gateway.client(admin) as c:
         metrics = (await c.get("/metrics")).text
     assert "sandpod_gateway_requests_total" in metrics
     assert 'route="/healthz"' in metrics

@@ -10,6 +10,7 @@ import pytest
 from gateway_harness import Gateway, gateway, mint_key, start_gateway  # noqa: F401
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
+from websockets.typing import Subprotocol
 
 from conftest import Execd
 
@@ -18,6 +19,11 @@ __all__: list[str] = []
 
 def _ws(gw: Gateway, path: str) -> str:
     return gw.url.replace("http://", "ws://") + path
+
+
+def _key_protocols(key: str) -> list[Subprotocol]:
+    """The browser-compatible way to send a key on a WebSocket (no header, no URL)."""
+    return [Subprotocol("sandpod"), Subprotocol(f"sandpod.key.{key}")]
 
 
 async def _until(ws: ClientConnection, needle: bytes, limit: int = 500) -> bytes:
@@ -45,8 +51,9 @@ async def test_pty_echo_resize_replay_and_viewers(gateway: Gateway, shared_execd
     earlier output replayed; exit is reported with its code."""
     key = await mint_key(gateway, "default")
     pty_id = f"t{uuid.uuid4().hex[:8]}"
-    url = _ws(gateway, f"/v1/sandboxes/shared/pty?pty_id={pty_id}&shell=sh&token={key}")
-    async with connect(url) as ws:
+    url = _ws(gateway, f"/v1/sandboxes/shared/pty?pty_id={pty_id}&shell=sh")
+    async with connect(url, subprotocols=_key_protocols(key)) as ws:
+        assert ws.subprotocol == "sandpod"
         ready = await _control(ws, "ready")
         assert ready["pty_id"] == pty_id
         await ws.send(b"echo hi-$((40+2))\n")
@@ -54,12 +61,14 @@ async def test_pty_echo_resize_replay_and_viewers(gateway: Gateway, shared_execd
         await ws.send(json.dumps({"type": "resize", "cols": 100, "rows": 30}))
         await ws.send(b"stty size\n")
         await _until(ws, b"30 100")
-        async with connect(url) as viewer:  # a second viewer sees the history and new output
+        # a second viewer sees the history and new output
+        async with connect(url, subprotocols=_key_protocols(key)) as viewer:
             await _control(viewer, "ready")
             await _until(viewer, b"hi-42")
             await ws.send(b"echo both\n")
             await _until(viewer, b"both")
-    async with connect(url) as again:  # reconnect: the replay buffer redraws what happened
+    # reconnect: the replay buffer redraws what happened
+    async with connect(url, subprotocols=_key_protocols(key)) as again:
         await _until(again, b"hi-42")
         await again.send(b"exit 5\n")
         assert (await _control(again, "exit"))["exit_code"] == 5
@@ -68,8 +77,8 @@ async def test_pty_echo_resize_replay_and_viewers(gateway: Gateway, shared_execd
 async def test_pty_keepalive_frames(gateway: Gateway, shared_execd: Execd) -> None:
     """An idle terminal socket gets {"type": "keepalive"} frames at the configured interval."""
     key = await mint_key(gateway, "default")
-    url = _ws(gateway, f"/v1/sandboxes/shared/pty?shell=sh&token={key}")
-    async with connect(url) as ws:
+    url = _ws(gateway, "/v1/sandboxes/shared/pty?shell=sh")
+    async with connect(url, subprotocols=_key_protocols(key)) as ws:
         ready = await _control(ws, "ready")
         assert (await _control(ws, "keepalive"))["type"] == "keepalive"
         await ws.send(b"exit\n")
@@ -113,8 +122,8 @@ async def test_exec_ws_streams_stdin_and_output(gateway: Gateway, shared_execd: 
 async def test_exec_ws_bad_first_frame(gateway: Gateway, shared_execd: Execd) -> None:
     """A first frame that is not a command gets an error frame and a policy close."""
     key = await mint_key(gateway, "default")
-    url = _ws(gateway, f"/v1/sandboxes/shared/exec/ws?token={key}")
-    async with connect(url) as ws:
+    url = _ws(gateway, "/v1/sandboxes/shared/exec/ws")
+    async with connect(url, subprotocols=_key_protocols(key)) as ws:
         await ws.send("not json")
         err = await _control(ws, "error")
         assert err["code"] == "bad_request"

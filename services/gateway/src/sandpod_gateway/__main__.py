@@ -1,7 +1,7 @@
 """``python -m sandpod_gateway``: serve the HTTP API (default), manage API keys, print OpenAPI.
 
 python -m sandpod_gateway                       # serve until SIGTERM
-python -m sandpod_gateway keys create --tenant acme [--name ci]   # prints the key once
+python -m sandpod_gateway keys create --tenant acme [--name ci] [--admin] [--allow-permanent]
 python -m sandpod_gateway keys list
 python -m sandpod_gateway keys revoke <key_id>
 python -m sandpod_gateway openapi               # the OpenAPI document (schemas/openapi/)
@@ -31,6 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     create = keys.add_parser("create", help="create a key and print it (shown once)")
     create.add_argument("--tenant", required=True)
     create.add_argument("--name", default="")
+    create.add_argument(
+        "--admin",
+        action="store_true",
+        help="the key may read /metrics (SANDPOD_GATEWAY_METRICS_AUTH=admin)",
+    )
+    create.add_argument(
+        "--allow-permanent",
+        action="store_true",
+        help="the key may create permanent sandboxes (spec.permanent: true)",
+    )
     keys.add_parser("list", help="list keys (ids, tenants, revoked)")
     revoke = keys.add_parser("revoke", help="revoke a key by id")
     revoke.add_argument("key_id")

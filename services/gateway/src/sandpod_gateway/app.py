@@ -28,6 +28,7 @@ from sandpod_gateway.handlers import (
     pools,
     procs,
     sandboxes,
+    tickets,
     ws,
 )
 from sandpod_gateway.middleware import GatewayMiddleware
@@ -58,6 +59,7 @@ def routes(ctx: Context) -> list[BaseRoute]:
         _Route("/openapi.json", health.openapi),
         _Route("/", lambda r: RedirectResponse("/terminal")),
         _Route("/terminal", _terminal),
+        _Route("/v1/ws-tickets", tickets.create_ticket, methods=["POST"]),
         _Route("/v1/sandboxes", sandboxes.list_, methods=["GET"]),
         _Route("/v1/sandboxes", sandboxes.create, methods=["POST"]),
         _Route(s, sandboxes.get, methods=["GET"]),

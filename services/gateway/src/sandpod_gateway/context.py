@@ -9,9 +9,11 @@ from starlette.requests import HTTPConnection
 
 from sandpod_gateway.keys import ApiKey, KeyStore
 from sandpod_gateway.metrics import GatewayMetrics
+from sandpod_gateway.quotas import Quotas
 from sandpod_gateway.ratelimit import RateLimiter
 from sandpod_gateway.settings import GatewaySettings
 from sandpod_gateway.tenancy import Scope
+from sandpod_gateway.tickets import TicketStore
 from sandpod_gateway.upstream import Upstream
 
 __all__ = ["Context", "Principal", "context", "principal"]
@@ -32,8 +34,11 @@ class Context:
     keys: KeyStore
     limiter: RateLimiter
     metrics: GatewayMetrics
-    streams: asyncio.Semaphore  # long-lived streams (SSE, WebSocket, transfers) per replica
+    quotas: Quotas  # streams and execs per tenant, and the replica's stream ceiling
+    tickets: TicketStore  # single-use WebSocket tickets
     ready: asyncio.Event
+    # sandbox names each tenant is creating on this replica (counted against its quota)
+    pending_creates: dict[str, set[str]] = dataclasses.field(default_factory=dict)
 
 
 def context(conn: HTTPConnection) -> Context:

@@ -18,8 +18,10 @@ __all__ = [
     "AuthError",
     "Forbidden",
     "HeadersTooLarge",
+    "JsonTooDeep",
     "MethodNotAllowed",
     "NotConfigured",
+    "QuotaExceeded",
     "RangeNotSatisfiable",
     "RateLimited",
     "RouteNotFound",
@@ -53,6 +55,20 @@ class RateLimited(Busy):
     summary = "too many requests for this API key; retry after the advertised delay"
 
 
+class QuotaExceeded(Busy):
+    """A tenant quota is full; ``details``: ``quota``, ``limit``, ``setting`` (what raises it)."""
+
+    code = "busy.quota_exceeded"
+    summary = "a quota of this tenant is full"
+
+    def __init__(self, quota: str, limit: int, setting: str, tenant: str, hint: str = "") -> None:
+        how = hint or f"close some first, or ask the operator to raise {setting}"
+        super().__init__(
+            f"tenant {tenant!r} is at its {quota} quota ({limit}): {how}",
+            quota=quota, limit=limit, setting=setting,
+        )  # fmt: skip
+
+
 class NotConfigured(Busy):
     code = "busy.not_configured"
     summary = "this endpoint is not configured on this gateway; ask the administrator"
@@ -73,6 +89,16 @@ class HeadersTooLarge(BadRequest):
     summary = "request headers are too large"
 
 
+class JsonTooDeep(BadRequest):
+    code = "bad_request.json_too_deep"
+    summary = "the JSON document is nested too deeply; flatten it"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"JSON nested deeper than {limit} levels: send a flatter document", limit=limit
+        )
+
+
 class RangeNotSatisfiable(BadRequest):
     code = "bad_request.range_not_satisfiable"
     summary = "the requested byte range is outside the file"
@@ -84,6 +110,7 @@ _STATUS: tuple[tuple[str, int], ...] = (
     ("auth.forbidden", 403),
     ("auth.", 401),
     ("busy.rate_limited", 429),
+    ("busy.quota_exceeded", 429),
     ("busy", 503),
     ("bad_request.too_large", 413),
     ("bad_request.unknown_route", 404),

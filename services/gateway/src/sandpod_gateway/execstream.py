@@ -36,6 +36,7 @@ __all__ = ["ExecStream"]
 
 FRAME_QUEUE = 1024  # frames; execd's window bounds the bytes behind them
 CONTROL_TIMEOUT = 10.0
+DRAIN_TIMEOUT = 5.0  # a cancelled command's last frames, acknowledged unread on close
 
 
 class ExecStream:
@@ -141,10 +142,33 @@ class ExecStream:
         await self.target.call("exec", "stdin", req, ExecStatus, CONTROL_TIMEOUT)
 
     async def close(self) -> None:
-        """Unsubscribe; a command still running (its client left) is cancelled."""
+        """Unsubscribe; a command still running (its client left) is cancelled, and what it
+        still sends is acknowledged unread until its exit frame, so execd frees the frames it
+        retains for us at once instead of holding a full window until it gives up on us."""
         if self.exit is None and self.exec_id:
-            with contextlib.suppress(SandpodError):
+            try:
                 await self.target.call(
                     "exec", "cancel", ExecRef(exec_id=self.exec_id), ExecStatus, CONTROL_TIMEOUT
                 )
+            except SandpodError:
+                pass
+            else:
+                with contextlib.suppress(SandpodError, TimeoutError):
+                    await asyncio.wait_for(self._discard_until_exit(), DRAIN_TIMEOUT)
         await self._sub.stop()
+        while not self._queue.empty():  # drop what is queued now, not when we are collected
+            self._queue.get_nowait()
+
+    async def _discard_until_exit(self) -> None:
+        """Ack every frame (the highest seq releases all below it) until the exit frame."""
+        last = self._acked
+        while True:
+            raw = await self._queue.get()
+            frame = self._decode(raw)
+            if frame is None or frame.seq <= last:
+                continue
+            last = frame.seq
+            if isinstance(frame, ExecExit) or self._queue.empty():
+                await self.target.publish("exec", "ack", StreamAck(exec_id=self.exec_id, seq=last))
+            if isinstance(frame, ExecExit):
+                return

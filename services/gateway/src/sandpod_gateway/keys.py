@@ -56,6 +56,8 @@ class ApiKey:
     created: float
     revoked: bool = False
     name: str = ""
+    admin: bool = False  # may read /metrics (operators' and scrapers' keys)
+    permanent: bool = False  # may create sandboxes that never expire
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()
@@ -66,7 +68,8 @@ class ApiKey:
         return cls(
             key_id=str(raw["key_id"]), tenant=str(raw["tenant"]), digest=str(raw["digest"]),
             created=float(raw["created"]), revoked=bool(raw.get("revoked", False)),
-            name=str(raw.get("name", "")),
+            name=str(raw.get("name", "")), admin=bool(raw.get("admin", False)),
+            permanent=bool(raw.get("permanent", False)),
         )  # fmt: skip
 
 
@@ -82,12 +85,16 @@ class KeyStore:
     async def open(cls, bus: Bus, base: str, cache_size: int = 4096) -> KeyStore:
         return cls(await bus.kv(bucket_name(base)), cache_size)
 
-    async def create(self, tenant: str, name: str = "") -> tuple[str, ApiKey]:
-        """A new key for ``tenant``: (the key, shown once; its record)."""
+    async def create(
+        self, tenant: str, name: str = "", *, admin: bool = False, permanent: bool = False
+    ) -> tuple[str, ApiKey]:
+        """A new key for ``tenant``: (the key, shown once; its record). ``admin`` lets it read
+        ``/metrics``; ``permanent`` lets it create sandboxes that never expire."""
         validate_tenant(tenant)
         key_id = secrets.token_hex(6)
         token = f"spk_{key_id}_{secrets.token_hex(24)}"
-        record = ApiKey(key_id, tenant, _digest(token), time.time(), name=name)
+        record = ApiKey(key_id, tenant, _digest(token), time.time(), name=name, admin=admin,
+                        permanent=permanent)  # fmt: skip
         await self._bucket.create(key_id, record.to_json())
         return token, record
 
@@ -124,6 +131,23 @@ class KeyStore:
         if record.revoked or not hmac.compare_digest(record.digest, _digest(token)):
             raise Unauthenticated()
         return record
+
+    async def still_valid(self, record: ApiKey) -> ApiKey:
+        """The live record of a key verified earlier (a WebSocket ticket's).
+
+        Raises:
+            Unauthenticated: revoked (or replaced) since.
+        """
+        live = self._cache.get(record.key_id)
+        if live is None:
+            try:
+                live = ApiKey.from_json((await self._bucket.get(record.key_id)).value)
+            except ResourceNotFound:
+                raise Unauthenticated() from None
+            self._remember(live)
+        if live.revoked or live.digest != record.digest:
+            raise Unauthenticated()
+        return live
 
     def _remember(self, record: ApiKey) -> None:
         self._cache[record.key_id] = record

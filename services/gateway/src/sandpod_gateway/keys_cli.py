@@ -23,7 +23,9 @@ async def run_keys(settings: GatewaySettings, args: argparse.Namespace) -> int:
     try:
         store = await KeyStore.open(bus, settings.bucket_base)
         if args.action == "create":
-            token, record = await store.create(args.tenant, args.name)
+            token, record = await store.create(
+                args.tenant, args.name, admin=args.admin, permanent=args.allow_permanent
+            )
             print(token)
             print(f"key id {record.key_id} for tenant {record.tenant}: store it now, it is not "
                   "shown again", file=sys.stderr)  # fmt: skip
@@ -31,7 +33,9 @@ async def run_keys(settings: GatewaySettings, args: argparse.Namespace) -> int:
             for k in await store.list():
                 created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(k.created))
                 state = "revoked" if k.revoked else "active"
-                print(f"{k.key_id}  {k.tenant:<30} {state:<8} {created}  {k.name}")
+                flags = ",".join(f for f, on in (("admin", k.admin), ("permanent", k.permanent))
+                                 if on) or "-"  # fmt: skip
+                print(f"{k.key_id}  {k.tenant:<30} {state:<8} {created}  {flags:<15} {k.name}")
         else:
             record = await store.revoke(args.key_id)
             print(f"revoked {record.key_id} (tenant {record.tenant})")

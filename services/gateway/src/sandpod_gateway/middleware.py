@@ -6,10 +6,17 @@ through untouched. Order per request: request id (the client's ``X-Request-Id`` 
 fresh one; echoed in every response) -> header size limit (431) -> API key (401) -> per-key rate
 limit (429) -> route. WebSocket refusals are sent as an HTTP response before the handshake
 completes (the ASGI ``websocket.http.response`` extension), so clients see the same JSON errors.
+
+Credentials: ``Authorization: Bearer <key>`` or ``X-API-Key`` on any request; a WebSocket may
+instead offer the subprotocols ``sandpod`` and ``sandpod.key.<key>`` (or
+``sandpod.ticket.<ticket>``; the server selects ``sandpod``), or carry ``?ticket=`` (single use,
+from ``POST /v1/ws-tickets``). An API key in the URL (``?token=``) is refused: URLs end up in
+logs. ``/metrics`` needs an admin key or the metrics token unless ``metrics_auth`` is ``none``.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
 import time
@@ -22,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandpod_contract.errors import InternalError, SandpodError
 from sandpod_gateway.context import Context, Principal
 from sandpod_gateway.errors import (
+    Forbidden,
     HeadersTooLarge,
     RateLimited,
     Unauthenticated,
@@ -34,7 +42,11 @@ __all__ = ["PUBLIC_PATHS", "GatewayMiddleware"]
 
 log = structlog.get_logger("sandpod.gateway.http")
 
-PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/", "/terminal")
+PUBLIC_PATHS = ("/healthz", "/readyz", "/openapi.json", "/", "/terminal")
+METRICS_PATH = "/metrics"
+SUBPROTOCOL = "sandpod"
+_KEY_PROTO = "sandpod.key."
+_TICKET_PROTO = "sandpod.ticket."
 PUBLIC_PREFIXES = ("/static/",)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -63,6 +75,8 @@ class GatewayMiddleware:
             elif message["type"] == "websocket.accept":
                 status[0] = 101
                 message = {**message, "headers": [*message.get("headers", []), rid_header]}
+                if SUBPROTOCOL in scope.get("subprotocols", ()) and not message.get("subprotocol"):
+                    message["subprotocol"] = SUBPROTOCOL  # browsers insist on an echoed protocol
             elif message["type"] == "websocket.close" and not status[0]:
                 status[0] = 403
             await send(message)
@@ -97,7 +111,7 @@ class GatewayMiddleware:
             if not status[0]:
                 await self._refuse(scope, send, InternalError(f"{type(exc).__name__}"), {})
 
-    async def _admit(
+    async def _admit(  # noqa: PLR0911 (one return per refusal)
         self, scope: Scope, headers: list[tuple[bytes, bytes]]
     ) -> tuple[SandpodError | None, dict[str, str]]:
         size = sum(len(k) + len(v) + 4 for k, v in headers)
@@ -107,12 +121,26 @@ class GatewayMiddleware:
         path: str = scope["path"]
         if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
             return None, {}
-        token = _token(scope, headers)
+        token, ticket = _credentials(scope, headers)
+        if path == METRICS_PATH:
+            return await self._admit_metrics(token)
         try:
-            key = await self.ctx.keys.verify(token or "")
+            if ticket is not None:
+                issued = self.ctx.tickets.redeem(ticket)
+                if issued is None:
+                    raise Unauthenticated("unknown, used or expired ticket: get a fresh one from "
+                                          "POST /v1/ws-tickets just before connecting")  # fmt: skip
+                key = await self.ctx.keys.still_valid(issued)  # revoked since: refused
+            else:
+                key = await self.ctx.keys.verify(token or "")
         except Unauthenticated as exc:
             self.ctx.metrics.rejected.labels("unauthenticated").inc()
-            return exc, {"www-authenticate": 'Bearer realm="sandpod"'}
+            refused = exc
+            if scope["type"] == "websocket" and _query(scope, "token") is not None:
+                refused = Unauthenticated("API keys in the URL are refused (URLs get logged): "
+                                          "send Authorization, the sandpod.key.<key> subprotocol "
+                                          "or a ?ticket= from POST /v1/ws-tickets")  # fmt: skip
+            return refused, {"www-authenticate": 'Bearer realm="sandpod"'}
         except SandpodError as exc:  # the key bucket is unreachable: retryable
             return exc, {}
         wait = self.ctx.limiter.take(key.key_id)
@@ -122,6 +150,28 @@ class GatewayMiddleware:
             return RateLimited(retry_after=retry), {"retry-after": str(retry)}
         scope["state"]["principal"] = Principal(key, TenantScope(key.tenant))
         structlog.contextvars.bind_contextvars(tenant=key.tenant)
+        return None, {}
+
+    async def _admit_metrics(self, token: str | None) -> tuple[SandpodError | None, dict[str, str]]:
+        """``/metrics``: public with ``metrics_auth=none``; else the metrics token or an admin
+        key."""
+        s = self.ctx.settings
+        if s.metrics_auth == "none":
+            return None, {}
+        if token and s.metrics_token and hmac.compare_digest(token, s.metrics_token):
+            return None, {}
+        try:
+            key = await self.ctx.keys.verify(token or "")
+        except Unauthenticated:
+            self.ctx.metrics.rejected.labels("unauthenticated").inc()
+            return Unauthenticated("/metrics needs an admin API key (keys create --admin) or "
+                                   "SANDPOD_GATEWAY_METRICS_TOKEN"), {
+                "www-authenticate": 'Bearer realm="sandpod"'}  # fmt: skip
+        except SandpodError as exc:
+            return exc, {}
+        if not key.admin:
+            return Forbidden("/metrics needs an admin API key (keys create --admin) or the "
+                             "metrics token (SANDPOD_GATEWAY_METRICS_TOKEN)"), {}  # fmt: skip
         return None, {}
 
     async def _refuse(
@@ -149,19 +199,29 @@ def _request_id(headers: list[tuple[bytes, bytes]]) -> str:
     return uuid.uuid4().hex
 
 
-def _token(scope: Scope, headers: list[tuple[bytes, bytes]]) -> str | None:
+def _credentials(scope: Scope, headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
+    """(API key, ticket) the request carries; at most one is set."""
     for k, v in headers:
         if k == b"authorization":
             scheme, _, value = v.decode("latin-1").partition(" ")
             if scheme.lower() == "bearer":
-                return value.strip()
+                return value.strip(), None
         elif k == b"x-api-key":
-            return v.decode("latin-1").strip()
-    if scope["type"] == "websocket":  # browsers cannot set headers on a WebSocket
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        values = query.get("token")
-        return values[0] if values else None
-    return None
+            return v.decode("latin-1").strip(), None
+    if scope["type"] != "websocket":
+        return None, None
+    for proto in scope.get("subprotocols", ()):  # browsers cannot set headers on a WebSocket
+        if proto.startswith(_KEY_PROTO):
+            return proto[len(_KEY_PROTO) :], None
+        if proto.startswith(_TICKET_PROTO):
+            return None, proto[len(_TICKET_PROTO) :]
+    ticket = _query(scope, "ticket")
+    return (None, ticket) if ticket is not None else (None, None)
+
+
+def _query(scope: Scope, name: str) -> str | None:
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
+    return values[0] if values else None
 
 
 def _route(scope: Scope) -> str:

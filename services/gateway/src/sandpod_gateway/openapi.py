@@ -96,6 +96,8 @@ SCHEMAS: dict[str, Any] = {
                                                  "maximum": 300}}},
     "ClaimList": {"type": "object", "properties": {
         "items": {"type": "array", "items": {"$ref": _S + "Claim"}}}},
+    "WsTicket": {"type": "object", "required": ["ticket", "expires_in"], "properties": {
+        "ticket": STR, "expires_in": {"type": "number"}}},
     "Renew": {"type": "object", "properties": {
         "seconds": {"type": "number", "exclusiveMinimum": 0}, "shutdown_time": STR}},
 }  # fmt: skip
@@ -149,6 +151,14 @@ def _paths() -> dict[str, Any]:
         "/healthz": {"get": {**_op("healthz", "the process serves HTTP", "health"),
                              "security": []}},
         "/readyz": {"get": {**_op("readyz", "connected to NATS", "health"), "security": []}},
+        "/metrics": {"get": _op(
+            "metrics", "Prometheus metrics (admin key or metrics token unless "
+            "SANDPOD_GATEWAY_METRICS_AUTH=none)", "health",
+            content={"text/plain": {"schema": STR}})},
+        "/v1/ws-tickets": {"post": _op(
+            "createWsTicket", "a single-use WebSocket ticket (?ticket= or the "
+            "sandpod.ticket.<ticket> subprotocol), valid for expires_in seconds", "auth",
+            ok=201, reply="WsTicket")},
         "/v1/sandboxes": {
             "get": _op("listSandboxes", "list the tenant's sandboxes", "sandboxes",
                        params=sel, reply="SandboxList"),
@@ -264,7 +274,10 @@ def spec() -> dict[str, Any]:
         "info": {"title": "Sandpod gateway", "version": "v1", "description": (
             "HTTP API of Sandpod: every call is translated to NATS. Authenticate with "
             "`Authorization: Bearer <API key>`. Errors are {code, message, retryable} with the "
-            "wire error codes. WebSockets (not describable here): /v1/sandboxes/{name}/pty and "
+            "wire error codes; a full tenant quota is 429 busy.quota_exceeded with details "
+            "{quota, limit, setting}. WebSockets authenticate with a header, the subprotocols "
+            "`sandpod` + `sandpod.key.<key>`, or a ticket from POST /v1/ws-tickets. "
+            "WebSockets (not describable here): /v1/sandboxes/{name}/pty and "
             "/v1/sandboxes/{name}/exec/ws, see services/gateway/README.md.")},
         "security": [{"bearer": []}],
         "paths": _paths(),

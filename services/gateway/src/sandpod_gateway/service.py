@@ -19,14 +19,18 @@ from prometheus_client import CollectorRegistry
 
 from sandpod_bus import Bus
 from sandpod_contract.subjects import Subjects
+from sandpod_gateway import redact
 from sandpod_gateway.app import build_app
 from sandpod_gateway.context import Context
 from sandpod_gateway.keys import KeyStore
 from sandpod_gateway.metrics import GatewayMetrics
+from sandpod_gateway.quotas import Quotas
 from sandpod_gateway.ratelimit import RateLimiter
 from sandpod_gateway.settings import GatewaySettings
+from sandpod_gateway.tickets import TicketStore
 from sandpod_gateway.upstream import Upstream
 from sandpod_service import Supervisor
+from sandpod_service.memory import Trimmer
 
 __all__ = ["GatewayService"]
 
@@ -52,6 +56,7 @@ class GatewayService:
         self.port = 0
         self._server: _Server | None = None
         self._sock: socket.socket | None = None
+        self._trimmer: Trimmer | None = None
 
     @property
     def url(self) -> str:
@@ -59,11 +64,23 @@ class GatewayService:
 
     async def start(self, bus: Bus) -> None:
         s = self.settings
+        redact.install()  # uvicorn logs handshake paths: no key or ticket may reach the log
         keys = await KeyStore.open(bus, s.bucket_base, s.key_cache)
+        metrics = GatewayMetrics(self.registry)
+        quotas = Quotas(s.max_streams, s.tenant_max_streams, s.tenant_max_execs)
+        trimmer = Trimmer()
+
+        def on_stream(delta: int) -> None:
+            metrics.streams.inc(delta)
+            if delta < 0:
+                trimmer.soon()  # a closed stream's buffers go back to the kernel, not the heap
+
+        quotas.on_stream = on_stream
+        self._trimmer = trimmer
         ctx = Context(
             settings=s, upstream=Upstream(bus, Subjects(s.prefix), s.request_timeout), keys=keys,
             limiter=RateLimiter(s.rate, s.burst, s.rate_keys),
-            metrics=GatewayMetrics(self.registry), streams=asyncio.Semaphore(s.max_streams),
+            metrics=metrics, quotas=quotas, tickets=TicketStore(s.ticket_ttl),
             ready=asyncio.Event(),
         )  # fmt: skip
         config = uvicorn.Config(
@@ -91,5 +108,7 @@ class GatewayService:
             self._server.should_exit = True
         self._stopping.set()
         await self.supervisor.close(grace)
+        if self._trimmer is not None:
+            self._trimmer.cancel()
         if self._sock is not None:
             self._sock.close()

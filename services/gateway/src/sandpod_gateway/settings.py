@@ -14,6 +14,13 @@
 | ``SANDPOD_GATEWAY_MAX_HEADER_BYTES`` | 16384 | requests with larger headers get 431 |
 | ``SANDPOD_GATEWAY_MAX_JSON_BYTES`` | 1 MiB | JSON bodies above this get 413 |
 | ``SANDPOD_GATEWAY_MAX_STREAMS`` | 1024 | concurrent SSE/WebSocket/transfer streams per replica |
+| ``SANDPOD_GATEWAY_TENANT_MAX_STREAMS`` | 64 | open streams per tenant per replica (429) |
+| ``SANDPOD_GATEWAY_TENANT_MAX_EXECS`` | 64 | running commands per tenant per replica (429) |
+| ``SANDPOD_GATEWAY_TENANT_MAX_SANDBOXES`` | 100 | sandboxes per tenant (create: 429) |
+| ``SANDPOD_GATEWAY_STREAM_WINDOW`` | 256 KiB | exec stream window: unread output per stream |
+| ``SANDPOD_GATEWAY_METRICS_AUTH`` | ``admin`` | ``/metrics``: ``admin`` key/token, or ``none`` |
+| ``SANDPOD_GATEWAY_METRICS_TOKEN`` | unset | a bearer token that may read ``/metrics`` |
+| ``SANDPOD_GATEWAY_TICKET_TTL`` | 30 s | life of a single-use WebSocket ticket |
 | ``SANDPOD_GATEWAY_KEY_CACHE`` | 4096 | verified keys cached (evicted by the bucket watch) |
 | ``SANDPOD_GATEWAY_REQUEST_TIMEOUT`` | 30 s | deadline of one NATS request made for a client |
 | ``SANDPOD_GATEWAY_WEB_DIR`` | ``<package>/web`` | web terminal assets (xterm.js: ``vendor/``) |
@@ -55,6 +62,13 @@ class GatewaySettings:
     max_header_bytes: int = 16 * 1024
     max_json_bytes: int = 1024 * 1024
     max_streams: int = 1024
+    tenant_max_streams: int = 64
+    tenant_max_execs: int = 64
+    tenant_max_sandboxes: int = 100
+    stream_window: int = 256 * 1024
+    metrics_auth: str = "admin"
+    metrics_token: str = ""
+    ticket_ttl: float = 30.0
     key_cache: int = 4096
     request_timeout: float = 30.0
     web_dir: Path = WEB_DIR
@@ -93,6 +107,21 @@ class GatewaySettings:
                 env, "SANDPOD_GATEWAY_MAX_JSON_BYTES", d.max_json_bytes, minimum=1024
             ),
             max_streams=env_int(env, "SANDPOD_GATEWAY_MAX_STREAMS", d.max_streams, minimum=1),
+            tenant_max_streams=env_int(
+                env, "SANDPOD_GATEWAY_TENANT_MAX_STREAMS", d.tenant_max_streams, minimum=1
+            ),
+            tenant_max_execs=env_int(
+                env, "SANDPOD_GATEWAY_TENANT_MAX_EXECS", d.tenant_max_execs, minimum=1
+            ),
+            tenant_max_sandboxes=env_int(
+                env, "SANDPOD_GATEWAY_TENANT_MAX_SANDBOXES", d.tenant_max_sandboxes, minimum=0
+            ),
+            stream_window=env_int(
+                env, "SANDPOD_GATEWAY_STREAM_WINDOW", d.stream_window, minimum=4096
+            ),
+            metrics_auth=_metrics_auth(env_str(env, "SANDPOD_GATEWAY_METRICS_AUTH", "admin")),
+            metrics_token=env_str(env, "SANDPOD_GATEWAY_METRICS_TOKEN", ""),
+            ticket_ttl=env_float(env, "SANDPOD_GATEWAY_TICKET_TTL", d.ticket_ttl, minimum=1.0),
             key_cache=env_int(env, "SANDPOD_GATEWAY_KEY_CACHE", d.key_cache, minimum=1),
             request_timeout=env_float(
                 env, "SANDPOD_GATEWAY_REQUEST_TIMEOUT", d.request_timeout, minimum=0.1
@@ -107,3 +136,12 @@ class GatewaySettings:
                 env, "SANDPOD_GATEWAY_TENANT_CREDS_TTL", d.tenant_creds_ttl, minimum=10.0
             ),
         )  # fmt: skip
+
+
+def _metrics_auth(value: str) -> str:
+    if value not in ("admin", "none"):
+        raise ValueError(
+            f"SANDPOD_GATEWAY_METRICS_AUTH={value!r}: use 'admin' (an admin API key or "
+            "SANDPOD_GATEWAY_METRICS_TOKEN) or 'none' (public)"
+        )
+    return value

@@ -27,6 +27,7 @@ from sandpod_execd.oneshot import Outcome, run_to_completion, status_fields
 from sandpod_execd.process import Process, spawn
 from sandpod_execd.sandbox import SandboxContext
 from sandpod_execd.streaming import StreamingExec, validate_signal
+from sandpod_service.memory import Trimmer
 
 __all__ = ["ExecHandlers", "reply_budget"]
 
@@ -56,6 +57,7 @@ class ExecHandlers:
         self._supervisor = deps.supervisor
         self._publish = deps.publish
         self._budget = reply_budget(deps.max_payload)
+        self._trimmer = Trimmer()
 
     def routes(self) -> dict[tuple[str, str], Route]:
         return {
@@ -212,6 +214,7 @@ class ExecHandlers:
         finally:
             self._metrics.running.dec()
             sbx.registry.finished(stream.exec_id, stream.proc.returncode)
+            self._trimmer.soon()  # its retained frames go back to the kernel, not the heap
             self._metrics.exec_seconds.labels("stream").observe(
                 time.monotonic() - stream.proc.started
             )

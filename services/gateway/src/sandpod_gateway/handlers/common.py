@@ -8,7 +8,6 @@ JSON by their wire map (``v`` dropped; bytes as base64 under the field's name + 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -17,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from sandpod_contract.codec import Message, to_map
 from sandpod_contract.errors import BadRequest, PayloadTooLarge, SandpodError
+from sandpod_gateway import jsonbody
 from sandpod_gateway.context import context, principal
 from sandpod_gateway.errors import error_response
 from sandpod_gateway.upstream import Target
@@ -148,7 +148,7 @@ async def read_json(request: Request, optional: bool = False) -> Body:
     if not raw and optional:
         return Body({})
     try:
-        data = json.loads(raw)
+        data = jsonbody.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest("body is not valid JSON") from exc
     if not isinstance(data, dict):

@@ -46,7 +46,12 @@ async def watch(request: Request) -> Response:
     req = WatchStart(path=path, recursive=query_bool(request, "recursive", True),
                      include=tuple(request.query_params.getlist("include")),
                      exclude=tuple(request.query_params.getlist("exclude")))  # fmt: skip
-    info = await sbx.call("watch", "start", req, WatchInfo)
+    slot = ctx.quotas.stream(principal(request).scope.tenant)
+    try:
+        info = await sbx.call("watch", "start", req, WatchInfo)
+    except BaseException:
+        slot.release()
+        raise
 
     async def events() -> AsyncIterator[SseEvent]:
         yield "ready", message_json(info)
@@ -62,6 +67,7 @@ async def watch(request: Request) -> Response:
                 return
 
     async def stop(_completed: bool) -> None:
+        slot.release()
         with contextlib.suppress(SandpodError):
             await sbx.call("watch", "stop", WatchRef(watch_id=info.watch_id), WatchInfo, 5.0)
 
@@ -77,12 +83,17 @@ async def lifecycle_events(request: Request) -> Response:
     if only is not None and scope.sandbox_id(only) is None:
         raise BadRequest("sandbox: not a sandbox name", field="sandbox")
     queue: asyncio.Queue[bytes] = asyncio.Queue(EVENT_QUEUE)
+    slot = ctx.quotas.stream(scope.tenant)
 
     async def on_event(msg: Inbound) -> None:
         await queue.put(msg.data)  # blocks the subscription: nats-py's pending limits bound it
 
     subject = ctx.upstream.subjects.events_all()
-    sub = await ctx.upstream.bus.subscribe(subject, on_event, pending_msgs=EVENT_QUEUE)
+    try:
+        sub = await ctx.upstream.bus.subscribe(subject, on_event, pending_msgs=EVENT_QUEUE)
+    except BaseException:
+        slot.release()
+        raise
 
     async def events() -> AsyncIterator[SseEvent]:
         yield "ready", {"tenant": scope.tenant}
@@ -99,6 +110,7 @@ async def lifecycle_events(request: Request) -> Response:
             yield ev.type, data
 
     async def stop(_completed: bool) -> None:
+        slot.release()
         await sub.stop()
 
     return SseResponse(events(), ctx.settings.keepalive, on_close=stop)

@@ -16,9 +16,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from sandpod_contract.errors import BadRequest, Busy
+from sandpod_contract.errors import BadRequest
 from sandpod_contract.messages.exec import ExecFetch, ExecRequest, ExecResult, OutputPart
-from sandpod_gateway.context import context
+from sandpod_gateway.context import context, principal
 from sandpod_gateway.execstream import ExecStream
 from sandpod_gateway.handlers.common import Body, handler, read_json, target
 from sandpod_gateway.sse import SseEvent, SseResponse
@@ -66,9 +66,10 @@ async def run(request: Request) -> Response:
         max_output=MAX_ONESHOT_OUTPUT if max_output is None else max_output,
     )
     timeout = (req.timeout or 3600.0) + context(request).settings.request_timeout
-    result = await sbx.call("exec", "run", req, ExecResult, timeout)
-    stdout = await _complete(sbx, result, "stdout", result.stdout, result.stdout_size)
-    stderr = await _complete(sbx, result, "stderr", result.stderr, result.stderr_size)
+    with context(request).quotas.exec(principal(request).scope.tenant):
+        result = await sbx.call("exec", "run", req, ExecResult, timeout)
+        stdout = await _complete(sbx, result, "stdout", result.stdout, result.stdout_size)
+        stderr = await _complete(sbx, result, "stderr", result.stderr, result.stderr_size)
     return JSONResponse({
         "exec_id": result.exec_id, "exit_code": result.exit_code, "signal": result.signal,
         "stdout": render(stdout, enc), "stderr": render(stderr, enc), "encoding": enc,
@@ -96,15 +97,14 @@ async def stream(request: Request) -> Response:
     body = await read_json(request)
     sbx = target(request)
     enc = encoding(body)
-    if ctx.streams.locked():
-        raise Busy("too many open streams on this gateway replica")
-    await ctx.streams.acquire()
+    params = command_params(body)
+    slot = ctx.quotas.streaming_exec(principal(request).scope.tenant)
     try:
-        es = await ExecStream.open(sbx, **command_params(body), stdin=body.data_bytes("stdin"))
+        es = await ExecStream.open(sbx, **params, stdin=body.data_bytes("stdin"),
+                                   window=ctx.settings.stream_window)  # fmt: skip
     except BaseException:
-        ctx.streams.release()
+        slot.release()
         raise
-    ctx.metrics.streams.inc()
 
     async def events() -> AsyncIterator[SseEvent]:
         async for frame in es.frames():
@@ -119,8 +119,7 @@ async def stream(request: Request) -> Response:
         try:
             await es.close()
         finally:
-            ctx.streams.release()
-            ctx.metrics.streams.dec()
+            slot.release()
 
     return SseResponse(
         events(),

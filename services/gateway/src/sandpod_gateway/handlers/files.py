@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from sandpod_contract.errors import BadRequest, Busy, FsIsADirectory
+from sandpod_contract.errors import BadRequest, FsIsADirectory
 from sandpod_contract.messages.fs import (
     FsChmod,
     FsChunk,
@@ -28,7 +30,7 @@ from sandpod_contract.messages.fs import (
     FsSearch,
     FsSearchResult,
 )
-from sandpod_gateway.context import context
+from sandpod_gateway.context import context, principal
 from sandpod_gateway.handlers.common import (
     handler,
     message_json,
@@ -37,6 +39,7 @@ from sandpod_gateway.handlers.common import (
     read_json,
     target,
 )
+from sandpod_gateway.quotas import Slot
 from sandpod_gateway.transfer import download as download_bytes
 from sandpod_gateway.transfer import parse_range
 from sandpod_gateway.transfer import upload as upload_bytes
@@ -71,18 +74,18 @@ async def download(request: Request) -> Response:
     if window is not None:
         headers["content-range"] = f"bytes {start}-{start + length - 1}/{entry.size}"
 
-    async def body() -> AsyncIterator[bytes]:
-        async with ctx.streams:  # at the limit, a new transfer waits for a slot
-            ctx.metrics.streams.inc()
-            try:
-                async for chunk in download_bytes(sbx, path, start, length):
-                    ctx.metrics.transfer_bytes.labels("download").inc(len(chunk))
-                    yield chunk
-            finally:
-                ctx.metrics.streams.dec()
+    slot = ctx.quotas.stream(principal(request).scope.tenant)  # refused now, never waits
 
-    return StreamingResponse(body(), status_code=206 if window else 200, headers=headers,
-                             media_type="application/octet-stream")  # fmt: skip
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in download_bytes(sbx, path, start, length):
+                ctx.metrics.transfer_bytes.labels("download").inc(len(chunk))
+                yield chunk
+        finally:
+            slot.release()
+
+    return _Releasing(body(), slot, status_code=206 if window else 200, headers=headers,
+                      media_type="application/octet-stream")  # fmt: skip
 
 
 @handler
@@ -98,17 +101,11 @@ async def upload(request: Request) -> Response:
         mode = int(mode_raw, 8) if mode_raw else None
     except ValueError:
         raise BadRequest("mode: octal permission bits, e.g. 644", field="mode") from None
-    if ctx.streams.locked():
-        raise Busy("too many open streams on this gateway replica")
-    async with ctx.streams:
-        ctx.metrics.streams.inc()
-        try:
-            entry, received = await upload_bytes(
-                sbx, path, request.stream(), mode=mode,
-                make_parents=query_bool(request, "make_parents", True), expected_sha256=sha,
-            )  # fmt: skip
-        finally:
-            ctx.metrics.streams.dec()
+    with ctx.quotas.stream(principal(request).scope.tenant):
+        entry, received = await upload_bytes(
+            sbx, path, request.stream(), mode=mode,
+            make_parents=query_bool(request, "make_parents", True), expected_sha256=sha,
+        )  # fmt: skip
     ctx.metrics.transfer_bytes.labels("upload").inc(received)
     return JSONResponse(message_json(entry), status_code=201)
 
@@ -182,3 +179,18 @@ async def search(request: Request) -> Response:
                    hidden=body.flag("hidden"), limit=body.integer("limit"))  # fmt: skip
     result = await target(request).call("fs", "search", req, FsSearchResult)
     return JSONResponse(message_json(result))
+
+
+class _Releasing(StreamingResponse):
+    """A streamed body whose stream slot is released however the response ends (also when the
+    client leaves before the body's first byte, so the generator never started)."""
+
+    def __init__(self, content: AsyncIterator[bytes], slot: Slot, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._slot.release()

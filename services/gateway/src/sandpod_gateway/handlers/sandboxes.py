@@ -26,7 +26,7 @@ from sandpod_contract.messages.sandboxes import (
 )
 from sandpod_contract.reserved import refuse_reserved
 from sandpod_gateway.context import context, principal
-from sandpod_gateway.errors import sandbox_not_found
+from sandpod_gateway.errors import QuotaExceeded, sandbox_not_found
 from sandpod_gateway.handlers.common import Body, handler, query_float, query_int, read_json
 from sandpod_gateway.tenancy import LIFECYCLE_NAMESPACE, Scope
 from sandpod_gateway.upstream import Upstream
@@ -85,9 +85,40 @@ async def create(request: Request) -> Response:
            "spec": body.obj("spec") or {}}  # fmt: skip
     refuse_reserved(obj)  # lifecycle refuses it too; this is only an earlier, same error
     wait = min(body.number("wait", 60.0) or 0.0, MAX_WAIT)
+    who = principal(request)
+    if (body.obj("spec") or {}).get("permanent") and not who.key.permanent:
+        raise QuotaExceeded(
+            "permanent_sandboxes", 0, "keys create --allow-permanent", scope.tenant,
+            hint="use an API key created with `sandpod_gateway keys create --allow-permanent`, "
+            "or give the sandbox a lifetime",
+        )  # fmt: skip
     req = ObjectRequest(object=scope.inbound(obj, name), wait_ready=wait or None)
-    reply = await _call(request, "create", req, name, timeout=wait + 10)
+    pending = context(request).pending_creates.setdefault(scope.tenant, set())
+    await _check_count(request, scope, pending, name)
+    pending.add(name)
+    try:
+        reply = await _call(request, "create", req, name, timeout=wait + 10)
+    finally:
+        pending.discard(name)
+        if not pending:
+            context(request).pending_creates.pop(scope.tenant, None)
     return JSONResponse(_out(scope, reply.object, name), status_code=201)
+
+
+async def _check_count(request: Request, scope: Scope, pending: set[str], name: str) -> None:
+    """Refuse a create once the tenant has ``tenant_max_sandboxes`` sandboxes, counting the
+    creates this replica has in flight (by name, so one already stored is not counted twice)."""
+    ctx = context(request)
+    limit = ctx.settings.tenant_max_sandboxes
+    req = Selection(namespace=LIFECYCLE_NAMESPACE, selector=None, limit=MAX_PAGE)
+    reply = await ctx.upstream.api("sandboxes", "list", req, ObjectsReply, tenant=scope.tenant)
+    held = {str(o["metadata"]["name"]) for o in map(scope.outbound, reply.items) if o is not None}
+    held |= pending
+    held.discard(name)  # an existing name fails as a conflict, not as a quota
+    if len(held) >= limit:
+        raise QuotaExceeded("sandboxes", limit, "SANDPOD_GATEWAY_TENANT_MAX_SANDBOXES",
+                            scope.tenant, hint="delete one first, or ask the operator to raise "
+                            "SANDPOD_GATEWAY_TENANT_MAX_SANDBOXES")  # fmt: skip
 
 
 @handler

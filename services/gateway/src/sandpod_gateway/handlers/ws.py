@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -37,11 +37,13 @@ from sandpod_contract.messages.pty import (
     PtySignal,
     PtyWritten,
 )
-from sandpod_gateway.context import Context, context, principal
-from sandpod_gateway.errors import error_body
+from sandpod_gateway import jsonbody
+from sandpod_gateway.context import context, principal
+from sandpod_gateway.errors import error_body, error_response
 from sandpod_gateway.execstream import ExecStream
 from sandpod_gateway.handlers.common import Body
 from sandpod_gateway.handlers.exec import command_params
+from sandpod_gateway.quotas import Slot
 from sandpod_gateway.upstream import Target
 
 __all__ = ["exec_ws", "pty_ws"]
@@ -93,19 +95,6 @@ async def _run(link: _Link, *jobs: Callable[[], Awaitable[None]]) -> None:
             raise exc
 
 
-@contextlib.asynccontextmanager
-async def _slot(ctx: Context) -> AsyncIterator[None]:
-    """One of the replica's bounded stream slots (refused with ``busy`` when none is free)."""
-    if ctx.streams.locked():
-        raise Busy("too many open streams on this gateway replica")
-    async with ctx.streams:
-        ctx.metrics.streams.inc()
-        try:
-            yield
-        finally:
-            ctx.metrics.streams.dec()
-
-
 def _target(ws: WebSocket) -> Target:
     return context(ws).upstream.sandbox(principal(ws).scope, ws.path_params["name"])
 
@@ -121,11 +110,18 @@ def _dim(ws: WebSocket, name: str, default: int) -> int:
 
 async def _fail(ws: WebSocket, link: _Link | None, exc: SandpodError) -> None:
     with contextlib.suppress(Exception):  # the peer may be gone already
+        if link is None and isinstance(exc, Busy) and _can_deny(ws):
+            await ws.send_denial_response(error_response(exc))  # 429 / 503 before the handshake
+            return
         if link is None:
             await ws.accept()
             link = _Link(ws, 1.0)
         await link.send_json({"type": "error", **error_body(exc)})
         await ws.close(code=1011 if exc.retryable else 1008)
+
+
+def _can_deny(ws: WebSocket) -> bool:
+    return "websocket.http.response" in ws.scope.get("extensions", {})
 
 
 async def _attach(sbx: Target, ws: WebSocket) -> PtyInfo:
@@ -143,8 +139,10 @@ async def pty_ws(ws: WebSocket) -> None:
     """A terminal over a WebSocket (binary = bytes, JSON text = control)."""
     ctx = context(ws)
     link: _Link | None = None
+    slot: Slot | None = None
     try:
         sbx = _target(ws)
+        slot = ctx.quotas.stream(principal(ws).scope.tenant)  # refused before the handshake
         info = await _attach(sbx, ws)
         raw_cursor = ws.query_params.get("cursor")
         cursor = int(raw_cursor) if raw_cursor and raw_cursor.isdigit() else info.start_cursor
@@ -152,16 +150,18 @@ async def pty_ws(ws: WebSocket) -> None:
         link = _Link(ws, ctx.settings.keepalive)
         await link.send_json({"type": "ready", "pty_id": info.pty_id, "cols": info.cols,
                               "rows": info.rows, "cursor": cursor})  # fmt: skip
-        async with _slot(ctx):
-            await _run(
-                link,
-                lambda: _pty_out(sbx, link, info.pty_id, cursor),
-                lambda: _pty_in(sbx, link, info.pty_id),
-            )
+        await _run(
+            link,
+            lambda: _pty_out(sbx, link, info.pty_id, cursor),
+            lambda: _pty_in(sbx, link, info.pty_id),
+        )
         with contextlib.suppress(Exception):
             await ws.close(code=1000)
     except SandpodError as exc:
         await _fail(ws, link, exc)
+    finally:
+        if slot is not None:
+            slot.release()
 
 
 async def _pty_out(sbx: Target, link: _Link, pty_id: str, cursor: int) -> None:
@@ -186,7 +186,7 @@ async def _pty_in(sbx: Target, link: _Link, pty_id: str) -> None:
             await sbx.call("pty", "input", PtyInput(pty_id=pty_id, data=msg["bytes"]), PtyWritten)
             continue
         try:
-            ctl = json.loads(msg.get("text") or "")
+            ctl = jsonbody.loads(msg.get("text") or "")
             kind = ctl.get("type") if isinstance(ctl, dict) else None
             if kind == "resize":
                 await sbx.call("pty", "resize", PtyResize(pty_id=pty_id, cols=int(ctl["cols"]),
@@ -210,26 +210,23 @@ async def exec_ws(ws: WebSocket) -> None:
     ctx = context(ws)
     link: _Link | None = None
     es: ExecStream | None = None
+    slot: Slot | None = None
     try:
         sbx = _target(ws)
+        slot = ctx.quotas.streaming_exec(principal(ws).scope.tenant)  # before the handshake
         await ws.accept()
         link = _Link(ws, ctx.settings.keepalive)
         first = await ws.receive_text()
         try:
-            body = json.loads(first)
+            body = jsonbody.loads(first)
         except ValueError as exc:
             raise BadRequest("the first frame must be the command as JSON") from exc
         if not isinstance(body, dict):
             raise BadRequest("the first frame must be a JSON object")
-        es = await ExecStream.open(sbx, **command_params(Body(body)), stdin_open=True)
+        es = await ExecStream.open(sbx, **command_params(Body(body)), stdin_open=True,
+                                   window=ctx.settings.stream_window)  # fmt: skip
         await link.send_json({"type": "started", "exec_id": es.exec_id})
-        async with _slot(ctx):
-            await _run(
-                link,
-                lambda: _exec_out(es, link),
-                lambda: _exec_in(es, link),
-                es.keepalive,
-            )
+        await _run(link, lambda: _exec_out(es, link), lambda: _exec_in(es, link), es.keepalive)
         with contextlib.suppress(Exception):
             await ws.close(code=1000)
     except WebSocketDisconnect:
@@ -239,6 +236,8 @@ async def exec_ws(ws: WebSocket) -> None:
     finally:
         if es is not None:
             await es.close()
+        if slot is not None:
+            slot.release()
 
 
 async def _exec_out(es: ExecStream, link: _Link) -> None:
@@ -261,8 +260,8 @@ async def _exec_in(es: ExecStream, link: _Link) -> None:
             await es.stdin(msg["bytes"])
             continue
         try:
-            ctl = json.loads(msg.get("text") or "")
-        except ValueError:
+            ctl = jsonbody.loads(msg.get("text") or "")
+        except (ValueError, SandpodError):
             ctl = None
         if isinstance(ctl, dict) and ctl.get("type") == "eof":
             await es.stdin(b"", eof=True)
