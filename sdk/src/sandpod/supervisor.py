@@ -5,6 +5,15 @@ connections; execd answers ``sys.ping``), reports progress through a callback, a
 SIGTERM to every child in reverse start order, waiting ``grace`` seconds before SIGKILL. Children
 get ``PR_SET_PDEATHSIG`` so they die with the supervisor even if it is SIGKILLed. Services are
 started as ``python -m <module>``: the SDK never imports a service.
+
+The embedded nats-server accepts no anonymous connection: before starting it the supervisor runs
+``python -m sandpod_lifecycle.embedded_auth`` (the SDK may not mint credentials), which makes the
+operator-mode keys once and one creds file per service in ``<state_dir>/nats-auth``; each child
+gets its own through ``SANDPOD_NATS_CREDS`` (lifecycle also ``SANDPOD_EXECD_NATS_CREDS`` for the
+execds it starts), and the CLI and SDK of this user find ``client.creds`` there by themselves
+(:func:`sandpod.config.resolve_nats_creds`). The state dir is 0700; logs, nats.conf and every
+key or creds file 0600. With ``--nats-url`` nothing is provisioned: ``SANDPOD_NATS_CREDS`` (or
+none) is what every child uses.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandpod.aio import AsyncSandbox
+from sandpod.control import create_object, create_sandbox, list_sandboxes
 from sandpod.errors import ResourceExists, SandpodError
 from sandpod.pools import AsyncPools
 
@@ -32,6 +42,8 @@ __all__ = ["Child", "PlatformConfig", "StartupError", "Supervisor", "find_nats_s
 
 Progress = Callable[[str], None]
 PR_SET_PDEATHSIG = 1
+AUTH_DIR = "nats-auth"  # sandpod_lifecycle.embedded_auth.AUTH_DIR
+SERVICE_USERS = ("lifecycle", "pool", "gateway", "execd", "client")
 
 
 class StartupError(RuntimeError):
@@ -104,6 +116,26 @@ class Supervisor:
         self.isolation: dict[str, str] = {}  # sandbox -> its Isolated condition, in words
         self.gateway_url: str | None = None
         self.api_key: str | None = None
+        self.node = os.environ.get("SANDPOD_NODE") or socket.gethostname().split(".")[0]
+        self.creds: dict[str, str] = {}  # user -> creds file (embedded NATS only)
+
+    @property
+    def client_creds(self) -> str | None:
+        """The CLI/SDK credential of the embedded NATS (None: ``--nats-url``, the env's)."""
+        return self.creds.get("client")
+
+    def _env(self, user: str, **extra: str) -> dict[str, str]:
+        """A child's environment: ours, the bus address and ``user``'s credential."""
+        env = {**os.environ, "SANDPOD_NATS_URL": self.nats_url,
+               "SANDPOD_PREFIX": self.config.prefix, **extra}  # fmt: skip
+        if user in self.creds:
+            env["SANDPOD_NATS_CREDS"] = self.creds[user]
+        return env
+
+    async def _client(self, sandbox_id: str = "default") -> AsyncSandbox:
+        return await AsyncSandbox.connect(sandbox_id, nats_url=self.nats_url,
+                                          prefix=self.config.prefix,
+                                          nats_creds=self.client_creds)  # fmt: skip
 
     async def start(self) -> None:
         """Start NATS (unless external) and execd; return when all are ready.
@@ -111,8 +143,10 @@ class Supervisor:
         Raises:
             StartupError: a child failed to start or become ready (with its log's tail).
         """
-        self.logs.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.config.state_dir)
+        _private_dir(self.logs)
         if self.config.nats_url is None:
+            await self._provision_auth()
             await self._start_nats()
         else:
             self.progress(f"using existing NATS at {self.nats_url}")
@@ -125,7 +159,9 @@ class Supervisor:
 
     async def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
         log_path = self.logs / f"{name}.log"
-        with log_path.open("ab") as log_file:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)  # a log of an older version may be 0644
+        with os.fdopen(fd, "ab") as log_file:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -138,6 +174,23 @@ class Supervisor:
         self.children.append(child)
         return child
 
+    async def _provision_auth(self) -> None:
+        """Operator-mode keys (once) and a creds file per service, by the lifecycle package."""
+        cfg = self.config
+        made = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sandpod_lifecycle.embedded_auth", "--state-dir",
+            str(cfg.state_dir), "--prefix", cfg.prefix, "--node", self.node,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await made.communicate()
+        if made.returncode != 0:
+            raise StartupError(
+                f"could not provision the NATS credentials in {cfg.state_dir / AUTH_DIR}: "
+                f"{err.decode(errors='replace').strip()}"
+            )
+        self.creds = {u: str(cfg.state_dir / AUTH_DIR / f"{u}.creds") for u in SERVICE_USERS}
+
     async def _start_nats(self) -> None:
         cfg = self.config
         if not _port_free(cfg.host, cfg.port):
@@ -149,11 +202,17 @@ class Supervisor:
         store = cfg.state_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
         conf = cfg.state_dir / "nats.conf"
-        conf.write_text(
+        _write_private(
+            conf,
             f'server_name: "sandpod"\nlisten: "{cfg.host}:{cfg.port}"\n'
             f'jetstream {{\n  store_dir: "{store}"\n}}\n'
+            f"# operator mode: no anonymous client; users are the creds files in {AUTH_DIR}/\n"
+            f'include "{AUTH_DIR}/operator.conf"\n',
         )
-        self.progress(f"starting nats-server on {cfg.host}:{cfg.port} (JetStream in {store})")
+        self.progress(
+            f"starting nats-server on {cfg.host}:{cfg.port} (JetStream in {store}; "
+            f"authenticated: credentials in {cfg.state_dir / AUTH_DIR})"
+        )
         child = await self._spawn("nats", [binary, "-c", str(conf)], dict(os.environ))
         await self._wait(child, self._nats_ready)
 
@@ -184,16 +243,15 @@ class Supervisor:
         self.progress(f"ensuring sandbox {sandbox_id} (permanent)")
         t0 = time.monotonic()
         try:
-            sbx = await AsyncSandbox.create(
-                name=sandbox_id, permanent=True, wait=60, nats_url=self.nats_url,
-                prefix=self.config.prefix,
-            )  # fmt: skip
+            async with await self._client() as admin:
+                obj = create_object(name=sandbox_id, template=None, timeout=None, permanent=True,
+                                    idle_timeout=None, labels=None, env=None)  # fmt: skip
+                await create_sandbox(admin.bus, admin.subjects, obj, wait=60)
         except ResourceExists:
-            sbx = await AsyncSandbox.connect(sandbox_id, nats_url=self.nats_url,
-                                             prefix=self.config.prefix)  # fmt: skip
+            pass
         except SandpodError as exc:
             raise StartupError(f"sandbox {sandbox_id} did not start: {exc}") from exc
-        async with sbx:
+        async with await self._client(sandbox_id) as sbx:
             deadline = time.monotonic() + 60
             while True:
                 try:
@@ -211,14 +269,15 @@ class Supervisor:
 
     async def _start_lifecycle(self) -> None:
         self.runtime = self.pick_runtime()
-        env = {
-            **os.environ,
-            "SANDPOD_NATS_URL": self.nats_url,
-            "SANDPOD_PREFIX": self.config.prefix,
-            "SANDPOD_STATE_DIR": str(self.config.state_dir),
-            "SANDPOD_RUNTIME": self.runtime,
-            "SANDPOD_DESTROY_ON_EXIT": "true",  # `sandpod up` leaves no process behind
-        }
+        env = self._env(
+            "lifecycle",
+            SANDPOD_STATE_DIR=str(self.config.state_dir),
+            SANDPOD_RUNTIME=self.runtime,
+            SANDPOD_NODE=self.node,  # the node the execd user may serve
+            SANDPOD_DESTROY_ON_EXIT="true",  # `sandpod up` leaves no process behind
+        )
+        if "execd" in self.creds:
+            env["SANDPOD_EXECD_NATS_CREDS"] = self.creds["execd"]
         what = "process, NO isolation"
         if self.runtime == "local":
             what = "namespace jail" if os.geteuid() == 0 else "rootless namespace jail"
@@ -227,20 +286,15 @@ class Supervisor:
         await self._wait(child, self._lifecycle_ready)
 
     async def _start_pool(self) -> None:
-        env = {
-            **os.environ,
-            "SANDPOD_NATS_URL": self.nats_url,
-            "SANDPOD_PREFIX": self.config.prefix,
-        }
+        env = self._env("pool")
         self.progress("starting pool (warm pools and claims)")
         child = await self._spawn("pool", [sys.executable, "-m", "sandpod_pool"], env)
         await self._wait(child, self._pool_ready)
 
     async def _pool_ready(self) -> bool:
         try:
-            async with await AsyncPools.connect(
-                nats_url=self.nats_url, prefix=self.config.prefix
-            ) as pools:
+            async with await self._client() as client:
+                pools = await AsyncPools.connect(bus=client.bus, prefix=self.config.prefix)
                 await pools.list()
         except SandpodError:
             return False
@@ -254,9 +308,8 @@ class Supervisor:
                 f"gateway port {port} on {self.config.host} is in use; choose --gateway-port "
                 "or --no-gateway"
             )
-        env = {**os.environ, "SANDPOD_NATS_URL": self.nats_url, "SANDPOD_PREFIX":
-               self.config.prefix, "SANDPOD_GATEWAY_HOST": self.config.host,
-               "SANDPOD_GATEWAY_PORT": str(port)}  # fmt: skip
+        env = self._env("gateway", SANDPOD_GATEWAY_HOST=self.config.host,
+                        SANDPOD_GATEWAY_PORT=str(port))  # fmt: skip
         self.gateway_url = f"http://{self.config.host}:{port}"
         self.progress(f"starting gateway (HTTP API, web terminal) on {self.gateway_url}")
         child = await self._spawn("gateway", [sys.executable, "-m", "sandpod_gateway"], env)
@@ -280,7 +333,8 @@ class Supervisor:
 
     async def _lifecycle_ready(self) -> bool:
         try:
-            await AsyncSandbox.list(nats_url=self.nats_url, prefix=self.config.prefix)
+            async with await self._client() as client:
+                await list_sandboxes(client.bus, client.subjects, None)
         except SandpodError:
             return False
         return True
@@ -400,6 +454,20 @@ async def _http_ok(host: str, port: int, path: str) -> bool:
         with contextlib.suppress(OSError):
             await writer.wait_closed()
     return line.startswith(b"HTTP/1.1 200")
+
+
+def _private_dir(path: Path) -> None:
+    """``path`` exists with mode 0700 (an older version's may be 0755)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, mode 0600 from the first byte."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sandpod.config import DEFAULT_STATE_DIR
 from sandpod.supervisor import PlatformConfig, StartupError, Supervisor
 
 __all__ = ["add_parser"]
@@ -26,7 +27,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--state-dir",
         type=Path,
-        default=Path(os.environ.get("SANDPOD_STATE_DIR", "~/.local/state/sandpod")).expanduser(),
+        default=Path(os.environ.get("SANDPOD_STATE_DIR", DEFAULT_STATE_DIR)).expanduser(),
         help="where NATS data, workspaces and logs live (default: %(default)s)",
     )
     p.add_argument("--nats-url", help="use an existing NATS instead of starting one")

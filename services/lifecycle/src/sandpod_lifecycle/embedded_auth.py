@@ -67,10 +67,9 @@ def embedded_permissions(subjects: Subjects, node: str) -> dict[str, Permissions
     api, sbx, events = s.api_all(), s.sandboxes_all(), s.events_all()
     return {
         "lifecycle": Permissions(
-            pub_allow=(sbx, s.node_plane(), events, INBOX_ALL, *resources, *leases,
-                       *events_stream),
+            pub_allow=(sbx, s.node_plane(), events, INBOX_ALL, *resources, *leases, *events_stream),
             sub_allow=(s.api_kind("sandboxes"), s.api_kind("templates"), INBOX_ALL),
-        ),  # fmt: skip
+        ),
         "pool": Permissions(
             pub_allow=(api, sbx, INBOX_ALL, *resources, *leases),
             sub_allow=(s.api_kind("pools"), s.api_kind("claims"), INBOX_ALL),
