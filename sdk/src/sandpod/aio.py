@@ -83,7 +83,9 @@ class AsyncSandbox:
 
         Args:
             nats_url: NATS URL(s); default ``$SANDPOD_NATS_URL``, ``$NATS_URL``, localhost.
-            nats_creds: creds file for a NATS in operator mode; default ``$SANDPOD_NATS_CREDS``.
+            nats_creds: creds file for a NATS in operator mode; default ``$SANDPOD_NATS_CREDS``,
+                else the client credential of a local ``sandpod up`` if readable
+                (:func:`sandpod.config.resolve_nats_creds`).
             prefix: subject prefix of the installation (default ``$SANDPOD_PREFIX``/``sandpod``).
             bus: share an existing connection instead of opening one (not closed by ``close``).
 
