@@ -130,6 +130,9 @@ class Supervisor:
                "SANDPOD_PREFIX": self.config.prefix, **extra}  # fmt: skip
         if user in self.creds:
             env["SANDPOD_NATS_CREDS"] = self.creds[user]
+            if user in ("lifecycle", "gateway"):  # the account's signing key: tenant users
+                seed = self.config.state_dir / AUTH_DIR / "account.seed"
+                env["SANDPOD_NATS_ACCOUNT_SEED_FILE"] = str(seed)
         return env
 
     async def _client(self, sandbox_id: str = "default") -> AsyncSandbox:
