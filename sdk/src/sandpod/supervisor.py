@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -33,6 +31,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sandpod._hostprocs import (
+    die_with_parent,
+    http_ok,
+    instance_pids,
+    port_free,
+    private_dir,
+    tail,
+    user_namespaces,
+    wait_exit,
+    write_private,
+)
 from sandpod.aio import AsyncSandbox
 from sandpod.control import create_object, create_sandbox, list_sandboxes
 from sandpod.errors import ResourceExists, SandpodError
@@ -41,7 +50,6 @@ from sandpod.pools import AsyncPools
 __all__ = ["Child", "PlatformConfig", "StartupError", "Supervisor", "find_nats_server"]
 
 Progress = Callable[[str], None]
-PR_SET_PDEATHSIG = 1
 AUTH_DIR = "nats-auth"  # sandpod_lifecycle.embedded_auth.AUTH_DIR
 SERVICE_USERS = ("lifecycle", "pool", "gateway", "execd", "client")
 
@@ -89,21 +97,6 @@ def find_nats_server() -> str:
     )
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 class Supervisor:
     def __init__(self, config: PlatformConfig, progress: Progress) -> None:
         self.config = config
@@ -146,8 +139,8 @@ class Supervisor:
         Raises:
             StartupError: a child failed to start or become ready (with its log's tail).
         """
-        _private_dir(self.config.state_dir)
-        _private_dir(self.logs)
+        private_dir(self.config.state_dir)
+        private_dir(self.logs)
         if self.config.nats_url is None:
             await self._provision_auth()
             await self._start_nats()
@@ -171,7 +164,7 @@ class Supervisor:
                 stdout=log_file,
                 stderr=log_file,
                 env=env,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         child = Child(name, proc, log_path)
         self.children.append(child)
@@ -196,7 +189,7 @@ class Supervisor:
 
     async def _start_nats(self) -> None:
         cfg = self.config
-        if not _port_free(cfg.host, cfg.port):
+        if not port_free(cfg.host, cfg.port):
             raise StartupError(
                 f"port {cfg.port} on {cfg.host} is in use (another `sandpod up`, or a NATS "
                 f"server?); stop it, choose --port, or pass --nats-url {self.nats_url}"
@@ -205,7 +198,7 @@ class Supervisor:
         store = cfg.state_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
         conf = cfg.state_dir / "nats.conf"
-        _write_private(
+        write_private(
             conf,
             f'server_name: "sandpod"\nlisten: "{cfg.host}:{cfg.port}"\n'
             f'jetstream {{\n  store_dir: "{store}"\n}}\n'
@@ -239,7 +232,7 @@ class Supervisor:
             return self.config.runtime
         if not (shutil.which("nsenter") and shutil.which("unshare")):
             return "process"
-        return "local" if os.geteuid() == 0 or _user_namespaces() else "process"
+        return "local" if os.geteuid() == 0 or user_namespaces() else "process"
 
     async def _ensure_sandbox(self, sandbox_id: str) -> None:
         """Create ``sandbox_id`` as a permanent Sandbox unless it exists; wait until Ready."""
@@ -306,7 +299,7 @@ class Supervisor:
     async def _start_gateway(self, port: int) -> None:
         """The HTTP gateway, and an API key of tenant ``default`` (created once, kept in the
         state dir with mode 0600 so the next ``sandpod up`` prints the same key)."""
-        if not _port_free(self.config.host, port):
+        if not port_free(self.config.host, port):
             raise StartupError(
                 f"gateway port {port} on {self.config.host} is in use; choose --gateway-port "
                 "or --no-gateway"
@@ -316,7 +309,7 @@ class Supervisor:
         self.gateway_url = f"http://{self.config.host}:{port}"
         self.progress(f"starting gateway (HTTP API, web terminal) on {self.gateway_url}")
         child = await self._spawn("gateway", [sys.executable, "-m", "sandpod_gateway"], env)
-        await self._wait(child, lambda: _http_ok(self.config.host, port, "/readyz"))
+        await self._wait(child, lambda: http_ok(self.config.host, port, "/readyz"))
         key_file = self.config.state_dir / "gateway-api-key"
         if key_file.is_file():
             self.api_key = key_file.read_text().strip()
@@ -344,11 +337,11 @@ class Supervisor:
 
     async def _stop_instances(self) -> None:
         """Sandboxes created through the API run their own execd: stop those too, and wait."""
-        for sandbox_id, pid in _instance_pids(self.config.state_dir / "instances"):
+        for sandbox_id, pid in instance_pids(self.config.state_dir / "instances"):
             self.progress(f"stopping sandbox instance {sandbox_id}")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            if not await _wait_exit(pid, self.config.grace):
+            if not await wait_exit(pid, self.config.grace):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -358,7 +351,7 @@ class Supervisor:
             if child.proc.returncode is not None:
                 raise StartupError(
                     f"{child.name} exited with {child.proc.returncode} while starting; "
-                    f"its log ({child.log_path}) ends with:\n{_tail(child.log_path)}"
+                    f"its log ({child.log_path}) ends with:\n{tail(child.log_path)}"
                 )
             if await ready():  # type: ignore[misc]
                 self.progress(f"{child.name} ready in {(time.monotonic() - t0) * 1000:.0f} ms")
@@ -366,7 +359,7 @@ class Supervisor:
             if time.monotonic() - t0 > self.config.ready_timeout:
                 raise StartupError(
                     f"{child.name} not ready after {self.config.ready_timeout:g}s; "
-                    f"see {child.log_path}:\n{_tail(child.log_path)}"
+                    f"see {child.log_path}:\n{tail(child.log_path)}"
                 )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(child.proc.wait(), 0.05)
@@ -402,92 +395,3 @@ class Supervisor:
                     await child.proc.wait()
         self.children.clear()
         await self._stop_instances()
-
-
-def _instance_pids(directory: Path) -> list[tuple[str, int]]:
-    """(sandbox id, execd pid) of live instances recorded by lifecycle's launcher."""
-    out = []
-    for record in directory.glob("*.json"):
-        try:
-            pid = int(json.loads(record.read_text())["pid"])
-            if b"sandpod_execd" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append((record.stem, pid))
-        except (OSError, ValueError, KeyError):
-            continue
-    return out
-
-
-async def _wait_exit(pid: int, timeout: float) -> bool:
-    """Wait for a process that is not our child to exit (pidfd: an event, not polling)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-
-    def on_exit() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(fd, on_exit)
-    try:
-        await asyncio.wait_for(exited, timeout)
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-async def _http_ok(host: str, port: int, path: str) -> bool:
-    """GET ``path`` answers 200 (stdlib only: the SDK has no HTTP client dependency)."""
-    try:
-        reader, writer = await asyncio.open_connection(host, port)
-    except OSError:
-        return False
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        line = await asyncio.wait_for(reader.readline(), 2.0)
-    except (OSError, TimeoutError):
-        return False
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-    return line.startswith(b"HTTP/1.1 200")
-
-
-def _private_dir(path: Path) -> None:
-    """``path`` exists with mode 0700 (an older version's may be 0755)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.chmod(0o700)
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path``, mode 0600 from the first byte."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _user_namespaces() -> bool:
-    """Whether this kernel lets an unprivileged user create user namespaces."""
-    try:
-        limit = Path("/proc/sys/user/max_user_namespaces").read_text().strip()
-    except OSError:
-        return False
-    try:
-        clone = Path("/proc/sys/kernel/unprivileged_userns_clone").read_text().strip()
-    except OSError:
-        clone = "1"  # upstream kernels have no such switch
-    return limit not in ("", "0") and clone == "1"
