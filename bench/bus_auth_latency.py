@@ -89,9 +89,12 @@ async def main(args: argparse.Namespace) -> None:
         plain: list[float] = []
         authed: list[float] = []
         per_round = max(args.calls // args.rounds, 1)
-        for _ in range(args.rounds):
+        for i in range(args.rounds):  # alternate which goes first: no bias to either
+            if i % 2:
+                authed += await samples(auth, per_round)
             plain += await samples(anon, per_round)
-            authed += await samples(auth, per_round)
+            if not i % 2:
+                authed += await samples(auth, per_round)
         print(summary("anonymous NATS (the floor here)", plain))
         print(summary("operator mode, sandpod up's users", authed))
         print(f"  -> authenticated/anonymous p50 {pct(authed, 50) / pct(plain, 50):.3f}x, "
