@@ -11,9 +11,11 @@ __all__ = [
     "DEFAULT_NATS_URL",
     "DEFAULT_STATE_DIR",
     "local_client_creds",
+    "resolve_inbox_prefix",
     "resolve_nats_creds",
     "resolve_nats_url",
     "resolve_prefix",
+    "resolve_tenant",
 ]
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -51,3 +53,18 @@ def resolve_nats_creds(explicit: str | None = None) -> str | None:
         return found
     local = local_client_creds()
     return str(local) if os.access(local, os.R_OK) and local.is_file() else None
+    """``explicit``, else ``$SANDPOD_NATS_CREDS``: a creds file for a NATS in operator mode
+    (None: connect without)."""
+    return explicit or os.environ.get("SANDPOD_NATS_CREDS") or None
+
+
+def resolve_tenant(explicit: str | None = None) -> str | None:
+    """``explicit``, else ``$SANDPOD_TENANT``: act as that tenant (control-plane requests on its
+    own subjects, ``<prefix>.api.t.<tenant>.…``), as a tenant NATS credential requires."""
+    return explicit or os.environ.get("SANDPOD_TENANT") or None
+
+
+def resolve_inbox_prefix(explicit: str | None = None) -> str | None:
+    """``explicit``, else ``$SANDPOD_NATS_INBOX_PREFIX``: the reply-inbox prefix a tenant
+    credential allows (``_INBOX.<tenant-token>``; ``sandpod creds nats`` prints it)."""
+    return explicit or os.environ.get("SANDPOD_NATS_INBOX_PREFIX") or None

@@ -48,6 +48,11 @@ USERS = ("lifecycle", "pool", "gateway", "execd", "client")
 SETUP_VERSION = 1
 
 
+def _kinds(subjects: Subjects, *kinds: str) -> tuple[str, ...]:
+    """The API subjects a service answers for ``kinds``: global and every tenant's."""
+    return tuple(x for k in kinds for x in (subjects.api_kind(k), subjects.api_tenant_kind(k)))
+
+
 def embedded_permissions(subjects: Subjects, node: str) -> dict[str, Permissions]:
     """Each user's publish/subscribe allow lists (anything not listed is a permission violation).
 
@@ -68,11 +73,11 @@ def embedded_permissions(subjects: Subjects, node: str) -> dict[str, Permissions
     return {
         "lifecycle": Permissions(
             pub_allow=(sbx, s.node_plane(), events, INBOX_ALL, *resources, *leases, *events_stream),
-            sub_allow=(s.api_kind("sandboxes"), s.api_kind("templates"), INBOX_ALL),
+            sub_allow=(*_kinds(s, "sandboxes", "templates"), INBOX_ALL),
         ),
         "pool": Permissions(
             pub_allow=(api, sbx, INBOX_ALL, *resources, *leases),
-            sub_allow=(s.api_kind("pools"), s.api_kind("claims"), INBOX_ALL),
+            sub_allow=(*_kinds(s, "pools", "claims"), INBOX_ALL),
         ),
         "gateway": Permissions(
             pub_allow=(api, sbx, INBOX_ALL, *keys), sub_allow=(INBOX_ALL, events)
