@@ -70,7 +70,10 @@ def test_up_exec_and_clean_shutdown(tmp_path: Path, stop: str) -> None:
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 3  # nats-server, lifecycle, the sandbox's execd (and its jail)
         assert {"nats-server", "python"} & {c.name().split(".")[0] for c in children}
-        env = {**os.environ, "SANDPOD_NATS_URL": url}
+        # Its NATS refuses anonymous clients: the CLI finds the client credential in the state
+        # dir (named by SANDPOD_STATE_DIR here, as it is not the default one).
+        env = {**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_STATE_DIR": str(tmp_path)}
+        env.pop("SANDPOD_NATS_CREDS", None)
         run = subprocess.run(
             [SANDPOD, "exec", "default", "--", "sh", "-c", "echo hi; echo oops >&2; exit 3"],
             env=env, capture_output=True, text=True, timeout=30,
@@ -163,7 +166,8 @@ def test_pools_and_claims_from_the_cli(tmp_path: Path) -> None:
         [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}"}
+    env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
+           "SANDPOD_STATE_DIR": str(tmp_path)}  # fmt: skip
 
     def cli(*args: str) -> str:
         run = subprocess.run([SANDPOD, *args], env=env, capture_output=True, text=True,

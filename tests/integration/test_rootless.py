@@ -381,7 +381,9 @@ def test_sandpod_up_as_an_unprivileged_user_runs_rootless_jails(
         assert "pids: unavailable: rootless" in banner, banner
         run = subprocess.run(
             [sandpod, "exec", "default", "--", "sh", "-c", "id -u; cat /proc/self/uid_map"],
-            env={**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}"},
+            # Its NATS refuses anonymous clients: the credential is in its state dir.
+            env={**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
+                 "SANDPOD_STATE_DIR": str(state / "up")},
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
         inside, _, outside, _ = run.stdout.split()

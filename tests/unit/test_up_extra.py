@@ -36,8 +36,10 @@ def _spawned_transitively() -> set[str]:
         module = todo.pop()
         seen.add(module)
         spec = importlib.util.find_spec(module)
-        assert spec is not None and spec.submodule_search_locations, f"{module} is not installed"
-        for root in spec.submodule_search_locations:
+        assert spec is not None and spec.origin, f"{module} is not installed"
+        # A package: its directory; a module of one (``pkg.tool``): the package it is in.
+        roots = spec.submodule_search_locations or [str(Path(spec.origin).parent)]
+        for root in roots:
             for source in Path(root).rglob("*.py"):
                 todo |= {m for m in _modules_run_by(source) if m.startswith("sandpod")} - seen
     return seen

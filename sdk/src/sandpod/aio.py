@@ -91,7 +91,9 @@ class AsyncSandbox:
 
         Args:
             nats_url: NATS URL(s); default ``$SANDPOD_NATS_URL``, ``$NATS_URL``, localhost.
-            nats_creds: creds file for a NATS in operator mode; default ``$SANDPOD_NATS_CREDS``.
+            nats_creds: creds file for a NATS in operator mode; default ``$SANDPOD_NATS_CREDS``,
+                else the client credential of a local ``sandpod up`` if readable
+                (:func:`sandpod.config.resolve_nats_creds`).
             tenant: act as this tenant (control-plane requests on its own subjects), as a
                 tenant credential requires; default ``$SANDPOD_TENANT``.
             inbox_prefix: reply-inbox prefix (a tenant credential's ``_INBOX.<token>``);

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from sandpod_contract.subjects import DEFAULT_PREFIX
 
 __all__ = [
     "DEFAULT_NATS_URL",
+    "DEFAULT_STATE_DIR",
+    "local_client_creds",
     "resolve_inbox_prefix",
     "resolve_nats_creds",
     "resolve_nats_url",
@@ -16,6 +19,8 @@ __all__ = [
 ]
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_STATE_DIR = "~/.local/state/sandpod"  # `sandpod up --state-dir`'s default too
+CLIENT_CREDS = Path("nats-auth") / "client.creds"  # written by `sandpod up` (mode 0600)
 
 
 def resolve_nats_url(explicit: str | None) -> str:
@@ -32,7 +37,22 @@ def resolve_prefix(explicit: str | None) -> str:
     return explicit or os.environ.get("SANDPOD_PREFIX") or DEFAULT_PREFIX
 
 
+def local_client_creds(state_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The client credential ``sandpod up`` keeps in its state dir (``state_dir``, else
+    ``$SANDPOD_STATE_DIR``, else ``~/.local/state/sandpod``)."""
+    base = state_dir or os.environ.get("SANDPOD_STATE_DIR") or DEFAULT_STATE_DIR
+    return Path(base).expanduser() / CLIENT_CREDS
+
+
 def resolve_nats_creds(explicit: str | None = None) -> str | None:
+    """A creds file for a NATS in operator mode: ``explicit``, else ``$SANDPOD_NATS_CREDS``,
+    else the client credential of a local ``sandpod up`` (:func:`local_client_creds`) if this
+    user can read it, else None (connect without: an anonymous NATS)."""
+    found = explicit or os.environ.get("SANDPOD_NATS_CREDS")
+    if found:
+        return found
+    local = local_client_creds()
+    return str(local) if os.access(local, os.R_OK) and local.is_file() else None
     """``explicit``, else ``$SANDPOD_NATS_CREDS``: a creds file for a NATS in operator mode
     (None: connect without)."""
     return explicit or os.environ.get("SANDPOD_NATS_CREDS") or None

@@ -5,15 +5,22 @@ connections; execd answers ``sys.ping``), reports progress through a callback, a
 SIGTERM to every child in reverse start order, waiting ``grace`` seconds before SIGKILL. Children
 get ``PR_SET_PDEATHSIG`` so they die with the supervisor even if it is SIGKILLed. Services are
 started as ``python -m <module>``: the SDK never imports a service.
+
+The embedded nats-server accepts no anonymous connection: before starting it the supervisor runs
+``python -m sandpod_lifecycle.embedded_auth`` (the SDK may not mint credentials), which makes the
+operator-mode keys once and one creds file per service in ``<state_dir>/nats-auth``; each child
+gets its own through ``SANDPOD_NATS_CREDS`` (lifecycle also ``SANDPOD_EXECD_NATS_CREDS`` for the
+execds it starts), and the CLI and SDK of this user find ``client.creds`` there by themselves
+(:func:`sandpod.config.resolve_nats_creds`). The state dir is 0700; logs, nats.conf and every
+key or creds file 0600. With ``--nats-url`` nothing is provisioned: ``SANDPOD_NATS_CREDS`` (or
+none) is what every child uses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -24,14 +31,27 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sandpod._hostprocs import (
+    die_with_parent,
+    http_ok,
+    instance_pids,
+    port_free,
+    private_dir,
+    tail,
+    user_namespaces,
+    wait_exit,
+    write_private,
+)
 from sandpod.aio import AsyncSandbox
+from sandpod.control import create_object, create_sandbox, list_sandboxes
 from sandpod.errors import ResourceExists, SandpodError
 from sandpod.pools import AsyncPools
 
 __all__ = ["Child", "PlatformConfig", "StartupError", "Supervisor", "find_nats_server"]
 
 Progress = Callable[[str], None]
-PR_SET_PDEATHSIG = 1
+AUTH_DIR = "nats-auth"  # sandpod_lifecycle.embedded_auth.AUTH_DIR
+SERVICE_USERS = ("lifecycle", "pool", "gateway", "execd", "client")
 
 
 class StartupError(RuntimeError):
@@ -77,21 +97,6 @@ def find_nats_server() -> str:
     )
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 class Supervisor:
     def __init__(self, config: PlatformConfig, progress: Progress) -> None:
         self.config = config
@@ -104,6 +109,29 @@ class Supervisor:
         self.isolation: dict[str, str] = {}  # sandbox -> its Isolated condition, in words
         self.gateway_url: str | None = None
         self.api_key: str | None = None
+        self.node = os.environ.get("SANDPOD_NODE") or socket.gethostname().split(".")[0]
+        self.creds: dict[str, str] = {}  # user -> creds file (embedded NATS only)
+
+    @property
+    def client_creds(self) -> str | None:
+        """The CLI/SDK credential of the embedded NATS (None: ``--nats-url``, the env's)."""
+        return self.creds.get("client")
+
+    def _env(self, user: str, **extra: str) -> dict[str, str]:
+        """A child's environment: ours, the bus address and ``user``'s credential."""
+        env = {**os.environ, "SANDPOD_NATS_URL": self.nats_url,
+               "SANDPOD_PREFIX": self.config.prefix, **extra}  # fmt: skip
+        if user in self.creds:
+            env["SANDPOD_NATS_CREDS"] = self.creds[user]
+            if user in ("lifecycle", "gateway"):  # the account's signing key: tenant users
+                seed = self.config.state_dir / AUTH_DIR / "account.seed"
+                env["SANDPOD_NATS_ACCOUNT_SEED_FILE"] = str(seed)
+        return env
+
+    async def _client(self, sandbox_id: str = "default") -> AsyncSandbox:
+        return await AsyncSandbox.connect(sandbox_id, nats_url=self.nats_url,
+                                          prefix=self.config.prefix,
+                                          nats_creds=self.client_creds)  # fmt: skip
 
     async def start(self) -> None:
         """Start NATS (unless external) and execd; return when all are ready.
@@ -111,8 +139,10 @@ class Supervisor:
         Raises:
             StartupError: a child failed to start or become ready (with its log's tail).
         """
-        self.logs.mkdir(parents=True, exist_ok=True)
+        private_dir(self.config.state_dir)
+        private_dir(self.logs)
         if self.config.nats_url is None:
+            await self._provision_auth()
             await self._start_nats()
         else:
             self.progress(f"using existing NATS at {self.nats_url}")
@@ -125,22 +155,41 @@ class Supervisor:
 
     async def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
         log_path = self.logs / f"{name}.log"
-        with log_path.open("ab") as log_file:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)  # a log of an older version may be 0644
+        with os.fdopen(fd, "ab") as log_file:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=log_file,
                 env=env,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         child = Child(name, proc, log_path)
         self.children.append(child)
         return child
 
+    async def _provision_auth(self) -> None:
+        """Operator-mode keys (once) and a creds file per service, by the lifecycle package."""
+        cfg = self.config
+        made = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sandpod_lifecycle.embedded_auth", "--state-dir",
+            str(cfg.state_dir), "--prefix", cfg.prefix, "--node", self.node,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await made.communicate()
+        if made.returncode != 0:
+            raise StartupError(
+                f"could not provision the NATS credentials in {cfg.state_dir / AUTH_DIR}: "
+                f"{err.decode(errors='replace').strip()}"
+            )
+        self.creds = {u: str(cfg.state_dir / AUTH_DIR / f"{u}.creds") for u in SERVICE_USERS}
+
     async def _start_nats(self) -> None:
         cfg = self.config
-        if not _port_free(cfg.host, cfg.port):
+        if not port_free(cfg.host, cfg.port):
             raise StartupError(
                 f"port {cfg.port} on {cfg.host} is in use (another `sandpod up`, or a NATS "
                 f"server?); stop it, choose --port, or pass --nats-url {self.nats_url}"
@@ -149,11 +198,17 @@ class Supervisor:
         store = cfg.state_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)
         conf = cfg.state_dir / "nats.conf"
-        conf.write_text(
+        write_private(
+            conf,
             f'server_name: "sandpod"\nlisten: "{cfg.host}:{cfg.port}"\n'
             f'jetstream {{\n  store_dir: "{store}"\n}}\n'
+            f"# operator mode: no anonymous client; users are the creds files in {AUTH_DIR}/\n"
+            f'include "{AUTH_DIR}/operator.conf"\n',
         )
-        self.progress(f"starting nats-server on {cfg.host}:{cfg.port} (JetStream in {store})")
+        self.progress(
+            f"starting nats-server on {cfg.host}:{cfg.port} (JetStream in {store}; "
+            f"authenticated: credentials in {cfg.state_dir / AUTH_DIR})"
+        )
         child = await self._spawn("nats", [binary, "-c", str(conf)], dict(os.environ))
         await self._wait(child, self._nats_ready)
 
@@ -177,23 +232,22 @@ class Supervisor:
             return self.config.runtime
         if not (shutil.which("nsenter") and shutil.which("unshare")):
             return "process"
-        return "local" if os.geteuid() == 0 or _user_namespaces() else "process"
+        return "local" if os.geteuid() == 0 or user_namespaces() else "process"
 
     async def _ensure_sandbox(self, sandbox_id: str) -> None:
         """Create ``sandbox_id`` as a permanent Sandbox unless it exists; wait until Ready."""
         self.progress(f"ensuring sandbox {sandbox_id} (permanent)")
         t0 = time.monotonic()
         try:
-            sbx = await AsyncSandbox.create(
-                name=sandbox_id, permanent=True, wait=60, nats_url=self.nats_url,
-                prefix=self.config.prefix,
-            )  # fmt: skip
+            async with await self._client() as admin:
+                obj = create_object(name=sandbox_id, template=None, timeout=None, permanent=True,
+                                    idle_timeout=None, labels=None, env=None)  # fmt: skip
+                await create_sandbox(admin.bus, admin.subjects, obj, wait=60)
         except ResourceExists:
-            sbx = await AsyncSandbox.connect(sandbox_id, nats_url=self.nats_url,
-                                             prefix=self.config.prefix)  # fmt: skip
+            pass
         except SandpodError as exc:
             raise StartupError(f"sandbox {sandbox_id} did not start: {exc}") from exc
-        async with sbx:
+        async with await self._client(sandbox_id) as sbx:
             deadline = time.monotonic() + 60
             while True:
                 try:
@@ -211,14 +265,15 @@ class Supervisor:
 
     async def _start_lifecycle(self) -> None:
         self.runtime = self.pick_runtime()
-        env = {
-            **os.environ,
-            "SANDPOD_NATS_URL": self.nats_url,
-            "SANDPOD_PREFIX": self.config.prefix,
-            "SANDPOD_STATE_DIR": str(self.config.state_dir),
-            "SANDPOD_RUNTIME": self.runtime,
-            "SANDPOD_DESTROY_ON_EXIT": "true",  # `sandpod up` leaves no process behind
-        }
+        env = self._env(
+            "lifecycle",
+            SANDPOD_STATE_DIR=str(self.config.state_dir),
+            SANDPOD_RUNTIME=self.runtime,
+            SANDPOD_NODE=self.node,  # the node the execd user may serve
+            SANDPOD_DESTROY_ON_EXIT="true",  # `sandpod up` leaves no process behind
+        )
+        if "execd" in self.creds:
+            env["SANDPOD_EXECD_NATS_CREDS"] = self.creds["execd"]
         what = "process, NO isolation"
         if self.runtime == "local":
             what = "namespace jail" if os.geteuid() == 0 else "rootless namespace jail"
@@ -227,20 +282,15 @@ class Supervisor:
         await self._wait(child, self._lifecycle_ready)
 
     async def _start_pool(self) -> None:
-        env = {
-            **os.environ,
-            "SANDPOD_NATS_URL": self.nats_url,
-            "SANDPOD_PREFIX": self.config.prefix,
-        }
+        env = self._env("pool")
         self.progress("starting pool (warm pools and claims)")
         child = await self._spawn("pool", [sys.executable, "-m", "sandpod_pool"], env)
         await self._wait(child, self._pool_ready)
 
     async def _pool_ready(self) -> bool:
         try:
-            async with await AsyncPools.connect(
-                nats_url=self.nats_url, prefix=self.config.prefix
-            ) as pools:
+            async with await self._client() as client:
+                pools = await AsyncPools.connect(bus=client.bus, prefix=self.config.prefix)
                 await pools.list()
         except SandpodError:
             return False
@@ -249,18 +299,17 @@ class Supervisor:
     async def _start_gateway(self, port: int) -> None:
         """The HTTP gateway, and an API key of tenant ``default`` (created once, kept in the
         state dir with mode 0600 so the next ``sandpod up`` prints the same key)."""
-        if not _port_free(self.config.host, port):
+        if not port_free(self.config.host, port):
             raise StartupError(
                 f"gateway port {port} on {self.config.host} is in use; choose --gateway-port "
                 "or --no-gateway"
             )
-        env = {**os.environ, "SANDPOD_NATS_URL": self.nats_url, "SANDPOD_PREFIX":
-               self.config.prefix, "SANDPOD_GATEWAY_HOST": self.config.host,
-               "SANDPOD_GATEWAY_PORT": str(port)}  # fmt: skip
+        env = self._env("gateway", SANDPOD_GATEWAY_HOST=self.config.host,
+                        SANDPOD_GATEWAY_PORT=str(port))  # fmt: skip
         self.gateway_url = f"http://{self.config.host}:{port}"
         self.progress(f"starting gateway (HTTP API, web terminal) on {self.gateway_url}")
         child = await self._spawn("gateway", [sys.executable, "-m", "sandpod_gateway"], env)
-        await self._wait(child, lambda: _http_ok(self.config.host, port, "/readyz"))
+        await self._wait(child, lambda: http_ok(self.config.host, port, "/readyz"))
         key_file = self.config.state_dir / "gateway-api-key"
         if key_file.is_file():
             self.api_key = key_file.read_text().strip()
@@ -280,18 +329,19 @@ class Supervisor:
 
     async def _lifecycle_ready(self) -> bool:
         try:
-            await AsyncSandbox.list(nats_url=self.nats_url, prefix=self.config.prefix)
+            async with await self._client() as client:
+                await list_sandboxes(client.bus, client.subjects, None)
         except SandpodError:
             return False
         return True
 
     async def _stop_instances(self) -> None:
         """Sandboxes created through the API run their own execd: stop those too, and wait."""
-        for sandbox_id, pid in _instance_pids(self.config.state_dir / "instances"):
+        for sandbox_id, pid in instance_pids(self.config.state_dir / "instances"):
             self.progress(f"stopping sandbox instance {sandbox_id}")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            if not await _wait_exit(pid, self.config.grace):
+            if not await wait_exit(pid, self.config.grace):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -301,7 +351,7 @@ class Supervisor:
             if child.proc.returncode is not None:
                 raise StartupError(
                     f"{child.name} exited with {child.proc.returncode} while starting; "
-                    f"its log ({child.log_path}) ends with:\n{_tail(child.log_path)}"
+                    f"its log ({child.log_path}) ends with:\n{tail(child.log_path)}"
                 )
             if await ready():  # type: ignore[misc]
                 self.progress(f"{child.name} ready in {(time.monotonic() - t0) * 1000:.0f} ms")
@@ -309,7 +359,7 @@ class Supervisor:
             if time.monotonic() - t0 > self.config.ready_timeout:
                 raise StartupError(
                     f"{child.name} not ready after {self.config.ready_timeout:g}s; "
-                    f"see {child.log_path}:\n{_tail(child.log_path)}"
+                    f"see {child.log_path}:\n{tail(child.log_path)}"
                 )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(child.proc.wait(), 0.05)
@@ -345,78 +395,3 @@ class Supervisor:
                     await child.proc.wait()
         self.children.clear()
         await self._stop_instances()
-
-
-def _instance_pids(directory: Path) -> list[tuple[str, int]]:
-    """(sandbox id, execd pid) of live instances recorded by lifecycle's launcher."""
-    out = []
-    for record in directory.glob("*.json"):
-        try:
-            pid = int(json.loads(record.read_text())["pid"])
-            if b"sandpod_execd" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append((record.stem, pid))
-        except (OSError, ValueError, KeyError):
-            continue
-    return out
-
-
-async def _wait_exit(pid: int, timeout: float) -> bool:
-    """Wait for a process that is not our child to exit (pidfd: an event, not polling)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-
-    def on_exit() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(fd, on_exit)
-    try:
-        await asyncio.wait_for(exited, timeout)
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-async def _http_ok(host: str, port: int, path: str) -> bool:
-    """GET ``path`` answers 200 (stdlib only: the SDK has no HTTP client dependency)."""
-    try:
-        reader, writer = await asyncio.open_connection(host, port)
-    except OSError:
-        return False
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        line = await asyncio.wait_for(reader.readline(), 2.0)
-    except (OSError, TimeoutError):
-        return False
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-    return line.startswith(b"HTTP/1.1 200")
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _user_namespaces() -> bool:
-    """Whether this kernel lets an unprivileged user create user namespaces."""
-    try:
-        limit = Path("/proc/sys/user/max_user_namespaces").read_text().strip()
-    except OSError:
-        return False
-    try:
-        clone = Path("/proc/sys/kernel/unprivileged_userns_clone").read_text().strip()
-    except OSError:
-        clone = "1"  # upstream kernels have no such switch
-    return limit not in ("", "0") and clone == "1"

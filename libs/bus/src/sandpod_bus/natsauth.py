@@ -48,10 +48,12 @@ __all__ = [
     "creds_jwt",
     "decode_jwt",
     "encode_jwt",
+    "kv_subjects",
     "operator_setup",
     "sandbox_permissions",
     "server_config",
     "service_permissions",
+    "stream_subjects",
     "tenant_creds",
     "tenant_inbox_prefix",
     "tenant_permissions",
@@ -142,6 +144,27 @@ def service_permissions(prefix: str) -> Permissions:
     subjects, inboxes, JetStream (KV, streams, object store) of the app account."""
     both = (f"{prefix}.>", INBOX_ALL, "$JS.>", "$KV.>", "$O.>")
     return Permissions(pub_allow=both, sub_allow=both)
+
+
+def stream_subjects(stream: str) -> tuple[str, ...]:
+    """The JetStream API subjects a client needs to use stream ``stream`` and nothing else:
+    create/update/info it, read messages (direct and by sequence), make and drop its consumers
+    (ordered consumers, as KV watches use), and answer their flow control."""
+    api = "$JS.API"
+    return (
+        f"{api}.STREAM.CREATE.{stream}", f"{api}.STREAM.UPDATE.{stream}",
+        f"{api}.STREAM.INFO.{stream}", f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}", f"{api}.DIRECT.GET.{stream}.>",
+        f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.CREATE.{stream}.>",
+        f"{api}.CONSUMER.DELETE.{stream}.>", f"{api}.CONSUMER.INFO.{stream}.>",
+        f"{api}.CONSUMER.MSG.NEXT.{stream}.>", f"$JS.FC.{stream}.>", f"$JS.ACK.{stream}.>",
+    )  # fmt: skip
+
+
+def kv_subjects(bucket: str) -> tuple[str, ...]:
+    """What a client needs to open, read, write and watch KV bucket ``bucket`` (its stream is
+    ``KV_<bucket>``; keys are messages on ``$KV.<bucket>.<key>``)."""
+    return (*stream_subjects(f"KV_{bucket}"), f"$KV.{bucket}.>")
 
 
 MAX_TENANT_SANDBOXES = 500  # one allow per sandbox in the JWT: keep it far below max_payload

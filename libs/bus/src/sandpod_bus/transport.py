@@ -194,7 +194,9 @@ class Bus:
             raise ConnectionLost(
                 f"cannot connect to NATS at {settings.url} within {settings.connect_timeout:g}s "
                 f"({exc or type(exc).__name__}); is the server running (`sandpod up`) and the "
-                "URL right?",
+                "URL right? An authenticated NATS (`sandpod up`'s refuses anonymous clients) "
+                "also needs a creds file: SANDPOD_NATS_CREDS, or run as the user of `sandpod up` "
+                "(its client.creds is in <state dir>/nats-auth/)",
                 url=settings.url,
             ) from exc
         connected = True

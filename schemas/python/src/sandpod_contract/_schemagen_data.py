@@ -282,6 +282,9 @@ ERRORS: list[errors.SandpodError] = [
     errors.SandboxNotFound("sandpod.sbx.gone.exec.run is not served here"),
     errors.SandboxUnavailable("execd stopped answering during exec " + _ID),
     errors.SandboxPaused("sandbox demo is paused: resume it to start commands"),
+    errors.SandboxJailRefused("sandbox 'evil': refusing jail file /var/lib/sandpod/jails/evil/"
+                              "jail.json: no jail (No such file or directory)",
+                              sandbox_id="evil", reason="no jail"),
     errors.ExecError(),
     errors.ExecNotFound(f"no streaming exec {_ID!r} in this execd", exec_id=_ID),
     errors.ExecLost(f"exec {_ID} finished but its reply never arrived"),

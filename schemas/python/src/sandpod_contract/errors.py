@@ -57,6 +57,7 @@ __all__ = [
     "ResourceInvalid",
     "ResourceNotFound",
     "SandboxError",
+    "SandboxJailRefused",
     "SandboxNotFound",
     "SandboxPaused",
     "SandboxUnavailable",
@@ -195,6 +196,14 @@ class SandboxPaused(SandboxError):
     code = "sandbox.paused"
     retryable = True
     summary = "the sandbox is paused (its processes are frozen); resume it, then start commands"
+
+
+class SandboxJailRefused(SandboxError):
+    code = "sandbox.jail_refused"
+    summary = (
+        "this node runs sandboxes only inside jails, and the sandbox has no safe jail file "
+        "(lifecycle creates it); create the sandbox through the Sandbox API"
+    )
 
 
 # -- exec family -----------------------------------------------------------------------------------

@@ -122,6 +122,14 @@ class Subjects:
                 raise ValueError(f"invalid subject token {token!r}")
         return f"{self.prefix}.node.{node}.{service}.{verb}"
 
+    def node_plane(self) -> str:
+        """Wildcard covering the whole node plane (only lifecycle may publish there)."""
+        return f"{self.prefix}.node.>"
+
+    def sandboxes_all(self) -> str:
+        """Wildcard covering every sandbox's data plane (for NATS permissions)."""
+        return f"{self.prefix}.sbx.*.>"
+
     def node_all(self, node: str, service: str) -> str:
         if not TOKEN_RE.fullmatch(node) or not TOKEN_RE.fullmatch(service):
             raise ValueError(f"invalid node {node!r} or service {service!r}")

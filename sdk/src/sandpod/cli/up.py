@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sandpod.config import DEFAULT_STATE_DIR
 from sandpod.supervisor import PlatformConfig, StartupError, Supervisor
 
 __all__ = ["add_parser"]
@@ -26,7 +27,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--state-dir",
         type=Path,
-        default=Path(os.environ.get("SANDPOD_STATE_DIR", "~/.local/state/sandpod")).expanduser(),
+        default=Path(os.environ.get("SANDPOD_STATE_DIR", DEFAULT_STATE_DIR)).expanduser(),
         help="where NATS data, workspaces and logs live (default: %(default)s)",
     )
     p.add_argument("--nats-url", help="use an existing NATS instead of starting one")
@@ -117,12 +118,27 @@ def _runtime_line(runtime: str) -> str:
     return f"process: NO ISOLATION, commands run on this host as {getpass.getuser()!r}"
 
 
+def _credential_lines(sup: Supervisor, config: PlatformConfig) -> tuple[str, str]:
+    """The banner's credential row, and the export a second terminal needs (if any)."""
+    creds = sup.client_creds
+    if creds is None:
+        given = os.environ.get("SANDPOD_NATS_CREDS")
+        return (given or "none (anonymous NATS)", "")
+    default = Path(os.environ.get("SANDPOD_STATE_DIR", DEFAULT_STATE_DIR)).expanduser()
+    found = default.resolve() == config.state_dir
+    row = f"{creds}  (0600; NATS refuses anonymous clients"
+    row += ", found by this user's CLI and SDK)" if found else ")"
+    return row, "" if found else f"\n  export SANDPOD_NATS_CREDS={creds}"
+
+
 def _banner(sup: Supervisor, config: PlatformConfig) -> None:
     first = config.sandboxes[0]
+    creds_row, creds_export = _credential_lines(sup, config)
     print(
         f"""
 Sandpod is up.
   NATS       {sup.nats_url}
+  credential {creds_row}
   sandboxes  {", ".join(config.sandboxes)}
   runtime    {_runtime_line(sup.runtime)}
   isolation  {sup.isolation.get(first, "-")}
@@ -133,7 +149,7 @@ Sandpod is up.
   terminal   {(sup.gateway_url or "") + "/terminal" if sup.gateway_url else "-"}
 
 Try it (in another terminal):
-  export SANDPOD_NATS_URL={sup.nats_url}
+  export SANDPOD_NATS_URL={sup.nats_url}{creds_export}
   sandpod exec {first} -- date
   python -c 'from sandpod import Sandbox
   print(Sandbox.connect("{first}").exec("/workspace", "date").stdout)'

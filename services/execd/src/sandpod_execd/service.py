@@ -43,7 +43,7 @@ from sandpod_execd.handlers.pty import PtyHandlers
 from sandpod_execd.handlers.session import SessionHandlers
 from sandpod_execd.handlers.system import SystemHandlers
 from sandpod_execd.handlers.watch import WatchHandlers
-from sandpod_execd.jail import Jail
+from sandpod_execd.jailfile import load_trusted
 from sandpod_execd.metrics import ExecdMetrics
 from sandpod_execd.oneshot import run_to_completion
 from sandpod_execd.process import spawn
@@ -116,7 +116,7 @@ class ExecdService:
             settings.shell,
             settings.base_env,
             ExecRegistry(settings.result_ttl, stored_budget=4 * settings.default_max_output),
-            jail=Jail.load(jail, sid) if jail else None,
+            jail=load_trusted(jail, sid) if jail else None,
             sole=settings.node is None and len(settings.sandbox_ids) == 1,
             freezer=settings.freezer,
         )
@@ -156,14 +156,18 @@ class ExecdService:
         log.info("sandbox_released", sandbox_id=sandbox_id)
 
     async def _on_node(self, msg: Inbound) -> None:
-        """``serve`` / ``release`` / ``list`` from the lifecycle service of this node."""
+        """``serve`` / ``release`` / ``list`` from the lifecycle service of this node.
+
+        ``serve`` runs the sandbox in the jail this execd's own configuration names for its id
+        (``SANDPOD_EXECD_JAIL``), never in one a request names: on a node configured for jails,
+        a sandbox without a trusted jail file is refused (``sandbox.jail_refused``)."""
         verb = msg.subject.rsplit(".", 1)[-1]
         try:
             if verb == "serve":
                 req = decode(Serve, msg.data)
                 validate_sandbox_id(req.sandbox_id)
                 if req.sandbox_id not in self.sandboxes:
-                    sbx = self._context(req.sandbox_id, Path(req.jail) if req.jail else None)
+                    sbx = self._context(req.sandbox_id, self.settings.jail_file(req.sandbox_id))
                     await _warm_up(sbx)
                     self.sandboxes[req.sandbox_id] = sbx
                     await self._serve(sbx)

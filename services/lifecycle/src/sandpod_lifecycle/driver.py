@@ -135,7 +135,9 @@ class ExecdLauncher:
 
     async def start(self, sandbox_id: str, env: Mapping[str, str]) -> int:
         log = self.state_dir / "logs" / f"execd-{sandbox_id}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
+        log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        log.chmod(0o600)  # logs may name paths and ids of other tenants: owner only
         full_env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("SANDPOD_")},
             "SANDPOD_NATS_URL": self.nats_url,

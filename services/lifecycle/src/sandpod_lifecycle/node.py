@@ -28,8 +28,14 @@ START_TIMEOUT = 30.0
 
 
 class NodeLauncher:
-    def __init__(self, processes: ExecdLauncher, node: str, request: Request) -> None:
+    def __init__(
+        self, processes: ExecdLauncher, node: str, request: Request, *, jails: str | None = None
+    ) -> None:
+        """``jails``: the jail file of every sandbox (``{sandbox_id}`` in it), handed to the
+        node's execd as its configuration (``SANDPOD_EXECD_JAIL``); None: the process runtime.
+        """
         self._processes = processes
+        self._jails = jails
         self.node = node
         self._key = f"node-{node}"
         self._request = request
@@ -49,6 +55,8 @@ class NodeLauncher:
             pid = self._alive()
             if pid is None:
                 env = {"SANDPOD_EXECD_NODE": self.node, "SANDPOD_SANDBOX_ID": ""}
+                if self._jails:
+                    env["SANDPOD_EXECD_JAIL"] = self._jails
                 await self._processes.start(self._key, env)
                 pid = self._alive()
             deadline = time.monotonic() + START_TIMEOUT
@@ -65,9 +73,7 @@ class NodeLauncher:
 
     async def start(self, sandbox_id: str, env: Mapping[str, str]) -> int:
         pid = await self._ensure_node()
-        reply = await self._request(
-            "serve", Serve(sandbox_id=sandbox_id, jail=env.get("SANDPOD_EXECD_JAIL"))
-        )
+        reply = await self._request("serve", Serve(sandbox_id=sandbox_id))
         self._served = set(reply.sandbox_ids)
         return pid
 

@@ -46,7 +46,7 @@ from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
-from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
+from sandpod_lifecycle.runtime.local import JAIL_FILE, LocalRuntime, LocalRuntimeConfig
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
@@ -131,8 +131,9 @@ class LifecycleService:
                 creds=creds,
             )  # fmt: skip
         launcher = ExecdLauncher(
-            state, self.settings.bus.url, self.settings.prefix, self.settings.bus.creds
-        )
+            state, self.settings.bus.url, self.settings.prefix,
+            self.settings.execd_creds or self.settings.bus.creds,
+        )  # fmt: skip
         if self.settings.runtime == "local":
             # The whole state dir (NATS data, logs, other sandboxes) is masked in every jail.
             config = LocalRuntimeConfig(
@@ -143,7 +144,10 @@ class LifecycleService:
                 disk=DiskOptions(preallocate=self.settings.disk_preallocate,
                                  reserve_bytes=self.settings.disk_reserve),
             )  # fmt: skip
-            node = NodeLauncher(launcher, self.settings.node, self._node_request)
+            # The node's execd finds each jail file itself, by id, in this directory: a serve
+            # request names no path, so nobody on the bus can choose what execd runs.
+            jails = str(config.state_dir / "{sandbox_id}" / JAIL_FILE)
+            node = NodeLauncher(launcher, self.settings.node, self._node_request, jails=jails)
             self._node = node
             driver = LocalDriver(LocalRuntime(config), node)
             self._closers.append(driver.close)

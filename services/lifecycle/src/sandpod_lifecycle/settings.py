@@ -4,6 +4,7 @@
 |---|---|---|
 | ``SANDPOD_NATS_URL`` / ``NATS_URL`` | ``nats://127.0.0.1:4222`` | NATS server(s) |
 | ``SANDPOD_NATS_CREDS`` | unset | NATS creds file (operator mode), watched for renewals |
+| ``SANDPOD_EXECD_NATS_CREDS`` | the above | creds of the execds it starts (host runtimes) |
 | ``SANDPOD_PREFIX`` | ``sandpod`` | subject prefix |
 | ``SANDPOD_STATE_DIR`` | ``~/.local/state/sandpod`` | instances, workspaces, logs |
 | ``SANDPOD_RUNTIME`` | ``process`` | ``local`` (jail, root), ``process``, ``kubernetes`` (Pods) |
@@ -72,6 +73,7 @@ class LifecycleSettings:
     node: str = dataclasses.field(default_factory=lambda: socket.gethostname().split(".")[0])
     grace: float = 10.0
     log_level: str = "info"
+    execd_creds: str | None = None  # None: the lifecycle's own (bus.creds)
     nats_account_seed_file: Path | None = None  # kubernetes: mint per-sandbox NATS creds
     nats_creds_ttl: float = 86400.0
     nats_creds_margin: float = 300.0
@@ -113,6 +115,7 @@ class LifecycleSettings:
             ready_timeout=env_float(env, "SANDPOD_READY_TIMEOUT", base.ready_timeout, minimum=1),
             destroy_on_exit=env_bool(env, "SANDPOD_DESTROY_ON_EXIT", False),
             node=env_str(env, "SANDPOD_NODE", base.node),
+            execd_creds=env_str(env, "SANDPOD_EXECD_NATS_CREDS", "") or None,
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
             nats_account_seed_file=Path(seed) if (
                 seed := env_str(env, "SANDPOD_NATS_ACCOUNT_SEED_FILE", "")) else None,

@@ -23,7 +23,10 @@ class Serve(Message):
 
     TYPE = "node.serve"
     sandbox_id: str  # a sandbox id (sandbox_id_pattern in subjects.json), else bad_request
-    jail: str | None = None  # jail file (local runtime); None: the process runtime
+    # Ignored (kept for wire compatibility): execd takes a sandbox's jail from its own
+    # configuration, never from a request; a node configured for jails refuses a sandbox
+    # without one (sandbox.jail_refused).
+    jail: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
