@@ -22,6 +22,7 @@ from sandpod import AsyncSandbox
 from sandpod.errors import ResourceInvalid, SandboxNotFound, SandpodError
 from sandpod.supervisor import PlatformConfig
 from sandpod_contract.messages.sandboxes import SandboxEvent
+from sandpod_lifecycle.runtime.installation import Installation
 
 DESTROY_JAIL = """
 import asyncio, sys
@@ -73,7 +74,7 @@ def lifecycles(nats: NatsServer, tmp_path: Path) -> Iterator[Callable[..., Lifec
     for jail in (tmp_path / "jails").glob("*/jail.json"):  # local runtime: destroy what is left
         subprocess.run(
             [sys.executable, "-c", DESTROY_JAIL, str(tmp_path / "jails"), jail.parent.name,
-             f"sandpod-{prefix}"],
+             Installation.claim(prefix, tmp_path, None).cgroup_parent],
             check=False, timeout=60,
         )  # fmt: skip
     pids = started[0].execd_pids() if started else {}
@@ -391,6 +392,6 @@ async def test_destroy_on_exit_needs_no_nats(tmp_path: Path) -> None:
         for jail_file in (tmp_path / "jails").glob("*/jail.json"):
             subprocess.run(
                 [sys.executable, "-c", DESTROY_JAIL, str(tmp_path / "jails"), jail_file.parent.name,
-                 f"sandpod-{lc.prefix}"],
+                 Installation.claim(lc.prefix, tmp_path, None).cgroup_parent],
                 check=False, timeout=60,
             )  # fmt: skip

@@ -27,6 +27,7 @@ from pathlib import Path
 from sandpod.aio import AsyncSandbox
 from sandpod.errors import ResourceExists, SandpodError
 from sandpod.pools import AsyncPools
+from sandpod.statelock import StateDirBusy, hold_state_dir
 
 __all__ = ["Child", "PlatformConfig", "StartupError", "Supervisor", "find_nats_server"]
 
@@ -104,6 +105,7 @@ class Supervisor:
         self.isolation: dict[str, str] = {}  # sandbox -> its Isolated condition, in words
         self.gateway_url: str | None = None
         self.api_key: str | None = None
+        self._lock: int | None = None  # the state dir's lock, held for our whole life
 
     async def start(self) -> None:
         """Start NATS (unless external) and execd; return when all are ready.
@@ -111,6 +113,11 @@ class Supervisor:
         Raises:
             StartupError: a child failed to start or become ready (with its log's tail).
         """
+        if self._lock is None:  # refuse a second `sandpod up` on this state dir, at once
+            try:
+                self._lock = hold_state_dir(self.config.state_dir)
+            except StateDirBusy as exc:
+                raise StartupError(str(exc)) from None
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.config.nats_url is None:
             await self._start_nats()
@@ -329,8 +336,11 @@ class Supervisor:
         """SIGTERM children in reverse order; SIGKILL what is left after ``grace``. Idempotent.
 
         Sandbox instances started by lifecycle are stopped last; their objects stay in the store,
-        so the next ``sandpod up`` recreates what has not expired meanwhile.
+        so the next ``sandpod up`` recreates what has not expired meanwhile. A supervisor that
+        never got the state dir's lock stops nothing: what runs there is another one's.
         """
+        if self._lock is None:
+            return
         for child in reversed(self.children):
             if child.proc.returncode is None:
                 self.progress(f"stopping {child.name}")
@@ -345,6 +355,8 @@ class Supervisor:
                     await child.proc.wait()
         self.children.clear()
         await self._stop_instances()
+        os.close(self._lock)
+        self._lock = None
 
 
 def _instance_pids(directory: Path) -> list[tuple[str, int]]:

@@ -17,6 +17,7 @@ them through the driver) and releases this replica's leases so others take over 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -45,6 +46,7 @@ from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
+from sandpod_lifecycle.runtime.installation import Installation
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
@@ -133,10 +135,17 @@ class LifecycleService:
             state, self.settings.bus.url, self.settings.prefix, self.settings.bus.creds
         )
         if self.settings.runtime == "local":
+            # Host-global names (cgroup parent, uid range) are this installation's own.
+            registry = self.settings.uid_registry if os.geteuid() == 0 else None
+            inst = Installation.claim(self.settings.prefix, state, registry)
+            log.info("installation", id=inst.id, cgroup_parent=inst.cgroup_parent,
+                     uid_base=inst.uid_base, uid_count=inst.uid_count)  # fmt: skip
             # The whole state dir (NATS data, logs, other sandboxes) is masked in every jail.
             config = LocalRuntimeConfig(
                 state_dir=state / "jails",
-                cgroup_parent=f"sandpod-{self.settings.prefix.replace('.', '-')}",
+                cgroup_parent=inst.cgroup_parent,
+                uid_base=inst.uid_base,
+                uid_count=inst.uid_count,
                 mask_paths=(Path("/root"), Path("/home"), state),
             )
             node = NodeLauncher(launcher, self.settings.node, self._node_request)
