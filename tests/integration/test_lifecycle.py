@@ -308,6 +308,54 @@ async def test_two_replicas_never_double_create(lifecycles: Callable[[], Lifecyc
         await s.close()
 
 
+def _execd_counts(prefix: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        env = _env(proc)
+        if env.get("SANDPOD_PREFIX") == prefix and "sandpod_execd" in " ".join(
+            proc.info["cmdline"] or []
+        ):
+            counts[env["SANDPOD_SANDBOX_ID"]] = counts.get(env["SANDPOD_SANDBOX_ID"], 0) + 1
+    return counts
+
+
+async def test_a_stalled_replica_never_duplicates_instances(
+    lifecycles: Callable[[], Lifecycle],
+) -> None:
+    """A replica stopped (SIGSTOP: CPU starvation at its worst) past its leases while creating
+    sandboxes: the other one takes them over, the stalled one resumes mid-work, and still every
+    sandbox has exactly one execd -- also after the stalled one is SIGKILLed."""
+    first, second = lifecycles(), lifecycles()
+    await _ready_api(first)
+    await _ready_api(second)
+    created = await asyncio.gather(
+        *(AsyncSandbox.create(nats_url=first.url, prefix=first.prefix, wait=0) for _ in range(8))
+    )
+    second.proc.send_signal(signal.SIGSTOP)  # most likely in the middle of starting some
+
+    async def all_serve() -> bool:
+        try:
+            return all([(await s.exec("true", timeout=2)).exit_code == 0 for s in created])
+        except SandpodError:
+            return False
+
+    try:  # the first replica takes over what the stalled one held once its leases expire
+        await _until(all_serve, 60, "every sandbox to serve while the second replica stalls")
+    finally:
+        second.proc.send_signal(signal.SIGCONT)
+    log = second.log.read_text
+    seen = log().count("reconcile_start")
+    await _until(lambda: log().count("reconcile_start") > seen + 20, 60, "the resumed replica")
+    assert _execd_counts(first.prefix) == {s.id: 1 for s in created}
+    second.proc.send_signal(signal.SIGKILL)
+    second.proc.wait(10)
+    for s in created:
+        assert (await s.exec("true")).exit_code == 0
+    assert _execd_counts(first.prefix) == {s.id: 1 for s in created}
+    for s in created:
+        await s.close()
+
+
 async def test_local_runtime_jail_through_lifecycle(
     lifecycles: Callable[..., Lifecycle], tmp_path: Path
 ) -> None:
