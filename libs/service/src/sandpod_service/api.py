@@ -68,10 +68,9 @@ class ApiServer:
                 msg.reply, encode_error(UnknownSubject(f"no operation on {msg.subject}"))
             )
             return
-        self._supervisor.spawn(self._handle(op, self._routes[parsed], msg), name="api")
+        self._supervisor.spawn(self._handle(op, self._routes[parsed], msg, msg.reply), name="api")
 
-    async def _handle(self, op: Operation, handler: Handler, msg: Inbound) -> None:
-        assert msg.reply is not None
+    async def _handle(self, op: Operation, handler: Handler, msg: Inbound, reply: str) -> None:
         name = f"{op.family}.{op.verb}"
         started = time.perf_counter()
         try:
@@ -85,7 +84,7 @@ class ApiServer:
             code = "internal"
         log.info("api_request", op=name, code=code,
                  ms=round((time.perf_counter() - started) * 1000, 3))  # fmt: skip
-        await self._reply(msg.reply, payload)
+        await self._reply(reply, payload)
 
     async def _reply(self, subject: str, payload: bytes) -> None:
         try:

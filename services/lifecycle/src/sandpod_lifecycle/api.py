@@ -151,9 +151,10 @@ class LifecycleApi:
             raise ResourceInvalid("a permanent sandbox has no lifetime to renew", field="spec")
         if req.seconds is not None:
             expiry = iso(now() + datetime.timedelta(seconds=req.seconds))
-        else:
-            assert req.shutdown_time is not None
+        elif req.shutdown_time is not None:
             expiry = iso(parse_time(req.shutdown_time))
+        else:
+            raise ResourceInvalid("renew needs seconds or shutdown_time", field="seconds")
         obj = await self._mutate(
             SANDBOX, req.namespace, req.name,
             lambda o: dataclasses.replace(o, spec={**o.spec, "shutdownTime": expiry}),

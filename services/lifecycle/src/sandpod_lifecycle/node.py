@@ -19,7 +19,7 @@ from sandpod_contract.codec import Message
 from sandpod_contract.errors import SandpodError
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.node import NodeSandboxes, Release, Serve
-from sandpod_lifecycle.driver import ExecdLauncher
+from sandpod_lifecycle.driver import ExecdLauncher, LauncherBusy
 
 __all__ = ["NodeLauncher"]
 
@@ -60,7 +60,8 @@ class NodeLauncher:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.02)
-            assert pid is not None
+            if pid is None:  # started, answered, but its record is gone: someone stopped it
+                raise LauncherBusy(f"the node execd of {self.node!r} exited while starting")
             return pid
 
     async def start(self, sandbox_id: str, env: Mapping[str, str]) -> int:

@@ -27,7 +27,7 @@ import structlog
 
 from sandpod_bus import Bus
 from sandpod_contract.codec import Message, decode_reply, encode
-from sandpod_contract.errors import SandpodError
+from sandpod_contract.errors import InternalError, SandpodError
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.node import NodeSandboxes
 from sandpod_contract.messages.sandboxes import CONTROL_PLANE
@@ -116,7 +116,8 @@ class LifecycleService:
             from sandpod_lifecycle.runtime.pod import PodDriver
             from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
-            assert self.settings.kube is not None  # settings refuse kubernetes without kube
+            if self.settings.kube is None:  # settings refuse kubernetes without kube
+                raise ValueError("SANDPOD_RUNTIME=kubernetes needs SANDPOD_STORE=kube")
             pods = PodApi(self.settings.kube)
             self._closers.append(pods.close)
             creds = None
@@ -185,10 +186,16 @@ class LifecycleService:
         await self._api.start()
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
 
+    def _started(self) -> Bus:
+        """The bus, for a probe or node request; they run only once ``start`` set it."""
+        if self._bus is None:
+            raise InternalError("the lifecycle service is not started: no bus to use yet")
+        return self._bus
+
     async def _node_request(self, verb: str, msg: Message) -> NodeSandboxes:
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.node(self.settings.node, "execd", verb)
-        return decode_reply(NodeSandboxes, await self._bus.request(subject, encode(msg), 10.0))
+        return decode_reply(NodeSandboxes, await bus.request(subject, encode(msg), 10.0))
 
     async def stop(self, grace: float) -> None:
         if self._api is not None:
@@ -214,22 +221,22 @@ class LifecycleService:
     # -- probes of a sandbox's execd -----------------------------------------------------------
 
     async def _ready(self, sandbox_id: str, timeout: float) -> bool:
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.sandbox(sandbox_id, "sys", "ping")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                decode_reply(Pong, await self._bus.request(subject, encode(Empty()), 1.0))
+                decode_reply(Pong, await bus.request(subject, encode(Empty()), 1.0))
                 return True
             except SandpodError:
                 await asyncio.sleep(0.02)
         return False
 
     async def _idle(self, sandbox_id: str) -> float | None:
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.sandbox(sandbox_id, "sys", "activity")
         try:
-            reply = decode_reply(Activity, await self._bus.request(subject, encode(Empty()), 2.0))
+            reply = decode_reply(Activity, await bus.request(subject, encode(Empty()), 2.0))
         except SandpodError:
             return None
         return max(reply.idle, 0.0)
@@ -237,19 +244,19 @@ class LifecycleService:
     async def _freezer(self, sandbox_id: str, verb: str) -> FreezeState:
         """``sys.freeze`` / ``sys.thaw`` / ``sys.freezer`` to the sandbox's execd (the Pod
         runtime's pause). Raises SandpodError when execd refuses or does not answer."""
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.sandbox(sandbox_id, "sys", verb)
         request: Message = Freeze(timeout=FREEZE_TIMEOUT) if verb == "freeze" else Empty()
         wait = FREEZE_TIMEOUT + 2.0 if verb == "freeze" else 2.0  # inspect asks every pass
-        reply = await self._bus.request(subject, encode(request), wait)
+        reply = await bus.request(subject, encode(request), wait)
         return decode_reply(FreezeState, reply)
 
     async def _configure(self, sandbox_id: str, env: dict[str, str], generation: int) -> bool:
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.sandbox(sandbox_id, "sys", "configure")
         request = Configure(env=env, generation=generation)
         try:
-            decode_reply(Configured, await self._bus.request(subject, encode(request), 2.0))
+            decode_reply(Configured, await bus.request(subject, encode(request), 2.0))
         except SandpodError as exc:
             log.warning("configure_failed", sandbox=sandbox_id, error=exc.message)
             return False
