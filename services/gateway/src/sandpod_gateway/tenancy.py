@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from sandpod_contract.errors import ResourceInvalid
+
 __all__ = [
     "LIFECYCLE_NAMESPACE",
     "TENANT_LABEL",
@@ -85,7 +87,8 @@ class Scope:
         labels = dict(meta.get("labels") or {})
         labels[TENANT_LABEL] = self.tenant
         sid = self.sandbox_id(name)
-        assert sid is not None
+        if sid is None:  # the handlers check the name first; never store an unscoped one
+            raise ResourceInvalid(f"invalid sandbox name {name!r}", field="metadata.name")
         meta.update(name=sid, namespace=LIFECYCLE_NAMESPACE, labels=labels)
         return {**obj, "metadata": meta}
 
