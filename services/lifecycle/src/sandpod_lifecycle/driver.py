@@ -98,7 +98,9 @@ class ExecdLauncher:
     """Starts and stops one execd process per sandbox; pid files make it survive our restarts.
 
     execd processes are not tied to the lifecycle process (no PDEATHSIG): a restarted lifecycle
-    finds them through ``<state>/instances/<id>.json`` and adopts or destroys them.
+    finds them through ``<state>/instances/<id>.json`` and adopts or destroys them. Each execd
+    holds an ``flock`` on ``<state>/instances/<id>.lock`` for its whole life, so two launchers
+    (replicas on one host, one of them dead or stalled mid-start) never run two for one id.
 
     ``nats_creds``: the lifecycle's own creds file, handed to its execds (a NATS in operator
     mode). These execds run on the host, outside the jails (which have no network and mask the
