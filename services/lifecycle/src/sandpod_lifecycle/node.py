@@ -47,11 +47,18 @@ class NodeLauncher:
     async def _ensure_node(self) -> int:
         async with self._lock:
             pid = self._alive()
-            if pid is None:
-                env = {"SANDPOD_EXECD_NODE": self.node, "SANDPOD_SANDBOX_ID": ""}
-                await self._processes.start(self._key, env)
-                pid = self._alive()
             deadline = time.monotonic() + START_TIMEOUT
+            env = {"SANDPOD_EXECD_NODE": self.node, "SANDPOD_SANDBOX_ID": ""}
+            while pid is None:
+                try:
+                    await self._processes.start(self._key, env)  # ours, or adopted
+                except LauncherBusy:  # another replica on this host is starting it right now
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+                    continue
+                pid = self._alive()
+                break
             while True:
                 try:
                     self._served = set((await self._request("list", Empty())).sandbox_ids)
