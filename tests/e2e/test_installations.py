@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from conftest import free_port
+from sandpod_lifecycle.runtime.installation import Installation
 
 SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
 READY_LINE = "Ctrl-C stops everything"
@@ -95,6 +96,12 @@ def _wait(predicate: object, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _cgroup_dirs(state: Path) -> list[Path]:
+    """The installation's cgroup parent in every hierarchy where it exists."""
+    parent = Installation.claim("sandpod", state, None).cgroup_parent
+    return [p for p in Path("/sys/fs/cgroup").glob(f"*/{parent}") if p.is_dir()]
+
+
 @pytest.fixture
 def root() -> None:
     if os.geteuid() != 0:
@@ -135,7 +142,10 @@ def test_a_second_installation_never_touches_the_first(tmp_path: Path) -> None:
             assert first.holder(sandbox) == holders[sandbox]
             assert first.sh(sandbox, "echo still") == "still\n"
         assert not (tmp_path / "two" / "jails" / "default" / "jail.json").exists()
+        assert _cgroup_dirs(second.state) == []  # it left no cgroup of its own behind
+        assert _cgroup_dirs(first.state)  # and removed none of the first's
         first.stop()
+        assert _cgroup_dirs(first.state) == []
     finally:
         for up in (second, first):
             if up is not None:

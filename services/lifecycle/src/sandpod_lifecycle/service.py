@@ -46,7 +46,7 @@ from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
-from sandpod_lifecycle.runtime.installation import Installation
+from sandpod_lifecycle.runtime.installation import Installation, remove_cgroup_parents
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
@@ -79,6 +79,7 @@ class LifecycleService:
         )
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
+        self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
     async def _store(self, bus: Bus, bucket: str) -> Store:
@@ -151,7 +152,9 @@ class LifecycleService:
             )
             node = NodeLauncher(launcher, self.settings.node, self._node_request)
             self._node = node
-            return LocalDriver(LocalRuntime(config), node)
+            runtime = LocalRuntime(config)
+            self._local = (runtime, inst.cgroup_parent)
+            return LocalDriver(runtime, node)
         return ProcessDriver(launcher)
 
     async def start(self, bus: Bus) -> None:
@@ -212,6 +215,11 @@ class LifecycleService:
             for sandbox_id in sandbox_ids:
                 log.info("instance_destroyed_at_exit", sandbox=sandbox_id)
                 await driver.destroy(sandbox_id)
+            if self._local is not None:  # and the installation's own cgroup parents
+                runtime, parent = self._local
+                kept = remove_cgroup_parents(await runtime.capabilities(), parent)
+                if kept:
+                    log.warning("cgroup_parents_kept", paths=kept)
         if self._leases is not None:
             await self._leases.release_all()
         for close in reversed(self._closers):

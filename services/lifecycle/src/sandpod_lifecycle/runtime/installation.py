@@ -30,9 +30,18 @@ from pathlib import Path
 
 import structlog
 
+from sandpod_lifecycle.runtime.base import HostCapabilities
 from sandpod_lifecycle.runtime.uids import busy_uids
 
-__all__ = ["DEFAULT_REGISTRY", "SLOTS", "SLOT_SIZE", "UID_FLOOR", "Installation", "identity"]
+__all__ = [
+    "DEFAULT_REGISTRY",
+    "SLOTS",
+    "SLOT_SIZE",
+    "UID_FLOOR",
+    "Installation",
+    "identity",
+    "remove_cgroup_parents",
+]
 
 log = structlog.get_logger("sandpod.lifecycle.installation")
 
@@ -90,6 +99,21 @@ class Installation:
             except PermissionError:
                 log.warning("uid_registry_unwritable", registry=str(registry), slot=slot)
         return cls(ident, prefix, state_dir, UID_FLOOR + slot * SLOT_SIZE)
+
+
+def remove_cgroup_parents(caps: HostCapabilities, parent: str) -> list[str]:
+    """Remove the installation's (empty) cgroup parent from every hierarchy, so stopped
+    installations leave no cgroup behind; returns those still in use (a sandbox left)."""
+    kept = []
+    for mount in {*caps.cgroup_v1.values(), *([caps.cgroup_v2] if caps.cgroup_v2 else [])}:
+        path = mount / parent
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            kept.append(str(path))
+    return sorted(kept)
 
 
 def _claim_slot(registry: Path, ident: str, state_dir: Path, preferred: int) -> int:
