@@ -19,11 +19,19 @@ $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.t
 	$(UV) sync --all-packages --locked
 	@touch $@
 
-$(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c $(BIN)/sandpod
+$(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c services/execd/native/seccomp_gen.c $(wildcard /usr/include/seccomp.h) $(BIN)/sandpod
 	@# The local runtime's one-step jail entry; without a C compiler execd falls back to sh+nsenter.
 	@# Static when libc.a exists: no dynamic loading at every command's entry (~0.2 ms, measured).
-	@if command -v $(CC) >/dev/null 2>&1; then $(CC) -O2 -Wall -Wextra -static -o $@ $< 2>/dev/null || $(CC) -O2 -Wall -Wextra -o $@ $<; \
-	else echo "note: no C compiler: the jail uses the slower sh + nsenter entry"; fi
+	@# The seccomp filters are compiled here with libseccomp (libseccomp-dev) into a header the
+	@# helper embeds; without libseccomp the helper loads none and the jails report it degraded
+	@# (installing libseccomp-dev later makes the next make install rebuild it: seccomp.h is a prerequisite).
+	@mkdir -p $(VENV)/build/seccomp && rm -f $(VENV)/build/seccomp/seccomp_bpf.h
+	@if ! command -v $(CC) >/dev/null 2>&1; then echo "note: no C compiler: the jail uses the slower sh + nsenter entry, without seccomp"; \
+	else if $(CC) -O2 -Wall -Wextra -o $(VENV)/build/seccomp/gen services/execd/native/seccomp_gen.c -lseccomp 2>/dev/null && \
+	    $(VENV)/build/seccomp/gen > $(VENV)/build/seccomp/seccomp_bpf.h.tmp; then \
+	  mv $(VENV)/build/seccomp/seccomp_bpf.h.tmp $(VENV)/build/seccomp/seccomp_bpf.h; \
+	else echo "WARNING: libseccomp-dev missing: sandboxes run WITHOUT a seccomp filter (apt-get install libseccomp-dev; make install)"; fi; \
+	$(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -static -o $@ $< 2>/dev/null || $(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -o $@ $<; fi
 
 $(WEB)/node_modules/.package-lock.json: $(WEB)/package-lock.json
 	@# xterm.js for the gateway's web terminal, from the npm registry (never committed, no CDN)

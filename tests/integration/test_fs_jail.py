@@ -104,7 +104,7 @@ async def test_changes_through_a_symlinked_parent_stay_in_the_root(
     moved = await sbx.fs.move("/workspace/tlink/movable", "/workspace/moved")  # tmpfs -> disk
     assert moved.path == "/workspace/moved" and await sbx.fs.read("/workspace/moved") == b"sandbox"
     await sbx.fs.chmod("/workspace/tlink/modeme", 0o600)
-    await sbx.fs.chown("/workspace/tlink/modeme", 12345, 12345)
+    await sbx.fs.chown("/workspace/tlink/modeme", st.uid, st.gid)  # within its own ids
     await sbx.fs.chmod("/workspace/tlink", 0o700, recursive=True)
     await sbx.fs.chown("/workspace/tlink", st.uid, recursive=True)  # back to the sandbox's
     copied = await sbx.fs.copy("/workspace/tlink", "/workspace/copied", recursive=True)

@@ -34,7 +34,7 @@ async def test_a_sandbox_runs_in_its_own_hardened_pod_until_its_lifetime_ends(
         spec={"image": "python:3.12-slim", "runtimeClassName": "gvisor",
               "resources": {"cpu": "500m", "memory": "256Mi", "disk": "1Gi"},
               "env": [{"name": "GREETING", "value": "hello-from-the-template"}],
-              "network": {"egress": ["10.1.0.0/16", "203.0.113.7:443", "pypi.org:443"]}},
+              "network": {"egress": ["10.1.0.0/16", "203.0.113.7:443", "example.org:443"]}},
     ))  # fmt: skip
     kubelet = cluster.kubelet
     kubelet.hold()  # the Pod will exist but not be Ready until released
@@ -115,7 +115,7 @@ async def _check_network_policy(settings: KubeSettings, template: str) -> None:
         ([], [("UDP", 53), ("TCP", 53)]),  # DNS, since the template allows egress
         (["10.1.0.0/16"], []),
         (["203.0.113.7/32"], [("TCP", 443)]),
-    ]  # pypi.org:443 is a host name: not expressible, logged by the lifecycle
+    ]  # example.org:443 is a host name: not expressible, logged by the lifecycle
 
 
 async def test_a_warm_pool_on_kubernetes_keeps_real_sandboxes_with_pods_and_a_claim_binds_one(

@@ -15,7 +15,13 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Self, TypeVar
 
-from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
+from sandpod.config import (
+    resolve_inbox_prefix,
+    resolve_nats_creds,
+    resolve_nats_url,
+    resolve_prefix,
+    resolve_tenant,
+)
 from sandpod.control import (
     SandboxInfo,
     api_call,
@@ -78,12 +84,18 @@ class AsyncSandbox:
         connect_timeout: float = 5.0,
         bus: Bus | None = None,
         nats_creds: str | None = None,
+        tenant: str | None = None,
+        inbox_prefix: str | None = None,
     ) -> AsyncSandbox:
         """Connect to sandbox ``sandbox_id``.
 
         Args:
             nats_url: NATS URL(s); default ``$SANDPOD_NATS_URL``, ``$NATS_URL``, localhost.
             nats_creds: creds file for a NATS in operator mode; default ``$SANDPOD_NATS_CREDS``.
+            tenant: act as this tenant (control-plane requests on its own subjects), as a
+                tenant credential requires; default ``$SANDPOD_TENANT``.
+            inbox_prefix: reply-inbox prefix (a tenant credential's ``_INBOX.<token>``);
+                default ``$SANDPOD_NATS_INBOX_PREFIX``, else ``_INBOX``.
             prefix: subject prefix of the installation (default ``$SANDPOD_PREFIX``/``sandpod``).
             bus: share an existing connection instead of opening one (not closed by ``close``).
 
@@ -91,7 +103,7 @@ class AsyncSandbox:
             ConnectionLost: NATS is unreachable.
         """
         validate_sandbox_id(sandbox_id)
-        subjects = Subjects(resolve_prefix(prefix))
+        subjects = Subjects(resolve_prefix(prefix), tenant=resolve_tenant(tenant))
         if bus is not None:
             return cls(bus, sandbox_id, subjects, owns_bus=False)
         settings = BusSettings(
@@ -99,6 +111,7 @@ class AsyncSandbox:
             name=f"sandpod-sdk:{sandbox_id}",
             connect_timeout=connect_timeout,
             creds=resolve_nats_creds(nats_creds),
+            inbox_prefix=resolve_inbox_prefix(inbox_prefix),
         )
         return cls(await Bus.connect(settings), sandbox_id, subjects, owns_bus=True)
 

@@ -19,6 +19,7 @@ from sandpod_contract.messages.sandboxes import (
     SandboxEvent,
     Selection,
 )
+from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.resources import API_VERSION
 from sandpod_contract.subjects import Subjects
 
@@ -100,7 +101,9 @@ def create_object(
     labels: Mapping[str, str] | None,
     env: Mapping[str, str] | None,
 ) -> dict[str, Any]:
-    """The Sandbox object for a create request."""
+    """The Sandbox object for a create request. Raises BadRequest for a reserved
+    (``sandpod.dev/``) label, as lifecycle would."""
+    refuse_reserved({"metadata": {"labels": dict(labels or {})}})
     spec: dict[str, Any] = {"permanent": permanent}
     if template:
         spec["templateRef"] = {"name": template}

@@ -19,7 +19,13 @@ from typing import Any, Self
 
 from sandpod._loop import run
 from sandpod._twins import twin
-from sandpod.config import resolve_nats_creds, resolve_nats_url, resolve_prefix
+from sandpod.config import (
+    resolve_inbox_prefix,
+    resolve_nats_creds,
+    resolve_nats_url,
+    resolve_prefix,
+    resolve_tenant,
+)
 from sandpod.control import api_call
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.errors import SandboxError
@@ -31,6 +37,7 @@ from sandpod_contract.messages.sandboxes import (
     Ref,
     Selection,
 )
+from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.resources import API_VERSION
 from sandpod_contract.subjects import Subjects
 
@@ -107,7 +114,9 @@ def claim_object(
     *, pool: str | None, template: str | None, name: str | None, timeout: float | None,
     idle_timeout: int | None, labels: Mapping[str, str] | None, env: Mapping[str, str] | None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The SandboxClaim object for a claim request."""
+    """The SandboxClaim object for a claim request. Raises BadRequest for a reserved
+    (``sandpod.dev/``) label, as the pool service would."""
+    refuse_reserved({"spec": {"labels": dict(labels or {})}}, spec_labels=True)
     spec: dict[str, Any] = {}
     if pool:
         spec["poolRef"] = {"name": pool}
@@ -168,12 +177,13 @@ class AsyncPools:
         namespace: str = "default", bus: Bus | None = None,
     ) -> AsyncPools:  # fmt: skip
         """Connect (or share ``bus``). Raises ConnectionLost: NATS is unreachable."""
-        subjects = Subjects(resolve_prefix(prefix))
+        subjects = Subjects(resolve_prefix(prefix), tenant=resolve_tenant())
         if bus is not None:
             return cls(bus, subjects, owns_bus=False, namespace=namespace)
         settings = BusSettings(
-            url=resolve_nats_url(nats_url), name="sandpod-sdk:pools", creds=resolve_nats_creds()
-        )
+            url=resolve_nats_url(nats_url), name="sandpod-sdk:pools", creds=resolve_nats_creds(),
+            inbox_prefix=resolve_inbox_prefix(),
+        )  # fmt: skip
         return cls(await Bus.connect(settings), subjects, owns_bus=True, namespace=namespace)
 
     async def _call(self, kind: str, verb: str, msg: Any, reply: type[Any]) -> Any:

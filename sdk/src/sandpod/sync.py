@@ -52,13 +52,16 @@ class Sandbox:
         prefix: str | None = None,
         connect_timeout: float = 5.0,
         nats_creds: str | None = None,
+        tenant: str | None = None,
+        inbox_prefix: str | None = None,
     ) -> Sandbox:
         """Connect to sandbox ``sandbox_id`` (see :meth:`AsyncSandbox.connect`)."""
         return cls(
             run(
                 AsyncSandbox.connect(
                     sandbox_id, nats_url=nats_url, prefix=prefix,
-                    connect_timeout=connect_timeout, nats_creds=nats_creds,
+                    connect_timeout=connect_timeout, nats_creds=nats_creds, tenant=tenant,
+                    inbox_prefix=inbox_prefix,
                 )
             )
         )  # fmt: skip

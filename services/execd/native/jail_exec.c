@@ -4,15 +4,18 @@
  * Replaces the chain `sh (join cgroups) -> nsenter -> sh (unwrap env)` of execd's jail with one
  * small exec (the fork into the sandbox's pid namespace is done by execd before exec):
  *
- *   sandpod-jail-exec [--userns] CGROUP_PROCS... -- HOLDER_PID CWD UID GID -- COMMAND [ARGS...]
+ *   sandpod-jail-exec [--seccomp=MODE] [--userns] CGROUP_PROCS... -- HOLDER_PID CWD UID GID --
+ *                     COMMAND [ARGS...]
+ *   sandpod-jail-exec [--seccomp=MODE] --filter-only COMMAND [ARGS...]   (the holder's last step)
  *
  *   1. write 0 to each cgroup file named (`tasks` on v1: see cgroup_join_file in sandpod_service;
  *      `cgroup.procs` on v2), joining the command's cgroups before anything runs;
  *   2. enter the holder's cgroup, ipc, uts, net and mount namespaces and its root;
- *   3. chdir CWD (inside), drop supplementary groups, setgid GID, setuid UID;
+ *   3. drop supplementary groups, setgid GID, setuid UID, then chdir CWD (inside, as the user);
  *   4. replace the environment by the SANDPOD_JAIL_ENV_<i>=NAME=VALUE variables, unwrapped
  *      (the root steps never see the command's environment as such: no LD_PRELOAD as root);
- *   5. execvp COMMAND (PATH from the unwrapped environment).
+ *   5. load the seccomp filter of MODE (below), then execvp COMMAND (PATH from the unwrapped
+ *      environment).
  *
  * --userns (rootless: the jail lives in a user namespace we own): step 2 enters the user
  * namespace first, which grants the rights to enter the others, and the pid namespace too;
@@ -22,6 +25,15 @@
  * it is killed itself (PR_SET_PDEATHSIG), and exits with the command's status (re-raising the
  * signal that ended it). Supplementary groups cannot be dropped there (setgroups is denied in
  * an unprivileged user namespace); the uid and gid are ours already.
+ *
+ * Seccomp MODE: `default` (the default), `nested` (a template allows nested user namespaces) or
+ * `unconfined` (a template opted out: no filter). The filters are classic BPF programs compiled
+ * at build time by seccomp_gen.c (libseccomp) into seccomp_bpf.h, policy described there; built
+ * without libseccomp (SANDPOD_SECCOMP undefined) no filter is loaded, and the lifecycle reports
+ * the jail's seccomp protection as degraded (it reads the holder's `Seccomp:` line). The filter
+ * is the last thing loaded before exec, so the steps as root are not filtered; with --userns it
+ * is loaded before the fork, so the transparent parent is filtered too. --filter-only is the
+ * holder's last step: no_new_privs, the filter, fds above 2 closed, exec.
  *
  * Exit 125 with a message on stderr when a step fails (like nsenter/the shell did), 127 when
  * the command cannot be executed.
@@ -36,14 +48,42 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+
+#if __has_include("seccomp_bpf.h")
+#include "seccomp_bpf.h" /* generated at build time by seccomp_gen.c; defines SANDPOD_SECCOMP */
+#endif
 
 extern char **environ;
 
 static int fail(const char *what, const char *arg) {
     fprintf(stderr, "sandpod-jail-exec: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
     return 125;
+}
+
+/* Load the filter of `mode` ("default", "nested" or "unconfined"); needs no_new_privs (or
+ * CAP_SYS_ADMIN). Returns 0, or -1 with errno set. */
+static int load_seccomp(const char *mode) {
+    if (strcmp(mode, "unconfined") == 0) return 0;
+    if (strcmp(mode, "default") != 0 && strcmp(mode, "nested") != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+#ifdef SANDPOD_SECCOMP
+    int nested = strcmp(mode, "nested") == 0;
+    struct sock_fprog prog = {
+        .len = (unsigned short)(nested ? sizeof sandpod_filter_nested / sizeof(struct sock_filter)
+                                       : sizeof sandpod_filter_default / sizeof(struct sock_filter)),
+        .filter = (struct sock_filter *)(nested ? sandpod_filter_nested : sandpod_filter_default),
+    };
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+#else
+    return 0; /* built without libseccomp: reported as degraded by the lifecycle */
+#endif
 }
 
 /* Rootless: fork the command into the pid namespace entered; wait; exit as it did. */
@@ -75,6 +115,16 @@ static int forward(void) {
 
 int main(int argc, char **argv) {
     int i = 1, userns = 0;
+    const char *seccomp = "default";
+    if (i < argc && strncmp(argv[i], "--seccomp=", 10) == 0) seccomp = argv[i++] + 10;
+    if (i < argc && strcmp(argv[i], "--filter-only") == 0) {
+        if (i + 1 >= argc) return fail("no command", NULL);
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail("no_new_privs", NULL);
+        if (load_seccomp(seccomp) != 0) return fail("seccomp filter", seccomp);
+        syscall(SYS_close_range, 3U, ~0U, 0U); /* the holder opened us as fd 9 */
+        execvp(argv[i + 1], &argv[i + 1]);
+        return fail("exec", argv[i + 1]);
+    }
     if (i < argc && strcmp(argv[i], "--userns") == 0) {
         userns = 1;
         i++;
@@ -85,7 +135,7 @@ int main(int argc, char **argv) {
         close(fd);
     }
     if (i + 6 > argc || strcmp(argv[i + 5], "--") != 0) {
-        fprintf(stderr, "usage: sandpod-jail-exec CGROUP_PROCS... -- PID CWD UID GID -- CMD...\n");
+        fprintf(stderr, "usage: sandpod-jail-exec [--seccomp=MODE] CGROUP_PROCS... -- PID CWD UID GID -- CMD...\n");
         return 125;
     }
     const char *pid = argv[i + 1], *cwd = argv[i + 2];
@@ -112,14 +162,16 @@ int main(int argc, char **argv) {
     for (int k = first; k < 7; k++)
         if (setns(fds[k], types[k]) != 0) return fail("setns", spaces[k]);
     if (fchdir(root) != 0 || chroot(".") != 0) return fail("chroot", "holder root");
-    if (chdir(cwd) != 0) return fail("chdir", cwd);
     if ((!userns && setgroups(0, NULL) != 0) || setgid(gid) != 0 || setuid(uid) != 0)
         return fail("drop privileges to", argv[i + 3]);
+    /* As the sandbox's user: a cwd it may not enter is refused, never entered as root. */
+    if (chdir(cwd) != 0) return fail("chdir", cwd);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail("no_new_privs", NULL);
     if (userns) {
+        if (load_seccomp(seccomp) != 0) return fail("seccomp filter", seccomp);
         int done = forward(); /* returns only in the child */
         if (done >= 0) return done;
     }
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail("no_new_privs", NULL);
 
     /* Unwrap SANDPOD_JAIL_ENV_<i> in index order into a fresh environment. */
     size_t n = 0;
@@ -138,6 +190,7 @@ int main(int argc, char **argv) {
     }
     env[out] = NULL;
     environ = env;
+    if (!userns && load_seccomp(seccomp) != 0) return fail("seccomp filter", seccomp);
     execvp(command[0], command);
     fprintf(stderr, "sandpod-jail-exec: %s: %s\n", command[0], strerror(errno));
     return errno == ENOENT ? 127 : 126;

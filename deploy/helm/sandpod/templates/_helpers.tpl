@@ -140,7 +140,7 @@ volumes:
       items:
         - key: {{ $.component }}.creds
           path: nats.creds
-        {{- if eq $.component "lifecycle" }}
+        {{- if or (eq $.component "lifecycle") (and (eq $.component "gateway") $v.natsAuth.tenantCredentials) }}
         - key: account.seed
           path: account.seed
         {{- end }}
@@ -167,7 +167,7 @@ volumeMounts:
 {{- if .root.Values.natsAuth.secret }}
 - name: SANDPOD_NATS_CREDS
   value: /etc/sandpod/nats/nats.creds
-{{- if eq .component "lifecycle" }}
+{{- if or (eq .component "lifecycle") (and (eq .component "gateway") .root.Values.natsAuth.tenantCredentials) }}
 - name: SANDPOD_NATS_ACCOUNT_SEED_FILE
   value: /etc/sandpod/nats/account.seed
 {{- end }}

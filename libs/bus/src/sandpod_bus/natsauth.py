@@ -33,14 +33,18 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from sandpod_contract.errors import BadRequest
+from sandpod_contract.subjects import Subjects
+from sandpod_contract.tenancy import validate_tenant
 
 __all__ = [
     "INBOX_ALL",
+    "MAX_TENANT_SANDBOXES",
     "NO_LIMIT",
     "Account",
     "KeyPair",
     "OperatorSetup",
     "Permissions",
+    "TenantCredential",
     "creds_jwt",
     "decode_jwt",
     "encode_jwt",
@@ -48,6 +52,9 @@ __all__ = [
     "sandbox_permissions",
     "server_config",
     "service_permissions",
+    "tenant_creds",
+    "tenant_inbox_prefix",
+    "tenant_permissions",
     "user_creds",
 ]
 
@@ -137,6 +144,78 @@ def service_permissions(prefix: str) -> Permissions:
     return Permissions(pub_allow=both, sub_allow=both)
 
 
+MAX_TENANT_SANDBOXES = 500  # one allow per sandbox in the JWT: keep it far below max_payload
+
+
+def tenant_inbox_prefix(tenant: str) -> str:
+    """The reply-inbox prefix of ``tenant``'s clients, ``_INBOX.t-<tenant>``: a ``-`` never
+    occurs in nats-py's random inbox tokens, so no other client's inbox falls under it."""
+    try:
+        return f"_INBOX.t-{validate_tenant(tenant)}"
+    except ValueError as exc:
+        raise BadRequest(str(exc), field="tenant") from exc
+
+
+def tenant_permissions(prefix: str, tenant: str, sandbox_ids: Sequence[str]) -> Permissions:
+    """What a tenant's own client may do, and nothing more: publish requests to its sandboxes'
+    data planes (``<prefix>.sbx.<id>.>`` each) and to its tenant control subjects
+    (``<prefix>.api.t.<tenant>.>``: the services take the tenant from the subject), and
+    subscribe to its own inboxes (``_INBOX.t-<tenant>.>``: replies and stream frames). No
+    global ``<prefix>.api.>``, no events, no JetStream or KV API, no other inbox, no ``>``.
+
+    Raises:
+        BadRequest: more than :data:`MAX_TENANT_SANDBOXES` sandboxes, or an invalid id.
+    """
+    subjects = Subjects(prefix)
+    if len(sandbox_ids) > MAX_TENANT_SANDBOXES:
+        raise BadRequest(
+            f"{len(sandbox_ids)} sandboxes is more than one credential can carry "
+            f"({MAX_TENANT_SANDBOXES}); delete some, or use the gateway's HTTP API",
+            field="sandboxes",
+        )  # fmt: skip
+    try:
+        data = tuple(subjects.sandbox_all(i) for i in sorted(set(sandbox_ids)))
+        control = subjects.api_tenant_all(tenant)
+    except ValueError as exc:
+        raise BadRequest(str(exc), field="sandboxes") from exc
+    return Permissions(pub_allow=(*data, control), sub_allow=(f"{tenant_inbox_prefix(tenant)}.>",))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantCredential:
+    """A tenant's NATS credential: the creds file text, the inbox prefix to connect with, its
+    expiry (unix seconds) and the sandboxes whose data planes it reaches."""
+
+    creds: str
+    inbox_prefix: str
+    expires: int
+    sandboxes: tuple[str, ...]
+
+
+def tenant_creds(
+    signing_key: KeyPair, *, prefix: str, tenant: str, sandbox_ids: Sequence[str], now: int,
+    ttl: int = 900, account: str | None = None,
+) -> TenantCredential:  # fmt: skip
+    """Mint ``tenant``'s credential (:func:`tenant_permissions`), valid for ``ttl`` seconds: a
+    sandbox created later needs a new one (mint again).
+
+    Args:
+        signing_key: the account's key, or one of its signing keys (then ``account`` is the
+            account's public key, named in the JWT as ``issuer_account``).
+
+    Raises:
+        BadRequest: see :func:`tenant_permissions`; ``ttl`` not positive.
+    """
+    if ttl <= 0:
+        raise BadRequest("a tenant credential needs a positive lifetime", field="ttl")
+    permissions = tenant_permissions(prefix, tenant, sandbox_ids)
+    issuer = account if account and account != signing_key.public else None
+    creds = user_creds(signing_key, f"tenant:{tenant}", permissions, now=now, expires=now + ttl,
+                       issuer_account=issuer)  # fmt: skip
+    return TenantCredential(creds, tenant_inbox_prefix(tenant), now + ttl,
+                            tuple(sorted(set(sandbox_ids))))  # fmt: skip
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
@@ -179,13 +258,16 @@ def _claims(
 
 def user_creds(
     account: KeyPair, name: str, permissions: Permissions, *, now: int,
-    expires: int | None = None, user: KeyPair | None = None,
+    expires: int | None = None, user: KeyPair | None = None, issuer_account: str | None = None,
 ) -> str:  # fmt: skip
     """A creds file (the format nats-py's ``user_credentials=`` and the nats CLI read) for a new
     user (or ``user``) signed by ``account``, expiring at ``expires`` (unix seconds; None: never).
+    ``issuer_account``: the account's public key when ``account`` is one of its signing keys.
     """
     user = user or KeyPair.generate("user")
     nats = {**permissions.claims(), "subs": NO_LIMIT, "data": NO_LIMIT, "payload": NO_LIMIT}
+    if issuer_account:
+        nats["issuer_account"] = issuer_account
     jwt = encode_jwt(_claims("user", user.public, name, now, nats, expires=expires), account)
     return (
         f"-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"

@@ -55,6 +55,9 @@ class BusSettings:
             picked up at a reconnect, which :class:`CredsWatch` forces when the file changes
             (a server drops an expired JWT's connection and nats-py then closes it for good).
         creds_poll: seconds between checks of the creds file for a renewal.
+        inbox_prefix: the prefix of this client's reply inboxes (nats-py ``inbox_prefix``;
+            None: ``_INBOX``). A tenant credential may subscribe only under its own
+            (``_INBOX.<tenant-token>``), so a client using one must connect with it.
     """
 
     url: str = "nats://127.0.0.1:4222"
@@ -65,6 +68,7 @@ class BusSettings:
     reconnect_buffer_bytes: int = 8 * 1024 * 1024
     creds: str | None = None
     creds_poll: float = 5.0
+    inbox_prefix: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -181,6 +185,7 @@ class Bus:
                 reconnected_cb=on_reconnect,
                 closed_cb=on_closed,
                 user_credentials=settings.creds,
+                inbox_prefix=settings.inbox_prefix or "_INBOX",
             )
             await asyncio.wait_for(connecting, settings.connect_timeout)
         except (TimeoutError, OSError, nats.errors.Error) as exc:

@@ -158,12 +158,17 @@ class KubeStore:
         info = resolve(obj.kind, obj.api_version)
         kind, ns, name = obj.key
         for attempt in range(_UNCONDITIONAL_RETRIES):
-            # Start from the stored object so metadata the model does not carry (finalizers,
-            # ownerReferences) survives the PUT; the caller's resourceVersion guards the write.
+            # Start from the stored object so metadata the model does not carry (finalizers)
+            # survives the PUT; the caller's resourceVersion guards the write.
             body = copy.deepcopy(await self._get_raw(info, ns, name))
             meta = body["metadata"]
             meta["labels"] = dict(obj.metadata.labels)
             meta["annotations"] = dict(obj.metadata.annotations)
+            owners = [o.to_dict() for o in obj.metadata.owner_references]
+            if owners:
+                meta["ownerReferences"] = owners
+            else:
+                meta.pop("ownerReferences", None)
             meta["resourceVersion"] = obj.metadata.resource_version or meta["resourceVersion"]
             meta.pop("managedFields", None)
             body["spec"] = dict(obj.spec)

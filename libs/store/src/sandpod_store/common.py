@@ -39,7 +39,8 @@ def check_version(obj: Resource, current: Resource) -> None:
 
 
 def merge_update(obj: Resource, current: Resource) -> Resource:
-    """``current`` with obj's labels, annotations and spec; generation+1 if spec changed."""
+    """``current`` with obj's labels, annotations, owner references and spec; generation+1 if
+    spec changed."""
     obj.validate()
     check_version(obj, current)
     generation = current.metadata.generation + (1 if dict(obj.spec) != dict(current.spec) else 0)
@@ -47,6 +48,7 @@ def merge_update(obj: Resource, current: Resource) -> Resource:
         current.metadata,
         labels=dict(obj.metadata.labels),
         annotations=dict(obj.metadata.annotations),
+        owner_references=tuple(obj.metadata.owner_references),
         generation=generation,
     )
     return dataclasses.replace(current, metadata=meta, spec=dict(obj.spec))

@@ -4,8 +4,9 @@ Semantics follow the Kubernetes API so one contract suite can hold every impleme
 
 - ``create`` assigns ``uid``, ``generation=1``, ``creationTimestamp`` and ``resourceVersion``;
   status given on create is dropped (status is a subresource).
-- ``update`` replaces metadata labels/annotations and spec if ``resourceVersion`` still matches
-  (else ``ResourceConflict``); status is kept; ``generation`` grows only when spec changed.
+- ``update`` replaces metadata labels/annotations/ownerReferences and spec if ``resourceVersion``
+  still matches (else ``ResourceConflict``); status is kept; ``generation`` grows only when
+  spec changed.
 - ``update_status`` replaces only status, under the same optimistic concurrency.
 - ``delete`` removes (optionally only at a given ``resourceVersion``).
 - ``list`` returns items and a revision; ``watch(from_revision=that)`` then yields every later

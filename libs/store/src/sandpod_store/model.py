@@ -15,7 +15,14 @@ from typing import Any
 
 from sandpod_contract.errors import ResourceInvalid
 
-__all__ = ["ObjectMeta", "Resource", "Selector", "parse_selector", "validate_name"]
+__all__ = [
+    "ObjectMeta",
+    "OwnerReference",
+    "Resource",
+    "Selector",
+    "parse_selector",
+    "validate_name",
+]
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _KIND = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
@@ -44,6 +51,35 @@ def _validate_labels(labels: Mapping[str, str]) -> None:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class OwnerReference:
+    """Kubernetes' ``metadata.ownerReferences[]``: the object that owns this one (same
+    namespace), pinned by uid so a deleted and recreated owner of the same name owns nothing.
+
+    Written by services only: the API handlers refuse a client's. Like labels, an update writes
+    the caller's references, so a service updates by read-modify-write (as it does anyway)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name,
+                "uid": self.uid, "controller": self.controller}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> OwnerReference:
+        if not isinstance(raw, Mapping):
+            raise ResourceInvalid("an owner reference must be a map", field="metadata")
+        return cls(
+            api_version=str(raw.get("apiVersion") or ""), kind=str(raw.get("kind") or ""),
+            name=str(raw.get("name") or ""), uid=str(raw.get("uid") or ""),
+            controller=bool(raw.get("controller")),
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ObjectMeta:
     name: str
     namespace: str = "default"
@@ -53,6 +89,11 @@ class ObjectMeta:
     generation: int = 0
     uid: str = ""
     creation_timestamp: str = ""
+    owner_references: tuple[OwnerReference, ...] = ()
+
+    def controller(self) -> OwnerReference | None:
+        """The owner reference marked ``controller`` (at most one, as in Kubernetes)."""
+        return next((o for o in self.owner_references if o.controller), None)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
@@ -60,6 +101,8 @@ class ObjectMeta:
             out["labels"] = dict(self.labels)
         if self.annotations:
             out["annotations"] = dict(self.annotations)
+        if self.owner_references:
+            out["ownerReferences"] = [o.to_dict() for o in self.owner_references]
         for key, value in (
             ("resourceVersion", self.resource_version),
             ("generation", self.generation),
@@ -82,6 +125,9 @@ class ObjectMeta:
                 generation=int(raw.get("generation") or 0),
                 uid=str(raw.get("uid") or ""),
                 creation_timestamp=str(raw.get("creationTimestamp") or ""),
+                owner_references=tuple(
+                    OwnerReference.from_dict(o) for o in raw.get("ownerReferences") or ()
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ResourceInvalid(f"metadata is malformed: {exc}", field="metadata") from exc

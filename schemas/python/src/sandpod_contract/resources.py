@@ -30,6 +30,7 @@ __all__ = [
     "SandboxStatus",
     "SandboxTemplateSpec",
     "TemplateResources",
+    "TemplateSecurity",
     "check_int",
     "check_name",
     "check_time",
@@ -303,6 +304,37 @@ class TemplateResources:
     disk: str | None = None
 
 
+SECCOMP_PROFILES = ("RuntimeDefault", "Unconfined")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TemplateSecurity:
+    """``spec.security``: the only way a template loosens the sandbox's confinement, explicitly.
+
+    ``seccomp``: ``RuntimeDefault`` (the platform's filter, at least as strict as the common
+    container default) or ``Unconfined`` (no filter). ``allow_nested_user_namespaces``
+    (wire ``allowNestedUserNamespaces``): the filter also lets the sandbox create user (and
+    other) namespaces and mount inside them. Either is reported in the Sandbox's ``Isolated``.
+    """
+
+    seccomp: str = "RuntimeDefault"
+    allow_nested_user_namespaces: bool = False
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> TemplateSecurity:
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise _fail("spec.security", "must be a map")
+        seccomp = raw.get("seccomp", "RuntimeDefault")
+        if seccomp not in SECCOMP_PROFILES:
+            raise _fail("spec.security.seccomp", f"must be one of {', '.join(SECCOMP_PROFILES)}")
+        nested = raw.get("allowNestedUserNamespaces", False)
+        if not isinstance(nested, bool):
+            raise _fail("spec.security.allowNestedUserNamespaces", "must be true or false")
+        return cls(seccomp=seccomp, allow_nested_user_namespaces=nested)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SandboxTemplateSpec:
     image: str | None = None
@@ -314,6 +346,7 @@ class SandboxTemplateSpec:
     egress: tuple[str, ...] = ()  # wire: network.egress
     default_lifetime_seconds: int = 3600
     idle_timeout_seconds: int = 900
+    security: TemplateSecurity = dataclasses.field(default_factory=TemplateSecurity)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxTemplateSpec:
@@ -348,4 +381,5 @@ class SandboxTemplateSpec:
             idle_timeout_seconds=_int(
                 "spec.idleTimeoutSeconds", raw.get("idleTimeoutSeconds", 900), 0
             ),
+            security=TemplateSecurity.from_dict(raw.get("security")),
         )

@@ -1,6 +1,9 @@
 """Subject builders: the only place a NATS subject string is assembled or parsed.
 
     <prefix>.api.<kind>.<verb>                 control plane requests (queue groups)
+    <prefix>.api.t.<tenant>.<kind>.<verb>      the same, as tenant <tenant>: the services take
+                                               the tenant from the subject (a tenant credential
+                                               may publish only under its own)
     <prefix>.sbx.<sandbox>.<family>.<verb>     data plane of one sandbox, answered by its execd
     <prefix>.events.<kind>.<name>.<type>       lifecycle and audit events
 
@@ -55,12 +58,20 @@ class DataSubject(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Subjects:
-    """Subject builders for one installation (one prefix)."""
+    """Subject builders for one installation (one prefix).
+
+    ``tenant``: a client acting as that tenant (with a tenant credential): its control-plane
+    requests (:meth:`api`) go on the tenant's own subjects (:meth:`api_tenant`), the only ones
+    its credential may publish to. Services leave it None.
+    """
 
     prefix: str = DEFAULT_PREFIX
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         _validate_prefix(self.prefix)
+        if self.tenant is not None and not TOKEN_RE.fullmatch(self.tenant):
+            raise ValueError(f"invalid tenant {self.tenant!r}")
 
     # -- data plane ----------------------------------------------------------------------------
 
@@ -95,7 +106,10 @@ class Subjects:
     # -- control plane and events --------------------------------------------------------------
 
     def api(self, kind: str, verb: str) -> str:
-        """Control-plane request subject, e.g. ``sandpod.api.sandboxes.create``."""
+        """Control-plane request subject, e.g. ``sandpod.api.sandboxes.create`` (the tenant's,
+        ``sandpod.api.t.<tenant>.sandboxes.create``, when this client acts as a tenant)."""
+        if self.tenant is not None:
+            return self.api_tenant(self.tenant, kind, verb)
         for token in (kind, verb):
             if not TOKEN_RE.fullmatch(token):
                 raise ValueError(f"invalid subject token {token!r}")
@@ -135,6 +149,37 @@ class Subjects:
     def api_all(self) -> str:
         """Wildcard covering every control-plane subject."""
         return f"{self.prefix}.api.>"
+
+    def api_tenant(self, tenant: str, kind: str, verb: str) -> str:
+        """A tenant's control-plane request subject, e.g. ``sandpod.api.t.acme.sandboxes.list``:
+        the services act for ``tenant`` whatever the request body says."""
+        for token in (tenant, kind, verb):
+            if not TOKEN_RE.fullmatch(token):
+                raise ValueError(f"invalid subject token {token!r}")
+        return f"{self.prefix}.api.t.{tenant}.{kind}.{verb}"
+
+    def api_tenant_kind(self, kind: str) -> str:
+        """Every tenant's verbs of one kind, e.g. ``sandpod.api.t.*.pools.*`` (what a service
+        subscribes to beside :meth:`api_kind`)."""
+        if not TOKEN_RE.fullmatch(kind):
+            raise ValueError(f"invalid subject token {kind!r}")
+        return f"{self.prefix}.api.t.*.{kind}.*"
+
+    def api_tenant_all(self, tenant: str) -> str:
+        """Every control-plane subject of one tenant (a tenant credential's publish right)."""
+        if not TOKEN_RE.fullmatch(tenant):
+            raise ValueError(f"invalid subject token {tenant!r}")
+        return f"{self.prefix}.api.t.{tenant}.>"
+
+    def parse_api_tenant(self, subject: str) -> tuple[str, str, str] | None:
+        """``(tenant, kind, verb)`` of ``<prefix>.api.t.<tenant>.<kind>.<verb>``, else None."""
+        head = f"{self.prefix}.api.t."
+        if not subject.startswith(head):
+            return None
+        parts = subject[len(head) :].split(".")
+        if len(parts) != 3 or not all(parts):
+            return None
+        return parts[0], parts[1], parts[2]
 
     def parse_api(self, subject: str) -> tuple[str, str] | None:
         """``(kind, verb)`` of ``<prefix>.api.<kind>.<verb>``, else ``None``."""

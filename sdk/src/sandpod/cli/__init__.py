@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from sandpod.cli import (
+    creds_cmd,
     exec_cmd,
     fs_cmd,
     mcp_cmd,
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     up.add_parser(sub)
     exec_cmd.add_parsers(sub)
-    for module in (sandbox_cmd, pool_cmd, fs_cmd, proc_cmd, pty_cmd, watch_cmd, mcp_cmd):
+    for module in (sandbox_cmd, pool_cmd, fs_cmd, proc_cmd, pty_cmd, watch_cmd, mcp_cmd, creds_cmd):
         module.add_parsers(sub)
     return parser
 

@@ -55,13 +55,18 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from sandpod_contract.errors import CommandNotFound, InvalidCwd, SandboxUnavailable, SpawnFailed
 from sandpod_execd.cgstats import CgroupDirs
+from sandpod_execd.files.identity import Identity, switch_supported
 from sandpod_execd.files.rooted import Root, jail_root
 from sandpod_execd.process import Command
 from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["Jail"]
+
+log = structlog.get_logger("sandpod.execd.jail")
 
 JAIL_VERSION = 1
 WORKSPACE = "/workspace"
@@ -87,6 +92,7 @@ shift
 exec "$@"
 """
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SECCOMP_MODES = ("default", "nested", "unconfined")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -114,7 +120,14 @@ def _fast_entry() -> str | None:
     beside = Path(sys.executable).parent / "sandpod-jail-exec"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
-    return shutil.which("sandpod-jail-exec")
+    found = shutil.which("sandpod-jail-exec")
+    if found is None:
+        log.warning(
+            "jail_entry_degraded",
+            reason="sandpod-jail-exec is not built: commands enter the jail through sh + "
+            "nsenter WITHOUT a seccomp filter; install gcc and libseccomp-dev, then make install",
+        )
+    return found
 
 
 def _no_new_privs() -> None:
@@ -132,6 +145,8 @@ def _start_time(pid: int) -> int | None:
 class Jail:
     """One sandbox's jail, loaded from the driver's jail file."""
 
+    seccomp = "default"  # the filter mode of its commands (the jail file's "seccomp")
+
     def __init__(self, data: Mapping[str, Any], sandbox_id: str) -> None:
         if data.get("version") != JAIL_VERSION or data.get("sandbox_id") != sandbox_id:
             raise ValueError(f"not a version-{JAIL_VERSION} jail file for sandbox {sandbox_id!r}")
@@ -142,6 +157,10 @@ class Jail:
         self.holder_start: int = data["holder_start"]
         self.uid, self.gid = int(data["uid"]), int(data["gid"])
         self.userns = bool(data.get("userns", False))
+        # The seccomp filter every command gets (absent: the default one; see jail_exec.c).
+        self.seccomp = str(data.get("seccomp", "default"))
+        if self.seccomp not in SECCOMP_MODES:
+            raise ValueError(f"sandbox {sandbox_id!r}: unknown seccomp mode {self.seccomp!r}")
         self.join = tuple(str(d) for d in data["join"])
         self.track: str | None = None if data["track"] is None else str(data["track"])
         self.workspace = Path(data["workspace"]["outside"])
@@ -196,6 +215,16 @@ class Jail:
         """(uid, gid) to give files execd creates for the sandbox; None: they are already the
         sandbox's (rootless, our host uid is the sandbox's uid inside)."""
         return None if self.userns else (self.uid, self.gid)
+
+    @functools.cached_property
+    def identity(self) -> Identity | None:
+        """Whose rights execd uses on the jail's files: its user's (uid, gid and no supplementary
+        group, as its commands run). None where execd needs no switch, or cannot make one:
+        rootless (our uid already is the sandbox's user inside the user namespace) or a sandbox
+        that runs as root."""
+        if self.userns or self.uid == 0 or not switch_supported():
+            return None
+        return Identity(self.uid, self.gid, ())
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -270,8 +299,11 @@ class Jail:
         if fd is None:
             return False
         try:
-            # /proc/self/fd/N names the object resolved above and nothing else.
-            return stat.S_ISREG(os.fstat(fd).st_mode) and os.access(f"/proc/self/fd/{fd}", os.X_OK)
+            # /proc/self/fd/N names the object resolved above and nothing else; effective ids:
+            # the fs identity in force (the sandbox user's inside Root.acting), not the real uid.
+            return stat.S_ISREG(os.fstat(fd).st_mode) and os.access(
+                f"/proc/self/fd/{fd}", os.X_OK, effective_ids=True
+            )
         finally:
             os.close(fd)
 
@@ -281,6 +313,17 @@ class Jail:
         if fd is not None:
             os.close(fd)
         return fd is not None
+
+    def can_enter(self, path: str) -> bool:
+        """Whether ``path`` (absolute, in the jail) is a directory the sandbox's user may enter
+        (call inside ``fs_root.acting()`` for the user's rights)."""
+        fd = self._open_inside(path, os.O_PATH | os.O_DIRECTORY)
+        if fd is None:
+            return False
+        try:
+            return os.access(f"/proc/self/fd/{fd}", os.X_OK, effective_ids=True)
+        finally:
+            os.close(fd)
 
     def _find_program(self, program: str, cwd: str, path_env: str) -> bool:
         if "/" in program:
@@ -313,14 +356,23 @@ class Jail:
                 program=argv[0] if argv else "",
             )
         inside = cwd  # resolved by the kernel in the jail's root, by the check and the chdir
-        if not self.is_dir(inside):
-            raise InvalidCwd(f"working directory {inside!r} does not exist", cwd=inside)
         program = argv[0] if argv else ""
-        if (
-            not program
-            or "=" in program
-            or not self._find_program(program, inside, env.get("PATH", HOST_PATH))
-        ):
+        # Checked with the sandbox user's rights (the launcher enters cwd before it drops root).
+        with self.fs_root.acting():
+            if not self.is_dir(inside):
+                raise InvalidCwd(f"working directory {inside!r} does not exist", cwd=inside)
+            if not self.can_enter(inside):
+                raise InvalidCwd(
+                    f"working directory {inside!r}: permission denied to the sandbox's user "
+                    f"(uid {self.uid}); choose a directory it may enter",
+                    cwd=inside,
+                )
+            found = (
+                bool(program)
+                and "=" not in program
+                and self._find_program(program, inside, env.get("PATH", HOST_PATH))
+            )
+        if not found:
             raise CommandNotFound(f"{program!r}: command not found", program=program)
         own = self._command_cgroup() if self.track is not None else None
         joins = [cgroup_join_file(d) for d in (*([own] if own else []), *self.join)]
@@ -329,10 +381,11 @@ class Jail:
         # others) and the pid namespace too, by a fork in the entry step (see around_fork).
         if helper is not None:  # one small exec instead of sh -> nsenter -> sh
             launch: tuple[str, ...] = (
-                helper, *(["--userns"] if self.userns else []), *joins,
+                helper, f"--seccomp={self.seccomp}", *(["--userns"] if self.userns else []),
+                *joins,
                 "--", str(self.holder), inside, str(self.uid), str(self.gid), "--", *argv,
             )  # fmt: skip
-        else:
+        else:  # no filter on this path: the Sandbox's Isolated condition says so (see _fast_entry)
             spaces = ("-U", "--preserve-credentials", "-p") if self.userns else ("-F",)
             launch = (
             self._sh, "-c", JOIN, "sandpod-jail", *joins, "--",

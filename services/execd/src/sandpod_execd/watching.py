@@ -74,7 +74,9 @@ class Watcher:
     from that descriptor with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` and watched and
     listed through their own descriptors (``/proc/self/fd/<fd>``), so a sandbox process swapping
     one for a link to the host cannot make execd watch or list a host directory. No descriptor
-    is held between calls: one held on the root would delay its ``IN_DELETE_SELF``.
+    is held between calls: one held on the root would delay its ``IN_DELETE_SELF``. Every
+    open, listing and ``inotify_add_watch`` runs with the sandbox user's rights
+    (``fs_root.acting()``): a directory that user cannot read cannot be watched.
     """
 
     def __init__(
@@ -128,7 +130,8 @@ class Watcher:
                 inotify instances).
             WatchCapacity: ENOSPC from the kernel or more than ``max_dirs`` directories.
         """
-        self.is_dir = stat.S_ISDIR(self.fs_root.stat(self.root).st_mode)
+        with self.fs_root.acting():
+            self.is_dir = stat.S_ISDIR(self.fs_root.stat(self.root).st_mode)
         self._fd = inotify.init()
         try:
             self._add("")
@@ -184,12 +187,13 @@ class Watcher:
 
     def _entries(self, rel: str) -> list[tuple[str, bool]]:
         """``(name, is a directory)`` of each child of ``rel``. Raises ``OSError``."""
-        fd = self._open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
-        try:
-            with os.scandir(fd) as it:
-                return [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-        finally:
-            os.close(fd)
+        with self.fs_root.acting():
+            fd = self._open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+            try:
+                with os.scandir(fd) as it:
+                    return [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+            finally:
+                os.close(fd)
 
     def _subdirs(self, rel: str) -> list[str]:
         try:
@@ -203,13 +207,14 @@ class Watcher:
         ]
 
     def _add(self, rel: str) -> None:
-        fd = self._open(rel, os.O_PATH)
-        try:
-            # Following this magic link is the point (it names fd's object and nothing else);
-            # IN_DONT_FOLLOW would watch the /proc link itself.
-            wd = inotify.add_watch(self._fd, f"/proc/self/fd/{fd}", _MASK)
-        finally:
-            os.close(fd)
+        with self.fs_root.acting():  # the kernel checks the user may read what it watches
+            fd = self._open(rel, os.O_PATH)
+            try:
+                # Following this magic link is the point (it names fd's object and nothing
+                # else); IN_DONT_FOLLOW would watch the /proc link itself.
+                wd = inotify.add_watch(self._fd, f"/proc/self/fd/{fd}", _MASK)
+            finally:
+                os.close(fd)
         old = self._wds.get(wd)
         if old is not None and self._rels.get(old) == wd:
             del self._rels[old]

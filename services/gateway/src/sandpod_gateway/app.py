@@ -20,7 +20,17 @@ from starlette.types import Receive, Scope, Send
 from sandpod_contract.errors import InternalError
 from sandpod_gateway.context import Context
 from sandpod_gateway.errors import MethodNotAllowed, RouteNotFound, error_response
-from sandpod_gateway.handlers import events, exec, files, health, pools, procs, sandboxes, ws
+from sandpod_gateway.handlers import (
+    credentials,
+    events,
+    exec,
+    files,
+    health,
+    pools,
+    procs,
+    sandboxes,
+    ws,
+)
 from sandpod_gateway.middleware import GatewayMiddleware
 
 __all__ = ["build_app"]
@@ -85,6 +95,7 @@ def routes(ctx: Context) -> list[BaseRoute]:
         _Route("/v1/claims", pools.claim_create, methods=["POST"]),
         _Route("/v1/claims/{name}", pools.claim_get, methods=["GET"]),
         _Route("/v1/claims/{name}", pools.claim_delete, methods=["DELETE"]),
+        _Route("/v1/credentials/nats", credentials.nats, methods=["POST"]),
     ]
     if ctx.settings.web_dir.is_dir():
         table.append(Mount("/static", StaticFiles(directory=ctx.settings.web_dir)))

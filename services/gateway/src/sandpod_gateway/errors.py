@@ -19,6 +19,7 @@ __all__ = [
     "Forbidden",
     "HeadersTooLarge",
     "MethodNotAllowed",
+    "NotConfigured",
     "RangeNotSatisfiable",
     "RateLimited",
     "RouteNotFound",
@@ -50,6 +51,11 @@ class Forbidden(AuthError):
 class RateLimited(Busy):
     code = "busy.rate_limited"
     summary = "too many requests for this API key; retry after the advertised delay"
+
+
+class NotConfigured(Busy):
+    code = "busy.not_configured"
+    summary = "this endpoint is not configured on this gateway; ask the administrator"
 
 
 class RouteNotFound(BadRequest):

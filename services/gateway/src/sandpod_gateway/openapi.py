@@ -36,6 +36,10 @@ COMMAND: dict[str, Any] = {
 }  # fmt: skip
 
 SCHEMAS: dict[str, Any] = {
+    "NatsCredential": {"type": "object", "required": ["creds", "inbox_prefix", "tenant", "prefix",
+                                                      "expires_at", "sandboxes"],
+                       "properties": {"creds": STR, "inbox_prefix": STR, "tenant": STR,
+                                      "prefix": STR, "expires_at": INT, "sandboxes": STRMAP}},
     "Error": {"type": "object", "required": ["code", "message", "retryable"],
               "properties": {"code": STR, "message": STR, "retryable": BOOL, "details": OBJ}},
     "Sandbox": {"type": "object", "description": "a sandpod.dev/v1alpha1 Sandbox (see "
@@ -244,6 +248,10 @@ def _paths() -> dict[str, Any]:
             "delete": _op("deleteClaim", "release a claim (its sandbox is deleted)", "claims",
                           params=[NAME], reply="Claim"),
         },
+        "/v1/credentials/nats": {"post": _op(
+            "natsCredentials", "a NATS credential reaching only this tenant's sandboxes and its "
+            "control subjects (<prefix>.api.t.<tenant>.>); connect with its inbox_prefix",
+            "credentials", ok=201, reply="NatsCredential")},
         "/v1/events": {"get": _op("events", "the tenant's lifecycle events as SSE", "events",
                                   content=SSE, params=[_q("sandbox", STR, "only this one")])},
     }  # fmt: skip

@@ -17,8 +17,13 @@
 | ``SANDPOD_GATEWAY_KEY_CACHE`` | 4096 | verified keys cached (evicted by the bucket watch) |
 | ``SANDPOD_GATEWAY_REQUEST_TIMEOUT`` | 30 s | deadline of one NATS request made for a client |
 | ``SANDPOD_GATEWAY_WEB_DIR`` | ``<package>/web`` | web terminal assets (xterm.js: ``vendor/``) |
+| ``SANDPOD_NATS_ACCOUNT_SEED_FILE`` | unset | NATS account (signing) seed for tenant creds |
+| ``SANDPOD_NATS_ACCOUNT_PUBLIC`` | unset | the account's public key (seed: a signing key) |
+| ``SANDPOD_GATEWAY_TENANT_CREDS_TTL`` | 900 s | lifetime of a minted tenant credential |
 | ``SANDPOD_GRACE`` | 10 s | shutdown grace for in-flight requests |
 | ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
+
+Without the seed, ``POST /v1/credentials/nats`` answers 503 ``busy.not_configured``.
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ class GatewaySettings:
     web_dir: Path = WEB_DIR
     grace: float = 10.0
     log_level: str = "info"
+    nats_account_seed_file: Path | None = None
+    nats_account_public: str | None = None
+    tenant_creds_ttl: float = 900.0
 
     @property
     def bucket_base(self) -> str:
@@ -92,4 +100,10 @@ class GatewaySettings:
             web_dir=Path(env_str(env, "SANDPOD_GATEWAY_WEB_DIR", str(d.web_dir))),
             grace=env_float(env, "SANDPOD_GRACE", d.grace),
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
-        )
+            nats_account_seed_file=Path(seed) if (
+                seed := env_str(env, "SANDPOD_NATS_ACCOUNT_SEED_FILE", "")) else None,
+            nats_account_public=env_str(env, "SANDPOD_NATS_ACCOUNT_PUBLIC", "") or None,
+            tenant_creds_ttl=env_float(
+                env, "SANDPOD_GATEWAY_TENANT_CREDS_TTL", d.tenant_creds_ttl, minimum=10.0
+            ),
+        )  # fmt: skip

@@ -2,9 +2,10 @@
 
 ``Upstream.sandbox(scope, name)`` resolves a tenant's sandbox name to its data-plane subjects
 (or raises the uniform 404), ``Target.call`` sends one typed request to that sandbox's execd, and
-``Upstream.api`` one control-plane request to lifecycle. A sandbox nobody serves (NATS "no
-responders") and a name the tenant does not own raise the same :class:`SandboxNotFound`, with
-the client's own name in the message and no internal subject in the details.
+``Upstream.api`` one control-plane request to lifecycle or pool on the tenant's own subject.
+A sandbox nobody serves (NATS "no responders") and a name the tenant does not own raise the
+same :class:`SandboxNotFound`, with the client's own name in the message and no internal
+subject in the details.
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ class Upstream:
         return Target(self, name, sid)
 
     async def api(
-        self, kind: str, verb: str, msg: Message, reply: type[R], timeout: float | None = None
-    ) -> R:
-        """One control-plane request.
+        self, kind: str, verb: str, msg: Message, reply: type[R], timeout: float | None = None,
+        *, tenant: str,
+    ) -> R:  # fmt: skip
+        """One control-plane request, on ``tenant``'s subject (``<prefix>.api.t.<tenant>.…``):
+        the service acts for that tenant whatever the request says.
 
         Raises:
             ResourceNotFound: lifecycle does not know the object.
@@ -80,7 +83,7 @@ class Upstream:
         """
         try:
             data = await self.bus.request(
-                self.subjects.api(kind, verb), encode(msg), timeout or self.timeout
+                self.subjects.api_tenant(tenant, kind, verb), encode(msg), timeout or self.timeout
             )
         except SandboxNotFound as exc:
             raise SandboxUnavailable("the control plane (lifecycle) is not answering") from exc

@@ -4,6 +4,11 @@ Handlers validate, apply safe defaults and write the store; the reconciler does 
 replica can answer any request (queue group): the store's optimistic concurrency keeps them
 consistent. ``create`` and ``delete`` can wait for the outcome (Ready / gone) so a client gets a
 usable sandbox, or a reason, in one call.
+
+No request may set a reserved (``sandpod.dev/``) label or annotation or an owner reference
+(:mod:`sandpod_contract.reserved`: other services trust them). On a tenant's subject
+(``<prefix>.api.t.<tenant>.…``) every name is the tenant's and the service sets the tenant
+label (:mod:`sandpod_service.scoping`); templates are then read-only.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import datetime
 from collections.abc import Callable
 
 from sandpod_contract.errors import (
+    BadRequest,
     ResourceConflict,
     ResourceExists,
     ResourceInvalid,
@@ -28,6 +34,7 @@ from sandpod_contract.messages.sandboxes import (
     Renew,
     Selection,
 )
+from sandpod_contract.reserved import keep_reserved, refuse_reserved
 from sandpod_contract.resources import (
     Condition,
     Phase,
@@ -35,6 +42,7 @@ from sandpod_contract.resources import (
     SandboxStatus,
     SandboxTemplateSpec,
 )
+from sandpod_contract.tenancy import LIFECYCLE_NAMESPACE
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import (
     SANDBOX,
@@ -46,6 +54,13 @@ from sandpod_lifecycle.objects import (
     sandbox_from_map,
     template_from_map,
     with_condition,
+)
+from sandpod_service.scoping import (
+    scope,
+    scoped_object,
+    scoped_ref,
+    scoped_selection,
+    visible,
 )
 from sandpod_store import EventType, Resource, Store
 
@@ -80,8 +95,10 @@ class LifecycleApi:
     # -- sandboxes -----------------------------------------------------------------------------
 
     async def create(self, req: ObjectRequest) -> ObjectReply:
-        obj, spec = sandbox_from_map(req.object)
-        if (req.object.get("metadata") or {}).get("name"):
+        refuse_reserved(req.object)
+        raw = scoped_object(req.object, "sandbox", "sbx")
+        obj, spec = sandbox_from_map(raw)
+        if (raw.get("metadata") or {}).get("name"):
             await self._name_free(obj.metadata.name)
         template = await self.template(obj.metadata.namespace, spec.template_ref)
         obj = apply_defaults(obj, spec, template)
@@ -114,12 +131,13 @@ class LifecycleApi:
             )  # fmt: skip
 
     async def get(self, req: Ref) -> ObjectReply:
+        req = scoped_ref(req, SANDBOX)
         return ObjectReply(
             object=(await self.store.get(SANDBOX, req.namespace, req.name)).to_dict()
         )
 
     async def list(self, req: Selection) -> ObjectsReply:
-        return await self._list(SANDBOX, req)
+        return visible(await self._list(SANDBOX, scoped_selection(req)))
 
     async def _mutate(
         self, kind: str, namespace: str, name: str, change: Callable[[Resource], Resource]
@@ -134,6 +152,8 @@ class LifecycleApi:
         raise ResourceConflict(f"{kind} {namespace}/{name} keeps changing; retry", name=name)
 
     async def delete(self, req: Ref) -> ObjectReply:
+        req = scoped_ref(req, SANDBOX)
+
         def mark(obj: Resource) -> Resource:
             annotations = {**obj.metadata.annotations, DELETE_ANNOTATION: "true"}
             return dataclasses.replace(
@@ -146,15 +166,14 @@ class LifecycleApi:
         return ObjectReply(object=obj.to_dict())
 
     async def renew(self, req: Renew) -> ObjectReply:
+        req = scoped_ref(req, SANDBOX)
         obj = await self.store.get(SANDBOX, req.namespace, req.name)
         if SandboxSpec.from_dict(obj.spec).permanent:
             raise ResourceInvalid("a permanent sandbox has no lifetime to renew", field="spec")
         if req.seconds is not None:
             expiry = iso(now() + datetime.timedelta(seconds=req.seconds))
-        elif req.shutdown_time is not None:
-            expiry = iso(parse_time(req.shutdown_time))
         else:
-            raise ResourceInvalid("renew needs seconds or shutdown_time", field="seconds")
+            expiry = iso(parse_time(req.shutdown_time or ""))
         obj = await self._mutate(
             SANDBOX, req.namespace, req.name,
             lambda o: dataclasses.replace(o, spec={**o.spec, "shutdownTime": expiry}),
@@ -172,6 +191,7 @@ class LifecycleApi:
         return await self._mode(req, "Running")
 
     async def _mode(self, req: Ref, mode: str) -> ObjectReply:
+        req = scoped_ref(req, SANDBOX)
         obj = await self._mutate(
             SANDBOX, req.namespace, req.name,
             lambda o: dataclasses.replace(o, spec={**o.spec, "operatingMode": mode}),
@@ -183,25 +203,37 @@ class LifecycleApi:
     # -- templates -----------------------------------------------------------------------------
 
     async def template_apply(self, req: ObjectRequest) -> ObjectReply:
+        _admin_only("apply")
+        refuse_reserved(req.object)
         obj, _ = template_from_map(req.object)
         try:
             current = await self.store.get(TEMPLATE, obj.metadata.namespace, obj.metadata.name)
         except ResourceNotFound:
             return ObjectReply(object=(await self.store.create(obj)).to_dict())
-        meta = dataclasses.replace(obj.metadata, resource_version=current.metadata.resource_version)
+        meta = dataclasses.replace(
+            obj.metadata, resource_version=current.metadata.resource_version,
+            labels=keep_reserved(obj.metadata.labels, current.metadata.labels),
+            annotations=keep_reserved(obj.metadata.annotations, current.metadata.annotations),
+            owner_references=current.metadata.owner_references,
+        )  # fmt: skip
         return ObjectReply(
             object=(await self.store.update(dataclasses.replace(obj, metadata=meta))).to_dict()
         )
 
     async def template_get(self, req: Ref) -> ObjectReply:
+        if scope() is not None:  # templates are shared: a tenant reads lifecycle's namespace
+            req = dataclasses.replace(req, namespace=LIFECYCLE_NAMESPACE)
         return ObjectReply(
             object=(await self.store.get(TEMPLATE, req.namespace, req.name)).to_dict()
         )
 
     async def template_list(self, req: Selection) -> ObjectsReply:
+        if scope() is not None:
+            req = dataclasses.replace(req, namespace=LIFECYCLE_NAMESPACE)
         return await self._list(TEMPLATE, req)
 
     async def template_delete(self, req: Ref) -> ObjectReply:
+        _admin_only("delete")
         obj = await self.store.get(TEMPLATE, req.namespace, req.name)
         await self.store.delete(TEMPLATE, req.namespace, req.name)
         return ObjectReply(object=obj.to_dict())
@@ -235,6 +267,15 @@ class LifecycleApi:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(follow(), timeout)
         return last if last is not None else obj
+
+
+def _admin_only(verb: str) -> None:
+    """Templates are an administrator's (a template names a root filesystem on the host)."""
+    if scope() is not None:
+        raise BadRequest(
+            f"a tenant cannot {verb} templates: ask the administrator (sandpod template apply "
+            "on the host)", field="subject",
+        )  # fmt: skip
 
 
 def _phase(obj: Resource) -> Phase:

@@ -41,6 +41,9 @@ class Instance:
     # instance will not serve again (e.g. its container was OOM-killed and is not restarted).
     reason: str = ""
     terminal: bool = False
+    # This instance's own protections when they differ per instance (a template loosened its
+    # seccomp filter); None: the driver's ``protections()`` hold for every instance.
+    protections: Mapping[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

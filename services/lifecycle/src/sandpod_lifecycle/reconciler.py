@@ -33,7 +33,7 @@ import dataclasses
 import datetime
 import enum
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 
@@ -344,7 +344,7 @@ class Reconciler:
             template = await self._templates(view.namespace, view.spec.template_ref)
             started = view.status.phase in (Phase.RUNNING, Phase.PAUSED)
             owner = Owner(view.namespace, view.obj.metadata.uid, started=started)
-            await self.driver.ensure(view.name, view.spec, template, owner)
+            instance = await self.driver.ensure(view.name, view.spec, template, owner)
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
         except InstanceUnhealthy as exc:
@@ -352,7 +352,7 @@ class Reconciler:
         except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:
             return await self._create_failed(view, key, fail, exc)
         self._failures.pop(view.key, None)
-        isolated = self._isolation()
+        isolated = self._isolation(instance.protections)
         updated = await self._set(view, Phase.RUNNING, "ready",
                                   Condition("Ready", "True", "ExecdReady", "execd answers"),
                                   extra=(isolated,))  # fmt: skip
@@ -415,8 +415,8 @@ class Reconciler:
         log.info("instance_waiting", sandbox=view.name, reason=reason, message=message)
         await self._set(view, Phase.PENDING, None, Condition("Ready", "False", reason, message))
 
-    def _isolation(self) -> Condition:
-        protections = self.driver.protections()
+    def _isolation(self, own: Mapping[str, str] | None = None) -> Condition:
+        protections = dict(own) if own is not None else self.driver.protections()
         degraded = {p: s for p, s in protections.items() if s != "active"}
         if not degraded:
             return Condition("Isolated", "True", "FullIsolation", ", ".join(sorted(protections)))

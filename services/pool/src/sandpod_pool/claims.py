@@ -14,10 +14,13 @@ reconciler can finish:
     4. write the claim's status: Bound (reason), Ready, the sandbox, its shutdownTime
 
 Two claims can never hold one sandbox: step 2 is a compare-and-set on the sandbox object, and
-the label it sets is what every later reader trusts. The reconciler (``reconcile``) finishes
-claims whose handler died (adopting a sandbox already labelled for the claim, else binding
-anew), deletes claims whose sandbox is gone or whose lifetime is over, and deletes sandboxes
-labelled for a claim that no longer exists.
+the label it sets is what every later reader trusts (a ``sandpod.dev/`` label: no client can
+set one). Step 2 binds only a member of the claim's own pool, same namespace, controlled by that
+pool's uid (:func:`sandpod_pool.members.is_member`), and hands it over: the pool's owner
+reference goes (a claimed sandbox outlives its pool), the claim label marks its new owner.
+The reconciler (``reconcile``) finishes claims whose handler died (adopting a sandbox already
+labelled for the claim, else binding anew), deletes claims whose sandbox is gone or whose
+lifetime is over, and deletes sandboxes labelled for a claim that no longer exists.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from sandpod_pool.members import (
     expiry,
     failure_reason,
     is_deleting,
+    is_member,
     is_ready,
     member_state,
     request_delete,
@@ -92,6 +96,7 @@ class Binding:
     template: SandboxTemplateSpec
     shutdown_time: str
     idle_timeout: int
+    pool_obj: Resource | None = None  # the pool (its uid decides membership)
 
 
 def _running(obj: Resource | None) -> bool:
@@ -131,6 +136,7 @@ class Claims:
         """The pool, template and lifetimes a claim binds with. Raises PoolNotFound,
         ResourceInvalid (unknown template)."""
         pool = None
+        pool_obj: Resource | None = None
         template_ref = spec.template_ref
         if spec.pool_ref is not None:
             pool_obj = self.pools.get(namespace, spec.pool_ref)
@@ -159,7 +165,7 @@ class Claims:
         lifetime = spec.lifetime_seconds or template.default_lifetime_seconds
         idle = (spec.idle_timeout_seconds if spec.idle_timeout_seconds is not None
                 else template.idle_timeout_seconds)  # fmt: skip
-        return Binding(spec, pool, template_ref, template, expiry(lifetime), idle)
+        return Binding(spec, pool, template_ref, template, expiry(lifetime), idle, pool_obj)
 
     async def claim(self, raw: Mapping[str, Any], wait: float) -> Resource:
         """Create a claim and bind it; the claim once Ready (or as it is after ``wait``).
@@ -244,11 +250,11 @@ class Claims:
 
     async def _bind(self, claim: Resource, b: Binding) -> tuple[Resource, ClaimReason]:
         """Take a warm member, else create a sandbox: (the sandbox, how it was bound)."""
-        if b.pool is not None:
+        if b.pool is not None and b.pool_obj is not None:
+            pool = b.pool_obj
             candidates = [
                 m for m in self.sandboxes.values()
-                if m.metadata.namespace == claim.metadata.namespace
-                and m.metadata.labels.get(POOL_LABEL) == b.pool
+                if m.metadata.namespace == claim.metadata.namespace and is_member(m, pool)
                 and member_state(m) is MemberState.READY
             ]  # fmt: skip
             random.shuffle(candidates)  # concurrent claims (any replica) rarely collide
@@ -276,7 +282,9 @@ class Claims:
                 "idleTimeoutSeconds": b.idle_timeout}  # fmt: skip
         if env:
             spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
-        meta = dataclasses.replace(member.metadata, labels=labels, annotations=annotations)
+        meta = dataclasses.replace(
+            member.metadata, labels=labels, annotations=annotations, owner_references=()
+        )  # the claim owns it now (its label): no longer the pool's, not deleted with it
         try:
             bound = await self.store.update(dataclasses.replace(member, metadata=meta, spec=spec))
         except (ResourceConflict, ResourceNotFound):

@@ -1,10 +1,14 @@
 """Pool members: what a warm Sandbox looks like, and which state one is in. No I/O here.
 
 A member is an ordinary Sandbox object written to the store by the pool service; the lifecycle
-service creates its instance like any other. While warm it carries the pool and template-hash
-labels, no claim label, no idle timeout (nobody uses it yet, so idleness means nothing) and a
-lifetime of its template's default (nothing immortal by accident: an abandoned pool's members
-still expire, and the pool refills). Binding a claim rewrites exactly those fields.
+service creates its instance like any other. What makes it a member is its controller owner
+reference to the pool's uid (:func:`is_member`), which only the pool service writes (the API
+handlers refuse a client's owner references and ``sandpod.dev/`` labels): a Sandbox that merely
+carries a pool's labels is nobody's member, never counted, never bound. While warm it carries
+the pool and template-hash labels, no claim label, no idle timeout (nobody uses it yet, so
+idleness means nothing) and a lifetime of its template's default (nothing immortal by
+accident: an abandoned pool's members still expire, and the pool refills). Binding a claim
+rewrites exactly those fields and drops the pool's owner reference.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from sandpod_contract.errors import ResourceConflict, ResourceNotFound
 from sandpod_contract.pooling import CLAIM_LABEL, HASH_LABEL, POOL_LABEL, WarmPoolSpec
 from sandpod_contract.resources import API_VERSION, SandboxTemplateSpec
 from sandpod_pool.cache import Mirror
-from sandpod_store import ObjectMeta, Resource, Store
+from sandpod_store import ObjectMeta, OwnerReference, Resource, Store
 
 __all__ = [
     "DELETE_ANNOTATION",
@@ -37,9 +41,11 @@ __all__ = [
     "failure_reason",
     "free_selector",
     "is_deleting",
+    "is_member",
     "is_ready",
     "member_object",
     "member_state",
+    "owner_pool",
     "request_delete",
     "set_condition",
     "template_hash",
@@ -85,10 +91,32 @@ def free_selector(pool: str) -> str:
     return f"{POOL_LABEL}={pool},!{CLAIM_LABEL}"
 
 
+def owner_pool(obj: Resource, pool: str) -> OwnerReference | None:
+    """The controller owner reference naming SandboxWarmPool ``pool`` on ``obj`` (any uid)."""
+    ref = obj.metadata.controller()
+    if ref is None or ref.kind != POOL_KIND or ref.name != pool or not ref.uid:
+        return None
+    return ref
+
+
+def is_member(obj: Resource, pool: Resource) -> bool:
+    """Whether ``obj`` is a member of ``pool``: same namespace, the pool's label, and controlled
+    by exactly this pool (its uid: a recreated pool of the same name owns nothing old)."""
+    name = pool.metadata.name
+    ref = owner_pool(obj, name)
+    return (
+        ref is not None
+        and ref.uid == pool.metadata.uid
+        and obj.metadata.namespace == pool.metadata.namespace
+        and obj.metadata.labels.get(POOL_LABEL) == name
+    )
+
+
 def member_object(
-    namespace: str, pool: str, spec: WarmPoolSpec, template: SandboxTemplateSpec, digest: str
+    pool_obj: Resource, spec: WarmPoolSpec, template: SandboxTemplateSpec, digest: str
 ) -> Resource:
-    """A new warm member of ``pool`` (name: the pool's plus a random suffix)."""
+    """A new warm member of ``pool_obj`` (name: the pool's plus a random suffix), owned by it."""
+    namespace, pool = pool_obj.metadata.namespace, pool_obj.metadata.name
     name = f"{pool[:40].rstrip('-')}-{secrets.token_hex(5)}"
     sandbox_spec: dict[str, Any] = {
         "permanent": False,
@@ -106,6 +134,9 @@ def member_object(
             namespace=namespace,
             labels={POOL_LABEL: pool, HASH_LABEL: digest},
             annotations={OWNER_ANNOTATION: f"{POOL_KIND}/{pool}"},
+            owner_references=(
+                OwnerReference(API_VERSION, POOL_KIND, pool, pool_obj.metadata.uid, True),
+            ),
         ),
         spec=sandbox_spec,
     )

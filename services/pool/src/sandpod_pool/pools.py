@@ -45,8 +45,10 @@ from sandpod_pool.members import (
     age,
     failure_message,
     free_selector,
+    is_member,
     member_object,
     member_state,
+    owner_pool,
     request_delete,
     set_condition,
     template_hash,
@@ -103,14 +105,18 @@ class PoolReconciler:
         if not await self.leases.acquire(lease):
             return None  # another replica has it; the resync asks again
         pool = self.pools.get(namespace, name)
-        members = [
+        # Ours by ownership (the pool service's owner reference), never by labels alone: a
+        # Sandbox someone else labelled for this pool is not counted, bound or deleted here.
+        owned = [
             m for m in self.sandboxes.values()
             if m.metadata.namespace == namespace and m.metadata.labels.get(POOL_LABEL) == name
+            and owner_pool(m, name) is not None
         ]  # fmt: skip
+        members = [m for m in owned if pool is not None and is_member(m, pool)]
+        for m in owned:  # owned by a deleted pool of this name (or by an earlier one)
+            if m not in members and member_state(m) in FREE:
+                await self._delete(m, "pool deleted")
         if pool is None:
-            for m in members:
-                if member_state(m) in FREE:
-                    await self._delete(m, "pool deleted")
             self._state.pop(key, None)
             await self.leases.release(lease)
             return None
@@ -131,7 +137,7 @@ class PoolReconciler:
 
     async def _step(self, key: str, pool: Resource, members: list[Resource]) -> float | None:
         spec = WarmPoolSpec.from_dict(pool.spec)
-        namespace, name = pool.metadata.namespace, pool.metadata.name
+        namespace = pool.metadata.namespace
         state = self._state.setdefault(key, _PoolState(tokens=self.create_rate))
         template = await self._template(namespace, spec.template_ref)
         if template is None:
@@ -170,7 +176,7 @@ class PoolReconciler:
                     stale.remove(m)
                 else:
                     current.remove(m)
-        due = await self._fill(key, spec, namespace, name, template, digest, current, stale, state)
+        due = await self._fill(key, spec, pool, template, digest, current, stale, state)
         await self._status(pool, spec, current + stale, digest, state=state)
         return due
 
@@ -194,7 +200,7 @@ class PoolReconciler:
         return ordered[surplus:]
 
     async def _fill(  # noqa: PLR0917 - one pool's whole picture
-        self, key: str, spec: WarmPoolSpec, namespace: str, name: str,
+        self, key: str, spec: WarmPoolSpec, pool: Resource,
         template: SandboxTemplateSpec, digest: str, current: list[Resource],
         stale: list[Resource], state: _PoolState,
     ) -> float | None:  # fmt: skip
@@ -220,7 +226,7 @@ class PoolReconciler:
         state.refilled = t
         n = min(want, int(state.tokens))
         for _ in range(n):
-            obj = member_object(namespace, name, spec, template, digest)
+            obj = member_object(pool, spec, template, digest)
             try:
                 created = await self.store.create(obj)
             except SandpodError as exc:

@@ -105,6 +105,7 @@ class AtomicFile:
             dirfd = root.open(directory, os.O_PATH | os.O_DIRECTORY)
         else:
             dirfd, name = os.dup(at[0]), at[1]
+        self.root = root
         self.target = path
         self.dirfd, self.name = dirfd, name
         self.exclusive = exclusive
@@ -152,7 +153,12 @@ class AtomicFile:
             self.size += n
 
     def commit(self) -> str:
-        """fsync, apply mode and owner, rename into place; returns the target path."""
+        """fsync, apply mode and owner, rename into place; returns the target path. With the
+        sandbox user's rights (its root's identity), like the rest of the upload."""
+        with self.root.acting():
+            return self._commit()
+
+    def _commit(self) -> str:
         try:
             os.fchmod(self.fd, self.mode)
             if self.owner is not None and self.owner != (-1, -1):
@@ -187,7 +193,7 @@ class AtomicFile:
                 os.close(self.fd)
             self.fd = -1
         if self.dirfd >= 0:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError), self.root.acting():
                 os.unlink(self.tmp, dir_fd=self.dirfd)
             with contextlib.suppress(OSError):
                 os.close(self.dirfd)

@@ -19,6 +19,7 @@ import shutil
 import stat
 from collections.abc import Callable
 
+from sandpod_execd.files import identity
 from sandpod_execd.files.atomic import AtomicFile, rename_noreplace
 from sandpod_execd.files.copying import (
     KEEP_OWNER,
@@ -223,6 +224,7 @@ def move(
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise _err(exc.errno or errno.EIO, src, dst) from exc
+            _check_removable(sdir, st, src)  # before copying: a refused move leaves no copy
             _replace_for_move(ddir, dname, dst, overwrite=overwrite)
             copy_at(sdir, sname, ddir, dname, src=src, dst=dst, merge=False, new_owner=KEEP_OWNER)
             with naming(src):
@@ -230,6 +232,18 @@ def move(
                     shutil.rmtree(sname, dir_fd=sdir)
                 else:
                     os.unlink(sname, dir_fd=sdir)
+
+
+def _check_removable(sdir: int, st: os.stat_result, src: str) -> None:
+    """Raise what unlink/rmdir would (EACCES, EPERM) if the fs identity in force may not remove
+    ``src`` (lstat ``st``) from its directory ``sdir``."""
+    if not os.access(f"/proc/self/fd/{sdir}", os.W_OK | os.X_OK, effective_ids=True):
+        raise _err(errno.EACCES, src)
+    ident = identity.current()
+    uid = ident.uid if ident is not None else os.geteuid()
+    parent = os.fstat(sdir)
+    if uid != 0 and parent.st_mode & stat.S_ISVTX and uid not in (st.st_uid, parent.st_uid):
+        raise _err(errno.EPERM, src)  # a sticky directory (/tmp): only owners remove
 
 
 def _replace_for_move(ddir: int, dname: str, dst: str, *, overwrite: bool) -> None:

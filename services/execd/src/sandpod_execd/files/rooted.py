@@ -20,6 +20,13 @@ The process runtime has no jail: its root is the host's ``/`` and paths are host
 by the kernel as usual (``os.open``), through the same descriptor-based operations. Without
 ``openat2`` (ENOSYS, kernel < 5.6) a jailed root fails closed: every operation raises
 ``fs.error`` (errno ENOSYS) rather than fall back to the racy check.
+
+Resolving is only half of it: *who* resolves decides what may be read or changed. A jailed
+:class:`Root` carries its sandbox's :class:`~sandpod_execd.files.identity.Identity` and every
+caller runs its work in :meth:`Root.acting` (a per-thread switch of the filesystem uid, gid and
+groups, see :mod:`~sandpod_execd.files.identity`), so the kernel applies the sandbox user's
+permissions: the root descriptor itself is opened with execd's own rights (``/proc/<holder>/root``
+needs them), everything reached from it with the user's.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from sandpod_contract.errors import FsError
+from sandpod_execd.files.identity import Identity, acting
 
 if TYPE_CHECKING:
     from sandpod_execd.jail import Jail
@@ -165,11 +173,21 @@ class Root:
     absolute paths as the sandbox sees them; its descriptor lives as long as the sandbox's
     fs state in execd."""
 
-    def __init__(self, host: str = "/", *, jailed: bool = False) -> None:
+    def __init__(
+        self, host: str = "/", *, jailed: bool = False, identity: Identity | None = None
+    ) -> None:
         self.jailed = jailed
         self.host = host
+        self.identity = identity  # whose rights reach the files (None: execd's own)
         self.fd = os.open(host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.usable = not jailed or openat2_available()
+
+    def acting(self, *, keep: bool = False) -> contextlib.AbstractContextManager[None]:
+        """A block in which the calling thread reaches files with the sandbox user's rights
+        (see :func:`~sandpod_execd.files.identity.acting`; ``keep``: the thread keeps them
+        after, for fs workers). Never spawn threads or processes inside one, nor on a thread
+        that keeps an identity: they would inherit it."""
+        return acting(self.identity, keep=keep)
 
     def close(self) -> None:
         """Close the root's descriptor. Only when nothing can use it any more: a request on
@@ -297,7 +315,7 @@ def jail_root(jail: Jail) -> Root:
     Raises:
         SandboxUnavailable: the jail is gone.
     """
-    root = Root(jail.root, jailed=True)
+    root = Root(jail.root, jailed=True, identity=jail.identity)
     try:
         jail.check()
     except BaseException:

@@ -1,11 +1,12 @@
 """``fs``-family handlers (see ``sandpod_contract.messages.fs`` and ``schemas/docs/fs.md``).
 
-Each handler resolves the client's path (``files.paths``), runs the blocking work on this
-family's own bounded thread pool (``FS_THREADS`` workers, so a slow disk or a big tree walk never
-stalls the event loop that answers pings and acks), maps ``OSError`` to typed ``fs.*`` errors and
-builds the reply. Replies that list things (entries, matches, files) are cut to fit one NATS
-message, and say ``truncated``. Uploads are the only state: a bounded table swept by one
-supervised task while uploads exist.
+Each handler resolves the client's path (``files.paths``), runs the blocking work, with the
+sandbox user's filesystem identity (``files.identity``: the API may do what that user may, no
+more), on this family's own bounded thread pool (``FS_THREADS`` workers, so a slow disk or a big
+tree walk never stalls the event loop that answers pings and acks), maps ``OSError`` to typed
+``fs.*`` errors and builds the reply. Replies that list things (entries, matches, files) are cut
+to fit one NATS message, and say ``truncated``. Uploads are the only state: a bounded table swept
+by one supervised task while uploads exist.
 """
 
 from __future__ import annotations
@@ -136,11 +137,16 @@ class FsHandlers:
     async def _run(
         self, paths: Paths, fn: Callable[[], T], path: str | None = None, *, walk: bool = False
     ) -> T:
-        """Run ``fn`` on a worker (``walk``: the tree-walk pool); an ``OSError`` becomes its
-        typed ``fs.*`` error."""
+        """Run ``fn`` on a worker (``walk``: the tree-walk pool) with the sandbox user's rights
+        (``Root.acting``); an ``OSError`` becomes its typed ``fs.*`` error."""
         loop = asyncio.get_running_loop()
+
+        def as_user() -> T:
+            with paths.root.acting(keep=True):  # these workers only ever do sandboxes' fs work
+                return fn()
+
         try:
-            return await loop.run_in_executor(self._walks if walk else self._pool, fn)
+            return await loop.run_in_executor(self._walks if walk else self._pool, as_user)
         except OSError as exc:
             raise os_error(exc, paths, path) from exc
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import time
 import urllib.parse
@@ -20,6 +21,7 @@ from typing import TypeVar, cast
 from sandpod_contract.errors import (
     FsAlreadyExists,
     FsNotFound,
+    FsPermissionDenied,
     GitError,
     GitTimeout,
     InvalidCwd,
@@ -37,7 +39,7 @@ from sandpod_contract.messages.git import (
     GitStatus,
 )
 from sandpod_execd.clientpath import client_path
-from sandpod_execd.files.rooted import Root
+from sandpod_execd.files.rooted import Root, split
 from sandpod_execd.gitcreds import DEFAULT_USERNAME, Askpass, Scrubber, is_remote, split_credentials
 from sandpod_execd.gitops import BASE_CONFIG, GitRun, git_env, parse_status, run_git
 from sandpod_execd.handlers import Deps, Route
@@ -234,7 +236,18 @@ def _fresh_target(sbx: SandboxContext, target: str) -> str:
     """The path to clone into, as git in the sandbox sees it; checked (from the host, resolved
     in the sandbox's root: see ``files.rooted``) to be absent or an empty directory."""
     host = sbx.jail.inside(target) if sbx.jail is not None else sbx.resolve_cwd(target)
-    if not _absent_or_empty(sbx.fs_root, host):
+    root = sbx.fs_root
+    shown = client_path(sbx.workspace, host)
+    try:
+        with root.acting():  # the sandbox user's view: what it cannot reach, git cannot use
+            fresh = _absent_or_empty(root, host)
+    except PermissionError as exc:
+        raise FsPermissionDenied(
+            f"{shown!r}: permission denied to the sandbox's user; clone somewhere it may write "
+            "(e.g. under /workspace)",
+            path=shown,
+        ) from exc
+    if not fresh:
         shown = client_path(sbx.workspace, host)
         raise FsAlreadyExists(f"{shown!r} exists and is not an empty directory", path=shown)
     return sbx.command_path(target)
@@ -242,17 +255,42 @@ def _fresh_target(sbx: SandboxContext, target: str) -> str:
 
 def _absent_or_empty(root: Root, path: str) -> bool:
     """Blocking (a few syscalls): whether ``path`` does not exist or is an empty directory
-    (a link to one included; a dangling link exists)."""
+    (a link to one included; a dangling link exists) that the sandbox's user may write into.
+
+    Raises:
+        PermissionError: the sandbox's user may not look there, or may not write where the
+            clone would go (run inside ``root.acting()``).
+    """
     try:
         root.stat(path, follow=False)
     except (FileNotFoundError, NotADirectoryError):
+        _writable(root, split(path)[0])
         return True
     try:
         fd = root.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+    except PermissionError:
+        raise
     except OSError:
-        return False  # a file, a dangling link or unreadable: git would not clone there
+        return False  # a file or a dangling link: git would not clone there
     try:
-        return not os.listdir(fd)
+        if os.listdir(fd):
+            return False
+    finally:
+        os.close(fd)
+    _writable(root, path)
+    return True
+
+
+def _writable(root: Root, path: str) -> None:
+    """Raise PermissionError if ``path`` is a directory the fs identity in force may not write
+    into (a missing one is left to git, which makes the leading directories)."""
+    try:
+        fd = root.open(path, os.O_PATH | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
+        if not os.access(f"/proc/self/fd/{fd}", os.W_OK | os.X_OK, effective_ids=True):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
     finally:
         os.close(fd)
 

@@ -15,12 +15,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sandpod_contract.errors import BadRequest, Busy, FsIsADirectory
 from sandpod_contract.messages.fs import (
     FsChmod,
+    FsChunk,
     FsEntry,
     FsList,
     FsListing,
     FsMkdir,
     FsMove,
     FsPath,
+    FsRead,
     FsRemove,
     FsRemoved,
     FsSearch,
@@ -59,6 +61,9 @@ async def download(request: Request) -> Response:
     entry = await sbx.call("fs", "stat", FsPath(path=path, follow=True), FsEntry)
     if entry.type == "dir":
         raise FsIsADirectory(f"{path} is a directory", path=entry.path)
+    # Opened once before the status line goes out: a file the sandbox's user may not read is a
+    # 403 with its typed error, not a 200 whose body breaks off.
+    await sbx.call("fs", "read", FsRead(path=path, offset=0, length=0), FsChunk)
     window = parse_range(request.headers.get("range"), entry.size)
     start, length = window or (0, entry.size)
     headers = {"accept-ranges": "bytes", "content-length": str(length),

@@ -4,8 +4,9 @@
 Pool and claim names follow the sandbox naming of :mod:`sandpod_gateway.tenancy` (a tenant's
 ``py`` is ``acme--py`` upstream), so a pool's members (``acme--py-<hex>``) and a claim's cold
 sandbox (``acme--<claim>-<hex>``) are ids of the same tenant, and a claimed sandbox appears in
-the tenant's ``/v1/sandboxes`` (the claim adds the tenant label to it). Another tenant's pool or
-claim answers the same 404 as a missing one.
+the tenant's ``/v1/sandboxes`` (the claim adds the tenant label to it). Every request goes on
+the tenant's own subject, so the pool service, not the gateway, decides what is the tenant's.
+Another tenant's pool or claim answers the same 404 as a missing one.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sandpod_contract.messages.sandboxes import (
     Ref,
     Selection,
 )
+from sandpod_contract.reserved import refuse_reserved
 from sandpod_gateway.context import context, principal
 from sandpod_gateway.handlers.common import Body, handler, read_json
 from sandpod_gateway.tenancy import LIFECYCLE_NAMESPACE, TENANT_LABEL, Scope
@@ -76,8 +78,9 @@ def _path_id(request: Request, kind: str) -> tuple[Scope, str, str]:
 
 async def _api(request: Request, kind: str, verb: str, msg: Any, reply: type[Any], *,
                timeout: float | None = None) -> Any:  # fmt: skip
+    tenant = principal(request).scope.tenant
     try:
-        return await context(request).upstream.api(kind, verb, msg, reply, timeout)
+        return await context(request).upstream.api(kind, verb, msg, reply, timeout, tenant=tenant)
     except SandboxUnavailable:
         raise SandboxUnavailable("the pool service is not answering; retry shortly") from None
 
@@ -129,7 +132,7 @@ async def _list(request: Request, api_kind: str) -> Response:
     """The tenant's objects of ``api_kind``."""
     _, out = _KINDS[api_kind]
     scope = principal(request).scope
-    req = Selection(namespace=LIFECYCLE_NAMESPACE, selector=f"{TENANT_LABEL}={scope.tenant}")
+    req = Selection(namespace=LIFECYCLE_NAMESPACE)  # the service narrows it to the tenant
     reply = await _api(request, api_kind, "list", req, ObjectsReply)
     return JSONResponse({"items": [o for o in (out(scope, i) for i in reply.items) if o]})
 
@@ -162,8 +165,8 @@ async def pool_create(request: Request) -> Response:
     if template := body.text("template"):
         spec["templateRef"] = {"name": template}
     obj = {"apiVersion": API, "kind": "SandboxWarmPool", "spec": spec,
-           "metadata": {"name": _id(scope, "pool", name), "namespace": LIFECYCLE_NAMESPACE,
-                        "labels": {TENANT_LABEL: scope.tenant}}}  # fmt: skip
+           "metadata": {"name": _id(scope, "pool", name),
+                        "namespace": LIFECYCLE_NAMESPACE}}  # fmt: skip
     reply = await _api(request, "pools", "apply", ObjectRequest(object=obj), ObjectReply)
     return JSONResponse(_one(_pool_out(scope, reply.object), "pool", name), status_code=201)
 
@@ -205,8 +208,7 @@ async def claim_create(request: Request) -> Response:
     body = await read_json(request)
     scope = principal(request).scope
     name = body.text("name") or f"claim-{secrets.token_hex(5)}"
-    spec: dict[str, Any] = {"labels": {**(body.text_map("labels") or {}),
-                                       TENANT_LABEL: scope.tenant}}  # fmt: skip
+    spec: dict[str, Any] = {"labels": body.text_map("labels") or {}}
     if pool := body.text("pool"):
         spec["poolRef"] = {"name": _id(scope, "pool", pool, field="pool")}
     if template := body.text("template"):
@@ -219,8 +221,9 @@ async def claim_create(request: Request) -> Response:
         spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
     wait = min(max(_wait(body), 0.0), MAX_WAIT)
     obj = {"apiVersion": API, "kind": "SandboxClaim", "spec": spec,
-           "metadata": {"name": _id(scope, "claim", name), "namespace": LIFECYCLE_NAMESPACE,
-                        "labels": {TENANT_LABEL: scope.tenant}}}  # fmt: skip
+           "metadata": {"name": _id(scope, "claim", name),
+                        "namespace": LIFECYCLE_NAMESPACE}}  # fmt: skip
+    refuse_reserved(obj, spec_labels=True)  # the pool service refuses it too (the real check)
     try:
         reply = await _api(request, "claims", "create",
                            ObjectRequest(object=obj, wait_ready=wait or None), ObjectReply,

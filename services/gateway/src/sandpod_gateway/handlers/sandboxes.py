@@ -24,6 +24,7 @@ from sandpod_contract.messages.sandboxes import (
     Renew,
     Selection,
 )
+from sandpod_contract.reserved import refuse_reserved
 from sandpod_gateway.context import context, principal
 from sandpod_gateway.errors import sandbox_not_found
 from sandpod_gateway.handlers.common import Body, handler, query_float, query_int, read_json
@@ -57,8 +58,9 @@ async def _call(
     request: Request, verb: str, msg: Any, name: str, timeout: float = 0
 ) -> ObjectReply:
     up: Upstream = context(request).upstream
+    tenant = principal(request).scope.tenant
     try:
-        return await up.api("sandboxes", verb, msg, ObjectReply, timeout or None)
+        return await up.api("sandboxes", verb, msg, ObjectReply, timeout or None, tenant=tenant)
     except ResourceNotFound:
         raise sandbox_not_found(name) from None
 
@@ -81,6 +83,7 @@ async def create(request: Request) -> Response:
            "metadata": {"name": name, **({"labels": labels} if labels else {}),
                         **({"annotations": annotations} if annotations else {})},
            "spec": body.obj("spec") or {}}  # fmt: skip
+    refuse_reserved(obj)  # lifecycle refuses it too; this is only an earlier, same error
     wait = min(body.number("wait", 60.0) or 0.0, MAX_WAIT)
     req = ObjectRequest(object=scope.inbound(obj, name), wait_ready=wait or None)
     reply = await _call(request, "create", req, name, timeout=wait + 10)
@@ -102,10 +105,10 @@ async def list_(request: Request) -> Response:
     limit = min(query_int(request, "limit", DEFAULT_PAGE, minimum=1), MAX_PAGE)
     after = _decode_cursor(request.query_params.get("cursor"))
     selector = request.query_params.get("selector") or None
-    req = Selection(
-        namespace=LIFECYCLE_NAMESPACE, selector=scope.selector(selector), limit=MAX_PAGE
-    )
-    reply = await context(request).upstream.api("sandboxes", "list", req, ObjectsReply)
+    req = Selection(namespace=LIFECYCLE_NAMESPACE, selector=selector, limit=MAX_PAGE)
+    reply = await context(request).upstream.api(
+        "sandboxes", "list", req, ObjectsReply, tenant=scope.tenant
+    )  # lifecycle narrows it to the tenant (the subject's)
     items = sorted(
         (o for o in (scope.outbound(i) for i in reply.items) if o is not None),
         key=lambda o: str(o["metadata"]["name"]),

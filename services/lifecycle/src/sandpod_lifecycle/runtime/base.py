@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from sandpod_contract.subjects import validate_sandbox_id
 
@@ -32,10 +32,12 @@ __all__ = [
     "RuntimeFailure",
     "RuntimeTimeout",
     "RuntimeUnavailable",
+    "SeccompMode",
 ]
 
 MiB = 1024 * 1024
 ACTIVE = "active"  # the one value of ``protections`` that means "in force"
+SeccompMode = Literal["default", "nested", "unconfined"]  # see runtime/seccomp.py
 
 
 class RuntimeFailure(Exception):
@@ -125,6 +127,9 @@ class InstanceSpec:
         env: environment every command of the instance starts with (on top of execd's base).
         egress: whether the template allows outbound network. The local runtime does not
             support egress yet: it keeps loopback only and says so in ``protections``.
+        seccomp: the sandbox's seccomp filter: ``default``, ``nested`` (nested user namespaces
+            allowed) or ``unconfined`` (none); anything but ``default`` is reported in
+            ``protections`` (see ``runtime/seccomp.py``).
     """
 
     sandbox_id: str
@@ -134,9 +139,12 @@ class InstanceSpec:
     gid: int | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     egress: bool = False
+    seccomp: SeccompMode = "default"
 
     def __post_init__(self) -> None:
         validate_sandbox_id(self.sandbox_id)
+        if self.seccomp not in ("default", "nested", "unconfined"):
+            raise ValueError(f"seccomp must be default, nested or unconfined, got {self.seccomp!r}")
         for name, value in (("uid", self.uid), ("gid", self.gid)):
             if value is not None and not 0 < value < 2**32 - 1:
                 raise ValueError(f"{name} must be an unprivileged id (1..2^32-2), got {value}")

@@ -18,9 +18,11 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
    ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
    old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
    so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and ``umount``;
-4. it prints ``ready <host pid> [skipped dirs]`` on stdout and re-executes the base's ``sh``
-   (a short command line, no host paths) to wait forever: ``sleep`` in a ``wait`` loop, so it
-   also reaps the orphans the kernel re-parents to it.
+4. it re-executes, through ``sandpod-jail-exec --filter-only`` (opened before ``pivot_root``,
+   run from its descriptor) which loads the sandbox's seccomp filter, the base's ``sh`` (a
+   short command line, no host paths) that prints ``ready <host pid> [skipped dirs]`` on stdout
+   and waits forever: ``sleep`` in a ``wait`` loop, so it also reaps the orphans the kernel
+   re-parents to it.
 
 Rootless (the driver is not root), ``unshare`` also creates a user namespace mapping our uid and
 gid to the sandbox's and keeps the namespace's capabilities for the holder script; the kernel
@@ -54,8 +56,8 @@ exec "$@"
 HOLDER = r"""
 set -eu
 base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
-rootless=${10}
-shift 10
+rootless=${10} helper=${11} seccomp=${12}
+shift 12
 skipped=
 if ! mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" \
     "$root" 2>/dev/null; then
@@ -95,7 +97,9 @@ mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-tmp "$root/tmp"
 mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=1m sandpod-run "$root/run"
 mount --bind "$ws" "$root/workspace"
 mount -o remount,bind,nosuid,nodev "$root/workspace"
-mount -t tmpfs -o nosuid,noexec,mode=0755,size=64k sandpod-dev "$root/dev"
+# nodev: a device node that appears here (the sandbox cannot mknod; root could) opens as
+# nothing; each node bound below keeps the flags of the host's /dev mount, so it still works.
+mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=64k sandpod-dev "$root/dev"
 for d in null zero full random urandom tty; do
   : > "$root/dev/$d"
   mount --bind "/dev/$d" "$root/dev/$d"
@@ -141,12 +145,18 @@ for tool in sh sleep umount; do
   fi
 done
 read -r hostpid _ < /proc/self/stat
+# The seccomp helper (a static binary) is opened now and executed after pivot_root through
+# its descriptor: it loads the filter and becomes the waiting shell, which says ready, so the
+# driver reads the filter's state once ready. Without it the shell waits unfiltered.
+[ -z "$helper" ] || exec 9< "$helper"
 cd "$root"
 pivot_root . .
 umount -l .
 cd /
-echo "ready $hostpid$skipped"
-exec sh -c 'exec </dev/null >/dev/null 2>&1; while :; do sleep 2147483647 & wait; done' "$0"
+hold='echo "ready $1"; exec </dev/null >/dev/null 2>&1; while :; do sleep 2147483647 & wait; done'
+[ -z "$helper" ] || exec /proc/self/fd/9 --seccomp="$seccomp" --filter-only sh -c "$hold" "$0" \
+  "$hostpid$skipped"
+exec sh -c "$hold" "$0" "$hostpid$skipped"
 """
 
 
@@ -166,6 +176,8 @@ class HolderLayout:
     masks: Sequence[Path]
     log: Path  # the holder's stderr until it is ready
     rootless: bool = False  # build it in a user namespace mapping us to uid/gid inside
+    seccomp: str = "default"  # the filter mode of sandpod-jail-exec (see seccomp.py)
+    helper: str | None = None  # sandpod-jail-exec; None: the holder waits unfiltered
 
     def argv(self, tools: Mapping[str, str | None], cgroup_procs: Sequence[str]) -> list[str]:
         sh, unshare = tools["sh"], tools["unshare"]
@@ -186,7 +198,8 @@ class HolderLayout:
             sh, "-c", HOLDER, "sandpod-holder",
             str(self.base), str(self.upper), str(self.work), str(self.root),
             str(self.workspace), self.sandbox_id, str(self.tmp_bytes), str(self.uid),
-            str(self.gid), "1" if self.rootless else "0", *(str(m) for m in self.masks),
+            str(self.gid), "1" if self.rootless else "0", self.helper or "", self.seccomp,
+            *(str(m) for m in self.masks),
         ]  # fmt: skip
 
 

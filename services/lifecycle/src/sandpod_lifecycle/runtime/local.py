@@ -25,7 +25,8 @@ Jail file, version 1 (read by ``sandpod_execd.jail``; keep both in step)::
      "cgroups": {...},             # SandboxCgroups.to_json(), for the driver
      "workspace": {"inside": "/workspace", "outside": host dir},
      "upper": host dir, "rootfs": host dir, "env": {str: str},
-     "protections": {name: "active" | reason}, "notes": [str, ...]}
+     "protections": {name: "active" | reason}, "notes": [str, ...],
+     "seccomp": "default" | "nested" | "unconfined"}   # absent: default (see seccomp.py)
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from typing import Any, Literal
 import structlog
 
 from sandpod_contract.subjects import SANDBOX_ID_RE
-from sandpod_lifecycle.runtime import hostcaps
+from sandpod_lifecycle.runtime import hostcaps, seccomp
 from sandpod_lifecycle.runtime.base import (
     ACTIVE,
     CreateFailed,
@@ -240,7 +241,7 @@ class LocalRuntime:
             "join": cg.joined, "track": cg.core, "cgroups": cg.to_json(),
             "workspace": {"inside": WORKSPACE, "outside": str(d / "workspace")},
             "upper": str(d / "upper"), "rootfs": str(base), "env": dict(spec.env),
-            "userns": rootless, "protections": {}, "notes": [],
+            "userns": rootless, "protections": {}, "notes": [], "seccomp": spec.seccomp,
         }  # fmt: skip
         _write_json(d / JAIL_FILE, record)
         protections = cg.create(spec.resources)
@@ -249,7 +250,7 @@ class LocalRuntime:
             workspace=d / "workspace", tmp_bytes=spec.resources.tmp_bytes or
             spec.resources.memory_bytes, uid=uid, gid=gid,
             masks=(self.config.state_dir, *self.config.mask_paths), log=d / "holder.log",
-            rootless=rootless,
+            rootless=rootless, seccomp=spec.seccomp, helper=seccomp.helper(),
         )  # fmt: skip
         procs = [cgroup_join_file(c) for c in cg.dirs]
         popen, holder, skipped = await launch(
@@ -266,6 +267,7 @@ class LocalRuntime:
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
         protections.update(network=ACTIVE, rootfs=ACTIVE, unprivileged_user=ACTIVE,
                            no_new_privs=ACTIVE)  # fmt: skip
+        protections["seccomp"] = seccomp.protection(holder, spec.seccomp, layout.helper)
         if rootless:
             protections["user_namespace"] = ACTIVE
             notes.append(f"rootless: uid {uid} inside is the unprivileged host uid "

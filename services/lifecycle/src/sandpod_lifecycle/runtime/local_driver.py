@@ -16,6 +16,7 @@ from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import CreateFailed, InstanceSpec, InstanceStatus, Resources
 from sandpod_lifecycle.runtime.local import LocalRuntime
+from sandpod_lifecycle.runtime.seccomp import mode_for
 
 __all__ = ["LocalDriver", "parse_cpu", "parse_quantity"]
 
@@ -59,7 +60,8 @@ class LocalDriver:
 
     def _instance(self, sandbox_id: str, status: InstanceStatus) -> Instance:
         return Instance(sandbox_id, running=status.running, paused=status.paused,
-                        pid=self._launcher.pid(sandbox_id), detail=status.detail)  # fmt: skip
+                        pid=self._launcher.pid(sandbox_id), detail=status.detail,
+                        protections=dict(status.protections) or None)  # fmt: skip
 
     async def ensure(
         self,
@@ -78,6 +80,9 @@ class LocalDriver:
                     resources=_resources(template),
                     env=env,
                     egress=bool(template.egress),
+                    seccomp=mode_for(
+                        template.security.seccomp, template.security.allow_nested_user_namespaces
+                    ),
                 )
             )
         self._protections = dict(status.protections)
