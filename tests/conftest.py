@@ -277,6 +277,57 @@ def no_leaked_processes(_session_daemons: None) -> Iterator[None]:
     assert not alive, f"test leaked processes: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
+# Every process this session starts inherits this marker (launchers pass the environment on,
+# minus SANDPOD_*): an execd orphaned by a killed lifecycle is no child of ours any more, but
+# it still carries the marker, so the guards below find it.
+SESSION_MARKER = "PYTEST_SANDPOD_SESSION"
+os.environ[SESSION_MARKER] = uuid.uuid4().hex
+
+
+def session_execds() -> set[int]:
+    """pids of execds started (directly or not) by this test session."""
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        if not _really_alive(proc):
+            continue
+        with contextlib.suppress(psutil.Error):
+            execd = "sandpod_execd" in " ".join(proc.info["cmdline"] or [])
+            if execd and proc.environ().get(SESSION_MARKER) == os.environ[SESSION_MARKER]:
+                found.add(proc.pid)
+    return found
+
+
+def _check_execds(before: set[int], where: str) -> None:
+    """Fail (after killing them) if execds of this session outlive ``where``."""
+    leaked = []
+    for pid in session_execds() - before - SESSION_DAEMON_PIDS:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            proc.wait(timeout=10)  # a graceful stop may still be under way
+            continue
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            leaked.append((pid, proc.environ().get("SANDPOD_SANDBOX_ID")))
+            proc.kill()
+    assert not leaked, f"{where} leaked execd processes (pid, sandbox): {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_execds(_session_daemons: None) -> Iterator[None]:
+    """Fail a test that leaves an execd running anywhere on the host (orphans included)."""
+    before = session_execds()
+    yield
+    _check_execds(before, "test")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaked_execds_per_module(_session_daemons: None) -> Iterator[None]:
+    """The same after a module's own fixtures are torn down."""
+    before = session_execds()
+    yield
+    _check_execds(before, "module")
+
+
 def _really_alive(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE

@@ -91,7 +91,7 @@ def _check_frozen(state: FreezeState, sid: str, execd_pid: int) -> None:
     else:  # the cgroup freezer: invisible to them (no SIGSTOP), all in the frozen cgroup
         assert state.mechanism == "cgroup" and "invisible" in state.detail
         for pid in members:
-            assert _cgroup_of(pid).endswith(f"/sandpod-freeze-{sid}"), pid
+            assert _cgroup_of(pid).endswith(f"/sandpod-freeze-{sid}-{execd_pid}"), pid
             assert psutil.Process(pid).status() != psutil.STATUS_STOPPED, pid
     for pid in (execd_pid, os.getpid()):
         assert "sandpod-freeze" not in _cgroup_of(pid)

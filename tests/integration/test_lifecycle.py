@@ -23,6 +23,7 @@ from sandpod.control import api_call
 from sandpod.errors import ResourceInvalid, SandboxNotFound, SandpodError
 from sandpod.supervisor import PlatformConfig
 from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, SandboxEvent
+from sandpod_lifecycle.runtime.installation import Installation
 
 DESTROY_JAIL = """
 import asyncio, sys
@@ -74,7 +75,7 @@ def lifecycles(nats: NatsServer, tmp_path: Path) -> Iterator[Callable[..., Lifec
     for jail in (tmp_path / "jails").glob("*/jail.json"):  # local runtime: destroy what is left
         subprocess.run(
             [sys.executable, "-c", DESTROY_JAIL, str(tmp_path / "jails"), jail.parent.name,
-             f"sandpod-{prefix}"],
+             Installation.claim(prefix, tmp_path, None).cgroup_parent],
             check=False, timeout=60,
         )  # fmt: skip
     pids = started[0].execd_pids() if started else {}
@@ -308,6 +309,57 @@ async def test_two_replicas_never_double_create(lifecycles: Callable[[], Lifecyc
         await s.close()
 
 
+def _execd_counts(prefix: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        env = _env(proc)
+        if env.get("SANDPOD_PREFIX") == prefix and "sandpod_execd" in " ".join(
+            proc.info["cmdline"] or []
+        ):
+            counts[env["SANDPOD_SANDBOX_ID"]] = counts.get(env["SANDPOD_SANDBOX_ID"], 0) + 1
+    return counts
+
+
+async def test_a_stalled_replica_never_duplicates_instances(
+    lifecycles: Callable[[], Lifecycle],
+) -> None:
+    """A replica stopped (SIGSTOP: CPU starvation at its worst) past its leases while its
+    sandboxes' execds die: the other replica takes them over and starts them again, the stalled
+    one resumes believing it still holds them, and still every sandbox has exactly one execd --
+    also after the stalled one is SIGKILLed."""
+    first, second = lifecycles(), lifecycles()
+    await _ready_api(first)
+    await _ready_api(second)
+    created = await asyncio.gather(
+        *(AsyncSandbox.create(nats_url=first.url, prefix=first.prefix) for _ in range(8))
+    )
+    second.proc.send_signal(signal.SIGSTOP)
+    try:
+        for pid in first.execd_pids().values():  # every instance lost at once
+            os.kill(pid, signal.SIGKILL)
+
+        async def all_serve() -> bool:
+            try:
+                return all([(await s.exec("true", timeout=2)).exit_code == 0 for s in created])
+            except SandpodError:
+                return False
+
+        # The first replica restarts its own at once, the stalled one's once their leases expire.
+        await _until(all_serve, 90, "every sandbox to serve again while one replica stalls")
+    finally:
+        second.proc.send_signal(signal.SIGCONT)
+    log = second.log.read_text
+    seen = log().count("reconcile_start")
+    await _until(lambda: log().count("reconcile_start") > seen + 20, 60, "the resumed replica")
+    assert _execd_counts(first.prefix) == {s.id: 1 for s in created}
+    second.proc.send_signal(signal.SIGKILL)
+    second.proc.wait(10)
+    assert await all_serve()
+    assert _execd_counts(first.prefix) == {s.id: 1 for s in created}
+    for s in created:
+        await s.close()
+
+
 async def test_local_runtime_jail_through_lifecycle(
     lifecycles: Callable[..., Lifecycle], tmp_path: Path
 ) -> None:
@@ -420,6 +472,6 @@ async def test_destroy_on_exit_needs_no_nats(tmp_path: Path) -> None:
         for jail_file in (tmp_path / "jails").glob("*/jail.json"):
             subprocess.run(
                 [sys.executable, "-c", DESTROY_JAIL, str(tmp_path / "jails"), jail_file.parent.name,
-                 f"sandpod-{lc.prefix}"],
+                 Installation.claim(lc.prefix, tmp_path, None).cgroup_parent],
                 check=False, timeout=60,
             )  # fmt: skip

@@ -31,6 +31,7 @@ from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod.errors import SandpodError
 from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest
+from sandpod_lifecycle.runtime.installation import Installation
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 from svcprocs import ServiceProc
 
@@ -50,7 +51,7 @@ class Rootless:
         self, nats: NatsServer, state: Path, uid: int, gid: int, prefix: str, **extra: str
     ) -> None:
         self.nats, self.state, self.uid, self.prefix = nats, state, uid, prefix
-        self.cgroup_parent = f"sandpod-{self.prefix}"
+        self.cgroup_parent = Installation.claim(prefix, state, None).cgroup_parent
         self.spare = Path("/run") / f"sandpod-expose-{self.prefix}"
         wrap = as_user(uid, gid, self.spare)
         self.proc = ServiceProc(
@@ -125,7 +126,8 @@ async def _rootless(
     prefix = f"t{uuid.uuid4().hex[:8]}"
     delegated: list[Path] = []
     for controller in CONTROLLERS if delegate else ():
-        d = V1 / controller / f"sandpod-{prefix}"  # what an administrator does to delegate
+        # What an administrator does to delegate (the name is the installation's own).
+        d = V1 / controller / Installation.claim(prefix, state, None).cgroup_parent
         d.mkdir()
         delegated.append(d)
         for path in (d, *d.iterdir()):

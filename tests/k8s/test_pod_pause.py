@@ -102,7 +102,7 @@ async def test_pausing_a_pod_sandbox_freezes_its_processes_through_execd_and_res
         else:
             assert "invisible" in paused.get("message", "")
             inside = [_cgroup_of(p) for p in commands]  # "": a sleep that ended meanwhile
-            assert all(c == "" or c.endswith(f"/sandpod-freeze-{name}") for c in inside), inside
+            assert all(c == "" or f"/sandpod-freeze-{name}-" in c for c in inside), inside
         assert psutil.Process(execd.pid).status() != psutil.STATUS_STOPPED
         assert "sandpod-freeze" not in _cgroup_of(psutil.Process(execd.pid))
         assert psutil.Process().status() != psutil.STATUS_STOPPED

@@ -46,6 +46,7 @@ from sandpod.aio import AsyncSandbox
 from sandpod.control import create_object, create_sandbox, list_sandboxes
 from sandpod.errors import ResourceExists, SandpodError
 from sandpod.pools import AsyncPools
+from sandpod.statelock import StateDirBusy, hold_state_dir
 
 __all__ = ["Child", "PlatformConfig", "StartupError", "Supervisor", "find_nats_server"]
 
@@ -111,6 +112,7 @@ class Supervisor:
         self.api_key: str | None = None
         self.node = os.environ.get("SANDPOD_NODE") or socket.gethostname().split(".")[0]
         self.creds: dict[str, str] = {}  # user -> creds file (embedded NATS only)
+        self._lock: int | None = None  # the state dir's lock, held for our whole life
 
     @property
     def client_creds(self) -> str | None:
@@ -139,6 +141,11 @@ class Supervisor:
         Raises:
             StartupError: a child failed to start or become ready (with its log's tail).
         """
+        if self._lock is None:  # refuse a second `sandpod up` on this state dir, at once
+            try:
+                self._lock = hold_state_dir(self.config.state_dir)
+            except StateDirBusy as exc:
+                raise StartupError(str(exc)) from None
         private_dir(self.config.state_dir)
         private_dir(self.logs)
         if self.config.nats_url is None:
@@ -379,8 +386,11 @@ class Supervisor:
         """SIGTERM children in reverse order; SIGKILL what is left after ``grace``. Idempotent.
 
         Sandbox instances started by lifecycle are stopped last; their objects stay in the store,
-        so the next ``sandpod up`` recreates what has not expired meanwhile.
+        so the next ``sandpod up`` recreates what has not expired meanwhile. A supervisor that
+        never got the state dir's lock stops nothing: what runs there is another one's.
         """
+        if self._lock is None:
+            return
         for child in reversed(self.children):
             if child.proc.returncode is None:
                 self.progress(f"stopping {child.name}")
@@ -395,3 +405,5 @@ class Supervisor:
                     await child.proc.wait()
         self.children.clear()
         await self._stop_instances()
+        os.close(self._lock)
+        self._lock = None

@@ -59,7 +59,8 @@ class KvBucket:
             raise ResourceNotFound(f"{key} not found", key=key) from exc
         except nats.errors.Error as exc:
             raise _store_error(exc) from exc
-        assert entry.revision is not None
+        if entry.revision is None:  # nats.py types it optional; a stored entry always has one
+            raise ResourceNotFound(f"{key} has no revision (not stored yet)", key=key)
         return KvEntry(key, bytes(entry.value or b""), entry.revision, deleted=False)
 
     async def create(self, key: str, value: bytes) -> int:

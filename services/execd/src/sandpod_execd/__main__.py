@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sys
 
 from sandpod_execd.service import ExecdService
@@ -10,7 +12,17 @@ from sandpod_execd.settings import ExecdSettings
 from sandpod_service import serve
 
 
+def _keep_instance_lock() -> None:
+    """The lifecycle's launcher hands us our instance's locked file (``SANDPOD_EXECD_LOCK_FD``):
+    we hold it for our whole life, and no command we start inherits it."""
+    fd = os.environ.pop("SANDPOD_EXECD_LOCK_FD", "")
+    if fd.isdigit():
+        with contextlib.suppress(OSError):
+            os.set_inheritable(int(fd), False)
+
+
 def main() -> int:
+    _keep_instance_lock()
     try:
         settings = ExecdSettings.from_env()
     except ValueError as exc:

@@ -2,12 +2,12 @@
 
 execd cannot freeze its own cgroup (it would freeze itself). When the cgroup v2 hierarchy is
 mounted and execd's cgroup is writable (root, or a delegated subtree), :func:`open_commands`
-creates ``<execd's cgroup>/sandpod-freeze-<id>``; the freezer moves the sandbox's processes
-into it and writes ``cgroup.freeze`` -- the kernel then freezes them and every child they fork,
-invisibly to them (no SIGSTOP, no SIGCHLD, state stays ``S``). On thaw they move back (still
-frozen, so none forks inside meanwhile) and the cgroup is removed. No controllers are enabled
-in it, so the "no internal processes" rule does not apply. Pods rarely get a writable cgroup
-today: :func:`open_commands` then says why not, and the freezer uses signals.
+creates ``<execd's cgroup>/sandpod-freeze-<id>-<execd pid>``; the freezer moves the sandbox's
+processes into it and writes ``cgroup.freeze`` -- the kernel then freezes them and every child
+they fork, invisibly to them (no SIGSTOP, no SIGCHLD, state stays ``S``). On thaw they move
+back (still frozen, so none forks inside meanwhile) and the cgroup is removed. No controllers
+are enabled in it, so the "no internal processes" rule does not apply. Pods rarely get a
+writable cgroup today: :func:`open_commands` then says why not, and the freezer uses signals.
 """
 
 from __future__ import annotations
@@ -98,7 +98,9 @@ def open_commands(sandbox_id: str) -> tuple[CommandsCgroup | None, str]:
     base = mount / own.lstrip("/")
     if not os.access(base / "cgroup.procs", os.W_OK):
         return None, f"execd's cgroup {own} is not writable (not delegated)"
-    path = base / f"sandpod-freeze-{sandbox_id}"
+    # Named after this execd too: another installation's execd in the same cgroup may serve a
+    # sandbox of the same name, and must never freeze or thaw ours.
+    path = base / f"sandpod-freeze-{sandbox_id}-{os.getpid()}"
     try:
         path.mkdir(exist_ok=True)
     except OSError as exc:

@@ -412,7 +412,11 @@ class Jail:
     def _command_cgroup(self) -> str:
         """A fresh cgroup for one command under ``track``; empty ones of finished commands are
         removed first, so their number stays bounded by the commands still running."""
-        assert self.track is not None
+        if self.track is None:  # callers ask only when the jail file names one
+            raise SandboxUnavailable(
+                f"sandbox {self.sandbox_id!r}: its jail has no tracking cgroup",
+                sandbox_id=self.sandbox_id,
+            )
         self.sweep()
         own = f"{self.track}/c-{uuid.uuid4().hex[:16]}"
         try:

@@ -106,7 +106,8 @@ class _Collector:
 
 
 async def _feed(proc: Process, data: bytes) -> None:
-    assert proc.stdin is not None
+    if proc.stdin is None:  # started without a pipe: nothing to feed
+        return
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         await proc.stdin.write(data)
     proc.stdin.close()

@@ -153,7 +153,8 @@ class BackgroundProc:
 
     async def _feed(self, data: bytes) -> None:
         stdin = self.proc.stdin
-        assert stdin is not None
+        if stdin is None:  # started without a pipe: nothing to feed
+            return
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             await stdin.write(data)
         stdin.close()

@@ -121,10 +121,16 @@ class ExecdService:
             freezer=settings.freezer,
         )
 
+    def _started(self) -> Bus:
+        """The bus; set by ``start`` before anything is served or answered."""
+        if self._bus is None:
+            raise InternalError("execd is not started: no bus to use yet")
+        return self._bus
+
     async def _serve(self, sbx: SandboxContext) -> None:
-        assert self._bus is not None
+        bus = self._started()
         sbx.prepare()
-        self._subs[sbx.sandbox_id] = await self._bus.subscribe(
+        self._subs[sbx.sandbox_id] = await bus.subscribe(
             self.subjects.sandbox_all(sbx.sandbox_id),
             self._on_message,
             queue=QUEUE_GROUP,
@@ -306,11 +312,11 @@ class ExecdService:
             await self._respond(msg.reply, encode_error(err))
 
     async def _respond(self, reply: str, payload: bytes) -> None:
-        assert self._bus is not None
+        bus = self._started()
         try:
-            await self._bus.publish(reply, payload)
+            await bus.publish(reply, payload)
         except PayloadTooLarge:
-            await self._bus.publish(reply, encode_error(InternalError("reply too large")))
+            await bus.publish(reply, encode_error(InternalError("reply too large")))
         except SandpodError as exc:
             log.warning("reply_failed", code=exc.code)
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import structlog
 
+from sandpod_contract.errors import SessionDead
 from sandpod_execd import proctree
 from sandpod_execd.process import Process
 from sandpod_execd.sessiondir import SessionDir
@@ -141,7 +142,8 @@ class Shell:
 
     async def start(self, timeout: float) -> bool:
         """Prepare the fresh shell; whether it answered within ``timeout`` seconds."""
-        assert self.proc.stdin is not None
+        if self.proc.stdin is None:  # a shell without its command pipe cannot be driven
+            return False
         # Aliases defined by one command should work in the next, as in an interactive shell.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             await self.proc.stdin.write(b"\\builtin shopt -s expand_aliases 2>/dev/null\n")
@@ -149,9 +151,10 @@ class Shell:
 
     async def sync(self, timeout: float) -> bool:
         """Whether the shell answers an empty command within ``timeout`` seconds."""
+        if self.proc.stdin is None:  # a shell without its command pipe cannot be driven
+            return False
         nonce, future = self._expect()
         line = f"\\builtin printf '\\036%s %d %s\\0' {nonce} 0 \"$PWD\"\n"
-        assert self.proc.stdin is not None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             await self.proc.stdin.write(line.encode())
         with contextlib.suppress(TimeoutError):
@@ -174,7 +177,14 @@ class Shell:
         self._interrupt.set()
 
     async def run(self, command: str, stdin: bytes | None, timeout: float | None) -> Outcome:
-        """Run one command in the shell; returns once it ended (or was abandoned)."""
+        """Run one command in the shell; returns once it ended (or was abandoned).
+
+        Raises:
+            SessionDead: the shell has no command pipe (it cannot run anything).
+        """
+        if self.proc.stdin is None:
+            raise SessionDead("the session's shell has no command pipe: start a new session")
+        stdin_pipe = self.proc.stdin
         self._seq += 1
         files = {ext: f"{self._seq}.{ext}" for ext in ("cmd", "in", "out", "err")}
         self.workdir.write(files["cmd"], command.encode())
@@ -194,9 +204,8 @@ class Shell:
         before = proctree.children(self.proc.pid)  # earlier background jobs: spared
         started = time.monotonic()
         self._interrupt.clear()
-        assert self.proc.stdin is not None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            await self.proc.stdin.write(line.encode())
+            await stdin_pipe.write(line.encode())
         interrupted = not await self._wait(future, timeout)
         if interrupted:
             await self._abandon(future, before, token)

@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
+from sandpod_contract.errors import InternalError
 from sandpod_gateway.context import Context
 from sandpod_gateway.errors import MethodNotAllowed, RouteNotFound, error_response
 from sandpod_gateway.handlers import (
@@ -111,7 +112,8 @@ async def _terminal(request: Request) -> Response:
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
+    if not isinstance(exc, HTTPException):  # registered for HTTPException only
+        return error_response(InternalError(f"{type(exc).__name__} in routing"))
     if exc.status_code == 405:
         return error_response(MethodNotAllowed(f"{request.method} not allowed here"))
     if exc.status_code == 404:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import signal
@@ -19,9 +20,22 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+import structlog
 
-__all__ = ["Driver", "ExecdLauncher", "Instance", "Owner", "RenewsCredentials", "ReportsLoss"]
+from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+from sandpod_lifecycle.runtime.base import RuntimeFailure
+
+__all__ = [
+    "Driver",
+    "ExecdLauncher",
+    "Instance",
+    "LauncherBusy",
+    "Owner",
+    "RenewsCredentials",
+    "ReportsLoss",
+]
+
+log = structlog.get_logger("sandpod.lifecycle.driver")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,7 +117,9 @@ class ExecdLauncher:
     """Starts and stops one execd process per sandbox; pid files make it survive our restarts.
 
     execd processes are not tied to the lifecycle process (no PDEATHSIG): a restarted lifecycle
-    finds them through ``<state>/instances/<id>.json`` and adopts or destroys them.
+    finds them through ``<state>/instances/<id>.json`` and adopts or destroys them. Each execd
+    holds an ``flock`` on ``<state>/instances/<id>.lock`` for its whole life, so two launchers
+    (replicas on one host, one of them dead or stalled mid-start) never run two for one id.
 
     ``nats_creds``: the lifecycle's own creds file, handed to its execds (a NATS in operator
     mode). These execds run on the host, outside the jails (which have no network and mask the
@@ -133,27 +149,70 @@ class ExecdLauncher:
             return None
         return pid if b"sandpod_execd" in cmdline and data.get("id") == sandbox_id else None
 
+    def _lock_path(self, sandbox_id: str) -> Path:
+        return self.dir / f"{sandbox_id}.lock"
+
     async def start(self, sandbox_id: str, env: Mapping[str, str]) -> int:
-        log = self.state_dir / "logs" / f"execd-{sandbox_id}.log"
-        log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-        log.chmod(0o600)  # logs may name paths and ids of other tenants: owner only
+        """Start ``sandbox_id``'s execd, or adopt the one already running; return its pid.
+
+        The execd holds an ``flock`` on ``<id>.lock`` for its whole life (it inherits the
+        locked file from us). So whoever starts one first takes the lock: a replica that died
+        or was stopped between spawning and recording never makes a second one appear, and the
+        running one is found and adopted (by its record, else by who holds the lock).
+
+        Raises:
+            LauncherBusy: another launcher holds the lock and its execd is not up yet (retry).
+        """
+        fd = os.open(self._lock_path(sandbox_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return self._adopt(sandbox_id)
+        try:
+            return await self._spawn(sandbox_id, env, fd)
+        finally:
+            os.close(fd)  # the execd keeps the lock; if it never started, nobody holds it
+
+    def _adopt(self, sandbox_id: str) -> int:
+        pid = self.pid(sandbox_id) or _lock_holder(self._lock_path(sandbox_id))
+        if pid is None:
+            raise LauncherBusy(
+                f"another launcher is starting the execd of {sandbox_id!r}", sandbox_id=sandbox_id
+            )
+        if self.pid(sandbox_id) != pid:  # its launcher died before recording it
+            log.warning("execd_adopted_unrecorded", sandbox_id=sandbox_id, pid=pid)
+            self._write_record(sandbox_id, pid)
+        return pid
+
+    def _write_record(self, sandbox_id: str, pid: int) -> None:
+        tmp = self._record(sandbox_id).with_suffix(".tmp")
+        tmp.write_text(json.dumps({"id": sandbox_id, "pid": pid}))
+        tmp.replace(self._record(sandbox_id))
+
+    async def _spawn(self, sandbox_id: str, env: Mapping[str, str], lock: int) -> int:
+        log_path = self.state_dir / "logs" / f"execd-{sandbox_id}.log"
+        log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        log_path.chmod(0o600)  # logs may name paths and ids of other tenants: owner only
         full_env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("SANDPOD_")},
             "SANDPOD_NATS_URL": self.nats_url,
             "SANDPOD_PREFIX": self.prefix,
             "SANDPOD_SANDBOX_ID": sandbox_id,
             "SANDPOD_STATE_DIR": str(self.state_dir),
+            "SANDPOD_EXECD_LOCK_FD": str(lock),
             **({"SANDPOD_NATS_CREDS": self.nats_creds} if self.nats_creds else {}),
             **env,
         }
-        with log.open("ab") as out:
+        with log_path.open("ab") as out:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sandpod_execd",
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=full_env,
                 start_new_session=True,  # outlives us; killed by stop()
+                pass_fds=(lock,),  # the instance's lock, held as long as it lives
             )  # fmt: skip
-        self._record(sandbox_id).write_text(json.dumps({"id": sandbox_id, "pid": proc.pid}))
+        self._write_record(sandbox_id, proc.pid)
         return proc.pid
 
     async def stop(self, sandbox_id: str, grace: float = 5.0) -> None:
@@ -169,6 +228,30 @@ class ExecdLauncher:
 
     def known(self) -> list[str]:
         return sorted(p.stem for p in self.dir.glob("*.json"))
+
+
+class LauncherBusy(RuntimeFailure):
+    """Another launcher is starting this sandbox's execd right now; try again shortly."""
+
+    retryable = True
+
+
+def _lock_holder(path: Path) -> int | None:
+    """The pid of a live execd that has ``path`` open (the holder of its lock), if any."""
+    target = os.stat(path)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"sandpod_execd" not in Path(entry.path, "cmdline").read_bytes():
+                continue
+            for fd in os.scandir(Path(entry.path, "fd")):
+                st = os.stat(fd.path)
+                if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                    return int(entry.name)
+        except OSError:
+            continue
+    return None
 
 
 async def _wait_gone(pid: int, timeout: float) -> bool:

@@ -19,7 +19,7 @@ from sandpod_contract.codec import Message
 from sandpod_contract.errors import SandpodError
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.node import NodeSandboxes, Release, Serve
-from sandpod_lifecycle.driver import ExecdLauncher
+from sandpod_lifecycle.driver import ExecdLauncher, LauncherBusy
 
 __all__ = ["NodeLauncher"]
 
@@ -53,13 +53,20 @@ class NodeLauncher:
     async def _ensure_node(self) -> int:
         async with self._lock:
             pid = self._alive()
-            if pid is None:
-                env = {"SANDPOD_EXECD_NODE": self.node, "SANDPOD_SANDBOX_ID": ""}
-                if self._jails:
-                    env["SANDPOD_EXECD_JAIL"] = self._jails
-                await self._processes.start(self._key, env)
-                pid = self._alive()
             deadline = time.monotonic() + START_TIMEOUT
+            env = {"SANDPOD_EXECD_NODE": self.node, "SANDPOD_SANDBOX_ID": ""}
+            if self._jails:
+                env["SANDPOD_EXECD_JAIL"] = self._jails
+            while pid is None:
+                try:
+                    await self._processes.start(self._key, env)  # ours, or adopted
+                except LauncherBusy:  # another replica on this host is starting it right now
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+                    continue
+                pid = self._alive()
+                break
             while True:
                 try:
                     self._served = set((await self._request("list", Empty())).sandbox_ids)
@@ -68,7 +75,8 @@ class NodeLauncher:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.02)
-            assert pid is not None
+            if pid is None:  # started, answered, but its record is gone: someone stopped it
+                raise LauncherBusy(f"the node execd of {self.node!r} exited while starting")
             return pid
 
     async def start(self, sandbox_id: str, env: Mapping[str, str]) -> int:

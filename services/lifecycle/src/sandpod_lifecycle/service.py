@@ -17,6 +17,7 @@ them through the driver) and releases this replica's leases so others take over 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -26,7 +27,7 @@ import structlog
 
 from sandpod_bus import Bus
 from sandpod_contract.codec import Message, decode_reply, encode
-from sandpod_contract.errors import SandpodError
+from sandpod_contract.errors import InternalError, SandpodError
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.node import NodeSandboxes
 from sandpod_contract.messages.sandboxes import CONTROL_PLANE
@@ -46,6 +47,7 @@ from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
+from sandpod_lifecycle.runtime.installation import Installation, remove_cgroup_parents
 from sandpod_lifecycle.runtime.local import JAIL_FILE, LocalRuntime, LocalRuntimeConfig
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
@@ -78,6 +80,7 @@ class LifecycleService:
         )
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
+        self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
     async def _store(self, bus: Bus, bucket: str) -> Store:
@@ -115,7 +118,8 @@ class LifecycleService:
             from sandpod_lifecycle.runtime.pod import PodDriver
             from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
-            assert self.settings.kube is not None  # settings refuse kubernetes without kube
+            if self.settings.kube is None:  # settings refuse kubernetes without kube
+                raise ValueError("SANDPOD_RUNTIME=kubernetes needs SANDPOD_STORE=kube")
             pods = PodApi(self.settings.kube)
             self._closers.append(pods.close)
             creds = None
@@ -135,10 +139,17 @@ class LifecycleService:
             self.settings.execd_creds or self.settings.bus.creds,
         )  # fmt: skip
         if self.settings.runtime == "local":
+            # Host-global names (cgroup parent, uid range) are this installation's own.
+            registry = self.settings.uid_registry if os.geteuid() == 0 else None
+            inst = Installation.claim(self.settings.prefix, state, registry)
+            log.info("installation", id=inst.id, cgroup_parent=inst.cgroup_parent,
+                     uid_base=inst.uid_base, uid_count=inst.uid_count)  # fmt: skip
             # The whole state dir (NATS data, logs, other sandboxes) is masked in every jail.
             config = LocalRuntimeConfig(
                 state_dir=state / "jails",
-                cgroup_parent=f"sandpod-{self.settings.prefix.replace('.', '-')}",
+                cgroup_parent=inst.cgroup_parent,
+                uid_base=inst.uid_base,
+                uid_count=inst.uid_count,
                 mask_paths=(Path("/root"), Path("/home"), state),
                 default_disk_bytes=self.settings.disk_default,
                 disk=DiskOptions(preallocate=self.settings.disk_preallocate,
@@ -149,7 +160,9 @@ class LifecycleService:
             jails = str(config.state_dir / "{sandbox_id}" / JAIL_FILE)
             node = NodeLauncher(launcher, self.settings.node, self._node_request, jails=jails)
             self._node = node
-            driver = LocalDriver(LocalRuntime(config), node)
+            runtime = LocalRuntime(config)
+            self._local = (runtime, inst.cgroup_parent)
+            driver = LocalDriver(runtime, node)
             self._closers.append(driver.close)
             return driver
         return ProcessDriver(launcher)
@@ -188,10 +201,16 @@ class LifecycleService:
         await self._api.start()
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
 
+    def _started(self) -> Bus:
+        """The bus, for a probe or node request; they run only once ``start`` set it."""
+        if self._bus is None:
+            raise InternalError("the lifecycle service is not started: no bus to use yet")
+        return self._bus
+
     async def _node_request(self, verb: str, msg: Message) -> NodeSandboxes:
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.node(self.settings.node, "execd", verb)
-        return decode_reply(NodeSandboxes, await self._bus.request(subject, encode(msg), 10.0))
+        return decode_reply(NodeSandboxes, await bus.request(subject, encode(msg), 10.0))
 
     async def stop(self, grace: float) -> None:
         if self._api is not None:
@@ -208,6 +227,11 @@ class LifecycleService:
             for sandbox_id in sandbox_ids:
                 log.info("instance_destroyed_at_exit", sandbox=sandbox_id)
                 await driver.destroy(sandbox_id)
+            if self._local is not None:  # and the installation's own cgroup parents
+                runtime, parent = self._local
+                kept = remove_cgroup_parents(await runtime.capabilities(), parent)
+                if kept:
+                    log.warning("cgroup_parents_kept", paths=kept)
         if self._leases is not None:
             await self._leases.release_all()
         for close in reversed(self._closers):
@@ -217,22 +241,22 @@ class LifecycleService:
     # -- probes of a sandbox's execd -----------------------------------------------------------
 
     async def _ready(self, sandbox_id: str, timeout: float) -> bool:
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.sandbox(sandbox_id, "sys", "ping")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                decode_reply(Pong, await self._bus.request(subject, encode(Empty()), 1.0))
+                decode_reply(Pong, await bus.request(subject, encode(Empty()), 1.0))
                 return True
             except SandpodError:
                 await asyncio.sleep(0.02)
         return False
 
     async def _idle(self, sandbox_id: str) -> float | None:
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.sandbox(sandbox_id, "sys", "activity")
         try:
-            reply = decode_reply(Activity, await self._bus.request(subject, encode(Empty()), 2.0))
+            reply = decode_reply(Activity, await bus.request(subject, encode(Empty()), 2.0))
         except SandpodError:
             return None
         return max(reply.idle, 0.0)
@@ -240,19 +264,19 @@ class LifecycleService:
     async def _freezer(self, sandbox_id: str, verb: str) -> FreezeState:
         """``sys.freeze`` / ``sys.thaw`` / ``sys.freezer`` to the sandbox's execd (the Pod
         runtime's pause). Raises SandpodError when execd refuses or does not answer."""
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.sandbox(sandbox_id, "sys", verb)
         request: Message = Freeze(timeout=FREEZE_TIMEOUT) if verb == "freeze" else Empty()
         wait = FREEZE_TIMEOUT + 2.0 if verb == "freeze" else 2.0  # inspect asks every pass
-        reply = await self._bus.request(subject, encode(request), wait)
+        reply = await bus.request(subject, encode(request), wait)
         return decode_reply(FreezeState, reply)
 
     async def _configure(self, sandbox_id: str, env: dict[str, str], generation: int) -> bool:
-        assert self._bus is not None
+        bus = self._started()
         subject = self.subjects.sandbox(sandbox_id, "sys", "configure")
         request = Configure(env=env, generation=generation)
         try:
-            decode_reply(Configured, await self._bus.request(subject, encode(request), 2.0))
+            decode_reply(Configured, await bus.request(subject, encode(request), 2.0))
         except SandpodError as exc:
             log.warning("configure_failed", sandbox=sandbox_id, error=exc.message)
             return False

@@ -17,6 +17,7 @@
 | ``SANDPOD_WORKERS`` | 8 | objects reconciled in parallel |
 | ``SANDPOD_READY_TIMEOUT`` | 30 s | how long a new instance may take to answer |
 | ``SANDPOD_DESTROY_ON_EXIT`` | false | destroy every instance at shutdown (``sandpod up``) |
+| ``SANDPOD_UID_REGISTRY`` | ``/var/lib/sandpod/uid-ranges.json`` | uid ranges claimed host-wide |
 | ``SANDPOD_NODE`` | hostname | this host's node id (local runtime: one execd serves all) |
 | ``SANDPOD_NATS_ACCOUNT_SEED_FILE`` | unset | the NATS account's seed: per-sandbox creds (Pods) |
 | ``SANDPOD_NATS_CREDS_TTL`` | 86400 s | longest life of a sandbox's JWT (renewed at half) |
@@ -71,6 +72,8 @@ class LifecycleSettings:
     ready_timeout: float = 30.0
     destroy_on_exit: bool = False  # `sandpod up`: stopping the platform stops every sandbox
     node: str = dataclasses.field(default_factory=lambda: socket.gethostname().split(".")[0])
+    # Where installations on this host claim their sandbox uid ranges (None: no registry).
+    uid_registry: Path | None = Path("/var/lib/sandpod/uid-ranges.json")
     grace: float = 10.0
     log_level: str = "info"
     execd_creds: str | None = None  # None: the lifecycle's own (bus.creds)
@@ -116,6 +119,8 @@ class LifecycleSettings:
             destroy_on_exit=env_bool(env, "SANDPOD_DESTROY_ON_EXIT", False),
             node=env_str(env, "SANDPOD_NODE", base.node),
             execd_creds=env_str(env, "SANDPOD_EXECD_NATS_CREDS", "") or None,
+            uid_registry=Path(registry) if (registry := env_str(
+                env, "SANDPOD_UID_REGISTRY", str(base.uid_registry))) else None,
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
             nats_account_seed_file=Path(seed) if (
                 seed := env_str(env, "SANDPOD_NATS_ACCOUNT_SEED_FILE", "")) else None,

@@ -24,7 +24,7 @@ import structlog
 
 from sandpod_bus import Bus
 from sandpod_contract.codec import decode_reply, encode
-from sandpod_contract.errors import SandpodError
+from sandpod_contract.errors import InternalError, SandpodError
 from sandpod_contract.messages.pools import POOL_PLANE
 from sandpod_contract.messages.system import Configure, Configured
 from sandpod_contract.pooling import CLAIM_LABEL, POOL_LABEL
@@ -181,10 +181,9 @@ class PoolService:
 
     async def _resync(self) -> None:
         pools, claims, sandboxes = self._mirrors
-        assert self.pools_queue is not None
-        assert self.claims_queue is not None
-        assert self.claims is not None
-        assert self._leases is not None
+        if (self.pools_queue is None or self.claims_queue is None or self.claims is None
+                or self._leases is None):  # fmt: skip
+            raise InternalError("the pool service resyncs only once started")
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._resync_now.wait(), self.settings.resync)
@@ -207,7 +206,8 @@ class PoolService:
     # -- the sandbox's execd -------------------------------------------------------------------
 
     async def _configure(self, sandbox_id: str, env: dict[str, str], generation: int) -> bool:
-        assert self._bus is not None
+        if self._bus is None:  # set by start, before any reconcile
+            return False
         subject = self.subjects.sandbox(sandbox_id, "sys", "configure")
         try:
             data = await self._bus.request(

@@ -200,8 +200,8 @@ class HolderLayout:
 
     def argv(self, tools: Mapping[str, str | None], cgroup_procs: Sequence[str]) -> list[str]:
         sh, unshare = tools["sh"], tools["unshare"]
-        assert sh is not None
-        assert unshare is not None
+        if sh is None or unshare is None:  # hostcaps reports these missing as problems
+            raise ValueError("the jail needs sh and util-linux's unshare on the host's PATH")
         for path in (self.base, self.upper, self.work, self.root, self.workspace):
             _check_path(path)
         # Rootless: --keep-caps hands the capabilities we hold in the new user namespace to the

@@ -68,6 +68,7 @@ from sandpod_lifecycle.runtime.base import (
 from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCgroups
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
+from sandpod_lifecycle.runtime.uids import next_uid
 from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["JAIL_FILE", "LocalRuntime", "LocalRuntimeConfig"]
@@ -92,7 +93,8 @@ class LocalRuntimeConfig:
         cgroup_parent: the cgroup under each hierarchy's root holding one cgroup per sandbox.
         core: which hierarchy freezes and tracks: ``auto`` (v1 freezer if mounted, else v2).
         uid_base, uid_count: each sandbox gets a uid (= gid) of its own from this range unless
-            its spec names one.
+            its spec names one, round-robin (see ``uids.py``); the service passes its
+            installation's range (``installation.py``), so two installations never share one.
         default_disk_bytes: the disk quota of a sandbox whose resources name none.
         disk: how sandbox filesystems are provisioned (thin or preallocated, host reserve).
     """
@@ -323,8 +325,9 @@ class LocalRuntime:
             uid = spec.uid
             if uid is None:
                 used = {int(data["uid"]) for data in self._records().values() if "uid" in data}
-                end = self.config.uid_base + self.config.uid_count
-                uid = next((u for u in range(self.config.uid_base, end) if u not in used), None)
+                uid = next_uid(  # never a uid anything of an old sandbox may still hold
+                    self.config.state_dir, self.config.uid_base, self.config.uid_count, used
+                )
                 if uid is None:
                     raise CreateFailed("no free sandbox uid left in the configured range")
             try:
@@ -352,7 +355,10 @@ class LocalRuntime:
                     f"sandbox {sandbox_id!r} has no running instance", sandbox_id=sandbox_id
                 )
             data = _read_json(self._dir(sandbox_id) / JAIL_FILE)
-            assert data is not None
+            if data is None or "cgroups" not in data:  # destroyed meanwhile, by another process
+                raise InstanceNotFound(
+                    f"sandbox {sandbox_id!r} has no jail file any more", sandbox_id=sandbox_id
+                )
             cg = SandboxCgroups.from_json(data["cgroups"])
             if cg.core is None:
                 raise RuntimeUnavailable(

@@ -28,6 +28,7 @@ from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemp
 from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import (
+    CreateFailed,
     InstanceSpec,
     InstanceStatus,
     InstanceUnhealthy,
@@ -151,7 +152,12 @@ class LocalDriver:
             )
         self._protections = dict(status.protections)
         if self._launcher.pid(sandbox_id) is None:
-            assert status.jail_file is not None
+            if status.jail_file is None:  # traces without a jail file: not an instance to serve
+                raise CreateFailed(
+                    f"sandbox {sandbox_id!r} has {status.detail or 'no jail file'} on this host "
+                    "(a create that crashed half-way); they are removed and the create retried",
+                    sandbox_id=sandbox_id,
+                )
             await self._launcher.start(sandbox_id, {"SANDPOD_EXECD_JAIL": str(status.jail_file)})
         return self._instance(sandbox_id, status)
 

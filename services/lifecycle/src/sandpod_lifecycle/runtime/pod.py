@@ -324,7 +324,9 @@ class PodDriver:
 
 
 def _unhealthy(problem: PodProblem | None, *, terminal: bool) -> InstanceUnhealthy:
-    assert problem is not None  # callers pass the problem of a Pod that has one
+    if problem is None:  # callers pass the problem of a Pod that has one
+        return InstanceUnhealthy("the Pod reports a problem without details",
+                                 reason="PodFailed", terminal=terminal)  # fmt: skip
     return InstanceUnhealthy(problem.message, reason=str(problem.reason), terminal=terminal)
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import signal
 
-from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
-from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
+from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
+from sandpod_lifecycle.driver import ExecdLauncher, Instance, LauncherBusy, Owner
+from sandpod_lifecycle.runtime.base import InstanceUnhealthy
 from sandpod_service.procs import signal_tree
 
 __all__ = ["ProcessDriver"]
@@ -38,7 +39,12 @@ class ProcessDriver:
         pid = self._launcher.pid(sandbox_id)
         if pid is None:
             env = {e.name: e.value for e in (*template.env, *spec.env)}
-            pid = await self._launcher.start(sandbox_id, {"SANDPOD_EXECD_ENV": json.dumps(env)})
+            try:
+                pid = await self._launcher.start(sandbox_id, {"SANDPOD_EXECD_ENV": json.dumps(env)})
+            except LauncherBusy as exc:  # being started elsewhere: wait for it, destroy nothing
+                raise InstanceUnhealthy(
+                    exc.message, reason=ConditionReason.INSTANCE_STARTING, terminal=False
+                ) from exc
         return Instance(sandbox_id, running=True, paused=sandbox_id in self._paused, pid=pid)
 
     async def inspect(self, sandbox_id: str) -> Instance | None:
