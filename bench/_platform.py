@@ -80,6 +80,41 @@ def platform(sandbox: str = "bench", **env: str) -> Iterator[tuple[str, subproce
                     proc.wait(15)
 
 
+@contextlib.contextmanager
+def auth_platform(sandbox: str = "bench", **env: str) -> Iterator[tuple[str, str]]:
+    """(nats_url, client creds): the bus as `sandpod up` runs it -- nats-server in operator mode
+    with its users -- and one execd (``env`` added) with the ``execd`` credential."""
+    from sandpod_lifecycle.embedded_auth import provision
+
+    with tempfile.TemporaryDirectory() as tmp:
+        state, port = Path(tmp), free_port()
+        auth = provision(state, "sandpod", "bench-node", int(time.time()))
+        conf = state / "nats.conf"
+        conf.write_text(f'include "{auth.directory.name}/operator.conf"\n')
+        nats = subprocess.Popen(
+            [str(NATS_BIN), "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
+             str(state / "js")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        execd = None
+        try:
+            _wait_port(port)
+            url = f"nats://127.0.0.1:{port}"
+            execd = subprocess.Popen(
+                [sys.executable, "-m", "sandpod_execd"],
+                env={**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_SANDBOX_ID": sandbox,
+                     "SANDPOD_STATE_DIR": tmp, "SANDPOD_LOG_LEVEL": "warning",
+                     "SANDPOD_NATS_CREDS": str(auth.creds("execd")), **env},
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            yield url, str(auth.creds("client"))
+        finally:
+            for proc in (execd, nats):
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(15)
+
+
 RESPONDER = """
 import asyncio, sys
 import nats

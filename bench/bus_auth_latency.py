@@ -10,50 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-from _platform import NATS_BIN, _wait_port, free_port, pct, platform, summary
+from _platform import auth_platform, pct, platform, summary
 from sandpod import AsyncSandbox
-from sandpod_lifecycle.embedded_auth import provision
-
-
-@contextlib.contextmanager
-def auth_platform(sandbox: str = "bench") -> Iterator[tuple[str, str]]:
-    """(nats_url, client creds): nats-server in operator mode, one execd with execd's creds."""
-    with tempfile.TemporaryDirectory() as tmp:
-        state, port = Path(tmp), free_port()
-        auth = provision(state, "sandpod", "bench-node", int(time.time()))
-        conf = state / "nats.conf"
-        conf.write_text(f'include "{auth.directory.name}/operator.conf"\n')
-        nats = subprocess.Popen(
-            [str(NATS_BIN), "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
-             str(state / "js")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        execd = None
-        try:
-            _wait_port(port)
-            url = f"nats://127.0.0.1:{port}"
-            execd = subprocess.Popen(
-                [sys.executable, "-m", "sandpod_execd"],
-                env={**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_SANDBOX_ID": sandbox,
-                     "SANDPOD_STATE_DIR": tmp, "SANDPOD_LOG_LEVEL": "warning",
-                     "SANDPOD_NATS_CREDS": str(auth.creds("execd"))},
-                stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            yield url, str(auth.creds("client"))
-        finally:
-            for proc in (execd, nats):
-                if proc is not None:
-                    proc.terminate()
-                    proc.wait(15)
 
 
 async def samples(sbx: AsyncSandbox, n: int) -> list[float]:

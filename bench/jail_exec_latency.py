@@ -4,8 +4,11 @@ Two pairs measured in the same run, alternating so host noise hits both alike:
 
 - spawn: execd's ``spawn()`` + wait of ``true``, bare (the process runtime) and through the jail
   prefix (pid-namespace fork, cgroup join in ``sh``, ``nsenter``, the jail's ``sh`` restoring env);
-- SDK: ``exec(["true"])`` round trips through a process-runtime execd (the floor of
-  ``bench/exec_latency.py``: NATS + spawn) and through an execd with ``SANDPOD_EXECD_JAIL``.
+- SDK: ``exec(["true"])`` round trips through a process-runtime execd on an anonymous NATS (the
+  floor of ``bench/exec_latency.py``: NATS + spawn) and through an execd with
+  ``SANDPOD_EXECD_JAIL`` on the bus as ``sandpod up`` runs it (operator mode, the ``execd`` and
+  ``client`` users): the jailed number carries everything the trust boundaries cost an exec
+  (authenticated bus, seccomp, the sandbox user's identity for the cwd check).
 
     sudo .venv/bin/python bench/jail_exec_latency.py [--calls 300]
 """
@@ -24,7 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from _platform import pct, platform, summary
+from _platform import auth_platform, pct, platform, summary
 from sandpod import AsyncSandbox
 from sandpod_execd.jail import Jail
 from sandpod_execd.process import Command, spawn
@@ -87,10 +90,10 @@ async def main() -> None:
 
         with (
             platform(sandbox="floor") as (url_a, _),
-            platform(sandbox=sid, SANDPOD_EXECD_JAIL=str(st.jail_file)) as (url_b, _),
+            auth_platform(sandbox=sid, SANDPOD_EXECD_JAIL=str(st.jail_file)) as (url_b, creds),
         ):
             a = await AsyncSandbox.connect("floor", nats_url=url_a)
-            b = await AsyncSandbox.connect(sid, nats_url=url_b)
+            b = await AsyncSandbox.connect(sid, nats_url=url_b, nats_creds=creds)
             try:
                 floor, jailed = await alternate(
                     lambda: a.exec(["true"]), lambda: b.exec(["true"]), args.calls
