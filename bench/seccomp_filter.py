@@ -91,7 +91,10 @@ static void sample(const char *mode, long calls) {
     close(fd[0]);
     int st;
     waitpid(pid, &st, 0);
-    if (n <= 0 || !WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "%s failed\n", mode); exit(1); }
+    if (n <= 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
+        fprintf(stderr, "%s failed\n", mode);
+        exit(1);
+    }
     buf[n] = 0;
     fputs(buf, stdout);
 }
@@ -210,24 +213,24 @@ def main() -> int:
     print(f"header {args.header} ({n} instructions, both modes), {args.rounds} rounds")
     print(f"{'mode':10} {'load p50 us':>12} {'getppid ns':>11} {'personality ns':>15}")
     for mode in ("none", "one", "default", "nested", "uncached"):
-        print(
-            f"{mode:10} {med(load[mode]):12.1f} {best(getppid[mode]):11.1f} {best(pers[mode]):15.1f}"
-        )
+        row = f"{med(load[mode]):12.1f} {best(getppid[mode]):11.1f} {best(pers[mode]):15.1f}"
+        print(f"{mode:10} {row}")
     print(f"{'entry':10} {'p50 us':>12}")
     for mode in ("entry-unconfined", "entry-default"):
         print(f"{mode:10} {med(load[mode]):12.1f}")
     floor, d, u = best(getppid["none"]), best(getppid["default"]), best(getppid["uncached"])
     print(
-        f"getppid inside/outside the default filter: {d / floor:.2f}x (cached when ~1.0; uncached {u / floor:.2f}x)"
+        f"getppid inside/outside the default filter: {d / floor:.2f}x "
+        f"(cached when ~1.0; uncached {u / floor:.2f}x)"
     )
     for name, prog in programs(args.header.read_text()).items():
         allowed = [nr for nr in range(512) if const_allow(prog, nr)]
-        print(
-            f"{name}: {len(allowed)} of 0..511 cached as allowed; not: {ranges(set(range(512)) - set(allowed))}"
-        )
+        rest = ranges(set(range(512)) - set(allowed))
+        print(f"{name}: {len(allowed)} of 0..511 cached as allowed; not: {rest}")
+    entry = med(load["entry-default"]) - med(load["entry-unconfined"])
     print(
         f"load default - one-instruction floor: {med(load['default']) - med(load['one']):.1f} us; "
-        f"entry default - unconfined: {med(load['entry-default']) - med(load['entry-unconfined']):.1f} us"
+        f"entry default - unconfined: {entry:.1f} us"
     )
     return 0
 
