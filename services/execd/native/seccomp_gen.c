@@ -246,7 +246,8 @@ static int leaf(struct prog *p, int s) {
     if (seg_exc[s] == seg_exc[s + 1]) return -1 - seg_cls[s];
     int first = (int)p->n;
     for (int e = seg_exc[s]; e < seg_exc[s + 1]; e++)
-        put_ref(p, 0x15, -1 - exc_cls[e], e + 1 < seg_exc[s + 1] ? (int)p->n + 1 : -1 - seg_cls[s], exc_nr[e]);
+        put_ref(p, 0x15, -1 - exc_cls[e], e + 1 < seg_exc[s + 1] ? (int)p->n + 1 : -1 - seg_cls[s],
+                exc_nr[e]);
     return first;
 }
 
@@ -293,7 +294,8 @@ static void fast(int nested, struct prog *p) {
     put_ref(p, 0x45, -1 - C_EPERM, -1 - C_ALLOW, (unsigned)CLONE_NS_FLAGS);
     block[C_SOCKET] = (int)p->n;
     unsigned long families[sizeof SOCKET_FAMILIES / sizeof *SOCKET_FAMILIES];
-    for (size_t k = 0; k < sizeof families / sizeof *families; k++) families[k] = (unsigned long)SOCKET_FAMILIES[k];
+    for (size_t k = 0; k < sizeof families / sizeof *families; k++)
+        families[k] = (unsigned long)SOCKET_FAMILIES[k];
     one_of(p, families, sizeof families / sizeof *families);
     block[C_PERSONALITY] = (int)p->n;
     one_of(p, PERSONALITIES, sizeof PERSONALITIES / sizeof *PERSONALITIES);
@@ -329,7 +331,9 @@ static unsigned run(const struct prog *p, const unsigned *data) {
         case 0x45: pc += a & f->k ? f->jt : f->jf; break;
         case 0x54: a &= f->k; break;
         case 0x06: return f->k;
-        default: fprintf(stderr, "sandpod-seccomp-gen: opcode 0x%04x unknown to the check\n", f->code); exit(1);
+        default:
+            fprintf(stderr, "sandpod-seccomp-gen: opcode 0x%04x unknown to the check\n", f->code);
+            exit(1);
         }
     }
     die("the program falls off its end", -EINVAL);
@@ -347,14 +351,17 @@ static unsigned long check(const struct prog *ref, const struct prog *got) {
                                    CLONE_NS_FLAGS, CLONE_NS_FLAGS | 0x11};
     for (size_t k = 0; k < sizeof extra / sizeof *extra; k++) base[nb++] = extra[k];
     for (size_t k = 0; k < sizeof PERSONALITIES / sizeof *PERSONALITIES; k++) base[nb++] = PERSONALITIES[k];
-    for (size_t k = 0; k < sizeof SOCKET_FAMILIES / sizeof *SOCKET_FAMILIES; k++) base[nb++] = (unsigned long)SOCKET_FAMILIES[k];
+    for (size_t k = 0; k < sizeof SOCKET_FAMILIES / sizeof *SOCKET_FAMILIES; k++)
+        base[nb++] = (unsigned long)SOCKET_FAMILIES[k];
     for (size_t k = 0; k < nb; k++) {
         vals[n++] = base[k];
         vals[n++] = base[k] | 1UL << 32;
         vals[n++] = base[k] | 0xffffffff00000000UL;
     }
     unsigned data[16];
-    for (unsigned long nr = 0; nr < 0x100000000UL; nr = nr == 1100 ? 0x3ffffff0 : nr == 0x40000400 ? 0xfffffff0 : nr + 1) {
+    /* 0..1100, around the x32 bit (0x3ffffff0..0x40000400), the top 16 */
+    for (unsigned long nr = 0; nr < 0x100000000UL;
+         nr = nr == 1100 ? 0x3ffffff0 : nr == 0x40000400 ? 0xfffffff0 : nr + 1) {
         for (size_t a = 0; a < 1 + sizeof arches / sizeof *arches; a++) {
             memset(data, 0, sizeof data);
             data[0] = (unsigned)nr;
@@ -366,8 +373,8 @@ static unsigned long check(const struct prog *ref, const struct prog *got) {
                 unsigned want = run(ref, data), have = run(got, data);
                 probes++;
                 if (want != have) {
-                    fprintf(stderr, "sandpod-seccomp-gen: nr %lu arch 0x%x a0 0x%lx: 0x%x, the policy says 0x%x\n",
-                            nr, data[1], vals[v], have, want);
+                    fprintf(stderr, "sandpod-seccomp-gen: nr %lu arch 0x%x a0 0x%lx: 0x%x, "
+                            "the policy says 0x%x\n", nr, data[1], vals[v], have, want);
                     exit(1);
                 }
             }
