@@ -25,10 +25,12 @@ $(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c services/execd/nativ
 	@# The seccomp filters are compiled here with libseccomp (libseccomp-dev) into a header the
 	@# helper embeds; without libseccomp the helper loads none and the jails report it degraded
 	@# (installing libseccomp-dev later makes the next make install rebuild it: seccomp.h is a prerequisite).
+	@# The generator checks its short program against libseccomp's own form of the policy on every
+	@# number and argument class; a mismatch fails the build (never a helper without its filter).
 	@mkdir -p $(VENV)/build/seccomp && rm -f $(VENV)/build/seccomp/seccomp_bpf.h
 	@if ! command -v $(CC) >/dev/null 2>&1; then echo "note: no C compiler: the jail uses the slower sh + nsenter entry, without seccomp"; \
-	else if $(CC) -O2 -Wall -Wextra -o $(VENV)/build/seccomp/gen services/execd/native/seccomp_gen.c -lseccomp 2>/dev/null && \
-	    $(VENV)/build/seccomp/gen > $(VENV)/build/seccomp/seccomp_bpf.h.tmp; then \
+	else if $(CC) -O2 -Wall -Wextra -o $(VENV)/build/seccomp/gen services/execd/native/seccomp_gen.c -lseccomp 2>/dev/null; then \
+	  $(VENV)/build/seccomp/gen > $(VENV)/build/seccomp/seccomp_bpf.h.tmp || exit 1; \
 	  mv $(VENV)/build/seccomp/seccomp_bpf.h.tmp $(VENV)/build/seccomp/seccomp_bpf.h; \
 	else echo "WARNING: libseccomp-dev missing: sandboxes run WITHOUT a seccomp filter (apt-get install libseccomp-dev; make install)"; fi; \
 	$(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -static -o $@ $< 2>/dev/null || $(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -o $@ $<; fi
