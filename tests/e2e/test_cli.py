@@ -163,7 +163,7 @@ def test_pools_and_claims_from_the_cli(tmp_path: Path) -> None:
     `claims`, `pool ls/scale`, `release` and `pool rm` work end to end."""
     port = free_port()
     up = subprocess.Popen(
-        [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port)],
+        [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port), "--no-gateway"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
@@ -215,7 +215,9 @@ def test_up_gives_the_default_sandbox_a_disk_quota(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         _read_until(up, "Ctrl-C stops everything")
-        env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}"}
+        # The CLI finds this up's credential in its state dir (not another up's on this host).
+        env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
+               "SANDPOD_STATE_DIR": str(tmp_path)}  # fmt: skip
         fill = "dd if=/dev/zero of=/workspace/hog bs=1M count=100 2>&1 | grep -c 'No space'"
         script = f"df -B1 --output=size /workspace | tail -1; {fill}"
         run = subprocess.run([SANDPOD, "exec", "default", "--", "sh", "-c", script], env=env,
