@@ -7,6 +7,7 @@ operator, the system account and the app account are preloaded into the memory r
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +21,7 @@ from sandpod_bus.natsauth import (
     user_creds,
 )
 
-__all__ = ["OperatorNats"]
+__all__ = ["OperatorNats", "Violations"]
 
 
 class OperatorNats:
@@ -54,3 +55,24 @@ class OperatorNats:
                                    expires=expires))  # fmt: skip
         path.chmod(0o600)
         return path
+
+
+class Violations:
+    """The async errors of one connection, with a way to wait for a given one."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self._changed = asyncio.Event()
+
+    async def record(self, exc: Exception) -> None:
+        """The connection's ``error_cb`` (nats-py wants a coroutine function)."""
+        self.errors.append(str(exc).lower())
+        self._changed.set()
+
+    async def wait_for(self, text: str, timeout: float = 10.0) -> None:
+        async def seen() -> None:
+            while not any(text.lower() in e for e in self.errors):
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(seen(), timeout)

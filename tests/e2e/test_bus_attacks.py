@@ -31,6 +31,7 @@ from nats.aio.client import Client
 
 import conftest
 from conftest import free_port
+from operator_nats import Violations
 from rootless import as_user
 from sandpod_contract.codec import decode_reply, encode
 from sandpod_contract.errors import SandboxJailRefused
@@ -119,26 +120,6 @@ def _nobody(up: Up, *args: str) -> dict[str, object]:
     assert run.returncode == 0, run.stderr
     result: dict[str, object] = json.loads(run.stdout.strip().splitlines()[-1])
     return result
-
-
-class Violations:
-    """A connection's async errors (nats-py reports permission violations there)."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self._changed = asyncio.Event()
-
-    async def record(self, exc: Exception) -> None:
-        self.errors.append(str(exc).lower())
-        self._changed.set()
-
-    async def wait_for(self, text: str, timeout: float = 10.0) -> None:
-        async def seen() -> None:
-            while not any(text.lower() in e for e in self.errors):
-                self._changed.clear()
-                await self._changed.wait()
-
-        await asyncio.wait_for(seen(), timeout)
 
 
 async def _connect(up: Up, user: str) -> tuple[Client, Violations]:

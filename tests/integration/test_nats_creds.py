@@ -21,7 +21,7 @@ import pytest
 from nats.aio.client import Client
 
 from conftest import Execd, NatsServer
-from operator_nats import OperatorNats
+from operator_nats import OperatorNats, Violations
 from sandpod import AsyncSandbox
 from sandpod_bus import Bus, BusSettings, Inbound
 from sandpod_bus.natsauth import decode_jwt, sandbox_permissions, service_permissions
@@ -30,27 +30,6 @@ from sandpod_lifecycle import natsauth_setup
 
 PREFIX = "credtest"
 SUBJECTS = Subjects(PREFIX)
-
-
-class Violations:
-    """The async errors of one connection, with a way to wait for a given one."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self._changed = asyncio.Event()
-
-    async def record(self, exc: Exception) -> None:
-        """The connection's ``error_cb`` (nats-py wants a coroutine function)."""
-        self.errors.append(str(exc).lower())
-        self._changed.set()
-
-    async def wait_for(self, text: str, timeout: float = 5.0) -> None:
-        async def seen() -> None:
-            while not any(text.lower() in e for e in self.errors):
-                self._changed.clear()
-                await self._changed.wait()
-
-        await asyncio.wait_for(seen(), timeout)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandpod_contract.errors import ResourceInvalid
+from sandpod_contract.reserved import keep_reserved
 
 __all__ = [
     "ObjectMeta",
@@ -90,6 +91,18 @@ class ObjectMeta:
     uid: str = ""
     creation_timestamp: str = ""
     owner_references: tuple[OwnerReference, ...] = ()
+
+    def applied_over(self, current: ObjectMeta) -> ObjectMeta:
+        """This (a client's ``apply``) over the stored ``current``: current's resourceVersion,
+        and the services' own metadata kept -- reserved labels and annotations, ownerReferences
+        (the client's were refused before; :mod:`sandpod_contract.reserved`)."""
+        return dataclasses.replace(
+            self,
+            resource_version=current.resource_version,
+            labels=keep_reserved(self.labels, current.labels),
+            annotations=keep_reserved(self.annotations, current.annotations),
+            owner_references=current.owner_references,
+        )
 
     def controller(self) -> OwnerReference | None:
         """The owner reference marked ``controller`` (at most one, as in Kubernetes)."""

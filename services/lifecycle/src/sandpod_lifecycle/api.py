@@ -34,7 +34,7 @@ from sandpod_contract.messages.sandboxes import (
     Renew,
     Selection,
 )
-from sandpod_contract.reserved import keep_reserved, refuse_reserved
+from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.resources import (
     Condition,
     Phase,
@@ -210,12 +210,7 @@ class LifecycleApi:
             current = await self.store.get(TEMPLATE, obj.metadata.namespace, obj.metadata.name)
         except ResourceNotFound:
             return ObjectReply(object=(await self.store.create(obj)).to_dict())
-        meta = dataclasses.replace(
-            obj.metadata, resource_version=current.metadata.resource_version,
-            labels=keep_reserved(obj.metadata.labels, current.metadata.labels),
-            annotations=keep_reserved(obj.metadata.annotations, current.metadata.annotations),
-            owner_references=current.metadata.owner_references,
-        )  # fmt: skip
+        meta = obj.metadata.applied_over(current.metadata)
         return ObjectReply(
             object=(await self.store.update(dataclasses.replace(obj, metadata=meta))).to_dict()
         )

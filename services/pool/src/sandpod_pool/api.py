@@ -27,7 +27,7 @@ from sandpod_contract.messages.sandboxes import (
     Selection,
 )
 from sandpod_contract.pooling import WarmPoolSpec
-from sandpod_contract.reserved import keep_reserved, refuse_reserved
+from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.resources import API_VERSION
 from sandpod_contract.tenancy import TENANT_LABEL
 from sandpod_pool.cache import Mirror
@@ -82,12 +82,7 @@ class PoolApi:
         except ResourceNotFound:
             saved = await self.store.create(obj)
         else:
-            meta = dataclasses.replace(
-                obj.metadata, resource_version=current.metadata.resource_version,
-                labels=keep_reserved(obj.metadata.labels, current.metadata.labels),
-                annotations=keep_reserved(obj.metadata.annotations, current.metadata.annotations),
-                owner_references=current.metadata.owner_references,
-            )  # fmt: skip
+            meta = obj.metadata.applied_over(current.metadata)
             saved = await self.store.update(dataclasses.replace(obj, metadata=meta))
         return self._pool_saved(saved)
 
