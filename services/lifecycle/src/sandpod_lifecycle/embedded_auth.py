@@ -27,66 +27,29 @@ import time
 from pathlib import Path
 
 from sandpod_bus.natsauth import (
-    INBOX_ALL,
     Account,
     KeyPair,
     OperatorSetup,
     Permissions,
-    kv_subjects,
     operator_setup,
     server_config,
-    stream_subjects,
     user_creds,
 )
 from sandpod_contract.errors import BadRequest
 from sandpod_contract.subjects import DEFAULT_PREFIX, Subjects
+from sandpod_lifecycle.bus_users import EMBEDDED_USERS, embedded_users
 
 __all__ = ["AUTH_DIR", "USERS", "EmbeddedAuth", "embedded_permissions", "main", "provision"]
 
 AUTH_DIR = "nats-auth"
-USERS = ("lifecycle", "pool", "gateway", "execd", "client")
+USERS = EMBEDDED_USERS
 SETUP_VERSION = 1
 
 
-def _kinds(subjects: Subjects, *kinds: str) -> tuple[str, ...]:
-    """The API subjects a service answers for ``kinds``: global and every tenant's."""
-    return tuple(x for k in kinds for x in (subjects.api_kind(k), subjects.api_tenant_kind(k)))
-
-
 def embedded_permissions(subjects: Subjects, node: str) -> dict[str, Permissions]:
-    """Each user's publish/subscribe allow lists (anything not listed is a permission violation).
-
-    - lifecycle: the node plane (alone), its API kinds, sandboxes' data plane (probes), the
-      store and lease buckets and the event stream;
-    - pool: its API kinds, the store and lease buckets, ``sys.configure`` on members;
-    - gateway: the API and data plane as a client, its key bucket, the events;
-    - execd: its sandboxes' subjects and this node's node-plane verbs; replies only;
-    - client (CLI, SDK, MCP on this machine): the API and data plane, the events; no JetStream,
-      no node plane.
-    """
-    s = subjects
-    resources = kv_subjects(s.storage("resources"))
-    leases = kv_subjects(s.storage("leases"))
-    events_stream = stream_subjects(s.storage("events"))
-    keys = kv_subjects(s.storage("gateway-keys"))
-    api, sbx, events = s.api_all(), s.sandboxes_all(), s.events_all()
-    return {
-        "lifecycle": Permissions(
-            pub_allow=(sbx, s.node_plane(), events, INBOX_ALL, *resources, *leases, *events_stream),
-            sub_allow=(*_kinds(s, "sandboxes", "templates"), INBOX_ALL),
-        ),
-        "pool": Permissions(
-            pub_allow=(api, sbx, INBOX_ALL, *resources, *leases),
-            sub_allow=(*_kinds(s, "pools", "claims"), INBOX_ALL),
-        ),
-        "gateway": Permissions(
-            pub_allow=(api, sbx, INBOX_ALL, *keys), sub_allow=(INBOX_ALL, events)
-        ),
-        "execd": Permissions(
-            pub_allow=(INBOX_ALL,), sub_allow=(sbx, s.node_all(node, "execd")), resp_max=1
-        ),
-        "client": Permissions(pub_allow=(api, sbx), sub_allow=(INBOX_ALL, events)),
-    }
+    """Each user's publish/subscribe allow lists: :func:`sandpod_lifecycle.bus_users.embedded_users`
+    (the one definition Kubernetes mode's setup tool shares)."""
+    return embedded_users(subjects, node)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,9 +7,12 @@ writes everything the chart and the server need into ``DIR``:
 
     operator.seed            the operator's key: signs accounts. Keep it offline; not deployed.
     account.seed             the app account's key: lifecycle mints sandbox users with it.
-    lifecycle.creds          service users (installation's subjects, inboxes, JetStream, KV);
-    pool.creds               no expiry: rotate by re-running and re-deploying (see the chart
-    gateway.creds            README)
+    lifecycle.creds          service users, each with least-privilege permissions (the same
+    pool.creds               definition as the embedded mode's, :mod:`sandpod_lifecycle.bus_users`:
+    gateway.creds            only gateway reaches its key bucket, only lifecycle the event stream;
+    client.creds             no node plane, no KV store; client is for an operator's CLI/SDK);
+                             no expiry: rotate by re-running and re-deploying (see the chart
+                             README)
     nats-server.conf         operator/resolver block for a nats-server config (``include`` it)
     nats-values.yaml         the same for the official NATS Helm chart (``nats.config.merge``)
 
@@ -25,18 +28,13 @@ import sys
 import time
 from pathlib import Path
 
-from sandpod_bus.natsauth import (
-    OperatorSetup,
-    operator_setup,
-    server_config,
-    service_permissions,
-    user_creds,
-)
+from sandpod_bus.natsauth import OperatorSetup, operator_setup, server_config, user_creds
 from sandpod_contract.subjects import DEFAULT_PREFIX, Subjects
+from sandpod_lifecycle.bus_users import KUBERNETES_USERS, kubernetes_users
 
 __all__ = ["SERVICES", "main", "write_setup"]
 
-SERVICES = ("lifecycle", "pool", "gateway")
+SERVICES = KUBERNETES_USERS
 
 
 def _secret(path: Path, text: str) -> None:
@@ -65,14 +63,13 @@ def write_setup(out: Path, prefix: str, now: int) -> OperatorSetup:
         FileExistsError: ``out`` exists (never overwrite keys).
         ValueError: ``prefix`` is not a valid subject prefix.
     """
-    Subjects(prefix)  # validates
+    users = kubernetes_users(Subjects(prefix))  # validates the prefix
     out.mkdir(mode=0o700, parents=True, exist_ok=False)
     setup = operator_setup(now)
     _secret(out / "operator.seed", setup.operator.seed + "\n")
     _secret(out / "account.seed", setup.app.key.seed + "\n")
-    for service in SERVICES:
-        creds = user_creds(setup.app.key, f"sandpod-{service}", service_permissions(prefix),
-                           now=now)  # fmt: skip
+    for service, permissions in users.items():
+        creds = user_creds(setup.app.key, f"sandpod-{service}", permissions, now=now)
         _secret(out / f"{service}.creds", creds)
     (out / "nats-server.conf").write_text(server_config(setup))
     # JSON is YAML: no YAML library needed for one document.

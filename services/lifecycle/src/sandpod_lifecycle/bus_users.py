@@ -1,0 +1,85 @@
+"""The service users of an installation's NATS and their least-privilege permissions: the one
+definition behind both the embedded ``sandpod up`` (:mod:`sandpod_lifecycle.embedded_auth`) and
+Kubernetes mode's setup tool (:mod:`sandpod_lifecycle.natsauth_setup`).
+
+Anything not in a user's allow lists is a permission violation, refused by the server.
+"""
+
+from __future__ import annotations
+
+from sandpod_bus.natsauth import INBOX_ALL, Permissions, kv_subjects, stream_subjects
+from sandpod_contract.subjects import Subjects
+
+__all__ = ["EMBEDDED_USERS", "KUBERNETES_USERS", "embedded_users", "kubernetes_users"]
+
+EMBEDDED_USERS = ("lifecycle", "pool", "gateway", "execd", "client")
+KUBERNETES_USERS = ("lifecycle", "pool", "gateway", "client")
+
+
+def _kinds(subjects: Subjects, *kinds: str) -> tuple[str, ...]:
+    """The API subjects a service answers for ``kinds``: global and every tenant's."""
+    return tuple(x for k in kinds for x in (subjects.api_kind(k), subjects.api_tenant_kind(k)))
+
+
+def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
+    """``node`` None: Kubernetes mode. There the store is the API server (no resources bucket),
+    leader election runs on Leases (no leases bucket), there is no node plane, and each Pod's
+    execd connects with its sandbox's own creds (minted by lifecycle), so there is no execd
+    user."""
+    s = subjects
+    api, sbx, events = s.api_all(), s.sandboxes_all(), s.events_all()
+    events_stream = stream_subjects(s.storage("events"))
+    keys = kv_subjects(s.storage("gateway-keys"))
+    kv_store: tuple[str, ...] = ()
+    node_plane: tuple[str, ...] = ()
+    if node is not None:
+        kv_store = (*kv_subjects(s.storage("resources")), *kv_subjects(s.storage("leases")))
+        node_plane = (s.node_plane(),)
+    users = {
+        "lifecycle": Permissions(
+            pub_allow=(sbx, *node_plane, events, INBOX_ALL, *kv_store, *events_stream),
+            sub_allow=(*_kinds(s, "sandboxes", "templates"), INBOX_ALL),
+        ),
+        "pool": Permissions(
+            pub_allow=(api, sbx, INBOX_ALL, *kv_store),
+            sub_allow=(*_kinds(s, "pools", "claims"), INBOX_ALL),
+        ),
+        "gateway": Permissions(
+            pub_allow=(api, sbx, INBOX_ALL, *keys), sub_allow=(INBOX_ALL, events)
+        ),
+        "client": Permissions(pub_allow=(api, sbx), sub_allow=(INBOX_ALL, events)),
+    }
+    if node is not None:
+        users["execd"] = Permissions(
+            pub_allow=(INBOX_ALL,), sub_allow=(sbx, s.node_all(node, "execd")), resp_max=1
+        )
+    return users
+
+
+def embedded_users(subjects: Subjects, node: str) -> dict[str, Permissions]:
+    """``sandpod up``'s users (see :data:`EMBEDDED_USERS`).
+
+    - lifecycle: the node plane (alone), its API kinds, sandboxes' data plane (probes), the
+      store and lease buckets and the event stream;
+    - pool: its API kinds, the store and lease buckets, ``sys.configure`` on members;
+    - gateway: the API and data plane as a client, its key bucket, the events;
+    - execd: its sandboxes' subjects and this node's node-plane verbs; replies only;
+    - client (CLI, SDK, MCP on this machine): the API and data plane, the events; no JetStream,
+      no node plane.
+
+    Raises:
+        ValueError: an invalid node id.
+    """
+    return _users(subjects, node)
+
+
+def kubernetes_users(subjects: Subjects) -> dict[str, Permissions]:
+    """Kubernetes mode's users (see :data:`KUBERNETES_USERS`): as :func:`embedded_users` without
+    the node plane, the store and lease buckets, and execd.
+
+    - lifecycle: its API kinds, sandboxes' data plane (probes, configure), the event stream;
+    - pool: its API kinds, the API as a client (claims create sandboxes), ``sys.configure``;
+    - gateway: the API and data plane as a client, its key bucket, the events;
+    - client (an operator's CLI/SDK): the API and data plane, the events; no JetStream.
+    """
+    return _users(subjects, None)
