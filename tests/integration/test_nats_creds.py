@@ -223,13 +223,14 @@ def _jwt(creds: Path) -> str:
 
 async def test_natsauth_setup_makes_a_working_operator_installation(tmp_path: Path) -> None:
     """The setup command's files: a nats-server started from its config accepts the service
-    creds (JetStream KV included), which reach the installation's subjects only; the Helm
+    creds (the gateway's key bucket included), which reach the installation's subjects only
+    (each user's least-privilege limits: tests/integration/test_k8s_bus_users.py); the Helm
     values carry the same operator and accounts; every secret file is 0600."""
     out = tmp_path / "auth"
     assert natsauth_setup.main(["--out", str(out), "--prefix", PREFIX]) == 0
     assert natsauth_setup.main(["--out", str(out)]) == 2  # never overwrites keys
     for name in ("operator.seed", "account.seed", "lifecycle.creds", "pool.creds",
-                 "gateway.creds"):  # fmt: skip
+                 "gateway.creds", "client.creds"):  # fmt: skip
         assert (out / name).stat().st_mode & 0o777 == 0o600
     merge = json.loads((out / "nats-values.yaml").read_text())["nats"]["config"]["merge"]
     conf = (out / "nats-server.conf").read_text()
@@ -240,10 +241,10 @@ async def test_natsauth_setup_makes_a_working_operator_installation(tmp_path: Pa
     server.start()
     try:
         violations = Violations()
-        nc = await nats.connect(server.url, user_credentials=str(out / "lifecycle.creds"),
+        nc = await nats.connect(server.url, user_credentials=str(out / "gateway.creds"),
                                 error_cb=violations.record)  # fmt: skip
         try:
-            kv = await nc.jetstream().create_key_value(bucket=f"{PREFIX}-objects")
+            kv = await nc.jetstream().create_key_value(bucket=f"{PREFIX}-gateway-keys")
             assert await kv.put("k", b"v") == 1
             await nc.publish(SUBJECTS.api("sandboxes", "list"), b"")
             await nc.publish("other.api.sandboxes.list", b"")
