@@ -2,6 +2,10 @@
 with the account seed, the real API server and the fake kubelet (which mounts each Pod's Secret
 for its execd exactly as the Pod spec says).
 
+Every service connects as its own least-privilege user (the permissions natsauth_setup mints,
+:func:`sandpod_lifecycle.bus_users.kubernetes_users`), and the SDK as the client user: the real
+lifecycle and pool do their work with exactly those rights.
+
 Each Sandbox gets its own Secret (owned by it, a user JWT scoped to its subjects); its execd can
 only connect with that (the server accepts nothing else); the creds of sandbox A reach nothing of
 sandbox B's; the Secret goes with the Sandbox.
@@ -20,13 +24,16 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from k8s.cluster import NS, Cluster, cluster_setup
+from k8s.cluster import NS, Cluster, cluster_setup, ready
 from k8s.envtest import ControlPlane
 from operator_nats import OperatorNats
-from sandpod import AsyncSandbox
-from sandpod_bus.natsauth import creds_jwt, decode_jwt, service_permissions
+from sandpod import AsyncPools, AsyncSandbox
+from sandpod_bus.natsauth import creds_jwt, decode_jwt
+from sandpod_contract.pooling import POOL_LABEL
+from sandpod_contract.subjects import Subjects
 from sandpod_kube import KubeStore
 from sandpod_kube.podspec import CREDS_EXPIRES, CREDS_KEY, CREDS_MOUNT
+from sandpod_lifecycle.bus_users import kubernetes_users
 
 SECRET_MODE = 0o400
 
@@ -36,13 +43,18 @@ async def op_cluster(
     kube_apiserver: ControlPlane, kube: KubeStore, operator_nats: OperatorNats, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[tuple[Cluster, Path]]:  # fmt: skip
-    """A Kubernetes-mode installation on the operator-mode NATS; services and this test connect
-    with a service user's creds; the account seed file for lifecycle is the second item."""
+    """A Kubernetes-mode installation on the operator-mode NATS; lifecycle and pool connect as
+    their own users, this test's SDK as the client user; the account seed file for lifecycle is
+    the second item."""
     await asyncio.to_thread(cluster_setup, kube_apiserver.settings, operator_nats.url)
     c = Cluster(kube_apiserver, operator_nats.server, tmp_path)
     c.store = kube
-    service = operator_nats.creds("services", service_permissions(c.prefix))
-    monkeypatch.setenv("SANDPOD_NATS_CREDS", str(service))  # services and the SDK (not execd)
+    users = kubernetes_users(Subjects(c.prefix))
+    for service in ("lifecycle", "pool"):
+        creds = operator_nats.creds(f"sandpod-{service}", users[service])
+        c.credentials[f"sandpod_{service}"] = {"SANDPOD_NATS_CREDS": str(creds)}
+    client_creds = operator_nats.creds("sandpod-client", users["client"])
+    monkeypatch.setenv("SANDPOD_NATS_CREDS", str(client_creds))  # the SDK (not execd)
     seed = tmp_path / "account.seed"
     seed.write_text(operator_nats.account_seed)
     seed.chmod(SECRET_MODE)
@@ -51,6 +63,55 @@ async def op_cluster(
             yield c, seed
         finally:
             await c.cleanup()
+
+
+LIFECYCLE_ENV = {
+    "SANDPOD_RUNTIME": "kubernetes",
+    "SANDPOD_RESYNC": "0.5",
+    "SANDPOD_READY_TIMEOUT": "30",
+    "SANDPOD_POD_NATS_CIDRS": "127.0.0.1/32",
+}
+
+
+async def test_pool_and_lifecycle_as_their_own_users_fill_a_pool_and_bind_a_claim(
+    op_cluster: tuple[Cluster, Path],
+) -> None:
+    """The pool (its API kinds, the API as a client, ``sys.configure`` on members) and lifecycle
+    (no KV, no node plane) as least-privilege users: a warm pool fills, a claim binds a member
+    whose commands see the claim's env."""
+    c, seed = op_cluster
+    c.service("sandpod_lifecycle", SANDPOD_NATS_ACCOUNT_SEED_FILE=str(seed), **LIFECYCLE_ENV)
+    c.service("sandpod_pool", SANDPOD_POOL_RESYNC="0.3")
+    await c.answering()
+    pools = await AsyncPools.connect(nats_url=c.nats.url, prefix=c.prefix)
+    pool = f"cp-{uuid.uuid4().hex[:6]}"
+    try:
+        await pools.create(pool, replicas=1)
+        await c.until(
+            "SandboxWarmPool",
+            pool,
+            lambda o: o is not None and o.status.get("availableReplicas") == 1,
+        )
+        members, _ = await c.store.list("Sandbox", NS, f"{POOL_LABEL}={pool}")
+        assert len(members) == 1 and ready(members[0])
+        sbx = await AsyncSandbox.claim(pool, env={"AGENT": "a-9"}, timeout=600,
+                                       nats_url=c.nats.url, prefix=c.prefix)  # fmt: skip
+        try:
+            assert sbx.claim_info is not None and sbx.claim_info.warm
+            assert sbx.id == members[0].metadata.name
+            assert (await sbx.exec("echo $AGENT")).stdout == "a-9\n"
+        finally:
+            await sbx.close()
+    finally:
+        await pools.close()
+    _no_violations(c)
+
+
+def _no_violations(c: Cluster) -> None:
+    """No service met a permission violation on the way (its bus logs each as a warning)."""
+    for proc in c.procs:
+        text = proc.log.read_text(errors="replace").lower()
+        assert "permissions violation" not in text, (proc.module, proc.tail())
 
 
 def _secret(c: Cluster, name: str) -> client.V1Secret | None:
@@ -120,6 +181,7 @@ async def test_each_sandbox_pod_connects_with_its_own_creds_that_reach_only_its_
         await c.until("Sandbox", a_name, lambda o: o is None)
         assert _secret(c, a_name) is None
         assert _secret(c, b_name) is not None
+        _no_violations(c)
     finally:
         await a.close()
         await b.close()
@@ -182,6 +244,7 @@ async def test_a_renew_re_mints_the_secret_and_the_running_execd_switches_to_it(
                 await asyncio.sleep(0.1)
         assert "nats creds file changed" in log.read_text()
         assert (await sbx.exec(["echo", "still", name])).stdout == f"still {name}\n"
+        _no_violations(c)
     finally:
         await sbx.kill()
         await sbx.close()
