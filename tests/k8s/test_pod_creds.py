@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import nats
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from conftest import free_port
 from k8s.cluster import NS, Cluster, cluster_setup, ready
 from k8s.envtest import ControlPlane
 from operator_nats import OperatorNats
@@ -50,7 +55,7 @@ async def op_cluster(
     c = Cluster(kube_apiserver, operator_nats.server, tmp_path)
     c.store = kube
     users = kubernetes_users(Subjects(c.prefix))
-    for service in ("lifecycle", "pool"):
+    for service in ("lifecycle", "pool", "gateway"):
         creds = operator_nats.creds(f"sandpod-{service}", users[service])
         c.credentials[f"sandpod_{service}"] = {"SANDPOD_NATS_CREDS": str(creds)}
     client_creds = operator_nats.creds("sandpod-client", users["client"])
@@ -105,6 +110,60 @@ async def test_pool_and_lifecycle_as_their_own_users_fill_a_pool_and_bind_a_clai
     finally:
         await pools.close()
     _no_violations(c)
+
+
+async def test_the_gateway_as_its_own_user_keeps_keys_and_serves_a_tenant(
+    op_cluster: tuple[Cluster, Path], tmp_path: Path,
+) -> None:  # fmt: skip
+    """The gateway (its key bucket, the API and data plane as a client) as its least-privilege
+    user: ``keys create`` with its creds writes a key, and a tenant creates a sandbox and
+    execs in it over HTTP."""
+    c, seed = op_cluster
+    c.service("sandpod_lifecycle", SANDPOD_NATS_ACCOUNT_SEED_FILE=str(seed), **LIFECYCLE_ENV)
+    await c.answering()
+    creds = c.credentials["sandpod_gateway"]["SANDPOD_NATS_CREDS"]
+    env = {**os.environ, "SANDPOD_NATS_URL": c.nats.url, "SANDPOD_PREFIX": c.prefix,
+           "SANDPOD_NATS_CREDS": creds}  # fmt: skip
+    made = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "sandpod_gateway",
+                                   "keys", "create", "--tenant", "acme"], env=env,
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    auth = {"authorization": f"Bearer {made.stdout.strip()}"}
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    with log.open("ab") as out:
+        gateway = subprocess.Popen([sys.executable, "-m", "sandpod_gateway"],
+                                   env={**env, "SANDPOD_GATEWAY_PORT": str(port)},
+                                   stdout=out, stderr=out)  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=90) as http:
+            async with asyncio.timeout(30):
+                while not await _ready(http, gateway, log):
+                    await asyncio.sleep(0.1)
+            name = f"cg-{uuid.uuid4().hex[:8]}"
+            r = await http.post("/v1/sandboxes", headers=auth,
+                                json={"metadata": {"name": name}, "wait": 60})  # fmt: skip
+            assert r.status_code == 201, r.text
+            r = await http.post(f"/v1/sandboxes/{name}/exec", headers=auth,
+                                json={"argv": ["echo", "via", "gateway"]})  # fmt: skip
+            assert (r.status_code, r.json()["stdout"]) == (200, "via gateway\n"), r.text
+            r = await http.delete(f"/v1/sandboxes/{name}", headers=auth)
+            assert r.status_code < 300, r.text
+    finally:
+        gateway.terminate()
+        gateway.wait(15)
+    text = log.read_text(errors="replace").lower()
+    assert "permissions violation" not in text, text[-2000:]
+    _no_violations(c)
+
+
+async def _ready(http: httpx.AsyncClient, proc: subprocess.Popen[bytes], log: Path) -> bool:
+    if proc.poll() is not None:
+        pytest.fail(f"gateway exited with {proc.returncode}:\n{log.read_text()}")
+    try:
+        return (await http.get("/readyz")).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _no_violations(c: Cluster) -> None:
