@@ -14,6 +14,7 @@ from pathlib import Path
 
 from conftest import NatsServer
 from sandpod_bus.natsauth import (
+    INBOX_ALL,
     OperatorSetup,
     Permissions,
     operator_setup,
@@ -21,7 +22,15 @@ from sandpod_bus.natsauth import (
     user_creds,
 )
 
-__all__ = ["OperatorNats", "Violations"]
+__all__ = ["OperatorNats", "Violations", "installation_permissions"]
+
+
+def installation_permissions(prefix: str) -> Permissions:
+    """A test harness's user: the whole installation (its subjects, inboxes, JetStream of the
+    app account). No service gets this: each has its least-privilege user
+    (:mod:`sandpod_lifecycle.bus_users`); tests use it to drive and observe everything."""
+    both = (f"{prefix}.>", INBOX_ALL, "$JS.>", "$KV.>", "$O.>")
+    return Permissions(pub_allow=both, sub_allow=both)
 
 
 class OperatorNats:

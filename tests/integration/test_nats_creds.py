@@ -21,10 +21,10 @@ import pytest
 from nats.aio.client import Client
 
 from conftest import Execd, NatsServer
-from operator_nats import OperatorNats, Violations
+from operator_nats import OperatorNats, Violations, installation_permissions
 from sandpod import AsyncSandbox
 from sandpod_bus import Bus, BusSettings, Inbound
-from sandpod_bus.natsauth import decode_jwt, sandbox_permissions, service_permissions
+from sandpod_bus.natsauth import decode_jwt, sandbox_permissions
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle import natsauth_setup
 
@@ -34,7 +34,7 @@ SUBJECTS = Subjects(PREFIX)
 
 @pytest.fixture
 def service_creds(operator_nats: OperatorNats) -> Path:
-    return operator_nats.creds("test-service", service_permissions(PREFIX))
+    return operator_nats.creds("test-service", installation_permissions(PREFIX))
 
 
 @pytest.fixture
@@ -205,7 +205,7 @@ async def test_a_renewed_creds_file_reaches_the_live_bus_before_expiry(
         await bus.flush()
         service = await nats.connect(operator_nats.url,
                                      user_credentials=str(operator_nats.creds(
-                                         "svc", service_permissions(PREFIX))))  # fmt: skip
+                                         "svc", installation_permissions(PREFIX))))  # fmt: skip
         await service.publish(SUBJECTS.sandbox("sbx-renew", "sys", "ping"), b"still here")
         await service.close()
         assert await asyncio.wait_for(got.get(), 5) == b"still here"

@@ -30,7 +30,7 @@ from gateway_harness import mint_key
 from nats.aio.client import Client
 from test_nats_creds import Violations
 
-from operator_nats import OperatorNats
+from operator_nats import OperatorNats, installation_permissions
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod_bus import Bus, BusSettings
@@ -38,7 +38,6 @@ from sandpod_bus.natsauth import (
     TenantCredential,
     creds_jwt,
     decode_jwt,
-    service_permissions,
     tenant_creds,
 )
 from sandpod_contract.errors import ResourceInvalid, ResourceNotFound
@@ -92,7 +91,7 @@ async def platform(operator_nats: OperatorNats, tmp_path: Path) -> AsyncIterator
     them), with sandboxes a1, a2 of tenant acme and b1 of tenant beta, created by the
     administrator on each tenant's subject."""
     prefix = f"tc{uuid.uuid4().hex[:8]}"
-    service = operator_nats.creds("svc", service_permissions(prefix))
+    service = operator_nats.creds("svc", installation_permissions(prefix))
     proc = ServiceProc("sandpod_lifecycle", operator_nats.server, tmp_path, prefix, "lc0",
                        SANDPOD_NATS_CREDS=str(service), SANDPOD_RUNTIME="process",
                        SANDPOD_RESYNC="0.5", SANDPOD_DESTROY_ON_EXIT="true")  # fmt: skip

@@ -52,7 +52,6 @@ __all__ = [
     "operator_setup",
     "sandbox_permissions",
     "server_config",
-    "service_permissions",
     "stream_subjects",
     "tenant_creds",
     "tenant_inbox_prefix",
@@ -137,13 +136,6 @@ def sandbox_permissions(sandbox_all: str) -> Permissions:
     (nats-py, the SDK, the gateway) get everything through the ``_INBOX.>`` allow.
     """
     return Permissions(pub_allow=(INBOX_ALL,), sub_allow=(sandbox_all,), resp_max=1, resp_ttl=0)
-
-
-def service_permissions(prefix: str) -> Permissions:
-    """The control plane (lifecycle, pool, gateway) and trusted clients: the installation's
-    subjects, inboxes, JetStream (KV, streams, object store) of the app account."""
-    both = (f"{prefix}.>", INBOX_ALL, "$JS.>", "$KV.>", "$O.>")
-    return Permissions(pub_allow=both, sub_allow=both)
 
 
 def stream_subjects(stream: str) -> tuple[str, ...]:
