@@ -16,6 +16,7 @@ from sandpod_bus.natsauth import creds_jwt, decode_jwt
 from sandpod_contract.errors import SandboxJailRefused
 from sandpod_contract.subjects import Subjects
 from sandpod_execd.jailfile import load_trusted
+from sandpod_lifecycle.bus_users import embedded_users, kubernetes_users
 from sandpod_lifecycle.embedded_auth import USERS, embedded_permissions, provision
 
 
@@ -117,3 +118,21 @@ def test_untrusted_jail_files_are_refused(tmp_path: Path, case: str, why: str) -
     with pytest.raises(SandboxJailRefused) as refused:
         load_trusted(path, "sbx1")
     assert why in refused.value.message and refused.value.code == "sandbox.jail_refused"
+
+
+def test_kubernetes_users_are_the_embedded_ones_without_node_plane_kv_and_execd() -> None:
+    """One definition for both modes: Kubernetes mode drops only the node plane, the KV store
+    and lease buckets (the API server holds both) and the execd user (Pods use sandbox creds)."""
+    s = Subjects("sandpod")
+    embedded, kube = embedded_users(s, "n1"), kubernetes_users(s)
+    assert set(kube) == set(embedded) - {"execd"}
+    dropped = ("sandpod.node.", "$KV.sandpod-resources.", "$KV.sandpod-leases.")
+    for user, perms in kube.items():
+        assert perms.sub_allow == embedded[user].sub_allow, user
+        kept = tuple(x for x in embedded[user].pub_allow
+                     if not x.startswith(dropped) and "KV_sandpod-resources" not in x
+                     and "KV_sandpod-leases" not in x)  # fmt: skip
+        assert perms.pub_allow == kept, user
+    assert kube["gateway"] == embedded["gateway"] and kube["client"] == embedded["client"]
+    assert not any(x.startswith(("sandpod.node", "$KV.sandpod-res", "$KV.sandpod-lea"))
+                   for p in kube.values() for x in p.pub_allow)  # fmt: skip
