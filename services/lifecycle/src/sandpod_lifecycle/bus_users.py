@@ -22,8 +22,9 @@ def _kinds(subjects: Subjects, *kinds: str) -> tuple[str, ...]:
 
 
 def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
-    """``node`` None: Kubernetes mode. There the store is the API server (no resources bucket),
-    leader election runs on Leases (no leases bucket), there is no node plane, and each Pod's
+    """``node`` None: Kubernetes mode. There the store is the API server (no resources bucket:
+    lifecycle refuses ``SANDPOD_RUNTIME=kubernetes`` without ``SANDPOD_STORE=kube``), leader
+    election runs on Leases (no leases bucket), there is no node plane, and each Pod's
     execd connects with its sandbox's own creds (minted by lifecycle), so there is no execd
     user."""
     s = subjects
