@@ -33,11 +33,26 @@ def _wait_port(port: int, timeout: float = 10) -> None:
     raise SystemExit(f"nats-server did not start on {port}")
 
 
+def _wait_execd(sandbox: str, url: str, creds: str | None = None) -> None:
+    """Return once ``sandbox``'s execd answers a ping (20 s at most)."""
+    from sandpod import Sandbox
+    from sandpod.errors import SandpodError
+
+    end = time.monotonic() + 20
+    while True:
+        try:
+            with Sandbox.connect(sandbox, nats_url=url, nats_creds=creds) as sbx:
+                sbx.ping(timeout=1)
+            return
+        except SandpodError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def platform(sandbox: str = "bench", **env: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Yield (nats_url, execd process) with execd answering for ``sandbox``."""
-    from sandpod import Sandbox
-    from sandpod.errors import SandpodError
 
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
@@ -62,16 +77,7 @@ def platform(sandbox: str = "bench", **env: str) -> Iterator[tuple[str, subproce
                 },
                 stderr=subprocess.DEVNULL,
             )
-            end = time.monotonic() + 20
-            while True:
-                try:
-                    with Sandbox.connect(sandbox, nats_url=url) as sbx:
-                        sbx.ping(timeout=1)
-                    break
-                except SandpodError:
-                    if time.monotonic() > end:
-                        raise
-                    time.sleep(0.05)
+            _wait_execd(sandbox, url)
             yield url, execd
         finally:
             for proc in (execd, nats):
@@ -107,6 +113,7 @@ def auth_platform(sandbox: str = "bench", **env: str) -> Iterator[tuple[str, str
                      "SANDPOD_NATS_CREDS": str(auth.creds("execd")), **env},
                 stderr=subprocess.DEVNULL,
             )  # fmt: skip
+            _wait_execd(sandbox, url, str(auth.creds("client")))
             yield url, str(auth.creds("client"))
         finally:
             for proc in (execd, nats):
