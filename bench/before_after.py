@@ -71,8 +71,9 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the older commit to compare with")
     ap.add_argument("--rounds", type=int, default=3, help="runs per tree, alternating")
     ap.add_argument("bench", help="a script in bench/, e.g. exec_latency.py")
-    ap.add_argument("args", nargs="*", help="arguments for the benchmark (after --)")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     opts = ap.parse_args()
+    opts.args = [a for a in opts.args if a != "--"]
     old_tree = base_tree(opts.base)
     old: dict[str, list[float]] = {}
     new: dict[str, list[float]] = {}
