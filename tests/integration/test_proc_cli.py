@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -72,13 +73,26 @@ def test_logs_prints_and_follows_until_exit(nats: NatsServer, sync_sbx: Sandbox)
         p.remove()
 
 
+@contextlib.contextmanager
+def _sigint_as_in_a_terminal() -> Iterator[None]:
+    """Children started inside get SIGINT at its default, as from a shell in a terminal: a suite
+    run as a background job (`.ci/run &`) has SIGINT ignored, which children would inherit (and
+    Python keeps an inherited SIG_IGN), while a handler is reset to the default at exec."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def test_ctrl_c_stops_following_not_the_process(nats: NatsServer, sync_sbx: Sandbox) -> None:
     """Ctrl-C on `logs -f` ends the CLI (130); the process keeps running."""
     p = sync_sbx.proc.start("echo up; sleep 300", proc_id=f"cli-{uuid.uuid4().hex[:8]}")
     env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
-    follower = subprocess.Popen(
-        [SANDPOD, "logs", "-f", "shared", p.id], env=env, stdout=subprocess.PIPE, text=True
-    )
+    with _sigint_as_in_a_terminal():
+        follower = subprocess.Popen(
+            [SANDPOD, "logs", "-f", "shared", p.id], env=env, stdout=subprocess.PIPE, text=True
+        )
     try:
         assert follower.stdout is not None and follower.stdout.readline() == "up\n"
         follower.send_signal(signal.SIGINT)
