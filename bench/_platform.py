@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -13,8 +14,23 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandpod_lifecycle.runtime.local import LocalRuntime
 
 NATS_BIN = Path(sysconfig.get_path("scripts")) / "nats-server"
+
+
+async def remove_runtime(rt: LocalRuntime, state: Path) -> None:
+    """Destroy every jail of a bench's ``LocalRuntime`` ``rt``, its cgroup parents and ``state``."""
+    for sandbox_id in await rt.list():
+        await rt.destroy(sandbox_id)
+    plan = rt._cgroup_plan(await rt.capabilities())
+    for hierarchy in {plan.core, *plan.limits.values()}:
+        with contextlib.suppress(FileNotFoundError):
+            (hierarchy.mount / plan.parent).rmdir()
+    shutil.rmtree(state, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -28,7 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-from _platform import pct, platform, summary
+from _platform import pct, platform, remove_runtime, summary
 from sandpod import AsyncSandbox
 from sandpod_execd.files.identity import Identity, acting
 from sandpod_lifecycle.runtime.base import InstanceSpec
@@ -123,14 +122,7 @@ async def main() -> None:
                 if b is not None:
                     await b.close()
     finally:
-        for s in await rt.list():
-            await rt.destroy(s)
-        caps = await rt.capabilities()
-        plan = rt._cgroup_plan(caps)
-        for h in {plan.core, *plan.limits.values()}:
-            with contextlib.suppress(FileNotFoundError):
-                (h.mount / plan.parent).rmdir()
-        shutil.rmtree(state, ignore_errors=True)
+        await remove_runtime(rt, state)
 
 
 if __name__ == "__main__":

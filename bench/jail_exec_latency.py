@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -27,7 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from _platform import auth_platform, pct, platform, summary
+from _platform import auth_platform, pct, platform, remove_runtime, summary
 from sandpod import AsyncSandbox
 from sandpod_execd.jail import Jail
 from sandpod_execd.process import Command, spawn
@@ -103,14 +101,7 @@ async def main() -> None:
                 await b.close()
         report("SDK exec", floor, jailed)
     finally:
-        for s in await rt.list():
-            await rt.destroy(s)
-        caps = await rt.capabilities()
-        plan = rt._cgroup_plan(caps)
-        for h in {plan.core, *plan.limits.values()}:
-            with contextlib.suppress(FileNotFoundError):
-                (h.mount / plan.parent).rmdir()
-        shutil.rmtree(state, ignore_errors=True)
+        await remove_runtime(rt, state)
 
 
 if __name__ == "__main__":
