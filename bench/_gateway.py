@@ -18,9 +18,14 @@ from _platform import free_port
 def gateway(nats_url: str) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
     """Yield (base URL, API key of tenant "default", the gateway process)."""
     port = free_port()
-    env = {**os.environ, "SANDPOD_NATS_URL": nats_url, "SANDPOD_GATEWAY_PORT": str(port),
-           "SANDPOD_LOG_LEVEL": "warning", "SANDPOD_GATEWAY_RATE": "1000000",
-           "SANDPOD_GATEWAY_BURST": "1000000"}  # fmt: skip
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": nats_url,
+        "SANDPOD_GATEWAY_PORT": str(port),
+        "SANDPOD_LOG_LEVEL": "warning",
+        "SANDPOD_GATEWAY_RATE": "1000000",
+        "SANDPOD_GATEWAY_BURST": "1000000",
+    }
     proc = subprocess.Popen([sys.executable, "-m", "sandpod_gateway"], env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -34,8 +39,11 @@ def gateway(nats_url: str) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]
             time.sleep(0.05)
         key = subprocess.run(
             [sys.executable, "-m", "sandpod_gateway", "keys", "create", "--tenant", "default"],
-            env=env, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         yield url, key, proc
     finally:
         proc.terminate()

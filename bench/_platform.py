@@ -114,21 +114,38 @@ def auth_platform(sandbox: str = "bench", **env: str) -> Iterator[tuple[str, str
         conf = state / "nats.conf"
         conf.write_text(f'include "{auth.directory.name}/operator.conf"\n')
         nats = subprocess.Popen(
-            [str(NATS_BIN), "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
-             str(state / "js")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                str(NATS_BIN),
+                "-c",
+                str(conf),
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-js",
+                "-sd",
+                str(state / "js"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         execd = None
         try:
             _wait_port(port)
             url = f"nats://127.0.0.1:{port}"
             execd = subprocess.Popen(
                 [sys.executable, "-m", "sandpod_execd"],
-                env={**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_SANDBOX_ID": sandbox,
-                     "SANDPOD_STATE_DIR": tmp, "SANDPOD_LOG_LEVEL": "warning",
-                     "SANDPOD_NATS_CREDS": str(auth.creds("execd")), **env},
+                env={
+                    **os.environ,
+                    "SANDPOD_NATS_URL": url,
+                    "SANDPOD_SANDBOX_ID": sandbox,
+                    "SANDPOD_STATE_DIR": tmp,
+                    "SANDPOD_LOG_LEVEL": "warning",
+                    "SANDPOD_NATS_CREDS": str(auth.creds("execd")),
+                    **env,
+                },
                 stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
             _wait_execd(sandbox, url, str(auth.creds("client")))
             yield url, str(auth.creds("client"))
         finally:

@@ -43,8 +43,10 @@ async def ready(url: str, creds: str | None) -> AsyncSandbox:
 async def main(args: argparse.Namespace) -> None:
     with platform() as (anon_url, _), auth_platform() as (auth_url, creds):
         anon, auth = await ready(anon_url, None), await ready(auth_url, creds)
-        print(f"warm `exec true` through the SDK, {args.calls} calls each in {args.rounds} "
-              "interleaved rounds, 2 cores, nats-server on loopback\n")  # fmt: skip
+        print(
+            f"warm `exec true` through the SDK, {args.calls} calls each in {args.rounds} "
+            "interleaved rounds, 2 cores, nats-server on loopback\n"
+        )
         await samples(anon, 50)
         await samples(auth, 50)
         plain: list[float] = []
@@ -58,8 +60,10 @@ async def main(args: argparse.Namespace) -> None:
                 authed += await samples(auth, per_round)
         print(summary("anonymous NATS (the floor here)", plain))
         print(summary("operator mode, sandpod up's users", authed))
-        print(f"  -> authenticated/anonymous p50 {pct(authed, 50) / pct(plain, 50):.3f}x, "
-              f"p99 {pct(authed, 99) / pct(plain, 99):.3f}x")  # fmt: skip
+        print(
+            f"  -> authenticated/anonymous p50 {pct(authed, 50) / pct(plain, 50):.3f}x, "
+            f"p99 {pct(authed, 99) / pct(plain, 99):.3f}x"
+        )
         await anon.close()
         await auth.close()
 

@@ -146,19 +146,25 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         port = free_port()
         url = f"nats://127.0.0.1:{port}"
-        nats = subprocess.Popen([str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js",
-                                 "-sd", tmp], stderr=subprocess.DEVNULL)  # fmt: skip
+        nats = subprocess.Popen(
+            [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp],
+            stderr=subprocess.DEVNULL,
+        )
         _wait_port(port)
-        env = {**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_STATE_DIR": tmp,
-               "SANDPOD_LOG_LEVEL": "warning", "SANDPOD_RUNTIME": args.runtime,
-               "SANDPOD_DESTROY_ON_EXIT": "true"}  # fmt: skip
+        env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": url,
+            "SANDPOD_STATE_DIR": tmp,
+            "SANDPOD_LOG_LEVEL": "warning",
+            "SANDPOD_RUNTIME": args.runtime,
+            "SANDPOD_DESTROY_ON_EXIT": "true",
+        }
         if args.logs:  # the services' info logs (claim_bound has per-step timings)
             env["SANDPOD_LOG_LEVEL"] = "info"
         procs = [
-            subprocess.Popen([sys.executable, "-m", m], env=env,
-                             stderr=log_file(args.logs, m))
+            subprocess.Popen([sys.executable, "-m", m], env=env, stderr=log_file(args.logs, m))
             for m in ("sandpod_lifecycle", "sandpod_pool")
-        ]  # fmt: skip
+        ]
         bus = await Bus.connect(BusSettings(url=url))
         pools = await AsyncPools.connect(bus=bus)
         try:
@@ -179,8 +185,11 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runtime", choices=["local", "process"],
-                        default="local" if os.geteuid() == 0 else "process")  # fmt: skip
+    parser.add_argument(
+        "--runtime",
+        choices=["local", "process"],
+        default="local" if os.geteuid() == 0 else "process",
+    )
     parser.add_argument("--claims", type=int, default=100)
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--burst-pool", type=int, default=50)

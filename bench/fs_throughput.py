@@ -93,22 +93,34 @@ def rate(size: int, seconds: float) -> float:
 
 
 def report(
-    label: str, size: int, ups: list[float], downs: list[float], *, floor: float,
+    label: str,
+    size: int,
+    ups: list[float],
+    downs: list[float],
+    *,
+    floor: float,
     floor_sync: float,
-) -> None:  # fmt: skip
+) -> None:
     floor_rate, sync_rate = rate(size, floor), rate(size, floor_sync)
     up, down = rate(size, statistics.median(ups)), rate(size, statistics.median(downs))
-    print(f"\n{label} (median of {len(ups)}; p99 up {pct(ups, 99) * 1000:.1f} ms, "
-          f"down {pct(downs, 99) * 1000:.1f} ms)")  # fmt: skip
+    print(
+        f"\n{label} (median of {len(ups)}; p99 up {pct(ups, 99) * 1000:.1f} ms, "
+        f"down {pct(downs, 99) * 1000:.1f} ms)"
+    )
     print(f"  floor: local cp (best run)      {floor_rate:9.1f} MiB/s  ({floor * 1000:8.2f} ms)")
-    print(f"  floor: local cp + fsync (best)  {sync_rate:9.1f} MiB/s  "
-          f"({floor_sync * 1000:8.2f} ms)")  # fmt: skip
-    print(f"  sandpod write (fs.upload)       {up:9.1f} MiB/s  "
-          f"({statistics.median(ups) * 1000:8.2f} ms)  {up / floor_rate:.2f}x of cp, "
-          f"{up / sync_rate:.2f}x of cp+fsync")  # fmt: skip
+    print(
+        f"  floor: local cp + fsync (best)  {sync_rate:9.1f} MiB/s  ({floor_sync * 1000:8.2f} ms)"
+    )
+    print(
+        f"  sandpod write (fs.upload)       {up:9.1f} MiB/s  "
+        f"({statistics.median(ups) * 1000:8.2f} ms)  {up / floor_rate:.2f}x of cp, "
+        f"{up / sync_rate:.2f}x of cp+fsync"
+    )
     down_ms = statistics.median(downs) * 1000
-    print(f"  sandpod read  (fs.download)     {down:9.1f} MiB/s  "
-          f"({down_ms:8.2f} ms)  {down / floor_rate:.2f}x of cp")  # fmt: skip
+    print(
+        f"  sandpod read  (fs.download)     {down:9.1f} MiB/s  "
+        f"({down_ms:8.2f} ms)  {down / floor_rate:.2f}x of cp"
+    )
 
 
 def main() -> None:
@@ -119,9 +131,10 @@ def main() -> None:
     args = parser.parse_args()
     with platform() as (url, execd), tempfile.TemporaryDirectory() as tmp:
         rss_start = vm_kib(execd.pid, "VmRSS")
-        for label, size, runs in (("1 MiB file", MiB, args.small_runs),
-                                  (f"{args.big_mib} MiB file", args.big_mib * MiB,
-                                   args.big_runs)):  # fmt: skip
+        for label, size, runs in (
+            ("1 MiB file", MiB, args.small_runs),
+            (f"{args.big_mib} MiB file", args.big_mib * MiB, args.big_runs),
+        ):
             src, out = Path(tmp) / "src.bin", Path(tmp) / "out.bin"
             expect = make_file(src, size)
             # The floors take the best of at least 3 runs: a single cp of 1 GiB varies a lot
@@ -134,8 +147,10 @@ def main() -> None:
             src.unlink()
             out.unlink()
         peak = vm_kib(execd.pid, "VmHWM")
-    print(f"\nexecd RSS: {rss_start / 1024:.1f} MiB at start, peak {peak / 1024:.1f} MiB "
-          f"(after a {args.big_mib} MiB round trip)")  # fmt: skip
+    print(
+        f"\nexecd RSS: {rss_start / 1024:.1f} MiB at start, peak {peak / 1024:.1f} MiB "
+        f"(after a {args.big_mib} MiB round trip)"
+    )
 
 
 if __name__ == "__main__":

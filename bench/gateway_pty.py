@@ -69,14 +69,22 @@ def rss_mib(pid: int) -> tuple[float, float]:
 
 async def main(terminals: int, keys: int) -> None:
     boxes = [f"b{i}" for i in range((terminals + PER_SANDBOX - 1) // PER_SANDBOX)]
-    with platform() as (url, _), tempfile.TemporaryDirectory() as tmp, gateway(url) as (
-        base, key, proc
-    ):  # fmt: skip
+    with (
+        platform() as (url, _),
+        tempfile.TemporaryDirectory() as tmp,
+        gateway(url) as (base, key, proc),
+    ):
         execd = subprocess.Popen(
-            [sys.executable, "-m", "sandpod_execd"], stderr=subprocess.DEVNULL,
-            env={**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_SANDBOX_ID": ",".join(boxes),
-                 "SANDPOD_STATE_DIR": tmp, "SANDPOD_LOG_LEVEL": "warning"},
-        )  # fmt: skip
+            [sys.executable, "-m", "sandpod_execd"],
+            stderr=subprocess.DEVNULL,
+            env={
+                **os.environ,
+                "SANDPOD_NATS_URL": url,
+                "SANDPOD_SANDBOX_ID": ",".join(boxes),
+                "SANDPOD_STATE_DIR": tmp,
+                "SANDPOD_LOG_LEVEL": "warning",
+            },
+        )
         try:
             for box in boxes:  # wait until the second execd answers for every sandbox
                 sbx = await AsyncSandbox.connect(box, nats_url=url)

@@ -42,18 +42,23 @@ async def body(size: int, digest: hashlib._Hash) -> AsyncIterator[bytes]:
 async def main(mib: int) -> None:
     size = mib << 20
     with platform() as (url, _), gateway(url) as (base, key, proc):
-        async with httpx.AsyncClient(base_url=base, timeout=600,
-                                     headers={"authorization": f"Bearer {key}"}) as c:  # fmt: skip
+        async with httpx.AsyncClient(
+            base_url=base, timeout=600, headers={"authorization": f"Bearer {key}"}
+        ) as c:
             up = hashlib.sha256()
             t0 = time.perf_counter()
-            r = await c.put("/v1/sandboxes/bench/files/content", params={"path": "big.bin"},
-                            content=body(size, up))  # fmt: skip
+            r = await c.put(
+                "/v1/sandboxes/bench/files/content",
+                params={"path": "big.bin"},
+                content=body(size, up),
+            )
             t_up = time.perf_counter() - t0
             assert r.status_code == 201, r.text
             down = hashlib.sha256()
             t0 = time.perf_counter()
-            async with c.stream("GET", "/v1/sandboxes/bench/files/content",
-                                params={"path": "big.bin"}) as resp:  # fmt: skip
+            async with c.stream(
+                "GET", "/v1/sandboxes/bench/files/content", params={"path": "big.bin"}
+            ) as resp:
                 async for chunk in resp.aiter_bytes():
                     down.update(chunk)
             t_down = time.perf_counter() - t0

@@ -59,8 +59,10 @@ async def alternate(
 def report(what: str, floor: list[float], jailed: list[float]) -> None:
     print(summary(f"{what}: unjailed (floor)", floor))
     print(summary(f"{what}: in the jail", jailed))
-    print(f"{what + ': added p50 / ratio':38} {1000 * (pct(jailed, 50) - pct(floor, 50)):8.3f} ms"
-          f"  {pct(jailed, 50) / pct(floor, 50):6.2f}x")  # fmt: skip
+    print(
+        f"{what + ': added p50 / ratio':38} {1000 * (pct(jailed, 50) - pct(floor, 50)):8.3f} ms"
+        f"  {pct(jailed, 50) / pct(floor, 50):6.2f}x"
+    )
 
 
 async def main() -> None:

@@ -92,9 +92,12 @@ async def write_floor(plane: ControlPlane, n: int) -> list[float]:
     samples = []
     try:
         for i in range(n + 10):
-            obj = Resource(api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
-                           metadata=ObjectMeta(name=f"floor-{i}", namespace=NS),
-                           spec={"image": "python:3.12-slim"})  # fmt: skip
+            obj = Resource(
+                api_version="sandpod.dev/v1alpha1",
+                kind="SandboxTemplate",
+                metadata=ObjectMeta(name=f"floor-{i}", namespace=NS),
+                spec={"image": "python:3.12-slim"},
+            )
             t0 = time.perf_counter()
             await store.create(obj)
             if i >= 10:
@@ -184,30 +187,44 @@ async def level(bus: Bus, store: KubeStore, size: int, concurrency: int, count: 
 async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
     port = free_port()
     url = f"nats://127.0.0.1:{port}"
-    nats = subprocess.Popen([str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js",
-                             "-sd", tmp], stderr=subprocess.DEVNULL)  # fmt: skip
+    nats = subprocess.Popen(
+        [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp],
+        stderr=subprocess.DEVNULL,
+    )
     _wait_port(port)
     cert, key = plane.admin_cert
-    env = {**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_STATE_DIR": tmp,
-           "SANDPOD_LOG_LEVEL": "warning", "SANDPOD_RUNTIME": "process",
-           "SANDPOD_DESTROY_ON_EXIT": "true", "SANDPOD_STORE": "kube",
-           "SANDPOD_KUBE_SERVER": plane.url, "SANDPOD_KUBE_CA_FILE": str(plane.ca_file),
-           "SANDPOD_KUBE_CLIENT_CERT": str(cert), "SANDPOD_KUBE_CLIENT_KEY": str(key),
-           "SANDPOD_KUBE_NAMESPACE": NS,
-           # refill after a batch, not during it (see the module docstring)
-           "SANDPOD_POOL_REFILL_DELAY": str(args.refill_delay),
-           "SANDPOD_POOL_RESYNC": "60"}  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-m", m], env=env, stderr=subprocess.DEVNULL)
-             for m in ("sandpod_lifecycle", "sandpod_pool")]  # fmt: skip
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": url,
+        "SANDPOD_STATE_DIR": tmp,
+        "SANDPOD_LOG_LEVEL": "warning",
+        "SANDPOD_RUNTIME": "process",
+        "SANDPOD_DESTROY_ON_EXIT": "true",
+        "SANDPOD_STORE": "kube",
+        "SANDPOD_KUBE_SERVER": plane.url,
+        "SANDPOD_KUBE_CA_FILE": str(plane.ca_file),
+        "SANDPOD_KUBE_CLIENT_CERT": str(cert),
+        "SANDPOD_KUBE_CLIENT_KEY": str(key),
+        "SANDPOD_KUBE_NAMESPACE": NS,
+        # refill after a batch, not during it (see the module docstring)
+        "SANDPOD_POOL_REFILL_DELAY": str(args.refill_delay),
+        "SANDPOD_POOL_RESYNC": "60",
+    }
+    procs = [
+        subprocess.Popen([sys.executable, "-m", m], env=env, stderr=subprocess.DEVNULL)
+        for m in ("sandpod_lifecycle", "sandpod_pool")
+    ]
     bus = await Bus.connect(BusSettings(url=url))
     pools = await AsyncPools.connect(bus=bus)
     store = await KubeStore.connect(plane.settings)
     try:
         await answering(pools.list)
         await answering(lambda: AsyncSandbox.list(nats_url=url))
-        print("store: kube (real kube-apiserver + etcd, --unsafe-no-fsync); runtime: process "
-              "(warm claims start no instance: the claim path is store writes + NATS); pool "
-              f"refill delay {args.refill_delay:g} s (no refill during a batch)")  # fmt: skip
+        print(
+            "store: kube (real kube-apiserver + etcd, --unsafe-no-fsync); runtime: process "
+            "(warm claims start no instance: the claim path is store writes + NATS); pool "
+            f"refill delay {args.refill_delay:g} s (no refill during a batch)"
+        )
         writes = await write_floor(plane, 100)
         rtt = await nats_rtt(url, 500)
         await pools.create("kc", replicas=args.pool)
@@ -220,13 +237,17 @@ async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
         print(summary("claim (bound and ready)", lat["bind"]))
         print(summary("claim + first exec (usable)", lat["usable"]))
         p50 = pct(lat["usable"], 50)
-        print(f"  -> usable p50 = {p50 / pct(writes, 50):.1f}x one API write, "
-              f"{p50 / pct(lat['exec'], 50):.1f}x one exec; agent-sandbox's published warm "
-              f"claim p50 {AGENT_SANDBOX_P50 * 1000:.0f} ms is {AGENT_SANDBOX_P50 / p50:.1f}x "
-              f"this\n")  # fmt: skip
-        print(f"throughput: {args.per_level} claims (+ first exec) per level, pool of "
-              f"{args.pool}; agent-sandbox: {AGENT_SANDBOX_RATE:.0f} claims/s at "
-              f"p50 {AGENT_SANDBOX_P50 * 1000:.0f} ms")  # fmt: skip
+        print(
+            f"  -> usable p50 = {p50 / pct(writes, 50):.1f}x one API write, "
+            f"{p50 / pct(lat['exec'], 50):.1f}x one exec; agent-sandbox's published warm "
+            f"claim p50 {AGENT_SANDBOX_P50 * 1000:.0f} ms is {AGENT_SANDBOX_P50 / p50:.1f}x "
+            f"this\n"
+        )
+        print(
+            f"throughput: {args.per_level} claims (+ first exec) per level, pool of "
+            f"{args.pool}; agent-sandbox: {AGENT_SANDBOX_RATE:.0f} claims/s at "
+            f"p50 {AGENT_SANDBOX_P50 * 1000:.0f} ms"
+        )
         for c in args.concurrency:
             print(await level(bus, store, args.pool, c, args.per_level))
         await pools.delete("kc")
@@ -247,8 +268,9 @@ def main() -> None:
     parser.add_argument("--per-level", type=int, default=45)
     parser.add_argument("--batch", type=int, default=20)
     parser.add_argument("--refill-delay", type=float, default=8.0)
-    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[1, 4, 8, 16])  # fmt: skip
+    parser.add_argument(
+        "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16]
+    )
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:

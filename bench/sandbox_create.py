@@ -35,11 +35,17 @@ async def _answers(url: str, sandbox: str) -> None:
 async def floor_samples(url: str, state: str, count: int) -> list[float]:
     samples = []
     for i in range(count):
-        env = {**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_SANDBOX_ID": f"floor-{i}",
-               "SANDPOD_STATE_DIR": state, "SANDPOD_LOG_LEVEL": "warning"}  # fmt: skip
+        env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": url,
+            "SANDPOD_SANDBOX_ID": f"floor-{i}",
+            "SANDPOD_STATE_DIR": state,
+            "SANDPOD_LOG_LEVEL": "warning",
+        }
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "sandpod_execd"], env=env,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandpod_execd"], env=env, stderr=subprocess.DEVNULL
+        )
         await _answers(url, f"floor-{i}")
         samples.append(time.perf_counter() - t0)
         proc.terminate()
@@ -64,14 +70,22 @@ async def main(count: int, runtime: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         url = f"nats://127.0.0.1:{port}"
-        nats = subprocess.Popen([str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js",
-                                 "-sd", tmp], stderr=subprocess.DEVNULL)  # fmt: skip
+        nats = subprocess.Popen(
+            [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp],
+            stderr=subprocess.DEVNULL,
+        )
         _wait_port(port)
-        env = {**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_STATE_DIR": tmp,
-               "SANDPOD_LOG_LEVEL": "warning", "SANDPOD_RUNTIME": runtime,
-               "SANDPOD_DESTROY_ON_EXIT": "true"}  # fmt: skip
-        lc = subprocess.Popen([sys.executable, "-m", "sandpod_lifecycle"], env=env,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+        env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": url,
+            "SANDPOD_STATE_DIR": tmp,
+            "SANDPOD_LOG_LEVEL": "warning",
+            "SANDPOD_RUNTIME": runtime,
+            "SANDPOD_DESTROY_ON_EXIT": "true",
+        }
+        lc = subprocess.Popen(
+            [sys.executable, "-m", "sandpod_lifecycle"], env=env, stderr=subprocess.DEVNULL
+        )
         try:
             while True:
                 try:

@@ -91,12 +91,18 @@ def report_memory(statuses: list[InstanceStatus], creates: list[float], avail_dr
     n = len(statuses)
     print(f"{n} idle jails on {os.cpu_count()} CPUs")
     print(summary("create (holder ready)", creates))
-    print(f"{'cgroup charge per sandbox':38} mean {mb(statistics.fmean(charge))}  "
-          f"p99 {mb(pct(charge, 99))}  total {mb(sum(charge))}")  # fmt: skip
-    print(f"{'holder processes PSS per sandbox':38} mean {mb(statistics.fmean(pss))}  "
-          f"total {mb(sum(pss))}")  # fmt: skip
-    print(f"{'host MemAvailable drop per sandbox':38} {mb(avail_drop / n)}  "
-          f"(noisy: the host is shared)")  # fmt: skip
+    print(
+        f"{'cgroup charge per sandbox':38} mean {mb(statistics.fmean(charge))}  "
+        f"p99 {mb(pct(charge, 99))}  total {mb(sum(charge))}"
+    )
+    print(
+        f"{'holder processes PSS per sandbox':38} mean {mb(statistics.fmean(pss))}  "
+        f"total {mb(sum(pss))}"
+    )
+    print(
+        f"{'host MemAvailable drop per sandbox':38} {mb(avail_drop / n)}  "
+        f"(noisy: the host is shared)"
+    )
     return statistics.fmean(charge)
 
 
@@ -155,8 +161,11 @@ async def main() -> None:
     ap.add_argument("--count", type=int, default=50)
     ap.add_argument("--execd", action="store_true", help="serve all jails from one execd")
     ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--compare-disk-quota", action="store_true",
-                    help="also create jails without disk quota, print the difference")  # fmt: skip
+    ap.add_argument(
+        "--compare-disk-quota",
+        action="store_true",
+        help="also create jails without disk quota, print the difference",
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("the local runtime needs root")

@@ -49,8 +49,10 @@ async def latency(sbx: AsyncSandbox, calls: int) -> None:
     t0 = time.perf_counter()
     await shells[0].run("for i in $(seq 400); do /bin/true; done")
     serial = time.perf_counter() - t0
-    print(f"8 sessions x 50 spawns in parallel {parallel * 1000:.0f} ms; "
-          f"one session x 400 spawns {serial * 1000:.0f} ms\n")  # fmt: skip
+    print(
+        f"8 sessions x 50 spawns in parallel {parallel * 1000:.0f} ms; "
+        f"one session x 400 spawns {serial * 1000:.0f} ms\n"
+    )
     for s in [sh, *shells]:
         await s.delete()
 
@@ -73,8 +75,10 @@ async def throughput(sbx: AsyncSandbox) -> None:
         cursor = read.next_cursor
         if read.eof:
             break
-    print(f"proc.logs reading the kept {got // MiB} MiB       "
-          f"{got / (time.perf_counter() - t0) / MiB:6.0f} MiB/s")  # fmt: skip
+    print(
+        f"proc.logs reading the kept {got // MiB} MiB       "
+        f"{got / (time.perf_counter() - t0) / MiB:6.0f} MiB/s"
+    )
     live = await sbx.proc.start(f"head -c {64 * MiB} /dev/zero", proc_id="tp2", log_limit=64 * MiB)
     got, t0 = 0, time.perf_counter()
     async for chunk in live.follow():

@@ -52,10 +52,12 @@ async def main(count: int) -> None:
     for window, samples in results.items():
         floor = rtt50 + window
         print(summary(f"write -> event, coalesce {window * 1000:.0f} ms", samples))
-        print(f"{'':38} floor {floor * 1000:.3f} ms (RTT p50 + window)  "
-              f"ratio p50 {pct(samples, 50) / floor:.2f}x  "
-              f"over floor p50 {(pct(samples, 50) - floor) * 1000:.3f} ms  "
-              f"stdev {statistics.pstdev(samples) * 1000:.3f} ms")  # fmt: skip
+        print(
+            f"{'':38} floor {floor * 1000:.3f} ms (RTT p50 + window)  "
+            f"ratio p50 {pct(samples, 50) / floor:.2f}x  "
+            f"over floor p50 {(pct(samples, 50) - floor) * 1000:.3f} ms  "
+            f"stdev {statistics.pstdev(samples) * 1000:.3f} ms"
+        )
 
 
 if __name__ == "__main__":

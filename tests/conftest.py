@@ -98,9 +98,13 @@ class Execd:
     """An execd process serving some sandbox ids, with a handle to kill or stop it."""
 
     def __init__(
-        self, nats_url: str, state: Path, ids: list[str], env: dict[str, str],
+        self,
+        nats_url: str,
+        state: Path,
+        ids: list[str],
+        env: dict[str, str],
         client_creds: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``client_creds``: the creds the readiness ping connects with (operator mode)."""
         self.ids = ids
         self.nats_url = nats_url
@@ -127,9 +131,12 @@ class Execd:
         # The sync SDK runs on its own loop thread, so this works from async tests too.
         try:
             with Sandbox.connect(
-                self.ids[0], nats_url=self.nats_url, connect_timeout=1,
-                nats_creds=self.client_creds, prefix=self.prefix,
-            ) as sbx:  # fmt: skip
+                self.ids[0],
+                nats_url=self.nats_url,
+                connect_timeout=1,
+                nats_creds=self.client_creds,
+                prefix=self.prefix,
+            ) as sbx:
                 sbx.ping(timeout=1)
         except SandpodError:
             return False
@@ -200,9 +207,10 @@ def kube_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Control
         pytest.fail(problem)
     plane = ControlPlane(tmp_path_factory.mktemp("kube"), (free_port(), free_port(), free_port()))
     manifests = [
-        doc for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
+        doc
+        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
         for doc in yaml.safe_load_all(path.read_text())
-    ]  # fmt: skip
+    ]
     try:
         plane.start()
         apply_crds(plane.settings, manifests)
@@ -266,9 +274,10 @@ def no_leaked_processes(_session_daemons: None) -> Iterator[None]:
     before = {p.pid for p in me.children(recursive=True)}
     yield
     after = [
-        p for p in me.children(recursive=True)
+        p
+        for p in me.children(recursive=True)
         if p.pid not in before and p.pid not in SESSION_DAEMON_PIDS
-    ]  # fmt: skip
+    ]
     _, alive = psutil.wait_procs(after, timeout=10)
     alive = [p for p in alive if _really_alive(p)]
     for proc in alive:

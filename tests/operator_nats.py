@@ -54,14 +54,17 @@ class OperatorNats:
         return self.setup.app.key.seed
 
     def creds(
-        self, name: str, permissions: Permissions, *, expires: int | None = None,
+        self,
+        name: str,
+        permissions: Permissions,
+        *,
+        expires: int | None = None,
         issued: int | None = None,
-    ) -> Path:  # fmt: skip
+    ) -> Path:
         """A creds file for a new user of the app account."""
         path = self.root / "creds" / f"{name}-{uuid.uuid4().hex[:8]}.creds"
         now = int(time.time()) if issued is None else issued
-        path.write_text(user_creds(self.setup.app.key, name, permissions, now=now,
-                                   expires=expires))  # fmt: skip
+        path.write_text(user_creds(self.setup.app.key, name, permissions, now=now, expires=expires))
         path.chmod(0o600)
         return path
 

@@ -62,10 +62,20 @@ def ensure_user() -> tuple[int, int]:
     except KeyError:
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
         subprocess.run(
-            [useradd, "--system", "--user-group", "--no-create-home", "--home-dir",
-             "/nonexistent", "--shell", "/usr/sbin/nologin", USER],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                useradd,
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ],
+            check=True,
+            capture_output=True,
+        )
         entry = pwd.getpwnam(USER)
     return entry.pw_uid, entry.pw_gid
 
@@ -90,5 +100,18 @@ def as_user(uid: int, gid: int, spare: Path) -> tuple[str, ...]:
     hidden = _hidden(needed)
     if not hidden:
         return drop
-    return ("unshare", "--mount", "--propagation", "private", "--", "sh", "-c", EXPOSE,
-            "sandpod-expose", str(spare), *(str(h) for h in hidden), "--", *drop)  # fmt: skip
+    return (
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        EXPOSE,
+        "sandpod-expose",
+        str(spare),
+        *(str(h) for h in hidden),
+        "--",
+        *drop,
+    )

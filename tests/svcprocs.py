@@ -21,20 +21,38 @@ class ServiceProc:
     (``wrap``: an argv prefix, e.g. one that runs it as another user)."""
 
     def __init__(
-        self, module: str, nats: NatsServer, state: Path, prefix: str, replica: str,
-        *, wrap: tuple[str, ...] = (), **extra: str,
-    ) -> None:  # fmt: skip
+        self,
+        module: str,
+        nats: NatsServer,
+        state: Path,
+        prefix: str,
+        replica: str,
+        *,
+        wrap: tuple[str, ...] = (),
+        **extra: str,
+    ) -> None:
         self.module, self.replica, self.wrap = module, replica, wrap
-        self.env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": prefix,
-                    "SANDPOD_STATE_DIR": str(state), "SANDPOD_REPLICA_ID": replica,
-                    "SANDPOD_LEASE_TTL": "2", "SANDPOD_LOG_LEVEL": "debug", **extra}  # fmt: skip
+        self.env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": nats.url,
+            "SANDPOD_PREFIX": prefix,
+            "SANDPOD_STATE_DIR": str(state),
+            "SANDPOD_REPLICA_ID": replica,
+            "SANDPOD_LEASE_TTL": "2",
+            "SANDPOD_LOG_LEVEL": "debug",
+            **extra,
+        }
         self.log = state / f"{module}-{replica}.log"
         self.proc: subprocess.Popen[bytes] = self._spawn()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as out:
-            return subprocess.Popen([*self.wrap, sys.executable, "-m", self.module], env=self.env,
-                                    stdout=out, stderr=out)  # fmt: skip
+            return subprocess.Popen(
+                [*self.wrap, sys.executable, "-m", self.module],
+                env=self.env,
+                stdout=out,
+                stderr=out,
+            )
 
     def restart(self) -> None:
         self.stop()

@@ -152,9 +152,13 @@ def test_invalid_template_specs_name_the_field(raw: dict[str, Any], field: str) 
 def test_spec_round_trips_and_defaults_are_safe() -> None:
     """to_dict/from_dict round-trip; a spec that says nothing is not permanent."""
     spec = SandboxSpec.from_dict(
-        {"templateRef": {"name": "python"}, "shutdownTime": "2030-01-01T00:00:00Z",
-         "idleTimeoutSeconds": 60, "env": [{"name": "A", "value": "1"}]}
-    )  # fmt: skip
+        {
+            "templateRef": {"name": "python"},
+            "shutdownTime": "2030-01-01T00:00:00Z",
+            "idleTimeoutSeconds": 60,
+            "env": [{"name": "A", "value": "1"}],
+        }
+    )
     assert SandboxSpec.from_dict(spec.to_dict()) == spec
     assert SandboxSpec.from_dict({}).permanent is False
     status = SandboxStatus.from_dict(
@@ -235,9 +239,14 @@ def test_pool_and_claim_round_trip() -> None:
     )
     assert WarmPoolSpec.from_dict(pool.to_dict()) == pool
     claim = ClaimSpec.from_dict(
-        {"poolRef": {"name": "py"}, "lifetimeSeconds": 60, "idleTimeoutSeconds": 0,
-         "labels": {"agent": "a1"}, "env": [{"name": "TOKEN", "value": "x"}]}
-    )  # fmt: skip
+        {
+            "poolRef": {"name": "py"},
+            "lifetimeSeconds": 60,
+            "idleTimeoutSeconds": 0,
+            "labels": {"agent": "a1"},
+            "env": [{"name": "TOKEN", "value": "x"}],
+        }
+    )
     assert ClaimSpec.from_dict(claim.to_dict()) == claim
     status = ClaimStatus.from_dict({"phase": "Bound", "sandbox": "sbx-1"})
     assert ClaimStatus.from_dict(status.to_dict()) == status
@@ -245,9 +254,20 @@ def test_pool_and_claim_round_trip() -> None:
 
 
 KEYWORDS = {
-    "type", "description", "properties", "items", "required", "enum", "default", "minimum",
-    "maximum", "pattern", "format", "additionalProperties", "x-kubernetes-validations",
-}  # fmt: skip
+    "type",
+    "description",
+    "properties",
+    "items",
+    "required",
+    "enum",
+    "default",
+    "minimum",
+    "maximum",
+    "pattern",
+    "format",
+    "additionalProperties",
+    "x-kubernetes-validations",
+}
 
 
 def _stray(schema: Any, path: str) -> list[str]:
@@ -261,8 +281,9 @@ def _stray(schema: Any, path: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", ["sandboxes", "sandboxtemplates", "sandboxwarmpools",
-                                  "sandboxclaims"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["sandboxes", "sandboxtemplates", "sandboxwarmpools", "sandboxclaims"]
+)
 def test_crd_schemas_use_only_openapi_keywords(name: str) -> None:
     """No stray keys (a comma in an unquoted YAML flow description once made one, which the
     real API server refused)."""

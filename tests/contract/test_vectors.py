@@ -45,9 +45,10 @@ TYPES = {cls.TYPE: cls for cls in schemagen.message_types()}
 ERROR_CLASSES = {
     cls.code: cls
     for cls in (getattr(errors, name) for name in errors.__all__)
-    if isinstance(cls, type) and issubclass(cls, errors.SandpodError)
+    if isinstance(cls, type)
+    and issubclass(cls, errors.SandpodError)
     and cls is not errors.SandpodError
-}  # fmt: skip
+}
 
 
 def _load(path: Path) -> Any:
@@ -93,11 +94,29 @@ def schema_view(value: Any) -> Any:
 
 ANNOTATIONS = {"$schema", "$comment", "title", "description", "default"}
 ASSERTIONS = {
-    "$ref", "type", "const", "enum", "properties", "required", "additionalProperties",
-    "propertyNames", "items", "prefixItems", "minItems", "minLength", "pattern", "minimum",
-    "maximum", "exclusiveMinimum", "oneOf", "anyOf", "allOf", "not", "maxProperties",
+    "$ref",
+    "type",
+    "const",
+    "enum",
+    "properties",
+    "required",
+    "additionalProperties",
+    "propertyNames",
+    "items",
+    "prefixItems",
+    "minItems",
+    "minLength",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "oneOf",
+    "anyOf",
+    "allOf",
+    "not",
+    "maxProperties",
     "contentEncoding",
-}  # fmt: skip
+}
 
 
 @cache
@@ -112,8 +131,12 @@ def _is_type(value: Any, kind: str) -> bool:
             isinstance(value, int) or (isinstance(value, float) and value.is_integer())
         )
     checks: dict[str, Any] = {
-        "string": str, "number": (int, float), "boolean": bool, "object": dict, "array": list,
-    }  # fmt: skip
+        "string": str,
+        "number": (int, float),
+        "boolean": bool,
+        "object": dict,
+        "array": list,
+    }
     return isinstance(value, checks[kind]) and not (kind == "number" and isinstance(value, bool))
 
 
@@ -298,10 +321,11 @@ def contract_messages() -> list[type[codec.Message]]:
                 todo.append(sub)
     # ``slots=True`` makes a dataclass a new class: the one its module binds is the message
     return [
-        c for c in found
+        c
+        for c in found
         if c.__module__.startswith("sandpod_contract.")
         and getattr(sys.modules[c.__module__], c.__qualname__, None) is c
-    ]  # fmt: skip
+    ]
 
 
 def contract_gaps(cls: type[codec.Message]) -> list[str]:
@@ -417,8 +441,10 @@ def test_subjects_json_lists_the_control_and_node_planes() -> None:
     scale = next(o for o in doc["control_operations"] if o["subject"].endswith("pools.scale"))
     assert scale["subject"].replace("<prefix>", "acme") == acme.api("pools", "scale")
     assert (scale["request"], scale["reply"], scale["queue_group"]) == (
-        "api.scale", "api.object_reply", "sandpod-pool",
-    )  # fmt: skip
+        "api.scale",
+        "api.object_reply",
+        "sandpod-pool",
+    )
     claim = next(o for o in doc["control_operations"] if o["subject"].endswith("claims.create"))
     assert {"claim.pool_not_found", "claim.failed", "claim.timeout"} <= set(claim["errors"])
     serve = next(o for o in doc["node_operations"] if o["verb"] == "serve")

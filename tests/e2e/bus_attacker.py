@@ -28,8 +28,9 @@ from sandpod_contract.subjects import Subjects
 
 async def anonymous(url: str, prefix: str, node: str, sandbox_id: str, marker: str) -> dict:
     try:
-        nc = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0,
-                                connect_timeout=5)  # fmt: skip
+        nc = await nats.connect(
+            url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5
+        )
     except Exception as exc:  # any refusal is what we report
         return {"connected": False, "error": f"{type(exc).__name__}: {exc}"}
     await nc.close()
@@ -38,8 +39,9 @@ async def anonymous(url: str, prefix: str, node: str, sandbox_id: str, marker: s
     bus = await Bus.connect(BusSettings(url=url, name="attacker"))
     try:
         try:
-            reply = await bus.request(subjects.node(node, "execd", "serve"),
-                                      encode(Serve(sandbox_id=sandbox_id)), 15)  # fmt: skip
+            reply = await bus.request(
+                subjects.node(node, "execd", "serve"), encode(Serve(sandbox_id=sandbox_id)), 15
+            )
             out["served"] = list(decode_reply(NodeSandboxes, reply).sandbox_ids)
         except SandpodError as exc:
             out["serve_error"] = exc.code
@@ -62,8 +64,14 @@ def read(state: Path) -> dict:
         out["listing"] = sorted(os.listdir(state))
     except OSError as exc:
         out["listing_error"] = exc.strerror
-    for name in ("nats-auth/client.creds", "nats-auth/lifecycle.creds", "nats-auth/account.seed",
-                 "nats.conf", "logs/lifecycle.log", "logs/nats.log"):  # fmt: skip
+    for name in (
+        "nats-auth/client.creds",
+        "nats-auth/lifecycle.creds",
+        "nats-auth/account.seed",
+        "nats.conf",
+        "logs/lifecycle.log",
+        "logs/nats.log",
+    ):
         try:
             (state / name).read_bytes()
             out[name] = "read"

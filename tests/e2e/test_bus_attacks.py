@@ -67,8 +67,7 @@ class Up:
         """The CLI as the user who ran `sandpod up`, with no credential flag or variable."""
         env = {k: v for k, v in os.environ.items() if k != "SANDPOD_NATS_CREDS"}
         env |= {"SANDPOD_NATS_URL": self.url, "SANDPOD_STATE_DIR": str(self.state)}
-        return subprocess.run([SANDPOD, *argv], env=env, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        return subprocess.run([SANDPOD, *argv], env=env, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +77,22 @@ def up() -> Iterator[Up]:
     base.chmod(0o755)
     port = free_port()
     proc = subprocess.Popen(
-        [SANDPOD, "up", "--state-dir", str(base / "state"), "--port", str(port), "--no-gateway",
-         "--runtime", "local"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            SANDPOD,
+            "up",
+            "--state-dir",
+            str(base / "state"),
+            "--port",
+            str(port),
+            "--no-gateway",
+            "--runtime",
+            "local",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     try:
         assert proc.stdout is not None
@@ -108,13 +119,19 @@ def _nobody(up: Up, *args: str) -> dict[str, object]:
     """Run the attacker script as ``nobody`` (no groups) and return what it printed."""
     entry = pwd.getpwnam("nobody")
     spare = up.base / f"spare-{uuid.uuid4().hex[:6]}"
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent",
-           "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": "/nonexistent",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
     try:
         run = subprocess.run(
             [*as_user(entry.pw_uid, entry.pw_gid, spare), sys.executable, str(ATTACKER), *args],
-            env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         shutil.rmtree(spare, ignore_errors=True)
     assert run.returncode == 0, run.stderr
@@ -124,8 +141,12 @@ def _nobody(up: Up, *args: str) -> dict[str, object]:
 
 async def _connect(up: Up, user: str) -> tuple[Client, Violations]:
     violations = Violations()
-    nc = await nats.connect(up.url, user_credentials=str(up.creds(user)),
-                            error_cb=violations.record, allow_reconnect=False)  # fmt: skip
+    nc = await nats.connect(
+        up.url,
+        user_credentials=str(up.creds(user)),
+        error_cb=violations.record,
+        allow_reconnect=False,
+    )
     return nc, violations
 
 
@@ -172,8 +193,11 @@ def test_nobody_cannot_read_the_state_dir(up: Up) -> None:
     readable = [k for k, v in result.items() if v == "read"]
     assert not readable, f"nobody read {readable}"
     assert stat.S_IMODE(up.state.stat().st_mode) == 0o700
-    for path in [up.state / "nats.conf", *up.state.glob("nats-auth/*"),
-                 *up.state.glob("logs/*.log")]:  # fmt: skip
+    for path in [
+        up.state / "nats.conf",
+        *up.state.glob("nats-auth/*"),
+        *up.state.glob("logs/*.log"),
+    ]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     run = up.cli("exec", "default", "--", "true")  # the owner still reads its credential
     assert run.returncode == 0, run.stderr
@@ -267,8 +291,9 @@ def test_serve_refuses_a_jail_file_another_user_wrote_in_the_jail_dir(up: Up) ->
     async def attack() -> None:
         nc, _ = await _connect(up, "lifecycle")
         try:
-            msg = await nc.request(SUBJECTS.node(NODE, "execd", "serve"),
-                                   encode(Serve(sandbox_id=attacked)), 15)  # fmt: skip
+            msg = await nc.request(
+                SUBJECTS.node(NODE, "execd", "serve"), encode(Serve(sandbox_id=attacked)), 15
+            )
         finally:
             await nc.close()
         with pytest.raises(SandboxJailRefused) as refused:

@@ -64,8 +64,12 @@ def test_up_exec_and_clean_shutdown(tmp_path: Path, stop: str) -> None:
         gateway = f"http://127.0.0.1:{http_port}"
         assert gateway in banner
         key = banner.split("API key")[1].split()[0]
-        r = httpx.post(f"{gateway}/v1/sandboxes/default/exec", json={"argv": ["echo", "http"]},
-                       headers={"authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+        r = httpx.post(
+            f"{gateway}/v1/sandboxes/default/exec",
+            json={"argv": ["echo", "http"]},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
         assert r.status_code == 200 and r.json()["stdout"] == "http\n", r.text
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 3  # nats-server, lifecycle, the sandbox's execd (and its jail)
@@ -76,18 +80,28 @@ def test_up_exec_and_clean_shutdown(tmp_path: Path, stop: str) -> None:
         env.pop("SANDPOD_NATS_CREDS", None)
         run = subprocess.run(
             [SANDPOD, "exec", "default", "--", "sh", "-c", "echo hi; echo oops >&2; exit 3"],
-            env=env, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert (run.stdout, run.stderr, run.returncode) == ("hi\n", "oops\n", 3)
         run = subprocess.run(
             [SANDPOD, "exec", "-i", "default", "-c", "tr a-z A-Z"],
-            env=env, input="piped\n", capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            env=env,
+            input="piped\n",
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert (run.stdout, run.returncode) == ("PIPED\n", 0)
         run = subprocess.run(
-            [SANDPOD, "exec", "nope", "--", "true"], env=env, capture_output=True, text=True,
+            [SANDPOD, "exec", "nope", "--", "true"],
+            env=env,
+            capture_output=True,
+            text=True,
             timeout=30,
-        )  # fmt: skip
+        )
         assert run.returncode == 125 and "sandbox.not_found" in run.stderr
         if stop == "sigterm":
             up.send_signal(signal.SIGTERM)
@@ -115,8 +129,10 @@ def test_up_reports_a_busy_port_with_what_to_do(tmp_path: Path) -> None:
         port = s.getsockname()[1]
         run = subprocess.run(
             [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert run.returncode == 1
     assert "in use" in run.stderr and "--nats-url" in run.stderr
 
@@ -126,8 +142,11 @@ def test_exec_without_nats_tells_how_to_start_it() -> None:
     env = {**os.environ, "SANDPOD_NATS_URL": "nats://127.0.0.1:1"}
     run = subprocess.run(
         [sys.executable, "-m", "sandpod.cli", "exec", "default", "--", "true"],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 125 and "sandpod up" in run.stderr
 
 
@@ -135,10 +154,21 @@ def test_up_with_an_existing_nats(tmp_path: Path, nats) -> None:  # type: ignore
     """`sandpod up --nats-url` starts no NATS of its own, serves the sandbox on the given one,
     and leaves that NATS running when it stops."""
     up = subprocess.Popen(
-        [SANDPOD, "up", "--state-dir", str(tmp_path), "--nats-url", nats.url,
-         "--sandbox", "ext-nats", "--no-gateway"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            SANDPOD,
+            "up",
+            "--state-dir",
+            str(tmp_path),
+            "--nats-url",
+            nats.url,
+            "--sandbox",
+            "ext-nats",
+            "--no-gateway",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         banner = "".join(_read_until(up, "Ctrl-C stops everything"))
         assert "using existing NATS" in banner
@@ -146,8 +176,10 @@ def test_up_with_an_existing_nats(tmp_path: Path, nats) -> None:  # type: ignore
         assert not [n for n in names if n.startswith("nats-server")]
         run = subprocess.run(
             [SANDPOD, "exec", "--nats-url", nats.url, "ext-nats", "--", "echo", "shared-nats"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert (run.stdout, run.returncode) == ("shared-nats\n", 0)
         up.send_signal(signal.SIGTERM)
         assert up.wait(30) == 0
@@ -164,14 +196,18 @@ def test_pools_and_claims_from_the_cli(tmp_path: Path) -> None:
     port = free_port()
     up = subprocess.Popen(
         [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port), "--no-gateway"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
-           "SANDPOD_STATE_DIR": str(tmp_path)}  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
+        "SANDPOD_STATE_DIR": str(tmp_path),
+    }
 
     def cli(*args: str) -> str:
-        run = subprocess.run([SANDPOD, *args], env=env, capture_output=True, text=True,
-                             timeout=90)  # fmt: skip
+        run = subprocess.run([SANDPOD, *args], env=env, capture_output=True, text=True, timeout=90)
         assert run.returncode == 0, (args, run.stdout, run.stderr)
         return run.stdout
 
@@ -190,8 +226,9 @@ def test_pools_and_claims_from_the_cli(tmp_path: Path) -> None:
         assert " 0 " in cli("pool", "scale", "py", "0") + " "
         assert f"released {claim}" in cli("release", claim)
         assert "deleted pool py" in cli("pool", "rm", "py")
-        run = subprocess.run([SANDPOD, "claim", "nope"], env=env, capture_output=True, text=True,
-                             timeout=30)  # fmt: skip
+        run = subprocess.run(
+            [SANDPOD, "claim", "nope"], env=env, capture_output=True, text=True, timeout=30
+        )
         assert run.returncode == 125 and "claim.pool_not_found" in run.stderr
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0
@@ -208,27 +245,51 @@ def test_up_gives_the_default_sandbox_a_disk_quota(tmp_path: Path) -> None:
     JetStream data, logs) still takes writes."""
     port = free_port()
     up = subprocess.Popen(
-        [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port), "--gateway-port",
-         str(free_port())],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            SANDPOD,
+            "up",
+            "--state-dir",
+            str(tmp_path),
+            "--port",
+            str(port),
+            "--gateway-port",
+            str(free_port()),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
         env={**os.environ, "SANDPOD_DISK_DEFAULT": "64Mi"},
-    )  # fmt: skip
+    )
     try:
         _read_until(up, "Ctrl-C stops everything")
         # The CLI finds this up's credential in its state dir (not another up's on this host).
-        env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
-               "SANDPOD_STATE_DIR": str(tmp_path)}  # fmt: skip
+        env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
+            "SANDPOD_STATE_DIR": str(tmp_path),
+        }
         fill = "dd if=/dev/zero of=/workspace/hog bs=1M count=100 2>&1 | grep -c 'No space'"
         script = f"df -B1 --output=size /workspace | tail -1; {fill}"
-        run = subprocess.run([SANDPOD, "exec", "default", "--", "sh", "-c", script], env=env,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        run = subprocess.run(
+            [SANDPOD, "exec", "default", "--", "sh", "-c", script],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         size, enospc = run.stdout.split()
         assert 56 << 20 <= int(size) <= 64 << 20 and enospc == "1", run
         probe = tmp_path / "probe"
         probe.write_bytes(b"x" * (8 << 20))  # the host's side of the state dir is not full
         assert probe.stat().st_size == 8 << 20
-        run = subprocess.run([SANDPOD, "exec", "default", "--", "echo", "alive"], env=env,
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        run = subprocess.run(
+            [SANDPOD, "exec", "default", "--", "echo", "alive"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert run.stdout == "alive\n", run  # the platform (NATS, lifecycle, execd) still works
         up.send_signal(signal.SIGTERM)
         assert up.wait(30) == 0

@@ -31,13 +31,20 @@ class Up:
     def __init__(self, state: Path, registry: Path) -> None:
         self.state, self.port = state, free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
-        env = {**os.environ, "SANDPOD_RESYNC": "0.3", "SANDPOD_LOG_LEVEL": "debug",
-               "SANDPOD_UID_REGISTRY": str(registry)}  # fmt: skip
+        env = {
+            **os.environ,
+            "SANDPOD_RESYNC": "0.3",
+            "SANDPOD_LOG_LEVEL": "debug",
+            "SANDPOD_UID_REGISTRY": str(registry),
+        }
         self.proc = subprocess.Popen(
             [SANDPOD, "up", "--state-dir", str(state), "--port", str(self.port), "--no-gateway"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
             start_new_session=True,
-        )  # fmt: skip
+        )
         self.output = ""
 
     def wait_ready(self) -> None:
@@ -50,8 +57,7 @@ class Up:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "SANDPOD_NATS_URL": self.url, "SANDPOD_STATE_DIR": str(self.state)}
-        return subprocess.run([SANDPOD, *args], env=env, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        return subprocess.run([SANDPOD, *args], env=env, capture_output=True, text=True, timeout=60)
 
     def sh(self, sandbox: str, script: str) -> str:
         run = self.cli("exec", sandbox, "--", "sh", "-c", script)
@@ -134,8 +140,9 @@ def test_a_second_installation_never_touches_the_first(tmp_path: Path) -> None:
         assert uid_one != uid_two
         slots = json.loads(registry.read_text())["slots"]
         assert len(slots) == 2  # two ranges of 65536 uids: disjoint
-        assert {int(k) * 65536 + 2**30 <= uid_one < (int(k) + 1) * 65536 + 2**30
-                for k in slots} == {True, False}  # fmt: skip
+        assert {
+            int(k) * 65536 + 2**30 <= uid_one < (int(k) + 1) * 65536 + 2**30 for k in slots
+        } == {True, False}
 
         second.stop()  # destroy-on-exit: its own sandboxes only
         for sandbox in ("default", "keep-one"):
@@ -162,11 +169,20 @@ def test_a_second_up_on_the_same_state_dir_refuses_at_once(tmp_path: Path) -> No
         first.wait_ready()
         holder = first.holder("default")
         again = subprocess.run(
-            [SANDPOD, "up", "--state-dir", str(first.state), "--port", str(free_port()),
-             "--no-gateway"],
-            capture_output=True, text=True, timeout=30,
+            [
+                SANDPOD,
+                "up",
+                "--state-dir",
+                str(first.state),
+                "--port",
+                str(free_port()),
+                "--no-gateway",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
             env={**os.environ, "SANDPOD_UID_REGISTRY": str(registry)},
-        )  # fmt: skip
+        )
         assert again.returncode == 1, again.stdout + again.stderr
         assert "already running on the state dir" in again.stderr
         assert f"pid {first.proc.pid}" in again.stderr and "--state-dir" in again.stderr

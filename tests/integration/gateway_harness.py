@@ -50,10 +50,9 @@ async def start_gateway(nats: NatsServer) -> AsyncIterator[GatewayFactory]:
 
     async def start(**overrides: object) -> Gateway:
         settings = dataclasses.replace(
-            GatewaySettings(bus=BusSettings(url=nats.url, name="gateway-test"), port=0,
-                            grace=2.0),
+            GatewaySettings(bus=BusSettings(url=nats.url, name="gateway-test"), port=0, grace=2.0),
             **overrides,  # type: ignore[arg-type]
-        )  # fmt: skip
+        )
         bus = await Bus.connect(settings.bus)
         service = GatewayService(settings)
         await service.start(bus)
@@ -73,8 +72,9 @@ async def gateway(start_gateway: GatewayFactory) -> Gateway:
     return await start_gateway(keepalive=0.2)
 
 
-async def mint_key(gw: Gateway, tenant: str, *, admin: bool = False,
-                   permanent: bool = False) -> str:  # fmt: skip
+async def mint_key(
+    gw: Gateway, tenant: str, *, admin: bool = False, permanent: bool = False
+) -> str:
     """A fresh API key for ``tenant`` in the gateway's key bucket (``admin``: may read
     /metrics; ``permanent``: may create permanent sandboxes)."""
     store = await KeyStore.open(gw.bus, gw.service.settings.bucket_base)
@@ -92,11 +92,17 @@ class GatewayProcess:
     def __init__(self, nats_url: str, log: Path, **env: str) -> None:
         self.port = free_port()
         self.log = log
-        full = {**os.environ, "SANDPOD_NATS_URL": nats_url, "SANDPOD_GATEWAY_PORT": str(self.port),
-                "SANDPOD_LOG_LEVEL": "warning", **env}  # fmt: skip
+        full = {
+            **os.environ,
+            "SANDPOD_NATS_URL": nats_url,
+            "SANDPOD_GATEWAY_PORT": str(self.port),
+            "SANDPOD_LOG_LEVEL": "warning",
+            **env,
+        }
         with log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "sandpod_gateway"], env=full,
-                                         stdout=out, stderr=out)  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sandpod_gateway"], env=full, stdout=out, stderr=out
+            )
         wait_until(self._ready, 20, f"gateway on port {self.port}")
 
     @property
@@ -142,12 +148,19 @@ def gateway_procs(nats: NatsServer, tmp_path: Path) -> Iterator[Callable[..., Ga
 def lifecycle_prefix(nats: NatsServer, tmp_path: Path) -> Iterator[str]:
     """A lifecycle replica (process runtime) on a private prefix; instances killed at teardown."""
     prefix = f"g{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": prefix,
-           "SANDPOD_STATE_DIR": str(tmp_path), "SANDPOD_RESYNC": "0.5",
-           "SANDPOD_RUNTIME": "process", "SANDPOD_DESTROY_ON_EXIT": "true"}  # fmt: skip
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": nats.url,
+        "SANDPOD_PREFIX": prefix,
+        "SANDPOD_STATE_DIR": str(tmp_path),
+        "SANDPOD_RESYNC": "0.5",
+        "SANDPOD_RUNTIME": "process",
+        "SANDPOD_DESTROY_ON_EXIT": "true",
+    }
     with (tmp_path / "lifecycle.log").open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sandpod_lifecycle"], env=env,
-                                stdout=out, stderr=out)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandpod_lifecycle"], env=env, stdout=out, stderr=out
+        )
     yield prefix
     proc.terminate()
     proc.wait(30)
@@ -156,11 +169,16 @@ def lifecycle_prefix(nats: NatsServer, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def pool_service(nats: NatsServer, tmp_path: Path, lifecycle_prefix: str) -> Iterator[str]:
     """A pool-service replica next to ``lifecycle_prefix``'s lifecycle; yields the prefix."""
-    env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": lifecycle_prefix,
-           "SANDPOD_POOL_RESYNC": "0.3"}  # fmt: skip
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": nats.url,
+        "SANDPOD_PREFIX": lifecycle_prefix,
+        "SANDPOD_POOL_RESYNC": "0.3",
+    }
     with (tmp_path / "pool.log").open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sandpod_pool"], env=env,
-                                stdout=out, stderr=out)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandpod_pool"], env=env, stdout=out, stderr=out
+        )
     yield lifecycle_prefix
     proc.terminate()
     proc.wait(30)

@@ -14,8 +14,9 @@ from sandpod_contract.messages.system import Configure, Configured
 
 
 async def _configure(sbx: AsyncSandbox, env: dict[str, str], generation: int) -> Configured:
-    return await sbx._call("sys", "configure", Configure(env=env, generation=generation),
-                           Configured, 5.0)  # fmt: skip
+    return await sbx._call(
+        "sys", "configure", Configure(env=env, generation=generation), Configured, 5.0
+    )
 
 
 async def test_configured_env_reaches_new_commands_and_stale_generations_are_ignored(

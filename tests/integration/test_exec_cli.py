@@ -18,9 +18,7 @@ SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
 
 def cli(nats: NatsServer, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
-    return subprocess.run(
-        [SANDPOD, *args], env=env, capture_output=True, text=True, timeout=60
-    )  # fmt: skip
+    return subprocess.run([SANDPOD, *args], env=env, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
@@ -68,8 +66,11 @@ def test_interactive_exec_from_a_terminal_exits_when_the_command_does(
     env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
     proc = subprocess.Popen(
         [SANDPOD, "exec", "-i", "shared", "--", "head", "-c", "3"],
-        stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-    )  # fmt: skip
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     os.close(follower)
     try:
         os.write(leader, b"abc\n")  # a line: the terminal hands it over without an EOF
@@ -93,6 +94,9 @@ def test_interactive_exec_reads_a_file_or_dev_null(
         with source.open("rb") as stdin:
             run = subprocess.run(
                 [SANDPOD, "exec", "-i", "shared", "--", "wc", "-l"],
-                stdin=stdin, capture_output=True, env=env, timeout=60,
-            )  # fmt: skip
+                stdin=stdin,
+                capture_output=True,
+                env=env,
+                timeout=60,
+            )
         assert (run.stdout, run.returncode) == (expected, 0), run.stderr

@@ -40,14 +40,20 @@ def test_execd_bundle_serves_with_nothing_but_its_own_files(
     (bundle / "python" / "bin" / "python3").symlink_to(base_python)
     subprocess.run(
         ["bash", str(SCRIPT), str(bundle / "python" / "bin" / "python3"), str(bundle)],
-        cwd=REPO, env={**os.environ, "UV": uv_command()}, check=True, timeout=300,
-    )  # fmt: skip
+        cwd=REPO,
+        env={**os.environ, "UV": uv_command()},
+        check=True,
+        timeout=300,
+    )
     assert not list((bundle / "site").glob("pytest*")), "dev tools leaked into the bundle"
     sid = f"bundle-{uuid.uuid4().hex[:8]}"
     env = {
-        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SANDPOD_NATS_URL": nats.url,
-        "SANDPOD_SANDBOX_ID": sid, "SANDPOD_STATE_DIR": str(tmp_path / "state"),
-    }  # fmt: skip
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "SANDPOD_NATS_URL": nats.url,
+        "SANDPOD_SANDBOX_ID": sid,
+        "SANDPOD_STATE_DIR": str(tmp_path / "state"),
+    }
     log = tmp_path / "execd.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

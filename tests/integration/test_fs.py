@@ -213,8 +213,9 @@ async def test_stat_list_and_exists_report_metadata(
     assert [e.name for e in top] == [".env", "gone", "latest", "src"] and not top.truncated
     assert [e.name for e in await sbx.fs.list(d, hidden=False)] == ["gone", "latest", "src"]
     deep = await sbx.fs.list(d, depth=3, hidden=False)
-    assert deep.paths == [f"{d}/{p}" for p in ("gone", "latest", "src", "src/main.py",
-                                                "src/pkg", "src/pkg/deep.py")]  # fmt: skip
+    assert deep.paths == [
+        f"{d}/{p}" for p in ("gone", "latest", "src", "src/main.py", "src/pkg", "src/pkg/deep.py")
+    ]
     assert (await sbx.fs.list(f"{d}/latest")).paths == [f"{d}/latest/main.py", f"{d}/latest/pkg"]
     with pytest.raises(FsNotADirectory):
         await sbx.fs.list(f"{d}/src/main.py")
@@ -238,8 +239,9 @@ async def test_list_pages_through_a_big_directory_with_a_cursor(
     seen: list[str] = []
     cursor = None
     while True:
-        page = await sbx._call("fs", "list", FsList(path=d, depth=2, limit=7, cursor=cursor),
-                               FsListing, 5)  # fmt: skip
+        page = await sbx._call(
+            "fs", "list", FsList(path=d, depth=2, limit=7, cursor=cursor), FsListing, 5
+        )
         seen += [e.path for e in page.entries]
         if not page.truncated:
             break
@@ -263,8 +265,12 @@ async def test_glob_matches_across_directories_and_skips_hidden(
     assert names(await sbx.fs.glob("*.py", path=d)) == ["a.py"]
     assert names(await sbx.fs.glob("**/*.py", path=d)) == ["a.py", "src/c.py", "src/x/d.py"]
     assert names(await sbx.fs.glob("**/*.py", path=d, hidden=True)) == [
-        ".hid/e.py", "a.py", "src/.f.py", "src/c.py", "src/x/d.py",
-    ]  # fmt: skip
+        ".hid/e.py",
+        "a.py",
+        "src/.f.py",
+        "src/c.py",
+        "src/x/d.py",
+    ]
     assert names(await sbx.fs.glob(f"{d}/src/*")) == ["src/c.py", "src/x"]
     assert names(await sbx.fs.glob("src/**", path=d, type="file")) == ["src/c.py", "src/x/d.py"]
     assert names(await sbx.fs.glob("s?c/[cd].py", path=d)) == ["src/c.py"]
@@ -409,9 +415,12 @@ async def test_write_and_mkdir_give_new_entries_the_owner_asked_for(
     big = await sbx.fs.write(f"{d}/big", b"y" * (2 << 20), owner=4323, group=4324)
     made = await sbx.fs.mkdir(f"{d}/made", owner=4325, group=4326)
     named = await sbx.fs.mkdir(f"{d}/named", owner="nobody", group=group)
-    for name, info, ids in (("small", small, (4321, 4322)), ("big", big, (4323, 4324)),
-                            ("made", made, (4325, 4326)),
-                            ("named", named, (nobody.pw_uid, nobody.pw_gid))):  # fmt: skip
+    for name, info, ids in (
+        ("small", small, (4321, 4322)),
+        ("big", big, (4323, 4324)),
+        ("made", made, (4325, 4326)),
+        ("named", named, (nobody.pw_uid, nobody.pw_gid)),
+    ):
         st = (host / name).stat()
         assert (st.st_uid, st.st_gid) == ids, name
         assert (info.uid, info.gid) == ids, name

@@ -27,8 +27,14 @@ def cp(nats: NatsServer, shared_execd: Execd) -> Cp:
         *args: str, data: bytes | None = None, stderr: int = subprocess.PIPE
     ) -> subprocess.CompletedProcess[bytes]:
         env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
-        return subprocess.run([SANDPOD, "cp", *args], input=data, stdout=subprocess.PIPE,
-                              stderr=stderr, env=env, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [SANDPOD, "cp", *args],
+            input=data,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            timeout=60,
+        )
 
     return run
 

@@ -153,9 +153,15 @@ def test_a_jailed_sandbox_resolves_every_path_in_its_own_root(tmp_path: Path) ->
         assert caught.value.code == "fs.not_found"  # the host's /etc/shadow exists
         if os.geteuid() == 0:
             written = write_file(
-                root, "/workspace/ok/f", b"x", mode=None, owner=None, make_parents=False,
-                exclusive=True, new_owner=(4321, 4321),
-            )  # fmt: skip
+                root,
+                "/workspace/ok/f",
+                b"x",
+                mode=None,
+                owner=None,
+                make_parents=False,
+                exclusive=True,
+                new_owner=(4321, 4321),
+            )
             assert written == "/workspace/ok/f"
             assert (ws / "in" / "f").stat().st_uid == 4321
     finally:

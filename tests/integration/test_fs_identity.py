@@ -69,8 +69,11 @@ def planted() -> Iterator[Planted]:
     top = Path("/var/tmp") / f"sandpod-fsident-{uuid.uuid4().hex[:10]}"
     top.mkdir(mode=0o755)
     top.chmod(0o755)
-    for name, data, mode, uid in (("root600", SECRET, 0o600, 0), ("root644", PUBLIC, 0o644, 0),
-                                  ("other600", SECRET, 0o600, OTHER_UID)):  # fmt: skip
+    for name, data, mode, uid in (
+        ("root600", SECRET, 0o600, 0),
+        ("root644", PUBLIC, 0o644, 0),
+        ("other600", SECRET, 0o600, OTHER_UID),
+    ):
         (top / name).write_bytes(data)
         (top / name).chmod(mode)
         os.chown(top / name, uid, uid)
@@ -128,8 +131,13 @@ async def test_reads_get_exactly_the_sandbox_users_rights(jailed: Jailed, plante
     """root 0600 (and /etc/shadow, /etc/gshadow) and another uid's 0600 are refused; root 0644
     and the sandbox's own files read; a root 0700 directory cannot be listed or looked into."""
     _, sbx = jailed
-    for path in ("/etc/shadow", "/etc/gshadow", planted.path("root600"), planted.path("other600"),
-                 f"{planted.path('privdir')}/inside"):  # fmt: skip
+    for path in (
+        "/etc/shadow",
+        "/etc/gshadow",
+        planted.path("root600"),
+        planted.path("other600"),
+        f"{planted.path('privdir')}/inside",
+    ):
         with pytest.raises(FsPermissionDenied):
             await sbx.fs.read(path)
     with pytest.raises(FsPermissionDenied):
@@ -195,10 +203,9 @@ async def test_own_files_work_and_chown_stays_within_its_ids(
             await sbx.fs.write("/workspace/mine/b.txt", b"x", owner=owner, group=group)
     with pytest.raises(FsPermissionDenied):
         await sbx.fs.chown("/workspace/mine", 0, recursive=True)
-    assert await inside(sbx, "stat -c '%u %g %a' /workspace/mine /workspace/mine/a.txt; "
-                             "ls /workspace/mine") == (
-        f"{st.uid} {st.gid} 755\n{st.uid} {st.gid} 600\na.txt\n"
-    )  # fmt: skip
+    assert await inside(
+        sbx, "stat -c '%u %g %a' /workspace/mine /workspace/mine/a.txt; ls /workspace/mine"
+    ) == (f"{st.uid} {st.gid} 755\n{st.uid} {st.gid} 600\na.txt\n")
     moved = await sbx.fs.move("/workspace/mine/a.txt", "/tmp/a.txt")  # across filesystems
     assert moved.uid == st.uid and await sbx.fs.read("/tmp/a.txt") == b"hello"
     assert await sbx.fs.remove("/workspace/mine", recursive=True)
@@ -218,8 +225,10 @@ async def test_watch_cwd_and_clone_need_the_users_rights(jailed: Jailed, planted
         await sbx.exec(planted.path("privdir"), "cat inside")
     assert (await sbx.exec(planted.path("rootdir"), "cat inside")).stdout == PUBLIC.decode()
     git = "git -c user.email=a@b -c user.name=a"
-    await inside(sbx, f"git init -q /workspace/src && cd /workspace/src && "
-                      f"{git} commit -q --allow-empty -m one")  # fmt: skip
+    await inside(
+        sbx,
+        f"git init -q /workspace/src && cd /workspace/src && {git} commit -q --allow-empty -m one",
+    )
     for target in (f"{planted.path('rootdir')}/clone", f"{planted.path('privdir')}/clone"):
         with pytest.raises(FsPermissionDenied):
             await sbx.git.clone("/workspace/src", target)
@@ -253,8 +262,9 @@ async def test_gateway_and_cli_refuse_root_files(
     env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
 
     def cp(*args: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([SANDPOD, "cp", *args], capture_output=True, env=env, timeout=60,
-                              check=False)  # fmt: skip
+        return subprocess.run(
+            [SANDPOD, "cp", *args], capture_output=True, env=env, timeout=60, check=False
+        )
 
     for path in ("/etc/shadow", planted.path("root600")):
         r = cp(f"{st.sandbox_id}:{path}", "-")

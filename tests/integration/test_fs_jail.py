@@ -69,10 +69,17 @@ async def test_symlinks_out_of_the_workspace_resolve_in_the_sandbox_root(
     reads return the sandbox's copy, writes land in the sandbox, magic links are refused."""
     st, sbx = jailed
     t = str(sentinel)
-    await inside(sbx, f"mkdir -p {t} && printf sandbox > {t}/secret && ln -s / /workspace/abs "
-                      "&& ln -s ../../../../.. /workspace/rel")  # fmt: skip
-    for path in (f"/workspace/abs{t}/secret", f"rel{t}/secret", f"{t}/secret",
-                 f"/workspace/rel/workspace/rel/workspace/abs/{t}/secret"):  # fmt: skip
+    await inside(
+        sbx,
+        f"mkdir -p {t} && printf sandbox > {t}/secret && ln -s / /workspace/abs "
+        "&& ln -s ../../../../.. /workspace/rel",
+    )
+    for path in (
+        f"/workspace/abs{t}/secret",
+        f"rel{t}/secret",
+        f"{t}/secret",
+        f"/workspace/rel/workspace/rel/workspace/abs/{t}/secret",
+    ):
         assert await sbx.fs.read(path) == b"sandbox", path
     names = {e.name for e in await sbx.fs.list(f"/workspace/abs{t}")}
     assert names == {"secret"}
@@ -98,8 +105,11 @@ async def test_changes_through_a_symlinked_parent_stay_in_the_root(
     change only the sandbox's files."""
     st, sbx = jailed
     t = str(sentinel)
-    await inside(sbx, f"mkdir -p {t} && cd {t} && for f in victim movable modeme; do "
-                      f"printf sandbox > $f; done && ln -s {t} /workspace/tlink")  # fmt: skip
+    await inside(
+        sbx,
+        f"mkdir -p {t} && cd {t} && for f in victim movable modeme; do "
+        f"printf sandbox > $f; done && ln -s {t} /workspace/tlink",
+    )
     assert await sbx.fs.remove("/workspace/tlink/victim")
     moved = await sbx.fs.move("/workspace/tlink/movable", "/workspace/moved")  # tmpfs -> disk
     assert moved.path == "/workspace/moved" and await sbx.fs.read("/workspace/moved") == b"sandbox"
@@ -155,8 +165,9 @@ async def test_swapping_a_directory_for_a_link_to_the_host_root_never_escapes(
     )
     proc = await sbx.proc.start("/workspace/race", ["python3", "-c", SWAPPER])
     try:
-        waited = await sbx.exec("/workspace/race", "while [ ! -e started ]; do sleep 0.01; done",
-                                timeout=30)  # fmt: skip
+        waited = await sbx.exec(
+            "/workspace/race", "while [ ! -e started ]; do sleep 0.01; done", timeout=30
+        )
         assert waited.exit_code == 0
         seen: set[bytes] = set()
         via = f"/workspace/race/d{t}"
@@ -242,8 +253,11 @@ async def test_disk_usage_and_exec_cwd_resolve_in_the_sandbox_root(
     big.mkdir()
     try:
         (big / "blob").write_bytes(os.urandom(32 * 1024 * 1024))
-        await inside(sbx, f"ln -s / /workspace/abs && mkdir -p {t} && printf sandbox > {t}/secret "
-                          f"&& ln -s {t} /workspace/hostdir")  # fmt: skip
+        await inside(
+            sbx,
+            f"ln -s / /workspace/abs && mkdir -p {t} && printf sandbox > {t}/secret "
+            f"&& ln -s {t} /workspace/hostdir",
+        )
         metrics = await sbx.metrics()
         assert metrics.disk_complete and metrics.disk_used < 16 * 1024 * 1024, metrics
         r = await sbx.exec("/workspace/hostdir", "cat secret; pwd -P")

@@ -113,10 +113,13 @@ async def test_chunks_reorder_resend_and_gaps(sbx: AsyncSandbox, where: tuple[st
     with pytest.raises(BadRequest) as caught:
         await _chunk(sbx, up, 100, b"gap")
     assert caught.value.details["received"] == 12
-    entry = await sbx._call("fs", "write_commit",
-                            FsWriteCommit(upload_id=up, size=12,
-                                          sha256=hashlib.sha256(b"helloworld!!").hexdigest()),
-                            FsEntry, 5)  # fmt: skip
+    entry = await sbx._call(
+        "fs",
+        "write_commit",
+        FsWriteCommit(upload_id=up, size=12, sha256=hashlib.sha256(b"helloworld!!").hexdigest()),
+        FsEntry,
+        5,
+    )
     assert entry.size == 12 and (host / "f.txt").read_bytes() == b"helloworld!!"
     assert _temp_files(host) == []
     with pytest.raises(FsUploadNotFound):

@@ -31,20 +31,25 @@ async def test_auth_matrix(
         r = await c.post("/v1/sandboxes/box/exec", json=body)
         assert (r.status_code, r.json()["code"]) == (401, "auth.unauthenticated")
         assert r.headers["www-authenticate"].startswith("Bearer")
-        for bad in ("nope", acme[:-1] + ("0" if acme[-1] != "0" else "1"), "spk_" + "0" * 12 + "_"
-                    + "0" * 48):  # fmt: skip
-            r = await c.post("/v1/sandboxes/box/exec", json=body,
-                             headers={"authorization": f"Bearer {bad}"})  # fmt: skip
+        for bad in (
+            "nope",
+            acme[:-1] + ("0" if acme[-1] != "0" else "1"),
+            "spk_" + "0" * 12 + "_" + "0" * 48,
+        ):
+            r = await c.post(
+                "/v1/sandboxes/box/exec", json=body, headers={"authorization": f"Bearer {bad}"}
+            )
             assert r.status_code == 401, bad
-        r = await c.post("/v1/sandboxes/box/exec", json=body,
-                         headers={"authorization": f"Bearer {acme}"})  # fmt: skip
+        r = await c.post(
+            "/v1/sandboxes/box/exec", json=body, headers={"authorization": f"Bearer {acme}"}
+        )
         assert (r.status_code, r.json()["stdout"]) == (200, "hi\n")
         # The other tenant: "box" is its own (missing) name; acme's id is not addressable at all.
-        missing = await c.post("/v1/sandboxes/missing/exec", json=body,
-                               headers={"x-api-key": other})  # fmt: skip
+        missing = await c.post(
+            "/v1/sandboxes/missing/exec", json=body, headers={"x-api-key": other}
+        )
         for name in ("box", "acme--box"):
-            r = await c.post(f"/v1/sandboxes/{name}/exec", json=body,
-                             headers={"x-api-key": other})  # fmt: skip
+            r = await c.post(f"/v1/sandboxes/{name}/exec", json=body, headers={"x-api-key": other})
             assert r.status_code == missing.status_code == 404
             assert r.json() == {**missing.json(), "message": f"sandbox {name!r} not found"}
         store = await KeyStore.open(gw.bus, gw.service.settings.bucket_base)

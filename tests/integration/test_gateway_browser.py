@@ -51,8 +51,9 @@ async def test_web_terminal_in_chromium(
             await asyncio.sleep(0.05)
         assert r.status_code == 201, r.text
         async with async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                               args=["--no-sandbox"])  # fmt: skip
+            browser = await pw.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
+            )
             try:
                 page = await browser.new_page(viewport={"width": 900, "height": 600})
                 await page.goto(f"{gw.url}/terminal#key={key}")

@@ -33,8 +33,9 @@ async def test_exec_oneshot_returns_output_and_exit_code(
     """POST /exec runs the command and returns stdout, stderr and the exit code as JSON."""
     key = await mint_key(gateway, "default")
     async with gateway.client(key) as c:
-        r = await c.post("/v1/sandboxes/shared/exec",
-                         json={"shell": "echo out; echo err >&2; exit 3"})  # fmt: skip
+        r = await c.post(
+            "/v1/sandboxes/shared/exec", json={"shell": "echo out; echo err >&2; exit 3"}
+        )
     assert r.status_code == 200, r.text
     body = r.json()
     assert (body["stdout"], body["stderr"], body["exit_code"]) == ("out\n", "err\n", 3)
@@ -45,9 +46,10 @@ async def test_exec_oneshot_large_output_is_complete(gateway: Gateway, shared_ex
     """Output larger than one NATS message is fetched in parts and returned whole."""
     key = await mint_key(gateway, "default")
     async with gateway.client(key) as c:
-        r = await c.post("/v1/sandboxes/shared/exec",
-                         json={"argv": ["head", "-c", "3000000", "/dev/zero"],
-                               "encoding": "base64"})  # fmt: skip
+        r = await c.post(
+            "/v1/sandboxes/shared/exec",
+            json={"argv": ["head", "-c", "3000000", "/dev/zero"], "encoding": "base64"},
+        )
     import base64
 
     assert len(base64.b64decode(r.json()["stdout"])) == 3_000_000
@@ -59,8 +61,9 @@ async def test_exec_stream_is_sse_ending_with_exit_event(
     """POST /exec/stream answers text/event-stream: stdout/stderr events, then exit with code."""
     key = await mint_key(gateway, "default")
     async with gateway.client(key) as c:
-        r = await c.post("/v1/sandboxes/shared/exec/stream",
-                         json={"shell": "echo a; echo b >&2; echo c; exit 7"})  # fmt: skip
+        r = await c.post(
+            "/v1/sandboxes/shared/exec/stream", json={"shell": "echo a; echo b >&2; echo c; exit 7"}
+        )
     assert r.headers["content-type"].startswith("text/event-stream")
     events = parse_sse(r.text)
     assert events[-1][0] == "exit" and events[-1][1]["exit_code"] == 7  # type: ignore[index]
@@ -100,8 +103,11 @@ async def test_unknown_sandbox_is_404_with_wire_code(gateway: Gateway) -> None:
     async with gateway.client(key) as c:
         r = await c.post("/v1/sandboxes/nobody-here/exec", json={"argv": ["true"]})
     assert r.status_code == 404
-    assert r.json() == {"code": "sandbox.not_found", "message": "sandbox 'nobody-here' not found",
-                        "retryable": False}  # fmt: skip
+    assert r.json() == {
+        "code": "sandbox.not_found",
+        "message": "sandbox 'nobody-here' not found",
+        "retryable": False,
+    }
 
 
 async def test_command_not_found_maps_to_422(gateway: Gateway, shared_execd: Execd) -> None:
@@ -130,10 +136,20 @@ async def test_malformed_bodies_are_400(gateway: Gateway, shared_execd: Execd) -
     """Bad JSON, a non-object, wrong field types and a missing command are clean 400s."""
     key = await mint_key(gateway, "default")
     async with gateway.client(key) as c:
-        for content in (b"{not json", b"[1,2]", b'{"argv": "ls"}', b"{}", b'{"argv": [1]}',
-                        b'{"shell": "x", "timeout": -1}', b"\xff\xfe"):  # fmt: skip
-            r = await c.post("/v1/sandboxes/shared/exec", content=content,
-                             headers={"content-type": "application/json"})  # fmt: skip
+        for content in (
+            b"{not json",
+            b"[1,2]",
+            b'{"argv": "ls"}',
+            b"{}",
+            b'{"argv": [1]}',
+            b'{"shell": "x", "timeout": -1}',
+            b"\xff\xfe",
+        ):
+            r = await c.post(
+                "/v1/sandboxes/shared/exec",
+                content=content,
+                headers={"content-type": "application/json"},
+            )
             assert r.status_code == 400, (content, r.text)
             assert r.json()["code"].startswith("bad_request")
 
@@ -142,8 +158,11 @@ async def test_oversized_body_and_headers_rejected(gateway: Gateway) -> None:
     """A JSON body over the cap is 413; headers over the cap are 431; the gateway keeps serving."""
     key = await mint_key(gateway, "default")
     async with gateway.client(key) as c:
-        r = await c.post("/v1/sandboxes/shared/exec", content=b"{" + b" " * (2 << 20) + b"}",
-                         headers={"content-type": "application/json"})  # fmt: skip
+        r = await c.post(
+            "/v1/sandboxes/shared/exec",
+            content=b"{" + b" " * (2 << 20) + b"}",
+            headers={"content-type": "application/json"},
+        )
         assert r.status_code == 413
         r = await c.get("/v1/sandboxes", headers={"x-big": "a" * 20000})
         assert r.status_code == 431

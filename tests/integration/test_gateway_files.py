@@ -40,15 +40,24 @@ async def test_upload_download_roundtrip_and_range(gateway: Gateway, shared_exec
         r = await c.get("/v1/sandboxes/shared/files/content", params={"path": path})
         assert r.status_code == 200 and r.content == data
         assert r.headers["accept-ranges"] == "bytes"
-        r = await c.get("/v1/sandboxes/shared/files/content", params={"path": path},
-                        headers={"range": "bytes=1048570-2097160"})  # fmt: skip
+        r = await c.get(
+            "/v1/sandboxes/shared/files/content",
+            params={"path": path},
+            headers={"range": "bytes=1048570-2097160"},
+        )
         assert r.status_code == 206 and r.content == data[1048570:2097161]
         assert r.headers["content-range"] == f"bytes 1048570-2097160/{len(data)}"
-        r = await c.get("/v1/sandboxes/shared/files/content", params={"path": path},
-                        headers={"range": "bytes=-10"})  # fmt: skip
+        r = await c.get(
+            "/v1/sandboxes/shared/files/content",
+            params={"path": path},
+            headers={"range": "bytes=-10"},
+        )
         assert r.content == data[-10:]
-        r = await c.get("/v1/sandboxes/shared/files/content", params={"path": path},
-                        headers={"range": f"bytes={len(data)}-"})  # fmt: skip
+        r = await c.get(
+            "/v1/sandboxes/shared/files/content",
+            params={"path": path},
+            headers={"range": f"bytes={len(data)}-"},
+        )
         assert r.status_code == 416
 
 
@@ -59,8 +68,12 @@ async def test_upload_hash_mismatch_leaves_file_untouched(
     key = await mint_key(gateway, "default")
     path = f"{_dir()}/x.txt"
     async with gateway.client(key) as c:
-        r = await c.put("/v1/sandboxes/shared/files/content", params={"path": path},
-                        content=b"hello", headers={"x-content-sha256": "0" * 64})  # fmt: skip
+        r = await c.put(
+            "/v1/sandboxes/shared/files/content",
+            params={"path": path},
+            content=b"hello",
+            headers={"x-content-sha256": "0" * 64},
+        )
         assert r.status_code == 400
         r = await c.get("/v1/sandboxes/shared/files/stat", params={"path": path})
         assert (r.status_code, r.json()["code"]) == (404, "fs.not_found")
@@ -125,15 +138,18 @@ async def test_large_transfer_streams_with_bounded_memory(
         await bus.drain()
     up = hashlib.sha256()
     path = f"{_dir()}/big.bin"
-    async with httpx.AsyncClient(base_url=gp.url, timeout=300,
-                                 headers={"authorization": f"Bearer {key}"}) as c:  # fmt: skip
-        r = await c.put("/v1/sandboxes/shared/files/content", params={"path": path},
-                        content=_body(size, up))  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=gp.url, timeout=300, headers={"authorization": f"Bearer {key}"}
+    ) as c:
+        r = await c.put(
+            "/v1/sandboxes/shared/files/content", params={"path": path}, content=_body(size, up)
+        )
         assert r.status_code == 201, r.text
         down = hashlib.sha256()
         got = 0
-        async with c.stream("GET", "/v1/sandboxes/shared/files/content",
-                            params={"path": path}) as r:  # fmt: skip
+        async with c.stream(
+            "GET", "/v1/sandboxes/shared/files/content", params={"path": path}
+        ) as r:
             async for chunk in r.aiter_bytes():
                 down.update(chunk)
                 got += len(chunk)

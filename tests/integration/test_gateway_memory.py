@@ -64,8 +64,9 @@ async def _wait_below(procs: list[psutil.Process], limits: list[int], timeout: f
 
 
 async def _open(url: str, key: str) -> ClientConnection:
-    ws = await connect(url, additional_headers={"authorization": f"Bearer {key}"}, max_queue=1,
-                       max_size=8 * MiB)  # fmt: skip
+    ws = await connect(
+        url, additional_headers={"authorization": f"Bearer {key}"}, max_queue=1, max_size=8 * MiB
+    )
     await ws.send(json.dumps({"shell": "exec yes 0123456789abcdef0123456789abcdef"}))
     while True:  # read only up to "started": the output is never read
         msg = await ws.recv()
@@ -99,8 +100,10 @@ async def test_unread_ws_execs_are_bounded_and_returned(
     try:
         during = await _settled(procs, time.monotonic() + 60)
         growth = [d - b for d, b in zip(during, before, strict=True)]
-        print(f"rss before {[b // MiB for b in before]} MiB, with {STREAMS} unread streams "
-              f"{[d // MiB for d in during]} MiB")  # fmt: skip
+        print(
+            f"rss before {[b // MiB for b in before]} MiB, with {STREAMS} unread streams "
+            f"{[d // MiB for d in during]} MiB"
+        )
         assert growth[0] < BOUND, (
             f"gateway grew by {growth[0] / MiB:.0f} MiB (bound {BOUND / MiB:.0f})"
         )

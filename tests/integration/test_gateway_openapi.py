@@ -24,18 +24,28 @@ schema = schemathesis.openapi.from_dict(spec()).exclude(path="/v1/events")
 
 
 @pytest.fixture(scope="module")
-def fuzz_target(nats: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        tuple[str, dict[str, str]]]:  # fmt: skip
+def fuzz_target(
+    nats: NatsServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, str]]]:
     """A gateway process and a key of a tenant that owns no sandbox (fuzzing never touches a
     real sandbox: commands of the process runtime would run on this host)."""
     import subprocess
     import sys
 
-    gp = GatewayProcess(nats.url, tmp_path_factory.mktemp("fuzz") / "gateway.log",
-                        SANDPOD_GATEWAY_RATE="100000", SANDPOD_GATEWAY_BURST="100000")  # fmt: skip
-    made = subprocess.run([sys.executable, "-m", "sandpod_gateway", "keys", "create", "--tenant",
-                           "fuzz"], env={"SANDPOD_NATS_URL": nats.url, "PATH": "/usr/bin"},
-                          capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    gp = GatewayProcess(
+        nats.url,
+        tmp_path_factory.mktemp("fuzz") / "gateway.log",
+        SANDPOD_GATEWAY_RATE="100000",
+        SANDPOD_GATEWAY_BURST="100000",
+    )
+    made = subprocess.run(
+        [sys.executable, "-m", "sandpod_gateway", "keys", "create", "--tenant", "fuzz"],
+        env={"SANDPOD_NATS_URL": nats.url, "PATH": "/usr/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     yield gp.url, {"authorization": f"Bearer {made.stdout.strip()}"}
     assert gp.stop() == 0
 
@@ -59,9 +69,15 @@ def no_server_error(ctx: object, response: schemathesis.Response, case: schemath
 
 
 @schema.parametrize()
-@settings(max_examples=8, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.filter_too_much])  # fmt: skip
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.filter_too_much,
+    ],
+)
 def test_fuzzed_requests_never_hit_a_server_error(
     case: schemathesis.Case, fuzz_target: tuple[str, dict[str, str]]
 ) -> None:

@@ -39,16 +39,18 @@ async def test_pools_and_claims_over_http_are_tenant_scoped(
     acme, other = await mint_key(gw, "acme"), await mint_key(gw, "other")
     async with gw.client(acme) as c, gw.client(other) as o:
         deadline = time.monotonic() + 30
-        while (r := await c.post("/v1/pools", json={"name": "py", "replicas": 2})).status_code \
-                == 503:  # fmt: skip
+        while (
+            r := await c.post("/v1/pools", json={"name": "py", "replicas": 2})
+        ).status_code == 503:
             assert time.monotonic() < deadline, r.text  # the services are still starting
             await asyncio.sleep(0.1)
         assert r.status_code == 201, r.text
         assert r.json()["metadata"] == {**r.json()["metadata"], "name": "py", "namespace": "acme"}
         await _until(c, "/v1/pools/py", lambda p: p.get("status", {}).get("availableReplicas") == 2)
         assert [p["metadata"]["name"] for p in (await c.get("/v1/pools")).json()["items"]] == ["py"]
-        claim = await c.post("/v1/claims", json={"pool": "py", "env": {"WHO": "acme"},
-                                                 "lifetime_seconds": 600})  # fmt: skip
+        claim = await c.post(
+            "/v1/claims", json={"pool": "py", "env": {"WHO": "acme"}, "lifetime_seconds": 600}
+        )
         assert claim.status_code == 201, claim.text
         body = claim.json()
         sandbox, name = body["status"]["sandbox"], body["metadata"]["name"]

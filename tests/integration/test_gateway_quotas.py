@@ -153,9 +153,18 @@ async def test_one_tenant_at_its_exec_quota_never_blocks_another(
     start_execd(sandbox_id=f"{b}--box")
     key_a, key_b = await mint_key(gw, a), await mint_key(gw, b)
     async with gw.client(key_b) as c:
-        slow = [asyncio.ensure_future(c.post("/v1/sandboxes/box/exec", json={
-            "shell": f"touch started-{i}; while [ ! -e go ]; do sleep 0.05; done; echo done"}))
-            for i in range(2)]  # fmt: skip
+        slow = [
+            asyncio.ensure_future(
+                c.post(
+                    "/v1/sandboxes/box/exec",
+                    json={
+                        "shell": f"touch started-{i}; "
+                        "while [ ! -e go ]; do sleep 0.05; done; echo done"
+                    },
+                )
+            )
+            for i in range(2)
+        ]
         deadline = time.monotonic() + 20
         while True:  # both commands run (the file API takes no exec slot)
             r = await c.get("/v1/sandboxes/box/files/stat?path=started-1")
@@ -166,8 +175,7 @@ async def test_one_tenant_at_its_exec_quota_never_blocks_another(
             await asyncio.sleep(0.05)
         r = await c.post("/v1/sandboxes/box/exec", json={"shell": "true"})
         _quota(r, "execs", "SANDPOD_GATEWAY_TENANT_MAX_EXECS")
-        async with c.stream("POST", "/v1/sandboxes/box/exec/stream",
-                            json={"shell": "true"}) as s:  # fmt: skip
+        async with c.stream("POST", "/v1/sandboxes/box/exec/stream", json={"shell": "true"}) as s:
             await s.aread()
             _quota(s, "execs", "SANDPOD_GATEWAY_TENANT_MAX_EXECS")
         async with gw.client(key_a) as ca:  # A runs at once while B is at its quota
@@ -202,8 +210,10 @@ async def test_sandbox_count_and_permanent_sandboxes(
         _quota(r, "sandboxes", "SANDPOD_GATEWAY_TENANT_MAX_SANDBOXES")
         assert (await c.get("/v1/sandboxes/two")).status_code == 404  # nothing was created
     async with gw.client(key_a) as c:
-        r = await c.post("/v1/sandboxes", json={"metadata": {"name": "one"}, "spec":
-                                                {"permanent": True}, **create})  # fmt: skip
+        r = await c.post(
+            "/v1/sandboxes",
+            json={"metadata": {"name": "one"}, "spec": {"permanent": True}, **create},
+        )
         _quota(r, "permanent_sandboxes", "keys create --allow-permanent")
         r = await c.post("/v1/sandboxes", json={"metadata": {"name": "one"}, **create})
         assert r.status_code == 201, r.text  # A is not limited by B's count
@@ -211,8 +221,10 @@ async def test_sandbox_count_and_permanent_sandboxes(
     async with gw.client(key_b) as c:
         assert (await c.delete("/v1/sandboxes/one?wait=30")).status_code == 200
     async with gw.client(key_b_perm) as c:  # the same tenant, with a key that allows it
-        r = await c.post("/v1/sandboxes", json={"metadata": {"name": "keeper"}, "spec":
-                                                {"permanent": True}, **create})  # fmt: skip
+        r = await c.post(
+            "/v1/sandboxes",
+            json={"metadata": {"name": "keeper"}, "spec": {"permanent": True}, **create},
+        )
         assert r.status_code == 201, r.text
         assert r.json()["spec"].get("permanent") is True
         assert (await c.delete("/v1/sandboxes/keeper?wait=30")).status_code == 200

@@ -24,8 +24,9 @@ from conftest import Execd
 __all__: list[str] = []
 
 
-async def _sse(c: httpx.AsyncClient, url: str, want: int, **kw: object) -> AsyncIterator[
-        tuple[str, dict[str, object]]]:  # fmt: skip
+async def _sse(
+    c: httpx.AsyncClient, url: str, want: int, **kw: object
+) -> AsyncIterator[tuple[str, dict[str, object]]]:
     async with c.stream("GET", url, **kw) as r:  # type: ignore[arg-type]
         assert r.status_code == 200
         event = ""
@@ -61,8 +62,10 @@ async def test_sandbox_crud_is_tenant_scoped(
 
 async def _crud(c: httpx.AsyncClient, o: httpx.AsyncClient, events: asyncio.Future[None]) -> None:
     """The CRUD walk of the test above (acme's client ``c``, the other tenant's ``o``)."""
-    r = await c.post("/v1/sandboxes", json={"metadata": {"name": "box",
-                     "labels": {"app": "web"}}, "spec": {}, "wait": 60})  # fmt: skip
+    r = await c.post(
+        "/v1/sandboxes",
+        json={"metadata": {"name": "box", "labels": {"app": "web"}}, "spec": {}, "wait": 60},
+    )
     assert r.status_code == 201, r.text
     obj = r.json()
     assert obj["metadata"]["name"] == "box" and obj["metadata"]["namespace"] == "acme"
@@ -129,8 +132,11 @@ async def test_watch_streams_file_events(gateway: Gateway, shared_execd: Execd) 
         async for ev, data in _sse(c, "/v1/sandboxes/shared/watch", 100, params={"path": d}):
             seen.append((ev, data.get("path")))
             if ev == "ready":
-                await c.put("/v1/sandboxes/shared/files/content",
-                            params={"path": f"{d}/new.txt"}, content=b"x")  # fmt: skip
+                await c.put(
+                    "/v1/sandboxes/shared/files/content",
+                    params={"path": f"{d}/new.txt"},
+                    content=b"x",
+                )
             elif data.get("path") == f"{d}/new.txt":
                 break
     assert seen[0][0] == "ready" and seen[-1][1] == f"{d}/new.txt"
@@ -148,7 +154,10 @@ async def test_two_replicas_serve_the_same_sandbox(
         await ca.put("/v1/sandboxes/shared/files/content", params={"path": path}, content=b"hi")
         r = await cb.get("/v1/sandboxes/shared/files/content", params={"path": path})
         assert r.content == b"hi"
-        outs = await asyncio.gather(*(
-            cl.post("/v1/sandboxes/shared/exec", json={"argv": ["cat", name]})
-            for cl in (ca, cb, ca, cb)))  # fmt: skip
+        outs = await asyncio.gather(
+            *(
+                cl.post("/v1/sandboxes/shared/exec", json={"argv": ["cat", name]})
+                for cl in (ca, cb, ca, cb)
+            )
+        )
         assert [o.json()["stdout"] for o in outs] == ["hi"] * 4

@@ -85,7 +85,9 @@ async def test_no_key_or_ticket_in_the_gateway_log(
 
         t1 = await ticket(key)
         assert await _ws_exec(f"{base}?ticket={t1}", "echo via-url-ticket") == (
-            b"via-url-ticket\n", 0)  # fmt: skip
+            b"via-url-ticket\n",
+            0,
+        )
         with pytest.raises(InvalidStatus) as replay:  # single use: a logged ticket is dead
             await _ws_exec(f"{base}?ticket={t1}", "echo again")
         assert replay.value.response.status_code == 401
@@ -93,11 +95,15 @@ async def test_no_key_or_ticket_in_the_gateway_log(
         t2 = await ticket(key)
         protos = [Subprotocol("sandpod"), Subprotocol(f"sandpod.ticket.{t2}")]
         assert await _ws_exec(base, "echo via-proto-ticket", subprotocols=protos) == (
-            b"via-proto-ticket\n", 0)  # fmt: skip
+            b"via-proto-ticket\n",
+            0,
+        )
 
         protos = [Subprotocol("sandpod"), Subprotocol(f"sandpod.key.{key}")]
         assert await _ws_exec(base, "echo via-proto-key", subprotocols=protos) == (
-            b"via-proto-key\n", 0)  # fmt: skip
+            b"via-proto-key\n",
+            0,
+        )
 
         with pytest.raises(InvalidStatus) as in_url:  # the key in the URL is refused outright
             await _ws_exec(f"{base}?token={key}", "echo nope")
@@ -111,8 +117,11 @@ async def test_no_key_or_ticket_in_the_gateway_log(
         assert err["code"] == "sandbox.not_found"
 
         # nothing else harmed: plain header auth still works on the same gateway
-        r = await c.post("/v1/sandboxes/shared/exec", json={"shell": "echo ok"},
-                         headers={"authorization": f"Bearer {key}"})  # fmt: skip
+        r = await c.post(
+            "/v1/sandboxes/shared/exec",
+            json={"shell": "echo ok"},
+            headers={"authorization": f"Bearer {key}"},
+        )
         assert r.json()["stdout"] == "ok\n"
 
     log = gw.log.read_text()
@@ -132,8 +141,12 @@ async def test_deeply_nested_json_is_a_400(
     key = await _key(nats, "default")
     auth = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     async with httpx.AsyncClient(base_url=gw.url, timeout=30, headers=auth) as c:
-        for path in ("/v1/sandboxes/shared/exec", "/v1/sandboxes", "/v1/claims",
-                     "/v1/sandboxes/shared/files/mkdir"):  # fmt: skip
+        for path in (
+            "/v1/sandboxes/shared/exec",
+            "/v1/sandboxes",
+            "/v1/claims",
+            "/v1/sandboxes/shared/files/mkdir",
+        ):
             r = await c.post(path, content=DEEP)
             assert r.status_code == 400, (path, r.status_code, r.text[:300])
             assert r.json()["code"] == "bad_request.json_too_deep", r.text

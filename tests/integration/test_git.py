@@ -31,9 +31,13 @@ from sandpod.errors import (
 )
 
 GIT_ENV = {
-    **os.environ, "GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.com",
-    "GIT_COMMITTER_NAME": "T", "GIT_COMMITTER_EMAIL": "t@example.com", "LC_ALL": "C",
-}  # fmt: skip
+    **os.environ,
+    "GIT_AUTHOR_NAME": "T",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "T",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+    "LC_ALL": "C",
+}
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -147,8 +151,11 @@ async def test_status_and_diff_after_changes(sbx, origin, target) -> None:
     st = await sbx.git.status(f"{path}/new dir")  # any directory inside the repository works
     assert st.path == path
     got = {e.path: (e.state, e.index, e.worktree) for e in st.entries}
-    assert got == {"a.txt": ("modified", ".", "M"), "b.txt": ("modified", "M", "."),
-                   "new dir/n.txt": ("untracked", "?", "?")}  # fmt: skip
+    assert got == {
+        "a.txt": ("modified", ".", "M"),
+        "b.txt": ("modified", "M", "."),
+        "new dir/n.txt": ("untracked", "?", "?"),
+    }
     work = await sbx.git.diff(path)
     assert "-one\n+changed\n" in work.text and "b.txt" not in work.text
     staged = await sbx.git.diff(path, staged=True)
@@ -164,8 +171,11 @@ async def test_status_ahead_behind_and_rename(sbx, origin, target) -> None:
     host, path = target
     await sbx.git.clone(origin["path"], path)
     (host / "local.txt").write_text("x")
-    r = await sbx.exec(path, "git add local.txt && git -c user.name=a -c user.email=a@b "
-                             "commit -qm local && git mv a.txt moved.txt")  # fmt: skip
+    r = await sbx.exec(
+        path,
+        "git add local.txt && git -c user.name=a -c user.email=a@b "
+        "commit -qm local && git mv a.txt moved.txt",
+    )
     assert r.exit_code == 0, r.stderr
     (Path(origin["path"]) / "c.txt").write_text("c")
     git(Path(origin["path"]), "add", "c.txt")
@@ -334,8 +344,9 @@ async def test_authenticated_clone_succeeds_and_keeps_no_credentials(
     with dumb_http_server(bare.resolve(), token) as (port, seen):
         clean = f"http://127.0.0.1:{port}/repo.git"
         head = await sbx.git.clone(clean, path, token=token)
-        head2 = await sbx.git.clone(f"http://alice:{token}@127.0.0.1:{port}/repo.git",
-                                    f"{path}-url")  # fmt: skip
+        head2 = await sbx.git.clone(
+            f"http://alice:{token}@127.0.0.1:{port}/repo.git", f"{path}-url"
+        )
         status = await sbx.git.status(path)
     assert (head.branch, head.commit) == ("main", origin["main"])
     assert (head2.branch, head2.commit) == ("main", origin["main"])

@@ -100,10 +100,14 @@ async def test_filling_dev_shm_through_exec_keeps_the_sandbox_serving(
     lc = lifecycles(**LOCAL)
     await _ready_api(lc)
     sbx = await AsyncSandbox.connect("small-probe", nats_url=lc.url, prefix=lc.prefix)
-    template = {"kind": "SandboxTemplate", "metadata": {"name": "small"},
-                "spec": {"resources": {"memory": "64Mi"}}}  # fmt: skip
-    await api_call(sbx.bus, sbx.subjects, "templates", "apply", ObjectRequest(object=template),
-                   ObjectReply)  # fmt: skip
+    template = {
+        "kind": "SandboxTemplate",
+        "metadata": {"name": "small"},
+        "spec": {"resources": {"memory": "64Mi"}},
+    }
+    await api_call(
+        sbx.bus, sbx.subjects, "templates", "apply", ObjectRequest(object=template), ObjectReply
+    )
     await sbx.close()
     sbx = await AsyncSandbox.create(
         name="shm-filler", template="small", nats_url=lc.url, prefix=lc.prefix

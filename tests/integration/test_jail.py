@@ -120,8 +120,14 @@ async def run(
     assert status.jail_file is not None
     jail = Jail.load(status.jail_file, status.sandbox_id)
     try:
-        ctx = SandboxContext(status.sandbox_id, Path("/unused"), "/bin/bash", {},
-                             ExecRegistry(10, stored_budget=MiB), jail=jail)  # fmt: skip
+        ctx = SandboxContext(
+            status.sandbox_id,
+            Path("/unused"),
+            "/bin/bash",
+            {},
+            ExecRegistry(10, stored_budget=MiB),
+            jail=jail,
+        )
         argv, shell = (tuple(command), None) if isinstance(command, list) else (None, command)
         proc = spawn(ctx.command(argv, shell, cwd, env, stdin=False))
         return await run_to_completion(
@@ -175,8 +181,11 @@ def mounts_mentioning(text: str) -> list[str]:
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                found += [line for line in Path(entry.path, "mountinfo").read_text().splitlines()
-                          if text in line]  # fmt: skip
+                found += [
+                    line
+                    for line in Path(entry.path, "mountinfo").read_text().splitlines()
+                    if text in line
+                ]
     return found
 
 
@@ -190,8 +199,18 @@ async def test_every_protection_is_active_on_this_host(runtime: LocalRuntime, ma
     st = await make()
     assert st.running and not st.paused and st.holder_pid
     assert st.degraded == {}, st.degraded
-    expected = {"memory", "cpu", "pids", "freezer", "network", "rootfs", "pid_namespace",
-                "mount_namespace", "no_new_privs", "unprivileged_user"}  # fmt: skip
+    expected = {
+        "memory",
+        "cpu",
+        "pids",
+        "freezer",
+        "network",
+        "rootfs",
+        "pid_namespace",
+        "mount_namespace",
+        "no_new_privs",
+        "unprivileged_user",
+    }
     assert expected <= set(st.protections)
     assert await runtime.list() == [st.sandbox_id]
 
@@ -225,8 +244,10 @@ async def test_sandboxes_cannot_see_each_other(make: Make, state: Path) -> None:
     await background(b, f"sleep 300; : {token}")
     wait_until(lambda: len(pids_with(token)) == 1, 10, "b's process")  # it exists: can fail
     assert b.workspace is not None and (b.workspace / "secret").exists()
-    probe = (f"{FIND_TOKEN} /proc/[0-9]*/cmdline /workspace /tmp --exclude pattern; "
-             f"ls {b.workspace} {state / b.sandbox_id} /proc/{b.holder_pid}/root 2>&1")  # fmt: skip
+    probe = (
+        f"{FIND_TOKEN} /proc/[0-9]*/cmdline /workspace /tmp --exclude pattern; "
+        f"ls {b.workspace} {state / b.sandbox_id} /proc/{b.holder_pid}/root 2>&1"
+    )
     out = await run(a, probe, env={"T": token})
     text = out.stdout.value().decode() + out.stderr.value().decode()
     assert token not in text
@@ -262,9 +283,18 @@ async def test_host_paths_are_masked_and_no_host_mount_is_writable(make: Make, s
     mountinfo = await ok(st, "cat /proc/self/mountinfo")
     points = {line.split()[4]: line.split(" - ")[1].split()[0] for line in mountinfo.splitlines()}
     # /tmp is no mount: with a disk quota it is the writable layer's own (opaque) directory.
-    expected = {"/": "overlay", "/proc": "proc", "/run": "tmpfs", "/dev": "tmpfs",
-                "/dev/pts": "devpts", "/dev/shm": "tmpfs", "/workspace": "ext4",
-                str(state): "tmpfs", "/root": "tmpfs", "/home": "tmpfs"}  # fmt: skip
+    expected = {
+        "/": "overlay",
+        "/proc": "proc",
+        "/run": "tmpfs",
+        "/dev": "tmpfs",
+        "/dev/pts": "devpts",
+        "/dev/shm": "tmpfs",
+        "/workspace": "ext4",
+        str(state): "tmpfs",
+        "/root": "tmpfs",
+        "/home": "tmpfs",
+    }
     devices = {p: t for p, t in points.items() if p.startswith("/dev/") and t == "devtmpfs"}
     assert set(devices) == {
         f"/dev/{d}" for d in ("null", "zero", "full", "random", "urandom", "tty")
@@ -358,8 +388,11 @@ async def test_pause_freezes_processes_and_resume_continues_them(state: Path, co
         st = await rt.create(InstanceSpec(sandbox_id=f"p-{uuid.uuid4().hex[:8]}"))
         assert st.workspace is not None
         counter = st.workspace / "counter"
-        await background(st, "i=0; while :; do i=$((i+1)); echo $i > /workspace/c; "
-                             "mv /workspace/c /workspace/counter; done")  # fmt: skip
+        await background(
+            st,
+            "i=0; while :; do i=$((i+1)); echo $i > /workspace/c; "
+            "mv /workspace/c /workspace/counter; done",
+        )
 
         def value() -> int:
             with contextlib.suppress(OSError, ValueError):
@@ -411,8 +444,12 @@ async def test_destroying_a_paused_sandbox_leaves_nothing(
     st = await make()
     await background(st, "sleep 300")
     assert (await runtime.pause(st.sandbox_id)).paused
-    pids = {int(p) for d in st.cgroups for f in Path(d).rglob("cgroup.procs")
-            for p in f.read_text().split()}  # fmt: skip
+    pids = {
+        int(p)
+        for d in st.cgroups
+        for f in Path(d).rglob("cgroup.procs")
+        for p in f.read_text().split()
+    }
     assert len(pids) >= 4, pids  # unshare, holder, its sleep, ours
     await runtime.destroy(st.sandbox_id)
     alive = {p: psutil.Process(p).cmdline() for p in pids if running(p)}
@@ -586,8 +623,9 @@ async def test_execd_timeout_kills_strays_that_left_the_tree(
     _, sbx = jailed
     token = marker()
     # The subshell exits at once: the daemon is re-parented to the holder, out of our tree.
-    r = await sbx.exec(f"(setsid sh -c 'sleep 300; : {token}' >/dev/null 2>&1 &); sleep 300",
-                       timeout=1)  # fmt: skip
+    r = await sbx.exec(
+        f"(setsid sh -c 'sleep 300; : {token}' >/dev/null 2>&1 &); sleep 300", timeout=1
+    )
     assert r.timed_out
     wait_until(lambda: not pids_with(token), 10, "the stray to die")
 
@@ -628,8 +666,10 @@ async def test_git_works_inside_the_jail(
 ) -> None:
     """git in a jailed sandbox sees jail paths: init, commit, clone a local repo, status."""
     st, sbx = jailed
-    setup = "git init -q -b main src && cd src && echo a > f && git add f && " \
-        "git -c user.name=t -c user.email=t@e commit -qm one"  # fmt: skip
+    setup = (
+        "git init -q -b main src && cd src && echo a > f && git add f && "
+        "git -c user.name=t -c user.email=t@e commit -qm one"
+    )
     assert (await sbx.exec(setup)).exit_code == 0
     head = await sbx.git.clone("/workspace/src", "/workspace/copy")
     assert head.path == "/workspace/copy" and head.branch == "main"
@@ -665,8 +705,9 @@ async def test_metrics_of_a_jail_come_from_its_cgroups(
     async with _runtime(_config(state, core)) as rt:
         if core == "v2" and (await rt.capabilities()).cgroup_v2 is None:
             pytest.skip("no cgroup v2 hierarchy on this host")
-        spec = InstanceSpec(sandbox_id=f"m-{uuid.uuid4().hex[:8]}",
-                            resources=Resources(memory_bytes=384 * MiB))  # fmt: skip
+        spec = InstanceSpec(
+            sandbox_id=f"m-{uuid.uuid4().hex[:8]}", resources=Resources(memory_bytes=384 * MiB)
+        )
         st = await rt.create(spec)
         execd = start_execd(st.sandbox_id, SANDPOD_EXECD_JAIL=str(st.jail_file))
         try:

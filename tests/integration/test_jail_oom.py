@@ -37,8 +37,10 @@ def _memory_dir(status: InstanceStatus) -> Path:
     of); on a unified v2 hierarchy the holder can only be spared by oom_score_adj."""
     found = [Path(d) for d in status.cgroups if (Path(d) / "memory.limit_in_bytes").exists()]
     if not found:
-        pytest.skip("no cgroup v1 memory hierarchy here: on cgroup v2 the holder shares the "
-                    "sandbox's memory cgroup (see the holder_oom protection)")  # fmt: skip
+        pytest.skip(
+            "no cgroup v1 memory hierarchy here: on cgroup v2 the holder shares the "
+            "sandbox's memory cgroup (see the holder_oom protection)"
+        )
     return found[0]
 
 

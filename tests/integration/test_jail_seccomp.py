@@ -86,13 +86,40 @@ out["clone_newuser"] = ctypes.get_errno() if pid < 0 else (os.waitpid(pid, 0), 0
 out["unshare"] = call(272, 0x10000000)  # last: as root it succeeds and changes our namespace
 print(json.dumps(out))
 """
-REFUSED = {name: ENOSYS if name == "clone3" else EPERM for name in (
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "add_key", "keyctl", "request_key",
-    "bpf", "perf_event_open", "userfaultfd", "vsock", "mount", "umount2", "pivot_root", "fsopen",
-    "move_mount", "open_tree", "kexec_load", "kexec_file_load", "init_module", "finit_module",
-    "delete_module", "reboot", "swapon", "open_by_handle_at", "setns", "personality", "clone3",
-    "clone_newuser", "unshare",
-)}  # fmt: skip
+REFUSED = {
+    name: ENOSYS if name == "clone3" else EPERM
+    for name in (
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "add_key",
+        "keyctl",
+        "request_key",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "vsock",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "fsopen",
+        "move_mount",
+        "open_tree",
+        "kexec_load",
+        "kexec_file_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "reboot",
+        "swapon",
+        "open_by_handle_at",
+        "setns",
+        "personality",
+        "clone3",
+        "clone_newuser",
+        "unshare",
+    )
+}
 # Everyday work the filter must leave alone.
 EVERYDAY = r"""
 set -e
@@ -120,12 +147,18 @@ async def test_the_compiled_filter_refuses_even_root() -> None:
     ENOSYS) though root could make it; unfiltered, root gets none of those answers."""
     helper = seccomp.helper()
     assert helper is not None, "sandpod-jail-exec is not built: run make install"
-    bare = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          check=True, timeout=30)  # fmt: skip
+    bare = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=30
+    )
     unfiltered = _probe(bare.stdout)
     assert {n: e for n, e in unfiltered.items() if e == REFUSED[n]} == {}, unfiltered
-    done = subprocess.run([helper, "--filter-only", sys.executable, "-c", PROBE],
-                          capture_output=True, text=True, check=True, timeout=30)  # fmt: skip
+    done = subprocess.run(
+        [helper, "--filter-only", sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     assert _probe(done.stdout) == REFUSED
 
 
@@ -135,8 +168,12 @@ async def test_a_foreign_system_call_abi_kills_the_process() -> None:
     helper = seccomp.helper()
     assert helper is not None, "sandpod-jail-exec is not built: run make install"
     x32 = "import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 39); print('survived')"
-    r = subprocess.run([helper, "--filter-only", sys.executable, "-c", x32],
-                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    r = subprocess.run(
+        [helper, "--filter-only", sys.executable, "-c", x32],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == -31 and "survived" not in r.stdout, (r.returncode, r.stdout)  # SIGSYS
     plain = subprocess.run([sys.executable, "-c", x32], capture_output=True, text=True, timeout=30)
     assert plain.stdout == "survived\n"
@@ -204,8 +241,12 @@ async def test_every_entry_into_the_jail_is_filtered(
 def _as_uid(uid: int, script: str) -> str:
     """Run python ``script`` on the host as ``uid`` (the system python: the venv's may live
     where that uid cannot read)."""
-    r = subprocess.run(["/usr/bin/python3", "-c", f"import os; os.setgid({uid}); os.setuid({uid})\n"
-                        + script], capture_output=True, text=True, timeout=30)  # fmt: skip
+    r = subprocess.run(
+        ["/usr/bin/python3", "-c", f"import os; os.setgid({uid}); os.setuid({uid})\n" + script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 
@@ -301,9 +342,11 @@ def test_the_template_loosens_only_with_valid_explicit_fields() -> None:
     assert seccomp.mode_for(loose.seccomp, loose.allow_nested_user_namespaces) == "nested"
     free = parse({"security": {"seccomp": "Unconfined"}}).security
     assert seccomp.mode_for(free.seccomp, free.allow_nested_user_namespaces) == "unconfined"
-    for bad, field in (({"seccomp": "Off"}, "spec.security.seccomp"),
-                       ({"allowNestedUserNamespaces": "yes"}, "spec.security.allowNested"),
-                       ("all", "spec.security")):  # fmt: skip
+    for bad, field in (
+        ({"seccomp": "Off"}, "spec.security.seccomp"),
+        ({"allowNestedUserNamespaces": "yes"}, "spec.security.allowNested"),
+        ("all", "spec.security"),
+    ):
         with pytest.raises(ResourceInvalid, match=field):
             parse({"security": bad})
     assert seccomp.protection(os.getpid(), "default", None) == seccomp.NO_HELPER

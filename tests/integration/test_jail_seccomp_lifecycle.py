@@ -28,11 +28,15 @@ async def test_the_isolated_condition_says_what_a_template_loosened(
 ) -> None:
     lc = lifecycles(SANDPOD_RUNTIME="local")
     await _ready_api(lc)
-    template = {"kind": "SandboxTemplate", "metadata": {"name": "nested"},
-                "spec": {"security": {"allowNestedUserNamespaces": True}}}  # fmt: skip
+    template = {
+        "kind": "SandboxTemplate",
+        "metadata": {"name": "nested"},
+        "spec": {"security": {"allowNestedUserNamespaces": True}},
+    }
     async with await AsyncSandbox.connect("x", nats_url=lc.url, prefix=lc.prefix) as api:
-        await api_call(api.bus, api.subjects, "templates", "apply",
-                       ObjectRequest(object=template), ObjectReply)  # fmt: skip
+        await api_call(
+            api.bus, api.subjects, "templates", "apply", ObjectRequest(object=template), ObjectReply
+        )
     strict = await AsyncSandbox.create(name="strict", nats_url=lc.url, prefix=lc.prefix)
     async with strict:
         loose = await AsyncSandbox.create(

@@ -89,8 +89,9 @@ async def installation(tmp_path: Path) -> AsyncIterator[tuple[NatsServer, Path]]
 
 
 async def _connect(server: NatsServer, creds: Path, violations: Violations) -> Client:
-    return await nats.connect(server.url, user_credentials=str(creds), allow_reconnect=False,
-                              error_cb=violations.record)  # fmt: skip
+    return await nats.connect(
+        server.url, user_credentials=str(creds), allow_reconnect=False, error_cb=violations.record
+    )
 
 
 def test_the_setup_makes_exactly_the_kubernetes_users(tmp_path: Path) -> None:

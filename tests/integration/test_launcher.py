@@ -21,9 +21,11 @@ def _execds(state: Path, sandbox_id: str) -> list[int]:
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             env = proc.environ()
-            if ("sandpod_execd" in " ".join(proc.info["cmdline"] or [])
-                    and env.get("SANDPOD_STATE_DIR") == str(state)
-                    and env.get("SANDPOD_SANDBOX_ID") == sandbox_id):  # fmt: skip
+            if (
+                "sandpod_execd" in " ".join(proc.info["cmdline"] or [])
+                and env.get("SANDPOD_STATE_DIR") == str(state)
+                and env.get("SANDPOD_SANDBOX_ID") == sandbox_id
+            ):
                 found.append(proc.pid)
     return found
 
@@ -67,8 +69,7 @@ async def test_racing_starts_make_one_execd(
     a, b = launchers
     sid = f"l-{uuid.uuid4().hex[:8]}"
     try:
-        results = await asyncio.gather(a.start(sid, {}), b.start(sid, {}),
-                                       return_exceptions=True)  # fmt: skip
+        results = await asyncio.gather(a.start(sid, {}), b.start(sid, {}), return_exceptions=True)
         pids = {r for r in results if isinstance(r, int)}
         assert all(isinstance(r, int | LauncherBusy) for r in results), results
         assert len(pids) == 1 and _execds(tmp_path, sid) == list(pids)

@@ -28,8 +28,11 @@ KEY = "sandbox.default.x"
 async def _pair(bus: Bus, ttl: float) -> tuple[Leases, Leases, str]:
     """Two replicas' leases on a bucket of this test's own, and its name."""
     bucket = f"leases-{uuid.uuid4().hex[:8]}"
-    return (await Leases.open(bus, "a", ttl, bucket=bucket),
-            await Leases.open(bus, "b", ttl, bucket=bucket), bucket)  # fmt: skip
+    return (
+        await Leases.open(bus, "a", ttl, bucket=bucket),
+        await Leases.open(bus, "b", ttl, bucket=bucket),
+        bucket,
+    )
 
 
 async def test_one_holder_and_a_fresh_lease_costs_no_round_trip(bus: Bus) -> None:

@@ -39,13 +39,22 @@ class Lifecycle:
         self, nats: NatsServer, state: Path, prefix: str, replica: str, **extra: str
     ) -> None:
         self.state, self.prefix, self.url = state, prefix, nats.url
-        env = {**os.environ, "SANDPOD_NATS_URL": nats.url, "SANDPOD_PREFIX": prefix,
-               "SANDPOD_STATE_DIR": str(state), "SANDPOD_RESYNC": "0.5", "SANDPOD_LEASE_TTL": "2",
-               "SANDPOD_REPLICA_ID": replica, "SANDPOD_LOG_LEVEL": "debug", **extra}  # fmt: skip
+        env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": nats.url,
+            "SANDPOD_PREFIX": prefix,
+            "SANDPOD_STATE_DIR": str(state),
+            "SANDPOD_RESYNC": "0.5",
+            "SANDPOD_LEASE_TTL": "2",
+            "SANDPOD_REPLICA_ID": replica,
+            "SANDPOD_LOG_LEVEL": "debug",
+            **extra,
+        }
         self.log = state / f"lifecycle-{replica}.log"
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "sandpod_lifecycle"], env=env,
-                                         stdout=out, stderr=out)  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sandpod_lifecycle"], env=env, stdout=out, stderr=out
+            )
 
     def execd_pids(self) -> dict[str, int]:
         out = {}
@@ -74,10 +83,17 @@ def lifecycles(nats: NatsServer, tmp_path: Path) -> Iterator[Callable[..., Lifec
             lc.proc.wait(20)
     for jail in (tmp_path / "jails").glob("*/jail.json"):  # local runtime: destroy what is left
         subprocess.run(
-            [sys.executable, "-c", DESTROY_JAIL, str(tmp_path / "jails"), jail.parent.name,
-             Installation.claim(prefix, tmp_path, None).cgroup_parent],
-            check=False, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                DESTROY_JAIL,
+                str(tmp_path / "jails"),
+                jail.parent.name,
+                Installation.claim(prefix, tmp_path, None).cgroup_parent,
+            ],
+            check=False,
+            timeout=60,
+        )
     pids = started[0].execd_pids() if started else {}
     for pid in pids.values():  # instances outlive lifecycle on purpose; tests clean them up
         os.kill(pid, signal.SIGKILL)
@@ -388,9 +404,12 @@ async def test_local_runtime_jail_through_lifecycle(
         other = await AsyncSandbox.create(name="second", nats_url=lc.url, prefix=lc.prefix)
         async with other:
             assert (await other.exec("hostname")).stdout == "second\n"
-            execds = [p for p in psutil.process_iter(["cmdline"])
-                      if "sandpod_execd" in " ".join(p.info["cmdline"] or [])
-                      and _env(p).get("SANDPOD_PREFIX") == lc.prefix]  # fmt: skip
+            execds = [
+                p
+                for p in psutil.process_iter(["cmdline"])
+                if "sandpod_execd" in " ".join(p.info["cmdline"] or [])
+                and _env(p).get("SANDPOD_PREFIX") == lc.prefix
+            ]
             assert len(execds) == 1, "one node execd serves every local sandbox"
             await other.kill()
         await sbx.kill()
@@ -408,16 +427,23 @@ async def test_a_templates_disk_is_the_jails_quota(
     await _ready_api(lc)
     admin = await AsyncSandbox.connect("default", nats_url=lc.url, prefix=lc.prefix)
     try:
-        obj = {"kind": "SandboxTemplate", "metadata": {"name": "small-disk"},
-               "spec": {"resources": {"disk": "64Mi"}}}  # fmt: skip
-        await api_call(admin.bus, admin.subjects, "templates", "apply",
-                       ObjectRequest(object=obj), ObjectReply)  # fmt: skip
+        obj = {
+            "kind": "SandboxTemplate",
+            "metadata": {"name": "small-disk"},
+            "spec": {"resources": {"disk": "64Mi"}},
+        }
+        await api_call(
+            admin.bus, admin.subjects, "templates", "apply", ObjectRequest(object=obj), ObjectReply
+        )
     finally:
         await admin.close()
     sbx = await AsyncSandbox.create("small-disk", nats_url=lc.url, prefix=lc.prefix)
     async with sbx:
-        r = await sbx.exec("/", "df -B1 --output=size /workspace | tail -1; "
-                           "dd if=/dev/zero of=/workspace/hog bs=1M count=100")  # fmt: skip
+        r = await sbx.exec(
+            "/",
+            "df -B1 --output=size /workspace | tail -1; "
+            "dd if=/dev/zero of=/workspace/hog bs=1M count=100",
+        )
         assert r.exit_code != 0 and "No space left on device" in r.stderr, r
         assert 56 << 20 <= int(r.stdout.split()[0]) <= 64 << 20, r.stdout
         isolated = (await sbx.describe()).condition("Isolated")
@@ -450,8 +476,14 @@ async def test_destroy_on_exit_needs_no_nats(tmp_path: Path) -> None:
         pytest.skip("the local runtime needs root (run the suite as root, as CI does)")
     nats = NatsServer(tmp_path / "nats")
     nats.start()
-    lc = Lifecycle(nats, tmp_path, f"t{uuid.uuid4().hex[:8]}", "r0", SANDPOD_RUNTIME="local",
-                   SANDPOD_DESTROY_ON_EXIT="true")  # fmt: skip
+    lc = Lifecycle(
+        nats,
+        tmp_path,
+        f"t{uuid.uuid4().hex[:8]}",
+        "r0",
+        SANDPOD_RUNTIME="local",
+        SANDPOD_DESTROY_ON_EXIT="true",
+    )
     try:
         await _ready_api(lc)
         sbx = await AsyncSandbox.create(name="leftover", nats_url=lc.url, prefix=lc.prefix)
@@ -471,7 +503,14 @@ async def test_destroy_on_exit_needs_no_nats(tmp_path: Path) -> None:
             os.kill(pid, signal.SIGKILL)
         for jail_file in (tmp_path / "jails").glob("*/jail.json"):
             subprocess.run(
-                [sys.executable, "-c", DESTROY_JAIL, str(tmp_path / "jails"), jail_file.parent.name,
-                 Installation.claim(lc.prefix, tmp_path, None).cgroup_parent],
-                check=False, timeout=60,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-c",
+                    DESTROY_JAIL,
+                    str(tmp_path / "jails"),
+                    jail_file.parent.name,
+                    Installation.claim(lc.prefix, tmp_path, None).cgroup_parent,
+                ],
+                check=False,
+                timeout=60,
+            )

@@ -21,9 +21,18 @@ from sandpod.mcp_server import SandboxPool, build_server
 
 SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
 TOOLS = {
-    "exec", "file_read", "file_write", "file_list", "file_search", "file_replace",
-    "git_checkout", "process_start", "process_logs", "process_kill", "session_run",
-}  # fmt: skip
+    "exec",
+    "file_read",
+    "file_write",
+    "file_list",
+    "file_search",
+    "file_replace",
+    "git_checkout",
+    "process_start",
+    "process_logs",
+    "process_kill",
+    "session_run",
+}
 
 
 @pytest.fixture
@@ -53,10 +62,14 @@ async def test_exec_tool_returns_output_and_exit_code(server: MCPServer[Any]) ->
         out = _structured(
             await client.call_tool(
                 "exec",
-                {"command": "cat; echo $GREETING; pwd; exit 3", "env": {"GREETING": "hi"},
-                 "stdin": "in\n", "cwd": "/workspace"},
+                {
+                    "command": "cat; echo $GREETING; pwd; exit 3",
+                    "env": {"GREETING": "hi"},
+                    "stdin": "in\n",
+                    "cwd": "/workspace",
+                },
             )
-        )  # fmt: skip
+        )
         assert out["exit_code"] == 3
         assert out["stdout"].startswith("in\nhi\n")
         timed = _structured(await client.call_tool("exec", {"command": "sleep 30", "timeout": 0.5}))
@@ -99,10 +112,21 @@ async def test_streamable_http_server_via_the_cli(nats: NatsServer, shared_execd
     over HTTP, and stops on SIGTERM."""
     port = free_port()
     server = subprocess.Popen(
-        [SANDPOD, "mcp", "--sandbox", "shared", "--nats-url", nats.url,
-         "--transport", "streamable-http", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            SANDPOD,
+            "mcp",
+            "--sandbox",
+            "shared",
+            "--nats-url",
+            nats.url,
+            "--transport",
+            "streamable-http",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_for_port(port, server)
         async with Client(f"http://127.0.0.1:{port}/mcp") as c:
@@ -193,10 +217,12 @@ async def test_process_tools(server: MCPServer[Any]) -> None:
         started = _structured(
             await client.call_tool(
                 "process_start",
-                {"command": f"echo booting; exec python3 -m http.server {port} --bind 127.0.0.1",
-                 "wait_for_port": port},
+                {
+                    "command": f"echo booting; exec python3 -m http.server {port} --bind 127.0.0.1",
+                    "wait_for_port": port,
+                },
             )
-        )  # fmt: skip
+        )
         pid_name = started["process_id"]
         assert started["state"] == "running"
         logs = _structured(await client.call_tool("process_logs", {"process_id": pid_name}))
@@ -220,10 +246,12 @@ async def test_session_tool_keeps_state_across_calls(
         first = _structured(
             await client.call_tool(
                 "session_run",
-                {"command": "mkdir -p /tmp/mcp-s && cd /tmp/mcp-s && export K=v",
-                 "session": session},
+                {
+                    "command": "mkdir -p /tmp/mcp-s && cd /tmp/mcp-s && export K=v",
+                    "session": session,
+                },
             )
-        )  # fmt: skip
+        )
         assert first["exit_code"] == 0
         slow = _structured(
             await client.call_tool(

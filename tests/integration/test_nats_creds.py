@@ -44,8 +44,9 @@ async def connect(operator_nats: OperatorNats) -> AsyncIterator[Callable[..., ob
 
     async def open_(creds: Path, **kw: object) -> tuple[Client, Violations]:
         violations = Violations()
-        nc = await nats.connect(operator_nats.url, user_credentials=str(creds),
-                                error_cb=violations.record, **kw)  # type: ignore[arg-type]  # fmt: skip
+        nc = await nats.connect(
+            operator_nats.url, user_credentials=str(creds), error_cb=violations.record, **kw
+        )  # type: ignore[arg-type]
         opened.append(nc)
         return nc, violations
 
@@ -56,11 +57,18 @@ async def connect(operator_nats: OperatorNats) -> AsyncIterator[Callable[..., ob
 
 def start_sandbox(op: OperatorNats, state: Path, service: Path) -> tuple[str, Path, Execd]:
     sandbox_id = f"c-{uuid.uuid4().hex[:10]}"
-    creds = op.creds(sandbox_id, sandbox_permissions(SUBJECTS.sandbox_all(sandbox_id)),
-                     expires=int(time.time()) + 3600)  # fmt: skip
-    execd = Execd(op.url, state, [sandbox_id],
-                  {"SANDPOD_NATS_CREDS": str(creds), "SANDPOD_PREFIX": PREFIX},
-                  client_creds=str(service))  # fmt: skip
+    creds = op.creds(
+        sandbox_id,
+        sandbox_permissions(SUBJECTS.sandbox_all(sandbox_id)),
+        expires=int(time.time()) + 3600,
+    )
+    execd = Execd(
+        op.url,
+        state,
+        [sandbox_id],
+        {"SANDPOD_NATS_CREDS": str(creds), "SANDPOD_PREFIX": PREFIX},
+        client_creds=str(service),
+    )
     return sandbox_id, creds, execd
 
 
@@ -70,8 +78,9 @@ async def test_sandbox_creds_serve_their_own_sandbox(
     """execd connected with its sandbox's JWT answers one-shot and streaming execs."""
     sandbox_id, _, execd = start_sandbox(operator_nats, state_dir, service_creds)
     try:
-        sbx = await AsyncSandbox.connect(sandbox_id, nats_url=operator_nats.url, prefix=PREFIX,
-                                         nats_creds=str(service_creds))  # fmt: skip
+        sbx = await AsyncSandbox.connect(
+            sandbox_id, nats_url=operator_nats.url, prefix=PREFIX, nats_creds=str(service_creds)
+        )
         try:
             result = await sbx.exec("/workspace", ["echo", "hello", sandbox_id])
             assert result.stdout == f"hello {sandbox_id}\n" and result.exit_code == 0
@@ -122,9 +131,11 @@ async def test_sandbox_creds_cannot_leave_their_sandbox(
 
 
 async def test_sandbox_creds_cannot_request_another_sandbox(
-    operator_nats: OperatorNats, state_dir: Path, service_creds: Path,
+    operator_nats: OperatorNats,
+    state_dir: Path,
+    service_creds: Path,
     connect: Callable[..., object],
-) -> None:  # fmt: skip
+) -> None:
     """Sandbox A's creds get no answer from sandbox B's execd: the request itself is refused."""
     b_id, _, execd = start_sandbox(operator_nats, state_dir, service_creds)
     try:
@@ -145,8 +156,13 @@ async def test_expired_jwt_is_refused(operator_nats: OperatorNats) -> None:
     assert decode_jwt(_jwt(expired))["exp"] == now - 60
     errors = Violations()
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(operator_nats.url, user_credentials=str(expired), error_cb=errors.record,
-                           allow_reconnect=False, connect_timeout=2)  # fmt: skip
+        await nats.connect(
+            operator_nats.url,
+            user_credentials=str(expired),
+            error_cb=errors.record,
+            allow_reconnect=False,
+            connect_timeout=2,
+        )
     live = operator_nats.creds("sbx-exp", perms, issued=now, expires=now + 60)
     nc = await nats.connect(operator_nats.url, user_credentials=str(live), allow_reconnect=False)
     await nc.close()
@@ -187,8 +203,9 @@ async def test_a_renewed_creds_file_reaches_the_live_bus_before_expiry(
         witness_closed.set()
 
     # A second client on the old JWT: its close is the event "the old JWT has expired".
-    witness = await nats.connect(operator_nats.url, user_credentials=str(old),
-                                 closed_cb=on_closed, allow_reconnect=False)  # fmt: skip
+    witness = await nats.connect(
+        operator_nats.url, user_credentials=str(old), closed_cb=on_closed, allow_reconnect=False
+    )
     try:
         renewed = operator_nats.creds("sbx-renew", perms, expires=expires + 3600)
         tmp = path.with_suffix(".new")
@@ -203,9 +220,10 @@ async def test_a_renewed_creds_file_reaches_the_live_bus_before_expiry(
 
         sub = await bus.subscribe(SUBJECTS.sandbox("sbx-renew", "sys", "ping"), on_msg)
         await bus.flush()
-        service = await nats.connect(operator_nats.url,
-                                     user_credentials=str(operator_nats.creds(
-                                         "svc", installation_permissions(PREFIX))))  # fmt: skip
+        service = await nats.connect(
+            operator_nats.url,
+            user_credentials=str(operator_nats.creds("svc", installation_permissions(PREFIX))),
+        )
         await service.publish(SUBJECTS.sandbox("sbx-renew", "sys", "ping"), b"still here")
         await service.close()
         assert await asyncio.wait_for(got.get(), 5) == b"still here"
@@ -229,8 +247,14 @@ async def test_natsauth_setup_makes_a_working_operator_installation(tmp_path: Pa
     out = tmp_path / "auth"
     assert natsauth_setup.main(["--out", str(out), "--prefix", PREFIX]) == 0
     assert natsauth_setup.main(["--out", str(out)]) == 2  # never overwrites keys
-    for name in ("operator.seed", "account.seed", "lifecycle.creds", "pool.creds",
-                 "gateway.creds", "client.creds"):  # fmt: skip
+    for name in (
+        "operator.seed",
+        "account.seed",
+        "lifecycle.creds",
+        "pool.creds",
+        "gateway.creds",
+        "client.creds",
+    ):
         assert (out / name).stat().st_mode & 0o777 == 0o600
     merge = json.loads((out / "nats-values.yaml").read_text())["nats"]["config"]["merge"]
     conf = (out / "nats-server.conf").read_text()
@@ -241,8 +265,9 @@ async def test_natsauth_setup_makes_a_working_operator_installation(tmp_path: Pa
     server.start()
     try:
         violations = Violations()
-        nc = await nats.connect(server.url, user_credentials=str(out / "gateway.creds"),
-                                error_cb=violations.record)  # fmt: skip
+        nc = await nats.connect(
+            server.url, user_credentials=str(out / "gateway.creds"), error_cb=violations.record
+        )
         try:
             kv = await nc.jetstream().create_key_value(bucket=f"{PREFIX}-gateway-keys")
             assert await kv.put("k", b"v") == 1

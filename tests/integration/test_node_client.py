@@ -38,8 +38,11 @@ def node(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run a script of clients/node, returning the finished process (stdout/stderr as text)."""
     return subprocess.run(
         [_require_node(), str(CLIENT / script), *args],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
 
 
 def client(nats: NatsServer, op: str, args: dict[str, Any], sandbox: str = "shared") -> Any:
@@ -68,7 +71,7 @@ def test_vectors_checker_passes_for_every_vector() -> None:
     total = sum(
         len(json.loads(p.read_text())["vectors"])
         for p in (CLIENT.parents[1] / "schemas" / "vectors").glob("*.json")
-    )  # fmt: skip
+    )
     assert passed == total
 
 
@@ -97,8 +100,11 @@ def test_exec_output_larger_than_one_reply_is_fetched(nats: NatsServer) -> None:
 
 def test_exec_env_and_cwd_reach_the_command(nats: NatsServer, tmp_path: Path) -> None:
     """env is added to the command's environment and cwd is its working directory."""
-    args = {"argv": ["sh", "-c", 'printf "%s|" "$GREETING"; pwd'], "env": {"GREETING": "hé"},
-            "cwd": str(tmp_path)}  # fmt: skip
+    args = {
+        "argv": ["sh", "-c", 'printf "%s|" "$GREETING"; pwd'],
+        "env": {"GREETING": "hé"},
+        "cwd": str(tmp_path),
+    }
     r = client(nats, "exec", args)
     assert unb64(r["stdout_b64"]).decode() == f"hé|{tmp_path}\n"
 
@@ -164,8 +170,10 @@ def test_execd_killed_mid_exec_is_sandbox_unavailable(
     args = json.dumps({"shell": f"touch {tmp_path}/go; exec sleep 30"})
     with subprocess.Popen(
         [_require_node(), str(CLIENT / "cli.mjs"), nats.url, execd.ids[0], "exec", args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as proc:  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
         wait_until((tmp_path / "go").exists, 15, "the command to start")
         execd.kill()
         try:

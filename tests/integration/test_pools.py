@@ -62,8 +62,10 @@ class Platform:
     async def answering(self) -> None:
         """Until the lifecycle and pool services answer their APIs (they start concurrently)."""
         async with asyncio.timeout(30):
-            for call in (self.pools.list, lambda: AsyncSandbox.list(
-                    nats_url=self.nats.url, prefix=self.prefix)):  # fmt: skip
+            for call in (
+                self.pools.list,
+                lambda: AsyncSandbox.list(nats_url=self.nats.url, prefix=self.prefix),
+            ):
                 while True:
                     try:
                         await call()
@@ -100,10 +102,12 @@ class Platform:
 
         def count() -> int:
             return sum(
-                1 for o in objs.values()
-                if o.metadata.labels.get(POOL_LABEL) == pool and _free(o)
+                1
+                for o in objs.values()
+                if o.metadata.labels.get(POOL_LABEL) == pool
+                and _free(o)
                 and o.status.get("phase") == "Running"
-            )  # fmt: skip
+            )
 
         if count() == n:
             return
@@ -305,8 +309,10 @@ async def test_a_claim_restarts_the_idle_clock_of_a_member_idle_in_the_pool(
     """A member idle in the pool for longer than the claim's idle timeout is not expired by the
     claim (the bind is activity, though no env reaches execd); idle from then on, it expires."""
     members = await warm.free_members("py")
-    probes = [await AsyncSandbox.connect(m.metadata.name, nats_url=warm.nats.url,
-                                         prefix=warm.prefix) for m in members]  # fmt: skip
+    probes = [
+        await AsyncSandbox.connect(m.metadata.name, nats_url=warm.nats.url, prefix=warm.prefix)
+        for m in members
+    ]
     deadline = time.monotonic() + 30
     while min([(await p.activity()).idle for p in probes]) < 2.5:  # members older than 2 s
         assert time.monotonic() < deadline
@@ -345,10 +351,14 @@ async def test_a_template_change_rolls_the_pool(platform: Platform) -> None:
     sbx = await AsyncSandbox.connect("default", nats_url=platform.nats.url, prefix=platform.prefix)
 
     async def template(value: str) -> None:
-        obj = {"kind": "SandboxTemplate", "metadata": {"name": "py"},
-               "spec": {"env": [{"name": "VERSION", "value": value}]}}  # fmt: skip
-        await api_call(sbx.bus, sbx.subjects, "templates", "apply", ObjectRequest(object=obj),
-                       ObjectReply)  # fmt: skip
+        obj = {
+            "kind": "SandboxTemplate",
+            "metadata": {"name": "py"},
+            "spec": {"env": [{"name": "VERSION", "value": value}]},
+        }
+        await api_call(
+            sbx.bus, sbx.subjects, "templates", "apply", ObjectRequest(object=obj), ObjectReply
+        )
 
     await template("1")
     await platform.pools.create("py", template="py", replicas=2)
@@ -356,10 +366,14 @@ async def test_a_template_change_rolls_the_pool(platform: Platform) -> None:
     assert first is not None
     await template("2")
     rolled = await platform.until(
-        "SandboxWarmPool", "py",
-        lambda o: o is not None and o.status.get("templateHash") != first.status["templateHash"]
-        and o.status.get("availableReplicas") == 2,
-    )  # fmt: skip
+        "SandboxWarmPool",
+        "py",
+        lambda o: (
+            o is not None
+            and o.status.get("templateHash") != first.status["templateHash"]
+            and o.status.get("availableReplicas") == 2
+        ),
+    )
     assert rolled is not None
     hashes = {m.metadata.labels[HASH_LABEL] for m in await platform.free_members("py")}
     assert hashes == {rolled.status["templateHash"]}
@@ -388,19 +402,30 @@ async def test_a_dead_claim_handler_is_finished_and_orphans_are_removed(warm: Pl
     """A claim written but never bound (its handler died) is bound by the reconciler; a
     sandbox labelled for a claim that does not exist is deleted."""
     meta = ObjectMeta(name="lost-claim", namespace="default")
-    await warm.store.create(Resource(api_version="sandpod.dev/v1alpha1", kind="SandboxClaim",
-                                     metadata=meta, spec={"poolRef": {"name": "py"}}))  # fmt: skip
+    await warm.store.create(
+        Resource(
+            api_version="sandpod.dev/v1alpha1",
+            kind="SandboxClaim",
+            metadata=meta,
+            spec={"poolRef": {"name": "py"}},
+        )
+    )
     claim = await warm.until(
-        "SandboxClaim", "lost-claim",
-        lambda o: o is not None and o.status.get("phase") == "Bound"
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in o.status["conditions"]),
-    )  # fmt: skip
+        "SandboxClaim",
+        "lost-claim",
+        lambda o: (
+            o is not None
+            and o.status.get("phase") == "Bound"
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in o.status["conditions"])
+        ),
+    )
     assert claim is not None
     orphan = Resource(
-        api_version="sandpod.dev/v1alpha1", kind="Sandbox",
+        api_version="sandpod.dev/v1alpha1",
+        kind="Sandbox",
         metadata=ObjectMeta(name="orphan-sbx", labels={CLAIM_LABEL: "ghost"}),
         spec={"permanent": False, "shutdownTime": "2099-01-01T00:00:00Z"},
-    )  # fmt: skip
+    )
     await warm.store.create(orphan)
     await warm.until("Sandbox", "orphan-sbx", lambda o: o is None)
     await warm.pools.release("lost-claim")
@@ -477,10 +502,14 @@ async def test_an_unschedulable_template_is_reported_without_churn(platform: Pla
     platform.service("sandpod_pool", **POOL_ENV)
     await platform.answering()
     sbx = await AsyncSandbox.connect("default", nats_url=platform.nats.url, prefix=platform.prefix)
-    obj = {"kind": "SandboxTemplate", "metadata": {"name": "broken"},
-           "spec": {"rootfs": "/nonexistent/rootfs"}}  # fmt: skip
-    await api_call(sbx.bus, sbx.subjects, "templates", "apply", ObjectRequest(object=obj),
-                   ObjectReply)  # fmt: skip
+    obj = {
+        "kind": "SandboxTemplate",
+        "metadata": {"name": "broken"},
+        "spec": {"rootfs": "/nonexistent/rootfs"},
+    }
+    await api_call(
+        sbx.bus, sbx.subjects, "templates", "apply", ObjectRequest(object=obj), ObjectReply
+    )
     await sbx.close()
     _, revision = await platform.store.list("Sandbox", "default")
     created: dict[str, float] = {}
@@ -498,11 +527,16 @@ async def test_an_unschedulable_template_is_reported_without_churn(platform: Pla
     try:
         await platform.pools.create("bad", template="broken", replicas=5)
         failing = await platform.until(
-            "SandboxWarmPool", "bad",
-            lambda o: o is not None and any(
-                c["type"] == "ReplicaFailure" and c["status"] == "True"
-                for c in o.status.get("conditions", ())),
-        )  # fmt: skip
+            "SandboxWarmPool",
+            "bad",
+            lambda o: (
+                o is not None
+                and any(
+                    c["type"] == "ReplicaFailure" and c["status"] == "True"
+                    for c in o.status.get("conditions", ())
+                )
+            ),
+        )
         assert failing is not None
         assert len(created) <= 5  # the first fill, nothing more yet
         cond = next(c for c in failing.status["conditions"] if c["type"] == "ReplicaFailure")

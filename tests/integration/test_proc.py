@@ -80,10 +80,13 @@ async def test_argv_env_cwd_stdin_and_proc_id(
     """argv runs without a shell; env, cwd (/workspace alias), stdin and SANDPOD_PROC_ID apply."""
     (workspace(state_dir) / "proc-sub").mkdir(parents=True, exist_ok=True)
     p = await start(
-        sbx, procs, "/workspace/proc-sub",
+        sbx,
+        procs,
+        "/workspace/proc-sub",
         ["sh", "-c", 'pwd; echo "$GREETING $SANDPOD_PROC_ID"; cat', "$notexpanded"],
-        env={"GREETING": "hi"}, stdin=b"from stdin",
-    )  # fmt: skip
+        env={"GREETING": "hi"},
+        stdin=b"from stdin",
+    )
     await p.wait(10)
     out = (await p.output()).stdout
     lines = out.split("\n")
@@ -313,8 +316,10 @@ async def test_stdout_and_stderr_keep_their_order_and_streams(
     await p.wait(10)
     read = await p.logs(0)
     assert [(c.stream, c.data) for c in read.chunks] == [
-        ("stdout", b"a\n"), ("stderr", b"b\n"), ("stdout", b"c\n"),
-    ]  # fmt: skip
+        ("stdout", b"a\n"),
+        ("stderr", b"b\n"),
+        ("stdout", b"c\n"),
+    ]
     assert [c.offset for c in read.chunks] == [0, 2, 4] and read.next_cursor == 6 and read.eof
     only_err = await p.logs(0, stream="stderr")
     assert [(c.stream, c.data, c.offset) for c in only_err.chunks] == [("stderr", b"b\n", 2)]

@@ -238,8 +238,11 @@ async def _typing_moves_the_clock(sbx: AsyncSandbox) -> None:
 async def test_env_cwd_and_large_input(sbx: AsyncSandbox) -> None:
     """env and cwd reach the program; 300 kB of typed input arrives whole and in order."""
     await sbx.exec("mkdir -p ptydir")  # runs in the workspace
-    async with await sbx.pty.open(["sh", "-c", "stty -echo; echo $FOO; pwd; wc -c"],
-                                  env={"FOO": "bar"}, cwd="/workspace/ptydir") as term:  # fmt: skip
+    async with await sbx.pty.open(
+        ["sh", "-c", "stty -echo; echo $FOO; pwd; wc -c"],
+        env={"FOO": "bar"},
+        cwd="/workspace/ptydir",
+    ) as term:
         head = lines(await term.expect("ptydir\r\n"))
         assert "bar" in head and head[-2].endswith("/workspaces/shared/ptydir")
         await term.write(b"x" * 99 + b"\n" * 1 + (b"y" * 99 + b"\n") * 2999 + b"\x04")

@@ -137,8 +137,10 @@ def test_shell_with_piped_stdin(nats: NatsServer, shared_execd: Execd) -> None:
     script = "read a; echo got-$a-$X; cat >/dev/null"
     run = subprocess.run(
         [SANDPOD, "shell", "shared", "-e", "X=y", "--", "sh", "-c", script],
-        input=b"x1\n", capture_output=True, timeout=30,
+        input=b"x1\n",
+        capture_output=True,
+        timeout=30,
         env={**os.environ, "SANDPOD_NATS_URL": nats.url},
-    )  # fmt: skip
+    )
     assert run.returncode == 0, run
     assert b"got-x1-y" in run.stdout

@@ -88,14 +88,21 @@ async def test_tenant_b_cannot_forge_tenant_a_pool_labels_through_the_gateway(
         digest = own["metadata"]["labels"][HASH_LABEL]  # read off B's own member
         forged = {POOL_LABEL: "acme--py", HASH_LABEL: digest}
         # the attack, every way the gateway takes metadata
-        for n, body in enumerate((
-            {"name": "evil", "labels": forged, "wait": 0},
-            {"metadata": {"name": "evil1", "labels": forged}, "wait": 0},
-            {"metadata": {"name": "evil2", "labels": {POOL_LABEL: "acme--py"}}, "wait": 0},
-            {"metadata": {"name": "evil3", "labels": {TENANT_LABEL: "acme"}}, "wait": 0},
-            {"metadata": {"name": "evil4", "annotations": {
-                "sandpod.dev/owner": "SandboxWarmPool/acme--py"}}, "wait": 0},
-        )):  # fmt: skip
+        for n, body in enumerate(
+            (
+                {"name": "evil", "labels": forged, "wait": 0},
+                {"metadata": {"name": "evil1", "labels": forged}, "wait": 0},
+                {"metadata": {"name": "evil2", "labels": {POOL_LABEL: "acme--py"}}, "wait": 0},
+                {"metadata": {"name": "evil3", "labels": {TENANT_LABEL: "acme"}}, "wait": 0},
+                {
+                    "metadata": {
+                        "name": "evil4",
+                        "annotations": {"sandpod.dev/owner": "SandboxWarmPool/acme--py"},
+                    },
+                    "wait": 0,
+                },
+            )
+        ):
             r = await b.post("/v1/sandboxes", json=body)
             _refused(r, "sandpod.dev/")
             assert f"evil{n or ''}" not in r.text or "reserved" in r.text
@@ -104,8 +111,9 @@ async def test_tenant_b_cannot_forge_tenant_a_pool_labels_through_the_gateway(
         names = {s["metadata"]["name"] for s in (await b.get("/v1/sandboxes")).json()["items"]}
         assert not {n for n in names if n.startswith("evil")}, names
         # A's claim binds A's own warm member; A's secret reaches it and nothing of B's
-        claim = await a.post("/v1/claims", json={"pool": "py", "env": {"SECRET": SECRET},
-                                                 "lifetime_seconds": 600})  # fmt: skip
+        claim = await a.post(
+            "/v1/claims", json={"pool": "py", "env": {"SECRET": SECRET}, "lifetime_seconds": 600}
+        )
         assert claim.status_code == 201, claim.text
         bound = claim.json()["status"]["sandbox"]
         reason = next(x for x in claim.json()["status"]["conditions"] if x["type"] == "Bound")
@@ -161,24 +169,59 @@ async def test_the_nats_api_refuses_reserved_keys_and_owner_references(
     attempts: list[tuple[str, str, dict[str, Any], str]] = []
     for subject_of in (subjects.api, lambda k, v: subjects.api_tenant("beta", k, v)):
         attempts += [
-            (subject_of("sandboxes", "create"),
-             "sandboxes", _sandbox("beta--e1", labels={POOL_LABEL: "acme--py"}), POOL_LABEL),
-            (subject_of("sandboxes", "create"), "sandboxes",
-             _sandbox("beta--e2", annotations={"sandpod.dev/bound-at": "1"}),
-             "sandpod.dev/bound-at"),
-            (subject_of("sandboxes", "create"), "sandboxes",
-             _sandbox("beta--e3", labels={"x.sandpod.dev/a": "b"}), "x.sandpod.dev/a"),
-            (subject_of("sandboxes", "create"), "sandboxes",
-             _sandbox("beta--e4", ownerReferences=owner), "ownerReferences"),
-            (subject_of("pools", "apply"), "pools",
-             {"apiVersion": API, "kind": "SandboxWarmPool", "spec": {"replicas": 0},
-              "metadata": {"name": "beta--p", "labels": {TENANT_LABEL: "acme"}}}, TENANT_LABEL),
-            (subject_of("claims", "create"), "claims",
-             {"apiVersion": API, "kind": "SandboxClaim", "metadata": {"name": "beta--c"},
-              "spec": {"labels": {POOL_LABEL: "acme--py"}}}, POOL_LABEL),
-        ]  # fmt: skip
-    template = {"apiVersion": API, "kind": "SandboxTemplate", "spec": {},
-                "metadata": {"name": "t1", "labels": {POOL_LABEL: "x"}}}  # fmt: skip
+            (
+                subject_of("sandboxes", "create"),
+                "sandboxes",
+                _sandbox("beta--e1", labels={POOL_LABEL: "acme--py"}),
+                POOL_LABEL,
+            ),
+            (
+                subject_of("sandboxes", "create"),
+                "sandboxes",
+                _sandbox("beta--e2", annotations={"sandpod.dev/bound-at": "1"}),
+                "sandpod.dev/bound-at",
+            ),
+            (
+                subject_of("sandboxes", "create"),
+                "sandboxes",
+                _sandbox("beta--e3", labels={"x.sandpod.dev/a": "b"}),
+                "x.sandpod.dev/a",
+            ),
+            (
+                subject_of("sandboxes", "create"),
+                "sandboxes",
+                _sandbox("beta--e4", ownerReferences=owner),
+                "ownerReferences",
+            ),
+            (
+                subject_of("pools", "apply"),
+                "pools",
+                {
+                    "apiVersion": API,
+                    "kind": "SandboxWarmPool",
+                    "spec": {"replicas": 0},
+                    "metadata": {"name": "beta--p", "labels": {TENANT_LABEL: "acme"}},
+                },
+                TENANT_LABEL,
+            ),
+            (
+                subject_of("claims", "create"),
+                "claims",
+                {
+                    "apiVersion": API,
+                    "kind": "SandboxClaim",
+                    "metadata": {"name": "beta--c"},
+                    "spec": {"labels": {POOL_LABEL: "acme--py"}},
+                },
+                POOL_LABEL,
+            ),
+        ]
+    template = {
+        "apiVersion": API,
+        "kind": "SandboxTemplate",
+        "spec": {},
+        "metadata": {"name": "t1", "labels": {POOL_LABEL: "x"}},
+    }
     attempts.append((subjects.api("templates", "apply"), "templates", template, POOL_LABEL))
     for subject, _kind, obj, key in attempts:
         with pytest.raises(BadRequest) as caught:
@@ -188,19 +231,28 @@ async def test_the_nats_api_refuses_reserved_keys_and_owner_references(
     # nothing was stored, and a clean create on the tenant subject works and is the tenant's
     listed = await api_call(bus, subjects, "sandboxes", "list", Selection(), ObjectsReply)
     assert not [i for i in listed.items if i["metadata"]["name"].startswith("beta--e")]
-    data = await bus.request(subjects.api_tenant("beta", "sandboxes", "create"),
-                             _encode(_sandbox("fine", labels={"team": "x"})), 10)  # fmt: skip
+    data = await bus.request(
+        subjects.api_tenant("beta", "sandboxes", "create"),
+        _encode(_sandbox("fine", labels={"team": "x"})),
+        10,
+    )
     made = decode_reply(ObjectReply, data).object
     assert made["metadata"]["name"] == "beta--fine"
     assert made["metadata"]["labels"] == {"team": "x", TENANT_LABEL: "beta"}
     # the CLI: the same refusal, a typed error and exit 125, nothing created
     env = {**os.environ, "SANDPOD_NATS_URL": bus.settings.url, "SANDPOD_PREFIX": pool_service}
-    for argv in (["create", "--name", "cli-evil", "-l", f"{POOL_LABEL}=acme--py"],
-                 ["claim", "py", "-l", f"{POOL_LABEL}=acme--py"]):  # fmt: skip
+    for argv in (
+        ["create", "--name", "cli-evil", "-l", f"{POOL_LABEL}=acme--py"],
+        ["claim", "py", "-l", f"{POOL_LABEL}=acme--py"],
+    ):
         done = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "sandpod", *argv], env=env,
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            subprocess.run,
+            [sys.executable, "-m", "sandpod", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 125 and POOL_LABEL in done.stderr, done.stderr
         assert "bad_request" in done.stderr
     listed = await api_call(bus, subjects, "sandboxes", "list", Selection(), ObjectsReply)

@@ -55,9 +55,17 @@ class Rootless:
         self.spare = Path("/run") / f"sandpod-expose-{self.prefix}"
         wrap = as_user(uid, gid, self.spare)
         self.proc = ServiceProc(
-            "sandpod_lifecycle", nats, state, self.prefix, "rootless", wrap=wrap,
-            SANDPOD_RUNTIME="local", SANDPOD_RESYNC="0.5", HOME=str(state), **extra,
-        )  # fmt: skip
+            "sandpod_lifecycle",
+            nats,
+            state,
+            self.prefix,
+            "rootless",
+            wrap=wrap,
+            SANDPOD_RUNTIME="local",
+            SANDPOD_RESYNC="0.5",
+            HOME=str(state),
+            **extra,
+        )
 
     async def sandbox(self, name: str, template: str | None = None) -> AsyncSandbox:
         return await AsyncSandbox.create(
@@ -65,12 +73,16 @@ class Rootless:
         )
 
     async def template(self, name: str, resources: dict[str, object]) -> None:
-        obj = {"kind": "SandboxTemplate", "metadata": {"name": name},
-               "spec": {"resources": resources}}  # fmt: skip
+        obj = {
+            "kind": "SandboxTemplate",
+            "metadata": {"name": name},
+            "spec": {"resources": resources},
+        }
         sbx = await AsyncSandbox.connect("x", nats_url=self.nats.url, prefix=self.prefix)
         async with sbx:
-            await api_call(sbx.bus, sbx.subjects, "templates", "apply",
-                           ObjectRequest(object=obj), ObjectReply)  # fmt: skip
+            await api_call(
+                sbx.bus, sbx.subjects, "templates", "apply", ObjectRequest(object=obj), ObjectReply
+            )
 
     async def answering(self) -> None:
         deadline = time.monotonic() + 30
@@ -162,8 +174,11 @@ async def test_a_rootless_sandbox_is_a_jail_in_a_user_namespace(rootless: Rootle
     protections a rootless host lacks."""
     sbx = await rootless.sandbox("rl-one")
     async with sbx:
-        r = await sbx.exec("/workspace", "id -u; hostname; ps -e --no-headers | wc -l; "
-                           "cat /proc/self/uid_map; grep CapEff /proc/self/status")  # fmt: skip
+        r = await sbx.exec(
+            "/workspace",
+            "id -u; hostname; ps -e --no-headers | wc -l; "
+            "cat /proc/self/uid_map; grep CapEff /proc/self/status",
+        )
         assert r.exit_code == 0, r.stderr
         uid, host, nprocs, inside, outside, count, _, caps = r.stdout.split()
         assert int(uid) >= 200_000 and host == "rl-one" and int(nprocs) < 10
@@ -366,11 +381,22 @@ def test_sandpod_up_as_an_unprivileged_user_runs_rootless_jails(
     spare = Path("/run") / f"sandpod-expose-{uuid.uuid4().hex[:8]}"
     wrap = as_user(*user, spare)
     up = subprocess.Popen(
-        [*wrap, sandpod, "up", "--state-dir", str(state / "up"), "--port", str(port),
-         "--gateway-port", str(http_port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            *wrap,
+            sandpod,
+            "up",
+            "--state-dir",
+            str(state / "up"),
+            "--port",
+            str(port),
+            "--gateway-port",
+            str(http_port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "HOME": str(state)},
-    )  # fmt: skip
+    )
     try:
         assert up.stdout is not None
         lines: list[str] = []
@@ -384,10 +410,15 @@ def test_sandpod_up_as_an_unprivileged_user_runs_rootless_jails(
         run = subprocess.run(
             [sandpod, "exec", "default", "--", "sh", "-c", "id -u; cat /proc/self/uid_map"],
             # Its NATS refuses anonymous clients: the credential is in its state dir.
-            env={**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
-                 "SANDPOD_STATE_DIR": str(state / "up")},
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            env={
+                **os.environ,
+                "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
+                "SANDPOD_STATE_DIR": str(state / "up"),
+            },
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         inside, _, outside, _ = run.stdout.split()
         assert int(inside) >= 200_000 and outside == str(user[0]), run
         up.send_signal(signal.SIGTERM)

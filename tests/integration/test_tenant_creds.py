@@ -68,8 +68,9 @@ class Platform:
 
     def mint(self, tenant: str, tmp: Path) -> tuple[TenantCredential, Path]:
         key, ids = self.op.setup.app.key, self.ids[tenant]
-        cred = tenant_creds(key, prefix=self.prefix, tenant=tenant, sandbox_ids=ids,
-                            now=int(time.time()), ttl=600)  # fmt: skip
+        cred = tenant_creds(
+            key, prefix=self.prefix, tenant=tenant, sandbox_ids=ids, now=int(time.time()), ttl=600
+        )
         path = tmp / f"{tenant}-{uuid.uuid4().hex[:6]}.creds"
         path.write_text(cred.creds)
         path.chmod(0o600)
@@ -78,9 +79,15 @@ class Platform:
 
 async def _create(bus: Bus, subjects: Subjects, tenant: str, name: str) -> str:
     obj = {"apiVersion": API, "kind": "Sandbox", "metadata": {"name": name}, "spec": {}}
-    reply = await api_call(bus, subjects, "sandboxes", "create",
-                           ObjectRequest(object=obj, wait_ready=30), ObjectReply,
-                           timeout=40)  # fmt: skip
+    reply = await api_call(
+        bus,
+        subjects,
+        "sandboxes",
+        "create",
+        ObjectRequest(object=obj, wait_ready=30),
+        ObjectReply,
+        timeout=40,
+    )
     assert reply.object["status"]["phase"] == "Running", reply.object["status"]
     return str(reply.object["metadata"]["name"])
 
@@ -92,16 +99,25 @@ async def platform(operator_nats: OperatorNats, tmp_path: Path) -> AsyncIterator
     administrator on each tenant's subject."""
     prefix = f"tc{uuid.uuid4().hex[:8]}"
     service = operator_nats.creds("svc", installation_permissions(prefix))
-    proc = ServiceProc("sandpod_lifecycle", operator_nats.server, tmp_path, prefix, "lc0",
-                       SANDPOD_NATS_CREDS=str(service), SANDPOD_RUNTIME="process",
-                       SANDPOD_RESYNC="0.5", SANDPOD_DESTROY_ON_EXIT="true")  # fmt: skip
+    proc = ServiceProc(
+        "sandpod_lifecycle",
+        operator_nats.server,
+        tmp_path,
+        prefix,
+        "lc0",
+        SANDPOD_NATS_CREDS=str(service),
+        SANDPOD_RUNTIME="process",
+        SANDPOD_RESYNC="0.5",
+        SANDPOD_DESTROY_ON_EXIT="true",
+    )
     bus = await Bus.connect(BusSettings(url=operator_nats.url, creds=str(service)))
     try:
         deadline = time.monotonic() + 30
         while True:  # lifecycle starts concurrently
             try:
-                await api_call(bus, Subjects(prefix), "sandboxes", "list", Selection(),
-                               ObjectsReply, timeout=2)  # fmt: skip
+                await api_call(
+                    bus, Subjects(prefix), "sandboxes", "list", Selection(), ObjectsReply, timeout=2
+                )
                 break
             except Exception:
                 assert time.monotonic() < deadline, proc.tail(30)
@@ -123,8 +139,12 @@ async def connect(operator_nats: OperatorNats) -> AsyncIterator[Any]:
 
     async def open_(creds: Path, inbox_prefix: str) -> tuple[Client, Violations]:
         violations = Violations()
-        nc = await nats.connect(operator_nats.url, user_credentials=str(creds),
-                                inbox_prefix=inbox_prefix, error_cb=violations.record)  # fmt: skip
+        nc = await nats.connect(
+            operator_nats.url,
+            user_credentials=str(creds),
+            inbox_prefix=inbox_prefix,
+            error_cb=violations.record,
+        )
         opened.append(nc)
         return nc, violations
 
@@ -184,9 +204,14 @@ async def test_a_tenant_credential_is_refused_everything_but_its_own(
         await nc.request(s.sandbox(beta, "sys", "ping"), b"", timeout=1)
     # nothing harmed: beta's sandbox runs, beta's credential reaches it
     bcred, bpath = platform.mint("beta", tmp_path)
-    sbx = await AsyncSandbox.connect(beta, nats_url=platform.op.url, prefix=platform.prefix,
-                                     nats_creds=str(bpath), tenant="beta",
-                                     inbox_prefix=bcred.inbox_prefix)  # fmt: skip
+    sbx = await AsyncSandbox.connect(
+        beta,
+        nats_url=platform.op.url,
+        prefix=platform.prefix,
+        nats_creds=str(bpath),
+        tenant="beta",
+        inbox_prefix=bcred.inbox_prefix,
+    )
     try:
         assert (await sbx.exec(["echo", "beta"])).stdout == "beta\n"
     finally:
@@ -200,9 +225,14 @@ async def test_a_tenant_credential_runs_its_own_sandboxes_and_control_plane(
     its control-plane list shows only its sandboxes; naming beta's sandbox in the body of its
     own subject (get, delete) finds nothing, and beta's sandbox is still there."""
     cred, path = platform.mint("acme", tmp_path)
-    sbx = await AsyncSandbox.connect("acme--a1", nats_url=platform.op.url,
-                                     prefix=platform.prefix, nats_creds=str(path),
-                                     tenant="acme", inbox_prefix=cred.inbox_prefix)  # fmt: skip
+    sbx = await AsyncSandbox.connect(
+        "acme--a1",
+        nats_url=platform.op.url,
+        prefix=platform.prefix,
+        nats_creds=str(path),
+        tenant="acme",
+        inbox_prefix=cred.inbox_prefix,
+    )
     try:
         assert (await sbx.exec(["echo", "mine"])).stdout == "mine\n"
         out = b""
@@ -216,28 +246,42 @@ async def test_a_tenant_credential_runs_its_own_sandboxes_and_control_plane(
         assert sorted(i["metadata"]["name"] for i in listed.items) == ["acme--a1", "acme--a2"]
         for verb in ("get", "delete"):
             with pytest.raises(ResourceNotFound):
-                await api_call(sbx.bus, tenant, "sandboxes", verb, Ref(name="beta--b1"),
-                               ObjectReply)  # fmt: skip
+                await api_call(
+                    sbx.bus, tenant, "sandboxes", verb, Ref(name="beta--b1"), ObjectReply
+                )
         with pytest.raises(ResourceNotFound):  # a namespace in the body changes nothing
-            await api_call(sbx.bus, tenant, "sandboxes", "get",
-                           Ref(name="b1", namespace="beta"), ObjectReply)  # fmt: skip
+            await api_call(
+                sbx.bus, tenant, "sandboxes", "get", Ref(name="b1", namespace="beta"), ObjectReply
+            )
         # creating one of beta's ids is refused; a sandbox created on its own subject is its
         # own, whatever namespace the body names
-        forged = {"apiVersion": API, "kind": "Sandbox", "spec": {},
-                  "metadata": {"name": "beta--x", "namespace": "beta"}}  # fmt: skip
+        forged = {
+            "apiVersion": API,
+            "kind": "Sandbox",
+            "spec": {},
+            "metadata": {"name": "beta--x", "namespace": "beta"},
+        }
         with pytest.raises(ResourceInvalid):
-            await api_call(sbx.bus, tenant, "sandboxes", "create",
-                           ObjectRequest(object=forged), ObjectReply)  # fmt: skip
+            await api_call(
+                sbx.bus, tenant, "sandboxes", "create", ObjectRequest(object=forged), ObjectReply
+            )
         obj = {**forged, "metadata": {"name": "x", "namespace": "beta"}}
-        made = await api_call(sbx.bus, tenant, "sandboxes", "create", ObjectRequest(object=obj),
-                              ObjectReply)  # fmt: skip
+        made = await api_call(
+            sbx.bus, tenant, "sandboxes", "create", ObjectRequest(object=obj), ObjectReply
+        )
         meta = made.object["metadata"]
         assert (meta["name"], meta["namespace"]) == ("acme--x", "default")
         assert meta["labels"]["sandpod.dev/tenant"] == "acme"
     finally:
         await sbx.close()
-    still = await api_call(platform.bus, Subjects(platform.prefix), "sandboxes", "get",
-                           Ref(name="beta--b1"), ObjectReply)  # fmt: skip
+    still = await api_call(
+        platform.bus,
+        Subjects(platform.prefix),
+        "sandboxes",
+        "get",
+        Ref(name="beta--b1"),
+        ObjectReply,
+    )
     assert "delete-requested" not in str(still.object["metadata"].get("annotations", {}))
 
 
@@ -280,9 +324,13 @@ async def test_the_gateway_mints_a_tenant_credential_for_the_api_key(
         path = tmp_path / "acme.creds"
         path.write_text(body["creds"])
         sbx = await AsyncSandbox.connect(
-            "acme--a2", nats_url=platform.op.url, prefix=platform.prefix, nats_creds=str(path),
-            tenant="acme", inbox_prefix=body["inbox_prefix"],
-        )  # fmt: skip
+            "acme--a2",
+            nats_url=platform.op.url,
+            prefix=platform.prefix,
+            nats_creds=str(path),
+            tenant="acme",
+            inbox_prefix=body["inbox_prefix"],
+        )
         try:
             assert (await sbx.exec(["echo", "via-gateway"])).stdout == "via-gateway\n"
         finally:
@@ -292,8 +340,11 @@ async def test_the_gateway_mints_a_tenant_credential_for_the_api_key(
         done = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", "sandpod", "creds", "nats", "--gateway", minting.url],
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         via_cli = json.loads(done.stdout)
         assert via_cli["tenant"] == "acme" and via_cli["sandboxes"] == body["sandboxes"]
@@ -301,8 +352,11 @@ async def test_the_gateway_mints_a_tenant_credential_for_the_api_key(
         refused = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", "sandpod", "creds", "nats", "--gateway", minting.url],
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert refused.returncode == 125 and "401" in refused.stderr, refused.stderr
     finally:
         for service, gw_bus in started:
@@ -319,14 +373,32 @@ async def test_the_cli_mints_a_tenant_credential_on_the_host(
     seed = tmp_path / "account.seed"
     seed.write_text(platform.op.account_seed)
     out = tmp_path / "beta.creds"
-    env = {**os.environ, "SANDPOD_NATS_URL": platform.op.url, "SANDPOD_PREFIX": platform.prefix,
-           "SANDPOD_NATS_CREDS": str(platform.service_creds)}  # fmt: skip
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": platform.op.url,
+        "SANDPOD_PREFIX": platform.prefix,
+        "SANDPOD_NATS_CREDS": str(platform.service_creds),
+    }
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "sandpod", "creds", "nats", "--tenant", "beta", "--seed-file",
-         str(seed), "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sandpod",
+            "creds",
+            "nats",
+            "--tenant",
+            "beta",
+            "--seed-file",
+            str(seed),
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     printed = dict(line.split("=", 1) for line in done.stdout.splitlines())
     assert printed["SANDPOD_NATS_CREDS"] == str(out) and printed["SANDPOD_TENANT"] == "beta"
@@ -335,16 +407,23 @@ async def test_the_cli_mints_a_tenant_credential_on_the_host(
     s = Subjects(platform.prefix)
     assert sorted(perms["pub"]["allow"]) == [s.api_tenant_all("beta"), s.sandbox_all("beta--b1")]
     sbx = await AsyncSandbox.connect(
-        "beta--b1", nats_url=platform.op.url, prefix=platform.prefix, nats_creds=str(out),
-        tenant="beta", inbox_prefix=printed["SANDPOD_NATS_INBOX_PREFIX"],
-    )  # fmt: skip
+        "beta--b1",
+        nats_url=platform.op.url,
+        prefix=platform.prefix,
+        nats_creds=str(out),
+        tenant="beta",
+        inbox_prefix=printed["SANDPOD_NATS_INBOX_PREFIX"],
+    )
     try:
         assert (await sbx.exec(["echo", "cli"])).stdout == "cli\n"
     finally:
         await sbx.close()
     bad = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "sandpod", "creds", "nats", "--tenant", "beta"],
+        subprocess.run,
+        [sys.executable, "-m", "sandpod", "creds", "nats", "--tenant", "beta"],
         env={k: v for k, v in env.items() if k != "SANDPOD_NATS_ACCOUNT_SEED_FILE"},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 125 and "--seed-file" in bad.stderr

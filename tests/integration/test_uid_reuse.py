@@ -47,10 +47,14 @@ async def runtime(state: Path) -> AsyncIterator[LocalRuntime]:
     # A small range of this test's own, far from every installation's (a key left in a
     # keyring by the attack stays with its uid for the kernel's lifetime).
     base = 3_000_000_000 + random.randrange(10_000) * 64
-    rt = LocalRuntime(LocalRuntimeConfig(
-        state_dir=state, cgroup_parent=f"sandpod-test-{uuid.uuid4().hex[:8]}", uid_base=base,
-        uid_count=8,
-    ))  # fmt: skip
+    rt = LocalRuntime(
+        LocalRuntimeConfig(
+            state_dir=state,
+            cgroup_parent=f"sandpod-test-{uuid.uuid4().hex[:8]}",
+            uid_base=base,
+            uid_count=8,
+        )
+    )
     if (await rt.capabilities()).problems:
         pytest.skip(f"this host cannot jail: {'; '.join(rt._caps.problems if rt._caps else [])}")
     try:
@@ -76,12 +80,19 @@ async def _jail_run(st: InstanceStatus, script: str, *args: str) -> str:
     assert st.jail_file is not None
     jail = Jail.load(st.jail_file, st.sandbox_id)
     try:
-        ctx = SandboxContext(st.sandbox_id, Path("/unused"), "/bin/bash", {},
-                             ExecRegistry(10, stored_budget=2**20), jail=jail)  # fmt: skip
+        ctx = SandboxContext(
+            st.sandbox_id,
+            Path("/unused"),
+            "/bin/bash",
+            {},
+            ExecRegistry(10, stored_budget=2**20),
+            jail=jail,
+        )
         argv = ("python3", "-c", script, *args)
         proc = spawn(ctx.command(argv, None, None, None, stdin=False))
-        out = await run_to_completion(proc, stdin=None, timeout=30, max_output=2**20,
-                                      pipe_grace=0.5)  # fmt: skip
+        out = await run_to_completion(
+            proc, stdin=None, timeout=30, max_output=2**20, pipe_grace=0.5
+        )
     finally:
         jail.close()
     return b"".join(out.stdout.parts).decode() + b"".join(out.stderr.parts).decode()
@@ -100,8 +111,9 @@ async def test_a_uid_still_running_a_process_is_skipped(runtime: LocalRuntime) -
     uid even when the round-robin comes back to it; once it is gone the uid is free again."""
     first, uid = await _create(runtime)
     await runtime.destroy(first.sandbox_id)
-    leftover = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}",
-                                 "--clear-groups", "sleep", "300"])  # fmt: skip
+    leftover = subprocess.Popen(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "300"]
+    )
     try:
         _rewind(runtime, uid)
         st, other = await _create(runtime)

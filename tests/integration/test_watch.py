@@ -428,8 +428,11 @@ def test_cli_prints_events_and_stops_on_ctrl_c(nats: NatsServer, shared_execd: E
     env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
     cli = subprocess.Popen(
         [SANDPOD, "watch", "shared", path, "--exclude", "*.tmp"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert cli.stderr is not None and cli.stdout is not None
         assert cli.stderr.readline().startswith(f"watching {path} (1 directories)")

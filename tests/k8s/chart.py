@@ -89,11 +89,23 @@ def render(
     values_file.write_text(yaml.safe_dump(values))
     out = subprocess.run(
         [
-            str(helm_binary()), "template", release, str(chart), "--namespace", namespace,
-            "--include-crds", "--kube-version", KUBE_VERSION, "--values", str(values_file),
+            str(helm_binary()),
+            "template",
+            release,
+            str(chart),
+            "--namespace",
+            namespace,
+            "--include-crds",
+            "--kube-version",
+            KUBE_VERSION,
+            "--values",
+            str(values_file),
         ],
-        check=True, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 

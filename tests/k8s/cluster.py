@@ -42,11 +42,14 @@ def kube_env(plane: ControlPlane) -> dict[str, str]:
     leader-election Lease (in ``default``, named after the test's prefix)."""
     cert, key = plane.admin_cert
     return {
-        "SANDPOD_STORE": "kube", "SANDPOD_KUBE_SERVER": plane.url,
-        "SANDPOD_KUBE_CA_FILE": str(plane.ca_file), "SANDPOD_KUBE_CLIENT_CERT": str(cert),
-        "SANDPOD_KUBE_CLIENT_KEY": str(key), "SANDPOD_KUBE_NAMESPACE": NS,
+        "SANDPOD_STORE": "kube",
+        "SANDPOD_KUBE_SERVER": plane.url,
+        "SANDPOD_KUBE_CA_FILE": str(plane.ca_file),
+        "SANDPOD_KUBE_CLIENT_CERT": str(cert),
+        "SANDPOD_KUBE_CLIENT_KEY": str(key),
+        "SANDPOD_KUBE_NAMESPACE": NS,
         **LEADER_ENV,
-    }  # fmt: skip
+    }
 
 
 def _ensure(create: Callable[[], object]) -> None:
@@ -63,19 +66,26 @@ def cluster_setup(settings: KubeSettings, nats_url: str) -> None:
     without it; kube-controller-manager, absent here, creates it in a real cluster)."""
     with settings.api_client() as api_client:
         core = client.CoreV1Api(api_client)
-        secret = client.V1Secret(metadata=client.V1ObjectMeta(name="sandpod-nats"),
-                                 string_data={"url": nats_url})  # fmt: skip
+        secret = client.V1Secret(
+            metadata=client.V1ObjectMeta(name="sandpod-nats"), string_data={"url": nats_url}
+        )
         try:
             core.create_namespaced_secret(NS, secret)
         except ApiException as exc:
             if exc.status != 409:
                 raise
             core.replace_namespaced_secret("sandpod-nats", NS, secret)
-        _ensure(lambda: core.create_namespaced_service_account(
-            NS, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))))  # fmt: skip
+        _ensure(
+            lambda: core.create_namespaced_service_account(
+                NS, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))
+            )
+        )
         node = client.NodeV1Api(api_client)
-        _ensure(lambda: node.create_runtime_class(client.V1RuntimeClass(
-            metadata=client.V1ObjectMeta(name="gvisor"), handler="runsc")))  # fmt: skip
+        _ensure(
+            lambda: node.create_runtime_class(
+                client.V1RuntimeClass(metadata=client.V1ObjectMeta(name="gvisor"), handler="runsc")
+            )
+        )
 
 
 class Cluster:

@@ -168,9 +168,11 @@ class ControlPlane:
         """Admin (system:masters) settings for ``sandpod_kube``."""
         cert, key = self.admin_cert
         return KubeSettings(
-            host=self.url, ca_file=str(self.ca_file),
-            client_cert_file=str(cert), client_key_file=str(key),
-        )  # fmt: skip
+            host=self.url,
+            ca_file=str(self.ca_file),
+            client_cert_file=str(cert),
+            client_key_file=str(key),
+        )
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         with (self.dir / f"{name}.log").open("ab") as log:
@@ -182,12 +184,21 @@ class ControlPlane:
         bin_dir = binaries_dir()
         make_pki(self.dir)
         etcd_url, peer_url = (f"http://127.0.0.1:{p}" for p in (self.etcd_port, self.peer_port))
-        self._spawn("etcd", [
-            str(bin_dir / "etcd"), "--name=envtest", f"--data-dir={self.dir / 'etcd'}",
-            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=envtest={peer_url}", "--unsafe-no-fsync", "--log-level=warn",
-        ])  # fmt: skip
+        self._spawn(
+            "etcd",
+            [
+                str(bin_dir / "etcd"),
+                "--name=envtest",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=envtest={peer_url}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
         self._start_apiserver(etcd_url)
         self._wait_ready(timeout)
 
@@ -206,20 +217,29 @@ class ControlPlane:
     def _start_apiserver(self, etcd_url: str) -> None:
         bin_dir = binaries_dir()
         d = self.dir
-        self._spawn("kube-apiserver", [
-            str(bin_dir / "kube-apiserver"), f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.port}", f"--cert-dir={d / 'certs'}",
-            f"--tls-cert-file={d / 'apiserver.crt'}",
-            f"--tls-private-key-file={d / 'apiserver.key'}",
-            f"--client-ca-file={d / 'ca.crt'}",
-            "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-account-key-file={d / 'sa.pub'}",
-            f"--service-account-signing-key-file={d / 'sa.key'}",
-            # No node or Service IPs here; the endpoint reconciler refuses loopback addresses.
-            "--endpoint-reconciler-type=none", "--allow-privileged=true", "--v=1",
-        ])  # fmt: skip
+        self._spawn(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.port}",
+                f"--cert-dir={d / 'certs'}",
+                f"--tls-cert-file={d / 'apiserver.crt'}",
+                f"--tls-private-key-file={d / 'apiserver.key'}",
+                f"--client-ca-file={d / 'ca.crt'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={d / 'sa.pub'}",
+                f"--service-account-signing-key-file={d / 'sa.key'}",
+                # No node or Service IPs here; the endpoint reconciler refuses loopback addresses.
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                "--v=1",
+            ],
+        )
 
     def _wait_ready(self, timeout: float) -> None:
         context = ssl.create_default_context(cafile=str(self.ca_file))

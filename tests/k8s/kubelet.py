@@ -51,8 +51,10 @@ from sandpod_kube import KubeSettings, PodApi
 __all__ = ["FAULTS", "FakeKubelet"]
 
 FAULTS = ("unschedulable", "image_pull", "crash_loop", "exit")
-SCHEDULER_MESSAGE = "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are " \
-    "available: 3 No preemption victims found for incoming pod."  # fmt: skip
+SCHEDULER_MESSAGE = (
+    "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are "
+    "available: 3 No preemption victims found for incoming pod."
+)
 
 
 def _remap(value: str, mounts: Mapping[str, Path]) -> str:
@@ -187,8 +189,9 @@ class FakeKubelet:
         self, raw: Mapping[str, Any], container: Mapping[str, Any], root: Path
     ) -> dict[str, Path]:
         """Write the container's Secret volumes under ``root``; mountPath -> local directory."""
-        volumes = {v["name"]: v["secret"] for v in raw["spec"].get("volumes") or []
-                   if "secret" in v}  # fmt: skip
+        volumes = {
+            v["name"]: v["secret"] for v in raw["spec"].get("volumes") or [] if "secret" in v
+        }
         out: dict[str, Path] = {}
         for mount in container.get("volumeMounts") or []:
             source = volumes.get(mount["name"])
@@ -237,9 +240,14 @@ class FakeKubelet:
         with (root / "execd.log").open("ab") as log:
             # The bundle runs `python3 -m sandpod_execd`: here, the same module from this checkout.
             self.execds[name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sandpod_execd", env=env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-            )  # fmt: skip
+                sys.executable,
+                "-m",
+                "sandpod_execd",
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
         self.started.append(name)
         await self._mark_running(raw)
 
@@ -251,14 +259,23 @@ class FakeKubelet:
         ]
         container = raw["spec"]["containers"][0]
         raw["status"] = {
-            "phase": "Running", "conditions": conditions, "startTime": now,
-            "podIP": "10.244.0.10", "hostIP": "127.0.0.1",
-            "containerStatuses": [{
-                "name": container["name"], "image": container["image"], "imageID": "",
-                "ready": True, "restartCount": 0, "started": True,
-                "state": {"running": {"startedAt": now}},
-            }],
-        }  # fmt: skip
+            "phase": "Running",
+            "conditions": conditions,
+            "startTime": now,
+            "podIP": "10.244.0.10",
+            "hostIP": "127.0.0.1",
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "image": container["image"],
+                    "imageID": "",
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": now}},
+                }
+            ],
+        }
         await self.api.replace_status(self.namespace, raw["metadata"]["name"], raw)
 
     async def _fail(self, raw: dict[str, Any], fault: str) -> None:
@@ -276,9 +293,18 @@ class FakeKubelet:
         status: dict[str, Any] = {"phase": "Pending", "startTime": now, "hostIP": "127.0.0.1"}
         scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}
         if fault == "unschedulable":
-            status = {"phase": "Pending", "conditions": [{
-                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                "message": SCHEDULER_MESSAGE, "lastTransitionTime": now}]}  # fmt: skip
+            status = {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": SCHEDULER_MESSAGE,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
         elif fault == "image_pull":
             cs["state"] = {
                 "waiting": {
@@ -288,11 +314,23 @@ class FakeKubelet:
             }
             status.update(conditions=[scheduled], containerStatuses=[cs])
         elif fault == "crash_loop":
-            cs.update(restartCount=5, state={"waiting": {
-                "reason": "CrashLoopBackOff",
-                "message": "back-off 2m40s restarting failed container"}},
-                lastState={"terminated": {"exitCode": 1, "reason": "Error",
-                                          "startedAt": now, "finishedAt": now}})  # fmt: skip
+            cs.update(
+                restartCount=5,
+                state={
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": "back-off 2m40s restarting failed container",
+                    }
+                },
+                lastState={
+                    "terminated": {
+                        "exitCode": 1,
+                        "reason": "Error",
+                        "startedAt": now,
+                        "finishedAt": now,
+                    }
+                },
+            )
             status.update(conditions=[scheduled], containerStatuses=[cs])
         elif fault == "exit":
             cs["state"] = {
@@ -320,16 +358,31 @@ class FakeKubelet:
         container = raw["spec"]["containers"][0]
         raw["status"]["phase"] = "Failed"
         raw["status"]["conditions"] = [
-            {"type": t, "status": "False" if t in ("Ready", "ContainersReady") else "True",
-             "lastTransitionTime": now}
+            {
+                "type": t,
+                "status": "False" if t in ("Ready", "ContainersReady") else "True",
+                "lastTransitionTime": now,
+            }
             for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-        ]  # fmt: skip
-        raw["status"]["containerStatuses"] = [{
-            "name": container["name"], "image": container["image"], "imageID": "",
-            "ready": False, "restartCount": 0, "started": False,
-            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
-                                     "startedAt": now, "finishedAt": now}},
-        }]  # fmt: skip
+        ]
+        raw["status"]["containerStatuses"] = [
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {
+                    "terminated": {
+                        "exitCode": 137,
+                        "reason": "OOMKilled",
+                        "startedAt": now,
+                        "finishedAt": now,
+                    }
+                },
+            }
+        ]
         await self.api.replace_status(self.namespace, name, raw)
 
     def _read_pod(self, name: str) -> dict[str, Any]:

@@ -26,8 +26,10 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
     cp = ControlPlane(tmp_path, (free_port(), free_port(), free_port()))
     try:
         cp.start()
-        manifests = [yaml.safe_load(p.read_text())
-                     for p in sorted((REPO / "schemas" / "crds").glob("*.yaml"))]  # fmt: skip
+        manifests = [
+            yaml.safe_load(p.read_text())
+            for p in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
+        ]
         apply_crds(cp.settings, manifests)
         ensure_namespace(cp.settings, "restart")
         yield cp
@@ -49,8 +51,12 @@ async def _drain(events: AsyncIterator[object]) -> None:
 
 
 def _sandbox(name: str) -> Resource:
-    return Resource("sandpod.dev/v1alpha1", "Sandbox", ObjectMeta(name=name, namespace="restart"),
-                    spec={"permanent": True})  # fmt: skip
+    return Resource(
+        "sandpod.dev/v1alpha1",
+        "Sandbox",
+        ObjectMeta(name=name, namespace="restart"),
+        spec={"permanent": True},
+    )
 
 
 async def test_list_watch_consumers_survive_an_api_server_restart(

@@ -79,8 +79,12 @@ def test_kind_table_matches_the_crds() -> None:
 
 
 def _obj(kind: str, namespace: str, spec: dict[str, Any]) -> Resource:
-    return Resource(api_version="sandpod.dev/v1alpha1", kind=kind,
-                    metadata=ObjectMeta(name="x", namespace=namespace), spec=spec)  # fmt: skip
+    return Resource(
+        api_version="sandpod.dev/v1alpha1",
+        kind=kind,
+        metadata=ObjectMeta(name="x", namespace=namespace),
+        spec=spec,
+    )
 
 
 @pytest.mark.parametrize(

@@ -99,8 +99,9 @@ async def until_acted(proc: ServiceProc, names: list[str]) -> None:
 
 
 async def make_sandbox(cluster: Cluster, template: str) -> AsyncSandbox:
-    sbx = await AsyncSandbox.create(template, timeout=600, nats_url=cluster.nats.url,
-                                    prefix=cluster.prefix)  # fmt: skip
+    sbx = await AsyncSandbox.create(
+        template, timeout=600, nats_url=cluster.nats.url, prefix=cluster.prefix
+    )
     assert (await sbx.exec(f"echo {sbx.id}")).stdout == f"{sbx.id}\n"
     return sbx
 
@@ -112,10 +113,14 @@ async def test_a_killed_leader_is_replaced_and_no_sandbox_is_lost_or_doubled(
     Sandboxes are starting, the standby takes the Lease (leaseTransitions + 1), finishes those
     Sandboxes on the Pods already made (one Pod each, owned by its Sandbox), and creates more."""
     template = f"kt-{uuid.uuid4().hex[:6]}"
-    await cluster.store.create(Resource(
-        api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
-        metadata=ObjectMeta(name=template, namespace=NS), spec={},
-    ))  # fmt: skip
+    await cluster.store.create(
+        Resource(
+            api_version="sandpod.dev/v1alpha1",
+            kind="SandboxTemplate",
+            metadata=ObjectMeta(name=template, namespace=NS),
+            spec={},
+        )
+    )
     env = {"SANDPOD_RUNTIME": "kubernetes", "SANDPOD_RESYNC": "30"}  # resync: the failover's
     replicas = {r: cluster.service("sandpod_lifecycle", r, **env) for r in ("lc-a", "lc-b")}
     await cluster.answering()
@@ -138,12 +143,17 @@ async def test_a_killed_leader_is_replaced_and_no_sandbox_is_lost_or_doubled(
     mid = [f"kf-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     shutdown = datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=10)
     for name in mid:
-        await cluster.store.create(Resource(
-            api_version="sandpod.dev/v1alpha1", kind="Sandbox",
-            metadata=ObjectMeta(name=name, namespace=NS),
-            spec={"templateRef": {"name": template},
-                  "shutdownTime": shutdown.strftime("%Y-%m-%dT%H:%M:%SZ")},
-        ))  # fmt: skip
+        await cluster.store.create(
+            Resource(
+                api_version="sandpod.dev/v1alpha1",
+                kind="Sandbox",
+                metadata=ObjectMeta(name=name, namespace=NS),
+                spec={
+                    "templateRef": {"name": template},
+                    "shutdownTime": shutdown.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                },
+            )
+        )
     # (the held kubelet handles one Pod at a time: it sees the first, the others queue behind)
     await kubelet.until("a new Sandbox's Pod", lambda: any(n in kubelet.seen for n in mid))
     held = await asyncio.to_thread(read_lease, cluster, f"{cluster.prefix}-lifecycle")
@@ -152,15 +162,21 @@ async def test_a_killed_leader_is_replaced_and_no_sandbox_is_lost_or_doubled(
     killed = time.monotonic()
     await asyncio.to_thread(leader.kill)
     kubelet.release()
-    taken = await until_lease(cluster, lambda s: s.get("holderIdentity") == standby.replica,
-                              LEASE_DURATION * 5, f"taken by {standby.replica}")  # fmt: skip
+    taken = await until_lease(
+        cluster,
+        lambda s: s.get("holderIdentity") == standby.replica,
+        LEASE_DURATION * 5,
+        f"taken by {standby.replica}",
+    )
     failover = time.monotonic() - killed
     assert taken["leaseTransitions"] == held["leaseTransitions"] + 1
     for name in mid:
         await cluster.until("Sandbox", name, ready, timeout=60)
     settled = time.monotonic() - killed
-    print(f"\nfailover: Lease taken {failover:.2f}s after SIGKILL, "
-          f"in-flight sandboxes Ready {settled:.2f}s after (lease {LEASE_DURATION}s)")  # fmt: skip
+    print(
+        f"\nfailover: Lease taken {failover:.2f}s after SIGKILL, "
+        f"in-flight sandboxes Ready {settled:.2f}s after (lease {LEASE_DURATION}s)"
+    )
     await until_acted(standby, mid)
 
     # 3. After: creates work (the standby, now leader, is the only replica left).
@@ -187,8 +203,11 @@ async def test_a_killed_leader_is_replaced_and_no_sandbox_is_lost_or_doubled(
 async def test_a_stopped_leader_hands_over_at_once(cluster: Cluster) -> None:
     """SIGTERM to the leader (a rolling update): it releases its Lease on the way out, so with
     a 30 s lease the standby leads within a few retry periods, and creates keep working."""
-    env = {"SANDPOD_RUNTIME": "kubernetes", "SANDPOD_LEADER_LEASE_DURATION": "30",
-           "SANDPOD_LEADER_RENEW_DEADLINE": "20"}  # fmt: skip
+    env = {
+        "SANDPOD_RUNTIME": "kubernetes",
+        "SANDPOD_LEADER_LEASE_DURATION": "30",
+        "SANDPOD_LEADER_RENEW_DEADLINE": "20",
+    }
     replicas = {r: cluster.service("sandpod_lifecycle", r, **env) for r in ("lc-a", "lc-b")}
     await cluster.answering()
     lease = await until_lease(cluster, lambda s: bool(s.get("holderIdentity")), 30, "held")
@@ -197,14 +216,22 @@ async def test_a_stopped_leader_hands_over_at_once(cluster: Cluster) -> None:
     stopped = time.monotonic()
     await asyncio.to_thread(leader.stop)
     assert leader.proc.returncode == 0, leader.tail(40)
-    await until_lease(cluster, lambda s: s.get("holderIdentity") == standby.replica, 15,
-                      f"taken by {standby.replica} well within the 30 s lease")  # fmt: skip
+    await until_lease(
+        cluster,
+        lambda s: s.get("holderIdentity") == standby.replica,
+        15,
+        f"taken by {standby.replica} well within the 30 s lease",
+    )
     print(f"\nhand-over after SIGTERM: {time.monotonic() - stopped:.2f}s (lease 30 s)")
     template = f"kt-{uuid.uuid4().hex[:6]}"
-    await cluster.store.create(Resource(
-        api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
-        metadata=ObjectMeta(name=template, namespace=NS), spec={},
-    ))  # fmt: skip
+    await cluster.store.create(
+        Resource(
+            api_version="sandpod.dev/v1alpha1",
+            kind="SandboxTemplate",
+            metadata=ObjectMeta(name=template, namespace=NS),
+            spec={},
+        )
+    )
     sbx = await make_sandbox(cluster, template)
     await sbx.close()
     await until_acted(standby, [sbx.id])
@@ -220,8 +247,9 @@ async def test_a_killed_pool_leader_is_replaced_and_the_pool_is_not_overfilled(
     env = {"SANDPOD_POOL_RESYNC": "120"}
     replicas = {r: cluster.service("sandpod_pool", r, **env) for r in ("pool-a", "pool-b")}
     await cluster.answering()
-    lease = await until_lease(cluster, lambda s: bool(s.get("holderIdentity")), 30, "held",
-                              service="pool")  # fmt: skip
+    lease = await until_lease(
+        cluster, lambda s: bool(s.get("holderIdentity")), 30, "held", service="pool"
+    )
     leader = replicas[lease["holderIdentity"]]
     standby = next(p for p in replicas.values() if p is not leader)
     pools = await AsyncPools.connect(nats_url=cluster.nats.url, prefix=cluster.prefix)
@@ -238,8 +266,13 @@ async def test_a_killed_pool_leader_is_replaced_and_the_pool_is_not_overfilled(
         killed = time.monotonic()
         await asyncio.to_thread(leader.kill)
         await pools.scale(pool, 3)  # answered by the standby; acted on once it leads
-        await until_lease(cluster, lambda s: s.get("holderIdentity") == standby.replica,
-                          LEASE_DURATION * 5, "taken by the standby", service="pool")  # fmt: skip
+        await until_lease(
+            cluster,
+            lambda s: s.get("holderIdentity") == standby.replica,
+            LEASE_DURATION * 5,
+            "taken by the standby",
+            service="pool",
+        )
         print(f"\npool failover: Lease taken {time.monotonic() - killed:.2f}s after SIGKILL")
         await cluster.until("SandboxWarmPool", pool, available(3))
         members, _ = await cluster.store.list("Sandbox", NS, f"{POOL_LABEL}={pool}")

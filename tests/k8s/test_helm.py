@@ -113,9 +113,11 @@ def test_rendered_crds_equal_schemas_crds(helm_dir: Path) -> None:
         key=lambda d: d["metadata"]["name"],
     )
     expected = [
-        doc for path in sorted(SCHEMA_CRDS.glob("*.yaml"))
-        for doc in yaml.safe_load_all(path.read_text()) if doc
-    ]  # fmt: skip
+        doc
+        for path in sorted(SCHEMA_CRDS.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
     assert rendered == sorted(expected, key=lambda d: d["metadata"]["name"])
 
 
@@ -181,11 +183,16 @@ def test_kube_mode_needs_leader_election(helm_dir: Path) -> None:
     """store=kube without the leader-election Leases fails the render (nobody would ever lead);
     store=kv renders without the Lease Roles."""
     with pytest.raises(subprocess.CalledProcessError) as info:
-        render(helm_dir, {"leaderElection": {"enabled": False}}, release="nolease",
-               namespace="sandpod")  # fmt: skip
+        render(
+            helm_dir, {"leaderElection": {"enabled": False}}, release="nolease", namespace="sandpod"
+        )
     assert "leaderElection.enabled=false with store=kube" in info.value.stderr
-    docs = render(helm_dir, {"leaderElection": {"enabled": False}, "store": "kv"},
-                  release="kvmode", namespace="sandpod")  # fmt: skip
+    docs = render(
+        helm_dir,
+        {"leaderElection": {"enabled": False}, "store": "kv"},
+        release="kvmode",
+        namespace="sandpod",
+    )
     assert not [d for d in docs if d["kind"] == "Role" and "leases" in d["metadata"]["name"]]
 
 
@@ -210,8 +217,11 @@ def test_every_rendered_object_passes_the_api_servers_dry_run(
     egress = [r for d in docs if d["kind"] == "NetworkPolicy" for r in d["spec"].get("egress", [])]
     assert egress and all(rule.get("to") for rule in egress)  # an empty `to` allows everywhere
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "NetworkPolicy", "ClusterRole" if combo != "external-nats-namespaced"
-            else "Role"} <= kinds  # fmt: skip
+    assert {
+        "Deployment",
+        "NetworkPolicy",
+        "ClusterRole" if combo != "external-nats-namespaced" else "Role",
+    } <= kinds
 
 
 def test_dry_run_refuses_what_the_api_server_would(
@@ -236,15 +246,18 @@ def test_workloads_are_hardened(helm_dir: Path) -> None:
     docs = render(helm_dir, {}, release="hard", namespace="sandpod")
     deployments = [d for d in docs if d["kind"] == "Deployment"]
     assert sorted(d["metadata"]["name"] for d in deployments) == [
-        "hard-sandpod-gateway", "hard-sandpod-lifecycle", "hard-sandpod-pool",
-    ]  # fmt: skip
+        "hard-sandpod-gateway",
+        "hard-sandpod-lifecycle",
+        "hard-sandpod-pool",
+    ]
     for dep in deployments:
         pod = dep["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert {c["topologyKey"] for c in pod["topologySpreadConstraints"]} == {
-            "kubernetes.io/hostname", "topology.kubernetes.io/zone",
-        }  # fmt: skip
+            "kubernetes.io/hostname",
+            "topology.kubernetes.io/zone",
+        }
         for container in pod["containers"]:
             sc = container["securityContext"]
             assert sc["readOnlyRootFilesystem"] is True
@@ -278,11 +291,13 @@ def test_nats_operator_mode_gives_each_service_only_its_own_keys(helm_dir: Path)
         assert volume["secretName"] == "sandpod-nats-auth" and volume["defaultMode"] == 0o400
         container = pod["containers"][0]
         assert {"name": "nats-auth", "mountPath": "/etc/sandpod/nats", "readOnly": True} in (
-            container["volumeMounts"])  # fmt: skip
+            container["volumeMounts"]
+        )
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["SANDPOD_NATS_CREDS"] == "/etc/sandpod/nats/nats.creds"
         assert env.get("SANDPOD_NATS_ACCOUNT_SEED_FILE") == (
-            "/etc/sandpod/nats/account.seed" if component == "lifecycle" else None)  # fmt: skip
+            "/etc/sandpod/nats/account.seed" if component == "lifecycle" else None
+        )
     plain = render(helm_dir, {}, release="plain", namespace="sandpod")
     for dep in (d for d in plain if d["kind"] == "Deployment"):
         env = {e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}

@@ -137,9 +137,12 @@ def installed(helm_dir: Path, admin: Rest, kube_apiserver: ControlPlane) -> Iter
         sa = f"{release}-sandpod-{component}"
         reply = admin.http.post(
             f"/api/v1/namespaces/{release_ns}/serviceaccounts/{sa}/token",
-            json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                  "spec": {"expirationSeconds": 3600}},
-        )  # fmt: skip
+            json={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 3600},
+            },
+        )
         assert reply.status_code == 201, reply.text
         tokens[component] = reply.json()["status"]["token"]
     installed = Installed(release_ns, tenant_ns, tokens, kube_apiserver)
@@ -153,10 +156,20 @@ def allowed(rest: Rest, access: Access, namespace: str) -> bool:
     group, resource, verb, sub = access
     reply = rest.http.post(
         "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-        json={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-              "spec": {"resourceAttributes": {"group": group, "resource": resource, "verb": verb,
-                                              "subresource": sub, "namespace": namespace}}},
-    )  # fmt: skip
+        json={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {
+                "resourceAttributes": {
+                    "group": group,
+                    "resource": resource,
+                    "verb": verb,
+                    "subresource": sub,
+                    "namespace": namespace,
+                }
+            },
+        },
+    )
     assert reply.status_code == 201, reply.text
     return bool(reply.json()["status"]["allowed"])
 
@@ -180,11 +193,17 @@ def test_leases_only_in_the_release_namespace(installed: Installed, component: s
     """Leader-election Leases: exactly get/create/update, in the release namespace only."""
     rest = installed.clients[component]
     verbs = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
-    granted = [v for v in verbs if allowed(rest, ("coordination.k8s.io", "leases", v, ""),
-                                           installed.release_ns)]  # fmt: skip
+    granted = [
+        v
+        for v in verbs
+        if allowed(rest, ("coordination.k8s.io", "leases", v, ""), installed.release_ns)
+    ]
     assert tuple(granted) == LEASE_VERBS
-    elsewhere = [v for v in verbs if allowed(rest, ("coordination.k8s.io", "leases", v, ""),
-                                             installed.tenant_ns)]  # fmt: skip
+    elsewhere = [
+        v
+        for v in verbs
+        if allowed(rest, ("coordination.k8s.io", "leases", v, ""), installed.tenant_ns)
+    ]
     assert elsewhere == []
 
 
@@ -196,12 +215,18 @@ async def test_elector_runs_on_the_service_account_token(
     release namespace; in another namespace it is refused and never leads (no crash)."""
     settings = LeaderSettings(lease_duration=2, renew_deadline=1.0, retry_period=0.2)
     name = unique(f"sandpod-{component}")
-    home = LeaderElector(installed.settings[component],
-                         dataclasses.replace(settings, namespace=installed.release_ns),
-                         name=name, identity="r0")  # fmt: skip
-    away = LeaderElector(installed.settings[component],
-                         dataclasses.replace(settings, namespace=installed.tenant_ns),
-                         name=name, identity="r0")  # fmt: skip
+    home = LeaderElector(
+        installed.settings[component],
+        dataclasses.replace(settings, namespace=installed.release_ns),
+        name=name,
+        identity="r0",
+    )
+    away = LeaderElector(
+        installed.settings[component],
+        dataclasses.replace(settings, namespace=installed.tenant_ns),
+        name=name,
+        identity="r0",
+    )
     try:
         assert await home.step()  # create
         assert await home.step()  # get + update (renew)
@@ -220,8 +245,12 @@ def test_real_calls_with_service_account_tokens(installed: Installed) -> None:
     ns = installed.tenant_ns
     pool, lifecycle = installed.clients["pool"], installed.clients["lifecycle"]
     gateway = installed.clients["gateway"]
-    sbx = {"apiVersion": SANDBOX, "kind": "Sandbox", "metadata": {"name": "s1", "namespace": ns},
-           "spec": {"templateRef": {"name": "python"}}}  # fmt: skip
+    sbx = {
+        "apiVersion": SANDBOX,
+        "kind": "Sandbox",
+        "metadata": {"name": "s1", "namespace": ns},
+        "spec": {"templateRef": {"name": "python"}},
+    }
     assert pool.create(sbx).status_code == 201
     path = f"/apis/{SANDBOX}/namespaces/{ns}/sandboxes/s1"
     current = lifecycle.http.get(path).json()
@@ -241,7 +270,7 @@ def test_real_calls_with_service_account_tokens(installed: Installed) -> None:
         lifecycle.http.get(f"/apis/{SANDBOX}/namespaces/{ns}/sandboxclaims"),
         gateway.http.get(path),
         gateway.http.get(f"/api/v1/namespaces/{ns}/pods"),
-    ]  # fmt: skip
+    ]
     assert [r.status_code for r in refused] == [403] * len(refused)
 
 
@@ -274,8 +303,12 @@ def test_namespaced_rbac_stops_at_the_release_namespace(
 
 
 def resource(kind: str, namespace: str, name: str, spec: dict[str, Any]) -> Resource:
-    return Resource(api_version=SANDBOX, kind=kind, spec=spec,
-                    metadata=ObjectMeta(name=name, namespace=namespace))  # fmt: skip
+    return Resource(
+        api_version=SANDBOX,
+        kind=kind,
+        spec=spec,
+        metadata=ObjectMeta(name=name, namespace=namespace),
+    )
 
 
 async def test_the_kube_store_works_within_each_services_rbac(installed: Installed) -> None:
@@ -284,11 +317,15 @@ async def test_the_kube_store_works_within_each_services_rbac(installed: Install
     pool = await KubeStore.connect(installed.settings["pool"])
     lifecycle = await KubeStore.connect(installed.settings["lifecycle"])
     try:
-        warm = await pool.create(resource("SandboxWarmPool", ns, "wp", {"templateRef": {
-            "name": "python"}, "replicas": 1}))  # fmt: skip
+        warm = await pool.create(
+            resource(
+                "SandboxWarmPool", ns, "wp", {"templateRef": {"name": "python"}, "replicas": 1}
+            )
+        )
         await pool.update_status(dataclasses.replace(warm, status={"readyReplicas": 0}))
-        member = await pool.create(resource("Sandbox", ns, "wp-1", {"templateRef": {
-            "name": "python"}}))  # fmt: skip
+        member = await pool.create(
+            resource("Sandbox", ns, "wp-1", {"templateRef": {"name": "python"}})
+        )
         claim = await pool.create(resource("SandboxClaim", ns, "c1", {"poolRef": {"name": "wp"}}))
         await pool.update_status(dataclasses.replace(claim, status={"sandbox": "wp-1"}))
         listed, _ = await lifecycle.list("Sandbox")  # every namespace: a ClusterRole

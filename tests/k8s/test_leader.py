@@ -32,8 +32,12 @@ def read_lease(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]
         return dict(api_client.sanitize_for_serialization(lease)["spec"])
 
 
-async def until(done: Callable[[], bool], timeout: float, what: str,
-                invariant: Callable[[], None] = lambda: None) -> float:  # fmt: skip
+async def until(
+    done: Callable[[], bool],
+    timeout: float,
+    what: str,
+    invariant: Callable[[], None] = lambda: None,
+) -> float:
     """Seconds until ``done()``, checking ``invariant()`` at each look; fail after ``timeout``."""
     start = time.monotonic()
     while not done():
@@ -57,10 +61,12 @@ class Replicas:
 
     def add(self, identity: str) -> LeaderElector:
         elector = LeaderElector(
-            self.plane.settings, dataclasses.replace(self.settings, namespace=self.namespace),
-            name=self.name, identity=identity,
+            self.plane.settings,
+            dataclasses.replace(self.settings, namespace=self.namespace),
+            name=self.name,
+            identity=identity,
             on_change=lambda leading: self.changes.append((identity, leading)),
-        )  # fmt: skip
+        )
         self.electors.append(elector)
         return elector
 
@@ -120,8 +126,12 @@ async def test_a_dead_leader_is_replaced_after_the_lease_duration(replicas: Repl
 
     await replicas.stop(leader)
     stopped = time.monotonic()
-    await until(lambda: not leader.is_leader, FAST.renew_deadline + 0.5,
-                "the stopped leader steps down", replicas.one_at_most)  # fmt: skip
+    await until(
+        lambda: not leader.is_leader,
+        FAST.renew_deadline + 0.5,
+        "the stopped leader steps down",
+        replicas.one_at_most,
+    )
     assert not standby.is_leader  # the old leader stepped down first, nobody leads
     await until(lambda: standby.is_leader, 10, "the standby takes over", replicas.one_at_most)
     took = time.monotonic() - stopped
@@ -200,8 +210,12 @@ def test_leader_settings_from_env_and_their_limits() -> None:
     """Defaults are client-go's; the variables are read; a renew deadline not below the lease
     duration, or a fractional lease duration, is refused."""
     assert LeaderSettings.from_env({}) == LeaderSettings(15, 10.0, 2.0, None)
-    env = {"SANDPOD_LEADER_LEASE_DURATION": "4", "SANDPOD_LEADER_RENEW_DEADLINE": "2.5",
-           "SANDPOD_LEADER_RETRY_PERIOD": "0.5", "SANDPOD_NAMESPACE": "sandpod"}  # fmt: skip
+    env = {
+        "SANDPOD_LEADER_LEASE_DURATION": "4",
+        "SANDPOD_LEADER_RENEW_DEADLINE": "2.5",
+        "SANDPOD_LEADER_RETRY_PERIOD": "0.5",
+        "SANDPOD_NAMESPACE": "sandpod",
+    }
     assert LeaderSettings.from_env(env) == LeaderSettings(4, 2.5, 0.5, "sandpod")
     with pytest.raises(ValueError, match="renew deadline"):
         LeaderSettings.from_env({"SANDPOD_LEADER_RENEW_DEADLINE": "15"})

@@ -45,9 +45,12 @@ SECRET_MODE = 0o400
 
 @pytest.fixture
 async def op_cluster(
-    kube_apiserver: ControlPlane, kube: KubeStore, operator_nats: OperatorNats, tmp_path: Path,
+    kube_apiserver: ControlPlane,
+    kube: KubeStore,
+    operator_nats: OperatorNats,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> AsyncIterator[tuple[Cluster, Path]]:  # fmt: skip
+) -> AsyncIterator[tuple[Cluster, Path]]:
     """A Kubernetes-mode installation on the operator-mode NATS; lifecycle and pool connect as
     their own users, this test's SDK as the client user; the account seed file for lifecycle is
     the second item."""
@@ -99,8 +102,9 @@ async def test_pool_and_lifecycle_as_their_own_users_fill_a_pool_and_bind_a_clai
         )
         members, _ = await c.store.list("Sandbox", NS, f"{POOL_LABEL}={pool}")
         assert len(members) == 1 and ready(members[0])
-        sbx = await AsyncSandbox.claim(pool, env={"AGENT": "a-9"}, timeout=600,
-                                       nats_url=c.nats.url, prefix=c.prefix)  # fmt: skip
+        sbx = await AsyncSandbox.claim(
+            pool, env={"AGENT": "a-9"}, timeout=600, nats_url=c.nats.url, prefix=c.prefix
+        )
         try:
             assert sbx.claim_info is not None and sbx.claim_info.warm
             assert sbx.id == members[0].metadata.name
@@ -113,8 +117,9 @@ async def test_pool_and_lifecycle_as_their_own_users_fill_a_pool_and_bind_a_clai
 
 
 async def test_the_gateway_as_its_own_user_keeps_keys_and_serves_a_tenant(
-    op_cluster: tuple[Cluster, Path], tmp_path: Path,
-) -> None:  # fmt: skip
+    op_cluster: tuple[Cluster, Path],
+    tmp_path: Path,
+) -> None:
     """The gateway (its key bucket, the API and data plane as a client) as its least-privilege
     user: ``keys create`` with its creds writes a key, and a tenant creates a sandbox and
     execs in it over HTTP."""
@@ -122,30 +127,46 @@ async def test_the_gateway_as_its_own_user_keeps_keys_and_serves_a_tenant(
     c.service("sandpod_lifecycle", SANDPOD_NATS_ACCOUNT_SEED_FILE=str(seed), **LIFECYCLE_ENV)
     await c.answering()
     creds = c.credentials["sandpod_gateway"]["SANDPOD_NATS_CREDS"]
-    env = {**os.environ, "SANDPOD_NATS_URL": c.nats.url, "SANDPOD_PREFIX": c.prefix,
-           "SANDPOD_NATS_CREDS": creds}  # fmt: skip
-    made = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "sandpod_gateway",
-                                   "keys", "create", "--tenant", "acme"], env=env,
-                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": c.nats.url,
+        "SANDPOD_PREFIX": c.prefix,
+        "SANDPOD_NATS_CREDS": creds,
+    }
+    made = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "sandpod_gateway", "keys", "create", "--tenant", "acme"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
     auth = {"authorization": f"Bearer {made.stdout.strip()}"}
     port = free_port()
     log = tmp_path / "gateway.log"
     with log.open("ab") as out:
-        gateway = subprocess.Popen([sys.executable, "-m", "sandpod_gateway"],
-                                   env={**env, "SANDPOD_GATEWAY_PORT": str(port)},
-                                   stdout=out, stderr=out)  # fmt: skip
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "sandpod_gateway"],
+            env={**env, "SANDPOD_GATEWAY_PORT": str(port)},
+            stdout=out,
+            stderr=out,
+        )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=90) as http:
             async with asyncio.timeout(30):
                 while not await _ready(http, gateway, log):
                     await asyncio.sleep(0.1)
             name = f"cg-{uuid.uuid4().hex[:8]}"
-            r = await http.post("/v1/sandboxes", headers=auth,
-                                json={"metadata": {"name": name}, "wait": 60})  # fmt: skip
+            r = await http.post(
+                "/v1/sandboxes", headers=auth, json={"metadata": {"name": name}, "wait": 60}
+            )
             assert r.status_code == 201, r.text
-            r = await http.post(f"/v1/sandboxes/{name}/exec", headers=auth,
-                                json={"argv": ["echo", "via", "gateway"]})  # fmt: skip
+            r = await http.post(
+                f"/v1/sandboxes/{name}/exec",
+                headers=auth,
+                json={"argv": ["echo", "via", "gateway"]},
+            )
             assert (r.status_code, r.json()["stdout"]) == (200, "via gateway\n"), r.text
             r = await http.delete(f"/v1/sandboxes/{name}", headers=auth)
             assert r.status_code < 300, r.text
@@ -184,15 +205,21 @@ def _secret(c: Cluster, name: str) -> client.V1Secret | None:
 
 
 async def test_each_sandbox_pod_connects_with_its_own_creds_that_reach_only_its_subjects(
-    op_cluster: tuple[Cluster, Path], tmp_path: Path,
-) -> None:  # fmt: skip
+    op_cluster: tuple[Cluster, Path],
+    tmp_path: Path,
+) -> None:
     """Sandbox A's Secret is owned by A, holds a JWT scoped to A's subjects, is mounted 0400 for
     A's execd (which serves through it), cannot reach B or the control plane, and is deleted
     with A; the Sandbox reports full isolation."""
     c, seed = op_cluster
-    c.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5",
-              SANDPOD_READY_TIMEOUT="30", SANDPOD_POD_NATS_CIDRS="127.0.0.1/32",
-              SANDPOD_NATS_ACCOUNT_SEED_FILE=str(seed))  # fmt: skip
+    c.service(
+        "sandpod_lifecycle",
+        SANDPOD_RUNTIME="kubernetes",
+        SANDPOD_RESYNC="0.5",
+        SANDPOD_READY_TIMEOUT="30",
+        SANDPOD_POD_NATS_CIDRS="127.0.0.1/32",
+        SANDPOD_NATS_ACCOUNT_SEED_FILE=str(seed),
+    )
     await c.answering()
     a_name, b_name = f"ca-{uuid.uuid4().hex[:8]}", f"cb-{uuid.uuid4().hex[:8]}"
     a = await AsyncSandbox.create(name=a_name, timeout=120, nats_url=c.nats.url, prefix=c.prefix)
@@ -209,7 +236,11 @@ async def test_each_sandbox_pod_connects_with_its_own_creds_that_reach_only_its_
         assert secret is not None
         owner = secret.metadata.owner_references[0]
         assert (owner.kind, owner.name, owner.uid, owner.controller) == (
-            "Sandbox", a_name, sandbox.metadata.uid, True)  # fmt: skip
+            "Sandbox",
+            a_name,
+            sandbox.metadata.uid,
+            True,
+        )
         creds = base64.b64decode(secret.data[CREDS_KEY]).decode()
         claims = decode_jwt(creds_jwt(creds))
         assert claims["nats"]["sub"] == {"allow": [f"{c.prefix}.sbx.{a_name}.>"]}
@@ -264,8 +295,11 @@ async def _a_cannot_reach_b(c: Cluster, creds: str, tmp_path: Path, b_name: str)
         await nc.subscribe(f"{c.prefix}.sbx.{b_name}.>")
         await nc.subscribe(f"{c.prefix}.api.>")
         await nc.flush()
-        wanted = [f'publish to "{b_ping}"', f'subscription to "{c.prefix}.sbx.{b_name}.>"',
-                  f'subscription to "{c.prefix}.api.>"']  # fmt: skip
+        wanted = [
+            f'publish to "{b_ping}"',
+            f'subscription to "{c.prefix}.sbx.{b_name}.>"',
+            f'subscription to "{c.prefix}.api.>"',
+        ]
         async with asyncio.timeout(5):
             while not all(any(w in e for e in errors) for w in wanted):
                 seen.clear()
@@ -280,9 +314,14 @@ async def test_a_renew_re_mints_the_secret_and_the_running_execd_switches_to_it(
     """Renewing a sandbox moves its JWT's expiry: lifecycle rewrites the Secret, the kubelet's
     sync rewrites the file, and execd reconnects with the new JWT (and keeps serving)."""
     c, seed = op_cluster
-    c.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5",
-              SANDPOD_READY_TIMEOUT="30", SANDPOD_POD_NATS_CIDRS="127.0.0.1/32",
-              SANDPOD_NATS_ACCOUNT_SEED_FILE=str(seed))  # fmt: skip
+    c.service(
+        "sandpod_lifecycle",
+        SANDPOD_RUNTIME="kubernetes",
+        SANDPOD_RESYNC="0.5",
+        SANDPOD_READY_TIMEOUT="30",
+        SANDPOD_POD_NATS_CIDRS="127.0.0.1/32",
+        SANDPOD_NATS_ACCOUNT_SEED_FILE=str(seed),
+    )
     await c.answering()
     name = f"cr-{uuid.uuid4().hex[:8]}"
     sbx = await AsyncSandbox.create(name=name, timeout=120, nats_url=c.nats.url, prefix=c.prefix)
@@ -314,9 +353,13 @@ def _next_version(c: Cluster, name: str, after: str) -> client.V1Secret:
     with c.plane.settings.api_client() as api_client:
         core = client.CoreV1Api(api_client)
         stream = watch.Watch()
-        for event in stream.stream(core.list_namespaced_secret, NS, timeout_seconds=30,
-                                   field_selector=f"metadata.name={name}-nats-creds",
-                                   resource_version=after):  # fmt: skip
+        for event in stream.stream(
+            core.list_namespaced_secret,
+            NS,
+            timeout_seconds=30,
+            field_selector=f"metadata.name={name}-nats-creds",
+            resource_version=after,
+        ):
             if event["type"] == "MODIFIED":
                 stream.stop()
                 return event["object"]

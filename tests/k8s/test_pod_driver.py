@@ -43,10 +43,12 @@ async def test_the_pod_driver_maps_instances_onto_pods_of_its_installation(
     """ensure makes a Ready Pod (replacing one left by an older Sandbox of the same name),
     inspect/list see only this installation's live Pods, destroy deletes them."""
     installation = f"i{uuid.uuid4().hex[:6]}"
-    driver = PodDriver(pods, PodSettings(), installation=installation, ready_timeout=30,
-                       namespace=namespace)  # fmt: skip
-    other = PodDriver(pods, PodSettings(), installation="someone-else", ready_timeout=30,
-                      namespace=namespace)  # fmt: skip
+    driver = PodDriver(
+        pods, PodSettings(), installation=installation, ready_timeout=30, namespace=namespace
+    )
+    other = PodDriver(
+        pods, PodSettings(), installation="someone-else", ready_timeout=30, namespace=namespace
+    )
     spec, template = SandboxSpec(), SandboxTemplateSpec()
     kubelet = FakeKubelet(kube_apiserver.settings, namespace, tmp_path)
     kubelet.run_execd = False  # Pods only: execd is the services' concern (test_pod_runtime)

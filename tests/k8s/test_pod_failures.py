@@ -36,16 +36,21 @@ def _reason_is(type_: str, reason: str, status: str = "False"):  # type: ignore[
 
 
 def _lifecycle(cluster: Cluster, deadline: int = 300) -> None:
-    cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5",
-                    SANDPOD_READY_TIMEOUT="20",
-                    SANDPOD_POD_START_DEADLINE=str(deadline))  # fmt: skip
+    cluster.service(
+        "sandpod_lifecycle",
+        SANDPOD_RUNTIME="kubernetes",
+        SANDPOD_RESYNC="0.5",
+        SANDPOD_READY_TIMEOUT="20",
+        SANDPOD_POD_START_DEADLINE=str(deadline),
+    )
 
 
 async def _create_fails(cluster: Cluster, name: str, reason: str) -> SandboxError:
     """Create ``name`` with the SDK, which must fail naming ``reason``; the error."""
     with pytest.raises(SandboxError, match=reason) as info:
-        await AsyncSandbox.create(name=name, wait=60, nats_url=cluster.nats.url,
-                                  prefix=cluster.prefix)  # fmt: skip
+        await AsyncSandbox.create(
+            name=name, wait=60, nats_url=cluster.nats.url, prefix=cluster.prefix
+        )
     return info.value
 
 
@@ -121,8 +126,9 @@ async def test_an_oom_killed_pod_fails_its_running_sandbox_with_oomkilled(
     _lifecycle(cluster)
     await cluster.answering()
     name = f"ko-{uuid.uuid4().hex[:8]}"
-    async with await AsyncSandbox.create(name=name, nats_url=cluster.nats.url,
-                                         prefix=cluster.prefix) as sbx:  # fmt: skip
+    async with await AsyncSandbox.create(
+        name=name, nats_url=cluster.nats.url, prefix=cluster.prefix
+    ) as sbx:
         assert (await sbx.exec("echo up")).stdout == "up\n"
         await cluster.kubelet.oom_kill(name)
         failed = await cluster.until("Sandbox", name, _reason_is("Failed", "OOMKilled", "True"))
@@ -141,8 +147,9 @@ async def test_a_pod_deleted_under_a_running_sandbox_fails_it_with_poddeleted(
     _lifecycle(cluster)
     await cluster.answering()
     name = f"kd-{uuid.uuid4().hex[:8]}"
-    async with await AsyncSandbox.create(name=name, nats_url=cluster.nats.url,
-                                         prefix=cluster.prefix):  # fmt: skip
+    async with await AsyncSandbox.create(
+        name=name, nats_url=cluster.nats.url, prefix=cluster.prefix
+    ):
         pods = PodApi(cluster.plane.settings)
         try:
             await pods.delete(NS, name, 0)

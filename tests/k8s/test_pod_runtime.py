@@ -28,24 +28,41 @@ async def test_a_sandbox_runs_in_its_own_hardened_pod_until_its_lifetime_ends(
     """A Sandbox created with the SDK gets a hardened Pod owned by it; it stays Pending until the
     Pod is Ready and execd answers, then runs commands; at its TTL the Pod is deleted."""
     template, name = f"kt-{uuid.uuid4().hex[:6]}", f"ks-{uuid.uuid4().hex[:8]}"
-    await cluster.store.create(Resource(
-        api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
-        metadata=ObjectMeta(name=template, namespace=NS),
-        spec={"image": "python:3.12-slim", "runtimeClassName": "gvisor",
-              "resources": {"cpu": "500m", "memory": "256Mi", "disk": "1Gi"},
-              "env": [{"name": "GREETING", "value": "hello-from-the-template"}],
-              "network": {"egress": ["10.1.0.0/16", "203.0.113.7:443", "example.org:443"]}},
-    ))  # fmt: skip
+    await cluster.store.create(
+        Resource(
+            api_version="sandpod.dev/v1alpha1",
+            kind="SandboxTemplate",
+            metadata=ObjectMeta(name=template, namespace=NS),
+            spec={
+                "image": "python:3.12-slim",
+                "runtimeClassName": "gvisor",
+                "resources": {"cpu": "500m", "memory": "256Mi", "disk": "1Gi"},
+                "env": [{"name": "GREETING", "value": "hello-from-the-template"}],
+                "network": {"egress": ["10.1.0.0/16", "203.0.113.7:443", "example.org:443"]},
+            },
+        )
+    )
     kubelet = cluster.kubelet
     kubelet.hold()  # the Pod will exist but not be Ready until released
-    cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5",
-                    SANDPOD_READY_TIMEOUT="30", SANDPOD_POD_NATS_NAMESPACE="nats-system",
-                    SANDPOD_POD_NATS_CIDRS="127.0.0.1/32")  # fmt: skip
+    cluster.service(
+        "sandpod_lifecycle",
+        SANDPOD_RUNTIME="kubernetes",
+        SANDPOD_RESYNC="0.5",
+        SANDPOD_READY_TIMEOUT="30",
+        SANDPOD_POD_NATS_NAMESPACE="nats-system",
+        SANDPOD_POD_NATS_CIDRS="127.0.0.1/32",
+    )
     await cluster.answering()
     async with asyncio.TaskGroup() as tg:
-        creating = tg.create_task(AsyncSandbox.create(
-            template, name=name, timeout=15, nats_url=cluster.nats.url, prefix=cluster.prefix,
-        ))  # fmt: skip
+        creating = tg.create_task(
+            AsyncSandbox.create(
+                template,
+                name=name,
+                timeout=15,
+                nats_url=cluster.nats.url,
+                prefix=cluster.prefix,
+            )
+        )
         await kubelet.until("the Pod", lambda: name in kubelet.seen)
         pending = await cluster.store.get("Sandbox", NS, name)
         assert pending.status.get("phase") == "Pending" and not ready(pending)
@@ -63,7 +80,11 @@ async def test_a_sandbox_runs_in_its_own_hardened_pod_until_its_lifetime_ends(
         )
         owner = pod["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
-            "Sandbox", name, sandbox.metadata.uid, True)  # fmt: skip
+            "Sandbox",
+            name,
+            sandbox.metadata.uid,
+            True,
+        )
         spec = pod["spec"]
         assert spec["runtimeClassName"] == "gvisor"
         assert spec["automountServiceAccountToken"] is False
@@ -72,8 +93,11 @@ async def test_a_sandbox_runs_in_its_own_hardened_pod_until_its_lifetime_ends(
         assert main["image"] == "python:3.12-slim"
         assert main["command"] == ["/opt/sandpod/python/bin/python3", "-m", "sandpod_execd"]
         assert init["command"] == ["cp", "-a", "/sandpod-bundle/.", "/opt/sandpod/"]
-        assert main["resources"]["limits"] == {"cpu": "500m", "memory": "256Mi",
-                                               "ephemeral-storage": "1Gi"}  # fmt: skip
+        assert main["resources"]["limits"] == {
+            "cpu": "500m",
+            "memory": "256Mi",
+            "ephemeral-storage": "1Gi",
+        }
         for c in (main, init):
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["runAsNonRoot"] is True
@@ -106,10 +130,12 @@ async def _check_network_policy(settings: KubeSettings, template: str) -> None:
     assert nats.namespace_selector.match_labels == {"kubernetes.io/metadata.name": "nats-system"}
     assert nats.pod_selector.match_labels == {"app.kubernetes.io/name": "nats"}
     rules = [
-        ([p.ip_block.cidr for p in r.to or [] if p.ip_block],
-         [(p.protocol, p.port) for p in r.ports or []])
+        (
+            [p.ip_block.cidr for p in r.to or [] if p.ip_block],
+            [(p.protocol, p.port) for p in r.ports or []],
+        )
         for r in policy.spec.egress
-    ]  # fmt: skip
+    ]
     assert rules == [
         (["127.0.0.1/32"], [("TCP", 4222)]),  # NATS, always: its pods, and its address
         ([], [("UDP", 53), ("TCP", 53)]),  # DNS, since the template allows egress
@@ -170,14 +196,21 @@ async def test_a_ready_pod_whose_execd_does_not_answer_leaves_the_sandbox_pendin
     is Ready but execd is silent; its Pod is replaced, and once execd answers it is Ready."""
     kubelet = cluster.kubelet
     kubelet.run_execd = False
-    cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5",
-                    SANDPOD_READY_TIMEOUT="8")  # fmt: skip
+    cluster.service(
+        "sandpod_lifecycle",
+        SANDPOD_RUNTIME="kubernetes",
+        SANDPOD_RESYNC="0.5",
+        SANDPOD_READY_TIMEOUT="8",
+    )
     name = f"ks-{uuid.uuid4().hex[:8]}"
-    await cluster.store.create(Resource(
-        api_version="sandpod.dev/v1alpha1", kind="Sandbox",
-        metadata=ObjectMeta(name=name, namespace=NS),
-        spec={"shutdownTime": "2099-01-01T00:00:00Z"},
-    ))  # fmt: skip
+    await cluster.store.create(
+        Resource(
+            api_version="sandpod.dev/v1alpha1",
+            kind="Sandbox",
+            metadata=ObjectMeta(name=name, namespace=NS),
+            spec={"shutdownTime": "2099-01-01T00:00:00Z"},
+        )
+    )
 
     def silent(obj: Resource | None) -> bool:
         conditions = (obj.status.get("conditions") or []) if obj is not None else []
@@ -193,8 +226,9 @@ async def test_a_ready_pod_whose_execd_does_not_answer_leaves_the_sandbox_pendin
     kubelet.run_execd = True
     await cluster.until("Sandbox", name, ready)
     assert kubelet.started == [name]
-    async with await AsyncSandbox.connect(name, nats_url=cluster.nats.url,
-                                          prefix=cluster.prefix) as sbx:  # fmt: skip
+    async with await AsyncSandbox.connect(
+        name, nats_url=cluster.nats.url, prefix=cluster.prefix
+    ) as sbx:
         assert (await sbx.exec("echo up")).stdout == "up\n"
 
 
@@ -203,8 +237,9 @@ async def test_a_restarted_lifecycle_adopts_running_pods_and_a_kill_deletes_the_
 ) -> None:
     """State lives on the API server: a new lifecycle process adopts the running Pod (no second
     execd), and killing the sandbox through the SDK deletes its Pod and then the Sandbox."""
-    lifecycle = cluster.service("sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes",
-                                SANDPOD_RESYNC="0.5")  # fmt: skip
+    lifecycle = cluster.service(
+        "sandpod_lifecycle", SANDPOD_RUNTIME="kubernetes", SANDPOD_RESYNC="0.5"
+    )
     await cluster.answering()
     sbx = await AsyncSandbox.create(timeout=600, nats_url=cluster.nats.url, prefix=cluster.prefix)
     try:
@@ -241,8 +276,9 @@ async def test_the_lifecycle_keeps_working_across_an_api_server_crash(cluster: C
     try:
         await asyncio.to_thread(cluster.plane.restart_apiserver)
         SESSION_DAEMON_PIDS.add(cluster.plane.procs[-1].pid)  # the session's, not a leak
-        second = await AsyncSandbox.create(timeout=600, nats_url=cluster.nats.url,
-                                           prefix=cluster.prefix)  # fmt: skip
+        second = await AsyncSandbox.create(
+            timeout=600, nats_url=cluster.nats.url, prefix=cluster.prefix
+        )
         try:
             assert (await second.exec("echo after")).stdout == "after\n"
             assert (await first.exec("echo before")).stdout == "before\n"

@@ -27,22 +27,36 @@ TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 
 async def running_sandbox(kube: KubeStore, namespace: str, name: str) -> Resource:
     """A Sandbox with the status the lifecycle gives a ready one."""
-    created = await kube.create(Resource(
-        api_version="sandpod.dev/v1alpha1", kind="Sandbox",
-        metadata=ObjectMeta(name=name, namespace=namespace),
-        spec={"templateRef": {"name": "python"}, "shutdownTime": "2099-01-01T00:00:00Z"},
-    ))  # fmt: skip
+    created = await kube.create(
+        Resource(
+            api_version="sandpod.dev/v1alpha1",
+            kind="Sandbox",
+            metadata=ObjectMeta(name=name, namespace=namespace),
+            spec={"templateRef": {"name": "python"}, "shutdownTime": "2099-01-01T00:00:00Z"},
+        )
+    )
     status = {
         "phase": "Running",
         "shutdownTime": "2099-01-01T00:00:00Z",
         "lastActivityTime": "2026-01-01T00:00:00Z",
-        "conditions": [{"type": "Ready", "status": "True", "reason": "ExecdReady",
-                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-    }  # fmt: skip
-    return await kube.update_status(Resource(
-        api_version=created.api_version, kind=created.kind, metadata=created.metadata,
-        spec=created.spec, status=status,
-    ))  # fmt: skip
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "ExecdReady",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+    }
+    return await kube.update_status(
+        Resource(
+            api_version=created.api_version,
+            kind=created.kind,
+            metadata=created.metadata,
+            spec=created.spec,
+            status=status,
+        )
+    )
 
 
 def get_table(plane: ControlPlane, path: str) -> dict[str, Any]:
@@ -64,12 +78,25 @@ async def test_the_api_servers_table_for_sandboxes_has_the_printer_columns_with_
     table = await asyncio.to_thread(get_table, kube_apiserver, path)
     assert table["kind"] == "Table"
     columns = [(c["name"], c["priority"]) for c in table["columnDefinitions"]]
-    assert columns == [("Name", 0), ("Phase", 0), ("Ready", 0), ("Reason", 0), ("Template", 0),
-                       ("Expires", 0), ("Last-Activity", 1), ("Age", 0)]  # fmt: skip
+    assert columns == [
+        ("Name", 0),
+        ("Phase", 0),
+        ("Ready", 0),
+        ("Reason", 0),
+        ("Template", 0),
+        ("Expires", 0),
+        ("Last-Activity", 1),
+        ("Age", 0),
+    ]
     (row,) = table["rows"]
     name, phase, ready, reason, template, expires, last_activity, age = row["cells"]
     assert (name, phase, ready, reason, template) == (
-        "sbx-table", "Running", "True", "ExecdReady", "python")  # fmt: skip
+        "sbx-table",
+        "Running",
+        "True",
+        "ExecdReady",
+        "python",
+    )
     assert expires and last_activity and age  # dates: rendered as ages by the server
     assert row["object"]["metadata"]["name"] == "sbx-table"  # PartialObjectMetadata
 
@@ -86,12 +113,32 @@ async def test_kubectl_get_sandboxes_prints_the_columns(
     await running_sandbox(kube, namespace, "sbx-kubectl")
     out = await asyncio.to_thread(
         subprocess.run,
-        [kubectl, "--kubeconfig", str(kube_apiserver.kubeconfig()), "-n", namespace,
-         "get", "sbx", "-o", "wide"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        [
+            kubectl,
+            "--kubeconfig",
+            str(kube_apiserver.kubeconfig()),
+            "-n",
+            namespace,
+            "get",
+            "sbx",
+            "-o",
+            "wide",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     header, row = out.stdout.splitlines()
-    assert header.split() == ["NAME", "PHASE", "READY", "REASON", "TEMPLATE", "EXPIRES",
-                              "LAST-ACTIVITY", "AGE"]  # fmt: skip
+    assert header.split() == [
+        "NAME",
+        "PHASE",
+        "READY",
+        "REASON",
+        "TEMPLATE",
+        "EXPIRES",
+        "LAST-ACTIVITY",
+        "AGE",
+    ]
     assert row.split()[:5] == ["sbx-kubectl", "Running", "True", "ExecdReady", "python"]

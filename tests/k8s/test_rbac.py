@@ -54,8 +54,12 @@ def grant(plane: ControlPlane, role: str, rules: list[Any]) -> str:
     ``default`` only; return a token of that ServiceAccount."""
     with plane.settings.api_client() as api_client:
         rbac, core = client.RbacAuthorizationV1Api(api_client), client.CoreV1Api(api_client)
-        doc = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": role}, "rules": rules}  # fmt: skip
+        doc = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": rules,
+        }
         try:
             rbac.create_cluster_role(doc)
         except ApiException as exc:
@@ -66,12 +70,17 @@ def grant(plane: ControlPlane, role: str, rules: list[Any]) -> str:
         account = client.V1ServiceAccount(metadata=meta)
         for create in (
             lambda: core.create_namespaced_service_account(NS, account),
-            lambda: rbac.create_namespaced_role_binding(NS, client.V1RoleBinding(
-                metadata=meta, role_ref=client.V1RoleRef(
-                    api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
-                subjects=[client.RbacV1Subject(kind="ServiceAccount", name=role, namespace=NS)],
-            )),
-        ):  # fmt: skip
+            lambda: rbac.create_namespaced_role_binding(
+                NS,
+                client.V1RoleBinding(
+                    metadata=meta,
+                    role_ref=client.V1RoleRef(
+                        api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role
+                    ),
+                    subjects=[client.RbacV1Subject(kind="ServiceAccount", name=role, namespace=NS)],
+                ),
+            ),
+        ):
             try:
                 create()
             except ApiException as exc:
@@ -93,8 +102,11 @@ def read_lease(plane: ControlPlane, name: str) -> dict[str, Any]:
 def token_env(plane: ControlPlane, token: str, state: Path, role: str) -> dict[str, str]:
     path = state / f"{role}.token"
     path.write_text(token)
-    return {"SANDPOD_KUBE_CLIENT_CERT": "", "SANDPOD_KUBE_CLIENT_KEY": "",
-            "SANDPOD_KUBE_TOKEN_FILE": str(path)}  # fmt: skip
+    return {
+        "SANDPOD_KUBE_CLIENT_CERT": "",
+        "SANDPOD_KUBE_CLIENT_KEY": "",
+        "SANDPOD_KUBE_TOKEN_FILE": str(path),
+    }
 
 
 async def test_lifecycle_and_pool_work_with_exactly_their_roles(
@@ -113,13 +125,17 @@ async def test_lifecycle_and_pool_work_with_exactly_their_roles(
     cluster.service("sandpod_pool", SANDPOD_POOL_RESYNC="0.3")
     await cluster.answering()
     template = f"kt-{uuid.uuid4().hex[:6]}"
-    await cluster.store.create(Resource(
-        api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
-        metadata=ObjectMeta(name=template, namespace=NS),
-        spec={"network": {"egress": ["10.2.0.0/16"]}},
-    ))  # fmt: skip
-    sbx = await AsyncSandbox.create(template, timeout=600, nats_url=cluster.nats.url,
-                                    prefix=cluster.prefix)  # fmt: skip
+    await cluster.store.create(
+        Resource(
+            api_version="sandpod.dev/v1alpha1",
+            kind="SandboxTemplate",
+            metadata=ObjectMeta(name=template, namespace=NS),
+            spec={"network": {"egress": ["10.2.0.0/16"]}},
+        )
+    )
+    sbx = await AsyncSandbox.create(
+        template, timeout=600, nats_url=cluster.nats.url, prefix=cluster.prefix
+    )
     try:
         assert (await sbx.exec("echo rbac")).stdout == "rbac\n"
     finally:
@@ -134,8 +150,9 @@ async def test_lifecycle_and_pool_work_with_exactly_their_roles(
             pool,
             lambda o: o is not None and o.status.get("availableReplicas") == 1,
         )
-        claimed = await AsyncSandbox.claim(pool, timeout=600, nats_url=cluster.nats.url,
-                                           prefix=cluster.prefix)  # fmt: skip
+        claimed = await AsyncSandbox.claim(
+            pool, timeout=600, nats_url=cluster.nats.url, prefix=cluster.prefix
+        )
         try:
             assert claimed.claim_info is not None and claimed.claim_info.warm
             member = await cluster.store.get("Sandbox", NS, claimed.id)
@@ -156,12 +173,15 @@ async def test_each_service_is_refused_beyond_its_role(
 ) -> None:
     """The lifecycle's token cannot list Sandboxes outside its namespace, pools, or Pods elsewhere;
     the pool's token cannot create Pods or templates: each refusal is a typed StoreForbidden."""
-    tokens = {role: await asyncio.to_thread(grant, kube_apiserver, role, chart_rules[role])
-              for role in ("sandpod-lifecycle", "sandpod-pool")}  # fmt: skip
+    tokens = {
+        role: await asyncio.to_thread(grant, kube_apiserver, role, chart_rules[role])
+        for role in ("sandpod-lifecycle", "sandpod-pool")
+    }
 
     def as_(role: str) -> KubeSettings:
-        return dataclasses.replace(kube_apiserver.settings, client_cert_file=None,
-                                   client_key_file=None, token=tokens[role])  # fmt: skip
+        return dataclasses.replace(
+            kube_apiserver.settings, client_cert_file=None, client_key_file=None, token=tokens[role]
+        )
 
     lifecycle_store, pool_store = (
         KubeStore(as_("sandpod-lifecycle")),
@@ -177,25 +197,29 @@ async def test_each_service_is_refused_beyond_its_role(
         with pytest.raises(StoreForbidden):
             await lifecycle_pods.list("app=x", "kube-system")
         await pool_store.list("SandboxClaim", NS)  # allowed
-        pod = SandboxPod(name="no-way", namespace=NS, owner_uid="u", template="t",
-                         installation="x")  # fmt: skip
+        pod = SandboxPod(name="no-way", namespace=NS, owner_uid="u", template="t", installation="x")
         with pytest.raises(StoreForbidden):
             await pool_pods.create(pod_manifest(pod, PodSettings()))
         # A sandbox's NATS creds Secret: lifecycle writes (create, renew) and deletes it (reads
         # are refused: test_helm_rbac.py); the pool service cannot write one.
         name = f"rb-{uuid.uuid4().hex[:6]}"
-        secret = SandboxPod(name=name, namespace=NS, owner_uid=str(uuid.uuid4()), template="t",
-                            installation="x")  # fmt: skip
+        secret = SandboxPod(
+            name=name, namespace=NS, owner_uid=str(uuid.uuid4()), template="t", installation="x"
+        )
         await lifecycle_pods.apply_secret(creds_secret_manifest(secret, "creds-1", 1))
         await lifecycle_pods.apply_secret(creds_secret_manifest(secret, "creds-2", 2))
         await lifecycle_pods.delete_secret(NS, creds_secret_name(name))
         with pytest.raises(StoreForbidden):
             await pool_pods.apply_secret(creds_secret_manifest(secret, "creds-3", 3))
         with pytest.raises(StoreForbidden):
-            await pool_store.create(Resource(
-                api_version="sandpod.dev/v1alpha1", kind="SandboxTemplate",
-                metadata=ObjectMeta(name="no-way", namespace=NS), spec={},
-            ))  # fmt: skip
+            await pool_store.create(
+                Resource(
+                    api_version="sandpod.dev/v1alpha1",
+                    kind="SandboxTemplate",
+                    metadata=ObjectMeta(name="no-way", namespace=NS),
+                    spec={},
+                )
+            )
     finally:
         for closeable in (lifecycle_store, pool_store, lifecycle_pods, pool_pods):
             await closeable.close()

@@ -31,9 +31,12 @@ __all__: list[str] = []
 
 RELEASE = "r"
 TENANT_RULES = [
-    {"apiGroups": ["sandpod.dev"], "resources": ["sandboxes", "sandboxclaims"],
-     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
-]  # fmt: skip
+    {
+        "apiGroups": ["sandpod.dev"],
+        "resources": ["sandboxes", "sandboxclaims"],
+        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+    },
+]
 
 
 @pytest.fixture
@@ -58,13 +61,18 @@ def policy(kube_apiserver: ControlPlane, tmp_path: Path) -> Iterator[list[dict[s
 
 
 def _as(plane: ControlPlane, token: str) -> KubeSettings:
-    return dataclasses.replace(plane.settings, client_cert_file=None, client_key_file=None,
-                               token=token)  # fmt: skip
+    return dataclasses.replace(
+        plane.settings, client_cert_file=None, client_key_file=None, token=token
+    )
 
 
 def _sandbox(name: str, **meta: Any) -> Resource:
-    return Resource("sandpod.dev/v1alpha1", "Sandbox", ObjectMeta(name=name, namespace=NS, **meta),
-                    spec={"permanent": False})  # fmt: skip
+    return Resource(
+        "sandpod.dev/v1alpha1",
+        "Sandbox",
+        ObjectMeta(name=name, namespace=NS, **meta),
+        spec={"permanent": False},
+    )
 
 
 async def _refused(store: KubeStore, obj: Resource, *, update: bool = False) -> StoreError:
@@ -102,8 +110,9 @@ async def test_a_tenant_cannot_set_reserved_labels_or_owner_references_on_the_ap
             await tenant.delete("Sandbox", NS, probe.metadata.name)
             assert time.monotonic() < deadline, "the admission policy never took effect"
             await asyncio.sleep(0.2)
-        owner = OwnerReference("sandpod.dev/v1alpha1", "SandboxWarmPool", "acme--py",
-                               str(uuid.uuid4()), True)  # fmt: skip
+        owner = OwnerReference(
+            "sandpod.dev/v1alpha1", "SandboxWarmPool", "acme--py", str(uuid.uuid4()), True
+        )
         for obj, key in (
             (_sandbox(f"e1-{tag}", labels=forged), POOL_LABEL),
             (_sandbox(f"e2-{tag}", annotations={"sandpod.dev/owner": "x"}), "sandpod.dev/owner"),

@@ -41,8 +41,13 @@ def test_resources_refuse_a_disk_below_the_minimum() -> None:
 
 def test_the_disk_settings_are_read_as_quantities() -> None:
     """SANDPOD_DISK_DEFAULT/RESERVE take quantities; an unusable one names the variable."""
-    s = LifecycleSettings.from_env({"SANDPOD_DISK_DEFAULT": "1Gi", "SANDPOD_DISK_RESERVE": "0",
-                                    "SANDPOD_DISK_PREALLOCATE": "true"})  # fmt: skip
+    s = LifecycleSettings.from_env(
+        {
+            "SANDPOD_DISK_DEFAULT": "1Gi",
+            "SANDPOD_DISK_RESERVE": "0",
+            "SANDPOD_DISK_PREALLOCATE": "true",
+        }
+    )
     assert (s.disk_default, s.disk_reserve, s.disk_preallocate) == (1 << 30, 0, True)
     assert LifecycleSettings.from_env({}).disk_default == 10 << 30
     for bad in ("1Mi", "lots"):

@@ -46,8 +46,11 @@ def test_only_lifecycle_may_publish_on_the_node_plane() -> None:
     assert not any(s.startswith(("$JS", "$KV")) for s in perms["client"].pub_allow)
     assert not any(s.startswith(("$JS", "$KV")) for s in perms["execd"].pub_allow)
     assert "$KV.sandpod-gateway-keys.>" in perms["gateway"].pub_allow
-    assert not any("gateway-keys" in s for u in ("lifecycle", "pool", "client", "execd")
-                   for s in perms[u].pub_allow)  # fmt: skip
+    assert not any(
+        "gateway-keys" in s
+        for u in ("lifecycle", "pool", "client", "execd")
+        for s in perms[u].pub_allow
+    )
     assert perms["execd"].sub_allow == ("sandpod.sbx.*.>", "sandpod.node.n1.execd.*")
 
 
@@ -129,10 +132,17 @@ def test_kubernetes_users_are_the_embedded_ones_without_node_plane_kv_and_execd(
     dropped = ("sandpod.node.", "$KV.sandpod-resources.", "$KV.sandpod-leases.")
     for user, perms in kube.items():
         assert perms.sub_allow == embedded[user].sub_allow, user
-        kept = tuple(x for x in embedded[user].pub_allow
-                     if not x.startswith(dropped) and "KV_sandpod-resources" not in x
-                     and "KV_sandpod-leases" not in x)  # fmt: skip
+        kept = tuple(
+            x
+            for x in embedded[user].pub_allow
+            if not x.startswith(dropped)
+            and "KV_sandpod-resources" not in x
+            and "KV_sandpod-leases" not in x
+        )
         assert perms.pub_allow == kept, user
     assert kube["gateway"] == embedded["gateway"] and kube["client"] == embedded["client"]
-    assert not any(x.startswith(("sandpod.node", "$KV.sandpod-res", "$KV.sandpod-lea"))
-                   for p in kube.values() for x in p.pub_allow)  # fmt: skip
+    assert not any(
+        x.startswith(("sandpod.node", "$KV.sandpod-res", "$KV.sandpod-lea"))
+        for p in kube.values()
+        for x in p.pub_allow
+    )

@@ -36,9 +36,15 @@ def test_redaction_removes_every_secret_shape(line: str) -> None:
 
 
 def test_redacting_filter_rewrites_records_with_args() -> None:
-    record = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1,
-                               '%s - "WebSocket %s" [accepted]',
-                               ("127.0.0.1:1", f"/v1/x?token={KEY}"), None)  # fmt: skip
+    record = logging.LogRecord(
+        "uvicorn.error",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "WebSocket %s" [accepted]',
+        ("127.0.0.1:1", f"/v1/x?token={KEY}"),
+        None,
+    )
     assert redact.RedactingFilter().filter(record)
     assert "f" * 48 not in record.getMessage() and "/v1/x?token=[redacted]" in record.getMessage()
 
@@ -65,8 +71,11 @@ def test_quotas_are_per_tenant_and_released_once() -> None:
     with pytest.raises(QuotaExceeded) as full:
         q.stream("a")
     assert http_status(full.value.code) == 429
-    assert full.value.details == {"quota": "streams", "limit": 2,
-                                  "setting": "SANDPOD_GATEWAY_TENANT_MAX_STREAMS"}  # fmt: skip
+    assert full.value.details == {
+        "quota": "streams",
+        "limit": 2,
+        "setting": "SANDPOD_GATEWAY_TENANT_MAX_STREAMS",
+    }
     b = q.stream("b")  # another tenant is not affected by a's quota
     with pytest.raises(Busy) as replica:  # ... only by the replica's ceiling
         q.stream("c")
@@ -85,8 +94,11 @@ def test_quotas_are_per_tenant_and_released_once() -> None:
 
 def test_json_depth_is_capped_without_recursion() -> None:
     assert jsonbody.loads(b"[" * 64 + b"]" * 64)
-    for doc in (b"[" * 65 + b"]" * 65, b"[" * 100_000 + b"]" * 100_000,
-                b'{"a":' * 70 + b"1" + b"}" * 70):  # fmt: skip
+    for doc in (
+        b"[" * 65 + b"]" * 65,
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"a":' * 70 + b"1" + b"}" * 70,
+    ):
         with pytest.raises(JsonTooDeep) as info:
             jsonbody.loads(doc)
         assert http_status(info.value.code) == 400

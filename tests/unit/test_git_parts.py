@@ -13,8 +13,10 @@ from sandpod_execd.handlers.git import _repo_name
 def test_split_credentials_decodes_and_removes_userinfo() -> None:
     """user:token@ leaves the URL; percent-escapes in them are decoded."""
     assert split_credentials("https://al%40ice:p%2Fw@host:8443/o/r.git") == (
-        "https://host:8443/o/r.git", "al@ice", "p/w",
-    )  # fmt: skip
+        "https://host:8443/o/r.git",
+        "al@ice",
+        "p/w",
+    )
     assert split_credentials("https://tok@host/r.git") == ("https://host/r.git", "tok", None)
     assert split_credentials("git@github.com:o/r.git") == ("git@github.com:o/r.git", None, None)
     assert split_credentials("/srv/repo") == ("/srv/repo", None, None)
@@ -37,12 +39,16 @@ def test_scrubber_removes_userinfo_and_secrets_in_every_form() -> None:
     ("stderr", "cls"),
     [
         ("fatal: Authentication failed for 'http://h/x.git/'", GitAuthFailed),
-        ("fatal: could not read Username for 'https://h': terminal prompts disabled",
-         GitAuthFailed),
+        (
+            "fatal: could not read Username for 'https://h': terminal prompts disabled",
+            GitAuthFailed,
+        ),
         ("git@h: Permission denied (publickey).\nfatal: Could not read from remote", GitAuthFailed),
         ("fatal: repository '/tmp/nope' does not exist", GitNotFound),
-        ("fatal: '/x' does not appear to be a git repository\nfatal: Could not read from remote",
-         GitNotFound),
+        (
+            "fatal: '/x' does not appear to be a git repository\nfatal: Could not read from remote",
+            GitNotFound,
+        ),
         ("fatal: Remote branch nob not found in upstream origin", GitNotFound),
         ("fatal: invalid reference: nope", GitNotFound),
         ("fatal: unable to access 'http://h/': Could not resolve host: h", GitNetwork),
@@ -50,7 +56,7 @@ def test_scrubber_removes_userinfo_and_secrets_in_every_form() -> None:
         ("error: RPC failed; curl 28 Operation too slow.", GitNetwork),
         ("fatal: a branch named 'main' already exists", GitError),
     ],
-)  # fmt: skip
+)
 def test_classify(stderr: str, cls: type[GitError]) -> None:
     """git's messages map to the typed errors (checked in order: auth, missing, network)."""
     err = classify(stderr, what="git x", code=128)
@@ -59,18 +65,28 @@ def test_classify(stderr: str, cls: type[GitError]) -> None:
 
 def test_parse_porcelain_v2() -> None:
     """Headers, ordinary, renamed, unmerged, untracked entries (names with spaces) are parsed."""
-    out = b"\0".join([
-        b"# branch.oid 0123abcd", b"# branch.head main", b"# branch.upstream origin/main",
-        b"# branch.ab +2 -1",
-        b"1 .M N... 100644 100644 100644 aaaa bbbb a file.txt",
-        b"2 R. N... 100644 100644 100644 aaaa bbbb R100 new name.txt", b"old name.txt",
-        b"u UU N... 100644 100644 100644 100644 aaaa bbbb cccc both.txt",
-        b"? un tracked.txt", b"",
-    ])  # fmt: skip
+    out = b"\0".join(
+        [
+            b"# branch.oid 0123abcd",
+            b"# branch.head main",
+            b"# branch.upstream origin/main",
+            b"# branch.ab +2 -1",
+            b"1 .M N... 100644 100644 100644 aaaa bbbb a file.txt",
+            b"2 R. N... 100644 100644 100644 aaaa bbbb R100 new name.txt",
+            b"old name.txt",
+            b"u UU N... 100644 100644 100644 100644 aaaa bbbb cccc both.txt",
+            b"? un tracked.txt",
+            b"",
+        ]
+    )
     st, truncated = parse_status(out, 100)
     assert (st.commit, st.branch, st.upstream, st.ahead, st.behind) == (
-        "0123abcd", "main", "origin/main", 2, 1,
-    )  # fmt: skip
+        "0123abcd",
+        "main",
+        "origin/main",
+        2,
+        1,
+    )
     assert [(e.path, e.state, e.index, e.worktree, e.orig_path) for e in st.entries] == [
         ("a file.txt", "modified", ".", "M", None),
         ("new name.txt", "renamed", "R", ".", "old name.txt"),
@@ -89,9 +105,14 @@ def test_parse_initial_detached_and_bound() -> None:
 
 @pytest.mark.parametrize(
     ("url", "name"),
-    [("https://h/org/app.git", "app"), ("git@h:org/app.git", "app"), ("/srv/app/", "app"),
-     ("file:///srv/app.git", "app"), ("https://h/", "repo")],
-)  # fmt: skip
+    [
+        ("https://h/org/app.git", "app"),
+        ("git@h:org/app.git", "app"),
+        ("/srv/app/", "app"),
+        ("file:///srv/app.git", "app"),
+        ("https://h/", "repo"),
+    ],
+)
 def test_default_clone_directory(url: str, name: str) -> None:
     """Without a target, the clone is named after the repository."""
     assert _repo_name(url) == name

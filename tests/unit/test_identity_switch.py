@@ -109,8 +109,16 @@ def test_a_thread_acting_as_a_user_has_only_its_rights(tree: Path) -> None:
     got = on_thread(checks)
     denied = {errno.EACCES, errno.EPERM}
     assert isinstance(got, dict)
-    refused = ("read secret", "write public", "chmod public", "utime public",
-               "chown own to root", "chgrp own to root", "rename public", "watch priv")  # fmt: skip
+    refused = (
+        "read secret",
+        "write public",
+        "chmod public",
+        "utime public",
+        "chown own to root",
+        "chgrp own to root",
+        "rename public",
+        "watch priv",
+    )
     for what in refused:
         assert got[what] in denied, what
     for what in ("read public", "chown own to own", "watch mine"):

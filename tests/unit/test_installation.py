@@ -73,11 +73,18 @@ def test_the_state_dir_lock_refuses_a_second_holder(tmp_path: Path) -> None:
     """While one process holds the state dir, another is refused with its pid and what to do;
     once the holder exits the lock is free again (no stale lock after a crash)."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, pathlib; from sandpod.statelock import "
-         "hold_state_dir; hold_state_dir(pathlib.Path(sys.argv[1])); print('held', flush=True);"
-         " sys.stdin.read()", str(tmp_path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib; from sandpod.statelock import "
+            "hold_state_dir; hold_state_dir(pathlib.Path(sys.argv[1])); print('held', flush=True);"
+            " sys.stdin.read()",
+            str(tmp_path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         with pytest.raises(StateDirBusy, match=f"pid {holder.pid}.*--state-dir"):

@@ -58,8 +58,12 @@ def test_the_rate_limiter_allows_a_burst_then_the_refill_rate() -> None:
     clock = Clock()
     limiter = RateLimiter(burst=3, rate=1.0, clock=clock)
     assert [limiter.allow("a") for _ in range(5)] == [
-        (True, 0), (True, 0), (True, 0), (False, 1), (False, 2)
-    ]  # fmt: skip
+        (True, 0),
+        (True, 0),
+        (True, 0),
+        (False, 1),
+        (False, 2),
+    ]
     assert limiter.allow("b") == (True, 0)
     clock.now += 1.0
     assert limiter.allow("a") == (True, 0)
@@ -101,14 +105,21 @@ def test_event_limits_are_settings_with_safe_defaults() -> None:
     """SANDPOD_EVENTS_* set the stream's bounds; unset, they are bounded; nonsense is refused."""
     default = LifecycleSettings.from_env({}).events
     assert default.max_bytes > 0 and default.max_age > 0 and default.max_msgs_per_subject > 0
-    env = {"SANDPOD_EVENTS_MAX_BYTES": str(2 << 20), "SANDPOD_EVENTS_MAX_AGE": "600",
-           "SANDPOD_EVENTS_MAX_PER_SUBJECT": "7", "SANDPOD_EVENTS_BURST": "3",
-           "SANDPOD_EVENTS_RATE": "0.5"}  # fmt: skip
+    env = {
+        "SANDPOD_EVENTS_MAX_BYTES": str(2 << 20),
+        "SANDPOD_EVENTS_MAX_AGE": "600",
+        "SANDPOD_EVENTS_MAX_PER_SUBJECT": "7",
+        "SANDPOD_EVENTS_BURST": "3",
+        "SANDPOD_EVENTS_RATE": "0.5",
+    }
     assert LifecycleSettings.from_env(env).events == EventLimits(
         max_bytes=2 << 20, max_age=600, max_msgs_per_subject=7, burst=3, rate=0.5
     )
-    for name, bad in (("SANDPOD_EVENTS_MAX_BYTES", "-1"), ("SANDPOD_EVENTS_MAX_AGE", "0"),
-                      ("SANDPOD_EVENTS_BURST", "x")):  # fmt: skip
+    for name, bad in (
+        ("SANDPOD_EVENTS_MAX_BYTES", "-1"),
+        ("SANDPOD_EVENTS_MAX_AGE", "0"),
+        ("SANDPOD_EVENTS_BURST", "x"),
+    ):
         with pytest.raises(SettingsError, match=name):
             LifecycleSettings.from_env({name: bad})
 
@@ -156,8 +167,14 @@ async def test_a_dead_jail_is_a_terminal_instance_with_a_stable_reason(
     """The local driver reports a jail whose holder exited as terminal (OOMKilled when its
     memory cgroup's OOM killer could pick the holder and killed; else InstanceLost) and never
     serves it again through ensure()."""
-    lost = InstanceStatus(sandbox_id="s1", exists=True, jail_file=Path("/nonexistent"),
-                          detail="holder exited", lost=True, oom_killed=oom)  # fmt: skip
+    lost = InstanceStatus(
+        sandbox_id="s1",
+        exists=True,
+        jail_file=Path("/nonexistent"),
+        detail="holder exited",
+        lost=True,
+        oom_killed=oom,
+    )
     driver = LocalDriver(Runtime(lost), Launcher())  # type: ignore[arg-type]
     instance = await driver.inspect("s1")
     assert instance is not None and instance.terminal and instance.reason == reason

@@ -32,10 +32,16 @@ HYBRID = """\
 
 def caps(v1: dict[str, Path], v2: Path | None, v2_controllers: set[str]) -> HostCapabilities:
     return HostCapabilities(
-        root=True, namespaces=frozenset(), unprivileged_user_namespaces=False, overlayfs=True,
-        cgroup_v1=v1, cgroup_v2=v2, cgroup_v2_controllers=frozenset(v2_controllers),
-        freezer="v1" if "freezer" in v1 else "v2", tools={},
-    )  # fmt: skip
+        root=True,
+        namespaces=frozenset(),
+        unprivileged_user_namespaces=False,
+        overlayfs=True,
+        cgroup_v1=v1,
+        cgroup_v2=v2,
+        cgroup_v2_controllers=frozenset(v2_controllers),
+        freezer="v1" if "freezer" in v1 else "v2",
+        tools={},
+    )
 
 
 def test_mountinfo_yields_hierarchy_roots_only() -> None:
@@ -87,8 +93,9 @@ def test_pure_v2_host_writes_v2_limits_and_enables_controllers(tmp_path: Path) -
 
 def test_missing_controllers_are_reported_not_hidden(tmp_path: Path) -> None:
     """Without a pids controller the sandbox is still limited elsewhere and says pids is not."""
-    plan = CgroupPlan.choose(caps({"freezer": tmp_path / "f", "memory": tmp_path / "m"}, None,
-                                  set()), "p")  # fmt: skip
+    plan = CgroupPlan.choose(
+        caps({"freezer": tmp_path / "f", "memory": tmp_path / "m"}, None, set()), "p"
+    )
     cg = plan.for_sandbox("s3")
     protections = cg.create(Resources())
     assert protections["memory"] == "active" and protections["freezer"] == "active"

@@ -26,12 +26,20 @@ def test_an_explicit_server_with_a_token_file_and_namespace_scope(tmp_path: Path
     """SANDPOD_STORE=kube with SANDPOD_KUBE_SERVER: the token file and the namespace scope."""
     token = tmp_path / "token"
     token.write_text("abc.def\n")
-    env = {"SANDPOD_STORE": "kube", "SANDPOD_KUBE_SERVER": "https://10.0.0.1:6443",
-           "SANDPOD_KUBE_CA_FILE": "/ca.crt", "SANDPOD_KUBE_TOKEN_FILE": str(token),
-           "SANDPOD_KUBE_NAMESPACE": "sandboxes"}  # fmt: skip
+    env = {
+        "SANDPOD_STORE": "kube",
+        "SANDPOD_KUBE_SERVER": "https://10.0.0.1:6443",
+        "SANDPOD_KUBE_CA_FILE": "/ca.crt",
+        "SANDPOD_KUBE_TOKEN_FILE": str(token),
+        "SANDPOD_KUBE_NAMESPACE": "sandboxes",
+    }
     for settings in (LifecycleSettings.from_env(env), PoolSettings.from_env(env)):
-        expected = KubeSettings(host="https://10.0.0.1:6443", ca_file="/ca.crt",
-                                token_file=str(token), namespace="sandboxes")  # fmt: skip
+        expected = KubeSettings(
+            host="https://10.0.0.1:6443",
+            ca_file="/ca.crt",
+            token_file=str(token),
+            namespace="sandboxes",
+        )
         assert settings.kube == expected
 
 
@@ -66,13 +74,19 @@ def test_a_kubeconfig_is_read_when_no_server_is_given(tmp_path: Path) -> None:
     [
         ({"SANDPOD_STORE": "etcd"}, "SANDPOD_STORE"),
         ({"SANDPOD_RUNTIME": "kubernetes"}, "needs SANDPOD_STORE=kube"),
-        ({"SANDPOD_STORE": "kube", "SANDPOD_KUBE_SERVER": "https://x",
-          "SANDPOD_KUBE_TOKEN_FILE": "/nonexistent/token"}, "SANDPOD_KUBE_TOKEN_FILE"),
+        (
+            {
+                "SANDPOD_STORE": "kube",
+                "SANDPOD_KUBE_SERVER": "https://x",
+                "SANDPOD_KUBE_TOKEN_FILE": "/nonexistent/token",
+            },
+            "SANDPOD_KUBE_TOKEN_FILE",
+        ),
         ({"SANDPOD_POD_NATS_CIDRS": "10.0.0.0/8,nats"}, "SANDPOD_POD_NATS_CIDRS"),
         ({"SANDPOD_POD_RUN_AS_USER": "-1"}, "SANDPOD_POD_RUN_AS_USER"),
         ({"SANDPOD_POD_NATS_POD_LABELS": "nats"}, "SANDPOD_POD_NATS_POD_LABELS"),
     ],
-)  # fmt: skip
+)
 def test_bad_kubernetes_settings_fail_start_up_naming_the_variable(
     env: dict[str, str], message: str
 ) -> None:
@@ -83,8 +97,9 @@ def test_bad_kubernetes_settings_fail_start_up_naming_the_variable(
 
 def test_a_pod_without_a_template_image_or_limits_still_is_hardened() -> None:
     """The default image is used, no resources are set, and the securityContext is the same."""
-    pod = SandboxPod(name="s1", namespace="ns", owner_uid="u1", template="default",
-                     installation="sandpod")  # fmt: skip
+    pod = SandboxPod(
+        name="s1", namespace="ns", owner_uid="u1", template="default", installation="sandpod"
+    )
     manifest = pod_manifest(pod, PodSettings(default_image="busybox:1", run_as_user=4242))
     spec = manifest["spec"]
     assert "runtimeClassName" not in spec
@@ -98,20 +113,28 @@ def test_a_pod_without_a_template_image_or_limits_still_is_hardened() -> None:
 def test_a_template_without_egress_gets_only_nats_and_never_a_destinationless_rule() -> None:
     """No egress: the policy allows NATS at its named pods/CIDRs only, no DNS, no ingress; with
     no NATS destination configured there is no NATS rule at all (never "port 4222 anywhere")."""
-    settings = PodSettings.from_env({
-        "SANDPOD_POD_NATS_NAMESPACE": "nats", "SANDPOD_POD_NATS_POD_LABELS": "app=nats,tier=bus",
-        "SANDPOD_POD_NATS_CIDRS": "10.96.0.0/12", "SANDPOD_POD_NATS_PORT": "4223",
-    })  # fmt: skip
+    settings = PodSettings.from_env(
+        {
+            "SANDPOD_POD_NATS_NAMESPACE": "nats",
+            "SANDPOD_POD_NATS_POD_LABELS": "app=nats,tier=bus",
+            "SANDPOD_POD_NATS_CIDRS": "10.96.0.0/12",
+            "SANDPOD_POD_NATS_PORT": "4223",
+        }
+    )
     policy, unenforceable = egress_policy("ns", "t", (), settings)
     assert unenforceable == [] and policy["spec"]["ingress"] == []
-    assert policy["spec"]["egress"] == [{
-        "to": [
-            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nats"}},
-             "podSelector": {"matchLabels": {"app": "nats", "tier": "bus"}}},
-            {"ipBlock": {"cidr": "10.96.0.0/12"}},
-        ],
-        "ports": [{"protocol": "TCP", "port": 4223}],
-    }]  # fmt: skip
+    assert policy["spec"]["egress"] == [
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nats"}},
+                    "podSelector": {"matchLabels": {"app": "nats", "tier": "bus"}},
+                },
+                {"ipBlock": {"cidr": "10.96.0.0/12"}},
+            ],
+            "ports": [{"protocol": "TCP", "port": 4223}],
+        }
+    ]
     unpinned, _ = egress_policy("ns", "t", ("*",), PodSettings())
     egress = unpinned["spec"]["egress"]
     assert not any(p["port"] == 4222 for rule in egress for p in rule.get("ports", []))

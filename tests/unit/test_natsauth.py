@@ -26,8 +26,9 @@ HOUR = 3600
 def test_user_jwt_carries_the_claims_nats_expects_signed_by_the_account() -> None:
     """Header, issuer, subject, expiry, permissions, and a signature checked against ``iss``."""
     setup = operator_setup(NOW)
-    creds = user_creds(setup.app.key, "sandbox:a", sandbox_permissions("p.sbx.a.>"), now=NOW,
-                       expires=NOW + HOUR)  # fmt: skip
+    creds = user_creds(
+        setup.app.key, "sandbox:a", sandbox_permissions("p.sbx.a.>"), now=NOW, expires=NOW + HOUR
+    )
     token = creds_jwt(creds)
     header = json.loads(base64.urlsafe_b64decode(token.split(".")[0] + "=="))
     assert header == {"typ": "JWT", "alg": "ed25519-nkey"}

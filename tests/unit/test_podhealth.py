@@ -20,35 +20,107 @@ def _cs(state: dict[str, Any], name: str = "sandbox", **extra: Any) -> dict[str,
 @pytest.mark.parametrize(
     ("pod", "reason", "terminal", "says"),
     [
-        (_pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                           "message": "0/3 nodes"}]), "Unschedulable", False, "0/3 nodes"),
-        (_pod(containerStatuses=[_cs({"waiting": {"reason": "ErrImagePull"}})]),
-         "ImagePullFailed", False, "image python:3.12"),
-        (_pod(initContainerStatuses=[_cs({"waiting": {"reason": "ImagePullBackOff"}},
-                                         name="execd-install")]),
-         "ImagePullFailed", False, "execd-install"),
-        (_pod(containerStatuses=[_cs({"waiting": {"reason": "InvalidImageName"}})]),
-         "InvalidImage", True, "python:3.12"),
-        (_pod(containerStatuses=[_cs({"waiting": {"reason": "CreateContainerConfigError",
-                                                  "message": "secret not found"}})]),
-         "ContainerConfigError", False, "secret not found"),
-        (_pod("Running", containerStatuses=[_cs(
-            {"waiting": {"reason": "CrashLoopBackOff"}},
-            lastState={"terminated": {"exitCode": 2, "reason": "Error"}})]),
-         "CrashLoop", True, "last exit code 2"),
-        (_pod("Running", containerStatuses=[_cs(
-            {"waiting": {"reason": "CrashLoopBackOff"}},
-            lastState={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})]),
-         "OOMKilled", True, "137"),
-        (_pod("Failed", containerStatuses=[_cs({"terminated": {"exitCode": 137,
-                                                               "reason": "OOMKilled"}})]),
-         "OOMKilled", True, "exit code 137"),
-        (_pod("Failed", containerStatuses=[_cs({"terminated": {"exitCode": 1}})]),
-         "ExecdExited", True, "exit code 1"),
+        (
+            _pod(
+                conditions=[
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/3 nodes",
+                    }
+                ]
+            ),
+            "Unschedulable",
+            False,
+            "0/3 nodes",
+        ),
+        (
+            _pod(containerStatuses=[_cs({"waiting": {"reason": "ErrImagePull"}})]),
+            "ImagePullFailed",
+            False,
+            "image python:3.12",
+        ),
+        (
+            _pod(
+                initContainerStatuses=[
+                    _cs({"waiting": {"reason": "ImagePullBackOff"}}, name="execd-install")
+                ]
+            ),
+            "ImagePullFailed",
+            False,
+            "execd-install",
+        ),
+        (
+            _pod(containerStatuses=[_cs({"waiting": {"reason": "InvalidImageName"}})]),
+            "InvalidImage",
+            True,
+            "python:3.12",
+        ),
+        (
+            _pod(
+                containerStatuses=[
+                    _cs(
+                        {
+                            "waiting": {
+                                "reason": "CreateContainerConfigError",
+                                "message": "secret not found",
+                            }
+                        }
+                    )
+                ]
+            ),
+            "ContainerConfigError",
+            False,
+            "secret not found",
+        ),
+        (
+            _pod(
+                "Running",
+                containerStatuses=[
+                    _cs(
+                        {"waiting": {"reason": "CrashLoopBackOff"}},
+                        lastState={"terminated": {"exitCode": 2, "reason": "Error"}},
+                    )
+                ],
+            ),
+            "CrashLoop",
+            True,
+            "last exit code 2",
+        ),
+        (
+            _pod(
+                "Running",
+                containerStatuses=[
+                    _cs(
+                        {"waiting": {"reason": "CrashLoopBackOff"}},
+                        lastState={"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+                    )
+                ],
+            ),
+            "OOMKilled",
+            True,
+            "137",
+        ),
+        (
+            _pod(
+                "Failed",
+                containerStatuses=[_cs({"terminated": {"exitCode": 137, "reason": "OOMKilled"}})],
+            ),
+            "OOMKilled",
+            True,
+            "exit code 137",
+        ),
+        (
+            _pod("Failed", containerStatuses=[_cs({"terminated": {"exitCode": 1}})]),
+            "ExecdExited",
+            True,
+            "exit code 1",
+        ),
         (_pod("Failed", reason="Evicted", message="low on memory"), "Evicted", True, "low on"),
         (_pod("Failed", reason="DeadlineExceeded"), "PodFailed", True, "DeadlineExceeded"),
     ],
-)  # fmt: skip
+)
 def test_diagnose_maps_what_the_pod_reports_to_a_stable_reason(
     pod: dict[str, Any], reason: str, terminal: bool, says: str
 ) -> None:

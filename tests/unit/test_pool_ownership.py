@@ -27,17 +27,23 @@ def _claims(rig: Rig) -> Claims:
         coro.close()
 
     return Claims(
-        store=rig.store, pools=rig.pools, sandboxes=rig.sandboxes,
-        claims=Mirror(rig.store, CLAIM), templates=rig.templates, configure=configure,
-        recover_after=60.0, background=background,
-    )  # fmt: skip
+        store=rig.store,
+        pools=rig.pools,
+        sandboxes=rig.sandboxes,
+        claims=Mirror(rig.store, CLAIM),
+        templates=rig.templates,
+        configure=configure,
+        recover_after=60.0,
+        background=background,
+    )
 
 
 async def _forge(rig: Rig, name: str, owners: tuple[OwnerReference, ...] = ()) -> Resource:
     """A Running, Ready Sandbox with pool ``py``'s labels (its members' hash), ``owners``."""
     digest = rig.members()[0].metadata.labels[HASH_LABEL]
-    meta = ObjectMeta(name=name, labels={POOL_LABEL: "py", HASH_LABEL: digest},
-                      owner_references=owners)  # fmt: skip
+    meta = ObjectMeta(
+        name=name, labels={POOL_LABEL: "py", HASH_LABEL: digest}, owner_references=owners
+    )
     created = await rig.store.create(Resource("sandpod.dev/v1alpha1", SANDBOX, meta, spec={}))
     rig.sandboxes.observe(created)
     await rig.set_phase(created, "Running", ready=True)
@@ -47,8 +53,9 @@ async def _forge(rig: Rig, name: str, owners: tuple[OwnerReference, ...] = ()) -
 
 
 async def _claim(claims: Claims, name: str) -> tuple[Resource, ClaimReason]:
-    claim = Resource("sandpod.dev/v1alpha1", CLAIM, ObjectMeta(name=name),
-                     spec={"poolRef": {"name": "py"}})  # fmt: skip
+    claim = Resource(
+        "sandpod.dev/v1alpha1", CLAIM, ObjectMeta(name=name), spec={"poolRef": {"name": "py"}}
+    )
     binding = await claims.resolve("default", ClaimSpec.from_dict(claim.spec))
     return await claims._bind(claim, binding)
 
@@ -115,8 +122,15 @@ def test_owner_references_round_trip_and_survive_an_update_by_read_modify_write(
     ref = OwnerReference("sandpod.dev/v1alpha1", "SandboxWarmPool", "py", "u-1", True)
     obj = Resource("sandpod.dev/v1alpha1", SANDBOX, ObjectMeta(name="s", owner_references=(ref,)))
     wire = obj.to_dict()
-    assert wire["metadata"]["ownerReferences"] == [{"apiVersion": "sandpod.dev/v1alpha1",
-        "kind": "SandboxWarmPool", "name": "py", "uid": "u-1", "controller": True}]  # fmt: skip
+    assert wire["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "sandpod.dev/v1alpha1",
+            "kind": "SandboxWarmPool",
+            "name": "py",
+            "uid": "u-1",
+            "controller": True,
+        }
+    ]
     back = Resource.from_dict(wire)
     assert back == obj and back.metadata.controller() == ref
     assert dataclasses.replace(back.metadata, owner_references=()).controller() is None

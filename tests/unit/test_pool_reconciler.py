@@ -46,10 +46,14 @@ class Rig:
         self.templates = Mirror(self.store, TEMPLATE)
         self.sandboxes = Mirror(self.store, SANDBOX, keep=lambda o: POOL_LABEL in o.metadata.labels)
         self.rec = PoolReconciler(
-            store=self.store, leases=Always(), pools=self.pools,  # type: ignore[arg-type]
-            sandboxes=self.sandboxes, templates=self.templates, create_rate=100.0,
+            store=self.store,
+            leases=Always(),
+            pools=self.pools,  # type: ignore[arg-type]
+            sandboxes=self.sandboxes,
+            templates=self.templates,
+            create_rate=100.0,
             member_grace=60.0,
-        )  # fmt: skip
+        )
 
     async def put(self, kind: str, name: str, spec: dict[str, Any], mirror: Mirror) -> None:
         obj = Resource("sandpod.dev/v1alpha1", kind, ObjectMeta(name=name), spec=spec)

@@ -110,14 +110,22 @@ def _reconciler(
     leases: Always | None = None,
     resync: float = 10.0,
 ) -> Reconciler:
-    return Reconciler(store=store, driver=driver, leases=leases or Always(), events=events,  # type: ignore[arg-type]
-                      templates=_template, ready_probe=_ready, idle_probe=_idle,
-                      resync=resync)  # fmt: skip
+    return Reconciler(
+        store=store,
+        driver=driver,
+        leases=leases or Always(),
+        events=events,  # type: ignore[arg-type]
+        templates=_template,
+        ready_probe=_ready,
+        idle_probe=_idle,
+        resync=resync,
+    )
 
 
 async def _sandbox(store: MemoryStore, **spec: object) -> Resource:
-    obj = Resource("sandpod.dev/v1alpha1", "Sandbox", ObjectMeta(name="s1"),
-                   {"permanent": True, **spec})  # fmt: skip
+    obj = Resource(
+        "sandpod.dev/v1alpha1", "Sandbox", ObjectMeta(name="s1"), {"permanent": True, **spec}
+    )
     return await store.create(obj)
 
 
@@ -183,8 +191,11 @@ class CreatingDuringList(MemoryStore):
     async def list(self, kind: str, namespace: str | None = None, selector: object = None):  # type: ignore[no-untyped-def, override]
         before = await super().list(kind, namespace, selector)  # type: ignore[arg-type]
         if kind == "Sandbox" and "fresh" not in self.driver.instances:
-            await self.create(Resource("sandpod.dev/v1alpha1", "Sandbox",
-                                       ObjectMeta(name="fresh"), {"permanent": True}))  # fmt: skip
+            await self.create(
+                Resource(
+                    "sandpod.dev/v1alpha1", "Sandbox", ObjectMeta(name="fresh"), {"permanent": True}
+                )
+            )
             await self.driver.ensure("fresh", SandboxSpec(), SandboxTemplateSpec())
         return before
 
@@ -236,9 +247,15 @@ async def test_a_create_that_outlives_the_lease_leaves_the_instance_alone() -> N
         leases.leading = False
         return False
 
-    rec = Reconciler(store=store, driver=driver, leases=leases, events=events,  # type: ignore[arg-type]
-                     templates=_template, ready_probe=lost_while_waiting,
-                     idle_probe=_idle)  # fmt: skip
+    rec = Reconciler(
+        store=store,
+        driver=driver,
+        leases=leases,
+        events=events,  # type: ignore[arg-type]
+        templates=_template,
+        ready_probe=lost_while_waiting,
+        idle_probe=_idle,
+    )
     await _sandbox(store)
     assert await rec.reconcile("s1") is Outcome.SKIPPED
     assert driver.calls == ["ensure s1"]
@@ -260,8 +277,9 @@ class UnhealthyDriver(FakeDriver):
         self.calls.append(f"ensure {sid}")
         self.started.append(bool(getattr(owner, "started", False)))
         self.instances.setdefault(sid, Instance(sid, running=False, paused=False))
-        raise InstanceUnhealthy(f"{self.reason} says the Pod", reason=self.reason,
-                                terminal=self.terminal)  # fmt: skip
+        raise InstanceUnhealthy(
+            f"{self.reason} says the Pod", reason=self.reason, terminal=self.terminal
+        )
 
 
 def _conditions(obj: Resource) -> dict[str, dict[str, object]]:
@@ -313,8 +331,14 @@ async def test_a_running_sandbox_whose_instance_turns_terminal_fails() -> None:
     rec = _reconciler(store, driver, events)
     await _sandbox(store)
     await rec.reconcile("s1")
-    driver.instances["s1"] = Instance("s1", running=True, paused=False, detail="CrashLoopBackOff",
-                                      reason="CrashLoop", terminal=True)  # fmt: skip
+    driver.instances["s1"] = Instance(
+        "s1",
+        running=True,
+        paused=False,
+        detail="CrashLoopBackOff",
+        reason="CrashLoop",
+        terminal=True,
+    )
     assert await rec.reconcile("s1") is Outcome.DONE
     obj = await store.get("Sandbox", "default", "s1")
     assert obj.status["phase"] == "Failed"

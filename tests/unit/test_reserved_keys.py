@@ -28,10 +28,16 @@ def _session_daemons() -> None:
 
 @pytest.mark.parametrize(
     ("key", "reserved"),
-    [("sandpod.dev/pool", True), ("x.sandpod.dev/a", True), ("SANDPOD.DEV/a", True),
-     ("sandpod.dev", False), ("team", False), ("example.com/sandpod.dev", False),
-     ("notsandpod.dev/a", False)],
-)  # fmt: skip
+    [
+        ("sandpod.dev/pool", True),
+        ("x.sandpod.dev/a", True),
+        ("SANDPOD.DEV/a", True),
+        ("sandpod.dev", False),
+        ("team", False),
+        ("example.com/sandpod.dev", False),
+        ("notsandpod.dev/a", False),
+    ],
+)
 def test_reserved_keys_are_the_sandpod_dev_domain_and_its_subdomains(
     key: str, reserved: bool
 ) -> None:
@@ -56,7 +62,9 @@ def test_refuse_reserved_names_the_field_and_key() -> None:
         refuse_reserved(claim, spec_labels=True)
     refuse_reserved({"metadata": {"labels": {"example.com/x": "y"}}})
     assert keep_reserved({"a": "1"}, {"sandpod.dev/tenant": "t", "a": "0", "b": "2"}) == {
-        "a": "1", "sandpod.dev/tenant": "t"}  # fmt: skip
+        "a": "1",
+        "sandpod.dev/tenant": "t",
+    }
 
 
 def test_the_sdk_refuses_reserved_labels_before_sending() -> None:
@@ -97,15 +105,17 @@ def test_a_tenant_credential_carries_exactly_its_sandboxes_and_subjects() -> Non
     assert perms.pub_allow == ("px.sbx.acme--a.>", "px.sbx.acme--b.>", "px.api.t.acme.>")
     assert perms.sub_allow == ("_INBOX.t-acme.>",)
     account = KeyPair.generate("account")
-    cred = tenant_creds(account, prefix="px", tenant="acme", sandbox_ids=["acme--a"], now=100,
-                        ttl=60)  # fmt: skip
+    cred = tenant_creds(
+        account, prefix="px", tenant="acme", sandbox_ids=["acme--a"], now=100, ttl=60
+    )
     claims = decode_jwt(creds_jwt(cred.creds))
     assert claims["exp"] == 160 and claims["iss"] == account.public
     assert claims["nats"]["sub"]["allow"] == ["_INBOX.t-acme.>"]
     assert "issuer_account" not in claims["nats"]
     signer = KeyPair.generate("account")
-    signed = tenant_creds(signer, prefix="px", tenant="acme", sandbox_ids=[], now=1, ttl=5,
-                          account=account.public)  # fmt: skip
+    signed = tenant_creds(
+        signer, prefix="px", tenant="acme", sandbox_ids=[], now=1, ttl=5, account=account.public
+    )
     assert decode_jwt(creds_jwt(signed.creds))["nats"]["issuer_account"] == account.public
     for bad in (
         lambda: tenant_permissions(

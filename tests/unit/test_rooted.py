@@ -86,15 +86,22 @@ def test_changes_through_symlinked_parents_stay_inside(
     """write, mkdir, remove, move, copy, chmod and chown through a link to the outside path
     change the root's twin only."""
     top, outside = world
-    ops.write_file(root, "/workspace/abs/f", b"new", mode=None, owner=None, make_parents=False,
-                   exclusive=False)  # fmt: skip
+    ops.write_file(
+        root, "/workspace/abs/f", b"new", mode=None, owner=None, make_parents=False, exclusive=False
+    )
     assert ops.remove(root, "/workspace/abs/victim", recursive=False, missing_ok=False)
     ops.chmod(root, "/workspace/rel/modeme", 0o600, recursive=False)
     ops.chmod(root, "/workspace/top/outside", 0o750, recursive=True)
     ops.chown(root, "/workspace/abs", os.getuid(), -1, recursive=True)
     ops.mkdir(root, "/workspace/rel/made/deeper", parents=True, mode=0o700, owner=None)
-    ops.copy(root, "/workspace/abs", "/workspace/copy", recursive=True, overwrite=False,
-             make_parents=False)  # fmt: skip
+    ops.copy(
+        root,
+        "/workspace/abs",
+        "/workspace/copy",
+        recursive=True,
+        overwrite=False,
+        make_parents=False,
+    )
     ops.move(root, "/workspace/rel/f", "/workspace/moved", overwrite=False, make_parents=False)
     twin = top / "outside"
     assert sorted(p.name for p in twin.iterdir()) == ["made", "modeme", "sub"]
@@ -107,17 +114,27 @@ def test_changes_through_symlinked_parents_stay_inside(
 
 def test_walks_never_leave_the_root(root: Root, world: tuple[Path, Path]) -> None:
     """list, glob and search through a link list the root's twin and never descend links."""
-    found = listing.list_dir(root, "/workspace/abs", depth=5, hidden=True, limit=100,
-                             cursor=None, budget=Budget())  # fmt: skip
+    found = listing.list_dir(
+        root, "/workspace/abs", depth=5, hidden=True, limit=100, cursor=None, budget=Budget()
+    )
     assert [rel for rel, _ in found.entries] == ["f", "modeme", "sub", "sub/up", "victim"]
     assert found.entries[0][1].path == "/workspace/abs/f"
-    hits = listing.glob(root, "/workspace", "**/f", hidden=False, kind=None, limit=10,
-                        budget=Budget())  # fmt: skip
+    hits = listing.glob(
+        root, "/workspace", "**/f", hidden=False, kind=None, limit=10, budget=Budget()
+    )
     assert [rel for rel, _ in hits.entries] == []  # links are not descended into
     matches = search.search(
-        root, "/workspace/rel", "host", regex=False, case_sensitive=True, pattern=None,
-        hidden=False, binary=False, limit=10, budget=Budget(),
-    )  # fmt: skip
+        root,
+        "/workspace/rel",
+        "host",
+        regex=False,
+        case_sensitive=True,
+        pattern=None,
+        hidden=False,
+        binary=False,
+        limit=10,
+        budget=Budget(),
+    )
     assert matches.matches == [] and matches.files_scanned == 3
     fd = root.open("/", os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -141,14 +158,28 @@ def test_write_through_a_link_chain_and_loops(root: Root, world: tuple[Path, Pat
     assert (top / "workspace" / "l1").is_symlink()
     (top / "workspace" / "dirlink").symlink_to(f"{outside}/sub")  # -> /outside/sub
     (top / "outside" / "sub" / "back").symlink_to("../f")  # .. after a link: /outside, not /ws
-    ops.write_file(root, "/workspace/dirlink/back", b"back", mode=None, owner=None,
-                   make_parents=False, exclusive=False)  # fmt: skip
+    ops.write_file(
+        root,
+        "/workspace/dirlink/back",
+        b"back",
+        mode=None,
+        owner=None,
+        make_parents=False,
+        exclusive=False,
+    )
     assert (top / "outside" / "f").read_text() == "back"
     assert not (top / "workspace" / "f").exists()
     (top / "workspace" / "loop").symlink_to("loop")
     with pytest.raises(FsError) as caught, guard(Paths("/", root=root)):
-        ops.write_file(root, "/workspace/loop", b"x", mode=None, owner=None, make_parents=False,
-                       exclusive=False)  # fmt: skip
+        ops.write_file(
+            root,
+            "/workspace/loop",
+            b"x",
+            mode=None,
+            owner=None,
+            make_parents=False,
+            exclusive=False,
+        )
     assert caught.value.code == "fs.invalid_path"
     untouched(outside)
 
@@ -159,11 +190,19 @@ def test_errors_name_the_client_path(root: Root) -> None:
     with pytest.raises(FsError) as caught, guard(paths):
         ops.read_chunk(root, "/workspace/abs/missing", 0, 10, None)
     assert (caught.value.code, caught.value.details["path"]) == (
-        "fs.not_found", "/workspace/abs/missing"
-    )  # fmt: skip
+        "fs.not_found",
+        "/workspace/abs/missing",
+    )
     with pytest.raises(FsError) as caught, guard(paths):
-        ops.write_file(root, "/workspace/abs/f/x", b"", mode=None, owner=None,
-                       make_parents=True, exclusive=False)  # fmt: skip
+        ops.write_file(
+            root,
+            "/workspace/abs/f/x",
+            b"",
+            mode=None,
+            owner=None,
+            make_parents=True,
+            exclusive=False,
+        )
     assert caught.value.code == "fs.not_a_directory"
     with pytest.raises(FsError) as caught, guard(paths):
         ops.mkdir(root, "/workspace/abs/f", parents=True, mode=None, owner=None)
@@ -203,9 +242,18 @@ async def test_a_watch_resolves_in_the_root_and_never_descends_links(
     """A watch through a link watches the root's twin (its sub-directory too, not the link to
     / below it); changes to the outside directory are not reported."""
     top, outside = world
-    w = Watcher("w", "/workspace/abs", recursive=True, include=GlobSet([]),
-                exclude=GlobSet([]), types=frozenset(), window=0.0, queue=64, max_dirs=100,
-                fs_root=root)  # fmt: skip
+    w = Watcher(
+        "w",
+        "/workspace/abs",
+        recursive=True,
+        include=GlobSet([]),
+        exclude=GlobSet([]),
+        types=frozenset(),
+        window=0.0,
+        queue=64,
+        max_dirs=100,
+        fs_root=root,
+    )
     await w.start()
     try:
         assert w.dirs == 2  # /outside and /outside/sub in the root; sub/up is a link

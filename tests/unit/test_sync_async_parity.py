@@ -22,8 +22,16 @@ ASYNC_ONLY = {"bus", "subjects"}
 # Same operation, the language's spelling: async resources close with ``aclose``.
 RENAMED = {"aclose": "close"}
 # Context-manager and iteration protocols differ by design (``async with`` vs ``with``).
-PROTOCOL = {"__aenter__", "__aexit__", "__enter__", "__exit__", "__aiter__", "__anext__",
-            "__iter__", "__next__"}  # fmt: skip
+PROTOCOL = {
+    "__aenter__",
+    "__aexit__",
+    "__enter__",
+    "__exit__",
+    "__aiter__",
+    "__anext__",
+    "__iter__",
+    "__next__",
+}
 NOT_SDK = {"__main__", "cli", "mcp_server", "supervisor"}
 
 
@@ -45,14 +53,20 @@ def _instance_attributes(cls: type) -> set[str]:
     found: set[str] = set()
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else (
-            [node.target] if isinstance(node, ast.AnnAssign) else []
-        )  # fmt: skip
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else ([node.target] if isinstance(node, ast.AnnAssign) else [])
+        )
         for target in targets:
             elements = target.elts if isinstance(target, ast.Tuple) else [target]
             for t in elements:
-                if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                        and t.value.id == "self" and not t.attr.startswith("_")):  # fmt: skip
+                if (
+                    isinstance(t, ast.Attribute)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id == "self"
+                    and not t.attr.startswith("_")
+                ):
                     found.add(t.attr)
     return found
 
@@ -84,8 +98,17 @@ PAIRS = _pairs()
 def test_the_known_pairs_are_found() -> None:
     """The discovery sees the sandbox, exec stream and family classes (not an empty check)."""
     names = {a.__name__ for a, _ in PAIRS}
-    expected = {"AsyncSandbox", "AsyncExecStream", "AsyncFiles", "AsyncProcesses",
-                "AsyncSessions", "AsyncPtys", "AsyncWatches", "AsyncGit", "AsyncPools"}  # fmt: skip
+    expected = {
+        "AsyncSandbox",
+        "AsyncExecStream",
+        "AsyncFiles",
+        "AsyncProcesses",
+        "AsyncSessions",
+        "AsyncPtys",
+        "AsyncWatches",
+        "AsyncGit",
+        "AsyncPools",
+    }
     assert expected <= names, sorted(expected - names)
 
 

@@ -75,8 +75,11 @@ async def test_merges_only_with_the_last_event_of_the_same_path() -> None:
     co.add(Event("modify", "g", False, 0.0))
     co.flush(force=True)
     assert [(e.type, e.rel, e.count) for e in sink.events] == [
-        ("modify", "f", 2), ("delete", "f", 1), ("create", "f", 2), ("modify", "g", 1),
-    ]  # fmt: skip
+        ("modify", "f", 2),
+        ("delete", "f", 1),
+        ("create", "f", 2),
+        ("modify", "g", 1),
+    ]
 
 
 async def test_moves_pair_by_cookie_and_lone_halves_become_deletes() -> None:
@@ -91,8 +94,12 @@ async def test_moves_pair_by_cookie_and_lone_halves_become_deletes() -> None:
     assert co.move_to(9, "c", 0.0) is None  # no from-half: the caller reports a create
     co.flush(force=True)
     got = [(e.type, e.old_rel, e.rel) for e in sink.events]
-    assert got == [("create", None, "x"), ("move", "a", "b"), ("delete", None, "dir"),
-                   ("create", None, "y")]  # fmt: skip
+    assert got == [
+        ("create", None, "x"),
+        ("move", "a", "b"),
+        ("delete", None, "dir"),
+        ("create", None, "y"),
+    ]
     assert sink.moved_out == ["dir"]
 
 
@@ -120,9 +127,14 @@ async def test_pending_list_is_bounded() -> None:
 
 def watcher(root: Path, **overrides: object) -> Watcher:
     opts: dict[str, object] = {
-        "recursive": True, "include": GlobSet([]), "exclude": GlobSet([]), "types": frozenset(),
-        "window": 0.0, "queue": 16, "max_dirs": 100,
-    }  # fmt: skip
+        "recursive": True,
+        "include": GlobSet([]),
+        "exclude": GlobSet([]),
+        "types": frozenset(),
+        "window": 0.0,
+        "queue": 16,
+        "max_dirs": 100,
+    }
     opts.update(overrides)
     return Watcher("w", str(root), **opts)  # type: ignore[arg-type]
 

@@ -150,9 +150,15 @@ class AsyncSandbox:
         """
         sbx = await cls.connect("default", nats_url=nats_url, prefix=prefix)
         try:
-            obj = create_object(name=name, template=template, timeout=timeout,
-                                permanent=permanent, idle_timeout=idle_timeout, labels=labels,
-                                env=env)  # fmt: skip
+            obj = create_object(
+                name=name,
+                template=template,
+                timeout=timeout,
+                permanent=permanent,
+                idle_timeout=idle_timeout,
+                labels=labels,
+                env=env,
+            )
             info = await create_sandbox(sbx.bus, sbx.subjects, obj, wait=wait)
         except BaseException:
             await sbx.close()
@@ -191,10 +197,18 @@ class AsyncSandbox:
         """
         sbx = await cls.connect("default", nats_url=nats_url, prefix=prefix, bus=bus)
         try:
-            info, sandbox = await claim_sandbox(sbx.bus, sbx.subjects, pool=pool,
-                                                template=template, name=name, timeout=timeout,
-                                                idle_timeout=idle_timeout, labels=labels,
-                                                env=env, wait=wait)  # fmt: skip
+            info, sandbox = await claim_sandbox(
+                sbx.bus,
+                sbx.subjects,
+                pool=pool,
+                template=template,
+                name=name,
+                timeout=timeout,
+                idle_timeout=idle_timeout,
+                labels=labels,
+                env=env,
+                wait=wait,
+            )
         except BaseException:
             await sbx.close()
             raise
@@ -224,34 +238,50 @@ class AsyncSandbox:
 
     async def describe(self) -> SandboxInfo:
         """This sandbox's resource: phase, conditions, expiry, last activity."""
-        reply = await api_call(self.bus, self.subjects, "sandboxes", "get", Ref(name=self.id),
-                               ObjectReply)  # fmt: skip
+        reply = await api_call(
+            self.bus, self.subjects, "sandboxes", "get", Ref(name=self.id), ObjectReply
+        )
         return SandboxInfo.of(reply.object)
 
     async def kill(self, wait: float = 30.0) -> None:
         """Delete this sandbox and wait until its instance is gone."""
-        await api_call(self.bus, self.subjects, "sandboxes", "delete",
-                       Ref(name=self.id, wait=wait), ObjectReply, timeout=wait + 10)  # fmt: skip
+        await api_call(
+            self.bus,
+            self.subjects,
+            "sandboxes",
+            "delete",
+            Ref(name=self.id, wait=wait),
+            ObjectReply,
+            timeout=wait + 10,
+        )
 
     async def renew(self, seconds: float) -> SandboxInfo:
         """Push this sandbox's expiry to now + ``seconds``."""
-        reply = await api_call(self.bus, self.subjects, "sandboxes", "renew",
-                               Renew(name=self.id, seconds=seconds), ObjectReply)  # fmt: skip
+        reply = await api_call(
+            self.bus,
+            self.subjects,
+            "sandboxes",
+            "renew",
+            Renew(name=self.id, seconds=seconds),
+            ObjectReply,
+        )
         return SandboxInfo.of(reply.object)
 
     async def pause(self, wait: float = 30.0) -> SandboxInfo:
         """Freeze the sandbox's processes (they continue on resume); returns once Paused, or
         after ``wait`` seconds with the phase it has then."""
         ref = Ref(name=self.id, wait=wait)
-        reply = await api_call(self.bus, self.subjects, "sandboxes", "pause", ref, ObjectReply,
-                               timeout=wait + 10)  # fmt: skip
+        reply = await api_call(
+            self.bus, self.subjects, "sandboxes", "pause", ref, ObjectReply, timeout=wait + 10
+        )
         return SandboxInfo.of(reply.object)
 
     async def resume(self, wait: float = 30.0) -> SandboxInfo:
         """Thaw the sandbox; returns once Running (or after ``wait`` seconds)."""
         ref = Ref(name=self.id, wait=wait)
-        reply = await api_call(self.bus, self.subjects, "sandboxes", "resume", ref, ObjectReply,
-                               timeout=wait + 10)  # fmt: skip
+        reply = await api_call(
+            self.bus, self.subjects, "sandboxes", "resume", ref, ObjectReply, timeout=wait + 10
+        )
         return SandboxInfo.of(reply.object)
 
     def events(self) -> AsyncIterator[SandboxEvent]:

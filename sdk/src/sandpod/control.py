@@ -75,9 +75,15 @@ class SandboxInfo:
 
 
 async def api_call(  # noqa: PLR0917 - where (bus, subjects) + what (kind, verb, msg, reply)
-    bus: Bus, subjects: Subjects, kind: str, verb: str, msg: Message, reply: type[Message], *,
+    bus: Bus,
+    subjects: Subjects,
+    kind: str,
+    verb: str,
+    msg: Message,
+    reply: type[Message],
+    *,
     timeout: float = API_TIMEOUT,
-) -> Any:  # fmt: skip
+) -> Any:
     """One control-plane request; a missing lifecycle service gets an actionable error."""
     try:
         data = await bus.request(subjects.api(kind, verb), encode(msg), timeout)
@@ -131,9 +137,15 @@ async def create_sandbox(
         SandboxError: the sandbox failed to start (the reason is in the message), or no
             lifecycle service answers.
     """
-    reply = await api_call(bus, subjects, "sandboxes", "create",
-                           ObjectRequest(object=obj, wait_ready=wait), ObjectReply,
-                           timeout=wait + 10)  # fmt: skip
+    reply = await api_call(
+        bus,
+        subjects,
+        "sandboxes",
+        "create",
+        ObjectRequest(object=obj, wait_ready=wait),
+        ObjectReply,
+        timeout=wait + 10,
+    )
     info = SandboxInfo.of(reply.object)
     if not info.ready:
         failed = info.condition("Failed") or info.condition("Ready") or {}
@@ -150,11 +162,14 @@ async def list_sandboxes(
 ) -> list[SandboxInfo]:
     """Sandboxes known to the lifecycle service, filtered by a label selector (a selector
     string, or a mapping of labels that must all match)."""
-    selector = labels if isinstance(labels, str) or labels is None else ",".join(
-        f"{k}={v}" for k, v in labels.items()
-    )  # fmt: skip
-    reply = await api_call(bus, subjects, "sandboxes", "list", Selection(selector=selector),
-                           ObjectsReply)  # fmt: skip
+    selector = (
+        labels
+        if isinstance(labels, str) or labels is None
+        else ",".join(f"{k}={v}" for k, v in labels.items())
+    )
+    reply = await api_call(
+        bus, subjects, "sandboxes", "list", Selection(selector=selector), ObjectsReply
+    )
     return [SandboxInfo.of(o) for o in reply.items]
 
 

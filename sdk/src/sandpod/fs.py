@@ -142,9 +142,13 @@ class AsyncFiles:
         return b"".join(parts)
 
     async def read_text(
-        self, path: str, *, encoding: str = "utf-8", errors: str = "strict",
+        self,
+        path: str,
+        *,
+        encoding: str = "utf-8",
+        errors: str = "strict",
         max_size: int | None = READ_LIMIT,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """The whole content of a file decoded as text (see :meth:`read`)."""
         return (await self.read(path, max_size=max_size)).decode(encoding, errors)
 
@@ -157,9 +161,14 @@ class AsyncFiles:
         return b"".join(parts)
 
     async def read_lines(
-        self, path: str, start: int = 1, count: int | None = None, *,
-        encoding: str = "utf-8", errors: str = "replace",
-    ) -> list[str]:  # fmt: skip
+        self,
+        path: str,
+        start: int = 1,
+        count: int | None = None,
+        *,
+        encoding: str = "utf-8",
+        errors: str = "replace",
+    ) -> list[str]:
         """Lines ``start`` to ``start + count - 1`` (1-based, without line endings) of a text
         file of any size: the file is streamed and only those lines are kept, so a window into a
         huge log costs little memory. ``count=None`` reads to the end.
@@ -173,13 +182,24 @@ class AsyncFiles:
             return await lines_window(reader, start, count, encoding=encoding, errors=errors)
 
     def read_stream(
-        self, path: str, *, offset: int = 0, length: int | None = None,
-        chunk_size: int | None = None, in_flight: int = IN_FLIGHT,
-    ) -> AsyncFileReader:  # fmt: skip
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        chunk_size: int | None = None,
+        in_flight: int = IN_FLIGHT,
+    ) -> AsyncFileReader:
         """Chunks of a file of any size, in order: ``async with fs.read_stream(p) as r:
         async for chunk in r: ...``. ``in_flight`` reads are kept outstanding for throughput."""
-        return AsyncFileReader(self._sbx, path, offset=offset, length=length,
-                               chunk_size=chunk_size, in_flight=in_flight)  # fmt: skip
+        return AsyncFileReader(
+            self._sbx,
+            path,
+            offset=offset,
+            length=length,
+            chunk_size=chunk_size,
+            in_flight=in_flight,
+        )
 
     async def download(
         self, path: str, local: str | os.PathLike[str], *, progress: Progress | None = None
@@ -212,10 +232,16 @@ class AsyncFiles:
     # -- write ---------------------------------------------------------------------------------
 
     async def write(
-        self, path: str, data: Data, *, mode: int | None = None,
-        owner: str | int | None = None, group: str | int | None = None,
-        make_parents: bool = True, exclusive: bool = False,
-    ) -> FileInfo:  # fmt: skip
+        self,
+        path: str,
+        data: Data,
+        *,
+        mode: int | None = None,
+        owner: str | int | None = None,
+        group: str | int | None = None,
+        make_parents: bool = True,
+        exclusive: bool = False,
+    ) -> FileInfo:
         """Write a whole file atomically (readers see the old or the new content, never a mix).
 
         Args:
@@ -232,30 +258,60 @@ class AsyncFiles:
         owner_msg = owner_of(owner, group)
         payload: Stream = data.encode() if isinstance(data, str) else data
         if isinstance(payload, bytes | bytearray | memoryview) and len(payload) <= SMALL_WRITE:
-            req = FsWrite(path=path, data=bytes(payload), mode=mode, owner=owner_msg,
-                          make_parents=make_parents, exclusive=exclusive)  # fmt: skip
+            req = FsWrite(
+                path=path,
+                data=bytes(payload),
+                mode=mode,
+                owner=owner_msg,
+                make_parents=make_parents,
+                exclusive=exclusive,
+            )
             return await self._entry("write", req)
-        writer = AsyncFileWriter(self._sbx, path, mode=mode, owner=owner_msg,
-                                 make_parents=make_parents, exclusive=exclusive)  # fmt: skip
+        writer = AsyncFileWriter(
+            self._sbx,
+            path,
+            mode=mode,
+            owner=owner_msg,
+            make_parents=make_parents,
+            exclusive=exclusive,
+        )
         async with writer:
             await _pump(payload, writer)
             return await writer.commit()
 
     def open_writer(
-        self, path: str, *, mode: int | None = None, owner: str | int | None = None,
-        group: str | int | None = None, make_parents: bool = True, exclusive: bool = False,
-        chunk_size: int | None = None, in_flight: int = IN_FLIGHT,
-    ) -> AsyncFileWriter:  # fmt: skip
+        self,
+        path: str,
+        *,
+        mode: int | None = None,
+        owner: str | int | None = None,
+        group: str | int | None = None,
+        make_parents: bool = True,
+        exclusive: bool = False,
+        chunk_size: int | None = None,
+        in_flight: int = IN_FLIGHT,
+    ) -> AsyncFileWriter:
         """An upload to write piece by piece: ``async with fs.open_writer(p) as w:
         await w.write(b"...")`` commits on exit (aborts on an exception)."""
-        return AsyncFileWriter(self._sbx, path, mode=mode, owner=owner_of(owner, group),
-                               make_parents=make_parents, exclusive=exclusive,
-                               chunk_size=chunk_size, in_flight=in_flight)  # fmt: skip
+        return AsyncFileWriter(
+            self._sbx,
+            path,
+            mode=mode,
+            owner=owner_of(owner, group),
+            make_parents=make_parents,
+            exclusive=exclusive,
+            chunk_size=chunk_size,
+            in_flight=in_flight,
+        )
 
     async def upload(
-        self, local: str | os.PathLike[str], path: str, *, mode: int | None = None,
+        self,
+        local: str | os.PathLike[str],
+        path: str,
+        *,
+        mode: int | None = None,
         progress: Progress | None = None,
-    ) -> FileInfo:  # fmt: skip
+    ) -> FileInfo:
         """Copy a local file into the sandbox (streamed; keeps the local mode unless ``mode``)."""
         with open(local, "rb") as f:  # noqa: ASYNC230 - reads below run on a thread
             st = os.fstat(f.fileno())
@@ -268,9 +324,12 @@ class AsyncFiles:
                 return await writer.commit()
 
     async def write_files(
-        self, files: Mapping[str, bytes | str], *, make_parents: bool = True,
+        self,
+        files: Mapping[str, bytes | str],
+        *,
+        make_parents: bool = True,
         concurrency: int = 8,
-    ) -> list[FileInfo]:  # fmt: skip
+    ) -> list[FileInfo]:
         """Write several files (each atomically), ``concurrency`` at a time; results in order."""
         gate = asyncio.Semaphore(max(concurrency, 1))
 
@@ -288,14 +347,19 @@ class AsyncFiles:
 
     async def exists(self, path: str, *, follow_symlinks: bool = False) -> bool:
         """Whether ``path`` exists (a dangling symlink exists unless ``follow_symlinks``)."""
-        r = await self._call("exists", FsPath(path=path, follow=follow_symlinks), FsExistence,
-                             OP_TIMEOUT)  # fmt: skip
+        r = await self._call(
+            "exists", FsPath(path=path, follow=follow_symlinks), FsExistence, OP_TIMEOUT
+        )
         return r.exists
 
     async def list(
-        self, path: str = "/workspace", *, depth: int = 1, hidden: bool = True,
+        self,
+        path: str = "/workspace",
+        *,
+        depth: int = 1,
+        hidden: bool = True,
         limit: int | None = None,
-    ) -> FileList:  # fmt: skip
+    ) -> FileList:
         """Entries below a directory, ``depth`` levels deep, sorted, parents before children.
 
         Pages are fetched as needed; ``limit`` caps the total (then ``truncated`` is set).
@@ -318,9 +382,14 @@ class AsyncFiles:
             cursor = r.cursor
 
     async def glob(
-        self, pattern: str, *, path: str | None = None, hidden: bool = False,
-        type: FileType | None = None, limit: int = 1000,
-    ) -> FileList:  # fmt: skip
+        self,
+        pattern: str,
+        *,
+        path: str | None = None,
+        hidden: bool = False,
+        type: FileType | None = None,
+        limit: int = 1000,
+    ) -> FileList:
         """Entries matching a glob (``*``, ``?``, ``[..]`` within a name, ``**`` across
         directories), relative to ``path`` (default the workspace) or absolute."""
         req = FsGlob(pattern=pattern, path=path, hidden=hidden, type=type, limit=limit)
@@ -328,27 +397,59 @@ class AsyncFiles:
         return FileList(tuple(FileInfo.from_wire(e) for e in r.entries), truncated=r.truncated)
 
     async def search(
-        self, query: str, *, path: str | None = None, glob: str | None = None,
-        regex: bool = False, case_sensitive: bool = True, hidden: bool = False,
-        binary: bool = False, limit: int = 1000,
-    ) -> SearchResult:  # fmt: skip
+        self,
+        query: str,
+        *,
+        path: str | None = None,
+        glob: str | None = None,
+        regex: bool = False,
+        case_sensitive: bool = True,
+        hidden: bool = False,
+        binary: bool = False,
+        limit: int = 1000,
+    ) -> SearchResult:
         """Lines containing ``query`` (substring, or a Python regex with ``regex``) in a file or
         below a directory (default: the workspace), optionally only files matching ``glob``.
         Binary files are skipped unless ``binary``."""
-        req = FsSearch(query=query, path=path, glob=glob, regex=regex, hidden=hidden,
-                       case_sensitive=case_sensitive, binary=binary, limit=limit)  # fmt: skip
+        req = FsSearch(
+            query=query,
+            path=path,
+            glob=glob,
+            regex=regex,
+            hidden=hidden,
+            case_sensitive=case_sensitive,
+            binary=binary,
+            limit=limit,
+        )
         return SearchResult.from_wire(await self._call("search", req, FsSearchResult, WALK_TIMEOUT))
 
     async def replace(
-        self, path: str, old: str, new: str, *, glob: str | None = None, regex: bool = False,
-        count: int | None = None, hidden: bool = False, binary: bool = False,
+        self,
+        path: str,
+        old: str,
+        new: str,
+        *,
+        glob: str | None = None,
+        regex: bool = False,
+        count: int | None = None,
+        hidden: bool = False,
+        binary: bool = False,
         dry_run: bool = False,
-    ) -> ReplaceResult:  # fmt: skip
+    ) -> ReplaceResult:
         """Replace ``old`` with ``new`` in a file, or in every file below a directory matching
         ``glob``; each file is rewritten atomically keeping its mode. With ``regex``, ``new``
         may use ``\\1`` group references. Binary files are skipped unless ``binary``."""
-        req = FsReplace(path=path, old=old, new=new, glob=glob, regex=regex, count=count,
-                        hidden=hidden, binary=binary, dry_run=dry_run)  # fmt: skip
+        req = FsReplace(
+            path=path,
+            old=old,
+            new=new,
+            glob=glob,
+            regex=regex,
+            count=count,
+            hidden=hidden,
+            binary=binary,
+            dry_run=dry_run,
+        )
         return ReplaceResult.from_wire(
             await self._call("replace", req, FsReplaceResult, WALK_TIMEOUT)
         )
@@ -356,9 +457,14 @@ class AsyncFiles:
     # -- change --------------------------------------------------------------------------------
 
     async def mkdir(
-        self, path: str, *, parents: bool = True, mode: int | None = None,
-        owner: str | int | None = None, group: str | int | None = None,
-    ) -> FileInfo:  # fmt: skip
+        self,
+        path: str,
+        *,
+        parents: bool = True,
+        mode: int | None = None,
+        owner: str | int | None = None,
+        group: str | int | None = None,
+    ) -> FileInfo:
         """Create a directory; with ``parents`` (default) like ``mkdir -p``."""
         req = FsMkdir(path=path, parents=parents, mode=mode, owner=owner_of(owner, group))
         return await self._entry("mkdir", req)
@@ -379,12 +485,18 @@ class AsyncFiles:
     rename = move
 
     async def copy(
-        self, src: str, dst: str, *, recursive: bool = False, overwrite: bool = False,
+        self,
+        src: str,
+        dst: str,
+        *,
+        recursive: bool = False,
+        overwrite: bool = False,
         make_parents: bool = False,
-    ) -> FileInfo:  # fmt: skip
+    ) -> FileInfo:
         """Copy a file (atomically, mode kept) or, with ``recursive``, a directory tree."""
-        req = FsCopy(src=src, dst=dst, recursive=recursive, overwrite=overwrite,
-                     make_parents=make_parents)  # fmt: skip
+        req = FsCopy(
+            src=src, dst=dst, recursive=recursive, overwrite=overwrite, make_parents=make_parents
+        )
         return await self._entry("copy", req, WALK_TIMEOUT)
 
     async def chmod(self, path: str, mode: int, *, recursive: bool = False) -> FileInfo:
@@ -392,9 +504,13 @@ class AsyncFiles:
         return await self._entry("chmod", FsChmod(path=path, mode=mode, recursive=recursive))
 
     async def chown(
-        self, path: str, owner: str | int | None = None, group: str | int | None = None, *,
+        self,
+        path: str,
+        owner: str | int | None = None,
+        group: str | int | None = None,
+        *,
         recursive: bool = False,
-    ) -> FileInfo:  # fmt: skip
+    ) -> FileInfo:
         """Set owner and/or group, by name or numeric id."""
         who = owner_of(owner, group)
         if who is None:

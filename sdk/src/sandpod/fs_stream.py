@@ -111,8 +111,12 @@ class AsyncFileReader:
             if self._pending and (self._horizon is None or self._next >= self._horizon):
                 return  # beyond what is known to exist: one request at a time
             n = self._chunk if self._end is None else min(self._chunk, self._end - self._next)
-            req = FsRead(path=self.path, offset=self._next, length=n,
-                         max_size=self._max_size if self._first else None)  # fmt: skip
+            req = FsRead(
+                path=self.path,
+                offset=self._next,
+                length=n,
+                max_size=self._max_size if self._first else None,
+            )
             self._first = False
             task = asyncio.ensure_future(self._sbx._call("fs", "read", req, FsChunk, IO_TIMEOUT))
             self._pending.append((self._next, n, task))
@@ -154,8 +158,9 @@ class AsyncFileReader:
             self._stop()
             raise FsTooLarge(
                 f"{self.path} grew past {self._max_size} bytes while being read; stream it",
-                path=self.path, limit=self._max_size,
-            )  # fmt: skip
+                path=self.path,
+                limit=self._max_size,
+            )
         if chunk.eof or (self._end is not None and end >= self._end):
             self._stop()
         elif len(data) < asked:
@@ -214,8 +219,11 @@ async def lines_window(
         if line >= start:
             tail += chunk[pos:]
             if len(tail) > READ_LIMIT:
-                raise FsTooLarge(f"{reader.path}: line {line} is longer than {READ_LIMIT} bytes",
-                                 path=reader.path, limit=READ_LIMIT)  # fmt: skip
+                raise FsTooLarge(
+                    f"{reader.path}: line {line} is longer than {READ_LIMIT} bytes",
+                    path=reader.path,
+                    limit=READ_LIMIT,
+                )
     if tail:
         out.append(tail.rstrip(b"\r").decode(encoding, errors))
     return out
@@ -249,8 +257,9 @@ class AsyncFileWriter:
             raise ValueError("chunk_size must be >= 1")
         self._sbx = sbx
         self.path = path
-        self._open = FsWriteOpen(path=path, mode=mode, owner=owner, make_parents=make_parents,
-                                 exclusive=exclusive)  # fmt: skip
+        self._open = FsWriteOpen(
+            path=path, mode=mode, owner=owner, make_parents=make_parents, exclusive=exclusive
+        )
         self._chunk = chunk_size or 0  # 0: the largest execd accepts (known at open)
         self._in_flight = max(in_flight, 1)
         self._id: str | None = None
@@ -303,9 +312,11 @@ class AsyncFileWriter:
         req = FsWriteChunk(upload_id=self._id, offset=self._offset, data=piece)
         self._sha.update(piece)
         self._offset += len(piece)
-        self._pending.append(asyncio.ensure_future(
-            self._sbx._call("fs", "write_chunk", req, FsUploadStatus, IO_TIMEOUT)
-        ))  # fmt: skip
+        self._pending.append(
+            asyncio.ensure_future(
+                self._sbx._call("fs", "write_chunk", req, FsUploadStatus, IO_TIMEOUT)
+            )
+        )
         while len(self._pending) >= self._in_flight:
             await self._pending.popleft()
 
@@ -322,8 +333,7 @@ class AsyncFileWriter:
                 await self._send(piece)
             while self._pending:
                 await self._pending.popleft()
-            req = FsWriteCommit(upload_id=self._id, size=self._offset,
-                                sha256=self._sha.hexdigest())  # fmt: skip
+            req = FsWriteCommit(upload_id=self._id, size=self._offset, sha256=self._sha.hexdigest())
             entry = await self._sbx._call("fs", "write_commit", req, FsEntry, IO_TIMEOUT)
         except BaseException:
             await self.abort()

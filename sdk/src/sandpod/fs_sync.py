@@ -27,28 +27,41 @@ class Files:
         return run(self._inner.read(path, max_size=max_size))
 
     def read_text(
-        self, path: str, *, encoding: str = "utf-8", errors: str = "strict",
+        self,
+        path: str,
+        *,
+        encoding: str = "utf-8",
+        errors: str = "strict",
         max_size: int | None = READ_LIMIT,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """See :meth:`AsyncFiles.read_text`."""
-        return run(self._inner.read_text(path, encoding=encoding, errors=errors,
-                                         max_size=max_size))  # fmt: skip
+        return run(self._inner.read_text(path, encoding=encoding, errors=errors, max_size=max_size))
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """See :meth:`AsyncFiles.read_range`."""
         return run(self._inner.read_range(path, offset, length))
 
     def read_lines(
-        self, path: str, start: int = 1, count: int | None = None, *,
-        encoding: str = "utf-8", errors: str = "replace",
-    ) -> list[str]:  # fmt: skip
+        self,
+        path: str,
+        start: int = 1,
+        count: int | None = None,
+        *,
+        encoding: str = "utf-8",
+        errors: str = "replace",
+    ) -> list[str]:
         """See :meth:`AsyncFiles.read_lines`."""
         return run(self._inner.read_lines(path, start, count, encoding=encoding, errors=errors))
 
     def read_stream(
-        self, path: str, *, offset: int = 0, length: int | None = None,
-        chunk_size: int | None = None, in_flight: int = IN_FLIGHT,
-    ) -> FileReader:  # fmt: skip
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        chunk_size: int | None = None,
+        in_flight: int = IN_FLIGHT,
+    ) -> FileReader:
         """Iterate a file's chunks: ``with fs.read_stream(p) as r: for chunk in r: ...``."""
         inner = self._inner.read_stream(
             path, offset=offset, length=length, chunk_size=chunk_size, in_flight=in_flight
@@ -62,39 +75,77 @@ class Files:
         return run(self._inner.download(path, local, progress=progress))
 
     def write(
-        self, path: str, data: bytes | bytearray | memoryview | str | IO[bytes] | Iterable[bytes],
-        *, mode: int | None = None, owner: str | int | None = None,
-        group: str | int | None = None, make_parents: bool = True, exclusive: bool = False,
-    ) -> FileInfo:  # fmt: skip
+        self,
+        path: str,
+        data: bytes | bytearray | memoryview | str | IO[bytes] | Iterable[bytes],
+        *,
+        mode: int | None = None,
+        owner: str | int | None = None,
+        group: str | int | None = None,
+        make_parents: bool = True,
+        exclusive: bool = False,
+    ) -> FileInfo:
         """See :meth:`AsyncFiles.write`."""
-        return run(self._inner.write(path, data, mode=mode, owner=owner, group=group,
-                                     make_parents=make_parents, exclusive=exclusive))  # fmt: skip
+        return run(
+            self._inner.write(
+                path,
+                data,
+                mode=mode,
+                owner=owner,
+                group=group,
+                make_parents=make_parents,
+                exclusive=exclusive,
+            )
+        )
 
     def open_writer(
-        self, path: str, *, mode: int | None = None, owner: str | int | None = None,
-        group: str | int | None = None, make_parents: bool = True, exclusive: bool = False,
-        chunk_size: int | None = None, in_flight: int = IN_FLIGHT,
-    ) -> FileWriter:  # fmt: skip
+        self,
+        path: str,
+        *,
+        mode: int | None = None,
+        owner: str | int | None = None,
+        group: str | int | None = None,
+        make_parents: bool = True,
+        exclusive: bool = False,
+        chunk_size: int | None = None,
+        in_flight: int = IN_FLIGHT,
+    ) -> FileWriter:
         """``with fs.open_writer(p) as w: w.write(b"...")`` (see :meth:`AsyncFiles.open_writer`)."""
-        return FileWriter(self._inner.open_writer(
-            path, mode=mode, owner=owner, group=group, make_parents=make_parents,
-            exclusive=exclusive, chunk_size=chunk_size, in_flight=in_flight,
-        ))  # fmt: skip
+        return FileWriter(
+            self._inner.open_writer(
+                path,
+                mode=mode,
+                owner=owner,
+                group=group,
+                make_parents=make_parents,
+                exclusive=exclusive,
+                chunk_size=chunk_size,
+                in_flight=in_flight,
+            )
+        )
 
     def upload(
-        self, local: str | os.PathLike[str], path: str, *, mode: int | None = None,
+        self,
+        local: str | os.PathLike[str],
+        path: str,
+        *,
+        mode: int | None = None,
         progress: Progress | None = None,
-    ) -> FileInfo:  # fmt: skip
+    ) -> FileInfo:
         """See :meth:`AsyncFiles.upload`."""
         return run(self._inner.upload(local, path, mode=mode, progress=progress))
 
     def write_files(
-        self, files: Mapping[str, bytes | str], *, make_parents: bool = True,
+        self,
+        files: Mapping[str, bytes | str],
+        *,
+        make_parents: bool = True,
         concurrency: int = 8,
-    ) -> list[FileInfo]:  # fmt: skip
+    ) -> list[FileInfo]:
         """See :meth:`AsyncFiles.write_files`."""
-        return run(self._inner.write_files(files, make_parents=make_parents,
-                                           concurrency=concurrency))  # fmt: skip
+        return run(
+            self._inner.write_files(files, make_parents=make_parents, concurrency=concurrency)
+        )
 
     def stat(self, path: str, *, follow_symlinks: bool = False) -> FileInfo:
         """See :meth:`AsyncFiles.stat`."""
@@ -105,42 +156,91 @@ class Files:
         return run(self._inner.exists(path, follow_symlinks=follow_symlinks))
 
     def list(
-        self, path: str = "/workspace", *, depth: int = 1, hidden: bool = True,
+        self,
+        path: str = "/workspace",
+        *,
+        depth: int = 1,
+        hidden: bool = True,
         limit: int | None = None,
-    ) -> FileList:  # fmt: skip
+    ) -> FileList:
         """See :meth:`AsyncFiles.list`."""
         return run(self._inner.list(path, depth=depth, hidden=hidden, limit=limit))
 
     def glob(
-        self, pattern: str, *, path: str | None = None, hidden: bool = False,
-        type: FileType | None = None, limit: int = 1000,
-    ) -> FileList:  # fmt: skip
+        self,
+        pattern: str,
+        *,
+        path: str | None = None,
+        hidden: bool = False,
+        type: FileType | None = None,
+        limit: int = 1000,
+    ) -> FileList:
         """See :meth:`AsyncFiles.glob`."""
         return run(self._inner.glob(pattern, path=path, hidden=hidden, type=type, limit=limit))
 
     def search(
-        self, query: str, *, path: str | None = None, glob: str | None = None,
-        regex: bool = False, case_sensitive: bool = True, hidden: bool = False,
-        binary: bool = False, limit: int = 1000,
-    ) -> SearchResult:  # fmt: skip
+        self,
+        query: str,
+        *,
+        path: str | None = None,
+        glob: str | None = None,
+        regex: bool = False,
+        case_sensitive: bool = True,
+        hidden: bool = False,
+        binary: bool = False,
+        limit: int = 1000,
+    ) -> SearchResult:
         """See :meth:`AsyncFiles.search`."""
-        return run(self._inner.search(query, path=path, glob=glob, regex=regex,
-                                      case_sensitive=case_sensitive, hidden=hidden,
-                                      binary=binary, limit=limit))  # fmt: skip
+        return run(
+            self._inner.search(
+                query,
+                path=path,
+                glob=glob,
+                regex=regex,
+                case_sensitive=case_sensitive,
+                hidden=hidden,
+                binary=binary,
+                limit=limit,
+            )
+        )
 
     def replace(
-        self, path: str, old: str, new: str, *, glob: str | None = None, regex: bool = False,
-        count: int | None = None, hidden: bool = False, binary: bool = False,
+        self,
+        path: str,
+        old: str,
+        new: str,
+        *,
+        glob: str | None = None,
+        regex: bool = False,
+        count: int | None = None,
+        hidden: bool = False,
+        binary: bool = False,
         dry_run: bool = False,
-    ) -> ReplaceResult:  # fmt: skip
+    ) -> ReplaceResult:
         """See :meth:`AsyncFiles.replace`."""
-        return run(self._inner.replace(path, old, new, glob=glob, regex=regex, count=count,
-                                       hidden=hidden, binary=binary, dry_run=dry_run))  # fmt: skip
+        return run(
+            self._inner.replace(
+                path,
+                old,
+                new,
+                glob=glob,
+                regex=regex,
+                count=count,
+                hidden=hidden,
+                binary=binary,
+                dry_run=dry_run,
+            )
+        )
 
     def mkdir(
-        self, path: str, *, parents: bool = True, mode: int | None = None,
-        owner: str | int | None = None, group: str | int | None = None,
-    ) -> FileInfo:  # fmt: skip
+        self,
+        path: str,
+        *,
+        parents: bool = True,
+        mode: int | None = None,
+        owner: str | int | None = None,
+        group: str | int | None = None,
+    ) -> FileInfo:
         """See :meth:`AsyncFiles.mkdir`."""
         return run(self._inner.mkdir(path, parents=parents, mode=mode, owner=owner, group=group))
 
@@ -157,20 +257,32 @@ class Files:
     rename = move
 
     def copy(
-        self, src: str, dst: str, *, recursive: bool = False, overwrite: bool = False,
+        self,
+        src: str,
+        dst: str,
+        *,
+        recursive: bool = False,
+        overwrite: bool = False,
         make_parents: bool = False,
-    ) -> FileInfo:  # fmt: skip
+    ) -> FileInfo:
         """See :meth:`AsyncFiles.copy`."""
-        return run(self._inner.copy(src, dst, recursive=recursive, overwrite=overwrite,
-                                    make_parents=make_parents))  # fmt: skip
+        return run(
+            self._inner.copy(
+                src, dst, recursive=recursive, overwrite=overwrite, make_parents=make_parents
+            )
+        )
 
     def chmod(self, path: str, mode: int, *, recursive: bool = False) -> FileInfo:
         """See :meth:`AsyncFiles.chmod`."""
         return run(self._inner.chmod(path, mode, recursive=recursive))
 
     def chown(
-        self, path: str, owner: str | int | None = None, group: str | int | None = None, *,
+        self,
+        path: str,
+        owner: str | int | None = None,
+        group: str | int | None = None,
+        *,
         recursive: bool = False,
-    ) -> FileInfo:  # fmt: skip
+    ) -> FileInfo:
         """See :meth:`AsyncFiles.chown`."""
         return run(self._inner.chown(path, owner, group, recursive=recursive))

@@ -65,10 +65,19 @@ class FileInfo:
     @classmethod
     def from_wire(cls, e: FsEntry) -> FileInfo:
         return cls(
-            name=e.name, path=e.path, type=e.type, size=e.size, mode=e.mode,
-            permissions=e.permissions, uid=e.uid, gid=e.gid, owner=e.owner, group=e.group,
-            mtime=e.mtime, target=e.target,
-        )  # fmt: skip
+            name=e.name,
+            path=e.path,
+            type=e.type,
+            size=e.size,
+            mode=e.mode,
+            permissions=e.permissions,
+            uid=e.uid,
+            gid=e.gid,
+            owner=e.owner,
+            group=e.group,
+            mtime=e.mtime,
+            target=e.target,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -40,9 +40,16 @@ class GitEntry:
 
     path: str
     state: Literal[
-        "modified", "added", "deleted", "renamed", "copied", "type_changed", "untracked",
-        "ignored", "conflicted",
-    ]  # fmt: skip
+        "modified",
+        "added",
+        "deleted",
+        "renamed",
+        "copied",
+        "type_changed",
+        "untracked",
+        "ignored",
+        "conflicted",
+    ]
     index: str
     worktree: str
     orig_path: str | None
@@ -121,8 +128,16 @@ class AsyncGit:
             FsAlreadyExists: ``target`` exists and is not an empty directory.
         """
         try:
-            req = wire.GitClone(url=url, target=target, branch=branch, ref=ref, depth=depth,
-                                username=username, token=token, timeout=timeout)  # fmt: skip
+            req = wire.GitClone(
+                url=url,
+                target=target,
+                branch=branch,
+                ref=ref,
+                depth=depth,
+                username=username,
+                token=token,
+                timeout=timeout,
+            )
         except ValueError as exc:
             raise BadRequest(str(exc)) from None  # never echo the arguments: one is a token
         reply = await self._sbx._call("git", "clone", req, wire.GitHead, timeout + REPLY_SLACK)
@@ -159,10 +174,12 @@ class AsyncGit:
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
         s = await self._sbx._call("git", "status", req, wire.GitStatus, timeout + REPLY_SLACK)
-        entries = tuple(GitEntry(e.path, e.state, e.index, e.worktree, e.orig_path)
-                        for e in s.entries)  # fmt: skip
-        return GitStatus(s.path, s.commit, s.branch, s.upstream, s.ahead, s.behind, entries,
-                         s.truncated)  # fmt: skip
+        entries = tuple(
+            GitEntry(e.path, e.state, e.index, e.worktree, e.orig_path) for e in s.entries
+        )
+        return GitStatus(
+            s.path, s.commit, s.branch, s.upstream, s.ahead, s.behind, entries, s.truncated
+        )
 
     async def diff(
         self,
@@ -183,8 +200,9 @@ class AsyncGit:
             GitNotFound: ``path`` is not inside a repository.
         """
         try:
-            req = wire.GitDiff(path=path, file=file, staged=staged, max_bytes=max_bytes,
-                               timeout=timeout)  # fmt: skip
+            req = wire.GitDiff(
+                path=path, file=file, staged=staged, max_bytes=max_bytes, timeout=timeout
+            )
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
         p = await self._sbx._call("git", "diff", req, wire.GitPatch, timeout + REPLY_SLACK)
@@ -210,8 +228,18 @@ class Git:
         timeout: float = CLONE_TIMEOUT,
     ) -> GitHead:
         """Clone a repository (see :meth:`AsyncGit.clone`)."""
-        return run(self._inner.clone(url, target, branch=branch, ref=ref, depth=depth,
-                                     username=username, token=token, timeout=timeout))  # fmt: skip
+        return run(
+            self._inner.clone(
+                url,
+                target,
+                branch=branch,
+                ref=ref,
+                depth=depth,
+                username=username,
+                token=token,
+                timeout=timeout,
+            )
+        )
 
     def checkout(
         self, path: str, ref: str, *, create: bool = False, timeout: float = DEFAULT_TIMEOUT
@@ -233,5 +261,6 @@ class Git:
         timeout: float = DEFAULT_TIMEOUT,
     ) -> GitDiff:
         """A unified diff (see :meth:`AsyncGit.diff`)."""
-        return run(self._inner.diff(path, file, staged=staged, max_bytes=max_bytes,
-                                    timeout=timeout))  # fmt: skip
+        return run(
+            self._inner.diff(path, file, staged=staged, max_bytes=max_bytes, timeout=timeout)
+        )

@@ -223,10 +223,15 @@ def _file_tools(tool: Tool, pool: SandboxPool) -> None:
         except SandpodError as exc:
             raise _tool_error(exc) from exc
         entries = [
-            {"path": e.path, "type": e.type, "size": e.size, "mode": oct(e.mode & 0o7777),
-             **({"target": e.target} if e.target else {})}
+            {
+                "path": e.path,
+                "type": e.type,
+                "size": e.size,
+                "mode": oct(e.mode & 0o7777),
+                **({"target": e.target} if e.target else {}),
+            }
             for e in listing.entries
-        ]  # fmt: skip
+        ]
         return {"entries": entries, "truncated": listing.truncated}
 
     @tool
@@ -348,8 +353,9 @@ def _process_tools(tool: Tool, pool: SandboxPool) -> None:
         """
         try:
             sbx = await pool.get(sandbox)
-            read = await sbx.proc.logs(process_id, cursor, wait=min(wait, 30.0),
-                                       max_bytes=MAX_TOOL_OUTPUT)  # fmt: skip
+            read = await sbx.proc.logs(
+                process_id, cursor, wait=min(wait, 30.0), max_bytes=MAX_TOOL_OUTPUT
+            )
             info = await sbx.proc.status(process_id)
         except SandpodError as exc:
             raise _tool_error(exc) from exc
@@ -372,8 +378,12 @@ def _process_tools(tool: Tool, pool: SandboxPool) -> None:
             info = await sbx.proc.kill(process_id)
         except SandpodError as exc:
             raise _tool_error(exc) from exc
-        return {"process_id": info.proc_id, "state": info.state, "exit_code": info.exit_code,
-                "signal": info.signal}  # fmt: skip
+        return {
+            "process_id": info.proc_id,
+            "state": info.state,
+            "exit_code": info.exit_code,
+            "signal": info.signal,
+        }
 
 
 def _session_tools(tool: Tool, pool: SandboxPool) -> None:

@@ -68,14 +68,17 @@ class PoolInfo:
         meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status", {})
         ready = _condition(status, "Ready")
         return cls(
-            name=meta.get("name", ""), namespace=meta.get("namespace", "default"),
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", "default"),
             template=(spec.get("templateRef") or {}).get("name"),
-            replicas=int(spec.get("replicas", 0)), free=int(status.get("replicas", 0)),
+            replicas=int(spec.get("replicas", 0)),
+            free=int(status.get("replicas", 0)),
             ready=int(status.get("readyReplicas", 0)),
             available=int(status.get("availableReplicas", 0)),
-            status=str(ready.get("reason", "")), message=str(ready.get("message", "")),
+            status=str(ready.get("reason", "")),
+            message=str(ready.get("message", "")),
             object=obj,
-        )  # fmt: skip
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,13 +99,16 @@ class ClaimInfo:
     def of(cls, obj: Mapping[str, Any]) -> ClaimInfo:
         meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status", {})
         return cls(
-            name=meta.get("name", ""), namespace=meta.get("namespace", "default"),
-            phase=status.get("phase", "Pending"), sandbox=status.get("sandbox"),
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", "default"),
+            phase=status.get("phase", "Pending"),
+            sandbox=status.get("sandbox"),
             pool=(spec.get("poolRef") or {}).get("name"),
             bound_reason=str(_condition(status, "Bound").get("reason", "")),
             ready=_condition(status, "Ready").get("status") == "True",
-            shutdown_time=status.get("shutdownTime"), object=obj,
-        )  # fmt: skip
+            shutdown_time=status.get("shutdownTime"),
+            object=obj,
+        )
 
     @property
     def warm(self) -> bool:
@@ -111,9 +117,15 @@ class ClaimInfo:
 
 
 def claim_object(
-    *, pool: str | None, template: str | None, name: str | None, timeout: float | None,
-    idle_timeout: int | None, labels: Mapping[str, str] | None, env: Mapping[str, str] | None,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    pool: str | None,
+    template: str | None,
+    name: str | None,
+    timeout: float | None,
+    idle_timeout: int | None,
+    labels: Mapping[str, str] | None,
+    env: Mapping[str, str] | None,
+) -> dict[str, Any]:
     """The SandboxClaim object for a claim request. Raises BadRequest for a reserved
     (``sandpod.dev/``) label, as the pool service would."""
     refuse_reserved({"spec": {"labels": dict(labels or {})}}, spec_labels=True)
@@ -135,10 +147,18 @@ def claim_object(
 
 
 async def claim_sandbox(
-    bus: Bus, subjects: Subjects, *, pool: str | None, template: str | None, name: str | None,
-    timeout: float | None, idle_timeout: int | None, labels: Mapping[str, str] | None,
-    env: Mapping[str, str] | None, wait: float,
-) -> tuple[ClaimInfo, str]:  # fmt: skip
+    bus: Bus,
+    subjects: Subjects,
+    *,
+    pool: str | None,
+    template: str | None,
+    name: str | None,
+    timeout: float | None,
+    idle_timeout: int | None,
+    labels: Mapping[str, str] | None,
+    env: Mapping[str, str] | None,
+    wait: float,
+) -> tuple[ClaimInfo, str]:
     """Claim a sandbox (arguments as :func:`claim_object`); returns once it is bound and ready.
 
     Returns:
@@ -151,11 +171,24 @@ async def claim_sandbox(
         ResourceInvalid: bad arguments or unknown template.
         SandboxError: no pool service answers.
     """
-    obj = claim_object(pool=pool, template=template, name=name, timeout=timeout,
-                       idle_timeout=idle_timeout, labels=labels, env=env)  # fmt: skip
-    reply = await api_call(bus, subjects, "claims", "create",
-                           ObjectRequest(object=obj, wait_ready=wait), ObjectReply,
-                           timeout=wait + 10)  # fmt: skip
+    obj = claim_object(
+        pool=pool,
+        template=template,
+        name=name,
+        timeout=timeout,
+        idle_timeout=idle_timeout,
+        labels=labels,
+        env=env,
+    )
+    reply = await api_call(
+        bus,
+        subjects,
+        "claims",
+        "create",
+        ObjectRequest(object=obj, wait_ready=wait),
+        ObjectReply,
+        timeout=wait + 10,
+    )
     info = ClaimInfo.of(reply.object)
     if info.sandbox is None:  # a bound claim always names one: a server bug otherwise
         raise SandboxError(f"claim {info.name} replied without a sandbox")
@@ -173,26 +206,36 @@ class AsyncPools:
 
     @classmethod
     async def connect(
-        cls, *, nats_url: str | None = None, prefix: str | None = None,
-        namespace: str = "default", bus: Bus | None = None,
-    ) -> AsyncPools:  # fmt: skip
+        cls,
+        *,
+        nats_url: str | None = None,
+        prefix: str | None = None,
+        namespace: str = "default",
+        bus: Bus | None = None,
+    ) -> AsyncPools:
         """Connect (or share ``bus``). Raises ConnectionLost: NATS is unreachable."""
         subjects = Subjects(resolve_prefix(prefix), tenant=resolve_tenant())
         if bus is not None:
             return cls(bus, subjects, owns_bus=False, namespace=namespace)
         settings = BusSettings(
-            url=resolve_nats_url(nats_url), name="sandpod-sdk:pools", creds=resolve_nats_creds(),
+            url=resolve_nats_url(nats_url),
+            name="sandpod-sdk:pools",
+            creds=resolve_nats_creds(),
             inbox_prefix=resolve_inbox_prefix(),
-        )  # fmt: skip
+        )
         return cls(await Bus.connect(settings), subjects, owns_bus=True, namespace=namespace)
 
     async def _call(self, kind: str, verb: str, msg: Any, reply: type[Any]) -> Any:
         return await api_call(self.bus, self.subjects, kind, verb, msg, reply)
 
     async def create(
-        self, name: str, *, template: str | None = None, replicas: int = 1,
+        self,
+        name: str,
+        *,
+        template: str | None = None,
+        replicas: int = 1,
         strategy: str = "RollingUpdate",
-    ) -> PoolInfo:  # fmt: skip
+    ) -> PoolInfo:
         """Create or update pool ``name`` keeping ``replicas`` warm sandboxes of ``template``.
 
         ``strategy``: what a template change does to free members (RollingUpdate, Recreate,
@@ -202,19 +245,23 @@ class AsyncPools:
         spec: dict[str, Any] = {"replicas": replicas, "updateStrategy": {"type": strategy}}
         if template:
             spec["templateRef"] = {"name": template}
-        obj = {"apiVersion": API_VERSION, "kind": "SandboxWarmPool",
-               "metadata": {"name": name, "namespace": self.namespace}, "spec": spec}  # fmt: skip
+        obj = {
+            "apiVersion": API_VERSION,
+            "kind": "SandboxWarmPool",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": spec,
+        }
         reply = await self._call("pools", "apply", ObjectRequest(object=obj), ObjectReply)
         return PoolInfo.of(reply.object)
 
     async def get(self, name: str) -> PoolInfo:
-        reply = await self._call("pools", "get", Ref(name=name, namespace=self.namespace),
-                                 ObjectReply)  # fmt: skip
+        reply = await self._call(
+            "pools", "get", Ref(name=name, namespace=self.namespace), ObjectReply
+        )
         return PoolInfo.of(reply.object)
 
     async def list(self) -> list[PoolInfo]:
-        reply = await self._call("pools", "list", Selection(namespace=self.namespace),
-                                 ObjectsReply)  # fmt: skip
+        reply = await self._call("pools", "list", Selection(namespace=self.namespace), ObjectsReply)
         return [PoolInfo.of(o) for o in reply.items]
 
     async def scale(self, name: str, replicas: int) -> PoolInfo:
@@ -224,8 +271,9 @@ class AsyncPools:
 
     async def delete(self, name: str) -> PoolInfo:
         """Delete the pool and its free members (claimed sandboxes stay with their claims)."""
-        reply = await self._call("pools", "delete", Ref(name=name, namespace=self.namespace),
-                                 ObjectReply)  # fmt: skip
+        reply = await self._call(
+            "pools", "delete", Ref(name=name, namespace=self.namespace), ObjectReply
+        )
         return PoolInfo.of(reply.object)
 
     async def claims(self, labels: str | None = None) -> builtins.list[ClaimInfo]:
@@ -235,14 +283,16 @@ class AsyncPools:
         ]
 
     async def get_claim(self, name: str) -> ClaimInfo:
-        reply = await self._call("claims", "get", Ref(name=name, namespace=self.namespace),
-                                 ObjectReply)  # fmt: skip
+        reply = await self._call(
+            "claims", "get", Ref(name=name, namespace=self.namespace), ObjectReply
+        )
         return ClaimInfo.of(reply.object)
 
     async def release(self, name: str) -> ClaimInfo:
         """Delete claim ``name`` and its sandbox."""
-        reply = await self._call("claims", "delete", Ref(name=name, namespace=self.namespace),
-                                 ObjectReply)  # fmt: skip
+        reply = await self._call(
+            "claims", "delete", Ref(name=name, namespace=self.namespace), ObjectReply
+        )
         return ClaimInfo.of(reply.object)
 
     async def close(self) -> None:

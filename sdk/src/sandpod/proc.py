@@ -138,11 +138,16 @@ class AsyncProcesses:
             raise TypeError("cwd must be a string path")
         argv, shell = split_command(cmd)
         req = ProcStart(
-            proc_id=proc_id, argv=argv, shell=shell, cwd=cwd, env=dict(env) if env else None,
+            proc_id=proc_id,
+            argv=argv,
+            shell=shell,
+            cwd=cwd,
+            env=dict(env) if env else None,
             tags=dict(tags) if tags else None,
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-            timeout=timeout, log_limit=log_limit,
-        )  # fmt: skip
+            timeout=timeout,
+            log_limit=log_limit,
+        )
         info = await self._call("start", req, ProcInfo, CONTROL_TIMEOUT)
         return AsyncProc(self, ProcessInfo._from_wire(info))
 
@@ -212,9 +217,12 @@ class AsyncProcesses:
     ) -> LogRead:
         """One read of the output after ``cursor`` (waiting up to ``wait`` s for some)."""
         req = ProcLogs(
-            proc_id=proc_id, cursor=cursor, max_bytes=max_bytes, wait=min(wait, MAX_WAIT) or None,
+            proc_id=proc_id,
+            cursor=cursor,
+            max_bytes=max_bytes,
+            wait=min(wait, MAX_WAIT) or None,
             stream=stream,
-        )  # fmt: skip
+        )
         part = await self._poll("logs", req, ProcLogPart, req.wait or 0.0)
         chunks = [LogChunk(c.stream, c.data, c.offset) for c in part.chunks]
         if chunks and part.skipped:
@@ -295,10 +303,11 @@ class AsyncProcesses:
             if read.eof:
                 info = await self.status(proc_id)
                 raise ProcExited(
-                    f"{proc_id!r} exited ({_how(info)}) without output matching "
-                    f"{regex.pattern!r}",
-                    proc_id=proc_id, exit_code=info.exit_code, signal=info.signal,
-                )  # fmt: skip
+                    f"{proc_id!r} exited ({_how(info)}) without output matching {regex.pattern!r}",
+                    proc_id=proc_id,
+                    exit_code=info.exit_code,
+                    signal=info.signal,
+                )
             if deadline is not None and time.monotonic() >= deadline:
                 raise ProcWaitTimeout(
                     f"no output of {proc_id!r} matched {regex.pattern!r} within {timeout:g}s",
@@ -327,9 +336,12 @@ class AsyncProcesses:
         while True:
             wait = _slice(deadline)
             req = ProcWaitPort(
-                port=port, kind=kind, path=None if path == "/" else path, proc_id=proc_id,
+                port=port,
+                kind=kind,
+                path=None if path == "/" else path,
+                proc_id=proc_id,
                 wait=wait,
-            )  # fmt: skip
+            )
             status = await self._poll("wait_port", req, ProcPortStatus, wait)
             if status.ready:
                 return
@@ -337,13 +349,16 @@ class AsyncProcesses:
                 info = await self.status(proc_id or "")
                 raise ProcExited(
                     f"{proc_id!r} exited ({_how(info)}) before port {port} was ready",
-                    proc_id=proc_id, port=port, exit_code=info.exit_code,
-                )  # fmt: skip
+                    proc_id=proc_id,
+                    port=port,
+                    exit_code=info.exit_code,
+                )
             if deadline is not None and time.monotonic() >= deadline:
                 raise ProcWaitTimeout(
                     f"port {port} not ready within {timeout:g}s ({status.reason})",
-                    port=port, status_code=status.status_code,
-                )  # fmt: skip
+                    port=port,
+                    status_code=status.status_code,
+                )
 
 
 # -- blocking twins ----------------------------------------------------------------------------
@@ -370,9 +385,15 @@ class Processes:
     ) -> Proc:
         """Start a background process (see :meth:`AsyncProcesses.start`)."""
         inner = self._inner.start(
-            cwd_or_command, command, proc_id=proc_id, tags=tags, env=env, stdin=stdin,
-            timeout=timeout, log_limit=log_limit,
-        )  # fmt: skip
+            cwd_or_command,
+            command,
+            proc_id=proc_id,
+            tags=tags,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            log_limit=log_limit,
+        )
         return Proc(run(inner))
 
     def get(self, proc_id: str) -> Proc:

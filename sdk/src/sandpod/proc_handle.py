@@ -97,12 +97,17 @@ class AsyncProc:
         )
 
     async def wait_for_port(
-        self, port: int, *, kind: Literal["tcp", "http"] = "tcp", path: str = "/",
+        self,
+        port: int,
+        *,
+        kind: Literal["tcp", "http"] = "tcp",
+        path: str = "/",
         timeout: float | None = 30.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Wait for ``port`` to accept; ProcExited if this process exits first."""
-        await self._procs.wait_for_port(port, proc_id=self.id, kind=kind, path=path,
-                                        timeout=timeout)  # fmt: skip
+        await self._procs.wait_for_port(
+            port, proc_id=self.id, kind=kind, path=path, timeout=timeout
+        )
 
 
 class Proc:

@@ -106,12 +106,21 @@ def _raise_if_cancelled() -> None:
 def _info(msg: wire.PtyInfo) -> PtyInfo:
     done = msg.state == "exited"
     return PtyInfo(
-        pty_id=msg.pty_id, pid=msg.pid, argv=msg.argv, cwd=msg.cwd, cols=msg.cols,
-        rows=msg.rows, running=not done, exit=PtyExit(msg.exit_code, msg.signal) if done else None,
-        abandoned=msg.abandoned, started_at=msg.started_at, end_cursor=msg.end_cursor,
-        start_cursor=msg.start_cursor, buffer_bytes=msg.buffer_bytes,
+        pty_id=msg.pty_id,
+        pid=msg.pid,
+        argv=msg.argv,
+        cwd=msg.cwd,
+        cols=msg.cols,
+        rows=msg.rows,
+        running=not done,
+        exit=PtyExit(msg.exit_code, msg.signal) if done else None,
+        abandoned=msg.abandoned,
+        started_at=msg.started_at,
+        end_cursor=msg.end_cursor,
+        start_cursor=msg.start_cursor,
+        buffer_bytes=msg.buffer_bytes,
         abandon_after=msg.abandon_after,
-    )  # fmt: skip
+    )
 
 
 class AsyncPtys:
@@ -165,9 +174,18 @@ class AsyncPtys:
             shell = command
         elif command is not None:
             argv = tuple(command)
-        req = _build(wire.PtyOpen, pty_id=pty_id, argv=argv, shell=shell, cwd=cwd,
-                     env=dict(env) if env else None, cols=cols, rows=rows,
-                     buffer_bytes=buffer_bytes, abandon_after=abandon_after)  # fmt: skip
+        req = _build(
+            wire.PtyOpen,
+            pty_id=pty_id,
+            argv=argv,
+            shell=shell,
+            cwd=cwd,
+            env=dict(env) if env else None,
+            cols=cols,
+            rows=rows,
+            buffer_bytes=buffer_bytes,
+            abandon_after=abandon_after,
+        )
         info = _info(await self._call("open", req, wire.PtyInfo, CONTROL_TIMEOUT))
         return AsyncPty(self, info, owned=True)
 
@@ -236,8 +254,13 @@ class AsyncPty:
     ) -> PtyOutput:
         """Output after this viewer's cursor (or ``cursor``), waiting up to ``wait`` seconds
         (0..60) for some; advances the cursor. Raises PtyNotFound, BadRequest."""
-        req = _build(wire.PtyRead, pty_id=self.id, cursor=self.cursor if cursor is None else cursor,
-                     max_bytes=max_bytes, wait=wait)  # fmt: skip
+        req = _build(
+            wire.PtyRead,
+            pty_id=self.id,
+            cursor=self.cursor if cursor is None else cursor,
+            max_bytes=max_bytes,
+            wait=wait,
+        )
         got = await self._ptys._call("read", req, wire.PtyOutput, wait + READ_SLACK)
         _raise_if_cancelled()  # before moving the cursor: the bytes stay readable
         self.cursor = got.next_cursor
@@ -275,8 +298,11 @@ class AsyncPty:
                     self.exit = None
                 return bytes(seen[: hit + len(needle)])
             if self.exit is not None:
-                raise PtyClosed(f"pty {self.id!r} ended before {needle!r} appeared",
-                                pty_id=self.id, output=bytes(seen[-4096:]))  # fmt: skip
+                raise PtyClosed(
+                    f"pty {self.id!r} ended before {needle!r} appeared",
+                    pty_id=self.id,
+                    output=bytes(seen[-4096:]),
+                )
             left = end - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{needle!r} did not appear on pty {self.id!r} in {timeout}s")
@@ -330,9 +356,20 @@ class Ptys:
         abandon_after: float | None = None,
     ) -> Pty:
         """Start a program on a new terminal (see :meth:`AsyncPtys.open`)."""
-        return Pty(run(self._inner.open(command, cols=cols, rows=rows, cwd=cwd, env=env,
-                                        pty_id=pty_id, buffer_bytes=buffer_bytes,
-                                        abandon_after=abandon_after)))  # fmt: skip
+        return Pty(
+            run(
+                self._inner.open(
+                    command,
+                    cols=cols,
+                    rows=rows,
+                    cwd=cwd,
+                    env=env,
+                    pty_id=pty_id,
+                    buffer_bytes=buffer_bytes,
+                    abandon_after=abandon_after,
+                )
+            )
+        )
 
     def connect(self, pty_id: str, *, cursor: int | None = 0) -> Pty:
         return Pty(run(self._inner.connect(pty_id, cursor=cursor)))

@@ -189,9 +189,13 @@ class AsyncSessions:
         """
         command_id = command_id or uuid.uuid4().hex
         req = SessionRun(
-            session_id=session_id, command=command, command_id=command_id, timeout=timeout,
-            stdin=stdin.encode() if isinstance(stdin, str) else stdin, max_output=max_output,
-        )  # fmt: skip
+            session_id=session_id,
+            command=command,
+            command_id=command_id,
+            timeout=timeout,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            max_output=max_output,
+        )
 
         async def probe() -> ExecStatus:
             info = await self.status(session_id)
@@ -199,34 +203,47 @@ class AsyncSessions:
             return ExecStatus(exec_id=command_id, state="running" if busy else "exited")
 
         try:
-            wire = await watch(self._call("run", req, WireResult, NO_DEADLINE), probe,
-                               what=f"session {session_id!r} command {command_id}")  # fmt: skip
+            wire = await watch(
+                self._call("run", req, WireResult, NO_DEADLINE),
+                probe,
+                what=f"session {session_id!r} command {command_id}",
+            )
         except asyncio.CancelledError:
             # The caller gave up (task cancelled, Ctrl-C in the sync SDK): end the command.
             with contextlib.suppress(SandpodError):
                 await asyncio.shield(self.cancel(session_id, command_id))
             raise
         result = SessionResult(
-            session_id=wire.session_id, command_id=wire.command_id, exit_code=wire.exit_code,
+            session_id=wire.session_id,
+            command_id=wire.command_id,
+            exit_code=wire.exit_code,
             stdout_bytes=await self._rest(wire, "stdout", wire.stdout, wire.stdout_size),
             stderr_bytes=await self._rest(wire, "stderr", wire.stderr, wire.stderr_size),
-            stdout_truncated=wire.stdout_truncated, stderr_truncated=wire.stderr_truncated,
-            timed_out=wire.timed_out, cancelled=wire.cancelled, shell_exited=wire.shell_exited,
-            duration=wire.duration, cwd=wire.cwd,
-        )  # fmt: skip
+            stdout_truncated=wire.stdout_truncated,
+            stderr_truncated=wire.stderr_truncated,
+            timed_out=wire.timed_out,
+            cancelled=wire.cancelled,
+            shell_exited=wire.shell_exited,
+            duration=wire.duration,
+            cwd=wire.cwd,
+        )
         if check and not result.ok:
             raise CommandFailed(
                 f"command exited with {result.exit_code}",
-                exit_code=result.exit_code, timed_out=result.timed_out,
-            )  # fmt: skip
+                exit_code=result.exit_code,
+                timed_out=result.timed_out,
+            )
         return result
 
-    async def _rest(self, wire: WireResult, stream: str, head: bytes, size: int) -> bytes:
+    async def _rest(
+        self, wire: WireResult, stream: Literal["stdout", "stderr"], head: bytes, size: int
+    ) -> bytes:
         """Fetch the part of a stream that did not fit in the reply."""
         parts, offset = [head], len(head)
         while offset < size:
-            req = SessionFetch(session_id=wire.session_id, command_id=wire.command_id,
-                               stream=stream, offset=offset)  # type: ignore[arg-type]  # fmt: skip
+            req = SessionFetch(
+                session_id=wire.session_id, command_id=wire.command_id, stream=stream, offset=offset
+            )
             part = await self._call("fetch", req, SessionOutputPart, CONTROL_TIMEOUT)
             parts.append(part.data)
             offset += len(part.data)
@@ -261,9 +278,14 @@ class AsyncSession:
     ) -> SessionResult:
         """Run ``command`` in this session (see :meth:`AsyncSessions.run`)."""
         return await self._sessions.run(
-            self.id, command, timeout=timeout, stdin=stdin, max_output=max_output, check=check,
+            self.id,
+            command,
+            timeout=timeout,
+            stdin=stdin,
+            max_output=max_output,
+            check=check,
             command_id=command_id,
-        )  # fmt: skip
+        )
 
     async def status(self) -> SessionInfo:
         """Where this session stands."""

@@ -121,8 +121,12 @@ class Supervisor:
 
     def _env(self, user: str, **extra: str) -> dict[str, str]:
         """A child's environment: ours, the bus address and ``user``'s credential."""
-        env = {**os.environ, "SANDPOD_NATS_URL": self.nats_url,
-               "SANDPOD_PREFIX": self.config.prefix, **extra}  # fmt: skip
+        env = {
+            **os.environ,
+            "SANDPOD_NATS_URL": self.nats_url,
+            "SANDPOD_PREFIX": self.config.prefix,
+            **extra,
+        }
         if user in self.creds:
             env["SANDPOD_NATS_CREDS"] = self.creds[user]
             if user in ("lifecycle", "gateway"):  # the account's signing key: tenant users
@@ -131,9 +135,12 @@ class Supervisor:
         return env
 
     async def _client(self, sandbox_id: str = "default") -> AsyncSandbox:
-        return await AsyncSandbox.connect(sandbox_id, nats_url=self.nats_url,
-                                          prefix=self.config.prefix,
-                                          nats_creds=self.client_creds)  # fmt: skip
+        return await AsyncSandbox.connect(
+            sandbox_id,
+            nats_url=self.nats_url,
+            prefix=self.config.prefix,
+            nats_creds=self.client_creds,
+        )
 
     async def start(self) -> None:
         """Start NATS (unless external) and execd; return when all are ready.
@@ -181,11 +188,19 @@ class Supervisor:
         """Operator-mode keys (once) and a creds file per service, by the lifecycle package."""
         cfg = self.config
         made = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sandpod_lifecycle.embedded_auth", "--state-dir",
-            str(cfg.state_dir), "--prefix", cfg.prefix, "--node", self.node,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "sandpod_lifecycle.embedded_auth",
+            "--state-dir",
+            str(cfg.state_dir),
+            "--prefix",
+            cfg.prefix,
+            "--node",
+            self.node,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         _, err = await made.communicate()
         if made.returncode != 0:
             raise StartupError(
@@ -247,8 +262,15 @@ class Supervisor:
         t0 = time.monotonic()
         try:
             async with await self._client() as admin:
-                obj = create_object(name=sandbox_id, template=None, timeout=None, permanent=True,
-                                    idle_timeout=None, labels=None, env=None)  # fmt: skip
+                obj = create_object(
+                    name=sandbox_id,
+                    template=None,
+                    timeout=None,
+                    permanent=True,
+                    idle_timeout=None,
+                    labels=None,
+                    env=None,
+                )
                 await create_sandbox(admin.bus, admin.subjects, obj, wait=60)
         except ResourceExists:
             pass
@@ -311,8 +333,9 @@ class Supervisor:
                 f"gateway port {port} on {self.config.host} is in use; choose --gateway-port "
                 "or --no-gateway"
             )
-        env = self._env("gateway", SANDPOD_GATEWAY_HOST=self.config.host,
-                        SANDPOD_GATEWAY_PORT=str(port))  # fmt: skip
+        env = self._env(
+            "gateway", SANDPOD_GATEWAY_HOST=self.config.host, SANDPOD_GATEWAY_PORT=str(port)
+        )
         self.gateway_url = f"http://{self.config.host}:{port}"
         self.progress(f"starting gateway (HTTP API, web terminal) on {self.gateway_url}")
         child = await self._spawn("gateway", [sys.executable, "-m", "sandpod_gateway"], env)
@@ -322,10 +345,19 @@ class Supervisor:
             self.api_key = key_file.read_text().strip()
             return
         made = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sandpod_gateway", "keys", "create", "--tenant", "default",
-            "--name", "sandpod-up", env=env, stdout=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "sandpod_gateway",
+            "keys",
+            "create",
+            "--tenant",
+            "default",
+            "--name",
+            "sandpod-up",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         out, err = await made.communicate()
         if made.returncode != 0:
             raise StartupError(f"could not create the first API key: {err.decode().strip()}")

@@ -59,12 +59,16 @@ class Sandbox:
         return cls(
             run(
                 AsyncSandbox.connect(
-                    sandbox_id, nats_url=nats_url, prefix=prefix,
-                    connect_timeout=connect_timeout, nats_creds=nats_creds, tenant=tenant,
+                    sandbox_id,
+                    nats_url=nats_url,
+                    prefix=prefix,
+                    connect_timeout=connect_timeout,
+                    nats_creds=nats_creds,
+                    tenant=tenant,
                     inbox_prefix=inbox_prefix,
                 )
             )
-        )  # fmt: skip
+        )
 
     @property
     def id(self) -> str:
@@ -89,12 +93,19 @@ class Sandbox:
         return cls(
             run(
                 AsyncSandbox.create(
-                    template, name=name, timeout=timeout, permanent=permanent,
-                    idle_timeout=idle_timeout, labels=labels, env=env, wait=wait,
-                    nats_url=nats_url, prefix=prefix,
+                    template,
+                    name=name,
+                    timeout=timeout,
+                    permanent=permanent,
+                    idle_timeout=idle_timeout,
+                    labels=labels,
+                    env=env,
+                    wait=wait,
+                    nats_url=nats_url,
+                    prefix=prefix,
                 )
             )
-        )  # fmt: skip
+        )
 
     @classmethod
     def claim(
@@ -115,12 +126,19 @@ class Sandbox:
         return cls(
             run(
                 AsyncSandbox.claim(
-                    pool, template=template, timeout=timeout, idle_timeout=idle_timeout,
-                    labels=labels, env=env, name=name, wait=wait, nats_url=nats_url,
+                    pool,
+                    template=template,
+                    timeout=timeout,
+                    idle_timeout=idle_timeout,
+                    labels=labels,
+                    env=env,
+                    name=name,
+                    wait=wait,
+                    nats_url=nats_url,
                     prefix=prefix,
                 )
             )
-        )  # fmt: skip
+        )
 
     @property
     def claim_info(self) -> ClaimInfo | None:

@@ -106,10 +106,18 @@ def _info(w: wire.WatchInfo) -> WatchInfo:
 
 def _batch(r: wire.WatchEvents) -> WatchBatch:
     events = tuple(
-        WatchEvent(type=e.type, path=e.path, old_path=e.old_path, is_dir=e.is_dir, time=e.time,
-                   count=e.count, seq=e.seq, reason=e.reason)
+        WatchEvent(
+            type=e.type,
+            path=e.path,
+            old_path=e.old_path,
+            is_dir=e.is_dir,
+            time=e.time,
+            count=e.count,
+            seq=e.seq,
+            reason=e.reason,
+        )
         for e in r.events
-    )  # fmt: skip
+    )
     return WatchBatch(events, r.cursor, r.next_cursor, r.skipped, r.closed)
 
 
@@ -147,9 +155,16 @@ class AsyncWatches:
             wait: seconds one long poll waits for news while iterating.
         """
         with _bad_request():
-            req = wire.WatchStart(path=path, recursive=recursive, include=tuple(include),
-                                  exclude=tuple(exclude), events=tuple(events), coalesce=coalesce,
-                                  queue=queue, idle_timeout=idle_timeout)  # fmt: skip
+            req = wire.WatchStart(
+                path=path,
+                recursive=recursive,
+                include=tuple(include),
+                exclude=tuple(exclude),
+                events=tuple(events),
+                coalesce=coalesce,
+                queue=queue,
+                idle_timeout=idle_timeout,
+            )
         return AsyncWatch(self._sbx, request=req, wait=wait)
 
     async def start(self, path: str, **options: Any) -> AsyncWatch:

@@ -62,8 +62,11 @@ __all__ = [
 INBOX_ALL = "_INBOX.>"
 NO_LIMIT = -1
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
-_PREFIXES = {"operator": nkeys.PREFIX_BYTE_OPERATOR, "account": nkeys.PREFIX_BYTE_ACCOUNT,
-             "user": nkeys.PREFIX_BYTE_USER}  # fmt: skip
+_PREFIXES = {
+    "operator": nkeys.PREFIX_BYTE_OPERATOR,
+    "account": nkeys.PREFIX_BYTE_ACCOUNT,
+    "user": nkeys.PREFIX_BYTE_USER,
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,13 +147,20 @@ def stream_subjects(stream: str) -> tuple[str, ...]:
     (ordered consumers, as KV watches use), and answer their flow control."""
     api = "$JS.API"
     return (
-        f"{api}.STREAM.CREATE.{stream}", f"{api}.STREAM.UPDATE.{stream}",
-        f"{api}.STREAM.INFO.{stream}", f"{api}.STREAM.MSG.GET.{stream}",
-        f"{api}.DIRECT.GET.{stream}", f"{api}.DIRECT.GET.{stream}.>",
-        f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.CREATE.{stream}.>",
-        f"{api}.CONSUMER.DELETE.{stream}.>", f"{api}.CONSUMER.INFO.{stream}.>",
-        f"{api}.CONSUMER.MSG.NEXT.{stream}.>", f"$JS.FC.{stream}.>", f"$JS.ACK.{stream}.>",
-    )  # fmt: skip
+        f"{api}.STREAM.CREATE.{stream}",
+        f"{api}.STREAM.UPDATE.{stream}",
+        f"{api}.STREAM.INFO.{stream}",
+        f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}.>",
+        f"{api}.CONSUMER.CREATE.{stream}",
+        f"{api}.CONSUMER.CREATE.{stream}.>",
+        f"{api}.CONSUMER.DELETE.{stream}.>",
+        f"{api}.CONSUMER.INFO.{stream}.>",
+        f"{api}.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.FC.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+    )
 
 
 def kv_subjects(bucket: str) -> tuple[str, ...]:
@@ -187,7 +197,7 @@ def tenant_permissions(prefix: str, tenant: str, sandbox_ids: Sequence[str]) -> 
             f"{len(sandbox_ids)} sandboxes is more than one credential can carry "
             f"({MAX_TENANT_SANDBOXES}); delete some, or use the gateway's HTTP API",
             field="sandboxes",
-        )  # fmt: skip
+        )
     try:
         data = tuple(subjects.sandbox_all(i) for i in sorted(set(sandbox_ids)))
         control = subjects.api_tenant_all(tenant)
@@ -208,9 +218,15 @@ class TenantCredential:
 
 
 def tenant_creds(
-    signing_key: KeyPair, *, prefix: str, tenant: str, sandbox_ids: Sequence[str], now: int,
-    ttl: int = 900, account: str | None = None,
-) -> TenantCredential:  # fmt: skip
+    signing_key: KeyPair,
+    *,
+    prefix: str,
+    tenant: str,
+    sandbox_ids: Sequence[str],
+    now: int,
+    ttl: int = 900,
+    account: str | None = None,
+) -> TenantCredential:
     """Mint ``tenant``'s credential (:func:`tenant_permissions`), valid for ``ttl`` seconds: a
     sandbox created later needs a new one (mint again).
 
@@ -225,10 +241,17 @@ def tenant_creds(
         raise BadRequest("a tenant credential needs a positive lifetime", field="ttl")
     permissions = tenant_permissions(prefix, tenant, sandbox_ids)
     issuer = account if account and account != signing_key.public else None
-    creds = user_creds(signing_key, f"tenant:{tenant}", permissions, now=now, expires=now + ttl,
-                       issuer_account=issuer)  # fmt: skip
-    return TenantCredential(creds, tenant_inbox_prefix(tenant), now + ttl,
-                            tuple(sorted(set(sandbox_ids))))  # fmt: skip
+    creds = user_creds(
+        signing_key,
+        f"tenant:{tenant}",
+        permissions,
+        now=now,
+        expires=now + ttl,
+        issuer_account=issuer,
+    )
+    return TenantCredential(
+        creds, tenant_inbox_prefix(tenant), now + ttl, tuple(sorted(set(sandbox_ids)))
+    )
 
 
 def _b64(data: bytes) -> str:
@@ -261,20 +284,35 @@ def decode_jwt(token: str) -> dict[str, Any]:
 
 
 def _claims(
-    kind: str, subject: str, name: str, now: int, nats: dict[str, Any], *,
+    kind: str,
+    subject: str,
+    name: str,
+    now: int,
+    nats: dict[str, Any],
+    *,
     expires: int | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    out: dict[str, Any] = {"iat": now, "sub": subject, "name": name,
-                           "nats": {**nats, "type": kind, "version": 2}}  # fmt: skip
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "iat": now,
+        "sub": subject,
+        "name": name,
+        "nats": {**nats, "type": kind, "version": 2},
+    }
     if expires is not None:
         out["exp"] = expires
     return out
 
 
 def user_creds(
-    account: KeyPair, name: str, permissions: Permissions, *, now: int,
-    expires: int | None = None, user: KeyPair | None = None, issuer_account: str | None = None,
-) -> str:  # fmt: skip
+    account: KeyPair,
+    name: str,
+    permissions: Permissions,
+    *,
+    now: int,
+    expires: int | None = None,
+    user: KeyPair | None = None,
+    issuer_account: str | None = None,
+) -> str:
     """A creds file (the format nats-py's ``user_credentials=`` and the nats CLI read) for a new
     user (or ``user``) signed by ``account``, expiring at ``expires`` (unix seconds; None: never).
     ``issuer_account``: the account's public key when ``account`` is one of its signing keys.
@@ -323,12 +361,23 @@ class OperatorSetup:
 
 def _account(operator: KeyPair, name: str, now: int, *, jetstream: bool) -> Account:
     key = KeyPair.generate("account")
-    limits = {"subs": NO_LIMIT, "data": NO_LIMIT, "payload": NO_LIMIT, "imports": NO_LIMIT,
-              "exports": NO_LIMIT, "wildcards": True, "conn": NO_LIMIT,
-              "leaf": NO_LIMIT}  # fmt: skip
+    limits = {
+        "subs": NO_LIMIT,
+        "data": NO_LIMIT,
+        "payload": NO_LIMIT,
+        "imports": NO_LIMIT,
+        "exports": NO_LIMIT,
+        "wildcards": True,
+        "conn": NO_LIMIT,
+        "leaf": NO_LIMIT,
+    }
     if jetstream:  # unlimited storage: JetStream on for this account
-        limits |= {"mem_storage": NO_LIMIT, "disk_storage": NO_LIMIT, "streams": NO_LIMIT,
-                   "consumer": NO_LIMIT}  # fmt: skip
+        limits |= {
+            "mem_storage": NO_LIMIT,
+            "disk_storage": NO_LIMIT,
+            "streams": NO_LIMIT,
+            "consumer": NO_LIMIT,
+        }
     nats = {"limits": limits, "default_permissions": {"pub": {}, "sub": {}}}
     return Account(key, encode_jwt(_claims("account", key.public, name, now, nats), operator))
 

@@ -316,9 +316,13 @@ class Bus:
         ``max_msgs_per_subject`` per subject (-1: unlimited); the oldest go first when full."""
         js = self._nc.jetstream()
         config = nats.js.api.StreamConfig(
-            name=name, subjects=subjects, max_age=max_age, max_bytes=max_bytes,
-            max_msgs_per_subject=max_msgs_per_subject, discard=nats.js.api.DiscardPolicy.OLD,
-        )  # fmt: skip
+            name=name,
+            subjects=subjects,
+            max_age=max_age,
+            max_bytes=max_bytes,
+            max_msgs_per_subject=max_msgs_per_subject,
+            discard=nats.js.api.DiscardPolicy.OLD,
+        )
         try:
             try:
                 await js.add_stream(config)

@@ -46,13 +46,23 @@ __all__ = [
 ]
 
 _WHERE = {
-    "KINDS": "kinds", "KindInfo": "kinds", "KubeSettings": "config", "KubeStore": "store",
-    "PodApi": "pods", "StoreForbidden": "errors", "apply_crds": "admin", "delete_all": "admin",
-    "ensure_namespace": "admin", "open_store": "choice", "store_settings": "choice",
+    "KINDS": "kinds",
+    "KindInfo": "kinds",
+    "KubeSettings": "config",
+    "KubeStore": "store",
+    "PodApi": "pods",
+    "StoreForbidden": "errors",
+    "apply_crds": "admin",
+    "delete_all": "admin",
+    "ensure_namespace": "admin",
+    "open_store": "choice",
+    "store_settings": "choice",
     "elect": "choice",
-    "ElectedLeases": "leader", "LeaderElector": "leader", "LeaderSettings": "config",
+    "ElectedLeases": "leader",
+    "LeaderElector": "leader",
+    "LeaderSettings": "config",
     "lease_name": "leader",
-}  # fmt: skip
+}
 
 
 def __getattr__(name: str) -> Any:

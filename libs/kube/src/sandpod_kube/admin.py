@@ -48,9 +48,12 @@ def apply_crds(
             name = str(manifest["metadata"]["name"])
             try:
                 api.patch_custom_resource_definition(
-                    name, dict(manifest), field_manager=FIELD_MANAGER, force=True,
+                    name,
+                    dict(manifest),
+                    field_manager=FIELD_MANAGER,
+                    force=True,
                     _content_type="application/apply-patch+yaml",
-                )  # fmt: skip
+                )
             except ApiException as exc:
                 raise from_api_error(
                     exc.status, exc.body, f"apply CRD {name}", "CustomResourceDefinition", name

@@ -54,9 +54,14 @@ async def open_store(
 
 
 def elect(
-    kube: KubeSettings, leader: LeaderSettings, *, prefix: str, service: str, identity: str,
+    kube: KubeSettings,
+    leader: LeaderSettings,
+    *,
+    prefix: str,
+    service: str,
+    identity: str,
     on_change: Callable[[bool], None],
-) -> Election:  # fmt: skip
+) -> Election:
     """Leader election of ``service`` (lifecycle, pool) on its Lease ``<prefix>-<service>``:
     what lifecycle and pool use instead of per-object KV leases in cluster mode."""
     from sandpod_kube.leader import ElectedLeases, LeaderElector, lease_name

@@ -109,10 +109,13 @@ class KubeSettings:
             if token_file and not Path(token_file).is_file():
                 raise ValueError(f"SANDPOD_KUBE_TOKEN_FILE={token_file!r} is not a readable file")
             return cls(
-                host=server, ca_file=get("SANDPOD_KUBE_CA_FILE"), token_file=token_file,
+                host=server,
+                ca_file=get("SANDPOD_KUBE_CA_FILE"),
+                token_file=token_file,
                 client_cert_file=get("SANDPOD_KUBE_CLIENT_CERT"),
-                client_key_file=get("SANDPOD_KUBE_CLIENT_KEY"), namespace=namespace,
-            )  # fmt: skip
+                client_key_file=get("SANDPOD_KUBE_CLIENT_KEY"),
+                namespace=namespace,
+            )
         kubeconfig = get("SANDPOD_KUBECONFIG", "KUBECONFIG")
         if kubeconfig is None and get("KUBERNETES_SERVICE_HOST"):
             return dataclasses.replace(cls.in_cluster(), namespace=namespace)
@@ -200,11 +203,15 @@ class LeaderSettings:
         if self.lease_duration < 1:
             raise ValueError(f"lease duration {self.lease_duration}s: must be >= 1 s")
         if not 0 < self.renew_deadline < self.lease_duration:
-            raise ValueError(f"renew deadline {self.renew_deadline:g}s must be > 0 and below "
-                             f"the lease duration ({self.lease_duration}s)")  # fmt: skip
+            raise ValueError(
+                f"renew deadline {self.renew_deadline:g}s must be > 0 and below "
+                f"the lease duration ({self.lease_duration}s)"
+            )
         if not 0 < self.retry_period < self.renew_deadline:
-            raise ValueError(f"retry period {self.retry_period:g}s must be > 0 and below the "
-                             f"renew deadline ({self.renew_deadline:g}s)")  # fmt: skip
+            raise ValueError(
+                f"retry period {self.retry_period:g}s must be > 0 and below the "
+                f"renew deadline ({self.renew_deadline:g}s)"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LeaderSettings:
@@ -223,8 +230,14 @@ class LeaderSettings:
         duration = number("SANDPOD_LEADER_LEASE_DURATION", base.lease_duration)
         if duration != int(duration):
             raise ValueError(f"SANDPOD_LEADER_LEASE_DURATION={duration:g}: whole seconds only")
-        namespace = next((env[n].strip() for n in ("SANDPOD_LEADER_NAMESPACE", "SANDPOD_NAMESPACE")
-                          if env.get(n, "").strip()), None)  # fmt: skip
+        namespace = next(
+            (
+                env[n].strip()
+                for n in ("SANDPOD_LEADER_NAMESPACE", "SANDPOD_NAMESPACE")
+                if env.get(n, "").strip()
+            ),
+            None,
+        )
         return cls(
             lease_duration=int(duration),
             renew_deadline=number("SANDPOD_LEADER_RENEW_DEADLINE", base.renew_deadline),

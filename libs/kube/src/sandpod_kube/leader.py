@@ -178,8 +178,12 @@ class LeaderElector:
                 current = await self._get()
                 if current is None or current.holder != self.identity:
                     return
-                spec = {**current.spec, "holderIdentity": None, "leaseDurationSeconds": 1,
-                        "renewTime": _micro(time.time())}  # fmt: skip
+                spec = {
+                    **current.spec,
+                    "holderIdentity": None,
+                    "leaseDurationSeconds": 1,
+                    "renewTime": _micro(time.time()),
+                }
                 await self._put(spec, current.resource_version)
                 log.info("leader_released", lease=self.name, identity=self.identity)
                 return
@@ -200,9 +204,13 @@ class LeaderElector:
 
     async def _try_acquire_or_renew(self, now_mono: float) -> bool:
         now = _micro(time.time())
-        mine = {"holderIdentity": self.identity,
-                "leaseDurationSeconds": self.settings.lease_duration,
-                "acquireTime": now, "renewTime": now, "leaseTransitions": 0}  # fmt: skip
+        mine = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.settings.lease_duration,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": 0,
+        }
         current = await self._get()
         if current is None:
             try:
@@ -217,8 +225,11 @@ class LeaderElector:
             return False
         transitions = int(current.spec.get("leaseTransitions") or 0)
         if holder == self.identity:
-            spec = {**mine, "acquireTime": current.spec.get("acquireTime") or now,
-                    "leaseTransitions": transitions}  # fmt: skip
+            spec = {
+                **mine,
+                "acquireTime": current.spec.get("acquireTime") or now,
+                "leaseTransitions": transitions,
+            }
         else:
             spec = {**mine, "leaseTransitions": transitions + 1}
         try:
@@ -226,8 +237,13 @@ class LeaderElector:
         except ResourceConflict:
             return False  # someone else updated it since our read: they won this round
         if holder != self.identity:
-            log.info("leader_acquired", lease=self.name, identity=self.identity,
-                     previous=holder or None, transitions=spec["leaseTransitions"])  # fmt: skip
+            log.info(
+                "leader_acquired",
+                lease=self.name,
+                identity=self.identity,
+                previous=holder or None,
+                transitions=spec["leaseTransitions"],
+            )
         return True
 
     def _report(self) -> None:
@@ -253,26 +269,39 @@ class LeaderElector:
 
     async def _get(self) -> _Observed | None:
         try:
-            raw = await self._call("get", self._api.read_namespaced_lease, self.name,
-                                   self.namespace)  # fmt: skip
+            raw = await self._call(
+                "get", self._api.read_namespaced_lease, self.name, self.namespace
+            )
         except ResourceNotFound:
             self._observed = None
             return None
         return self._remember(raw)
 
     async def _create(self, spec: Mapping[str, Any]) -> None:
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": KIND,
-                "metadata": {"name": self.name, "namespace": self.namespace,
-                             "labels": {"app.kubernetes.io/managed-by": "sandpod"}},
-                "spec": dict(spec)}  # fmt: skip
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": KIND,
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": {"app.kubernetes.io/managed-by": "sandpod"},
+            },
+            "spec": dict(spec),
+        }
         raw = await self._call("create", self._api.create_namespaced_lease, self.namespace, body)
         self._remember(raw)
 
     async def _put(self, spec: Mapping[str, Any], resource_version: str) -> None:
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": KIND,
-                "metadata": {"name": self.name, "namespace": self.namespace,
-                             "resourceVersion": resource_version},
-                "spec": dict(spec)}  # fmt: skip
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": KIND,
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "resourceVersion": resource_version,
+            },
+            "spec": dict(spec),
+        }
         raw = await self._call(
             "update", self._api.replace_namespaced_lease, self.name, self.namespace, body
         )
@@ -281,8 +310,7 @@ class LeaderElector:
     async def _call(self, verb: str, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
         """One blocking call on the pool; its JSON answer, or a typed StoreError."""
         what = f"{verb} Lease {self.namespace}/{self.name}"
-        call = functools.partial(fn, *args, _request_timeout=self._timeout,
-                                 _preload_content=False)  # fmt: skip
+        call = functools.partial(fn, *args, _request_timeout=self._timeout, _preload_content=False)
         try:
             response = await asyncio.get_running_loop().run_in_executor(self._pool, call)
             raw = json.loads(response.data or b"{}")

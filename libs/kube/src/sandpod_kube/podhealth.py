@@ -119,6 +119,7 @@ def diagnose(raw: Mapping[str, Any]) -> PodProblem | None:
         if (cond.get("type"), cond.get("status")) == ("PodScheduled", "False") and cond.get(
             "reason"
         ) == "Unschedulable":
-            return PodProblem(ConditionReason.UNSCHEDULABLE,
-                              str(cond.get("message") or "no node fits the Pod"))  # fmt: skip
+            return PodProblem(
+                ConditionReason.UNSCHEDULABLE, str(cond.get("message") or "no node fits the Pod")
+            )
     return None

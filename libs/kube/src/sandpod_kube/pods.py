@@ -102,9 +102,12 @@ class PodApi:
     ) -> dict[str, Any]:
         """One blocking call on the pool; its JSON answer, or a typed StoreError."""
         call = functools.partial(
-            fn, *args, _request_timeout=self._settings.request_timeout,
-            _preload_content=False, **kw,
-        )  # fmt: skip
+            fn,
+            *args,
+            _request_timeout=self._settings.request_timeout,
+            _preload_content=False,
+            **kw,
+        )
         try:
             response = await asyncio.get_running_loop().run_in_executor(self._pool, call)
             raw = json.loads(response.data or b"{}")
@@ -122,16 +125,26 @@ class PodApi:
         """Create a Pod. Raises ResourceExists when one of that name exists."""
         meta = manifest["metadata"]
         raw = await self._call(
-            f"create Pod {meta['namespace']}/{meta['name']}", "Pod", meta["name"],
-            self._core.create_namespaced_pod, meta["namespace"], dict(manifest),
-        )  # fmt: skip
+            f"create Pod {meta['namespace']}/{meta['name']}",
+            "Pod",
+            meta["name"],
+            self._core.create_namespaced_pod,
+            meta["namespace"],
+            dict(manifest),
+        )
         return PodState.of(raw)
 
     async def get(self, namespace: str, name: str) -> PodState | None:
         """The Pod, or None when there is none."""
         try:
-            raw = await self._call(f"get Pod {namespace}/{name}", "Pod", name,
-                                   self._core.read_namespaced_pod, name, namespace)  # fmt: skip
+            raw = await self._call(
+                f"get Pod {namespace}/{name}",
+                "Pod",
+                name,
+                self._core.read_namespaced_pod,
+                name,
+                namespace,
+            )
         except ResourceNotFound:
             return None
         return PodState.of(raw)
@@ -139,29 +152,51 @@ class PodApi:
     async def list(self, selector: str, namespace: str | None = None) -> list[PodState]:
         """Pods matching the label ``selector`` in ``namespace`` (None: all namespaces)."""
         if namespace is None:
-            raw = await self._call("list Pods", "Pod", None,
-                                   self._core.list_pod_for_all_namespaces,
-                                   label_selector=selector)  # fmt: skip
+            raw = await self._call(
+                "list Pods",
+                "Pod",
+                None,
+                self._core.list_pod_for_all_namespaces,
+                label_selector=selector,
+            )
         else:
-            raw = await self._call("list Pods", "Pod", None, self._core.list_namespaced_pod,
-                                   namespace, label_selector=selector)  # fmt: skip
+            raw = await self._call(
+                "list Pods",
+                "Pod",
+                None,
+                self._core.list_namespaced_pod,
+                namespace,
+                label_selector=selector,
+            )
         return [PodState.of(item) for item in raw.get("items") or []]
 
     async def delete(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
         """Delete the Pod (idempotent: a missing Pod is fine)."""
         body = client.V1DeleteOptions(grace_period_seconds=grace_seconds)
         try:
-            await self._call(f"delete Pod {namespace}/{name}", "Pod", name,
-                             self._core.delete_namespaced_pod, name, namespace,
-                             body=body)  # fmt: skip
+            await self._call(
+                f"delete Pod {namespace}/{name}",
+                "Pod",
+                name,
+                self._core.delete_namespaced_pod,
+                name,
+                namespace,
+                body=body,
+            )
         except ResourceNotFound:
             return
 
     async def replace_status(self, namespace: str, name: str, raw: Mapping[str, Any]) -> PodState:
         """PUT ``pods/status`` (what a kubelet does). ``raw`` is the whole Pod, as read."""
-        out = await self._call(f"update status of Pod {namespace}/{name}", "Pod", name,
-                               self._core.replace_namespaced_pod_status, name, namespace,
-                               dict(raw))  # fmt: skip
+        out = await self._call(
+            f"update status of Pod {namespace}/{name}",
+            "Pod",
+            name,
+            self._core.replace_namespaced_pod_status,
+            name,
+            namespace,
+            dict(raw),
+        )
         return PodState.of(out)
 
     def _opener(self, namespace: str | None, field_selector: str | None) -> Any:
@@ -169,10 +204,14 @@ class PodApi:
 
         def open_watch(version: str | None) -> Any:
             common: dict[str, Any] = {
-                "watch": True, "allow_watch_bookmarks": True, "resource_version": version,
-                "timeout_seconds": self._settings.watch_timeout, "field_selector": field_selector,
-                "_preload_content": False, "_request_timeout": timeouts,
-            }  # fmt: skip
+                "watch": True,
+                "allow_watch_bookmarks": True,
+                "resource_version": version,
+                "timeout_seconds": self._settings.watch_timeout,
+                "field_selector": field_selector,
+                "_preload_content": False,
+                "_request_timeout": timeouts,
+            }
             if namespace is None:
                 return self._core.list_pod_for_all_namespaces(**common)
             return self._core.list_namespaced_pod(namespace, **common)
@@ -207,8 +246,9 @@ class PodApi:
                 if etype == "DELETED":
                     raise ResourceNotFound(
                         f"Pod {namespace}/{name} was deleted before it was Ready",
-                        kind="Pod", name=name,
-                    )  # fmt: skip
+                        kind="Pod",
+                        name=name,
+                    )
                 if state.ready or state.problem is not None or state.terminal:
                     return state
         raise TimeoutError(f"Pod {namespace}/{name}: watch ended")  # pragma: no cover
@@ -219,11 +259,17 @@ class PodApi:
         """Server-side apply (create or update; a no-op when unchanged)."""
         meta = manifest["metadata"]
         await self._call(
-            f"apply NetworkPolicy {meta['namespace']}/{meta['name']}", "NetworkPolicy",
-            meta["name"], self._net.patch_namespaced_network_policy, meta["name"],
-            meta["namespace"], dict(manifest), field_manager=FIELD_MANAGER, force=True,
+            f"apply NetworkPolicy {meta['namespace']}/{meta['name']}",
+            "NetworkPolicy",
+            meta["name"],
+            self._net.patch_namespaced_network_policy,
+            meta["name"],
+            meta["namespace"],
+            dict(manifest),
+            field_manager=FIELD_MANAGER,
+            force=True,
             _content_type="application/apply-patch+yaml",
-        )  # fmt: skip
+        )
 
     # -- Secrets (a sandbox's NATS creds) ------------------------------------------------------
     # Write-only on purpose: RBAC cannot scope get/list of Secrets to ours, and reading every
@@ -233,16 +279,28 @@ class PodApi:
         """Server-side apply a Secret (create, or replace its data on renewal)."""
         meta = manifest["metadata"]
         await self._call(
-            f"apply Secret {meta['namespace']}/{meta['name']}", "Secret", meta["name"],
-            self._core.patch_namespaced_secret, meta["name"], meta["namespace"], dict(manifest),
-            field_manager=FIELD_MANAGER, force=True,
+            f"apply Secret {meta['namespace']}/{meta['name']}",
+            "Secret",
+            meta["name"],
+            self._core.patch_namespaced_secret,
+            meta["name"],
+            meta["namespace"],
+            dict(manifest),
+            field_manager=FIELD_MANAGER,
+            force=True,
             _content_type="application/apply-patch+yaml",
-        )  # fmt: skip
+        )
 
     async def delete_secret(self, namespace: str, name: str) -> None:
         """Delete the Secret (idempotent: a missing one is fine)."""
         try:
-            await self._call(f"delete Secret {namespace}/{name}", "Secret", name,
-                             self._core.delete_namespaced_secret, name, namespace)  # fmt: skip
+            await self._call(
+                f"delete Secret {namespace}/{name}",
+                "Secret",
+                name,
+                self._core.delete_namespaced_secret,
+                name,
+                namespace,
+            )
         except ResourceNotFound:
             return

@@ -187,8 +187,13 @@ def creds_secret_name(sandbox: str) -> str:
 
 
 def _owner(pod: SandboxPod) -> dict[str, Any]:
-    return {"apiVersion": "sandpod.dev/v1alpha1", "kind": "Sandbox", "name": pod.name,
-            "uid": pod.owner_uid, "controller": True}  # fmt: skip
+    return {
+        "apiVersion": "sandpod.dev/v1alpha1",
+        "kind": "Sandbox",
+        "name": pod.name,
+        "uid": pod.owner_uid,
+        "controller": True,
+    }
 
 
 def creds_secret_manifest(pod: SandboxPod, creds: str, expires: int) -> dict[str, Any]:
@@ -230,20 +235,25 @@ def _hardened(settings: PodSettings) -> dict[str, Any]:
 
 def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
     """The Pod of ``pod`` (see the module docstring for what and why)."""
-    limits = {k: v for k, v in (("cpu", pod.cpu), ("memory", pod.memory),
-                                ("ephemeral-storage", pod.disk)) if v}  # fmt: skip
+    limits = {
+        k: v
+        for k, v in (("cpu", pod.cpu), ("memory", pod.memory), ("ephemeral-storage", pod.disk))
+        if v
+    }
     env = [
         {"name": "SANDPOD_SANDBOX_ID", "value": pod.name},
         {"name": "SANDPOD_PREFIX", "value": pod.installation},
-        {"name": "SANDPOD_NATS_URL",
-         "valueFrom": {"secretKeyRef": {"name": settings.nats_secret, "key": "url"}}},
+        {
+            "name": "SANDPOD_NATS_URL",
+            "valueFrom": {"secretKeyRef": {"name": settings.nats_secret, "key": "url"}},
+        },
         {"name": "SANDPOD_WORKSPACE", "value": "/workspace"},
         {"name": "SANDPOD_STATE_DIR", "value": "/tmp/sandpod"},  # noqa: S108 - the Pod's own emptyDir
         {"name": "SANDPOD_EXECD_ENV", "value": json.dumps(dict(pod.env), sort_keys=True)},
         {"name": "HOME", "value": "/workspace"},
         {"name": "PYTHONPATH", "value": f"{BUNDLE_MOUNT}/site"},  # the bundle's packages only
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},  # the bundle is mounted read-only
-    ]  # fmt: skip
+    ]
     workspace: dict[str, Any] = {"sizeLimit": pod.disk} if pod.disk else {}
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -257,34 +267,38 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
             "fsGroup": settings.run_as_user,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [{
-            "name": "execd-install",
-            "image": settings.execd_image,
-            "command": ["cp", "-a", "/sandpod-bundle/.", f"{BUNDLE_MOUNT}/"],
-            "securityContext": _hardened(settings),
-            "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
-            "volumeMounts": [{"name": "sandpod", "mountPath": BUNDLE_MOUNT}],
-        }],
-        "containers": [{
-            "name": "sandbox",
-            "image": pod.image or settings.default_image,
-            "command": [f"{BUNDLE_MOUNT}/python/bin/python3", "-m", "sandpod_execd"],
-            "workingDir": "/workspace",
-            "env": env,
-            "resources": {"limits": limits, "requests": limits} if limits else {},
-            "securityContext": _hardened(settings),
-            "volumeMounts": [
-                {"name": "sandpod", "mountPath": BUNDLE_MOUNT, "readOnly": True},
-                {"name": "workspace", "mountPath": "/workspace"},
-                {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - an emptyDir
-            ],
-        }],
+        "initContainers": [
+            {
+                "name": "execd-install",
+                "image": settings.execd_image,
+                "command": ["cp", "-a", "/sandpod-bundle/.", f"{BUNDLE_MOUNT}/"],
+                "securityContext": _hardened(settings),
+                "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
+                "volumeMounts": [{"name": "sandpod", "mountPath": BUNDLE_MOUNT}],
+            }
+        ],
+        "containers": [
+            {
+                "name": "sandbox",
+                "image": pod.image or settings.default_image,
+                "command": [f"{BUNDLE_MOUNT}/python/bin/python3", "-m", "sandpod_execd"],
+                "workingDir": "/workspace",
+                "env": env,
+                "resources": {"limits": limits, "requests": limits} if limits else {},
+                "securityContext": _hardened(settings),
+                "volumeMounts": [
+                    {"name": "sandpod", "mountPath": BUNDLE_MOUNT, "readOnly": True},
+                    {"name": "workspace", "mountPath": "/workspace"},
+                    {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - an emptyDir
+                ],
+            }
+        ],
         "volumes": [
             {"name": "sandpod", "emptyDir": {"sizeLimit": settings.bundle_size}},
             {"name": "workspace", "emptyDir": workspace},
             {"name": "tmp", "emptyDir": {}},
         ],
-    }  # fmt: skip
+    }
     if pod.runtime_class_name:
         spec["runtimeClassName"] = pod.runtime_class_name
     if pod.creds_secret:
@@ -304,9 +318,16 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
 
 def _mount_creds(spec: dict[str, Any], secret: str) -> None:
     """execd's creds file: the Secret as a read-only directory (updates reach it), mode 0400."""
-    spec["volumes"].append({"name": "nats-creds", "secret": {
-        "secretName": secret, "defaultMode": 0o400,
-        "items": [{"key": CREDS_KEY, "path": CREDS_KEY}]}})  # fmt: skip
+    spec["volumes"].append(
+        {
+            "name": "nats-creds",
+            "secret": {
+                "secretName": secret,
+                "defaultMode": 0o400,
+                "items": [{"key": CREDS_KEY, "path": CREDS_KEY}],
+            },
+        }
+    )
     main = spec["containers"][0]
     main["volumeMounts"].append({"name": "nats-creds", "mountPath": CREDS_MOUNT, "readOnly": True})
     main["env"].append({"name": "SANDPOD_NATS_CREDS", "value": f"{CREDS_MOUNT}/{CREDS_KEY}"})
@@ -330,11 +351,15 @@ def egress_policy(
     """The template's NetworkPolicy, and the egress entries it cannot enforce (host names)."""
     peers: list[dict[str, Any]] = [{"ipBlock": {"cidr": c}} for c in settings.nats_cidrs]
     if settings.nats_namespace:
-        peers.insert(0, {
-            "namespaceSelector": {
-                "matchLabels": {"kubernetes.io/metadata.name": settings.nats_namespace}},
-            "podSelector": {"matchLabels": dict(settings.nats_pod_labels)},
-        })  # fmt: skip
+        peers.insert(
+            0,
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": settings.nats_namespace}
+                },
+                "podSelector": {"matchLabels": dict(settings.nats_pod_labels)},
+            },
+        )
     rules: list[dict[str, Any]] = []
     if peers:  # never a destination-less rule: that would open the port to every address
         rules.append({"to": peers, "ports": [{"protocol": "TCP", "port": settings.nats_port}]})

@@ -103,10 +103,16 @@ class KubeStore:
         validate_name("metadata.namespace", namespace)
         validate_name("metadata.name", name)
         return await self._call(
-            f"get {info.kind} {namespace}/{name}", info.kind, name,
+            f"get {info.kind} {namespace}/{name}",
+            info.kind,
+            name,
             self._api.get_namespaced_custom_object,
-            info.group, info.version, namespace, info.plural, name,
-        )  # fmt: skip
+            info.group,
+            info.version,
+            namespace,
+            info.plural,
+            name,
+        )
 
     async def get(self, kind: str, namespace: str, name: str) -> Resource:
         return Resource.from_dict(await self._get_raw(resolve(kind), namespace, name))
@@ -123,15 +129,28 @@ class KubeStore:
         namespace = namespace or self._settings.namespace  # a scoped store's "all"
         if namespace is None:
             raw = await self._call(
-                what, kind, None, self._api.list_cluster_custom_object,
-                info.group, info.version, info.plural, label_selector=label_selector,
-            )  # fmt: skip
+                what,
+                kind,
+                None,
+                self._api.list_cluster_custom_object,
+                info.group,
+                info.version,
+                info.plural,
+                label_selector=label_selector,
+            )
         else:
             validate_name("metadata.namespace", namespace)
             raw = await self._call(
-                what, kind, None, self._api.list_namespaced_custom_object,
-                info.group, info.version, namespace, info.plural, label_selector=label_selector,
-            )  # fmt: skip
+                what,
+                kind,
+                None,
+                self._api.list_namespaced_custom_object,
+                info.group,
+                info.version,
+                namespace,
+                info.plural,
+                label_selector=label_selector,
+            )
         items = [Resource.from_dict(item) for item in raw.get("items") or []]
         items.sort(key=lambda r: (r.metadata.namespace, r.metadata.name))
         return items, _revision(raw)
@@ -148,9 +167,16 @@ class KubeStore:
             body["metadata"].pop(key, None)
         kind, ns, name = obj.key
         raw = await self._call(
-            f"create {kind} {ns}/{name}", kind, name, self._api.create_namespaced_custom_object,
-            info.group, info.version, ns, info.plural, body,
-        )  # fmt: skip
+            f"create {kind} {ns}/{name}",
+            kind,
+            name,
+            self._api.create_namespaced_custom_object,
+            info.group,
+            info.version,
+            ns,
+            info.plural,
+            body,
+        )
         return Resource.from_dict(raw)
 
     async def update(self, obj: Resource) -> Resource:
@@ -174,10 +200,17 @@ class KubeStore:
             body["spec"] = dict(obj.spec)
             try:
                 raw = await self._call(
-                    f"update {kind} {ns}/{name}", kind, name,
+                    f"update {kind} {ns}/{name}",
+                    kind,
+                    name,
                     self._api.replace_namespaced_custom_object,
-                    info.group, info.version, ns, info.plural, name, body,
-                )  # fmt: skip
+                    info.group,
+                    info.version,
+                    ns,
+                    info.plural,
+                    name,
+                    body,
+                )
             except ResourceConflict:
                 if obj.metadata.resource_version or attempt == _UNCONDITIONAL_RETRIES - 1:
                     raise
@@ -201,10 +234,17 @@ class KubeStore:
             }
             try:
                 raw = await self._call(
-                    f"update status of {kind} {ns}/{name}", kind, name,
+                    f"update status of {kind} {ns}/{name}",
+                    kind,
+                    name,
                     self._api.replace_namespaced_custom_object_status,
-                    info.group, info.version, ns, info.plural, name, body,
-                )  # fmt: skip
+                    info.group,
+                    info.version,
+                    ns,
+                    info.plural,
+                    name,
+                    body,
+                )
             except ResourceConflict:
                 if obj.metadata.resource_version or attempt == _UNCONDITIONAL_RETRIES - 1:
                     raise
@@ -224,10 +264,17 @@ class KubeStore:
             else None
         )
         await self._call(
-            f"delete {kind} {namespace}/{name}", kind, name,
+            f"delete {kind} {namespace}/{name}",
+            kind,
+            name,
             self._api.delete_namespaced_custom_object,
-            info.group, info.version, namespace, info.plural, name, body=options,
-        )  # fmt: skip
+            info.group,
+            info.version,
+            namespace,
+            info.plural,
+            name,
+            body=options,
+        )
 
     # -- watch ---------------------------------------------------------------------------------
 
@@ -274,10 +321,13 @@ class KubeStore:
                 resource = Resource.from_dict(event["object"])
                 etype = EventType(event["type"])
                 yield WatchEvent(
-                    etype, kind, resource.metadata.namespace, resource.metadata.name,
+                    etype,
+                    kind,
+                    resource.metadata.namespace,
+                    resource.metadata.name,
                     int(resource.metadata.resource_version or 0),
                     None if etype is EventType.DELETED else resource,
-                )  # fmt: skip
+                )
         finally:
             self._watches.discard(stream)
             await stream.close()

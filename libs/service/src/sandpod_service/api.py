@@ -44,9 +44,15 @@ def caller_tenant() -> str | None:
 
 class ApiServer:
     def __init__(
-        self, bus: Bus, subjects: Subjects, *, queue: str, operations: Iterable[Operation],
-        routes: Mapping[tuple[str, str], Handler], supervisor: Supervisor,
-    ) -> None:  # fmt: skip
+        self,
+        bus: Bus,
+        subjects: Subjects,
+        *,
+        queue: str,
+        operations: Iterable[Operation],
+        routes: Mapping[tuple[str, str], Handler],
+        supervisor: Supervisor,
+    ) -> None:
         self._bus = bus
         self._subjects = subjects
         self._queue = queue
@@ -109,8 +115,13 @@ class ApiServer:
             log.exception("api_handler_failed", op=name)
             payload = encode_error(InternalError(f"{type(exc).__name__} in {name}"))
             code = "internal"
-        log.info("api_request", op=name, code=code, tenant=tenant,
-                 ms=round((time.perf_counter() - started) * 1000, 3))  # fmt: skip
+        log.info(
+            "api_request",
+            op=name,
+            code=code,
+            tenant=tenant,
+            ms=round((time.perf_counter() - started) * 1000, 3),
+        )
         await self._reply(reply, payload)
 
     async def _reply(self, subject: str, payload: bytes) -> None:

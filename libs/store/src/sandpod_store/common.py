@@ -20,9 +20,12 @@ def stamp_create(obj: Resource) -> Resource:
     """What ``create`` stores: fresh uid/generation/timestamp, no status, no version yet."""
     obj.validate()
     meta = dataclasses.replace(
-        obj.metadata, uid=str(uuid.uuid4()), generation=1, creation_timestamp=_now(),
+        obj.metadata,
+        uid=str(uuid.uuid4()),
+        generation=1,
+        creation_timestamp=_now(),
         resource_version="",
-    )  # fmt: skip
+    )
     return dataclasses.replace(obj, metadata=meta, status={})
 
 

@@ -90,8 +90,9 @@ class KvStore:
         try:
             entry = await self._bucket.get(_key(kind, namespace, name))
         except ResourceNotFound:
-            raise ResourceNotFound(f"{kind} {namespace}/{name} not found", kind=kind,
-                                   name=name) from None  # fmt: skip
+            raise ResourceNotFound(
+                f"{kind} {namespace}/{name} not found", kind=kind, name=name
+            ) from None
         return self._note(_decode(entry)[1])
 
     async def list(
@@ -103,9 +104,10 @@ class KvStore:
         sel = parse_selector(selector)
         entries, revision = await self._bucket.entries(f"{kind}.{namespace or '*'}.*")
         items = [
-            obj for obj in (self._note(_decode(e)[1]) for e in entries)
+            obj
+            for obj in (self._note(_decode(e)[1]) for e in entries)
             if sel.matches(obj.metadata.labels)
-        ]  # fmt: skip
+        ]
         return items, revision
 
     async def create(self, obj: Resource) -> Resource:
@@ -130,8 +132,9 @@ class KvStore:
             )
         except ResourceConflict:
             kind, ns, name = merged.key
-            raise ResourceConflict(f"{kind} {ns}/{name} changed concurrently; re-read and retry",
-                                   kind=kind, name=name) from None  # fmt: skip
+            raise ResourceConflict(
+                f"{kind} {ns}/{name} changed concurrently; re-read and retry", kind=kind, name=name
+            ) from None
         return self._note(_with_version(merged, revision))
 
     async def delete(
@@ -143,8 +146,9 @@ class KvStore:
                 _key(kind, namespace, name), int(resource_version) if resource_version else None
             )
         except ResourceNotFound:
-            raise ResourceNotFound(f"{kind} {namespace}/{name} not found", kind=kind,
-                                   name=name) from None  # fmt: skip
+            raise ResourceNotFound(
+                f"{kind} {namespace}/{name} not found", kind=kind, name=name
+            ) from None
 
     async def watch(
         self, kind: str, namespace: str | None = None, from_revision: int = 0

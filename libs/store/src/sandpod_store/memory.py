@@ -33,8 +33,9 @@ class MemoryStore:
             self._objects.pop(obj.key, None)
         else:
             self._objects[obj.key] = stored
-        event = WatchEvent(etype, kind, ns, name, self._revision,
-                           None if etype is EventType.DELETED else stored)  # fmt: skip
+        event = WatchEvent(
+            etype, kind, ns, name, self._revision, None if etype is EventType.DELETED else stored
+        )
         self._events.append(event)
         del self._events[:-HISTORY]
         async with self._news:
@@ -45,8 +46,9 @@ class MemoryStore:
         try:
             return self._objects[(kind, namespace, name)]
         except KeyError:
-            raise ResourceNotFound(f"{kind} {namespace}/{name} not found", kind=kind,
-                                   name=name) from None  # fmt: skip
+            raise ResourceNotFound(
+                f"{kind} {namespace}/{name} not found", kind=kind, name=name
+            ) from None
 
     async def get(self, kind: str, namespace: str, name: str) -> Resource:
         return self._current(kind, namespace, name)
@@ -59,9 +61,10 @@ class MemoryStore:
     ) -> tuple[list[Resource], int]:
         sel = parse_selector(selector)
         items = [
-            o for (k, ns, _), o in sorted(self._objects.items())
+            o
+            for (k, ns, _), o in sorted(self._objects.items())
             if k == kind and namespace in (None, ns) and sel.matches(o.metadata.labels)
-        ]  # fmt: skip
+        ]
         return items, self._revision
 
     async def create(self, obj: Resource) -> Resource:
@@ -85,9 +88,9 @@ class MemoryStore:
         current = self._current(kind, namespace, name)
         if resource_version:
             probe = dataclasses.replace(
-                current, metadata=dataclasses.replace(current.metadata,
-                                                      resource_version=resource_version)
-            )  # fmt: skip
+                current,
+                metadata=dataclasses.replace(current.metadata, resource_version=resource_version),
+            )
             check_version(probe, current)
         await self._record(EventType.DELETED, current)
 

@@ -66,18 +66,25 @@ class OwnerReference:
     controller: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name,
-                "uid": self.uid, "controller": self.controller}  # fmt: skip
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": self.controller,
+        }
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OwnerReference:
         if not isinstance(raw, Mapping):
             raise ResourceInvalid("an owner reference must be a map", field="metadata")
         return cls(
-            api_version=str(raw.get("apiVersion") or ""), kind=str(raw.get("kind") or ""),
-            name=str(raw.get("name") or ""), uid=str(raw.get("uid") or ""),
+            api_version=str(raw.get("apiVersion") or ""),
+            kind=str(raw.get("kind") or ""),
+            name=str(raw.get("name") or ""),
+            uid=str(raw.get("uid") or ""),
             controller=bool(raw.get("controller")),
-        )  # fmt: skip
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

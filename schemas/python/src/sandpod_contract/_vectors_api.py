@@ -37,39 +37,86 @@ MESSAGE_RULES: dict[str, dict[str, Any]] = {
 
 _API = "sandpod.dev/v1alpha1"
 _META = {"name": "demo", "namespace": "default", "labels": {"app": "agent"}}
-_SPEC = {"templateRef": {"name": "python"}, "idleTimeoutSeconds": 900,
-         "env": [{"name": "AGENT_ID", "value": "a-17"}]}  # fmt: skip
-_STORED_META = {**_META, "uid": "2f7c1d9e-55a4-4f0b-9d3e-0b6c1a2e4f11", "generation": 1,
-                "resourceVersion": "42", "creationTimestamp": "2026-11-30T05:00:00Z"}  # fmt: skip
-_READY = {"type": "Ready", "status": "True", "reason": "ExecdReady", "message": "",
-          "lastTransitionTime": "2026-11-30T05:00:01Z", "observedGeneration": 1}  # fmt: skip
+_SPEC = {
+    "templateRef": {"name": "python"},
+    "idleTimeoutSeconds": 900,
+    "env": [{"name": "AGENT_ID", "value": "a-17"}],
+}
+_STORED_META = {
+    **_META,
+    "uid": "2f7c1d9e-55a4-4f0b-9d3e-0b6c1a2e4f11",
+    "generation": 1,
+    "resourceVersion": "42",
+    "creationTimestamp": "2026-11-30T05:00:00Z",
+}
+_READY = {
+    "type": "Ready",
+    "status": "True",
+    "reason": "ExecdReady",
+    "message": "",
+    "lastTransitionTime": "2026-11-30T05:00:01Z",
+    "observedGeneration": 1,
+}
 _SANDBOX = {
-    "apiVersion": _API, "kind": "Sandbox", "metadata": _STORED_META,
-    "spec": {**_SPEC, "permanent": False, "operatingMode": "Running",
-             "shutdownTime": "2026-11-30T06:00:00Z"},
-    "status": {"phase": "Running", "observedGeneration": 1, "conditions": [_READY],
-               "shutdownTime": "2026-11-30T06:00:00Z", "node": "worker-1",
-               "endpoint": {"subjectPrefix": "sandpod.sbx.demo"}},
-}  # fmt: skip
+    "apiVersion": _API,
+    "kind": "Sandbox",
+    "metadata": _STORED_META,
+    "spec": {
+        **_SPEC,
+        "permanent": False,
+        "operatingMode": "Running",
+        "shutdownTime": "2026-11-30T06:00:00Z",
+    },
+    "status": {
+        "phase": "Running",
+        "observedGeneration": 1,
+        "conditions": [_READY],
+        "shutdownTime": "2026-11-30T06:00:00Z",
+        "node": "worker-1",
+        "endpoint": {"subjectPrefix": "sandpod.sbx.demo"},
+    },
+}
 _POOL = {
-    "apiVersion": _API, "kind": "SandboxWarmPool",
+    "apiVersion": _API,
+    "kind": "SandboxWarmPool",
     "metadata": {**_STORED_META, "name": "python-warm", "labels": {}},
-    "spec": {"replicas": 3, "updateStrategy": {"type": "RollingUpdate"},
-             "templateRef": {"name": "python"}},
-    "status": {"replicas": 3, "readyReplicas": 2, "availableReplicas": 2,
-               "observedGeneration": 1, "selector": "sandpod.dev/pool=python-warm",
-               "templateHash": "5d41402a", "conditions": []},
-}  # fmt: skip
-_CLAIM = {"apiVersion": _API, "kind": "SandboxClaim", "metadata": {"namespace": "default"},
-          "spec": {"poolRef": {"name": "python-warm"}, "lifetimeSeconds": 3600,
-                   "env": [{"name": "AGENT_ID", "value": "a-17"}]}}  # fmt: skip
+    "spec": {
+        "replicas": 3,
+        "updateStrategy": {"type": "RollingUpdate"},
+        "templateRef": {"name": "python"},
+    },
+    "status": {
+        "replicas": 3,
+        "readyReplicas": 2,
+        "availableReplicas": 2,
+        "observedGeneration": 1,
+        "selector": "sandpod.dev/pool=python-warm",
+        "templateHash": "5d41402a",
+        "conditions": [],
+    },
+}
+_CLAIM = {
+    "apiVersion": _API,
+    "kind": "SandboxClaim",
+    "metadata": {"namespace": "default"},
+    "spec": {
+        "poolRef": {"name": "python-warm"},
+        "lifetimeSeconds": 3600,
+        "env": [{"name": "AGENT_ID", "value": "a-17"}],
+    },
+}
 
 # -- examples: "full" first (every field set), then variants and "minimal" ------------------------
 
 EXAMPLES: dict[str, list[tuple[str, Message]]] = {
     "api.object_request": [
-        ("full", ObjectRequest(object={"apiVersion": _API, "kind": "Sandbox", "metadata": _META,
-                                       "spec": _SPEC}, wait_ready=60.0)),
+        (
+            "full",
+            ObjectRequest(
+                object={"apiVersion": _API, "kind": "Sandbox", "metadata": _META, "spec": _SPEC},
+                wait_ready=60.0,
+            ),
+        ),
         ("claim", ObjectRequest(object=_CLAIM, wait_ready=30.0)),
         ("minimal", ObjectRequest(object={"spec": {}})),
     ],
@@ -108,47 +155,116 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("none", NodeSandboxes(sandbox_ids=())),
     ],
     "event.sandbox": [
-        ("ready", SandboxEvent(name="demo", namespace="default", type="ready", phase="Running",
-                               reason="ExecdReady", time=1732900000.25, generation=1)),
-        ("idle-expired", SandboxEvent(name="demo", namespace="default", type="idle_expired",
-                                      phase="Terminated", reason="IdleTimeout",
-                                      message="no activity for 900s (limit 900s)",
-                                      time=1732901000.5, generation=2)),
-        ("minimal", SandboxEvent(name="demo", namespace="default", type="created",
-                                 phase="Pending")),
+        (
+            "ready",
+            SandboxEvent(
+                name="demo",
+                namespace="default",
+                type="ready",
+                phase="Running",
+                reason="ExecdReady",
+                time=1732900000.25,
+                generation=1,
+            ),
+        ),
+        (
+            "idle-expired",
+            SandboxEvent(
+                name="demo",
+                namespace="default",
+                type="idle_expired",
+                phase="Terminated",
+                reason="IdleTimeout",
+                message="no activity for 900s (limit 900s)",
+                time=1732901000.5,
+                generation=2,
+            ),
+        ),
+        (
+            "minimal",
+            SandboxEvent(name="demo", namespace="default", type="created", phase="Pending"),
+        ),
     ],
-}  # fmt: skip
+}
 
 # (label, type, non-canonical map a decoder must accept, why)
 ACCEPT: list[tuple[str, type[Message], dict[str, Any], str]] = [
-    ("nil-namespace", Selection, {"v": 1, "namespace": None, "selector": "app=agent"},
-     "nil is absent: the namespace is 'default' (there is no 'every namespace' on the wire)"),
-    ("unknown-fields", SandboxEvent,
-     {**to_map(EXAMPLES["event.sandbox"][0][1]), "node": "worker-1"},
-     "events gain fields over time: ignore the ones you do not know"),
-]  # fmt: skip
+    (
+        "nil-namespace",
+        Selection,
+        {"v": 1, "namespace": None, "selector": "app=agent"},
+        "nil is absent: the namespace is 'default' (there is no 'every namespace' on the wire)",
+    ),
+    (
+        "unknown-fields",
+        SandboxEvent,
+        {**to_map(EXAMPLES["event.sandbox"][0][1]), "node": "worker-1"},
+        "events gain fields over time: ignore the ones you do not know",
+    ),
+]
 
 _REF = {"v": 1, "name": "demo"}
 # (label, type, payload, error code, a JSON Schema validator catches it too, why)
 REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
     ("empty-name", Ref, pack({"v": 1, "name": ""}), "bad_request", True, "name is required"),
-    ("object-not-a-map", ObjectRequest, pack({"v": 1, "object": ["Sandbox"]}), "bad_request",
-     True, "an object is a map"),
-    ("renew-both", Renew, pack({**_REF, "seconds": 60.0, "shutdown_time": "2026-11-30T08:00:00Z"}),
-     "bad_request", True, "exactly one of seconds or shutdown_time"),
-    ("renew-neither", Renew, pack(_REF), "bad_request", True,
-     "exactly one of seconds or shutdown_time"),
+    (
+        "object-not-a-map",
+        ObjectRequest,
+        pack({"v": 1, "object": ["Sandbox"]}),
+        "bad_request",
+        True,
+        "an object is a map",
+    ),
+    (
+        "renew-both",
+        Renew,
+        pack({**_REF, "seconds": 60.0, "shutdown_time": "2026-11-30T08:00:00Z"}),
+        "bad_request",
+        True,
+        "exactly one of seconds or shutdown_time",
+    ),
+    (
+        "renew-neither",
+        Renew,
+        pack(_REF),
+        "bad_request",
+        True,
+        "exactly one of seconds or shutdown_time",
+    ),
     ("renew-zero", Renew, pack({**_REF, "seconds": 0.0}), "bad_request", True, "seconds > 0"),
-    ("negative-replicas", Scale, pack({**_REF, "replicas": -1}), "bad_request", True,
-     "replicas >= 0"),
+    (
+        "negative-replicas",
+        Scale,
+        pack({**_REF, "replicas": -1}),
+        "bad_request",
+        True,
+        "replicas >= 0",
+    ),
     ("no-replicas", Scale, pack(_REF), "bad_request", True, "replicas is required"),
-    ("no-sandbox-id", Serve, pack({"v": 1, "jail": "/run/j.json"}), "bad_request", True,
-     "sandbox_id is required"),
-    ("ids-not-array", NodeSandboxes, pack({"v": 1, "sandbox_ids": "demo"}), "bad_request", True,
-     "sandbox_ids is an array"),
-    ("no-type", SandboxEvent, pack({"v": 1, "name": "demo", "namespace": "default",
-                                    "phase": "Running"}), "bad_request", True,
-     "type is required"),
-]  # fmt: skip
+    (
+        "no-sandbox-id",
+        Serve,
+        pack({"v": 1, "jail": "/run/j.json"}),
+        "bad_request",
+        True,
+        "sandbox_id is required",
+    ),
+    (
+        "ids-not-array",
+        NodeSandboxes,
+        pack({"v": 1, "sandbox_ids": "demo"}),
+        "bad_request",
+        True,
+        "sandbox_ids is an array",
+    ),
+    (
+        "no-type",
+        SandboxEvent,
+        pack({"v": 1, "name": "demo", "namespace": "default", "phase": "Running"}),
+        "bad_request",
+        True,
+        "type is required",
+    ),
+]
 # every code these planes raise is already in the data plane's or the claim/store lists
 ERRORS: list[errors.SandpodError] = []

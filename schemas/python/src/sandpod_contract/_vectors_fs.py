@@ -133,24 +133,45 @@ _OWNER = FsOwner(user="agent", group="staff")
 # message TYPE -> [(label, instance)]: "full" first (every field set), then variants, "minimal"
 EXAMPLES: dict[str, list[tuple[str, Message]]] = {
     "fs.read": [
-        ("full", FsRead(path="/workspace/data.bin", offset=524288, length=524288,
-                        max_size=64 * _MiB)),
+        (
+            "full",
+            FsRead(path="/workspace/data.bin", offset=524288, length=524288, max_size=64 * _MiB),
+        ),
         ("minimal", FsRead(path="notes.txt")),
     ],
     "fs.chunk": [
-        ("basic", FsChunk(data=b"\x00\x01binary\xff", offset=524288, size=524297, eof=True,
-                          mtime=_T)),
+        (
+            "basic",
+            FsChunk(data=b"\x00\x01binary\xff", offset=524288, size=524297, eof=True, mtime=_T),
+        ),
         ("proc-file", FsChunk(data=b"MemTotal: 2 kB\n", offset=0, size=0, eof=True, mtime=0.0)),
         ("more-follows", FsChunk(data=b"hello ", offset=0, size=11, eof=False, mtime=_T)),
     ],
     "fs.write": [
-        ("full", FsWrite(path="/workspace/bin/run.sh", data=b"#!/bin/sh\necho hi\n", mode=0o755,
-                         owner=FsOwner(uid=1000, gid=1000), make_parents=False, exclusive=True)),
+        (
+            "full",
+            FsWrite(
+                path="/workspace/bin/run.sh",
+                data=b"#!/bin/sh\necho hi\n",
+                mode=0o755,
+                owner=FsOwner(uid=1000, gid=1000),
+                make_parents=False,
+                exclusive=True,
+            ),
+        ),
         ("minimal", FsWrite(path="notes.txt")),
     ],
     "fs.write_open": [
-        ("full", FsWriteOpen(path="/workspace/data/big.tar", mode=0o600, owner=_OWNER,
-                             make_parents=True, exclusive=True)),
+        (
+            "full",
+            FsWriteOpen(
+                path="/workspace/data/big.tar",
+                mode=0o600,
+                owner=_OWNER,
+                make_parents=True,
+                exclusive=True,
+            ),
+        ),
         ("minimal", FsWriteOpen(path="big.tar")),
     ],
     "fs.upload": [("basic", FsUpload(upload_id=_UP, chunk_size=512 * 1024, idle_timeout=60.0))],
@@ -177,42 +198,89 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("minimal", FsExistence(path="/workspace/nope", exists=False)),
     ],
     "fs.list": [
-        ("full", FsList(path="/workspace", depth=3, hidden=False, limit=500,
-                        cursor="src/app/models.py")),
+        (
+            "full",
+            FsList(path="/workspace", depth=3, hidden=False, limit=500, cursor="src/app/models.py"),
+        ),
         ("minimal", FsList(path="/workspace")),
     ],
     "fs.listing": [
-        ("full", FsListing(path="/workspace", entries=(_LINK, _DIR, _ENTRY), truncated=True,
-                           cursor="src/main.py")),
+        (
+            "full",
+            FsListing(
+                path="/workspace",
+                entries=(_LINK, _DIR, _ENTRY),
+                truncated=True,
+                cursor="src/main.py",
+            ),
+        ),
         ("minimal", FsListing(path="/workspace/empty")),
     ],
     "fs.glob": [
-        ("full", FsGlob(pattern="**/*.py", path="/workspace/src", hidden=True, type="file",
-                        limit=100)),
+        (
+            "full",
+            FsGlob(pattern="**/*.py", path="/workspace/src", hidden=True, type="file", limit=100),
+        ),
         ("minimal", FsGlob(pattern="*.md")),
     ],
     "fs.search": [
-        ("full", FsSearch(query=r"def \w+\(self", path="/workspace/src", glob="**/*.py",
-                          regex=True, case_sensitive=False, hidden=True, binary=True, limit=50)),
+        (
+            "full",
+            FsSearch(
+                query=r"def \w+\(self",
+                path="/workspace/src",
+                glob="**/*.py",
+                regex=True,
+                case_sensitive=False,
+                hidden=True,
+                binary=True,
+                limit=50,
+            ),
+        ),
         ("minimal", FsSearch(query="TODO")),
     ],
     "fs.search_result": [
-        ("full", FsSearchResult(matches=(FsMatch(path="/workspace/src/main.py", line=12,
-                                                 column=5, text="    # TODO: retry"),),
-                                files_scanned=31, truncated=True)),
+        (
+            "full",
+            FsSearchResult(
+                matches=(
+                    FsMatch(
+                        path="/workspace/src/main.py", line=12, column=5, text="    # TODO: retry"
+                    ),
+                ),
+                files_scanned=31,
+                truncated=True,
+            ),
+        ),
         ("minimal", FsSearchResult()),
     ],
     "fs.replace": [
-        ("full", FsReplace(path="/workspace/src", old=r"print\((.*)\)", new=r"log(\1)",
-                           glob="**/*.py", regex=True, count=10, hidden=True, binary=True,
-                           dry_run=True)),
+        (
+            "full",
+            FsReplace(
+                path="/workspace/src",
+                old=r"print\((.*)\)",
+                new=r"log(\1)",
+                glob="**/*.py",
+                regex=True,
+                count=10,
+                hidden=True,
+                binary=True,
+                dry_run=True,
+            ),
+        ),
         ("minimal", FsReplace(path="README.md", old="colour", new="color")),
     ],
     "fs.replace_result": [
-        ("full", FsReplaceResult(files=(FsReplaced(path="/workspace/src/main.py", count=3),),
-                                 total=3, skipped=(FsSkipped(path="/workspace/src/logo.png",
-                                                             reason="binary"),),
-                                 truncated=True)),
+        (
+            "full",
+            FsReplaceResult(
+                files=(FsReplaced(path="/workspace/src/main.py", count=3),),
+                total=3,
+                skipped=(FsSkipped(path="/workspace/src/logo.png", reason="binary"),),
+                truncated=True,
+            ),
+        ),
         ("minimal", FsReplaceResult()),
     ],
     "fs.mkdir": [
@@ -225,13 +293,28 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
     ],
     "fs.removed": [("basic", FsRemoved(path="/workspace/build", existed=True))],
     "fs.move": [
-        ("full", FsMove(src="/workspace/a.txt", dst="/workspace/archive/a.txt", overwrite=True,
-                        make_parents=True)),
+        (
+            "full",
+            FsMove(
+                src="/workspace/a.txt",
+                dst="/workspace/archive/a.txt",
+                overwrite=True,
+                make_parents=True,
+            ),
+        ),
         ("minimal", FsMove(src="a.txt", dst="b.txt")),
     ],
     "fs.copy": [
-        ("full", FsCopy(src="/workspace/src", dst="/workspace/src.bak", recursive=True,
-                        overwrite=True, make_parents=True)),
+        (
+            "full",
+            FsCopy(
+                src="/workspace/src",
+                dst="/workspace/src.bak",
+                recursive=True,
+                overwrite=True,
+                make_parents=True,
+            ),
+        ),
         ("minimal", FsCopy(src="a.txt", dst="b.txt")),
     ],
     "fs.chmod": [
@@ -239,8 +322,7 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("minimal", FsChmod(path="run.sh", mode=0o700)),
     ],
     "fs.chown": [
-        ("full", FsChown(path="/workspace/data", owner=FsOwner(uid=1000, gid=100),
-                         recursive=True)),
+        ("full", FsChown(path="/workspace/data", owner=FsOwner(uid=1000, gid=100), recursive=True)),
         ("minimal", FsChown(path="data", owner=FsOwner(user="agent"))),
     ],
     # nested messages (inside the replies and requests above)
@@ -249,53 +331,107 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("ids", FsOwner(uid=1000, gid=100)),
         ("minimal", FsOwner(uid=1000)),
     ],
-    "fs.match": [("basic", FsMatch(path="/workspace/src/main.py", line=12, column=5,
-                                   text="    return parse(args)"))],
+    "fs.match": [
+        (
+            "basic",
+            FsMatch(
+                path="/workspace/src/main.py", line=12, column=5, text="    return parse(args)"
+            ),
+        )
+    ],
     "fs.replaced": [("basic", FsReplaced(path="/workspace/src/main.py", count=3))],
     "fs.skipped": [("basic", FsSkipped(path="/workspace/src/logo.png", reason="binary"))],
-}  # fmt: skip
+}
 
 # (label, type, non-canonical map a decoder must accept, why)
 ACCEPT: list[tuple[str, type[Message], dict[str, Any], str]] = [
-    ("nested-unknown-fields", FsWrite,
-     {"v": 1, "path": "a", "owner": {"v": 1, "uid": 0, "selinux": "x"}, "xattrs": {}},
-     "unknown fields are ignored inside nested messages too"),
-]  # fmt: skip
+    (
+        "nested-unknown-fields",
+        FsWrite,
+        {"v": 1, "path": "a", "owner": {"v": 1, "uid": 0, "selinux": "x"}, "xattrs": {}},
+        "unknown fields are ignored inside nested messages too",
+    ),
+]
 
 _R = {"v": 1, "path": "a.txt"}
 # (label, type, payload, error code, a JSON Schema validator catches it too, why)
 REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
     ("negative-offset", FsRead, pack({**_R, "offset": -1}), "bad_request", True, "offset >= 0"),
-    ("mode-too-big", FsWrite, pack({**_R, "mode": 0o10000}), "bad_request", True,
-     "mode is permission bits only (0..0o7777)"),
-    ("str-for-data", FsWrite, pack({**_R, "data": "text"}), "bad_request", False,
-     "file content is bin, never str"),
-    ("empty-owner", FsWrite, pack({**_R, "owner": {"v": 1}}), "bad_request", True,
-     "an owner names a user or a group"),
-    ("uid-and-user", FsChown, pack({**_R, "owner": {"v": 1, "uid": 0, "user": "root"}}),
-     "bad_request", True, "uid or user, not both"),
-    ("bad-sha256", FsWriteCommit, pack({"v": 1, "upload_id": _UP, "sha256": "abc"}),
-     "bad_request", True, "sha256 is 64 hex digits"),
+    (
+        "mode-too-big",
+        FsWrite,
+        pack({**_R, "mode": 0o10000}),
+        "bad_request",
+        True,
+        "mode is permission bits only (0..0o7777)",
+    ),
+    (
+        "str-for-data",
+        FsWrite,
+        pack({**_R, "data": "text"}),
+        "bad_request",
+        False,
+        "file content is bin, never str",
+    ),
+    (
+        "empty-owner",
+        FsWrite,
+        pack({**_R, "owner": {"v": 1}}),
+        "bad_request",
+        True,
+        "an owner names a user or a group",
+    ),
+    (
+        "uid-and-user",
+        FsChown,
+        pack({**_R, "owner": {"v": 1, "uid": 0, "user": "root"}}),
+        "bad_request",
+        True,
+        "uid or user, not both",
+    ),
+    (
+        "bad-sha256",
+        FsWriteCommit,
+        pack({"v": 1, "upload_id": _UP, "sha256": "abc"}),
+        "bad_request",
+        True,
+        "sha256 is 64 hex digits",
+    ),
     ("depth-zero", FsList, pack({**_R, "depth": 0}), "bad_request", True, "depth >= 1"),
-    ("bad-type", FsGlob, pack({"v": 1, "pattern": "*", "type": "socket"}), "bad_request", True,
-     "type is file, dir, symlink or other"),
-    ("empty-old", FsReplace, pack({**_R, "old": "", "new": "x"}), "bad_request", True,
-     "nothing to replace"),
-]  # fmt: skip
+    (
+        "bad-type",
+        FsGlob,
+        pack({"v": 1, "pattern": "*", "type": "socket"}),
+        "bad_request",
+        True,
+        "type is file, dir, symlink or other",
+    ),
+    (
+        "empty-old",
+        FsReplace,
+        pack({**_R, "old": "", "new": "x"}),
+        "bad_request",
+        True,
+        "nothing to replace",
+    ),
+]
 # one error per code of this family
 ERRORS: list[errors.SandpodError] = [
     errors.FsError(),
     errors.FsNotFound("/workspace/nope.txt: no such file or directory", path="/workspace/nope.txt"),
     errors.FsAlreadyExists("/workspace/a exists", path="/workspace/a"),
     errors.FsIsADirectory("/workspace/src is a directory", path="/workspace/src"),
-    errors.FsNotADirectory("/workspace/f.txt/x: f.txt is not a directory",
-                           path="/workspace/f.txt/x"),
+    errors.FsNotADirectory(
+        "/workspace/f.txt/x: f.txt is not a directory", path="/workspace/f.txt/x"
+    ),
     errors.FsPermissionDenied("/etc/shadow: permission denied", path="/etc/shadow"),
-    errors.FsTooLarge("file of 3221225472 bytes exceeds 1073741824; read it in ranges",
-                      size=3221225472, limit=1073741824),
+    errors.FsTooLarge(
+        "file of 3221225472 bytes exceeds 1073741824; read it in ranges",
+        size=3221225472,
+        limit=1073741824,
+    ),
     errors.FsInvalidPath("path contains a NUL byte"),
     errors.FsNotEmpty("/workspace/dir is not empty", path="/workspace/dir"),
     errors.FsNoSpace("no space left on device"),
-    errors.FsUploadNotFound(f"no upload {_UP} (committed, aborted or idle for 60s)",
-                            upload_id=_UP),
-]  # fmt: skip
+    errors.FsUploadNotFound(f"no upload {_UP} (committed, aborted or idle for 60s)", upload_id=_UP),
+]

@@ -55,19 +55,39 @@ _DIFF = (
 # message TYPE -> [(label, instance)]: "full" first (every field set), then variants, "minimal"
 EXAMPLES: dict[str, list[tuple[str, Message]]] = {
     "git.clone": [
-        ("full", GitClone(url="https://github.com/example/app.git", target="/workspace/app",
-                          branch="main", ref=_SHA, depth=1, username="x-access-token",
-                          token=_SAMPLE_CREDENTIAL, timeout=300.0)),
+        (
+            "full",
+            GitClone(
+                url="https://github.com/example/app.git",
+                target="/workspace/app",
+                branch="main",
+                ref=_SHA,
+                depth=1,
+                username="x-access-token",
+                token=_SAMPLE_CREDENTIAL,
+                timeout=300.0,
+            ),
+        ),
         ("minimal", GitClone(url="https://github.com/example/app.git")),
     ],
     "git.checkout": [
-        ("full", GitCheckout(path="/workspace/app", ref="feature/login", create=True,
-                             timeout=30.0)),
+        (
+            "full",
+            GitCheckout(path="/workspace/app", ref="feature/login", create=True, timeout=30.0),
+        ),
         ("minimal", GitCheckout(path="/workspace/app", ref="v1.2.0")),
     ],
     "git.head": [
-        ("full", GitHead(path="/workspace/app", commit=_SHA, branch="main",
-                         url="https://***@github.com/example/app.git", duration=2.5)),
+        (
+            "full",
+            GitHead(
+                path="/workspace/app",
+                commit=_SHA,
+                branch="main",
+                url="https://***@github.com/example/app.git",
+                duration=2.5,
+            ),
+        ),
         ("minimal", GitHead(path="/workspace/app", commit=_SHA)),
     ],
     "git.repo": [
@@ -75,50 +95,110 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("minimal", GitRepo(path="/workspace/app")),
     ],
     "git.status": [
-        ("full", GitStatus(path="/workspace/app", commit=_SHA, branch="main",
-                           upstream="origin/main", ahead=2, behind=1, truncated=False, entries=(
-            GitEntry(path="app.py", state="modified", index=".", worktree="M"),
-            GitEntry(path="new.py", state="added", index="A", worktree="."),
-            GitEntry(path="docs/guide.md", state="renamed", index="R", worktree=".",
-                     orig_path="guide.md"),
-            GitEntry(path="notes.txt", state="untracked", index="?", worktree="?"),
-        ))),
+        (
+            "full",
+            GitStatus(
+                path="/workspace/app",
+                commit=_SHA,
+                branch="main",
+                upstream="origin/main",
+                ahead=2,
+                behind=1,
+                truncated=False,
+                entries=(
+                    GitEntry(path="app.py", state="modified", index=".", worktree="M"),
+                    GitEntry(path="new.py", state="added", index="A", worktree="."),
+                    GitEntry(
+                        path="docs/guide.md",
+                        state="renamed",
+                        index="R",
+                        worktree=".",
+                        orig_path="guide.md",
+                    ),
+                    GitEntry(path="notes.txt", state="untracked", index="?", worktree="?"),
+                ),
+            ),
+        ),
         ("minimal", GitStatus(path="/workspace/app")),
     ],
     "git.diff": [
-        ("full", GitDiff(path="/workspace/app", file="app.py", staged=True, max_bytes=65536,
-                         timeout=10.0)),
+        (
+            "full",
+            GitDiff(
+                path="/workspace/app", file="app.py", staged=True, max_bytes=65536, timeout=10.0
+            ),
+        ),
         ("minimal", GitDiff(path="/workspace/app")),
     ],
     "git.patch": [
         ("full", GitPatch(path="/workspace/app", text=_DIFF, size=len(_DIFF), truncated=False)),
-        ("truncated", GitPatch(path="/workspace/app", text=_DIFF[:40], size=5_000_000,
-                               truncated=True)),
+        (
+            "truncated",
+            GitPatch(path="/workspace/app", text=_DIFF[:40], size=5_000_000, truncated=True),
+        ),
         ("minimal", GitPatch(path="/workspace/app", text="")),
     ],
     # nested in git.status
     "git.entry": [
-        ("renamed", GitEntry(path="docs/guide.md", state="renamed", index="R", worktree=".",
-                             orig_path="docs/old.md")),
+        (
+            "renamed",
+            GitEntry(
+                path="docs/guide.md",
+                state="renamed",
+                index="R",
+                worktree=".",
+                orig_path="docs/old.md",
+            ),
+        ),
         ("minimal", GitEntry(path="app.py", state="modified")),
     ],
-}  # fmt: skip
+}
 # (label, type, non-canonical map a decoder must accept, why)
 ACCEPT: list[tuple[str, type[Message], dict[str, Any], str]] = []
 # (label, type, payload, error code, a JSON Schema validator catches it too, why)
 REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
     ("empty-url", GitClone, pack({"v": 1, "url": ""}), "bad_request", True, "url is required"),
-    ("option-url", GitClone, pack({"v": 1, "url": "--upload-pack=touch /tmp/x"}), "bad_request",
-     True, "a url never starts with '-' (it would be read as an option)"),
-    ("option-branch", GitClone, pack({"v": 1, "url": "/srv/repo", "branch": "-b"}),
-     "bad_request", True, "a branch never starts with '-'"),
-    ("zero-depth", GitClone, pack({"v": 1, "url": "/srv/repo", "depth": 0}), "bad_request", True,
-     "depth >= 1"),
-    ("ref-with-space", GitCheckout, pack({"v": 1, "path": "/workspace/app", "ref": "a b"}),
-     "bad_request", True, "refs have no whitespace"),
-    ("nul-in-file", GitDiff, pack({"v": 1, "path": "/workspace/app", "file": "a\x00"}),
-     "bad_request", True, "no NUL in paths"),
-]  # fmt: skip
+    (
+        "option-url",
+        GitClone,
+        pack({"v": 1, "url": "--upload-pack=touch /tmp/x"}),
+        "bad_request",
+        True,
+        "a url never starts with '-' (it would be read as an option)",
+    ),
+    (
+        "option-branch",
+        GitClone,
+        pack({"v": 1, "url": "/srv/repo", "branch": "-b"}),
+        "bad_request",
+        True,
+        "a branch never starts with '-'",
+    ),
+    (
+        "zero-depth",
+        GitClone,
+        pack({"v": 1, "url": "/srv/repo", "depth": 0}),
+        "bad_request",
+        True,
+        "depth >= 1",
+    ),
+    (
+        "ref-with-space",
+        GitCheckout,
+        pack({"v": 1, "path": "/workspace/app", "ref": "a b"}),
+        "bad_request",
+        True,
+        "refs have no whitespace",
+    ),
+    (
+        "nul-in-file",
+        GitDiff,
+        pack({"v": 1, "path": "/workspace/app", "file": "a\x00"}),
+        "bad_request",
+        True,
+        "no NUL in paths",
+    ),
+]
 # one error per code of this family
 ERRORS: list[errors.SandpodError] = [
     errors.GitError(),
@@ -126,4 +206,4 @@ ERRORS: list[errors.SandpodError] = [
     errors.GitNotFound("remote branch 'nope' not found", ref="nope"),
     errors.GitNetwork("could not resolve host example.invalid"),
     errors.GitTimeout("git clone exceeded 120s", timeout=120.0),
-]  # fmt: skip
+]

@@ -60,13 +60,21 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
     "proc.ref": {"proc_id": _ID},
     "proc.list": {"tags": _TAGS},
     "proc.wait": {"proc_id": _ID, "wait": _WAIT},
-    "proc.logs": {"proc_id": _ID, "cursor": {"minimum": 0}, "max_bytes": {"minimum": 1},
-                  "wait": _WAIT},
+    "proc.logs": {
+        "proc_id": _ID,
+        "cursor": {"minimum": 0},
+        "max_bytes": {"minimum": 1},
+        "wait": _WAIT,
+    },
     "proc.signal": {"proc_id": _ID, "signal": _SIGNAL},
     "proc.kill": {"proc_id": _ID, "signal": _SIGNAL, "grace": _WAIT},
-    "proc.wait_port": {"port": {"minimum": 1, "maximum": 65535},
-                       "path": {"pattern": "^/[^\\s\\u0000]*$"}, "proc_id": _ID, "wait": _WAIT},
-}  # fmt: skip
+    "proc.wait_port": {
+        "port": {"minimum": 1, "maximum": 65535},
+        "path": {"pattern": "^/[^\\s\\u0000]*$"},
+        "proc_id": _ID,
+        "wait": _WAIT,
+    },
+}
 # message TYPE -> whole-message JSON Schema keywords (e.g. oneOf required)
 MESSAGE_RULES: dict[str, dict[str, Any]] = {
     "proc.start": {"oneOf": [{"required": ["argv"]}, {"required": ["shell"]}]},
@@ -105,23 +113,58 @@ _DONE = ProcInfo(
 # message TYPE -> [(label, instance)]: "full" first (every field set), then variants, "minimal"
 EXAMPLES: dict[str, list[tuple[str, Message]]] = {
     "proc.start": [
-        ("full", ProcStart(proc_id="web", argv=("python3", "-m", "http.server", "8000"),
-                           cwd="/workspace/site", env={"PYTHONUNBUFFERED": "1"},
-                           tags={"role": "server", "task": "t-17"}, stdin=b"", timeout=3600.0,
-                           log_limit=4 * _MiB)),
+        (
+            "full",
+            ProcStart(
+                proc_id="web",
+                argv=("python3", "-m", "http.server", "8000"),
+                cwd="/workspace/site",
+                env={"PYTHONUNBUFFERED": "1"},
+                tags={"role": "server", "task": "t-17"},
+                stdin=b"",
+                timeout=3600.0,
+                log_limit=4 * _MiB,
+            ),
+        ),
         ("shell", ProcStart(proc_id="dev", shell="npm run dev 2>&1", tags={"role": "server"})),  # noqa: S604
         ("minimal", ProcStart(argv=("sleep", "600"))),
     ],
     "proc.info": [
-        ("full", ProcInfo(proc_id="build", pid=5150, state="exited", command="make -j4",
-                          cwd="/var/lib/sandpod/workspaces/demo", tags={"task": "t-17"},
-                          started_at=1732900000.0, ended_at=1732900060.5, signal=9, killed=True,
-                          timed_out=True, stdout_size=3 * _MiB, stderr_size=10,
-                          log_limit=2 * _MiB, log_start=_MiB + 10, log_end=3 * _MiB + 10)),
+        (
+            "full",
+            ProcInfo(
+                proc_id="build",
+                pid=5150,
+                state="exited",
+                command="make -j4",
+                cwd="/var/lib/sandpod/workspaces/demo",
+                tags={"task": "t-17"},
+                started_at=1732900000.0,
+                ended_at=1732900060.5,
+                signal=9,
+                killed=True,
+                timed_out=True,
+                stdout_size=3 * _MiB,
+                stderr_size=10,
+                log_limit=2 * _MiB,
+                log_start=_MiB + 10,
+                log_end=3 * _MiB + 10,
+            ),
+        ),
         ("running", _INFO),
         ("exited", _DONE),
-        ("minimal", ProcInfo(proc_id="p1", pid=7, state="running", command="sleep 600",
-                             cwd="/srv", started_at=1732900000.0, log_limit=2 * _MiB)),
+        (
+            "minimal",
+            ProcInfo(
+                proc_id="p1",
+                pid=7,
+                state="running",
+                command="sleep 600",
+                cwd="/srv",
+                started_at=1732900000.0,
+                log_limit=2 * _MiB,
+            ),
+        ),
     ],
     "proc.ref": [("basic", ProcRef(proc_id="web"))],
     "proc.list": [
@@ -137,17 +180,28 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("minimal", ProcWait(proc_id="build")),
     ],
     "proc.logs": [
-        ("full", ProcLogs(proc_id="web", cursor=2048, max_bytes=512 * 1024, wait=25.0,
-                          stream="stderr")),
+        (
+            "full",
+            ProcLogs(proc_id="web", cursor=2048, max_bytes=512 * 1024, wait=25.0, stream="stderr"),
+        ),
         ("minimal", ProcLogs(proc_id="web")),
     ],
     "proc.log_part": [
-        ("full", ProcLogPart(proc_id="build", cursor=3 * _MiB + 913, next_cursor=3 * _MiB + 929,
-                             skipped=3 * _MiB, eof=True, state="exited",
-                             chunks=(ProcChunk(offset=3 * _MiB + 913, stream="stdout",
-                                               data=b"ok\n"),
-                                     ProcChunk(offset=3 * _MiB + 916, stream="stderr",
-                                               data=b"\x1b[31mErr\x1b[0m\n")))),
+        (
+            "full",
+            ProcLogPart(
+                proc_id="build",
+                cursor=3 * _MiB + 913,
+                next_cursor=3 * _MiB + 929,
+                skipped=3 * _MiB,
+                eof=True,
+                state="exited",
+                chunks=(
+                    ProcChunk(offset=3 * _MiB + 913, stream="stdout", data=b"ok\n"),
+                    ProcChunk(offset=3 * _MiB + 916, stream="stderr", data=b"\x1b[31mErr\x1b[0m\n"),
+                ),
+            ),
+        ),
         ("no-news", ProcLogPart(proc_id="web", cursor=2168, next_cursor=2168, state="running")),
         ("minimal", ProcLogPart(proc_id="web", cursor=0, next_cursor=0, state="running")),
     ],
@@ -161,54 +215,126 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("minimal", ProcWaitPort(port=5432)),
     ],
     "proc.port_status": [
-        ("full", ProcPortStatus(port=8000, ready=False, status_code=503,
-                                reason="HTTP status 503", proc_state="running")),
+        (
+            "full",
+            ProcPortStatus(
+                port=8000,
+                ready=False,
+                status_code=503,
+                reason="HTTP status 503",
+                proc_state="running",
+            ),
+        ),
         ("ready", ProcPortStatus(port=8000, ready=True, status_code=200, proc_state="running")),
         ("minimal", ProcPortStatus(port=5432, ready=True)),
     ],
     # nested in proc.log_part
     "proc.chunk": [("basic", ProcChunk(offset=913, stream="stderr", data=b"warn: \xff\n"))],
-}  # fmt: skip
+}
 
 # (label, type, non-canonical map a decoder must accept, why)
 ACCEPT: list[tuple[str, type[Message], dict[str, Any], str]] = [
-    ("nested-unknown-fields", ProcLogPart,
-     {**to_map(EXAMPLES["proc.log_part"][0][1]),
-      "chunks": [{"v": 1, "offset": 0, "stream": "stdout", "data": b"ok\n", "ts": 1.5}]},
-     "unknown fields inside nested messages are ignored too"),
-]  # fmt: skip
+    (
+        "nested-unknown-fields",
+        ProcLogPart,
+        {
+            **to_map(EXAMPLES["proc.log_part"][0][1]),
+            "chunks": [{"v": 1, "offset": 0, "stream": "stdout", "data": b"ok\n", "ts": 1.5}],
+        },
+        "unknown fields inside nested messages are ignored too",
+    ),
+]
 
 _REF = {"v": 1, "proc_id": "web"}
 # (label, type, payload, error code, a JSON Schema validator catches it too, why)
 REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
-    ("id-path", ProcRef, pack({"v": 1, "proc_id": "../etc"}), "bad_request", True,
-     "ids are letters, digits, '.', '_', '-', starting with a letter or digit"),
-    ("id-too-long", ProcRef, pack({"v": 1, "proc_id": "a" * 129}), "bad_request", True,
-     "ids are at most 128 characters"),
+    (
+        "id-path",
+        ProcRef,
+        pack({"v": 1, "proc_id": "../etc"}),
+        "bad_request",
+        True,
+        "ids are letters, digits, '.', '_', '-', starting with a letter or digit",
+    ),
+    (
+        "id-too-long",
+        ProcRef,
+        pack({"v": 1, "proc_id": "a" * 129}),
+        "bad_request",
+        True,
+        "ids are at most 128 characters",
+    ),
     ("id-nul", ProcRef, pack({"v": 1, "proc_id": "a\x00b"}), "bad_request", True, "no NUL"),
-    ("too-many-tags", ProcStart,
-     pack({"v": 1, "shell": "true", "tags": {f"t{i}": "" for i in range(MAX_TAGS + 1)}}),
-     "bad_request", True, "at most 16 tags"),
-    ("bad-tag-name", ProcList, pack({"v": 1, "tags": {"a b": "x"}}), "bad_request", True,
-     "tag names are label-like"),
-    ("no-command", ProcStart, pack({"v": 1, "proc_id": "web"}), "bad_request", True,
-     "exactly one of argv or shell"),
-    ("wait-too-long", ProcWait, pack({**_REF, "wait": 61.0}), "bad_request", True,
-     "long-polls are at most 60 s: ask again"),
-    ("negative-cursor", ProcLogs, pack({**_REF, "cursor": -1}), "bad_request", True,
-     "cursors are absolute byte positions"),
-    ("bad-stream", ProcLogs, pack({**_REF, "stream": "both"}), "bad_request", True,
-     "stream is stdout or stderr (unset for both)"),
+    (
+        "too-many-tags",
+        ProcStart,
+        pack({"v": 1, "shell": "true", "tags": {f"t{i}": "" for i in range(MAX_TAGS + 1)}}),
+        "bad_request",
+        True,
+        "at most 16 tags",
+    ),
+    (
+        "bad-tag-name",
+        ProcList,
+        pack({"v": 1, "tags": {"a b": "x"}}),
+        "bad_request",
+        True,
+        "tag names are label-like",
+    ),
+    (
+        "no-command",
+        ProcStart,
+        pack({"v": 1, "proc_id": "web"}),
+        "bad_request",
+        True,
+        "exactly one of argv or shell",
+    ),
+    (
+        "wait-too-long",
+        ProcWait,
+        pack({**_REF, "wait": 61.0}),
+        "bad_request",
+        True,
+        "long-polls are at most 60 s: ask again",
+    ),
+    (
+        "negative-cursor",
+        ProcLogs,
+        pack({**_REF, "cursor": -1}),
+        "bad_request",
+        True,
+        "cursors are absolute byte positions",
+    ),
+    (
+        "bad-stream",
+        ProcLogs,
+        pack({**_REF, "stream": "both"}),
+        "bad_request",
+        True,
+        "stream is stdout or stderr (unset for both)",
+    ),
     ("signal-zero", ProcSignal, pack({**_REF, "signal": 0}), "bad_request", True, "signal 1..64"),
     ("port-zero", ProcWaitPort, pack({"v": 1, "port": 0}), "bad_request", True, "port 1..65535"),
-    ("path-not-absolute", ProcWaitPort, pack({"v": 1, "port": 80, "path": "health"}),
-     "bad_request", True, "an HTTP path starts with '/'"),
-    ("bad-kind", ProcWaitPort, pack({"v": 1, "port": 80, "kind": "udp"}), "bad_request", True,
-     "kind is tcp or http"),
-]  # fmt: skip
+    (
+        "path-not-absolute",
+        ProcWaitPort,
+        pack({"v": 1, "port": 80, "path": "health"}),
+        "bad_request",
+        True,
+        "an HTTP path starts with '/'",
+    ),
+    (
+        "bad-kind",
+        ProcWaitPort,
+        pack({"v": 1, "port": 80, "kind": "udp"}),
+        "bad_request",
+        True,
+        "kind is tcp or http",
+    ),
+]
 # one error per code of this family
 ERRORS: list[errors.SandpodError] = [
     errors.ProcError(),
     errors.ProcNotFound("no background process 'web'", proc_id="web"),
     errors.ProcIdInUse("background process 'web' exists", proc_id="web"),
-]  # fmt: skip
+]

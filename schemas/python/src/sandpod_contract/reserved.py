@@ -42,8 +42,9 @@ def _refuse(field: str, keys: Iterable[object]) -> None:
             f"{field} key {found[0]!r} is reserved: keys under {RESERVED_PREFIX!r} are set by "
             "Sandpod's services only; remove it (use a key of your own domain, e.g. "
             "'example.com/role')",
-            field=field, key=found[0],
-        )  # fmt: skip
+            field=field,
+            key=found[0],
+        )
 
 
 def refuse_reserved(obj: Mapping[str, Any], *, spec_labels: bool = False) -> None:
@@ -65,8 +66,9 @@ def refuse_reserved(obj: Mapping[str, Any], *, spec_labels: bool = False) -> Non
         if meta.get("ownerReferences"):
             raise BadRequest(
                 "metadata.ownerReferences is set by Sandpod's services only; remove it",
-                field="metadata.ownerReferences", key="ownerReferences",
-            )  # fmt: skip
+                field="metadata.ownerReferences",
+                key="ownerReferences",
+            )
     spec = obj.get("spec") or {}
     if spec_labels and isinstance(spec, Mapping):
         labels = spec.get("labels") or {}

@@ -42,8 +42,17 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _QUANTITY = re.compile(r"[0-9]+(Ki|Mi|Gi|Ti|K|M|G|T)?")
 _CPU = re.compile(r"[0-9]+(\.[0-9]+)?m?")
-_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
 MIN_DISK = 16 * 2**20  # the smallest filesystem a sandbox's disk can be
 
 
@@ -111,11 +120,19 @@ class ConditionReason(enum.StrEnum):
     NO_ISOLATION = "NoIsolation"
 
 
-TERMINAL_REASONS = frozenset({
-    ConditionReason.INSTANCE_FAILED, ConditionReason.INVALID_IMAGE, ConditionReason.CRASH_LOOP,
-    ConditionReason.EXECD_EXITED, ConditionReason.OOM_KILLED, ConditionReason.EVICTED,
-    ConditionReason.POD_FAILED, ConditionReason.POD_DELETED, ConditionReason.INSTANCE_LOST,
-})  # fmt: skip
+TERMINAL_REASONS = frozenset(
+    {
+        ConditionReason.INSTANCE_FAILED,
+        ConditionReason.INVALID_IMAGE,
+        ConditionReason.CRASH_LOOP,
+        ConditionReason.EXECD_EXITED,
+        ConditionReason.OOM_KILLED,
+        ConditionReason.EVICTED,
+        ConditionReason.POD_FAILED,
+        ConditionReason.POD_DELETED,
+        ConditionReason.INSTANCE_LOST,
+    }
+)
 
 
 def _fail(field: str, why: str) -> ResourceInvalid:

@@ -130,13 +130,19 @@ def _type_schema(tp: Any) -> dict[str, Any]:  # noqa: PLR0911 - one branch per w
         return {"type": "array", "items": _type_schema(get_args(tp)[0])}
     if origin is dict:
         value = get_args(tp)[1]  # Any: an open map (Kubernetes-shaped objects)
-        return {"type": "object", "additionalProperties": True if value is Any else
-                _type_schema(value)}  # fmt: skip
+        return {
+            "type": "object",
+            "additionalProperties": True if value is Any else _type_schema(value),
+        }
     if isinstance(tp, type) and issubclass(tp, Message):
         return {"$ref": f"{tp.TYPE}.schema.json"}
     if tp is bytes:
-        return {"type": "string", "contentEncoding": "base64", "x-msgpack": "bin",
-                "$comment": BIN_NOTE}  # fmt: skip
+        return {
+            "type": "string",
+            "contentEncoding": "base64",
+            "x-msgpack": "bin",
+            "$comment": BIN_NOTE,
+        }
     if tp is float:
         return {"type": "number", "x-msgpack": "float64"}
     if tp in (str, int, bool):
@@ -368,8 +374,11 @@ def _meta(cls: type[Message]) -> dict[str, Any]:
         return {"role": "event", "subject_pattern": events.subject}
     if uses := _uses(cls, "request"):  # shown as sent on its first operation
         plane, op = uses[0]
-        return {"role": "request", "operations": [_name(op)],
-                "subject_pattern": plane.subject_of(op)}  # fmt: skip
+        return {
+            "role": "request",
+            "operations": [_name(op)],
+            "subject_pattern": plane.subject_of(op),
+        }
     return {"role": "reply", "operations": _ops(cls, "reply")}
 
 
@@ -388,14 +397,16 @@ def vectors() -> dict[str, list[dict[str, Any]]]:
         name = f"{cls.TYPE}/{label}"
         out[_family(cls)].append(_positive(name, cls, pack(wire), description=doc, **_meta(cls)))
     for label, cls, payload, code, by_schema, why in REJECT:
-        out[_family(cls)].append({
-            "name": f"{cls.TYPE}/reject/{label}",
-            "type": cls.TYPE,
-            "description": why,
-            "msgpack_hex": payload.hex(),
-            "error_code": code,
-            "detected_by_schema": by_schema,
-        })  # fmt: skip
+        out[_family(cls)].append(
+            {
+                "name": f"{cls.TYPE}/reject/{label}",
+                "type": cls.TYPE,
+                "description": why,
+                "msgpack_hex": payload.hex(),
+                "error_code": code,
+                "detected_by_schema": by_schema,
+            }
+        )
     for cls, within in _nested().items():  # after the rest: earlier vectors keep their place
         meta = {"role": "nested", "within": within}
         out.setdefault(_family(cls), []).extend(_examples(cls, cls.TYPE, meta))
@@ -412,8 +423,13 @@ def vectors() -> dict[str, list[dict[str, Any]]]:
 
 def _positive_error(err: errors.SandpodError) -> dict[str, Any]:
     wire = encode_error(err)
-    return {"name": f"error/{err.code}", "type": "error", "role": "error",
-            "json": to_json(unpack(wire)), "msgpack_hex": wire.hex()}  # fmt: skip
+    return {
+        "name": f"error/{err.code}",
+        "type": "error",
+        "role": "error",
+        "json": to_json(unpack(wire)),
+        "msgpack_hex": wire.hex(),
+    }
 
 
 # -- files -----------------------------------------------------------------------------------------

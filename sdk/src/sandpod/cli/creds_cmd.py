@@ -47,8 +47,9 @@ def add_parsers(sub: Any) -> None:
     kinds = creds.add_subparsers(dest="kind", required=True, metavar="KIND")
     p = kinds.add_parser("nats", help="a NATS credential reaching only one tenant's sandboxes")
     p.add_argument("--tenant", help="mint for this tenant here (administrator, on the host)")
-    p.add_argument("--seed-file", help="NATS account (signing) seed "
-                   "(default: $SANDPOD_NATS_ACCOUNT_SEED_FILE)")  # fmt: skip
+    p.add_argument(
+        "--seed-file", help="NATS account (signing) seed (default: $SANDPOD_NATS_ACCOUNT_SEED_FILE)"
+    )
     p.add_argument("--account", help="the account's public key, if the seed is a signing key")
     p.add_argument("--ttl", type=int, default=900, help="seconds it is valid (default 900)")
     p.add_argument("--gateway", help="ask this gateway instead (API key: $SANDPOD_API_KEY)")
@@ -68,8 +69,10 @@ def _cmd(a: argparse.Namespace) -> int:
 
 def _nats(a: argparse.Namespace) -> int:
     if (a.tenant is None) == (a.gateway is None):
-        raise BadRequest("give --tenant (mint here, as the administrator) or --gateway URL "
-                         "(ask the gateway with $SANDPOD_API_KEY)")  # fmt: skip
+        raise BadRequest(
+            "give --tenant (mint here, as the administrator) or --gateway URL "
+            "(ask the gateway with $SANDPOD_API_KEY)"
+        )
     body = _from_gateway(a.gateway) if a.gateway else _mint(a)
     if a.out:
         path = Path(a.out)
@@ -77,9 +80,11 @@ def _nats(a: argparse.Namespace) -> int:
         with os.fdopen(fd, "w") as out:
             out.write(body["creds"])
         path.chmod(0o600)
-        print(f"SANDPOD_NATS_CREDS={path}\nSANDPOD_TENANT={body['tenant']}\n"
-              f"SANDPOD_NATS_INBOX_PREFIX={body['inbox_prefix']}\n"
-              f"SANDPOD_PREFIX={body['prefix']}")  # fmt: skip
+        print(
+            f"SANDPOD_NATS_CREDS={path}\nSANDPOD_TENANT={body['tenant']}\n"
+            f"SANDPOD_NATS_INBOX_PREFIX={body['inbox_prefix']}\n"
+            f"SANDPOD_PREFIX={body['prefix']}"
+        )
     else:
         print(json.dumps(body, indent=2))
     return 0
@@ -99,11 +104,23 @@ def _mint(a: argparse.Namespace) -> dict[str, Any]:
     scope = Scope(a.tenant)  # ValueError names the rule; argparse users get it as an error
     prefix = resolve_prefix(a.prefix)
     ids = asyncio.run(_sandboxes(a.nats_url, Subjects(prefix, tenant=scope.tenant)))
-    cred = tenant_creds(key, prefix=prefix, tenant=scope.tenant, sandbox_ids=ids,
-                        now=int(time.time()), ttl=a.ttl, account=a.account)  # fmt: skip
-    return {"creds": cred.creds, "inbox_prefix": cred.inbox_prefix, "tenant": scope.tenant,
-            "prefix": prefix, "expires_at": cred.expires,
-            "sandboxes": {scope.name_of(i) or i: i for i in cred.sandboxes}}  # fmt: skip
+    cred = tenant_creds(
+        key,
+        prefix=prefix,
+        tenant=scope.tenant,
+        sandbox_ids=ids,
+        now=int(time.time()),
+        ttl=a.ttl,
+        account=a.account,
+    )
+    return {
+        "creds": cred.creds,
+        "inbox_prefix": cred.inbox_prefix,
+        "tenant": scope.tenant,
+        "prefix": prefix,
+        "expires_at": cred.expires,
+        "sandboxes": {scope.name_of(i) or i: i for i in cred.sandboxes},
+    }
 
 
 async def _sandboxes(nats_url: str | None, subjects: Subjects) -> list[str]:
@@ -126,9 +143,11 @@ def _from_gateway(url: str) -> dict[str, Any]:
     if not url.startswith(("http://", "https://")):
         raise BadRequest(f"--gateway {url!r}: give an http:// or https:// URL")
     request = urllib.request.Request(  # noqa: S310 - the scheme is checked above
-        url.rstrip("/") + "/v1/credentials/nats", method="POST", data=b"",
+        url.rstrip("/") + "/v1/credentials/nats",
+        method="POST",
+        data=b"",
         headers={"authorization": f"Bearer {key}"},
-    )  # fmt: skip
+    )
     try:
         with urllib.request.urlopen(request, timeout=GATEWAY_TIMEOUT) as reply:  # noqa: S310
             body: dict[str, Any] = json.loads(reply.read())

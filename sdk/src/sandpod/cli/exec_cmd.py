@@ -38,8 +38,12 @@ def add_parsers(sub: Any) -> None:
     _exec_options(p)
     p.add_argument("sandbox", help="sandbox id")
     # REMAINDER: options may also come after SANDBOX (before --); _run_exec sorts them out.
-    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="-- COMMAND",
-                   help="program and arguments (after --)")  # fmt: skip
+    p.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND",
+        help="program and arguments (after --)",
+    )
     p.set_defaults(run=_run_exec)
 
     p = sub.add_parser("ping", parents=[common], help="round-trip time to a sandbox's execd")

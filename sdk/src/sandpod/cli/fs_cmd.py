@@ -73,8 +73,11 @@ def _run_cp(args: argparse.Namespace) -> int:
     local = args.dst if src is not None else args.src
     local_dir = local != "-" and os.path.isdir(local)
     if dst is not None and local_dir:
-        print(f"error: {local} is a directory; copy an archive instead: "
-              f"tar cz {local} | sandpod cp - {args.dst}.tgz", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {local} is a directory; copy an archive instead: "
+            f"tar cz {local} | sandpod cp - {args.dst}.tgz",
+            file=sys.stderr,
+        )
         return 2
     try:
         return asyncio.run(_cp(args, src, dst, local_dir=local_dir))

@@ -22,8 +22,17 @@ def pool_table(items: list[PoolInfo]) -> str:
     rows = [("NAME", "TEMPLATE", "DESIRED", "READY", "AVAILABLE", "STATUS", "AGE")]
     for p in items:
         created = p.object.get("metadata", {}).get("creationTimestamp")
-        rows.append((p.name, p.template or "-", str(p.replicas), str(p.ready), str(p.available),
-                     p.status or "-", age(created)))  # fmt: skip
+        rows.append(
+            (
+                p.name,
+                p.template or "-",
+                str(p.replicas),
+                str(p.ready),
+                str(p.available),
+                p.status or "-",
+                age(created),
+            )
+        )
     return render(rows)
 
 
@@ -31,8 +40,17 @@ def claim_table(items: list[ClaimInfo]) -> str:
     rows = [("NAME", "PHASE", "POOL", "SANDBOX", "BOUND", "EXPIRES", "AGE")]
     for c in items:
         created = c.object.get("metadata", {}).get("creationTimestamp")
-        rows.append((c.name, c.phase, c.pool or "-", c.sandbox or "-", c.bound_reason or "-",
-                     age(c.shutdown_time, future=True), age(created)))  # fmt: skip
+        rows.append(
+            (
+                c.name,
+                c.phase,
+                c.pool or "-",
+                c.sandbox or "-",
+                c.bound_reason or "-",
+                age(c.shutdown_time, future=True),
+                age(created),
+            )
+        )
     return render(rows)
 
 
@@ -48,11 +66,22 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("name")
     p.add_argument("--template", help="SandboxTemplate of the members (default: built-in)")
     p.add_argument("--replicas", type=int, default=1, help="ready sandboxes to keep (default 1)")
-    p.add_argument("--strategy", default="RollingUpdate",
-                   choices=["RollingUpdate", "Recreate", "OnClaim"],
-                   help="what a template change does to free members")  # fmt: skip
-    p.set_defaults(run=lambda a: run(_pools(a, lambda c: c.create(
-        a.name, template=a.template, replicas=a.replicas, strategy=a.strategy))))  # fmt: skip
+    p.add_argument(
+        "--strategy",
+        default="RollingUpdate",
+        choices=["RollingUpdate", "Recreate", "OnClaim"],
+        help="what a template change does to free members",
+    )
+    p.set_defaults(
+        run=lambda a: run(
+            _pools(
+                a,
+                lambda c: c.create(
+                    a.name, template=a.template, replicas=a.replicas, strategy=a.strategy
+                ),
+            )
+        )
+    )
     p = verbs.add_parser("ls", parents=[common], help="list warm pools")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.set_defaults(run=lambda a: run(_pools(a, lambda c: c.list())))
@@ -125,10 +154,16 @@ async def _claim(a: argparse.Namespace) -> int:
     if a.pool is None and a.template is None:
         raise SystemExit("error: name a pool, or --template for a cold sandbox")
     sbx = await AsyncSandbox.claim(
-        a.pool, template=a.template, timeout=a.timeout, idle_timeout=a.idle_timeout,
-        labels=pairs(a.label, "--label"), env=pairs(a.env, "--env"), wait=a.wait,
-        nats_url=a.nats_url, prefix=a.prefix,
-    )  # fmt: skip
+        a.pool,
+        template=a.template,
+        timeout=a.timeout,
+        idle_timeout=a.idle_timeout,
+        labels=pairs(a.label, "--label"),
+        env=pairs(a.env, "--env"),
+        wait=a.wait,
+        nats_url=a.nats_url,
+        prefix=a.prefix,
+    )
     async with sbx:
         info = sbx.claim_info
         assert info is not None

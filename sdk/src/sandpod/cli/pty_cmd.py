@@ -64,8 +64,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("sandbox", help="sandbox id")
     # REMAINDER (not "*"): argparse would otherwise refuse options between SANDBOX and "--";
     # _split_rest takes the options out again.
-    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="COMMAND",
-                   help="program and arguments (after --); default: the login shell")  # fmt: skip
+    p.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="program and arguments (after --); default: the login shell",
+    )
     p.set_defaults(run=_run_shell)
 
 
@@ -143,8 +147,14 @@ async def _shell(args: argparse.Namespace, env: dict[str, str], caught: list[int
             await term.resize(cols, rows)
         else:
             local_term = os.environ.get("TERM") or "xterm-256color"
-            term = await sbx.pty.open(args.argv or None, cols=cols, rows=rows, cwd=args.cwd,
-                                      env={"TERM": local_term, **env}, pty_id=args.id)  # fmt: skip
+            term = await sbx.pty.open(
+                args.argv or None,
+                cols=cols,
+                rows=rows,
+                cwd=args.cwd,
+                env={"TERM": local_term, **env},
+                pty_id=args.id,
+            )
         saved = termios.tcgetattr(stdin) if interactive else None
         try:
             if interactive:
@@ -159,8 +169,11 @@ async def _shell(args: argparse.Namespace, env: dict[str, str], caught: list[int
             if saved is not None:
                 termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
     if code is None:
-        print(f"\n[detached from pty {term.id}; re-attach with: "
-              f"sandpod shell {args.sandbox} --attach {term.id}]", file=sys.stderr)  # fmt: skip
+        print(
+            f"\n[detached from pty {term.id}; re-attach with: "
+            f"sandpod shell {args.sandbox} --attach {term.id}]",
+            file=sys.stderr,
+        )
         return 0
     return code
 

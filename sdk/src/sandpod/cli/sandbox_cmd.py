@@ -55,11 +55,16 @@ def table(items: list[SandboxInfo]) -> str:
     rows = [("NAME", "PHASE", "READY", "TEMPLATE", "EXPIRES", "AGE")]
     for i in items:
         ready = i.condition("Ready")
-        rows.append((
-            i.name, i.phase or "-", ready["status"] if ready else "-", i.template or "-",
-            _expires(i),
-            age(i.created),
-        ))  # fmt: skip
+        rows.append(
+            (
+                i.name,
+                i.phase or "-",
+                ready["status"] if ready else "-",
+                i.template or "-",
+                _expires(i),
+                age(i.created),
+            )
+        )
     return render(rows)
 
 
@@ -132,10 +137,16 @@ def run(coro: Awaitable[int]) -> int:
 
 async def _create(a: argparse.Namespace) -> int:
     sbx = await AsyncSandbox.create(
-        a.template, name=a.name, timeout=a.timeout, permanent=a.permanent,
-        idle_timeout=a.idle_timeout, labels=pairs(a.label, "--label"),
-        env=pairs(a.env, "--env"), nats_url=a.nats_url, prefix=a.prefix,
-    )  # fmt: skip
+        a.template,
+        name=a.name,
+        timeout=a.timeout,
+        permanent=a.permanent,
+        idle_timeout=a.idle_timeout,
+        labels=pairs(a.label, "--label"),
+        env=pairs(a.env, "--env"),
+        nats_url=a.nats_url,
+        prefix=a.prefix,
+    )
     async with sbx:
         print(table([await sbx.describe()]))
     return 0
@@ -151,9 +162,11 @@ async def _ls(a: argparse.Namespace) -> int:
 
 
 async def _one(
-    a: argparse.Namespace, call: Callable[[AsyncSandbox], Awaitable[SandboxInfo]], *,
+    a: argparse.Namespace,
+    call: Callable[[AsyncSandbox], Awaitable[SandboxInfo]],
+    *,
     table_out: bool = False,
-) -> int:  # fmt: skip
+) -> int:
     async with await AsyncSandbox.connect(a.name, nats_url=a.nats_url, prefix=a.prefix) as sbx:
         info = await call(sbx)
     print(table([info]) if table_out else json.dumps(dict(info.object), indent=2))

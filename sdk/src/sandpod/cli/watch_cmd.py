@@ -42,14 +42,28 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--prefix", help="subject prefix (default: sandpod)")
     p.add_argument("sandbox", help="sandbox id")
     p.add_argument("path", nargs="?", default="/workspace", help="what to watch (default: all)")
-    p.add_argument("--include", action="append", default=[], metavar="GLOB",
-                   help="report only matching paths (repeatable; ** spans dirs)")  # fmt: skip
-    p.add_argument("--exclude", action="append", default=[], metavar="GLOB",
-                   help="never report (nor watch) matching paths (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="report only matching paths (repeatable; ** spans dirs)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="never report (nor watch) matching paths (repeatable)",
+    )
     p.add_argument("--events", help=f"comma-separated subset of {','.join(EVENT_TYPES)}")
     p.add_argument("--no-recursive", action="store_true", help="only the directory itself")
-    p.add_argument("--coalesce", type=float, metavar="SECONDS",
-                   help="merge a path's events within SECONDS (default 0.05; 0: off)")  # fmt: skip
+    p.add_argument(
+        "--coalesce",
+        type=float,
+        metavar="SECONDS",
+        help="merge a path's events within SECONDS (default 0.05; 0: off)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per event")
     p.set_defaults(run=_run_watch)
 
@@ -74,13 +88,21 @@ def _run_watch(args: argparse.Namespace) -> int:
 async def _watch(args: argparse.Namespace, events: list[str]) -> int:
     sbx = await AsyncSandbox.connect(args.sandbox, nats_url=args.nats_url, prefix=args.prefix)
     async with sbx:
-        watch = sbx.watch(args.path, recursive=not args.no_recursive, include=args.include,
-                          exclude=args.exclude, events=cast("list[EventType]", events),
-                          coalesce=args.coalesce)  # fmt: skip
+        watch = sbx.watch(
+            args.path,
+            recursive=not args.no_recursive,
+            include=args.include,
+            exclude=args.exclude,
+            events=cast("list[EventType]", events),
+            coalesce=args.coalesce,
+        )
         async with watch:
             assert watch.info is not None
-            print(f"watching {watch.info.path} ({watch.info.dirs} directories); Ctrl-C stops",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"watching {watch.info.path} ({watch.info.dirs} directories); Ctrl-C stops",
+                file=sys.stderr,
+                flush=True,
+            )
             follow = asyncio.create_task(_follow(watch, as_json=args.json))
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -110,6 +132,15 @@ def _line(ev: WatchEvent) -> str:
 
 
 def _json(ev: WatchEvent) -> str:
-    return json.dumps({"type": ev.type, "path": ev.path, "old_path": ev.old_path,
-                       "is_dir": ev.is_dir, "time": ev.time, "count": ev.count, "seq": ev.seq,
-                       "reason": ev.reason})  # fmt: skip
+    return json.dumps(
+        {
+            "type": ev.type,
+            "path": ev.path,
+            "old_path": ev.old_path,
+            "is_dir": ev.is_dir,
+            "time": ev.time,
+            "count": ev.count,
+            "seq": ev.seq,
+            "reason": ev.reason,
+        }
+    )

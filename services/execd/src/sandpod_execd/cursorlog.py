@@ -95,8 +95,13 @@ class ByteLog(_Waitable):
         offset = begin - self.start
         data = bytes(self._buf[offset : offset + max_bytes])
         nxt = begin + len(data)
-        return ByteRead(data, begin, nxt, begin - cursor if begin > cursor else 0,
-                        self.closed and nxt >= self.total)  # fmt: skip
+        return ByteRead(
+            data,
+            begin,
+            nxt,
+            begin - cursor if begin > cursor else 0,
+            self.closed and nxt >= self.total,
+        )
 
     async def read_wait(self, cursor: int, max_bytes: int, timeout: float) -> ByteRead:
         """Like :meth:`read`, but wait up to ``timeout`` seconds for bytes past ``cursor``."""
@@ -138,8 +143,13 @@ class EventLog(_Waitable, Generic[T]):
         first = begin - self.start
         events = [self._items[i] for i in range(first, min(first + max_events, len(self._items)))]
         nxt = begin + len(events)
-        return EventRead(events, begin, nxt, begin - cursor if begin > cursor else 0,
-                         self.closed and nxt >= self.total)  # fmt: skip
+        return EventRead(
+            events,
+            begin,
+            nxt,
+            begin - cursor if begin > cursor else 0,
+            self.closed and nxt >= self.total,
+        )
 
     async def read_wait(self, cursor: int, max_events: int, timeout: float) -> EventRead[T]:
         if cursor >= self.total and not self.closed and timeout > 0:

@@ -45,11 +45,20 @@ SANDBOX_ENV = "SANDPOD_SANDBOX_ID"
 POLL = 0.005  # seconds between scans while waiting for SIGSTOP to take effect
 SIGNALS_DETAIL = "SIGSTOP to each process: the processes can observe it; thaw sends SIGCONT"
 CGROUP_DETAIL = "cgroup v2 freezer: invisible to the processes"
-STARTS = frozenset({
-    ("exec", "run"), ("exec", "start"), ("proc", "start"), ("session", "create"),
-    ("session", "run"), ("pty", "open"), ("git", "clone"), ("git", "checkout"),
-    ("git", "status"), ("git", "diff"),
-})  # fmt: skip
+STARTS = frozenset(
+    {
+        ("exec", "run"),
+        ("exec", "start"),
+        ("proc", "start"),
+        ("session", "create"),
+        ("session", "run"),
+        ("pty", "open"),
+        ("git", "clone"),
+        ("git", "checkout"),
+        ("git", "status"),
+        ("git", "diff"),
+    }
+)
 
 
 def _ancestors(pid: int, snap: Snapshot) -> set[int]:
@@ -100,9 +109,13 @@ class Freezer:
         return found - _ancestors(me, snap)
 
     def state(self, detail: str = "") -> FreezeState:
-        return FreezeState(sandbox_id=self.sandbox_id, frozen=self.frozen,
-                           mechanism=self.mechanism, processes=len(self._stopped),
-                           detail=detail)  # fmt: skip
+        return FreezeState(
+            sandbox_id=self.sandbox_id,
+            frozen=self.frozen,
+            mechanism=self.mechanism,
+            processes=len(self._stopped),
+            detail=detail,
+        )
 
     async def freeze(self, timeout: float) -> FreezeState:
         """Freeze every member; returns once each one is frozen (idempotent).

@@ -40,24 +40,60 @@ NONINTERACTIVE = {
 }
 # Safety and liveness for every command: no ext:: transport (it runs arbitrary commands), and
 # give up on a transfer slower than 1 KB/s for 60 s (the request's timeout still applies).
-BASE_CONFIG = ("-c", "protocol.ext.allow=never", "-c", "http.lowSpeedLimit=1000",
-               "-c", "http.lowSpeedTime=60")  # fmt: skip
+BASE_CONFIG = (
+    "-c",
+    "protocol.ext.allow=never",
+    "-c",
+    "http.lowSpeedLimit=1000",
+    "-c",
+    "http.lowSpeedTime=60",
+)
 STDERR_TAIL = 2000  # characters of git's stderr kept in a git.error message
 
-_AUTH = ("authentication failed", "could not read username", "could not read password",
-         "terminal prompts disabled", "permission denied (publickey", "access denied",
-         "returned error: 401", "returned error: 403", "invalid username or password",
-         "host key verification failed")  # fmt: skip
-_REF_MISSING = ("not found in upstream", "did not match any file(s) known to git",
-                "invalid reference", "unknown revision", "not a commit",
-                "couldn't find remote ref", "not a valid object name")  # fmt: skip
-_REPO_MISSING = ("repository not found", "does not appear to be a git repository",
-                 "does not exist", "returned error: 404", "not a git repository")  # fmt: skip
-_NETWORK = ("could not resolve host", "could not resolve hostname", "failed to connect",
-            "couldn't connect", "connection refused", "connection timed out",
-            "network is unreachable", "operation timed out", "operation too slow",
-            "connection reset", "early eof", "the remote end hung up", "unable to access",
-            "could not read from remote")  # fmt: skip
+_AUTH = (
+    "authentication failed",
+    "could not read username",
+    "could not read password",
+    "terminal prompts disabled",
+    "permission denied (publickey",
+    "access denied",
+    "returned error: 401",
+    "returned error: 403",
+    "invalid username or password",
+    "host key verification failed",
+)
+_REF_MISSING = (
+    "not found in upstream",
+    "did not match any file(s) known to git",
+    "invalid reference",
+    "unknown revision",
+    "not a commit",
+    "couldn't find remote ref",
+    "not a valid object name",
+)
+_REPO_MISSING = (
+    "repository not found",
+    "does not appear to be a git repository",
+    "does not exist",
+    "returned error: 404",
+    "not a git repository",
+)
+_NETWORK = (
+    "could not resolve host",
+    "could not resolve hostname",
+    "failed to connect",
+    "couldn't connect",
+    "connection refused",
+    "connection timed out",
+    "network is unreachable",
+    "operation timed out",
+    "operation too slow",
+    "connection reset",
+    "early eof",
+    "the remote end hung up",
+    "unable to access",
+    "could not read from remote",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,8 +188,13 @@ class Status:
 
 def _state(xy: str) -> str:
     x, y = xy[0], xy[1]
-    for letter, state in (("R", "renamed"), ("C", "copied"), ("A", "added"), ("D", "deleted"),
-                          ("T", "type_changed")):  # fmt: skip
+    for letter, state in (
+        ("R", "renamed"),
+        ("C", "copied"),
+        ("A", "added"),
+        ("D", "deleted"),
+        ("T", "type_changed"),
+    ):
         if letter in (x, y):
             return state
     return "modified"

@@ -62,9 +62,17 @@ IN_CLOEXEC = os.O_CLOEXEC
 
 # What a watch asks for: every change a client can see; not IN_ACCESS/IN_OPEN/IN_CLOSE_* (noise).
 ALL_EVENTS = (
-    IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
-    | IN_MOVE_SELF | IN_DONT_FOLLOW | IN_EXCL_UNLINK
-)  # fmt: skip
+    IN_MODIFY
+    | IN_ATTRIB
+    | IN_MOVED_FROM
+    | IN_MOVED_TO
+    | IN_CREATE
+    | IN_DELETE
+    | IN_DELETE_SELF
+    | IN_MOVE_SELF
+    | IN_DONT_FOLLOW
+    | IN_EXCL_UNLINK
+)
 
 _HEADER = struct.Struct("iIII")  # int wd; uint32 mask, cookie, len; then char name[len]
 READ_SIZE = 64 * 1024  # holds >= 16 events even with NAME_MAX names

@@ -387,18 +387,50 @@ class Jail:
         # others) and the pid namespace too, by a fork in the entry step (see around_fork).
         if helper is not None:  # one small exec instead of sh -> nsenter -> sh
             launch: tuple[str, ...] = (
-                helper, f"--seccomp={self.seccomp}", *(["--userns"] if self.userns else []),
+                helper,
+                f"--seccomp={self.seccomp}",
+                *(["--userns"] if self.userns else []),
                 *joins,
-                "--", str(self.holder), inside, str(self.uid), str(self.gid), "--", *argv,
-            )  # fmt: skip
+                "--",
+                str(self.holder),
+                inside,
+                str(self.uid),
+                str(self.gid),
+                "--",
+                *argv,
+            )
         else:  # no filter on this path: the Sandbox's Isolated condition says so (see _fast_entry)
             spaces = ("-U", "--preserve-credentials", "-p") if self.userns else ("-F",)
             launch = (
-            self._sh, "-c", JOIN, "sandpod-jail", *joins, "--",
-            self._nsenter, *spaces, "-t", str(self.holder), "-m", "-u", "-i", "-n", "-C",
-            "-r", f"--wdns={inside}", "-S", str(self.uid), "-G", str(self.gid), "--",
-            "/bin/sh", "-c", UNWRAP, "sandpod-env", str(len(env)), *argv,
-            )  # fmt: skip
+                self._sh,
+                "-c",
+                JOIN,
+                "sandpod-jail",
+                *joins,
+                "--",
+                self._nsenter,
+                *spaces,
+                "-t",
+                str(self.holder),
+                "-m",
+                "-u",
+                "-i",
+                "-n",
+                "-C",
+                "-r",
+                f"--wdns={inside}",
+                "-S",
+                str(self.uid),
+                "-G",
+                str(self.gid),
+                "--",
+                "/bin/sh",
+                "-c",
+                UNWRAP,
+                "sandpod-env",
+                str(len(env)),
+                *argv,
+            )
         wrapped = {f"SANDPOD_JAIL_ENV_{i}": f"{k}={v}" for i, (k, v) in enumerate(env.items())}
         return Command(
             argv=launch,

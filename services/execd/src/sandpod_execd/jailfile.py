@@ -28,8 +28,10 @@ def _refuse(sandbox_id: str, path: Path, why: str) -> SandboxJailRefused:
     return SandboxJailRefused(
         f"sandbox {sandbox_id!r}: refusing jail file {path}: {why}; this node runs sandboxes "
         "only in jails that lifecycle created (create the sandbox through the Sandbox API)",
-        sandbox_id=sandbox_id, path=str(path), reason=why,
-    )  # fmt: skip
+        sandbox_id=sandbox_id,
+        path=str(path),
+        reason=why,
+    )
 
 
 def _trusted(st: os.stat_result) -> str | None:

@@ -257,9 +257,16 @@ class ProcTable:
         self._make_room(log_limit)
         proc = spawn(cmd)
         bp = BackgroundProc(
-            proc_id=proc_id, proc=proc, token=token, command=display[:COMMAND_DISPLAY],
-            cwd=cwd, tags=tags, log_limit=log_limit, timeout=timeout, stdin=stdin,
-        )  # fmt: skip
+            proc_id=proc_id,
+            proc=proc,
+            token=token,
+            command=display[:COMMAND_DISPLAY],
+            cwd=cwd,
+            tags=tags,
+            log_limit=log_limit,
+            timeout=timeout,
+            stdin=stdin,
+        )
         self._procs[proc_id] = bp
         log.info("proc_started", proc_id=proc_id, pid=proc.pid)
         return bp

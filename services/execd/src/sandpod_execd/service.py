@@ -229,8 +229,9 @@ class ExecdService:
         if sbx.freezer.frozen and (op.family, op.verb) in STARTS:
             paused = SandboxPaused(
                 f"sandbox {sbx.sandbox_id} is paused (its processes are frozen): resume it to "
-                f"start commands", sandbox_id=sbx.sandbox_id,
-            )  # fmt: skip
+                f"start commands",
+                sandbox_id=sbx.sandbox_id,
+            )
             await self._reject(msg, paused, "paused")
             return
         try:
@@ -330,7 +331,8 @@ async def _warm_up(sbx: SandboxContext) -> None:
         return
     try:
         proc = spawn(sbx.command(("true",), None, None, None, stdin=False))
-        await run_to_completion(proc, stdin=None, timeout=WARM_UP_TIMEOUT, max_output=4096,
-                                pipe_grace=0.1)  # fmt: skip
+        await run_to_completion(
+            proc, stdin=None, timeout=WARM_UP_TIMEOUT, max_output=4096, pipe_grace=0.1
+        )
     except (SandpodError, OSError) as exc:
         log.warning("warm_up_failed", sandbox_id=sbx.sandbox_id, error=str(exc))

@@ -146,14 +146,17 @@ class Session:
         if not self.shell.alive:
             raise self.dead_error()
         if len(self._queue) >= self._limits.max_queue:
-            raise Busy(f"{len(self._queue)} commands queued in session {self.session_id!r}",
-                       limit=self._limits.max_queue)  # fmt: skip
+            raise Busy(
+                f"{len(self._queue)} commands queued in session {self.session_id!r}",
+                limit=self._limits.max_queue,
+            )
         taken = [t.command_id for t in self._queue] + (
             [self.running.command_id] if self.running else []
         )
         if command_id in taken:
-            raise BadRequest(f"command {command_id!r} is already queued or running",
-                             command_id=command_id)  # fmt: skip
+            raise BadRequest(
+                f"command {command_id!r} is already queued or running", command_id=command_id
+            )
         ticket = Ticket(command_id, asyncio.get_running_loop().create_future())
         self._queue.append(ticket)
         self._next()
@@ -222,11 +225,13 @@ class Session:
         else:
             self._dir.unlink(*files.values())
         return Captured(
-            stdout=data["stdout"], stderr=data["stderr"],
-            stdout_size=sizes["stdout"], stderr_size=sizes["stderr"],
+            stdout=data["stdout"],
+            stderr=data["stderr"],
+            stdout_size=sizes["stdout"],
+            stderr_size=sizes["stderr"],
             stdout_truncated=written["stdout"] > max_output,
             stderr_truncated=written["stderr"] > max_output,
-        )  # fmt: skip
+        )
 
     def _retain(self, command_id: str, kept: _Retained) -> None:
         self._retained[command_id] = kept
@@ -311,8 +316,10 @@ class SessionTable:
             self._sessions.pop(dead.pop(0).session_id).discard()
         live = len(self._sessions) - len(dead)
         if live >= self.limits.max_sessions:
-            raise Busy(f"{live} sessions open (limit {self.limits.max_sessions})",
-                       limit=self.limits.max_sessions)  # fmt: skip
+            raise Busy(
+                f"{live} sessions open (limit {self.limits.max_sessions})",
+                limit=self.limits.max_sessions,
+            )
         return old
 
     def spawn(self, session_id: str, cmd: Command, token: str, place: Place) -> Session:

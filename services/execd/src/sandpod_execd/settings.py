@@ -76,8 +76,9 @@ class ExecdSettings:
 
         A client may not make execd hold more than ``max_output_limit`` per stream in memory.
         """
-        return min(self.default_max_output if requested is None else requested,
-                   self.max_output_limit)  # fmt: skip
+        return min(
+            self.default_max_output if requested is None else requested, self.max_output_limit
+        )
 
     def workspace_for(self, sandbox_id: str) -> Path:
         return self.workspace or self.state_dir / "workspaces" / sandbox_id

@@ -80,8 +80,10 @@ def stat_fields(pid: str) -> tuple[float, int, int] | None:
 
 async def sandbox_processes(sandbox_id: str, workspace: str) -> ProcessUsage:
     """Count and sum the live processes whose environment names this sandbox and workspace."""
-    markers = (f"\0SANDPOD_SANDBOX_ID={sandbox_id}\0".encode(),
-               f"\0SANDPOD_WORKSPACE={workspace}\0".encode())  # fmt: skip
+    markers = (
+        f"\0SANDPOD_SANDBOX_ID={sandbox_id}\0".encode(),
+        f"\0SANDPOD_WORKSPACE={workspace}\0".encode(),
+    )
     me = str(os.getpid())
     count, cpu, rss = 0, 0.0, 0
     with os.scandir("/proc") as it:
@@ -98,8 +100,10 @@ async def sandbox_processes(sandbox_id: str, workspace: str) -> ProcessUsage:
 def kill_marked(sandbox_id: str, workspace: str) -> int:
     """SIGKILL every live process whose environment names this sandbox and workspace (a
     released sandbox's background processes, sessions and terminals); how many were hit."""
-    markers = (f"\0SANDPOD_SANDBOX_ID={sandbox_id}\0".encode(),
-               f"\0SANDPOD_WORKSPACE={workspace}\0".encode())  # fmt: skip
+    markers = (
+        f"\0SANDPOD_SANDBOX_ID={sandbox_id}\0".encode(),
+        f"\0SANDPOD_WORKSPACE={workspace}\0".encode(),
+    )
     me, hit = str(os.getpid()), 0
     with os.scandir("/proc") as it:
         pids = [e.name for e in it if e.name.isdigit() and e.name != me]

@@ -171,8 +171,9 @@ class Terminal:
             except BlockingIOError:
                 break
             except OSError as exc:
-                self._fail_writes(PtyClosed(f"terminal write failed: {exc.strerror}",
-                                            pty_id=self.spec.pty_id))  # fmt: skip
+                self._fail_writes(
+                    PtyClosed(f"terminal write failed: {exc.strerror}", pty_id=self.spec.pty_id)
+                )
                 return
             self._pending_input -= k
             head.view = head.view[k:]
@@ -323,8 +324,13 @@ class Terminal:
                 self._popen.wait(timeout=1)
         self.log.close()
         self._done.set()
-        log.info("pty_ended", pty_id=self.spec.pty_id, returncode=self.returncode,
-                 abandoned=self.abandoned, output_bytes=self.log.total)  # fmt: skip
+        log.info(
+            "pty_ended",
+            pty_id=self.spec.pty_id,
+            returncode=self.returncode,
+            abandoned=self.abandoned,
+            output_bytes=self.log.total,
+        )
 
     async def wait_ended(self, timeout: float) -> bool:
         """Wait until :meth:`run` finished (output closed); whether it did within ``timeout``."""
@@ -378,8 +384,9 @@ class TerminalSet:
             return
         exited = [t for t in self._terminals.values() if not t.running]
         if not exited:
-            raise Busy(f"{self.limit} ptys are running (limit {self.limit}); close one",
-                       limit=self.limit)  # fmt: skip
+            raise Busy(
+                f"{self.limit} ptys are running (limit {self.limit}); close one", limit=self.limit
+            )
         del self._terminals[min(exited, key=lambda t: t.exited_at or 0.0).spec.pty_id]
 
     def add(self, term: Terminal) -> None:

@@ -339,8 +339,9 @@ class Watcher:
                     stack.append(child)
         if unwatched:
             log.warning("watch_dirs_unwatched", watch_id=self.watch_id, count=unwatched)
-            self._co.add(Event("overflow", first or "", True, time.time(), count=unwatched,
-                               reason="limit"))  # fmt: skip
+            self._co.add(
+                Event("overflow", first or "", True, time.time(), count=unwatched, reason="limit")
+            )
 
     def _rename(self, old: str, new: str) -> None:
         for rel, wd in [

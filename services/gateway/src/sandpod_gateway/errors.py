@@ -65,8 +65,10 @@ class QuotaExceeded(Busy):
         how = hint or f"close some first, or ask the operator to raise {setting}"
         super().__init__(
             f"tenant {tenant!r} is at its {quota} quota ({limit}): {how}",
-            quota=quota, limit=limit, setting=setting,
-        )  # fmt: skip
+            quota=quota,
+            limit=limit,
+            setting=setting,
+        )
 
 
 class NotConfigured(Busy):

@@ -66,11 +66,15 @@ class ApiKey:
     def from_json(cls, data: bytes) -> ApiKey:
         raw = json.loads(data)
         return cls(
-            key_id=str(raw["key_id"]), tenant=str(raw["tenant"]), digest=str(raw["digest"]),
-            created=float(raw["created"]), revoked=bool(raw.get("revoked", False)),
-            name=str(raw.get("name", "")), admin=bool(raw.get("admin", False)),
+            key_id=str(raw["key_id"]),
+            tenant=str(raw["tenant"]),
+            digest=str(raw["digest"]),
+            created=float(raw["created"]),
+            revoked=bool(raw.get("revoked", False)),
+            name=str(raw.get("name", "")),
+            admin=bool(raw.get("admin", False)),
             permanent=bool(raw.get("permanent", False)),
-        )  # fmt: skip
+        )
 
 
 class KeyStore:
@@ -93,8 +97,9 @@ class KeyStore:
         validate_tenant(tenant)
         key_id = secrets.token_hex(6)
         token = f"spk_{key_id}_{secrets.token_hex(24)}"
-        record = ApiKey(key_id, tenant, _digest(token), time.time(), name=name, admin=admin,
-                        permanent=permanent)  # fmt: skip
+        record = ApiKey(
+            key_id, tenant, _digest(token), time.time(), name=name, admin=admin, permanent=permanent
+        )
         await self._bucket.create(key_id, record.to_json())
         return token, record
 

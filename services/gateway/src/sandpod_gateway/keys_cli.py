@@ -27,14 +27,19 @@ async def run_keys(settings: GatewaySettings, args: argparse.Namespace) -> int:
                 args.tenant, args.name, admin=args.admin, permanent=args.allow_permanent
             )
             print(token)
-            print(f"key id {record.key_id} for tenant {record.tenant}: store it now, it is not "
-                  "shown again", file=sys.stderr)  # fmt: skip
+            print(
+                f"key id {record.key_id} for tenant {record.tenant}: store it now, it is not "
+                "shown again",
+                file=sys.stderr,
+            )
         elif args.action == "list":
             for k in await store.list():
                 created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(k.created))
                 state = "revoked" if k.revoked else "active"
-                flags = ",".join(f for f, on in (("admin", k.admin), ("permanent", k.permanent))
-                                 if on) or "-"  # fmt: skip
+                flags = (
+                    ",".join(f for f, on in (("admin", k.admin), ("permanent", k.permanent)) if on)
+                    or "-"
+                )
                 print(f"{k.key_id}  {k.tenant:<30} {state:<8} {created}  {flags:<15} {k.name}")
         else:
             record = await store.revoke(args.key_id)

@@ -15,23 +15,32 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.requests = Counter(
-            "sandpod_gateway_requests_total", "HTTP requests and WebSocket sessions answered",
-            ["method", "route", "status"], registry=registry,
-        )  # fmt: skip
-        self.latency = Histogram(
-            "sandpod_gateway_request_seconds", "time to the end of the response (or the session)",
-            ["method", "route"], registry=registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
-        )  # fmt: skip
-        self.streams = Gauge(
-            "sandpod_gateway_streams", "open SSE, WebSocket and transfer streams",
+            "sandpod_gateway_requests_total",
+            "HTTP requests and WebSocket sessions answered",
+            ["method", "route", "status"],
             registry=registry,
-        )  # fmt: skip
+        )
+        self.latency = Histogram(
+            "sandpod_gateway_request_seconds",
+            "time to the end of the response (or the session)",
+            ["method", "route"],
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
+        )
+        self.streams = Gauge(
+            "sandpod_gateway_streams",
+            "open SSE, WebSocket and transfer streams",
+            registry=registry,
+        )
         self.rejected = Counter(
-            "sandpod_gateway_rejected_total", "requests refused before a handler ran",
-            ["reason"], registry=registry,
-        )  # fmt: skip
+            "sandpod_gateway_rejected_total",
+            "requests refused before a handler ran",
+            ["reason"],
+            registry=registry,
+        )
         self.transfer_bytes = Counter(
-            "sandpod_gateway_transfer_bytes_total", "file bytes streamed",
-            ["direction"], registry=registry,
-        )  # fmt: skip
+            "sandpod_gateway_transfer_bytes_total",
+            "file bytes streamed",
+            ["direction"],
+            registry=registry,
+        )

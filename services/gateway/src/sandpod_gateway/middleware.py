@@ -87,8 +87,11 @@ class GatewayMiddleware:
             if error is not None:
                 await self._refuse(scope, send_with_id, error, extra)
             else:
-                tenant = scope["state"].get("principal").scope.tenant if scope["state"].get(
-                    "principal") else ""  # fmt: skip
+                tenant = (
+                    scope["state"].get("principal").scope.tenant
+                    if scope["state"].get("principal")
+                    else ""
+                )
                 await self._guarded(scope, receive, send_with_id, status)
         finally:
             route = _route(scope)
@@ -96,9 +99,13 @@ class GatewayMiddleware:
             self.ctx.metrics.requests.labels(scope.get("method", "WS"), route, str(status[0])).inc()
             self.ctx.metrics.latency.labels(scope.get("method", "WS"), route).observe(elapsed)
             log.info(
-                "http_request", method=scope.get("method", "WS"), route=route,
-                status=status[0], ms=round(elapsed * 1000, 2), tenant=tenant or None,
-            )  # fmt: skip
+                "http_request",
+                method=scope.get("method", "WS"),
+                route=route,
+                status=status[0],
+                ms=round(elapsed * 1000, 2),
+                tenant=tenant or None,
+            )
             structlog.contextvars.unbind_contextvars("request_id")
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, status: list[int]) -> None:
@@ -128,8 +135,10 @@ class GatewayMiddleware:
             if ticket is not None:
                 issued = self.ctx.tickets.redeem(ticket)
                 if issued is None:
-                    raise Unauthenticated("unknown, used or expired ticket: get a fresh one from "
-                                          "POST /v1/ws-tickets just before connecting")  # fmt: skip
+                    raise Unauthenticated(
+                        "unknown, used or expired ticket: get a fresh one from "
+                        "POST /v1/ws-tickets just before connecting"
+                    )
                 key = await self.ctx.keys.still_valid(issued)  # revoked since: refused
             else:
                 key = await self.ctx.keys.verify(token or "")
@@ -137,9 +146,11 @@ class GatewayMiddleware:
             self.ctx.metrics.rejected.labels("unauthenticated").inc()
             refused = exc
             if scope["type"] == "websocket" and _query(scope, "token") is not None:
-                refused = Unauthenticated("API keys in the URL are refused (URLs get logged): "
-                                          "send Authorization, the sandpod.key.<key> subprotocol "
-                                          "or a ?ticket= from POST /v1/ws-tickets")  # fmt: skip
+                refused = Unauthenticated(
+                    "API keys in the URL are refused (URLs get logged): "
+                    "send Authorization, the sandpod.key.<key> subprotocol "
+                    "or a ?ticket= from POST /v1/ws-tickets"
+                )
             return refused, {"www-authenticate": 'Bearer realm="sandpod"'}
         except SandpodError as exc:  # the key bucket is unreachable: retryable
             return exc, {}
@@ -164,29 +175,39 @@ class GatewayMiddleware:
             key = await self.ctx.keys.verify(token or "")
         except Unauthenticated:
             self.ctx.metrics.rejected.labels("unauthenticated").inc()
-            return Unauthenticated("/metrics needs an admin API key (keys create --admin) or "
-                                   "SANDPOD_GATEWAY_METRICS_TOKEN"), {
-                "www-authenticate": 'Bearer realm="sandpod"'}  # fmt: skip
+            return Unauthenticated(
+                "/metrics needs an admin API key (keys create --admin) or "
+                "SANDPOD_GATEWAY_METRICS_TOKEN"
+            ), {"www-authenticate": 'Bearer realm="sandpod"'}
         except SandpodError as exc:
             return exc, {}
         if not key.admin:
-            return Forbidden("/metrics needs an admin API key (keys create --admin) or the "
-                             "metrics token (SANDPOD_GATEWAY_METRICS_TOKEN)"), {}  # fmt: skip
+            return Forbidden(
+                "/metrics needs an admin API key (keys create --admin) or the "
+                "metrics token (SANDPOD_GATEWAY_METRICS_TOKEN)"
+            ), {}
         return None, {}
 
     async def _refuse(
         self, scope: Scope, send: Send, error: SandpodError, extra: dict[str, str]
     ) -> None:
         body = json.dumps(error_body(error)).encode()
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(body)).encode()),
-                   *((k.encode(), v.encode()) for k, v in extra.items())]  # fmt: skip
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *((k.encode(), v.encode()) for k, v in extra.items()),
+        ]
         prefix = "websocket." if scope["type"] == "websocket" else ""
         if prefix and "websocket.http.response" not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": 1008})
             return
-        await send({"type": f"{prefix}http.response.start", "status": http_status(error.code),
-                    "headers": headers})  # fmt: skip
+        await send(
+            {
+                "type": f"{prefix}http.response.start",
+                "status": http_status(error.code),
+                "headers": headers,
+            }
+        )
         await send({"type": f"{prefix}http.response.body", "body": body})
 
 

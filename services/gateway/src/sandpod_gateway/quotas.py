@@ -51,8 +51,9 @@ class Quotas:
         self.max_streams = max_streams
         self.limits = {"streams": tenant_streams, "execs": tenant_execs}
         self._held: dict[str, collections.Counter[str]] = {
-            "streams": collections.Counter(), "execs": collections.Counter(),
-        }  # fmt: skip
+            "streams": collections.Counter(),
+            "execs": collections.Counter(),
+        }
         self._streams_total = 0
         self.on_stream: collections.abc.Callable[[int], None] = lambda _delta: None
 

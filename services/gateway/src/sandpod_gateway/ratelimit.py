@@ -16,9 +16,12 @@ __all__ = ["RateLimiter"]
 
 class RateLimiter:
     def __init__(
-        self, rate: float, burst: int, max_keys: int,
+        self,
+        rate: float,
+        burst: int,
+        max_keys: int,
         clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.rate = rate
         self.burst = float(burst)
         self.max_keys = max_keys

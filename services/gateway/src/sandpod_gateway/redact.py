@@ -14,14 +14,20 @@ import re
 __all__ = ["RedactingFilter", "install", "redact"]
 
 _PATTERNS = (
-    (re.compile(r"(?i)\b(token|ticket|api_key|apikey|key|access_token)=[^&\s\"'#]*"),
-     r"\1=[redacted]"),
-    (re.compile(r"(?i)\b(authorization|x-api-key)([\"']?\s*[:=]\s*[\"']?)(bearer\s+)?[^\s\"',]+"),
-     r"\1\2\3[redacted]"),
+    (
+        re.compile(r"(?i)\b(token|ticket|api_key|apikey|key|access_token)=[^&\s\"'#]*"),
+        r"\1=[redacted]",
+    ),
+    (
+        re.compile(
+            r"(?i)\b(authorization|x-api-key)([\"']?\s*[:=]\s*[\"']?)(bearer\s+)?[^\s\"',]+"
+        ),
+        r"\1\2\3[redacted]",
+    ),
     (re.compile(r"\bspk_([0-9a-f]{12})_[0-9a-f]{8,}"), r"spk_\1_[redacted]"),
     (re.compile(r"\bspt_[0-9a-f]{8,}"), "spt_[redacted]"),
     (re.compile(r"\bsandpod\.(key|ticket)\.[^\s,\"']+"), r"sandpod.\1.[redacted]"),
-)  # fmt: skip
+)
 
 _LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 

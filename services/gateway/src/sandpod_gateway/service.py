@@ -78,17 +78,29 @@ class GatewayService:
         quotas.on_stream = on_stream
         self._trimmer = trimmer
         ctx = Context(
-            settings=s, upstream=Upstream(bus, Subjects(s.prefix), s.request_timeout), keys=keys,
+            settings=s,
+            upstream=Upstream(bus, Subjects(s.prefix), s.request_timeout),
+            keys=keys,
             limiter=RateLimiter(s.rate, s.burst, s.rate_keys),
-            metrics=metrics, quotas=quotas, tickets=TicketStore(s.ticket_ttl),
+            metrics=metrics,
+            quotas=quotas,
+            tickets=TicketStore(s.ticket_ttl),
             ready=asyncio.Event(),
-        )  # fmt: skip
+        )
         config = uvicorn.Config(
-            build_app(ctx), loop="none", http="httptools", ws="websockets-sansio", lifespan="off",
-            log_config=None, access_log=False, ws_ping_interval=s.keepalive,
-            ws_ping_timeout=max(s.keepalive, 20.0), ws_max_size=4 * 1024 * 1024,
-            timeout_graceful_shutdown=int(max(s.grace, 1)), server_header=False,
-        )  # fmt: skip
+            build_app(ctx),
+            loop="none",
+            http="httptools",
+            ws="websockets-sansio",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            ws_ping_interval=s.keepalive,
+            ws_ping_timeout=max(s.keepalive, 20.0),
+            ws_max_size=4 * 1024 * 1024,
+            timeout_graceful_shutdown=int(max(s.grace, 1)),
+            server_header=False,
+        )
         self._server = _Server(config)
         family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)

@@ -129,13 +129,14 @@ class GatewaySettings:
             web_dir=Path(env_str(env, "SANDPOD_GATEWAY_WEB_DIR", str(d.web_dir))),
             grace=env_float(env, "SANDPOD_GRACE", d.grace),
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
-            nats_account_seed_file=Path(seed) if (
-                seed := env_str(env, "SANDPOD_NATS_ACCOUNT_SEED_FILE", "")) else None,
+            nats_account_seed_file=Path(seed)
+            if (seed := env_str(env, "SANDPOD_NATS_ACCOUNT_SEED_FILE", ""))
+            else None,
             nats_account_public=env_str(env, "SANDPOD_NATS_ACCOUNT_PUBLIC", "") or None,
             tenant_creds_ttl=env_float(
                 env, "SANDPOD_GATEWAY_TENANT_CREDS_TTL", d.tenant_creds_ttl, minimum=10.0
             ),
-        )  # fmt: skip
+        )
 
 
 def _metrics_auth(value: str) -> str:

@@ -58,10 +58,19 @@ class SseResponse(Response):
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-store",
-                   "x-accel-buffering": "no", **self.extra_headers}  # fmt: skip
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})  # fmt: skip
+        headers = {
+            "content-type": "text/event-stream; charset=utf-8",
+            "cache-control": "no-store",
+            "x-accel-buffering": "no",
+            **self.extra_headers,
+        }
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+            }
+        )
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE)
         completed = False
 
@@ -80,8 +89,10 @@ class SseResponse(Response):
 
         try:
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(produce(), name="sse-source"),
-                         tg.create_task(listen(), name="sse-listen")]  # fmt: skip
+                tasks = [
+                    tg.create_task(produce(), name="sse-source"),
+                    tg.create_task(listen(), name="sse-listen"),
+                ]
                 tasks += [tg.create_task(c(), name="sse-companion") for c in self.companions]
                 while True:
                     try:

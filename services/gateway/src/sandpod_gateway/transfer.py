@@ -75,8 +75,9 @@ async def download(sbx: Target, path: str, start: int, length: int) -> AsyncIter
             while len(pending) < IN_FLIGHT and nxt < end:
                 n = min(chunk, end - nxt)
                 req = FsRead(path=path, offset=nxt, length=n)
-                pending.append(asyncio.ensure_future(
-                    sbx.call("fs", "read", req, FsChunk, IO_TIMEOUT)))  # fmt: skip
+                pending.append(
+                    asyncio.ensure_future(sbx.call("fs", "read", req, FsChunk, IO_TIMEOUT))
+                )
                 nxt += n
             got = await pending.popleft()
             if got.data:
@@ -91,12 +92,22 @@ async def download(sbx: Target, path: str, start: int, length: int) -> AsyncIter
 
 
 async def upload(
-    sbx: Target, path: str, body: AsyncIterator[bytes], *, mode: int | None,
-    make_parents: bool, expected_sha256: str | None,
-) -> tuple[FsEntry, int]:  # fmt: skip
+    sbx: Target,
+    path: str,
+    body: AsyncIterator[bytes],
+    *,
+    mode: int | None,
+    make_parents: bool,
+    expected_sha256: str | None,
+) -> tuple[FsEntry, int]:
     """Write the body to ``path`` atomically; (the new entry, bytes received)."""
-    up = await sbx.call("fs", "write_open", FsWriteOpen(path=path, mode=mode,
-                        make_parents=make_parents), FsUpload, IO_TIMEOUT)  # fmt: skip
+    up = await sbx.call(
+        "fs",
+        "write_open",
+        FsWriteOpen(path=path, mode=mode, make_parents=make_parents),
+        FsUpload,
+        IO_TIMEOUT,
+    )
     limit = max(min(up.chunk_size, sbx.upstream.bus.max_payload - REPLY_ROOM), 1)
     digest = hashlib.sha256()
     buf = bytearray()
@@ -123,9 +134,15 @@ async def upload(
     finally:
         if not committed:
             with contextlib.suppress(SandpodError):
-                await asyncio.shield(sbx.call("fs", "write_abort",
-                                              FsUploadRef(upload_id=up.upload_id), FsUploadStatus,
-                                              5.0))  # fmt: skip
+                await asyncio.shield(
+                    sbx.call(
+                        "fs",
+                        "write_abort",
+                        FsUploadRef(upload_id=up.upload_id),
+                        FsUploadStatus,
+                        5.0,
+                    )
+                )
 
 
 async def _write(sbx: Target, upload_id: str, offset: int, data: bytes) -> int:

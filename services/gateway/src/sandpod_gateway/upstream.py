@@ -71,9 +71,15 @@ class Upstream:
         return Target(self, name, sid)
 
     async def api(
-        self, kind: str, verb: str, msg: Message, reply: type[R], timeout: float | None = None,
-        *, tenant: str,
-    ) -> R:  # fmt: skip
+        self,
+        kind: str,
+        verb: str,
+        msg: Message,
+        reply: type[R],
+        timeout: float | None = None,
+        *,
+        tenant: str,
+    ) -> R:
         """One control-plane request, on ``tenant``'s subject (``<prefix>.api.t.<tenant>.…``):
         the service acts for that tenant whatever the request says.
 

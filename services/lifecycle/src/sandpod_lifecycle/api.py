@@ -111,9 +111,13 @@ class LifecycleApi:
         created = await self.store.update_status(
             dataclasses.replace(created, status=status.to_dict())
         )
-        await self.events.publish(name=created.metadata.name, namespace=created.metadata.namespace,
-                                  type_="created", phase=str(Phase.PENDING),
-                                  generation=created.metadata.generation)  # fmt: skip
+        await self.events.publish(
+            name=created.metadata.name,
+            namespace=created.metadata.namespace,
+            type_="created",
+            phase=str(Phase.PENDING),
+            generation=created.metadata.generation,
+        )
         if req.wait_ready:
             created = await self._wait(created, req.wait_ready, _settled)
         return ObjectReply(object=created.to_dict())
@@ -127,8 +131,9 @@ class LifecycleApi:
             raise ResourceExists(
                 f"a Sandbox named {name!r} exists (namespace {taken.metadata.namespace!r}); "
                 "sandbox names are unique across namespaces: choose another or omit the name",
-                kind=SANDBOX, name=name,
-            )  # fmt: skip
+                kind=SANDBOX,
+                name=name,
+            )
 
     async def get(self, req: Ref) -> ObjectReply:
         req = scoped_ref(req, SANDBOX)
@@ -175,9 +180,11 @@ class LifecycleApi:
         else:
             expiry = iso(parse_time(req.shutdown_time or ""))
         obj = await self._mutate(
-            SANDBOX, req.namespace, req.name,
+            SANDBOX,
+            req.namespace,
+            req.name,
             lambda o: dataclasses.replace(o, spec={**o.spec, "shutdownTime": expiry}),
-        )  # fmt: skip
+        )
         phase = str(obj.status.get("phase", ""))
         await self.events.publish(
             name=req.name, namespace=req.namespace, type_="renewed", phase=phase, message=expiry
@@ -193,9 +200,11 @@ class LifecycleApi:
     async def _mode(self, req: Ref, mode: str) -> ObjectReply:
         req = scoped_ref(req, SANDBOX)
         obj = await self._mutate(
-            SANDBOX, req.namespace, req.name,
+            SANDBOX,
+            req.namespace,
+            req.name,
             lambda o: dataclasses.replace(o, spec={**o.spec, "operatingMode": mode}),
-        )  # fmt: skip
+        )
         want = Phase.PAUSED if mode == "Paused" else Phase.RUNNING
         obj = await self._wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
         return ObjectReply(object=obj.to_dict())
@@ -238,8 +247,11 @@ class LifecycleApi:
     async def _list(self, kind: str, req: Selection) -> ObjectsReply:
         items, revision = await self.store.list(kind, req.namespace, req.selector)
         limit = min(req.limit or MAX_LIST, MAX_LIST)
-        return ObjectsReply(items=tuple(i.to_dict() for i in items[:limit]), revision=revision,
-                            truncated=len(items) > limit)  # fmt: skip
+        return ObjectsReply(
+            items=tuple(i.to_dict() for i in items[:limit]),
+            revision=revision,
+            truncated=len(items) > limit,
+        )
 
     async def _wait(
         self, obj: Resource, timeout: float, done: Callable[[Resource | None], bool]
@@ -269,8 +281,9 @@ def _admin_only(verb: str) -> None:
     if scope() is not None:
         raise BadRequest(
             f"a tenant cannot {verb} templates: ask the administrator (sandpod template apply "
-            "on the host)", field="subject",
-        )  # fmt: skip
+            "on the host)",
+            field="subject",
+        )
 
 
 def _phase(obj: Resource) -> Phase:

@@ -207,11 +207,16 @@ class ExecdLauncher:
         }
         with log_path.open("ab") as out:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sandpod_execd",
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=full_env,
+                sys.executable,
+                "-m",
+                "sandpod_execd",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=full_env,
                 start_new_session=True,  # outlives us; killed by stop()
                 pass_fds=(lock,),  # the instance's lock, held as long as it lives
-            )  # fmt: skip
+            )
         self._write_record(sandbox_id, proc.pid)
         return proc.pid
 

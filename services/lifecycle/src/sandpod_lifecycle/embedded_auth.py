@@ -83,11 +83,17 @@ def _secret(path: Path, text: str) -> None:
 
 
 def _dump(setup: OperatorSetup) -> str:
-    return json.dumps({
-        "version": SETUP_VERSION, "operator": setup.operator.seed, "operator_jwt":
-        setup.operator_jwt, "system": setup.system.key.seed, "system_jwt": setup.system.jwt,
-        "app": setup.app.key.seed, "app_jwt": setup.app.jwt,
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "version": SETUP_VERSION,
+            "operator": setup.operator.seed,
+            "operator_jwt": setup.operator_jwt,
+            "system": setup.system.key.seed,
+            "system_jwt": setup.system.jwt,
+            "app": setup.app.key.seed,
+            "app_jwt": setup.app.jwt,
+        }
+    )
 
 
 def _load(path: Path) -> OperatorSetup:
@@ -97,10 +103,11 @@ def _load(path: Path) -> OperatorSetup:
         if raw.get("version") != SETUP_VERSION:
             raise BadRequest(f"{path}: unknown version {raw.get('version')!r}")
         return OperatorSetup(
-            operator=KeyPair.from_seed(raw["operator"]), operator_jwt=str(raw["operator_jwt"]),
+            operator=KeyPair.from_seed(raw["operator"]),
+            operator_jwt=str(raw["operator_jwt"]),
             system=Account(KeyPair.from_seed(raw["system"]), str(raw["system_jwt"])),
             app=Account(KeyPair.from_seed(raw["app"]), str(raw["app_jwt"])),
-        )  # fmt: skip
+        )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise BadRequest(f"{path} is not a Sandpod NATS setup ({exc}); move it away") from exc
 
@@ -135,8 +142,9 @@ def provision(state_dir: Path, prefix: str, node: str, now: int) -> EmbeddedAuth
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandpod_lifecycle.embedded_auth",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m sandpod_lifecycle.embedded_auth", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="the installation's prefix")
     parser.add_argument("--node", required=True, help="the node id lifecycle runs with")

@@ -43,8 +43,10 @@ class EventLimits:
 
     def __post_init__(self) -> None:
         if self.max_bytes < 1024 * 1024 or self.max_age < 60 or self.max_msgs_per_subject < 1:
-            raise ValueError("event stream limits: max_bytes >= 1 MiB, max_age >= 60 s, "
-                             "max_msgs_per_subject >= 1")  # fmt: skip
+            raise ValueError(
+                "event stream limits: max_bytes >= 1 MiB, max_age >= 60 s, "
+                "max_msgs_per_subject >= 1"
+            )
         if self.burst < 1 or self.rate <= 0:
             raise ValueError("event rate limits: burst >= 1 and rate > 0")
 
@@ -95,25 +97,46 @@ class Events:
 
     async def setup(self) -> None:
         await self._bus.ensure_stream(
-            self.stream, [self._subjects.events_all()], self.limits.max_age,
+            self.stream,
+            [self._subjects.events_all()],
+            self.limits.max_age,
             max_bytes=self.limits.max_bytes,
             max_msgs_per_subject=self.limits.max_msgs_per_subject,
-        )  # fmt: skip
+        )
 
     async def publish(
-        self, *, name: str, namespace: str, type_: str, phase: str, reason: str = "",
-        message: str = "", generation: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        name: str,
+        namespace: str,
+        type_: str,
+        phase: str,
+        reason: str = "",
+        message: str = "",
+        generation: int = 0,
+    ) -> None:
         allowed, refused = self._limiter.allow(f"{namespace}/{name}")
         if not allowed:
             if refused == 1:  # once per run of refusals: the log is bounded too
-                log.warning("sandbox_events_rate_limited", sandbox=name, namespace=namespace,
-                            type=type_, burst=self.limits.burst, rate=self.limits.rate)  # fmt: skip
+                log.warning(
+                    "sandbox_events_rate_limited",
+                    sandbox=name,
+                    namespace=namespace,
+                    type=type_,
+                    burst=self.limits.burst,
+                    rate=self.limits.rate,
+                )
             return
         event = SandboxEvent(
-            name=name, namespace=namespace, type=type_, phase=phase, reason=reason,
-            message=message, time=time.time(), generation=generation,
-        )  # fmt: skip
+            name=name,
+            namespace=namespace,
+            type=type_,
+            phase=phase,
+            reason=reason,
+            message=message,
+            time=time.time(),
+            generation=generation,
+        )
         subject = self._subjects.event("sandbox", name, type_)
         try:
             await self._bus.js_publish(subject, encode(event))

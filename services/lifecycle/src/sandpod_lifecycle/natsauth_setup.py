@@ -78,8 +78,9 @@ def write_setup(out: Path, prefix: str, now: int) -> OperatorSetup:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandpod_lifecycle.natsauth_setup",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m sandpod_lifecycle.natsauth_setup", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", type=Path, required=True, help="new directory for the files")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="the installation's prefix")
     args = parser.parse_args(argv)

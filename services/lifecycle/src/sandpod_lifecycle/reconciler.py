@@ -294,8 +294,9 @@ class Reconciler:
         t = time.time()
         shutdown = view.spec.shutdown_time
         if shutdown and parse_time(shutdown).timestamp() <= t:
-            return await self._finish(view, key, "expired", "LifetimeExceeded",
-                                      f"shutdownTime {shutdown} passed")  # fmt: skip
+            return await self._finish(
+                view, key, "expired", "LifetimeExceeded", f"shutdownTime {shutdown} passed"
+            )
         if view.status.phase is Phase.FAILED:
             return Outcome.DONE  # given up: kept for people to read until deleted or expired
         instance = await self.driver.inspect(view.name)
@@ -324,8 +325,11 @@ class Reconciler:
         phase = Phase.PAUSED if want_paused else Phase.RUNNING
         if phase is not view.status.phase:
             reason = how or ConditionReason.REQUESTED
-            cond = (Condition("Paused", "True", reason, PAUSE_MESSAGES.get(reason, ""))
-                    if want_paused else Condition("Paused", "False", "Resumed"))  # fmt: skip
+            cond = (
+                Condition("Paused", "True", reason, PAUSE_MESSAGES.get(reason, ""))
+                if want_paused
+                else Condition("Paused", "False", "Resumed")
+            )
             await self._set(view, phase, "paused" if want_paused else "resumed", cond)
         elif view.status.observed_generation != view.obj.metadata.generation and not (
             await self._observe_generation(view)
@@ -406,9 +410,12 @@ class Reconciler:
             cond = Condition(ConditionType.FAILED, "True", ConditionReason.INSTANCE_FAILED, message)
             await self._set(view, Phase.FAILED, "failed", cond)
             return Outcome.DONE
-        await self._set(view, Phase.PENDING, None,
-                        Condition(ConditionType.READY, "False", ConditionReason.INSTANCE_STARTING,
-                                  message))  # fmt: skip
+        await self._set(
+            view,
+            Phase.PENDING,
+            None,
+            Condition(ConditionType.READY, "False", ConditionReason.INSTANCE_STARTING, message),
+        )
         return Outcome.RETRY
 
     async def _unhealthy(
@@ -428,7 +435,7 @@ class Reconciler:
             and ready is not None
             and (ready.status, ready.reason, ready.message) == ("False", reason, message)
         ):
-            return  # fmt: skip
+            return
         log.info("instance_waiting", sandbox=view.name, reason=reason, message=message)
         await self._set(view, Phase.PENDING, None, Condition("Ready", "False", reason, message))
 
@@ -498,9 +505,15 @@ class Reconciler:
             await self._set(view, Phase.TERMINATED, None, Condition("Expired", "True", reason, msg))
         with contextlib.suppress(ResourceNotFound):
             await self.store.delete(SANDBOX, view.namespace, view.name)
-        await self.events.publish(name=view.name, namespace=view.namespace, type_=event,
-                                  phase=str(Phase.TERMINATED), reason=reason, message=msg,
-                                  generation=view.obj.metadata.generation)  # fmt: skip
+        await self.events.publish(
+            name=view.name,
+            namespace=view.namespace,
+            type_=event,
+            phase=str(Phase.TERMINATED),
+            reason=reason,
+            message=msg,
+            generation=view.obj.metadata.generation,
+        )
         timer = self._timers.pop(view.key, None)
         if timer is not None:
             timer.cancel()
@@ -516,10 +529,12 @@ class Reconciler:
         extra: tuple[Condition, ...] = (),
     ) -> Resource:
         status = dataclasses.replace(
-            view.status, phase=phase, observed_generation=view.obj.metadata.generation,
+            view.status,
+            phase=phase,
+            observed_generation=view.obj.metadata.generation,
             shutdown_time=view.spec.shutdown_time,
             endpoint={"subjectPrefix": self.subjects.sandbox_prefix(view.name)},
-        )  # fmt: skip
+        )
         for c in (*(() if cond is None else (cond,)), *extra):
             status = with_condition(status, c)
         if phase is Phase.RUNNING:
@@ -531,10 +546,14 @@ class Reconciler:
         updated = await self.store.update_status(view.with_status(status))
         if event is not None and transition(view.status, phase, cond):
             await self.events.publish(
-                name=view.name, namespace=view.namespace, type_=event, phase=str(phase),
-                reason=cond.reason if cond else "", message=cond.message if cond else "",
+                name=view.name,
+                namespace=view.namespace,
+                type_=event,
+                phase=str(phase),
+                reason=cond.reason if cond else "",
+                message=cond.message if cond else "",
                 generation=view.obj.metadata.generation,
-            )  # fmt: skip
+            )
         return updated
 
 

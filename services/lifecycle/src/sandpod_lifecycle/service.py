@@ -93,14 +93,22 @@ class LifecycleService:
         """KV leases per object (kv store), or leader election on a Lease (kube store)."""
         kube = self.settings.kube
         if kube is None:
-            return await Leases.open(bus, self.settings.replica_id, self.settings.lease_ttl,
-                                     bucket=self.subjects.storage("leases"))  # fmt: skip
+            return await Leases.open(
+                bus,
+                self.settings.replica_id,
+                self.settings.lease_ttl,
+                bucket=self.subjects.storage("leases"),
+            )
         from sandpod_kube import elect
 
         leases, self._elect, close = elect(
-            kube, self.settings.leader, prefix=self.settings.prefix, service="lifecycle",
-            identity=self.settings.replica_id, on_change=self._leadership,
-        )  # fmt: skip
+            kube,
+            self.settings.leader,
+            prefix=self.settings.prefix,
+            service="lifecycle",
+            identity=self.settings.replica_id,
+            on_change=self._leadership,
+        )
         self._closers.append(close)
         return leases
 
@@ -125,25 +133,37 @@ class LifecycleService:
             creds = None
             if seed := self.settings.nats_account_seed_file:  # unreadable or not a seed: fail
                 creds = CredsPolicy.from_seed_file(
-                    seed, Subjects(self.settings.prefix), self.settings.nats_creds_ttl,
+                    seed,
+                    Subjects(self.settings.prefix),
+                    self.settings.nats_creds_ttl,
                     self.settings.nats_creds_margin,
-                )  # fmt: skip
+                )
             return PodDriver(
-                pods, self.settings.pods, installation=self.settings.prefix,
-                ready_timeout=self.settings.ready_timeout, namespace=self.settings.kube.namespace,
+                pods,
+                self.settings.pods,
+                installation=self.settings.prefix,
+                ready_timeout=self.settings.ready_timeout,
+                namespace=self.settings.kube.namespace,
                 freezer=self._freezer,
                 creds=creds,
-            )  # fmt: skip
+            )
         launcher = ExecdLauncher(
-            state, self.settings.bus.url, self.settings.prefix,
+            state,
+            self.settings.bus.url,
+            self.settings.prefix,
             self.settings.execd_creds or self.settings.bus.creds,
-        )  # fmt: skip
+        )
         if self.settings.runtime == "local":
             # Host-global names (cgroup parent, uid range) are this installation's own.
             registry = self.settings.uid_registry if os.geteuid() == 0 else None
             inst = Installation.claim(self.settings.prefix, state, registry)
-            log.info("installation", id=inst.id, cgroup_parent=inst.cgroup_parent,
-                     uid_base=inst.uid_base, uid_count=inst.uid_count)  # fmt: skip
+            log.info(
+                "installation",
+                id=inst.id,
+                cgroup_parent=inst.cgroup_parent,
+                uid_base=inst.uid_base,
+                uid_count=inst.uid_count,
+            )
             # The whole state dir (NATS data, logs, other sandboxes) is masked in every jail.
             config = LocalRuntimeConfig(
                 state_dir=state / "jails",
@@ -152,9 +172,11 @@ class LifecycleService:
                 uid_count=inst.uid_count,
                 mask_paths=(Path("/root"), Path("/home"), state),
                 default_disk_bytes=self.settings.disk_default,
-                disk=DiskOptions(preallocate=self.settings.disk_preallocate,
-                                 reserve_bytes=self.settings.disk_reserve),
-            )  # fmt: skip
+                disk=DiskOptions(
+                    preallocate=self.settings.disk_preallocate,
+                    reserve_bytes=self.settings.disk_reserve,
+                ),
+            )
             # The node's execd finds each jail file itself, by id, in this directory: a serve
             # request names no path, so nobody on the bus can choose what execd runs.
             jails = str(config.state_dir / "{sandbox_id}" / JAIL_FILE)
@@ -178,26 +200,44 @@ class LifecycleService:
         self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events)
         self.reconciler = Reconciler(
-            store=store, driver=self._driver(), leases=self._leases, events=events,
-            templates=api.template, ready_probe=self._ready, idle_probe=self._idle,
+            store=store,
+            driver=self._driver(),
+            leases=self._leases,
+            events=events,
+            templates=api.template,
+            ready_probe=self._ready,
+            idle_probe=self._idle,
             configure=self._configure,
-            subjects=self.subjects, workers=self.settings.workers, resync=self.settings.resync,
+            subjects=self.subjects,
+            workers=self.settings.workers,
+            resync=self.settings.resync,
             ready_timeout=self.settings.ready_timeout,
-        )  # fmt: skip
+        )
         routes: dict[tuple[str, str], Handler] = {
-            ("sandboxes", "create"): api.create, ("sandboxes", "get"): api.get,
-            ("sandboxes", "list"): api.list, ("sandboxes", "delete"): api.delete,
-            ("sandboxes", "renew"): api.renew, ("sandboxes", "pause"): api.pause,
-            ("sandboxes", "resume"): api.resume, ("templates", "apply"): api.template_apply,
-            ("templates", "get"): api.template_get, ("templates", "list"): api.template_list,
+            ("sandboxes", "create"): api.create,
+            ("sandboxes", "get"): api.get,
+            ("sandboxes", "list"): api.list,
+            ("sandboxes", "delete"): api.delete,
+            ("sandboxes", "renew"): api.renew,
+            ("sandboxes", "pause"): api.pause,
+            ("sandboxes", "resume"): api.resume,
+            ("templates", "apply"): api.template_apply,
+            ("templates", "get"): api.template_get,
+            ("templates", "list"): api.template_list,
             ("templates", "delete"): api.template_delete,
-        }  # fmt: skip
+        }
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
         if self._elect is not None:
             self.supervisor.spawn(self._elect(), name="leader-election")
         # Only the kinds served here: the pool service answers pools and claims.
-        self._api = ApiServer(bus, self.subjects, queue=QUEUE_GROUP, operations=CONTROL_PLANE,
-                              routes=routes, supervisor=self.supervisor)  # fmt: skip
+        self._api = ApiServer(
+            bus,
+            self.subjects,
+            queue=QUEUE_GROUP,
+            operations=CONTROL_PLANE,
+            routes=routes,
+            supervisor=self.supervisor,
+        )
         await self._api.start()
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
 

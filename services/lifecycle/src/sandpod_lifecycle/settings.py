@@ -97,8 +97,10 @@ class LifecycleSettings:
             )
         kube = store_settings(env)
         if runtime == "kubernetes" and kube is None:
-            raise ValueError("SANDPOD_RUNTIME=kubernetes needs SANDPOD_STORE=kube (Pods are owned "
-                             "by Sandbox objects on the API server)")  # fmt: skip
+            raise ValueError(
+                "SANDPOD_RUNTIME=kubernetes needs SANDPOD_STORE=kube (Pods are owned "
+                "by Sandbox objects on the API server)"
+            )
         return cls(
             bus=BusSettings(
                 url=env_str(env, ("SANDPOD_NATS_URL", "NATS_URL"), BusSettings.url),
@@ -119,20 +121,24 @@ class LifecycleSettings:
             destroy_on_exit=env_bool(env, "SANDPOD_DESTROY_ON_EXIT", False),
             node=env_str(env, "SANDPOD_NODE", base.node),
             execd_creds=env_str(env, "SANDPOD_EXECD_NATS_CREDS", "") or None,
-            uid_registry=Path(registry) if (registry := env_str(
-                env, "SANDPOD_UID_REGISTRY", str(base.uid_registry))) else None,
+            uid_registry=Path(registry)
+            if (registry := env_str(env, "SANDPOD_UID_REGISTRY", str(base.uid_registry)))
+            else None,
             log_level=env_str(env, "SANDPOD_LOG_LEVEL", "info"),
-            nats_account_seed_file=Path(seed) if (
-                seed := env_str(env, "SANDPOD_NATS_ACCOUNT_SEED_FILE", "")) else None,
-            nats_creds_ttl=env_float(env, "SANDPOD_NATS_CREDS_TTL", base.nats_creds_ttl,
-                                     minimum=60),
-            nats_creds_margin=env_float(env, "SANDPOD_NATS_CREDS_MARGIN", base.nats_creds_margin,
-                                        minimum=0),
+            nats_account_seed_file=Path(seed)
+            if (seed := env_str(env, "SANDPOD_NATS_ACCOUNT_SEED_FILE", ""))
+            else None,
+            nats_creds_ttl=env_float(
+                env, "SANDPOD_NATS_CREDS_TTL", base.nats_creds_ttl, minimum=60
+            ),
+            nats_creds_margin=env_float(
+                env, "SANDPOD_NATS_CREDS_MARGIN", base.nats_creds_margin, minimum=0
+            ),
             events=_event_limits(env, base.events),
             disk_default=_quantity(env, "SANDPOD_DISK_DEFAULT", base.disk_default, MIN_DISK),
             disk_reserve=_quantity(env, "SANDPOD_DISK_RESERVE", base.disk_reserve, 0),
             disk_preallocate=env_bool(env, "SANDPOD_DISK_PREALLOCATE", False),
-        )  # fmt: skip
+        )
 
 
 def _event_limits(env: Mapping[str, str], base: EventLimits) -> EventLimits:

@@ -51,9 +51,14 @@ MAX_CONFLICTS = 20
 
 class PoolApi:
     def __init__(
-        self, store: Store, pools: Mirror, claims: Claims, *, claim_wait: float,
+        self,
+        store: Store,
+        pools: Mirror,
+        claims: Claims,
+        *,
+        claim_wait: float,
         on_pool_change: Callable[[str, str], None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store = store
         self.pools = pools
         self.claims = claims
@@ -62,12 +67,16 @@ class PoolApi:
 
     def routes(self) -> dict[tuple[str, str], Callable[[Any], Awaitable[Any]]]:
         return {
-            ("pools", "apply"): self.pool_apply, ("pools", "get"): self.pool_get,
-            ("pools", "list"): self.pool_list, ("pools", "scale"): self.pool_scale,
-            ("pools", "delete"): self.pool_delete, ("claims", "create"): self.claim_create,
-            ("claims", "get"): self.claim_get, ("claims", "list"): self.claim_list,
+            ("pools", "apply"): self.pool_apply,
+            ("pools", "get"): self.pool_get,
+            ("pools", "list"): self.pool_list,
+            ("pools", "scale"): self.pool_scale,
+            ("pools", "delete"): self.pool_delete,
+            ("claims", "create"): self.claim_create,
+            ("claims", "get"): self.claim_get,
+            ("claims", "list"): self.claim_list,
             ("claims", "delete"): self.claim_delete,
-        }  # fmt: skip
+        }
 
     # -- pools ---------------------------------------------------------------------------------
 
@@ -146,8 +155,11 @@ class PoolApi:
     async def _list(self, kind: str, req: Selection) -> ObjectsReply:
         items, revision = await self.store.list(kind, req.namespace, req.selector)
         limit = min(req.limit or MAX_LIST, MAX_LIST)
-        return ObjectsReply(items=tuple(i.to_dict() for i in items[:limit]), revision=revision,
-                            truncated=len(items) > limit)  # fmt: skip
+        return ObjectsReply(
+            items=tuple(i.to_dict() for i in items[:limit]),
+            revision=revision,
+            truncated=len(items) > limit,
+        )
 
 
 def _claim_scoped(raw: Any) -> Any:
@@ -163,8 +175,10 @@ def _claim_scoped(raw: Any) -> Any:
     spec = dict(spec)
     pool_ref = spec.get("poolRef")
     if isinstance(pool_ref, dict) and isinstance(pool_ref.get("name"), str):
-        spec["poolRef"] = {**pool_ref, "name": scoped_name(s, "pool", pool_ref["name"],
-                                                           "spec.poolRef.name")}  # fmt: skip
+        spec["poolRef"] = {
+            **pool_ref,
+            "name": scoped_name(s, "pool", pool_ref["name"], "spec.poolRef.name"),
+        }
     labels = spec.get("labels") or {}
     if isinstance(labels, dict):
         spec["labels"] = {**labels, TENANT_LABEL: s.tenant}

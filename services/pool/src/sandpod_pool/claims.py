@@ -115,10 +115,17 @@ def member_state_of(obj: Resource) -> str:
 
 class Claims:
     def __init__(
-        self, *, store: Store, pools: Mirror, sandboxes: Mirror, claims: Mirror,
-        templates: Mirror, configure: Configure, recover_after: float,
+        self,
+        *,
+        store: Store,
+        pools: Mirror,
+        sandboxes: Mirror,
+        claims: Mirror,
+        templates: Mirror,
+        configure: Configure,
+        recover_after: float,
         background: Callable[[Coroutine[Any, Any, Any], str], None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.store = store
         self.pools = pools
         self.sandboxes = sandboxes
@@ -163,8 +170,11 @@ class Claims:
                     field="spec.templateRef.name",
                 ) from None
         lifetime = spec.lifetime_seconds or template.default_lifetime_seconds
-        idle = (spec.idle_timeout_seconds if spec.idle_timeout_seconds is not None
-                else template.idle_timeout_seconds)  # fmt: skip
+        idle = (
+            spec.idle_timeout_seconds
+            if spec.idle_timeout_seconds is not None
+            else template.idle_timeout_seconds
+        )
         return Binding(spec, pool, template_ref, template, expiry(lifetime), idle, pool_obj)
 
     async def claim(self, raw: Mapping[str, Any], wait: float) -> Resource:
@@ -193,31 +203,37 @@ class Claims:
             raise bound
         t1 = time.perf_counter()
         claim = await self._bind_and_wait(created, binding, wait, bound)
-        log.info("claim_bound", claim=claim.metadata.name, sandbox=claim.status.get("sandbox"),
-                 bind_ms=round((t1 - t0) * 1000, 3),
-                 ready_ms=round((time.perf_counter() - t1) * 1000, 3))  # fmt: skip
+        log.info(
+            "claim_bound",
+            claim=claim.metadata.name,
+            sandbox=claim.status.get("sandbox"),
+            bind_ms=round((t1 - t0) * 1000, 3),
+            ready_ms=round((time.perf_counter() - t1) * 1000, 3),
+        )
         return claim
 
     async def _bind_and_wait(
-        self, claim: Resource, binding: Binding, wait: float,
+        self,
+        claim: Resource,
+        binding: Binding,
+        wait: float,
         bound: tuple[Resource, ClaimReason],
-    ) -> Resource:  # fmt: skip
+    ) -> Resource:
         sandbox, reason = bound
         if reason is ClaimReason.WARM and member_state_of(sandbox) == "ready":
             # The hot path (env already configured by _bind_configured): the claim's status is
             # written in the background (the reply carries exactly what is written); if this
             # replica dies first, the reconciler adopts the sandbox labelled for the claim.
-            self._background(self._set(claim, sandbox, reason, binding.shutdown_time),
-                             name="claim-status")  # fmt: skip
+            self._background(
+                self._set(claim, sandbox, reason, binding.shutdown_time), name="claim-status"
+            )
             projected = _status_for(claim, sandbox, reason, binding.shutdown_time)
             return dataclasses.replace(claim, status=projected)
         claim = await self._set(claim, sandbox, reason, binding.shutdown_time)
         name = ClaimStatus.from_dict(claim.status).sandbox or sandbox.metadata.name
         current = self.sandboxes.get(claim.metadata.namespace, name)
         if current is None or member_state_of(current) != "ready":
-            current = await self.sandboxes.wait_for(
-                claim.metadata.namespace, name, _running, wait
-            )  # fmt: skip
+            current = await self.sandboxes.wait_for(claim.metadata.namespace, name, _running, wait)
             claim = await self._set(claim, current, reason, binding.shutdown_time)
         status = ClaimStatus.from_dict(claim.status)
         ready = status.condition(ClaimConditionType.READY)
@@ -225,8 +241,9 @@ class Claims:
         if status.phase is ClaimPhase.FAILED:
             raise ClaimFailed(
                 f"claim {name}: {ready.message if ready else 'its sandbox failed'}",
-                claim=claim.metadata.name, reason=ClaimReason.SANDBOX_FAILED,
-            )  # fmt: skip
+                claim=claim.metadata.name,
+                reason=ClaimReason.SANDBOX_FAILED,
+            )
         if ready is None or ready.status != "True":
             sandbox_now = self.sandboxes.get(claim.metadata.namespace, status.sandbox or "")
             why = (
@@ -235,8 +252,9 @@ class Claims:
             raise ClaimTimeout(
                 f"claim {name} bound {status.sandbox} ({reason}) but it was not ready within "
                 f"{wait:g}s{why}; the claim stays: get it later or delete it",
-                claim=claim.metadata.name, reason=str(reason),
-            )  # fmt: skip
+                claim=claim.metadata.name,
+                reason=str(reason),
+            )
         return claim
 
     async def _bind_configured(self, claim: Resource, b: Binding) -> tuple[Resource, ClaimReason]:
@@ -253,10 +271,12 @@ class Claims:
         if b.pool is not None and b.pool_obj is not None:
             pool = b.pool_obj
             candidates = [
-                m for m in self.sandboxes.values()
-                if m.metadata.namespace == claim.metadata.namespace and is_member(m, pool)
+                m
+                for m in self.sandboxes.values()
+                if m.metadata.namespace == claim.metadata.namespace
+                and is_member(m, pool)
                 and member_state(m) is MemberState.READY
-            ]  # fmt: skip
+            ]
             random.shuffle(candidates)  # concurrent claims (any replica) rarely collide
             for member in candidates:
                 bound = await self._take(member, claim, b)
@@ -267,19 +287,30 @@ class Claims:
         self.sandboxes.observe(sandbox)
         self.cold_creates += 1
         reason = ClaimReason.POOL_EXHAUSTED if b.pool is not None else ClaimReason.NO_POOL
-        log.info("claim_cold_create", claim=claim.metadata.name, sandbox=sandbox.metadata.name,
-                 reason=str(reason))  # fmt: skip
+        log.info(
+            "claim_cold_create",
+            claim=claim.metadata.name,
+            sandbox=sandbox.metadata.name,
+            reason=str(reason),
+        )
         return sandbox, reason
 
     async def _take(self, member: Resource, claim: Resource, b: Binding) -> Resource | None:
         """The compare-and-set that binds: None if someone else changed the member first."""
         labels = {**member.metadata.labels, **b.spec.labels, CLAIM_LABEL: claim.metadata.name}
-        annotations = {**member.metadata.annotations, BOUND_AS_ANNOTATION: str(ClaimReason.WARM),
-                       BOUND_AT_ANNOTATION: f"{time.time():.3f}",
-                       CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}"}  # fmt: skip
+        annotations = {
+            **member.metadata.annotations,
+            BOUND_AS_ANNOTATION: str(ClaimReason.WARM),
+            BOUND_AT_ANNOTATION: f"{time.time():.3f}",
+            CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
+        }
         env = {e.name: e.value for e in b.spec.env}
-        spec = {**member.spec, "shutdownTime": b.shutdown_time, "permanent": False,
-                "idleTimeoutSeconds": b.idle_timeout}  # fmt: skip
+        spec = {
+            **member.spec,
+            "shutdownTime": b.shutdown_time,
+            "permanent": False,
+            "idleTimeoutSeconds": b.idle_timeout,
+        }
         if env:
             spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
         meta = dataclasses.replace(
@@ -305,9 +336,11 @@ class Claims:
     def _cold_object(self, claim: Resource, b: Binding) -> Resource:
         reason = ClaimReason.POOL_EXHAUSTED if b.pool is not None else ClaimReason.NO_POOL
         spec: dict[str, Any] = {
-            "permanent": False, "shutdownTime": b.shutdown_time,
-            "idleTimeoutSeconds": b.idle_timeout, "operatingMode": "Running",
-        }  # fmt: skip
+            "permanent": False,
+            "shutdownTime": b.shutdown_time,
+            "idleTimeoutSeconds": b.idle_timeout,
+            "operatingMode": "Running",
+        }
         if b.template_ref:
             spec["templateRef"] = {"name": b.template_ref}
         if b.spec.env:
@@ -318,11 +351,14 @@ class Claims:
         meta = ObjectMeta(
             # Named after the claim: a prefix naming the owner (the gateway's tenant) carries over.
             name=f"{claim.metadata.name[:40].rstrip('-')}-{secrets.token_hex(5)}",
-            namespace=claim.metadata.namespace, labels=labels,
-            annotations={CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
-                         BOUND_AS_ANNOTATION: str(reason),
-                         BOUND_AT_ANNOTATION: f"{time.time():.3f}"},
-        )  # fmt: skip
+            namespace=claim.metadata.namespace,
+            labels=labels,
+            annotations={
+                CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
+                BOUND_AS_ANNOTATION: str(reason),
+                BOUND_AT_ANNOTATION: f"{time.time():.3f}",
+            },
+        )
         return Resource(api_version=API_VERSION, kind=SANDBOX, metadata=meta, spec=spec)
 
     async def _set(
@@ -337,8 +373,12 @@ class Claims:
         for _ in range(10):
             recorded = ClaimStatus.from_dict(claim.status).sandbox
             if sandbox is not None and recorded not in (None, sandbox.metadata.name):
-                log.warning("claim_bound_twice", claim=claim.metadata.name, kept=recorded,
-                            dropped=sandbox.metadata.name)  # fmt: skip
+                log.warning(
+                    "claim_bound_twice",
+                    claim=claim.metadata.name,
+                    kept=recorded,
+                    dropped=sandbox.metadata.name,
+                )
                 await self._delete_sandbox(sandbox)
                 return claim
             status = _status_for(claim, sandbox, reason, shutdown)
@@ -369,10 +409,11 @@ class Claims:
 
     def _sandboxes_of(self, claim: Resource) -> list[Resource]:
         return [
-            s for s in self.sandboxes.values()
+            s
+            for s in self.sandboxes.values()
             if s.metadata.namespace == claim.metadata.namespace
             and s.metadata.labels.get(CLAIM_LABEL) == claim.metadata.name
-        ]  # fmt: skip
+        ]
 
     async def _delete_sandbox(self, sbx: Resource) -> None:
         await request_delete(self.store, self.sandboxes, sbx, unless=lambda _: False)
@@ -432,8 +473,9 @@ class Claims:
 
     async def _fail(self, claim: Resource, message: str) -> None:
         conds = [dict(c) for c in claim.status.get("conditions") or ()]
-        conds = set_condition(conds, ClaimConditionType.BOUND, "False",
-                              ClaimReason.POOL_NOT_FOUND, message)  # fmt: skip
+        conds = set_condition(
+            conds, ClaimConditionType.BOUND, "False", ClaimReason.POOL_NOT_FOUND, message
+        )
         status = {**claim.status, "phase": str(ClaimPhase.FAILED), "conditions": conds}
         self.claims.observe(
             await self.store.update_status(dataclasses.replace(claim, status=status))
@@ -487,26 +529,33 @@ def _status_for(
 ) -> dict[str, Any]:
     conds = [dict(c) for c in claim.status.get("conditions") or ()]
     state = "failed" if sandbox is None else member_state_of(sandbox)
-    bound_msg = {ClaimReason.WARM: "bound a ready warm sandbox",
-                 ClaimReason.POOL_EXHAUSTED: "no free warm sandbox: created one (cold start)",
-                 ClaimReason.NO_POOL: "no pool named: created one (cold start)"}  # fmt: skip
-    conds = set_condition(conds, ClaimConditionType.BOUND, "True", reason,
-                          bound_msg.get(reason, ""))  # fmt: skip
+    bound_msg = {
+        ClaimReason.WARM: "bound a ready warm sandbox",
+        ClaimReason.POOL_EXHAUSTED: "no free warm sandbox: created one (cold start)",
+        ClaimReason.NO_POOL: "no pool named: created one (cold start)",
+    }
+    conds = set_condition(
+        conds, ClaimConditionType.BOUND, "True", reason, bound_msg.get(reason, "")
+    )
     phase = ClaimPhase.BOUND
     if state == "ready":
         conds = set_condition(conds, ClaimConditionType.READY, "True", ClaimReason.SANDBOX_READY)
     elif state == "failed":
         why = "" if sandbox is None else failure_reason(sandbox, "deleted")
-        conds = set_condition(conds, ClaimConditionType.READY, "False",
-                              ClaimReason.SANDBOX_FAILED, why)  # fmt: skip
+        conds = set_condition(
+            conds, ClaimConditionType.READY, "False", ClaimReason.SANDBOX_FAILED, why
+        )
         phase = ClaimPhase.FAILED
     else:
-        conds = set_condition(conds, ClaimConditionType.READY, "False",
-                              ClaimReason.SANDBOX_STARTING)  # fmt: skip
+        conds = set_condition(
+            conds, ClaimConditionType.READY, "False", ClaimReason.SANDBOX_STARTING
+        )
     return ClaimStatus(
-        phase=phase, sandbox=None if sandbox is None else sandbox.metadata.name,
-        shutdown_time=shutdown or None, observed_generation=claim.metadata.generation,
-    ).to_dict() | {"conditions": conds}  # fmt: skip
+        phase=phase,
+        sandbox=None if sandbox is None else sandbox.metadata.name,
+        shutdown_time=shutdown or None,
+        observed_generation=claim.metadata.generation,
+    ).to_dict() | {"conditions": conds}
 
 
 def _passed(stamp: str) -> bool:

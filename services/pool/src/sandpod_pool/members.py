@@ -208,8 +208,13 @@ def set_condition(
         if old is not None and old.get("status") == status
         else expiry(0)
     )
-    new = {"type": type_, "status": status, "reason": reason, "message": message,
-           "lastTransitionTime": stamp}  # fmt: skip
+    new = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": stamp,
+    }
     return [*(c for c in conditions if c.get("type") != type_), new]
 
 

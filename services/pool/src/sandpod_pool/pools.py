@@ -108,10 +108,12 @@ class PoolReconciler:
         # Ours by ownership (the pool service's owner reference), never by labels alone: a
         # Sandbox someone else labelled for this pool is not counted, bound or deleted here.
         owned = [
-            m for m in self.sandboxes.values()
-            if m.metadata.namespace == namespace and m.metadata.labels.get(POOL_LABEL) == name
+            m
+            for m in self.sandboxes.values()
+            if m.metadata.namespace == namespace
+            and m.metadata.labels.get(POOL_LABEL) == name
             and owner_pool(m, name) is not None
-        ]  # fmt: skip
+        ]
         members = [m for m in owned if pool is not None and is_member(m, pool)]
         for m in owned:  # owned by a deleted pool of this name (or by an earlier one)
             if m not in members and member_state(m) in FREE:
@@ -146,17 +148,23 @@ class PoolReconciler:
         digest = template_hash(spec, template)
         free = [m for m in members if member_state(m) in FREE]
         failed = [
-            m for m in free
+            m
+            for m in free
             if member_state(m) is MemberState.FAILED
             or (member_state(m) is MemberState.STARTING and age(m) > self.member_grace)
-        ]  # fmt: skip
+        ]
         if failed:  # one step of backoff per pass, however many failed together
             state.failures += 1
             state.last_failure = failure_message(failed[0])
             state.next_create = time.monotonic() + min(2.0**state.failures, MAX_BACKOFF)
         for m in failed:
-            log.warning("pool_member_failed", pool=key, member=m.metadata.name,
-                        failures=state.failures, reason=state.last_failure)  # fmt: skip
+            log.warning(
+                "pool_member_failed",
+                pool=key,
+                member=m.metadata.name,
+                failures=state.failures,
+                reason=state.last_failure,
+            )
             await self._delete(m, "failed")
         healthy = [m for m in free if m not in failed]
         if any(member_state(m) is MemberState.READY for m in healthy):
@@ -200,10 +208,16 @@ class PoolReconciler:
         return ordered[surplus:]
 
     async def _fill(  # noqa: PLR0917 - one pool's whole picture
-        self, key: str, spec: WarmPoolSpec, pool: Resource,
-        template: SandboxTemplateSpec, digest: str, current: list[Resource],
-        stale: list[Resource], state: _PoolState,
-    ) -> float | None:  # fmt: skip
+        self,
+        key: str,
+        spec: WarmPoolSpec,
+        pool: Resource,
+        template: SandboxTemplateSpec,
+        digest: str,
+        current: list[Resource],
+        stale: list[Resource],
+        state: _PoolState,
+    ) -> float | None:
         """Create what is missing within the rate and backoff limits; when to look again."""
         if spec.update_strategy is UpdateStrategy.ROLLING_UPDATE and stale:
             surge = max(1, spec.replicas // 4)
@@ -245,9 +259,15 @@ class PoolReconciler:
             log.info("pool_member_deleted", member=member.metadata.name, why=why)
 
     async def _status(
-        self, pool: Resource, spec: WarmPoolSpec, free: list[Resource], digest: str, *,
-        state: _PoolState, template_missing: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        pool: Resource,
+        spec: WarmPoolSpec,
+        free: list[Resource],
+        digest: str,
+        *,
+        state: _PoolState,
+        template_missing: bool = False,
+    ) -> None:
         name = pool.metadata.name
         ready = [m for m in free if member_state(m) is MemberState.READY]
         available = [m for m in ready if m.metadata.labels.get(HASH_LABEL) == digest]
@@ -265,16 +285,25 @@ class PoolReconciler:
         ok = "True" if reason is PoolReason.ALL_READY else "False"
         conds = set_condition(conds, PoolConditionType.READY, ok, reason, msg)
         if state.failures:
-            conds = set_condition(conds, PoolConditionType.REPLICA_FAILURE, "True",
-                                  PoolReason.MEMBERS_FAILING, state.last_failure)  # fmt: skip
+            conds = set_condition(
+                conds,
+                PoolConditionType.REPLICA_FAILURE,
+                "True",
+                PoolReason.MEMBERS_FAILING,
+                state.last_failure,
+            )
         else:
-            conds = set_condition(conds, PoolConditionType.REPLICA_FAILURE, "False",
-                                  PoolReason.NO_FAILURES)  # fmt: skip
+            conds = set_condition(
+                conds, PoolConditionType.REPLICA_FAILURE, "False", PoolReason.NO_FAILURES
+            )
         status = WarmPoolStatus(
-            replicas=len(free), ready_replicas=len(ready), available_replicas=len(available),
-            observed_generation=pool.metadata.generation, selector=free_selector(name),
+            replicas=len(free),
+            ready_replicas=len(ready),
+            available_replicas=len(available),
+            observed_generation=pool.metadata.generation,
+            selector=free_selector(name),
             template_hash=digest,
-        ).to_dict()  # fmt: skip
+        ).to_dict()
         status["conditions"] = conds
         if _same(status, dict(pool.status)):
             return
@@ -302,7 +331,11 @@ def _same(a: dict[str, object], b: dict[str, object]) -> bool:
         conds = s.get("conditions") or []
         if not isinstance(conds, list):  # not ours to compare: never equal
             conds = [{"malformed": repr(conds)}]
-        return {**s, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
-                                    for c in conds]}  # fmt: skip
+        return {
+            **s,
+            "conditions": [
+                {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in conds
+            ],
+        }
 
     return strip(a) == strip(b)

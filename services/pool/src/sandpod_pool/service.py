@@ -81,18 +81,30 @@ class PoolService:
         claims = Mirror(store, CLAIM, on_change=self._claim_changed)
         templates = Mirror(store, TEMPLATE, on_change=self._template_changed)
         sandboxes = Mirror(
-            store, SANDBOX, on_change=self._sandbox_changed,
+            store,
+            SANDBOX,
+            on_change=self._sandbox_changed,
             keep=lambda o: POOL_LABEL in o.metadata.labels or CLAIM_LABEL in o.metadata.labels,
-        )  # fmt: skip
+        )
         self.reconciler = PoolReconciler(
-            store=store, leases=self._leases, pools=pools, sandboxes=sandboxes, templates=templates,
-            create_rate=self.settings.create_rate, member_grace=self.settings.member_grace,
-        )  # fmt: skip
-        self.claims = Claims(store=store, pools=pools, sandboxes=sandboxes, claims=claims,
-                             templates=templates,
-                             configure=self._configure,
-                             recover_after=self.settings.recover_after,
-                             background=self.supervisor.spawn)  # fmt: skip
+            store=store,
+            leases=self._leases,
+            pools=pools,
+            sandboxes=sandboxes,
+            templates=templates,
+            create_rate=self.settings.create_rate,
+            member_grace=self.settings.member_grace,
+        )
+        self.claims = Claims(
+            store=store,
+            pools=pools,
+            sandboxes=sandboxes,
+            claims=claims,
+            templates=templates,
+            configure=self._configure,
+            recover_after=self.settings.recover_after,
+            background=self.supervisor.spawn,
+        )
         self.pools_queue = WorkQueue("pools", self.reconciler.reconcile, workers=4)
         self.claims_queue = WorkQueue("claims", self.claims.reconcile, workers=4)
         self._mirrors = (pools, claims, sandboxes)
@@ -105,11 +117,20 @@ class PoolService:
         if self._elect is not None:
             self.supervisor.spawn(self._elect(), name="leader-election")
         api = PoolApi(
-            store, pools, self.claims, claim_wait=self.settings.claim_wait,
+            store,
+            pools,
+            self.claims,
+            claim_wait=self.settings.claim_wait,
             on_pool_change=lambda ns, name: self._pool_changed((ns, name), None),
-        )  # fmt: skip
-        self._api = ApiServer(bus, self.subjects, queue=QUEUE_GROUP, operations=POOL_PLANE,
-                              routes=api.routes(), supervisor=self.supervisor)  # fmt: skip
+        )
+        self._api = ApiServer(
+            bus,
+            self.subjects,
+            queue=QUEUE_GROUP,
+            operations=POOL_PLANE,
+            routes=api.routes(),
+            supervisor=self.supervisor,
+        )
         await self._api.start()
         log.info("pool_ready", replica=self.settings.replica_id)
 
@@ -117,14 +138,22 @@ class PoolService:
         """KV leases per pool (kv store), or leader election on a Lease (kube store)."""
         kube = self.settings.kube
         if kube is None:
-            return await Leases.open(bus, self.settings.replica_id, self.settings.lease_ttl,
-                                     bucket=self.subjects.storage("leases"))  # fmt: skip
+            return await Leases.open(
+                bus,
+                self.settings.replica_id,
+                self.settings.lease_ttl,
+                bucket=self.subjects.storage("leases"),
+            )
         from sandpod_kube import elect
 
         leases, self._elect, close = elect(
-            kube, self.settings.leader, prefix=self.settings.prefix, service="pool",
-            identity=self.settings.replica_id, on_change=self._leadership,
-        )  # fmt: skip
+            kube,
+            self.settings.leader,
+            prefix=self.settings.prefix,
+            service="pool",
+            identity=self.settings.replica_id,
+            on_change=self._leadership,
+        )
         self._closers.append(close)
         return leases
 
@@ -181,8 +210,12 @@ class PoolService:
 
     async def _resync(self) -> None:
         pools, claims, sandboxes = self._mirrors
-        if (self.pools_queue is None or self.claims_queue is None or self.claims is None
-                or self._leases is None):  # fmt: skip
+        if (
+            self.pools_queue is None
+            or self.claims_queue is None
+            or self.claims is None
+            or self._leases is None
+        ):
             raise InternalError("the pool service resyncs only once started")
         while True:
             with contextlib.suppress(TimeoutError):

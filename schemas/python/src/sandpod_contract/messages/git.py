@@ -32,9 +32,16 @@ __all__ = [
 ]
 
 EntryState = Literal[
-    "modified", "added", "deleted", "renamed", "copied", "type_changed", "untracked", "ignored",
+    "modified",
+    "added",
+    "deleted",
+    "renamed",
+    "copied",
+    "type_changed",
+    "untracked",
+    "ignored",
     "conflicted",
-]  # fmt: skip
+]
 
 
 def _check_ref(name: str, value: str | None) -> None:

@@ -54,18 +54,38 @@ class Scale(Message):
 _NOT_FOUND = (ResourceNotFound,)
 
 POOL_PLANE: tuple[Operation, ...] = (
-    Operation("pools", "apply", ObjectRequest, ObjectReply, "create or update a SandboxWarmPool",
-              (ResourceInvalid, ResourceConflict)),
+    Operation(
+        "pools",
+        "apply",
+        ObjectRequest,
+        ObjectReply,
+        "create or update a SandboxWarmPool",
+        (ResourceInvalid, ResourceConflict),
+    ),
     Operation("pools", "get", Ref, ObjectReply, "read a SandboxWarmPool", _NOT_FOUND),
     Operation("pools", "list", Selection, ObjectsReply, "list SandboxWarmPools"),
-    Operation("pools", "scale", Scale, ObjectReply, "set a pool's replicas",
-              (ResourceNotFound, ResourceInvalid, ResourceConflict)),
-    Operation("pools", "delete", Ref, ObjectReply, "delete a pool and its free members",
-              _NOT_FOUND),
-    Operation("claims", "create", ObjectRequest, ObjectReply, "claim a ready sandbox",
-              (ResourceInvalid, ResourceExists, PoolNotFound, ClaimFailed, ClaimTimeout)),
+    Operation(
+        "pools",
+        "scale",
+        Scale,
+        ObjectReply,
+        "set a pool's replicas",
+        (ResourceNotFound, ResourceInvalid, ResourceConflict),
+    ),
+    Operation(
+        "pools", "delete", Ref, ObjectReply, "delete a pool and its free members", _NOT_FOUND
+    ),
+    Operation(
+        "claims",
+        "create",
+        ObjectRequest,
+        ObjectReply,
+        "claim a ready sandbox",
+        (ResourceInvalid, ResourceExists, PoolNotFound, ClaimFailed, ClaimTimeout),
+    ),
     Operation("claims", "get", Ref, ObjectReply, "read a SandboxClaim", _NOT_FOUND),
     Operation("claims", "list", Selection, ObjectsReply, "list SandboxClaims"),
-    Operation("claims", "delete", Ref, ObjectReply, "release a claim and delete its sandbox",
-              _NOT_FOUND),
-)  # fmt: skip
+    Operation(
+        "claims", "delete", Ref, ObjectReply, "release a claim and delete its sandbox", _NOT_FOUND
+    ),
+)

@@ -120,28 +120,55 @@ class SandboxEvent(Message):
 
 # The ``type`` of each :class:`SandboxEvent`, in a Sandbox's usual order (subject's last token).
 SANDBOX_EVENT_TYPES: tuple[str, ...] = (
-    "created", "ready", "paused", "resumed", "renewed", "expired", "idle_expired", "failed",
+    "created",
+    "ready",
+    "paused",
+    "resumed",
+    "renewed",
+    "expired",
+    "idle_expired",
+    "failed",
     "deleted",
-)  # fmt: skip
+)
 
 _NOT_FOUND = (ResourceNotFound,)
 _CHANGE = (ResourceNotFound, ResourceConflict)
 
 CONTROL_PLANE: tuple[Operation, ...] = (
-    Operation("sandboxes", "create", ObjectRequest, ObjectReply, "create a Sandbox",
-              (ResourceInvalid, ResourceExists)),
+    Operation(
+        "sandboxes",
+        "create",
+        ObjectRequest,
+        ObjectReply,
+        "create a Sandbox",
+        (ResourceInvalid, ResourceExists),
+    ),
     Operation("sandboxes", "get", Ref, ObjectReply, "read a Sandbox", _NOT_FOUND),
     Operation("sandboxes", "list", Selection, ObjectsReply, "list Sandboxes by label selector"),
-    Operation("sandboxes", "delete", Ref, ObjectReply, "delete a Sandbox and its instance",
-              _CHANGE),
-    Operation("sandboxes", "renew", Renew, ObjectReply, "extend a Sandbox's lifetime",
-              (*_CHANGE, ResourceInvalid)),
-    Operation("sandboxes", "pause", Ref, ObjectReply, "freeze a Sandbox (operatingMode Paused)",
-              _CHANGE),
+    Operation(
+        "sandboxes", "delete", Ref, ObjectReply, "delete a Sandbox and its instance", _CHANGE
+    ),
+    Operation(
+        "sandboxes",
+        "renew",
+        Renew,
+        ObjectReply,
+        "extend a Sandbox's lifetime",
+        (*_CHANGE, ResourceInvalid),
+    ),
+    Operation(
+        "sandboxes", "pause", Ref, ObjectReply, "freeze a Sandbox (operatingMode Paused)", _CHANGE
+    ),
     Operation("sandboxes", "resume", Ref, ObjectReply, "thaw a Sandbox", _CHANGE),
-    Operation("templates", "apply", ObjectRequest, ObjectReply, "create or update a template",
-              (ResourceInvalid, ResourceConflict)),
+    Operation(
+        "templates",
+        "apply",
+        ObjectRequest,
+        ObjectReply,
+        "create or update a template",
+        (ResourceInvalid, ResourceConflict),
+    ),
     Operation("templates", "get", Ref, ObjectReply, "read a SandboxTemplate", _NOT_FOUND),
     Operation("templates", "list", Selection, ObjectsReply, "list SandboxTemplates"),
     Operation("templates", "delete", Ref, ObjectReply, "delete a SandboxTemplate", _NOT_FOUND),
-)  # fmt: skip
+)

@@ -69,8 +69,9 @@ def copy(
     """Copy a file atomically (mode kept), or a directory tree (links copied as links); what is
     created belongs to ``new_owner`` when given."""
     with root.parent(src) as (sdir, sname):
-        prepare_dst(root, src, dst, make_parents=make_parents, sdir=sdir, sname=sname,
-                    owner=new_owner)  # fmt: skip
+        prepare_dst(
+            root, src, dst, make_parents=make_parents, sdir=sdir, sname=sname, owner=new_owner
+        )
     sfd = root.open(src, os.O_PATH)  # follows links, in the root
     try:
         st = os.fstat(sfd)
@@ -248,8 +249,11 @@ def _copy_entry(
             os.unlink(dname, dir_fd=ddir)
         if stat.S_ISLNK(st.st_mode):
             os.symlink(os.readlink(sname, dir_fd=sdir), dname, dir_fd=ddir)
-            _chown(lambda u, g: os.chown(dname, u, g, dir_fd=ddir, follow_symlinks=False), st,
-                   new_owner)  # fmt: skip
+            _chown(
+                lambda u, g: os.chown(dname, u, g, dir_fd=ddir, follow_symlinks=False),
+                st,
+                new_owner,
+            )
             return
         if not stat.S_ISREG(st.st_mode):
             return  # FIFOs, sockets, devices: reading one could block or have side effects

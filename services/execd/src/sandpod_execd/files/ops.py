@@ -211,8 +211,9 @@ def move(
     """Rename ``src`` to ``dst``; across filesystems, copy then delete (owners kept). Parents
     made for ``dst`` belong to ``new_owner`` when given."""
     with root.parent(src) as (sdir, sname):
-        st = prepare_dst(root, src, dst, make_parents=make_parents, sdir=sdir, sname=sname,
-                         owner=new_owner)  # fmt: skip
+        st = prepare_dst(
+            root, src, dst, make_parents=make_parents, sdir=sdir, sname=sname, owner=new_owner
+        )
         with root.parent(dst) as (ddir, dname):
             check_into_itself(st, ddir, src, dst)
             try:

@@ -101,8 +101,12 @@ class UploadTable:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closed.wait(), interval)
                 for upload in self.sweep():
-                    log.info("upload_expired", upload_id=upload.id, path=upload.path,
-                             received=upload.received)  # fmt: skip
+                    log.info(
+                        "upload_expired",
+                        upload_id=upload.id,
+                        path=upload.path,
+                        received=upload.received,
+                    )
         finally:
             self._sweeping = False
 

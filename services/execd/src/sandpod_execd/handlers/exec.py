@@ -126,8 +126,11 @@ class ExecHandlers:
         n_out, n_err = len(out), len(err)
         if n_out + n_err > self._budget:
             n_out, n_err = _split_budget(self._budget, n_out, n_err)
-            unfetched = {name for name, n, d in (("stdout", n_out, out), ("stderr", n_err, err))
-                         if n < len(d)}  # fmt: skip
+            unfetched = {
+                name
+                for name, n, d in (("stdout", n_out, out), ("stderr", n_err, err))
+                if n < len(d)
+            }
             if not sbx.registry.store_output(exec_id, out, err, unfetched):
                 # Over the stored-output budget: what fits is all the client gets (truncated).
                 out, err = out[:n_out], err[:n_err]

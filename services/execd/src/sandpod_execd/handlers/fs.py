@@ -99,13 +99,25 @@ class FsHandlers:
 
     def routes(self) -> dict[tuple[str, str], Route]:
         verbs: dict[str, Callable[..., Any]] = {
-            "read": self.read, "write": self.write, "write_open": self.write_open,
-            "write_chunk": self.write_chunk, "write_commit": self.write_commit,
-            "write_abort": self.write_abort, "stat": self.stat, "exists": self.exists,
-            "list": self.list_dir, "glob": self.glob_paths, "search": self.search_text,
-            "replace": self.replace, "mkdir": self.mkdir, "remove": self.remove,
-            "move": self.move, "copy": self.copy, "chmod": self.chmod, "chown": self.chown,
-        }  # fmt: skip
+            "read": self.read,
+            "write": self.write,
+            "write_open": self.write_open,
+            "write_chunk": self.write_chunk,
+            "write_commit": self.write_commit,
+            "write_abort": self.write_abort,
+            "stat": self.stat,
+            "exists": self.exists,
+            "list": self.list_dir,
+            "glob": self.glob_paths,
+            "search": self.search_text,
+            "replace": self.replace,
+            "mkdir": self.mkdir,
+            "remove": self.remove,
+            "move": self.move,
+            "copy": self.copy,
+            "chmod": self.chmod,
+            "chown": self.chown,
+        }
         return {("fs", verb): Route(handler) for verb, handler in verbs.items()}
 
     async def close(self) -> None:
@@ -153,11 +165,19 @@ class FsHandlers:
     def _entry(self, paths: Paths, e: Entry) -> FsEntry:
         shown = paths.display(e.path)  # the workspace itself is named "workspace", not its dir
         return FsEntry(
-            name=os.path.basename(shown.rstrip("/")) or "/", path=shown, type=e.type, size=e.size,
-            mode=e.mode, permissions=e.permissions, uid=e.uid, gid=e.gid,
-            owner=user_name(e.uid), group=group_name(e.gid), mtime=e.mtime,
+            name=os.path.basename(shown.rstrip("/")) or "/",
+            path=shown,
+            type=e.type,
+            size=e.size,
+            mode=e.mode,
+            permissions=e.permissions,
+            uid=e.uid,
+            gid=e.gid,
+            owner=user_name(e.uid),
+            group=group_name(e.gid),
+            mtime=e.mtime,
             target=None if e.target is None else wire_str(e.target),
-        )  # fmt: skip
+        )
 
     def _fit(self, items: Iterable[M]) -> tuple[list[M], bool]:
         """The leading ``items`` whose encoding fits one reply; True if some were cut."""
@@ -207,10 +227,15 @@ class FsHandlers:
 
         def work() -> FsEntry:
             target = ops.write_file(
-                paths.root, host, req.data, mode=req.mode, owner=self._owner(req.owner),
-                make_parents=req.make_parents, exclusive=req.exclusive,
+                paths.root,
+                host,
+                req.data,
+                mode=req.mode,
+                owner=self._owner(req.owner),
+                make_parents=req.make_parents,
+                exclusive=req.exclusive,
                 new_owner=paths.new_owner,
-            )  # fmt: skip
+            )
             return self._entry(paths, entry_of(paths.root, target))
 
         return await self._run(paths, work, host)
@@ -221,10 +246,14 @@ class FsHandlers:
 
         def work() -> AtomicFile:
             return AtomicFile(
-                paths.root, host, mode=req.mode, owner=self._owner(req.owner),
-                make_parents=req.make_parents, exclusive=req.exclusive,
+                paths.root,
+                host,
+                mode=req.mode,
+                owner=self._owner(req.owner),
+                make_parents=req.make_parents,
+                exclusive=req.exclusive,
                 new_owner=paths.new_owner,
-            )  # fmt: skip
+            )
 
         file = await self._run(paths, work, host)
         upload = self._uploads.add(sbx.sandbox_id, file, paths.display(host))
@@ -274,13 +303,22 @@ class FsHandlers:
 
         def work() -> FsListing:
             found = listing.list_dir(
-                paths.root, host, depth=req.depth, hidden=req.hidden, limit=limit,
-                cursor=req.cursor, budget=self._budget(LIST_SECONDS),
-            )  # fmt: skip
+                paths.root,
+                host,
+                depth=req.depth,
+                hidden=req.hidden,
+                limit=limit,
+                cursor=req.cursor,
+                budget=self._budget(LIST_SECONDS),
+            )
             entries, cut = self._fit(self._entry(paths, e) for _, e in found.entries)
             cursor = found.entries[len(entries) - 1][0] if cut and entries else found.cursor
-            return FsListing(path=paths.display(host), entries=tuple(entries),
-                             truncated=found.truncated or cut, cursor=cursor)  # fmt: skip
+            return FsListing(
+                path=paths.display(host),
+                entries=tuple(entries),
+                truncated=found.truncated or cut,
+                cursor=cursor,
+            )
 
         return await self._run(paths, work, host, walk=True)
 
@@ -300,11 +338,19 @@ class FsHandlers:
         limit = min(req.limit or DEFAULT_LIMIT, MAX_LIMIT)
 
         def work() -> FsListing:
-            found = listing.glob(paths.root, root, pattern, hidden=req.hidden, kind=req.type,
-                                 limit=limit, budget=self._budget(SEARCH_SECONDS))  # fmt: skip
+            found = listing.glob(
+                paths.root,
+                root,
+                pattern,
+                hidden=req.hidden,
+                kind=req.type,
+                limit=limit,
+                budget=self._budget(SEARCH_SECONDS),
+            )
             entries, cut = self._fit(self._entry(paths, e) for _, e in found.entries)
-            return FsListing(path=paths.display(root), entries=tuple(entries),
-                             truncated=found.truncated or cut)  # fmt: skip
+            return FsListing(
+                path=paths.display(root), entries=tuple(entries), truncated=found.truncated or cut
+            )
 
         return await self._run(paths, work, root, walk=True)
 
@@ -318,17 +364,28 @@ class FsHandlers:
 
         def work() -> FsSearchResult:
             found = search.search(
-                paths.root, root, req.query, regex=req.regex, case_sensitive=req.case_sensitive,
-                pattern=req.glob, hidden=req.hidden, binary=req.binary, limit=limit,
+                paths.root,
+                root,
+                req.query,
+                regex=req.regex,
+                case_sensitive=req.case_sensitive,
+                pattern=req.glob,
+                hidden=req.hidden,
+                binary=req.binary,
+                limit=limit,
                 budget=self._budget(SEARCH_SECONDS),
-            )  # fmt: skip
+            )
             matches, cut = self._fit(
-                FsMatch(path=paths.display(m.path), line=m.line, column=m.column,
-                        text=wire_str(m.text))
+                FsMatch(
+                    path=paths.display(m.path), line=m.line, column=m.column, text=wire_str(m.text)
+                )
                 for m in found.matches
-            )  # fmt: skip
-            return FsSearchResult(matches=tuple(matches), files_scanned=found.files_scanned,
-                                  truncated=found.truncated or cut)  # fmt: skip
+            )
+            return FsSearchResult(
+                matches=tuple(matches),
+                files_scanned=found.files_scanned,
+                truncated=found.truncated or cut,
+            )
 
         return await self._run(paths, work, root, walk=True)
 
@@ -339,16 +396,28 @@ class FsHandlers:
 
         def work() -> FsReplaceResult:
             done = search.replace(
-                paths.root, root, req.old, req.new, regex=req.regex, count=req.count,
-                pattern=req.glob, hidden=req.hidden, binary=req.binary, dry_run=req.dry_run,
+                paths.root,
+                root,
+                req.old,
+                req.new,
+                regex=req.regex,
+                count=req.count,
+                pattern=req.glob,
+                hidden=req.hidden,
+                binary=req.binary,
+                dry_run=req.dry_run,
                 budget=self._budget(REPLACE_SECONDS),
-            )  # fmt: skip
+            )
             files = [FsReplaced(path=paths.display(p), count=n) for p, n in done.files]
             skipped = [FsSkipped(path=paths.display(p), reason=r) for p, r in done.skipped]
             files, cut = self._fit(files)
             skipped, cut_skipped = self._fit(skipped)
-            return FsReplaceResult(files=tuple(files), total=done.total, skipped=tuple(skipped),
-                                   truncated=done.truncated or cut or cut_skipped)  # fmt: skip
+            return FsReplaceResult(
+                files=tuple(files),
+                total=done.total,
+                skipped=tuple(skipped),
+                truncated=done.truncated or cut or cut_skipped,
+            )
 
         return await self._run(paths, work, root, walk=True)
 
@@ -389,8 +458,14 @@ class FsHandlers:
 
         def work() -> None:
             self._refuse_protected(paths, src, "move")
-            ops.move(paths.root, src, dst, overwrite=req.overwrite,
-                     make_parents=req.make_parents, new_owner=paths.new_owner)  # fmt: skip
+            ops.move(
+                paths.root,
+                src,
+                dst,
+                overwrite=req.overwrite,
+                make_parents=req.make_parents,
+                new_owner=paths.new_owner,
+            )
 
         await self._run(paths, work, src, walk=True)  # across filesystems it copies
         return await self._stat_reply(paths, dst, follow=False)
@@ -400,8 +475,15 @@ class FsHandlers:
         src, dst = paths.resolve(req.src), paths.resolve(req.dst)
 
         def work() -> None:
-            ops.copy(paths.root, src, dst, recursive=req.recursive, overwrite=req.overwrite,
-                     make_parents=req.make_parents, new_owner=paths.new_owner)  # fmt: skip
+            ops.copy(
+                paths.root,
+                src,
+                dst,
+                recursive=req.recursive,
+                overwrite=req.overwrite,
+                make_parents=req.make_parents,
+                new_owner=paths.new_owner,
+            )
 
         await self._run(paths, work, src, walk=True)
         return await self._stat_reply(paths, dst, follow=False)
@@ -410,9 +492,11 @@ class FsHandlers:
         paths = self._for(sbx)
         host = paths.resolve(req.path)
         await self._run(
-            paths, lambda: ops.chmod(paths.root, host, req.mode, recursive=req.recursive), host,
+            paths,
+            lambda: ops.chmod(paths.root, host, req.mode, recursive=req.recursive),
+            host,
             walk=req.recursive,
-        )  # fmt: skip
+        )
         return await self._stat_reply(paths, host)
 
     async def chown(self, sbx: SandboxContext, req: FsChown) -> FsEntry:

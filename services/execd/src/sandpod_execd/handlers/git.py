@@ -99,14 +99,26 @@ class GitHandlers:
         )
         with creds as auth_env:
             config = ("-c", "credential.helper=") if auth else ()  # never store the token
-            await job.git((*config, *args, "--", source, target), sbx.command_path(None),
-                          "git clone", env=auth_env, ref=req.branch, url=shown)  # fmt: skip
+            await job.git(
+                (*config, *args, "--", source, target),
+                sbx.command_path(None),
+                "git clone",
+                env=auth_env,
+                ref=req.branch,
+                url=shown,
+            )
         if req.ref:
-            await job.git(("checkout", "--quiet", "--detach", req.ref), target, "git checkout",
-                          ref=req.ref)  # fmt: skip
+            await job.git(
+                ("checkout", "--quiet", "--detach", req.ref), target, "git checkout", ref=req.ref
+            )
         commit, branch = await job.head(target)
-        return GitHead(path=client_path(sbx.workspace, target), commit=commit, branch=branch,
-                       url=shown, duration=job.elapsed)  # fmt: skip
+        return GitHead(
+            path=client_path(sbx.workspace, target),
+            commit=commit,
+            branch=branch,
+            url=shown,
+            duration=job.elapsed,
+        )
 
     async def checkout(self, sbx: SandboxContext, req: GitCheckout) -> GitHead:
         job = self._job(sbx, req.timeout or DEFAULT_TIMEOUT)
@@ -115,11 +127,16 @@ class GitHandlers:
     async def _checkout(self, job: _Job, req: GitCheckout) -> GitHead:
         repo = job.sbx.command_path(req.path)
         args = ("-b", req.ref) if req.create else (req.ref, "--")
-        await job.git(("checkout", "--quiet", *args), repo, "git checkout", ref=req.ref,
-                      path=req.path)  # fmt: skip
+        await job.git(
+            ("checkout", "--quiet", *args), repo, "git checkout", ref=req.ref, path=req.path
+        )
         commit, branch = await job.head(repo)
-        return GitHead(path=client_path(job.sbx.workspace, repo), commit=commit, branch=branch,
-                       duration=job.elapsed)  # fmt: skip
+        return GitHead(
+            path=client_path(job.sbx.workspace, repo),
+            commit=commit,
+            branch=branch,
+            duration=job.elapsed,
+        )
 
     async def status(self, sbx: SandboxContext, req: GitRepo) -> GitStatus:
         job = self._job(sbx, req.timeout or DEFAULT_TIMEOUT)
@@ -130,9 +147,12 @@ class GitHandlers:
         top = await job.git(("rev-parse", "--show-toplevel"), repo, "git status", path=req.path)
         root = os.fsdecode(top.stdout.strip())
         run = await job.git(
-            ("status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all"), root,
-            "git status", max_output=STATUS_OUTPUT, path=req.path,
-        )  # fmt: skip
+            ("status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all"),
+            root,
+            "git status",
+            max_output=STATUS_OUTPUT,
+            path=req.path,
+        )
         st, truncated = parse_status(run.stdout, MAX_ENTRIES)
         truncated = truncated or run.stdout_size > len(run.stdout)
         entries: list[GitEntry] = []
@@ -142,11 +162,25 @@ class GitHandlers:
             if size > self._budget:
                 truncated = True
                 break
-            entries.append(GitEntry(path=e.path, state=cast(EntryState, e.state), index=e.index,
-                                    worktree=e.worktree, orig_path=e.orig_path))  # fmt: skip
-        return GitStatus(path=client_path(job.sbx.workspace, root), commit=st.commit,
-                         branch=st.branch, upstream=st.upstream, ahead=st.ahead,
-                         behind=st.behind, entries=tuple(entries), truncated=truncated)  # fmt: skip
+            entries.append(
+                GitEntry(
+                    path=e.path,
+                    state=cast(EntryState, e.state),
+                    index=e.index,
+                    worktree=e.worktree,
+                    orig_path=e.orig_path,
+                )
+            )
+        return GitStatus(
+            path=client_path(job.sbx.workspace, root),
+            commit=st.commit,
+            branch=st.branch,
+            upstream=st.upstream,
+            ahead=st.ahead,
+            behind=st.behind,
+            entries=tuple(entries),
+            truncated=truncated,
+        )
 
     async def diff(self, sbx: SandboxContext, req: GitDiff) -> GitPatch:
         job = self._job(sbx, req.timeout or DEFAULT_TIMEOUT)
@@ -165,8 +199,12 @@ class GitHandlers:
         cut = len(encoded) > cap  # U+FFFD takes 3 bytes where a stray byte took 1
         if cut:
             text = encoded[:cap].decode("utf-8", "ignore")
-        return GitPatch(path=client_path(sbx.workspace, repo), text=text, size=run.stdout_size,
-                        truncated=cut or run.stdout_size > len(run.stdout))  # fmt: skip
+        return GitPatch(
+            path=client_path(sbx.workspace, repo),
+            text=text,
+            size=run.stdout_size,
+            truncated=cut or run.stdout_size > len(run.stdout),
+        )
 
     def _job(
         self, sbx: SandboxContext, timeout: float, secrets: list[str | None] | None = None
@@ -203,15 +241,25 @@ class _Job:
         """Run ``git <args>`` in ``cwd`` within what is left of the request's timeout."""
         left = self.timeout - self.elapsed
         if left <= 0:
-            raise GitTimeout(f"{what} exceeded its timeout of {self.timeout:g}s",
-                             timeout=self.timeout)  # fmt: skip
+            raise GitTimeout(
+                f"{what} exceeded its timeout of {self.timeout:g}s", timeout=self.timeout
+            )
         cmd = self.sbx.command(("git", *BASE_CONFIG, *args), None, cwd, git_env(env), stdin=False)
         try:
-            return await run_git(cmd, scrub=self.scrub, timeout=left, max_output=max_output,
-                                 running=self.running, what=what, ref=ref, url=url)  # fmt: skip
+            return await run_git(
+                cmd,
+                scrub=self.scrub,
+                timeout=left,
+                max_output=max_output,
+                running=self.running,
+                what=what,
+                ref=ref,
+                url=url,
+            )
         except GitTimeout:  # say the request's timeout, not what was left of it for this step
-            raise GitTimeout(f"{what} exceeded its timeout of {self.timeout:g}s",
-                             timeout=self.timeout) from None  # fmt: skip
+            raise GitTimeout(
+                f"{what} exceeded its timeout of {self.timeout:g}s", timeout=self.timeout
+            ) from None
         except InvalidCwd as exc:
             shown = path or client_path(self.sbx.workspace, cwd)
             raise FsNotFound(f"{shown!r} does not exist or is not a directory", path=shown) from exc

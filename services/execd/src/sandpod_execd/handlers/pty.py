@@ -126,8 +126,9 @@ class PtyHandlers:
         argv = req.argv
         if argv is None and req.shell is None:
             argv = (sbx.shell, "-i", "-l")  # the login shell; it is interactive on a tty anyway
-        cmd = sbx.command(argv, req.shell, req.cwd, {"TERM": DEFAULT_TERM, **(req.env or {})},
-                          stdin=False)  # fmt: skip
+        cmd = sbx.command(
+            argv, req.shell, req.cwd, {"TERM": DEFAULT_TERM, **(req.env or {})}, stdin=False
+        )
         size = req.buffer_bytes or DEFAULT_BUFFER
         spec = TerminalSpec(
             pty_id=pty_id,
@@ -144,8 +145,15 @@ class PtyHandlers:
         term = Terminal.open(spec)
         terms.add(term)
         self._deps.supervisor.spawn(term.run(self._deps.settings.pipe_grace), name=f"pty:{pty_id}")
-        log.info("pty_opened", sandbox_id=sbx.sandbox_id, pty_id=pty_id, pid=term.pid,
-                 argv0=spec.argv[0], cols=spec.cols, rows=spec.rows)  # fmt: skip
+        log.info(
+            "pty_opened",
+            sandbox_id=sbx.sandbox_id,
+            pty_id=pty_id,
+            pid=term.pid,
+            argv0=spec.argv[0],
+            cols=spec.cols,
+            rows=spec.rows,
+        )
         return info(term)
 
     def _queue_input(self, sbx: SandboxContext, req: PtyInput) -> asyncio.Future[int]:

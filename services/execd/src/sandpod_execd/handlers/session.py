@@ -106,8 +106,9 @@ class SessionHandlers:
         if not await session.shell.start(self._limits.start_timeout):
             table.remove(session_id)
             await session.close()
-            raise SessionError(f"the shell of session {session_id!r} did not start",
-                               session_id=session_id)  # fmt: skip
+            raise SessionError(
+                f"the shell of session {session_id!r} did not start", session_id=session_id
+            )
         return _info(session)
 
     async def list(self, sbx: SandboxContext, _: Empty) -> SessionListing:
@@ -130,8 +131,9 @@ class SessionHandlers:
     ) -> SessionResult:
         outcome = await session.run(ticket, req.command, req.stdin, req.timeout)
         if outcome is None:  # cancelled while queued: it never ran
-            return SessionResult(session_id=session.session_id, command_id=ticket.command_id,
-                                 cancelled=True)  # fmt: skip
+            return SessionResult(
+                session_id=session.session_id, command_id=ticket.command_id, cancelled=True
+            )
         max_output = self._settings.output_cap(req.max_output)  # the same ceiling as exec
         out = session.capture(ticket.command_id, outcome, max_output, self._budget)
         exit_code = outcome.status
@@ -172,8 +174,9 @@ class SessionHandlers:
             raise SessionError(
                 f"no retained output of command {req.command_id!r} (fetched already, expired "
                 f"after {self._settings.result_ttl:g}s, or replaced by newer results)",
-                session_id=req.session_id, command_id=req.command_id,
-            ) from None  # fmt: skip
+                session_id=req.session_id,
+                command_id=req.command_id,
+            ) from None
         return SessionOutputPart(
             session_id=req.session_id,
             command_id=req.command_id,

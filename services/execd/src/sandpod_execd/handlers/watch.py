@@ -124,8 +124,12 @@ class WatchHandlers:
             max_dirs=MAX_DIRS,
             fs_root=sbx.fs_root,
         )
-        entry = _Entry(watcher, client_path(sbx.workspace, host), tuple(req.events),
-                       req.idle_timeout or DEFAULT_IDLE)  # fmt: skip
+        entry = _Entry(
+            watcher,
+            client_path(sbx.workspace, host),
+            tuple(req.events),
+            req.idle_timeout or DEFAULT_IDLE,
+        )
         entries[watch_id] = entry  # holds the slot while the first walk yields
         try:
             await watcher.start()
@@ -152,9 +156,17 @@ class WatchHandlers:
             watcher.last_poll = time.monotonic()
         out: list[WatchEvent] = []
         if read.skipped:
-            out.append(WatchEvent(seq=read.cursor, type="overflow", path=entry.path(""),
-                                  is_dir=watcher.is_dir, time=time.time(), count=read.skipped,
-                                  reason="queue"))  # fmt: skip
+            out.append(
+                WatchEvent(
+                    seq=read.cursor,
+                    type="overflow",
+                    path=entry.path(""),
+                    is_dir=watcher.is_dir,
+                    time=time.time(),
+                    count=read.skipped,
+                    reason="queue",
+                )
+            )
         size = 0
         for ev in read.events:
             wire = _wire(entry, ev)

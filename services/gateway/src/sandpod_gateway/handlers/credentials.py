@@ -49,18 +49,28 @@ async def nats(request: Request) -> Response:
     key = _signing_key(request)
     scope = principal(request).scope
     listed = await ctx.upstream.api(
-        "sandboxes", "list", Selection(namespace=LIFECYCLE_NAMESPACE), ObjectsReply,
+        "sandboxes",
+        "list",
+        Selection(namespace=LIFECYCLE_NAMESPACE),
+        ObjectsReply,
         tenant=scope.tenant,
-    )  # fmt: skip
+    )
     ids = [str(i["metadata"]["name"]) for i in listed.items]
     cred = tenant_creds(
-        key, prefix=ctx.settings.prefix, tenant=scope.tenant, sandbox_ids=ids,
-        now=int(time.time()), ttl=int(ctx.settings.tenant_creds_ttl),
+        key,
+        prefix=ctx.settings.prefix,
+        tenant=scope.tenant,
+        sandbox_ids=ids,
+        now=int(time.time()),
+        ttl=int(ctx.settings.tenant_creds_ttl),
         account=ctx.settings.nats_account_public,
-    )  # fmt: skip
+    )
     body = {
-        "creds": cred.creds, "inbox_prefix": cred.inbox_prefix, "tenant": scope.tenant,
-        "prefix": ctx.settings.prefix, "expires_at": cred.expires,
+        "creds": cred.creds,
+        "inbox_prefix": cred.inbox_prefix,
+        "tenant": scope.tenant,
+        "prefix": ctx.settings.prefix,
+        "expires_at": cred.expires,
         "sandboxes": {scope.name_of(i) or i: i for i in cred.sandboxes},
-    }  # fmt: skip
+    }
     return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})

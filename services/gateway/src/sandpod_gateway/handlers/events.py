@@ -43,9 +43,12 @@ async def watch(request: Request) -> Response:
     ctx = context(request)
     sbx = target(request)
     path = request.query_params.get("path") or "/workspace"
-    req = WatchStart(path=path, recursive=query_bool(request, "recursive", True),
-                     include=tuple(request.query_params.getlist("include")),
-                     exclude=tuple(request.query_params.getlist("exclude")))  # fmt: skip
+    req = WatchStart(
+        path=path,
+        recursive=query_bool(request, "recursive", True),
+        include=tuple(request.query_params.getlist("include")),
+        exclude=tuple(request.query_params.getlist("exclude")),
+    )
     slot = ctx.quotas.stream(principal(request).scope.tenant)
     try:
         info = await sbx.call("watch", "start", req, WatchInfo)

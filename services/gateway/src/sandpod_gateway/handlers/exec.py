@@ -32,9 +32,12 @@ MAX_ONESHOT_OUTPUT = 64 * 1024 * 1024  # per stream: what a JSON reply may carry
 def command_params(body: Body) -> dict[str, Any]:
     """The command fields shared by exec, exec streams and processes."""
     params: dict[str, Any] = {
-        "argv": body.texts("argv"), "shell": body.text("shell"), "cwd": body.text("cwd"),
-        "env": body.text_map("env"), "timeout": body.number("timeout"),
-    }  # fmt: skip
+        "argv": body.texts("argv"),
+        "shell": body.text("shell"),
+        "cwd": body.text("cwd"),
+        "env": body.text_map("env"),
+        "timeout": body.number("timeout"),
+    }
     if (params["argv"] is None) == (params["shell"] is None):
         raise BadRequest("exactly one of 'argv' or 'shell' is required", field="argv")
     return params
@@ -70,20 +73,36 @@ async def run(request: Request) -> Response:
         result = await sbx.call("exec", "run", req, ExecResult, timeout)
         stdout = await _complete(sbx, result, "stdout", result.stdout, result.stdout_size)
         stderr = await _complete(sbx, result, "stderr", result.stderr, result.stderr_size)
-    return JSONResponse({
-        "exec_id": result.exec_id, "exit_code": result.exit_code, "signal": result.signal,
-        "stdout": render(stdout, enc), "stderr": render(stderr, enc), "encoding": enc,
-        "stdout_truncated": result.stdout_truncated, "stderr_truncated": result.stderr_truncated,
-        "timed_out": result.timed_out, "duration": result.duration,
-    })  # fmt: skip
+    return JSONResponse(
+        {
+            "exec_id": result.exec_id,
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+            "stdout": render(stdout, enc),
+            "stderr": render(stderr, enc),
+            "encoding": enc,
+            "stdout_truncated": result.stdout_truncated,
+            "stderr_truncated": result.stderr_truncated,
+            "timed_out": result.timed_out,
+            "duration": result.duration,
+        }
+    )
 
 
 async def _complete(sbx: Target, result: ExecResult, stream: str, head: bytes, size: int) -> bytes:
     """The whole captured stream: what the reply held plus ``exec.fetch`` parts."""
     data = bytearray(head)
     while len(data) < size:
-        part = await sbx.call("exec", "fetch", ExecFetch(exec_id=result.exec_id, stream=stream,  # type: ignore[arg-type]
-                                                         offset=len(data)), OutputPart)  # fmt: skip
+        part = await sbx.call(
+            "exec",
+            "fetch",
+            ExecFetch(
+                exec_id=result.exec_id,
+                stream=stream,  # type: ignore[arg-type]
+                offset=len(data),
+            ),
+            OutputPart,
+        )
         data += part.data
         if part.eof or not part.data:
             break
@@ -100,8 +119,9 @@ async def stream(request: Request) -> Response:
     params = command_params(body)
     slot = ctx.quotas.streaming_exec(principal(request).scope.tenant)
     try:
-        es = await ExecStream.open(sbx, **params, stdin=body.data_bytes("stdin"),
-                                   window=ctx.settings.stream_window)  # fmt: skip
+        es = await ExecStream.open(
+            sbx, **params, stdin=body.data_bytes("stdin"), window=ctx.settings.stream_window
+        )
     except BaseException:
         slot.release()
         raise
@@ -111,9 +131,16 @@ async def stream(request: Request) -> Response:
             if frame.kind == "chunk":
                 yield frame.stream, {"seq": frame.seq, "data": render(frame.data, enc)}
             else:
-                yield "exit", {"exec_id": frame.exec_id, "exit_code": frame.exit_code,
-                               "signal": frame.signal, "timed_out": frame.timed_out,
-                               "duration": frame.duration}  # fmt: skip
+                yield (
+                    "exit",
+                    {
+                        "exec_id": frame.exec_id,
+                        "exit_code": frame.exit_code,
+                        "signal": frame.signal,
+                        "timed_out": frame.timed_out,
+                        "duration": frame.duration,
+                    },
+                )
 
     async def closed(_completed: bool) -> None:
         try:

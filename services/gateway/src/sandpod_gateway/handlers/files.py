@@ -69,8 +69,11 @@ async def download(request: Request) -> Response:
     await sbx.call("fs", "read", FsRead(path=path, offset=0, length=0), FsChunk)
     window = parse_range(request.headers.get("range"), entry.size)
     start, length = window or (0, entry.size)
-    headers = {"accept-ranges": "bytes", "content-length": str(length),
-               "last-modified-epoch": f"{entry.mtime:.6f}"}  # fmt: skip
+    headers = {
+        "accept-ranges": "bytes",
+        "content-length": str(length),
+        "last-modified-epoch": f"{entry.mtime:.6f}",
+    }
     if window is not None:
         headers["content-range"] = f"bytes {start}-{start + length - 1}/{entry.size}"
 
@@ -84,8 +87,13 @@ async def download(request: Request) -> Response:
         finally:
             slot.release()
 
-    return _Releasing(body(), slot, status_code=206 if window else 200, headers=headers,
-                      media_type="application/octet-stream")  # fmt: skip
+    return _Releasing(
+        body(),
+        slot,
+        status_code=206 if window else 200,
+        headers=headers,
+        media_type="application/octet-stream",
+    )
 
 
 @handler
@@ -103,9 +111,13 @@ async def upload(request: Request) -> Response:
         raise BadRequest("mode: octal permission bits, e.g. 644", field="mode") from None
     with ctx.quotas.stream(principal(request).scope.tenant):
         entry, received = await upload_bytes(
-            sbx, path, request.stream(), mode=mode,
-            make_parents=query_bool(request, "make_parents", True), expected_sha256=sha,
-        )  # fmt: skip
+            sbx,
+            path,
+            request.stream(),
+            mode=mode,
+            make_parents=query_bool(request, "make_parents", True),
+            expected_sha256=sha,
+        )
     ctx.metrics.transfer_bytes.labels("upload").inc(received)
     return JSONResponse(message_json(entry), status_code=201)
 
@@ -114,18 +126,22 @@ async def upload(request: Request) -> Response:
 async def stat(request: Request) -> Response:
     """Describe one path."""
     follow = query_bool(request, "follow")
-    entry = await target(request).call("fs", "stat", FsPath(path=_path(request), follow=follow),
-                                       FsEntry)  # fmt: skip
+    entry = await target(request).call(
+        "fs", "stat", FsPath(path=_path(request), follow=follow), FsEntry
+    )
     return JSONResponse(message_json(entry))
 
 
 @handler
 async def list_(request: Request) -> Response:
     """A directory's entries, ``depth`` levels deep, in pages (``cursor``)."""
-    req = FsList(path=_path(request), depth=query_int(request, "depth", 1, minimum=1),
-                 hidden=query_bool(request, "hidden", True),
-                 limit=query_int(request, "limit", None, minimum=1),
-                 cursor=request.query_params.get("cursor") or None)  # fmt: skip
+    req = FsList(
+        path=_path(request),
+        depth=query_int(request, "depth", 1, minimum=1),
+        hidden=query_bool(request, "hidden", True),
+        limit=query_int(request, "limit", None, minimum=1),
+        cursor=request.query_params.get("cursor") or None,
+    )
     listing = await target(request).call("fs", "list", req, FsListing)
     return JSONResponse(message_json(listing))
 
@@ -133,8 +149,11 @@ async def list_(request: Request) -> Response:
 @handler
 async def remove(request: Request) -> Response:
     """Delete a file, link or directory (``recursive`` for a non-empty one)."""
-    req = FsRemove(path=_path(request), recursive=query_bool(request, "recursive"),
-                   missing_ok=query_bool(request, "missing_ok"))  # fmt: skip
+    req = FsRemove(
+        path=_path(request),
+        recursive=query_bool(request, "recursive"),
+        missing_ok=query_bool(request, "missing_ok"),
+    )
     return JSONResponse(message_json(await target(request).call("fs", "remove", req, FsRemoved)))
 
 
@@ -142,10 +161,12 @@ async def remove(request: Request) -> Response:
 async def mkdir(request: Request) -> Response:
     """Create a directory (parents by default)."""
     body = await read_json(request)
-    req = FsMkdir(path=body.req_text("path"), parents=body.flag("parents", True),
-                  mode=body.integer("mode"))  # fmt: skip
-    return JSONResponse(message_json(await target(request).call("fs", "mkdir", req, FsEntry)),
-                        status_code=201)  # fmt: skip
+    req = FsMkdir(
+        path=body.req_text("path"), parents=body.flag("parents", True), mode=body.integer("mode")
+    )
+    return JSONResponse(
+        message_json(await target(request).call("fs", "mkdir", req, FsEntry)), status_code=201
+    )
 
 
 @handler
@@ -153,9 +174,11 @@ async def move(request: Request) -> Response:
     """Rename or move ``src`` to ``dst``."""
     body = await read_json(request)
     req = FsMove(
-        src=body.req_text("src"), dst=body.req_text("dst"),
-        overwrite=body.flag("overwrite"), make_parents=body.flag("make_parents"),
-    )  # fmt: skip
+        src=body.req_text("src"),
+        dst=body.req_text("dst"),
+        overwrite=body.flag("overwrite"),
+        make_parents=body.flag("make_parents"),
+    )
     return JSONResponse(message_json(await target(request).call("fs", "move", req, FsEntry)))
 
 
@@ -174,9 +197,15 @@ async def chmod(request: Request) -> Response:
 async def search(request: Request) -> Response:
     """Lines containing ``query`` (or matching it as a regex) below ``path``."""
     body = await read_json(request)
-    req = FsSearch(query=body.req_text("query"), path=body.text("path"), glob=body.text("glob"),
-                   regex=body.flag("regex"), case_sensitive=body.flag("case_sensitive", True),
-                   hidden=body.flag("hidden"), limit=body.integer("limit"))  # fmt: skip
+    req = FsSearch(
+        query=body.req_text("query"),
+        path=body.text("path"),
+        glob=body.text("glob"),
+        regex=body.flag("regex"),
+        case_sensitive=body.flag("case_sensitive", True),
+        hidden=body.flag("hidden"),
+        limit=body.integer("limit"),
+    )
     result = await target(request).call("fs", "search", req, FsSearchResult)
     return JSONResponse(message_json(result))
 

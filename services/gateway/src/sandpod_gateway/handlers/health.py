@@ -21,15 +21,17 @@ async def readyz(request: Request) -> Response:
     """Ready when connected to NATS and the key bucket is open."""
     ctx = context(request)
     ok = ctx.ready.is_set() and ctx.upstream.bus.is_connected
-    return JSONResponse({"status": "ready" if ok else "not_ready",
-                         "nats": ctx.upstream.bus.is_connected},
-                        status_code=200 if ok else 503)  # fmt: skip
+    return JSONResponse(
+        {"status": "ready" if ok else "not_ready", "nats": ctx.upstream.bus.is_connected},
+        status_code=200 if ok else 503,
+    )
 
 
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition of the gateway's registry."""
-    return Response(generate_latest(context(request).metrics.registry),
-                    media_type=CONTENT_TYPE_LATEST)  # fmt: skip
+    return Response(
+        generate_latest(context(request).metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )
 
 
 async def openapi(request: Request) -> Response:

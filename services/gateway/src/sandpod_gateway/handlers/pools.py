@@ -62,8 +62,9 @@ def _id(scope: Scope, kind: str, name: str | None, field: str = "name") -> str:
     if sid is None:
         raise ResourceInvalid(
             f"invalid {kind} name {name!r}: a DNS label of at most {scope.max_name} characters "
-            "without '--'", field=field,
-        )  # fmt: skip
+            "without '--'",
+            field=field,
+        )
     return sid
 
 
@@ -76,8 +77,15 @@ def _path_id(request: Request, kind: str) -> tuple[Scope, str, str]:
     return scope, name, sid
 
 
-async def _api(request: Request, kind: str, verb: str, msg: Any, reply: type[Any], *,
-               timeout: float | None = None) -> Any:  # fmt: skip
+async def _api(
+    request: Request,
+    kind: str,
+    verb: str,
+    msg: Any,
+    reply: type[Any],
+    *,
+    timeout: float | None = None,
+) -> Any:
     tenant = principal(request).scope.tenant
     try:
         return await context(request).upstream.api(kind, verb, msg, reply, timeout, tenant=tenant)
@@ -164,9 +172,12 @@ async def pool_create(request: Request) -> Response:
     }
     if template := body.text("template"):
         spec["templateRef"] = {"name": template}
-    obj = {"apiVersion": API, "kind": "SandboxWarmPool", "spec": spec,
-           "metadata": {"name": _id(scope, "pool", name),
-                        "namespace": LIFECYCLE_NAMESPACE}}  # fmt: skip
+    obj = {
+        "apiVersion": API,
+        "kind": "SandboxWarmPool",
+        "spec": spec,
+        "metadata": {"name": _id(scope, "pool", name), "namespace": LIFECYCLE_NAMESPACE},
+    }
     reply = await _api(request, "pools", "apply", ObjectRequest(object=obj), ObjectReply)
     return JSONResponse(_one(_pool_out(scope, reply.object), "pool", name), status_code=201)
 
@@ -213,21 +224,31 @@ async def claim_create(request: Request) -> Response:
         spec["poolRef"] = {"name": _id(scope, "pool", pool, field="pool")}
     if template := body.text("template"):
         spec["templateRef"] = {"name": template}
-    for field, key in (("lifetime_seconds", "lifetimeSeconds"),
-                       ("idle_timeout_seconds", "idleTimeoutSeconds")):  # fmt: skip
+    for field, key in (
+        ("lifetime_seconds", "lifetimeSeconds"),
+        ("idle_timeout_seconds", "idleTimeoutSeconds"),
+    ):
         if (value := body.integer(field)) is not None:
             spec[key] = value
     if env := body.text_map("env"):
         spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
     wait = min(max(_wait(body), 0.0), MAX_WAIT)
-    obj = {"apiVersion": API, "kind": "SandboxClaim", "spec": spec,
-           "metadata": {"name": _id(scope, "claim", name),
-                        "namespace": LIFECYCLE_NAMESPACE}}  # fmt: skip
+    obj = {
+        "apiVersion": API,
+        "kind": "SandboxClaim",
+        "spec": spec,
+        "metadata": {"name": _id(scope, "claim", name), "namespace": LIFECYCLE_NAMESPACE},
+    }
     refuse_reserved(obj, spec_labels=True)  # the pool service refuses it too (the real check)
     try:
-        reply = await _api(request, "claims", "create",
-                           ObjectRequest(object=obj, wait_ready=wait or None), ObjectReply,
-                           timeout=wait + 10)  # fmt: skip
+        reply = await _api(
+            request,
+            "claims",
+            "create",
+            ObjectRequest(object=obj, wait_ready=wait or None),
+            ObjectReply,
+            timeout=wait + 10,
+        )
     except PoolNotFound:
         raise PoolNotFound(f"no pool {pool!r}", pool=pool) from None
     return JSONResponse(_one(_claim_out(scope, reply.object), "claim", name), status_code=201)

@@ -39,9 +39,13 @@ MAX_WAIT = 60.0
 async def start(request: Request) -> Response:
     """Start a background process; its record."""
     body = await read_json(request)
-    req = ProcStart(proc_id=body.text("proc_id"), tags=body.text_map("tags"),
-                    stdin=body.data_bytes("stdin"), log_limit=body.integer("log_limit"),
-                    **command_params(body))  # fmt: skip
+    req = ProcStart(
+        proc_id=body.text("proc_id"),
+        tags=body.text_map("tags"),
+        stdin=body.data_bytes("stdin"),
+        log_limit=body.integer("log_limit"),
+        **command_params(body),
+    )
     info = await target(request).call("proc", "start", req, ProcInfo)
     return JSONResponse(message_json(info), status_code=201)
 
@@ -70,25 +74,38 @@ async def logs(request: Request) -> Response:
     enc = request.query_params.get("encoding", "utf-8")
     if enc not in ("utf-8", "base64"):
         raise BadRequest("encoding: 'utf-8' or 'base64'", field="encoding")
-    req = ProcLogs(proc_id=request.path_params["proc_id"],
-                   cursor=query_int(request, "cursor", 0),
-                   max_bytes=query_int(request, "max_bytes", None, minimum=1),
-                   wait=wait or None)  # fmt: skip
+    req = ProcLogs(
+        proc_id=request.path_params["proc_id"],
+        cursor=query_int(request, "cursor", 0),
+        max_bytes=query_int(request, "max_bytes", None, minimum=1),
+        wait=wait or None,
+    )
     part = await target(request).call("proc", "logs", req, ProcLogPart, wait + 10)
-    return JSONResponse({
-        "proc_id": part.proc_id, "cursor": part.cursor, "next_cursor": part.next_cursor,
-        "skipped": part.skipped, "eof": part.eof, "state": part.state, "encoding": enc,
-        "chunks": [{"offset": c.offset, "stream": c.stream, "data": render(c.data, enc)}
-                   for c in part.chunks],
-    })  # fmt: skip
+    return JSONResponse(
+        {
+            "proc_id": part.proc_id,
+            "cursor": part.cursor,
+            "next_cursor": part.next_cursor,
+            "skipped": part.skipped,
+            "eof": part.eof,
+            "state": part.state,
+            "encoding": enc,
+            "chunks": [
+                {"offset": c.offset, "stream": c.stream, "data": render(c.data, enc)}
+                for c in part.chunks
+            ],
+        }
+    )
 
 
 @handler
 async def kill(request: Request) -> Response:
     """End the process tree: ``signal`` (default SIGTERM), then SIGKILL after ``grace``."""
-    req = ProcKill(proc_id=request.path_params["proc_id"],
-                   signal=query_int(request, "signal", None, minimum=1),
-                   grace=query_float(request, "grace", None))  # fmt: skip
+    req = ProcKill(
+        proc_id=request.path_params["proc_id"],
+        signal=query_int(request, "signal", None, minimum=1),
+        grace=query_float(request, "grace", None),
+    )
     grace = req.grace if req.grace is not None else 5.0
     info = await target(request).call("proc", "kill", req, ProcInfo, grace + 10)
     return JSONResponse(message_json(info))

@@ -75,23 +75,33 @@ async def create(request: Request) -> Response:
     if scope.sandbox_id(name) is None:
         raise ResourceInvalid(
             f"invalid sandbox name {name!r}: a DNS label of at most {scope.max_name} characters "
-            "without '--'", field="metadata.name",
-        )  # fmt: skip
+            "without '--'",
+            field="metadata.name",
+        )
     labels = meta.text_map("labels") or body.text_map("labels")
     annotations = meta.text_map("annotations")
-    obj = {"apiVersion": "sandpod.dev/v1alpha1", "kind": "Sandbox",
-           "metadata": {"name": name, **({"labels": labels} if labels else {}),
-                        **({"annotations": annotations} if annotations else {})},
-           "spec": body.obj("spec") or {}}  # fmt: skip
+    obj = {
+        "apiVersion": "sandpod.dev/v1alpha1",
+        "kind": "Sandbox",
+        "metadata": {
+            "name": name,
+            **({"labels": labels} if labels else {}),
+            **({"annotations": annotations} if annotations else {}),
+        },
+        "spec": body.obj("spec") or {},
+    }
     refuse_reserved(obj)  # lifecycle refuses it too; this is only an earlier, same error
     wait = min(body.number("wait", 60.0) or 0.0, MAX_WAIT)
     who = principal(request)
     if (body.obj("spec") or {}).get("permanent") and not who.key.permanent:
         raise QuotaExceeded(
-            "permanent_sandboxes", 0, "keys create --allow-permanent", scope.tenant,
+            "permanent_sandboxes",
+            0,
+            "keys create --allow-permanent",
+            scope.tenant,
             hint="use an API key created with `sandpod_gateway keys create --allow-permanent`, "
             "or give the sandbox a lifetime",
-        )  # fmt: skip
+        )
     req = ObjectRequest(object=scope.inbound(obj, name), wait_ready=wait or None)
     pending = context(request).pending_creates.setdefault(scope.tenant, set())
     await _check_count(request, scope, pending, name)
@@ -116,9 +126,14 @@ async def _check_count(request: Request, scope: Scope, pending: set[str], name: 
     held |= pending
     held.discard(name)  # an existing name fails as a conflict, not as a quota
     if len(held) >= limit:
-        raise QuotaExceeded("sandboxes", limit, "SANDPOD_GATEWAY_TENANT_MAX_SANDBOXES",
-                            scope.tenant, hint="delete one first, or ask the operator to raise "
-                            "SANDPOD_GATEWAY_TENANT_MAX_SANDBOXES")  # fmt: skip
+        raise QuotaExceeded(
+            "sandboxes",
+            limit,
+            "SANDPOD_GATEWAY_TENANT_MAX_SANDBOXES",
+            scope.tenant,
+            hint="delete one first, or ask the operator to raise "
+            "SANDPOD_GATEWAY_TENANT_MAX_SANDBOXES",
+        )
 
 
 @handler
@@ -149,8 +164,7 @@ async def list_(request: Request) -> Response:
     page = items[:limit]
     more = len(items) > limit
     cursor = _encode_cursor(str(page[-1]["metadata"]["name"])) if more and page else None
-    return JSONResponse({"items": page, "next_cursor": cursor,
-                         "truncated": reply.truncated})  # fmt: skip
+    return JSONResponse({"items": page, "next_cursor": cursor, "truncated": reply.truncated})
 
 
 @handler
@@ -168,8 +182,12 @@ async def renew(request: Request) -> Response:
     """Push the sandbox's shutdown time to now + ``seconds`` (or to ``shutdown_time``)."""
     scope, name, sid = _ref(request)
     body = await read_json(request)
-    req = Renew(name=sid, namespace=LIFECYCLE_NAMESPACE, seconds=body.number("seconds"),
-                shutdown_time=body.text("shutdown_time"))  # fmt: skip
+    req = Renew(
+        name=sid,
+        namespace=LIFECYCLE_NAMESPACE,
+        seconds=body.number("seconds"),
+        shutdown_time=body.text("shutdown_time"),
+    )
     reply = await _call(request, "renew", req, name)
     return JSONResponse(_out(scope, reply.object, name))
 

@@ -16,5 +16,8 @@ async def create_ticket(request: Request) -> Response:
     """A ticket that opens one WebSocket of this key within ``expires_in`` seconds."""
     ctx = context(request)
     ticket = ctx.tickets.issue(principal(request).key)
-    return JSONResponse({"ticket": ticket, "expires_in": ctx.tickets.ttl}, status_code=201,
-                        headers={"cache-control": "no-store"})  # fmt: skip
+    return JSONResponse(
+        {"ticket": ticket, "expires_in": ctx.tickets.ttl},
+        status_code=201,
+        headers={"cache-control": "no-store"},
+    )

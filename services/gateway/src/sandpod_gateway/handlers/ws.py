@@ -130,8 +130,7 @@ async def _attach(sbx: Target, ws: WebSocket) -> PtyInfo:
         with contextlib.suppress(PtyNotFound):
             return await sbx.call("pty", "get", PtyRef(pty_id=pty_id), PtyInfo)
     shell = ws.query_params.get("shell") or None
-    req = PtyOpen(pty_id=pty_id, shell=shell, cols=_dim(ws, "cols", 80),
-                  rows=_dim(ws, "rows", 24))  # fmt: skip
+    req = PtyOpen(pty_id=pty_id, shell=shell, cols=_dim(ws, "cols", 80), rows=_dim(ws, "rows", 24))
     return await sbx.call("pty", "open", req, PtyInfo)
 
 
@@ -148,8 +147,15 @@ async def pty_ws(ws: WebSocket) -> None:
         cursor = int(raw_cursor) if raw_cursor and raw_cursor.isdigit() else info.start_cursor
         await ws.accept()
         link = _Link(ws, ctx.settings.keepalive)
-        await link.send_json({"type": "ready", "pty_id": info.pty_id, "cols": info.cols,
-                              "rows": info.rows, "cursor": cursor})  # fmt: skip
+        await link.send_json(
+            {
+                "type": "ready",
+                "pty_id": info.pty_id,
+                "cols": info.cols,
+                "rows": info.rows,
+                "cursor": cursor,
+            }
+        )
         await _run(
             link,
             lambda: _pty_out(sbx, link, info.pty_id, cursor),
@@ -172,8 +178,9 @@ async def _pty_out(sbx: Target, link: _Link, pty_id: str, cursor: int) -> None:
             await link.send_bytes(out.data)
         cursor = out.next_cursor
         if out.exited and not out.data:
-            await link.send_json({"type": "exit", "exit_code": out.exit_code,
-                                  "signal": out.signal, "cursor": cursor})  # fmt: skip
+            await link.send_json(
+                {"type": "exit", "exit_code": out.exit_code, "signal": out.signal, "cursor": cursor}
+            )
             return
 
 
@@ -189,11 +196,16 @@ async def _pty_in(sbx: Target, link: _Link, pty_id: str) -> None:
             ctl = jsonbody.loads(msg.get("text") or "")
             kind = ctl.get("type") if isinstance(ctl, dict) else None
             if kind == "resize":
-                await sbx.call("pty", "resize", PtyResize(pty_id=pty_id, cols=int(ctl["cols"]),
-                               rows=int(ctl["rows"])), PtyInfo)  # fmt: skip
+                await sbx.call(
+                    "pty",
+                    "resize",
+                    PtyResize(pty_id=pty_id, cols=int(ctl["cols"]), rows=int(ctl["rows"])),
+                    PtyInfo,
+                )
             elif kind == "signal":
-                await sbx.call("pty", "signal", PtySignal(pty_id=pty_id,
-                               signal=int(ctl["signal"])), PtyInfo)  # fmt: skip
+                await sbx.call(
+                    "pty", "signal", PtySignal(pty_id=pty_id, signal=int(ctl["signal"])), PtyInfo
+                )
             elif kind == "input":  # text input for clients that cannot send binary frames
                 data = str(ctl["data"]).encode()
                 await sbx.call("pty", "input", PtyInput(pty_id=pty_id, data=data), PtyWritten)
@@ -223,8 +235,9 @@ async def exec_ws(ws: WebSocket) -> None:
             raise BadRequest("the first frame must be the command as JSON") from exc
         if not isinstance(body, dict):
             raise BadRequest("the first frame must be a JSON object")
-        es = await ExecStream.open(sbx, **command_params(Body(body)), stdin_open=True,
-                                   window=ctx.settings.stream_window)  # fmt: skip
+        es = await ExecStream.open(
+            sbx, **command_params(Body(body)), stdin_open=True, window=ctx.settings.stream_window
+        )
         await link.send_json({"type": "started", "exec_id": es.exec_id})
         await _run(link, lambda: _exec_out(es, link), lambda: _exec_in(es, link), es.keepalive)
         with contextlib.suppress(Exception):
@@ -246,9 +259,13 @@ async def _exec_out(es: ExecStream, link: _Link) -> None:
             await link.send_bytes((b"\x01" if frame.stream == "stdout" else b"\x02") + frame.data)
         else:
             await link.send_json(
-                {"type": "exit", "exit_code": frame.exit_code, "signal": frame.signal,
-                 "timed_out": frame.timed_out}
-            )  # fmt: skip
+                {
+                    "type": "exit",
+                    "exit_code": frame.exit_code,
+                    "signal": frame.signal,
+                    "timed_out": frame.timed_out,
+                }
+            )
 
 
 async def _exec_in(es: ExecStream, link: _Link) -> None:

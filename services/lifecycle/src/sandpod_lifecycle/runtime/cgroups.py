@@ -71,12 +71,16 @@ class CgroupPlan:
         if "/" in parent or parent in ("", ".", ".."):
             raise ValueError(f"cgroup parent must be a plain name, got {parent!r}")
         v1 = {c: m for c, m in caps.cgroup_v1.items() if caps.root or _delegated(m / parent)}
-        v2 = caps.cgroup_v2 if caps.root or (
-            caps.cgroup_v2 is not None and _delegated(caps.cgroup_v2 / parent)
-        ) else None  # fmt: skip
-        v2_controllers = caps.cgroup_v2_controllers if caps.root or v2 is None else frozenset(
-            _read(v2 / parent / "cgroup.subtree_control").split()
-        )  # fmt: skip
+        v2 = (
+            caps.cgroup_v2
+            if caps.root or (caps.cgroup_v2 is not None and _delegated(caps.cgroup_v2 / parent))
+            else None
+        )
+        v2_controllers = (
+            caps.cgroup_v2_controllers
+            if caps.root or v2 is None
+            else frozenset(_read(v2 / parent / "cgroup.subtree_control").split())
+        )
         v1_freezer = v1.get("freezer")
         chosen: Hierarchy | None
         if core == "v1" or (core == "auto" and v1_freezer is not None):
@@ -161,8 +165,11 @@ class SandboxCgroups:
         return memory is not None and memory[1] not in self.holder_joined
 
     def to_json(self) -> dict[str, Any]:
-        return {"core": self.core, "core_version": self.core_version,
-                "limits": {r: list(v) for r, v in self.limits.items()}}  # fmt: skip
+        return {
+            "core": self.core,
+            "core_version": self.core_version,
+            "limits": {r: list(v) for r, v in self.limits.items()},
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SandboxCgroups:
@@ -184,9 +191,11 @@ class SandboxCgroups:
         protections = {"freezer": ACTIVE if self.core is not None else UNDELEGATED % "freezer"}
         for role in LIMITS:
             if role not in self.limits:
-                protections[role] = UNDELEGATED % role if self.core is None else (
-                    f"unavailable: no {role} cgroup controller on this host"
-                )  # fmt: skip
+                protections[role] = (
+                    UNDELEGATED % role
+                    if self.core is None
+                    else (f"unavailable: no {role} cgroup controller on this host")
+                )
                 continue
             version, d = self.limits[role]
             _write_limit(role, version, Path(d), resources)

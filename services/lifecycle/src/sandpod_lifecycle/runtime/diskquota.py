@@ -134,8 +134,16 @@ def attach(state_dir: Path, sandbox_dir: Path, size: int, options: DiskOptions) 
     try:
         flags = MS_NOSUID | MS_NODEV | MS_NOATIME
         data = "noinit_itable,nobarrier" + ("" if options.preallocate else ",discard")
-        if _libc.mount(f"/dev/loop{device[0]}".encode(), str(mount_point).encode(), b"ext4",
-                       flags, data.encode()) != 0:  # fmt: skip
+        if (
+            _libc.mount(
+                f"/dev/loop{device[0]}".encode(),
+                str(mount_point).encode(),
+                b"ext4",
+                flags,
+                data.encode(),
+            )
+            != 0
+        ):
             err = ctypes.get_errno()
             raise DiskQuotaError(err, f"cannot mount the sandbox's disk: {os.strerror(err)}")
     finally:
@@ -190,8 +198,22 @@ def _template(state_dir: Path, size: int) -> Path:
         # -i 16384: one inode per 16 KiB (the sandbox's inode quota too); no journal, no
         # reserved blocks (the sandbox gets all of it), no room kept for online growth, lazy
         # init: a few hundred KiB of metadata written, whatever the size.
-        argv = [mkfs, "-q", "-F", "-m", "0", "-i", "16384", "-O", "^has_journal,^resize_inode",
-                "-E", "lazy_itable_init=1,nodiscard", "-L", "sandpod", str(tmp)]  # fmt: skip
+        argv = [
+            mkfs,
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-i",
+            "16384",
+            "-O",
+            "^has_journal,^resize_inode",
+            "-E",
+            "lazy_itable_init=1,nodiscard",
+            "-L",
+            "sandpod",
+            str(tmp),
+        ]
         try:
             done = subprocess.run(
                 argv, capture_output=True, text=True, timeout=MKFS_TIMEOUT, check=False

@@ -208,20 +208,49 @@ class HolderLayout:
         # holder script (as ambient ones) although it runs as a non-zero uid there.
         user = (
             ["--user", f"--map-user={self.uid}", f"--map-group={self.gid}", "--keep-caps"]
-            if self.rootless else []
-        )  # fmt: skip
+            if self.rootless
+            else []
+        )
         return [
-            sh, "-c", LAUNCHER, "sandpod-launch", *cgroup_procs, "--",
-            unshare, *user, "--mount", "--pid", "--ipc", "--uts", "--net", "--cgroup", "--fork",
-            "--kill-child", "--propagation", "private", "--",
-            sh, "-c", HOLDER, "sandpod-holder",
-            str(self.base), str(self.upper), str(self.work), str(self.root),
-            str(self.workspace), self.sandbox_id, str(self.tmp_bytes), str(self.uid),
-            str(self.gid), "1" if self.rootless else "0", self.helper or "", self.seccomp,
+            sh,
+            "-c",
+            LAUNCHER,
+            "sandpod-launch",
+            *cgroup_procs,
+            "--",
+            unshare,
+            *user,
+            "--mount",
+            "--pid",
+            "--ipc",
+            "--uts",
+            "--net",
+            "--cgroup",
+            "--fork",
+            "--kill-child",
+            "--propagation",
+            "private",
+            "--",
+            sh,
+            "-c",
+            HOLDER,
+            "sandpod-holder",
+            str(self.base),
+            str(self.upper),
+            str(self.work),
+            str(self.root),
+            str(self.workspace),
+            self.sandbox_id,
+            str(self.tmp_bytes),
+            str(self.uid),
+            str(self.gid),
+            "1" if self.rootless else "0",
+            self.helper or "",
+            self.seccomp,
             str(self.shm_bytes),
             "1" if self.tmp_in_upper else "0",
             *(str(m) for m in self.masks),
-        ]  # fmt: skip
+        ]
 
 
 def oom_protection(cg: SandboxCgroups, holder: int) -> str:
@@ -233,12 +262,16 @@ def oom_protection(cg: SandboxCgroups, holder: int) -> str:
         if int(Path(f"/proc/{holder}/oom_score_adj").read_text()) == -1000:
             return ACTIVE
     if "memory" not in cg.limits:
-        return ("unavailable: no memory cgroup, and this host refused the holder's "
-                "oom_score_adj -1000: a host-wide OOM can kill it")  # fmt: skip
-    return ("degraded: the holder shares the sandbox's memory cgroup (cgroup v2, or a parent "
-            "not delegated to us) and this host refused its oom_score_adj -1000 (no "
-            "CAP_SYS_RESOURCE): an OOM in the sandbox can kill it (the Sandbox then fails with "
-            "OOMKilled)")  # fmt: skip
+        return (
+            "unavailable: no memory cgroup, and this host refused the holder's "
+            "oom_score_adj -1000: a host-wide OOM can kill it"
+        )
+    return (
+        "degraded: the holder shares the sandbox's memory cgroup (cgroup v2, or a parent "
+        "not delegated to us) and this host refused its oom_score_adj -1000 (no "
+        "CAP_SYS_RESOURCE): an OOM in the sandbox can kill it (the Sandbox then fails with "
+        "OOMKilled)"
+    )
 
 
 def _check_path(path: Path) -> None:

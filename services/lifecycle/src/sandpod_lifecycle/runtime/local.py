@@ -78,8 +78,13 @@ log = structlog.get_logger("sandpod.lifecycle.local")
 JAIL_FILE = "jail.json"
 JAIL_VERSION = 1
 WORKSPACE = "/workspace"
-NAMESPACE_PROTECTIONS = ("mount_namespace", "pid_namespace", "ipc_namespace", "uts_namespace",
-                         "cgroup_namespace")  # fmt: skip
+NAMESPACE_PROTECTIONS = (
+    "mount_namespace",
+    "pid_namespace",
+    "ipc_namespace",
+    "uts_namespace",
+    "cgroup_namespace",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -241,8 +246,12 @@ class LocalRuntime:
         sid, d = spec.sandbox_id, self._dir(spec.sandbox_id)
         disk_bytes, top = await self._disk(spec, d)
         quota = disk_bytes is not None
-        for name, mode in (("upper", 0o755), ("work", 0o700), ("root", 0o755),
-                           ("workspace", 0o755)):  # fmt: skip
+        for name, mode in (
+            ("upper", 0o755),
+            ("work", 0o700),
+            ("root", 0o755),
+            ("workspace", 0o755),
+        ):
             path = (d if name == "root" else top) / name
             path.mkdir()
             path.chmod(mode)  # upper's mode is the sandbox's "/": never 0700
@@ -253,24 +262,46 @@ class LocalRuntime:
             os.chown(top / "workspace", uid, gid)
         cg = plan.for_sandbox(sid)
         record: dict[str, Any] = {
-            "version": JAIL_VERSION, "sandbox_id": sid, "phase": "creating",
-            "holder_pid": None, "holder_start": None, "uid": uid, "gid": gid,
-            "join": cg.joined, "track": cg.core, "cgroups": cg.to_json(),
+            "version": JAIL_VERSION,
+            "sandbox_id": sid,
+            "phase": "creating",
+            "holder_pid": None,
+            "holder_start": None,
+            "uid": uid,
+            "gid": gid,
+            "join": cg.joined,
+            "track": cg.core,
+            "cgroups": cg.to_json(),
             "workspace": {"inside": WORKSPACE, "outside": str(top / "workspace")},
-            "upper": str(top / "upper"), "rootfs": str(base), "env": dict(spec.env),
-            "userns": rootless, "protections": {}, "notes": [], "seccomp": spec.seccomp,
+            "upper": str(top / "upper"),
+            "rootfs": str(base),
+            "env": dict(spec.env),
+            "userns": rootless,
+            "protections": {},
+            "notes": [],
+            "seccomp": spec.seccomp,
             "disk": {"bytes": disk_bytes, "mount": str(top)} if quota else None,
-        }  # fmt: skip
+        }
         _write_json(d / JAIL_FILE, record)
         protections = cg.create(spec.resources)
         layout = HolderLayout(
-            sandbox_id=sid, base=base, upper=top / "upper", work=top / "work", root=d / "root",
-            workspace=top / "workspace", tmp_bytes=spec.resources.tmp_bytes or
-            spec.resources.memory_bytes, shm_bytes=spec.resources.shm_bytes, uid=uid, gid=gid,
-            masks=(self.config.state_dir, *self.config.mask_paths), log=d / "holder.log",
-            rootless=rootless, seccomp=spec.seccomp, helper=seccomp.helper(),
+            sandbox_id=sid,
+            base=base,
+            upper=top / "upper",
+            work=top / "work",
+            root=d / "root",
+            workspace=top / "workspace",
+            tmp_bytes=spec.resources.tmp_bytes or spec.resources.memory_bytes,
+            shm_bytes=spec.resources.shm_bytes,
+            uid=uid,
+            gid=gid,
+            masks=(self.config.state_dir, *self.config.mask_paths),
+            log=d / "holder.log",
+            rootless=rootless,
+            seccomp=spec.seccomp,
+            helper=seccomp.helper(),
             tmp_in_upper=quota,
-        )  # fmt: skip
+        )
         procs = [cgroup_join_file(c) for c in cg.holder_joined]
         popen, holder, skipped = await launch(
             layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
@@ -278,23 +309,38 @@ class LocalRuntime:
         self._launchers[sid] = popen
         notes = list(caps.notes) if rootless else []
         if skipped:
-            notes.append(f"rootless: these directories of the base have mounts below them and "
-                         f"are empty in the sandbox: {' '.join(skipped)}")  # fmt: skip
+            notes.append(
+                f"rootless: these directories of the base have mounts below them and "
+                f"are empty in the sandbox: {' '.join(skipped)}"
+            )
         if spec.egress:
-            notes.append("egress requested but not supported by the local runtime yet: "
-                         "the sandbox has loopback only")  # fmt: skip
+            notes.append(
+                "egress requested but not supported by the local runtime yet: "
+                "the sandbox has loopback only"
+            )
         protections["holder_oom"] = oom_protection(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
-        protections.update(network=ACTIVE, rootfs=ACTIVE, unprivileged_user=ACTIVE,
-                           no_new_privs=ACTIVE,
-                           disk_quota=ACTIVE if quota else str(self._disk_quota))  # fmt: skip
+        protections.update(
+            network=ACTIVE,
+            rootfs=ACTIVE,
+            unprivileged_user=ACTIVE,
+            no_new_privs=ACTIVE,
+            disk_quota=ACTIVE if quota else str(self._disk_quota),
+        )
         protections["seccomp"] = seccomp.protection(holder, spec.seccomp, layout.helper)
         if rootless:
             protections["user_namespace"] = ACTIVE
-            notes.append(f"rootless: uid {uid} inside is the unprivileged host uid "
-                         f"{os.geteuid()}, shared by every sandbox of this user")  # fmt: skip
-        record.update(phase="running", holder_pid=holder, holder_start=_start_time(holder),
-                      protections=protections, notes=notes)  # fmt: skip
+            notes.append(
+                f"rootless: uid {uid} inside is the unprivileged host uid "
+                f"{os.geteuid()}, shared by every sandbox of this user"
+            )
+        record.update(
+            phase="running",
+            holder_pid=holder,
+            holder_start=_start_time(holder),
+            protections=protections,
+            notes=notes,
+        )
         _write_json(d / JAIL_FILE, record)
 
     async def _disk(self, spec: InstanceSpec, d: Path) -> tuple[int | None, Path]:

@@ -41,8 +41,17 @@ __all__ = ["LocalDriver", "parse_cpu", "parse_quantity"]
 
 log = structlog.get_logger("sandpod.lifecycle.local_driver")
 
-_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
 _QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|K|M|G|T)?")
 
 
@@ -88,13 +97,24 @@ class LocalDriver:
 
     def _instance(self, sandbox_id: str, status: InstanceStatus) -> Instance:
         if status.lost:
-            return Instance(sandbox_id, running=False, paused=False,
-                            pid=self._launcher.pid(sandbox_id), detail=_lost_message(status),
-                            reason=_lost_reason(status), terminal=True)  # fmt: skip
+            return Instance(
+                sandbox_id,
+                running=False,
+                paused=False,
+                pid=self._launcher.pid(sandbox_id),
+                detail=_lost_message(status),
+                reason=_lost_reason(status),
+                terminal=True,
+            )
         self._watch(sandbox_id, status.holder_pid)
-        return Instance(sandbox_id, running=status.running, paused=status.paused,
-                        pid=self._launcher.pid(sandbox_id), detail=status.detail,
-                        protections=dict(status.protections) or None)  # fmt: skip
+        return Instance(
+            sandbox_id,
+            running=status.running,
+            paused=status.paused,
+            pid=self._launcher.pid(sandbox_id),
+            detail=status.detail,
+            protections=dict(status.protections) or None,
+        )
 
     def _watch(self, sandbox_id: str, holder: int | None) -> None:
         """Watch the holder's pidfd (once per jail): readable when the holder exits."""

@@ -127,9 +127,10 @@ class PodDriver:
         return {
             "pod-security": "active",  # non-root, no escalation, no capabilities, seccomp
             "network-policy": "active",  # enforced by the cluster's CNI, if it enforces any
-            "nats-credentials": "active" if self._creds else (
-                "shared by every sandbox Pod (set SANDPOD_NATS_ACCOUNT_SEED_FILE)"),
-        }  # fmt: skip
+            "nats-credentials": "active"
+            if self._creds
+            else ("shared by every sandbox Pod (set SANDPOD_NATS_ACCOUNT_SEED_FILE)"),
+        }
 
     def _selector(self, sandbox_id: str | None = None) -> str:
         mine = f"{INSTALLATION_LABEL}={self._installation}"
@@ -156,14 +157,19 @@ class PodDriver:
         if owner is None or not owner.uid:
             raise RuntimeFailure("the kubernetes runtime needs the Sandbox's namespace and uid")
         pod = SandboxPod(
-            name=sandbox_id, namespace=owner.namespace, owner_uid=owner.uid,
-            template=spec.template_ref or DEFAULT_TEMPLATE, installation=self._installation,
-            image=template.image, runtime_class_name=template.runtime_class_name,
-            cpu=template.resources.cpu, memory=template.resources.memory,
+            name=sandbox_id,
+            namespace=owner.namespace,
+            owner_uid=owner.uid,
+            template=spec.template_ref or DEFAULT_TEMPLATE,
+            installation=self._installation,
+            image=template.image,
+            runtime_class_name=template.runtime_class_name,
+            cpu=template.resources.cpu,
+            memory=template.resources.memory,
             disk=template.resources.disk,
             env={e.name: e.value for e in (*template.env, *spec.env)},
             creds_secret=creds_secret_name(sandbox_id) if self._creds else None,
-        )  # fmt: skip
+        )
         try:
             pods = await self._pods(sandbox_id)
             mine = [p for p in pods if p.owner_uid == owner.uid]
@@ -174,8 +180,9 @@ class PodDriver:
             if not live and owner.started:  # deleted (or being deleted) under a running sandbox
                 raise InstanceUnhealthy(
                     f"the Pod {owner.namespace}/{sandbox_id} was deleted while the sandbox ran",
-                    reason=ConditionReason.POD_DELETED, terminal=True,
-                )  # fmt: skip
+                    reason=ConditionReason.POD_DELETED,
+                    terminal=True,
+                )
             if self._creds_due(sandbox_id, spec):  # a second pass keeps what the Pod mounted
                 await self._write_creds(pod, spec)
             if not live:
@@ -211,8 +218,10 @@ class PodDriver:
         )
         age = _age(state.created)
         if not problem.terminal and age >= self._settings.start_deadline:
-            message = f"{problem.message} (not Ready {age:.0f}s after creation, deadline " \
-                      f"{self._settings.start_deadline}s)"  # fmt: skip
+            message = (
+                f"{problem.message} (not Ready {age:.0f}s after creation, deadline "
+                f"{self._settings.start_deadline}s)"
+            )
             raise _unhealthy(PodProblem(problem.reason, message), terminal=True)
         raise _unhealthy(problem, terminal=problem.terminal)
 
@@ -241,9 +250,13 @@ class PodDriver:
         RuntimeFailure when the API server refused the write (the next pass tries again)."""
         if not self._creds_due(sandbox_id, spec):
             return
-        pod = SandboxPod(name=sandbox_id, namespace=owner.namespace, owner_uid=owner.uid,
-                         template=spec.template_ref or DEFAULT_TEMPLATE,
-                         installation=self._installation)  # fmt: skip
+        pod = SandboxPod(
+            name=sandbox_id,
+            namespace=owner.namespace,
+            owner_uid=owner.uid,
+            template=spec.template_ref or DEFAULT_TEMPLATE,
+            installation=self._installation,
+        )
         try:
             await self._write_creds(pod, spec)
         except StoreError as exc:
@@ -261,11 +274,13 @@ class PodDriver:
         problem = state.problem
         where = f"pod {state.namespace}/{state.name} {state.phase}"
         return Instance(
-            state.name, running=state.ready, paused=paused,
+            state.name,
+            running=state.ready,
+            paused=paused,
             detail=problem.message if problem else where,
             reason=str(problem.reason) if problem else "",
             terminal=problem.terminal if problem else False,
-        )  # fmt: skip
+        )
 
     async def inspect(self, sandbox_id: str) -> Instance | None:
         live = [p for p in await self._pods(sandbox_id) if not (p.terminal or p.deleting)]
@@ -290,8 +305,9 @@ class PodDriver:
             state = await self._freezer(sandbox_id, "freeze")
         except SandpodError as exc:
             raise RuntimeFailure(f"freeze {sandbox_id}: {exc.message}") from exc
-        log.info("pod_frozen", sandbox=sandbox_id, mechanism=state.mechanism,
-                 processes=state.processes)  # fmt: skip
+        log.info(
+            "pod_frozen", sandbox=sandbox_id, mechanism=state.mechanism, processes=state.processes
+        )
         return MECHANISMS.get(state.mechanism)
 
     async def resume(self, sandbox_id: str) -> None:
@@ -325,8 +341,9 @@ class PodDriver:
 
 def _unhealthy(problem: PodProblem | None, *, terminal: bool) -> InstanceUnhealthy:
     if problem is None:  # callers pass the problem of a Pod that has one
-        return InstanceUnhealthy("the Pod reports a problem without details",
-                                 reason="PodFailed", terminal=terminal)  # fmt: skip
+        return InstanceUnhealthy(
+            "the Pod reports a problem without details", reason="PodFailed", terminal=terminal
+        )
     return InstanceUnhealthy(problem.message, reason=str(problem.reason), terminal=terminal)
 
 
