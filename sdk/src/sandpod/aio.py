@@ -45,10 +45,11 @@ from sandpod.results import ExecResult
 from sandpod.session import AsyncSessions
 from sandpod.watch import AsyncWatches
 from sandpod_bus import Bus, BusSettings
-from sandpod_contract.codec import Message, decode_reply, encode
+from sandpod_client import Channel
+from sandpod_contract.codec import Message
 from sandpod_contract.errors import SandboxNotFound
 from sandpod_contract.messages.common import Empty
-from sandpod_contract.messages.exec import ExecRef, ExecStatus
+from sandpod_contract.messages.exec import ExecStatus
 from sandpod_contract.messages.sandboxes import ObjectReply, Ref, Renew, SandboxEvent
 from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
@@ -65,6 +66,8 @@ class AsyncSandbox:
         self.bus = bus
         self.id = validate_sandbox_id(sandbox_id)
         self.subjects = subjects
+        # The protocol client's view of this sandbox: every data-plane request goes through it.
+        self.channel = Channel(bus, subjects, self.id, not_found=_not_found)
         self._owns_bus = owns_bus
         self.fs = AsyncFiles(self)
         self.proc = AsyncProcesses(self)
@@ -306,14 +309,7 @@ class AsyncSandbox:
     async def _call(
         self, family: str, verb: str, msg: Message, reply: type[R], timeout: float
     ) -> R:
-        try:
-            data = await self.bus.request(self._subject(family, verb), encode(msg), timeout)
-        except SandboxNotFound as exc:
-            raise SandboxNotFound(
-                f"sandbox {self.id!r} has no execd answering; is it running (`sandpod up`)?",
-                sandbox_id=self.id,
-            ) from exc
-        return decode_reply(reply, data)
+        return await self.channel.call(family, verb, msg, reply, timeout)
 
     # -- sys -----------------------------------------------------------------------------------
 
@@ -398,9 +394,7 @@ class AsyncSandbox:
         )
 
     async def _status(self, exec_id: str) -> ExecStatus:
-        return await self._call(
-            "exec", "status", ExecRef(exec_id=exec_id), ExecStatus, CONTROL_TIMEOUT
-        )
+        return await self.channel.status(exec_id, CONTROL_TIMEOUT)
 
     def exec_stream(
         self,
@@ -441,3 +435,11 @@ class AsyncSandbox:
             window=window,
             abandon_after=abandon_after,
         )
+
+
+def _not_found(sandbox_id: str) -> SandboxNotFound:
+    """What "no execd answers" says to an SDK user: which sandbox, and the likely fix."""
+    return SandboxNotFound(
+        f"sandbox {sandbox_id!r} has no execd answering; is it running (`sandpod up`)?",
+        sandbox_id=sandbox_id,
+    )

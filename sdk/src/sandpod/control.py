@@ -9,9 +9,9 @@ import datetime
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from sandpod_bus import Bus, Inbound
+from sandpod_bus import Bus, Inbound, NoResponders
 from sandpod_contract.codec import Message, decode, decode_reply, encode
-from sandpod_contract.errors import SandboxError, SandboxNotFound, SandpodError
+from sandpod_contract.errors import SandboxError, SandpodError
 from sandpod_contract.messages.sandboxes import (
     ObjectReply,
     ObjectRequest,
@@ -87,7 +87,7 @@ async def api_call(  # noqa: PLR0917 - where (bus, subjects) + what (kind, verb,
     """One control-plane request; a missing lifecycle service gets an actionable error."""
     try:
         data = await bus.request(subjects.api(kind, verb), encode(msg), timeout)
-    except SandboxNotFound as exc:
+    except NoResponders as exc:
         service = "pool service" if kind in ("pools", "claims") else "lifecycle service"
         raise SandboxError(
             f"no {service} answers on {subjects.api(kind, verb)}; start the platform with "

@@ -6,7 +6,8 @@ Both the one-shot exec (:mod:`sandpod.exec_oneshot`) and the streaming one
 go through :func:`cwd_and_command`, the command through :func:`split_command` into the wire's
 ``argv``/``shell`` pair; a finished result goes through :func:`check_result` when the caller
 asked for ``check=True``. The timeouts and :func:`split_command` are also the session, proc,
-pty, watch and git clients' (one definition, so they cannot drift apart).
+pty, watch and git clients' (one definition, so they cannot drift apart; the timeouts are
+:mod:`sandpod_client`'s, which the gateway shares).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 from sandpod.errors import CommandFailed
 from sandpod.results import ExecResult
+from sandpod_client import CONTROL_TIMEOUT, NO_DEADLINE, REPLY_SLACK
 
 __all__ = [
     "CONTROL_TIMEOUT",
@@ -29,10 +31,7 @@ __all__ = [
 
 Command = str | Sequence[str]
 
-DEFAULT_TIMEOUT = 60.0
-CONTROL_TIMEOUT = 5.0
-REPLY_SLACK = 10.0  # execd enforces the command timeout; the reply may take this much longer
-NO_DEADLINE = 10 * 365 * 86400.0
+DEFAULT_TIMEOUT = 60.0  # CONTROL_TIMEOUT, REPLY_SLACK and NO_DEADLINE: the protocol client's
 
 
 def split_command(command: Command) -> tuple[tuple[str, ...] | None, str | None]:

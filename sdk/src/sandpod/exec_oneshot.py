@@ -1,26 +1,20 @@
 """The one-shot exec behind :meth:`AsyncSandbox.exec`: run a command to completion, one result.
 
-Data flow: the command, its stdin and options become one ``exec.run`` request; execd runs the
-command and replies with the exit and the head of each output stream. While the reply is
-outstanding, :func:`sandpod._watch.watch` probes ``exec.status`` so a dead execd is a typed
-error rather than a hang, and a caller who gives up (task cancelled, Ctrl-C in the sync SDK)
-cancels the command with ``exec.cancel`` instead of leaving it running. Output beyond what fit
-in the reply is fetched with ``exec.fetch``. Stdin too large for one message takes another
-path: the command runs as a streaming exec (:mod:`sandpod.exec_stream`) that is fed the stdin
-and whose output is collected up to the same cap.
+Data flow: the command, its stdin and options become one ``exec.run`` request, run by the
+protocol client (:func:`sandpod_client.run_oneshot`: liveness probes so a dead execd is a typed
+error rather than a hang, ``exec.cancel`` when the caller gives up, ``exec.fetch`` of output
+beyond the reply); its result becomes the SDK's :class:`ExecResult`. Stdin too large for one
+message takes another path: the command runs as a streaming exec (:mod:`sandpod.exec_stream`)
+that is fed the stdin and whose output is collected up to the same cap.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sandpod._watch import watch
 from sandpod.exec_args import (
-    CONTROL_TIMEOUT,
     NO_DEADLINE,
     REPLY_SLACK,
     Command,
@@ -28,17 +22,8 @@ from sandpod.exec_args import (
     split_command,
 )
 from sandpod.results import ExecResult
-from sandpod_contract.errors import SandpodError
-from sandpod_contract.messages.exec import (
-    ExecFetch,
-    ExecRef,
-    ExecRequest,
-    ExecStatus,
-    OutputPart,
-)
-from sandpod_contract.messages.exec import (
-    ExecResult as WireResult,
-)
+from sandpod_client import run_oneshot as run_wire
+from sandpod_contract.messages.exec import ExecRequest
 
 if TYPE_CHECKING:
     from sandpod.aio import AsyncSandbox
@@ -79,9 +64,7 @@ async def run_oneshot(
             max_output=max_output,
             check=check,
         )
-    exec_id = uuid.uuid4().hex
     req = ExecRequest(
-        exec_id=exec_id,
         argv=argv,
         shell=shell,
         cwd=cwd,
@@ -90,15 +73,14 @@ async def run_oneshot(
         timeout=timeout,
         max_output=max_output,
     )
-    wire = await _run(sbx, exec_id, req, timeout + REPLY_SLACK if timeout else NO_DEADLINE)
-    stdout = await _complete(sbx, wire, "stdout", wire.stdout, wire.stdout_size)
-    stderr = await _complete(sbx, wire, "stderr", wire.stderr, wire.stderr_size)
+    done = await run_wire(sbx.channel, req, timeout + REPLY_SLACK if timeout else NO_DEADLINE)
+    wire = done.result
     result = ExecResult(
         exec_id=wire.exec_id,
         exit_code=wire.exit_code,
         signal=wire.signal,
-        stdout_bytes=stdout,
-        stderr_bytes=stderr,
+        stdout_bytes=done.stdout,
+        stderr_bytes=done.stderr,
         stdout_truncated=wire.stdout_truncated,
         stderr_truncated=wire.stderr_truncated,
         timed_out=wire.timed_out,
@@ -107,39 +89,6 @@ async def run_oneshot(
     if check:
         check_result(result)
     return result
-
-
-async def _run(sbx: AsyncSandbox, exec_id: str, req: ExecRequest, deadline: float) -> WireResult:
-    """The ``exec.run`` request, watched for execd's liveness; cancelled with its caller."""
-    try:
-        return await watch(
-            sbx._call("exec", "run", req, WireResult, deadline),
-            lambda: sbx._status(exec_id),
-            what=f"exec {exec_id}",
-        )
-    except asyncio.CancelledError:
-        # The caller gave up (task cancelled, Ctrl-C in the sync SDK): do not leave the
-        # command running in the sandbox.
-        await asyncio.shield(_cancel_quietly(sbx, exec_id))
-        raise
-
-
-async def _complete(
-    sbx: AsyncSandbox, wire: WireResult, stream: str, head: bytes, size: int
-) -> bytes:
-    """Fetch the part of the output that did not fit in the reply."""
-    parts = [head]
-    offset = len(head)
-    while offset < size:
-        req = ExecFetch(exec_id=wire.exec_id, stream=stream, offset=offset)  # type: ignore[arg-type]
-        part = await sbx._call("exec", "fetch", req, OutputPart, CONTROL_TIMEOUT)
-        if not part.data:
-            break
-        parts.append(part.data)
-        offset += len(part.data)
-        if part.eof:
-            break
-    return b"".join(parts)
 
 
 async def _exec_via_stream(
@@ -184,8 +133,3 @@ async def _exec_via_stream(
     if check:
         check_result(result)
     return result
-
-
-async def _cancel_quietly(sbx: AsyncSandbox, exec_id: str) -> None:
-    with contextlib.suppress(SandpodError):
-        await sbx._call("exec", "cancel", ExecRef(exec_id=exec_id), ExecStatus, 2.0)

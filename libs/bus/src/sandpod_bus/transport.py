@@ -1,8 +1,9 @@
 """The NATS transport behind every Sandpod component.
 
 Wraps nats-py so the rest of the code sees plain bytes, its own :class:`Inbound` message type and
-Sandpod's typed errors: no responders become ``SandboxNotFound`` (nobody serves that subject),
-timeouts become ``RequestTimeout``, a closed connection becomes ``ConnectionLost``. Reconnection
+transport errors: no responders become :class:`~sandpod_bus.errors.NoResponders` (nobody serves
+that subject; what that means is the caller's to say), timeouts become ``RequestTimeout``, a
+closed connection becomes ``ConnectionLost``. Reconnection
 is nats-py's (unbounded attempts by default), with the buffered publishes it does while away.
 Subscriptions are always bounded by pending message and byte limits.
 """
@@ -25,12 +26,12 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from sandpod_bus.credswatch import CredsWatch
+from sandpod_bus.errors import NoResponders
 from sandpod_bus.kv import KvBucket, open_bucket
 from sandpod_contract.errors import (
     ConnectionLost,
     PayloadTooLarge,
     RequestTimeout,
-    SandboxNotFound,
     StoreError,
 )
 
@@ -229,7 +230,7 @@ class Bus:
         """Send a request and return the reply payload.
 
         Raises:
-            SandboxNotFound: nobody subscribes to ``subject`` (NATS "no responders").
+            NoResponders: nobody subscribes to ``subject`` (the caller says what that means).
             RequestTimeout: no reply within ``timeout`` seconds.
             ConnectionLost: the connection is closed.
             PayloadTooLarge: ``payload`` exceeds the server's max payload.
@@ -238,7 +239,7 @@ class Bus:
         try:
             msg = await self._nc.request(subject, payload, timeout=timeout)
         except nats.errors.NoRespondersError as exc:
-            raise SandboxNotFound(f"no responders on {subject}", subject=subject) from exc
+            raise NoResponders(f"no responders on {subject}", subject=subject) from exc
         except (TimeoutError, nats.errors.TimeoutError) as exc:
             raise RequestTimeout(
                 f"no reply on {subject} within {timeout:g}s", subject=subject

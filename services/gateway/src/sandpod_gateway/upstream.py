@@ -1,11 +1,12 @@
 """Requests the gateway makes on NATS for a client: the one place HTTP meets the bus.
 
-``Upstream.sandbox(scope, name)`` resolves a tenant's sandbox name to its data-plane subjects
-(or raises the uniform 404), ``Target.call`` sends one typed request to that sandbox's execd, and
-``Upstream.api`` one control-plane request to lifecycle or pool on the tenant's own subject.
-A sandbox nobody serves (NATS "no responders") and a name the tenant does not own raise the
-same :class:`SandboxNotFound`, with the client's own name in the message and no internal
-subject in the details.
+``Upstream.sandbox(scope, name)`` resolves a tenant's sandbox name to a :class:`Target`: the
+protocol client's :class:`~sandpod_client.Channel` to that sandbox's execd (what the exec,
+stream and file handlers hand to :mod:`sandpod_client`), and ``Target.call`` for one typed
+request. ``Upstream.api`` sends one control-plane request to lifecycle or pool on the tenant's
+own subject. A sandbox nobody serves (NATS "no responders", mapped by the channel) and a name
+the tenant does not own raise the same :class:`SandboxNotFound`, with the client's own name in
+the message and no internal subject in the details.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TypeVar
 
-from sandpod_bus import Bus
+from sandpod_bus import Bus, NoResponders
+from sandpod_client import Channel
 from sandpod_contract.codec import Message, decode_reply, encode
-from sandpod_contract.errors import SandboxNotFound, SandboxUnavailable
+from sandpod_contract.errors import SandboxUnavailable
 from sandpod_contract.subjects import Subjects
 from sandpod_gateway.errors import sandbox_not_found
 from sandpod_gateway.tenancy import Scope
@@ -32,9 +34,10 @@ class Target:
     upstream: Upstream
     name: str  # the tenant's name for it
     sandbox_id: str
+    channel: Channel
 
     def subject(self, family: str, verb: str) -> str:
-        return self.upstream.subjects.sandbox(self.sandbox_id, family, verb)
+        return self.channel.subject(family, verb)
 
     async def call(
         self, family: str, verb: str, msg: Message, reply: type[R], timeout: float | None = None
@@ -45,16 +48,7 @@ class Target:
             SandboxNotFound: nobody serves the sandbox.
             SandpodError: the typed error execd answered, or a transport error.
         """
-        try:
-            data = await self.upstream.bus.request(
-                self.subject(family, verb), encode(msg), timeout or self.upstream.timeout
-            )
-        except SandboxNotFound:
-            raise sandbox_not_found(self.name) from None
-        return decode_reply(reply, data)
-
-    async def publish(self, family: str, verb: str, msg: Message) -> None:
-        await self.upstream.bus.publish(self.subject(family, verb), encode(msg))
+        return await self.channel.call(family, verb, msg, reply, timeout or self.upstream.timeout)
 
 
 class Upstream:
@@ -68,7 +62,9 @@ class Upstream:
         sid = scope.sandbox_id(name)
         if sid is None:
             raise sandbox_not_found(name)
-        return Target(self, name, sid)
+        # "no responders" says only the tenant's own name: no id, no internal subject.
+        channel = Channel(self.bus, self.subjects, sid, not_found=lambda _: sandbox_not_found(name))
+        return Target(self, name, sid, channel)
 
     async def api(
         self,
@@ -91,6 +87,6 @@ class Upstream:
             data = await self.bus.request(
                 self.subjects.api_tenant(tenant, kind, verb), encode(msg), timeout or self.timeout
             )
-        except SandboxNotFound as exc:
+        except NoResponders as exc:
             raise SandboxUnavailable("the control plane (lifecycle) is not answering") from exc
         return decode_reply(reply, data)

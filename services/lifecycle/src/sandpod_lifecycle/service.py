@@ -25,9 +25,9 @@ from typing import Any
 
 import structlog
 
-from sandpod_bus import Bus
+from sandpod_bus import Bus, NoResponders
 from sandpod_contract.codec import Message, decode_reply, encode
-from sandpod_contract.errors import InternalError, SandpodError
+from sandpod_contract.errors import InternalError, SandboxUnavailable, SandpodError
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.node import NodeSandboxes
 from sandpod_contract.messages.sandboxes import CONTROL_PLANE
@@ -250,7 +250,12 @@ class LifecycleService:
     async def _node_request(self, verb: str, msg: Message) -> NodeSandboxes:
         bus = self._started()
         subject = self.subjects.node(self.settings.node, "execd", verb)
-        return decode_reply(NodeSandboxes, await bus.request(subject, encode(msg), 10.0))
+        try:
+            return decode_reply(NodeSandboxes, await bus.request(subject, encode(msg), 10.0))
+        except NoResponders as exc:  # the transport's word; what it means here:
+            raise SandboxUnavailable(
+                f"the node execd of {self.settings.node!r} is not answering", subject=subject
+            ) from exc
 
     async def stop(self, grace: float) -> None:
         if self._api is not None:
@@ -308,7 +313,12 @@ class LifecycleService:
         subject = self.subjects.sandbox(sandbox_id, "sys", verb)
         request: Message = Freeze(timeout=FREEZE_TIMEOUT) if verb == "freeze" else Empty()
         wait = FREEZE_TIMEOUT + 2.0 if verb == "freeze" else 2.0  # inspect asks every pass
-        reply = await bus.request(subject, encode(request), wait)
+        try:
+            reply = await bus.request(subject, encode(request), wait)
+        except NoResponders as exc:
+            raise SandboxUnavailable(
+                f"the execd of sandbox {sandbox_id!r} is not answering", sandbox_id=sandbox_id
+            ) from exc
         return decode_reply(FreezeState, reply)
 
     async def _configure(self, sandbox_id: str, env: dict[str, str], generation: int) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from sandpod_bus import Bus
+from sandpod_bus import Bus, NoResponders
 from sandpod_contract.codec import decode_reply, encode
 from sandpod_contract.errors import InternalError, SandpodError
 from sandpod_contract.messages.pools import POOL_PLANE
@@ -247,6 +247,9 @@ class PoolService:
                 subject, encode(Configure(env=env, generation=generation)), CONFIGURE_TIMEOUT
             )
             decode_reply(Configured, data)
+        except NoResponders:  # the transport's word: here, the sandbox's execd is not up (yet)
+            log.warning("configure_failed", sandbox=sandbox_id, error="no execd answers")
+            return False
         except SandpodError as exc:
             log.warning("configure_failed", sandbox=sandbox_id, error=exc.message)
             return False

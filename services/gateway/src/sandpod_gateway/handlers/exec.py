@@ -1,8 +1,11 @@
 """``/v1/sandboxes/{name}/exec``: one-shot (JSON result) and streaming (SSE) command execution.
 
-One-shot sends ``exec.run`` and, when the output did not fit one NATS message, reads the rest
-with ``exec.fetch`` (bounded by ``max_output``). Streaming sends ``exec.start`` before the
-response begins (a missing sandbox or command is a proper HTTP error), then relays frames as SSE:
+Both are the protocol client's (:mod:`sandpod_client`, the SDK's too), so neither can hang on a
+dead execd. One-shot is :func:`sandpod_client.run_oneshot`: ``exec.run`` watched by liveness
+probes, the rest of the output by ``exec.fetch`` (bounded by ``max_output``), the command
+cancelled if the HTTP client leaves. Streaming starts a :class:`sandpod_client.ExecStream`
+before the response begins (a missing sandbox or command is a proper HTTP error), then relays
+frames as SSE:
 ``event: stdout`` / ``event: stderr`` with ``{seq, data}`` and finally ``event: exit`` with the exit
 code. Output text is UTF-8 (bad bytes replaced) unless ``encoding: "base64"``.
 """
@@ -10,21 +13,22 @@ code. Output text is UTF-8 (bad bytes replaced) unless ``encoding: "base64"``.
 from __future__ import annotations
 
 import base64
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from sandpod_client import ExecStream, run_oneshot
 from sandpod_contract.errors import BadRequest
-from sandpod_contract.messages.exec import ExecFetch, ExecRequest, ExecResult, OutputPart
+from sandpod_contract.messages.exec import ExecRequest
 from sandpod_gateway.context import context, principal
-from sandpod_gateway.execstream import ExecStream
 from sandpod_gateway.handlers.common import Body, handler, read_json, target
 from sandpod_gateway.sse import SseEvent, SseResponse
 from sandpod_gateway.upstream import Target
 
-__all__ = ["command_params", "run", "stream"]
+__all__ = ["command_params", "open_stream", "run", "stream"]
 
 MAX_ONESHOT_OUTPUT = 64 * 1024 * 1024  # per stream: what a JSON reply may carry
 
@@ -68,11 +72,10 @@ async def run(request: Request) -> Response:
         stdin=body.data_bytes("stdin"),
         max_output=MAX_ONESHOT_OUTPUT if max_output is None else max_output,
     )
-    timeout = (req.timeout or 3600.0) + context(request).settings.request_timeout
+    deadline = (req.timeout or 3600.0) + context(request).settings.request_timeout
     with context(request).quotas.exec(principal(request).scope.tenant):
-        result = await sbx.call("exec", "run", req, ExecResult, timeout)
-        stdout = await _complete(sbx, result, "stdout", result.stdout, result.stdout_size)
-        stderr = await _complete(sbx, result, "stderr", result.stderr, result.stderr_size)
+        done = await run_oneshot(sbx.channel, req, deadline)
+    result, stdout, stderr = done.result, done.stdout, done.stderr
     return JSONResponse(
         {
             "exec_id": result.exec_id,
@@ -89,24 +92,16 @@ async def run(request: Request) -> Response:
     )
 
 
-async def _complete(sbx: Target, result: ExecResult, stream: str, head: bytes, size: int) -> bytes:
-    """The whole captured stream: what the reply held plus ``exec.fetch`` parts."""
-    data = bytearray(head)
-    while len(data) < size:
-        part = await sbx.call(
-            "exec",
-            "fetch",
-            ExecFetch(
-                exec_id=result.exec_id,
-                stream=stream,  # type: ignore[arg-type]
-                offset=len(data),
-            ),
-            OutputPart,
-        )
-        data += part.data
-        if part.eof or not part.data:
-            break
-    return bytes(data)
+async def open_stream(sbx: Target, params: dict[str, Any], **more: Any) -> ExecStream:
+    """A started stream (typed errors such as a missing command raised now), or nothing left
+    behind: a stream whose start failed is closed here."""
+    es = ExecStream(sbx.channel, **params, **more, exec_id=f"gw-{uuid.uuid4().hex[:16]}")
+    try:
+        await es.start()
+    except BaseException:
+        await es.close()
+        raise
+    return es
 
 
 @handler
@@ -119,8 +114,8 @@ async def stream(request: Request) -> Response:
     params = command_params(body)
     slot = ctx.quotas.streaming_exec(principal(request).scope.tenant)
     try:
-        es = await ExecStream.open(
-            sbx, **params, stdin=body.data_bytes("stdin"), window=ctx.settings.stream_window
+        es = await open_stream(
+            sbx, params, stdin=body.data_bytes("stdin"), window=ctx.settings.stream_window
         )
     except BaseException:
         slot.release()
@@ -151,7 +146,6 @@ async def stream(request: Request) -> Response:
     return SseResponse(
         events(),
         ctx.settings.keepalive,
-        companions=[es.keepalive],
         headers={"x-exec-id": es.exec_id},
         on_close=closed,
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from sandpod_client import ExecStream
 from sandpod_contract.errors import BadRequest, Busy, PtyNotFound, SandpodError
 from sandpod_contract.messages.pty import (
     PtyInfo,
@@ -40,9 +41,8 @@ from sandpod_contract.messages.pty import (
 from sandpod_gateway import jsonbody
 from sandpod_gateway.context import context, principal
 from sandpod_gateway.errors import error_body, error_response
-from sandpod_gateway.execstream import ExecStream
 from sandpod_gateway.handlers.common import Body
-from sandpod_gateway.handlers.exec import command_params
+from sandpod_gateway.handlers.exec import command_params, open_stream
 from sandpod_gateway.quotas import Slot
 from sandpod_gateway.upstream import Target
 
@@ -235,11 +235,11 @@ async def exec_ws(ws: WebSocket) -> None:
             raise BadRequest("the first frame must be the command as JSON") from exc
         if not isinstance(body, dict):
             raise BadRequest("the first frame must be a JSON object")
-        es = await ExecStream.open(
-            sbx, **command_params(Body(body)), stdin_open=True, window=ctx.settings.stream_window
+        es = await open_stream(
+            sbx, command_params(Body(body)), stdin_open=True, window=ctx.settings.stream_window
         )
         await link.send_json({"type": "started", "exec_id": es.exec_id})
-        await _run(link, lambda: _exec_out(es, link), lambda: _exec_in(es, link), es.keepalive)
+        await _run(link, lambda: _exec_out(es, link), lambda: _exec_in(es, link))
         with contextlib.suppress(Exception):
             await ws.close(code=1000)
     except WebSocketDisconnect:
@@ -274,7 +274,7 @@ async def _exec_in(es: ExecStream, link: _Link) -> None:
         if msg["type"] == "websocket.disconnect":
             return
         if msg.get("bytes") is not None:
-            await es.stdin(msg["bytes"])
+            await es.write(msg["bytes"])
             continue
         try:
             ctl = jsonbody.loads(msg.get("text") or "")

@@ -1,0 +1,90 @@
+"""One sandbox's data plane as a client sees it: typed requests to its execd, errors mapped.
+
+A :class:`Channel` is (bus, subjects, sandbox id) plus how this client names a missing sandbox.
+Every protocol piece above it (one-shot exec, streams, transfers) and the SDK's and gateway's
+plain calls go through :meth:`Channel.call`, so the transport's "no responders" becomes the
+contract's ``sandbox.not_found`` in one place (the contract: no execd answers for the sandbox,
+it does not exist or is not ready yet), worded for whoever asked: the SDK names the sandbox id
+and suggests ``sandpod up``, the gateway says only the tenant's own name and no subject.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TypeVar
+
+from sandpod_bus import Bus, Handler, NoResponders, Subscription
+from sandpod_contract.codec import Message, decode_reply, encode
+from sandpod_contract.errors import SandboxNotFound
+from sandpod_contract.messages.exec import ExecRef, ExecStatus
+from sandpod_contract.subjects import Subjects
+
+__all__ = ["CONTROL_TIMEOUT", "NO_DEADLINE", "Channel", "NotFound"]
+
+R = TypeVar("R", bound=Message)
+NotFound = Callable[[str], SandboxNotFound]  # sandbox id -> the error this client raises
+
+CONTROL_TIMEOUT = 5.0  # a small control request (status, cancel, resume, ack-like calls)
+NO_DEADLINE = 10 * 365 * 86400.0  # a request that may wait as long as it likes: liveness ends it
+
+
+def _not_found(sandbox_id: str) -> SandboxNotFound:
+    return SandboxNotFound(f"sandbox {sandbox_id!r} has no execd answering", sandbox_id=sandbox_id)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Channel:
+    """Requests and publishes on one sandbox's subjects.
+
+    Attributes:
+        bus: the connection.
+        subjects: the installation's subject names (prefix, tenant).
+        sandbox_id: the sandbox's id (its subjects' token).
+        not_found: builds the error for "no execd answers" (the caller's wording).
+    """
+
+    bus: Bus
+    subjects: Subjects
+    sandbox_id: str
+    not_found: NotFound = _not_found
+
+    def subject(self, family: str, verb: str) -> str:
+        return self.subjects.sandbox(self.sandbox_id, family, verb)
+
+    @property
+    def max_payload(self) -> int:
+        """What one message may carry (the server's limit)."""
+        return self.bus.max_payload
+
+    async def call(self, family: str, verb: str, msg: Message, reply: type[R], timeout: float) -> R:
+        """One request to the sandbox's execd; its typed reply.
+
+        Raises:
+            SandboxNotFound: no execd serves the sandbox (``not_found``'s error).
+            RequestTimeout, ConnectionLost, PayloadTooLarge: the transport's.
+            SandpodError: the typed error execd answered.
+        """
+        try:
+            data = await self.bus.request(self.subject(family, verb), encode(msg), timeout)
+        except NoResponders as exc:
+            raise self.not_found(self.sandbox_id) from exc
+        return decode_reply(reply, data)
+
+    async def publish(self, family: str, verb: str, msg: Message) -> None:
+        """Fire and forget (acks). Raises ConnectionLost, PayloadTooLarge."""
+        await self.bus.publish(self.subject(family, verb), encode(msg))
+
+    async def status(self, exec_id: str, timeout: float = CONTROL_TIMEOUT) -> ExecStatus:
+        """``exec.status`` of ``exec_id``: the liveness probe of a one-shot exec."""
+        return await self.call("exec", "status", ExecRef(exec_id=exec_id), ExecStatus, timeout)
+
+    async def subscribe_inbox(
+        self, handler: Handler, *, pending_msgs: int, pending_bytes: int
+    ) -> tuple[str, Subscription]:
+        """A fresh private inbox (where execd delivers stream frames) and its subscription."""
+        inbox = self.bus.new_inbox()
+        sub = await self.bus.subscribe(
+            inbox, handler, pending_msgs=pending_msgs, pending_bytes=pending_bytes
+        )
+        return inbox, sub
