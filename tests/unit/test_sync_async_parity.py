@@ -16,9 +16,10 @@ import pytest
 
 import sandpod
 
-# Async-only plumbing: the shared connection a caller may pass in (``bus=``) and the subjects
-# built on it; the blocking SDK owns its connection on its private loop.
-ASYNC_ONLY = {"bus", "subjects"}
+# Async-only plumbing: the shared connection a caller may pass in (``bus=``), the subjects
+# built on it and the protocol client's channel over both; the blocking SDK owns its
+# connection on its private loop.
+ASYNC_ONLY = {"bus", "subjects", "channel"}
 # Same operation, the language's spelling: async resources close with ``aclose``.
 RENAMED = {"aclose": "close"}
 # Context-manager and iteration protocols differ by design (``async with`` vs ``with``).

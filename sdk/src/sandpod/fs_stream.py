@@ -42,7 +42,7 @@ READ_LIMIT = 64 * 1024 * 1024  # fs.read() refuses larger files unless max_size 
 Progress = Callable[[int, int | None], object]  # (bytes done, total if known)
 
 
-class AsyncFileReader(WireReader):
+class AsyncFileReader:
     """The chunks of a file in the sandbox, in order: ``async with`` it and ``async for`` it.
 
     ``size`` and ``mtime`` are known after the first chunk. Without ``async with``, the
@@ -62,7 +62,7 @@ class AsyncFileReader(WireReader):
         max_size: int | None = None,
         size_hint: int | None = None,
     ) -> None:
-        super().__init__(
+        self._reader = WireReader(
             sbx.channel,
             path,
             offset=offset,
@@ -72,16 +72,34 @@ class AsyncFileReader(WireReader):
             max_size=max_size,
             size_hint=size_hint,
         )
+        self.path = path
         self._managed = False  # inside ``async with``: the block, not an iteration, closes it
+
+    @property
+    def size(self) -> int | None:
+        """The file's size, known after the first chunk."""
+        return self._reader.size
+
+    @property
+    def mtime(self) -> float | None:
+        """The file's modification time, known after the first chunk."""
+        return self._reader.mtime
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         """The chunks in order; a generator, so leaving the loop early runs its cleanup (at
         once on ``aclose``, else when the loop collects the abandoned generator)."""
         return items_then(self.__anext__, self._iteration_ended)
 
+    async def __anext__(self) -> bytes:
+        return await self._reader.__anext__()
+
     async def _iteration_ended(self) -> None:
         if not self._managed:  # no block to close it later: an iteration left is the end
             await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel outstanding reads (idempotent)."""
+        await self._reader.aclose()
 
     async def __aenter__(self) -> Self:
         self._managed = True
@@ -126,7 +144,7 @@ async def lines_window(
     return out
 
 
-class AsyncFileWriter(FileUpload):
+class AsyncFileWriter:
     """An upload to ``path``: :meth:`write` bytes, then :meth:`commit` (or :meth:`abort`).
 
     As an async context manager it commits on normal exit and aborts on an exception.
@@ -144,7 +162,7 @@ class AsyncFileWriter(FileUpload):
         chunk_size: int | None = None,
         in_flight: int = IN_FLIGHT,
     ) -> None:
-        super().__init__(
+        self._upload = FileUpload(
             sbx.channel,
             path,
             mode=mode,
@@ -154,10 +172,29 @@ class AsyncFileWriter(FileUpload):
             chunk_size=chunk_size,
             in_flight=in_flight,
         )
+        self.path = path
+
+    @property
+    def written(self) -> int:
+        """Bytes accepted so far (sent or buffered)."""
+        return self._upload.written
+
+    async def open(self) -> Self:
+        """Start the upload (implicit on first write); checks the target now."""
+        await self._upload.open()
+        return self
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Queue ``data``; full chunks are sent as they form (waits when ``in_flight`` are out)."""
+        await self._upload.write(data)
 
     async def commit(self) -> FileInfo:
         """Send what is left, let execd verify size and SHA-256, move the file into place."""
-        return FileInfo.from_wire(await self.finish())
+        return FileInfo.from_wire(await self._upload.finish())
+
+    async def abort(self) -> None:
+        """Drop the upload; the target is left as it was (idempotent, never raises)."""
+        await self._upload.abort()
 
     async def __aenter__(self) -> Self:
         return await self.open()
@@ -165,12 +202,10 @@ class AsyncFileWriter(FileUpload):
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._finished:
-            return
         if et is None:
-            await self.commit()
+            await self._upload.finish_unless_done()
         else:
-            await self.abort()
+            await self._upload.abort_unfinished()
 
 
 class FileReader:

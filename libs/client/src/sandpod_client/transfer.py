@@ -303,6 +303,10 @@ class FileUpload:
         self._finished = True
         return entry
 
+    async def finish_unless_done(self) -> FsEntry | None:
+        """:meth:`finish` unless committed or aborted already (a ``with`` block's normal end)."""
+        return None if self._finished else await self.finish()
+
     async def abort_unfinished(self) -> None:
         """:meth:`abort` unless committed: the ``finally`` of an upload that may have failed."""
         if not self._finished:
