@@ -146,3 +146,13 @@ async def test_execd_killed_during_download_breaks_the_body_off(
         with pytest.raises(httpx.RemoteProtocolError):
             await _download_killing(c, execd, got)
     assert 0 < sum(got) < BIG
+
+
+async def test_gateway_sandbox_nobody_serves_is_a_404_without_subjects(gateway: Gateway) -> None:
+    """Through the gateway, a sandbox nobody serves is the tenant's 404, no subject shown."""
+    key = await mint_key(gateway, "default")
+    async with _client(gateway, key) as c:
+        r = await c.post("/v1/sandboxes/nobody-here/exec", json={"shell": "true"})
+    assert r.status_code == 404, r.text
+    assert r.json()["code"] == "sandbox.not_found"
+    assert "sandpod." not in r.text
