@@ -76,6 +76,11 @@ class AsyncFileReader:
         self._managed = False  # inside ``async with``: the block, not an iteration, closes it
 
     @property
+    def _pending(self) -> object:
+        """The reads in flight (what a test checks is empty once an iteration was left)."""
+        return self._reader._pending
+
+    @property
     def size(self) -> int | None:
         """The file's size, known after the first chunk."""
         return self._reader.size

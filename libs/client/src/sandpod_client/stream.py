@@ -131,10 +131,14 @@ class ExecStream:
         self.abandon_after = started.abandon_after or self.abandon_after
         self._keepalive = asyncio.create_task(self._keep_alive(), name=f"keepalive:{self.exec_id}")
 
-    async def close(self) -> None:
-        """Stop listening; a command still running is cancelled and what it still sends is
-        acked unread until its exit frame (bounded by ``DRAIN_TIMEOUT``), so execd frees the
-        frames it retains for us at once. Idempotent."""
+    async def close(self, *, drain: bool = False) -> None:
+        """Stop listening; a command still running is cancelled. Idempotent.
+
+        ``drain``: also ack what the cancelled command still sends, unread, until its exit
+        frame (bounded by ``DRAIN_TIMEOUT``), so execd frees the frames it retains for us at
+        once instead of holding a full window until it gives up on us (a gateway serving many
+        clients wants that; a single SDK caller need not wait for it).
+        """
         if self._closed:
             return
         self._closed = True
@@ -147,12 +151,16 @@ class ExecStream:
             except SandpodError:
                 pass
             else:
-                with contextlib.suppress(SandpodError, TimeoutError):
-                    await asyncio.wait_for(self._discard_until_exit(), DRAIN_TIMEOUT)
+                if drain:
+                    await self._drain()
         if self._sub is not None:
             await self._sub.stop()
         while not self._frames.empty():  # drop what is queued now, not when we are collected
             self._frames.get_nowait()
+
+    async def _drain(self) -> None:
+        with contextlib.suppress(SandpodError, TimeoutError):
+            await asyncio.wait_for(self._discard_until_exit(), DRAIN_TIMEOUT)
 
     async def _stop_keepalive(self) -> None:
         task, self._keepalive = self._keepalive, None

@@ -139,7 +139,7 @@ async def stream(request: Request) -> Response:
 
     async def closed(_completed: bool) -> None:
         try:
-            await es.close()
+            await es.close(drain=True)
         finally:
             slot.release()
 

@@ -248,7 +248,7 @@ async def exec_ws(ws: WebSocket) -> None:
         await _fail(ws, link, exc)
     finally:
         if es is not None:
-            await es.close()
+            await es.close(drain=True)
         if slot is not None:
             slot.release()
 
