@@ -16,6 +16,7 @@ import pytest
 from conftest import NatsServer
 from sandpod import AsyncSandbox
 from sandpod.errors import BadRequest, StreamClosed
+from sandpod.exec.args import exec_status
 from sandpod_bus import Bus, BusSettings, Inbound
 from sandpod_contract.codec import decode, decode_reply, encode, unpack
 from sandpod_contract.messages.exec import (
@@ -177,7 +178,7 @@ async def test_stream_timeout_kills_and_says_so(sbx: AsyncSandbox) -> None:
 async def _gone(sbx: AsyncSandbox, exec_id: str, pid: int) -> None:
     """Wait until the exec's process no longer runs (execd still knows the exec: its frames
     wait for an ack until the abandon period ends, but the command is dead)."""
-    assert (await sbx._status(exec_id)).pid == pid
+    assert (await exec_status(sbx.channel, exec_id)).pid == pid
 
     async def poll() -> None:
         while _running(pid):
@@ -228,7 +229,7 @@ async def test_breaking_out_inside_async_with_keeps_the_command(sbx: AsyncSandbo
         async for chunk in st:
             assert chunk.data == b"one\n"
             break
-        assert (await sbx._status(st.exec_id)).state == "running"
+        assert (await exec_status(sbx.channel, st.exec_id)).state == "running"
         await st.write(b"go\n")
         assert b"".join([c.data async for c in st]) == b"two\n"
         assert (await st.wait()).exit_code == 0

@@ -6,7 +6,7 @@ import dataclasses
 import re
 from typing import Literal
 
-from sandpod_contract.errors import ProcError
+from sandpod.errors import ProcExited, ProcWaitTimeout
 from sandpod_contract.messages.proc import ProcInfo
 
 __all__ = [
@@ -21,21 +21,6 @@ __all__ = [
 ]
 
 Stream = Literal["stdout", "stderr"]
-
-
-class ProcExited(ProcError):
-    """The process exited (its log ended) before what was awaited happened (client-side)."""
-
-    code = "proc.exited"
-    summary = "the process exited before the awaited log line or port appeared"
-
-
-class ProcWaitTimeout(ProcError):
-    """A wait on a background process ran out of time (client-side)."""
-
-    code = "proc.wait_timeout"
-    retryable = True
-    summary = "the awaited condition did not happen within the timeout"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Self
 
 from sandpod._iteration import items_then
 from sandpod._watch import watch
-from sandpod.exec_args import CONTROL_TIMEOUT, NO_DEADLINE, Command, split_command
-from sandpod.results import ExitStatus, OutputChunk
+from sandpod.exec.args import CONTROL_TIMEOUT, NO_DEADLINE, Command, exec_status, split_command
+from sandpod.exec.types import ExitStatus, OutputChunk
 from sandpod_bus import Inbound, Subscription
-from sandpod_contract.codec import decode_map, encode, unpack
+from sandpod_contract.codec import decode_map, unpack
 from sandpod_contract.errors import (
     ConnectionLost,
     ExecLost,
@@ -53,7 +53,7 @@ from sandpod_contract.messages.exec import (
 )
 
 if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
 __all__ = ["AsyncExecStream"]
 
@@ -73,7 +73,7 @@ class AsyncExecStream:
 
     def __init__(
         self,
-        sandbox: AsyncSandbox,
+        sandbox: Channel,
         cwd: str | None,
         command: Command,
         *,
@@ -140,7 +140,7 @@ class AsyncExecStream:
             self._inbox, self._on_frame, pending_msgs=1 << 20, pending_bytes=256 * 1024 * 1024
         )
         try:
-            started = await self._sbx._call(
+            started = await self._sbx.call(
                 "exec", "start", self._request, ExecStarted, CONTROL_TIMEOUT
             )
         except BaseException:
@@ -208,7 +208,7 @@ class AsyncExecStream:
     async def _ask_resume(self) -> ExecStatus:
         self._resume_asked_for = self._expected
         req = ExecResume(exec_id=self._exec_id, from_seq=self._expected, deliver=self._inbox)
-        return await self._sbx._call("exec", "resume", req, ExecStatus, CONTROL_TIMEOUT)
+        return await self._sbx.call("exec", "resume", req, ExecStatus, CONTROL_TIMEOUT)
 
     async def _probe(self) -> ExecStatus:
         try:
@@ -231,7 +231,7 @@ class AsyncExecStream:
             return
         self._unacked_bytes = 0
         msg = StreamAck(exec_id=self._exec_id, seq=self._consumed)
-        await self._bus.publish(self._sbx._subject("exec", "ack"), encode(msg))
+        await self._sbx.publish("exec", "ack", msg)
 
     async def _next_frame(self) -> WireChunk | ExecExit:
         missed = 0
@@ -326,8 +326,8 @@ class AsyncExecStream:
         req = StdinWrite(exec_id=self._exec_id, data=data, eof=eof)
         try:
             await watch(
-                self._sbx._call("exec", "stdin", req, ExecStatus, NO_DEADLINE),
-                lambda: self._sbx._status(self._exec_id),
+                self._sbx.call("exec", "stdin", req, ExecStatus, NO_DEADLINE),
+                lambda: exec_status(self._sbx, self._exec_id),
                 what=f"a stdin write to exec {self._exec_id}",
                 interval=self._probe_interval,
                 exit_means_lost=False,
@@ -340,11 +340,11 @@ class AsyncExecStream:
         await self.start()
         req = ExecSignal(exec_id=self._exec_id, signal=int(sig))
         with contextlib.suppress(ExecNotFound):
-            await self._sbx._call("exec", "signal", req, ExecStatus, CONTROL_TIMEOUT)
+            await self._sbx.call("exec", "signal", req, ExecStatus, CONTROL_TIMEOUT)
 
     async def cancel(self) -> None:
         """Kill the command's whole tree; the stream then ends with ``cancelled=True``."""
         await self.start()
         req = ExecRef(exec_id=self._exec_id)
         with contextlib.suppress(ExecNotFound):
-            await self._sbx._call("exec", "cancel", req, ExecStatus, CONTROL_TIMEOUT)
+            await self._sbx.call("exec", "cancel", req, ExecStatus, CONTROL_TIMEOUT)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Self
 from sandpod._iteration import items_then
 from sandpod._loop import run
 from sandpod._twins import iterate
-from sandpod.fs_types import FileInfo
+from sandpod.fs.types import FileInfo
 from sandpod_contract.errors import FsTooLarge, SandpodError
 from sandpod_contract.messages.fs import (
     FsChunk,
@@ -38,7 +38,7 @@ from sandpod_contract.messages.fs import (
 )
 
 if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
 __all__ = [
     "CHUNK",
@@ -70,7 +70,7 @@ class AsyncFileReader:
 
     def __init__(
         self,
-        sbx: AsyncSandbox,
+        sbx: Channel,
         path: str,
         *,
         offset: int = 0,
@@ -89,7 +89,7 @@ class AsyncFileReader:
         self._next = offset
         self._end = None if length is None else offset + length
         # Default: as much as one reply holds (fewer, bigger messages are faster over NATS).
-        self._chunk = chunk_size or max(sbx.bus.max_payload - REPLY_ROOM, 4096)
+        self._chunk = chunk_size or max(sbx.limits.max_payload - REPLY_ROOM, 4096)
         self._in_flight = in_flight
         self._max_size = max_size
         # Bytes known to exist, so safe to read ahead up to (from a stat, or the first reply).
@@ -118,7 +118,7 @@ class AsyncFileReader:
                 max_size=self._max_size if self._first else None,
             )
             self._first = False
-            task = asyncio.ensure_future(self._sbx._call("fs", "read", req, FsChunk, IO_TIMEOUT))
+            task = asyncio.ensure_future(self._sbx.call("fs", "read", req, FsChunk, IO_TIMEOUT))
             self._pending.append((self._next, n, task))
             self._next += n
 
@@ -243,7 +243,7 @@ class AsyncFileWriter:
 
     def __init__(
         self,
-        sbx: AsyncSandbox,
+        sbx: Channel,
         path: str,
         *,
         mode: int | None = None,
@@ -277,9 +277,9 @@ class AsyncFileWriter:
     async def open(self) -> Self:
         """Start the upload (implicit on first write); checks the target now."""
         if self._id is None:
-            up = await self._sbx._call("fs", "write_open", self._open, FsUpload, IO_TIMEOUT)
+            up = await self._sbx.call("fs", "write_open", self._open, FsUpload, IO_TIMEOUT)
             self._id = up.upload_id
-            limit = min(up.chunk_size, self._sbx.bus.max_payload - REPLY_ROOM)
+            limit = min(up.chunk_size, self._sbx.limits.max_payload - REPLY_ROOM)
             self._chunk = max(1, min(self._chunk or limit, limit))
         return self
 
@@ -314,7 +314,7 @@ class AsyncFileWriter:
         self._offset += len(piece)
         self._pending.append(
             asyncio.ensure_future(
-                self._sbx._call("fs", "write_chunk", req, FsUploadStatus, IO_TIMEOUT)
+                self._sbx.call("fs", "write_chunk", req, FsUploadStatus, IO_TIMEOUT)
             )
         )
         while len(self._pending) >= self._in_flight:
@@ -334,7 +334,7 @@ class AsyncFileWriter:
             while self._pending:
                 await self._pending.popleft()
             req = FsWriteCommit(upload_id=self._id, size=self._offset, sha256=self._sha.hexdigest())
-            entry = await self._sbx._call("fs", "write_commit", req, FsEntry, IO_TIMEOUT)
+            entry = await self._sbx.call("fs", "write_commit", req, FsEntry, IO_TIMEOUT)
         except BaseException:
             await self.abort()
             raise
@@ -353,7 +353,7 @@ class AsyncFileWriter:
             req = FsUploadRef(upload_id=self._id)
             with contextlib.suppress(SandpodError):
                 await asyncio.shield(
-                    self._sbx._call("fs", "write_abort", req, FsUploadStatus, IO_TIMEOUT)
+                    self._sbx.call("fs", "write_abort", req, FsUploadStatus, IO_TIMEOUT)
                 )
 
     async def __aenter__(self) -> Self:

@@ -6,7 +6,7 @@ outstanding, :func:`sandpod._watch.watch` probes ``exec.status`` so a dead execd
 error rather than a hang, and a caller who gives up (task cancelled, Ctrl-C in the sync SDK)
 cancels the command with ``exec.cancel`` instead of leaving it running. Output beyond what fit
 in the reply is fetched with ``exec.fetch``. Stdin too large for one message takes another
-path: the command runs as a streaming exec (:mod:`sandpod.exec_stream`) that is fed the stdin
+path: the command runs as a streaming exec (:mod:`sandpod.exec.stream`) that is fed the stdin
 and whose output is collected up to the same cap.
 """
 
@@ -16,18 +16,20 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from sandpod._watch import watch
-from sandpod.exec_args import (
+from sandpod.channel import Channel
+from sandpod.exec.args import (
     CONTROL_TIMEOUT,
     NO_DEADLINE,
     REPLY_SLACK,
     Command,
     check_result,
+    exec_status,
     split_command,
 )
-from sandpod.results import ExecResult
+from sandpod.exec.stream import AsyncExecStream
+from sandpod.exec.types import ExecResult
 from sandpod_contract.errors import SandpodError
 from sandpod_contract.messages.exec import (
     ExecFetch,
@@ -40,16 +42,13 @@ from sandpod_contract.messages.exec import (
     ExecResult as WireResult,
 )
 
-if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
-
 __all__ = ["run_oneshot"]
 
 STREAMED_OUTPUT_CAP = 16 * 1024 * 1024  # per stream, when stdin forced a streaming exec
 
 
 async def run_oneshot(
-    sbx: AsyncSandbox,
+    sbx: Channel,
     cwd: str | None,
     command: Command,
     *,
@@ -68,7 +67,7 @@ async def run_oneshot(
     """
     argv, shell = split_command(command)
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    if data is not None and len(data) > sbx.bus.max_payload // 2:
+    if data is not None and len(data) > sbx.limits.max_payload // 2:
         return await _exec_via_stream(
             sbx,
             cwd,
@@ -109,12 +108,12 @@ async def run_oneshot(
     return result
 
 
-async def _run(sbx: AsyncSandbox, exec_id: str, req: ExecRequest, deadline: float) -> WireResult:
+async def _run(sbx: Channel, exec_id: str, req: ExecRequest, deadline: float) -> WireResult:
     """The ``exec.run`` request, watched for execd's liveness; cancelled with its caller."""
     try:
         return await watch(
-            sbx._call("exec", "run", req, WireResult, deadline),
-            lambda: sbx._status(exec_id),
+            sbx.call("exec", "run", req, WireResult, deadline),
+            lambda: exec_status(sbx, exec_id),
             what=f"exec {exec_id}",
         )
     except asyncio.CancelledError:
@@ -124,15 +123,13 @@ async def _run(sbx: AsyncSandbox, exec_id: str, req: ExecRequest, deadline: floa
         raise
 
 
-async def _complete(
-    sbx: AsyncSandbox, wire: WireResult, stream: str, head: bytes, size: int
-) -> bytes:
+async def _complete(sbx: Channel, wire: WireResult, stream: str, head: bytes, size: int) -> bytes:
     """Fetch the part of the output that did not fit in the reply."""
     parts = [head]
     offset = len(head)
     while offset < size:
         req = ExecFetch(exec_id=wire.exec_id, stream=stream, offset=offset)  # type: ignore[arg-type]
-        part = await sbx._call("exec", "fetch", req, OutputPart, CONTROL_TIMEOUT)
+        part = await sbx.call("exec", "fetch", req, OutputPart, CONTROL_TIMEOUT)
         if not part.data:
             break
         parts.append(part.data)
@@ -143,7 +140,7 @@ async def _complete(
 
 
 async def _exec_via_stream(
-    sbx: AsyncSandbox,
+    sbx: Channel,
     cwd: str | None,
     command: Command,
     *,
@@ -158,7 +155,7 @@ async def _exec_via_stream(
     out: list[bytes] = []
     err: list[bytes] = []
     sizes = {"stdout": 0, "stderr": 0}
-    async with sbx.exec_stream(cwd, command, env=env, stdin_open=True, timeout=timeout) as st:
+    async with AsyncExecStream(sbx, cwd, command, env=env, stdin_open=True, timeout=timeout) as st:
         feeder = asyncio.create_task(st._feed_all(stdin))
         try:
             async for chunk in st:
@@ -186,6 +183,6 @@ async def _exec_via_stream(
     return result
 
 
-async def _cancel_quietly(sbx: AsyncSandbox, exec_id: str) -> None:
+async def _cancel_quietly(sbx: Channel, exec_id: str) -> None:
     with contextlib.suppress(SandpodError):
-        await sbx._call("exec", "cancel", ExecRef(exec_id=exec_id), ExecStatus, 2.0)
+        await sbx.call("exec", "cancel", ExecRef(exec_id=exec_id), ExecStatus, 2.0)
