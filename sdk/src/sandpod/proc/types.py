@@ -1,4 +1,5 @@
-"""Result and error types of the ``proc`` family in the SDK (plain, frozen, no wire details)."""
+"""What the ``proc`` family returns (plain, frozen, no wire details); its client-side errors
+are in :mod:`sandpod.errors`, re-exported here."""
 
 from __future__ import annotations
 
