@@ -10,7 +10,7 @@ import pytest
 from conftest import Execd, NatsServer, wait_until
 from sandpod import ExecResult, Sandbox
 from sandpod._loop import run
-from sandpod.errors import InvalidCwd
+from sandpod.errors import ArgvExpected, InvalidCwd
 from sandpod.exec.args import exec_status
 
 
@@ -43,6 +43,8 @@ def test_context_manager_stream_stdin_and_errors(nats: NatsServer, shared_execd:
             assert st.wait().signal == signal.SIGINT
         with pytest.raises(InvalidCwd):
             sbx.exec("/definitely/not/here", "true")
+        with pytest.raises(ArgvExpected, match=r"exec\(\['ls', '-l'\]\)"):
+            sbx.exec("ls", "-l")  # a program and its option: the error shows the argv form
         assert sbx.runtime_info().runtime == "process"
 
 
