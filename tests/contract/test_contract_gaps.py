@@ -8,6 +8,7 @@ the server's constant that must agree with them.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -179,3 +180,39 @@ def test_transport_errors_are_one_table() -> None:
     assert {"sandbox.not_found", "timeout", "connection.lost"} <= set(table)
     readme = (SCHEMAS / "README.md").read_text()
     assert re.search(r"only when\s+`max_request_bytes` < `max_payload`", readme)
+
+
+def _raise_sites() -> list[tuple[str, str, set[str]]]:
+    """(code, where, keyword names) of every construction of a contract error in the source."""
+    classes = {
+        name: cls
+        for name in errors.__all__
+        if isinstance(cls := getattr(errors, name), type) and issubclass(cls, errors.SandpodError)
+    }
+    sites = []
+    for top in ("services", "libs", "sdk/src", "schemas/python/src"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+                if name in classes:
+                    keys = {k.arg or "**" for k in node.keywords}
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    sites.append((classes[name].code, where, keys))
+    return sites
+
+
+def test_every_raise_site_sends_the_details_its_code_requires() -> None:
+    """Item 6, the servers' side: each place that builds an error passes the details keys
+    errors.json marks required for its code (bad_request's reason is filled in by the class)."""
+    missing = [
+        (where, code, sorted(set(spec.required) - keys))
+        for code, where, keys in _raise_sites()
+        if (spec := error_spec.DETAILS.get(code)) is not None
+        and code != "bad_request"
+        and "**" not in keys
+        and not set(spec.required) <= keys
+    ]
+    assert missing == []
