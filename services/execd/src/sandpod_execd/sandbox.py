@@ -157,8 +157,8 @@ class SandboxContext:
         resolved = self.resolve_cwd(cwd)
         if not os.path.isdir(resolved):  # said here, where the client's name for it is known
             ws = str(self.workspace)
-            inside = resolved == ws or resolved.startswith(ws + "/")
-            shown = WORKSPACE_ALIAS + resolved[len(ws) :] if inside else (cwd or resolved)
+            within = resolved == ws or resolved.startswith(ws + "/")
+            shown = WORKSPACE_ALIAS + resolved[len(ws) :] if within else (cwd or resolved)
             raise InvalidCwd(f"working directory {shown!r} does not exist", cwd=shown)
         full_env = {**self.base_env, "PWD": resolved, **(env or {}), TREE_TOKEN: token}
         return Command(argv=tuple(args), cwd=resolved, env=full_env, stdin=stdin, token=token)

@@ -207,7 +207,7 @@ def _info(session: Session, workspace: Path) -> SessionInfo:
         session_id=session.session_id,
         pid=session.shell.proc.pid,
         state=session.state,
-        cwd=client_path(workspace, session.shell.cwd) if session.shell.cwd else None,
+        cwd=client_path(workspace, session.shell.cwd),
         created_at=session.created_at,
         commands=session.commands,
         queued=session.queued,
