@@ -17,9 +17,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
-import re2
+import re2  # type: ignore[import-untyped]
 import referencing
 
 from sandpod_contract import codec
@@ -57,7 +57,7 @@ def _registry() -> referencing.Registry[Any]:
 def _validator(type_: str) -> jsonschema.protocols.Validator:
     schema = _load(SCHEMAS / "messages" / f"{type_}.schema.json")
     cls = jsonschema.validators.validator_for(schema)
-    return cls(schema, registry=_registry())  # type: ignore[call-arg]
+    return cls(schema, registry=_registry())
 
 
 def _schema_view(value: Any) -> Any:
