@@ -54,7 +54,7 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
 MESSAGE_RULES: dict[str, dict[str, Any]] = {}
 
 _CMD = "c0ffee0123456789abcdef0123456789"
-_WS = "/var/lib/sandpod/workspaces/demo"
+_WS = "/workspace"
 _IDLE = SessionInfo(
     session_id="build",
     pid=4242,
@@ -166,7 +166,7 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
                 session_id="build",
                 command_id=_CMD,
                 exit_code=0,
-                stdout=b"/var/lib/sandpod/workspaces/demo\n",
+                stdout=b"/workspace\n",
                 stdout_size=33,
                 duration=0.002,
                 cwd=_WS,
