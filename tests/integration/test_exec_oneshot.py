@@ -121,13 +121,16 @@ async def test_env_is_added_and_daemon_env_does_not_leak(sbx: AsyncSandbox) -> N
 
 
 async def test_cwd_workspace_alias_relative_and_absolute(sbx: AsyncSandbox, tmp_path: Path) -> None:
-    """/workspace maps to the sandbox workspace; relative paths are under it; absolute stay."""
-    info = await sbx.runtime_info()
+    """/workspace maps to the sandbox workspace; relative paths are under it; absolute stay.
+    sys.info says /workspace (no reply shows the host path); a process runtime's command sees
+    where its cwd really is (pwd -P), which is how this test learns the host directory."""
+    assert (await sbx.runtime_info()).workspace == "/workspace"
+    host = os.path.realpath((await sbx.exec("pwd -P")).stdout.strip())
     r = await sbx.exec("/workspace", "pwd")
-    assert r.stdout.strip() == os.path.realpath(info.workspace)
+    assert os.path.realpath(r.stdout.strip()) == host
     await sbx.exec("mkdir -p sub/dir")
     r = await sbx.exec("sub/dir", "pwd")
-    assert r.stdout.strip() == os.path.join(os.path.realpath(info.workspace), "sub/dir")
+    assert os.path.realpath(r.stdout.strip()) == os.path.join(host, "sub/dir")
     r = await sbx.exec(str(tmp_path), "pwd")
     assert r.stdout.strip() == str(tmp_path)
 
