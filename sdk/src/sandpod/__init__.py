@@ -18,8 +18,8 @@ from sandpod.errors import (
     SandboxUnavailable,
     SandpodError,
 )
+from sandpod.exec.types import ExecResult, ExitStatus, OutputChunk
 from sandpod.pools import AsyncPools, ClaimInfo, PoolInfo, Pools
-from sandpod.results import ExecResult, ExitStatus, OutputChunk
 from sandpod.sync import ExecStream, Sandbox
 
 __version__ = "0.1.0"

@@ -1,20 +1,24 @@
 """The asynchronous SDK's entry point: :class:`AsyncSandbox`, a handle on one sandbox.
 
-Most calls are one NATS request on the sandbox's own subjects (``_call``), answered by its execd
-with no control plane in the path; errors arrive as the contract's typed exceptions. The handle
-owns (or shares) the connection and hands itself to the per-family APIs (``fs``, ``proc``,
-``sessions``, ``pty``, ``watch``, ``git``). Creating, claiming, listing, pausing and deleting go
-to the lifecycle and pool services (:mod:`sandpod.control`, :mod:`sandpod.pools`). Commands run
-in :mod:`sandpod.exec_oneshot` and :mod:`sandpod.exec_stream`, sharing :mod:`sandpod.exec_args`;
-names that lived here before the split are re-exported.
+Most calls are one NATS request on the sandbox's own subjects, answered by its execd with no
+control plane in the path; errors arrive as the contract's typed exceptions. The handle owns (or
+shares) the connection and hands a :class:`~sandpod.channel.Channel` (``channel``: call,
+publish, subject, limits) to the per-family APIs (``fs``, ``proc``, ``sessions``, ``pty``,
+``watch``, ``git`` and the exec family behind :meth:`AsyncSandbox.exec`), which never see this
+class. Creating, claiming, listing, pausing and deleting go to the lifecycle and pool services
+(:mod:`sandpod.control`, :mod:`sandpod.pools`). Names that lived here before the split are
+re-exported.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Self, TypeVar
+from typing import Self
 
+from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, bus_channel
+from sandpod.channel import NO_DEADLINE as NO_DEADLINE  # noqa: PLC0414 - a re-export
+from sandpod.channel import REPLY_SLACK as REPLY_SLACK  # noqa: PLC0414 - a re-export
 from sandpod.config import (
     resolve_inbox_prefix,
     resolve_nats_creds,
@@ -30,33 +34,25 @@ from sandpod.control import (
     follow_events,
     list_sandboxes,
 )
-from sandpod.exec_args import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, Command, cwd_and_command
-from sandpod.exec_args import NO_DEADLINE as NO_DEADLINE  # noqa: PLC0414 - a re-export
-from sandpod.exec_args import REPLY_SLACK as REPLY_SLACK  # noqa: PLC0414 - a re-export
-from sandpod.exec_oneshot import run_oneshot
-from sandpod.exec_stream import STDIN_CHUNK as STDIN_CHUNK  # noqa: PLC0414 - a re-export
-from sandpod.exec_stream import AsyncExecStream
+from sandpod.exec.api import open_exec_stream, run_exec
+from sandpod.exec.args import Command
+from sandpod.exec.stream import STDIN_CHUNK as STDIN_CHUNK  # noqa: PLC0414 - a re-export
+from sandpod.exec.stream import AsyncExecStream
+from sandpod.exec.types import ExecResult
 from sandpod.fs import AsyncFiles
 from sandpod.git import AsyncGit
 from sandpod.pools import ClaimInfo, claim_sandbox
 from sandpod.proc import AsyncProcesses
 from sandpod.pty import AsyncPtys
-from sandpod.results import ExecResult
 from sandpod.session import AsyncSessions
 from sandpod.watch import AsyncWatches
 from sandpod_bus import Bus, BusSettings
-from sandpod_client import Channel
-from sandpod_contract.codec import Message
-from sandpod_contract.errors import SandboxNotFound
 from sandpod_contract.messages.common import Empty
-from sandpod_contract.messages.exec import ExecStatus
 from sandpod_contract.messages.sandboxes import ObjectReply, Ref, Renew, SandboxEvent
 from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
 
 __all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
-
-R = TypeVar("R", bound=Message)
 
 
 class AsyncSandbox:
@@ -66,15 +62,14 @@ class AsyncSandbox:
         self.bus = bus
         self.id = validate_sandbox_id(sandbox_id)
         self.subjects = subjects
-        # The protocol client's view of this sandbox: every data-plane request goes through it.
-        self.channel = Channel(bus, subjects, self.id, not_found=_not_found)
         self._owns_bus = owns_bus
-        self.fs = AsyncFiles(self)
-        self.proc = AsyncProcesses(self)
-        self.sessions = AsyncSessions(self)
-        self.pty = AsyncPtys(self)
-        self.watch = AsyncWatches(self)
-        self.git = AsyncGit(self)
+        self.channel = bus_channel(bus, subjects, self.id)  # what the families get, not ``self``
+        self.fs = AsyncFiles(self.channel)
+        self.proc = AsyncProcesses(self.channel)
+        self.sessions = AsyncSessions(self.channel)
+        self.pty = AsyncPtys(self.channel)
+        self.watch = AsyncWatches(self.channel)
+        self.git = AsyncGit(self.channel)
         self.claim_info: ClaimInfo | None = None  # set when this sandbox came from a claim
 
     @classmethod
@@ -301,22 +296,12 @@ class AsyncSandbox:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
-    # -- plumbing ------------------------------------------------------------------------------
-
-    def _subject(self, family: str, verb: str) -> str:
-        return self.subjects.sandbox(self.id, family, verb)
-
-    async def _call(
-        self, family: str, verb: str, msg: Message, reply: type[R], timeout: float
-    ) -> R:
-        return await self.channel.call(family, verb, msg, reply, timeout)
-
     # -- sys -----------------------------------------------------------------------------------
 
     async def ping(self, timeout: float = CONTROL_TIMEOUT) -> float:
         """Round-trip time to the sandbox's execd in seconds."""
         t0 = time.perf_counter()
-        await self._call("sys", "ping", Empty(), Pong, timeout)
+        await self.channel.call("sys", "ping", Empty(), Pong, timeout)
         return time.perf_counter() - t0
 
     async def info(self) -> SandboxInfo:
@@ -332,7 +317,7 @@ class AsyncSandbox:
     async def runtime_info(self, timeout: float = CONTROL_TIMEOUT) -> Info:
         """What the sandbox's execd says of itself: runtime, isolation, limits, workspace path.
         Answered by the sandbox itself, so it works without a lifecycle service too."""
-        return await self._call("sys", "info", Empty(), Info, timeout)
+        return await self.channel.call("sys", "info", Empty(), Info, timeout)
 
     async def metrics(self, timeout: float = CONTROL_TIMEOUT) -> SandboxMetrics:
         """What the sandbox uses now: CPU, memory, workspace disk, processes, running execs.
@@ -340,7 +325,7 @@ class AsyncSandbox:
         A probe: it does not count as activity. Memory and load ``host`` fields describe the
         machine; ``disk_complete=False`` means the workspace walk hit its bound.
         """
-        return await self._call("sys", "metrics", Empty(), SandboxMetrics, timeout)
+        return await self.channel.call("sys", "metrics", Empty(), SandboxMetrics, timeout)
 
     async def activity(self, timeout: float = CONTROL_TIMEOUT) -> Activity:
         """When a client last did something with the sandbox (probes like this one do not count).
@@ -348,7 +333,7 @@ class AsyncSandbox:
         Returns:
             ``Activity`` with ``last_activity`` (wall clock) and ``idle`` (seconds since).
         """
-        return await self._call("sys", "activity", Empty(), Activity, timeout)
+        return await self.channel.call("sys", "activity", Empty(), Activity, timeout)
 
     # -- exec ----------------------------------------------------------------------------------
 
@@ -379,12 +364,13 @@ class AsyncSandbox:
         Raises:
             SandboxNotFound, SandboxUnavailable, ExecLost: execd absent or lost mid-request.
             CommandNotFound, InvalidCwd, SpawnFailed: the command could not start.
+            ArgvExpected: ``exec("ls", "-l")``: a program and its arguments given as
+                ``(cwd, command)``; the message shows the argv form ``exec(["ls", "-l"])``.
             BadRequest: invalid arguments.
         """
-        cwd, command = cwd_and_command(cwd_or_command, command)
-        return await run_oneshot(
-            self,
-            cwd,
+        return await run_exec(
+            self.channel,
+            cwd_or_command,
             command,
             env=env,
             stdin=stdin,
@@ -392,9 +378,6 @@ class AsyncSandbox:
             max_output=max_output,
             check=check,
         )
-
-    async def _status(self, exec_id: str) -> ExecStatus:
-        return await self.channel.status(exec_id, CONTROL_TIMEOUT)
 
     def exec_stream(
         self,
@@ -423,10 +406,9 @@ class AsyncSandbox:
                 ``async with`` block ends or, without one, until the iteration stops (leaving
                 an ``async for`` early closes the stream and cancels the command).
         """
-        cwd, command = cwd_and_command(cwd_or_command, command)
-        return AsyncExecStream(
-            self,
-            cwd,
+        return open_exec_stream(
+            self.channel,
+            cwd_or_command,
             command,
             env=env,
             stdin=stdin,
@@ -435,11 +417,3 @@ class AsyncSandbox:
             window=window,
             abandon_after=abandon_after,
         )
-
-
-def _not_found(sandbox_id: str) -> SandboxNotFound:
-    """What "no execd answers" says to an SDK user: which sandbox, and the likely fix."""
-    return SandboxNotFound(
-        f"sandbox {sandbox_id!r} has no execd answering; is it running (`sandpod up`)?",
-        sandbox_id=sandbox_id,
-    )

@@ -1,8 +1,8 @@
 """Typed exceptions raised by the SDK: one per wire error code (from the contract), plus the
-client-side :class:`CommandFailed`. Catch a family base (``FsError``, ``ExecError``) or a precise
-class; every one has ``code``, ``message``, ``details`` and ``retryable``."""
+client-side ones (:class:`CommandFailed`, :class:`ArgvExpected`, :class:`ProcExited`,
+:class:`ProcWaitTimeout`). Catch a family base (``FsError``, ``ExecError``) or a precise class;
+every one has ``code``, ``message``, ``details`` and ``retryable``."""
 
-from sandpod.proc_types import ProcExited, ProcWaitTimeout  # client-side, never on the wire
 from sandpod_contract.errors import (
     BadRequest,
     Busy,
@@ -69,6 +69,7 @@ from sandpod_contract.errors import (
 )
 
 __all__ = [
+    "ArgvExpected",
     "BadRequest",
     "Busy",
     "ClaimError",
@@ -142,3 +143,32 @@ class CommandFailed(ExecError):
 
     code = "exec.command_failed"
     summary = "the command exited unsuccessfully"
+
+
+class ProcExited(ProcError):
+    """The process exited (its log ended) before what was awaited happened (client-side)."""
+
+    code = "proc.exited"
+    summary = "the process exited before the awaited log line or port appeared"
+
+
+class ProcWaitTimeout(ProcError):
+    """A wait on a background process ran out of time (client-side)."""
+
+    code = "proc.wait_timeout"
+    retryable = True
+    summary = "the awaited condition did not happen within the timeout"
+
+
+class ArgvExpected(InvalidCwd, BadRequest):
+    """``exec("ls", "-l")``: two positionals are ``(cwd, command)``, and these look like one argv.
+
+    Raised before anything is sent when the command is an option (``"-l"`` is no shell command),
+    and instead of a bare ``InvalidCwd`` when the "cwd" that execd could not find looks like a
+    program name. The message shows the argv form (client-side only). It is both an
+    ``InvalidCwd`` (what execd would have said, so existing handlers still catch it) and a
+    ``BadRequest`` (the call, not the sandbox, is wrong).
+    """
+
+    code = "exec.argv_expected"
+    summary = "exec(cwd, command) got what looks like a program and its arguments"

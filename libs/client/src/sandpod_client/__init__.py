@@ -15,7 +15,7 @@ there: it imports only the bus and the contract):
 - :mod:`sandpod_client.transfer`: pipelined ``fs.read`` and ``fs.write_*`` uploads.
 """
 
-from sandpod_client.channel import CONTROL_TIMEOUT, NO_DEADLINE, Channel
+from sandpod_client.channel import CONTROL_TIMEOUT, NO_DEADLINE, Channel, Limits, Link
 from sandpod_client.liveness import watch
 from sandpod_client.oneshot import REPLY_SLACK, Completed, run_oneshot
 from sandpod_client.stream import ExecStream
@@ -30,6 +30,8 @@ __all__ = [
     "ExecStream",
     "FileReader",
     "FileUpload",
+    "Limits",
+    "Link",
     "read_range",
     "run_oneshot",
     "watch",

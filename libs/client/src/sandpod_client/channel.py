@@ -1,18 +1,21 @@
 """One sandbox's data plane as a client sees it: typed requests to its execd, errors mapped.
 
-A :class:`Channel` is (bus, subjects, sandbox id) plus how this client names a missing sandbox.
-Every protocol piece above it (one-shot exec, streams, transfers) and the SDK's and gateway's
-plain calls go through :meth:`Channel.call`, so the transport's "no responders" becomes the
-contract's ``sandbox.not_found`` in one place (the contract: no execd answers for the sandbox,
-it does not exist or is not ready yet), worded for whoever asked: the SDK names the sandbox id
-and suggests ``sandpod up``, the gateway says only the tenant's own name and no subject.
+The protocol pieces (one-shot exec, streams, transfers) need only a :class:`Link`: typed
+request/reply and publish on the sandbox's subjects, the connection (for a stream's inbox) and
+its limits. The SDK's families hand theirs in (the SDK's ``sandpod.channel.Channel`` has that
+shape); a test may pass any object with it. :class:`Channel` is the implementation: (bus,
+subjects, sandbox id) plus how this client names a missing sandbox, so the transport's "no
+responders" becomes the contract's ``sandbox.not_found`` in one place (the contract: no execd
+answers for the sandbox, it does not exist or is not ready yet), worded for whoever asked: the
+SDK names the sandbox id and suggests ``sandpod up``, the gateway says only the tenant's own
+name and no subject.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from sandpod_bus import Bus, Handler, NoResponders, Subscription
 from sandpod_contract.codec import Message, decode_reply, encode
@@ -20,13 +23,76 @@ from sandpod_contract.errors import SandboxNotFound
 from sandpod_contract.messages.exec import ExecRef, ExecStatus
 from sandpod_contract.subjects import Subjects
 
-__all__ = ["CONTROL_TIMEOUT", "NO_DEADLINE", "Channel", "NotFound"]
+__all__ = [
+    "CONTROL_TIMEOUT",
+    "NO_DEADLINE",
+    "Channel",
+    "Limits",
+    "Link",
+    "NotFound",
+    "exec_status",
+    "subscribe_inbox",
+]
 
 R = TypeVar("R", bound=Message)
 NotFound = Callable[[str], SandboxNotFound]  # sandbox id -> the error this client raises
 
 CONTROL_TIMEOUT = 5.0  # a small control request (status, cancel, resume, ack-like calls)
 NO_DEADLINE = 10 * 365 * 86400.0  # a request that may wait as long as it likes: liveness ends it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """What one message may carry on this connection.
+
+    Attributes:
+        max_payload: the server's max payload in bytes; a request or reply above it fails,
+            so chunked transfers size their chunks below it.
+    """
+
+    max_payload: int
+
+
+class Link(Protocol):
+    """What the protocol pieces need of a sandbox's data plane (see the module docstring)."""
+
+    @property
+    def bus(self) -> Bus:
+        """The connection, for a stream's own inbox subscription."""
+        ...
+
+    @property
+    def limits(self) -> Limits:
+        """The transport's limits now (the server may differ after a reconnect)."""
+        ...
+
+    def subject(self, family: str, verb: str) -> str:
+        """The subject of ``family.verb`` on this sandbox."""
+        ...
+
+    async def call(self, family: str, verb: str, msg: Message, reply: type[R], timeout: float) -> R:
+        """One request/reply with a typed reply; the contract's typed errors."""
+        ...
+
+    async def publish(self, family: str, verb: str, msg: Message) -> None:
+        """One message with no reply (acks, keepalives)."""
+        ...
+
+
+async def exec_status(link: Link, exec_id: str, timeout: float = CONTROL_TIMEOUT) -> ExecStatus:
+    """``exec.status`` of ``exec_id``: the liveness probe of a one-shot exec."""
+    return await link.call("exec", "status", ExecRef(exec_id=exec_id), ExecStatus, timeout)
+
+
+async def subscribe_inbox(
+    link: Link, handler: Handler, *, pending_msgs: int, pending_bytes: int
+) -> tuple[str, Subscription]:
+    """A fresh private inbox (where execd delivers stream frames) and its subscription."""
+    inbox = link.bus.new_inbox()
+    sub = await link.bus.subscribe(
+        inbox, handler, pending_msgs=pending_msgs, pending_bytes=pending_bytes
+    )
+    return inbox, sub
 
 
 def _not_found(sandbox_id: str) -> SandboxNotFound:
@@ -53,9 +119,9 @@ class Channel:
         return self.subjects.sandbox(self.sandbox_id, family, verb)
 
     @property
-    def max_payload(self) -> int:
-        """What one message may carry (the server's limit)."""
-        return self.bus.max_payload
+    def limits(self) -> Limits:
+        """The transport's limits now."""
+        return Limits(max_payload=self.bus.max_payload)
 
     async def call(self, family: str, verb: str, msg: Message, reply: type[R], timeout: float) -> R:
         """One request to the sandbox's execd; its typed reply.
@@ -74,17 +140,3 @@ class Channel:
     async def publish(self, family: str, verb: str, msg: Message) -> None:
         """Fire and forget (acks). Raises ConnectionLost, PayloadTooLarge."""
         await self.bus.publish(self.subject(family, verb), encode(msg))
-
-    async def status(self, exec_id: str, timeout: float = CONTROL_TIMEOUT) -> ExecStatus:
-        """``exec.status`` of ``exec_id``: the liveness probe of a one-shot exec."""
-        return await self.call("exec", "status", ExecRef(exec_id=exec_id), ExecStatus, timeout)
-
-    async def subscribe_inbox(
-        self, handler: Handler, *, pending_msgs: int, pending_bytes: int
-    ) -> tuple[str, Subscription]:
-        """A fresh private inbox (where execd delivers stream frames) and its subscription."""
-        inbox = self.bus.new_inbox()
-        sub = await self.bus.subscribe(
-            inbox, handler, pending_msgs=pending_msgs, pending_bytes=pending_bytes
-        )
-        return inbox, sub

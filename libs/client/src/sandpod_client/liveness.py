@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from sandpod_client.channel import Channel
+from sandpod_client.channel import Link
 from sandpod_contract.errors import (
     ExecLost,
     ExecNotFound,
@@ -37,7 +37,7 @@ MAX_MISSED = 3
 Probe = Callable[[], Awaitable[ExecStatus | None]]  # None: alive, nothing more to say
 
 
-def ping_probe(ch: Channel, timeout: float = 2.0) -> Probe:
+def ping_probe(ch: Link, timeout: float = 2.0) -> Probe:
     """A probe for work that has no exec id (file transfer): execd answers ``sys.ping``."""
 
     async def probe() -> None:

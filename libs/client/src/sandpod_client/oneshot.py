@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import uuid
 
-from sandpod_client.channel import CONTROL_TIMEOUT, Channel
+from sandpod_client.channel import CONTROL_TIMEOUT, Link, exec_status
 from sandpod_client.liveness import PROBE_INTERVAL, watch
 from sandpod_contract.errors import SandpodError
 from sandpod_contract.messages.exec import (
@@ -45,7 +45,7 @@ class Completed:
 
 
 async def run_oneshot(
-    ch: Channel,
+    ch: Link,
     req: ExecRequest,
     deadline: float,
     *,
@@ -68,7 +68,7 @@ async def run_oneshot(
     try:
         result = await watch(
             ch.call("exec", "run", req, ExecResult, deadline),
-            lambda: ch.status(exec_id),
+            lambda: exec_status(ch, exec_id),
             what=f"exec {exec_id}",
             interval=probe_interval,
         )
@@ -81,7 +81,7 @@ async def run_oneshot(
     return Completed(result, stdout, stderr)
 
 
-async def fetch_rest(ch: Channel, result: ExecResult, stream: str, head: bytes, size: int) -> bytes:
+async def fetch_rest(ch: Link, result: ExecResult, stream: str, head: bytes, size: int) -> bytes:
     """The whole captured stream: what the reply held plus ``exec.fetch`` parts up to ``size``."""
     parts = [head]
     offset = len(head)
@@ -97,6 +97,6 @@ async def fetch_rest(ch: Channel, result: ExecResult, stream: str, head: bytes, 
     return b"".join(parts)
 
 
-async def _cancel_quietly(ch: Channel, exec_id: str) -> None:
+async def _cancel_quietly(ch: Link, exec_id: str) -> None:
     with contextlib.suppress(SandpodError):
         await ch.call("exec", "cancel", ExecRef(exec_id=exec_id), ExecStatus, CANCEL_TIMEOUT)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from sandpod_bus import Inbound, Subscription
-from sandpod_client.channel import CONTROL_TIMEOUT, NO_DEADLINE, Channel
+from sandpod_client.channel import CONTROL_TIMEOUT, NO_DEADLINE, Link, exec_status, subscribe_inbox
 from sandpod_client.liveness import MAX_MISSED, PROBE_INTERVAL, watch
 from sandpod_contract.codec import decode_map, unpack
 from sandpod_contract.errors import (
@@ -67,7 +67,7 @@ class ExecStream:
 
     def __init__(
         self,
-        ch: Channel,
+        ch: Link,
         *,
         argv: Sequence[str] | None = None,
         shell: str | None = None,
@@ -117,8 +117,8 @@ class ExecStream:
         if self._started:
             return
         self._started = True
-        self._inbox, self._sub = await self._ch.subscribe_inbox(
-            self._on_frame, pending_msgs=FRAME_QUEUE, pending_bytes=PENDING_BYTES
+        self._inbox, self._sub = await subscribe_inbox(
+            self._ch, self._on_frame, pending_msgs=FRAME_QUEUE, pending_bytes=PENDING_BYTES
         )
         req = ExecStart(deliver=self._inbox, exec_id=self.exec_id, **self._params)  # type: ignore[arg-type]
         try:
@@ -304,7 +304,7 @@ class ExecStream:
         try:
             await watch(
                 self._ch.call("exec", "stdin", req, ExecStatus, NO_DEADLINE),
-                lambda: self._ch.status(self.exec_id),
+                lambda: exec_status(self._ch, self.exec_id),
                 what=f"a stdin write to exec {self.exec_id}",
                 interval=self.probe_interval,
                 exit_means_lost=False,

@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import AsyncIterator, Awaitable
 from typing import Self, TypeVar
 
-from sandpod_client.channel import Channel
+from sandpod_client.channel import Link
 from sandpod_client.liveness import ping_probe, watch
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import FsTooLarge, SandpodError
@@ -47,7 +47,7 @@ IN_FLIGHT = 4
 IO_TIMEOUT = 60.0  # one chunk request; a slow disk, not a slow network, is what takes long
 
 
-async def _watched(ch: Channel, work: Awaitable[T], what: str) -> T:
+async def _watched(ch: Link, work: Awaitable[T], what: str) -> T:
     return await watch(work, ping_probe(ch), what=what, exit_means_lost=False)
 
 
@@ -70,7 +70,7 @@ class FileReader:
 
     def __init__(
         self,
-        ch: Channel,
+        ch: Link,
         path: str,
         *,
         offset: int = 0,
@@ -89,7 +89,7 @@ class FileReader:
         self._next = offset
         self._end = None if length is None else offset + length
         # Default: as much as one reply holds (fewer, bigger messages are faster over NATS).
-        self._chunk = chunk_size or max(ch.max_payload - REPLY_ROOM, 4096)
+        self._chunk = chunk_size or max(ch.limits.max_payload - REPLY_ROOM, 4096)
         self._in_flight = in_flight
         self._max_size = max_size
         # Bytes known to exist, so safe to read ahead up to (from a stat, or the first reply).
@@ -185,7 +185,7 @@ class FileUpload:
 
     def __init__(
         self,
-        ch: Channel,
+        ch: Link,
         path: str,
         *,
         mode: int | None = None,
@@ -226,7 +226,7 @@ class FileUpload:
         if self._id is None:
             up = await self._call("write_open", self._open, FsUpload)
             self._id = up.upload_id
-            limit = min(up.chunk_size, self._ch.max_payload - REPLY_ROOM)
+            limit = min(up.chunk_size, self._ch.limits.max_payload - REPLY_ROOM)
             self._chunk = max(1, min(self._chunk or limit, limit))
         return self
 
@@ -327,7 +327,7 @@ class FileUpload:
 
 
 async def read_range(
-    ch: Channel, path: str, start: int, length: int, *, size_hint: int | None = None
+    ch: Link, path: str, start: int, length: int, *, size_hint: int | None = None
 ) -> AsyncIterator[bytes]:
     """The bytes ``[start, start + length)`` of ``path``, in order (reads closed on exit)."""
     reader = FileReader(ch, path, offset=start, length=length, size_hint=size_hint)

@@ -13,15 +13,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from sandpod._iteration import items_then
-from sandpod.exec_args import Command, split_command
-from sandpod.results import ExitStatus, OutputChunk
+from sandpod.exec.args import Command, split_command
+from sandpod.exec.types import ExitStatus, OutputChunk
 from sandpod_client import ExecStream
 from sandpod_client.stream import STDIN_CHUNK
 from sandpod_contract.errors import StreamClosed
 from sandpod_contract.messages.exec import ExecExit
 
 if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
 __all__ = ["STDIN_CHUNK", "AsyncExecStream"]
 
@@ -37,7 +37,7 @@ class AsyncExecStream:
 
     def __init__(
         self,
-        sandbox: AsyncSandbox,
+        sandbox: Channel,
         cwd: str | None,
         command: Command,
         *,
@@ -51,7 +51,7 @@ class AsyncExecStream:
     ) -> None:
         argv, shell = split_command(command)
         self._stream = ExecStream(
-            sandbox.channel,
+            sandbox,
             argv=argv,
             shell=shell,
             cwd=cwd,

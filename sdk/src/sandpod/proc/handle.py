@@ -1,4 +1,4 @@
-"""Handles on one background process: :class:`AsyncProc` and its blocking twin :class:`Proc`.
+"""A handle on one background process: :class:`AsyncProc` (blocking twin: ``sync.Proc``).
 
 ``sbx.proc.start(...)`` and ``sbx.proc.get(id)`` return them; every method is the matching
 ``sbx.proc`` call with the id filled in, and remembers the last :class:`ProcessInfo` seen.
@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Literal
 
-from sandpod._twins import iterate, twin
-from sandpod.proc_types import LogChunk, LogMatch, LogRead, ProcessInfo, ProcOutput, Stream
+from sandpod.proc.types import LogChunk, LogMatch, LogRead, ProcessInfo, ProcOutput, Stream
 
 if TYPE_CHECKING:
-    from sandpod.proc import AsyncProcesses
+    from sandpod.proc.api import AsyncProcesses
 
-__all__ = ["AsyncProc", "Proc"]
+__all__ = ["AsyncProc"]
 
 
 class AsyncProc:
@@ -108,39 +107,3 @@ class AsyncProc:
         await self._procs.wait_for_port(
             port, proc_id=self.id, kind=kind, path=path, timeout=timeout
         )
-
-
-class Proc:
-    """Blocking twin of :class:`AsyncProc`."""
-
-    def __init__(self, inner: AsyncProc) -> None:
-        self._inner = inner
-
-    @property
-    def id(self) -> str:
-        return self._inner.id
-
-    @property
-    def pid(self) -> int:
-        return self._inner.pid
-
-    @property
-    def info(self) -> ProcessInfo:
-        return self._inner.info
-
-    def __repr__(self) -> str:
-        return repr(self._inner).replace("AsyncProc", "Proc", 1)
-
-    def follow(self, cursor: int = 0, *, stream: Stream | None = None) -> Iterator[LogChunk]:
-        """Output from ``cursor`` as it comes, until the process exited and all was read."""
-        return iterate(self._inner.follow(cursor, stream=stream))
-
-    status = twin(AsyncProc.status)
-    wait = twin(AsyncProc.wait)
-    kill = twin(AsyncProc.kill)
-    signal = twin(AsyncProc.signal)
-    remove = twin(AsyncProc.remove)
-    logs = twin(AsyncProc.logs)
-    output = twin(AsyncProc.output)
-    wait_for_log = twin(AsyncProc.wait_for_log)
-    wait_for_port = twin(AsyncProc.wait_for_port)

@@ -1,22 +1,24 @@
 """What the exec calls share: how a command is given, the request timeouts, and ``check=True``.
 
-Both the one-shot exec (:mod:`sandpod.exec_oneshot`) and the streaming one
-(:mod:`sandpod.exec_stream`) accept the same call shapes, ``exec(command)`` or
+Both the one-shot exec (:mod:`sandpod.exec.oneshot`) and the streaming one
+(:mod:`sandpod.exec.stream`) accept the same call shapes, ``exec(command)`` or
 ``exec(cwd, command)`` with ``command`` a shell string or an argv sequence. A call's positionals
 go through :func:`cwd_and_command`, the command through :func:`split_command` into the wire's
 ``argv``/``shell`` pair; a finished result goes through :func:`check_result` when the caller
-asked for ``check=True``. The timeouts and :func:`split_command` are also the session, proc,
-pty, watch and git clients' (one definition, so they cannot drift apart; the timeouts are
-:mod:`sandpod_client`'s, which the gateway shares).
+asked for ``check=True``; :func:`exec_status` is the liveness probe both use.
+:func:`split_command` is also the proc client's; the timeouts are :mod:`sandpod.channel`'s,
+re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sandpod.errors import CommandFailed
-from sandpod.results import ExecResult
-from sandpod_client import CONTROL_TIMEOUT, NO_DEADLINE, REPLY_SLACK
+from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, NO_DEADLINE, REPLY_SLACK, Channel
+from sandpod.errors import ArgvExpected, CommandFailed
+from sandpod.exec.types import ExecResult
+from sandpod_client.channel import exec_status as wire_exec_status
+from sandpod_contract.messages.exec import ExecStatus
 
 __all__ = [
     "CONTROL_TIMEOUT",
@@ -24,14 +26,15 @@ __all__ = [
     "NO_DEADLINE",
     "REPLY_SLACK",
     "Command",
+    "argv_hint",
     "check_result",
     "cwd_and_command",
+    "exec_status",
+    "looks_like_program",
     "split_command",
 ]
 
 Command = str | Sequence[str]
-
-DEFAULT_TIMEOUT = 60.0  # CONTROL_TIMEOUT, REPLY_SLACK and NO_DEADLINE: the protocol client's
 
 
 def split_command(command: Command) -> tuple[tuple[str, ...] | None, str | None]:
@@ -55,6 +58,8 @@ def cwd_and_command(
 
     Raises:
         TypeError: no command, or a ``cwd`` that is not a string.
+        ArgvExpected: ``exec("ls", "-l")``: the "command" is an option, so the two positionals
+            are one program and its arguments (no shell command starts with ``-``).
     """
     if second is None:
         if first is None:
@@ -62,7 +67,24 @@ def cwd_and_command(
         return None, first
     if first is not None and not isinstance(first, str):
         raise TypeError("cwd must be a string path")
+    if first is not None and isinstance(second, str) and second.lstrip().startswith("-"):
+        raise ArgvExpected(argv_hint(first, second), cwd=first, command=second)
     return first, second
+
+
+def looks_like_program(cwd: str) -> bool:
+    """Whether a "cwd" reads as a program name rather than a directory (``ls``, not ``src/``)."""
+    return bool(cwd) and not cwd.startswith((".", "~")) and "/" not in cwd
+
+
+def argv_hint(first: str, second: str) -> str:
+    """The message of :class:`ArgvExpected` for ``exec(first, second)``: the argv form."""
+    argv = [first, *second.split()]
+    return (
+        f"exec({first!r}, {second!r}) runs shell command {second!r} in directory {first!r}; "
+        f"to run {first!r} with arguments pass one argv list: exec({argv!r}) "
+        f"(or one shell string: exec({' '.join(argv)!r}))"
+    )
 
 
 def check_result(result: ExecResult) -> None:
@@ -80,3 +102,8 @@ def check_result(result: ExecResult) -> None:
         signal=result.signal,
         timed_out=result.timed_out,
     )
+
+
+async def exec_status(channel: Channel, exec_id: str) -> ExecStatus:
+    """Where exec ``exec_id`` stands: the probe that tells a long request from a lost one."""
+    return await wire_exec_status(channel, exec_id, CONTROL_TIMEOUT)

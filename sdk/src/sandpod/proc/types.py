@@ -1,4 +1,5 @@
-"""Result and error types of the ``proc`` family in the SDK (plain, frozen, no wire details)."""
+"""What the ``proc`` family returns (plain, frozen, no wire details); its client-side errors
+are in :mod:`sandpod.errors`, re-exported here."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 import re
 from typing import Literal
 
-from sandpod_contract.errors import ProcError
+from sandpod.errors import ProcExited, ProcWaitTimeout
 from sandpod_contract.messages.proc import ProcInfo
 
 __all__ = [
@@ -21,21 +22,6 @@ __all__ = [
 ]
 
 Stream = Literal["stdout", "stderr"]
-
-
-class ProcExited(ProcError):
-    """The process exited (its log ended) before what was awaited happened (client-side)."""
-
-    code = "proc.exited"
-    summary = "the process exited before the awaited log line or port appeared"
-
-
-class ProcWaitTimeout(ProcError):
-    """A wait on a background process ran out of time (client-side)."""
-
-    code = "proc.wait_timeout"
-    retryable = True
-    summary = "the awaited condition did not happen within the timeout"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

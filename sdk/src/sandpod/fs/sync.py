@@ -1,4 +1,4 @@
-"""Blocking twin of :class:`sandpod.fs.AsyncFiles`: ``Sandbox.fs`` (import it from sandpod.fs)."""
+"""Blocking twin of the ``fs`` family (:class:`~sandpod.fs.api.AsyncFiles`): ``Sandbox.fs``."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Iterable, Mapping
 from typing import IO, TYPE_CHECKING
 
 from sandpod._loop import run
-from sandpod.fs_stream import IN_FLIGHT, READ_LIMIT, FileReader, FileWriter, Progress
-from sandpod.fs_types import FileInfo, FileList, FileType, ReplaceResult, SearchResult
+from sandpod.fs.stream import IN_FLIGHT, READ_LIMIT, FileReader, FileWriter, Progress
+from sandpod.fs.types import FileInfo, FileList, FileType, ReplaceResult, SearchResult
 
 if TYPE_CHECKING:
-    from sandpod.fs import AsyncFiles
+    from sandpod.fs.api import AsyncFiles
 
 __all__ = ["Files"]
 

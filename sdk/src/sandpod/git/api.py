@@ -1,4 +1,4 @@
-"""SDK surface for git checkout, status and diff (``sbx.git``): async and blocking twins.
+"""The async client of git clone, checkout, status and diff (``sbx.git``); blocking: ``sync``.
 
 execd runs the sandbox's own ``git``; credentials (in the URL or as ``token``) never reach its
 command line and are scrubbed from every error. Failures are typed: ``GitAuthFailed``,
@@ -7,99 +7,26 @@ command line and are scrubbed from every error. Failures are typed: ``GitAuthFai
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from sandpod._loop import run
-from sandpod.exec_args import DEFAULT_TIMEOUT, REPLY_SLACK
+from sandpod.channel import DEFAULT_TIMEOUT, REPLY_SLACK
+from sandpod.git.types import GitDiff, GitEntry, GitHead, GitStatus, _head
 from sandpod_contract.errors import BadRequest
 from sandpod_contract.messages import git as wire
 
 if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
-__all__ = ["AsyncGit", "Git", "GitDiff", "GitEntry", "GitHead", "GitStatus"]
+__all__ = ["CLONE_TIMEOUT", "AsyncGit"]
 
 CLONE_TIMEOUT = 600.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GitHead:
-    """What is checked out after a clone or checkout."""
-
-    path: str  # the repository's directory (/workspace/...)
-    commit: str  # HEAD's full object id
-    branch: str | None  # None when HEAD is detached
-    url: str | None  # clone: the remote URL with credentials scrubbed
-    duration: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GitEntry:
-    """One changed path: ``index``/``worktree`` are git's X/Y letters, ``state`` sums them up."""
-
-    path: str
-    state: Literal[
-        "modified",
-        "added",
-        "deleted",
-        "renamed",
-        "copied",
-        "type_changed",
-        "untracked",
-        "ignored",
-        "conflicted",
-    ]
-    index: str
-    worktree: str
-    orig_path: str | None
-
-    @property
-    def staged(self) -> bool:
-        return self.index not in (".", "?", "!")
-
-    @property
-    def unstaged(self) -> bool:
-        return self.worktree != "."
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GitStatus:
-    """A repository's branch, distance to its upstream and changed paths."""
-
-    path: str  # the repository's root
-    commit: str | None
-    branch: str | None
-    upstream: str | None
-    ahead: int
-    behind: int
-    entries: tuple[GitEntry, ...]
-    truncated: bool
-
-    @property
-    def clean(self) -> bool:
-        return not self.entries and not self.truncated
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GitDiff:
-    """A unified diff (bytes that are not UTF-8 show as U+FFFD)."""
-
-    path: str
-    text: str
-    size: int  # bytes git wrote
-    truncated: bool
-
-
-def _head(h: wire.GitHead) -> GitHead:
-    return GitHead(h.path, h.commit, h.branch, h.url, h.duration)
 
 
 class AsyncGit:
     """``sbx.git``: clone, checkout, status and diff in the sandbox."""
 
-    def __init__(self, sbx: AsyncSandbox) -> None:
-        self._sbx = sbx
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
 
     async def clone(
         self,
@@ -140,7 +67,7 @@ class AsyncGit:
             )
         except ValueError as exc:
             raise BadRequest(str(exc)) from None  # never echo the arguments: one is a token
-        reply = await self._sbx._call("git", "clone", req, wire.GitHead, timeout + REPLY_SLACK)
+        reply = await self._channel.call("git", "clone", req, wire.GitHead, timeout + REPLY_SLACK)
         return _head(reply)
 
     async def checkout(
@@ -159,7 +86,9 @@ class AsyncGit:
             req = wire.GitCheckout(path=path, ref=ref, create=create, timeout=timeout)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
-        reply = await self._sbx._call("git", "checkout", req, wire.GitHead, timeout + REPLY_SLACK)
+        reply = await self._channel.call(
+            "git", "checkout", req, wire.GitHead, timeout + REPLY_SLACK
+        )
         return _head(reply)
 
     async def status(self, path: str, *, timeout: float = DEFAULT_TIMEOUT) -> GitStatus:
@@ -173,7 +102,7 @@ class AsyncGit:
             req = wire.GitRepo(path=path, timeout=timeout)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
-        s = await self._sbx._call("git", "status", req, wire.GitStatus, timeout + REPLY_SLACK)
+        s = await self._channel.call("git", "status", req, wire.GitStatus, timeout + REPLY_SLACK)
         entries = tuple(
             GitEntry(e.path, e.state, e.index, e.worktree, e.orig_path) for e in s.entries
         )
@@ -205,62 +134,5 @@ class AsyncGit:
             )
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
-        p = await self._sbx._call("git", "diff", req, wire.GitPatch, timeout + REPLY_SLACK)
+        p = await self._channel.call("git", "diff", req, wire.GitPatch, timeout + REPLY_SLACK)
         return GitDiff(p.path, p.text, p.size, p.truncated)
-
-
-class Git:
-    """Blocking twin of :class:`AsyncGit` (each method runs it on the SDK loop)."""
-
-    def __init__(self, inner: AsyncGit) -> None:
-        self._inner = inner
-
-    def clone(
-        self,
-        url: str,
-        target: str | None = None,
-        *,
-        branch: str | None = None,
-        ref: str | None = None,
-        depth: int | None = None,
-        username: str | None = None,
-        token: str | None = None,
-        timeout: float = CLONE_TIMEOUT,
-    ) -> GitHead:
-        """Clone a repository (see :meth:`AsyncGit.clone`)."""
-        return run(
-            self._inner.clone(
-                url,
-                target,
-                branch=branch,
-                ref=ref,
-                depth=depth,
-                username=username,
-                token=token,
-                timeout=timeout,
-            )
-        )
-
-    def checkout(
-        self, path: str, ref: str, *, create: bool = False, timeout: float = DEFAULT_TIMEOUT
-    ) -> GitHead:
-        """Check out a ref (see :meth:`AsyncGit.checkout`)."""
-        return run(self._inner.checkout(path, ref, create=create, timeout=timeout))
-
-    def status(self, path: str, *, timeout: float = DEFAULT_TIMEOUT) -> GitStatus:
-        """Repository status (see :meth:`AsyncGit.status`)."""
-        return run(self._inner.status(path, timeout=timeout))
-
-    def diff(
-        self,
-        path: str,
-        file: str | None = None,
-        *,
-        staged: bool = False,
-        max_bytes: int | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> GitDiff:
-        """A unified diff (see :meth:`AsyncGit.diff`)."""
-        return run(
-            self._inner.diff(path, file, staged=staged, max_bytes=max_bytes, timeout=timeout)
-        )

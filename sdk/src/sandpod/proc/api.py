@@ -1,4 +1,4 @@
-"""SDK surface for background processes (``sbx.proc``): async and blocking twins.
+"""The async client of background processes (``sbx.proc``); the blocking twins are ``sync``.
 
 ``await sbx.proc.start("npm run dev", proc_id="web")`` returns an :class:`AsyncProc` handle;
 ``sbx.proc.get("web")`` finds it again from any connection. Output is read by cursor from
@@ -15,15 +15,14 @@ import dataclasses
 import re
 import signal as _signal
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from sandpod._loop import run
-from sandpod._twins import iterate, twin
 from sandpod._watch import watch
-from sandpod.exec_args import CONTROL_TIMEOUT, REPLY_SLACK, split_command
-from sandpod.proc_handle import AsyncProc, Proc
-from sandpod.proc_types import (
+from sandpod.channel import CONTROL_TIMEOUT, REPLY_SLACK
+from sandpod.exec.args import cwd_and_command, split_command
+from sandpod.proc.handle import AsyncProc
+from sandpod.proc.types import (
     LogChunk,
     LogMatch,
     LogRead,
@@ -54,21 +53,9 @@ from sandpod_contract.messages.proc import (
 from sandpod_contract.messages.system import Pong
 
 if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
-__all__ = [
-    "AsyncProc",
-    "AsyncProcesses",
-    "LogChunk",
-    "LogMatch",
-    "LogRead",
-    "Proc",
-    "ProcExited",
-    "ProcOutput",
-    "ProcWaitTimeout",
-    "ProcessInfo",
-    "Processes",
-]
+__all__ = ["AsyncProcesses"]
 
 R = TypeVar("R", bound=Message)
 POLL = 25.0  # seconds per long-poll request (execd caps them at 60)
@@ -77,17 +64,14 @@ MATCH_WINDOW = 64 * 1024  # characters of an unfinished line kept for wait_for_l
 _STREAMS = ("stdout", "stderr")
 
 
-# -- async -------------------------------------------------------------------------------------
-
-
 class AsyncProcesses:
     """``sbx.proc``: start, find, list, wait for, read and end background processes."""
 
-    def __init__(self, sbx: AsyncSandbox) -> None:
-        self._sbx = sbx
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
 
     async def _call(self, verb: str, msg: Message, reply: type[R], timeout: float) -> R:
-        return await self._sbx._call("proc", verb, msg, reply, timeout)
+        return await self._channel.call("proc", verb, msg, reply, timeout)
 
     async def _poll(self, verb: str, msg: Message, reply: type[R], wait: float) -> R:
         """A long-poll request, with execd's liveness probed while it is pending."""
@@ -99,7 +83,7 @@ class AsyncProcesses:
         )
 
     async def _alive(self) -> ExecStatus:
-        await self._sbx._call("sys", "ping", Empty(), Pong, CONTROL_TIMEOUT)
+        await self._channel.call("sys", "ping", Empty(), Pong, CONTROL_TIMEOUT)
         return ExecStatus(exec_id="", state="running")
 
     async def start(
@@ -132,10 +116,10 @@ class AsyncProcesses:
             ProcIdInUse: the id is taken (remove the old record or choose another).
             Busy: the sandbox's table of processes is full of running ones.
             CommandNotFound, InvalidCwd, SpawnFailed: it could not start.
+            ArgvExpected: ``start("ls", "-l")``: a program and its arguments given as
+                ``(cwd, command)``; pass one argv list.
         """
-        cwd, cmd = (None, cwd_or_command) if command is None else (cwd_or_command, command)
-        if cwd is not None and not isinstance(cwd, str):
-            raise TypeError("cwd must be a string path")
+        cwd, cmd = cwd_and_command(cwd_or_command, command)
         argv, shell = split_command(cmd)
         req = ProcStart(
             proc_id=proc_id,
@@ -359,63 +343,6 @@ class AsyncProcesses:
                     port=port,
                     status_code=status.status_code,
                 )
-
-
-# -- blocking twins ----------------------------------------------------------------------------
-
-
-class Processes:
-    """Blocking twin of :class:`AsyncProcesses` (each method runs it on the SDK loop)."""
-
-    def __init__(self, inner: AsyncProcesses) -> None:
-        self._inner = inner
-
-    def start(
-        self,
-        cwd_or_command: str | Sequence[str],
-        command: str | Sequence[str] | None = None,
-        /,
-        *,
-        proc_id: str | None = None,
-        tags: Mapping[str, str] | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        timeout: float | None = None,
-        log_limit: int | None = None,
-    ) -> Proc:
-        """Start a background process (see :meth:`AsyncProcesses.start`)."""
-        inner = self._inner.start(
-            cwd_or_command,
-            command,
-            proc_id=proc_id,
-            tags=tags,
-            env=env,
-            stdin=stdin,
-            timeout=timeout,
-            log_limit=log_limit,
-        )
-        return Proc(run(inner))
-
-    def get(self, proc_id: str) -> Proc:
-        """A handle on a kept process. Raises ProcNotFound."""
-        return Proc(run(self._inner.get(proc_id)))
-
-    def follow(
-        self, proc_id: str, cursor: int = 0, *, stream: Stream | None = None
-    ) -> Iterator[LogChunk]:
-        """Yield output as it comes until the process ended (see :meth:`AsyncProcesses.follow`)."""
-        return iterate(self._inner.follow(proc_id, cursor, stream=stream))
-
-    list = twin(AsyncProcesses.list)
-    status = twin(AsyncProcesses.status)
-    wait = twin(AsyncProcesses.wait)
-    kill = twin(AsyncProcesses.kill)
-    signal = twin(AsyncProcesses.signal)
-    remove = twin(AsyncProcesses.remove)
-    logs = twin(AsyncProcesses.logs)
-    output = twin(AsyncProcesses.output)
-    wait_for_log = twin(AsyncProcesses.wait_for_log)
-    wait_for_port = twin(AsyncProcesses.wait_for_port)
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -1,32 +1,25 @@
 """The one-shot exec behind :meth:`AsyncSandbox.exec`: run a command to completion, one result.
 
 Data flow: the command, its stdin and options become one ``exec.run`` request, run by the
-protocol client (:func:`sandpod_client.run_oneshot`: liveness probes so a dead execd is a typed
-error rather than a hang, ``exec.cancel`` when the caller gives up, ``exec.fetch`` of output
-beyond the reply); its result becomes the SDK's :class:`ExecResult`. Stdin too large for one
-message takes another path: the command runs as a streaming exec (:mod:`sandpod.exec_stream`)
-that is fed the stdin and whose output is collected up to the same cap.
+protocol client (:func:`sandpod_client.run_oneshot`, shared with the gateway: liveness probes
+so a dead execd is a typed error rather than a hang, ``exec.cancel`` when the caller gives up,
+``exec.fetch`` of output beyond the reply); its result becomes the SDK's :class:`ExecResult`.
+Stdin too large for one message takes another path: the command runs as a streaming exec
+(:mod:`sandpod.exec.stream`) that is fed the stdin and whose output is collected up to the
+same cap.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-from sandpod.exec_args import (
-    NO_DEADLINE,
-    REPLY_SLACK,
-    Command,
-    check_result,
-    split_command,
-)
-from sandpod.results import ExecResult
+from sandpod.channel import Channel
+from sandpod.exec.args import NO_DEADLINE, REPLY_SLACK, Command, check_result, split_command
+from sandpod.exec.stream import AsyncExecStream
+from sandpod.exec.types import ExecResult
 from sandpod_client import run_oneshot as run_wire
 from sandpod_contract.messages.exec import ExecRequest
-
-if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
 
 __all__ = ["run_oneshot"]
 
@@ -34,7 +27,7 @@ STREAMED_OUTPUT_CAP = 16 * 1024 * 1024  # per stream, when stdin forced a stream
 
 
 async def run_oneshot(
-    sbx: AsyncSandbox,
+    sbx: Channel,
     cwd: str | None,
     command: Command,
     *,
@@ -53,7 +46,7 @@ async def run_oneshot(
     """
     argv, shell = split_command(command)
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    if data is not None and len(data) > sbx.bus.max_payload // 2:
+    if data is not None and len(data) > sbx.limits.max_payload // 2:
         return await _exec_via_stream(
             sbx,
             cwd,
@@ -73,7 +66,7 @@ async def run_oneshot(
         timeout=timeout,
         max_output=max_output,
     )
-    done = await run_wire(sbx.channel, req, timeout + REPLY_SLACK if timeout else NO_DEADLINE)
+    done = await run_wire(sbx, req, timeout + REPLY_SLACK if timeout else NO_DEADLINE)
     wire = done.result
     result = ExecResult(
         exec_id=wire.exec_id,
@@ -92,7 +85,7 @@ async def run_oneshot(
 
 
 async def _exec_via_stream(
-    sbx: AsyncSandbox,
+    sbx: Channel,
     cwd: str | None,
     command: Command,
     *,
@@ -107,7 +100,7 @@ async def _exec_via_stream(
     out: list[bytes] = []
     err: list[bytes] = []
     sizes = {"stdout": 0, "stderr": 0}
-    async with sbx.exec_stream(cwd, command, env=env, stdin_open=True, timeout=timeout) as st:
+    async with AsyncExecStream(sbx, cwd, command, env=env, stdin_open=True, timeout=timeout) as st:
         feeder = asyncio.create_task(st._feed_all(stdin))
         try:
             async for chunk in st:

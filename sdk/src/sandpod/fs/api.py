@@ -1,4 +1,4 @@
-"""SDK surface for files in the sandbox (``sbx.fs``): async and blocking twins.
+"""The async client of files in the sandbox (``sbx.fs``); the blocking twin is ``sync``.
 
 Every method is one or a few ``fs.*`` requests to the sandbox's execd (see ``schemas/docs/fs.md``).
 Paths are sandbox paths: ``/workspace/...`` or relative to the workspace. Whole-file calls
@@ -16,27 +16,21 @@ import tempfile
 from collections.abc import AsyncIterable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from sandpod.fs_stream import (
+from sandpod.fs.stream import (
     CHUNK,
     IN_FLIGHT,
     READ_LIMIT,
     AsyncFileReader,
     AsyncFileWriter,
-    FileReader,
-    FileWriter,
     Progress,
     lines_window,
 )
-from sandpod.fs_sync import Files
-from sandpod.fs_types import (
+from sandpod.fs.types import (
     FileInfo,
     FileList,
     FileType,
-    Replacement,
     ReplaceResult,
-    SearchMatch,
     SearchResult,
-    SkippedFile,
 )
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import FsTooLarge
@@ -63,25 +57,9 @@ from sandpod_contract.messages.fs import (
 )
 
 if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
-__all__ = [
-    "READ_LIMIT",
-    "AsyncFileReader",
-    "AsyncFileWriter",
-    "AsyncFiles",
-    "FileInfo",
-    "FileList",
-    "FileReader",
-    "FileType",
-    "FileWriter",
-    "Files",
-    "ReplaceResult",
-    "Replacement",
-    "SearchMatch",
-    "SearchResult",
-    "SkippedFile",
-]
+__all__ = ["AsyncFiles"]
 
 R = TypeVar("R", bound=Message)
 Stream = bytes | bytearray | memoryview | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes]
@@ -107,11 +85,11 @@ def owner_of(owner: str | int | None, group: str | int | None) -> FsOwner | None
 class AsyncFiles:
     """Files in one sandbox (``sbx.fs``)."""
 
-    def __init__(self, sbx: AsyncSandbox) -> None:
-        self._sbx = sbx
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
 
     async def _call(self, verb: str, msg: Message, reply: type[R], timeout: float) -> R:
-        return await self._sbx._call("fs", verb, msg, reply, timeout)
+        return await self._channel.call("fs", verb, msg, reply, timeout)
 
     async def _entry(self, verb: str, msg: Message, timeout: float = OP_TIMEOUT) -> FileInfo:
         return FileInfo.from_wire(await self._call(verb, msg, FsEntry, timeout))
@@ -131,7 +109,7 @@ class AsyncFiles:
         """
         parts: list[bytes] = []
         try:
-            async with AsyncFileReader(self._sbx, path, max_size=max_size) as reader:
+            async with AsyncFileReader(self._channel, path, max_size=max_size) as reader:
                 async for chunk in reader:
                     parts.append(chunk)
         except FsTooLarge as exc:
@@ -155,7 +133,7 @@ class AsyncFiles:
     async def read_range(self, path: str, offset: int, length: int) -> bytes:
         """``length`` bytes from ``offset`` (fewer at the end of the file)."""
         parts: list[bytes] = []
-        async with AsyncFileReader(self._sbx, path, offset=offset, length=length) as reader:
+        async with AsyncFileReader(self._channel, path, offset=offset, length=length) as reader:
             async for chunk in reader:
                 parts.append(chunk)
         return b"".join(parts)
@@ -193,7 +171,7 @@ class AsyncFiles:
         """Chunks of a file of any size, in order: ``async with fs.read_stream(p) as r:
         async for chunk in r: ...``. ``in_flight`` reads are kept outstanding for throughput."""
         return AsyncFileReader(
-            self._sbx,
+            self._channel,
             path,
             offset=offset,
             length=length,
@@ -214,7 +192,7 @@ class AsyncFiles:
         try:
             with os.fdopen(fd, "wb") as out:
                 done = 0
-                reader = AsyncFileReader(self._sbx, path, size_hint=info.size)
+                reader = AsyncFileReader(self._channel, path, size_hint=info.size)
                 async with reader:
                     async for chunk in reader:
                         await asyncio.to_thread(out.write, chunk)
@@ -268,7 +246,7 @@ class AsyncFiles:
             )
             return await self._entry("write", req)
         writer = AsyncFileWriter(
-            self._sbx,
+            self._channel,
             path,
             mode=mode,
             owner=owner_msg,
@@ -294,7 +272,7 @@ class AsyncFiles:
         """An upload to write piece by piece: ``async with fs.open_writer(p) as w:
         await w.write(b"...")`` commits on exit (aborts on an exception)."""
         return AsyncFileWriter(
-            self._sbx,
+            self._channel,
             path,
             mode=mode,
             owner=owner_of(owner, group),

@@ -1,4 +1,4 @@
-"""SDK surface for pseudo-terminals (``sbx.pty``): async and blocking twins.
+"""The async client of pseudo-terminals (``sbx.pty``); the blocking twins are in ``sync``.
 
 ``await sbx.pty.open()`` starts the sandbox's login shell (or a command) on a terminal and returns
 an :class:`AsyncPty` viewer. Output is pulled: each viewer keeps its own cursor and long-polls
@@ -13,77 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from sandpod._loop import run
-from sandpod.exec_args import CONTROL_TIMEOUT
+from sandpod.channel import CONTROL_TIMEOUT
+from sandpod.pty.types import PtyExit, PtyInfo, PtyOutput, _info
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import BadRequest, PtyClosed, PtyNotFound
 from sandpod_contract.messages import pty as wire
 from sandpod_contract.messages.common import Empty
 
 if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
-__all__ = ["AsyncPty", "AsyncPtys", "Pty", "PtyExit", "PtyInfo", "PtyOutput", "Ptys"]
+__all__ = ["AsyncPty", "AsyncPtys"]
 
 M = TypeVar("M", bound=Message)
 LONG_POLL = 25.0  # seconds a read waits for output; the request deadline adds READ_SLACK
 READ_SLACK = 10.0
 INPUT_CHUNK = 32 * 1024  # well under any execd request limit (sys.info max_request_bytes)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PtyExit:
-    """How a terminal's program ended: ``exit_code``, or ``signal`` if a signal killed it."""
-
-    exit_code: int | None
-    signal: int | None
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PtyInfo:
-    """Where a terminal stands. ``end_cursor`` is how many bytes it printed so far (start a
-    viewer there for new output only); ``start_cursor`` is the oldest byte still replayable."""
-
-    pty_id: str
-    pid: int
-    argv: tuple[str, ...]
-    cwd: str
-    cols: int
-    rows: int
-    running: bool
-    exit: PtyExit | None  # once exited
-    abandoned: bool
-    started_at: float
-    end_cursor: int
-    start_cursor: int
-    buffer_bytes: int
-    abandon_after: float | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PtyOutput:
-    """One read: ``data`` starts at ``cursor`` (``skipped`` bytes past the cursor asked for when
-    the viewer fell behind the replay buffer). ``exit`` is set once the program ended and this
-    viewer has read everything."""
-
-    data: bytes
-    cursor: int
-    next_cursor: int
-    skipped: int
-    exit: PtyExit | None
-
-    @property
-    def text(self) -> str:
-        return self.data.decode("utf-8", "replace")
 
 
 def _build(cls: type[M], **fields: Any) -> M:
@@ -103,34 +52,14 @@ def _raise_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
-def _info(msg: wire.PtyInfo) -> PtyInfo:
-    done = msg.state == "exited"
-    return PtyInfo(
-        pty_id=msg.pty_id,
-        pid=msg.pid,
-        argv=msg.argv,
-        cwd=msg.cwd,
-        cols=msg.cols,
-        rows=msg.rows,
-        running=not done,
-        exit=PtyExit(msg.exit_code, msg.signal) if done else None,
-        abandoned=msg.abandoned,
-        started_at=msg.started_at,
-        end_cursor=msg.end_cursor,
-        start_cursor=msg.start_cursor,
-        buffer_bytes=msg.buffer_bytes,
-        abandon_after=msg.abandon_after,
-    )
-
-
 class AsyncPtys:
     """``sbx.pty``: open, re-attach to, list and close pseudo-terminals."""
 
-    def __init__(self, sbx: AsyncSandbox) -> None:
-        self._sbx = sbx
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
 
     async def _call(self, verb: str, msg: Message, reply: type[M], timeout: float) -> M:
-        return await self._sbx._call("pty", verb, msg, reply, timeout)
+        return await self._channel.call("pty", verb, msg, reply, timeout)
 
     async def open(
         self,
@@ -335,111 +264,3 @@ class AsyncPty:
     async def close(self) -> PtyInfo:
         """Kill the terminal's whole tree and forget it (for every viewer)."""
         return await self._ptys.close(self.id)
-
-
-class Ptys:
-    """Blocking twin of :class:`AsyncPtys` (each method runs it on the SDK loop)."""
-
-    def __init__(self, inner: AsyncPtys) -> None:
-        self._inner = inner
-
-    def open(
-        self,
-        command: str | Sequence[str] | None = None,
-        *,
-        cols: int = 80,
-        rows: int = 24,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        pty_id: str | None = None,
-        buffer_bytes: int | None = None,
-        abandon_after: float | None = None,
-    ) -> Pty:
-        """Start a program on a new terminal (see :meth:`AsyncPtys.open`)."""
-        return Pty(
-            run(
-                self._inner.open(
-                    command,
-                    cols=cols,
-                    rows=rows,
-                    cwd=cwd,
-                    env=env,
-                    pty_id=pty_id,
-                    buffer_bytes=buffer_bytes,
-                    abandon_after=abandon_after,
-                )
-            )
-        )
-
-    def connect(self, pty_id: str, *, cursor: int | None = 0) -> Pty:
-        return Pty(run(self._inner.connect(pty_id, cursor=cursor)))
-
-    def get(self, pty_id: str) -> PtyInfo:
-        return run(self._inner.get(pty_id))
-
-    def list(self) -> list[PtyInfo]:
-        return run(self._inner.list())
-
-    def close(self, pty_id: str) -> PtyInfo:
-        return run(self._inner.close(pty_id))
-
-
-class Pty:
-    """Blocking twin of :class:`AsyncPty`; iterate it for :class:`PtyOutput` until the end."""
-
-    def __init__(self, inner: AsyncPty) -> None:
-        self._inner = inner
-
-    @property
-    def id(self) -> str:
-        return self._inner.id
-
-    @property
-    def pid(self) -> int:
-        return self._inner.pid
-
-    @property
-    def cursor(self) -> int:
-        return self._inner.cursor
-
-    @property
-    def exit(self) -> PtyExit | None:
-        return self._inner.exit
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        run(self._inner.__aexit__())
-
-    def __iter__(self) -> Iterator[PtyOutput]:
-        while self._inner.exit is None:
-            out = self.read()
-            if out.data or out.skipped:
-                yield out
-
-    def write(self, data: bytes | str, *, timeout: float | None = 60.0) -> None:
-        run(self._inner.write(data, timeout=timeout))
-
-    def read(
-        self, *, wait: float = LONG_POLL, max_bytes: int | None = None, cursor: int | None = None
-    ) -> PtyOutput:
-        return run(self._inner.read(wait=wait, max_bytes=max_bytes, cursor=cursor))
-
-    def expect(self, pattern: bytes | str, *, timeout: float = 30.0) -> bytes:
-        return run(self._inner.expect(pattern, timeout=timeout))
-
-    def wait(self, timeout: float | None = None) -> PtyExit:
-        return run(self._inner.wait(timeout))
-
-    def resize(self, cols: int, rows: int) -> PtyInfo:
-        return run(self._inner.resize(cols, rows))
-
-    def signal(self, sig: int) -> PtyInfo:
-        return run(self._inner.signal(sig))
-
-    def info(self) -> PtyInfo:
-        return run(self._inner.info())
-
-    def close(self) -> PtyInfo:
-        return run(self._inner.close())

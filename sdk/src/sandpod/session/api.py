@@ -1,4 +1,4 @@
-"""SDK surface for long-lived shell sessions (``sbx.sessions``): async and blocking twins.
+"""The async client of long-lived shell sessions (``sbx.sessions``); blocking twins: ``sync``.
 
 A session is a real bash in the sandbox: ``cd``, ``export``, variables, functions and aliases
 set by one ``run`` are there for the next. Commands of one session run one at a time in the
@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, Self, TypeVar
 
-from sandpod._loop import run
-from sandpod._twins import twin
 from sandpod._watch import watch
+from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, NO_DEADLINE
 from sandpod.errors import CommandFailed
-from sandpod.exec_args import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, NO_DEADLINE
+from sandpod.session.types import SessionInfo, SessionResult
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import SandpodError, SessionNotFound
 from sandpod_contract.messages.common import Empty
@@ -43,79 +41,21 @@ from sandpod_contract.messages.session import SessionResult as WireResult
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
-__all__ = ["AsyncSession", "AsyncSessions", "Session", "SessionInfo", "SessionResult", "Sessions"]
+__all__ = ["AsyncSession", "AsyncSessions"]
 
 R = TypeVar("R", bound=Message)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """Where a session stands: ``idle``, ``busy`` (running ``running``) or ``dead``."""
-
-    session_id: str
-    pid: int
-    state: Literal["idle", "busy", "dead"]
-    cwd: str
-    created_at: float
-    commands: int
-    queued: int
-    running: str | None
-    exit_code: int | None  # dead sessions: how the shell ended
-    signal: int | None
-
-    @property
-    def alive(self) -> bool:
-        return self.state != "dead"
-
-    @classmethod
-    def _from_wire(cls, w: WireInfo) -> SessionInfo:
-        return cls(**{f.name: getattr(w, f.name) for f in dataclasses.fields(cls)})
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SessionResult:
-    """One command's outcome. ``stdout``/``stderr`` decode ``*_bytes`` as UTF-8 (replacing).
-
-    ``exit_code`` is 124 after ``timed_out``, 130 after ``cancelled``; ``shell_exited`` means the
-    command ended the shell itself (``exit``): the session is dead, recreate it.
-    """
-
-    session_id: str
-    command_id: str
-    exit_code: int | None
-    stdout_bytes: bytes
-    stderr_bytes: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-    timed_out: bool
-    cancelled: bool
-    shell_exited: bool
-    duration: float
-    cwd: str | None  # the shell's working directory afterwards
-
-    @property
-    def stdout(self) -> str:
-        return self.stdout_bytes.decode("utf-8", "replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_bytes.decode("utf-8", "replace")
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
 
 
 class AsyncSessions:
     """``sbx.sessions``: create, find, list and delete shell sessions; run commands in them."""
 
-    def __init__(self, sbx: AsyncSandbox) -> None:
-        self._sbx = sbx
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
 
     async def _call(self, verb: str, msg: Message, reply: type[R], timeout: float) -> R:
-        return await self._sbx._call("session", verb, msg, reply, timeout)
+        return await self._channel.call("session", verb, msg, reply, timeout)
 
     async def create(
         self,
@@ -310,60 +250,3 @@ class AsyncSession:
     ) -> None:
         with contextlib.suppress(SessionNotFound):
             await self.delete()
-
-
-class Sessions:
-    """Blocking twin of :class:`AsyncSessions` (each method runs it on the SDK loop)."""
-
-    def __init__(self, inner: AsyncSessions) -> None:
-        self._inner = inner
-
-    def create(
-        self,
-        session_id: str | None = None,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> Session:
-        """Start a shell (see :meth:`AsyncSessions.create`)."""
-        return Session(run(self._inner.create(session_id, cwd=cwd, env=env)))
-
-    def get(self, session_id: str) -> Session:
-        """A handle on an existing session. Raises SessionNotFound."""
-        return Session(run(self._inner.get(session_id)))
-
-    list = twin(AsyncSessions.list)
-    status = twin(AsyncSessions.status)
-    delete = twin(AsyncSessions.delete)
-    cancel = twin(AsyncSessions.cancel)
-    run = twin(AsyncSessions.run)
-
-
-class Session:
-    """Blocking twin of :class:`AsyncSession`; ``with`` deletes it on exit."""
-
-    def __init__(self, inner: AsyncSession) -> None:
-        self._inner = inner
-
-    @property
-    def id(self) -> str:
-        return self._inner.id
-
-    @property
-    def info(self) -> SessionInfo:
-        return self._inner.info
-
-    def __repr__(self) -> str:
-        return repr(self._inner).replace("AsyncSession", "Session", 1)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(SessionNotFound):
-            self.delete()
-
-    run = twin(AsyncSession.run)
-    status = twin(AsyncSession.status)
-    cancel = twin(AsyncSession.cancel)
-    delete = twin(AsyncSession.delete)

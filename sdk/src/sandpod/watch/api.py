@@ -1,4 +1,4 @@
-"""SDK surface for file watching (``sbx.watch``): async and blocking twins.
+"""The async client of file watching (``sbx.watch``); the blocking twins are in ``sync``.
 
 A watch lives in the sandbox's execd; the client pulls its events with long polls by cursor
 (``watch.poll``), so a slow client is never overrun and one that went away asks "what changed since
@@ -16,79 +16,23 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sandpod._iteration import items_then
-from sandpod._loop import run
-from sandpod._twins import iterate
-from sandpod.exec_args import CONTROL_TIMEOUT
+from sandpod.channel import CONTROL_TIMEOUT
+from sandpod.watch.types import EventType, WatchBatch, WatchEvent, WatchInfo, _batch, _info
 from sandpod_contract.errors import BadRequest, WatchNotFound
 from sandpod_contract.messages import watch as wire
 from sandpod_contract.messages.common import Empty
 
 if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
-__all__ = [
-    "AsyncWatch",
-    "AsyncWatches",
-    "EventType",
-    "Watch",
-    "WatchBatch",
-    "WatchEvent",
-    "WatchInfo",
-    "Watches",
-]
+__all__ = ["DEFAULT_WAIT", "AsyncWatch", "AsyncWatches"]
 
-EventType = Literal["create", "modify", "delete", "move", "attrib", "overflow"]
 DEFAULT_WAIT = 20.0  # seconds one long poll may wait for news
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WatchEvent:
-    """One change. ``move`` has ``old_path`` -> ``path``; ``overflow`` means events were lost."""
-
-    type: EventType
-    path: str
-    old_path: str | None
-    is_dir: bool
-    time: float  # wall clock in the sandbox
-    count: int  # raw events merged into this one; overflow: events lost (0: unknown)
-    seq: int  # cursor of this event
-    reason: str | None  # overflow: "queue", "kernel" or "limit"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WatchBatch:
-    """One poll's answer: events from ``cursor``; pass ``next_cursor`` next time."""
-
-    events: tuple[WatchEvent, ...]
-    cursor: int
-    next_cursor: int
-    skipped: int  # events lost before this client read them (an overflow event says so too)
-    closed: bool  # the watch ended (path removed or watch stopped) and nothing is left
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WatchInfo:
-    """A watch as execd holds it."""
-
-    watch_id: str
-    path: str
-    state: Literal["active", "closed"]
-    recursive: bool
-    include: tuple[str, ...]
-    exclude: tuple[str, ...]
-    events: tuple[str, ...]
-    coalesce: float
-    queue: int
-    idle_timeout: float
-    dirs: int
-    next_cursor: int
-    created: float
 
 
 @contextlib.contextmanager
@@ -100,32 +44,11 @@ def _bad_request() -> Iterator[None]:
         raise BadRequest(str(exc)) from exc
 
 
-def _info(w: wire.WatchInfo) -> WatchInfo:
-    return WatchInfo(**{f.name: getattr(w, f.name) for f in dataclasses.fields(WatchInfo)})
-
-
-def _batch(r: wire.WatchEvents) -> WatchBatch:
-    events = tuple(
-        WatchEvent(
-            type=e.type,
-            path=e.path,
-            old_path=e.old_path,
-            is_dir=e.is_dir,
-            time=e.time,
-            count=e.count,
-            seq=e.seq,
-            reason=e.reason,
-        )
-        for e in r.events
-    )
-    return WatchBatch(events, r.cursor, r.next_cursor, r.skipped, r.closed)
-
-
 class AsyncWatches:
     """``sbx.watch``: call it for a watch to ``async with``/iterate, or use the verbs directly."""
 
-    def __init__(self, sbx: AsyncSandbox) -> None:
-        self._sbx = sbx
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
 
     def __call__(
         self,
@@ -165,7 +88,7 @@ class AsyncWatches:
                 queue=queue,
                 idle_timeout=idle_timeout,
             )
-        return AsyncWatch(self._sbx, request=req, wait=wait)
+        return AsyncWatch(self, request=req, wait=wait)
 
     async def start(self, path: str, **options: Any) -> AsyncWatch:
         """Start a watch now (same arguments as calling ``sbx.watch``); returns it started.
@@ -178,7 +101,7 @@ class AsyncWatches:
 
     def attach(self, watch_id: str, cursor: int = 0, *, wait: float = DEFAULT_WAIT) -> AsyncWatch:
         """Follow an existing watch from ``cursor`` (closing it does not stop the watch)."""
-        return AsyncWatch(self._sbx, watch_id=watch_id, cursor=cursor, wait=wait)
+        return AsyncWatch(self, watch_id=watch_id, cursor=cursor, wait=wait)
 
     async def poll(
         self, watch_id: str, cursor: int, *, max_events: int | None = None, wait: float = 0.0
@@ -193,7 +116,7 @@ class AsyncWatches:
         """
         with _bad_request():
             req = wire.WatchPoll(watch_id=watch_id, cursor=cursor, max_events=max_events, wait=wait)
-        reply = await self._sbx._call(
+        reply = await self._channel.call(
             "watch", "poll", req, wire.WatchEvents, wait + CONTROL_TIMEOUT
         )
         return _batch(reply)
@@ -205,11 +128,13 @@ class AsyncWatches:
             WatchNotFound: no such watch.
         """
         req = wire.WatchRef(watch_id=watch_id)
-        return _info(await self._sbx._call("watch", "stop", req, wire.WatchInfo, CONTROL_TIMEOUT))
+        return _info(
+            await self._channel.call("watch", "stop", req, wire.WatchInfo, CONTROL_TIMEOUT)
+        )
 
     async def list(self) -> list[WatchInfo]:
         """The sandbox's watches."""
-        reply = await self._sbx._call("watch", "list", Empty(), wire.WatchList, CONTROL_TIMEOUT)
+        reply = await self._channel.call("watch", "list", Empty(), wire.WatchList, CONTROL_TIMEOUT)
         return [_info(w) for w in reply.watches]
 
 
@@ -224,14 +149,14 @@ class AsyncWatch:
 
     def __init__(
         self,
-        sbx: AsyncSandbox,
+        watches: AsyncWatches,
         *,
         request: wire.WatchStart | None = None,
         watch_id: str | None = None,
         cursor: int = 0,
         wait: float = DEFAULT_WAIT,
     ) -> None:
-        self._sbx = sbx
+        self._watches = watches
         self._request = request
         self._owned = request is not None  # we started it, so closing stops it
         self.watch_id = watch_id
@@ -245,7 +170,7 @@ class AsyncWatch:
     async def start(self) -> Self:
         """Start the watch in execd (no-op when attached or already started)."""
         if self.watch_id is None and self._request is not None:
-            reply = await self._sbx._call(
+            reply = await self._watches._channel.call(
                 "watch", "start", self._request, wire.WatchInfo, CONTROL_TIMEOUT + 30
             )
             self.info = _info(reply)
@@ -256,7 +181,7 @@ class AsyncWatch:
         """The next events after ``cursor`` (advancing it); waits up to ``wait`` for one."""
         await self.start()
         assert self.watch_id is not None
-        batch = await self._sbx.watch.poll(
+        batch = await self._watches.poll(
             self.watch_id, self.cursor, max_events=max_events, wait=wait
         )
         self.cursor = batch.next_cursor
@@ -285,7 +210,7 @@ class AsyncWatch:
         if self.watch_id is None:
             return None
         try:
-            return await self._sbx.watch.stop(self.watch_id)
+            return await self._watches.stop(self.watch_id)
         except WatchNotFound:
             return None
         finally:
@@ -305,89 +230,3 @@ class AsyncWatch:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-
-class Watches:
-    """Blocking twin of :class:`AsyncWatches` (each method runs it on the SDK loop)."""
-
-    def __init__(self, inner: AsyncWatches) -> None:
-        self._inner = inner
-
-    def __call__(self, path: str, **options: Any) -> Watch:
-        """A watch of ``path`` (see :meth:`AsyncWatches.__call__`); ``with`` or iterate it."""
-        return Watch(self._inner(path, **options))
-
-    def start(self, path: str, **options: Any) -> Watch:
-        """Start a watch now (see :meth:`AsyncWatches.start`)."""
-        return Watch(run(self._inner.start(path, **options)))
-
-    def attach(self, watch_id: str, cursor: int = 0, *, wait: float = DEFAULT_WAIT) -> Watch:
-        return Watch(self._inner.attach(watch_id, cursor, wait=wait))
-
-    def poll(
-        self, watch_id: str, cursor: int, *, max_events: int | None = None, wait: float = 0.0
-    ) -> WatchBatch:
-        """Events since ``cursor`` (see :meth:`AsyncWatches.poll`)."""
-        return run(self._inner.poll(watch_id, cursor, max_events=max_events, wait=wait))
-
-    def stop(self, watch_id: str) -> WatchInfo:
-        return run(self._inner.stop(watch_id))
-
-    def list(self) -> list[WatchInfo]:
-        return run(self._inner.list())
-
-
-class Watch:
-    """Blocking twin of :class:`AsyncWatch`: iterate for events; ``with`` stops it at the end."""
-
-    def __init__(self, inner: AsyncWatch) -> None:
-        self._inner = inner
-
-    @property
-    def watch_id(self) -> str | None:
-        return self._inner.watch_id
-
-    @property
-    def cursor(self) -> int:
-        return self._inner.cursor
-
-    @property
-    def info(self) -> WatchInfo | None:
-        return self._inner.info
-
-    @property
-    def closed(self) -> bool:
-        return self._inner.closed
-
-    def start(self) -> Self:
-        run(self._inner.start())
-        return self
-
-    def poll(self, *, wait: float = 0.0, max_events: int | None = None) -> WatchBatch:
-        return run(self._inner.poll(wait=wait, max_events=max_events))
-
-    def stop(self) -> WatchInfo | None:
-        return run(self._inner.stop())
-
-    def close(self) -> None:
-        run(self._inner.close())
-
-    def __enter__(self) -> Self:
-        run(self._inner.__aenter__())
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __iter__(self) -> Iterator[WatchEvent]:
-        """The events until the watch ends. Outside ``with``, leaving the loop early (``break``,
-        an exception, the iterator collected) stops a watch this object started."""
-        return iterate(aiter(self._inner))
-
-    def __next__(self) -> WatchEvent:
-        try:
-            return run(self._inner.__anext__())
-        except StopAsyncIteration:
-            raise StopIteration from None

@@ -1,4 +1,4 @@
-"""Result types of ``sbx.fs`` (plain, frozen; no wire details)."""
+"""What the ``fs`` family returns (plain, frozen; no wire details)."""
 
 from __future__ import annotations
 

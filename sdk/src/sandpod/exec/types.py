@@ -1,4 +1,4 @@
-"""Result types the SDK hands to users (plain, frozen, no wire details)."""
+"""What the exec family returns: a one-shot result, a stream's chunk, how a command ended."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Streaming file transfer for ``sbx.fs``: the protocol client's pipelined reader and upload
 writer (:mod:`sandpod_client.transfer`, shared with the gateway) in the SDK's shape.
 
-The SDK adds what only its users see: construction from an :class:`AsyncSandbox`, ``async
-with`` / ``async for`` ownership of the reads (leaving a bare loop early cancels them), a
-commit that returns :class:`FileInfo`, the line window of ``read_lines``, and the blocking
-twins. Memory on either side: ``in_flight`` chunks.
+The SDK adds what only its users see: construction from the family's
+:class:`~sandpod.channel.Channel`, ``async with`` / ``async for`` ownership of the reads
+(leaving a bare loop early cancels them), a commit that returns :class:`FileInfo`, the line
+window of ``read_lines``, and the blocking twins. Memory on either side: ``in_flight`` chunks.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Self
 from sandpod._iteration import items_then
 from sandpod._loop import run
 from sandpod._twins import iterate
-from sandpod.fs_types import FileInfo
+from sandpod.fs.types import FileInfo
 from sandpod_client.transfer import IN_FLIGHT, FileUpload
 from sandpod_client.transfer import FileReader as WireReader
 from sandpod_contract.errors import FsTooLarge
 from sandpod_contract.messages.fs import FsOwner
 
 if TYPE_CHECKING:
-    from sandpod.aio import AsyncSandbox
+    from sandpod.channel import Channel
 
 __all__ = [
     "CHUNK",
@@ -52,7 +52,7 @@ class AsyncFileReader:
 
     def __init__(
         self,
-        sbx: AsyncSandbox,
+        sbx: Channel,
         path: str,
         *,
         offset: int = 0,
@@ -63,7 +63,7 @@ class AsyncFileReader:
         size_hint: int | None = None,
     ) -> None:
         self._reader = WireReader(
-            sbx.channel,
+            sbx,
             path,
             offset=offset,
             length=length,
@@ -157,7 +157,7 @@ class AsyncFileWriter:
 
     def __init__(
         self,
-        sbx: AsyncSandbox,
+        sbx: Channel,
         path: str,
         *,
         mode: int | None = None,
@@ -168,7 +168,7 @@ class AsyncFileWriter:
         in_flight: int = IN_FLIGHT,
     ) -> None:
         self._upload = FileUpload(
-            sbx.channel,
+            sbx,
             path,
             mode=mode,
             owner=owner,
