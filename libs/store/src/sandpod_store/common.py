@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime
+import time
 import uuid
 
 from sandpod_contract.errors import ResourceConflict
+from sandpod_contract.times import to_rfc3339
 from sandpod_store.model import Resource
 
 __all__ = ["check_version", "merge_status", "merge_update", "stamp_create"]
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return to_rfc3339(time.time())
 
 
 def stamp_create(obj: Resource) -> Resource:

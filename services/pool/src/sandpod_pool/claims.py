@@ -28,10 +28,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
+import enum
 import random
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
@@ -57,7 +56,8 @@ from sandpod_contract.pooling import (
     ClaimStatus,
     WarmPoolSpec,
 )
-from sandpod_contract.resources import API_VERSION, SandboxTemplateSpec
+from sandpod_contract.resources import API_VERSION, Condition, SandboxSpec, SandboxTemplateSpec
+from sandpod_contract.times import from_rfc3339, to_rfc3339
 from sandpod_pool.cache import Mirror
 from sandpod_pool.members import (
     POOL_KIND,
@@ -65,16 +65,15 @@ from sandpod_pool.members import (
     TEMPLATE,
     MemberState,
     age,
-    expiry,
     failure_reason,
     is_deleting,
     is_member,
     is_ready,
     member_state,
     request_delete,
-    set_condition,
 )
-from sandpod_store import ObjectMeta, Resource, Store
+from sandpod_service.clock import REAL, Clock
+from sandpod_store import ClaimView, ObjectMeta, Resource, SandboxView, Store, set_condition
 
 __all__ = ["CLAIM", "Binding", "Claims"]
 
@@ -84,6 +83,11 @@ CLAIM = "SandboxClaim"
 CLAIM_ANNOTATION = "sandpod.dev/claimed-by"
 BOUND_AS_ANNOTATION = "sandpod.dev/bound-as"  # the claim's Bound reason, for adoption
 Configure = Callable[[str, dict[str, str], int], Awaitable[bool]]
+BOUND_MESSAGES = {
+    ClaimReason.WARM: "bound a ready warm sandbox",
+    ClaimReason.POOL_EXHAUSTED: "no free warm sandbox: created one (cold start)",
+    ClaimReason.NO_POOL: "no pool named: created one (cold start)",
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,18 +103,26 @@ class Binding:
     pool_obj: Resource | None = None  # the pool (its uid decides membership)
 
 
+class Bound(enum.Enum):
+    """Where a claimed sandbox stands (labels aside; unlike a free member, a retried create is
+    still ``STARTING``: the claim waits for it)."""
+
+    READY = "ready"
+    STARTING = "starting"
+    FAILED = "failed"
+
+
 def _running(obj: Resource | None) -> bool:
-    return obj is None or member_state_of(obj) in ("ready", "failed")
+    return obj is None or member_state_of(obj) is not Bound.STARTING
 
 
-def member_state_of(obj: Resource) -> str:
-    """``ready``, ``failed`` or ``starting`` for a claimed sandbox (labels aside; unlike a
-    free member, a retried create is still ``starting``: the claim waits for it)."""
+def member_state_of(obj: Resource) -> Bound:
+    """How a claimed sandbox stands, from the lifecycle's status and the delete mark."""
     if is_ready(obj):
-        return "ready"
-    if obj.status.get("phase") in ("Failed", "Terminated") or is_deleting(obj):
-        return "failed"
-    return "starting"
+        return Bound.READY
+    if SandboxView.of(obj).ended or is_deleting(obj):
+        return Bound.FAILED
+    return Bound.STARTING
 
 
 class Claims:
@@ -125,6 +137,7 @@ class Claims:
         configure: Configure,
         recover_after: float,
         background: Callable[[Coroutine[Any, Any, Any], str], None],
+        clock: Clock = REAL,
     ) -> None:
         self.store = store
         self.pools = pools
@@ -134,6 +147,7 @@ class Claims:
         self._configure = configure
         self.recover_after = recover_after  # a Pending claim this old lost its handler
         self._spawn = background
+        self.clock = clock
         self.warm_binds = 0
         self.cold_creates = 0
 
@@ -175,7 +189,8 @@ class Claims:
             if spec.idle_timeout_seconds is not None
             else template.idle_timeout_seconds
         )
-        return Binding(spec, pool, template_ref, template, expiry(lifetime), idle, pool_obj)
+        shutdown = to_rfc3339(self.clock.now() + lifetime)
+        return Binding(spec, pool, template_ref, template, shutdown, idle, pool_obj)
 
     async def claim(self, raw: Mapping[str, Any], wait: float) -> Resource:
         """Create a claim and bind it; the claim once Ready (or as it is after ``wait``).
@@ -183,7 +198,7 @@ class Claims:
         Raises ResourceInvalid, PoolNotFound, ClaimFailed (the sandbox failed to start),
         ClaimTimeout (not ready within ``wait``; the claim stays and may still bind).
         """
-        t0 = time.perf_counter()
+        t0 = self.clock.monotonic()
         obj = claim_from_map(raw)
         binding = await self.resolve(obj.metadata.namespace, ClaimSpec.from_dict(obj.spec))
         # The claim's write runs alongside the bind and the env's configuration. A crash between
@@ -201,14 +216,14 @@ class Claims:
         if isinstance(bound, BaseException):
             await self.release(created.metadata.namespace, created.metadata.name)
             raise bound
-        t1 = time.perf_counter()
+        t1 = self.clock.monotonic()
         claim = await self._bind_and_wait(created, binding, wait, bound)
         log.info(
             "claim_bound",
             claim=claim.metadata.name,
-            sandbox=claim.status.get("sandbox"),
+            sandbox=ClaimStatus.from_dict(claim.status).sandbox,
             bind_ms=round((t1 - t0) * 1000, 3),
-            ready_ms=round((time.perf_counter() - t1) * 1000, 3),
+            ready_ms=round((self.clock.monotonic() - t1) * 1000, 3),
         )
         return claim
 
@@ -220,19 +235,19 @@ class Claims:
         bound: tuple[Resource, ClaimReason],
     ) -> Resource:
         sandbox, reason = bound
-        if reason is ClaimReason.WARM and member_state_of(sandbox) == "ready":
+        if reason is ClaimReason.WARM and member_state_of(sandbox) is Bound.READY:
             # The hot path (env already configured by _bind_configured): the claim's status is
             # written in the background (the reply carries exactly what is written); if this
             # replica dies first, the reconciler adopts the sandbox labelled for the claim.
             self._background(
                 self._set(claim, sandbox, reason, binding.shutdown_time), name="claim-status"
             )
-            projected = _status_for(claim, sandbox, reason, binding.shutdown_time)
-            return dataclasses.replace(claim, status=projected)
+            projected = self._status_for(claim, sandbox, reason, binding.shutdown_time)
+            return dataclasses.replace(claim, status=projected.to_dict())
         claim = await self._set(claim, sandbox, reason, binding.shutdown_time)
         name = ClaimStatus.from_dict(claim.status).sandbox or sandbox.metadata.name
         current = self.sandboxes.get(claim.metadata.namespace, name)
-        if current is None or member_state_of(current) != "ready":
+        if current is None or member_state_of(current) is not Bound.READY:
             current = await self.sandboxes.wait_for(claim.metadata.namespace, name, _running, wait)
             claim = await self._set(claim, current, reason, binding.shutdown_time)
         status = ClaimStatus.from_dict(claim.status)
@@ -301,18 +316,17 @@ class Claims:
         annotations = {
             **member.metadata.annotations,
             BOUND_AS_ANNOTATION: str(ClaimReason.WARM),
-            BOUND_AT_ANNOTATION: f"{time.time():.3f}",
+            BOUND_AT_ANNOTATION: f"{self.clock.now():.3f}",
             CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
         }
-        env = {e.name: e.value for e in b.spec.env}
-        spec = {
-            **member.spec,
-            "shutdownTime": b.shutdown_time,
-            "permanent": False,
-            "idleTimeoutSeconds": b.idle_timeout,
-        }
-        if env:
-            spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        old = SandboxView.of(member).spec
+        spec = dataclasses.replace(
+            old,
+            shutdown_time=b.shutdown_time,
+            permanent=False,
+            idle_timeout_seconds=b.idle_timeout,
+            env=b.spec.env or old.env,
+        ).to_dict()
         meta = dataclasses.replace(
             member.metadata, labels=labels, annotations=annotations, owner_references=()
         )  # the claim owns it now (its label): no longer the pool's, not deleted with it
@@ -330,21 +344,17 @@ class Claims:
     async def _configure_env(self, sandbox: Resource) -> bool:
         """The claimant's env, now: the lifecycle would only get there on its
         next pass. Failing is not fatal: the lifecycle pushes the same generation again."""
-        env = {str(e["name"]): str(e.get("value", "")) for e in sandbox.spec.get("env") or ()}
+        env = {e.name: e.value for e in SandboxView.of(sandbox).spec.env}
         return await self._configure(sandbox.metadata.name, env, sandbox.metadata.generation)
 
     def _cold_object(self, claim: Resource, b: Binding) -> Resource:
         reason = ClaimReason.POOL_EXHAUSTED if b.pool is not None else ClaimReason.NO_POOL
-        spec: dict[str, Any] = {
-            "permanent": False,
-            "shutdownTime": b.shutdown_time,
-            "idleTimeoutSeconds": b.idle_timeout,
-            "operatingMode": "Running",
-        }
-        if b.template_ref:
-            spec["templateRef"] = {"name": b.template_ref}
-        if b.spec.env:
-            spec["env"] = [{"name": e.name, "value": e.value} for e in b.spec.env]
+        spec = SandboxSpec(
+            template_ref=b.template_ref,
+            shutdown_time=b.shutdown_time,
+            idle_timeout_seconds=b.idle_timeout,
+            env=b.spec.env,
+        ).to_dict()
         labels = {**b.spec.labels, CLAIM_LABEL: claim.metadata.name}
         if b.pool is not None:
             labels[POOL_LABEL] = b.pool
@@ -356,7 +366,7 @@ class Claims:
             annotations={
                 CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
                 BOUND_AS_ANNOTATION: str(reason),
-                BOUND_AT_ANNOTATION: f"{time.time():.3f}",
+                BOUND_AT_ANNOTATION: f"{self.clock.now():.3f}",
             },
         )
         return Resource(api_version=API_VERSION, kind=SANDBOX, metadata=meta, spec=spec)
@@ -381,11 +391,11 @@ class Claims:
                 )
                 await self._delete_sandbox(sandbox)
                 return claim
-            status = _status_for(claim, sandbox, reason, shutdown)
-            if status == dict(claim.status):
+            status = self._status_for(claim, sandbox, reason, shutdown)
+            if claim.status and status == ClaimStatus.from_dict(claim.status):
                 return claim
             try:
-                claim = await self.store.update_status(dataclasses.replace(claim, status=status))
+                claim = await self.store.update_status(ClaimView.of(claim).with_status(status))
                 self.claims.observe(claim)
                 return claim
             except ResourceConflict:
@@ -427,13 +437,14 @@ class Claims:
         if claim is None:
             return None
         status = ClaimStatus.from_dict(claim.status)
-        if status.shutdown_time and _passed(status.shutdown_time):
+        if status.shutdown_time and self._passed(status.shutdown_time):
             log.info("claim_expired", claim=key)
             await self.release(namespace, name)
             return None
         if status.sandbox is None:
-            if age(claim) < self.recover_after:
-                return self.recover_after - age(claim)
+            waited = age(claim, self.clock.now())
+            if waited < self.recover_after:
+                return self.recover_after - waited
             return await self._recover(claim)
         sandbox = self.sandboxes.get(namespace, status.sandbox)
         if sandbox is None:
@@ -447,7 +458,8 @@ class Claims:
         reason = ClaimReason(bound.reason) if bound else ClaimReason.WARM
         await self._set(claim, sandbox, reason, status.shutdown_time or "")
         for extra in self._sandboxes_of(claim):  # a second bind after a lost handler
-            if extra.metadata.name != status.sandbox and age(claim) > self.recover_after:
+            late = age(claim, self.clock.now()) > self.recover_after
+            if extra.metadata.name != status.sandbox and late:
                 await self._delete_sandbox(extra)
         return None
 
@@ -472,21 +484,18 @@ class Claims:
         return None
 
     async def _fail(self, claim: Resource, message: str) -> None:
-        conds = [dict(c) for c in claim.status.get("conditions") or ()]
-        conds = set_condition(
-            conds, ClaimConditionType.BOUND, "False", ClaimReason.POOL_NOT_FOUND, message
-        )
-        status = {**claim.status, "phase": str(ClaimPhase.FAILED), "conditions": conds}
-        self.claims.observe(
-            await self.store.update_status(dataclasses.replace(claim, status=status))
-        )
+        view = ClaimView.of(claim)
+        unbound = Condition(ClaimConditionType.BOUND, "False", ClaimReason.POOL_NOT_FOUND, message)
+        conds = set_condition(view.status.conditions, unbound, self.clock.now())
+        status = dataclasses.replace(view.status, phase=ClaimPhase.FAILED, conditions=conds)
+        self.claims.observe(await self.store.update_status(view.with_status(status)))
 
     async def orphans(self) -> None:
         """Delete sandboxes labelled for a claim that does not exist (its deletion raced a bind,
         or the service died between the two)."""
         for sbx in self.sandboxes.values():
             claim = sbx.metadata.labels.get(CLAIM_LABEL)
-            if claim is None or is_deleting(sbx) or _bound_age(sbx) < self.recover_after:
+            if claim is None or is_deleting(sbx) or self._bound_age(sbx) < self.recover_after:
                 continue
             if self.claims.get(sbx.metadata.namespace, claim) is not None:
                 continue
@@ -496,15 +505,47 @@ class Claims:
                 log.warning("claim_orphan_sandbox_deleted", sandbox=sbx.metadata.name, claim=claim)
                 await self._delete_sandbox(sbx)
 
+    def _bound_age(self, sbx: Resource) -> float:
+        """Seconds since a claim bound ``sbx`` (its creation for sandboxes bound before the
+        annotation existed)."""
+        stamp = sbx.metadata.annotations.get(BOUND_AT_ANNOTATION)
+        now = self.clock.now()
+        try:
+            return now - float(stamp) if stamp else age(sbx, now)
+        except ValueError:
+            return age(sbx, now)
 
-def _bound_age(sbx: Resource) -> float:
-    """Seconds since a claim bound ``sbx`` (its creation for sandboxes bound before the
-    annotation existed)."""
-    stamp = sbx.metadata.annotations.get(BOUND_AT_ANNOTATION)
-    try:
-        return time.time() - float(stamp) if stamp else age(sbx)
-    except ValueError:
-        return age(sbx)
+    def _passed(self, stamp: str) -> bool:
+        """Whether RFC 3339 time ``stamp`` has come (an unreadable one has)."""
+        try:
+            return from_rfc3339(stamp) <= self.clock.now()
+        except ValueError:
+            return True
+
+    def _status_for(
+        self, claim: Resource, sandbox: Resource | None, reason: ClaimReason, shutdown: str
+    ) -> ClaimStatus:
+        """The claim's status as its sandbox makes it: Bound (how), Ready, the phase."""
+        now = self.clock.now()
+        state = Bound.FAILED if sandbox is None else member_state_of(sandbox)
+        bound = Condition(ClaimConditionType.BOUND, "True", reason, BOUND_MESSAGES.get(reason, ""))
+        conds = set_condition(ClaimStatus.from_dict(claim.status).conditions, bound, now)
+        phase = ClaimPhase.BOUND
+        if state is Bound.READY:
+            ready = Condition(ClaimConditionType.READY, "True", ClaimReason.SANDBOX_READY)
+        elif state is Bound.FAILED:
+            why = "" if sandbox is None else failure_reason(sandbox, "deleted")
+            ready = Condition(ClaimConditionType.READY, "False", ClaimReason.SANDBOX_FAILED, why)
+            phase = ClaimPhase.FAILED
+        else:
+            ready = Condition(ClaimConditionType.READY, "False", ClaimReason.SANDBOX_STARTING)
+        return ClaimStatus(
+            phase=phase,
+            sandbox=None if sandbox is None else sandbox.metadata.name,
+            shutdown_time=shutdown or None,
+            observed_generation=claim.metadata.generation,
+            conditions=set_condition(conds, ready, now),
+        )
 
 
 def claim_from_map(raw: Mapping[str, Any]) -> Resource:
@@ -522,42 +563,3 @@ def claim_from_map(raw: Mapping[str, Any]) -> Resource:
     obj.validate()
     ClaimSpec.from_dict(obj.spec)
     return obj
-
-
-def _status_for(
-    claim: Resource, sandbox: Resource | None, reason: ClaimReason, shutdown: str
-) -> dict[str, Any]:
-    conds = [dict(c) for c in claim.status.get("conditions") or ()]
-    state = "failed" if sandbox is None else member_state_of(sandbox)
-    bound_msg = {
-        ClaimReason.WARM: "bound a ready warm sandbox",
-        ClaimReason.POOL_EXHAUSTED: "no free warm sandbox: created one (cold start)",
-        ClaimReason.NO_POOL: "no pool named: created one (cold start)",
-    }
-    conds = set_condition(
-        conds, ClaimConditionType.BOUND, "True", reason, bound_msg.get(reason, "")
-    )
-    phase = ClaimPhase.BOUND
-    if state == "ready":
-        conds = set_condition(conds, ClaimConditionType.READY, "True", ClaimReason.SANDBOX_READY)
-    elif state == "failed":
-        why = "" if sandbox is None else failure_reason(sandbox, "deleted")
-        conds = set_condition(
-            conds, ClaimConditionType.READY, "False", ClaimReason.SANDBOX_FAILED, why
-        )
-        phase = ClaimPhase.FAILED
-    else:
-        conds = set_condition(
-            conds, ClaimConditionType.READY, "False", ClaimReason.SANDBOX_STARTING
-        )
-    return ClaimStatus(
-        phase=phase,
-        sandbox=None if sandbox is None else sandbox.metadata.name,
-        shutdown_time=shutdown or None,
-        observed_generation=claim.metadata.generation,
-    ).to_dict() | {"conditions": conds}
-
-
-def _passed(stamp: str) -> bool:
-    t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return t <= datetime.datetime.now(datetime.UTC)
