@@ -113,6 +113,7 @@ class FakeClock:
         self._mono = 0.0
         self._seq = itertools.count()
         self._timers: list[tuple[float, int, _FakeTimer]] = []
+        self._watchers: list[tuple[float, asyncio.Future[None]]] = []
         self.waited = 0.0
 
     def now(self) -> float:
@@ -124,7 +125,23 @@ class FakeClock:
     def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
         timer = _FakeTimer(self, self._mono + max(delay, 0.0), callback)
         heapq.heappush(self._timers, (timer.when(), next(self._seq), timer))
+        for at, fut in self._watchers:
+            if at == timer.when():
+                _settle(fut)
         return timer
+
+    async def scheduled(self, at: float) -> None:
+        """Wait, without moving time, until a timer is set to fire at monotonic reading
+        ``at``: how a test knows the loop under test has reached the wait it expects."""
+        if at in self.pending():
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (at, fut)
+        self._watchers.append(entry)
+        try:
+            await fut
+        finally:
+            self._watchers.remove(entry)
 
     async def sleep(self, seconds: float) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -13,18 +13,15 @@ from sandpod_store.model import Resource
 __all__ = ["check_version", "merge_status", "merge_update", "stamp_create"]
 
 
-def _now() -> str:
-    return to_rfc3339(time.time())
-
-
-def stamp_create(obj: Resource) -> Resource:
-    """What ``create`` stores: fresh uid/generation/timestamp, no status, no version yet."""
+def stamp_create(obj: Resource, now: float | None = None) -> Resource:
+    """What ``create`` stores: fresh uid/generation/timestamp (``now``, epoch seconds; the
+    machine's time by default), no status, no version yet."""
     obj.validate()
     meta = dataclasses.replace(
         obj.metadata,
         uid=str(uuid.uuid4()),
         generation=1,
-        creation_timestamp=_now(),
+        creation_timestamp=to_rfc3339(time.time() if now is None else now),
         resource_version="",
     )
     return dataclasses.replace(obj, metadata=meta, status={})
