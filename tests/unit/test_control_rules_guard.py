@@ -51,6 +51,8 @@ RULE_MODULES = [
     "services/lifecycle/src/sandpod_lifecycle/api.py",
     "services/pool/src/sandpod_pool/pools.py",
     "services/pool/src/sandpod_pool/claims.py",
+    "services/pool/src/sandpod_pool/claim_objects.py",
+    "services/pool/src/sandpod_pool/claim_recovery.py",
     "services/pool/src/sandpod_pool/members.py",
     "libs/service/src/sandpod_service/leases.py",
     "libs/service/src/sandpod_service/workqueue.py",

@@ -30,6 +30,7 @@ from sandpod_lifecycle.lifetime import BACKOFF_CAP, backoff
 from sandpod_lifecycle.reconciler import Outcome, Reconciler
 from sandpod_lifecycle.runtime.base import CreateFailed
 from sandpod_pool.cache import Mirror
+from sandpod_pool.claim_recovery import ClaimRecovery
 from sandpod_pool.claims import CLAIM, Claims
 from sandpod_pool.members import POOL_KIND, SANDBOX, TEMPLATE
 from sandpod_pool.pools import MAX_BACKOFF, PoolReconciler
@@ -340,16 +341,18 @@ async def test_a_claim_whose_handler_died_is_taken_over_after_recover_after() ->
     while younger than recover_after (the pass says when to look again), then the reconciler
     binds it itself (a cold create, no pool)."""
     rig = PoolRig()
-    claims = Claims(
-        store=rig.store,
-        pools=rig.pools,
-        sandboxes=rig.sandboxes,
-        claims=rig.claims,
-        templates=rig.templates,
-        configure=_configured,
-        recover_after=30.0,
-        background=lambda coro, name: coro.close(),
-        clock=rig.clock,
+    claims = ClaimRecovery(
+        Claims(
+            store=rig.store,
+            pools=rig.pools,
+            sandboxes=rig.sandboxes,
+            claims=rig.claims,
+            templates=rig.templates,
+            configure=_configured,
+            recover_after=30.0,
+            background=lambda coro, name: coro.close(),
+            clock=rig.clock,
+        )
     )
     claim = Resource("sandpod.dev/v1alpha1", CLAIM, ObjectMeta(name="c1"), {})
     rig.claims.observe(await rig.store.create(claim))

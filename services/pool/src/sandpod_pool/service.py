@@ -31,6 +31,7 @@ from sandpod_contract.subjects import Subjects
 from sandpod_kube import open_store
 from sandpod_pool.api import PoolApi
 from sandpod_pool.cache import Key, Mirror
+from sandpod_pool.claim_recovery import ClaimRecovery
 from sandpod_pool.claims import CLAIM, Claims
 from sandpod_pool.members import POOL_KIND, SANDBOX, TEMPLATE
 from sandpod_pool.pools import PoolReconciler
@@ -69,6 +70,7 @@ class PoolService:
         self.pools_queue: WorkQueue | None = None
         self.claims_queue: WorkQueue | None = None
         self.claims: Claims | None = None
+        self.recovery: ClaimRecovery | None = None
         self.reconciler: PoolReconciler | None = None
         self._close_store: Callable[[], Awaitable[None]] | None = None
 
@@ -111,7 +113,10 @@ class PoolService:
         self.pools_queue = WorkQueue(
             "pools", self.reconciler.reconcile, workers=4, clock=self.clock
         )
-        self.claims_queue = WorkQueue("claims", self.claims.reconcile, workers=4, clock=self.clock)
+        self.recovery = ClaimRecovery(self.claims)
+        self.claims_queue = WorkQueue(
+            "claims", self.recovery.reconcile, workers=4, clock=self.clock
+        )
         self._mirrors = (pools, claims, sandboxes)
         for mirror in (*self._mirrors, templates):
             self.supervisor.spawn(mirror.run(), name=f"mirror-{mirror.kind}")
@@ -224,7 +229,7 @@ class PoolService:
         if (
             self.pools_queue is None
             or self.claims_queue is None
-            or self.claims is None
+            or self.recovery is None
             or self._leases is None
         ):
             raise InternalError("the pool service resyncs only once started")
@@ -242,7 +247,7 @@ class PoolService:
                 for obj in claims.values():
                     self.claims_queue.add(f"{obj.metadata.namespace}/{obj.metadata.name}")
                 if self._leases.active():  # a standby leaves sweeping to the leader
-                    await self.claims.orphans()
+                    await self.recovery.orphans()
             except SandpodError as exc:
                 log.warning("resync_failed", error=exc.message)
 
