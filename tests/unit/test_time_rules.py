@@ -384,13 +384,13 @@ async def test_the_fake_clock_fires_timers_in_order_and_never_waits() -> None:
     assert clock.advance(10) == 2
     assert fired == [("a", 2.0), ("b", 5.0)]
     sleeper = asyncio.ensure_future(clock.sleep(60))
-    await asyncio.sleep(0)  # let the sleeper register its timer
+    await clock.scheduled(70.0)  # the sleeper waits on its timer now
     assert not sleeper.done()
     clock.advance(60)
     await sleeper
     event = asyncio.Event()
     waiter = asyncio.ensure_future(clock.wait(event, 5))
-    await asyncio.sleep(0)
+    await clock.scheduled(75.0)
     clock.advance(5)
     assert await waiter is False
     assert clock.monotonic() == 75.0
