@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from sandpod_contract.errors import (
     BadRequest,
@@ -63,7 +64,7 @@ from sandpod_service.scoping import (
     scoped_selection,
     visible,
 )
-from sandpod_store import DELETE_ANNOTATION, EventType, Resource, Store
+from sandpod_store import DELETE_ANNOTATION, EventType, Resource, SandboxView, Store
 
 __all__ = ["LifecycleApi"]
 
@@ -197,7 +198,7 @@ class LifecycleApi:
             SANDBOX,
             req.namespace,
             req.name,
-            lambda o: dataclasses.replace(o, spec={**o.spec, "shutdownTime": expiry}),
+            lambda o: _with_spec(o, shutdown_time=expiry),
         )
         phase = str(_phase(obj))
         await self.events.publish(
@@ -217,7 +218,7 @@ class LifecycleApi:
             SANDBOX,
             req.namespace,
             req.name,
-            lambda o: dataclasses.replace(o, spec={**o.spec, "operatingMode": str(mode)}),
+            lambda o: _with_spec(o, operating_mode=mode),
         )
         want = Phase.PAUSED if mode is OperatingMode.PAUSED else Phase.RUNNING
         obj = await self._wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
@@ -306,3 +307,9 @@ def _phase(obj: Resource) -> Phase:
 
 def _settled(obj: Resource | None) -> bool:
     return obj is None or _phase(obj) in (Phase.RUNNING, Phase.FAILED, Phase.PAUSED)
+
+
+def _with_spec(obj: Resource, **changes: Any) -> Resource:
+    """``obj`` with its (typed) spec changed: no spec map is edited by hand."""
+    spec = dataclasses.replace(SandboxView.of(obj).spec, **changes)
+    return dataclasses.replace(obj, spec=spec.to_dict())
