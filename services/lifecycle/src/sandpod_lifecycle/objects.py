@@ -1,5 +1,6 @@
-"""Sandbox and SandboxTemplate objects: defaults, validation and typed views over the store's
-generic :class:`~sandpod_store.Resource`. No I/O here.
+"""Sandbox and SandboxTemplate objects: defaults, validation and status helpers over the store's
+generic :class:`~sandpod_store.Resource` (the typed view, :class:`~sandpod_store.SandboxView`,
+lives in the store so the pool service reads Sandboxes the same way). No I/O here.
 
 Safe defaults (agent-sandbox #1306 — nothing immortal by accident): a Sandbox without
 ``shutdownTime`` gets now + its template's ``defaultLifetimeSeconds`` unless ``permanent`` is
