@@ -14,13 +14,15 @@ imports start nothing, but its arguments must not depend on running it). Every `
 not starting with ``_`` (``_platform.py`` and ``_gateway.py`` are helpers) is found by glob; a
 script without ``SMOKE_ARGS`` fails ``test_bench_declares_smoke_args``, so a new benchmark cannot
 be forgotten. Scripts start their platforms on free ports in their own temporary state dirs
-(bench/_platform.py); each runs in its own session, and on a timeout the whole group is killed,
-so a hung bench is a clear failure here rather than a leaked process in a later test.
+(bench/_platform.py); each runs in its own session: on a timeout the whole group is killed (a
+hung bench is a clear failure here, not a leaked process in a later test), and a bench that
+exits leaving a process of its group alive fails.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import signal
@@ -28,6 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +58,18 @@ def smoke_args(script: str) -> list[str] | None:
     return None
 
 
+def _left_in_group(pgid: int) -> list[str]:
+    """Processes still alive in the finished bench's process group, killed: a bench must stop
+    what it started (once it exits they are reparented, out of the suite's own leak check)."""
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(p.info["cmdline"] or [])[:200])
+                p.kill()
+    return left
+
+
 def test_every_bench_script_is_found() -> None:
     """The glob sees the benchmarks (an empty list would make every other test vacuous)."""
     assert "exec_latency.py" in SCRIPTS and "before_after.py" in SCRIPTS
@@ -73,8 +88,9 @@ def test_bench_smoke_run(script: str, tmp_path: Path) -> None:
     args = smoke_args(script)
     if args is None:
         pytest.fail(f"bench/{script} has no SMOKE_ARGS = [...]")
-    env = {**os.environ, "SANDPOD_STATE_DIR": str(tmp_path / "state")}
-    env.pop("SANDPOD_NATS_URL", None)  # a bench starts its own bus; never someone else's
+    # A bench starts its own bus and services: no SANDPOD_* setting of this run leaks into it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDPOD_")}
+    env["SANDPOD_STATE_DIR"] = str(tmp_path / "state")
     proc = subprocess.Popen(
         [sys.executable, str(BENCH / script), *args],
         cwd=ROOT,
@@ -92,6 +108,8 @@ def test_bench_smoke_run(script: str, tmp_path: Path) -> None:
         pytest.fail(
             f"bench/{script} did not finish in {TIMEOUT:.0f} s:\n{out[-3000:]}\n{err[-3000:]}"
         )
+    left = _left_in_group(proc.pid)
+    assert not left, f"bench/{script} left processes running (killed now): {left}"
     assert proc.returncode == 0, (
         f"bench/{script} exited {proc.returncode}:\n{out[-3000:]}\n{err[-3000:]}"
     )
