@@ -16,8 +16,7 @@ import pytest
 
 from conftest import Execd, NatsServer
 from sandpod import AsyncSandbox, Sandbox
-from sandpod.fs import AsyncFileReader
-from sandpod.fs_types import FileList
+from sandpod.fs import AsyncFileReader, FileList
 from sandpod_contract.errors import (
     BadRequest,
     FsAlreadyExists,

@@ -20,7 +20,7 @@ import pytest
 from test_jail import jailed, make, runtime, state  # noqa: F401 - fixtures used by name
 
 from sandpod import AsyncSandbox
-from sandpod.fs_types import FileList, SearchResult
+from sandpod.fs import FileList, SearchResult
 from sandpod_contract.errors import FsError, InvalidCwd, SandpodError
 from sandpod_lifecycle.runtime.base import InstanceStatus
 
