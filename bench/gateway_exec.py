@@ -16,6 +16,9 @@ from _gateway import gateway
 from _platform import pct, platform, summary
 from sandpod import AsyncSandbox
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--calls", "10"]
+
 
 async def direct(url: str, argv: list[str], calls: int) -> list[float]:
     sbx = await AsyncSandbox.connect("bench", nats_url=url)

@@ -10,6 +10,7 @@ import sysconfig
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,11 +27,12 @@ def sync_sbx(nats: NatsServer, shared_execd: Execd) -> Iterator[Sandbox]:
         yield sbx
 
 
-def cli(nats: NatsServer, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+def cli(nats: NatsServer, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
-    return subprocess.run(
+    out: subprocess.CompletedProcess[str] = subprocess.run(
         [SANDPOD, *args], env=env, capture_output=True, text=True, timeout=60, **kw
-    )  # type: ignore[call-overload, no-any-return]
+    )
+    return out
 
 
 def test_ps_shows_a_table_and_filters(nats: NatsServer, sync_sbx: Sandbox) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -188,8 +189,13 @@ class CreatingDuringList(MemoryStore):
         super().__init__()
         self.driver = driver
 
-    async def list(self, kind: str, namespace: str | None = None, selector: object = None):  # type: ignore[no-untyped-def, override]
-        before = await super().list(kind, namespace, selector)  # type: ignore[arg-type]
+    async def list(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        selector: str | Mapping[str, str] | None = None,
+    ) -> tuple[list[Resource], int]:
+        before = await super().list(kind, namespace, selector)
         if kind == "Sandbox" and "fresh" not in self.driver.instances:
             await self.create(
                 Resource(
