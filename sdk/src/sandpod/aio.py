@@ -11,9 +11,10 @@ names that lived here before the split are re-exported.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Self, TypeVar
+from typing import TYPE_CHECKING, Self, TypeVar
 
 from sandpod.config import (
     resolve_inbox_prefix,
@@ -36,14 +37,7 @@ from sandpod.exec_args import REPLY_SLACK as REPLY_SLACK  # noqa: PLC0414 - a re
 from sandpod.exec_oneshot import run_oneshot
 from sandpod.exec_stream import STDIN_CHUNK as STDIN_CHUNK  # noqa: PLC0414 - a re-export
 from sandpod.exec_stream import AsyncExecStream
-from sandpod.fs import AsyncFiles
-from sandpod.git import AsyncGit
-from sandpod.pools import ClaimInfo, claim_sandbox
-from sandpod.proc import AsyncProcesses
-from sandpod.pty import AsyncPtys
 from sandpod.results import ExecResult
-from sandpod.session import AsyncSessions
-from sandpod.watch import AsyncWatches
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.codec import Message, decode_reply, encode
 from sandpod_contract.errors import SandboxNotFound
@@ -52,6 +46,15 @@ from sandpod_contract.messages.exec import ExecRef, ExecStatus
 from sandpod_contract.messages.sandboxes import ObjectReply, Ref, Renew, SandboxEvent
 from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
+
+if TYPE_CHECKING:  # the families are imported on first use: see AsyncSandbox.fs
+    from sandpod.fs import AsyncFiles
+    from sandpod.git import AsyncGit
+    from sandpod.pools import ClaimInfo
+    from sandpod.proc import AsyncProcesses
+    from sandpod.pty import AsyncPtys
+    from sandpod.session import AsyncSessions
+    from sandpod.watch import AsyncWatches
 
 __all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
 
@@ -66,13 +69,47 @@ class AsyncSandbox:
         self.id = validate_sandbox_id(sandbox_id)
         self.subjects = subjects
         self._owns_bus = owns_bus
-        self.fs = AsyncFiles(self)
-        self.proc = AsyncProcesses(self)
-        self.sessions = AsyncSessions(self)
-        self.pty = AsyncPtys(self)
-        self.watch = AsyncWatches(self)
-        self.git = AsyncGit(self)
         self.claim_info: ClaimInfo | None = None  # set when this sandbox came from a claim
+
+    # The per-family APIs, each imported and built on first use: a caller that only runs
+    # commands (the CLI's `sandpod exec`) never loads the fs, pty, watch, ... modules and their
+    # contract messages, a large part of the SDK's import time.
+
+    @functools.cached_property
+    def fs(self) -> AsyncFiles:
+        from sandpod.fs import AsyncFiles
+
+        return AsyncFiles(self)
+
+    @functools.cached_property
+    def proc(self) -> AsyncProcesses:
+        from sandpod.proc import AsyncProcesses
+
+        return AsyncProcesses(self)
+
+    @functools.cached_property
+    def sessions(self) -> AsyncSessions:
+        from sandpod.session import AsyncSessions
+
+        return AsyncSessions(self)
+
+    @functools.cached_property
+    def pty(self) -> AsyncPtys:
+        from sandpod.pty import AsyncPtys
+
+        return AsyncPtys(self)
+
+    @functools.cached_property
+    def watch(self) -> AsyncWatches:
+        from sandpod.watch import AsyncWatches
+
+        return AsyncWatches(self)
+
+    @functools.cached_property
+    def git(self) -> AsyncGit:
+        from sandpod.git import AsyncGit
+
+        return AsyncGit(self)
 
     @classmethod
     async def connect(
@@ -195,6 +232,8 @@ class AsyncSandbox:
             ClaimTimeout: not ready within ``wait`` seconds (the claim stays and may bind).
             ResourceInvalid: bad arguments or unknown template.
         """
+        from sandpod.pools import claim_sandbox  # lazy: pools is a family
+
         sbx = await cls.connect("default", nats_url=nats_url, prefix=prefix, bus=bus)
         try:
             info, sandbox = await claim_sandbox(
