@@ -2,12 +2,16 @@
 
 Floor = ``python -c pass`` (the interpreter and ``site``, nothing of ours). Measured, each as a
 fresh process: ``python -c 'import sandpod'``, ``sandpod --help`` and ``sandpod exec default --
-true`` end to end (connect with the client credential, run ``true`` in the sandbox, exit) against
-a throwaway platform on free ports (nats-server in operator mode, as ``sandpod up`` runs it, and
-one execd). Targets: ``--help`` <= 8x the floor, ``exec`` <= 20x. The samples are taken in
-interleaved rounds, so a noisy moment on a shared machine weighs on the floor and the commands
-alike. Then the largest cumulative entries of ``python -X importtime`` for each command, and
-whether aiohttp was imported (it must not be: nats-py imports it only for ``ws://`` URLs).
+true`` end to end (find the client credential in ``$SANDPOD_STATE_DIR/nats-auth``, connect with
+it, run ``true`` in the sandbox, exit) against a throwaway platform on free ports (nats-server in
+operator mode, as ``sandpod up`` runs it, and one execd). Targets: ``--help`` <= 8x the floor,
+``exec`` <= 20x. For reference, what no Sandpod code can go below: a bare nats-py program that
+connects with the same credential, sends one request to the sandbox's execd and closes (aiohttp
+skipped as the bus skips it).
+
+The samples are taken in interleaved rounds, so a noisy moment on a shared machine weighs on the
+floor and the commands alike. Then the largest cumulative entries of ``python -X importtime`` for
+each command, and whether aiohttp was imported (it must not be: nats-py needs it for ``ws://``).
 
     .venv/bin/python bench/cli_start.py [--rounds 15] [--top 12]
 """
@@ -28,6 +32,19 @@ from _platform import auth_platform
 SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
 PY = sys.executable
 TARGETS = {"sandpod --help": 8.0, "sandpod exec default -- true": 20.0}
+
+# One request/reply over nats-py alone: connect (nkeys signing the nonce), request, close.
+BARE_NATS = """
+import asyncio, os, sys
+sys.modules["aiohttp"] = None  # as sandpod_bus._natspy: the WebSocket transport stays out
+import nats
+async def main():
+    creds = os.path.join(os.environ["SANDPOD_STATE_DIR"], "nats-auth", "client.creds")
+    nc = await nats.connect(os.environ["SANDPOD_NATS_URL"], user_credentials=creds)
+    await nc.request("sandpod.sbx.default.sys.ping", b"", timeout=5)
+    await nc.close()
+asyncio.run(main())
+"""
 
 
 def once(argv: list[str], env: dict[str, str]) -> float:
@@ -69,12 +86,15 @@ def main() -> None:
     opts = parser.parse_args()
 
     with auth_platform("default") as (url, creds):
-        env = {**os.environ, "SANDPOD_NATS_URL": url, "SANDPOD_NATS_CREDS": creds}
+        # As after `sandpod up`: the CLI finds <state dir>/nats-auth/client.creds by itself.
+        env = {k: v for k, v in os.environ.items() if k != "SANDPOD_NATS_CREDS"}
+        env.update(SANDPOD_NATS_URL=url, SANDPOD_STATE_DIR=str(Path(creds).parent.parent))
         cases = {
             "python -c pass": [PY, "-c", "pass"],
             "import sandpod": [PY, "-c", "import sandpod"],
             "sandpod --help": [SANDPOD, "--help"],
             "sandpod exec default -- true": [SANDPOD, "exec", "default", "--", "true"],
+            "bare nats-py request (ref.)": [PY, "-c", BARE_NATS],
         }
         samples: dict[str, list[float]] = {name: [] for name in cases}
         for argv in cases.values():  # warm: bytecode caches written, files in the page cache
