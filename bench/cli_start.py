@@ -13,7 +13,10 @@ The samples are taken in interleaved rounds, so a noisy moment on a shared machi
 floor and the commands alike. Then the largest cumulative entries of ``python -X importtime`` for
 each command, and whether aiohttp was imported (it must not be: nats-py needs it for ``ws://``).
 
-    .venv/bin/python bench/cli_start.py [--rounds 15] [--top 12]
+    .venv/bin/python bench/cli_start.py [--rounds 15] [--top 12] [--base OTHER/.venv]
+
+``--base`` also times another installation's ``import sandpod``, ``--help`` and ``exec`` (e.g.
+a checkout of main) in the same interleaved rounds: before and after side by side.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--base", type=Path, help="another virtualenv to time alongside")
     opts = parser.parse_args()
 
     with auth_platform("default") as (url, creds):
@@ -96,6 +100,20 @@ def main() -> None:
             "sandpod exec default -- true": [SANDPOD, "exec", "default", "--", "true"],
             "bare nats-py request (ref.)": [PY, "-c", BARE_NATS],
         }
+        if opts.base is not None:
+            base_py, base_cli = (
+                str(opts.base / "bin" / "python"),
+                str(opts.base / "bin" / "sandpod"),
+            )
+            cases["base: import sandpod"] = [base_py, "-c", "import sandpod"]
+            cases["base: sandpod --help"] = [base_cli, "--help"]
+            cases["base: sandpod exec default -- true"] = [
+                base_cli,
+                "exec",
+                "default",
+                "--",
+                "true",
+            ]
         samples: dict[str, list[float]] = {name: [] for name in cases}
         for argv in cases.values():  # warm: bytecode caches written, files in the page cache
             once(argv, env)
@@ -107,7 +125,7 @@ def main() -> None:
         print(f"median of {opts.rounds} interleaved rounds, each a fresh process")
         for name, values in samples.items():
             median = statistics.median(values)
-            line = f"{name:30} {median * 1000:8.1f} ms  {median / floor:6.1f}x floor"
+            line = f"{name:36} {median * 1000:8.1f} ms  {median / floor:6.1f}x floor"
             if name in TARGETS:
                 verdict = "ok" if median / floor <= TARGETS[name] else "OVER"
                 line += f"  (target <= {TARGETS[name]:g}x: {verdict})"

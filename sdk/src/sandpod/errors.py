@@ -1,8 +1,13 @@
 """Typed exceptions raised by the SDK: one per wire error code (from the contract), plus the
 client-side :class:`CommandFailed`. Catch a family base (``FsError``, ``ExecError``) or a precise
-class; every one has ``code``, ``message``, ``details`` and ``retryable``."""
+class; every one has ``code``, ``message``, ``details`` and ``retryable``.
 
-from sandpod.proc_types import ProcExited, ProcWaitTimeout  # client-side, never on the wire
+``ProcExited`` and ``ProcWaitTimeout`` (client-side, never on the wire) live with the proc types
+and are imported on first use: importing them here eagerly pulled the proc family's messages
+into every caller, ``sandpod exec`` included."""
+
+from typing import TYPE_CHECKING, Any
+
 from sandpod_contract.errors import (
     BadRequest,
     Busy,
@@ -67,6 +72,11 @@ from sandpod_contract.errors import (
     WatchLimit,
     WatchNotFound,
 )
+
+if TYPE_CHECKING:
+    from sandpod.proc_types import ProcExited, ProcWaitTimeout
+
+_FROM_PROC_TYPES = frozenset({"ProcExited", "ProcWaitTimeout"})
 
 __all__ = [
     "BadRequest",
@@ -142,3 +152,14 @@ class CommandFailed(ExecError):
 
     code = "exec.command_failed"
     summary = "the command exited unsuccessfully"
+
+
+def __getattr__(name: str) -> Any:
+    """``ProcExited``/``ProcWaitTimeout`` from :mod:`sandpod.proc_types`, on first access."""
+    if name not in _FROM_PROC_TYPES:
+        raise AttributeError(f"module 'sandpod.errors' has no attribute {name!r}")
+    from sandpod import proc_types  # lazy: see the module docstring
+
+    value = getattr(proc_types, name)
+    globals()[name] = value
+    return value
