@@ -57,6 +57,8 @@ lint: install
 	@# the formatter wins: no opt-outs (restructure the rare ugly case instead)
 	@! grep -rnE --include='*.py' '# fmt: (skip|off)' schemas libs services sdk tests bench
 	$(BIN)/ruff check .
+	@# shell that ships (the holder, deploy scripts) and CI's own; shellcheck: Debian's apt package
+	shellcheck .ci/run $$(git ls-files '*.sh')
 
 types: install
 	$(BIN)/mypy

@@ -25,12 +25,30 @@ export class Float64 {
   }
 }
 
+const STRICT_UTF8 = new TextDecoder("utf-8", { fatal: true });
+
 class WireDecoder extends Decoder {
   readF64() {
     return new Float64(super.readF64());
   }
   readF32() {
     return new Float64(super.readF32());
+  }
+  // README "Decoders": a str must be valid UTF-8 (the library would put U+FFFD in its place).
+  decodeUtf8String(byteLength, headerOffset) {
+    const start = this.pos + headerOffset;
+    if (this.bytes.byteLength >= start + byteLength) {
+      try {
+        STRICT_UTF8.decode(this.bytes.subarray(start, start + byteLength));
+      } catch {
+        throw new CodecError("bad_request", "a msgpack str is not valid UTF-8");
+      }
+    }
+    return super.decodeUtf8String(byteLength, headerOffset);
+  }
+  // README "Decoders": ext values (the timestamp -1 too) are never sent and refused anywhere.
+  decodeExtension() {
+    throw new CodecError("bad_request", "payload holds a msgpack ext value");
   }
 }
 

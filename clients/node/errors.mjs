@@ -34,13 +34,16 @@ export function errorClass(code) {
   return classes.get(code);
 }
 
-/** The catalogued code an unknown code falls back to (errors.json `unknown_codes`), or null. */
+/** The catalogued code an unknown code falls back to (errors.json `unknown_codes`). */
 export function knownCode(code) {
   if (CODES.has(code)) return code;
-  const segment = code.split(".")[0];
-  if (CODES.has(segment)) return segment;
-  if (CODES.has(`${segment}.error`)) return `${segment}.error`;
-  return null;
+  const parts = code.split(".");
+  for (let end = parts.length - 1; end > 0; end -= 1) {
+    const prefix = parts.slice(0, end).join(".");
+    if (CODES.has(prefix)) return prefix; // the longest known dot-prefix
+  }
+  if (CODES.has(`${parts[0]}.error`)) return `${parts[0]}.error`;
+  return "internal"; // the generic error
 }
 
 /** A typed error for a code raised here or received (keeps an unknown code as it came). */

@@ -11,7 +11,7 @@ from sandpod_contract.errors import (
     BadRequest,
     ExecError,
     ExecNotFound,
-    SandpodError,
+    InternalError,
     SpawnFailed,
     UnsupportedVersion,
     error_from_wire,
@@ -272,18 +272,21 @@ def test_unknown_error_code_maps_to_its_family_keeping_the_code() -> None:
     assert codec.unpack(codec.encode_error(err))["error"]["code"] == "exec.quota"
 
 
-def test_unknown_error_family_maps_to_the_root() -> None:
-    """A code of an unknown family becomes the root SandpodError, keeping the code."""
-    err = error_from_wire({"code": "quota.exceeded", "message": "m"})
-    assert type(err) is SandpodError
-    assert err.code == "quota.exceeded"
+def test_unknown_error_family_maps_to_internal() -> None:
+    """A code of an unknown family becomes InternalError (code 'internal'), keeping the code and
+    the wire's retryable: the generic error has a code a client can name."""
+    err = error_from_wire({"code": "quota.exceeded", "message": "m", "retryable": False})
+    assert type(err) is InternalError
+    assert (err.code, err.retryable) == ("quota.exceeded", False)
 
 
-def test_error_codes_do_not_encode_the_class_hierarchy() -> None:
-    """An unknown sub-code of exec.spawn_failed falls back to ExecError, not SpawnFailed."""
+def test_unknown_sub_code_maps_to_its_longest_known_prefix() -> None:
+    """exec.spawn_failed.enoexec is a SpawnFailed; exec.x (no known longer prefix) an ExecError."""
     err = error_from_wire({"code": "exec.spawn_failed.enoexec", "message": "m"})
-    assert type(err) is ExecError
-    assert not isinstance(err, SpawnFailed)
+    assert type(err) is SpawnFailed
+    assert err.code == "exec.spawn_failed.enoexec"
+    assert type(error_from_wire({"code": "exec.enoexec", "message": "m"})) is ExecError
+    assert type(error_from_wire({"code": "bad_request.x.y", "message": "m"})) is BadRequest
 
 
 def test_error_without_message_uses_the_class_summary() -> None:

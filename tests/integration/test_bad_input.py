@@ -10,6 +10,7 @@ import pytest
 from conftest import Execd, NatsServer
 from sandpod import AsyncSandbox
 from sandpod_bus import Bus, BusSettings
+from sandpod_contract import error_spec
 from sandpod_contract.codec import decode_reply, encode, pack
 from sandpod_contract.errors import (
     BadRequest,
@@ -63,10 +64,14 @@ RUN = SUBJECTS.sandbox("shared", "exec", "run")
     ],
 )
 async def test_malformed_requests_get_bad_request(bus: Bus, payload: bytes, fragment: str) -> None:
-    """Garbage, wrong types, missing and invalid fields each get a typed bad_request."""
+    """Garbage, wrong types, missing and invalid fields each get a typed bad_request, whose
+    details carry a stable reason (never a Python class name) and the field where the reason is
+    about one (errors.json, issue 13.5 item 6)."""
     err = await _error(bus, RUN, payload)
     assert isinstance(err, BadRequest) and not err.retryable
     assert fragment in err.message
+    assert err.details["reason"] in error_spec.BAD_REQUEST_REASONS
+    assert error_spec.missing_details(err.code, err.details) == []
 
 
 async def test_unknown_fields_are_ignored(bus: Bus) -> None:

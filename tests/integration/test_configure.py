@@ -14,7 +14,7 @@ from sandpod_contract.messages.system import Configure, Configured
 
 
 async def _configure(sbx: AsyncSandbox, env: dict[str, str], generation: int) -> Configured:
-    return await sbx._call(
+    return await sbx.channel.call(
         "sys", "configure", Configure(env=env, generation=generation), Configured, 5.0
     )
 

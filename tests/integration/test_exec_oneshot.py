@@ -14,7 +14,7 @@ import pytest
 
 from conftest import marker, pids_with
 from sandpod import AsyncSandbox
-from sandpod.errors import CommandFailed, CommandNotFound, InvalidCwd
+from sandpod.errors import ArgvExpected, CommandFailed, CommandNotFound, InvalidCwd
 
 PY = "python3"
 
@@ -121,13 +121,16 @@ async def test_env_is_added_and_daemon_env_does_not_leak(sbx: AsyncSandbox) -> N
 
 
 async def test_cwd_workspace_alias_relative_and_absolute(sbx: AsyncSandbox, tmp_path: Path) -> None:
-    """/workspace maps to the sandbox workspace; relative paths are under it; absolute stay."""
-    info = await sbx.runtime_info()
+    """/workspace maps to the sandbox workspace; relative paths are under it; absolute stay.
+    sys.info says /workspace (no reply shows the host path); a process runtime's command sees
+    where its cwd really is (pwd -P), which is how this test learns the host directory."""
+    assert (await sbx.runtime_info()).workspace == "/workspace"
+    host = os.path.realpath((await sbx.exec("pwd -P")).stdout.strip())
     r = await sbx.exec("/workspace", "pwd")
-    assert r.stdout.strip() == os.path.realpath(info.workspace)
+    assert os.path.realpath(r.stdout.strip()) == host
     await sbx.exec("mkdir -p sub/dir")
     r = await sbx.exec("sub/dir", "pwd")
-    assert r.stdout.strip() == os.path.join(os.path.realpath(info.workspace), "sub/dir")
+    assert os.path.realpath(r.stdout.strip()) == os.path.join(host, "sub/dir")
     r = await sbx.exec(str(tmp_path), "pwd")
     assert r.stdout.strip() == str(tmp_path)
 
@@ -138,6 +141,34 @@ async def test_missing_cwd_and_program_are_typed_errors(sbx: AsyncSandbox) -> No
         await sbx.exec("/no/such/dir", "true")
     with pytest.raises(CommandNotFound):
         await sbx.exec(["no-such-program-sandpod"])
+
+
+async def test_the_write_ups_cwd_and_command_form_runs_in_that_directory(
+    sbx: AsyncSandbox,
+) -> None:
+    """``exec("/workspace", "date")`` runs the shell command ``date`` in the workspace."""
+    workspace = (await sbx.exec("pwd")).stdout  # the default cwd (a host path without the jail)
+    r = await sbx.exec("/workspace", "date && pwd")
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == 2
+    assert r.stdout.endswith(workspace)
+
+
+async def test_a_program_and_its_option_as_two_positionals_says_to_pass_an_argv_list(
+    sbx: AsyncSandbox,
+) -> None:
+    """``exec("ls", "-l")`` fails with the argv hint, not a bare invalid cwd; so does
+    ``exec("python3", "x.py")`` once execd finds no directory ``python3``; a missing path stays
+    InvalidCwd, and the argv list itself runs."""
+    with pytest.raises(ArgvExpected, match=r"argv list: exec\(\['ls', '-l'\]\)"):
+        await sbx.exec("ls", "-l")
+    with pytest.raises(ArgvExpected, match="no directory 'python3' in the sandbox"):
+        await sbx.exec("python3", "x.py")
+    with pytest.raises(InvalidCwd) as info:
+        await sbx.exec("/no/such/dir", "true")
+    assert type(info.value) is InvalidCwd
+    await sbx.fs.write("argv-hint.txt", "x")
+    r = await sbx.exec(["ls", "-l"])
+    assert r.exit_code == 0 and "argv-hint.txt" in r.stdout
 
 
 async def test_check_raises_command_failed(sbx: AsyncSandbox) -> None:
@@ -206,7 +237,7 @@ async def test_oversized_output_is_released_once_fetched(
     r = await sbx.exec("head -c 3000000 /dev/zero")
     assert len(r.stdout_bytes) == 3_000_000
     with pytest.raises(ExecNotFound):
-        await sbx._call(
+        await sbx.channel.call(
             "exec", "fetch", ExecFetch(exec_id=r.exec_id, stream="stdout", offset=0), OutputPart, 5
         )
 
@@ -217,7 +248,7 @@ async def test_status_of_a_finished_one_shot_reports_how_it_exited(sbx: AsyncSan
     from sandpod_contract.messages.exec import ExecRef, ExecStatus
 
     async def status(exec_id: str) -> ExecStatus:
-        return await sbx._call("exec", "status", ExecRef(exec_id=exec_id), ExecStatus, 5)
+        return await sbx.channel.call("exec", "status", ExecRef(exec_id=exec_id), ExecStatus, 5)
 
     coded = await sbx.exec("exit 7")
     killed = await sbx.exec("kill -TERM $$")

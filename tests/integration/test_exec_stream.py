@@ -16,6 +16,7 @@ import pytest
 from conftest import NatsServer
 from sandpod import AsyncSandbox
 from sandpod.errors import BadRequest, StreamClosed
+from sandpod.exec.args import exec_status
 from sandpod_bus import Bus, BusSettings, Inbound
 from sandpod_contract.codec import decode, decode_reply, encode, unpack
 from sandpod_contract.messages.exec import (
@@ -177,7 +178,7 @@ async def test_stream_timeout_kills_and_says_so(sbx: AsyncSandbox) -> None:
 async def _gone(sbx: AsyncSandbox, exec_id: str, pid: int) -> None:
     """Wait until the exec's process no longer runs (execd still knows the exec: its frames
     wait for an ack until the abandon period ends, but the command is dead)."""
-    assert (await sbx._status(exec_id)).pid == pid
+    assert (await exec_status(sbx.channel, exec_id)).pid == pid
 
     async def poll() -> None:
         while _running(pid):
@@ -228,7 +229,7 @@ async def test_breaking_out_inside_async_with_keeps_the_command(sbx: AsyncSandbo
         async for chunk in st:
             assert chunk.data == b"one\n"
             break
-        assert (await sbx._status(st.exec_id)).state == "running"
+        assert (await exec_status(sbx.channel, st.exec_id)).state == "running"
         await st.write(b"go\n")
         assert b"".join([c.data async for c in st]) == b"two\n"
         assert (await st.wait()).exit_code == 0
@@ -381,3 +382,31 @@ async def test_large_initial_stdin_echoed_back_does_not_deadlock(sbx: AsyncSandb
         status = await st.wait()
     assert status.exit_code == 0 and not status.timed_out
     assert out == data
+
+
+async def test_after_the_exit_frame_is_acked_every_verb_but_status_finds_no_stream(
+    raw: RawClient,
+) -> None:
+    """Once the exit frame is acked the stream is released at once: cancel, signal, resume and
+    stdin answer exec.not_found (not an exec.status of the released stream), and status still
+    answers exited with the exit code from execd's memory (issue 13.5 item 4)."""
+    from sandpod.errors import ExecNotFound
+    from sandpod_contract.messages.exec import ExecSignal, StdinWrite
+
+    _, started = await raw.start(shell="exit 3")
+    exit_frame = await raw.frames.get()
+    while not isinstance(exit_frame, ExecExit):
+        exit_frame = await raw.frames.get()
+    ack = StreamAck(exec_id=started.exec_id, seq=exit_frame.seq)
+    await raw.bus.publish(raw.subject("ack"), encode(ack))  # ack and cancel keep their order
+    ref = ExecRef(exec_id=started.exec_id)
+    for verb, msg in (
+        ("cancel", ref),
+        ("signal", ExecSignal(exec_id=started.exec_id, signal=15)),
+        ("resume", ExecResume(exec_id=started.exec_id, from_seq=exit_frame.seq + 1)),
+        ("stdin", StdinWrite(exec_id=started.exec_id, eof=True)),
+    ):
+        with pytest.raises(ExecNotFound):
+            await raw.call(verb, msg)
+    status = await raw.call("status", ref)
+    assert (status.state, status.exit_code) == ("exited", 3)

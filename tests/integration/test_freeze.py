@@ -30,7 +30,7 @@ LOOP = "i=0; while :; do i=$((i+1)); echo $i > {path}; sleep 0.02; done"
 
 async def _sys(sbx: AsyncSandbox, verb: str) -> FreezeState:
     msg = Freeze(timeout=5.0) if verb == "freeze" else Empty()
-    return await sbx._call("sys", verb, msg, FreezeState, 10.0)
+    return await sbx.channel.call("sys", verb, msg, FreezeState, 10.0)
 
 
 def _count(path: Path) -> int:
@@ -180,5 +180,5 @@ async def test_thaw_without_freeze_is_a_no_op_and_a_bad_timeout_is_refused(
     async with await AsyncSandbox.connect(execd.ids[0], nats_url=execd.nats_url) as sbx:
         assert (await _sys(sbx, "thaw")).frozen is False
         with pytest.raises(BadRequest):
-            await sbx._call("sys", "freeze", Freeze(timeout=0), FreezeState, 5.0)
+            await sbx.channel.call("sys", "freeze", Freeze(timeout=0), FreezeState, 5.0)
         assert (await sbx.exec("echo ok")).stdout == "ok\n"

@@ -146,7 +146,9 @@ async def test_reads_by_range_and_stream_and_refuses_big_files(
     (host / "r.bin").write_bytes(data)
     assert await sbx.fs.read_range(f"{d}/r.bin", 99_990, 100) == data[99_990:]
     assert await sbx.fs.read_range(f"{d}/r.bin", 200_000, 10) == b""
-    past = await sbx._call("fs", "read", FsRead(path=f"{d}/r.bin", offset=200_000), FsChunk, 5)
+    past = await sbx.channel.call(
+        "fs", "read", FsRead(path=f"{d}/r.bin", offset=200_000), FsChunk, 5
+    )
     assert (past.data, past.size, past.eof) == (b"", len(data), True)
     chunks = []
     async with sbx.fs.read_stream(f"{d}/r.bin", chunk_size=7_000, in_flight=3) as reader:
@@ -239,7 +241,7 @@ async def test_list_pages_through_a_big_directory_with_a_cursor(
     seen: list[str] = []
     cursor = None
     while True:
-        page = await sbx._call(
+        page = await sbx.channel.call(
             "fs", "list", FsList(path=d, depth=2, limit=7, cursor=cursor), FsListing, 5
         )
         seen += [e.path for e in page.entries]

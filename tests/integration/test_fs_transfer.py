@@ -89,13 +89,13 @@ async def test_large_round_trip_matches_and_execd_memory_stays_small(
 
 
 async def _open(sbx: AsyncSandbox, path: str, **kw: object) -> str:
-    up = await sbx._call("fs", "write_open", FsWriteOpen(path=path, **kw), FsUpload, 5)  # type: ignore[arg-type]
+    up = await sbx.channel.call("fs", "write_open", FsWriteOpen(path=path, **kw), FsUpload, 5)  # type: ignore[arg-type]
     return up.upload_id
 
 
 async def _chunk(sbx: AsyncSandbox, upload_id: str, offset: int, data: bytes) -> int:
     req = FsWriteChunk(upload_id=upload_id, offset=offset, data=data)
-    return (await sbx._call("fs", "write_chunk", req, FsUploadStatus, 10)).received
+    return (await sbx.channel.call("fs", "write_chunk", req, FsUploadStatus, 10)).received
 
 
 async def test_chunks_reorder_resend_and_gaps(sbx: AsyncSandbox, where: tuple[str, Path]) -> None:
@@ -113,7 +113,7 @@ async def test_chunks_reorder_resend_and_gaps(sbx: AsyncSandbox, where: tuple[st
     with pytest.raises(BadRequest) as caught:
         await _chunk(sbx, up, 100, b"gap")
     assert caught.value.details["received"] == 12
-    entry = await sbx._call(
+    entry = await sbx.channel.call(
         "fs",
         "write_commit",
         FsWriteCommit(upload_id=up, size=12, sha256=hashlib.sha256(b"helloworld!!").hexdigest()),
@@ -139,13 +139,15 @@ async def test_a_mismatched_commit_or_an_abort_leaves_the_target_untouched(
         assert len(_temp_files(host)) == 1
         req = FsWriteCommit(upload_id=up, size=size, sha256=sha)
         with pytest.raises(BadRequest):
-            await sbx._call("fs", "write_commit", req, FsEntry, 5)
+            await sbx.channel.call("fs", "write_commit", req, FsEntry, 5)
         assert (host / "keep.txt").read_text() == "original" and _temp_files(host) == []
     up = await _open(sbx, f"{d}/keep.txt")
     await _chunk(sbx, up, 0, b"x" * 10)
-    status = await sbx._call("fs", "write_abort", FsUploadRef(upload_id=up), FsUploadStatus, 5)
+    status = await sbx.channel.call(
+        "fs", "write_abort", FsUploadRef(upload_id=up), FsUploadStatus, 5
+    )
     assert status.received == 10 and _temp_files(host) == []
-    await sbx._call("fs", "write_abort", FsUploadRef(upload_id=up), FsUploadStatus, 5)
+    await sbx.channel.call("fs", "write_abort", FsUploadRef(upload_id=up), FsUploadStatus, 5)
 
     async def fail_midway() -> None:
         async with sbx.fs.open_writer(f"{d}/keep.txt", chunk_size=4) as w:
@@ -184,7 +186,9 @@ async def test_idle_uploads_are_swept_and_open_uploads_are_bounded(
         with pytest.raises(Busy):
             await _open(sbx, "one-too-many")
         for up in ids:
-            await sbx._call("fs", "write_abort", FsUploadRef(upload_id=up), FsUploadStatus, 5)
+            await sbx.channel.call(
+                "fs", "write_abort", FsUploadRef(upload_id=up), FsUploadStatus, 5
+            )
         await sbx.fs.write("after.txt", b"x" * (600 * 1024))  # an upload fits again
     assert _temp_files(state_dir / "workspaces" / sid) == []
 

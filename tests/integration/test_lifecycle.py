@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -11,19 +12,28 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import nats
 import psutil
 import pytest
+from nats.aio.msg import Msg
 
 from conftest import NatsServer
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod.errors import ResourceInvalid, SandboxNotFound, SandpodError
 from sandpod.supervisor import PlatformConfig
+from sandpod_contract.codec import decode
 from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, SandboxEvent
+from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.runtime.installation import Installation
+
+# Bounds of the waits on a reconciler (resync 0.5 s): far above what a loaded machine takes, so
+# the tests wait on the event and fail only when it never comes.
+EVENT_DEADLINE = 60.0
+BUSY_IDLE = 6  # the busy sandbox's idle timeout, seconds
 
 DESTROY_JAIL = """
 import asyncio, sys
@@ -128,6 +138,46 @@ def _env(proc: psutil.Process) -> dict[str, str]:
         return {}
 
 
+@contextlib.asynccontextmanager
+async def _events(lc: Lifecycle, name: str) -> AsyncIterator[asyncio.Queue[SandboxEvent]]:
+    """Every event of sandbox ``name`` from now on: the subscription is in place (the server
+    confirmed it) before this returns, so an event of a sandbox created afterwards cannot be
+    published before anyone listens."""
+    queue: asyncio.Queue[SandboxEvent] = asyncio.Queue(maxsize=256)
+
+    async def on_event(msg: Msg) -> None:
+        queue.put_nowait(decode(SandboxEvent, msg.data))
+
+    nc = await nats.connect(lc.url)
+    try:
+        await nc.subscribe(Subjects(lc.prefix).events_of("sandbox", name), cb=on_event)
+        await nc.flush()
+        yield queue
+    finally:
+        await nc.close()
+
+
+async def _event(events: asyncio.Queue[SandboxEvent], type_: str) -> SandboxEvent:
+    """The next event of type ``type_`` (earlier ones of other types are passed over)."""
+
+    async def find() -> SandboxEvent:
+        while (event := await events.get()).type != type_:
+            pass
+        return event
+
+    try:
+        return await asyncio.wait_for(find(), EVENT_DEADLINE)
+    except TimeoutError:
+        pytest.fail(f"no {type_!r} event within {EVENT_DEADLINE}s")
+
+
+def _drained(events: asyncio.Queue[SandboxEvent]) -> list[SandboxEvent]:
+    out = []
+    while not events.empty():
+        out.append(events.get_nowait())
+    return out
+
+
 async def _ready_api(lc: Lifecycle) -> None:
     async def answers() -> bool:
         try:
@@ -166,23 +216,20 @@ async def test_ttl_expiry_destroys_instance_and_publishes_event(
     """A sandbox past its shutdownTime is destroyed, deleted and an `expired` event says why."""
     lc = lifecycles()
     await _ready_api(lc)
-    sbx = await AsyncSandbox.create(timeout=2, nats_url=lc.url, prefix=lc.prefix)
-    events: list[SandboxEvent] = []
-
-    async def collect() -> None:
-        async for event in sbx.events():
-            events.append(event)
-            if event.type == "expired":
-                return
-
-    async with sbx:
-        pid = lc.execd_pids()[sbx.id]
-        await asyncio.wait_for(collect(), 20)
-        assert events[-1].reason == "LifetimeExceeded"
-        await _until(lambda: not psutil.pid_exists(pid), 10, "execd to stop")
-        await _until(lambda: _gone(lc, sbx.id), 10, "the object to be deleted")
-        with pytest.raises(SandboxNotFound):
-            await sbx.exec("true")
+    name = f"ttl-{uuid.uuid4().hex[:8]}"
+    async with _events(lc, name) as events:  # subscribed before the sandbox exists
+        # A lifetime no loaded machine uses up before its execd's pid is read; then it ends.
+        sbx = await AsyncSandbox.create(name=name, timeout=120, nats_url=lc.url, prefix=lc.prefix)
+        async with sbx:
+            pid = lc.execd_pids()[sbx.id]
+            await sbx.renew(1)
+            expired = await _event(events, "expired")
+            assert expired.reason == "LifetimeExceeded", expired
+            # published after the instance was destroyed and the object deleted
+            await _until(lambda: not psutil.pid_exists(pid), 60, "execd to stop")
+            assert await _gone(lc, sbx.id)
+            with pytest.raises(SandboxNotFound):
+                await sbx.exec("true")
 
 
 async def test_idle_expiry_and_think_time_within_the_limit(
@@ -191,15 +238,29 @@ async def test_idle_expiry_and_think_time_within_the_limit(
     """Idle past idleTimeoutSeconds expires; activity within the limit keeps a sandbox alive."""
     lc = lifecycles()
     await _ready_api(lc)
-    idle = await AsyncSandbox.create(idle_timeout=2, nats_url=lc.url, prefix=lc.prefix)
-    busy = await AsyncSandbox.create(idle_timeout=2, nats_url=lc.url, prefix=lc.prefix)
-    async with idle, busy:
-        start = time.monotonic()
-        while time.monotonic() - start < 5:  # an agent thinking 1 s between tool calls
-            assert (await busy.exec("true")).exit_code == 0
-            await asyncio.sleep(1.0)
-        await _until(lambda: _gone(lc, idle.id), 15, "the idle sandbox to expire")
-        assert (await busy.describe()).phase == "Running"
+    names = {role: f"{role}-{uuid.uuid4().hex[:8]}" for role in ("idle", "busy")}
+    async with _events(lc, names["idle"]) as idle_events, _events(lc, names["busy"]) as busy_events:
+        idle = await AsyncSandbox.create(
+            name=names["idle"], idle_timeout=2, nats_url=lc.url, prefix=lc.prefix
+        )
+        busy = await AsyncSandbox.create(
+            name=names["busy"], idle_timeout=BUSY_IDLE, nats_url=lc.url, prefix=lc.prefix
+        )
+        async with idle, busy:
+            # An agent thinking 1 s between tool calls (BUSY_IDLE - 1 s of slack per pause),
+            # until the idle one expired and the busy one lived twice its idle timeout.
+            expired = asyncio.ensure_future(_event(idle_events, "idle_expired"))
+            outlived = time.monotonic() + 2 * BUSY_IDLE
+            try:
+                while not expired.done() or time.monotonic() < outlived:
+                    assert (await busy.exec("true")).exit_code == 0
+                    await asyncio.sleep(1.0)  # the agent's think time (what is under test)
+                assert expired.result().reason == "IdleTimeout"
+            finally:
+                expired.cancel()
+            assert (await busy.describe()).phase == "Running"
+            assert not [e for e in _drained(busy_events) if e.type.endswith("expired")]
+            assert await _gone(lc, idle.id)  # the event comes after the delete
 
 
 async def test_renew_pushes_expiry(lifecycles: Callable[[], Lifecycle]) -> None:

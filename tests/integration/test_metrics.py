@@ -15,6 +15,7 @@ import pytest
 from conftest import Execd, NatsServer, free_port
 from sandpod import AsyncSandbox, Sandbox
 from sandpod.errors import ExecNotFound
+from sandpod.exec.args import exec_status
 from sandpod.proc import AsyncProc, ProcWaitTimeout
 from sandpod.pty import AsyncPty
 
@@ -82,7 +83,7 @@ async def test_activity_advances_on_exec_but_not_on_probes(own: AsyncSandbox) ->
     await own.runtime_info()
     await own.metrics()
     with pytest.raises(ExecNotFound):
-        await own._status(uuid.uuid4().hex)
+        await exec_status(own.channel, uuid.uuid4().hex)
     probed = await own.activity()
     assert probed.last_activity == first.last_activity
     assert probed.idle >= first.idle and probed.time >= first.time

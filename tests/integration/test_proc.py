@@ -309,11 +309,22 @@ async def test_logs_survive_a_client_that_leaves_and_another_reattaches(
 
 
 async def test_stdout_and_stderr_keep_their_order_and_streams(
-    sbx: AsyncSandbox, procs: list[AsyncProc]
+    sbx: AsyncSandbox, procs: list[AsyncProc], state_dir: Path
 ) -> None:
-    """Chunks carry their stream, in the order execd read them; offsets are contiguous."""
-    p = await start(sbx, procs, "echo a; sleep 0.05; echo b >&2; sleep 0.05; echo c")
-    await p.wait(10)
+    """Chunks carry their stream, in the order execd read them; offsets are contiguous.
+
+    Two pipes give no order between them by themselves: the process writes each line only
+    once execd has logged the one before (the test lets it go on), so that order is the one
+    execd read them in, whatever the scheduler does."""
+    go = workspace(state_dir) / f"go-{uuid.uuid4().hex}"
+    wait = "while [ ! -e {} ]; do sleep 0.02; done"
+    script = f"echo a; {wait.format(f'{go}.1')}; echo b >&2; {wait.format(f'{go}.2')}; echo c"
+    p = await start(sbx, procs, script)
+    await p.wait_for_log("^a$", timeout=30, stream="stdout")
+    Path(f"{go}.1").touch()
+    await p.wait_for_log("^b$", timeout=30, stream="stderr")
+    Path(f"{go}.2").touch()
+    await p.wait(30)
     read = await p.logs(0)
     assert [(c.stream, c.data) for c in read.chunks] == [
         ("stdout", b"a\n"),

@@ -277,12 +277,12 @@ async def test_hostile_requests_get_typed_errors(sbx: AsyncSandbox) -> None:
             with pytest.raises(BadRequest):
                 await term.resize(*bad)
         raw = pack({"v": 1, "pty_id": term.id, "cols": -5, "rows": 10})
-        reply = await sbx.bus.request(sbx._subject("pty", "resize"), raw, 5)
+        reply = await sbx.bus.request(sbx.channel.subject("pty", "resize"), raw, 5)
         with pytest.raises(BadRequest):
             decode_reply(WireInfo, reply)
         huge = pack({"v": 1, "pty_id": term.id, "data": b"x" * (2 * 1024 * 1024)})
         with pytest.raises(PayloadTooLarge):  # refused before it leaves: over NATS's limit
-            await sbx.bus.request(sbx._subject("pty", "input"), huge, 10)
+            await sbx.bus.request(sbx.channel.subject("pty", "input"), huge, 10)
         with pytest.raises(BadRequest):
             await term.read(cursor=10**12, wait=0)
         with pytest.raises(BadRequest):
@@ -313,7 +313,7 @@ async def test_input_over_the_request_limit_is_refused(
     ):
         await term.expect("ready\r\n")
         big = pack({"v": 1, "pty_id": term.id, "data": b"z\n" * 40_000})
-        reply = await sbx.bus.request(sbx._subject("pty", "input"), big, 10)
+        reply = await sbx.bus.request(sbx.channel.subject("pty", "input"), big, 10)
         with pytest.raises(PayloadTooLarge):
             decode_reply(WireInfo, reply)
         await term.write(b"z\n" * 40_000 + b"\x04")
@@ -328,7 +328,7 @@ async def test_garbage_on_every_pty_verb_is_refused(sbx: AsyncSandbox) -> None:
         for payload in (b"\xc1", pack([1, 2]), wrong_types):
             if op.verb == "list" and payload is wrong_types:
                 continue  # pty.list takes no fields: unknown ones are ignored
-            reply = unpack(await sbx.bus.request(sbx._subject("pty", op.verb), payload, 5))
+            reply = unpack(await sbx.bus.request(sbx.channel.subject("pty", op.verb), payload, 5))
             assert reply["error"]["code"] == "bad_request", (op.verb, payload, reply)
     assert await sbx.ping() < 5
 

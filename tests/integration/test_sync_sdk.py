@@ -10,7 +10,8 @@ import pytest
 from conftest import Execd, NatsServer, wait_until
 from sandpod import ExecResult, Sandbox
 from sandpod._loop import run
-from sandpod.errors import InvalidCwd
+from sandpod.errors import ArgvExpected, InvalidCwd
+from sandpod.exec.args import exec_status
 
 
 def test_the_write_up_call_works_verbatim(nats: NatsServer, shared_execd: Execd) -> None:
@@ -42,6 +43,8 @@ def test_context_manager_stream_stdin_and_errors(nats: NatsServer, shared_execd:
             assert st.wait().signal == signal.SIGINT
         with pytest.raises(InvalidCwd):
             sbx.exec("/definitely/not/here", "true")
+        with pytest.raises(ArgvExpected, match=r"exec\(\['ls', '-l'\]\)"):
+            sbx.exec("ls", "-l")  # a program and its option: the error shows the argv form
         assert sbx.runtime_info().runtime == "process"
 
 
@@ -57,7 +60,7 @@ def test_breaking_out_of_a_bare_sync_iteration_cancels_the_command(
         assert st.pid is not None
         pid = st.pid
 
-        assert run(sbx._inner._status(st.exec_id)).pid == pid
+        assert run(exec_status(sbx._inner.channel, st.exec_id)).pid == pid
         wait_until(lambda: _gone(pid), 10, "the command of the abandoned iteration to end")
 
 

@@ -351,7 +351,7 @@ async def test_hostile_input_gets_typed_errors(sbx, area) -> None:
     with pytest.raises(BadRequest):
         await sbx.watch.start(f"{path}/a\x00b")
     for raw in ({"v": 1, "path": 42}, {"v": 1, "path": path, "include": "*.py"}, {"v": 1}):
-        reply = await sbx.bus.request(sbx._subject("watch", "start"), pack(raw), 5)
+        reply = await sbx.bus.request(sbx.channel.subject("watch", "start"), pack(raw), 5)
         with pytest.raises(BadRequest):  # what a client in another language might send
             decode_reply(WatchInfo, reply)
     with pytest.raises(FsInvalidPath):

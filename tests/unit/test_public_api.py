@@ -6,15 +6,27 @@ import importlib
 
 import pytest
 
+# Every SDK family is a package of one shape: its public names, the async client, the values it
+# returns and the blocking twin.
+FAMILIES = ("exec", "fs", "proc", "pty", "session", "watch", "git")
+FAMILY_SHAPE = ("__init__", "api", "types", "sync")
+
 MODULES = [
     "sandpod",
     "sandpod.aio",
     "sandpod.sync",
-    "sandpod.exec_args",
-    "sandpod.exec_oneshot",
-    "sandpod.exec_stream",
+    "sandpod.channel",
     "sandpod.errors",
-    "sandpod.results",
+    *(
+        f"sandpod.{family}{part}"
+        for family in FAMILIES
+        for part in ("", *(f".{m}" for m in FAMILY_SHAPE[1:]))
+    ),
+    "sandpod.exec.args",
+    "sandpod.exec.oneshot",
+    "sandpod.exec.stream",
+    "sandpod.fs.stream",
+    "sandpod.proc.handle",
     "sandpod_contract",
     "sandpod_contract.errors",
     "sandpod_contract.codec",
@@ -40,3 +52,17 @@ def test_every_wire_error_is_exported_by_the_sdk() -> None:
 
     classes = {n for n in contract.__all__ if isinstance(getattr(contract, n), type)}
     assert classes <= set(sdk.__all__), sorted(classes - set(sdk.__all__))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_has_the_same_layout(family: str) -> None:
+    """``sandpod.<family>`` is a package with ``api``, ``types`` and ``sync``, and its
+    ``__init__`` re-exports every public name of those three."""
+    package = importlib.import_module(f"sandpod.{family}")
+    assert hasattr(package, "__path__"), f"sandpod.{family} is a module, not a package"
+    for part in FAMILY_SHAPE[1:]:
+        module = importlib.import_module(f"sandpod.{family}.{part}")
+        if part == "api":
+            continue  # the async client exports its class; helpers such as run_exec too
+        missing = sorted(set(module.__all__) - set(package.__all__))
+        assert not missing, f"sandpod.{family} does not re-export {part}'s {missing}"

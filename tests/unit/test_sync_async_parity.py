@@ -1,7 +1,7 @@
 """The blocking SDK has the async SDK's surface: every ``AsyncX`` has an ``X`` with the same
 public methods, attributes and parameters (names, kinds, defaults), so code ports by dropping
-``await``. Found by name over every module of the ``sandpod`` package, so a new pair is checked
-without being listed here."""
+``await``. Found by name over every module of the ``sandpod`` package and its family
+subpackages, so a new pair is checked without being listed here."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import pytest
 
 import sandpod
 
-# Async-only plumbing: the shared connection a caller may pass in (``bus=``) and the subjects
-# built on it; the blocking SDK owns its connection on its private loop.
-ASYNC_ONLY = {"bus", "subjects"}
+# Async-only plumbing: the shared connection a caller may pass in (``bus=``), the subjects
+# built on it and the channel the families are given on it; the blocking SDK owns its
+# connection on its private loop.
+ASYNC_ONLY = {"bus", "subjects", "channel"}
 # Same operation, the language's spelling: async resources close with ``aclose``.
 RENAMED = {"aclose": "close"}
 # Context-manager and iteration protocols differ by design (``async with`` vs ``with``).
@@ -37,10 +38,10 @@ NOT_SDK = {"__main__", "cli", "mcp_server", "supervisor"}
 
 def _pairs() -> list[tuple[type, type]]:
     classes: dict[str, type] = {}
-    for info in pkgutil.iter_modules(sandpod.__path__):
-        if info.name in NOT_SDK:
+    for info in pkgutil.walk_packages(sandpod.__path__, "sandpod."):
+        if info.name.split(".")[1] in NOT_SDK:
             continue
-        module = importlib.import_module(f"sandpod.{info.name}")
+        module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             if inspect.isclass(obj) and obj.__module__ == module.__name__:
                 classes[name] = obj

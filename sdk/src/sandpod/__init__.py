@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports this mod
         SandboxUnavailable,
         SandpodError,
     )
+    from sandpod.exec.types import ExecResult, ExitStatus, OutputChunk
     from sandpod.pools import AsyncPools, ClaimInfo, PoolInfo, Pools
-    from sandpod.results import ExecResult, ExitStatus, OutputChunk
     from sandpod.sync import ExecStream, Sandbox
 
 __version__ = "0.1.0"
@@ -46,10 +46,10 @@ _LAZY: dict[str, str] = {
     "ClaimInfo": "sandpod.pools",
     "CommandFailed": "sandpod.errors",
     "ExecLost": "sandpod.errors",
-    "ExecResult": "sandpod.results",
+    "ExecResult": "sandpod.exec.types",
     "ExecStream": "sandpod.sync",
-    "ExitStatus": "sandpod.results",
-    "OutputChunk": "sandpod.results",
+    "ExitStatus": "sandpod.exec.types",
+    "OutputChunk": "sandpod.exec.types",
     "PoolInfo": "sandpod.pools",
     "Pools": "sandpod.pools",
     "RequestTimeout": "sandpod.errors",

@@ -1,12 +1,13 @@
 """The asynchronous SDK's entry point: :class:`AsyncSandbox`, a handle on one sandbox.
 
-Most calls are one NATS request on the sandbox's own subjects (``_call``), answered by its execd
-with no control plane in the path; errors arrive as the contract's typed exceptions. The handle
-owns (or shares) the connection and hands itself to the per-family APIs (``fs``, ``proc``,
-``sessions``, ``pty``, ``watch``, ``git``). Creating, claiming, listing, pausing and deleting go
-to the lifecycle and pool services (:mod:`sandpod.control`, :mod:`sandpod.pools`). Commands run
-in :mod:`sandpod.exec_oneshot` and :mod:`sandpod.exec_stream`, sharing :mod:`sandpod.exec_args`;
-names that lived here before the split are re-exported.
+Most calls are one NATS request on the sandbox's own subjects, answered by its execd with no
+control plane in the path; errors arrive as the contract's typed exceptions. The handle owns (or
+shares) the connection and hands a :class:`~sandpod.channel.Channel` (``channel``: call,
+publish, subject, limits) to the per-family APIs (``fs``, ``proc``, ``sessions``, ``pty``,
+``watch``, ``git`` and the exec family behind :meth:`AsyncSandbox.exec`), which never see this
+class. Creating, claiming, listing, pausing and deleting go to the lifecycle and pool services
+(:mod:`sandpod.control`, :mod:`sandpod.pools`). Names that lived here before the split are
+re-exported.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Self, TypeVar
+from typing import TYPE_CHECKING, Self
 
+from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, BusChannel
+from sandpod.channel import NO_DEADLINE as NO_DEADLINE  # noqa: PLC0414 - a re-export
+from sandpod.channel import REPLY_SLACK as REPLY_SLACK  # noqa: PLC0414 - a re-export
 from sandpod.config import (
     resolve_inbox_prefix,
     resolve_nats_creds,
@@ -31,18 +35,13 @@ from sandpod.control import (
     follow_events,
     list_sandboxes,
 )
-from sandpod.exec_args import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, Command, cwd_and_command
-from sandpod.exec_args import NO_DEADLINE as NO_DEADLINE  # noqa: PLC0414 - a re-export
-from sandpod.exec_args import REPLY_SLACK as REPLY_SLACK  # noqa: PLC0414 - a re-export
-from sandpod.exec_oneshot import run_oneshot
-from sandpod.exec_stream import STDIN_CHUNK as STDIN_CHUNK  # noqa: PLC0414 - a re-export
-from sandpod.exec_stream import AsyncExecStream
-from sandpod.results import ExecResult
+from sandpod.exec.api import open_exec_stream, run_exec
+from sandpod.exec.args import Command
+from sandpod.exec.stream import STDIN_CHUNK as STDIN_CHUNK  # noqa: PLC0414 - a re-export
+from sandpod.exec.stream import AsyncExecStream
+from sandpod.exec.types import ExecResult
 from sandpod_bus import Bus, BusSettings
-from sandpod_contract.codec import Message, decode_reply, encode
-from sandpod_contract.errors import SandboxNotFound
 from sandpod_contract.messages.common import Empty
-from sandpod_contract.messages.exec import ExecRef, ExecStatus
 from sandpod_contract.messages.sandboxes import ObjectReply, Ref, Renew, SandboxEvent
 from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
@@ -58,8 +57,6 @@ if TYPE_CHECKING:  # the families are imported on first use: see AsyncSandbox.fs
 
 __all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
 
-R = TypeVar("R", bound=Message)
-
 
 class AsyncSandbox:
     """A handle on one sandbox. Create with :meth:`connect`; close with :meth:`close`."""
@@ -69,6 +66,7 @@ class AsyncSandbox:
         self.id = validate_sandbox_id(sandbox_id)
         self.subjects = subjects
         self._owns_bus = owns_bus
+        self.channel = BusChannel(bus, subjects, self.id)  # what the families get, not ``self``
         self.claim_info: ClaimInfo | None = None  # set when this sandbox came from a claim
 
     # The per-family APIs, each imported and built on first use: a caller that only runs
@@ -79,37 +77,37 @@ class AsyncSandbox:
     def fs(self) -> AsyncFiles:
         from sandpod.fs import AsyncFiles
 
-        return AsyncFiles(self)
+        return AsyncFiles(self.channel)
 
     @functools.cached_property
     def proc(self) -> AsyncProcesses:
         from sandpod.proc import AsyncProcesses
 
-        return AsyncProcesses(self)
+        return AsyncProcesses(self.channel)
 
     @functools.cached_property
     def sessions(self) -> AsyncSessions:
         from sandpod.session import AsyncSessions
 
-        return AsyncSessions(self)
+        return AsyncSessions(self.channel)
 
     @functools.cached_property
     def pty(self) -> AsyncPtys:
         from sandpod.pty import AsyncPtys
 
-        return AsyncPtys(self)
+        return AsyncPtys(self.channel)
 
     @functools.cached_property
     def watch(self) -> AsyncWatches:
         from sandpod.watch import AsyncWatches
 
-        return AsyncWatches(self)
+        return AsyncWatches(self.channel)
 
     @functools.cached_property
     def git(self) -> AsyncGit:
         from sandpod.git import AsyncGit
 
-        return AsyncGit(self)
+        return AsyncGit(self.channel)
 
     @classmethod
     async def connect(
@@ -337,29 +335,12 @@ class AsyncSandbox:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
-    # -- plumbing ------------------------------------------------------------------------------
-
-    def _subject(self, family: str, verb: str) -> str:
-        return self.subjects.sandbox(self.id, family, verb)
-
-    async def _call(
-        self, family: str, verb: str, msg: Message, reply: type[R], timeout: float
-    ) -> R:
-        try:
-            data = await self.bus.request(self._subject(family, verb), encode(msg), timeout)
-        except SandboxNotFound as exc:
-            raise SandboxNotFound(
-                f"sandbox {self.id!r} has no execd answering; is it running (`sandpod up`)?",
-                sandbox_id=self.id,
-            ) from exc
-        return decode_reply(reply, data)
-
     # -- sys -----------------------------------------------------------------------------------
 
     async def ping(self, timeout: float = CONTROL_TIMEOUT) -> float:
         """Round-trip time to the sandbox's execd in seconds."""
         t0 = time.perf_counter()
-        await self._call("sys", "ping", Empty(), Pong, timeout)
+        await self.channel.call("sys", "ping", Empty(), Pong, timeout)
         return time.perf_counter() - t0
 
     async def info(self) -> SandboxInfo:
@@ -375,7 +356,7 @@ class AsyncSandbox:
     async def runtime_info(self, timeout: float = CONTROL_TIMEOUT) -> Info:
         """What the sandbox's execd says of itself: runtime, isolation, limits, workspace path.
         Answered by the sandbox itself, so it works without a lifecycle service too."""
-        return await self._call("sys", "info", Empty(), Info, timeout)
+        return await self.channel.call("sys", "info", Empty(), Info, timeout)
 
     async def metrics(self, timeout: float = CONTROL_TIMEOUT) -> SandboxMetrics:
         """What the sandbox uses now: CPU, memory, workspace disk, processes, running execs.
@@ -383,7 +364,7 @@ class AsyncSandbox:
         A probe: it does not count as activity. Memory and load ``host`` fields describe the
         machine; ``disk_complete=False`` means the workspace walk hit its bound.
         """
-        return await self._call("sys", "metrics", Empty(), SandboxMetrics, timeout)
+        return await self.channel.call("sys", "metrics", Empty(), SandboxMetrics, timeout)
 
     async def activity(self, timeout: float = CONTROL_TIMEOUT) -> Activity:
         """When a client last did something with the sandbox (probes like this one do not count).
@@ -391,7 +372,7 @@ class AsyncSandbox:
         Returns:
             ``Activity`` with ``last_activity`` (wall clock) and ``idle`` (seconds since).
         """
-        return await self._call("sys", "activity", Empty(), Activity, timeout)
+        return await self.channel.call("sys", "activity", Empty(), Activity, timeout)
 
     # -- exec ----------------------------------------------------------------------------------
 
@@ -422,23 +403,19 @@ class AsyncSandbox:
         Raises:
             SandboxNotFound, SandboxUnavailable, ExecLost: execd absent or lost mid-request.
             CommandNotFound, InvalidCwd, SpawnFailed: the command could not start.
+            ArgvExpected: ``exec("ls", "-l")``: a program and its arguments given as
+                ``(cwd, command)``; the message shows the argv form ``exec(["ls", "-l"])``.
             BadRequest: invalid arguments.
         """
-        cwd, command = cwd_and_command(cwd_or_command, command)
-        return await run_oneshot(
-            self,
-            cwd,
+        return await run_exec(
+            self.channel,
+            cwd_or_command,
             command,
             env=env,
             stdin=stdin,
             timeout=timeout,
             max_output=max_output,
             check=check,
-        )
-
-    async def _status(self, exec_id: str) -> ExecStatus:
-        return await self._call(
-            "exec", "status", ExecRef(exec_id=exec_id), ExecStatus, CONTROL_TIMEOUT
         )
 
     def exec_stream(
@@ -468,10 +445,9 @@ class AsyncSandbox:
                 ``async with`` block ends or, without one, until the iteration stops (leaving
                 an ``async for`` early closes the stream and cancels the command).
         """
-        cwd, command = cwd_and_command(cwd_or_command, command)
-        return AsyncExecStream(
-            self,
-            cwd,
+        return open_exec_stream(
+            self.channel,
+            cwd_or_command,
             command,
             env=env,
             stdin=stdin,

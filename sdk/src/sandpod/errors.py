@@ -1,12 +1,7 @@
 """Typed exceptions raised by the SDK: one per wire error code (from the contract), plus the
-client-side :class:`CommandFailed`. Catch a family base (``FsError``, ``ExecError``) or a precise
-class; every one has ``code``, ``message``, ``details`` and ``retryable``.
-
-``ProcExited`` and ``ProcWaitTimeout`` (client-side, never on the wire) live with the proc types
-and are imported on first use: importing them here eagerly pulled the proc family's messages
-into every caller, ``sandpod exec`` included."""
-
-from typing import TYPE_CHECKING, Any
+client-side ones (:class:`CommandFailed`, :class:`ArgvExpected`, :class:`ProcExited`,
+:class:`ProcWaitTimeout`). Catch a family base (``FsError``, ``ExecError``) or a precise class;
+every one has ``code``, ``message``, ``details`` and ``retryable``."""
 
 from sandpod_contract.errors import (
     BadRequest,
@@ -73,12 +68,8 @@ from sandpod_contract.errors import (
     WatchNotFound,
 )
 
-if TYPE_CHECKING:
-    from sandpod.proc_types import ProcExited, ProcWaitTimeout
-
-_FROM_PROC_TYPES = frozenset({"ProcExited", "ProcWaitTimeout"})
-
 __all__ = [
+    "ArgvExpected",
     "BadRequest",
     "Busy",
     "ClaimError",
@@ -154,12 +145,30 @@ class CommandFailed(ExecError):
     summary = "the command exited unsuccessfully"
 
 
-def __getattr__(name: str) -> Any:
-    """``ProcExited``/``ProcWaitTimeout`` from :mod:`sandpod.proc_types`, on first access."""
-    if name not in _FROM_PROC_TYPES:
-        raise AttributeError(f"module 'sandpod.errors' has no attribute {name!r}")
-    from sandpod import proc_types  # lazy: see the module docstring
+class ProcExited(ProcError):
+    """The process exited (its log ended) before what was awaited happened (client-side)."""
 
-    value = getattr(proc_types, name)
-    globals()[name] = value
-    return value
+    code = "proc.exited"
+    summary = "the process exited before the awaited log line or port appeared"
+
+
+class ProcWaitTimeout(ProcError):
+    """A wait on a background process ran out of time (client-side)."""
+
+    code = "proc.wait_timeout"
+    retryable = True
+    summary = "the awaited condition did not happen within the timeout"
+
+
+class ArgvExpected(InvalidCwd, BadRequest):
+    """``exec("ls", "-l")``: two positionals are ``(cwd, command)``, and these look like one argv.
+
+    Raised before anything is sent when the command is an option (``"-l"`` is no shell command),
+    and instead of a bare ``InvalidCwd`` when the "cwd" that execd could not find looks like a
+    program name. The message shows the argv form (client-side only). It is both an
+    ``InvalidCwd`` (what execd would have said, so existing handlers still catch it) and a
+    ``BadRequest`` (the call, not the sandbox, is wrong).
+    """
+
+    code = "exec.argv_expected"
+    summary = "exec(cwd, command) got what looks like a program and its arguments"

@@ -6,20 +6,19 @@ Each method runs its async twin on the SDK's private loop thread (:mod:`sandpod.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 from typing import Self
 
 from sandpod._loop import run
-from sandpod._twins import iterate
-from sandpod.aio import AsyncExecStream, AsyncSandbox
+from sandpod.aio import AsyncSandbox
 from sandpod.control import SandboxInfo
-from sandpod.exec_args import DEFAULT_TIMEOUT, Command
+from sandpod.exec.args import DEFAULT_TIMEOUT, Command
+from sandpod.exec.sync import ExecStream
+from sandpod.exec.types import ExecResult
 from sandpod.fs import Files
 from sandpod.git import Git
 from sandpod.pools import ClaimInfo
 from sandpod.proc import Processes
 from sandpod.pty import Ptys
-from sandpod.results import ExecResult, ExitStatus, OutputChunk
 from sandpod.session import Sessions
 from sandpod.watch import Watches
 from sandpod_contract.messages.sandboxes import SandboxEvent
@@ -268,64 +267,3 @@ class Sandbox:
                 abandon_after=abandon_after,
             )
         )
-
-
-class ExecStream:
-    """Blocking twin of :class:`AsyncExecStream`: iterate for chunks, then :meth:`wait`."""
-
-    def __init__(self, inner: AsyncExecStream) -> None:
-        self._inner = inner
-
-    @property
-    def exec_id(self) -> str:
-        return self._inner.exec_id
-
-    @property
-    def pid(self) -> int | None:
-        return self._inner.pid
-
-    @property
-    def exit(self) -> ExitStatus | None:
-        return self._inner.exit
-
-    def start(self) -> Self:
-        run(self._inner.start())
-        return self
-
-    def close(self) -> None:
-        run(self._inner.close())
-
-    def __enter__(self) -> Self:
-        run(self._inner.__aenter__())
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __iter__(self) -> Iterator[OutputChunk]:
-        """The chunks until the exit. Outside ``with``, leaving the loop early (``break``, an
-        exception, the iterator collected) closes the stream and cancels a running command."""
-        return iterate(aiter(self._inner))
-
-    def __next__(self) -> OutputChunk:
-        try:
-            return run(self._inner.__anext__())
-        except StopAsyncIteration:
-            raise StopIteration from None
-
-    def wait(self) -> ExitStatus:
-        return run(self._inner.wait())
-
-    def write(self, data: bytes | str) -> None:
-        run(self._inner.write(data))
-
-    def close_stdin(self) -> None:
-        run(self._inner.close_stdin())
-
-    def signal(self, sig: int) -> None:
-        run(self._inner.signal(sig))
-
-    def cancel(self) -> None:
-        run(self._inner.cancel())

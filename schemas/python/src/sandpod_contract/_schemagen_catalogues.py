@@ -12,7 +12,7 @@ from __future__ import annotations
 import typing
 from typing import Any, get_args
 
-from sandpod_contract import errors, subjects
+from sandpod_contract import error_spec, errors, subjects
 from sandpod_contract.catalogue import (
     CONTROL_PLANES,
     DATA,
@@ -37,6 +37,14 @@ def error_classes() -> list[type[errors.SandpodError]]:
     return [c for c in found if isinstance(c, type) and issubclass(c, root) and c is not root]
 
 
+def _details_doc(code: str) -> dict[str, Any]:
+    spec = error_spec.DETAILS.get(code, error_spec.Details())
+    return {
+        "required": {k: {"type": d.type, "doc": d.doc} for k, d in spec.required.items()},
+        "optional": {k: {"type": d.type, "doc": d.doc} for k, d in spec.optional.items()},
+    }
+
+
 def errors_doc() -> dict[str, Any]:
     parent: dict[str, str | None] = {}
     for cls in error_classes():
@@ -47,11 +55,24 @@ def errors_doc() -> dict[str, Any]:
             parent[cls.code] = None
     return {
         "envelope": 'a failed request\'s reply: {"v": 1, "error": {"code", "message", '
-        '"retryable", "details"}}',
-        "unknown_codes": "map to the known code equal to the code's first dot-separated segment, "
-        "else to '<segment>.error', else to the root error; keep the code and the wire's "
-        "retryable",
-        "codes": [{**e, "parent": parent[e["code"]]} for e in errors.error_catalogue()],
+        '"retryable", "details"}}; unknown keys inside "error" are ignored',
+        "unknown_codes": "map to the longest known code that is a dot-prefix of it "
+        "('exec.spawn_failed.x' -> 'exec.spawn_failed', 'bad_request.x' -> 'bad_request'), "
+        "else to '<first segment>.error' ('exec.x' -> 'exec.error'), else to 'internal'; keep "
+        "the code and the wire's retryable and details",
+        "details": "per code: keys every sender includes (required) and may include "
+        "(optional), with their wire types; other keys may appear: ignore them. Nil values in "
+        "details are values (details is a free map)",
+        "bad_request_reasons": dict(error_spec.BAD_REQUEST_REASONS),
+        "bad_request_field_reasons": sorted(error_spec.FIELD_REASONS),
+        "transport": [
+            {"condition": t.condition, "seen": t.seen, "code": t.code, "doc": t.doc}
+            for t in error_spec.TRANSPORT
+        ],
+        "codes": [
+            {**e, "parent": parent[e["code"]], "details": _details_doc(e["code"])}
+            for e in errors.error_catalogue()
+        ],
     }
 
 
@@ -85,7 +106,7 @@ def _op_doc(plane: Plane, op: Operation, family_key: str) -> dict[str, Any]:
         "doc": op.doc,
         "served_by": plane.served_by,
         "queue_group": plane.queue,
-        "errors": _codes(plane, op),
+        "errors": _codes(plane, op) if op.reply is not None else [],  # publish only: no reply
     }
 
 
@@ -106,17 +127,7 @@ def subjects_doc() -> dict[str, Any]:
         "sandbox_id_pattern": subjects.SANDBOX_ID_RE.pattern,
         "token_pattern": subjects.TOKEN_RE.pattern,  # one source for the rule
         "planes": [_plane_doc(plane) for plane in PLANES],
-        "operations": [  # the data plane; its errors: planes[data].errors and the README
-            {
-                "subject": DATA.subject_of(op),
-                "family": op.family,
-                "verb": op.verb,
-                "request": op.request.TYPE,
-                "reply": op.reply.TYPE if op.reply is not None else None,
-                "doc": op.doc,
-            }
-            for op in DATA_PLANE
-        ],
+        "operations": [_op_doc(DATA, op, "family") for op in DATA_PLANE],
         "control_operations": [
             _op_doc(plane, op, "kind") for plane in CONTROL_PLANES for op in plane.operations
         ],

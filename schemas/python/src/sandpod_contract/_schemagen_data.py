@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
+
 from sandpod_contract import errors
+from sandpod_contract._patterns import NO_NUL as _NO_NUL
+from sandpod_contract._patterns import SPACE, no_nul
 from sandpod_contract.codec import Message, pack, to_map
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.exec import (
@@ -41,19 +45,15 @@ from sandpod_contract.messages.system import (
     SandboxMetrics,
 )
 
-__all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
+__all__ = ["ACCEPT", "ERRORS", "ERROR_ACCEPT", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 
 # -- value rules enforced by __post_init__ (a rule naming a missing field fails generation) -------
 
-_NO_NUL = "^[^\\u0000]*$"
-# messages.common.check_deliver as a pattern: dot-separated non-empty tokens, none "*" or ">", no
-# NUL and no whitespace. Whitespace is str.isspace spelled out, since `\s` differs between
-# Python and ECMA-262 (U+001C-U+001F, U+0085, U+FEFF); the prefix rule stays in code.
-_SPACE = (
-    "\\u0000\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a"
-    "\\u2028\\u2029\\u202f\\u205f\\u3000"
-)
-_TOKEN = f"(?![*>](?:\\.|$))[^.{_SPACE}]+"
+# messages.common.check_deliver as a pattern: dot-separated non-empty tokens, none exactly "*" or
+# ">", no NUL and no whitespace (str.isspace, spelled out in SPACE). Without lookahead (RE2 has
+# none): a token starts with a character other than "*" and ">", or is "*"/">" plus at least one
+# more character. The prefix rule stays in code.
+_TOKEN = f"(?:[^.*>{SPACE}][^.{SPACE}]*|[*>][^.{SPACE}]+)"
 _DELIVER: dict[str, Any] = {"minLength": 1, "pattern": f"^{_TOKEN}(?:\\.{_TOKEN})*$"}
 _TEXT: dict[str, Any] = {"type": "string", "pattern": _NO_NUL}
 _COMMAND: dict[str, dict[str, Any]] = {
@@ -61,7 +61,7 @@ _COMMAND: dict[str, dict[str, Any]] = {
     "shell": {"pattern": _NO_NUL},
     "cwd": {"pattern": _NO_NUL},
     "env": {
-        "propertyNames": {"minLength": 1, "pattern": "^[^=\\u0000]*$"},
+        "propertyNames": {"minLength": 1, "pattern": no_nul("=")},
         "additionalProperties": _TEXT,
     },
     "timeout": {"exclusiveMinimum": 0},
@@ -101,7 +101,7 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
                 hostname="worker-1",
                 pid=4242,
                 started_at=1732899000.5,
-                workspace="/var/lib/sandpod/workspaces/demo",
+                workspace="/workspace",
                 max_request_bytes=_MiB,
                 max_payload=_MiB,
                 default_window=4 * _MiB,
@@ -325,7 +325,13 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
 }
 
 _REQ = to_map(EXAMPLES["exec.request"][0][1])
-ACCEPT: list[tuple[str, type[Message], dict[str, Any], str]] = [
+# Hand-made bytes where ``pack`` cannot say it: a repeated key, a float 32.
+_DUPLICATE_KEY = (
+    b"\x83" + pack("v") + pack(1) + pack("exec_id") + pack("old") + pack("exec_id") + pack(_ID)
+)
+_FLOAT32 = b"\x83" + pack("v") + pack(1) + pack("shell") + pack("ls") + pack("timeout")
+_FLOAT32 += b"\xca\x41\xf0\x00\x00"  # 30.0 as float 32
+ACCEPT: list[tuple[str, type[Message], dict[str, Any] | bytes, str]] = [
     (
         "unknown-fields",
         ExecRequest,
@@ -339,6 +345,18 @@ ACCEPT: list[tuple[str, type[Message], dict[str, Any], str]] = [
         ExecStatus,
         dict(reversed(to_map(EXAMPLES["exec.status"][0][1]).items())),
         "keys may come in any order ('v' too)",
+    ),
+    (
+        "duplicate-key",
+        ExecRef,
+        _DUPLICATE_KEY,
+        "a key repeated in one map: the last value wins (as every msgpack map decoder does)",
+    ),
+    (
+        "float32",
+        ExecRequest,
+        _FLOAT32,
+        "a float 32 is accepted for a number (widened); encoders write float 64",
     ),
 ]
 
@@ -501,6 +519,46 @@ REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
         "seq starts at 1",
     ),
     (
+        "ext-type",
+        ExecRef,
+        pack({**_REF, "x_new": msgpack.ExtType(5, b"\x01")}),
+        "bad_request",
+        False,
+        "msgpack ext values are never sent and refused anywhere, even in an unknown field",
+    ),
+    (
+        "timestamp-ext",
+        ExecRef,
+        pack({**_REF, "x_new": msgpack.Timestamp(1732900000, 0)}),
+        "bad_request",
+        False,
+        "the timestamp ext (-1) is an ext value too",
+    ),
+    (
+        "invalid-utf8",
+        ExecRef,
+        b"\x82" + pack("v") + pack(1) + pack("exec_id") + b"\xa2\xff\xfe",
+        "bad_request",
+        False,
+        "a msgpack str must be valid UTF-8",
+    ),
+    (
+        "nil-in-env",
+        ExecRequest,
+        pack({"v": 1, "shell": "env", "env": {"A": None}}),
+        "bad_request",
+        True,
+        "a typed map's values have its type: nil is not a str (free maps such as details keep nil)",
+    ),
+    (
+        "missing-kind",
+        OutputChunk,
+        pack({**_REF, "seq": 1, "stream": "stdout", "data": b""}),
+        "bad_request",
+        True,
+        "kind is the frame discriminator: a frame without it cannot be typed",
+    ),
+    (
         "wrong-kind",
         OutputChunk,
         pack({**_REF, "kind": "exit", "seq": 1, "stream": "stdout", "data": b""}),
@@ -573,6 +631,40 @@ ERRORS: list[errors.SandpodError] = [
             "retryable": True,
             "details": {"quota": "cpu"},
         }
+    ),
+]
+
+
+# Error envelopes as a peer may send them: (label, envelope, why).
+ERROR_ACCEPT: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "unknown-keys-and-nil-detail",
+        {
+            "v": 1,
+            "error": {
+                "code": "exec.not_found",
+                "message": "no streaming exec",
+                "retryable": False,
+                "details": {"exec_id": _ID, "hint": None},
+                "trace_id": "4bf92f3577b34da6",
+            },
+            "x_new": 1,
+        },
+        "unknown keys in the envelope and inside 'error' are ignored (dropped on re-encoding); "
+        "a nil in details is a value and is kept",
+    ),
+    (
+        "unknown-code-deep",
+        {
+            "v": 1,
+            "error": {
+                "code": "exec.spawn_failed.noexec_mount",
+                "message": "the workspace is mounted noexec",
+                "retryable": False,
+                "details": {"program": "./run.sh"},
+            },
+        },
+        "an unknown code maps to its longest known dot-prefix: exec.spawn_failed",
     ),
 ]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from sandpod_contract import errors
+from sandpod_contract._patterns import NO_NUL as _NO_NUL
+from sandpod_contract._patterns import NUL, SPACE
 from sandpod_contract.codec import Message, pack
 from sandpod_contract.messages.git import (
     GitCheckout,
@@ -19,13 +21,12 @@ from sandpod_contract.messages.git import (
 
 __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 
-_NO_NUL = "^[^\\u0000]*$"
-_REF: dict[str, Any] = {"minLength": 1, "pattern": "^[^-\\s][^\\s]*$"}
+_REF: dict[str, Any] = {"minLength": 1, "pattern": f"^[^-{SPACE}][^{SPACE}]*$"}
 _TIMEOUT: dict[str, Any] = {"exclusiveMinimum": 0}
 # message TYPE -> field -> JSON Schema keywords for rules __post_init__ enforces
 RULES: dict[str, dict[str, dict[str, Any]]] = {
     "git.clone": {
-        "url": {"minLength": 1, "pattern": "^[^-][^\\u0000]*$"},
+        "url": {"minLength": 1, "pattern": f"^[^-][^{NUL}]*$"},
         "target": {"pattern": _NO_NUL},
         "username": {"pattern": _NO_NUL},
         "token": {"pattern": _NO_NUL},

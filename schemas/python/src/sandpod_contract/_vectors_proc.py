@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from sandpod_contract import errors
+from sandpod_contract._patterns import NO_NUL as _NO_NUL
+from sandpod_contract._patterns import NUL, SPACE, no_nul
 from sandpod_contract.codec import Message, pack, to_map
 from sandpod_contract.messages.proc import (
     ID_PATTERN,
@@ -32,14 +34,13 @@ from sandpod_contract.messages.proc import (
 
 __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 
-_NO_NUL = "^[^\\u0000]*$"
 _TEXT: dict[str, Any] = {"type": "string", "pattern": _NO_NUL}
 _ID: dict[str, Any] = {"pattern": ID_PATTERN}
 _WAIT: dict[str, Any] = {"minimum": 0, "maximum": MAX_WAIT}
 _SIGNAL: dict[str, Any] = {"minimum": 1, "maximum": 64}
 _TAGS: dict[str, Any] = {
     "propertyNames": {"pattern": TAG_KEY_PATTERN},
-    "additionalProperties": {"type": "string", "pattern": f"^[^\\u0000]{{0,{MAX_TAG_VALUE}}}$"},
+    "additionalProperties": {"type": "string", "pattern": f"^[^{NUL}]{{0,{MAX_TAG_VALUE}}}$"},
 }
 
 # message TYPE -> field -> JSON Schema keywords for rules __post_init__ enforces
@@ -50,7 +51,7 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
         "shell": {"pattern": _NO_NUL},
         "cwd": {"pattern": _NO_NUL},
         "env": {
-            "propertyNames": {"minLength": 1, "pattern": "^[^=\\u0000]*$"},
+            "propertyNames": {"minLength": 1, "pattern": no_nul("=")},
             "additionalProperties": _TEXT,
         },
         "tags": {**_TAGS, "maxProperties": MAX_TAGS},  # a filter (proc.list) has no such limit
@@ -70,7 +71,7 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
     "proc.kill": {"proc_id": _ID, "signal": _SIGNAL, "grace": _WAIT},
     "proc.wait_port": {
         "port": {"minimum": 1, "maximum": 65535},
-        "path": {"pattern": "^/[^\\s\\u0000]*$"},
+        "path": {"pattern": f"^/[^{SPACE}]*$"},
         "proc_id": _ID,
         "wait": _WAIT,
     },
@@ -86,7 +87,7 @@ _INFO = ProcInfo(
     pid=4242,
     state="running",
     command="python3 -m http.server 8000",
-    cwd="/var/lib/sandpod/workspaces/demo",
+    cwd="/workspace",
     tags={"role": "server"},
     started_at=1732900000.25,
     stdout_size=120,
@@ -100,7 +101,7 @@ _DONE = ProcInfo(
     pid=5150,
     state="exited",
     command="make -j4",
-    cwd="/var/lib/sandpod/workspaces/demo/src",
+    cwd="/workspace/src",
     started_at=1732900000.0,
     ended_at=1732900093.5,
     exit_code=2,
@@ -137,7 +138,7 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
                 pid=5150,
                 state="exited",
                 command="make -j4",
-                cwd="/var/lib/sandpod/workspaces/demo",
+                cwd="/workspace",
                 tags={"task": "t-17"},
                 started_at=1732900000.0,
                 ended_at=1732900060.5,

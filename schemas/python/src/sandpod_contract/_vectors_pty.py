@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from sandpod_contract import errors
+from sandpod_contract._patterns import NO_NUL as _NO_NUL
+from sandpod_contract._patterns import no_nul
 from sandpod_contract.codec import Message, pack
 from sandpod_contract.messages.pty import (
     MAX_SIZE,
@@ -24,7 +26,6 @@ from sandpod_contract.messages.pty import (
 
 __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 
-_NO_NUL = "^[^\\u0000]*$"
 _TEXT: dict[str, Any] = {"type": "string", "pattern": _NO_NUL}
 _ID: dict[str, Any] = {"pattern": f"^{PTY_ID_PATTERN}$"}
 _SIZE: dict[str, Any] = {"minimum": 1, "maximum": MAX_SIZE}
@@ -37,7 +38,7 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
         "shell": {"pattern": _NO_NUL},
         "cwd": {"pattern": _NO_NUL},
         "env": {
-            "propertyNames": {"minLength": 1, "pattern": "^[^=\\u0000]*$"},
+            "propertyNames": {"minLength": 1, "pattern": no_nul("=")},
             "additionalProperties": _TEXT,
         },
         "cols": _SIZE,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from sandpod_contract import errors
+from sandpod_contract._patterns import NO_NUL as _NO_NUL
+from sandpod_contract._patterns import no_nul
 from sandpod_contract.codec import Message, pack
 from sandpod_contract.messages.proc import ID_PATTERN
 from sandpod_contract.messages.session import (
@@ -21,7 +23,6 @@ from sandpod_contract.messages.session import (
 
 __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 
-_NO_NUL = "^[^\\u0000]*$"
 _ID: dict[str, Any] = {"pattern": ID_PATTERN}
 # message TYPE -> field -> JSON Schema keywords for rules __post_init__ enforces
 RULES: dict[str, dict[str, dict[str, Any]]] = {
@@ -29,7 +30,7 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
         "session_id": _ID,
         "cwd": {"pattern": _NO_NUL},
         "env": {
-            "propertyNames": {"minLength": 1, "pattern": "^[^=\\u0000]*$"},
+            "propertyNames": {"minLength": 1, "pattern": no_nul("=")},
             "additionalProperties": {"type": "string", "pattern": _NO_NUL},
         },
     },
@@ -53,7 +54,7 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
 MESSAGE_RULES: dict[str, dict[str, Any]] = {}
 
 _CMD = "c0ffee0123456789abcdef0123456789"
-_WS = "/var/lib/sandpod/workspaces/demo"
+_WS = "/workspace"
 _IDLE = SessionInfo(
     session_id="build",
     pid=4242,
@@ -165,7 +166,7 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
                 session_id="build",
                 command_id=_CMD,
                 exit_code=0,
-                stdout=b"/var/lib/sandpod/workspaces/demo\n",
+                stdout=b"/workspace\n",
                 stdout_size=33,
                 duration=0.002,
                 cwd=_WS,

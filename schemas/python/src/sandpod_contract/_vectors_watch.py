@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandpod_contract import errors
+from sandpod_contract._patterns import NO_NUL as _NO_NUL
 from sandpod_contract.codec import Message, pack
 from sandpod_contract.messages.watch import (
     WatchEvent,
@@ -18,7 +19,6 @@ from sandpod_contract.messages.watch import (
 
 __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 
-_NO_NUL = "^[^\\u0000]*$"
 _GLOBS: dict[str, Any] = {"items": {"minLength": 1, "pattern": _NO_NUL}}
 # message TYPE -> field -> JSON Schema keywords for rules __post_init__ enforces
 RULES: dict[str, dict[str, dict[str, Any]]] = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sandpod_contract._data_errors import DATA_ERRORS
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import (
     BadRequest,
@@ -67,7 +68,12 @@ PROTOCOL_VERSION = 1
 
 FAMILIES = (system, exec_, fs, proc, session, pty, watch, git)
 
-DATA_PLANE: tuple[Operation, ...] = tuple(op for fam in FAMILIES for op in fam.OPERATIONS)
+# Each data-plane operation with its own error codes joined in (tabled in _data_errors).
+DATA_PLANE: tuple[Operation, ...] = tuple(
+    dataclasses.replace(op, errors=(*op.errors, *DATA_ERRORS[f"{op.family}.{op.verb}"]))
+    for fam in FAMILIES
+    for op in fam.OPERATIONS
+)
 
 # Frames published by execd to a client's deliver subject, told apart by their ``kind`` field.
 FRAMES: tuple[type[Message], ...] = tuple(

@@ -51,6 +51,10 @@ class Message:
 
     TYPE: ClassVar[str] = "message"
     VERSION: ClassVar[int] = 1
+    # The field that tells this message apart from its siblings on one subject (frames: ``kind``).
+    # It has a default for building messages, yet on the wire it is required: without it a
+    # receiver could not know which type to decode, so a decoder refuses a message lacking it.
+    DISCRIMINATOR: ClassVar[str | None] = None
 
 
 def pack(obj: Any) -> bytes:
@@ -67,13 +71,53 @@ def pack(obj: Any) -> bytes:
 
 
 def unpack(data: bytes) -> Any:
-    """msgpack-decode ``data`` strictly; malformed input raises :class:`BadRequest`."""
+    """msgpack-decode ``data`` strictly; malformed input raises :class:`BadRequest`.
+
+    ``details.reason`` says why, from a fixed set (``invalid_utf8``, ``ext_type``, else
+    ``invalid_msgpack``), never an exception class name. A map with a duplicate key keeps the
+    last value (what every msgpack library does when decoding into a map); a float 32 is read as
+    a float. Ext values are never sent and are refused wherever they are, the timestamp ext
+    (-1) too: msgpack builds those without asking ``ext_hook``, so they are looked for when the
+    bytes could hold one (rare: a substring test first).
+    """
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
-    except (ValueError, msgpack.UnpackException, TypeError) as exc:
-        raise BadRequest("payload is not valid msgpack", reason=type(exc).__name__) from exc
-    except Exception as exc:  # msgpack raises assorted errors (e.g. ExtraData, StackError)
-        raise BadRequest("payload is not valid msgpack", reason=type(exc).__name__) from exc
+        value = msgpack.unpackb(
+            data, raw=False, strict_map_key=True, use_list=True, ext_hook=_refuse_ext
+        )
+    except _ExtFound as exc:
+        raise BadRequest("payload holds a msgpack ext value", reason="ext_type") from exc
+    except UnicodeDecodeError as exc:
+        raise BadRequest("a msgpack str is not valid UTF-8", reason="invalid_utf8") from exc
+    except Exception as exc:  # msgpack raises assorted errors (ExtraData, StackError, ...)
+        raise BadRequest("payload is not valid msgpack", reason="invalid_msgpack") from exc
+    if any(marker in data for marker in _TIMESTAMP_HEADERS) and _holds_timestamp(value):
+        raise BadRequest("payload holds a msgpack ext value", reason="ext_type")
+    return value
+
+
+class _ExtFound(Exception):
+    """Raised from inside msgpack's unpacker when it meets an ext value."""
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise _ExtFound(code)
+
+
+# fixext 4, fixext 8 and ext 8 (length 12) headers followed by type -1: the timestamp forms.
+_TIMESTAMP_HEADERS = (b"\xd6\xff", b"\xd7\xff", b"\xc7\x0c\xff")
+
+
+def _holds_timestamp(value: Any) -> bool:
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, msgpack.Timestamp):
+            return True
+        if isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return False
 
 
 def to_map(msg: Message) -> dict[str, Any]:
@@ -133,7 +177,7 @@ def decode_reply(cls: type[T], data: bytes) -> T:
     if isinstance(raw, dict) and "error" in raw:
         wire = raw["error"]
         if not isinstance(wire, dict):
-            raise BadRequest("error envelope is not a map")
+            raise BadRequest("error envelope is not a map", reason="not_a_map", field="error")
         raise error_from_wire(wire)
     return decode_map(cls, raw)
 
@@ -142,13 +186,19 @@ def decode_map(cls: type[T], raw: Any, path: str = "") -> T:
     """Validate and convert an already-unpacked map into ``cls``."""
     where = path or cls.TYPE
     if not isinstance(raw, dict):
-        raise BadRequest(f"{where}: expected a map, got {_kind(raw)}", field=path or None)
+        raise BadRequest(
+            f"{where}: expected a map, got {_kind(raw)}", reason="not_a_map", field=path or None
+        )
     version = raw.get("v")
     if version is None:
-        raise BadRequest(f"{where}: missing required field 'v'", field=_join(path, "v"))
+        raise BadRequest(
+            f"{where}: missing required field 'v'", reason="missing_field", field=_join(path, "v")
+        )
     if type(version) is not int or version < 1:
         raise BadRequest(
-            f"{where}.v: expected an int >= 1, got {version!r}", field=_join(path, "v")
+            f"{where}.v: expected an int >= 1, got {version!r}",
+            reason="wrong_type" if type(version) is not int else "invalid_value",
+            field=_join(path, "v"),
         )
     if version > cls.VERSION:
         raise UnsupportedVersion(
@@ -163,14 +213,16 @@ def decode_map(cls: type[T], raw: Any, path: str = "") -> T:
         if value is None:
             if required:
                 raise BadRequest(
-                    f"{where}: missing required field '{name}'", field=_join(path, name)
+                    f"{where}: missing required field '{name}'",
+                    reason="missing_field",
+                    field=_join(path, name),
                 )
             continue
         kwargs[name] = convert(value, path, name)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:  # __post_init__ validation
-        raise BadRequest(f"{where}: {exc}", field=path or None) from exc
+        raise BadRequest(f"{where}: {exc}", reason="invalid_value", field=path or None) from exc
 
 
 def _required(f: dataclasses.Field[Any]) -> bool:
@@ -186,7 +238,10 @@ def _plan(cls: type[Message]) -> tuple[tuple[str, bool, Converter], ...]:
     and every field's type becomes a converter, so decoding a message is one call per field
     instead of a walk over ``typing`` objects (measured: a third of a reply's decode time)."""
     hints = typing.get_type_hints(cls)
-    return tuple((f.name, _required(f), _compile(hints[f.name])) for f in dataclasses.fields(cls))
+    return tuple(
+        (f.name, _required(f) or f.name == cls.DISCRIMINATOR, _compile(hints[f.name]))
+        for f in dataclasses.fields(cls)
+    )
 
 
 def _compile(tp: Any) -> Converter:
@@ -244,17 +299,25 @@ def _convert(tp: Any, value: Any, path: str) -> Any:  # noqa: PLR0911, PLR0912 -
     if origin is Literal:
         allowed = get_args(tp)
         if value not in allowed or type(value) is bool:
-            raise BadRequest(f"{path}: expected one of {list(allowed)}, got {value!r}", field=path)
+            raise BadRequest(
+                f"{path}: expected one of {list(allowed)}, got {value!r}",
+                reason="wrong_type" if type(value) is not str else "invalid_value",
+                field=path,
+            )
         return value
     if origin is tuple:  # tuple[X, ...]
         (item_tp, _) = get_args(tp)
         if not isinstance(value, list):
-            raise BadRequest(f"{path}: expected array, got {_kind(value)}", field=path)
+            raise BadRequest(
+                f"{path}: expected array, got {_kind(value)}", reason="wrong_type", field=path
+            )
         return tuple(_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
     if origin in (dict, Mapping) or tp is dict:
         key_tp, val_tp = get_args(tp) or (str, Any)
         if not isinstance(value, dict):
-            raise BadRequest(f"{path}: expected map, got {_kind(value)}", field=path)
+            raise BadRequest(
+                f"{path}: expected map, got {_kind(value)}", reason="wrong_type", field=path
+            )
         return {
             _convert(key_tp, k, f"{path}<key>"): _convert(val_tp, v, f"{path}.{k}")
             for k, v in value.items()
@@ -274,4 +337,6 @@ def _convert(tp: Any, value: Any, path: str) -> Any:  # noqa: PLR0911, PLR0912 -
             return value
     else:  # pragma: no cover - a binding bug, not a wire error
         raise TypeError(f"unsupported field type {tp!r} at {path}")
-    raise BadRequest(f"{path}: expected {tp.__name__}, got {_kind(value)}", field=path)
+    raise BadRequest(
+        f"{path}: expected {tp.__name__}, got {_kind(value)}", reason="wrong_type", field=path
+    )

@@ -133,8 +133,16 @@ class InternalError(SandpodError):
 
 
 class BadRequest(SandpodError):
+    """``details.reason`` is always set (``error_spec.BAD_REQUEST_REASONS``; ``invalid_value``
+    unless the raiser says otherwise), so a client can branch on why without reading the text."""
+
     code = "bad_request"
     summary = "malformed request"
+
+    def __init__(self, message: str | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        if self.code == "bad_request":  # the subclasses' codes say why already
+            self.details.setdefault("reason", "invalid_value")
 
 
 class PayloadTooLarge(BadRequest):
@@ -489,12 +497,14 @@ class ResourceExpired(StoreError):
 
 
 def _family_fallback(code: str) -> type[SandpodError]:
-    """Map an unknown code to the closest known family (``exec.foo`` -> ExecError)."""
-    family = code.split(".", 1)[0]
-    for prefix in (family, f"{family}.error"):
-        if prefix in _BY_CODE:
+    """Map an unknown code to the closest known one: its longest known dot-prefix
+    (``exec.spawn_failed.x`` -> ``exec.spawn_failed``, ``bad_request.x`` -> ``bad_request``),
+    else ``<first segment>.error`` (``exec.x`` -> ``exec.error``), else ``internal``."""
+    parts = code.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        if (prefix := ".".join(parts[:end])) in _BY_CODE:
             return _BY_CODE[prefix]
-    return SandpodError
+    return _BY_CODE.get(f"{parts[0]}.error", InternalError)
 
 
 def error_from_wire(wire: Mapping[str, Any]) -> SandpodError:

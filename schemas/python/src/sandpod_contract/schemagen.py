@@ -43,7 +43,15 @@ from sandpod_contract._schemagen_catalogues import (
     errors_doc,
     subjects_doc,
 )
-from sandpod_contract._schemagen_data import ACCEPT, ERRORS, EXAMPLES, MESSAGE_RULES, REJECT, RULES
+from sandpod_contract._schemagen_data import (
+    ACCEPT,
+    ERROR_ACCEPT,
+    ERRORS,
+    EXAMPLES,
+    MESSAGE_RULES,
+    REJECT,
+    RULES,
+)
 from sandpod_contract.catalogue import (
     DATA,
     EVENTS,
@@ -188,8 +196,10 @@ def message_schema(cls: type[Message]) -> dict[str, Any]:
         if f.name in comments:
             prop["description"] = _markdown(comments[f.name])
     for name, rule in RULES.get(cls.TYPE, {}).items():
-        props[name].update(rule)  # KeyError for a stale rule
-    required = [f.name for f in fields if _is_required(f)]
+        _merge_rule(props[name], rule)  # KeyError for a stale rule
+    required = [f.name for f in fields if _is_required(f) or _is_discriminator(cls, f.name)]
+    for name in required:
+        props[name].pop("default", None)  # a required field has no default to fall back on
     return {
         "$schema": DIALECT,
         "$comment": LENIENCY,
@@ -209,6 +219,22 @@ def message_schema(cls: type[Message]) -> dict[str, Any]:
 def _markdown(text: str) -> str:
     """reST literals and roles (``x``, :class:`X`) as Markdown code spans, for any reader."""
     return re.sub(r":[a-z]+:`", "`", text.replace("``", "`"))
+
+
+def _merge_rule(schema: dict[str, Any], rule: dict[str, Any]) -> None:
+    """Add a value rule's keywords to a field's type schema; nested schemas (``items``,
+    ``additionalProperties``) are merged, so a rule on the items keeps the items' ``type``."""
+    for key, value in rule.items():
+        if isinstance(value, dict) and isinstance(schema.get(key), dict):
+            schema[key] = {**schema[key], **value}
+        else:
+            schema[key] = value
+
+
+def _is_discriminator(cls: type[Message], name: str) -> bool:
+    """``kind`` of a frame: what tells the frame types apart, so it is required on the wire (the
+    decoder refuses a frame without it) although the binding fills it in when building one."""
+    return name == cls.DISCRIMINATOR
 
 
 def _is_required(f: dataclasses.Field[Any]) -> bool:
@@ -239,7 +265,16 @@ def error_schema() -> dict[str, Any]:
         "description": "A failed request's reply, sent instead of the reply message: a reply map "
         "with an 'error' key is an error.",
         "type": "object",
-        "properties": {"v": {"type": "integer", "const": 1}, "error": error},
+        "properties": {
+            "v": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 1,
+                "description": "schema version of the envelope: encoders send 1; a newer one "
+                "is refused with bad_request.unsupported_version",
+            },
+            "error": error,
+        },
         "required": ["v", "error"],
         "additionalProperties": True,
         "x-sandpod-type": "error",
@@ -393,21 +428,25 @@ def vectors() -> dict[str, list[dict[str, Any]]]:
     events = [e.message for e in EVENTS]
     for cls in [*(r for r in replies if r is not None), *FRAMES, *events]:
         out.setdefault(_family(cls), []).extend(_examples(cls, cls.TYPE, _meta(cls)))
+    nested = _nested()
     for label, cls, wire, doc in ACCEPT:
         name = f"{cls.TYPE}/{label}"
-        out[_family(cls)].append(_positive(name, cls, pack(wire), description=doc, **_meta(cls)))
+        raw = wire if isinstance(wire, bytes) else pack(wire)
+        out[_family(cls)].append(_positive(name, cls, raw, description=doc, **_role(cls, nested)))
     for label, cls, payload, code, by_schema, why in REJECT:
         out[_family(cls)].append(
             {
                 "name": f"{cls.TYPE}/reject/{label}",
                 "type": cls.TYPE,
+                **_role(cls, nested),
                 "description": why,
                 "msgpack_hex": payload.hex(),
                 "error_code": code,
+                **_reason(cls, payload),
                 "detected_by_schema": by_schema,
             }
         )
-    for cls, within in _nested().items():  # after the rest: earlier vectors keep their place
+    for cls, within in nested.items():  # after the rest: earlier vectors keep their place
         meta = {"role": "nested", "within": within}
         out.setdefault(_family(cls), []).extend(_examples(cls, cls.TYPE, meta))
     known = {cls.code for cls in error_classes()}
@@ -418,7 +457,44 @@ def vectors() -> dict[str, list[dict[str, Any]]]:
             vector["description"] = "an unknown code: decoders map it to its family's base class"
             vector["family_fallback"] = type(err).code
         out["error"].append(vector)
+    for label, wire, doc in ERROR_ACCEPT:
+        vector = _positive_error_wire(f"error/{label}", pack(wire))
+        out["error"].append({**vector, "description": doc})
     return out
+
+
+def _role(cls: type[Message], nested: dict[type[Message], list[str]]) -> dict[str, Any]:
+    """The role keys of a vector of ``cls``: as its positive vectors have them."""
+    return {"role": "nested", "within": nested[cls]} if cls in nested else _meta(cls)
+
+
+def _reason(cls: type[Message], payload: bytes) -> dict[str, Any]:
+    """``error_reason`` of a negative vector: the ``details.reason`` its decoding gives (for
+    ``bad_request``), so other implementations can check their reason codes too.
+
+    Raises:
+        ValueError: the binding accepts the payload (a stale reject vector).
+    """
+    try:
+        decode(cls, payload)
+    except errors.SandpodError as err:
+        reason = err.details.get("reason")
+        return {"error_reason": reason} if err.code == "bad_request" else {}
+    raise ValueError(f"{cls.TYPE}: the binding accepts reject payload {payload.hex()}")
+
+
+def _positive_error_wire(name: str, wire: bytes) -> dict[str, Any]:
+    """An error envelope decoders must accept as it is; carries its canonical re-encoding."""
+    vector = {"name": name, "type": "error", "role": "error"}
+    vector["json"], vector["msgpack_hex"] = to_json(unpack(wire)), wire.hex()
+    err = errors.error_from_wire(unpack(wire)["error"])
+    if err.code not in {cls.code for cls in error_classes()}:
+        vector["family_fallback"] = type(err).code
+    canonical = encode_error(err)
+    if canonical != wire:
+        vector["canonical_json"] = to_json(unpack(canonical))
+        vector["canonical_msgpack_hex"] = canonical.hex()
+    return vector
 
 
 def _positive_error(err: errors.SandpodError) -> dict[str, Any]:
@@ -435,8 +511,21 @@ def _positive_error(err: errors.SandpodError) -> dict[str, Any]:
 # -- files -----------------------------------------------------------------------------------------
 
 
+_VIEWS = frozenset({"json", "canonical_json"})
+
+
+def _sorted(obj: Any) -> Any:
+    """``obj`` with every map's keys sorted, except inside a vector's JSON views: those keep the
+    order of the msgpack map they show (key order is part of what a vector pins)."""
+    if isinstance(obj, dict):
+        return {k: obj[k] if k in _VIEWS else _sorted(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, list):
+        return [_sorted(v) for v in obj]
+    return obj
+
+
 def _dump(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, indent=2) + "\n"
+    return json.dumps(_sorted(obj), indent=2) + "\n"
 
 
 def render() -> dict[str, str]:

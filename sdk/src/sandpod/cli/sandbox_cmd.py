@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -17,6 +17,7 @@ from sandpod.aio import AsyncSandbox
 from sandpod.cli._output import add_output, dump
 from sandpod.control import SandboxInfo
 from sandpod.errors import SandpodError
+from sandpod_contract.times import from_rfc3339
 
 __all__ = ["add_parsers", "age", "pairs", "render", "run", "table"]
 
@@ -27,15 +28,10 @@ def age(stamp: str | None, *, future: bool = False) -> str:
     if not stamp:
         return "-"
     try:
-        t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        t = from_rfc3339(stamp)
     except ValueError:
         return stamp
-    delta = (
-        (t - datetime.datetime.now(datetime.UTC))
-        if future
-        else (datetime.datetime.now(datetime.UTC) - t)
-    )
-    seconds = int(delta.total_seconds())
+    seconds = int((t - time.time()) if future else (time.time() - t))
     if seconds < 0:
         return "expired" if future else "0s"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

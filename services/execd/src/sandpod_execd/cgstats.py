@@ -29,9 +29,9 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 from sandpod_execd.sysmetrics import stat_fields
+from sandpod_service.jailfile import JailCgroups
 
 __all__ = ["CgroupDirs", "CgroupUsage", "members", "read_usage"]
 
@@ -47,15 +47,11 @@ class CgroupDirs:
     limits: Mapping[str, tuple[int, str]]  # role -> (cgroup version, directory)
 
     @classmethod
-    def from_json(cls, data: Any) -> CgroupDirs | None:
-        """Parse the jail file's ``cgroups`` object; None if absent or naming no directory."""
-        if not isinstance(data, dict):
+    def from_jail(cls, cgroups: JailCgroups) -> CgroupDirs | None:
+        """The jail file's ``cgroups``; None if they name no directory."""
+        if cgroups.core is None and not cgroups.limits:
             return None
-        core = data.get("core")
-        limits = {str(r): (int(v[0]), str(v[1])) for r, v in dict(data.get("limits", {})).items()}
-        if core is None and not limits:
-            return None
-        return cls(None if core is None else str(core), int(data.get("core_version", 0)), limits)
+        return cls(cgroups.core, cgroups.core_version, dict(cgroups.limits))
 
     def dirs(self) -> list[str]:
         """Every distinct directory, core first."""

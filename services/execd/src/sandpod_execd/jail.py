@@ -2,9 +2,10 @@
 
 The lifecycle's local runtime driver builds each sandbox around a *holder* process: pid 1 of the
 sandbox's pid namespace, owner of its mount (copy-on-write root, ``/workspace``), uts, ipc, net
-and cgroup namespaces, inside the sandbox's cgroups. It writes a jail file (format: see
-``sandpod_lifecycle.runtime.local``; the two must agree on ``version``). With a :class:`Jail`,
-``SandboxContext.command()`` turns every command into one that enters the sandbox::
+and cgroup namespaces, inside the sandbox's cgroups. It writes a jail file
+(:class:`sandpod_service.jailfile.JailFile`, the one format both sides use). With a
+:class:`Jail`, ``SandboxContext.command()`` turns every command into one that enters the
+sandbox::
 
     execd (root) forks, from the event-loop thread, into the sandbox's pid namespace
       └ /bin/sh   joins the command's own cgroup <track>/c-<token> and the sandbox's others
@@ -43,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import json
 import os
 import posixpath
 import re
@@ -53,7 +53,6 @@ import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -62,13 +61,13 @@ from sandpod_execd.cgstats import CgroupDirs
 from sandpod_execd.files.identity import Identity, switch_supported
 from sandpod_execd.files.rooted import Root, jail_root
 from sandpod_execd.process import Command
+from sandpod_service.jailfile import JailFile, JailFileInvalid, JailReservation, decode
 from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["Jail"]
 
 log = structlog.get_logger("sandpod.execd.jail")
 
-JAIL_VERSION = 1
 WORKSPACE = "/workspace"
 CLONE_NEWPID = 0x20000000
 PR_SET_NO_NEW_PRIVS = 38
@@ -98,7 +97,6 @@ shift
 exec "$@"
 """
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SECCOMP_MODES = ("default", "nested", "unconfined")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -153,26 +151,26 @@ class Jail:
 
     seccomp = "default"  # the filter mode of its commands (the jail file's "seccomp")
 
-    def __init__(self, data: Mapping[str, Any], sandbox_id: str) -> None:
-        if data.get("version") != JAIL_VERSION or data.get("sandbox_id") != sandbox_id:
-            raise ValueError(f"not a version-{JAIL_VERSION} jail file for sandbox {sandbox_id!r}")
-        if data.get("phase") != "running" or not isinstance(data.get("holder_pid"), int):
-            raise ValueError(f"sandbox {sandbox_id!r} is not running (phase {data.get('phase')})")
+    def __init__(self, record: JailFile, sandbox_id: str) -> None:
+        if record.sandbox_id != sandbox_id:
+            raise ValueError(
+                f"the jail file is sandbox {record.sandbox_id!r}'s, not {sandbox_id!r}"
+            )
+        if record.phase != "running" or record.holder_pid is None:
+            raise ValueError(f"sandbox {sandbox_id!r} is not running (phase {record.phase})")
         self.sandbox_id = sandbox_id
-        self.holder: int = data["holder_pid"]
-        self.holder_start: int = data["holder_start"]
-        self.uid, self.gid = int(data["uid"]), int(data["gid"])
-        self.userns = bool(data.get("userns", False))
-        # The seccomp filter every command gets (absent: the default one; see jail_exec.c).
-        self.seccomp = str(data.get("seccomp", "default"))
-        if self.seccomp not in SECCOMP_MODES:
-            raise ValueError(f"sandbox {sandbox_id!r}: unknown seccomp mode {self.seccomp!r}")
-        self.join = tuple(str(d) for d in data["join"])
-        self.track: str | None = None if data["track"] is None else str(data["track"])
-        self.workspace = Path(data["workspace"]["outside"])
-        self.upper = Path(data["upper"]) if data.get("upper") else None  # the root's writes
-        self.cgroups = CgroupDirs.from_json(data.get("cgroups"))  # None: no cgroup (rootless)
-        self.env = {str(k): str(v) for k, v in dict(data.get("env", {})).items()}
+        self.holder: int = record.holder_pid
+        self.holder_start = record.holder_start
+        self.uid, self.gid = record.uid, record.gid
+        self.userns = record.userns
+        # The seccomp filter every command gets (see jail_exec.c).
+        self.seccomp = record.seccomp
+        self.join = record.join
+        self.track = record.track
+        self.workspace = record.workspace.outside
+        self.upper = record.upper  # the root's writes
+        self.cgroups = CgroupDirs.from_jail(record.cgroups)  # None: no cgroup (rootless)
+        self.env = dict(record.env)
         self.root = f"/proc/{self.holder}/root"
         sh, nsenter = shutil.which("sh", path=HOST_PATH), shutil.which("nsenter", path=HOST_PATH)
         if sh is None or nsenter is None:
@@ -193,14 +191,21 @@ class Jail:
 
     @classmethod
     def load(cls, path: Path, sandbox_id: str) -> Jail:
-        """Read the jail file at ``path``. Raises ValueError if it is unusable."""
+        """Read the jail file at ``path``. Raises ValueError if it is unusable (a
+        :class:`~sandpod_service.jailfile.JailFileInvalid` if it is not a jail file)."""
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
+            raw = path.read_bytes()
+        except OSError as exc:
             raise ValueError(f"cannot read jail file {path}: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"jail file {path} is not a JSON object")
-        return cls(data, sandbox_id)
+        return cls.from_record(decode(raw), sandbox_id)
+
+    @classmethod
+    def from_record(cls, record: JailFile | JailReservation, sandbox_id: str) -> Jail:
+        """The jail of a decoded jail file. Raises ValueError unless it is ``sandbox_id``'s and
+        running."""
+        if isinstance(record, JailReservation):
+            raise JailFileInvalid(f"sandbox {sandbox_id!r} is not running (phase reserved)")
+        return cls(record, sandbox_id)
 
     def close(self) -> None:
         """Release the pid namespace handle (execd keeps its jails for its whole life)."""

@@ -11,13 +11,13 @@ check-then-open race).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
 
 from sandpod_contract.errors import SandboxJailRefused
 from sandpod_execd.jail import Jail
+from sandpod_service.jailfile import JailFileInvalid, decode
 
 __all__ = ["MAX_JAIL_FILE", "load_trusted"]
 
@@ -72,12 +72,10 @@ def load_trusted(path: Path, sandbox_id: str) -> Jail:
     finally:
         os.close(fd)
     try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise _refuse(sandbox_id, path, f"not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise _refuse(sandbox_id, path, "not a JSON object")
+        record = decode(raw)
+    except JailFileInvalid as exc:
+        raise _refuse(sandbox_id, path, f"unusable ({exc.reason})") from exc
     try:
-        return Jail(data, sandbox_id)
-    except (ValueError, KeyError, TypeError, OSError) as exc:
+        return Jail.from_record(record, sandbox_id)
+    except (ValueError, OSError) as exc:
         raise _refuse(sandbox_id, path, f"unusable ({exc})") from exc

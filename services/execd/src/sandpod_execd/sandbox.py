@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandpod_contract.errors import InvalidCwd
 from sandpod_execd.files.rooted import Root, host_root
 from sandpod_execd.freezer import Freezer
 from sandpod_execd.jail import Jail
@@ -154,5 +155,10 @@ class SandboxContext:
             cmd = self.jail.command(tuple(args), inside, jail_env, stdin=stdin)
             return dataclasses.replace(cmd, token=token)
         resolved = self.resolve_cwd(cwd)
+        if not os.path.isdir(resolved):  # said here, where the client's name for it is known
+            ws = str(self.workspace)
+            within = resolved == ws or resolved.startswith(ws + "/")
+            shown = WORKSPACE_ALIAS + resolved[len(ws) :] if within else (cwd or resolved)
+            raise InvalidCwd(f"working directory {shown!r} does not exist", cwd=shown)
         full_env = {**self.base_env, "PWD": resolved, **(env or {}), TREE_TOKEN: token}
         return Command(argv=tuple(args), cwd=resolved, env=full_env, stdin=stdin, token=token)

@@ -232,6 +232,12 @@ class StreamingExec:
 
     # -- client verbs --------------------------------------------------------------------------
 
+    @property
+    def released(self) -> bool:
+        """The exit frame was acked (or the silent client given up on): from then on the client
+        verbs find no stream, the same at once as after ``run()`` returns (README, step 5)."""
+        return self._acked_exit.is_set()
+
     def touch(self) -> None:
         self._heard = time.monotonic()
 

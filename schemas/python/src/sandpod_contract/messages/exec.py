@@ -172,7 +172,7 @@ class ExecStarted(Message):
     exec_id: str
     pid: int
     window: int  # the window execd applies (the request's, clamped to max_window)
-    abandon_after: float | None = None  # the silence limit execd applies: keep alive well within
+    abandon_after: float | None = None  # silence limit applied; absent: execd's default, 60 s
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,6 +180,7 @@ class OutputChunk(Message):
     """Frame: a piece of the command's output, in order."""
 
     TYPE = "exec.chunk"
+    DISCRIMINATOR = "kind"
     kind: Literal["chunk"] = "chunk"
     exec_id: str
     seq: int
@@ -192,6 +193,7 @@ class ExecExit(Message):
     """Frame: the command finished; always the last frame of a stream."""
 
     TYPE = "exec.exit"
+    DISCRIMINATOR = "kind"
     kind: Literal["exit"] = "exit"
     exec_id: str
     seq: int

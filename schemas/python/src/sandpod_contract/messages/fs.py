@@ -147,7 +147,7 @@ class FsRead(Message):
     TYPE = "fs.read"
     path: str
     offset: int = 0
-    length: int | None = None  # default and cap: what fits in one reply (max_payload - 4 KiB)
+    length: int | None = None  # default and cap: what fits in one reply (max_payload - 1 KiB)
     max_size: int | None = None  # refuse files larger than this many bytes
 
     def __post_init__(self) -> None:

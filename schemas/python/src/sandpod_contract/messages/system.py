@@ -47,7 +47,7 @@ class Info(Message):
     hostname: str
     pid: int
     started_at: float
-    workspace: str  # the directory "/workspace" resolves to
+    workspace: str  # the workspace as the sandbox sees it: "/workspace" (never a host path)
     max_request_bytes: int  # larger requests are refused with bad_request.too_large
     max_payload: int  # the NATS server's max payload as execd sees it
     default_window: int  # stream window used when a client does not ask for one

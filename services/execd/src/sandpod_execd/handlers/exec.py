@@ -224,7 +224,7 @@ class ExecHandlers:
 
     def _stream(self, sbx: SandboxContext, exec_id: str) -> StreamingExec:
         stream = sbx.registry.streams.get(exec_id)
-        if stream is None:
+        if stream is None or stream.released:  # released: exit acked, verbs see no stream
             raise ExecNotFound(f"no streaming exec {exec_id!r} in this execd", exec_id=exec_id)
         return stream
 

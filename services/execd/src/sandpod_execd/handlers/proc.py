@@ -30,6 +30,7 @@ from sandpod_contract.messages.proc import (
     ProcWaitPort,
 )
 from sandpod_execd import proctree
+from sandpod_execd.clientpath import client_path
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.handlers.exec import reply_budget
 from sandpod_execd.oneshot import status_fields
@@ -98,7 +99,7 @@ class ProcHandlers:
             proc_id=proc_id,
             token=token,
             display=display(req.argv, req.shell),
-            cwd=sbx.jail.inside(req.cwd) if sbx.jail is not None else cmd.cwd,
+            cwd=sbx.jail.inside(req.cwd) if sbx.jail else client_path(sbx.workspace, cmd.cwd),
             tags=req.tags,
             log_limit=table.log_limit(req.log_limit),
             timeout=req.timeout,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 import structlog
 
@@ -33,6 +34,7 @@ from sandpod_contract.messages.pty import (
     PtySignal,
     PtyWritten,
 )
+from sandpod_execd.clientpath import client_path
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.handlers.exec import reply_budget
 from sandpod_execd.ptyspawn import TerminalSpec
@@ -55,15 +57,15 @@ DEFAULT_TERM = "xterm-256color"
 CLOSE_WAIT = 5.0  # seconds pty.close waits for the killed tree to end before replying
 
 
-def info(term: Terminal) -> PtyInfo:
-    """The wire view of ``term``."""
+def info(term: Terminal, workspace: Path) -> PtyInfo:
+    """The wire view of ``term``; its cwd as the sandbox sees it (never the host's path)."""
     exit_code, sig = term.status()
     spec = term.spec
     return PtyInfo(
         pty_id=spec.pty_id,
         pid=term.pid,
         argv=spec.argv,
-        cwd=spec.cwd,
+        cwd=client_path(workspace, spec.cwd),
         cols=term.cols,
         rows=term.rows,
         state="running" if term.running else "exited",
@@ -154,7 +156,7 @@ class PtyHandlers:
             cols=spec.cols,
             rows=spec.rows,
         )
-        return info(term)
+        return info(term, sbx.workspace)
 
     def _queue_input(self, sbx: SandboxContext, req: PtyInput) -> asyncio.Future[int]:
         return self._terms(sbx).get(req.pty_id).write(req.data)
@@ -192,19 +194,19 @@ class PtyHandlers:
     async def resize(self, sbx: SandboxContext, req: PtyResize) -> PtyInfo:
         term = self._terms(sbx).get(req.pty_id)
         term.resize(req.cols, req.rows)
-        return info(term)
+        return info(term, sbx.workspace)
 
     async def signal(self, sbx: SandboxContext, req: PtySignal) -> PtyInfo:
         sig = validate_signal(req.signal)
         term = self._terms(sbx).get(req.pty_id)
         term.send_signal(sig)
-        return info(term)
+        return info(term, sbx.workspace)
 
     async def get(self, sbx: SandboxContext, req: PtyRef) -> PtyInfo:
-        return info(self._terms(sbx).get(req.pty_id))
+        return info(self._terms(sbx).get(req.pty_id), sbx.workspace)
 
     async def list_ptys(self, sbx: SandboxContext, req: Empty) -> PtyList:
-        return PtyList(ptys=tuple(info(term) for term in self._terms(sbx)))
+        return PtyList(ptys=tuple(info(term, sbx.workspace) for term in self._terms(sbx)))
 
     def _begin_close(self, sbx: SandboxContext, req: PtyRef) -> Terminal:
         term = self._terms(sbx).pop(req.pty_id)
@@ -215,4 +217,4 @@ class PtyHandlers:
         if not await term.wait_ended(CLOSE_WAIT):
             log.warning("pty_close_slow", sandbox_id=sbx.sandbox_id, pty_id=req.pty_id)
         log.info("pty_closed", sandbox_id=sbx.sandbox_id, pty_id=req.pty_id)
-        return info(term)
+        return info(term, sbx.workspace)

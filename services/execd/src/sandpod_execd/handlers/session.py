@@ -28,6 +28,7 @@ from sandpod_contract.messages.session import (
     SessionRun,
 )
 from sandpod_execd import proctree
+from sandpod_execd.clientpath import client_path
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.handlers.exec import reply_budget
 from sandpod_execd.oneshot import status_fields
@@ -109,18 +110,18 @@ class SessionHandlers:
             raise SessionError(
                 f"the shell of session {session_id!r} did not start", session_id=session_id
             )
-        return _info(session)
+        return _info(session, sbx.workspace)
 
     async def list(self, sbx: SandboxContext, _: Empty) -> SessionListing:
-        return SessionListing(sessions=tuple(_info(s) for s in self._table(sbx)))
+        return SessionListing(sessions=tuple(_info(s, sbx.workspace) for s in self._table(sbx)))
 
     async def status(self, sbx: SandboxContext, req: SessionRef) -> SessionInfo:
-        return _info(self._table(sbx).get(req.session_id))
+        return _info(self._table(sbx).get(req.session_id), sbx.workspace)
 
     async def delete(self, sbx: SandboxContext, req: SessionRef) -> SessionInfo:
         session = self._table(sbx).remove(req.session_id)
         await session.close()
-        return _info(session)
+        return _info(session, sbx.workspace)
 
     def _enqueue(self, sbx: SandboxContext, req: SessionRun) -> tuple[Session, Ticket]:
         session = self._table(sbx).get(req.session_id)
@@ -155,7 +156,7 @@ class SessionHandlers:
             cancelled=outcome.interrupted and ticket.cancelled,
             shell_exited=outcome.shell_exited,
             duration=outcome.duration,
-            cwd=outcome.cwd,
+            cwd=client_path(sbx.workspace, outcome.cwd) if outcome.cwd else None,
         )
 
     async def cancel(self, sbx: SandboxContext, req: SessionCommandRef) -> SessionInfo:
@@ -163,7 +164,7 @@ class SessionHandlers:
         if not session.shell.alive:
             raise session.dead_error()
         session.cancel(req.command_id)
-        return _info(session)
+        return _info(session, sbx.workspace)
 
     async def fetch(self, sbx: SandboxContext, req: SessionFetch) -> SessionOutputPart:
         session = self._table(sbx).get(req.session_id)
@@ -197,7 +198,8 @@ def _place(sbx: SandboxContext, cmd: Command, cwd: str | None) -> Place:
     return Place(root=sbx.fs_root, tmp=JAIL_TMP, owner=jail.owner, cwd=jail.inside(cwd))
 
 
-def _info(session: Session) -> SessionInfo:
+def _info(session: Session, workspace: Path) -> SessionInfo:
+    """The wire view of ``session``; its cwd as the sandbox sees it (never the host's path)."""
     exit_code = sig = None
     if session.state == "dead" and session.shell.proc.returncode is not None:
         exit_code, sig = status_fields(session.shell.proc.returncode)
@@ -205,7 +207,7 @@ def _info(session: Session) -> SessionInfo:
         session_id=session.session_id,
         pid=session.shell.proc.pid,
         state=session.state,
-        cwd=session.shell.cwd,
+        cwd=client_path(workspace, session.shell.cwd),
         created_at=session.created_at,
         commands=session.commands,
         queued=session.queued,

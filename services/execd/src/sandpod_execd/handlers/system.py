@@ -25,7 +25,7 @@ from sandpod_contract.messages.system import (
 )
 from sandpod_execd import __version__, cgstats, sysmetrics
 from sandpod_execd.handlers import Deps, Route
-from sandpod_execd.sandbox import SandboxContext
+from sandpod_execd.sandbox import WORKSPACE_ALIAS, SandboxContext
 
 __all__ = ["SystemHandlers"]
 
@@ -97,7 +97,7 @@ class SystemHandlers:
             hostname=socket.gethostname(),
             pid=os.getpid(),
             started_at=self._started,
-            workspace=str(sbx.workspace),
+            workspace=WORKSPACE_ALIAS,  # as the sandbox's clients see it, never the host path
             max_request_bytes=s.max_request_bytes,
             max_payload=self._max_payload,
             default_window=s.default_window,

@@ -30,9 +30,10 @@ import os
 import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from sandpod_lifecycle.runtime.base import ACTIVE, DestroyFailed, HostCapabilities, Resources
+from sandpod_service.jailfile import JailCgroups
 
 __all__ = ["CgroupPlan", "SandboxCgroups"]
 
@@ -164,18 +165,13 @@ class SandboxCgroups:
         memory = self.limits.get("memory")
         return memory is not None and memory[1] not in self.holder_joined
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "core": self.core,
-            "core_version": self.core_version,
-            "limits": {r: list(v) for r, v in self.limits.items()},
-        }
+    def to_jail(self) -> JailCgroups:
+        """The jail file's ``cgroups`` (execd reads the same directories from it)."""
+        return JailCgroups(core=self.core, core_version=self.core_version, limits=self.limits)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SandboxCgroups:
-        limits = {str(r): (int(v[0]), str(v[1])) for r, v in dict(data["limits"]).items()}
-        core = data["core"]
-        return cls(None if core is None else str(core), int(data["core_version"]), limits)
+    def from_jail(cls, cgroups: JailCgroups) -> SandboxCgroups:
+        return cls(cgroups.core, cgroups.core_version, dict(cgroups.limits))
 
     # -- creation ------------------------------------------------------------------------------
 

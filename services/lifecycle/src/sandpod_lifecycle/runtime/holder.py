@@ -25,7 +25,8 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
    brings ``lo`` up (the network namespace has nothing else), adds the sandbox user to
    ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
    old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
-   so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and ``umount``;
+   so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and ``umount``
+(rootless also an ``/etc``: util-linux's ``umount`` there fails without one);
 4. it re-executes, through ``sandpod-jail-exec --filter-only`` (opened before ``pivot_root``,
    run from its descriptor) which loads the sandbox's seccomp filter, the base's ``sh`` (a
    short command line, no host paths) that prints ``ready <host pid> [skipped dirs]`` on stdout
@@ -36,10 +37,14 @@ Rootless (the driver is not root), ``unshare`` also creates a user namespace map
 gid to the sandbox's and keeps the namespace's capabilities for the holder script; the kernel
 refuses an unprivileged overlay whose lower layer has mounts below it (the host root), so the
 holder then layers each top-level directory of the base separately in a tmpfs root, and reports
-the directories it had to leave empty (``/mnt`` with a mount inside, say).
+the directories it had to leave empty (``/mnt`` with a mount inside, say) or out (a name with
+characters other than ``[A-Za-z0-9._-]``, which overlay options cannot carry: reported whole,
+those characters as ``?``).
 
-Every value reaches the scripts as a positional argument, never spliced into shell text. Errors
-(``set -eu``) end the holder, whose stderr goes to a log the driver quotes in ``CreateFailed``.
+The two scripts are ``launch.sh`` and ``holder.sh`` beside this module (package data, checked
+by shellcheck in ``make lint``). Every value reaches them as a positional argument, never
+spliced into shell text. Errors (``set -eu``) end the holder, whose stderr goes to a log the
+driver quotes in ``CreateFailed``.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import dataclasses
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 
 from sandpod_lifecycle.runtime.base import ACTIVE
@@ -57,124 +63,15 @@ from sandpod_lifecycle.runtime.cgroups import SandboxCgroups
 
 __all__ = ["HolderLayout", "launch", "oom_protection", "wait_exit"]
 
-LAUNCHER = r"""
-echo -1000 2>/dev/null > /proc/self/oom_score_adj || :  # best effort: some hosts refuse
-while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done
-shift
-exec "$@"
-"""
 
-HOLDER = r"""
-set -eu
-base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
-rootless=${10} helper=${11} seccomp=${12} shmsize=${13} tmp_in_upper=${14}
-shift 14
-skipped=
-if ! mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" \
-    "$root" 2>/dev/null; then
-  [ "$rootless" = 1 ] || { echo "cannot mount the overlay root over $base" >&2; exit 1; }
-  # Rootless, a base with mounts below it (the host root) cannot be one overlay's lower layer:
-  # layer each top-level directory of it on its own (upper/<name>), in a tmpfs root.
-  mount -t tmpfs -o "nosuid,nodev,mode=0755,size=$tmpsize" sandpod-root "$root"
-  for e in $(ls -A "$base"); do
-    case "$e" in
-      proc|sys|dev|tmp|run) mkdir -p "$root/$e"; continue ;;
-      lost+found) continue ;;
-      *[!A-Za-z0-9._-]*) skipped="$skipped /$e"; continue ;;
-    esac
-    p=${base%/}/$e
-    if [ -L "$p" ]; then
-      ln -s "$(readlink "$p")" "$root/$e"
-    elif [ -d "$p" ]; then
-      mkdir -p "$root/$e" "$upper/$e" "$work/layers/$e"
-      mount -t overlay overlay \
-        -o "nosuid,nodev,lowerdir=$p,upperdir=$upper/$e,workdir=$work/layers/$e" \
-        "$root/$e" 2>/dev/null || skipped="$skipped /$e"
-    elif [ -f "$p" ]; then
-      : > "$root/$e"
-      mount --bind "$p" "$root/$e"
-      mount -o remount,bind,ro,nosuid,nodev "$root/$e"
-    fi
-  done
-fi
-for m in "$@"; do
-  if [ -d "$root$m" ]; then
-    mount -t tmpfs -o ro,nosuid,nodev,noexec,size=4k,mode=0755 sandpod-masked "$root$m"
-  fi
-done
-mkdir -p "$root/proc" "$root/tmp" "$root/run" "$root/dev" "$root/workspace"
-mount -t proc -o nosuid,nodev,noexec proc "$root/proc"
-if [ "$tmp_in_upper" = 0 ]; then  # else /tmp is the upper layer's (on the disk quota)
-  mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-tmp "$root/tmp"
-fi
-mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=1m sandpod-run "$root/run"
-mount --bind "$ws" "$root/workspace"
-mount -o remount,bind,nosuid,nodev "$root/workspace"
-# nodev: a device node that appears here (the sandbox cannot mknod; root could) opens as
-# nothing; each node bound below keeps the flags of the host's /dev mount, so it still works.
-mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=64k sandpod-dev "$root/dev"
-for d in null zero full random urandom tty; do
-  : > "$root/dev/$d"
-  mount --bind "/dev/$d" "$root/dev/$d"
-done
-mkdir "$root/dev/pts" "$root/dev/shm"
-mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,nosuid,noexec devpts "$root/dev/pts"
-mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$shmsize" sandpod-shm "$root/dev/shm"
-ln -s pts/ptmx "$root/dev/ptmx"
-ln -s /proc/self/fd "$root/dev/fd"
-ln -s /proc/self/fd/0 "$root/dev/stdin"
-ln -s /proc/self/fd/1 "$root/dev/stdout"
-ln -s /proc/self/fd/2 "$root/dev/stderr"
-# Add a line to a file of the base. Rootless, the base's files belong to a uid unmapped in our
-# user namespace (no copy-up allowed): a copy in the sandbox's /run is bound over the file.
-add_line() {
-  if [ "$rootless" = 1 ]; then
-    copy="$root/run/sandpod$(echo "$1" | tr / -)"
-    { cat "$root$1"; echo "$2"; } > "$copy"
-    mount --bind "$copy" "$root$1"
-  else
-    echo "$2" >> "$root$1"
-  fi
-}
-if [ -f "$root/etc/passwd" ] && ! grep -q "^[^:]*:[^:]*:$uid:" "$root/etc/passwd"; then
-  add_line /etc/passwd "sandbox:x:$uid:$gid:sandpod sandbox:/workspace:/bin/sh"
-fi
-if [ -f "$root/etc/group" ] && ! grep -q "^[^:]*:[^:]*:$gid:" "$root/etc/group"; then
-  add_line /etc/group "sandbox:x:$gid:"
-fi
-if [ -f "$root/etc/hosts" ]; then
-  add_line /etc/hosts "127.0.1.1 $name"
-fi
-if [ "$rootless" = 1 ]; then hostname "$name"; else echo "$name" > /proc/sys/kernel/hostname; fi
-ip link set lo up
-# SysV shared memory outlives its processes too: bound it like /dev/shm (this ipc namespace's).
-# Rootless, a kernel that keeps ipc sysctls from the user namespace's root leaves them as they are.
-{ echo "$shmsize" > /proc/sys/kernel/shmmax && echo $((shmsize / 4096)) > /proc/sys/kernel/shmall
-} 2>/dev/null || [ "$rootless" = 1 ]
-for tool in sh sleep umount; do
-  found=
-  IFS=:
-  for d in $PATH; do [ -x "$root$d/$tool" ] && found=y; done
-  unset IFS
-  if [ -z "$found" ]; then
-    echo "the sandbox's base has no $tool command (in $PATH)" >&2
-    exit 1
-  fi
-done
-read -r hostpid _ < /proc/self/stat
-# The seccomp helper (a static binary) is opened now and executed after pivot_root through
-# its descriptor: it loads the filter and becomes the waiting shell, which says ready, so the
-# driver reads the filter's state once ready. Without it the shell waits unfiltered.
-[ -z "$helper" ] || exec 9< "$helper"
-cd "$root"
-pivot_root . .
-umount -l .
-cd /
-hold='echo "ready $1"; exec </dev/null >/dev/null 2>&1; while :; do sleep 2147483647 & wait; done'
-[ -z "$helper" ] || exec /proc/self/fd/9 --seccomp="$seccomp" --filter-only sh -c "$hold" "$0" \
-  "$hostpid$skipped"
-exec sh -c "$hold" "$0" "$hostpid$skipped"
-"""
+def _script(name: str) -> str:
+    """A shell script shipped next to this module (package data: in the wheel too). Its text
+    is passed as ``sh -c``'s argument, so no file of ours is read after the holder starts."""
+    return resources.files(__package__ or "sandpod_lifecycle.runtime").joinpath(name).read_text()
+
+
+LAUNCHER = _script("launch.sh")  # joins the cgroups, spares itself from the OOM killer
+HOLDER = _script("holder.sh")  # builds the root, pivots, waits (checked by shellcheck)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

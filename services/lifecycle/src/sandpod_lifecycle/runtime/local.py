@@ -15,23 +15,10 @@ freeze it (see ``cgroups.py``). Its traces on the host, all removed by ``destroy
     <state_dir>/.disk/           one mkfs'd template image per disk size
     <cgroup hierarchy>/<parent>/<id>/   one per hierarchy used
 
-The jail file is written before anything else exists (``phase: creating``) and rewritten once
-the holder is ready, so a driver restarted after a crash finds, lists and destroys whatever is
-left. Operations on one id are serialised; different ids run in parallel.
-
-Jail file, version 1 (read by ``sandpod_execd.jail``; keep both in step)::
-
-    {"version": 1, "sandbox_id": str, "phase": "creating" | "running",
-     "holder_pid": int | null, "holder_start": int | null,   # /proc/<pid>/stat starttime
-     "uid": int, "gid": int,
-     "join": [cgroup dir, ...],    # commands join these directly
-     "track": cgroup dir,          # ... and a child c-<token> of this one (freezer + tracking)
-     "cgroups": {...},             # SandboxCgroups.to_json(), for the driver
-     "workspace": {"inside": "/workspace", "outside": host dir},
-     "upper": host dir, "rootfs": host dir, "env": {str: str},
-     "disk": {"bytes": int, "mount": host dir} | null,   # null: no disk quota
-     "protections": {name: "active" | reason}, "notes": [str, ...],
-     "seccomp": "default" | "nested" | "unconfined"}   # absent: default (see seccomp.py)
+The jail file (:class:`sandpod_service.jailfile.JailFile`, the one format execd reads too) is
+written before anything else exists (a reservation of the uid, then ``phase: creating``) and
+rewritten once the holder is ready, so a driver restarted after a crash finds, lists and
+destroys whatever is left. Operations on one id are serialised; different ids run in parallel.
 """
 
 from __future__ import annotations
@@ -40,7 +27,6 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
-import json
 import os
 import shutil
 import signal
@@ -69,6 +55,8 @@ from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCg
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
 from sandpod_lifecycle.runtime.uids import next_uid
+from sandpod_service import jailfile
+from sandpod_service.jailfile import JailDisk, JailFile, JailReservation, JailWorkspace
 from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["JAIL_FILE", "LocalRuntime", "LocalRuntimeConfig"]
@@ -76,7 +64,6 @@ __all__ = ["JAIL_FILE", "LocalRuntime", "LocalRuntimeConfig"]
 log = structlog.get_logger("sandpod.lifecycle.local")
 
 JAIL_FILE = "jail.json"
-JAIL_VERSION = 1
 WORKSPACE = "/workspace"
 NAMESPACE_PROTECTIONS = (
     "mount_namespace",
@@ -160,17 +147,17 @@ class LocalRuntime:
         return await self.inspect(sid)
 
     async def inspect(self, sandbox_id: str) -> InstanceStatus:
-        data = _read_json(self._dir(sandbox_id) / JAIL_FILE)
-        if data is None or "cgroups" not in data:  # none, or a crash right after allocation
+        data = _read_jail(self._dir(sandbox_id) / JAIL_FILE)
+        if not isinstance(data, JailFile):  # none, or a crash right after allocation
             caps = await self.capabilities()
             cgroups = not caps.problems and sandbox_id in self._cgroup_plan(caps).sandbox_ids()
             if data is None and not cgroups:
                 return InstanceStatus(sandbox_id=sandbox_id, exists=False)
             return InstanceStatus(sandbox_id=sandbox_id, exists=True, detail="orphaned traces")
-        cg = SandboxCgroups.from_json(data["cgroups"])
-        holder = data.get("holder_pid")
-        running = holder is not None and _start_time(holder) == data.get("holder_start")
-        lost = not running and data.get("phase") != "creating"
+        cg = SandboxCgroups.from_jail(data.cgroups)
+        holder = data.holder_pid
+        running = holder is not None and _start_time(holder) == data.holder_start
+        lost = not running and data.phase != "creating"
         detail = "" if running else "holder exited" if lost else "being created"
         return InstanceStatus(
             sandbox_id=sandbox_id,
@@ -178,14 +165,14 @@ class LocalRuntime:
             running=running,
             paused=running and cg.freeze_requested(),
             holder_pid=holder if running else None,
-            uid=data["uid"],
-            gid=data["gid"],
+            uid=data.uid,
+            gid=data.gid,
             jail_file=self._dir(sandbox_id) / JAIL_FILE,
-            workspace=Path(data["workspace"]["outside"]),
-            upper_dir=Path(data["upper"]),
+            workspace=data.workspace.outside,
+            upper_dir=data.upper,
             cgroups=tuple(cg.dirs),
-            protections=dict(data.get("protections", {})),
-            notes=tuple(data.get("notes", ())),
+            protections=dict(data.protections),
+            notes=data.notes,
             detail=detail,
             lost=lost,
             oom_killed=lost and not cg.holder_outside_memory and cg.oom_kills() > 0,
@@ -261,28 +248,27 @@ class LocalRuntime:
         if not rootless:  # rootless, our own uid is the sandbox's uid inside: nothing to chown
             os.chown(top / "workspace", uid, gid)
         cg = plan.for_sandbox(sid)
-        record: dict[str, Any] = {
-            "version": JAIL_VERSION,
-            "sandbox_id": sid,
-            "phase": "creating",
-            "holder_pid": None,
-            "holder_start": None,
-            "uid": uid,
-            "gid": gid,
-            "join": cg.joined,
-            "track": cg.core,
-            "cgroups": cg.to_json(),
-            "workspace": {"inside": WORKSPACE, "outside": str(top / "workspace")},
-            "upper": str(top / "upper"),
-            "rootfs": str(base),
-            "env": dict(spec.env),
-            "userns": rootless,
-            "protections": {},
-            "notes": [],
-            "seccomp": spec.seccomp,
-            "disk": {"bytes": disk_bytes, "mount": str(top)} if quota else None,
-        }
-        _write_json(d / JAIL_FILE, record)
+        record = JailFile(
+            sandbox_id=sid,
+            phase="creating",
+            holder_pid=None,
+            holder_start=None,
+            uid=uid,
+            gid=gid,
+            join=tuple(cg.joined),
+            track=cg.core,
+            cgroups=cg.to_jail(),
+            workspace=JailWorkspace(inside=WORKSPACE, outside=top / "workspace"),
+            upper=top / "upper",
+            rootfs=base,
+            env=dict(spec.env),
+            userns=rootless,
+            protections={},
+            notes=(),
+            seccomp=spec.seccomp,
+            disk=JailDisk(bytes=disk_bytes, mount=top) if disk_bytes is not None else None,
+        )
+        _write_jail(d / JAIL_FILE, record)
         protections = cg.create(spec.resources)
         layout = HolderLayout(
             sandbox_id=sid,
@@ -334,14 +320,15 @@ class LocalRuntime:
                 f"rootless: uid {uid} inside is the unprivileged host uid "
                 f"{os.geteuid()}, shared by every sandbox of this user"
             )
-        record.update(
+        running = dataclasses.replace(
+            record,
             phase="running",
             holder_pid=holder,
             holder_start=_start_time(holder),
             protections=protections,
-            notes=notes,
+            notes=tuple(notes),
         )
-        _write_json(d / JAIL_FILE, record)
+        _write_jail(d / JAIL_FILE, running)
 
     async def _disk(self, spec: InstanceSpec, d: Path) -> tuple[int | None, Path]:
         """(the disk quota in bytes, where the sandbox's writable directories go): with a quota
@@ -370,7 +357,7 @@ class LocalRuntime:
             fcntl.flock(lock, fcntl.LOCK_EX)
             uid = spec.uid
             if uid is None:
-                used = {int(data["uid"]) for data in self._records().values() if "uid" in data}
+                used = {record.uid for record in self._records().values()}
                 uid = next_uid(  # never a uid anything of an old sandbox may still hold
                     self.config.state_dir, self.config.uid_base, self.config.uid_count, used
                 )
@@ -380,15 +367,15 @@ class LocalRuntime:
                 self._dir(sid).mkdir(mode=0o700)
             except FileExistsError:
                 raise InstanceExists(f"sandbox {sid!r} already has an instance") from None
-            _write_json(self._dir(sid) / JAIL_FILE, {"uid": uid})
+            _write_jail(self._dir(sid) / JAIL_FILE, JailReservation(sandbox_id=sid, uid=uid))
         return uid, spec.gid if spec.gid is not None else uid
 
-    def _records(self) -> dict[str, dict[str, Any]]:
+    def _records(self) -> dict[str, JailFile | JailReservation]:
         """id -> jail file of every sandbox directory (a directory without one is not ours)."""
         records = {}
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.config.state_dir):
-                data = _read_json(Path(entry.path, JAIL_FILE)) if entry.is_dir() else None
+                data = _read_jail(Path(entry.path, JAIL_FILE)) if entry.is_dir() else None
                 if data is not None:
                     records[entry.name] = data
         return records
@@ -400,12 +387,12 @@ class LocalRuntime:
                 raise InstanceNotFound(
                     f"sandbox {sandbox_id!r} has no running instance", sandbox_id=sandbox_id
                 )
-            data = _read_json(self._dir(sandbox_id) / JAIL_FILE)
-            if data is None or "cgroups" not in data:  # destroyed meanwhile, by another process
+            data = _read_jail(self._dir(sandbox_id) / JAIL_FILE)
+            if not isinstance(data, JailFile):  # destroyed meanwhile, by another process
                 raise InstanceNotFound(
                     f"sandbox {sandbox_id!r} has no jail file any more", sandbox_id=sandbox_id
                 )
-            cg = SandboxCgroups.from_json(data["cgroups"])
+            cg = SandboxCgroups.from_jail(data.cgroups)
             if cg.core is None:
                 raise RuntimeUnavailable(
                     f"cannot pause sandbox {sandbox_id!r}: {UNDELEGATED % 'freezer'}",
@@ -422,10 +409,10 @@ class LocalRuntime:
     async def _teardown(self, sandbox_id: str) -> None:
         """Kill, then remove cgroups and directories. Safe on partial or absent instances."""
         d = self._dir(sandbox_id)
-        data = _read_json(d / JAIL_FILE)
+        data = _read_jail(d / JAIL_FILE)
         cg: SandboxCgroups | None
-        if data is not None and "cgroups" in data:
-            cg = SandboxCgroups.from_json(data["cgroups"])
+        if isinstance(data, JailFile):
+            cg = SandboxCgroups.from_jail(data.cgroups)
         else:
             caps = await self.capabilities()
             cg = self._cgroup_plan(caps).for_sandbox(sandbox_id) if not caps.problems else None
@@ -435,7 +422,7 @@ class LocalRuntime:
             if popen is not None:
                 popen.poll()
 
-        if data is not None and (cg is None or cg.core is None):
+        if isinstance(data, JailFile) and (cg is None or cg.core is None):
             # No cgroup tracks the sandbox (rootless without delegation): its pid namespace
             # does. Killing the namespace's init (the holder) kills every process in it.
             await _kill_holder(data, self.config.destroy_timeout, reap)
@@ -454,15 +441,15 @@ class LocalRuntime:
                 raise DestroyFailed(f"cannot remove {d}: {errors[:3]}", path=str(d))
 
 
-async def _kill_holder(data: dict[str, Any], timeout: float, reap: Callable[[], None]) -> None:
+async def _kill_holder(data: JailFile, timeout: float, reap: Callable[[], None]) -> None:
     """SIGKILL the holder named in a jail file (if it is still that process) and wait until it
     is gone; the kernel then kills the rest of its pid namespace before the holder is reaped.
 
     Raises:
         DestroyFailed: it is still there after ``timeout`` seconds.
     """
-    pid, start = data.get("holder_pid"), data.get("holder_start")
-    if not isinstance(pid, int) or start is None:
+    pid, start = data.holder_pid, data.holder_start
+    if pid is None or start is None:
         return
     try:
         fd = os.pidfd_open(pid)
@@ -514,16 +501,22 @@ def _start_time(pid: int) -> int | None:
     return int(stat[stat.rfind(")") + 2 :].split()[19])
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_jail(path: Path) -> JailFile | JailReservation | None:
+    """The jail file at ``path``; None if there is none, or it is not one this driver wrote
+    (another version: logged, and then treated like a directory that is not ours)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = path.read_bytes()
+    except OSError:
         return None
-    return data if isinstance(data, dict) else None
+    try:
+        return jailfile.decode(raw)
+    except jailfile.JailFileInvalid as exc:
+        log.warning("jail_file_unreadable", path=str(path), reason=exc.reason)
+        return None
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def _write_jail(path: Path, record: JailFile | JailReservation) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.write_bytes(jailfile.encode(record))
     tmp.chmod(0o600)
     tmp.replace(path)

@@ -1,0 +1,125 @@
+#!/bin/sh
+# The holder of a sandbox (see holder.py for the whole chain): pid 1 of its namespaces, run by
+# the host's sh as
+#   sh -c <this file> sandpod-holder base upper work root workspace name tmp_bytes uid gid \
+#     rootless helper seccomp shm_bytes tmp_in_upper <masked path>...
+# It builds the sandbox's root with host tools, pivots into it and waits forever, after
+# printing "ready <host pid> [skipped dir]..." on stdout. Every value is a positional argument,
+# never spliced into shell text; any error (set -eu) ends it, with the reason on stderr.
+set -eu
+base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
+rootless=${10} helper=${11} seccomp=${12} shmsize=${13} tmp_in_upper=${14}
+shift 14
+skipped=
+if ! mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" \
+    "$root" 2>/dev/null; then
+  [ "$rootless" = 1 ] || { echo "cannot mount the overlay root over $base" >&2; exit 1; }
+  # Rootless, a base with mounts below it (the host root) cannot be one overlay's lower layer:
+  # layer each top-level directory of it on its own (upper/<name>), in a tmpfs root.
+  mount -t tmpfs -o "nosuid,nodev,mode=0755,size=$tmpsize" sandpod-root "$root"
+  # A glob, never ls: a name with a space or a newline stays one name. Each name the overlay
+  # options cannot carry (only [A-Za-z0-9._-] pass) is left out and reported, its other
+  # characters as "?" (the ready line is space-separated, one line).
+  b=${base%/}
+  for p in "$b"/* "$b"/.[!.]* "$b"/..?*; do
+    [ -e "$p" ] || [ -L "$p" ] || continue  # a pattern that matched nothing
+    e=${p##*/}
+    case "$e" in
+      proc|sys|dev|tmp|run) mkdir -p "$root/$e"; continue ;;
+      lost+found) continue ;;
+      *[!A-Za-z0-9._-]*)
+        skipped="$skipped /$(printf '%s' "$e" | tr -c 'A-Za-z0-9._-' '?')"
+        continue ;;
+    esac
+    if [ -L "$p" ]; then
+      ln -s -- "$(readlink "$p")" "$root/$e"  # --: a target may start with a dash
+    elif [ -d "$p" ]; then
+      mkdir -p "$root/$e" "$upper/$e" "$work/layers/$e"
+      mount -t overlay overlay \
+        -o "nosuid,nodev,lowerdir=$p,upperdir=$upper/$e,workdir=$work/layers/$e" \
+        "$root/$e" 2>/dev/null || skipped="$skipped /$e"
+    elif [ -f "$p" ]; then
+      : > "$root/$e"
+      mount --bind "$p" "$root/$e"
+      mount -o remount,bind,ro,nosuid,nodev "$root/$e"
+    fi
+  done
+fi
+for m in "$@"; do
+  if [ -d "$root$m" ]; then
+    mount -t tmpfs -o ro,nosuid,nodev,noexec,size=4k,mode=0755 sandpod-masked "$root$m"
+  fi
+done
+mkdir -p "$root/proc" "$root/tmp" "$root/run" "$root/dev" "$root/workspace"
+mount -t proc -o nosuid,nodev,noexec proc "$root/proc"
+if [ "$tmp_in_upper" = 0 ]; then  # else /tmp is the upper layer's (on the disk quota)
+  mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-tmp "$root/tmp"
+fi
+mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=1m sandpod-run "$root/run"
+mount --bind "$ws" "$root/workspace"
+mount -o remount,bind,nosuid,nodev "$root/workspace"
+# nodev: a device node that appears here (the sandbox cannot mknod; root could) opens as
+# nothing; each node bound below keeps the flags of the host's /dev mount, so it still works.
+mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=64k sandpod-dev "$root/dev"
+for d in null zero full random urandom tty; do
+  : > "$root/dev/$d"
+  mount --bind "/dev/$d" "$root/dev/$d"
+done
+mkdir "$root/dev/pts" "$root/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0620,nosuid,noexec devpts "$root/dev/pts"
+mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$shmsize" sandpod-shm "$root/dev/shm"
+ln -s pts/ptmx "$root/dev/ptmx"
+ln -s /proc/self/fd "$root/dev/fd"
+ln -s /proc/self/fd/0 "$root/dev/stdin"
+ln -s /proc/self/fd/1 "$root/dev/stdout"
+ln -s /proc/self/fd/2 "$root/dev/stderr"
+# Add a line to a file of the base. Rootless, the base's files belong to a uid unmapped in our
+# user namespace (no copy-up allowed): a copy in the sandbox's /run is bound over the file.
+add_line() {
+  if [ "$rootless" = 1 ]; then
+    copy="$root/run/sandpod$(echo "$1" | tr / -)"
+    { cat "$root$1"; echo "$2"; } > "$copy"
+    mount --bind "$copy" "$root$1"
+  else
+    echo "$2" >> "$root$1"
+  fi
+}
+if [ -f "$root/etc/passwd" ] && ! grep -q "^[^:]*:[^:]*:$uid:" "$root/etc/passwd"; then
+  add_line /etc/passwd "sandbox:x:$uid:$gid:sandpod sandbox:/workspace:/bin/sh"
+fi
+if [ -f "$root/etc/group" ] && ! grep -q "^[^:]*:[^:]*:$gid:" "$root/etc/group"; then
+  add_line /etc/group "sandbox:x:$gid:"
+fi
+if [ -f "$root/etc/hosts" ]; then
+  add_line /etc/hosts "127.0.1.1 $name"
+fi
+if [ "$rootless" = 1 ]; then hostname "$name"; else echo "$name" > /proc/sys/kernel/hostname; fi
+ip link set lo up
+# SysV shared memory outlives its processes too: bound it like /dev/shm (this ipc namespace's).
+# Rootless, a kernel that keeps ipc sysctls from the user namespace's root leaves them as they are.
+{ echo "$shmsize" > /proc/sys/kernel/shmmax && echo $((shmsize / 4096)) > /proc/sys/kernel/shmall
+} 2>/dev/null || [ "$rootless" = 1 ]
+for tool in sh sleep umount; do
+  found=
+  IFS=:
+  for d in $PATH; do [ -x "$root$d/$tool" ] && found=y; done
+  unset IFS
+  if [ -z "$found" ]; then
+    echo "the sandbox's base has no $tool command (in $PATH)" >&2
+    exit 1
+  fi
+done
+read -r hostpid _ < /proc/self/stat
+# The seccomp helper (a static binary) is opened now and executed after pivot_root through
+# its descriptor: it loads the filter and becomes the waiting shell, which says ready, so the
+# driver reads the filter's state once ready. Without it the shell waits unfiltered.
+[ -z "$helper" ] || exec 9< "$helper"
+cd "$root"
+pivot_root . .
+umount -l .
+cd /
+# shellcheck disable=SC2016 # the waiting shell expands $1, not this one
+hold='echo "ready $1"; exec </dev/null >/dev/null 2>&1; while :; do sleep 2147483647 & wait; done'
+[ -z "$helper" ] || exec /proc/self/fd/9 --seccomp="$seccomp" --filter-only sh -c "$hold" "$0" \
+  "$hostpid$skipped"
+exec sh -c "$hold" "$0" "$hostpid$skipped"
