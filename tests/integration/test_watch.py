@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import Execd, NatsServer
 from sandpod import AsyncSandbox, Sandbox
@@ -488,3 +490,41 @@ def test_cli_prints_events_and_stops_on_ctrl_c(
             cli.wait()
     with Sandbox.connect("shared", nats_url=nats.url) as sbx:
         assert not any(i.path == path for i in sbx.watch.list())
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_cli_prints_events_as_json_or_yaml(
+    nats: NatsServer, shared_execd: Execd, area, fmt: str
+) -> None:
+    """`sandpod watch -o json` prints one JSON object per line, `-o yaml` one YAML document per
+    event; each parses back to the event's fields. SIGTERM stops it (exit 0)."""
+    host, path = area
+    env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
+    cli = subprocess.Popen(
+        [SANDPOD, "watch", "shared", path, "-o", fmt],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert cli.stderr is not None and cli.stdout is not None
+        assert cli.stderr.readline().startswith(f"watching {path}")
+        (host / "seen.txt").write_text("x")
+        if fmt == "json":
+            event = json.loads(cli.stdout.readline())
+        else:
+            assert cli.stdout.readline() == "---\n"
+            event = yaml.safe_load("".join(cli.stdout.readline() for _ in range(8)))
+        assert (event["type"], event["path"], event["is_dir"]) == (
+            "create",
+            f"{path}/seen.txt",
+            False,
+        )
+        assert isinstance(event["time"], float) and event["old_path"] is None
+        cli.terminate()
+        assert cli.wait(15) == 0
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()

@@ -20,7 +20,6 @@ from sandpod_contract.messages.sandboxes import (
     Selection,
 )
 from sandpod_contract.reserved import refuse_reserved
-from sandpod_contract.resources import API_VERSION
 from sandpod_contract.subjects import Subjects
 from sandpod_contract.times import to_rfc3339
 
@@ -123,6 +122,8 @@ def create_object(
     meta: dict[str, Any] = {"labels": dict(labels or {})}
     if name:
         meta["name"] = name
+    from sandpod_contract.resources import API_VERSION  # lazy: not on the exec path
+
     return {"apiVersion": API_VERSION, "kind": "Sandbox", "metadata": meta, "spec": spec}
 
 
