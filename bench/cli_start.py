@@ -32,6 +32,9 @@ from pathlib import Path
 
 from _platform import auth_platform
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--rounds", "2", "--top", "3"]
+
 SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
 PY = sys.executable
 TARGETS = {"sandpod --help": 8.0, "sandpod exec default -- true": 20.0}

@@ -494,7 +494,7 @@ def test_cli_prints_events_and_stops_on_ctrl_c(
 
 @pytest.mark.parametrize("fmt", ["json", "yaml"])
 def test_cli_prints_events_as_json_or_yaml(
-    nats: NatsServer, shared_execd: Execd, area, fmt: str
+    nats: NatsServer, shared_execd: Execd, area: tuple[Path, str], fmt: str
 ) -> None:
     """`sandpod watch -o json` prints one JSON object per line, `-o yaml` one YAML document per
     event; each parses back to the event's fields. SIGTERM stops it (exit 0)."""
