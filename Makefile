@@ -85,6 +85,7 @@ bench: install  ## benchmarks: print measured floors and ratios
 	$(BIN)/python bench/exec_latency.py
 	$(BIN)/python bench/stream_throughput.py
 	$(BIN)/python bench/gateway_exec.py
+	$(BIN)/python bench/cli_start.py
 
 openapi: install  ## regenerate schemas/openapi/gateway.json from the gateway
 	$(BIN)/python -m sandpod_gateway openapi > schemas/openapi/gateway.json

@@ -27,7 +27,7 @@ async def remove_runtime(rt: LocalRuntime, state: Path) -> None:
     for sandbox_id in await rt.list():
         await rt.destroy(sandbox_id)
     plan = rt._cgroup_plan(await rt.capabilities())
-    for hierarchy in {plan.core, *plan.limits.values()}:
+    for hierarchy in {h for h in (plan.core, *plan.limits.values()) if h is not None}:
         with contextlib.suppress(FileNotFoundError):
             (hierarchy.mount / plan.parent).rmdir()
     shutil.rmtree(state, ignore_errors=True)

@@ -8,6 +8,10 @@ Every ``p50`` line both runs print is shown with the old value, the new value an
 
     .venv/bin/python bench/before_after.py --base c942f96 exec_latency.py -- --calls 300
     .venv/bin/python bench/before_after.py --base c942f96 jail_exec_latency.py
+    .venv/bin/python bench/before_after.py --base-tree ../other-worktree exec_latency.py
+
+``--base-tree`` compares with a tree that is already checked out and installed (another worktree
+with its own .venv) instead of building one; the smoke run compares this tree with itself.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sandpod" / "bench-base"
 P50 = re.compile(r"^(?P<name>.+?)\s+p50\s+(?P<value>[0-9.]+) ms")
+# The smoke run (tests/integration/test_bench_smoke.py): this tree against itself, one round of a
+# cheap benchmark -- the comparison, the parsing and the ratio table, without building a base.
+SMOKE_ARGS = ["--base-tree", ".", "--rounds", "1", "watch_latency.py", "--", "--count", "3"]
 
 
 def base_tree(commit: str) -> Path:
@@ -68,13 +75,19 @@ def run(tree: Path, bench: str, args: list[str]) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--base", required=True, help="the older commit to compare with")
+    base = ap.add_mutually_exclusive_group(required=True)
+    base.add_argument("--base", help="the older commit to compare with")
+    base.add_argument(
+        "--base-tree", type=Path, help="an installed tree (with .venv) to compare with instead"
+    )
     ap.add_argument("--rounds", type=int, default=3, help="runs per tree, alternating")
     ap.add_argument("bench", help="a script in bench/, e.g. exec_latency.py")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     opts = ap.parse_args()
     opts.args = [a for a in opts.args if a != "--"]
-    old_tree = base_tree(opts.base)
+    old_tree = opts.base_tree.resolve() if opts.base_tree else base_tree(opts.base)
+    if not (old_tree / ".venv" / "bin" / "python").exists():
+        sys.exit(f"{old_tree} has no .venv/bin/python (make install there first)")
     old: dict[str, list[float]] = {}
     new: dict[str, list[float]] = {}
     for i in range(opts.rounds):

@@ -16,6 +16,9 @@ import time
 from _platform import auth_platform, pct, platform, summary
 from sandpod import AsyncSandbox
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--calls", "20", "--rounds", "1"]
+
 
 async def samples(sbx: AsyncSandbox, n: int) -> list[float]:
     out = []

@@ -29,6 +29,9 @@ from sandpod import AsyncPools, AsyncSandbox
 from sandpod.errors import SandpodError
 from sandpod_bus import Bus, BusSettings
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--claims", "3", "--burst", "4", "--burst-pool", "2"]
+
 
 def log_file(directory: str | None, name: str) -> Any:
     """Where a service's stderr goes: ``<directory>/<name>.log``, or nowhere."""

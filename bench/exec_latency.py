@@ -19,6 +19,9 @@ import time
 from _platform import echo_responder, pct, platform, summary
 from sandpod import AsyncSandbox
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--calls", "20", "--concurrency", "2", "--rounds", "1"]
+
 # The environment execd gives commands (locale included: `date` reads locale files with it).
 SANDBOX_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

@@ -33,6 +33,10 @@ from sandpod_execd.files.identity import Identity, acting
 from sandpod_lifecycle.runtime.base import InstanceSpec
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed;
+# this tree as its own "before", so the comparison path runs
+SMOKE_ARGS = ["--calls", "10", "--before", "."]
+
 MiB = 1024 * 1024
 
 
@@ -102,16 +106,16 @@ async def main() -> None:
     big.write_bytes(os.urandom(16 * MiB))
     try:
         st = await rt.create(InstanceSpec(sandbox_id=sid))
-        assert st.jail_file is not None
+        assert st.jail_file is not None and st.uid is not None and st.gid is not None
         cost = switch_cost(Identity(st.uid, st.gid, ()), args.calls * 50)
         print(summary("acting() switch in + back", cost))
         jail_env = {"SANDPOD_EXECD_JAIL": str(st.jail_file)}
-        old_env = {**jail_env, "PYTHONPATH": str(args.before / "services/execd/src")}
         with contextlib.ExitStack() as stack:
             url_a, _ = stack.enter_context(platform(sandbox=sid, **jail_env))
             a = await AsyncSandbox.connect(sid, nats_url=url_a)
             b = None
             if args.before is not None:
+                old_env = {**jail_env, "PYTHONPATH": str(args.before / "services/execd/src")}
                 url_b, _ = stack.enter_context(platform(sandbox=sid, **old_env))
                 b = await AsyncSandbox.connect(sid, nats_url=url_b)
             try:

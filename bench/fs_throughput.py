@@ -23,6 +23,9 @@ from pathlib import Path
 from _platform import pct, platform
 from sandpod import AsyncSandbox
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--big-mib", "1", "--small-runs", "2", "--big-runs", "1"]
+
 MiB = 1024 * 1024
 
 

@@ -22,6 +22,8 @@ from _http1 import Http1
 from _platform import pct, platform, summary
 from sandpod import AsyncSandbox
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--calls", "10"]
 WARMUP = 50
 Call = Callable[[], Awaitable[None]]
 

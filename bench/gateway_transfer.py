@@ -21,6 +21,9 @@ from _gateway import gateway
 from _platform import platform
 from sandpod import AsyncSandbox
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--mib", "1"]
+
 
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -32,6 +32,9 @@ from sandpod_execd.process import Command, spawn
 from sandpod_lifecycle.runtime.base import InstanceSpec
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--calls", "10"]
+
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/workspace", "LANG": "C.UTF-8"}
 
 
@@ -47,7 +50,8 @@ async def alternate(
     for _ in range(20):
         await a()
         await b()
-    sa, sb = [], []
+    sa: list[float] = []
+    sb: list[float] = []
     for _ in range(calls):
         for fn, out in ((a, sa), (b, sb)):
             t0 = time.perf_counter()

@@ -54,6 +54,22 @@ from sandpod_kube import KubeStore, apply_crds
 from sandpod_pool.members import MemberState, member_state
 from sandpod_store import ObjectMeta, Resource
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = [
+    "--pool",
+    "3",
+    "--claims",
+    "3",
+    "--per-level",
+    "3",
+    "--batch",
+    "2",
+    "--refill-delay",
+    "0.5",
+    "--concurrency",
+    "1,2",
+]
+
 AGENT_SANDBOX_P50 = 0.092  # seconds, agent-sandbox's published warm claim p50
 AGENT_SANDBOX_RATE = 45.0  # claims/s it was measured at
 NS = "default"

@@ -28,6 +28,9 @@ from _platform import nats_rtt, pct, platform, summary
 from sandpod import AsyncSandbox
 from sandpod.pty import AsyncPty
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--keys", "10"]
+
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 KEYS = ((b"a", b"a"), (b"\x7f", b"\x08"))  # (typed, what its echo contains)
 PROGRAMS = {
@@ -148,12 +151,13 @@ async def main(args: argparse.Namespace) -> None:
                 f"  -> floor p50 {floor50 * 1000:.3f} ms; sandpod/floor p50 {ratio50:.2f}x "
                 f"(target <= 1.5x: {verdict}), p99 {ratio99:.2f}x\n"
             )
-        local, remote = local_flood(), await sandpod_flood(sbx)
+        flood_local, flood_remote = local_flood(), await sandpod_flood(sbx)
         mib = FLOOD / 2**20
         print(
-            f"{mib:.0f} MiB of output, nobody reading: sandpod pty {remote:.2f} s "
-            f"({mib / remote:.0f} MiB/s) vs local pty read flat out {local:.2f} s "
-            f"({mib / local:.0f} MiB/s): {remote / local:.2f}x; the program never waits for viewers"
+            f"{mib:.0f} MiB of output, nobody reading: sandpod pty {flood_remote:.2f} s "
+            f"({mib / flood_remote:.0f} MiB/s) vs local pty read flat out {flood_local:.2f} s "
+            f"({mib / flood_local:.0f} MiB/s): {flood_remote / flood_local:.2f}x; "
+            "the program never waits for viewers"
         )
         await sbx.close()
 

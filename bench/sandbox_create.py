@@ -21,6 +21,9 @@ from _platform import NATS_BIN, _wait_port, free_port, pct, summary
 from sandpod import AsyncSandbox
 from sandpod.errors import SandpodError
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--count", "2"]
+
 
 async def _answers(url: str, sandbox: str) -> None:
     while True:

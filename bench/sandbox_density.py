@@ -35,6 +35,10 @@ from sandpod import AsyncSandbox
 from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus, Resources
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed;
+# every optional part on, so none of them rots
+SMOKE_ARGS = ["--count", "2", "--calls", "10", "--execd", "--compare-disk-quota"]
+
 MiB = 1024 * 1024
 PARENT = f"sandpod-bench-{uuid.uuid4().hex[:6]}"
 
@@ -136,7 +140,7 @@ async def cleanup(
     if destroys and not quiet:
         print(summary("destroy", destroys))
     plan = rt._cgroup_plan(await rt.capabilities())
-    for h in {plan.core, *plan.limits.values()}:
+    for h in {h for h in (plan.core, *plan.limits.values()) if h is not None}:
         with contextlib.suppress(FileNotFoundError):
             (h.mount / plan.parent).rmdir()
     shutil.rmtree(state, ignore_errors=True)

@@ -31,6 +31,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--rounds", "3", "--calls", "1000"]
+
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = r"""
 #define _GNU_SOURCE

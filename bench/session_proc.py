@@ -19,6 +19,9 @@ from collections.abc import Awaitable, Callable
 from _platform import pct, platform, summary
 from sandpod import AsyncSandbox
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--calls", "10"]
+
 MiB = 2**20
 
 

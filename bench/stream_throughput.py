@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import subprocess
 import time
 from pathlib import Path
 
 from _platform import platform
 from sandpod import AsyncSandbox
+
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--mib", "4", "--window-mib", "1"]
 
 MiB = 1024 * 1024
 
@@ -31,7 +35,7 @@ def floor_mb_s(nbytes: int) -> float:
     """Read the same bytes from a local pipe as fast as Python can (no NATS, no execd)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(["head", "-c", str(nbytes), "/dev/zero"], stdout=subprocess.PIPE)
-    assert proc.stdout is not None
+    assert isinstance(proc.stdout, io.BufferedReader)  # bufsize -1: a buffered pipe
     got = 0
     while chunk := proc.stdout.read1(256 * 1024):
         got += len(chunk)

@@ -21,6 +21,9 @@ from pathlib import Path
 from _platform import nats_rtt, pct, platform, summary
 from sandpod import AsyncSandbox
 
+# The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
+SMOKE_ARGS = ["--count", "5"]
+
 
 async def latencies(sbx: AsyncSandbox, root: Path, window: float, count: int) -> list[float]:
     area = root / f"bench-{int(window * 1000)}ms"

@@ -26,7 +26,9 @@ from sandpod_contract.messages.node import NodeSandboxes, Serve
 from sandpod_contract.subjects import Subjects
 
 
-async def anonymous(url: str, prefix: str, node: str, sandbox_id: str, marker: str) -> dict:
+async def anonymous(
+    url: str, prefix: str, node: str, sandbox_id: str, marker: str
+) -> dict[str, object]:
     try:
         nc = await nats.connect(
             url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=5
@@ -58,7 +60,7 @@ async def anonymous(url: str, prefix: str, node: str, sandbox_id: str, marker: s
     return out
 
 
-def read(state: Path) -> dict:
+def read(state: Path) -> dict[str, object]:
     out: dict[str, object] = {}
     try:
         out["listing"] = sorted(os.listdir(state))

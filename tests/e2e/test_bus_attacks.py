@@ -35,6 +35,7 @@ from operator_nats import Violations
 from rootless import as_user
 from sandpod_contract.codec import decode_reply, encode
 from sandpod_contract.errors import SandboxJailRefused
+from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.node import NodeSandboxes, Serve
 from sandpod_contract.subjects import Subjects
 
@@ -170,9 +171,7 @@ def _assert_unharmed(up: Up, attacked: str, marker: Path) -> None:
     assert "default" in ids and attacked not in ids, ids
 
 
-def _empty() -> object:
-    from sandpod_contract.messages.common import Empty
-
+def _empty() -> Empty:
     return Empty()
 
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+import yaml
 
 from conftest import free_port
 
@@ -190,9 +193,24 @@ def test_up_with_an_existing_nats(tmp_path: Path, nats) -> None:  # type: ignore
             up.wait()
 
 
+def check_machine_formats(cli: Callable[..., str], sandbox: str, claim: str) -> None:
+    """The read commands' `-o json` and `-o yaml` parse back to the same objects."""
+    for fmt, load in (("json", json.loads), ("yaml", yaml.safe_load)):
+        pools = load(cli("pool", "ls", "-o", fmt))
+        assert [p["metadata"]["name"] for p in pools] == ["py"]
+        assert load(cli("pool", "get", "py", "-o", fmt))["spec"]["replicas"] == 2
+        claims = load(cli("claims", "-o", fmt))
+        assert claim in [c["metadata"]["name"] for c in claims]
+        names = [s["metadata"]["name"] for s in load(cli("ls", "-o", fmt))]
+        assert {"default", sandbox} <= set(names)
+        got = load(cli("get", sandbox, "-o", fmt))
+        assert (got["kind"], got["metadata"]["name"]) == ("Sandbox", sandbox)
+
+
 def test_pools_and_claims_from_the_cli(tmp_path: Path) -> None:
     """`sandpod up` runs the pool service: `pool create`, `claim` (a usable sandbox id),
-    `claims`, `pool ls/scale`, `release` and `pool rm` work end to end."""
+    `claims`, `pool ls/get/scale`, `ls`, `get` (tables, json and yaml), `release` and `pool rm`
+    work end to end."""
     port = free_port()
     up = subprocess.Popen(
         [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port), "--no-gateway"],
@@ -223,6 +241,7 @@ def test_pools_and_claims_from_the_cli(tmp_path: Path) -> None:
         listed = cli("pool", "ls")
         assert listed.splitlines()[0].split()[:3] == ["NAME", "TEMPLATE", "DESIRED"]
         assert "py" in listed
+        check_machine_formats(cli, sandbox, claim)
         assert " 0 " in cli("pool", "scale", "py", "0") + " "
         assert f"released {claim}" in cli("release", claim)
         assert "deleted pool py" in cli("pool", "rm", "py")

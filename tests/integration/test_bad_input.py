@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -105,7 +105,7 @@ async def test_unknown_subjects_get_a_typed_error(bus: Bus, subject: str) -> Non
 
 async def test_oversized_request_is_refused(
     bus: Bus,
-    start_execd,  # type: ignore[no-untyped-def]
+    start_execd: Callable[..., Execd],
 ) -> None:
     """A request above execd's limit gets bad_request.too_large (and the hint to stream)."""
     execd: Execd = start_execd(SANDPOD_EXECD_MAX_REQUEST="4096")

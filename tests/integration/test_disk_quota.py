@@ -17,6 +17,7 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -45,11 +46,11 @@ def state() -> Iterator[Path]:
 
 
 @contextlib.asynccontextmanager
-async def _runtime(state: Path, **config: object) -> AsyncIterator[LocalRuntime]:
+async def _runtime(state: Path, **config: Any) -> AsyncIterator[LocalRuntime]:
     rt = LocalRuntime(
         LocalRuntimeConfig(
             state_dir=state, cgroup_parent=f"sandpod-test-{uuid.uuid4().hex[:8]}", **config
-        )  # type: ignore[arg-type]
+        )
     )
     caps = await rt.capabilities()
     if caps.problems:
@@ -100,7 +101,7 @@ async def _create(rt: LocalRuntime, disk: int | None = QUOTA) -> InstanceStatus:
     return st
 
 
-async def _fill(sbx: AsyncSandbox, path: str, mib: int = 100) -> tuple[int, str]:
+async def _fill(sbx: AsyncSandbox, path: str, mib: int = 100) -> tuple[int | None, str]:
     r = await sbx.exec("/", f"dd if=/dev/zero of={path} bs=1M count={mib} 2>&1")
     return r.exit_code, r.stdout
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import signal
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import Execd, NatsServer
 
@@ -53,8 +56,57 @@ def test_info_prints_the_runtime_and_its_limits(nats: NatsServer, shared_execd: 
     fields = dict(line.split(None, 1) for line in run.stdout.splitlines() if line and " " in line)
     assert fields["sandbox_id"] == "shared"
     assert (fields["runtime"], fields["isolation"]) == ("process", "none")
-    assert fields["max_output_limit"] == str(64 * 1024 * 1024)
     assert "NO ISOLATION" in run.stdout
+
+
+def test_info_prints_human_units(nats: NatsServer, shared_execd: Execd) -> None:
+    """`sandpod info` shows sizes in KiB/MiB, the start as a local date with its age and the
+    families as a comma list: no epoch floats, no byte counts, no Python tuples."""
+    run = cli(nats, "info", "shared")
+    assert run.returncode == 0, run.stderr
+    fields = dict(line.split(None, 1) for line in run.stdout.splitlines() if line and " " in line)
+    assert fields["max_output_limit"] == "64 MiB"
+    assert fields["max_payload"].endswith(("KiB", "MiB"))
+    date, clock, *_ = fields["started_at"].split()
+    assert len(date) == 10 and date[4] == "-" and clock.count(":") == 2
+    assert fields["started_at"].endswith(" ago)")
+    assert "(" not in fields["families"] and "exec, " in fields["families"]
+    assert "TYPE" not in fields, "a ClassVar of the message is not a field"
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_info_and_ping_print_json_and_yaml(nats: NatsServer, shared_execd: Execd, fmt: str) -> None:
+    """`-o json|yaml` prints sys.info's raw values (bytes, epoch seconds, a list) and ping's
+    round trip as data, parsed back by the format's own parser."""
+    load = json.loads if fmt == "json" else yaml.safe_load
+    run = cli(nats, "info", "shared", "-o", fmt)
+    assert run.returncode == 0, run.stderr
+    info = load(run.stdout)
+    assert (info["sandbox_id"], info["isolation"]) == ("shared", "none")
+    assert info["max_output_limit"] == 64 * 1024 * 1024
+    assert isinstance(info["started_at"], float) and "exec" in info["families"]
+    run = cli(nats, "ping", "shared", "-o", fmt)
+    assert run.returncode == 0, run.stderr
+    pong = load(run.stdout)
+    assert pong["sandbox"] == "shared" and 0 < pong["rtt_seconds"] < 60
+
+
+def test_the_exec_path_never_imports_aiohttp(nats: NatsServer, shared_execd: Execd) -> None:
+    """`sandpod exec` runs a command without importing aiohttp (nats-py's WebSocket transport)
+    or the SDK families it does not use."""
+    probe = (
+        "import sys\n"
+        "from sandpod.cli import main\n"
+        "code = main(['exec', 'shared', '--', 'true'])\n"
+        "print(code, sorted(m for m in ('aiohttp', 'sandpod.fs', 'sandpod.pty', 'yaml')"
+        " if m in sys.modules))\n"
+    )
+    env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
+    run = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[-2] == "0 []"
 
 
 def test_interactive_exec_from_a_terminal_exits_when_the_command_does(

@@ -7,12 +7,13 @@ import contextlib
 import hashlib
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import marker, pids_with
+from conftest import Execd, NatsServer, marker, pids_with
 from sandpod import AsyncSandbox
 from sandpod.errors import ArgvExpected, CommandFailed, CommandNotFound, InvalidCwd
 
@@ -228,7 +229,7 @@ async def test_cancelling_the_caller_cancels_the_remote_command(
 
 async def test_oversized_output_is_released_once_fetched(
     sbx: AsyncSandbox,
-    shared_execd,  # type: ignore[no-untyped-def]
+    shared_execd: Execd,
 ) -> None:
     """Output kept for exec.fetch is dropped as soon as the client read it all."""
     from sandpod.errors import ExecNotFound
@@ -307,8 +308,8 @@ async def test_timeout_kills_children_forked_while_the_tree_is_being_killed(
 
 
 async def test_max_output_is_clamped_to_execd_limit(
-    nats,  # type: ignore[no-untyped-def]
-    start_execd,  # type: ignore[no-untyped-def]
+    nats: NatsServer,
+    start_execd: Callable[..., Execd],
 ) -> None:
     """A client's huge max_output is clamped to SANDPOD_EXECD_MAX_OUTPUT_LIMIT (flagged
     truncated), sys.info reports the limit, and execd keeps answering."""

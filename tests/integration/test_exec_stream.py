@@ -7,18 +7,19 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from conftest import NatsServer
+from conftest import Execd, NatsServer
 from sandpod import AsyncSandbox
 from sandpod.errors import BadRequest, StreamClosed
 from sandpod.exec.args import exec_status
 from sandpod_bus import Bus, BusSettings, Inbound
-from sandpod_contract.codec import decode, decode_reply, encode, unpack
+from sandpod_contract.codec import Message, decode, decode_reply, encode, unpack
 from sandpod_contract.messages.exec import (
     ExecExit,
     ExecRef,
@@ -63,7 +64,7 @@ def _wchan(pid: int) -> str:
         return ""
 
 
-async def _until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     async def poll() -> None:
         while not predicate():
             await asyncio.sleep(0.02)
@@ -85,10 +86,11 @@ async def test_slow_consumer_blocks_the_command_and_loses_nothing(sbx: AsyncSand
     )
     st = sbx.exec_stream([PY, "-c", writer], window=256 * 1024)
     async with st:
-        assert st.pid is not None
+        pid = st.pid
+        assert pid is not None
         # Consume nothing: the command must end up blocked writing to its full pipe.
-        await _until(lambda: "pipe_write" in _wchan(st.pid), 20, "the writer to block")
-        proc = psutil.Process(st.pid)
+        await _until(lambda: "pipe_write" in _wchan(pid), 20, "the writer to block")
+        proc = psutil.Process(pid)
         assert proc.status() == psutil.STATUS_SLEEPING
         received = bytearray()
         async for chunk in st:
@@ -104,14 +106,16 @@ async def test_slow_consumer_blocks_the_command_and_loses_nothing(sbx: AsyncSand
 
 async def test_execd_memory_stays_bounded_by_the_window(
     sbx: AsyncSandbox,
-    shared_execd,  # type: ignore[no-untyped-def]
+    shared_execd: Execd,
 ) -> None:
     """A fast producer and an absent consumer do not grow execd's memory."""
     execd = psutil.Process(shared_execd.proc.pid)
     rss_before = execd.memory_info().rss
     st = sbx.exec_stream(["cat", "/dev/zero"], window=1024 * 1024)
     async with st:
-        await _until(lambda: "pipe_write" in _wchan(st.pid), 20, "cat to block")
+        pid = st.pid
+        assert pid is not None, "a started command has a pid"
+        await _until(lambda: "pipe_write" in _wchan(pid), 20, "cat to block")
         growth = execd.memory_info().rss - rss_before
         await st.cancel()
         status = await st.wait()
@@ -249,22 +253,26 @@ class RawClient:
 
     async def on_frame(self, msg: Inbound) -> None:
         raw = unpack(msg.data)
-        cls = ExecExit if raw["kind"] == "exit" else OutputChunk
-        await self.frames.put(decode(cls, msg.data))
+        frame: OutputChunk | ExecExit = (
+            decode(ExecExit, msg.data) if raw["kind"] == "exit" else decode(OutputChunk, msg.data)
+        )
+        await self.frames.put(frame)
 
-    async def start(self, **kw) -> tuple[str, ExecStarted]:  # type: ignore[no-untyped-def]
+    async def start(self, **kw: Any) -> tuple[str, ExecStarted]:
         inbox = self.bus.new_inbox()
         await self.bus.subscribe(inbox, self.on_frame)
         req = ExecStart(deliver=inbox, **kw)
         reply = await self.bus.request(self.subject("start"), encode(req), 5)
         return inbox, decode_reply(ExecStarted, reply)
 
-    async def call(self, verb: str, msg, reply_type=ExecStatus):  # type: ignore[no-untyped-def]
+    async def call(
+        self, verb: str, msg: Message, reply_type: type[ExecStatus] = ExecStatus
+    ) -> ExecStatus:
         return decode_reply(reply_type, await self.bus.request(self.subject(verb), encode(msg), 5))
 
 
 @pytest.fixture
-async def raw(nats: NatsServer, shared_execd) -> RawClient:  # type: ignore[no-untyped-def]
+async def raw(nats: NatsServer, shared_execd: Execd) -> AsyncIterator[RawClient]:
     bus = await Bus.connect(BusSettings(url=nats.url))
     yield RawClient(bus, "shared")
     await bus.close()

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import Execd, NatsServer
 from sandpod import AsyncSandbox, Sandbox
-from sandpod.fs import AsyncFileReader
+from sandpod.fs import AsyncFileReader, FileList
 from sandpod_contract.errors import (
     BadRequest,
     FsAlreadyExists,
@@ -263,7 +263,10 @@ async def test_glob_matches_across_directories_and_skips_hidden(
     for rel in ("a.py", "b.txt", "src/c.py", "src/x/d.py", ".hid/e.py", "src/.f.py"):
         (host / rel).parent.mkdir(parents=True, exist_ok=True)
         (host / rel).write_text("")
-    names = lambda found: sorted(e.path.removeprefix(d + "/") for e in found)  # noqa: E731
+
+    def names(found: FileList) -> list[str]:
+        return sorted(e.path.removeprefix(d + "/") for e in found)
+
     assert names(await sbx.fs.glob("*.py", path=d)) == ["a.py"]
     assert names(await sbx.fs.glob("**/*.py", path=d)) == ["a.py", "src/c.py", "src/x/d.py"]
     assert names(await sbx.fs.glob("**/*.py", path=d, hidden=True)) == [

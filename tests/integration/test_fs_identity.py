@@ -267,17 +267,17 @@ async def test_gateway_and_cli_refuse_root_files(
         )
 
     for path in ("/etc/shadow", planted.path("root600")):
-        r = cp(f"{st.sandbox_id}:{path}", "-")
-        assert r.returncode == 125 and b"[fs.permission_denied]" in r.stderr, r.stderr
-        assert SECRET not in r.stdout and b"root:" not in r.stdout
+        ran = cp(f"{st.sandbox_id}:{path}", "-")
+        assert ran.returncode == 125 and b"[fs.permission_denied]" in ran.stderr, ran.stderr
+        assert SECRET not in ran.stdout and b"root:" not in ran.stdout
     local = planted.top.parent / f"{planted.top.name}-local"
     local.write_bytes(b"pwned")
     try:
         for path in ("/usr/bin/sleep", planted.path("root644")):
-            r = cp(str(local), f"{st.sandbox_id}:{path}")
-            assert r.returncode == 125 and b"[fs.permission_denied]" in r.stderr, r.stderr
+            ran = cp(str(local), f"{st.sandbox_id}:{path}")
+            assert ran.returncode == 125 and b"[fs.permission_denied]" in ran.stderr, ran.stderr
     finally:
         local.unlink()
-    r = cp(f"{st.sandbox_id}:{planted.path('root644')}", "-")
-    assert r.returncode == 0 and r.stdout == PUBLIC
+    ran = cp(f"{st.sandbox_id}:{planted.path('root644')}", "-")
+    assert ran.returncode == 0 and ran.stdout == PUBLIC
     await assert_unharmed(sbx, planted, sleep_sum)

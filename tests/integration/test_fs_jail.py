@@ -20,6 +20,7 @@ import pytest
 from test_jail import jailed, make, runtime, state  # noqa: F401 - fixtures used by name
 
 from sandpod import AsyncSandbox
+from sandpod.fs import FileList, SearchResult
 from sandpod_contract.errors import FsError, InvalidCwd, SandpodError
 from sandpod_lifecycle.runtime.base import InstanceStatus
 
@@ -189,9 +190,9 @@ async def test_swapping_a_directory_for_a_link_to_the_host_root_never_escapes(
                     continue  # the path was missing at that instant, or a file in the way
                 if isinstance(got, bytes):
                     seen.add(got)
-                elif hasattr(got, "entries"):
+                elif isinstance(got, FileList):
                     assert "host-only" not in {e.name for e in got}, "listed a host directory"
-                elif hasattr(got, "matches"):
+                elif isinstance(got, SearchResult):
                     assert not got.matches, got.matches
         assert HOST not in seen
         # The link state was really traversed: its target was read, or written.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -58,7 +59,9 @@ def test_served_openapi_equals_checked_in(fuzz_target: tuple[str, dict[str, str]
     assert served["openapi"].startswith("3.1")
 
 
-def no_server_error(ctx: object, response: schemathesis.Response, case: schemathesis.Case) -> None:
+def no_server_error(
+    ctx: object, response: schemathesis.Response, case: schemathesis.Case[Any]
+) -> None:
     """A 5xx is acceptable only as a typed, retryable JSON error (a dependency is away, e.g. no
     lifecycle on this prefix); 500 internal or a non-JSON 5xx is a gateway bug."""
     if response.status_code < 500:
@@ -79,7 +82,7 @@ def no_server_error(ctx: object, response: schemathesis.Response, case: schemath
     ],
 )
 def test_fuzzed_requests_never_hit_a_server_error(
-    case: schemathesis.Case, fuzz_target: tuple[str, dict[str, str]]
+    case: schemathesis.Case[Any], fuzz_target: tuple[str, dict[str, str]]
 ) -> None:
     """Schema-generated requests (valid and edge-case inputs) never get a server error."""
     url, auth = fuzz_target

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from gateway_harness import (  # noqa: F401
     Gateway,
+    GatewayFactory,
     GatewayProcess,
     gateway,
     gateway_procs,
@@ -35,11 +36,11 @@ __all__: list[str] = []
 DEEP = b"[" * 100_000 + b"]" * 100_000
 
 
-async def _key(nats: NatsServer, tenant: str, **flags: bool) -> str:
+async def _key(nats: NatsServer, tenant: str, *, admin: bool = False) -> str:
     bus = await Bus.connect(BusSettings(url=nats.url))
     try:
         store = await KeyStore.open(bus, GatewaySettings().bucket_base)
-        token, _ = await store.create(tenant, **flags)
+        token, _ = await store.create(tenant, admin=admin)
         return token
     finally:
         await bus.drain()
@@ -168,11 +169,11 @@ async def test_deeply_nested_json_is_a_400(
 
 
 async def test_metrics_needs_an_admin_key_or_the_metrics_token(
-    start_gateway: Callable[..., object],
+    start_gateway: GatewayFactory,
 ) -> None:
     """A tenant's key cannot read /metrics (other tenants' request counts, routes); an admin key
     and the metrics token can; ``metrics_auth=none`` makes it public again."""
-    gw: Gateway = await start_gateway(metrics_token="scrape-" + "s" * 32)  # type: ignore[assignment]
+    gw = await start_gateway(metrics_token="scrape-" + "s" * 32)
     tenant_key = await mint_key(gw, unique_tenant())
     admin_key = await mint_key(gw, "ops", admin=True)
     async with gw.client() as c:
@@ -187,7 +188,7 @@ async def test_metrics_needs_an_admin_key_or_the_metrics_token(
             r = await c.get("/metrics", headers={"authorization": f"Bearer {cred}"})
             assert r.status_code == 200 and "sandpod_gateway_requests_total" in r.text
         assert (await c.get("/healthz")).status_code == 200  # probes stay public
-    open_gw: Gateway = await start_gateway(metrics_auth="none")  # type: ignore[assignment]
+    open_gw = await start_gateway(metrics_auth="none")
     async with open_gw.client() as c:
         assert (await c.get("/metrics")).status_code == 200
 

@@ -76,7 +76,9 @@ def target(state_dir: Path) -> tuple[Path, str]:
     return state_dir / "workspaces" / "shared" / name, f"/workspace/{name}"
 
 
-async def test_clone_file_url_and_plain_path(sbx: AsyncSandbox, origin, target) -> None:
+async def test_clone_file_url_and_plain_path(
+    sbx: AsyncSandbox, origin: dict[str, str], target: tuple[Path, str]
+) -> None:
     """Cloning by file:// URL and by plain path checks out the remote's HEAD branch."""
     host, path = target
     head = await sbx.git.clone(f"file://{origin['path']}", path)
@@ -86,7 +88,9 @@ async def test_clone_file_url_and_plain_path(sbx: AsyncSandbox, origin, target) 
     assert head2.commit == origin["main"] and head2.url == origin["path"]
 
 
-async def test_clone_from_a_repository_inside_the_workspace(sbx, origin, target) -> None:
+async def test_clone_from_a_repository_inside_the_workspace(
+    sbx: AsyncSandbox, origin: dict[str, str], target: tuple[Path, str]
+) -> None:
     """/workspace paths, relative paths and file:///workspace URLs resolve into the workspace."""
     _, path = target
     await sbx.git.clone(origin["path"], path)
@@ -96,7 +100,9 @@ async def test_clone_from_a_repository_inside_the_workspace(sbx, origin, target)
         assert head.commit == origin["main"], url
 
 
-async def test_clone_default_target_is_named_after_the_repository(sbx, origin, state_dir) -> None:
+async def test_clone_default_target_is_named_after_the_repository(
+    sbx: AsyncSandbox, origin: dict[str, str], state_dir: Path
+) -> None:
     """Without a target the clone lands in /workspace/<repository name>."""
     name = f"r-{uuid.uuid4().hex[:8]}"
     bare = Path(origin["path"]).parent / f"{name}.git"
@@ -106,7 +112,9 @@ async def test_clone_default_target_is_named_after_the_repository(sbx, origin, s
     assert (state_dir / "workspaces" / "shared" / name / "a.txt").exists()
 
 
-async def test_clone_branch_with_depth(sbx, origin, target) -> None:
+async def test_clone_branch_with_depth(
+    sbx: AsyncSandbox, origin: dict[str, str], target: tuple[Path, str]
+) -> None:
     """branch + depth=1 gives that branch with exactly one commit of history."""
     _, path = target
     head = await sbx.git.clone(f"file://{origin['path']}", path, branch="feature", depth=1)
@@ -115,7 +123,9 @@ async def test_clone_branch_with_depth(sbx, origin, target) -> None:
     assert r.stdout.strip() == "1"
 
 
-async def test_clone_then_ref_is_a_detached_checkout(sbx, origin, target) -> None:
+async def test_clone_then_ref_is_a_detached_checkout(
+    sbx: AsyncSandbox, origin: dict[str, str], target: tuple[Path, str]
+) -> None:
     """ref checks out a commit after cloning, leaving HEAD detached."""
     host, path = target
     head = await sbx.git.clone(origin["path"], path, ref=origin["first"])
@@ -123,7 +133,9 @@ async def test_clone_then_ref_is_a_detached_checkout(sbx, origin, target) -> Non
     assert not (host / "b.txt").exists()
 
 
-async def test_checkout_branch_new_branch_and_missing_ref(sbx, origin, target) -> None:
+async def test_checkout_branch_new_branch_and_missing_ref(
+    sbx: AsyncSandbox, origin: dict[str, str], target: tuple[Path, str]
+) -> None:
     """checkout switches branches, creates one with create=True, and types a missing ref."""
     _, path = target
     await sbx.git.clone(origin["path"], path)
@@ -136,7 +148,9 @@ async def test_checkout_branch_new_branch_and_missing_ref(sbx, origin, target) -
     assert info.value.details["ref"] == "no-such-ref"
 
 
-async def test_status_and_diff_after_changes(sbx, origin, target) -> None:
+async def test_status_and_diff_after_changes(
+    sbx: AsyncSandbox, origin: dict[str, str], target: tuple[Path, str]
+) -> None:
     """status lists modified, staged and untracked paths with ahead/behind; diff shows them."""
     host, path = target
     await sbx.git.clone(origin["path"], path)
@@ -166,7 +180,9 @@ async def test_status_and_diff_after_changes(sbx, origin, target) -> None:
     assert cut.truncated and len(cut.text) == 10 and cut.size == len(work.text)
 
 
-async def test_status_ahead_behind_and_rename(sbx, origin, target) -> None:
+async def test_status_ahead_behind_and_rename(
+    sbx: AsyncSandbox, origin: dict[str, str], target: tuple[Path, str]
+) -> None:
     """A local commit is ahead, a fetched remote one behind; a staged rename shows both paths."""
     host, path = target
     await sbx.git.clone(origin["path"], path)
@@ -188,7 +204,9 @@ async def test_status_ahead_behind_and_rename(sbx, origin, target) -> None:
     ]
 
 
-async def test_not_found_for_missing_repository_branch_and_paths(sbx, origin, target, tmp_path):
+async def test_not_found_for_missing_repository_branch_and_paths(
+    sbx: AsyncSandbox, origin: dict[str, str], target: tuple[Path, str], tmp_path: Path
+) -> None:
     """Missing repository, missing branch, a directory that is no repository: git.not_found."""
     _, path = target
     with pytest.raises(GitNotFound):
@@ -204,7 +222,7 @@ async def test_not_found_for_missing_repository_branch_and_paths(sbx, origin, ta
         await sbx.git.status(f"{path}/missing")
 
 
-async def test_network_error_for_a_closed_port(sbx, target) -> None:
+async def test_network_error_for_a_closed_port(sbx: AsyncSandbox, target: tuple[Path, str]) -> None:
     """Nothing listening on the port: git.network, retryable."""
     _, path = target
     with pytest.raises(GitNetwork) as info:
@@ -263,7 +281,9 @@ def basic_auth_server(secret: str) -> Iterator[tuple[int, Recorder]]:
         yield port, seen
 
 
-async def test_auth_failed_and_credentials_never_leak(sbx, target, shared_execd: Execd) -> None:
+async def test_auth_failed_and_credentials_never_leak(
+    sbx: AsyncSandbox, target: tuple[Path, str], shared_execd: Execd
+) -> None:
     """401 is git.auth_failed; the password reaches git (askpass), never argv, errors or logs."""
     _, path = target
     password = f"pw-{uuid.uuid4().hex}"
@@ -332,7 +352,11 @@ def dumb_http_server(repo: Path, secret: str) -> Iterator[tuple[int, Recorder]]:
 
 
 async def test_authenticated_clone_succeeds_and_keeps_no_credentials(
-    sbx, origin, target, tmp_path, shared_execd: Execd
+    sbx: AsyncSandbox,
+    origin: dict[str, str],
+    target: tuple[Path, str],
+    tmp_path: Path,
+    shared_execd: Execd,
 ) -> None:
     """A token (or URL credentials) opens a protected remote; afterwards it is nowhere: not in
     .git/config, the remote URL, a reply, argv or execd's log."""
@@ -362,7 +386,7 @@ async def test_authenticated_clone_succeeds_and_keeps_no_credentials(
     assert token not in shared_execd.log.read_text()
 
 
-async def test_clone_timeout_kills_git(sbx, target) -> None:
+async def test_clone_timeout_kills_git(sbx: AsyncSandbox, target: tuple[Path, str]) -> None:
     """A remote that never answers: git.timeout after the timeout, and no git process left."""
     _, path = target
     with socket.socket() as silent:
@@ -382,7 +406,9 @@ async def test_clone_timeout_kills_git(sbx, target) -> None:
     assert info.value.retryable and info.value.details["timeout"] == 1
 
 
-async def test_hostile_input(sbx, origin, target, tmp_path) -> None:
+async def test_hostile_input(
+    sbx: AsyncSandbox, origin: dict[str, str], target: tuple[Path, str], tmp_path: Path
+) -> None:
     """Option-like URLs and refs are refused; ext:: never runs; a non-empty target is refused."""
     host, path = target
     with pytest.raises(BadRequest):
@@ -399,7 +425,9 @@ async def test_hostile_input(sbx, origin, target, tmp_path) -> None:
         await sbx.git.clone(origin["path"], path)
 
 
-def test_sync_sdk_git(nats: NatsServer, shared_execd: Execd, origin, target) -> None:
+def test_sync_sdk_git(
+    nats: NatsServer, shared_execd: Execd, origin: dict[str, str], target: tuple[Path, str]
+) -> None:
     """The blocking SDK clones and reports status."""
     _, path = target
     with Sandbox.connect("shared", nats_url=nats.url) as sbx:

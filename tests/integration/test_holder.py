@@ -68,7 +68,10 @@ async def _holder(tmp_path: Path, base: Path) -> AsyncIterator[tuple[int, list[s
     layout = HolderLayout(
         sandbox_id="awkward",
         base=base,
-        **dirs,
+        upper=dirs["upper"],
+        work=dirs["work"],
+        root=dirs["root"],
+        workspace=dirs["workspace"],
         tmp_bytes=16 * MiB,
         shm_bytes=16 * MiB,
         uid=200_000,

@@ -86,7 +86,11 @@ async def test_a_holder_killed_from_the_host_fails_its_sandbox_with_few_events(
         for _ in range(3):
             before = _passes(lc, "victim")
             await sbx.renew(600)
-            await _until(lambda n=before: _passes(lc, "victim") > n, 10, "a pass after renew")
+
+            def passed(n: int = before) -> bool:
+                return _passes(lc, "victim") > n
+
+            await _until(passed, 10, "a pass after renew")
         assert (await _stream(lc))[0] == settled + 3
     bounds = (config.max_bytes, config.max_age, config.max_msgs_per_subject)  # type: ignore[attr-defined]
     assert all(b is not None and b > 0 for b in bounds), f"unbounded event stream: {bounds}"

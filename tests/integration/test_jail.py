@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import psutil
 import pytest
@@ -53,10 +54,10 @@ FIND_TOKEN = 'printf %s "$T" > /tmp/pattern; grep -rlF -f /tmp/pattern'  # files
 Make = Callable[..., Awaitable[InstanceStatus]]
 
 
-def _config(state: Path, core: str = "auto") -> LocalRuntimeConfig:
+def _config(state: Path, core: Literal["auto", "v1", "v2"] = "auto") -> LocalRuntimeConfig:
     return LocalRuntimeConfig(
         state_dir=state, cgroup_parent=f"sandpod-test-{uuid.uuid4().hex[:8]}", core=core
-    )  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture
@@ -379,7 +380,9 @@ async def test_there_is_no_network_but_loopback(make: Make, nats: NatsServer) ->
 
 
 @pytest.mark.parametrize("core", ["v1", "v2"])
-async def test_pause_freezes_processes_and_resume_continues_them(state: Path, core: str) -> None:
+async def test_pause_freezes_processes_and_resume_continues_them(
+    state: Path, core: Literal["v1", "v2"]
+) -> None:
     """Pause stops a busy counter dead (v1 freezer / v2 cgroup.freeze); resume lets it go on."""
     async with _runtime(_config(state, core)) as rt:
         caps = await rt.capabilities()
@@ -528,7 +531,7 @@ async def test_invalid_specs_and_unknown_ids_are_refused(runtime: LocalRuntime, 
     """Bad ids, limits and uids are rejected; a second create and pausing a stranger fail typed."""
     for bad in ({"sandbox_id": "Bad_Id"}, {"sandbox_id": "x", "uid": 0}):
         with pytest.raises(ValueError, match=r"sandbox id|uid"):
-            InstanceSpec(**bad)  # type: ignore[arg-type]
+            InstanceSpec(**bad)
     for limits in ({"memory_bytes": -1}, {"pids": 0}, {"cpu_millicores": 1}):
         with pytest.raises(ValueError, match="at least"):
             Resources(**limits)
@@ -698,7 +701,7 @@ async def _metrics_while_holding_64_mib(sbx: AsyncSandbox) -> SandboxMetrics:
 
 @pytest.mark.parametrize("core", ["v1", "v2"])
 async def test_metrics_of_a_jail_come_from_its_cgroups(
-    state: Path, core: str, start_execd: Callable[..., Execd], nats: NatsServer
+    state: Path, core: Literal["v1", "v2"], start_execd: Callable[..., Execd], nats: NatsServer
 ) -> None:
     """sys.metrics of a jail reads its cgroups (tracked on v1 or v2): a process holding 64 MiB
     counts, and memory_total is the sandbox's memory limit, not the host's."""

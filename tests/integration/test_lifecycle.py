@@ -119,7 +119,7 @@ async def _until(predicate: Callable[[], object], timeout: float, what: str) -> 
 
 
 async def _maybe_await(value: object) -> object:
-    return await value if asyncio.iscoroutine(value) else value  # type: ignore[no-any-return]
+    return await value if asyncio.iscoroutine(value) else value
 
 
 async def _gone(lc: Lifecycle, name: str) -> bool:

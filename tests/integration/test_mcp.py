@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, TextContent
 
 from conftest import Execd, NatsServer, free_port
 from sandpod import AsyncSandbox
@@ -33,6 +34,13 @@ TOOLS = {
     "process_kill",
     "session_run",
 }
+
+
+def _text(result: CallToolResult) -> str:
+    """The text of a tool result's first content block (Sandpod's tools answer in text)."""
+    block = result.content[0]
+    assert isinstance(block, TextContent), block
+    return block.text
 
 
 @pytest.fixture
@@ -90,9 +98,9 @@ async def test_tool_errors_are_readable_and_typed(server: MCPServer[Any]) -> Non
     async with Client(server) as client:
         result = await client.call_tool("exec", {"command": "true", "cwd": "/no/such/dir"})
         assert result.is_error
-        assert "exec.invalid_cwd" in result.content[0].text
+        assert "exec.invalid_cwd" in _text(result)
         result = await client.call_tool("exec", {"command": "true", "sandbox": "nobody-here"})
-        assert result.is_error and "sandbox.not_found" in result.content[0].text
+        assert result.is_error and "sandbox.not_found" in _text(result)
 
 
 async def test_stdio_server_via_the_cli(nats: NatsServer, shared_execd: Execd) -> None:
@@ -181,7 +189,7 @@ async def test_file_tools_round_trip(server: MCPServer[Any]) -> None:
         )
         assert replaced["files"][0]["count"] == 1
         missing = await client.call_tool("file_read", {"path": "mcp/nope.txt"})
-        assert missing.is_error and "fs.not_found" in missing.content[0].text
+        assert missing.is_error and "fs.not_found" in _text(missing)
 
 
 async def test_git_checkout_tool(server: MCPServer[Any], tmp_path: Path) -> None:
@@ -203,7 +211,7 @@ async def test_git_checkout_tool(server: MCPServer[Any], tmp_path: Path) -> None
         )
         assert out["commit"] == head.stdout.strip() and out["branch"] == "main"
         bad = await client.call_tool("git_checkout", {"url": f"file://{tmp_path}/missing"})
-        assert bad.is_error and "git.not_found" in bad.content[0].text
+        assert bad.is_error and "git.not_found" in _text(bad)
 
 
 async def test_process_tools(server: MCPServer[Any]) -> None:

@@ -46,7 +46,7 @@ async def connect(operator_nats: OperatorNats) -> AsyncIterator[Callable[..., ob
         violations = Violations()
         nc = await nats.connect(
             operator_nats.url, user_credentials=str(creds), error_cb=violations.record, **kw
-        )  # type: ignore[arg-type]
+        )
         opened.append(nc)
         return nc, violations
 

@@ -42,7 +42,7 @@ class Platform:
 
     def service(self, module: str, **extra: str) -> ServiceProc:
         replica = f"{module.removeprefix('sandpod_')}{len(self.procs)}"
-        proc = ServiceProc(module, self.nats, self.state, self.prefix, replica, **extra)
+        proc = ServiceProc(module, self.nats, self.state, self.prefix, replica, wrap=(), **extra)
         self.procs.append(proc)
         return proc
 
@@ -249,7 +249,7 @@ async def test_concurrent_claims_from_processes_and_replicas_never_share_a_sandb
     assert sum(reason == "WarmPoolBind" for _, reason, _ in got) <= 6
     claims = await platform.pools.claims()
     bound = [c.sandbox for c in claims]
-    assert sorted(bound) == sorted(ids)  # one claim per sandbox, one sandbox per claim
+    assert sorted(bound, key=str) == sorted(ids)  # one claim per sandbox, one sandbox per claim
     for sandbox_id in ids:  # the store agrees: each sandbox carries exactly its claim's label
         obj = await platform.store.get("Sandbox", "default", sandbox_id)
         owner = next(c for c in claims if c.sandbox == sandbox_id)

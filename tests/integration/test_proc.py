@@ -9,13 +9,14 @@ import signal
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import Execd, NatsServer, free_port, marker, pids_with, wait_until
 from sandpod import AsyncSandbox, Sandbox
 from sandpod.errors import BadRequest, CommandNotFound, InvalidCwd
-from sandpod.proc import AsyncProc, ProcExited, ProcWaitTimeout
+from sandpod.proc import AsyncProc, ProcessInfo, ProcExited, ProcWaitTimeout
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.codec import decode_reply, pack
 from sandpod_contract.errors import ProcIdInUse, ProcNotFound
@@ -39,8 +40,10 @@ async def procs(sbx: AsyncSandbox) -> AsyncIterator[list[AsyncProc]]:
             await p.remove()
 
 
-async def start(sbx: AsyncSandbox, procs: list[AsyncProc], *args: str, **kw: object) -> AsyncProc:
-    p = await sbx.proc.start(*args, proc_id=pid_(), **kw)  # type: ignore[arg-type]
+async def start(
+    sbx: AsyncSandbox, procs: list[AsyncProc], *args: str | list[str], **kw: Any
+) -> AsyncProc:
+    p = await sbx.proc.start(*args, proc_id=pid_(), **kw)
     procs.append(p)
     return p
 
@@ -102,7 +105,10 @@ async def test_list_filters_by_tags_and_state(sbx: AsyncSandbox, procs: list[Asy
     b = await start(sbx, procs, "sleep 300", tags={"run": run, "role": "worker"})
     c = await start(sbx, procs, "true", tags={"run": run, "role": "server"})
     await c.wait(10)
-    ids = lambda infos: {i.proc_id for i in infos}  # noqa: E731
+
+    def ids(infos: list[ProcessInfo]) -> set[str]:
+        return {i.proc_id for i in infos}
+
     assert ids(await sbx.proc.list(tags={"run": run})) == {a.id, b.id, c.id}
     assert ids(await sbx.proc.list(tags={"run": run, "role": "server"})) == {a.id, c.id}
     assert ids(await sbx.proc.list(tags={"run": run}, state="running")) == {a.id, b.id}

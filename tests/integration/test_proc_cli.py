@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -10,8 +11,10 @@ import sysconfig
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from conftest import Execd, NatsServer
 from sandpod import Sandbox
@@ -26,11 +29,12 @@ def sync_sbx(nats: NatsServer, shared_execd: Execd) -> Iterator[Sandbox]:
         yield sbx
 
 
-def cli(nats: NatsServer, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+def cli(nats: NatsServer, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
-    return subprocess.run(
+    out: subprocess.CompletedProcess[str] = subprocess.run(
         [SANDPOD, *args], env=env, capture_output=True, text=True, timeout=60, **kw
-    )  # type: ignore[call-overload, no-any-return]
+    )
+    return out
 
 
 def test_ps_shows_a_table_and_filters(nats: NatsServer, sync_sbx: Sandbox) -> None:
@@ -52,6 +56,25 @@ def test_ps_shows_a_table_and_filters(nats: NatsServer, sync_sbx: Sandbox) -> No
     finally:
         a.remove()
         b.remove()
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_ps_prints_json_and_yaml(nats: NatsServer, sync_sbx: Sandbox, fmt: str) -> None:
+    """`sandpod ps -o json|yaml` prints the processes as data: a list of objects with the raw
+    fields (epoch start, tags as a mapping), parsed back by the format's own parser."""
+    run = uuid.uuid4().hex[:8]
+    a = sync_sbx.proc.start("exit 3", proc_id=f"cli-o-{run}", tags={"run": run})
+    try:
+        a.wait(10)
+        out = cli(nats, "ps", "shared", "-t", f"run={run}", "-o", fmt)
+        assert out.returncode == 0, out.stderr
+        listed = json.loads(out.stdout) if fmt == "json" else yaml.safe_load(out.stdout)
+        assert [p["proc_id"] for p in listed] == [a.id]
+        (info,) = listed
+        assert (info["state"], info["exit_code"], info["tags"]) == ("exited", 3, {"run": run})
+        assert isinstance(info["started_at"], float)
+    finally:
+        a.remove()
 
 
 def test_logs_prints_and_follows_until_exit(nats: NatsServer, sync_sbx: Sandbox) -> None:

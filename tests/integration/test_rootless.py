@@ -254,8 +254,8 @@ async def test_files_sessions_and_ports_work_rootless(rootless: Rootless) -> Non
         assert owner == uid
         session = await sbx.sessions.create()
         await session.run("cd /workspace/dir && export SEEN=yes")
-        r = await session.run("pwd; echo $SEEN")
-        assert r.stdout == "/workspace/dir\nyes\n"
+        ran = await session.run("pwd; echo $SEEN")
+        assert ran.stdout == "/workspace/dir\nyes\n"
         server = await sbx.proc.start(
             "/workspace/dir", "python3 -m http.server 8765 --bind 127.0.0.1"
         )

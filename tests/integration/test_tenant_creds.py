@@ -28,9 +28,8 @@ import nats
 import pytest
 from gateway_harness import mint_key
 from nats.aio.client import Client
-from test_nats_creds import Violations
 
-from operator_nats import OperatorNats, installation_permissions
+from operator_nats import OperatorNats, Violations, installation_permissions
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod_bus import Bus, BusSettings

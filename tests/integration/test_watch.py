@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import Execd, NatsServer
 from sandpod import AsyncSandbox, Sandbox
@@ -82,7 +84,9 @@ def has(kind: str, path: str, **fields: object) -> Callable[[list[WatchEvent]], 
     return check
 
 
-async def test_create_modify_delete_arrive_with_paths(sbx, area, watches) -> None:
+async def test_create_modify_delete_arrive_with_paths(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """A file's creation, modification and deletion come as three events with its path."""
     host, path = area
     w = await start(sbx, watches, path)
@@ -95,7 +99,9 @@ async def test_create_modify_delete_arrive_with_paths(sbx, area, watches) -> Non
     await until(w, has("delete", f"{path}/f.txt"))
 
 
-async def test_events_caused_through_exec_are_seen(sbx, area, watches) -> None:
+async def test_events_caused_through_exec_are_seen(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """Changes made by commands in the sandbox (including in a brand-new directory) are reported."""
     _, path = area
     w = await start(sbx, watches, path)
@@ -107,7 +113,9 @@ async def test_events_caused_through_exec_are_seen(sbx, area, watches) -> None:
     await until(w, has("attrib", f"{path}/d/a"))
 
 
-async def test_rename_is_one_move_event_with_both_paths(sbx, area, watches, tmp_path) -> None:
+async def test_rename_is_one_move_event_with_both_paths(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch], tmp_path: Path
+) -> None:
     """Renaming inside the watch gives one move (old -> new); out is delete; in is create."""
     host, path = area
     (host / "a.txt").write_text("x")
@@ -121,7 +129,9 @@ async def test_rename_is_one_move_event_with_both_paths(sbx, area, watches, tmp_
     await until(w, has("create", f"{path}/back.txt"))
 
 
-async def test_renamed_directory_keeps_being_watched_under_its_new_name(sbx, area, watches) -> None:
+async def test_renamed_directory_keeps_being_watched_under_its_new_name(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """After a directory is renamed, changes inside it carry the new path."""
     host, path = area
     (host / "old").mkdir()
@@ -132,7 +142,9 @@ async def test_renamed_directory_keeps_being_watched_under_its_new_name(sbx, are
     await until(w, has("create", f"{path}/new/f"))
 
 
-async def test_attrib_event_on_chmod(sbx, area, watches) -> None:
+async def test_attrib_event_on_chmod(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """chmod of a file is an attrib event."""
     host, path = area
     (host / "run.sh").write_text("#!/bin/sh\n")
@@ -141,7 +153,9 @@ async def test_attrib_event_on_chmod(sbx, area, watches) -> None:
     await until(w, has("attrib", f"{path}/run.sh"))
 
 
-async def test_new_directories_are_watched_and_scanned(sbx, area, watches) -> None:
+async def test_new_directories_are_watched_and_scanned(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """A tree made faster than the watch could follow is reported by scanning, then watched."""
     host, path = area
     w = await start(sbx, watches, path)
@@ -155,7 +169,9 @@ async def test_new_directories_are_watched_and_scanned(sbx, area, watches) -> No
     await until(w, has("create", f"{path}/a/b/c/late.txt"))
 
 
-async def test_include_and_exclude_globs(sbx, area, watches) -> None:
+async def test_include_and_exclude_globs(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """Only included paths are reported; excluded directories are neither reported nor watched."""
     host, path = area
     (host / "node_modules" / "pkg").mkdir(parents=True)
@@ -178,7 +194,9 @@ def interleaved_writes(a: Path, b: Path, n: int) -> None:
                 f.flush()
 
 
-async def test_modifies_inside_the_window_coalesce(sbx, area, watches) -> None:
+async def test_modifies_inside_the_window_coalesce(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """Twenty writes to one file inside the window become one modify with count 20."""
     host, path = area
     (host / "log.txt").write_text("")
@@ -190,7 +208,9 @@ async def test_modifies_inside_the_window_coalesce(sbx, area, watches) -> None:
     assert len(modifies) == 1 and modifies[0].count == 20
 
 
-async def test_no_coalescing_with_window_zero(sbx, area, watches) -> None:
+async def test_no_coalescing_with_window_zero(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """With coalesce=0 each write is its own event."""
     host, path = area
     (host / "log.txt").write_text("")
@@ -201,7 +221,9 @@ async def test_no_coalescing_with_window_zero(sbx, area, watches) -> None:
     assert all(e.count == 1 and e.type == "modify" for e in events)
 
 
-async def test_overflow_is_reported_not_silent(sbx, area, watches) -> None:
+async def test_overflow_is_reported_not_silent(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """Past the queue bound, a poll from an old cursor starts with an overflow event."""
     host, path = area
     w = await start(sbx, watches, path, queue=4, coalesce=0)
@@ -222,7 +244,9 @@ async def test_overflow_is_reported_not_silent(sbx, area, watches) -> None:
     assert [e.path for e in rest] == [f"{path}/f{i}" for i in range(16, 20)]
 
 
-async def test_cursor_query_after_being_away(sbx, nats, area, watches) -> None:
+async def test_cursor_query_after_being_away(
+    sbx: AsyncSandbox, nats: NatsServer, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """A client that comes back (on another connection) gets what changed since its cursor."""
     host, path = area
     w = await start(sbx, watches, path)
@@ -241,7 +265,9 @@ async def test_cursor_query_after_being_away(sbx, nats, area, watches) -> None:
     assert empty.events == () and empty.next_cursor == cursor + 2
 
 
-async def test_stop_list_and_unknown_ids(sbx, area, watches) -> None:
+async def test_stop_list_and_unknown_ids(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """list shows a watch until stop; then poll and stop say watch.not_found."""
     _, path = area
     w = await start(sbx, watches, path)
@@ -264,7 +290,9 @@ async def _watch_gone(sbx: AsyncSandbox, watch_id: str | None, timeout: float = 
         await asyncio.sleep(0.02)
 
 
-async def test_breaking_out_of_a_bare_iteration_stops_the_watch(sbx, area, watches) -> None:
+async def test_breaking_out_of_a_bare_iteration_stops_the_watch(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """`async for ev in sbx.watch(p): break` (no `async with`) stops the watch in execd instead
     of leaving it to collect events until its idle timeout."""
     host, path = area
@@ -277,7 +305,9 @@ async def test_breaking_out_of_a_bare_iteration_stops_the_watch(sbx, area, watch
     await _watch_gone(sbx, w.watch_id)
 
 
-async def test_an_exception_in_a_bare_iteration_stops_the_watch(sbx, area, watches) -> None:
+async def test_an_exception_in_a_bare_iteration_stops_the_watch(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """An exception raised in the loop body also stops the watch of a bare iteration."""
     host, path = area
     w = await sbx.watch(path).start()
@@ -293,7 +323,9 @@ async def test_an_exception_in_a_bare_iteration_stops_the_watch(sbx, area, watch
     await _watch_gone(sbx, w.watch_id)
 
 
-async def test_breaking_out_inside_async_with_keeps_the_watch(sbx, area) -> None:
+async def test_breaking_out_inside_async_with_keeps_the_watch(
+    sbx: AsyncSandbox, area: tuple[Path, str]
+) -> None:
     """Inside `async with` the block owns the watch: a break leaves it running (iterating
     again continues with the next event) until the block ends."""
     host, path = area
@@ -310,7 +342,9 @@ async def test_breaking_out_inside_async_with_keeps_the_watch(sbx, area) -> None
     assert w.watch_id not in {i.watch_id for i in await sbx.watch.list()}
 
 
-async def test_removing_the_watched_directory_ends_the_watch(sbx, area, watches) -> None:
+async def test_removing_the_watched_directory_ends_the_watch(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """Deleting the root reports its deletion, then the watch is closed."""
     host, path = area
     w = await start(sbx, watches, path)
@@ -321,7 +355,9 @@ async def test_removing_the_watched_directory_ends_the_watch(sbx, area, watches)
     assert last.closed and w.closed
 
 
-async def test_single_file_watch(sbx, area, watches) -> None:
+async def test_single_file_watch(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch]
+) -> None:
     """Watching one file reports its modification under its own path."""
     host, path = area
     (host / "one.txt").write_text("a")
@@ -330,7 +366,9 @@ async def test_single_file_watch(sbx, area, watches) -> None:
     await until(w, has("modify", f"{path}/one.txt"))
 
 
-async def test_symlinked_directories_are_not_followed(sbx, area, watches, tmp_path) -> None:
+async def test_symlinked_directories_are_not_followed(
+    sbx: AsyncSandbox, area: tuple[Path, str], watches: list[AsyncWatch], tmp_path: Path
+) -> None:
     """A symlink in the tree to a directory outside it does not leak outside events."""
     host, path = area
     os.symlink(tmp_path, host / "link")
@@ -341,7 +379,7 @@ async def test_symlinked_directories_are_not_followed(sbx, area, watches, tmp_pa
     assert not any("outside" in e.path for e in events)
 
 
-async def test_hostile_input_gets_typed_errors(sbx, area) -> None:
+async def test_hostile_input_gets_typed_errors(sbx: AsyncSandbox, area: tuple[Path, str]) -> None:
     """Missing paths, NUL bytes, overlong names and bad globs are refused with typed errors."""
     _, path = area
     with pytest.raises(FsNotFound):
@@ -381,7 +419,9 @@ async def test_watch_limit_per_sandbox(start_execd: Callable[..., Execd], nats: 
         assert await sbx.watch.list() == []
 
 
-async def test_execd_shutdown_stops_watches(start_execd, nats) -> None:
+async def test_execd_shutdown_stops_watches(
+    start_execd: Callable[..., Execd], nats: NatsServer
+) -> None:
     """Stopping execd ends a watch: a waiting poll answers closed and execd exits 0."""
     execd = start_execd()
     async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
@@ -393,7 +433,7 @@ async def test_execd_shutdown_stops_watches(start_execd, nats) -> None:
         assert batch.closed
 
 
-def test_sync_sdk_watch(nats: NatsServer, shared_execd: Execd, area) -> None:
+def test_sync_sdk_watch(nats: NatsServer, shared_execd: Execd, area: tuple[Path, str]) -> None:
     """The blocking SDK iterates events and stops the watch on exit."""
     host, path = area
     with Sandbox.connect("shared", nats_url=nats.url) as sbx, sbx.watch(path) as w:
@@ -406,7 +446,7 @@ def test_sync_sdk_watch(nats: NatsServer, shared_execd: Execd, area) -> None:
 
 
 def test_breaking_out_of_a_bare_sync_iteration_stops_the_watch(
-    nats: NatsServer, shared_execd: Execd, area
+    nats: NatsServer, shared_execd: Execd, area: tuple[Path, str]
 ) -> None:
     """`for ev in sbx.watch(p): break` in the blocking SDK stops the watch it started."""
     host, path = area
@@ -422,7 +462,9 @@ def test_breaking_out_of_a_bare_sync_iteration_stops_the_watch(
             w.stop()
 
 
-def test_cli_prints_events_and_stops_on_ctrl_c(nats: NatsServer, shared_execd: Execd, area) -> None:
+def test_cli_prints_events_and_stops_on_ctrl_c(
+    nats: NatsServer, shared_execd: Execd, area: tuple[Path, str]
+) -> None:
     """`sandpod watch` prints one line per event; SIGINT stops it (exit 0) and the watch."""
     host, path = area
     env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
@@ -448,3 +490,41 @@ def test_cli_prints_events_and_stops_on_ctrl_c(nats: NatsServer, shared_execd: E
             cli.wait()
     with Sandbox.connect("shared", nats_url=nats.url) as sbx:
         assert not any(i.path == path for i in sbx.watch.list())
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_cli_prints_events_as_json_or_yaml(
+    nats: NatsServer, shared_execd: Execd, area: tuple[Path, str], fmt: str
+) -> None:
+    """`sandpod watch -o json` prints one JSON object per line, `-o yaml` one YAML document per
+    event; each parses back to the event's fields. SIGTERM stops it (exit 0)."""
+    host, path = area
+    env = {**os.environ, "SANDPOD_NATS_URL": nats.url}
+    cli = subprocess.Popen(
+        [SANDPOD, "watch", "shared", path, "-o", fmt],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert cli.stderr is not None and cli.stdout is not None
+        assert cli.stderr.readline().startswith(f"watching {path}")
+        (host / "seen.txt").write_text("x")
+        if fmt == "json":
+            event = json.loads(cli.stdout.readline())
+        else:
+            assert cli.stdout.readline() == "---\n"
+            event = yaml.safe_load("".join(cli.stdout.readline() for _ in range(8)))
+        assert (event["type"], event["path"], event["is_dir"]) == (
+            "create",
+            f"{path}/seen.txt",
+            False,
+        )
+        assert isinstance(event["time"], float) and event["old_path"] is None
+        cli.terminate()
+        assert cli.wait(15) == 0
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()

@@ -104,7 +104,7 @@ class Cluster:
         """Start a replica of ``module`` (``<service>0`` unless named: its lease identity)."""
         env = {**kube_env(self.plane), **self.credentials.get(module, {}), **extra}
         replica = replica or f"{module[8:]}0"
-        proc = ServiceProc(module, self.nats, self.state, self.prefix, replica, **env)
+        proc = ServiceProc(module, self.nats, self.state, self.prefix, replica, wrap=(), **env)
         self.procs.append(proc)
         return proc
 

@@ -218,7 +218,10 @@ class FakeKubelet:
     def _read_secret(self, name: str) -> dict[str, str]:
         with self.settings.api_client() as api_client:
             secret = client.CoreV1Api(api_client).read_namespaced_secret(name, self.namespace)
-            return dict(secret.data or {})
+            # the client types data as bytes | str; the API sends base64 text
+            return {
+                k: v if isinstance(v, str) else v.decode() for k, v in (secret.data or {}).items()
+            }
 
     async def _start(self, raw: dict[str, Any]) -> None:
         name = raw["metadata"]["name"]

@@ -300,5 +300,5 @@ def test_nats_operator_mode_gives_each_service_only_its_own_keys(helm_dir: Path)
         )
     plain = render(helm_dir, {}, release="plain", namespace="sandpod")
     for dep in (d for d in plain if d["kind"] == "Deployment"):
-        env = {e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
-        assert not env & {"SANDPOD_NATS_CREDS", "SANDPOD_NATS_ACCOUNT_SEED_FILE"}
+        names = {e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert not names & {"SANDPOD_NATS_CREDS", "SANDPOD_NATS_ACCOUNT_SEED_FILE"}

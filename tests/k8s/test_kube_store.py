@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
+from collections.abc import AsyncGenerator
+from typing import cast
 
 from k8s.envtest import ControlPlane
 from sandpod_kube import KubeStore
-from sandpod_store import EventType, ObjectMeta, Resource
+from sandpod_store import EventType, ObjectMeta, Resource, WatchEvent
 
 
 def sandbox(name: str, namespace: str) -> Resource:
@@ -29,7 +31,11 @@ async def test_watch_outlives_the_api_servers_watch_timeout(
     loop = asyncio.get_running_loop()
     try:
         _, revision = await store.list("Sandbox", namespace)
-        async with contextlib.aclosing(store.watch("Sandbox", namespace, revision)) as events:
+        # KubeStore.watch is an async generator (typed as the Store protocol's AsyncIterator)
+        watch = cast(
+            "AsyncGenerator[WatchEvent, None]", store.watch("Sandbox", namespace, revision)
+        )
+        async with contextlib.aclosing(watch) as events:
             seen: list[str] = []
             deadline = loop.time() + 3.5  # spans three server-side timeouts
             while loop.time() < deadline:

@@ -233,7 +233,8 @@ async def test_each_sandbox_pod_connects_with_its_own_creds_that_reach_only_its_
 
         # The Secret: owned by the Sandbox, a JWT for A's subjects only, expiring with A.
         secret = _secret(c, a_name)
-        assert secret is not None
+        assert secret is not None and secret.metadata is not None and secret.data is not None
+        assert secret.metadata.owner_references and secret.metadata.annotations is not None
         owner = secret.metadata.owner_references[0]
         assert (owner.kind, owner.name, owner.uid, owner.controller) == (
             "Sandbox",
@@ -327,10 +328,13 @@ async def test_a_renew_re_mints_the_secret_and_the_running_execd_switches_to_it(
     sbx = await AsyncSandbox.create(name=name, timeout=120, nats_url=c.nats.url, prefix=c.prefix)
     try:
         secret = _secret(c, name)
-        assert secret is not None
+        assert secret is not None and secret.metadata is not None
+        assert secret.metadata.annotations is not None and secret.metadata.resource_version
         first = int(secret.metadata.annotations[CREDS_EXPIRES])
         await sbx.renew(3 * 3600)
         renewed = await asyncio.to_thread(_next_version, c, name, secret.metadata.resource_version)
+        assert renewed.metadata is not None and renewed.metadata.annotations is not None
+        assert renewed.data is not None
         later = int(renewed.metadata.annotations[CREDS_EXPIRES])
         assert later >= first + 3 * 3600 - 120
         creds = base64.b64decode(renewed.data[CREDS_KEY]).decode()
@@ -352,8 +356,8 @@ def _next_version(c: Cluster, name: str, after: str) -> client.V1Secret:
     """The Secret once it changed after resourceVersion ``after`` (a watch, not polling)."""
     with c.plane.settings.api_client() as api_client:
         core = client.CoreV1Api(api_client)
-        stream = watch.Watch()
-        for event in stream.stream(
+        stream = watch.Watch()  # type: ignore[no-untyped-call]  # untyped in the client
+        for event in stream.stream(  # type: ignore[no-untyped-call]  # untyped in the client
             core.list_namespaced_secret,
             NS,
             timeout_seconds=30,
@@ -361,6 +365,8 @@ def _next_version(c: Cluster, name: str, after: str) -> client.V1Secret:
             resource_version=after,
         ):
             if event["type"] == "MODIFIED":
-                stream.stop()
-                return event["object"]
+                stream.stop()  # type: ignore[no-untyped-call]  # untyped in the client
+                secret = event["object"]
+                assert isinstance(secret, client.V1Secret)
+                return secret
     pytest.fail(f"the creds Secret of {name} was not renewed within 30s")

@@ -124,9 +124,13 @@ async def _check_network_policy(settings: KubeSettings, template: str) -> None:
             f"sandpod-template-{template}",
             NS,
         )
-    assert policy.spec.pod_selector.match_labels == {"sandpod.dev/template": template}
-    assert policy.spec.policy_types == ["Ingress", "Egress"] and not policy.spec.ingress
-    nats = policy.spec.egress[0].to[0]
+    spec = policy.spec
+    assert spec is not None and spec.pod_selector is not None and spec.egress
+    assert spec.pod_selector.match_labels == {"sandpod.dev/template": template}
+    assert spec.policy_types == ["Ingress", "Egress"] and not spec.ingress
+    assert spec.egress[0].to
+    nats = spec.egress[0].to[0]
+    assert nats.namespace_selector is not None and nats.pod_selector is not None
     assert nats.namespace_selector.match_labels == {"kubernetes.io/metadata.name": "nats-system"}
     assert nats.pod_selector.match_labels == {"app.kubernetes.io/name": "nats"}
     rules = [
@@ -134,7 +138,7 @@ async def _check_network_policy(settings: KubeSettings, template: str) -> None:
             [p.ip_block.cidr for p in r.to or [] if p.ip_block],
             [(p.protocol, p.port) for p in r.ports or []],
         )
-        for r in policy.spec.egress
+        for r in spec.egress
     ]
     assert rules == [
         (["127.0.0.1/32"], [("TCP", 4222)]),  # NATS, always: its pods, and its address

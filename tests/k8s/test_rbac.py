@@ -61,11 +61,11 @@ def grant(plane: ControlPlane, role: str, rules: list[Any]) -> str:
             "rules": rules,
         }
         try:
-            rbac.create_cluster_role(doc)
+            rbac.create_cluster_role(doc)  # type: ignore[arg-type]  # the client sends a dict body as it is
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            rbac.replace_cluster_role(role, doc)
+            rbac.replace_cluster_role(role, doc)  # type: ignore[arg-type]  # the client sends a dict body as it is
         meta = client.V1ObjectMeta(name=role)
         account = client.V1ServiceAccount(metadata=meta)
         for create in (
@@ -90,6 +90,7 @@ def grant(plane: ControlPlane, role: str, rules: list[Any]) -> str:
             spec=client.V1TokenRequestSpec(audiences=[AUDIENCE], expiration_seconds=3600)
         )
         answer = core.create_namespaced_service_account_token(role, NS, request)
+        assert answer.status is not None, "a token request answers with its token"
         return str(answer.status.token)
 
 

@@ -51,8 +51,8 @@ def policy(kube_apiserver: ControlPlane, tmp_path: Path) -> Iterator[list[dict[s
     assert [d["kind"] for d in mine] == list(wanted), "the chart renders no policy"
     with kube_apiserver.settings.api_client() as api_client:
         api = client.AdmissionregistrationV1Api(api_client)
-        api.create_validating_admission_policy(mine[0])
-        api.create_validating_admission_policy_binding(mine[1])
+        api.create_validating_admission_policy(mine[0])  # type: ignore[arg-type]  # the client sends a dict body as it is
+        api.create_validating_admission_policy_binding(mine[1])  # type: ignore[arg-type]  # the client sends a dict body as it is
         try:
             yield mine
         finally:

@@ -51,7 +51,9 @@ class FakeChannel:
         self.sent.append(msg)
         if msg.cwd is not None and msg.cwd not in self.dirs:
             raise InvalidCwd(f"cwd {msg.cwd!r}: no such directory")
-        return reply(exec_id=msg.exec_id, exit_code=0, duration=0.01)
+        result = WireResult(exec_id=msg.exec_id or "", exit_code=0, duration=0.01)
+        assert isinstance(result, reply)
+        return result
 
     async def publish(self, family: str, verb: str, msg: Message) -> None:
         raise NotImplementedError

@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from test_pool_reconciler import Rig, _session_daemons  # noqa: F401
+
 from sandpod_contract.pooling import CLAIM_LABEL, HASH_LABEL, POOL_LABEL, ClaimReason, ClaimSpec
 from sandpod_pool.cache import Mirror
 from sandpod_pool.claims import CLAIM, Claims
 from sandpod_pool.members import SANDBOX, MemberState, is_deleting, member_state
 from sandpod_store import ObjectMeta, OwnerReference, Resource
-from unit.test_pool_reconciler import Rig, _session_daemons  # noqa: F401
 
 __all__: list[str] = []
 

@@ -48,7 +48,7 @@ class Rig:
         self.rec = PoolReconciler(
             store=self.store,
             leases=Always(),
-            pools=self.pools,  # type: ignore[arg-type]
+            pools=self.pools,
             sandboxes=self.sandboxes,
             templates=self.templates,
             create_rate=100.0,

@@ -6,12 +6,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from sandpod_contract.messages.sandboxes import SANDBOX_EVENT_TYPES
-from sandpod_contract.resources import SandboxSpec, SandboxStatus, SandboxTemplateSpec
+from sandpod_contract.resources import (
+    ConditionReason,
+    SandboxSpec,
+    SandboxStatus,
+    SandboxTemplateSpec,
+)
 from sandpod_lifecycle.driver import Instance
 from sandpod_lifecycle.reconciler import Outcome, Reconciler
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy
@@ -188,8 +194,13 @@ class CreatingDuringList(MemoryStore):
         super().__init__()
         self.driver = driver
 
-    async def list(self, kind: str, namespace: str | None = None, selector: object = None):  # type: ignore[no-untyped-def, override]
-        before = await super().list(kind, namespace, selector)  # type: ignore[arg-type]
+    async def list(
+        self,
+        kind: str,
+        namespace: str | None = None,
+        selector: str | Mapping[str, str] | None = None,
+    ) -> tuple[list[Resource], int]:
+        before = await super().list(kind, namespace, selector)
         if kind == "Sandbox" and "fresh" not in self.driver.instances:
             await self.create(
                 Resource(
@@ -266,7 +277,7 @@ async def test_a_create_that_outlives_the_lease_leaves_the_instance_alone() -> N
 class UnhealthyDriver(FakeDriver):
     """ensure() raises what a runtime raises for an instance that does not serve."""
 
-    def __init__(self, reason: str, terminal: bool) -> None:
+    def __init__(self, reason: ConditionReason, terminal: bool) -> None:
         super().__init__()
         self.reason, self.terminal = reason, terminal
         self.started: list[bool] = []
@@ -290,7 +301,11 @@ async def test_a_transient_problem_keeps_the_instance_and_writes_its_reason_once
     """A transient InstanceUnhealthy: Pending, Ready=False with the reason and message, the
     instance kept (no destroy, no re-create) and the status written once however often the
     same problem is seen."""
-    store, driver, events = MemoryStore(), UnhealthyDriver("Unschedulable", False), Events()
+    store, driver, events = (
+        MemoryStore(),
+        UnhealthyDriver(ConditionReason.UNSCHEDULABLE, False),
+        Events(),
+    )
     rec = _reconciler(store, driver, events)
     await _sandbox(store)
     assert await rec.reconcile("s1") is Outcome.RETRY
@@ -310,7 +325,11 @@ async def test_a_transient_problem_keeps_the_instance_and_writes_its_reason_once
 async def test_a_terminal_problem_fails_the_sandbox_with_its_reason_and_stays_failed() -> None:
     """A terminal InstanceUnhealthy: the instance is destroyed, the Sandbox Failed with the
     runtime's reason (Failed and Ready), a failed event; later passes change nothing."""
-    store, driver, events = MemoryStore(), UnhealthyDriver("OOMKilled", True), Events()
+    store, driver, events = (
+        MemoryStore(),
+        UnhealthyDriver(ConditionReason.OOM_KILLED, True),
+        Events(),
+    )
     rec = _reconciler(store, driver, events)
     await _sandbox(store)
     assert await rec.reconcile("s1") is Outcome.DONE
@@ -336,7 +355,7 @@ async def test_a_running_sandbox_whose_instance_turns_terminal_fails() -> None:
         running=True,
         paused=False,
         detail="CrashLoopBackOff",
-        reason="CrashLoop",
+        reason=ConditionReason.CRASH_LOOP,
         terminal=True,
     )
     assert await rec.reconcile("s1") is Outcome.DONE
@@ -347,7 +366,11 @@ async def test_a_running_sandbox_whose_instance_turns_terminal_fails() -> None:
 
 async def test_a_lost_instance_of_a_running_sandbox_is_ensured_as_started() -> None:
     """The instance of a Running sandbox vanished: ensure() is told the sandbox had started."""
-    store, driver, events = MemoryStore(), UnhealthyDriver("PodDeleted", True), Events()
+    store, driver, events = (
+        MemoryStore(),
+        UnhealthyDriver(ConditionReason.POD_DELETED, True),
+        Events(),
+    )
     rec = _reconciler(store, driver, events)
     await _sandbox(store)
     await FakeDriver.ensure(driver, "s1", SandboxSpec(), SandboxTemplateSpec())

@@ -3,6 +3,8 @@ a tenant credential's permissions (the attacks themselves are in tests/integrati
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sandpod.control import create_object
@@ -47,7 +49,7 @@ def test_reserved_keys_are_the_sandpod_dev_domain_and_its_subdomains(
 
 def test_refuse_reserved_names_the_field_and_key() -> None:
     """Labels, annotations, a claim's spec.labels and any ownerReferences are refused."""
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"metadata": {"labels": {"a": "b", "sandpod.dev/pool": "p"}}}, "sandpod.dev/pool"),
         ({"metadata": {"annotations": {"sandpod.dev/bound-at": "1"}}}, "sandpod.dev/bound-at"),
         ({"metadata": {"ownerReferences": [{"uid": "x"}]}}, "ownerReferences"),
@@ -71,9 +73,9 @@ def test_the_sdk_refuses_reserved_labels_before_sending() -> None:
     """create_object and claim_object raise the service's error early."""
     common = {"name": None, "template": None, "timeout": None, "idle_timeout": None, "env": None}
     with pytest.raises(BadRequest):
-        create_object(**common, permanent=False, labels={"sandpod.dev/pool": "x"})  # type: ignore[arg-type]
+        create_object(**common, permanent=False, labels={"sandpod.dev/pool": "x"})
     with pytest.raises(BadRequest):
-        claim_object(**common, pool="p", labels={"sandpod.dev/tenant": "a"})  # type: ignore[arg-type]
+        claim_object(**common, pool="p", labels={"sandpod.dev/tenant": "a"})
 
 
 def test_a_tenant_names_only_its_own_ids() -> None:

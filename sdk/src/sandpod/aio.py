@@ -12,9 +12,10 @@ re-exported.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, bus_channel
 from sandpod.channel import NO_DEADLINE as NO_DEADLINE  # noqa: PLC0414 - a re-export
@@ -39,18 +40,20 @@ from sandpod.exec.args import Command
 from sandpod.exec.stream import STDIN_CHUNK as STDIN_CHUNK  # noqa: PLC0414 - a re-export
 from sandpod.exec.stream import AsyncExecStream
 from sandpod.exec.types import ExecResult
-from sandpod.fs import AsyncFiles
-from sandpod.git import AsyncGit
-from sandpod.pools import ClaimInfo, claim_sandbox
-from sandpod.proc import AsyncProcesses
-from sandpod.pty import AsyncPtys
-from sandpod.session import AsyncSessions
-from sandpod.watch import AsyncWatches
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.sandboxes import ObjectReply, Ref, Renew, SandboxEvent
 from sandpod_contract.messages.system import Activity, Info, Pong, SandboxMetrics
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
+
+if TYPE_CHECKING:  # the families are imported on first use: see AsyncSandbox.fs
+    from sandpod.fs import AsyncFiles
+    from sandpod.git import AsyncGit
+    from sandpod.pools import ClaimInfo
+    from sandpod.proc import AsyncProcesses
+    from sandpod.pty import AsyncPtys
+    from sandpod.session import AsyncSessions
+    from sandpod.watch import AsyncWatches
 
 __all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
 
@@ -64,13 +67,47 @@ class AsyncSandbox:
         self.subjects = subjects
         self._owns_bus = owns_bus
         self.channel = bus_channel(bus, subjects, self.id)  # what the families get, not ``self``
-        self.fs = AsyncFiles(self.channel)
-        self.proc = AsyncProcesses(self.channel)
-        self.sessions = AsyncSessions(self.channel)
-        self.pty = AsyncPtys(self.channel)
-        self.watch = AsyncWatches(self.channel)
-        self.git = AsyncGit(self.channel)
         self.claim_info: ClaimInfo | None = None  # set when this sandbox came from a claim
+
+    # The per-family APIs, each imported and built on first use: a caller that only runs
+    # commands (the CLI's `sandpod exec`) never loads the fs, pty, watch, ... modules and their
+    # contract messages, a large part of the SDK's import time.
+
+    @functools.cached_property
+    def fs(self) -> AsyncFiles:
+        from sandpod.fs import AsyncFiles
+
+        return AsyncFiles(self.channel)
+
+    @functools.cached_property
+    def proc(self) -> AsyncProcesses:
+        from sandpod.proc import AsyncProcesses
+
+        return AsyncProcesses(self.channel)
+
+    @functools.cached_property
+    def sessions(self) -> AsyncSessions:
+        from sandpod.session import AsyncSessions
+
+        return AsyncSessions(self.channel)
+
+    @functools.cached_property
+    def pty(self) -> AsyncPtys:
+        from sandpod.pty import AsyncPtys
+
+        return AsyncPtys(self.channel)
+
+    @functools.cached_property
+    def watch(self) -> AsyncWatches:
+        from sandpod.watch import AsyncWatches
+
+        return AsyncWatches(self.channel)
+
+    @functools.cached_property
+    def git(self) -> AsyncGit:
+        from sandpod.git import AsyncGit
+
+        return AsyncGit(self.channel)
 
     @classmethod
     async def connect(
@@ -193,6 +230,8 @@ class AsyncSandbox:
             ClaimTimeout: not ready within ``wait`` seconds (the claim stays and may bind).
             ResourceInvalid: bad arguments or unknown template.
         """
+        from sandpod.pools import claim_sandbox  # lazy: pools is a family
+
         sbx = await cls.connect("default", nats_url=nats_url, prefix=prefix, bus=bus)
         try:
             info, sandbox = await claim_sandbox(

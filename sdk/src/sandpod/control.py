@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -20,8 +20,8 @@ from sandpod_contract.messages.sandboxes import (
     Selection,
 )
 from sandpod_contract.reserved import refuse_reserved
-from sandpod_contract.resources import API_VERSION
 from sandpod_contract.subjects import Subjects
+from sandpod_contract.times import to_rfc3339
 
 __all__ = [
     "SandboxInfo",
@@ -114,8 +114,7 @@ def create_object(
     if template:
         spec["templateRef"] = {"name": template}
     if timeout is not None:
-        expiry = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=timeout)
-        spec["shutdownTime"] = expiry.strftime("%Y-%m-%dT%H:%M:%SZ")
+        spec["shutdownTime"] = to_rfc3339(time.time() + timeout)
     if idle_timeout is not None:
         spec["idleTimeoutSeconds"] = idle_timeout
     if env:
@@ -123,6 +122,8 @@ def create_object(
     meta: dict[str, Any] = {"labels": dict(labels or {})}
     if name:
         meta["name"] = name
+    from sandpod_contract.resources import API_VERSION  # lazy: not on the exec path
+
     return {"apiVersion": API_VERSION, "kind": "Sandbox", "metadata": meta, "spec": spec}
 
 

@@ -25,6 +25,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
+from sandpod_bus._natspy import websocket_support
 from sandpod_bus.credswatch import CredsWatch
 from sandpod_bus.errors import NoResponders
 from sandpod_bus.kv import KvBucket, open_bucket
@@ -170,6 +171,7 @@ class Bus:
 
         nc = NatsClient()
         servers = [u.strip() for u in settings.url.split(",") if u.strip()]
+        websocket_support(servers)  # aiohttp, skipped when nats was imported, for ws:// only
         try:
             # nats-py retries the first connection forever when reconnects are unbounded:
             # bound the whole attempt by connect_timeout.

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import datetime
 import functools
 import json
 import random
@@ -51,6 +50,7 @@ from sandpod_contract.errors import (
     ResourceNotFound,
     StoreError,
 )
+from sandpod_contract.times import to_rfc3339
 from sandpod_kube.config import KubeSettings, LeaderSettings
 from sandpod_kube.errors import from_api_error
 
@@ -72,8 +72,7 @@ def lease_name(prefix: str, service: str) -> str:
 
 def _micro(ts: float) -> str:
     """A ``MicroTime`` as the API server writes it."""
-    moment = datetime.datetime.fromtimestamp(ts, datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return to_rfc3339(ts, micro=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

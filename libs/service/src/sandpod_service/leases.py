@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from typing import Protocol
 
 from sandpod_bus import Bus, KvBucket
@@ -25,6 +24,7 @@ from sandpod_contract.errors import (
     ResourceNotFound,
     SandpodError,
 )
+from sandpod_service.clock import REAL, Clock
 
 __all__ = ["LeaseKeeper", "Leases"]
 
@@ -60,19 +60,22 @@ class LeaseKeeper(Protocol):
 
 
 class Leases:
-    def __init__(self, bucket: KvBucket, holder: str, ttl: float) -> None:
+    def __init__(self, bucket: KvBucket, holder: str, ttl: float, *, clock: Clock = REAL) -> None:
         self._bucket = bucket
         self.holder = holder
         self.ttl = ttl
+        self._clock = clock  # wall time: ``expires`` is compared across replicas
         self._held: dict[str, int] = {}  # key -> revision of our lease record
         self._expires: dict[str, float] = {}  # key -> when our record says it expires
 
     @classmethod
-    async def open(cls, bus: Bus, holder: str, ttl: float, bucket: str = BUCKET) -> Leases:
-        return cls(await bus.kv(bucket, history=1), holder, ttl)
+    async def open(
+        cls, bus: Bus, holder: str, ttl: float, bucket: str = BUCKET, *, clock: Clock = REAL
+    ) -> Leases:
+        return cls(await bus.kv(bucket, history=1), holder, ttl, clock=clock)
 
     def _value(self, key: str) -> bytes:
-        self._expires[key] = expires = time.time() + self.ttl
+        self._expires[key] = expires = self._clock.now() + self.ttl
         return json.dumps({"holder": self.holder, "expires": expires}).encode()
 
     async def acquire(self, key: str, *, renew: bool = False) -> bool:
@@ -85,7 +88,7 @@ class Leases:
         if (
             not renew
             and key in self._held
-            and self._expires.get(key, 0.0) - time.time() > (self.ttl / 2)
+            and self._expires.get(key, 0.0) - self._clock.now() > (self.ttl / 2)
         ):
             return True
         try:
@@ -101,7 +104,7 @@ class Leases:
             holder, expires = str(data["holder"]), float(data["expires"])
         except (ValueError, KeyError, TypeError):
             holder, expires = "", 0.0  # a corrupt lease is a free lease
-        if holder != self.holder and expires > time.time():
+        if holder != self.holder and expires > self._clock.now():
             self._held.pop(key, None)
             self._expires.pop(key, None)
             return False

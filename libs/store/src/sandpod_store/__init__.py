@@ -4,16 +4,22 @@ from sandpod_store.interface import EventType, Store, WatchEvent
 from sandpod_store.kv import KvStore
 from sandpod_store.memory import MemoryStore
 from sandpod_store.model import ObjectMeta, OwnerReference, Resource, Selector, parse_selector
+from sandpod_store.views import DELETE_ANNOTATION, ClaimView, SandboxView, condition, set_condition
 
 __all__ = [
+    "DELETE_ANNOTATION",
+    "ClaimView",
     "EventType",
     "KvStore",
     "MemoryStore",
     "ObjectMeta",
     "OwnerReference",
     "Resource",
+    "SandboxView",
     "Selector",
     "Store",
     "WatchEvent",
+    "condition",
     "parse_selector",
+    "set_condition",
 ]

@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime
+import time
 import uuid
 
 from sandpod_contract.errors import ResourceConflict
+from sandpod_contract.times import to_rfc3339
 from sandpod_store.model import Resource
 
 __all__ = ["check_version", "merge_status", "merge_update", "stamp_create"]
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def stamp_create(obj: Resource) -> Resource:
-    """What ``create`` stores: fresh uid/generation/timestamp, no status, no version yet."""
+def stamp_create(obj: Resource, now: float | None = None) -> Resource:
+    """What ``create`` stores: fresh uid/generation/timestamp (``now``, epoch seconds; the
+    machine's time by default), no status, no version yet."""
     obj.validate()
     meta = dataclasses.replace(
         obj.metadata,
         uid=str(uuid.uuid4()),
         generation=1,
-        creation_timestamp=_now(),
+        creation_timestamp=to_rfc3339(time.time() if now is None else now),
         resource_version="",
     )
     return dataclasses.replace(obj, metadata=meta, status={})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from sandpod_contract.errors import ResourceExists, ResourceNotFound
 from sandpod_store.common import check_version, merge_status, merge_update, stamp_create
@@ -17,7 +18,9 @@ HISTORY = 10_000  # events kept for watches from an old revision
 
 
 class MemoryStore:
-    def __init__(self) -> None:
+    def __init__(self, *, now: Callable[[], float] = time.time) -> None:
+        """``now``: the clock that stamps ``creationTimestamp`` (a test's fake clock)."""
+        self._now = now
         self._objects: dict[tuple[str, str, str], Resource] = {}
         self._events: list[WatchEvent] = []
         self._revision = 0
@@ -68,7 +71,7 @@ class MemoryStore:
         return items, self._revision
 
     async def create(self, obj: Resource) -> Resource:
-        fresh = stamp_create(obj)
+        fresh = stamp_create(obj, self._now())
         if fresh.key in self._objects:
             kind, ns, name = fresh.key
             raise ResourceExists(f"{kind} {ns}/{name} exists", kind=kind, name=name)

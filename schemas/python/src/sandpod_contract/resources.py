@@ -9,13 +9,13 @@ the OpenAPI schema validates, raising :class:`ResourceInvalid` with the offendin
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import enum
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from sandpod_contract.errors import ResourceInvalid
+from sandpod_contract.times import from_rfc3339
 
 __all__ = [
     "API_VERSION",
@@ -88,6 +88,7 @@ class ConditionReason(enum.StrEnum):
     """
 
     # Ready
+    CREATING = "Creating"  # the object is written; the reconciler has not made its instance yet
     EXECD_READY = "ExecdReady"  # the instance runs and its execd answers
     INSTANCE_STARTING = "InstanceStarting"  # a create failed and is retried with backoff
     INSTANCE_FAILED = "InstanceFailed"  # creates kept failing: given up
@@ -114,6 +115,7 @@ class ConditionReason(enum.StrEnum):
     # Expired
     LIFETIME_EXCEEDED = "LifetimeExceeded"
     IDLE_TIMEOUT = "IdleTimeout"
+    DELETED = "Deleted"  # no condition: the reason of the ``deleted`` event (deleted on request)
     # Isolated
     FULL_ISOLATION = "FullIsolation"
     DEGRADED = "Degraded"
@@ -143,7 +145,7 @@ def _time(field: str, value: Any) -> str:
     if not isinstance(value, str):
         raise _fail(field, "must be an RFC 3339 date-time string")
     try:
-        datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        from_rfc3339(value)
     except ValueError as exc:
         raise _fail(field, f"{value!r} is not an RFC 3339 date-time") from exc
     return value

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
 from typing import Any
 
 from sandpod.aio import AsyncSandbox
+from sandpod.cli._output import add_output, dump, human_bytes, human_list, human_time
 from sandpod.errors import SandpodError
 
 __all__ = ["add_parsers"]
@@ -48,11 +50,26 @@ def add_parsers(sub: Any) -> None:
 
     p = sub.add_parser("ping", parents=[common], help="round-trip time to a sandbox's execd")
     p.add_argument("sandbox", nargs="?", default="default")
+    add_output(p, ("text",))
     p.set_defaults(run=_run_ping)
 
     p = sub.add_parser("info", parents=[common], help="what a sandbox's execd is and its limits")
     p.add_argument("sandbox", nargs="?", default="default")
+    add_output(p, ("text",))
     p.set_defaults(run=_run_info)
+
+
+# sys.info fields shown in human units by `sandpod info` (-o json|yaml keeps the raw values).
+_SIZES = frozenset(
+    {
+        "max_request_bytes",
+        "max_payload",
+        "default_window",
+        "max_window",
+        "default_max_output",
+        "max_output_limit",
+    }
+)
 
 
 def _exec_options(p: argparse.ArgumentParser) -> None:
@@ -195,7 +212,10 @@ def _run_ping(args: argparse.Namespace) -> int:
         rtt = asyncio.run(go())
     except SandpodError as exc:
         return _fail(exc)
-    print(f"{args.sandbox}: execd answered in {rtt * 1000:.2f} ms")
+    if args.output == "text":
+        print(f"{args.sandbox}: execd answered in {rtt * 1000:.2f} ms")
+    else:
+        print(dump({"sandbox": args.sandbox, "rtt_seconds": rtt}, args.output))
     return 0
 
 
@@ -210,8 +230,24 @@ def _run_info(args: argparse.Namespace) -> int:
         info = asyncio.run(go())
     except SandpodError as exc:
         return _fail(exc)
-    for key in info.__dataclass_fields__:
-        print(f"{key:20} {getattr(info, key)}")
+    if args.output != "text":
+        print(dump(info, args.output))
+        return 0
+    for field in dataclasses.fields(info):  # the wire fields (not the TYPE/VERSION ClassVars)
+        print(f"{field.name:20} {_human(field.name, getattr(info, field.name))}")
     if info.isolation == "none":
         print("\nWARNING: runtime 'process' has NO ISOLATION: commands run on the host.")
     return 0
+
+
+def _human(key: str, value: object) -> str:
+    """One ``sys.info`` value for people: sizes in KiB/MiB, the start as a date, lists joined."""
+    if value is None:
+        return "-"
+    if key in _SIZES and isinstance(value, int):
+        return human_bytes(value)
+    if key == "started_at" and isinstance(value, int | float):
+        return human_time(value)
+    if isinstance(value, tuple | list):
+        return human_list(value)
+    return str(value)

@@ -8,10 +8,10 @@ AGE), so the CLI and ``kubectl get sandboxwarmpools,sandboxclaims`` agree.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from sandpod.aio import AsyncSandbox
+from sandpod.cli._output import add_output, dump
 from sandpod.cli.sandbox_cmd import age, pairs, render, run
 from sandpod.pools import AsyncPools, ClaimInfo, PoolInfo
 
@@ -72,6 +72,7 @@ def add_parsers(sub: Any) -> None:
         choices=["RollingUpdate", "Recreate", "OnClaim"],
         help="what a template change does to free members",
     )
+    add_output(p)
     p.set_defaults(
         run=lambda a: run(
             _pools(
@@ -83,14 +84,16 @@ def add_parsers(sub: Any) -> None:
         )
     )
     p = verbs.add_parser("ls", parents=[common], help="list warm pools")
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_output(p)
     p.set_defaults(run=lambda a: run(_pools(a, lambda c: c.list())))
     p = verbs.add_parser("get", parents=[common], help="show one pool (the whole object)")
     p.add_argument("name")
-    p.set_defaults(run=lambda a: run(_pools(a, lambda c: c.get(a.name), raw=True)))
+    add_output(p, (), default="json")
+    p.set_defaults(run=lambda a: run(_pools(a, lambda c: c.get(a.name))))
     p = verbs.add_parser("scale", parents=[common], help="set a pool's replicas")
     p.add_argument("name")
     p.add_argument("replicas", type=int)
+    add_output(p)
     p.set_defaults(run=lambda a: run(_pools(a, lambda c: c.scale(a.name, a.replicas))))
     p = verbs.add_parser("rm", parents=[common], help="delete pools and their free members")
     p.add_argument("names", nargs="+")
@@ -104,25 +107,27 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for ready")
     p.add_argument("-l", "--label", action="append", default=[], metavar="K=V")
     p.add_argument("-e", "--env", action="append", default=[], metavar="K=V")
-    p.add_argument("-o", "--output", choices=["table", "json", "id"], default="table")
+    add_output(p, ("table", "id"))
     p.set_defaults(run=lambda a: run(_claim(a)))
     p = sub.add_parser("claims", parents=[common], help="list claims")
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_output(p)
     p.set_defaults(run=lambda a: run(_pools(a, lambda c: c.claims())))
     p = sub.add_parser("release", parents=[common], help="end claims (their sandboxes go)")
     p.add_argument("names", nargs="+")
     p.set_defaults(run=lambda a: run(_release(a)))
 
 
-async def _pools(a: argparse.Namespace, call: Any, *, raw: bool = False) -> int:
+async def _pools(a: argparse.Namespace, call: Any) -> int:
+    """Run ``call`` on a pools client and print what it returned: one object or a list, as
+    the printer-column table or (``-o json|yaml``) the whole objects."""
     async with await AsyncPools.connect(
         nats_url=a.nats_url, prefix=a.prefix, namespace=a.namespace
     ) as client:
         got = await call(client)
     items = got if isinstance(got, list) else [got]
-    if raw or getattr(a, "output", "table") == "json":
+    if a.output != "table":
         out = [dict(i.object) for i in items]
-        print(json.dumps(out[0] if raw else out, indent=2))
+        print(dump(out if isinstance(got, list) else out[0], a.output))
     elif items and isinstance(items[0], ClaimInfo):
         print(claim_table(items))
     else:
@@ -169,8 +174,8 @@ async def _claim(a: argparse.Namespace) -> int:
         assert info is not None
         if a.output == "id":
             print(sbx.id)
-        elif a.output == "json":
-            print(json.dumps(dict(info.object), indent=2))
+        elif a.output in ("json", "yaml"):
+            print(dump(dict(info.object), a.output))
         else:
             print(claim_table([info]))
     return 0

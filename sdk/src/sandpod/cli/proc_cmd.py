@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from sandpod.aio import AsyncSandbox
+from sandpod.cli._output import add_output, dump
 from sandpod.errors import SandpodError
 from sandpod.proc import ProcessInfo
 
@@ -40,6 +41,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("sandbox", nargs="?", default="default", help="sandbox id")
     p.add_argument("-t", "--tag", action="append", default=[], metavar="K=V", help="filter by tag")
     p.add_argument("-s", "--state", choices=("running", "exited"), help="filter by state")
+    add_output(p)
     p.set_defaults(run=_run_ps)
 
     p = sub.add_parser(
@@ -95,6 +97,9 @@ async def _ps(args: argparse.Namespace, tags: dict[str, str]) -> int:
         args.sandbox, nats_url=args.nats_url, prefix=args.prefix
     ) as sbx:
         infos = await sbx.proc.list(tags=tags or None, state=args.state)
+    if args.output != "table":
+        print(dump(infos, args.output))
+        return 0
     rows = [("ID", "PID", "STATE", "EXIT", "AGE", "TAGS", "COMMAND")]
     rows += [_row(i) for i in infos]
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import json
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sandpod.aio import AsyncSandbox
+from sandpod.cli._output import add_output, dump
 from sandpod.control import SandboxInfo
 from sandpod.errors import SandpodError
+from sandpod_contract.times import from_rfc3339
 
 __all__ = ["add_parsers", "age", "pairs", "render", "run", "table"]
 
@@ -27,15 +28,10 @@ def age(stamp: str | None, *, future: bool = False) -> str:
     if not stamp:
         return "-"
     try:
-        t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        t = from_rfc3339(stamp)
     except ValueError:
         return stamp
-    delta = (
-        (t - datetime.datetime.now(datetime.UTC))
-        if future
-        else (datetime.datetime.now(datetime.UTC) - t)
-    )
-    seconds = int(delta.total_seconds())
+    seconds = int((t - time.time()) if future else (time.time() - t))
     if seconds < 0:
         return "expired" if future else "0s"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -89,15 +85,17 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--permanent", action="store_true", help="no lifetime at all (explicit)")
     p.add_argument("-l", "--label", action="append", default=[], metavar="K=V")
     p.add_argument("-e", "--env", action="append", default=[], metavar="K=V")
+    add_output(p)
     p.set_defaults(run=lambda a: run(_create(a)))
 
     p = sub.add_parser("ls", parents=[common], help="list sandboxes")
     p.add_argument("-l", "--selector", help="label selector, e.g. team=a,env in (dev,ci)")
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_output(p)
     p.set_defaults(run=lambda a: run(_ls(a)))
 
     p = sub.add_parser("get", parents=[common], help="show one sandbox (the whole object)")
     p.add_argument("name")
+    add_output(p, (), default="json")
     p.set_defaults(run=lambda a: run(_one(a, lambda s: s.describe())))
 
     p = sub.add_parser("rm", parents=[common], help="delete sandboxes (and their instances)")
@@ -107,14 +105,14 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("renew", parents=[common], help="extend a sandbox's lifetime")
     p.add_argument("name")
     p.add_argument("--for", dest="seconds", type=float, required=True, help="seconds from now")
-    p.set_defaults(run=lambda a: run(_one(a, lambda s: s.renew(a.seconds), table_out=True)))
+    add_output(p)
+    p.set_defaults(run=lambda a: run(_one(a, lambda s: s.renew(a.seconds))))
 
     for verb in ("pause", "resume"):
         p = sub.add_parser(verb, parents=[common], help=f"{verb} a sandbox")
         p.add_argument("name")
-        p.set_defaults(
-            run=lambda a, v=verb: run(_one(a, lambda s: getattr(s, v)(), table_out=True))
-        )
+        add_output(p)
+        p.set_defaults(run=lambda a, v=verb: run(_one(a, lambda s: getattr(s, v)())))
 
 
 def pairs(items: list[str], what: str) -> dict[str, str]:
@@ -148,28 +146,32 @@ async def _create(a: argparse.Namespace) -> int:
         prefix=a.prefix,
     )
     async with sbx:
-        print(table([await sbx.describe()]))
+        _print(a.output, [await sbx.describe()])
     return 0
+
+
+def _print(fmt: str, items: list[SandboxInfo], *, one: bool = True) -> None:
+    """``items`` as the printer-column table, or their whole objects as json/yaml (a single
+    object, not a list, when ``one`` and there is exactly one)."""
+    if fmt == "table":
+        print(table(items))
+        return
+    objects = [dict(i.object) for i in items]
+    print(dump(objects[0] if one and len(objects) == 1 else objects, fmt))
 
 
 async def _ls(a: argparse.Namespace) -> int:
     items = await AsyncSandbox.list(a.selector, nats_url=a.nats_url, prefix=a.prefix)
-    if a.output == "json":
-        print(json.dumps([dict(i.object) for i in items], indent=2))
-    else:
-        print(table(items))
+    _print(a.output, items, one=False)
     return 0
 
 
 async def _one(
-    a: argparse.Namespace,
-    call: Callable[[AsyncSandbox], Awaitable[SandboxInfo]],
-    *,
-    table_out: bool = False,
+    a: argparse.Namespace, call: Callable[[AsyncSandbox], Awaitable[SandboxInfo]]
 ) -> int:
     async with await AsyncSandbox.connect(a.name, nats_url=a.nats_url, prefix=a.prefix) as sbx:
         info = await call(sbx)
-    print(table([info]) if table_out else json.dumps(dict(info.object), indent=2))
+    _print(a.output, [info])
     return 0
 
 

@@ -14,10 +14,10 @@ from typing import Any
 from sandpod.config import DEFAULT_STATE_DIR
 from sandpod.supervisor import PlatformConfig, StartupError, Supervisor
 
-__all__ = ["add_parser"]
+__all__ = ["add_parsers"]
 
 
-def add_parser(sub: Any) -> None:
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "up",
         help="start NATS, the services and a default sandbox on this machine",

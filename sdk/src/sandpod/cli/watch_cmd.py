@@ -17,6 +17,7 @@ import time
 from typing import Any, cast
 
 from sandpod.aio import AsyncSandbox
+from sandpod.cli._output import dump
 from sandpod.errors import SandpodError
 from sandpod.watch import AsyncWatch, EventType, WatchEvent
 
@@ -64,7 +65,14 @@ def add_parsers(sub: Any) -> None:
         metavar="SECONDS",
         help="merge a path's events within SECONDS (default 0.05; 0: off)",
     )
-    p.add_argument("--json", action="store_true", help="one JSON object per event")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "yaml"),
+        default="text",
+        help="text lines, one JSON object per line, or one YAML document per event",
+    )
+    p.add_argument("--json", action="store_true", help="the same as -o json")
     p.set_defaults(run=_run_watch)
 
 
@@ -103,7 +111,8 @@ async def _watch(args: argparse.Namespace, events: list[str]) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            follow = asyncio.create_task(_follow(watch, as_json=args.json))
+            fmt = "json" if args.json else args.output
+            follow = asyncio.create_task(_follow(watch, fmt))
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, follow.cancel)
@@ -114,9 +123,14 @@ async def _watch(args: argparse.Namespace, events: list[str]) -> int:
     return 0
 
 
-async def _follow(watch: AsyncWatch, *, as_json: bool) -> None:
+async def _follow(watch: AsyncWatch, fmt: str) -> None:
     async for ev in watch:
-        print(_json(ev) if as_json else _line(ev), flush=True)
+        if fmt == "text":
+            print(_line(ev), flush=True)
+        elif fmt == "json":
+            print(json.dumps(_data(ev)), flush=True)
+        else:  # a YAML stream: one document per event, as they come
+            print("---\n" + dump(_data(ev), "yaml"), flush=True)
     print("the watched path is gone; watch ended", file=sys.stderr)
 
 
@@ -131,16 +145,14 @@ def _line(ev: WatchEvent) -> str:
     return f"{stamp}  {ev.type:<8}  {what}{merged}"
 
 
-def _json(ev: WatchEvent) -> str:
-    return json.dumps(
-        {
-            "type": ev.type,
-            "path": ev.path,
-            "old_path": ev.old_path,
-            "is_dir": ev.is_dir,
-            "time": ev.time,
-            "count": ev.count,
-            "seq": ev.seq,
-            "reason": ev.reason,
-        }
-    )
+def _data(ev: WatchEvent) -> dict[str, object]:
+    return {
+        "type": ev.type,
+        "path": ev.path,
+        "old_path": ev.old_path,
+        "is_dir": ev.is_dir,
+        "time": ev.time,
+        "count": ev.count,
+        "seq": ev.seq,
+        "reason": ev.reason,
+    }

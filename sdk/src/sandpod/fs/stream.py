@@ -9,6 +9,7 @@ window of ``read_lines``, and the blocking twins. Memory on either side: ``in_fl
 
 from __future__ import annotations
 
+import collections.abc
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
@@ -76,7 +77,7 @@ class AsyncFileReader:
         self._managed = False  # inside ``async with``: the block, not an iteration, closes it
 
     @property
-    def _pending(self) -> object:
+    def _pending(self) -> collections.abc.Sized:
         """The reads in flight (what a test checks is empty once an iteration was left)."""
         return self._reader._pending
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from sandpod_bus import Bus
 from sandpod_contract.errors import SandpodError
+from sandpod_contract.times import to_rfc3339
 from sandpod_gateway.keys import KeyStore
 from sandpod_gateway.settings import GatewaySettings
 
@@ -34,7 +34,7 @@ async def run_keys(settings: GatewaySettings, args: argparse.Namespace) -> int:
             )
         elif args.action == "list":
             for k in await store.list():
-                created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(k.created))
+                created = to_rfc3339(k.created)
                 state = "revoked" if k.revoked else "active"
                 flags = (
                     ",".join(f for f, on in (("admin", k.admin), ("permanent", k.permanent)) if on)

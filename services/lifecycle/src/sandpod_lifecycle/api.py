@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
 from collections.abc import Callable
+from typing import Any
 
 from sandpod_contract.errors import (
     BadRequest,
@@ -37,24 +37,26 @@ from sandpod_contract.messages.sandboxes import (
 from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.resources import (
     Condition,
+    ConditionReason,
+    ConditionType,
+    OperatingMode,
     Phase,
     SandboxSpec,
     SandboxStatus,
     SandboxTemplateSpec,
 )
 from sandpod_contract.tenancy import LIFECYCLE_NAMESPACE
+from sandpod_contract.times import from_rfc3339, to_rfc3339
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import (
     SANDBOX,
     TEMPLATE,
     apply_defaults,
-    iso,
-    now,
-    parse_time,
     sandbox_from_map,
     template_from_map,
     with_condition,
 )
+from sandpod_service.clock import REAL, Clock
 from sandpod_service.scoping import (
     scope,
     scoped_object,
@@ -62,21 +64,26 @@ from sandpod_service.scoping import (
     scoped_selection,
     visible,
 )
-from sandpod_store import EventType, Resource, Store
+from sandpod_store import DELETE_ANNOTATION, EventType, Resource, SandboxView, Store
 
 __all__ = ["LifecycleApi"]
 
 MAX_LIST = 1000
 MAX_CONFLICTS = 20
-DELETE_ANNOTATION = "sandpod.dev/delete-requested"
 
 
 class LifecycleApi:
     def __init__(
-        self, store: Store, events: Events, enqueue: asyncio.Queue[str] | None = None
+        self,
+        store: Store,
+        events: Events,
+        enqueue: asyncio.Queue[str] | None = None,
+        *,
+        clock: Clock = REAL,
     ) -> None:
         self.store = store
         self.events = events
+        self.clock = clock
 
     async def template(self, namespace: str, name: str | None) -> SandboxTemplateSpec:
         """The named template's spec (the built-in default when ``name`` is None)."""
@@ -101,12 +108,17 @@ class LifecycleApi:
         if (raw.get("metadata") or {}).get("name"):
             await self._name_free(obj.metadata.name)
         template = await self.template(obj.metadata.namespace, spec.template_ref)
-        obj = apply_defaults(obj, spec, template)
+        obj = apply_defaults(obj, spec, template, self.clock.now())
         SandboxSpec.from_dict(obj.spec)  # defaults must still satisfy the schema
         created = await self.store.create(obj)
         status = with_condition(
-            SandboxStatus(phase=Phase.PENDING, shutdown_time=created.spec.get("shutdownTime")),
-            Condition("Ready", "False", "Creating", "waiting for the instance"),
+            SandboxStatus(
+                phase=Phase.PENDING, shutdown_time=SandboxSpec.from_dict(created.spec).shutdown_time
+            ),
+            Condition(
+                ConditionType.READY, "False", ConditionReason.CREATING, "waiting for the instance"
+            ),
+            self.clock.now(),
         )
         created = await self.store.update_status(
             dataclasses.replace(created, status=status.to_dict())
@@ -176,36 +188,39 @@ class LifecycleApi:
         if SandboxSpec.from_dict(obj.spec).permanent:
             raise ResourceInvalid("a permanent sandbox has no lifetime to renew", field="spec")
         if req.seconds is not None:
-            expiry = iso(now() + datetime.timedelta(seconds=req.seconds))
+            expiry = to_rfc3339(self.clock.now() + req.seconds)
         else:
-            expiry = iso(parse_time(req.shutdown_time or ""))
+            try:
+                expiry = to_rfc3339(from_rfc3339(req.shutdown_time or ""))
+            except ValueError as exc:
+                raise ResourceInvalid(str(exc), field="shutdown_time") from exc
         obj = await self._mutate(
             SANDBOX,
             req.namespace,
             req.name,
-            lambda o: dataclasses.replace(o, spec={**o.spec, "shutdownTime": expiry}),
+            lambda o: _with_spec(o, shutdown_time=expiry),
         )
-        phase = str(obj.status.get("phase", ""))
+        phase = str(_phase(obj))
         await self.events.publish(
             name=req.name, namespace=req.namespace, type_="renewed", phase=phase, message=expiry
         )
         return ObjectReply(object=obj.to_dict())
 
     async def pause(self, req: Ref) -> ObjectReply:
-        return await self._mode(req, "Paused")
+        return await self._mode(req, OperatingMode.PAUSED)
 
     async def resume(self, req: Ref) -> ObjectReply:
-        return await self._mode(req, "Running")
+        return await self._mode(req, OperatingMode.RUNNING)
 
-    async def _mode(self, req: Ref, mode: str) -> ObjectReply:
+    async def _mode(self, req: Ref, mode: OperatingMode) -> ObjectReply:
         req = scoped_ref(req, SANDBOX)
         obj = await self._mutate(
             SANDBOX,
             req.namespace,
             req.name,
-            lambda o: dataclasses.replace(o, spec={**o.spec, "operatingMode": mode}),
+            lambda o: _with_spec(o, operating_mode=mode),
         )
-        want = Phase.PAUSED if mode == "Paused" else Phase.RUNNING
+        want = Phase.PAUSED if mode is OperatingMode.PAUSED else Phase.RUNNING
         obj = await self._wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
         return ObjectReply(object=obj.to_dict())
 
@@ -292,3 +307,9 @@ def _phase(obj: Resource) -> Phase:
 
 def _settled(obj: Resource | None) -> bool:
     return obj is None or _phase(obj) in (Phase.RUNNING, Phase.FAILED, Phase.PAUSED)
+
+
+def _with_spec(obj: Resource, **changes: Any) -> Resource:
+    """``obj`` with its (typed) spec changed: no spec map is edited by hand."""
+    spec = dataclasses.replace(SandboxView.of(obj).spec, **changes)
+    return dataclasses.replace(obj, spec=spec.to_dict())

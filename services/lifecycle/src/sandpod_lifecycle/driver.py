@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import structlog
 
-from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 
 __all__ = [
@@ -45,9 +45,9 @@ class Instance:
     paused: bool
     pid: int | None = None  # execd's pid
     detail: str = ""
-    # A problem the runtime reports on a live instance (a ConditionReason); ``terminal``: the
-    # instance will not serve again (e.g. its container was OOM-killed and is not restarted).
-    reason: str = ""
+    # A problem the runtime reports on a live instance; ``terminal``: the instance will not
+    # serve again (e.g. its container was OOM-killed and is not restarted).
+    reason: ConditionReason | None = None
     terminal: bool = False
     # This instance's own protections when they differ per instance (a template loosened its
     # seccomp filter); None: the driver's ``protections()`` hold for every instance.
@@ -84,7 +84,7 @@ class Driver(Protocol):
     async def inspect(self, sandbox_id: str) -> Instance | None:
         """The instance, or None if there is none."""
 
-    async def pause(self, sandbox_id: str) -> str | None:
+    async def pause(self, sandbox_id: str) -> ConditionReason | None:
         """Freeze the instance's processes. Returns how, when the runtime has a choice
         (a ``ConditionReason``: CgroupFrozen or SignalStopped), else None."""
 

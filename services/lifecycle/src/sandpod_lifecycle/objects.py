@@ -1,5 +1,6 @@
-"""Sandbox and SandboxTemplate objects: defaults, validation and typed views over the store's
-generic :class:`~sandpod_store.Resource`. No I/O here.
+"""Sandbox and SandboxTemplate objects: defaults, validation and status helpers over the store's
+generic :class:`~sandpod_store.Resource` (the typed view, :class:`~sandpod_store.SandboxView`,
+lives in the store so the pool service reads Sandboxes the same way). No I/O here.
 
 Safe defaults (agent-sandbox #1306 — nothing immortal by accident): a Sandbox without
 ``shutdownTime`` gets now + its template's ``defaultLifetimeSeconds`` unless ``permanent`` is
@@ -9,7 +10,6 @@ explicitly true; ``idleTimeoutSeconds`` defaults to the template's.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -18,21 +18,20 @@ from sandpod_contract.errors import ResourceInvalid
 from sandpod_contract.resources import (
     API_VERSION,
     Condition,
+    OperatingMode,
     Phase,
     SandboxSpec,
     SandboxStatus,
     SandboxTemplateSpec,
 )
-from sandpod_store import ObjectMeta, Resource
+from sandpod_contract.times import to_rfc3339
+from sandpod_store import ObjectMeta, Resource, SandboxView, set_condition
 
 __all__ = [
     "SANDBOX",
     "TEMPLATE",
     "SandboxView",
     "apply_defaults",
-    "iso",
-    "now",
-    "parse_time",
     "same_status",
     "sandbox_from_map",
     "template_from_map",
@@ -43,18 +42,6 @@ __all__ = [
 SANDBOX = "Sandbox"
 TEMPLATE = "SandboxTemplate"
 DEFAULT_TEMPLATE = SandboxTemplateSpec()
-
-
-def now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def iso(t: datetime.datetime) -> str:
-    return t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def _resource(raw: Mapping[str, Any], kind: str) -> Resource:
@@ -84,59 +71,23 @@ def template_from_map(raw: Mapping[str, Any]) -> tuple[Resource, SandboxTemplate
     return obj, SandboxTemplateSpec.from_dict(obj.spec)
 
 
-def apply_defaults(obj: Resource, spec: SandboxSpec, template: SandboxTemplateSpec) -> Resource:
-    """Fill what the client left out from the template: lifetime and idle timeout."""
+def apply_defaults(
+    obj: Resource, spec: SandboxSpec, template: SandboxTemplateSpec, now: float
+) -> Resource:
+    """Fill what the client left out from the template: lifetime (from ``now``, epoch
+    seconds) and idle timeout."""
     out = dict(obj.spec)
     if not spec.permanent and not spec.shutdown_time:
-        expiry = now() + datetime.timedelta(seconds=template.default_lifetime_seconds)
-        out["shutdownTime"] = iso(expiry)
+        out["shutdownTime"] = to_rfc3339(now + template.default_lifetime_seconds)
     if spec.idle_timeout_seconds is None:
         out["idleTimeoutSeconds"] = template.idle_timeout_seconds
-    out.setdefault("operatingMode", "Running")
+    out.setdefault("operatingMode", str(OperatingMode.RUNNING))
     return dataclasses.replace(obj, spec=out)
 
 
-def with_condition(status: SandboxStatus, cond: Condition) -> SandboxStatus:
+def with_condition(status: SandboxStatus, cond: Condition, now: float) -> SandboxStatus:
     """``status`` with ``cond`` set (lastTransitionTime kept when the status value is unchanged)."""
-    others = [c for c in status.conditions if c.type != cond.type]
-    old = next((c for c in status.conditions if c.type == cond.type), None)
-    stamp = old.last_transition_time if old and old.status == cond.status else iso(now())
-    return dataclasses.replace(
-        status, conditions=(*others, dataclasses.replace(cond, last_transition_time=stamp))
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SandboxView:
-    """A stored Sandbox with its spec and status parsed."""
-
-    obj: Resource
-    spec: SandboxSpec
-    status: SandboxStatus
-
-    @classmethod
-    def of(cls, obj: Resource) -> SandboxView:
-        return cls(obj, SandboxSpec.from_dict(obj.spec), SandboxStatus.from_dict(obj.status))
-
-    @property
-    def name(self) -> str:
-        return self.obj.metadata.name
-
-    @property
-    def namespace(self) -> str:
-        return self.obj.metadata.namespace
-
-    @property
-    def key(self) -> str:
-        """``namespace/name``: the reconciler's work-queue key."""
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def deleting(self) -> bool:
-        return self.obj.metadata.annotations.get("sandpod.dev/delete-requested") == "true"
-
-    def with_status(self, status: SandboxStatus) -> Resource:
-        return dataclasses.replace(self.obj, status=status.to_dict())
+    return dataclasses.replace(status, conditions=set_condition(status.conditions, cond, now))
 
 
 def new_meta(name: str, namespace: str) -> ObjectMeta:

@@ -54,6 +54,7 @@ from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
+from sandpod_service.clock import REAL, Clock
 from sandpod_service.leases import LeaseKeeper, Leases
 from sandpod_store import Store
 
@@ -68,8 +69,9 @@ FREEZE_TIMEOUT = 5.0  # seconds execd may take to stop every process of a sandbo
 class LifecycleService:
     name = "lifecycle"
 
-    def __init__(self, settings: LifecycleSettings) -> None:
+    def __init__(self, settings: LifecycleSettings, *, clock: Clock = REAL) -> None:
         self.settings = settings
+        self.clock = clock  # every time rule below reads this one (tests pass a fake)
         self.subjects = Subjects(settings.prefix)
         self.supervisor = Supervisor("lifecycle", 256)
         self.reconciler: Reconciler | None = None
@@ -98,6 +100,7 @@ class LifecycleService:
                 self.settings.replica_id,
                 self.settings.lease_ttl,
                 bucket=self.subjects.storage("leases"),
+                clock=self.clock,
             )
         from sandpod_kube import elect
 
@@ -198,7 +201,7 @@ class LifecycleService:
         )
         await events.setup()
         self._leases = await self._lease_keeper(bus)
-        api = LifecycleApi(store, events)
+        api = LifecycleApi(store, events, clock=self.clock)
         self.reconciler = Reconciler(
             store=store,
             driver=self._driver(),
@@ -212,6 +215,7 @@ class LifecycleService:
             workers=self.settings.workers,
             resync=self.settings.resync,
             ready_timeout=self.settings.ready_timeout,
+            clock=self.clock,
         )
         routes: dict[tuple[str, str], Handler] = {
             ("sandboxes", "create"): api.create,

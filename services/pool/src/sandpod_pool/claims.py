@@ -18,9 +18,10 @@ the label it sets is what every later reader trusts (a ``sandpod.dev/`` label: n
 set one). Step 2 binds only a member of the claim's own pool, same namespace, controlled by that
 pool's uid (:func:`sandpod_pool.members.is_member`), and hands it over: the pool's owner
 reference goes (a claimed sandbox outlives its pool), the claim label marks its new owner.
-The reconciler (``reconcile``) finishes claims whose handler died (adopting a sandbox already
-labelled for the claim, else binding anew), deletes claims whose sandbox is gone or whose
-lifetime is over, and deletes sandboxes labelled for a claim that no longer exists.
+The claim reconciler (:mod:`sandpod_pool.claim_recovery`) finishes claims whose handler died
+(adopting a sandbox already labelled for the claim, else binding anew), deletes claims whose
+sandbox is gone or whose lifetime is over, and deletes sandboxes labelled for a claim that no
+longer exists; the claim's objects and status are built in :mod:`sandpod_pool.claim_objects`.
 """
 
 from __future__ import annotations
@@ -28,10 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
 import random
-import secrets
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
@@ -44,12 +42,10 @@ from sandpod_contract.errors import (
     ResourceConflict,
     ResourceInvalid,
     ResourceNotFound,
-    SandpodError,
 )
 from sandpod_contract.pooling import (
     BOUND_AT_ANNOTATION,
     CLAIM_LABEL,
-    POOL_LABEL,
     ClaimConditionType,
     ClaimPhase,
     ClaimReason,
@@ -57,60 +53,39 @@ from sandpod_contract.pooling import (
     ClaimStatus,
     WarmPoolSpec,
 )
-from sandpod_contract.resources import API_VERSION, SandboxTemplateSpec
+from sandpod_contract.resources import SandboxTemplateSpec
+from sandpod_contract.times import to_rfc3339
 from sandpod_pool.cache import Mirror
+from sandpod_pool.claim_objects import (
+    BOUND_AS_ANNOTATION,
+    CLAIM,
+    CLAIM_ANNOTATION,
+    Binding,
+    Bound,
+    claim_from_map,
+    claim_status,
+    cold_object,
+    member_state_of,
+    running,
+)
 from sandpod_pool.members import (
     POOL_KIND,
     SANDBOX,
     TEMPLATE,
     MemberState,
-    age,
-    expiry,
     failure_reason,
-    is_deleting,
     is_member,
-    is_ready,
     member_state,
     request_delete,
-    set_condition,
 )
-from sandpod_store import ObjectMeta, Resource, Store
+from sandpod_service.clock import REAL, Clock
+from sandpod_store import ClaimView, Resource, SandboxView, Store
 
-__all__ = ["CLAIM", "Binding", "Claims"]
+__all__ = ["CLAIM", "Binding", "Claims"]  # the claim reconciler: sandpod_pool.claim_recovery
 
 log = structlog.get_logger("sandpod.pool.claims")
 
-CLAIM = "SandboxClaim"
-CLAIM_ANNOTATION = "sandpod.dev/claimed-by"
-BOUND_AS_ANNOTATION = "sandpod.dev/bound-as"  # the claim's Bound reason, for adoption
 Configure = Callable[[str, dict[str, str], int], Awaitable[bool]]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Binding:
-    """What a claim needs to bind: resolved from its spec, its pool and its template."""
-
-    spec: ClaimSpec
-    pool: str | None
-    template_ref: str | None
-    template: SandboxTemplateSpec
-    shutdown_time: str
-    idle_timeout: int
-    pool_obj: Resource | None = None  # the pool (its uid decides membership)
-
-
-def _running(obj: Resource | None) -> bool:
-    return obj is None or member_state_of(obj) in ("ready", "failed")
-
-
-def member_state_of(obj: Resource) -> str:
-    """``ready``, ``failed`` or ``starting`` for a claimed sandbox (labels aside; unlike a
-    free member, a retried create is still ``starting``: the claim waits for it)."""
-    if is_ready(obj):
-        return "ready"
-    if obj.status.get("phase") in ("Failed", "Terminated") or is_deleting(obj):
-        return "failed"
-    return "starting"
 
 
 class Claims:
@@ -125,6 +100,7 @@ class Claims:
         configure: Configure,
         recover_after: float,
         background: Callable[[Coroutine[Any, Any, Any], str], None],
+        clock: Clock = REAL,
     ) -> None:
         self.store = store
         self.pools = pools
@@ -134,6 +110,7 @@ class Claims:
         self._configure = configure
         self.recover_after = recover_after  # a Pending claim this old lost its handler
         self._spawn = background
+        self.clock = clock
         self.warm_binds = 0
         self.cold_creates = 0
 
@@ -175,7 +152,8 @@ class Claims:
             if spec.idle_timeout_seconds is not None
             else template.idle_timeout_seconds
         )
-        return Binding(spec, pool, template_ref, template, expiry(lifetime), idle, pool_obj)
+        shutdown = to_rfc3339(self.clock.now() + lifetime)
+        return Binding(spec, pool, template_ref, template, shutdown, idle, pool_obj)
 
     async def claim(self, raw: Mapping[str, Any], wait: float) -> Resource:
         """Create a claim and bind it; the claim once Ready (or as it is after ``wait``).
@@ -183,7 +161,7 @@ class Claims:
         Raises ResourceInvalid, PoolNotFound, ClaimFailed (the sandbox failed to start),
         ClaimTimeout (not ready within ``wait``; the claim stays and may still bind).
         """
-        t0 = time.perf_counter()
+        t0 = self.clock.monotonic()
         obj = claim_from_map(raw)
         binding = await self.resolve(obj.metadata.namespace, ClaimSpec.from_dict(obj.spec))
         # The claim's write runs alongside the bind and the env's configuration. A crash between
@@ -191,24 +169,24 @@ class Claims:
         # labelled for a claim that never appeared (deleted as an orphan once its bind is older
         # than recover_after; the client never got a reply for it).
         created, bound = await asyncio.gather(
-            self.store.create(obj), self._bind_configured(obj, binding), return_exceptions=True
+            self.store.create(obj), self.bind_configured(obj, binding), return_exceptions=True
         )
         if isinstance(created, BaseException):
             if not isinstance(bound, BaseException):
-                await self._delete_sandbox(bound[0])  # no claim to hold it: give it back
+                await self.delete_sandbox(bound[0])  # no claim to hold it: give it back
             raise created
         self.claims.observe(created)
         if isinstance(bound, BaseException):
             await self.release(created.metadata.namespace, created.metadata.name)
             raise bound
-        t1 = time.perf_counter()
+        t1 = self.clock.monotonic()
         claim = await self._bind_and_wait(created, binding, wait, bound)
         log.info(
             "claim_bound",
             claim=claim.metadata.name,
-            sandbox=claim.status.get("sandbox"),
+            sandbox=ClaimStatus.from_dict(claim.status).sandbox,
             bind_ms=round((t1 - t0) * 1000, 3),
-            ready_ms=round((time.perf_counter() - t1) * 1000, 3),
+            ready_ms=round((self.clock.monotonic() - t1) * 1000, 3),
         )
         return claim
 
@@ -220,21 +198,22 @@ class Claims:
         bound: tuple[Resource, ClaimReason],
     ) -> Resource:
         sandbox, reason = bound
-        if reason is ClaimReason.WARM and member_state_of(sandbox) == "ready":
+        if reason is ClaimReason.WARM and member_state_of(sandbox) is Bound.READY:
             # The hot path (env already configured by _bind_configured): the claim's status is
             # written in the background (the reply carries exactly what is written); if this
             # replica dies first, the reconciler adopts the sandbox labelled for the claim.
             self._background(
-                self._set(claim, sandbox, reason, binding.shutdown_time), name="claim-status"
+                self.set_status(claim, sandbox, reason, binding.shutdown_time), name="claim-status"
             )
-            projected = _status_for(claim, sandbox, reason, binding.shutdown_time)
-            return dataclasses.replace(claim, status=projected)
-        claim = await self._set(claim, sandbox, reason, binding.shutdown_time)
+            shutdown, now = binding.shutdown_time, self.clock.now()
+            projected = claim_status(claim, sandbox, reason, shutdown, now)
+            return dataclasses.replace(claim, status=projected.to_dict())
+        claim = await self.set_status(claim, sandbox, reason, binding.shutdown_time)
         name = ClaimStatus.from_dict(claim.status).sandbox or sandbox.metadata.name
         current = self.sandboxes.get(claim.metadata.namespace, name)
-        if current is None or member_state_of(current) != "ready":
-            current = await self.sandboxes.wait_for(claim.metadata.namespace, name, _running, wait)
-            claim = await self._set(claim, current, reason, binding.shutdown_time)
+        if current is None or member_state_of(current) is not Bound.READY:
+            current = await self.sandboxes.wait_for(claim.metadata.namespace, name, running, wait)
+            claim = await self.set_status(claim, current, reason, binding.shutdown_time)
         status = ClaimStatus.from_dict(claim.status)
         ready = status.condition(ClaimConditionType.READY)
         name = f"{claim.metadata.namespace}/{claim.metadata.name}"  # for messages
@@ -257,7 +236,7 @@ class Claims:
             )
         return claim
 
-    async def _bind_configured(self, claim: Resource, b: Binding) -> tuple[Resource, ClaimReason]:
+    async def bind_configured(self, claim: Resource, b: Binding) -> tuple[Resource, ClaimReason]:
         """Bind, and put the claimant's env into a warm sandbox's execd before anyone is told
         (its new commands get it). Without env there is nothing to tell execd: the bind's
         ``bound-at`` annotation starts the sandbox's idle clock (the lifecycle counts it)."""
@@ -283,7 +262,7 @@ class Claims:
                 if bound is not None:
                     self.warm_binds += 1
                     return bound, ClaimReason.WARM
-        sandbox = await self.store.create(self._cold_object(claim, b))
+        sandbox = await self.store.create(cold_object(claim, b, self.clock.now()))
         self.sandboxes.observe(sandbox)
         self.cold_creates += 1
         reason = ClaimReason.POOL_EXHAUSTED if b.pool is not None else ClaimReason.NO_POOL
@@ -301,18 +280,17 @@ class Claims:
         annotations = {
             **member.metadata.annotations,
             BOUND_AS_ANNOTATION: str(ClaimReason.WARM),
-            BOUND_AT_ANNOTATION: f"{time.time():.3f}",
+            BOUND_AT_ANNOTATION: f"{self.clock.now():.3f}",
             CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
         }
-        env = {e.name: e.value for e in b.spec.env}
-        spec = {
-            **member.spec,
-            "shutdownTime": b.shutdown_time,
-            "permanent": False,
-            "idleTimeoutSeconds": b.idle_timeout,
-        }
-        if env:
-            spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        old = SandboxView.of(member).spec
+        spec = dataclasses.replace(
+            old,
+            shutdown_time=b.shutdown_time,
+            permanent=False,
+            idle_timeout_seconds=b.idle_timeout,
+            env=b.spec.env or old.env,
+        ).to_dict()
         meta = dataclasses.replace(
             member.metadata, labels=labels, annotations=annotations, owner_references=()
         )  # the claim owns it now (its label): no longer the pool's, not deleted with it
@@ -330,38 +308,10 @@ class Claims:
     async def _configure_env(self, sandbox: Resource) -> bool:
         """The claimant's env, now: the lifecycle would only get there on its
         next pass. Failing is not fatal: the lifecycle pushes the same generation again."""
-        env = {str(e["name"]): str(e.get("value", "")) for e in sandbox.spec.get("env") or ()}
+        env = {e.name: e.value for e in SandboxView.of(sandbox).spec.env}
         return await self._configure(sandbox.metadata.name, env, sandbox.metadata.generation)
 
-    def _cold_object(self, claim: Resource, b: Binding) -> Resource:
-        reason = ClaimReason.POOL_EXHAUSTED if b.pool is not None else ClaimReason.NO_POOL
-        spec: dict[str, Any] = {
-            "permanent": False,
-            "shutdownTime": b.shutdown_time,
-            "idleTimeoutSeconds": b.idle_timeout,
-            "operatingMode": "Running",
-        }
-        if b.template_ref:
-            spec["templateRef"] = {"name": b.template_ref}
-        if b.spec.env:
-            spec["env"] = [{"name": e.name, "value": e.value} for e in b.spec.env]
-        labels = {**b.spec.labels, CLAIM_LABEL: claim.metadata.name}
-        if b.pool is not None:
-            labels[POOL_LABEL] = b.pool
-        meta = ObjectMeta(
-            # Named after the claim: a prefix naming the owner (the gateway's tenant) carries over.
-            name=f"{claim.metadata.name[:40].rstrip('-')}-{secrets.token_hex(5)}",
-            namespace=claim.metadata.namespace,
-            labels=labels,
-            annotations={
-                CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
-                BOUND_AS_ANNOTATION: str(reason),
-                BOUND_AT_ANNOTATION: f"{time.time():.3f}",
-            },
-        )
-        return Resource(api_version=API_VERSION, kind=SANDBOX, metadata=meta, spec=spec)
-
-    async def _set(
+    async def set_status(
         self, claim: Resource, sandbox: Resource | None, reason: ClaimReason, shutdown: str
     ) -> Resource:
         """Write the claim's status from its sandbox (conflicts: re-read and write again).
@@ -379,13 +329,13 @@ class Claims:
                     kept=recorded,
                     dropped=sandbox.metadata.name,
                 )
-                await self._delete_sandbox(sandbox)
+                await self.delete_sandbox(sandbox)
                 return claim
-            status = _status_for(claim, sandbox, reason, shutdown)
-            if status == dict(claim.status):
+            status = claim_status(claim, sandbox, reason, shutdown, self.clock.now())
+            if claim.status and status == ClaimStatus.from_dict(claim.status):
                 return claim
             try:
-                claim = await self.store.update_status(dataclasses.replace(claim, status=status))
+                claim = await self.store.update_status(ClaimView.of(claim).with_status(status))
                 self.claims.observe(claim)
                 return claim
             except ResourceConflict:
@@ -395,19 +345,19 @@ class Claims:
     async def release(self, namespace: str, name: str) -> Resource:
         """Delete a claim and its sandbox. Raises ResourceNotFound."""
         claim = await self.store.get(CLAIM, namespace, name)
-        for sbx in self._sandboxes_of(claim):
-            await self._delete_sandbox(sbx)
+        for sbx in self.sandboxes_of(claim):
+            await self.delete_sandbox(sbx)
         sandbox = ClaimStatus.from_dict(claim.status).sandbox
         if sandbox is not None and self.sandboxes.get(namespace, sandbox) is None:
             with contextlib.suppress(ResourceNotFound):
-                await self._delete_sandbox(await self.store.get(SANDBOX, namespace, sandbox))
+                await self.delete_sandbox(await self.store.get(SANDBOX, namespace, sandbox))
         with contextlib.suppress(ResourceNotFound):
             await self.store.delete(CLAIM, namespace, name)
         self.claims.forget(namespace, name)
         log.info("claim_released", claim=f"{namespace}/{name}")
         return claim
 
-    def _sandboxes_of(self, claim: Resource) -> list[Resource]:
+    def sandboxes_of(self, claim: Resource) -> list[Resource]:
         return [
             s
             for s in self.sandboxes.values()
@@ -415,149 +365,5 @@ class Claims:
             and s.metadata.labels.get(CLAIM_LABEL) == claim.metadata.name
         ]
 
-    async def _delete_sandbox(self, sbx: Resource) -> None:
+    async def delete_sandbox(self, sbx: Resource) -> None:
         await request_delete(self.store, self.sandboxes, sbx, unless=lambda _: False)
-
-    # -- the reconciler ------------------------------------------------------------------------
-
-    async def reconcile(self, key: str) -> float | None:
-        """Bring claim ``namespace/name`` in line with its sandbox; when to look again."""
-        namespace, _, name = key.partition("/")
-        claim = self.claims.get(namespace, name)
-        if claim is None:
-            return None
-        status = ClaimStatus.from_dict(claim.status)
-        if status.shutdown_time and _passed(status.shutdown_time):
-            log.info("claim_expired", claim=key)
-            await self.release(namespace, name)
-            return None
-        if status.sandbox is None:
-            if age(claim) < self.recover_after:
-                return self.recover_after - age(claim)
-            return await self._recover(claim)
-        sandbox = self.sandboxes.get(namespace, status.sandbox)
-        if sandbox is None:
-            try:
-                sandbox = await self.store.get(SANDBOX, namespace, status.sandbox)
-            except ResourceNotFound:
-                log.info("claim_sandbox_gone", claim=key, sandbox=status.sandbox)
-                await self.release(namespace, name)
-                return None
-        bound = status.condition(ClaimConditionType.BOUND)
-        reason = ClaimReason(bound.reason) if bound else ClaimReason.WARM
-        await self._set(claim, sandbox, reason, status.shutdown_time or "")
-        for extra in self._sandboxes_of(claim):  # a second bind after a lost handler
-            if extra.metadata.name != status.sandbox and age(claim) > self.recover_after:
-                await self._delete_sandbox(extra)
-        return None
-
-    async def _recover(self, claim: Resource) -> float | None:
-        """A claim whose handler died: adopt a sandbox already labelled for it, else bind."""
-        ns, name = claim.metadata.namespace, claim.metadata.name
-        try:
-            binding = await self.resolve(ns, ClaimSpec.from_dict(claim.spec))
-        except SandpodError as exc:
-            await self._fail(claim, str(exc))
-            return None
-        labelled = self._sandboxes_of(claim)
-        if labelled:
-            how = labelled[0].metadata.annotations.get(BOUND_AS_ANNOTATION, ClaimReason.WARM)
-            reason = ClaimReason(how) if how in set(ClaimReason) else ClaimReason.WARM
-            log.info("claim_adopted", claim=f"{ns}/{name}", sandbox=labelled[0].metadata.name)
-            await self._set(claim, labelled[0], reason, binding.shutdown_time)
-            return None
-        log.info("claim_recovered", claim=f"{ns}/{name}")
-        sandbox, reason = await self._bind_configured(claim, binding)
-        await self._set(claim, sandbox, reason, binding.shutdown_time)
-        return None
-
-    async def _fail(self, claim: Resource, message: str) -> None:
-        conds = [dict(c) for c in claim.status.get("conditions") or ()]
-        conds = set_condition(
-            conds, ClaimConditionType.BOUND, "False", ClaimReason.POOL_NOT_FOUND, message
-        )
-        status = {**claim.status, "phase": str(ClaimPhase.FAILED), "conditions": conds}
-        self.claims.observe(
-            await self.store.update_status(dataclasses.replace(claim, status=status))
-        )
-
-    async def orphans(self) -> None:
-        """Delete sandboxes labelled for a claim that does not exist (its deletion raced a bind,
-        or the service died between the two)."""
-        for sbx in self.sandboxes.values():
-            claim = sbx.metadata.labels.get(CLAIM_LABEL)
-            if claim is None or is_deleting(sbx) or _bound_age(sbx) < self.recover_after:
-                continue
-            if self.claims.get(sbx.metadata.namespace, claim) is not None:
-                continue
-            try:
-                await self.store.get(CLAIM, sbx.metadata.namespace, claim)
-            except ResourceNotFound:
-                log.warning("claim_orphan_sandbox_deleted", sandbox=sbx.metadata.name, claim=claim)
-                await self._delete_sandbox(sbx)
-
-
-def _bound_age(sbx: Resource) -> float:
-    """Seconds since a claim bound ``sbx`` (its creation for sandboxes bound before the
-    annotation existed)."""
-    stamp = sbx.metadata.annotations.get(BOUND_AT_ANNOTATION)
-    try:
-        return time.time() - float(stamp) if stamp else age(sbx)
-    except ValueError:
-        return age(sbx)
-
-
-def claim_from_map(raw: Mapping[str, Any]) -> Resource:
-    """A SandboxClaim from a client's map, validated (name generated if absent).
-
-    Raises ResourceInvalid."""
-    if not isinstance(raw, Mapping):
-        raise ResourceInvalid("object must be a map")
-    if raw.get("kind", CLAIM) != CLAIM or raw.get("apiVersion", API_VERSION) != API_VERSION:
-        raise ResourceInvalid(f"expected {API_VERSION} {CLAIM}", field="kind")
-    obj = Resource.from_dict({**raw, "apiVersion": API_VERSION, "kind": CLAIM, "status": {}})
-    if not obj.metadata.name:
-        meta = dataclasses.replace(obj.metadata, name=f"claim-{secrets.token_hex(5)}")
-        obj = dataclasses.replace(obj, metadata=meta)
-    obj.validate()
-    ClaimSpec.from_dict(obj.spec)
-    return obj
-
-
-def _status_for(
-    claim: Resource, sandbox: Resource | None, reason: ClaimReason, shutdown: str
-) -> dict[str, Any]:
-    conds = [dict(c) for c in claim.status.get("conditions") or ()]
-    state = "failed" if sandbox is None else member_state_of(sandbox)
-    bound_msg = {
-        ClaimReason.WARM: "bound a ready warm sandbox",
-        ClaimReason.POOL_EXHAUSTED: "no free warm sandbox: created one (cold start)",
-        ClaimReason.NO_POOL: "no pool named: created one (cold start)",
-    }
-    conds = set_condition(
-        conds, ClaimConditionType.BOUND, "True", reason, bound_msg.get(reason, "")
-    )
-    phase = ClaimPhase.BOUND
-    if state == "ready":
-        conds = set_condition(conds, ClaimConditionType.READY, "True", ClaimReason.SANDBOX_READY)
-    elif state == "failed":
-        why = "" if sandbox is None else failure_reason(sandbox, "deleted")
-        conds = set_condition(
-            conds, ClaimConditionType.READY, "False", ClaimReason.SANDBOX_FAILED, why
-        )
-        phase = ClaimPhase.FAILED
-    else:
-        conds = set_condition(
-            conds, ClaimConditionType.READY, "False", ClaimReason.SANDBOX_STARTING
-        )
-    return ClaimStatus(
-        phase=phase,
-        sandbox=None if sandbox is None else sandbox.metadata.name,
-        shutdown_time=shutdown or None,
-        observed_generation=claim.metadata.generation,
-    ).to_dict() | {"conditions": conds}
-
-
-def _passed(stamp: str) -> bool:
-    t = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return t <= datetime.datetime.now(datetime.UTC)

@@ -14,19 +14,31 @@ rewrites exactly those fields and drops the pool's owner reference.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import enum
 import hashlib
 import json
 import secrets
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from sandpod_contract.errors import ResourceConflict, ResourceNotFound
 from sandpod_contract.pooling import CLAIM_LABEL, HASH_LABEL, POOL_LABEL, WarmPoolSpec
-from sandpod_contract.resources import API_VERSION, SandboxTemplateSpec
+from sandpod_contract.resources import (
+    API_VERSION,
+    ConditionReason,
+    ConditionType,
+    SandboxSpec,
+    SandboxTemplateSpec,
+)
+from sandpod_contract.times import from_rfc3339, to_rfc3339
 from sandpod_pool.cache import Mirror
-from sandpod_store import ObjectMeta, OwnerReference, Resource, Store
+from sandpod_store import (
+    DELETE_ANNOTATION,
+    ObjectMeta,
+    OwnerReference,
+    Resource,
+    SandboxView,
+    Store,
+)
 
 __all__ = [
     "DELETE_ANNOTATION",
@@ -35,8 +47,6 @@ __all__ = [
     "TEMPLATE",
     "MemberState",
     "age",
-    "condition",
-    "expiry",
     "failure_message",
     "failure_reason",
     "free_selector",
@@ -47,14 +57,12 @@ __all__ = [
     "member_state",
     "owner_pool",
     "request_delete",
-    "set_condition",
     "template_hash",
 ]
 
 SANDBOX = "Sandbox"
 TEMPLATE = "SandboxTemplate"
 POOL_KIND = "SandboxWarmPool"
-DELETE_ANNOTATION = "sandpod.dev/delete-requested"  # the lifecycle API's delete mark
 OWNER_ANNOTATION = "sandpod.dev/owner"
 
 
@@ -64,16 +72,6 @@ class MemberState(enum.Enum):
     FAILED = "failed"  # free and Failed, or retrying a failed create
     CLAIMED = "claimed"  # a claim owns it: no longer the pool's
     DELETING = "deleting"
-
-
-def now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def expiry(seconds: float) -> str:
-    """RFC 3339 time ``seconds`` from now (the store's format)."""
-    t = now() + datetime.timedelta(seconds=seconds)
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def template_hash(pool: WarmPoolSpec, template: SandboxTemplateSpec) -> str:
@@ -113,19 +111,21 @@ def is_member(obj: Resource, pool: Resource) -> bool:
 
 
 def member_object(
-    pool_obj: Resource, spec: WarmPoolSpec, template: SandboxTemplateSpec, digest: str
+    pool_obj: Resource,
+    spec: WarmPoolSpec,
+    template: SandboxTemplateSpec,
+    digest: str,
+    now: float,
 ) -> Resource:
-    """A new warm member of ``pool_obj`` (name: the pool's plus a random suffix), owned by it."""
+    """A new warm member of ``pool_obj`` (name: the pool's plus a random suffix), owned by it,
+    living its template's default lifetime from ``now`` (epoch seconds)."""
     namespace, pool = pool_obj.metadata.namespace, pool_obj.metadata.name
     name = f"{pool[:40].rstrip('-')}-{secrets.token_hex(5)}"
-    sandbox_spec: dict[str, Any] = {
-        "permanent": False,
-        "shutdownTime": expiry(template.default_lifetime_seconds),
-        "idleTimeoutSeconds": 0,
-        "operatingMode": "Running",
-    }
-    if spec.template_ref:
-        sandbox_spec["templateRef"] = {"name": spec.template_ref}
+    sandbox_spec = SandboxSpec(
+        template_ref=spec.template_ref,
+        shutdown_time=to_rfc3339(now + template.default_lifetime_seconds),
+        idle_timeout_seconds=0,
+    ).to_dict()
     return Resource(
         api_version=API_VERSION,
         kind=SANDBOX,
@@ -146,34 +146,30 @@ def is_deleting(obj: Resource) -> bool:
     return obj.metadata.annotations.get(DELETE_ANNOTATION) == "true"
 
 
-def condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
-    return next((c for c in status.get("conditions") or () if c.get("type") == type_), None)
-
-
 def member_state(obj: Resource) -> MemberState:
     """Where a pool's Sandbox stands, from its labels and the lifecycle's status."""
     if is_deleting(obj):
         return MemberState.DELETING
     if CLAIM_LABEL in obj.metadata.labels:
         return MemberState.CLAIMED
-    if is_ready(obj):
+    view = SandboxView.of(obj)
+    if view.ready:
         return MemberState.READY
-    ready = condition(obj.status, "Ready")
-    if obj.status.get("phase") in ("Failed", "Terminated") or (
-        ready is not None and ready.get("reason") == "InstanceStarting"
-    ):
+    ready = view.condition(ConditionType.READY)
+    if view.ended or (ready is not None and ready.reason == ConditionReason.INSTANCE_STARTING):
         return MemberState.FAILED  # InstanceStarting: a create failed and is being retried
     return MemberState.STARTING
 
 
 def failure_reason(obj: Resource, default: str = "Pending") -> str:
     """``reason: message`` of the first telling condition (Failed, Ready, Expired), else the
-    phase (``default`` without one)."""
-    for type_ in ("Failed", "Ready", "Expired"):
-        cond = condition(obj.status, type_)
-        if cond is not None and cond.get("message"):
-            return f"{cond.get('reason', '')}: {cond['message']}"
-    return str(obj.status.get("phase", default))
+    phase (``default`` when the lifecycle wrote no status yet)."""
+    view = SandboxView.of(obj)
+    for type_ in (ConditionType.FAILED, ConditionType.READY, ConditionType.EXPIRED):
+        cond = view.condition(type_)
+        if cond is not None and cond.message:
+            return f"{cond.reason}: {cond.message}"
+    return str(view.status.phase) if obj.status else default
 
 
 def failure_message(obj: Resource) -> str:
@@ -183,39 +179,18 @@ def failure_message(obj: Resource) -> str:
 
 def is_ready(obj: Resource) -> bool:
     """Running with a true Ready condition: what the lifecycle reports of a usable sandbox."""
-    ready = condition(obj.status, "Ready")
-    return (
-        obj.status.get("phase") == "Running" and ready is not None and ready.get("status") == "True"
-    )
+    return SandboxView.of(obj).ready
 
 
-def age(obj: Resource) -> float:
-    """Seconds since the object was created."""
+def age(obj: Resource, now: float) -> float:
+    """Seconds from the object's creation to ``now`` (epoch seconds; 0 when unknown)."""
     stamp = obj.metadata.creation_timestamp
     if not stamp:
         return 0.0
-    created = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return (now() - created).total_seconds()
-
-
-def set_condition(
-    conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str = ""
-) -> list[dict[str, Any]]:
-    """``conditions`` with ``type_`` set (its lastTransitionTime kept while status is unchanged)."""
-    old = next((c for c in conditions if c.get("type") == type_), None)
-    stamp = (
-        old.get("lastTransitionTime", "")
-        if old is not None and old.get("status") == status
-        else expiry(0)
-    )
-    new = {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": stamp,
-    }
-    return [*(c for c in conditions if c.get("type") != type_), new]
+    try:
+        return now - from_rfc3339(stamp)
+    except ValueError:
+        return 0.0
 
 
 async def request_delete(

@@ -22,7 +22,6 @@ over a pool starts from the store's full list.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import structlog
 
@@ -36,7 +35,7 @@ from sandpod_contract.pooling import (
     WarmPoolSpec,
     WarmPoolStatus,
 )
-from sandpod_contract.resources import SandboxTemplateSpec
+from sandpod_contract.resources import Condition, SandboxTemplateSpec
 from sandpod_pool.cache import Mirror
 from sandpod_pool.members import (
     POOL_KIND,
@@ -50,11 +49,11 @@ from sandpod_pool.members import (
     member_state,
     owner_pool,
     request_delete,
-    set_condition,
     template_hash,
 )
+from sandpod_service.clock import REAL, Clock
 from sandpod_service.leases import LeaseKeeper
-from sandpod_store import Resource, Store
+from sandpod_store import Resource, Store, set_condition
 
 __all__ = ["PoolReconciler"]
 
@@ -64,15 +63,21 @@ MAX_BACKOFF = 60.0
 FREE = (MemberState.READY, MemberState.STARTING, MemberState.FAILED)
 
 
+def backoff(failures: int) -> float:
+    """Seconds before creating again after ``failures`` failing passes in a row (2, 4 ... 60)."""
+    return min(2.0 ** max(failures, 0), MAX_BACKOFF)
+
+
 @dataclasses.dataclass
 class _PoolState:
-    """What one replica remembers about a pool between passes (rebuilt after failover)."""
+    """What one replica remembers about a pool between passes (rebuilt after failover).
+    Times are the clock's monotonic reading."""
 
+    refilled: float  # when the token bucket was last refilled
+    tokens: float = 0.0  # create rate limit (token bucket)
     failures: int = 0
     last_failure: str = ""
     next_create: float = 0.0  # backoff after failures
-    tokens: float = 0.0  # create rate limit (token bucket)
-    refilled: float = dataclasses.field(default_factory=time.monotonic)
 
 
 class PoolReconciler:
@@ -86,6 +91,7 @@ class PoolReconciler:
         templates: Mirror,
         create_rate: float,
         member_grace: float,
+        clock: Clock = REAL,
     ) -> None:
         self.store = store
         self.leases = leases
@@ -94,6 +100,7 @@ class PoolReconciler:
         self.templates = templates
         self.create_rate = create_rate
         self.member_grace = member_grace
+        self.clock = clock
         self._state: dict[str, _PoolState] = {}
         self.created = 0  # members created by this replica (tests, metrics)
 
@@ -140,23 +147,27 @@ class PoolReconciler:
     async def _step(self, key: str, pool: Resource, members: list[Resource]) -> float | None:
         spec = WarmPoolSpec.from_dict(pool.spec)
         namespace = pool.metadata.namespace
-        state = self._state.setdefault(key, _PoolState(tokens=self.create_rate))
+        state = self._state.get(key)
+        if state is None:
+            state = _PoolState(refilled=self.clock.monotonic(), tokens=self.create_rate)
+            self._state[key] = state
         template = await self._template(namespace, spec.template_ref)
         if template is None:
             await self._status(pool, spec, members, "", template_missing=True, state=state)
             return 5.0
         digest = template_hash(spec, template)
         free = [m for m in members if member_state(m) in FREE]
+        now = self.clock.now()
         failed = [
             m
             for m in free
             if member_state(m) is MemberState.FAILED
-            or (member_state(m) is MemberState.STARTING and age(m) > self.member_grace)
+            or (member_state(m) is MemberState.STARTING and age(m, now) > self.member_grace)
         ]
         if failed:  # one step of backoff per pass, however many failed together
             state.failures += 1
             state.last_failure = failure_message(failed[0])
-            state.next_create = time.monotonic() + min(2.0**state.failures, MAX_BACKOFF)
+            state.next_create = self.clock.monotonic() + backoff(state.failures)
         for m in failed:
             log.warning(
                 "pool_member_failed",
@@ -228,7 +239,7 @@ class PoolReconciler:
             want = spec.replicas - len(current) - len(stale)
         if want <= 0:
             return None
-        t = time.monotonic()
+        t = self.clock.monotonic()
         if t < state.next_create:
             return state.next_create - t
         if state.failures:
@@ -240,7 +251,7 @@ class PoolReconciler:
         state.refilled = t
         n = min(want, int(state.tokens))
         for _ in range(n):
-            obj = member_object(pool, spec, template, digest)
+            obj = member_object(pool, spec, template, digest, self.clock.now())
             try:
                 created = await self.store.create(obj)
             except SandpodError as exc:
@@ -271,7 +282,7 @@ class PoolReconciler:
         name = pool.metadata.name
         ready = [m for m in free if member_state(m) is MemberState.READY]
         available = [m for m in ready if m.metadata.labels.get(HASH_LABEL) == digest]
-        conds = [dict(c) for c in pool.status.get("conditions") or ()]
+        old = WarmPoolStatus.from_dict(pool.status)
         if template_missing:
             reason, msg = PoolReason.TEMPLATE_NOT_FOUND, f"template {spec.template_ref!r} not found"
         elif len(available) >= spec.replicas:
@@ -283,19 +294,20 @@ class PoolReconciler:
         else:
             reason, msg = PoolReason.FILLING, f"{len(available)}/{spec.replicas} ready"
         ok = "True" if reason is PoolReason.ALL_READY else "False"
-        conds = set_condition(conds, PoolConditionType.READY, ok, reason, msg)
-        if state.failures:
-            conds = set_condition(
-                conds,
+        now = self.clock.now()
+        conds = set_condition(
+            old.conditions, Condition(PoolConditionType.READY, ok, reason, msg), now
+        )
+        failing = (
+            Condition(
                 PoolConditionType.REPLICA_FAILURE,
                 "True",
                 PoolReason.MEMBERS_FAILING,
                 state.last_failure,
             )
-        else:
-            conds = set_condition(
-                conds, PoolConditionType.REPLICA_FAILURE, "False", PoolReason.NO_FAILURES
-            )
+            if state.failures
+            else Condition(PoolConditionType.REPLICA_FAILURE, "False", PoolReason.NO_FAILURES)
+        )
         status = WarmPoolStatus(
             replicas=len(free),
             ready_replicas=len(ready),
@@ -303,11 +315,12 @@ class PoolReconciler:
             observed_generation=pool.metadata.generation,
             selector=free_selector(name),
             template_hash=digest,
-        ).to_dict()
-        status["conditions"] = conds
-        if _same(status, dict(pool.status)):
+            conditions=set_condition(conds, failing, now),
+        )
+        if pool.status and _same(status, old):
             return
-        self.pools.observe(await self.store.update_status(dataclasses.replace(pool, status=status)))
+        updated = dataclasses.replace(pool, status=status.to_dict())
+        self.pools.observe(await self.store.update_status(updated))
 
 
 def _claimed(m: Resource) -> bool:
@@ -324,18 +337,11 @@ def _neg(stamp: str) -> str:
     return "".join(chr(0x10FFFF - ord(c)) for c in stamp)
 
 
-def _same(a: dict[str, object], b: dict[str, object]) -> bool:
-    """Equal but for condition timestamps (no status write when nothing changed)."""
+def _same(a: WarmPoolStatus, b: WarmPoolStatus) -> bool:
+    """Equal but for condition timestamps and order (no status write when nothing changed)."""
 
-    def strip(s: dict[str, object]) -> dict[str, object]:
-        conds = s.get("conditions") or []
-        if not isinstance(conds, list):  # not ours to compare: never equal
-            conds = [{"malformed": repr(conds)}]
-        return {
-            **s,
-            "conditions": [
-                {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in conds
-            ],
-        }
+    def strip(s: WarmPoolStatus) -> tuple[WarmPoolStatus, frozenset[Condition]]:
+        conds = frozenset(dataclasses.replace(c, last_transition_time="") for c in s.conditions)
+        return dataclasses.replace(s, conditions=()), conds
 
     return strip(a) == strip(b)

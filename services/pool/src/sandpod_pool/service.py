@@ -16,7 +16,6 @@ that becomes leader resyncs at once, and only the leader sweeps orphans.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -27,19 +26,21 @@ from sandpod_contract.codec import decode_reply, encode
 from sandpod_contract.errors import InternalError, SandpodError
 from sandpod_contract.messages.pools import POOL_PLANE
 from sandpod_contract.messages.system import Configure, Configured
-from sandpod_contract.pooling import CLAIM_LABEL, POOL_LABEL
+from sandpod_contract.pooling import CLAIM_LABEL, POOL_LABEL, WarmPoolSpec
 from sandpod_contract.subjects import Subjects
 from sandpod_kube import open_store
 from sandpod_pool.api import PoolApi
 from sandpod_pool.cache import Key, Mirror
+from sandpod_pool.claim_recovery import ClaimRecovery
 from sandpod_pool.claims import CLAIM, Claims
 from sandpod_pool.members import POOL_KIND, SANDBOX, TEMPLATE
 from sandpod_pool.pools import PoolReconciler
 from sandpod_pool.settings import PoolSettings
-from sandpod_pool.workqueue import WorkQueue
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer
+from sandpod_service.clock import REAL, Clock
 from sandpod_service.leases import LeaseKeeper, Leases
+from sandpod_service.workqueue import WorkQueue
 from sandpod_store import Resource
 
 __all__ = ["PoolService"]
@@ -53,8 +54,9 @@ CONFIGURE_TIMEOUT = 2.0
 class PoolService:
     name = "pool"
 
-    def __init__(self, settings: PoolSettings) -> None:
+    def __init__(self, settings: PoolSettings, *, clock: Clock = REAL) -> None:
         self.settings = settings
+        self.clock = clock  # every time rule below reads this one (tests pass a fake)
         self.subjects = Subjects(settings.prefix)
         self.supervisor = Supervisor("pool", 512)
         self._bus: Bus | None = None
@@ -68,6 +70,7 @@ class PoolService:
         self.pools_queue: WorkQueue | None = None
         self.claims_queue: WorkQueue | None = None
         self.claims: Claims | None = None
+        self.recovery: ClaimRecovery | None = None
         self.reconciler: PoolReconciler | None = None
         self._close_store: Callable[[], Awaitable[None]] | None = None
 
@@ -94,6 +97,7 @@ class PoolService:
             templates=templates,
             create_rate=self.settings.create_rate,
             member_grace=self.settings.member_grace,
+            clock=self.clock,
         )
         self.claims = Claims(
             store=store,
@@ -104,9 +108,15 @@ class PoolService:
             configure=self._configure,
             recover_after=self.settings.recover_after,
             background=self.supervisor.spawn,
+            clock=self.clock,
         )
-        self.pools_queue = WorkQueue("pools", self.reconciler.reconcile, workers=4)
-        self.claims_queue = WorkQueue("claims", self.claims.reconcile, workers=4)
+        self.pools_queue = WorkQueue(
+            "pools", self.reconciler.reconcile, workers=4, clock=self.clock
+        )
+        self.recovery = ClaimRecovery(self.claims)
+        self.claims_queue = WorkQueue(
+            "claims", self.recovery.reconcile, workers=4, clock=self.clock
+        )
         self._mirrors = (pools, claims, sandboxes)
         for mirror in (*self._mirrors, templates):
             self.supervisor.spawn(mirror.run(), name=f"mirror-{mirror.kind}")
@@ -143,6 +153,7 @@ class PoolService:
                 self.settings.replica_id,
                 self.settings.lease_ttl,
                 bucket=self.subjects.storage("leases"),
+                clock=self.clock,
             )
         from sandpod_kube import elect
 
@@ -187,8 +198,13 @@ class PoolService:
         if self.pools_queue is None:
             return
         for pool in self._mirrors[0].values():
-            ref = (pool.spec.get("templateRef") or {}).get("name")
-            if pool.metadata.namespace == key[0] and ref == key[1]:
+            if pool.metadata.namespace != key[0]:
+                continue
+            try:
+                ref = WarmPoolSpec.from_dict(pool.spec).template_ref
+            except SandpodError:
+                continue  # the API validated it: a malformed one is nobody's to refill
+            if ref == key[1]:
                 self.pools_queue.add(f"{key[0]}/{pool.metadata.name}")
 
     def _claim_changed(self, key: Key, obj: Resource | None) -> None:
@@ -213,13 +229,12 @@ class PoolService:
         if (
             self.pools_queue is None
             or self.claims_queue is None
-            or self.claims is None
+            or self.recovery is None
             or self._leases is None
         ):
             raise InternalError("the pool service resyncs only once started")
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._resync_now.wait(), self.settings.resync)
+            await self.clock.wait(self._resync_now, self.settings.resync)
             self._resync_now.clear()
             try:
                 await self._leases.renew_all()
@@ -232,7 +247,7 @@ class PoolService:
                 for obj in claims.values():
                     self.claims_queue.add(f"{obj.metadata.namespace}/{obj.metadata.name}")
                 if self._leases.active():  # a standby leaves sweeping to the leader
-                    await self.claims.orphans()
+                    await self.recovery.orphans()
             except SandpodError as exc:
                 log.warning("resync_failed", error=exc.message)
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Protocol
 
+from sandpod_contract.resources import ConditionReason
 from sandpod_contract.subjects import validate_sandbox_id
 
 __all__ = [
@@ -70,8 +71,8 @@ class InstanceUnhealthy(RuntimeFailure):
     ``ConditionReason``: Unschedulable, OOMKilled...). ``terminal``: give up (the Sandbox is
     Failed, the instance destroyed); otherwise keep the instance and wait (``Ready=False``)."""
 
-    def __init__(self, message: str, *, reason: str, terminal: bool) -> None:
-        super().__init__(message, reason=reason)
+    def __init__(self, message: str, *, reason: ConditionReason, terminal: bool) -> None:
+        super().__init__(message, reason=str(reason))
         self.reason = reason
         self.terminal = terminal
         self.retryable = not terminal

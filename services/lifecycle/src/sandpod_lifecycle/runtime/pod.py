@@ -44,7 +44,6 @@ URL Secret, and ``protections()`` reports ``nats-credentials`` as shared, so the
 from __future__ import annotations
 
 import contextlib
-import datetime
 import time
 from collections.abc import Awaitable, Callable
 
@@ -53,6 +52,7 @@ import structlog
 from sandpod_contract.errors import ResourceExists, ResourceNotFound, SandpodError, StoreError
 from sandpod_contract.messages.system import FreezeState
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
+from sandpod_contract.times import from_rfc3339
 from sandpod_kube.podhealth import PodProblem
 from sandpod_kube.pods import PodApi, PodState
 from sandpod_kube.podspec import (
@@ -66,7 +66,6 @@ from sandpod_kube.podspec import (
     pod_manifest,
 )
 from sandpod_lifecycle.driver import Instance, Owner
-from sandpod_lifecycle.objects import parse_time
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
 from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
@@ -230,7 +229,7 @@ class PodDriver:
         if self._creds is None:
             return
         now = time.time()
-        shutdown = parse_time(spec.shutdown_time).timestamp() if spec.shutdown_time else None
+        shutdown = from_rfc3339(spec.shutdown_time) if spec.shutdown_time else None
         minted = self._creds.mint(pod.name, shutdown, now)
         await self._api.apply_secret(creds_secret_manifest(pod, minted.creds, minted.expires))
         self._issued[pod.name] = (pod.namespace, minted.expires)
@@ -242,7 +241,7 @@ class PodDriver:
         if self._creds is None:
             return False
         issued = self._issued.get(sandbox_id)
-        shutdown = parse_time(spec.shutdown_time).timestamp() if spec.shutdown_time else None
+        shutdown = from_rfc3339(spec.shutdown_time) if spec.shutdown_time else None
         return issued is None or self._creds.stale(issued[1], shutdown, time.time())
 
     async def renew_credentials(self, sandbox_id: str, spec: SandboxSpec, owner: Owner) -> None:
@@ -278,7 +277,7 @@ class PodDriver:
             running=state.ready,
             paused=paused,
             detail=problem.message if problem else where,
-            reason=str(problem.reason) if problem else "",
+            reason=problem.reason if problem else None,
             terminal=problem.terminal if problem else False,
         )
 
@@ -292,7 +291,7 @@ class PodDriver:
                 paused = (await self._freezer(sandbox_id, "freezer")).frozen
         return self._instance(live[0], paused)
 
-    async def pause(self, sandbox_id: str) -> str | None:
+    async def pause(self, sandbox_id: str) -> ConditionReason | None:
         """Freeze the sandbox's commands through its execd; the mechanism's ConditionReason.
 
         Raises:
@@ -342,14 +341,15 @@ class PodDriver:
 def _unhealthy(problem: PodProblem | None, *, terminal: bool) -> InstanceUnhealthy:
     if problem is None:  # callers pass the problem of a Pod that has one
         return InstanceUnhealthy(
-            "the Pod reports a problem without details", reason="PodFailed", terminal=terminal
+            "the Pod reports a problem without details",
+            reason=ConditionReason.POD_FAILED,
+            terminal=terminal,
         )
-    return InstanceUnhealthy(problem.message, reason=str(problem.reason), terminal=terminal)
+    return InstanceUnhealthy(problem.message, reason=problem.reason, terminal=terminal)
 
 
 def _age(created: str) -> float:
     """Seconds since an RFC 3339 creation time (0 when unknown)."""
     if not created:
         return 0.0
-    then = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
-    return (datetime.datetime.now(datetime.UTC) - then).total_seconds()
+    return time.time() - from_rfc3339(created)
