@@ -244,8 +244,10 @@ class _Job:
             raise GitTimeout(
                 f"{what} exceeded its timeout of {self.timeout:g}s", timeout=self.timeout
             )
-        cmd = self.sbx.command(("git", *BASE_CONFIG, *args), None, cwd, git_env(env), stdin=False)
-        try:
+        try:  # a missing cwd is refused by command() (process runtime) or by the spawn (jail)
+            cmd = self.sbx.command(
+                ("git", *BASE_CONFIG, *args), None, cwd, git_env(env), stdin=False
+            )
             return await run_git(
                 cmd,
                 scrub=self.scrub,
