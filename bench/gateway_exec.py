@@ -28,14 +28,19 @@ WARMUP = 50
 Call = Callable[[], Awaitable[None]]
 
 
-async def _timed(call: Call, calls: int) -> list[float]:
-    for _ in range(min(WARMUP, calls)):
-        await call()
-    samples = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        await call()
-        samples.append(time.perf_counter() - t0)
+async def _interleaved(paths: list[Call], calls: int) -> list[list[float]]:
+    """Each path's latencies, one call of every path per round (the order rotating each round),
+    so load that comes and goes on a shared machine hits every path alike."""
+    for call in paths:
+        for _ in range(min(WARMUP, calls)):
+            await call()
+    samples: list[list[float]] = [[] for _ in paths]
+    for i in range(calls):
+        for k in range(len(paths)):
+            j = (i + k) % len(paths)
+            t0 = time.perf_counter()
+            await paths[j]()
+            samples[j].append(time.perf_counter() - t0)
     return samples
 
 
@@ -67,12 +72,7 @@ async def main(calls: int) -> None:
                     r = await hx.post("/v1/sandboxes/bench/exec", json={"argv": argv})
                     assert r.json()["exit_code"] == 0, r.text
 
-                # Interleave halves so machine noise hits every path alike.
-                d, h, x = [], [], []
-                for _ in range(2):
-                    d += await _timed(direct, calls // 2)
-                    h += await _timed(http, calls // 2)
-                    x += await _timed(via_httpx, calls // 2)
+                d, h, x = await _interleaved([direct, http, via_httpx], calls)
                 print(summary(f"direct NATS exec {argv} (floor)", d))
                 print(summary(f"HTTP via gateway exec {argv}", h))
                 print(summary(f"  the same through httpx {argv}", x))
