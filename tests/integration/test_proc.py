@@ -183,12 +183,14 @@ async def test_killing_a_tree_leaves_no_survivors(
         setsid sh -c 'trap "" TERM; echo ready-setsid; sleep 300; :' {m}-setsid &
         (setsid sh -c 'trap "" TERM; echo ready-orphan; sleep 300; :' {m}-orphan &)
         trap "" TERM
+        echo ready-top
         wait
     """
     p = await start(sbx, procs, script)
-    # Each process says when its trap is set, so SIGTERM cannot win a race against it.
-    await p.wait_for_log("ready-setsid", timeout=10)
-    await p.wait_for_log("ready-orphan", timeout=10)
+    # Each shell that ignores SIGTERM (the top one too: it sets its trap after starting the
+    # others) says so once its trap is set, so SIGTERM cannot win a race against a trap.
+    for ready in ("ready-setsid", "ready-orphan", "ready-top"):
+        await p.wait_for_log(ready, timeout=10)
     await until(lambda: len(pids_with(m)) >= 3, 10, "the tree to be up")
     info = await p.kill(grace=0.5)
     assert info.state == "exited" and info.killed and info.signal == signal.SIGKILL
