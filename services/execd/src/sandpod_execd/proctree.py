@@ -191,6 +191,10 @@ async def end_tree(leader: Process | None, pid: int, token: str, sig: int, grace
         left = await _wait_gone(leader, pids, grace)
     # Survivors of the first scan die whether or not a new scan finds them again (a group
     # member no longer counts once the leader is reaped); the new scans find what was forked.
+    # The leader's group goes first: a leader killed after its children could see them die
+    # and exit by itself (a shell in `wait` exits 137) before its own SIGKILL landed.
+    if leader is not None and leader.running:
+        leader.signal_group(signal.SIGKILL)
     signal_pids(left, signal.SIGKILL)
     killed = left | kill_members(leader, pid, token)
     if leader is not None and leader.cgroup is not None:
