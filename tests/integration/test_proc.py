@@ -420,6 +420,23 @@ async def test_execd_shutdown_kills_every_tree(nats: NatsServer, start_execd) ->
     wait_until(lambda: not pids_with(m), 10, "every tree to be gone")
 
 
+async def test_execd_shutdown_ends_what_exited_processes_left_running(
+    nats: NatsServer,
+    start_execd,  # type: ignore[no-untyped-def]
+) -> None:
+    """The trees of processes that already exited are swept at shutdown too: a setsid'd
+    orphan one of them left behind (ignoring SIGTERM) dies with execd."""
+    execd: Execd = start_execd()
+    m = marker()
+    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
+        script = f"setsid sh -c 'trap \"\" TERM; sleep 300; :' {m} >/dev/null 2>&1 </dev/null &"
+        p = await sbx.proc.start(script)
+        assert (await p.wait(10)).exit_code == 0
+        await until(lambda: len(pids_with(m)) >= 1, 10, "the orphan")
+    assert execd.stop() == 0
+    wait_until(lambda: not pids_with(m), 10, "the orphan to be gone")
+
+
 def test_the_sync_sdk_has_the_same_surface(nats: NatsServer, shared_execd: Execd) -> None:
     """Blocking start, follow, wait, output, list, kill and remove work like the async ones."""
     with Sandbox.connect("shared", nats_url=nats.url) as sbx:
