@@ -421,12 +421,11 @@ async def test_execd_shutdown_kills_every_tree(nats: NatsServer, start_execd) ->
 
 
 async def test_execd_shutdown_ends_what_exited_processes_left_running(
-    nats: NatsServer,
-    start_execd,  # type: ignore[no-untyped-def]
+    nats: NatsServer, start_execd: Callable[..., Execd]
 ) -> None:
     """The trees of processes that already exited are swept at shutdown too: a setsid'd
     orphan one of them left behind (ignoring SIGTERM) dies with execd."""
-    execd: Execd = start_execd()
+    execd = start_execd()
     m = marker()
     async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
         script = f"setsid sh -c 'trap \"\" TERM; sleep 300; :' {m} >/dev/null 2>&1 </dev/null &"
