@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from conftest import Execd, NatsServer
-from sandpod import AsyncSandbox
+from sandpod import AsyncExecStream, AsyncSandbox
 from sandpod.errors import BadRequest, StreamClosed
 from sandpod.exec.args import exec_status
 from sandpod_bus import Bus, BusSettings, Inbound
@@ -64,6 +64,15 @@ def _wchan(pid: int) -> str:
         return ""
 
 
+def _blocked_writing(pid: int) -> bool:
+    """``pid`` sleeps in the kernel's pipe_write."""
+    try:
+        sleeping = psutil.Process(pid).status() == psutil.STATUS_SLEEPING
+    except psutil.Error:
+        return False
+    return sleeping and "pipe_write" in _wchan(pid)
+
+
 async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     async def poll() -> None:
         while not predicate():
@@ -88,10 +97,10 @@ async def test_slow_consumer_blocks_the_command_and_loses_nothing(sbx: AsyncSand
     async with st:
         pid = st.pid
         assert pid is not None
-        # Consume nothing: the command must end up blocked writing to its full pipe.
-        await _until(lambda: "pipe_write" in _wchan(pid), 20, "the writer to block")
-        proc = psutil.Process(pid)
-        assert proc.status() == psutil.STATUS_SLEEPING
+        # Consume nothing: the command must end up blocked writing to its full pipe. Both
+        # facts are one condition: under load the pipe can fill before execd's pumps took the
+        # window's worth, so a writer seen in pipe_write once may be running again just after.
+        await _until(lambda: _blocked_writing(pid), 20, "the writer to block")
         received = bytearray()
         async for chunk in st:
             received += chunk.data
@@ -201,6 +210,13 @@ def _running(pid: int) -> bool:
         return False
 
 
+async def _cleaned_up(st: AsyncExecStream) -> None:
+    """Wait for the close that leaving a bare iteration started: it runs in the task the event
+    loop creates to finalize the abandoned generator, which nobody else awaits, so a test that
+    ended before its cancel round trip did would leave it running (the leak guard's wait)."""
+    await st.close()  # joins the close under way
+
+
 async def test_breaking_out_of_a_bare_iteration_cancels_the_command(sbx: AsyncSandbox) -> None:
     """`async for chunk in sbx.exec_stream(...): break` (no `async with`) cancels the command
     and stops the keepalives, instead of acking a stream nobody reads forever."""
@@ -210,6 +226,7 @@ async def test_breaking_out_of_a_bare_iteration_cancels_the_command(sbx: AsyncSa
         break
     assert st.pid is not None
     await _gone(sbx, st.exec_id, st.pid)
+    await _cleaned_up(st)
 
 
 async def test_an_exception_in_a_bare_iteration_cancels_the_command(sbx: AsyncSandbox) -> None:
@@ -224,6 +241,26 @@ async def test_an_exception_in_a_bare_iteration_cancels_the_command(sbx: AsyncSa
         await fail_in_the_loop()
     assert st.pid is not None
     await _gone(sbx, st.exec_id, st.pid)
+    await _cleaned_up(st)
+
+
+async def test_streams_nobody_reads_any_more_do_not_hold_execds_shutdown(
+    nats: NatsServer,
+    start_execd: Callable[..., Execd],
+) -> None:
+    """A stream whose bare iteration was left early (its command cancelled, its client gone
+    without acking the exit frame) ends as soon as execd stops: nothing is still waiting for
+    delivery when the shutdown grace period ends, so nothing has to be cancelled then."""
+    execd = start_execd()
+    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
+        st = sbx.exec_stream("yes")
+        async for _ in st:
+            break
+        assert st.pid is not None
+        await _gone(sbx, st.exec_id, st.pid)
+        await _cleaned_up(st)
+    assert execd.stop() == 0
+    assert "task_cancelled_at_shutdown" not in execd.log.read_text()
 
 
 async def test_breaking_out_inside_async_with_keeps_the_command(sbx: AsyncSandbox) -> None:

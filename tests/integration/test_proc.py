@@ -183,12 +183,14 @@ async def test_killing_a_tree_leaves_no_survivors(
         setsid sh -c 'trap "" TERM; echo ready-setsid; sleep 300; :' {m}-setsid &
         (setsid sh -c 'trap "" TERM; echo ready-orphan; sleep 300; :' {m}-orphan &)
         trap "" TERM
+        echo ready-top
         wait
     """
     p = await start(sbx, procs, script)
-    # Each process says when its trap is set, so SIGTERM cannot win a race against it.
-    await p.wait_for_log("ready-setsid", timeout=10)
-    await p.wait_for_log("ready-orphan", timeout=10)
+    # Each shell that ignores SIGTERM (the top one too: it sets its trap after starting the
+    # others) says so once its trap is set, so SIGTERM cannot win a race against a trap.
+    for ready in ("ready-setsid", "ready-orphan", "ready-top"):
+        await p.wait_for_log(ready, timeout=10)
     await until(lambda: len(pids_with(m)) >= 3, 10, "the tree to be up")
     info = await p.kill(grace=0.5)
     assert info.state == "exited" and info.killed and info.signal == signal.SIGKILL
@@ -416,6 +418,22 @@ async def test_execd_shutdown_kills_every_tree(nats: NatsServer, start_execd) ->
         await until(lambda: len(pids_with(m)) >= 3, 10, "the trees")
     assert execd.stop() == 0
     wait_until(lambda: not pids_with(m), 10, "every tree to be gone")
+
+
+async def test_execd_shutdown_ends_what_exited_processes_left_running(
+    nats: NatsServer, start_execd: Callable[..., Execd]
+) -> None:
+    """The trees of processes that already exited are swept at shutdown too: a setsid'd
+    orphan one of them left behind (ignoring SIGTERM) dies with execd."""
+    execd = start_execd()
+    m = marker()
+    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:
+        script = f"setsid sh -c 'trap \"\" TERM; sleep 300; :' {m} >/dev/null 2>&1 </dev/null &"
+        p = await sbx.proc.start(script)
+        assert (await p.wait(10)).exit_code == 0
+        await until(lambda: len(pids_with(m)) >= 1, 10, "the orphan")
+    assert execd.stop() == 0
+    wait_until(lambda: not pids_with(m), 10, "the orphan to be gone")
 
 
 def test_the_sync_sdk_has_the_same_surface(nats: NatsServer, shared_execd: Execd) -> None:

@@ -3,6 +3,7 @@ changes through symlinked parents stay inside it (the fast layer of ``test_fs_ja
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import types
@@ -320,3 +321,49 @@ async def test_disk_usage_does_not_follow_links(tmp_path: Path) -> None:
     (ws / "top").symlink_to("/")
     usage = await sysmetrics.disk_usage(str(ws))
     assert usage.complete and usage.entries == 2 and usage.used < 1024 * 1024
+
+
+class _Racing:
+    """A syscall that first fails ``eagain`` times with EAGAIN (what openat2 says when a rename
+    elsewhere on the host raced a scoped ".."), then is the real one."""
+
+    real = rooted._syscall()  # before any test replaces it
+
+    def __init__(self, eagain: int) -> None:
+        self.eagain = eagain
+        self.calls = 0
+
+    def __call__(self, *args: object) -> int:
+        self.calls += 1
+        if self.calls <= self.eagain:
+            ctypes.set_errno(errno.EAGAIN)
+            return -1
+        assert self.real is not None
+        return int(self.real(*args))
+
+
+def test_openat2_retries_the_eagain_of_a_racing_rename(
+    monkeypatch: pytest.MonkeyPatch, world: tuple[Path, Path]
+) -> None:
+    """A scoped resolution that a rename elsewhere raced (EAGAIN) is retried, up to a bound;
+    other errors are raised at once."""
+    top = os.open(world[0], os.O_RDONLY | os.O_DIRECTORY)
+
+    def open_in_root(racing: _Racing, path: str) -> int:
+        monkeypatch.setattr(rooted, "_syscall", lambda: racing)
+        return rooted.openat2(top, path, os.O_RDONLY, resolve=RESOLVE_IN_ROOT)
+
+    try:
+        racing = _Racing(eagain=3)
+        os.close(open_in_root(racing, "workspace/.."))
+        assert racing.calls == 4
+        always = _Racing(eagain=10**6)
+        with pytest.raises(BlockingIOError):  # EAGAIN
+            open_in_root(always, "workspace/..")
+        assert always.calls == rooted.EAGAIN_RETRIES
+        missing = _Racing(eagain=0)
+        with pytest.raises(FileNotFoundError):
+            open_in_root(missing, "workspace/missing")
+        assert missing.calls == 1
+    finally:
+        os.close(top)

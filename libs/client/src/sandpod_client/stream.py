@@ -109,6 +109,7 @@ class ExecStream:
         self._keepalive: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
+        self._close_done = asyncio.Event()  # set once the first ``close`` has finished
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -138,10 +139,21 @@ class ExecStream:
         frame (bounded by ``DRAIN_TIMEOUT``), so execd frees the frames it retains for us at
         once instead of holding a full window until it gives up on us (a gateway serving many
         clients wants that; a single SDK caller need not wait for it).
+
+        A call made while another is under way returns when that one has finished: a bare
+        SDK iteration left early is closed in the task the event loop starts to finalize the
+        generator, and this is how its caller waits for that cleanup (the cancel's round trip).
         """
         if self._closed:
+            await self._close_done.wait()
             return
         self._closed = True
+        try:
+            await self._close(drain)
+        finally:
+            self._close_done.set()
+
+    async def _close(self, drain: bool) -> None:
         await self._stop_keepalive()
         if self._started and self.exit is None and self._sub is not None:
             try:

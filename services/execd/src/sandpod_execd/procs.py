@@ -201,6 +201,10 @@ class BackgroundProc:
         proctree.signal_pids(pids, signal.SIGKILL)
         self._stop.set()
 
+    def forget(self) -> None:
+        """Stop tracking a tree already ended (execd's shutdown), without scanning for it."""
+        self._stop.set()
+
     async def closed(self) -> None:
         """Wait until ``run()`` released everything."""
         await self._done.wait()
@@ -291,11 +295,15 @@ class ProcTable:
                 )
             self.remove(victims[0].proc_id)
 
-    def remove(self, proc_id: str) -> BackgroundProc:
-        """Forget ``proc_id`` (killing its tree); ``closed()`` on the result waits for cleanup."""
+    def remove(self, proc_id: str, *, ended: bool = False) -> BackgroundProc:
+        """Forget ``proc_id`` (killing its tree, unless the caller ``ended`` it already);
+        ``closed()`` on the result waits for cleanup."""
         bp = self.get(proc_id)
         del self._procs[proc_id]
-        bp.discard()
+        if ended:
+            bp.forget()
+        else:
+            bp.discard()
         return bp
 
     def list(self, tags: Mapping[str, str] | None, state: str | None) -> list[BackgroundProc]:

@@ -14,6 +14,8 @@ belong to the tree as well, and the final SIGKILL goes to the whole cgroup.
 
 ``end_tree`` sends a signal to every member, waits up to a grace period, then SIGKILLs whatever
 is left, re-scanning (until a scan finds nobody new) so that children forked meanwhile die too.
+``end_leftovers`` does the same for what many exited leaders left running, one scan per pass for
+all of them (execd's shutdown: hundreds of kept records, one tree each).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from sandpod_execd.process import Process, kill_cgroup
 
@@ -34,6 +36,7 @@ __all__ = [
     "Snapshot",
     "alive",
     "children",
+    "end_leftovers",
     "end_tree",
     "kill_members",
     "kill_tagged",
@@ -81,18 +84,20 @@ def _stat(pid: str) -> tuple[int, int, str] | None:
     return int(fields[1]), int(fields[2]), fields[0].decode()
 
 
-def _carries(pid: str, needle: bytes) -> bool:
+def _carries(pid: str, needles: frozenset[bytes]) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return needle in f.read().split(b"\0")
+            return not needles.isdisjoint(f.read().split(b"\0"))
     except OSError:  # gone, or not ours to read
         return False
 
 
-def snapshot(token: str | None = None, env: str = TOKEN_ENV) -> Snapshot:
-    """Scan ``/proc`` once; ``token`` also collects the processes whose environment carries
-    ``<env>=<token>`` (other than this one)."""
-    needle = f"{env}={token}".encode() if token else b""
+def snapshot(
+    token: str | None = None, env: str = TOKEN_ENV, *, tokens: Collection[str] = ()
+) -> Snapshot:
+    """Scan ``/proc`` once; ``token`` (or any of ``tokens``) also collects the processes whose
+    environment carries ``<env>=<token>`` (other than this one)."""
+    needle = frozenset(f"{env}={t}".encode() for t in (*tokens, *([token] if token else [])))
     children: dict[int, list[int]] = {}
     pgid: dict[int, int] = {}
     tagged: set[int] = set()
@@ -186,11 +191,46 @@ async def end_tree(leader: Process | None, pid: int, token: str, sig: int, grace
         left = await _wait_gone(leader, pids, grace)
     # Survivors of the first scan die whether or not a new scan finds them again (a group
     # member no longer counts once the leader is reaped); the new scans find what was forked.
+    # The leader's group goes first: a leader killed after its children could see them die
+    # and exit by itself (a shell in `wait` exits 137) before its own SIGKILL landed.
+    if leader is not None and leader.running:
+        leader.signal_group(signal.SIGKILL)
     signal_pids(left, signal.SIGKILL)
     killed = left | kill_members(leader, pid, token)
     if leader is not None and leader.cgroup is not None:
         kill_cgroup(leader.cgroup)  # jailed: strays re-parented inside the sandbox too
     await _wait_gone(leader, killed, 1.0)
+
+
+async def end_leftovers(tokens: Collection[str], sig: int, grace: float) -> None:
+    """``end_tree`` for the trees of many leaders that have exited: what carries one of their
+    ``tokens`` (and its descendants) gets ``sig``, then SIGKILL after ``grace`` seconds, with
+    one ``/proc`` scan per pass for all the trees (``end_tree`` scans several times per tree)."""
+    if not tokens:
+        return
+    pids = _leftovers(tokens)
+    signal_pids(pids, sig)
+    left = pids
+    if pids and sig != signal.SIGKILL and grace > 0:
+        left = await _wait_gone(None, pids, grace)
+    signal_pids(left, signal.SIGKILL)
+    killed = set(left)
+    for _ in range(KILL_PASSES):
+        fresh = _leftovers(tokens) - killed
+        if not fresh:
+            break
+        signal_pids(fresh, signal.SIGKILL)
+        killed |= fresh
+    await _wait_gone(None, killed, 1.0)
+
+
+def _leftovers(tokens: Collection[str]) -> set[int]:
+    snap = snapshot(tokens=tokens)
+    found = set(snap.tagged)
+    for root in list(found):
+        found |= snap.subtree(root)
+    found.discard(os.getpid())
+    return found
 
 
 def kill_members(

@@ -8,7 +8,9 @@ so published-but-unacked plus being-read bytes never exceed the window. When the
 or away the pumps stop reading, the pipe fills and the command blocks on write: nothing is
 dropped and memory stays below the window. When the command has exited and both pipes are
 drained, an ``ExecExit`` frame ends the stream; it too is retained until acked (or until the
-client was silent for ``abandon_after``).
+client was silent for ``abandon_after``). When execd stops, ``shut_down`` keeps a running
+command's stream going (in-flight work, within the service's grace period) but no longer waits
+on delivery alone: see its docstring.
 A client that missed frames asks ``resume(from_seq)`` and gets every retained frame again.
 """
 
@@ -88,6 +90,7 @@ class StreamingExec:
         self._sizes = {"stdout": 0, "stderr": 0}
         self.timed_out = self.cancelled = self.abandoned = False
         self._given_up = False  # the client was silent too long: stop draining pipes for it
+        self._stopping = False  # execd is shutting down: publish the exit, wait for no ack
 
     # -- driving -------------------------------------------------------------------------------
 
@@ -105,7 +108,8 @@ class StreamingExec:
             await self.proc.wait()
             await self._finish_pumps(pumps)
             await self._publish_exit()
-            await self._acked_exit.wait()
+            if not self._stopping:
+                await self._acked_exit.wait()
         finally:
             for task in (*pumps, watchdog, feeder):
                 task.cancel()
@@ -229,6 +233,22 @@ class StreamingExec:
                     log.warning("exec_abandoned", exec_id=self.exec_id, silent=self._abandon_after)
                     self.proc.kill_tree()
                 self._heard = now  # give the exit frame its own abandon period
+
+    def shut_down(self) -> None:
+        """execd is stopping: end this stream as soon as only delivery is left.
+
+        A command still running is in-flight work: its output is still pumped (the service's
+        grace period bounds it), and once it exits the exit frame is published but its ack not
+        waited for. A command that has already exited leaves only delivery, to a client that
+        may be gone for good (a bare iteration left early cancels and unsubscribes, and never
+        acks): its pipes are no longer drained for credit nobody may give, the exit frame goes
+        out and the stream ends, instead of holding shutdown for the whole grace period.
+        """
+        self._stopping = True
+        if not self.proc.running:
+            self._given_up = True
+        if self.state is StreamState.EXITED:
+            self._acked_exit.set()
 
     # -- client verbs --------------------------------------------------------------------------
 

@@ -83,6 +83,10 @@ RESOLVE_IN_ROOT = 0x10
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437}  # same number on both (asm-generic)
 MAX_SYMLINKS = 40  # as the kernel: links followed for one path
 MAX_DEPTH = 256  # directory levels a tree walk descends
+# openat2(2): with RESOLVE_IN_ROOT or RESOLVE_BENEATH, a ".." resolved while anything on the
+# system was renamed or mounted fails with EAGAIN, and "the caller may choose to retry". On a
+# busy host that is a matter of chance, not of the path: retry at once, a bounded number of times.
+EAGAIN_RETRIES = 64
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -102,6 +106,9 @@ def _syscall() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
     """The ``openat2(2)`` system call; returns a new descriptor (``O_CLOEXEC`` is added).
 
+    A scoped resolution's EAGAIN (a rename or mount elsewhere raced a "..") is retried up to
+    ``EAGAIN_RETRIES`` times before it is raised.
+
     Raises:
         OSError: as the kernel says; ENOSYS where the call does not exist.
     """
@@ -111,19 +118,22 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) 
     how = _OpenHow(
         flags | os.O_CLOEXEC, mode if flags & (os.O_CREAT | os.O_TMPFILE) else 0, resolve
     )
-    fd = int(
-        fn(
-            ctypes.c_long(_SYS_OPENAT2[platform.machine()]),
-            ctypes.c_long(dirfd),  # syscall(2) reads every argument as a long
-            os.fsencode(path),
-            ctypes.byref(how),
-            ctypes.c_size_t(ctypes.sizeof(how)),
+    for _ in range(EAGAIN_RETRIES):
+        fd = int(
+            fn(
+                ctypes.c_long(_SYS_OPENAT2[platform.machine()]),
+                ctypes.c_long(dirfd),  # syscall(2) reads every argument as a long
+                os.fsencode(path),
+                ctypes.byref(how),
+                ctypes.c_size_t(ctypes.sizeof(how)),
+            )
         )
-    )
-    if fd < 0:
+        if fd >= 0:
+            return fd
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return fd
+        if err != errno.EAGAIN:
+            break
+    raise OSError(err, os.strerror(err), path)
 
 
 @functools.cache

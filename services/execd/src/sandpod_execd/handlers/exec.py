@@ -58,6 +58,7 @@ class ExecHandlers:
         self._publish = deps.publish
         self._budget = reply_budget(deps.max_payload)
         self._trimmer = Trimmer()
+        self._streams: set[StreamingExec] = set()  # running ones, for ``close``
 
     def routes(self) -> dict[tuple[str, str], Route]:
         return {
@@ -77,7 +78,10 @@ class ExecHandlers:
         }
 
     async def close(self) -> None:
-        """Streams end through the supervisor's shutdown (their tasks kill their commands)."""
+        """Streams left with delivery only end now; the rest end through the supervisor's
+        shutdown (their tasks kill their commands)."""
+        for stream in self._streams:
+            stream.shut_down()
 
     def _admit(self, sbx: SandboxContext, exec_id: str | None) -> str:
         if sbx.registry.active >= self._settings.max_execs:
@@ -212,9 +216,11 @@ class ExecHandlers:
 
     async def _drive(self, sbx: SandboxContext, stream: StreamingExec) -> None:
         self._metrics.running.inc()
+        self._streams.add(stream)
         try:
             await stream.run()
         finally:
+            self._streams.discard(stream)
             self._metrics.running.dec()
             sbx.registry.finished(stream.exec_id, stream.proc.returncode)
             self._trimmer.soon()  # its retained frames go back to the kernel, not the heap

@@ -35,6 +35,7 @@ from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.handlers.exec import reply_budget
 from sandpod_execd.oneshot import status_fields
 from sandpod_execd.ports import wait_port
+from sandpod_execd.process import kill_cgroup
 from sandpod_execd.procs import BackgroundProc, ProcLimits, ProcTable, display
 from sandpod_execd.sandbox import SandboxContext
 from sandpod_execd.streaming import validate_signal
@@ -68,16 +69,28 @@ class ProcHandlers:
         }
 
     async def close(self) -> None:
-        """End every background process tree (SIGTERM, SIGKILL after a short grace)."""
+        """End every background process tree (SIGTERM, SIGKILL after a short grace).
+
+        Running leaders get ``end_tree`` each; what the exited ones (up to the record limit,
+        per sandbox) left running is found in one sweep for all, since a few ``/proc`` scans
+        per record made a loaded execd take longer to stop than its callers wait."""
         self._closing = True
         procs = [bp for table in self._tables.values() for bp in table]
         grace = self._limits.shutdown_grace
+        running = [bp for bp in procs if bp.proc.running]
+        exited = [bp for bp in procs if not bp.proc.running]
         await asyncio.gather(
-            *(bp.kill(signal.SIGTERM, grace) for bp in procs), return_exceptions=True
+            *(bp.kill(signal.SIGTERM, grace) for bp in running),
+            proctree.end_leftovers({bp.token for bp in exited}, signal.SIGTERM, grace),
+            return_exceptions=True,
         )
+        for bp in exited:
+            if bp.proc.cgroup is not None:
+                kill_cgroup(bp.proc.cgroup)  # jailed: strays re-parented inside the sandbox
+        swept = {bp.proc_id for bp in exited}
         for table in self._tables.values():
             for bp in table:
-                table.remove(bp.proc_id)
+                table.remove(bp.proc_id, ended=bp.proc_id in swept)
         await asyncio.gather(*(bp.closed() for bp in procs), return_exceptions=True)
 
     def _table(self, sbx: SandboxContext) -> ProcTable:
