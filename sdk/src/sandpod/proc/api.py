@@ -18,7 +18,6 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from sandpod._watch import watch
 from sandpod.channel import CONTROL_TIMEOUT, REPLY_SLACK
 from sandpod.exec.args import cwd_and_command, split_command
 from sandpod.proc.handle import AsyncProc
@@ -32,6 +31,7 @@ from sandpod.proc.types import (
     ProcWaitTimeout,
     Stream,
 )
+from sandpod_client.liveness import watch
 from sandpod_contract.codec import Message
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.exec import ExecStatus

@@ -18,10 +18,10 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, Self, TypeVar
 
-from sandpod._watch import watch
 from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, NO_DEADLINE
 from sandpod.errors import CommandFailed
 from sandpod.session.types import SessionInfo, SessionResult
+from sandpod_client.liveness import watch
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import SandpodError, SessionNotFound
 from sandpod_contract.messages.common import Empty
