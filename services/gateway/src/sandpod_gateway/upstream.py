@@ -36,9 +36,6 @@ class Target:
     sandbox_id: str
     channel: Channel
 
-    def subject(self, family: str, verb: str) -> str:
-        return self.channel.subject(family, verb)
-
     async def call(
         self, family: str, verb: str, msg: Message, reply: type[R], timeout: float | None = None
     ) -> R:
