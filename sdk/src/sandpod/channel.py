@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Protocol, TypeVar
 
 from sandpod_bus import Bus
-from sandpod_client import CONTROL_TIMEOUT, NO_DEADLINE, REPLY_SLACK, Limits
+from sandpod_client import CONTROL_TIMEOUT, NO_DEADLINE, REPLY_SLACK, Limits, Link
 from sandpod_client import Channel as WireChannel
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import SandboxNotFound
@@ -47,34 +47,14 @@ R = TypeVar("R", bound=Message)
 DEFAULT_TIMEOUT = 60.0  # a command's default run time
 
 
-class Channel(Protocol):
-    """The requests a family sends to one sandbox (see the module docstring)."""
+class Channel(Link, Protocol):
+    """The requests a family sends to one sandbox (see the module docstring): the protocol
+    client's :class:`~sandpod_client.Link` (one definition of ``bus``, ``limits``, ``subject``,
+    ``call`` and ``publish``) plus the sandbox's id."""
 
     @property
     def sandbox_id(self) -> str:
         """The sandbox's id (validated)."""
-        ...
-
-    @property
-    def bus(self) -> Bus:
-        """The connection, for a stream's own inbox subscription."""
-        ...
-
-    @property
-    def limits(self) -> Limits:
-        """The transport's limits now (the server may differ after a reconnect)."""
-        ...
-
-    def subject(self, family: str, verb: str) -> str:
-        """The subject of ``family.verb`` on this sandbox."""
-        ...
-
-    async def call(self, family: str, verb: str, msg: Message, reply: type[R], timeout: float) -> R:
-        """One request/reply; see :meth:`sandpod_client.Channel.call`."""
-        ...
-
-    async def publish(self, family: str, verb: str, msg: Message) -> None:
-        """One message with no reply; see :meth:`sandpod_client.Channel.publish`."""
         ...
 
 
