@@ -160,10 +160,21 @@ async def _exec(args: argparse.Namespace, env: dict[str, str]) -> int:
     return status.exit_code if status.exit_code is not None else EXIT_SANDPOD_ERROR
 
 
+_FORWARDS: set[asyncio.Task[Any]] = set()  # owned until done: the loop holds tasks only weakly
+
+
 def _forward(stream: Any, sig: int) -> None:
     """Ctrl-C/SIGTERM: pass the signal to the remote command (the stream then ends)."""
     task = asyncio.ensure_future(stream.signal(sig))
-    task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+    _FORWARDS.add(task)
+    task.add_done_callback(_forwarded)
+
+
+def _forwarded(task: asyncio.Task[Any]) -> None:
+    """Release a finished forward and retrieve its outcome (a failed signal is not fatal)."""
+    _FORWARDS.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 async def _feed_stdin(stream: Any) -> None:
