@@ -180,7 +180,8 @@ class AsyncWatch:
     async def poll(self, *, wait: float = 0.0, max_events: int | None = None) -> WatchBatch:
         """The next events after ``cursor`` (advancing it); waits up to ``wait`` for one."""
         await self.start()
-        assert self.watch_id is not None
+        if self.watch_id is None:  # built with neither a request nor an id to attach to
+            raise BadRequest("this watch has neither a start request nor a watch id")
         batch = await self._watches.poll(
             self.watch_id, self.cursor, max_events=max_events, wait=wait
         )
