@@ -22,7 +22,7 @@ from sandpod_contract.resources import OperatingMode, Phase
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.driver import Driver, ReportsLoss
 from sandpod_lifecycle.events import Events
-from sandpod_lifecycle.lifetime import Failures
+from sandpod_lifecycle.lifetime import Failures, bound_at
 from sandpod_lifecycle.objects import SANDBOX
 from sandpod_lifecycle.steps import Configure, Outcome, Probe, StepConfig, Steps, Templates
 from sandpod_service.clock import REAL, Clock
@@ -129,13 +129,16 @@ class Reconciler:
     def _settles(self, obj: Resource | None) -> float | None:
         """When a just-bound running sandbox's pass is due (see ``_observe_generation``), if
         the change is only that bind; None: reconcile it now."""
-        bound = obj.metadata.annotations.get(BOUND_AT_ANNOTATION) if obj is not None else None
-        if obj is None or not bound:
-            return None
+        if obj is None or not obj.metadata.annotations.get(BOUND_AT_ANNOTATION):
+            return None  # the common case, decided without building a view
         try:
-            view, settles = SandboxView.of(obj), float(bound) + self._bind_settle
-        except (SandpodError, ValueError):
+            view = SandboxView.of(obj)
+        except SandpodError:
             return None
+        bound = bound_at(view)
+        if bound is None:
+            return None
+        settles = bound + self._bind_settle
         quiet = (
             not view.deleting
             and view.status.phase is Phase.RUNNING
