@@ -18,8 +18,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Self
 
 from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, bus_channel
-from sandpod.channel import NO_DEADLINE as NO_DEADLINE  # noqa: PLC0414 - a re-export
-from sandpod.channel import REPLY_SLACK as REPLY_SLACK  # noqa: PLC0414 - a re-export
 from sandpod.config import (
     resolve_inbox_prefix,
     resolve_nats_creds,
@@ -37,7 +35,6 @@ from sandpod.control import (
 )
 from sandpod.exec.api import open_exec_stream, run_exec
 from sandpod.exec.args import Command
-from sandpod.exec.stream import STDIN_CHUNK as STDIN_CHUNK  # noqa: PLC0414 - a re-export
 from sandpod.exec.stream import AsyncExecStream
 from sandpod.exec.types import ExecResult
 from sandpod_bus import Bus, BusSettings
