@@ -34,6 +34,7 @@ __all__ = [
     "CLAIM_ANNOTATION",
     "Binding",
     "Bound",
+    "bind_annotations",
     "claim_from_map",
     "claim_status",
     "cold_object",
@@ -129,13 +130,19 @@ def cold_object(claim: Resource, b: Binding, now: float) -> Resource:
         name=f"{claim.metadata.name[:40].rstrip('-')}-{secrets.token_hex(5)}",
         namespace=claim.metadata.namespace,
         labels=labels,
-        annotations={
-            CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
-            BOUND_AS_ANNOTATION: str(reason),
-            BOUND_AT_ANNOTATION: f"{now:.3f}",
-        },
+        annotations=bind_annotations(claim, reason, now),
     )
     return Resource(api_version=API_VERSION, kind=SANDBOX, metadata=meta, spec=spec)
+
+
+def bind_annotations(claim: Resource, reason: ClaimReason, now: float) -> dict[str, str]:
+    """What a sandbox bound to ``claim`` carries (cold or warm): the claim, how and when it was
+    bound, the one spelling recovery and the lifecycle's settle rule read back."""
+    return {
+        CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
+        BOUND_AS_ANNOTATION: str(reason),
+        BOUND_AT_ANNOTATION: f"{now:.3f}",
+    }
 
 
 def claim_from_map(raw: Mapping[str, Any]) -> Resource:

@@ -44,7 +44,6 @@ from sandpod_contract.errors import (
     ResourceNotFound,
 )
 from sandpod_contract.pooling import (
-    BOUND_AT_ANNOTATION,
     CLAIM_LABEL,
     ClaimConditionType,
     ClaimPhase,
@@ -57,11 +56,10 @@ from sandpod_contract.resources import SandboxTemplateSpec
 from sandpod_contract.times import to_rfc3339
 from sandpod_pool.cache import Mirror
 from sandpod_pool.claim_objects import (
-    BOUND_AS_ANNOTATION,
     CLAIM,
-    CLAIM_ANNOTATION,
     Binding,
     Bound,
+    bind_annotations,
     claim_from_map,
     claim_status,
     cold_object,
@@ -279,9 +277,7 @@ class Claims:
         labels = {**member.metadata.labels, **b.spec.labels, CLAIM_LABEL: claim.metadata.name}
         annotations = {
             **member.metadata.annotations,
-            BOUND_AS_ANNOTATION: str(ClaimReason.WARM),
-            BOUND_AT_ANNOTATION: f"{self.clock.now():.3f}",
-            CLAIM_ANNOTATION: f"{CLAIM}/{claim.metadata.name}",
+            **bind_annotations(claim, ClaimReason.WARM, self.clock.now()),
         }
         old = SandboxView.of(member).spec
         spec = dataclasses.replace(
