@@ -79,3 +79,22 @@ async def test_pools_and_claims_over_http_are_tenant_scoped(
             assert time.monotonic() < deadline, "the released sandbox was never deleted"
             await asyncio.sleep(0.1)
         assert (await c.delete("/v1/pools/py")).status_code == 200
+
+
+async def test_a_missing_control_service_is_named_by_the_kind_asked(
+    start_gateway: GatewayFactory,
+) -> None:
+    """With no pool and no lifecycle service on the bus, pools and claims answer 503
+    `sandbox.unavailable` naming the pool service, sandboxes naming lifecycle (one mapping in the
+    upstream, by kind)."""
+    gw = await start_gateway()
+    async with gw.client(await mint_key(gw, "acme")) as c:
+        for url, service in (
+            ("/v1/pools", "pool service"),
+            ("/v1/claims", "pool service"),
+            ("/v1/sandboxes", "lifecycle"),
+        ):
+            r = await c.get(url)
+            assert r.status_code == 503, (url, r.text)
+            assert r.json()["code"] == "sandbox.unavailable", r.text
+            assert service in r.json()["message"], (url, r.text)

@@ -23,6 +23,7 @@ from sandpod_gateway.errors import sandbox_not_found
 from sandpod_gateway.tenancy import Scope
 
 __all__ = ["Target", "Upstream"]
+POOL_KINDS = frozenset({"pools", "claims"})  # the kinds the pool service answers, not lifecycle
 
 R = TypeVar("R", bound=Message)
 
@@ -85,5 +86,6 @@ class Upstream:
                 self.subjects.api_tenant(tenant, kind, verb), encode(msg), timeout or self.timeout
             )
         except NoResponders as exc:
-            raise SandboxUnavailable("the control plane (lifecycle) is not answering") from exc
+            service = "pool service" if kind in POOL_KINDS else "control plane (lifecycle)"
+            raise SandboxUnavailable(f"the {service} is not answering; retry shortly") from exc
         return decode_reply(reply, data)

@@ -22,7 +22,6 @@ from sandpod_contract.errors import (
     PoolNotFound,
     ResourceInvalid,
     ResourceNotFound,
-    SandboxUnavailable,
 )
 from sandpod_contract.messages.pools import Scale
 from sandpod_contract.messages.sandboxes import (
@@ -87,10 +86,7 @@ async def _api(
     timeout: float | None = None,
 ) -> Any:
     tenant = principal(request).scope.tenant
-    try:
-        return await context(request).upstream.api(kind, verb, msg, reply, timeout, tenant=tenant)
-    except SandboxUnavailable:
-        raise SandboxUnavailable("the pool service is not answering; retry shortly") from None
+    return await context(request).upstream.api(kind, verb, msg, reply, timeout, tenant=tenant)
 
 
 def _rename(scope: Scope, value: Any) -> Any:

@@ -90,6 +90,8 @@ async def _run(link: _Link, *jobs: Callable[[], Awaitable[None]]) -> None:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     for task in done:
+        if task.cancelled():  # a job that ended by cancelling itself: nothing to report
+            continue
         exc = task.exception()
         if exc is not None and not isinstance(exc, WebSocketDisconnect | OSError):
             raise exc
