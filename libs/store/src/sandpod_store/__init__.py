@@ -4,7 +4,14 @@ from sandpod_store.interface import EventType, Store, WatchEvent
 from sandpod_store.kv import KvStore
 from sandpod_store.memory import MemoryStore
 from sandpod_store.model import ObjectMeta, OwnerReference, Resource, Selector, parse_selector
-from sandpod_store.views import DELETE_ANNOTATION, ClaimView, SandboxView, condition, set_condition
+from sandpod_store.views import (
+    DELETE_ANNOTATION,
+    ClaimView,
+    SandboxView,
+    bound_at,
+    condition,
+    set_condition,
+)
 
 __all__ = [
     "DELETE_ANNOTATION",
@@ -19,6 +26,7 @@ __all__ = [
     "Selector",
     "Store",
     "WatchEvent",
+    "bound_at",
     "condition",
     "parse_selector",
     "set_condition",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from sandpod_contract.pooling import ClaimSpec, ClaimStatus
+from sandpod_contract.pooling import BOUND_AT_ANNOTATION, ClaimSpec, ClaimStatus
 from sandpod_contract.resources import Condition, ConditionType, Phase, SandboxSpec, SandboxStatus
 from sandpod_contract.times import to_rfc3339
 from sandpod_store.model import Resource
@@ -23,11 +23,22 @@ __all__ = [
     "DELETE_ANNOTATION",
     "ClaimView",
     "SandboxView",
+    "bound_at",
     "condition",
     "set_condition",
 ]
 
 DELETE_ANNOTATION = "sandpod.dev/delete-requested"  # the lifecycle API's delete mark
+
+
+def bound_at(obj: Resource) -> float | None:
+    """When a claim bound sandbox ``obj`` (the pool's annotation, epoch seconds), if it did and
+    the annotation reads as a number."""
+    raw = obj.metadata.annotations.get(BOUND_AT_ANNOTATION)
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
@@ -74,6 +85,11 @@ class SandboxView:
     def key(self) -> str:
         """``namespace/name``: the reconciler's work-queue key."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def bound_at(self) -> float | None:
+        """When a claim bound it, if one did (see :func:`bound_at`)."""
+        return bound_at(self.obj)
 
     @property
     def deleting(self) -> bool:

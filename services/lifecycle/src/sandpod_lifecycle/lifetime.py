@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
-from sandpod_contract.pooling import BOUND_AT_ANNOTATION
 from sandpod_contract.times import from_rfc3339
 from sandpod_store import SandboxView
 
@@ -75,11 +74,7 @@ def lifetime_over(view: SandboxView, now: float) -> bool:
 
 def bound_at(view: SandboxView) -> float | None:
     """When a claim bound this sandbox (the pool's annotation), if it did."""
-    raw = view.obj.metadata.annotations.get(BOUND_AT_ANNOTATION)
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        return None
+    return view.bound_at
 
 
 def latest_activity(view: SandboxView) -> float | None:

@@ -26,7 +26,6 @@ import structlog
 
 from sandpod_contract.errors import ResourceNotFound, SandpodError
 from sandpod_contract.pooling import (
-    BOUND_AT_ANNOTATION,
     CLAIM_LABEL,
     ClaimConditionType,
     ClaimPhase,
@@ -39,7 +38,7 @@ from sandpod_contract.times import from_rfc3339
 from sandpod_pool.claim_objects import BOUND_AS_ANNOTATION, CLAIM
 from sandpod_pool.claims import Claims
 from sandpod_pool.members import SANDBOX, age, is_deleting
-from sandpod_store import ClaimView, Resource, set_condition
+from sandpod_store import ClaimView, Resource, bound_at, set_condition
 
 __all__ = ["ClaimRecovery"]
 
@@ -133,12 +132,8 @@ class ClaimRecovery:
     def _bound_age(self, sbx: Resource) -> float:
         """Seconds since a claim bound ``sbx`` (its creation for sandboxes bound before the
         annotation existed)."""
-        stamp = sbx.metadata.annotations.get(BOUND_AT_ANNOTATION)
-        now = self.clock.now()
-        try:
-            return now - float(stamp) if stamp else age(sbx, now)
-        except ValueError:
-            return age(sbx, now)
+        now, stamp = self.clock.now(), bound_at(sbx)
+        return now - stamp if stamp is not None else age(sbx, now)
 
     def _passed(self, stamp: str) -> bool:
         """Whether RFC 3339 time ``stamp`` has come (an unreadable one has)."""
