@@ -111,7 +111,8 @@ async def _cp(
                 local = os.path.join(local, os.path.basename(src[1].rstrip("/")) or "file")
             await _download(sbx, src[1], local, progress)
         else:
-            assert dst is not None
+            if dst is None:  # parse_cp refuses two local sides; -O must not drop the check
+                raise SystemExit("sandpod cp: one side must be <sandbox>:<path>")
             await _upload(sbx, args.src, dst[1], args.mode, progress)
     if progress is not None:
         progress.finish()

@@ -125,7 +125,8 @@ def _size(fd: int) -> tuple[int, int]:
 async def _shell(args: argparse.Namespace, env: dict[str, str], caught: list[int]) -> int:
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
-    assert main is not None
+    if main is None:  # called from a coroutine run by asyncio.run: there is always one
+        raise RuntimeError("sandpod pty: not running in a task")
 
     def stop(sig: int) -> None:
         caught.append(sig)

@@ -105,7 +105,8 @@ async def _watch(args: argparse.Namespace, events: list[str]) -> int:
             coalesce=args.coalesce,
         )
         async with watch:
-            assert watch.info is not None
+            if watch.info is None:  # entering the block started it; -O must not drop the check
+                raise SystemExit("sandpod watch: execd answered without the watch's details")
             print(
                 f"watching {watch.info.path} ({watch.info.dirs} directories); Ctrl-C stops",
                 file=sys.stderr,

@@ -59,7 +59,9 @@ __all__ = ["AsyncProcesses"]
 
 R = TypeVar("R", bound=Message)
 POLL = 25.0  # seconds per long-poll request (execd caps them at 60)
-PROBE_INTERVAL = 2.0  # liveness probes while a long-poll is pending
+LONG_POLL_PROBE_INTERVAL = (
+    2.0  # liveness probes while a long-poll is pending (the client's default is 1 s)
+)
 MATCH_WINDOW = 64 * 1024  # characters of an unfinished line kept for wait_for_log
 _STREAMS = ("stdout", "stderr")
 
@@ -79,7 +81,7 @@ class AsyncProcesses:
             self._call(verb, msg, reply, wait + REPLY_SLACK),
             self._alive,
             what=f"proc.{verb}",
-            interval=PROBE_INTERVAL,
+            interval=LONG_POLL_PROBE_INTERVAL,
         )
 
     async def _alive(self) -> ExecStatus:
