@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from test_reconciler import Always  # the one fake lease keeper of the unit tests
 
 from sandpod_contract.pooling import CLAIM_LABEL, HASH_LABEL, POOL_LABEL
 from sandpod_pool.cache import Mirror
@@ -18,25 +19,6 @@ from sandpod_store import MemoryStore, ObjectMeta, Resource
 @pytest.fixture(scope="session")
 def _session_daemons() -> None:
     """No nats-server or execd: the pool reconciler runs on the memory store here."""
-
-
-class Always:
-    """A lease table where this replica always holds every lease."""
-
-    async def acquire(self, key: str) -> bool:
-        return True
-
-    def holds(self, key: str) -> bool:
-        return True
-
-    def active(self) -> bool:
-        return True
-
-    async def release(self, key: str) -> None: ...
-
-    async def release_all(self) -> None: ...
-
-    async def renew_all(self) -> None: ...
 
 
 class Rig:

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from test_reconciler import Always  # the one fake lease keeper of the unit tests
 
 from sandpod_contract.messages.sandboxes import Renew
 from sandpod_contract.pooling import POOL_LABEL
@@ -76,25 +77,6 @@ class Driver:
 
     async def list(self) -> list[str]:
         return sorted(self.instances)
-
-
-class Always:
-    """This replica holds every lease."""
-
-    async def acquire(self, key: str) -> bool:
-        return True
-
-    def holds(self, key: str) -> bool:
-        return True
-
-    def active(self) -> bool:
-        return True
-
-    async def release(self, key: str) -> None: ...
-
-    async def release_all(self) -> None: ...
-
-    async def renew_all(self) -> None: ...
 
 
 class Events:
