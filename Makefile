@@ -58,6 +58,7 @@ lint: install
 	@! grep -rnE --include='*.py' '# fmt: (skip|off)' schemas libs services sdk tests bench
 	$(BIN)/ruff check .
 	@# shell that ships (the holder, deploy scripts) and CI's own; shellcheck: Debian's apt package
+	@command -v shellcheck >/dev/null || { echo "make lint needs shellcheck: apt-get install shellcheck (Debian's package)"; exit 1; }
 	shellcheck .ci/run $$(git ls-files '*.sh')
 
 types: install
