@@ -45,6 +45,7 @@ UNDELEGATED = (
 )
 POLL = 0.005  # seconds between looks at freezer / emptiness state (the kernel offers no wakeup
 # we can wait on without inotify plumbing; these waits last milliseconds)
+REFREEZE_EVERY = 20  # v1 freezer polls between a thaw-and-freeze again (see wait_frozen)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -230,12 +231,25 @@ class SandboxCgroups:
         return "frozen 1" in _read(Path(self.core, "cgroup.events")).splitlines()
 
     async def wait_frozen(self, want: bool, timeout: float) -> bool:
+        """Wait until the freeze (or thaw) took effect; False after ``timeout`` seconds.
+
+        A v1 freezer can stay ``FREEZING`` while the sandbox forks: a task created after the
+        kernel walked the cgroup is never asked to freeze. As runc's v1 freezer does, the
+        request is written again on every poll, and every ``REFREEZE_EVERY`` polls the cgroup
+        is thawed and frozen again, which restarts the walk over the tasks there are now.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        polls = 0
         while self.frozen() != want:
             if loop.time() > deadline:
                 return False
             await asyncio.sleep(POLL)
+            polls += 1
+            if want and self.core_version == 1:
+                if polls % REFREEZE_EVERY == 0:
+                    self.set_frozen(False)
+                self.set_frozen(True)
         return True
 
     # -- processes -----------------------------------------------------------------------------
