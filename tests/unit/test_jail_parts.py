@@ -108,6 +108,7 @@ def fake_jail(root: Path, workspace: Path) -> Jail:
     jail.root = str(root)
     jail.workspace = workspace
     jail.fs_root = Root(str(root), jailed=True)
+    jail.workdir, jail.image_shell = "/workspace", None
     return jail
 
 

@@ -43,7 +43,7 @@ __all__ = [
     "encode",
 ]
 
-JAIL_VERSION = 1
+JAIL_VERSION = 2  # 2: an image's layers, working directory and shell
 SeccompMode = Literal["default", "nested", "unconfined"]  # see lifecycle's runtime/seccomp.py
 SECCOMP_MODES: tuple[str, ...] = get_args(SeccompMode)
 Phase = Literal["creating", "running"]
@@ -114,7 +114,11 @@ class JailFile:
             clock ticks (``/proc/<pid>/stat``): together a unique identity; None while creating.
         join: cgroup directories every command joins directly; ``track``: the one whose
             ``c-<token>`` child it also joins (freezer and tracking; None: none).
-        upper: the writable layer; ``rootfs``: the read-only base.
+        upper: the writable layer; ``rootfs``: the read-only base (the top layer's directory
+            when the base is an image); ``layers``: the image's layers, bottom first (empty:
+            ``rootfs`` is the whole base); ``image``: which image (``reference@digest``).
+        workdir, shell: the image's working directory and shell (None: ``/workspace``, and
+            execd's own choice of shell).
         userns: built in a user namespace (rootless): our host uid is the sandbox's uid inside.
         protections: name -> ``"active"`` or why not; ``notes``: what the user should know.
         disk: the disk quota, None without one.
@@ -132,6 +136,10 @@ class JailFile:
     workspace: JailWorkspace
     upper: Path
     rootfs: Path
+    layers: tuple[Path, ...]
+    image: str | None
+    workdir: str | None
+    shell: str | None
     env: Mapping[str, str]
     userns: bool
     protections: Mapping[str, str]
@@ -190,6 +198,10 @@ def decode(raw: bytes | str) -> JailFile | JailReservation:
         workspace=_workspace(_object(data, "workspace", JailWorkspace)),
         upper=Path(_get(data, "upper", str)),
         rootfs=Path(_get(data, "rootfs", str)),
+        layers=tuple(Path(p) for p in _strings(data, "layers")),
+        image=_opt(data, "image", _str),
+        workdir=_opt(data, "workdir", _str),
+        shell=_opt(data, "shell", _str),
         env=_str_map(data, "env"),
         userns=_get(data, "userns", bool),
         protections=_str_map(data, "protections"),

@@ -171,6 +171,8 @@ class Jail:
         self.upper = record.upper  # the root's writes
         self.cgroups = CgroupDirs.from_jail(record.cgroups)  # None: no cgroup (rootless)
         self.env = dict(record.env)
+        self.workdir = record.workdir or WORKSPACE  # an image's WorkingDir, else /workspace
+        self.image_shell = record.shell  # an image's shell (its Cmd, when that is a shell)
         self.root = f"/proc/{self.holder}/root"
         sh, nsenter = shutil.which("sh", path=HOST_PATH), shutil.which("nsenter", path=HOST_PATH)
         if sh is None or nsenter is None:
@@ -240,9 +242,10 @@ class Jail:
     # -- paths ---------------------------------------------------------------------------------
 
     def inside(self, cwd: str | None) -> str:
-        """The absolute jail path for a request's cwd (default and relative: the workspace)."""
+        """The absolute jail path for a request's cwd (default: the image's working directory,
+        else the workspace; relative: below the workspace)."""
         if not cwd:
-            return WORKSPACE
+            return self.workdir
         joined = posixpath.join(WORKSPACE, cwd)  # an absolute cwd replaces the workspace
         return "/" + posixpath.normpath(joined).lstrip("/")
 

@@ -52,6 +52,8 @@ class SandboxContext:
         self.jail = jail
         self.workspace = jail.workspace if jail else workspace
         self.shell = shell if jail is None or jail.has_program(shell) else "/bin/sh"
+        if jail is not None and jail.image_shell and jail.has_program(jail.image_shell):
+            self.shell = jail.image_shell  # the image says which shell it is made for
         self.registry = registry
         self.last_activity = time.time()  # wall clock of the last client activity (idle timeouts)
         self.inflight = 0  # activity requests being handled (a running exec.run, session.run...)

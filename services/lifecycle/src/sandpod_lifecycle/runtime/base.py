@@ -137,7 +137,15 @@ class InstanceSpec:
     Attributes:
         sandbox_id: a DNS label; also the instance's hostname.
         rootfs: the read-only base of the copy-on-write root; None means the host's root
-            filesystem (submounts such as /proc or /dev are not part of it).
+            filesystem (submounts such as /proc or /dev are not part of it) unless ``layers``
+            are given.
+        layers: an image's unpacked layers, bottom first (overlay-ready directories of the
+            node's image store, shared by every sandbox of the image): stacked as the root's
+            read-only lower layers, in place of ``rootfs``.
+        image: what ``layers`` are (``reference@digest``), for the jail file and ``get``.
+        workdir: the image's working directory, the default cwd of shells and commands that
+            name none (None: ``/workspace``).
+        shell: the image's shell (its ``Cmd`` when that is a shell), for sessions and PTYs.
         uid, gid: the unprivileged identity commands run as; None lets the driver allocate a
             dedicated one per instance.
         env: environment every command of the instance starts with (on top of execd's base).
@@ -150,6 +158,10 @@ class InstanceSpec:
 
     sandbox_id: str
     rootfs: Path | None = None
+    layers: tuple[Path, ...] = ()
+    image: str | None = None
+    workdir: str | None = None
+    shell: str | None = None
     resources: Resources = dataclasses.field(default_factory=Resources)
     uid: int | None = None
     gid: int | None = None
@@ -166,6 +178,14 @@ class InstanceSpec:
                 raise ValueError(f"{name} must be an unprivileged id (1..2^32-2), got {value}")
         if self.rootfs is not None and not self.rootfs.is_absolute():
             raise ValueError(f"rootfs must be an absolute path, got {self.rootfs}")
+        if self.layers and self.rootfs is not None:
+            raise ValueError("an instance has either a rootfs or an image's layers, not both")
+        for layer in self.layers:
+            if not layer.is_absolute():
+                raise ValueError(f"a layer must be an absolute path, got {layer}")
+        for name, path in (("workdir", self.workdir), ("shell", self.shell)):
+            if path is not None and not path.startswith("/"):
+                raise ValueError(f"{name} must be an absolute path inside the sandbox, got {path!r}")
         for key in self.env:
             if not key or "=" in key or "\0" in key:
                 raise ValueError(f"invalid environment variable name {key!r}")

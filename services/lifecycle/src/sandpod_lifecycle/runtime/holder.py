@@ -79,7 +79,7 @@ class HolderLayout:
     """Everything the holder needs, all host paths."""
 
     sandbox_id: str
-    base: Path
+    base: Path  # the one lower layer (a rootfs, or the host's /) when there are no ``layers``
     upper: Path
     work: Path
     root: Path  # an empty directory: the overlay's mount point (in the holder's namespace only)
@@ -94,12 +94,23 @@ class HolderLayout:
     seccomp: str = "default"  # the filter mode of sandpod-jail-exec (see seccomp.py)
     helper: str | None = None  # sandpod-jail-exec; None: the holder waits unfiltered
     tmp_in_upper: bool = False  # /tmp is the writable layer's (else a tmpfs of tmp_bytes)
+    layers: tuple[Path, ...] = ()  # an image's lower layers, bottom first (in place of base)
+
+    def lowerdir(self) -> str:
+        """overlayfs' ``lowerdir``: the image's layers top first (overlay's order), else base."""
+        return ":".join(str(p) for p in reversed(self.layers)) if self.layers else str(self.base)
+
+    def overlay_options(self) -> str:
+        """Extra overlay options. Rootless, the ``trusted.`` xattrs are out of reach: overlay
+        keeps its own (opaque directories, copy-up state) in ``user.overlay.*`` instead, which
+        is also how a rootless unpack marks an image layer's opaque directories."""
+        return "userxattr" if self.rootless and self.layers else ""
 
     def argv(self, tools: Mapping[str, str | None], cgroup_procs: Sequence[str]) -> list[str]:
         sh, unshare = tools["sh"], tools["unshare"]
         if sh is None or unshare is None:  # hostcaps reports these missing as problems
             raise ValueError("the jail needs sh and util-linux's unshare on the host's PATH")
-        for path in (self.base, self.upper, self.work, self.root, self.workspace):
+        for path in (self.base, *self.layers, self.upper, self.work, self.root, self.workspace):
             _check_path(path)
         # Rootless: --keep-caps hands the capabilities we hold in the new user namespace to the
         # holder script (as ambient ones) although it runs as a non-zero uid there.
@@ -132,7 +143,7 @@ class HolderLayout:
             "-c",
             HOLDER,
             "sandpod-holder",
-            str(self.base),
+            self.lowerdir(),
             str(self.upper),
             str(self.work),
             str(self.root),
@@ -146,6 +157,7 @@ class HolderLayout:
             self.seccomp,
             str(self.shm_bytes),
             "1" if self.tmp_in_upper else "0",
+            self.overlay_options(),
             *(str(m) for m in self.masks),
         ]
 

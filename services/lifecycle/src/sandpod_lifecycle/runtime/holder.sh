@@ -1,19 +1,24 @@
 #!/bin/sh
 # The holder of a sandbox (see holder.py for the whole chain): pid 1 of its namespaces, run by
 # the host's sh as
-#   sh -c <this file> sandpod-holder base upper work root workspace name tmp_bytes uid gid \
-#     rootless helper seccomp shm_bytes tmp_in_upper <masked path>...
+#   sh -c <this file> sandpod-holder lower upper work root workspace name tmp_bytes uid gid \
+#     rootless helper seccomp shm_bytes tmp_in_upper overlay_options <masked path>...
+# lower is overlayfs' lowerdir: one base directory, or an image's layers (top first, ":"-joined).
 # It builds the sandbox's root with host tools, pivots into it and waits forever, after
 # printing "ready <host pid> [skipped dir]..." on stdout. Every value is a positional argument,
 # never spliced into shell text; any error (set -eu) ends it, with the reason on stderr.
 set -eu
 base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
-rootless=${10} helper=${11} seccomp=${12} shmsize=${13} tmp_in_upper=${14}
-shift 14
+rootless=${10} helper=${11} seccomp=${12} shmsize=${13} tmp_in_upper=${14} ovlopts=${15}
+shift 15
 skipped=
-if ! mount -t overlay overlay -o "nosuid,nodev,lowerdir=$base,upperdir=$upper,workdir=$work" \
+if ! mount -t overlay overlay \
+    -o "nosuid,nodev,${ovlopts:+$ovlopts,}lowerdir=$base,upperdir=$upper,workdir=$work" \
     "$root" 2>/dev/null; then
   [ "$rootless" = 1 ] || { echo "cannot mount the overlay root over $base" >&2; exit 1; }
+  case "$base" in  # an image's layers have no mounts below them: no fallback can help
+    *:*) echo "cannot mount the image's layers as the overlay root ($base)" >&2; exit 1 ;;
+  esac
   # Rootless, a base with mounts below it (the host root) cannot be one overlay's lower layer:
   # layer each top-level directory of it on its own (upper/<name>), in a tmpfs root.
   mount -t tmpfs -o "nosuid,nodev,mode=0755,size=$tmpsize" sandpod-root "$root"

@@ -128,9 +128,10 @@ class LocalRuntime:
             raise RuntimeUnavailable("; ".join(caps.problems), problems=list(caps.problems))
         plan = self._cgroup_plan(caps)
         sid = spec.sandbox_id
-        base = spec.rootfs or Path("/")
-        if not base.is_dir():
-            raise CreateFailed(f"rootfs {base} is not a directory", rootfs=str(base))
+        base = spec.layers[-1] if spec.layers else spec.rootfs or Path("/")
+        for layer in spec.layers or (base,):
+            if not layer.is_dir():
+                raise CreateFailed(f"rootfs {layer} is not a directory", rootfs=str(layer))
         async with self._lock(sid):
             if self._dir(sid).exists() or sid in plan.sandbox_ids():
                 raise InstanceExists(f"sandbox {sid!r} already has an instance", sandbox_id=sid)
@@ -261,6 +262,10 @@ class LocalRuntime:
             workspace=JailWorkspace(inside=WORKSPACE, outside=top / "workspace"),
             upper=top / "upper",
             rootfs=base,
+            layers=spec.layers,
+            image=spec.image,
+            workdir=spec.workdir,
+            shell=spec.shell,
             env=dict(spec.env),
             userns=rootless,
             protections={},
@@ -287,6 +292,7 @@ class LocalRuntime:
             seccomp=spec.seccomp,
             helper=seccomp.helper(),
             tmp_in_upper=quota,
+            layers=spec.layers,
         )
         procs = [cgroup_join_file(c) for c in cg.holder_joined]
         popen, holder, skipped = await launch(
