@@ -185,7 +185,9 @@ class InstanceSpec:
                 raise ValueError(f"a layer must be an absolute path, got {layer}")
         for name, path in (("workdir", self.workdir), ("shell", self.shell)):
             if path is not None and not path.startswith("/"):
-                raise ValueError(f"{name} must be an absolute path inside the sandbox, got {path!r}")
+                raise ValueError(
+                    f"{name} must be an absolute path inside the sandbox, got {path!r}"
+                )
         for key in self.env:
             if not key or "=" in key or "\0" in key:
                 raise ValueError(f"invalid environment variable name {key!r}")
