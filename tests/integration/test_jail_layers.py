@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_jail import Make, make, ok, runtime, state  # noqa: F401 (fixtures by name)
+from test_jail import Make, make, ok, runtime, state  # noqa: F401 - fixtures used by name
 
 from sandpod_lifecycle.runtime.base import CreateFailed
 
