@@ -134,3 +134,13 @@ async def test_a_missing_layer_directory_is_a_create_failure(
     """A layer that is not there (a store pruned under a create) fails the create, typed."""
     with pytest.raises(CreateFailed, match="is not a directory"):
         await make(layers=(*layers, tmp_path / "pruned" / "fs"))
+
+
+async def test_an_image_with_more_layers_than_one_mount_takes_is_refused_clearly(
+    make: Make, layers: tuple[Path, Path, Path]
+) -> None:
+    """overlayfs' options are one page: an image whose layer paths do not fit is refused with
+    a message that says so, before anything is mounted."""
+    many = tuple(layers[0] for _ in range(200))
+    with pytest.raises(CreateFailed, match="does not fit one overlay mount"):
+        await make(layers=many)

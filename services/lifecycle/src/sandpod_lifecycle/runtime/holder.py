@@ -70,6 +70,7 @@ def _script(name: str) -> str:
     return resources.files(__package__ or "sandpod_lifecycle.runtime").joinpath(name).read_text()
 
 
+MAX_LOWERDIR = 3500  # bytes of lowerdir: with the other options, under mount(2)'s page of 4096
 LAUNCHER = _script("launch.sh")  # joins the cgroups, spares itself from the OOM killer
 HOLDER = _script("holder.sh")  # builds the root, pivots, waits (checked by shellcheck)
 
@@ -112,6 +113,12 @@ class HolderLayout:
             raise ValueError("the jail needs sh and util-linux's unshare on the host's PATH")
         for path in (self.base, *self.layers, self.upper, self.work, self.root, self.workspace):
             _check_path(path)
+        if len(self.lowerdir()) > MAX_LOWERDIR:  # mount(2) takes one page of options
+            raise ValueError(
+                f"an image of {len(self.layers)} layers does not fit one overlay mount's "
+                f"options ({len(self.lowerdir())} bytes of layer paths, at most {MAX_LOWERDIR}): "
+                "squash the image or keep the image store at a shorter path"
+            )
         # Rootless: --keep-caps hands the capabilities we hold in the new user namespace to the
         # holder script (as ambient ones) although it runs as a non-zero uid there.
         user = (
