@@ -107,7 +107,7 @@ def markers(tmp_path: Path) -> Iterator[dict[Path, str]]:
 def _probe(paths: list[Path]) -> str:
     """Shell text printing each readable file's content and listing each directory."""
     quoted = " ".join(shlex.quote(str(p)) for p in paths)
-    return f"for p in {quoted}; do cat \"$p\" 2>/dev/null; ls -A \"$p\" 2>/dev/null; done; true"
+    return f'for p in {quoted}; do cat "$p" 2>/dev/null; ls -A "$p" 2>/dev/null; done; true'
 
 
 def _host_only_dirs(base: Path) -> list[Path]:
@@ -138,7 +138,7 @@ async def test_a_default_sandbox_sees_nothing_of_the_host(
             assert text not in r.stdout
         assert "sandpod-test-marker" not in r.stdout, r.stdout
         absent = " ".join(shlex.quote(str(d)) for d in [*host_only, CHECKOUT, tmp_path])
-        r = await sbx.exec(f"for d in {absent}; do [ -e \"$d\" ] && echo \"$d\"; done; true")
+        r = await sbx.exec(f'for d in {absent}; do [ -e "$d" ] && echo "$d"; done; true')
         assert r.stdout == "", f"host directories visible in the sandbox: {r.stdout}"
         # The sandbox's files are the base's: /etc/os-release and /etc/passwd come from Debian.
         r = await sbx.exec("cat /etc/os-release; grep -c . /etc/passwd")
