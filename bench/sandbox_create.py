@@ -26,16 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from _platform import NATS_BIN, _wait_port, free_port, pct, summary
+from _platform import NATS_BIN, _wait_port, default_rootfs, free_port, pct, summary
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod.errors import SandpodError
 from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest
-from sandpod_image import debian
 
 # The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
 SMOKE_ARGS = ["--count", "2", "--keep", "2"]
-CACHE = Path("~/.cache/sandpod/rootfs").expanduser()
 
 
 async def _answers(url: str, sandbox: str) -> None:
@@ -126,17 +124,6 @@ async def disk_per_sandbox(url: str, jails: Path, keep: int) -> float:
                 await sbx.kill()
 
 
-def base_path() -> Path:
-    given = os.environ.get("SANDPOD_DEFAULT_ROOTFS")
-    if given:
-        return Path(given)
-
-    def say(line: str) -> None:
-        print(f"  rootfs: {line}", file=sys.stderr)
-
-    return debian.prepare(CACHE, progress=say).fs
-
-
 async def main(count: int, runtime: str, keep: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
@@ -155,7 +142,7 @@ async def main(count: int, runtime: str, keep: int) -> None:
             "SANDPOD_DESTROY_ON_EXIT": "true",
         }
         if runtime == "local":
-            env["SANDPOD_DEFAULT_ROOTFS"] = str(base_path())
+            env["SANDPOD_DEFAULT_ROOTFS"] = str(default_rootfs())
         lc = subprocess.Popen(
             [sys.executable, "-m", "sandpod_lifecycle"], env=env, stderr=subprocess.DEVNULL
         )
