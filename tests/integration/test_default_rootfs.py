@@ -47,6 +47,7 @@ class Platform:
             "r0",
             SANDPOD_RUNTIME="local",
             SANDPOD_RESYNC="0.5",
+            wrap=(),
             SANDPOD_DESTROY_ON_EXIT="true",  # stopping it destroys every jail it made
             **extra,
         )
