@@ -4,12 +4,14 @@ fixture, see tests/rootfs.py), and how the local driver picks a template's base.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
 
 import pytest
 
+from sandpod import _baseroot
 from sandpod_contract.resources import SandboxTemplateSpec
 from sandpod_image import debian
 from sandpod_lifecycle.runtime.local_driver import LocalDriver, NoDefaultRootfs
@@ -22,6 +24,7 @@ echo run >> "$RUNS"
 for a; do out=$prev; prev=$a; done
 [ -z "${FAIL:-}" ] || { echo "E: cannot reach the mirror"; exit 2; }
 echo "I: downloading packages with apt..."
+[ -z "${HANG:-}" ] || exec sleep 600  # a build that only ends when it is stopped
 mkdir -p "$out/bin" "$out/usr/bin" "$out/etc"
 for t in sh sleep umount; do printf '#!/bin/sh\\n' > "$out/bin/$t"; chmod 755 "$out/bin/$t"; done
 for f in passwd group hosts; do echo "root:x:0:0" > "$out/etc/$f"; done
@@ -137,3 +140,28 @@ def test_a_templates_base(fake: Path, tmp_path: Path) -> None:
         _driver(None)._base(SandboxTemplateSpec())
     with pytest.raises(NoDefaultRootfs, match="unusable"):
         _driver(tmp_path / "missing")._base(SandboxTemplateSpec())
+
+
+async def test_stopping_sandpod_up_during_the_build_stops_mmdebstrap(
+    fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while mmdebstrap runs (a long build: it blocks until killed), the build is
+    terminated at once and nothing is left in the cache."""
+    monkeypatch.setenv("HANG", "1")
+    started = asyncio.Event()
+    lines: list[str] = []
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if "downloading" in line:
+            started.set()
+
+    monkeypatch.setattr(debian, "host_suite", lambda: "bookworm")
+    monkeypatch.setattr(debian, "host_sources", lambda: tmp_path / "x.sources")
+    task = asyncio.ensure_future(_baseroot.ensure(tmp_path, None, progress))
+    await asyncio.wait_for(started.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 30)
+    assert [p.name for p in (tmp_path / "rootfs").iterdir()] == [".lock"]
+    assert any("first run only" in line for line in lines)

@@ -4,7 +4,8 @@ Before lifecycle starts (local runtime only), the supervisor asks :func:`ensure`
 every sandbox whose template names no ``rootfs``: the tree given by ``--default-rootfs`` /
 ``SANDPOD_DEFAULT_ROOTFS`` (checked, never built: CI and tests share one per machine), else the
 one in ``<state dir>/rootfs/`` (:mod:`sandpod_image.debian`), built there the first time (about a
-minute, its steps relayed as progress lines) and reused after. Lifecycle gets the path as
+minute, its steps relayed as progress lines; stopped meanwhile, mmdebstrap is terminated and
+nothing is left) and reused after. Lifecycle gets the path as
 ``SANDPOD_DEFAULT_ROOTFS``; the banner prints :attr:`Base.summary`.
 """
 
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from sandpod_image import debian
+from sandpod_image import debian, mmdebstrap
 
 __all__ = ["Base", "BaseUnavailable", "ensure"]
 
@@ -59,7 +61,7 @@ async def ensure(state_dir: Path, given: Path | None, progress: Callable[[str], 
             def relay(line: str) -> None:  # from the build's thread to the loop's
                 loop.call_soon_threadsafe(progress, f"  {line}")
 
-            found = await asyncio.to_thread(debian.prepare, cache, progress=relay)
+            found = await _build(cache, relay)
     except debian.RootfsError as exc:
         raise BaseUnavailable(
             f"cannot prepare the default sandbox root filesystem: [{exc.code}] {exc.message} "
@@ -69,3 +71,19 @@ async def ensure(state_dir: Path, given: Path | None, progress: Callable[[str], 
     how = "built now" if found.built else "reused"
     progress(f"default sandbox root filesystem: {found.fs} ({how})")
     return Base(found.fs, f"Debian {m.suite}, {m.size_bytes / 1e6:.0f} MB  ({found.fs})")
+
+
+async def _build(cache: Path, relay: Callable[[str], None]) -> debian.Prepared:
+    """Build in a thread; cancelled (``sandpod up`` stopped meanwhile), terminate mmdebstrap,
+    so the thread ends at once and leaves nothing in the cache."""
+    procs: list[subprocess.Popen[str]] = []
+    build = asyncio.ensure_future(
+        asyncio.to_thread(debian.prepare, cache, progress=relay, started=procs.append)
+    )
+    try:
+        return await asyncio.shield(build)
+    except asyncio.CancelledError:
+        for proc in procs:
+            mmdebstrap.stop(proc)
+        await asyncio.gather(build, return_exceptions=True)  # its cleanup, then our cancel
+        raise

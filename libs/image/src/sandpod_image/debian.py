@@ -42,12 +42,13 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
+
+from sandpod_image import mmdebstrap
 
 __all__ = [
     "BUILDER_VERSION",
@@ -274,6 +275,7 @@ def prepare(
     *,
     progress: Progress | None = None,
     sources: Path | None = None,
+    started: mmdebstrap.Started | None = None,
 ) -> Prepared:
     """The tree of ``spec`` in ``cache_dir``: reused if there, else built (about a minute).
 
@@ -282,6 +284,8 @@ def prepare(
         spec: what to build (default: ``BaseSpec()``, the host's suite).
         progress: called with one line per build step (mmdebstrap's, with elapsed time).
         sources: the apt sources file (default: the host's, :func:`host_sources`).
+        started: called with the mmdebstrap process once it runs (terminating it makes
+            this raise RootfsBuildFailed, nothing left in the cache).
 
     Raises:
         RootfsUnavailable: no mmdebstrap, apt sources or suite on this host.
@@ -299,18 +303,35 @@ def prepare(
         if found is not None:
             return found
         _remove_stale(cache_dir)
-        return _build(cache_dir, spec, sources or host_sources(), say)
+        return _build(cache_dir, spec, sources or host_sources(), say, started)
 
 
 def _remove_stale(cache_dir: Path) -> None:
     """Builds that crashed left ``.build-*`` directories; under the lock none is running."""
     for stale in cache_dir.glob(".build-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        _discard(stale)
 
 
-def _build(cache_dir: Path, spec: BaseSpec, sources: Path, say: Progress) -> Prepared:
-    mmdebstrap = shutil.which("mmdebstrap")
-    if mmdebstrap is None:
+def _discard(work: Path) -> None:
+    """Raises RootfsBuildFailed: mounts are left below ``work`` (then it is kept)."""
+    left = mmdebstrap.discard(work)
+    if left:
+        raise RootfsBuildFailed(
+            f"a killed build left mounts below {work}: {', '.join(left[:5])}; unmount them "
+            "(umount -R), then remove the directory",
+            mounts=left,
+        )
+
+
+def _build(
+    cache_dir: Path,
+    spec: BaseSpec,
+    sources: Path,
+    say: Progress,
+    started: mmdebstrap.Started | None,
+) -> Prepared:
+    binary = shutil.which("mmdebstrap")
+    if binary is None:
         raise RootfsUnavailable(
             "mmdebstrap is not installed: `apt-get install mmdebstrap` (Debian's package) "
             "builds the default sandbox root filesystem"
@@ -320,7 +341,15 @@ def _build(cache_dir: Path, spec: BaseSpec, sources: Path, say: Progress) -> Pre
     work.mkdir(mode=0o755)
     try:
         t0 = time.monotonic()
-        _run(_argv(mmdebstrap, spec, work / "fs", sources), say, t0)
+        try:
+            code, tail = mmdebstrap.run(_argv(binary, spec, work / "fs", sources), say, started)
+        except OSError as exc:
+            raise RootfsUnavailable(f"cannot run mmdebstrap: {exc}") from exc
+        if code != 0:
+            text = "\n".join(tail)
+            raise RootfsBuildFailed(
+                f"mmdebstrap exited with {code}; its output ends with:\n{text}", returncode=code
+            )
         (work / "fs").chmod(0o755)  # others (a rootless service) must traverse it
         manifest = Manifest(
             name=spec.name,
@@ -335,18 +364,18 @@ def _build(cache_dir: Path, spec: BaseSpec, sources: Path, say: Progress) -> Pre
         (work / MANIFEST).write_bytes(manifest.encode())
         top = cache_dir / f"{spec.name}-{key}"
         if top.exists():  # a tree without a readable manifest (find said none): not whole
-            shutil.rmtree(top)
+            _discard(top)
         work.rename(top)  # atomic: a tree in the cache is whole
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        _discard(work)
         raise
     say(f"root filesystem ready: {top / 'fs'} ({manifest.size_bytes / 1e6:.0f} MB)")
     return Prepared(top / "fs", manifest, built=True)
 
 
-def _argv(mmdebstrap: str, spec: BaseSpec, out: Path, sources: Path) -> list[str]:
+def _argv(binary: str, spec: BaseSpec, out: Path, sources: Path) -> list[str]:
     argv = [
-        mmdebstrap,
+        binary,
         f"--variant={spec.variant}",
         f"--include={','.join(spec.packages)}",
         "--mode=root" if os.geteuid() == 0 else "--mode=unshare",
@@ -355,37 +384,6 @@ def _argv(mmdebstrap: str, spec: BaseSpec, out: Path, sources: Path) -> list[str
     ]
     argv += [f"--dpkgopt={opt}" for opt in _EXCLUDES]
     return [*argv, str(spec.suite), str(out), str(sources)]
-
-
-def _run(argv: list[str], say: Progress, t0: float) -> None:
-    """Run mmdebstrap, relaying each ``I:`` line as a step; raise with the output's tail."""
-    tail: list[str] = []
-    env = {**os.environ, "LC_ALL": "C.UTF-8"}
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            text=True,
-            errors="replace",
-        )
-    except OSError as exc:
-        raise RootfsUnavailable(f"cannot run mmdebstrap: {exc}") from exc
-    with proc:
-        if proc.stdout is None:  # pragma: no cover - stdout=PIPE always gives one
-            raise RootfsBuildFailed("mmdebstrap has no output pipe")
-        for line in proc.stdout:
-            tail = [*tail[-19:], line.rstrip()]
-            if line.startswith("I: "):
-                say(f"[{time.monotonic() - t0:5.1f}s] {line[3:].strip()}")
-    if proc.returncode != 0:
-        text = "\n".join(tail)
-        raise RootfsBuildFailed(
-            f"mmdebstrap exited with {proc.returncode}; its output ends with:\n{text}",
-            returncode=proc.returncode,
-        )
 
 
 def _size(fs: Path) -> int:
