@@ -24,6 +24,7 @@ from pathlib import Path
 __all__ = ["discard", "mounts_below", "run", "stop"]
 
 Started = Callable[["subprocess.Popen[str]"], None]
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # util-linux's umount, never one from $PATH
 TAIL = 20  # lines of output kept for an error message
 
 
@@ -81,8 +82,10 @@ def discard(path: Path) -> list[str]:
     nothing and return the mount points."""
     if not path.exists():
         return []
+    umount = shutil.which("umount", path=SYSTEM_PATH) or "/bin/umount"
     for point in sorted(mounts_below(path), key=len, reverse=True):
-        subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
+        with contextlib.suppress(OSError):  # no umount: the mounts stay, and are reported
+            subprocess.run([umount, "--lazy", point], capture_output=True, check=False)
     left = mounts_below(path)
     if not left:
         shutil.rmtree(path, ignore_errors=True)
