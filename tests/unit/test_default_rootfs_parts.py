@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from sandpod import _baseroot
 from sandpod_contract.resources import SandboxTemplateSpec
-from sandpod_image import debian
+from sandpod_image import debian, mmdebstrap
 from sandpod_lifecycle.runtime.local_driver import LocalDriver, NoDefaultRootfs
 from sandpod_lifecycle.settings import LifecycleSettings
 
@@ -165,3 +166,22 @@ async def test_stopping_sandpod_up_during_the_build_stops_mmdebstrap(
         await asyncio.wait_for(task, 30)
     assert [p.name for p in (tmp_path / "rootfs").iterdir()] == [".lock"]
     assert any("first run only" in line for line in lines)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root: run as root")
+def test_a_stopped_builds_mounts_are_detached_never_deleted_through(tmp_path: Path) -> None:
+    """A tree with a mount below it (what a stopped mmdebstrap leaves): the mount is detached
+    first, so the removal never reaches the mounted filesystem's files."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("not the build's")
+    inside = tmp_path / "build" / "fs" / "dev"
+    inside.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(outside), str(inside)], check=True)
+    try:
+        assert mmdebstrap.mounts_below(tmp_path / "build") == [str(inside)]
+        assert mmdebstrap.discard(tmp_path / "build") == []
+    finally:
+        subprocess.run(["umount", "--lazy", str(inside)], check=False, capture_output=True)
+    assert not (tmp_path / "build").exists()
+    assert (outside / "keep").read_text() == "not the build's"
