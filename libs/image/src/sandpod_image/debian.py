@@ -336,13 +336,27 @@ def _build(
             "mmdebstrap is not installed: `apt-get install mmdebstrap` (Debian's package) "
             "builds the default sandbox root filesystem"
         )
+    if os.geteuid() != 0 and not mmdebstrap.has_subuids():
+        raise RootfsUnavailable(
+            "building the default root filesystem without root needs a subordinate uid range "
+            "for this user (/etc/subuid: mmdebstrap's unshare mode); or let root build it "
+            "(`python -m sandpod_image.debian DIR`) and pass its path"
+        )
     key = spec.key()
     work = cache_dir / f".build-{key}-{os.getpid()}"
     work.mkdir(mode=0o755)
     try:
         t0 = time.monotonic()
         try:
-            code, tail = mmdebstrap.run(_argv(binary, spec, work / "fs", sources), say, started)
+            argv = mmdebstrap.argv(
+                binary,
+                variant=spec.variant,
+                packages=spec.packages,
+                dpkgopts=_EXCLUDES,
+                customize=_CUSTOMIZE,
+                target=(str(spec.suite), str(work / "fs"), str(sources)),
+            )
+            code, tail = mmdebstrap.run(argv, say, started)
         except OSError as exc:
             raise RootfsUnavailable(f"cannot run mmdebstrap: {exc}") from exc
         if code != 0:
@@ -371,19 +385,6 @@ def _build(
         raise
     say(f"root filesystem ready: {top / 'fs'} ({manifest.size_bytes / 1e6:.0f} MB)")
     return Prepared(top / "fs", manifest, built=True)
-
-
-def _argv(binary: str, spec: BaseSpec, out: Path, sources: Path) -> list[str]:
-    argv = [
-        binary,
-        f"--variant={spec.variant}",
-        f"--include={','.join(spec.packages)}",
-        "--mode=root" if os.geteuid() == 0 else "--mode=unshare",
-        "--format=directory",
-        f"--customize-hook={_CUSTOMIZE}",
-    ]
-    argv += [f"--dpkgopt={opt}" for opt in _EXCLUDES]
-    return [*argv, str(spec.suite), str(out), str(sources)]
 
 
 def _size(fs: Path) -> int:

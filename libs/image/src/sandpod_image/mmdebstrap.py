@@ -14,18 +14,51 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["discard", "mounts_below", "run", "stop"]
+__all__ = ["argv", "discard", "has_subuids", "mounts_below", "run", "stop"]
 
 Started = Callable[["subprocess.Popen[str]"], None]
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # util-linux's umount, never one from $PATH
 TAIL = 20  # lines of output kept for an error message
+
+
+def argv(
+    binary: str,
+    *,
+    variant: str,
+    packages: Sequence[str],
+    dpkgopts: Sequence[str],
+    customize: str,
+    target: tuple[str, str, str],
+) -> list[str]:
+    """mmdebstrap's command line: root mode as root, else unshare mode (subordinate uids);
+    ``target`` is (suite, output directory, apt sources file)."""
+    return [
+        binary,
+        f"--variant={variant}",
+        f"--include={','.join(packages)}",
+        "--mode=root" if os.geteuid() == 0 else "--mode=unshare",
+        "--format=directory",
+        f"--customize-hook={customize}",
+        *(f"--dpkgopt={opt}" for opt in dpkgopts),
+        *target,
+    ]
+
+
+def has_subuids(subuid: Path = Path("/etc/subuid")) -> bool:
+    """Whether this user has a subordinate uid range (by name or by uid): unshare mode's need."""
+    me = {str(os.geteuid()), pwd.getpwuid(os.geteuid()).pw_name}
+    try:
+        return any(line.split(":", 1)[0] in me for line in subuid.read_text().splitlines())
+    except OSError:
+        return False
 
 
 def run(
