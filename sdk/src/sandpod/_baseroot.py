@@ -46,7 +46,11 @@ async def ensure(state_dir: Path, given: Path | None, progress: Callable[[str], 
         except debian.RootfsInvalid as exc:
             raise BaseUnavailable(f"--default-rootfs / SANDPOD_DEFAULT_ROOTFS: {exc}") from None
         progress(f"default sandbox root filesystem: {given} (given)")
-        return Base(given, f"{given}  (given; templates without rootfs run on it)")
+        try:  # one of ours (sandpod_image.debian): its manifest says what it is
+            m = debian.Manifest.decode((given.parent / debian.MANIFEST).read_bytes())
+        except (OSError, debian.RootfsInvalid):
+            return Base(given, f"{given}  (given; templates without rootfs run on it)")
+        return Base(given, f"Debian {m.suite}, {m.size_bytes / 1e6:.0f} MB  ({given}, given)")
     cache = state_dir / ROOTFS_DIR
     try:
         found = debian.find(cache)

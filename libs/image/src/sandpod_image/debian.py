@@ -53,6 +53,7 @@ from sandpod_image import mmdebstrap
 __all__ = [
     "BUILDER_VERSION",
     "DEFAULT_PACKAGES",
+    "MANIFEST",
     "BaseSpec",
     "Manifest",
     "Prepared",
