@@ -20,6 +20,23 @@ if TYPE_CHECKING:
     from sandpod_lifecycle.runtime.local import LocalRuntime
 
 NATS_BIN = Path(sysconfig.get_path("scripts")) / "nats-server"
+ROOTFS_CACHE = Path("~/.cache/sandpod/rootfs").expanduser()  # the test suite's too
+
+
+def default_rootfs() -> Path:
+    """The default sandbox root filesystem a bench's lifecycle (local runtime) gives templates
+    without ``rootfs``: ``SANDPOD_DEFAULT_ROOTFS``, else the machine's cached one (built on the
+    first run, about a minute, progress on stderr)."""
+    from sandpod_image import debian
+
+    given = os.environ.get("SANDPOD_DEFAULT_ROOTFS")
+    if given:
+        return Path(given)
+
+    def say(line: str) -> None:
+        print(f"  rootfs: {line}", file=sys.stderr)
+
+    return debian.prepare(ROOTFS_CACHE, progress=say).fs
 
 
 async def remove_runtime(rt: LocalRuntime, state: Path) -> None:

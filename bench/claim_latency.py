@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _platform import NATS_BIN, _wait_port, free_port, pct, summary
+from _platform import NATS_BIN, _wait_port, default_rootfs, free_port, pct, summary
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod.errors import SandpodError
 from sandpod_bus import Bus, BusSettings
@@ -162,6 +162,8 @@ async def main(args: argparse.Namespace) -> None:
             "SANDPOD_RUNTIME": args.runtime,
             "SANDPOD_DESTROY_ON_EXIT": "true",
         }
+        if args.runtime == "local":  # templates without rootfs run on the default base
+            env["SANDPOD_DEFAULT_ROOTFS"] = str(default_rootfs())
         if args.logs:  # the services' info logs (claim_bound has per-step timings)
             env["SANDPOD_LOG_LEVEL"] = "info"
         procs = [

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 
+from rootfs import prepare_for_session
 from sandpod import AsyncSandbox, Sandbox
 from sandpod.errors import SandpodError
 
@@ -263,7 +264,14 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _session_daemons(nats: NatsServer, shared_execd: Execd) -> None:
+def default_rootfs() -> Path | None:
+    """The default sandbox root filesystem (see ``rootfs.py``), exported to every child as
+    ``SANDPOD_DEFAULT_ROOTFS`` before any test starts a lifecycle; None: cannot be built here."""
+    return prepare_for_session()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_daemons(nats: NatsServer, shared_execd: Execd, default_rootfs: Path | None) -> None:
     """Start the session daemons before any test, so the leak check never counts them."""
 
 

@@ -93,10 +93,13 @@ def _hidden(paths: list[Path]) -> list[Path]:
 
 def as_user(uid: int, gid: int, spare: Path) -> tuple[str, ...]:
     """An argv prefix running the rest as ``uid``/``gid``, no supplementary groups, with this
-    interpreter, its venv and this checkout reachable (``spare``: a path for an empty directory,
-    the mount point of what gets re-exposed; remove it afterwards)."""
+    interpreter, its venv, this checkout and the default root filesystem reachable (``spare``:
+    a path for an empty directory, the mount point of what gets re-exposed; remove it
+    afterwards)."""
     drop = ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--")
     needed = [Path(os.path.realpath(sys.executable)), Path(sys.prefix), Path(__file__).parent]
+    if os.environ.get("SANDPOD_DEFAULT_ROOTFS"):  # the base (under root's ~/.cache): readable
+        needed.append(Path(os.environ["SANDPOD_DEFAULT_ROOTFS"]))
     hidden = _hidden(needed)
     if not hidden:
         return drop

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -196,25 +197,32 @@ async def test_a_rootless_sandbox_is_a_jail_in_a_user_namespace(rootless: Rootle
 async def test_a_rootless_sandbox_cannot_touch_the_host(
     rootless: Rootless, nats: NatsServer
 ) -> None:
-    """Writes to the base land in the sandbox's upper layer; the state dir, /home and /root are
-    masked and stay masked (a nested user namespace cannot unmount them); no network but
-    loopback, so NATS on the host's loopback is unreachable."""
+    """The default base is the root, as one overlay (it has no mounts below it: never the
+    per-directory fallback), readable by the unprivileged user; writes to it land in the
+    sandbox's upper layer; the state dir, /home and /root are masked and stay masked (a nested
+    user namespace cannot unmount them); no network but loopback, so NATS on the host's
+    loopback is unreachable."""
     secret = rootless.state / "secret"
     secret.write_text("host secret")
     os.chown(secret, rootless.uid, -1)  # the user's own file: only the mask hides it
-    probe = Path("/usr") / f"sandpod-probe-{uuid.uuid4().hex[:8]}"
+    base = Path(os.environ["SANDPOD_DEFAULT_ROOTFS"])
+    probe = Path("/var/tmp") / f"sandpod-probe-{uuid.uuid4().hex[:8]}"  # the base's, mode 1777
     sbx = await rootless.sandbox("rl-host")
     async with sbx:
-        r = await sbx.exec(f"echo layered > {probe} && cat {probe}")
-        assert r.stdout == "layered\n", r.stderr
-        assert not probe.exists()
+        r = await sbx.exec(f"echo layered > {probe} && cat {probe} /etc/os-release")
+        assert r.stdout == "layered\n" + (base / "etc/os-release").read_text(), r.stderr
+        assert not probe.exists() and not (base / probe.relative_to("/")).exists()
+        jail = json.loads((rootless.state / "jails" / "rl-host" / "jail.json").read_text())
+        mounts = Path(f"/proc/{jail['holder_pid']}/mountinfo").read_text().splitlines()
+        root = [m for m in mounts if m.split()[4] == "/"]
+        assert len(root) == 1 and f"lowerdir={base}," in root[0], root
         uppers = list((rootless.state / "jails" / "rl-host" / "upper").glob(f"**/{probe.name}"))
         assert len(uppers) == 1 and uppers[0].read_text() == "layered\n"
         r = await sbx.exec(f"cat {secret}; ls -A /home /root | grep -v :")
         assert "host secret" not in r.stdout and r.stdout.strip() == ""
         r = await sbx.exec(f"unshare -Urm sh -c 'umount /home || umount -l /home; cat {secret}'")
         assert "host secret" not in r.stdout
-        r = await sbx.exec("ip -o link | cut -d: -f2")
+        r = await sbx.exec("tail -n +3 /proc/net/dev | cut -d: -f1")  # the interfaces
         assert r.stdout.split() == ["lo"]
         port = int(nats.url.rsplit(":", 1)[1])
         r = await sbx.exec(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"])

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sandpod import _baseroot
 from sandpod._hostprocs import (
     die_with_parent,
     http_ok,
@@ -71,6 +72,7 @@ class PlatformConfig:
     grace: float = 10.0
     ready_timeout: float = 20.0
     gateway_port: int | None = 8080  # HTTP API and web terminal; None: no gateway
+    default_rootfs: Path | None = None  # a prepared base; None: built in <state_dir>/rootfs
 
 
 @dataclasses.dataclass
@@ -108,6 +110,7 @@ class Supervisor:
         self.runtime = "process"
         self.workspaces: dict[str, str] = {}
         self.isolation: dict[str, str] = {}  # sandbox -> its Isolated condition, in words
+        self.base: _baseroot.Base | None = None  # the default sandbox root filesystem (local)
         self.gateway_url: str | None = None
         self.api_key: str | None = None
         self.node = os.environ.get("SANDPOD_NODE") or socket.gethostname().split(".")[0]
@@ -160,6 +163,14 @@ class Supervisor:
             await self._start_nats()
         else:
             self.progress(f"using existing NATS at {self.nats_url}")
+        self.runtime = self.pick_runtime()
+        if self.runtime == "local":  # never the host root: a tree made for sandboxes
+            try:
+                self.base = await _baseroot.ensure(
+                    self.config.state_dir, self.config.default_rootfs, self.progress
+                )
+            except _baseroot.BaseUnavailable as exc:
+                raise StartupError(str(exc)) from None
         await self._start_lifecycle()
         await self._start_pool()
         for sandbox_id in self.config.sandboxes:
@@ -293,7 +304,6 @@ class Supervisor:
         self.progress(f"sandbox {sandbox_id} ready in {(time.monotonic() - t0) * 1000:.0f} ms")
 
     async def _start_lifecycle(self) -> None:
-        self.runtime = self.pick_runtime()
         env = self._env(
             "lifecycle",
             SANDPOD_STATE_DIR=str(self.config.state_dir),
@@ -303,6 +313,8 @@ class Supervisor:
         )
         if "execd" in self.creds:
             env["SANDPOD_EXECD_NATS_CREDS"] = self.creds["execd"]
+        if self.base is not None:
+            env["SANDPOD_DEFAULT_ROOTFS"] = str(self.base.fs)
         what = "process, NO isolation"
         if self.runtime == "local":
             what = "namespace jail" if os.geteuid() == 0 else "rootless namespace jail"

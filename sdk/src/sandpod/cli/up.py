@@ -50,6 +50,15 @@ def add_parsers(sub: Any) -> None:
         help="HTTP API and web terminal port (default: %(default)s)",
     )
     p.add_argument("--no-gateway", action="store_true", help="do not start the HTTP gateway")
+    given = os.environ.get("SANDPOD_DEFAULT_ROOTFS")
+    p.add_argument(
+        "--default-rootfs",
+        type=Path,
+        default=Path(given) if given else None,
+        help="a prepared default sandbox root filesystem (`python -m sandpod_image.debian` "
+        "prints one; env SANDPOD_DEFAULT_ROOTFS); default: built in <state dir>/rootfs on "
+        "first run (Debian, about a minute) and reused",
+    )
     p.set_defaults(run=_run)
 
 
@@ -67,6 +76,7 @@ def _run(args: argparse.Namespace) -> int:
         prefix=args.prefix,
         runtime=args.runtime,
         gateway_port=None if args.no_gateway else args.gateway_port,
+        default_rootfs=args.default_rootfs.resolve() if args.default_rootfs else None,
     )
     return asyncio.run(_up(config))
 
@@ -118,6 +128,16 @@ def _runtime_line(runtime: str) -> str:
     return f"process: NO ISOLATION, commands run on this host as {getpass.getuser()!r}"
 
 
+def _rootfs_line(sup: Supervisor, sandbox: str) -> str:
+    """What the first sandbox's root is made of; HOST ROOT loudly if its template asked."""
+    if sup.runtime != "local":
+        return "this host's own (process runtime: no jail)"
+    # Display only: lifecycle flags a host-root base in the Isolated condition's text.
+    if "rootfs: host root" in sup.isolation.get(sandbox, ""):
+        return "HOST ROOT (template rootfs: /): sandbox code reads every world-readable host file"
+    return sup.base.summary if sup.base is not None else "-"
+
+
 def _credential_lines(sup: Supervisor, config: PlatformConfig) -> tuple[str, str]:
     """The banner's credential row, and the export a second terminal needs (if any)."""
     creds = sup.client_creds
@@ -142,6 +162,7 @@ Sandpod is up.
   sandboxes  {", ".join(config.sandboxes)}
   runtime    {_runtime_line(sup.runtime)}
   isolation  {sup.isolation.get(first, "-")}
+  rootfs     {_rootfs_line(sup, first)}
   workspace  {sup.workspaces.get(first, "?")}  (host path of /workspace in {first})
   logs       {sup.logs}
   gateway    {sup.gateway_url or "(not started)"}  (HTTP API, OpenAPI at /openapi.json)

@@ -187,7 +187,7 @@ class LifecycleService:
             self._node = node
             runtime = LocalRuntime(config)
             self._local = (runtime, inst.cgroup_parent)
-            driver = LocalDriver(runtime, node)
+            driver = LocalDriver(runtime, node, self.settings.default_rootfs)
             self._closers.append(driver.close)
             return driver
         return ProcessDriver(launcher)

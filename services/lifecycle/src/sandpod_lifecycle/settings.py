@@ -30,6 +30,9 @@
 | ``SANDPOD_DISK_DEFAULT`` | ``10Gi`` | local runtime: disk quota of a template naming none |
 | ``SANDPOD_DISK_RESERVE`` | ``2Gi`` | local runtime: free host space a create needs |
 | ``SANDPOD_DISK_PREALLOCATE`` | false | local runtime: reserve each sandbox's disk on the host |
+| ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
+| | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
+| | | runs on it; unset, such a template fails to create (never the host root) |
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class LifecycleSettings:
     disk_default: int = 10 << 30  # local runtime: bytes (see runtime/diskquota.py)
     disk_reserve: int = 2 << 30
     disk_preallocate: bool = False
+    default_rootfs: Path | None = None  # local runtime: the base of a template naming none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -138,6 +142,7 @@ class LifecycleSettings:
             disk_default=_quantity(env, "SANDPOD_DISK_DEFAULT", base.disk_default, MIN_DISK),
             disk_reserve=_quantity(env, "SANDPOD_DISK_RESERVE", base.disk_reserve, 0),
             disk_preallocate=env_bool(env, "SANDPOD_DISK_PREALLOCATE", False),
+            default_rootfs=_absolute(env, "SANDPOD_DEFAULT_ROOTFS"),
         )
 
 
@@ -151,6 +156,17 @@ def _event_limits(env: Mapping[str, str], base: EventLimits) -> EventLimits:
         burst=env_int(env, "SANDPOD_EVENTS_BURST", base.burst, minimum=1),
         rate=env_float(env, "SANDPOD_EVENTS_RATE", base.rate, minimum=0.001),
     )
+
+
+def _absolute(env: Mapping[str, str], name: str) -> Path | None:
+    """An absolute path variable (None: unset); ValueError naming it if relative."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        raise ValueError(f"{name}={raw!r}: use an absolute path")
+    return path
 
 
 def _quantity(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:

@@ -248,6 +248,8 @@ class LocalRuntime:
         rootless = not caps.root
         if not rootless:  # rootless, our own uid is the sandbox's uid inside: nothing to chown
             os.chown(top / "workspace", uid, gid)
+        else:  # a root-owned base's directories cannot be copied up in our user namespace
+            _writable_var_tmp(top / "upper")
         cg = plan.for_sandbox(sid)
         record = JailFile(
             sandbox_id=sid,
@@ -475,6 +477,15 @@ async def _kill_holder(data: JailFile, timeout: float, reap: Callable[[], None])
             await asyncio.sleep(0.005)
     finally:
         os.close(fd)
+
+
+def _writable_var_tmp(upper: Path) -> None:
+    """Rootless, the base's directories belong to a uid our user namespace does not map, so the
+    overlay refuses to copy one up (EOVERFLOW): ``/var/tmp`` (the base's own is 1777) is made in
+    the writable layer already, ours, so a sandbox can write there as it could as root."""
+    var_tmp = upper / "var" / "tmp"
+    var_tmp.mkdir(parents=True)
+    var_tmp.chmod(0o1777)
 
 
 def _remove_tree(d: Path) -> list[str]:

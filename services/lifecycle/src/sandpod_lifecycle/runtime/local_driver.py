@@ -12,6 +12,19 @@ killer could pick the holder and did kill, else ``InstanceLost`` -- and the reco
 Sandbox. It learns at once: each running holder is watched through a pidfd on the event loop
 (no polling), whose exit calls the ``on_lost`` callback; the reconciler's periodic pass is the
 backstop (a holder that died while no lifecycle ran).
+
+The base of a jail's root (its overlay's read-only lower layer) comes from the template, and is
+never the host's own root unless the template says so:
+
+    template rootfs: /        the host root, as asked -- flagged: ``protections["rootfs"]`` is
+                              :data:`HOST_ROOT`, so the Isolated condition, ``sandpod get`` and
+                              ``sandpod up``'s banner say it (read back from the jail file, so a
+                              template edited later cannot hide it)
+    template rootfs: <dir>    that directory
+    no rootfs (image or not)  the default base (``SANDPOD_DEFAULT_ROOTFS``: a tree made by
+                              ``sandpod_image.debian``); none prepared: :class:`NoDefaultRootfs`
+
+(``image:`` is not served by this runtime yet: such a template gets the default base too.)
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from pathlib import Path
 import structlog
 
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
+from sandpod_image import debian
 from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import (
@@ -36,8 +50,16 @@ from sandpod_lifecycle.runtime.base import (
 )
 from sandpod_lifecycle.runtime.local import LocalRuntime
 from sandpod_lifecycle.runtime.seccomp import mode_for
+from sandpod_service import jailfile
 
-__all__ = ["LocalDriver", "parse_cpu", "parse_quantity"]
+__all__ = ["HOST_ROOT", "LocalDriver", "NoDefaultRootfs", "parse_cpu", "parse_quantity"]
+
+HOST_ROOT = "host root (template rootfs: /): sandbox code reads every world-readable host file"
+PREPARE_HINT = (
+    "`sandpod up` prepares one (in <state dir>/rootfs); or build it with "
+    "`python -m sandpod_image.debian <dir>` and set SANDPOD_DEFAULT_ROOTFS to the path it "
+    "prints; a template may also name its own `rootfs:` (`/`: the host root, flagged)"
+)
 
 log = structlog.get_logger("sandpod.lifecycle.local_driver")
 
@@ -78,12 +100,24 @@ def _resources(template: SandboxTemplateSpec) -> Resources:
     )
 
 
+class NoDefaultRootfs(CreateFailed):
+    """A template names no ``rootfs`` and this service has no usable default base."""
+
+    retryable = False
+
+
 class LocalDriver:
     name = "local"
 
-    def __init__(self, runtime: LocalRuntime, launcher: ExecdLauncher | NodeLauncher) -> None:
+    def __init__(
+        self,
+        runtime: LocalRuntime,
+        launcher: ExecdLauncher | NodeLauncher,
+        default_rootfs: Path | None = None,
+    ) -> None:
         self._runtime = runtime
         self._launcher = launcher
+        self._default_rootfs = default_rootfs
         self._protections: dict[str, str] = {}
         self._watched: dict[str, int] = {}  # sandbox id -> pidfd of its holder (on the loop)
         self._on_lost: Callable[[str], None] | None = None
@@ -113,7 +147,7 @@ class LocalDriver:
             paused=status.paused,
             pid=self._launcher.pid(sandbox_id),
             detail=status.detail,
-            protections=dict(status.protections) or None,
+            protections=_protections(status) or None,
         )
 
     def _watch(self, sandbox_id: str, holder: int | None) -> None:
@@ -161,7 +195,7 @@ class LocalDriver:
             status = await self._runtime.create(
                 InstanceSpec(
                     sandbox_id=sandbox_id,
-                    rootfs=Path(template.rootfs) if template.rootfs else None,
+                    rootfs=self._base(template),
                     resources=_resources(template),
                     env=env,
                     egress=bool(template.egress),
@@ -170,7 +204,7 @@ class LocalDriver:
                     ),
                 )
             )
-        self._protections = dict(status.protections)
+        self._protections = _protections(status)
         if self._launcher.pid(sandbox_id) is None:
             if status.jail_file is None:  # traces without a jail file: not an instance to serve
                 raise CreateFailed(
@@ -180,6 +214,29 @@ class LocalDriver:
                 )
             await self._launcher.start(sandbox_id, {"SANDPOD_EXECD_JAIL": str(status.jail_file)})
         return self._instance(sandbox_id, status)
+
+    def _base(self, template: SandboxTemplateSpec) -> Path:
+        """The jail's base for ``template`` (see the module's docstring).
+
+        Raises:
+            NoDefaultRootfs: no ``rootfs`` named and no usable default base.
+        """
+        if template.rootfs:
+            return Path(template.rootfs)
+        if self._default_rootfs is None:
+            raise NoDefaultRootfs(
+                "this template names no rootfs and no default sandbox root filesystem is "
+                f"configured (SANDPOD_DEFAULT_ROOTFS): {PREPARE_HINT}"
+            )
+        try:
+            debian.check(self._default_rootfs)
+        except debian.RootfsInvalid as exc:
+            raise NoDefaultRootfs(
+                f"the default sandbox root filesystem (SANDPOD_DEFAULT_ROOTFS) is unusable: "
+                f"{exc.message}; {PREPARE_HINT}",
+                rootfs=str(self._default_rootfs),
+            ) from exc
+        return self._default_rootfs
 
     async def inspect(self, sandbox_id: str) -> Instance | None:
         status = await self._runtime.inspect(sandbox_id)
@@ -202,6 +259,21 @@ class LocalDriver:
 
     async def list(self) -> list[str]:
         return sorted(set(await self._runtime.list()) | set(self._launcher.known()))
+
+
+def _protections(status: InstanceStatus) -> dict[str, str]:
+    """The instance's protections, ``rootfs`` flagged if its base is the host root (as its
+    jail file records: the runtime itself reports what it mounted, not what was meant)."""
+    protections = dict(status.protections)
+    if status.jail_file is None or "rootfs" not in protections:
+        return protections
+    try:
+        record = jailfile.decode(status.jail_file.read_bytes())
+    except (OSError, jailfile.JailFileInvalid):
+        return protections  # gone meanwhile: the next inspect says so
+    if isinstance(record, jailfile.JailFile) and os.path.realpath(record.rootfs) == "/":
+        protections["rootfs"] = HOST_ROOT
+    return protections
 
 
 def _lost_reason(status: InstanceStatus) -> ConditionReason:
