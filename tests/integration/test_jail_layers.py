@@ -59,8 +59,8 @@ def layers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Pat
         d.mkdir(parents=True)
     for tool in TOOLS:
         _copy_with_libraries(tool, base)
-    for d in ("usr/bin", "etc", "proc", "dev", "tmp", "run", "workspace"):
-        (base / d).mkdir(parents=True, exist_ok=True)
+    for name in ("usr/bin", "etc", "proc", "dev", "tmp", "run", "workspace"):
+        (base / name).mkdir(parents=True, exist_ok=True)
     (base / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (base / "etc/group").write_text("root:x:0:\n")
     (base / "etc/hosts").write_text("127.0.0.1 localhost\n")
