@@ -20,11 +20,16 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
-from sandpod_contract.errors import ImageDigestMismatch, ImageError, ImageUnsupported
+from sandpod_contract.errors import (
+    ImageDigestMismatch,
+    ImageError,
+    ImageUnsupported,
+    SandpodError,
+)
 from sandpod_image._records import (
     ImageRecord,
     LayerRecord,
@@ -87,11 +92,15 @@ async def install(
                 layout, source, desc, diff_id, options=options, emit=emit, where=(key, i, count)
             )
 
-    async with asyncio.TaskGroup() as tg:
-        tasks = [
-            tg.create_task(one(i, d, diff))
-            for i, (d, diff) in enumerate(zip(manifest.layers, config.diff_ids, strict=True))
-        ]
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [
+                tg.create_task(one(i, d, diff))
+                for i, (d, diff) in enumerate(zip(manifest.layers, config.diff_ids, strict=True))
+            ]
+    except BaseExceptionGroup as group:
+        # The first layer's failure is the pull's: callers catch typed errors, not groups.
+        raise _first(group) from None
     layers = [t.result() for t in tasks]
     record = ImageRecord(
         reference=key,
@@ -108,6 +117,20 @@ async def install(
     write_record(layout.image(key), record)
     emit(PullProgress(key, Phase.COMPLETE, layers=count, done=record.size))
     return record
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    leaves = list(_leaves(group))
+    typed = [e for e in leaves if isinstance(e, SandpodError)]
+    return (typed or leaves)[0]
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
 
 
 def _keep_bytes(layout: Layout, body: bytes, digest: str) -> None:
