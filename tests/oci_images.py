@@ -111,6 +111,19 @@ def build_image(
     return image
 
 
+def base_image(tag: str = "v1") -> BuiltImage:
+    """Two layers: a base every call shares and an app layer holding ``tag``; a full config."""
+    config = {
+        "Env": ["PATH=/bin", "A=b=c"],
+        "WorkingDir": "/app",
+        "User": "1000:1000",
+        "Entrypoint": ["python3"],
+        "Cmd": ["main.py"],
+    }
+    base = {"etc/os-release": b"ID=test\n", "bin/tool": b"#!/bin/sh\n"}
+    return build_image([base, {"app/main.py": tag.encode()}], config=config)
+
+
 def build_index(images: list[tuple[BuiltImage, str, str | None]]) -> bytes:
     """An OCI index over (image, architecture, variant) entries."""
     entries = []

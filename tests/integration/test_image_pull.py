@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from oci_images import (
-    BuiltImage,
+    base_image,
     build_image,
     push_image,
     push_index,
@@ -73,27 +73,11 @@ def repo() -> str:
     return f"t/{uuid.uuid4().hex[:10]}"
 
 
-def base_and_app(tag: str = "v1") -> BuiltImage:
-    return build_image(
-        [
-            {"etc/os-release": b"ID=test\n", "bin/tool": b"#!/bin/sh\n"},
-            {"app/main.py": tag.encode()},
-        ],
-        config={
-            "Env": ["PATH=/bin", "A=b=c"],
-            "WorkingDir": "/app",
-            "User": "1000:1000",
-            "Entrypoint": ["python3"],
-            "Cmd": ["main.py"],
-        },
-    )
-
-
 async def test_pull_by_tag_gives_layers_bottom_first_and_the_config(
     registry: TestRegistry, client: Registry, store: ImageStore, tmp_path: Path
 ) -> None:
     """A tag pull unpacks each layer into its own fs dir, bottom first, and reads the config."""
-    name, image = repo(), base_and_app()
+    name, image = repo(), base_image()
     await push_image(client, name, "v1", image, tmp_path / "push")
     ref = f"{registry.host}/{name}:v1"
     resolved = await store.pull(ref)
@@ -112,7 +96,7 @@ async def test_pull_by_digest_pins_the_manifest(
     registry: TestRegistry, client: Registry, store: ImageStore, tmp_path: Path
 ) -> None:
     """A digest reference pulls exactly that manifest, even after the tag moved."""
-    name, old, new = repo(), base_and_app("old"), base_and_app("new")
+    name, old, new = repo(), base_image("old"), base_image("new")
     await push_image(client, name, "v1", old, tmp_path / "a")
     await push_image(client, name, "v1", new, tmp_path / "b")
     resolved = await store.pull(f"{registry.host}/{name}@{old.digest}")
@@ -146,7 +130,7 @@ async def test_a_tampered_blob_is_refused_and_nothing_is_kept(
     registry: TestRegistry, client: Registry, store: ImageStore, tmp_path: Path
 ) -> None:
     """A layer blob edited in the registry's storage fails its digest; no file of it stays."""
-    name, image = repo(), base_and_app("tamper")
+    name, image = repo(), base_image("tamper")
     await push_image(client, name, "v1", image, tmp_path / "push")
     victim = image.layer_digests[1]
     data = bytearray(registry.blob_file(victim).read_bytes())
@@ -165,7 +149,7 @@ async def test_a_wrong_diff_id_is_refused(
     registry: TestRegistry, client: Registry, store: ImageStore, tmp_path: Path
 ) -> None:
     """A config naming another diff_id than the layer unpacks to: refused, the layer not kept."""
-    name, image = repo(), base_and_app("diff")
+    name, image = repo(), base_image("diff")
     config = json.loads(image.config)
     config["rootfs"]["diff_ids"][0] = "sha256:" + "0" * 64
     forged = build_image([{"x": b"1"}])  # a carrier for the rewritten documents
@@ -188,7 +172,7 @@ async def test_basic_auth_typed_failures_and_success(
 ) -> None:
     """On an htpasswd registry: anonymous and wrong passwords are image.auth_failed; the
     credentials from a config.json file pull."""
-    name, image = repo(), base_and_app()
+    name, image = repo(), base_image()
     async with Registry(auth_registry.host, auth=ALICE) as reg:
         await push_image(reg, name, "v1", image, tmp_path / "push")
     ref = f"{auth_registry.host}/{name}:v1"
@@ -212,7 +196,7 @@ async def test_bearer_token_auth_through_a_token_endpoint(
 ) -> None:
     """Behind a Bearer challenge: a token is fetched with the credentials for the pull scope;
     wrong credentials are image.auth_failed; an anonymous-token registry pulls anonymously."""
-    name, image = repo(), base_and_app("bearer")
+    name, image = repo(), base_image("bearer")
     await push_image(client, name, "v1", image, tmp_path / "push")
     gate = BearerGate(registry, USERS)
     gate.start()
@@ -246,7 +230,7 @@ async def test_two_images_sharing_a_layer_store_it_once(
 ) -> None:
     """The shared base layer is fetched and unpacked once and is the same directory for both."""
     name = repo()
-    one, two = base_and_app("one"), base_and_app("two")
+    one, two = base_image("one"), base_image("two")
     await push_image(client, name, "one", one, tmp_path / "a")
     await push_image(client, name, "two", two, tmp_path / "b")
     events: list[PullProgress] = []
@@ -263,7 +247,7 @@ async def test_gc_keeps_layers_in_use_and_removes_unused(
 ) -> None:
     """remove refuses an image in use; prune deletes only what no reference or holder names."""
     name = repo()
-    one, two = base_and_app("gc1"), base_and_app("gc2")
+    one, two = base_image("gc1"), base_image("gc2")
     await push_image(client, name, "one", one, tmp_path / "a")
     await push_image(client, name, "two", two, tmp_path / "b")
     ref_one, ref_two = f"{registry.host}/{name}:one", f"{registry.host}/{name}:two"
@@ -290,11 +274,11 @@ async def test_a_layer_in_use_survives_removal_of_its_image(
     registry: TestRegistry, client: Registry, store: ImageStore, tmp_path: Path
 ) -> None:
     """A holder's use record keeps its layers through prune even after the tag is re-pulled."""
-    name, image = repo(), base_and_app("held")
+    name, image = repo(), base_image("held")
     await push_image(client, name, "v1", image, tmp_path / "a")
     resolved = await store.pull(f"{registry.host}/{name}:v1")
     store.use("holder", resolved)
-    await push_image(client, name, "v1", base_and_app("moved"), tmp_path / "b")
+    await push_image(client, name, "v1", base_image("moved"), tmp_path / "b")
     await store.pull(f"{registry.host}/{name}:v1")  # the record now names the new image
     store.prune()
     assert all(p.is_dir() for p in resolved.layers)
@@ -305,7 +289,7 @@ async def test_concurrent_pulls_unpack_a_layer_once(
     registry: TestRegistry, client: Registry, store: ImageStore, tmp_path: Path
 ) -> None:
     """Two pulls of one image at once: both wait on the layer lock, one unpacks, one reuses."""
-    name, image = repo(), base_and_app("race")
+    name, image = repo(), base_image("race")
     await push_image(client, name, "v1", image, tmp_path / "push")
     ref = f"{registry.host}/{name}:v1"
     events: list[PullProgress] = []
@@ -338,7 +322,7 @@ async def test_offline_oci_layout_and_docker_save_tarballs(
 ) -> None:
     """oci:/dir:tag and docker-archive:/x.tar (classic and Docker 25 formats) import the same
     image, verified, with its config."""
-    image = base_and_app("offline")
+    image = base_image("offline")
     layout = tmp_path / "layout"
     write_oci_layout(layout, image, "1.0")
     got = await store.pull(f"oci:{layout}:1.0")
@@ -359,7 +343,7 @@ async def test_offline_oci_layout_and_docker_save_tarballs(
 
 async def test_a_tampered_oci_layout_blob_is_refused(store: ImageStore, tmp_path: Path) -> None:
     """Offline blobs are verified like downloaded ones."""
-    image = base_and_app("offline-tamper")
+    image = base_image("offline-tamper")
     layout = tmp_path / "layout"
     write_oci_layout(layout, image, "1.0")
     blob = layout / "blobs/sha256" / image.layer_digests[0][7:]
@@ -374,7 +358,7 @@ async def test_push_a_stored_image_to_another_repository(
     registry: TestRegistry, client: Registry, store: ImageStore, tmp_path: Path
 ) -> None:
     """store.push sends an imported image's blobs and manifest; it pulls back the same."""
-    image = base_and_app("pushed")
+    image = base_image("pushed")
     layout = tmp_path / "layout"
     write_oci_layout(layout, image, "1.0")
     await store.pull(f"oci:{layout}:1.0")
