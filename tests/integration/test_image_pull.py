@@ -367,3 +367,19 @@ async def test_push_a_stored_image_to_another_repository(
     assert digest == image.digest
     again = await ImageStore(tmp_path / "fresh").pull(target)
     assert again.digest == image.digest
+
+
+async def test_a_tampered_manifest_is_refused(
+    registry: TestRegistry, client: Registry, store: ImageStore, tmp_path: Path
+) -> None:
+    """A manifest edited in the registry's storage no longer hashes to its digest: refused."""
+    name, image = repo(), base_image("manifest-tamper")
+    await push_image(client, name, "v1", image, tmp_path / "push")
+    stored = registry.blob_file(image.digest)
+    stored.write_bytes(stored.read_bytes().replace(b'"schemaVersion": 2', b'"schemaVersion":  2'))
+    with pytest.raises(ImageDigestMismatch) as info:
+        await store.pull(f"{registry.host}/{name}:v1")
+    assert info.value.details["expected"] == image.digest
+    with pytest.raises(ImageDigestMismatch):
+        await store.pull(f"{registry.host}/{name}@{image.digest}")
+    assert store.list() == []

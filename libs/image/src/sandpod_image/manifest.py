@@ -18,6 +18,8 @@ from typing import Any, Final
 
 from sandpod_contract.errors import ImageNotFound, ImageUnsupported
 
+from sandpod_image.blobs import hex_of
+
 __all__ = [
     "ACCEPT",
     "CONFIG_TYPES",
@@ -273,8 +275,9 @@ def _descriptor(raw: Any) -> Descriptor:
     if not isinstance(raw, dict):
         raise ImageUnsupported("a manifest descriptor is not an object")
     digest, size, media_type = raw.get("digest"), raw.get("size"), raw.get("mediaType")
-    if not isinstance(digest, str) or not digest.startswith("sha256:") or len(digest) != 71:
+    if not isinstance(digest, str):
         raise ImageUnsupported(f"descriptor digest {digest!r} is not sha256:<hex>")
+    hex_of(digest)  # a digest becomes a file name in the store: 64 hex digits or nothing
     if not isinstance(size, int) or size < 0:
         raise ImageUnsupported(f"descriptor {digest} has no valid size")
     plat = raw.get("platform")
