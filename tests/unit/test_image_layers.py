@@ -424,3 +424,59 @@ def test_over_long_names_are_refused(tmp_path: Path, dest: Path) -> None:
     """A name component over 255 bytes or a path over 4096 is refused."""
     refused(tmp_path, dest, layer(file("a" * 256)), "name_too_long")
     refused(tmp_path, dest, layer(file("/".join(["d" * 200] * 25))), "name_too_long")
+
+
+# -- the tar dialects layers come in ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT])
+def test_long_names_in_every_tar_dialect(dest: Path, fmt: int) -> None:
+    """GNU long names/links, PAX paths and the ustar prefix field all give the full name."""
+    deep = "/".join(["directory-name-of-some-length"] * 5) + "/file"  # 154 chars: > 100
+    members = [file(deep, b"deep"), symlink("link", "/".join(["t" * 60] * 3))]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for info, body in members:
+            if fmt == tarfile.USTAR_FORMAT and info.issym():
+                continue  # ustar has no long link names
+            tar.addfile(info, io.BytesIO(body) if body is not None else None)
+    unpack(dest, out.getvalue())
+    assert (dest / deep).read_bytes() == b"deep"
+    if fmt != tarfile.USTAR_FORMAT:
+        assert os.readlink(dest / "link") == "/".join(["t" * 60] * 3)
+
+
+def test_pax_numbers_global_headers_and_base256(dest: Path) -> None:
+    """PAX mtime with nanoseconds, global headers, and GNU base-256 ids are read exactly."""
+    info, _ = file("f", b"x", uid=3_000_000, gid=7)
+    info.mtime = 1_700_000_000.5  # tarfile writes a fractional mtime as a PAX record
+    out = io.BytesIO()
+    with tarfile.open(
+        fileobj=out, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "g"}
+    ) as tar:
+        tar.addfile(info, io.BytesIO(b"x"))
+    unpack(dest, out.getvalue())
+    st = (dest / "f").stat()
+    assert (st.st_uid, st.st_mtime_ns) == (3_000_000, 1_700_000_000_500_000_000)
+    gnu = io.BytesIO()
+    big, _ = file("g", uid=2**22)  # over 7 octal digits: GNU writes base-256
+    with tarfile.open(fileobj=gnu, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(big, io.BytesIO(b""))
+    unpack(dest, gnu.getvalue())
+    assert (dest / "g").stat().st_uid == 2**22
+
+
+def test_a_bad_header_checksum_is_corrupt(dest: Path) -> None:
+    """A header whose checksum does not match is refused, not guessed at."""
+    data = bytearray(layer(file("f", b"x")))
+    data[0] ^= 1
+    with pytest.raises(ImageLayerRefused) as err:
+        unpack(dest, bytes(data))
+    assert err.value.details["reason"] == "corrupt"
+
+
+def test_a_tar_cut_inside_a_file_is_corrupt(dest: Path) -> None:
+    """A tar that ends inside a file body is refused."""
+    data = layer(file("f", os.urandom(10_000)))
+    with pytest.raises(ImageLayerRefused):
+        unpack(dest, data[:5000])
