@@ -20,14 +20,13 @@ import errno
 import os
 import shutil
 import stat
-import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Final, cast
+from typing import Final
 
 from sandpod_image._errors import ImageLayerRefused
-from sandpod_image._streams import CHUNK, Readable
+from sandpod_image._streams import Readable
+from sandpod_image._tar import DIRECTORY, HARDLINK, REGULAR, SYMLINK, Entry, Reader
 
 __all__ = ["Extractor", "Totals"]
 
@@ -145,30 +144,28 @@ class Extractor:
         Raises:
             ImageLayerRefused: a hostile or corrupt entry (nothing outside ``dest`` was touched).
         """
-        try:
-            for tar, info in _entries(stream):
-                self.totals.entries += 1
-                self._entry(tar, info)
-        except tarfile.TarError as exc:
-            raise ImageLayerRefused(f"corrupt tar: {exc}", reason="corrupt") from exc
+        reader = Reader(stream)
+        for info in reader.entries():
+            self.totals.entries += 1
+            self._entry(reader, info)
         self._finish_dirs()
 
-    def _entry(self, tar: tarfile.TarFile, info: tarfile.TarInfo) -> None:
+    def _entry(self, reader: Reader, info: Entry) -> None:
         parts = split_name(info.name)
         base = parts[-1] if parts else ""
         if base.startswith(_WHITEOUT):
             self._whiteout(parts, info.name)
-        elif info.isdir():
+        elif info.kind == DIRECTORY:
             self._dir(parts, info)
         elif not parts:
             raise _refuse("path_escape", info.name, "a non-directory at the layer root")
-        elif info.isreg():
-            self._file(tar, parts, info)
-        elif info.issym():
+        elif info.kind in REGULAR and not info.sparse:
+            self._file(reader, parts, info)
+        elif info.kind == SYMLINK:
             self._symlink(parts, info)
-        elif info.islnk():
+        elif info.kind == HARDLINK:
             self._hardlink(parts, info)
-        else:  # devices, fifos and anything else a rootfs layer cannot carry safely
+        else:  # devices, fifos, sparse files: nothing a rootfs layer needs or may carry safely
             self.totals.skipped.append(info.name)
 
     # -- entry kinds ---------------------------------------------------------------------------
@@ -189,7 +186,7 @@ class Extractor:
         with contextlib.suppress(FileExistsError):
             os.mknod(target, stat.S_IFCHR, os.makedev(0, 0), dir_fd=parent)
 
-    def _dir(self, parts: Parts, info: tarfile.TarInfo) -> None:
+    def _dir(self, parts: Parts, info: Entry) -> None:
         if parts:
             parent = self._dirs.lookup(parts[:-1], info.name, create=True)
             try:
@@ -203,25 +200,25 @@ class Extractor:
             self._seen.add(parts)
         fd = self._dirs.lookup(parts, info.name, create=False)
         self._own(fd, info)
-        self._dir_attrs[parts] = _DirAttrs(info.mode & 0o7777, _mtime_ns(info))
+        self._dir_attrs[parts] = _DirAttrs(info.mode & 0o7777, info.mtime_ns)
 
-    def _file(self, tar: tarfile.TarFile, parts: Parts, info: tarfile.TarInfo) -> None:
+    def _file(self, reader: Reader, parts: Parts, info: Entry) -> None:
         if info.size > self._max_entry:
             raise _refuse("too_large", info.name, f"{info.size} bytes is over the entry limit")
         parent = self._dirs.lookup(parts[:-1], info.name, create=True)
         fd = self._create(parent, parts, info.name)
         try:
-            self._copy(tar, info, fd)
+            reader.copy_to(fd, info.size)
             self._own(fd, info)
             os.fchmod(fd, info.mode & 0o7777)  # after chown, which clears setuid/setgid
-            ns = _mtime_ns(info)
+            ns = info.mtime_ns
             os.utime(fd, ns=(ns, ns))
         finally:
             os.close(fd)
         self.totals.bytes += info.size
         self._created(parts)
 
-    def _symlink(self, parts: Parts, info: tarfile.TarInfo) -> None:
+    def _symlink(self, parts: Parts, info: Entry) -> None:
         parent = self._dirs.lookup(parts[:-1], info.name, create=True)
         try:
             os.symlink(info.linkname, parts[-1], dir_fd=parent)
@@ -231,11 +228,11 @@ class Extractor:
             os.symlink(info.linkname, parts[-1], dir_fd=parent)
         if not self.rootless:
             os.chown(parts[-1], info.uid, info.gid, dir_fd=parent, follow_symlinks=False)
-        ns = _mtime_ns(info)
+        ns = info.mtime_ns
         os.utime(parts[-1], ns=(ns, ns), dir_fd=parent, follow_symlinks=False)
         self._created(parts)
 
-    def _hardlink(self, parts: Parts, info: tarfile.TarInfo) -> None:
+    def _hardlink(self, parts: Parts, info: Entry) -> None:
         source = split_name(info.linkname)
         if source == parts:
             return  # a link to itself: the file is already there
@@ -291,24 +288,10 @@ class Extractor:
             self._files.discard(gone)
             self._dir_attrs.pop(gone, None)
 
-    def _copy(self, tar: tarfile.TarFile, info: tarfile.TarInfo, fd: int) -> None:
-        src = tar.extractfile(info)
-        if src is None:  # pragma: no cover - isreg() entries always have a body
-            raise _refuse("corrupt", info.name, "no file body")
-        remaining = info.size
-        while remaining:
-            chunk = src.read(min(CHUNK, remaining))
-            if not chunk:
-                raise _refuse("corrupt", info.name, "tar ends inside the file")
-            remaining -= len(chunk)
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view) :]
-
-    def _own(self, fd: int, info: tarfile.TarInfo) -> None:
+    def _own(self, fd: int, info: Entry) -> None:
         if not self.rootless:
             os.fchown(fd, info.uid, info.gid)
-        for name, value in _xattrs(info):
+        for name, value in info.xattrs.items():
             if not self._xattr_allowed(name):
                 continue
             try:
@@ -333,28 +316,3 @@ class Extractor:
                 continue  # replaced by a later non-directory entry: nothing to apply
             os.fchmod(fd, attrs.mode)
             os.utime(fd, ns=(attrs.mtime_ns, attrs.mtime_ns))
-
-
-def _entries(stream: Readable) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]]:
-    with tarfile.open(
-        fileobj=cast(IO[bytes], stream),  # stream mode ("r|") only calls .read()
-        mode="r|",
-        bufsize=CHUNK,
-        encoding="utf-8",
-        errors="surrogateescape",
-    ) as tar:
-        info = tar.next()
-        while info is not None:
-            yield tar, info
-            info = tar.next()
-
-
-def _xattrs(info: tarfile.TarInfo) -> Iterator[tuple[str, bytes]]:
-    for key, value in info.pax_headers.items():
-        if key.startswith("SCHILY.xattr."):
-            # tarfile decoded the raw bytes with surrogateescape: this gives them back exactly.
-            yield key[len("SCHILY.xattr.") :], value.encode("utf-8", "surrogateescape")
-
-
-def _mtime_ns(info: tarfile.TarInfo) -> int:
-    return int(info.mtime * 1_000_000_000)
