@@ -637,7 +637,7 @@ ERRORS: list[errors.SandpodError] = [
         media_type="application/vnd.x",
     ),
     errors.ImageLayerRefused(
-        "layer entry '../etc/passwd' escapes the layer", entry="../etc/passwd", reason="escape"
+        "layer entry '../etc/passwd' escapes the layer", entry="../etc/passwd", reason="path_escape"
     ),
     errors.ImageInUse(
         "python:3.12-slim is used by 1 sandbox", reference="python:3.12-slim", holders=["sbx-1"]

@@ -173,11 +173,12 @@ DETAILS: Mapping[str, Details] = {
         }
     ),
     "image.layer_refused": Details(
-        required={
-            "entry": _d("string", "the layer entry's name"),
-            "reason": _d("string", "why: escape, link_escape, too_large, ..."),
+        required={"reason": _d("string", "why: path_escape, too_large, corrupt, ...")},
+        optional={
+            "entry": _d("string", "the layer entry's name (absent when the whole stream is bad)"),
+            "digest": _d("string", "the layer's digest"),
+            "limit": _LIMIT,
         },
-        optional={"digest": _d("string", "the layer's digest")},
     ),
     "image.in_use": Details(
         required={"reference": _REF},

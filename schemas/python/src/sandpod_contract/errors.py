@@ -482,8 +482,8 @@ class ImageLayerRefused(ImageError):
     code = "image.layer_refused"
     retryable = False
     summary = (
-        "a layer holds an entry that is not allowed (a path escaping the layer, a link trick, "
-        "an entry over the size limit); the image is refused"
+        "a layer is corrupt or holds an entry that is not allowed (a path escaping the layer, "
+        "a link trick, an entry over the size limit); the image is refused"
     )
 
 
