@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sandpod_contract.errors import ImageNotFound, ImageUnsupported
-
 from sandpod_image.blobs import hex_of
 
 __all__ = [
