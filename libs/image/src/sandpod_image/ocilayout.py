@@ -18,12 +18,12 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
-from sandpod_image.layers import PackResult, pack_layer
+from sandpod_image.layers import PackResult, compress_tar, pack_layer
 
 __all__ = [
     "MEDIA_TYPE_CONFIG",
@@ -147,16 +147,30 @@ class OciLayout:
         created_by: str,
         compress: str = "gzip",
         mtime: int | None = None,
+        owner: tuple[int, int] | None = None,
     ) -> PackResult:
         """Pack the directory ``src`` into a layer blob of this layout and append it.
 
         Raises:
             ImageUnsupported: unknown ``compress``.
         """
+        return self._blob_from(
+            lambda out: pack_layer(src, out, compress=compress, mtime=mtime, owner=owner),
+            created_by,
+        )
+
+    def add_tar(self, tar: Path, *, created_by: str, compress: str = "gzip") -> PackResult:
+        """Compress the layer tarball ``tar`` into a blob of this layout and append it."""
+        with tar.open("rb") as src:
+            return self._blob_from(
+                lambda out: compress_tar(src, out, compress=compress), created_by
+            )
+
+    def _blob_from(self, write: Callable[[BinaryIO], PackResult], created_by: str) -> PackResult:
         fd, tmp = tempfile.mkstemp(dir=self.blobs, prefix=".layer-")
         try:
             with os.fdopen(fd, "wb") as out:
-                packed = pack_layer(src, out, compress=compress, mtime=mtime)
+                packed = write(out)
             os.replace(tmp, self.blobs / packed.digest.removeprefix("sha256:"))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
