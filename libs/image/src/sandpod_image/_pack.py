@@ -25,9 +25,12 @@ _KEPT_XATTRS: Final = ("security.capability", "system.posix_acl_access", "system
 
 
 class _Packer:
-    def __init__(self, tar: tarfile.TarFile, mtime: int | None) -> None:
+    def __init__(
+        self, tar: tarfile.TarFile, mtime: int | None, owner: tuple[int, int] | None
+    ) -> None:
         self._tar = tar
         self._mtime = mtime
+        self._owner = owner
         self._inodes: dict[tuple[int, int], str] = {}
 
     def tree(self, dir_path: Path, prefix: str) -> None:
@@ -85,7 +88,7 @@ class _Packer:
     def _info(self, arcname: str, st: os.stat_result) -> tarfile.TarInfo:
         info = tarfile.TarInfo(arcname)
         info.mode = stat.S_IMODE(st.st_mode)
-        info.uid, info.gid = st.st_uid, st.st_gid
+        info.uid, info.gid = self._owner if self._owner is not None else (st.st_uid, st.st_gid)
         info.uname = info.gname = ""
         info.mtime = self._mtime if self._mtime is not None else st.st_mtime_ns // 1_000_000_000
         return info
@@ -121,7 +124,9 @@ def _is_opaque(path: Path) -> bool:
     return False
 
 
-def write_tar(src: Path, out: Writable, *, mtime: int | None) -> None:
+def write_tar(
+    src: Path, out: Writable, *, mtime: int | None, owner: tuple[int, int] | None
+) -> None:
     """Write ``src``'s tree (not its root entry) to ``out`` as a PAX tar stream."""
     with tarfile.open(
         fileobj=cast(IO[bytes], out),  # stream mode ("w|") only calls .write()
@@ -131,4 +136,4 @@ def write_tar(src: Path, out: Writable, *, mtime: int | None) -> None:
         encoding="utf-8",
         errors="surrogateescape",
     ) as tar:
-        _Packer(tar, mtime).tree(src, "")
+        _Packer(tar, mtime, owner).tree(src, "")

@@ -24,7 +24,7 @@ from typing import BinaryIO, Final
 
 from sandpod_image._errors import ImageLayerRefused, ImageUnsupported
 from sandpod_image._pack import write_tar
-from sandpod_image._streams import HashingReader, HashingWriter, compressor, decompressed
+from sandpod_image._streams import CHUNK, HashingReader, HashingWriter, compressor, decompressed
 from sandpod_image._unpack import Extractor
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "PackResult",
     "UnpackOptions",
     "UnpackReport",
+    "compress_tar",
     "pack_layer",
     "unpack_layer",
 ]
@@ -142,6 +143,7 @@ def pack_layer(
     *,
     compress: str = "gzip",
     mtime: int | None = None,
+    owner: tuple[int, int] | None = None,
 ) -> PackResult:
     """Write the directory ``src`` (an overlay upper or lower) to ``out`` as an OCI layer.
 
@@ -154,6 +156,7 @@ def pack_layer(
         out: where the compressed blob goes.
         compress: ``gzip``, ``zstd`` or ``none``.
         mtime: when set, every entry's mtime (reproducible builds); else each file's own.
+        owner: when set, every entry's (uid, gid): a rootless build's files owned by root.
 
     Returns:
         The blob's digest, size and media type, and the tar's diff_id.
@@ -164,7 +167,26 @@ def pack_layer(
     blob = HashingWriter(out)
     squeeze, media_type = compressor(blob, compress)
     tar_bytes = HashingWriter(squeeze)
-    write_tar(src, tar_bytes, mtime=mtime)
+    write_tar(src, tar_bytes, mtime=mtime, owner=owner)
+    squeeze.close()
+    return PackResult(
+        digest=blob.digest(), diff_id=tar_bytes.digest(), size=blob.count, media_type=media_type
+    )
+
+
+def compress_tar(tar: BinaryIO, out: BinaryIO, *, compress: str = "gzip") -> PackResult:
+    """Compress an existing layer tarball (``mmdebstrap``'s, a ``docker save`` layer) to ``out``.
+
+    The tar is taken as it is (it is already a layer); only its digests are computed.
+
+    Raises:
+        ImageUnsupported: unknown ``compress``.
+    """
+    blob = HashingWriter(out)
+    squeeze, media_type = compressor(blob, compress)
+    tar_bytes = HashingWriter(squeeze)
+    while chunk := tar.read(CHUNK):
+        tar_bytes.write(chunk)
     squeeze.close()
     return PackResult(
         digest=blob.digest(), diff_id=tar_bytes.digest(), size=blob.count, media_type=media_type
