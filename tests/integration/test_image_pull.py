@@ -383,3 +383,30 @@ async def test_a_tampered_manifest_is_refused(
     with pytest.raises(ImageDigestMismatch):
         await store.pull(f"{registry.host}/{name}@{image.digest}")
     assert store.list() == []
+
+
+async def test_a_layout_written_by_ocilayout_pulls_pushes_and_pulls_back(
+    registry: TestRegistry, store: ImageStore, tmp_path: Path
+) -> None:
+    """What template builds write (ocilayout, a gzip and a zstd layer) imports into the store
+    with its config, pushes to a registry, and pulls back as the same digest."""
+    from sandpod_image import ocilayout
+
+    base, top = tmp_path / "base", tmp_path / "top"
+    (base / "etc").mkdir(parents=True)
+    (base / "etc/hostname").write_text("built\n")
+    (top / "srv").mkdir(parents=True)
+    (top / "srv/app").write_text("zstd layer\n")
+    layout = ocilayout.OciLayout(tmp_path / "layout")
+    layout.add_layer(base, created_by="base", mtime=0)
+    layout.add_layer(top, created_by="top", compress="zstd", mtime=0)
+    config = ocilayout.ImageConfig(env=("A=1",), working_dir="/srv", cmd=("app",))
+    desc = layout.write_image(config, ref="built")
+    got = await store.pull(f"oci:{tmp_path / 'layout'}:built")
+    assert got.digest == desc.digest
+    assert (got.layers[1] / "srv/app").read_text() == "zstd layer\n"
+    assert (got.config.env, got.config.workdir, got.config.cmd) == ((("A", "1"),), "/srv", ("app",))
+    target = f"{registry.host}/{repo()}:built"
+    assert await store.push(f"oci:{tmp_path / 'layout'}:built", target) == desc.digest
+    again = await ImageStore(tmp_path / "fresh").pull(target)
+    assert (again.digest, again.diff_ids) == (got.digest, got.diff_ids)
