@@ -130,6 +130,7 @@ class BearerGate:
         self.users = users
         self.anonymous = anonymous
         self.tokens: set[str] = set()
+        self.refresh_tokens = {"refresh-me"}  # identitytoken values the token endpoint honours
         self.token_requests: list[dict[str, str]] = []
         self.port = free_port()
         gate = self
@@ -181,9 +182,15 @@ class BearerGate:
 
     def _token(self, req: http.server.BaseHTTPRequestHandler) -> None:
         query = urllib.parse.urlparse(req.path).query
-        self.token_requests.append(dict(urllib.parse.parse_qsl(query)))
+        if req.command == "POST":  # the OAuth2 form: an identity (refresh) token
+            length = int(req.headers.get("Content-Length") or 0)
+            query = req.rfile.read(length).decode()
+        form = dict(urllib.parse.parse_qsl(query))
+        self.token_requests.append(form)
         authz = req.headers.get("Authorization", "")
         allowed = self.anonymous and not authz
+        if form.get("grant_type") == "refresh_token":
+            allowed = form.get("refresh_token") in self.refresh_tokens
         if authz.startswith("Basic "):
             user, _, pw = base64.b64decode(authz[6:]).decode().partition(":")
             allowed = self.users.get(user) == pw

@@ -194,8 +194,9 @@ async def test_basic_auth_typed_failures_and_success(
 async def test_bearer_token_auth_through_a_token_endpoint(
     registry: TestRegistry, client: Registry, tmp_path: Path
 ) -> None:
-    """Behind a Bearer challenge: a token is fetched with the credentials for the pull scope;
-    wrong credentials are image.auth_failed; an anonymous-token registry pulls anonymously."""
+    """Behind a Bearer challenge: a token is fetched with the credentials (or an identity
+    token, OAuth2-style) for the pull scope; wrong ones are image.auth_failed; an
+    anonymous-token registry pulls anonymously."""
     name, image = repo(), base_image("bearer")
     await push_image(client, name, "v1", image, tmp_path / "push")
     gate = BearerGate(registry, USERS)
@@ -211,6 +212,11 @@ async def test_bearer_token_auth_through_a_token_endpoint(
             )
         with pytest.raises(ImageAuthFailed):
             await ImageStore(tmp_path / "c").pull(ref)
+        refresh = AuthConfig(identity_token="refresh-me")
+        assert (await ImageStore(tmp_path / "e").pull(ref, auth=refresh)).digest == image.digest
+        assert gate.token_requests[-1]["grant_type"] == "refresh_token"
+        with pytest.raises(ImageAuthFailed):
+            await ImageStore(tmp_path / "f").pull(ref, auth=AuthConfig(identity_token="stale"))
         gate.anonymous = True
         assert (await ImageStore(tmp_path / "d").pull(ref)).digest == image.digest
     finally:
