@@ -253,6 +253,14 @@ class ImageStore:
         record = read_record(self.layout.image(source_key(ref)), ImageRecord)
         if record is None:
             raise ImageNotFound(f"{ref} is not in the store; pull it first", reference=ref)
+        missing = [b for b in record.blobs if not self.layout.blob(b).is_file()]
+        if missing:
+            # A layer unpacked from another image's blob (same diff_id, other compression)
+            # keeps that blob, not this one's.
+            raise ImageNotFound(
+                f"{ref}: blob {missing[0]} is not kept in the store; remove and pull it again",
+                reference=ref,
+            )
         dest = parse_reference(target)
         registry = Registry(
             dest.api_host,
