@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import json
 import os
 import pty
@@ -19,6 +20,7 @@ from oci_images import base_image, push_image
 from registry import TestRegistry
 from sandpod_image.auth import AuthConfig
 from sandpod_image.registry import Registry
+from sandpod_image.store import ImageStore
 
 SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
 USERS = {"bob": "builder"}
@@ -132,3 +134,59 @@ def test_pull_on_a_terminal_draws_a_bar_per_layer(
     assert got.returncode == 0
     text = screen.decode()
     assert "[" + "#" * 30 + "]" in text and "\x1b[" in text
+
+
+def test_two_pulls_in_two_processes_unpack_a_layer_once(
+    pushed: str, registry: TestRegistry, tmp_path: Path
+) -> None:
+    """Two `sandpod image pull`s of one image at once, queued on the base layer's lock (held
+    here until both say they wait): exactly one unpacks it, the other finds it done."""
+    creds = str(auth_file(tmp_path, registry))
+    image = base_image("cli")
+    short = image.layer_digests[0][7:19]
+    lock = ImageStore(tmp_path / "state" / "images").layout.layer_lock(image.diff_ids[0])
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    procs: list[subprocess.Popen[str]] = []
+    env = {**os.environ, "SANDPOD_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path)}
+    try:
+        seen = []
+        try:
+            for _ in range(2):
+                procs.append(
+                    subprocess.Popen(
+                        [SANDPOD, "image", "pull", pushed, "--auth-file", creds],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        env=env,
+                    )
+                )
+            seen = [_until_waiting(proc, short) for proc in procs]
+        finally:
+            os.close(fd)
+        for proc, lines in zip(procs, seen, strict=True):
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            lines.extend(err.splitlines())
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    unpacked = [[x for x in lines if short in x and "unpacking" in x] for lines in seen]
+    cached = [[x for x in lines if short in x and "cached" in x] for lines in seen]
+    assert sorted(len(u) for u in unpacked) == [0, 1]
+    assert sorted(len(c) for c in cached) == [0, 1]
+
+
+def _until_waiting(proc: subprocess.Popen[str], short: str) -> list[str]:
+    """The process's progress lines up to the one saying it waits for layer ``short``."""
+    assert proc.stderr is not None
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if short in line and "waiting" in line:
+            return lines
+    pytest.fail(f"the pull never waited on the held layer lock: {lines}")
