@@ -187,3 +187,24 @@ def test_the_config_fields_a_sandbox_honours() -> None:
     assert (config.exposed_ports, config.labels) == (("80/tcp",), (("k", "v"),))
     assert config.diff_ids == ("sha256:" + HEX,)
     assert parse_config(b'{"config": null}').cmd == ()
+
+
+async def test_credentials_never_go_to_a_plain_http_realm_of_a_tls_registry() -> None:
+    """A TLS registry whose challenge names an http:// token realm: refused, nothing sent."""
+    import httpx
+
+    from sandpod_contract.errors import ImageAuthFailed
+    from sandpod_image.auth import AuthConfig
+
+    sent: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(str(request.url))
+        challenge = 'Bearer realm="http://evil.example/token",service="r"'
+        return httpx.Response(401, headers={"WWW-Authenticate": challenge})
+
+    reg = Registry("reg.example", auth=AuthConfig("u", "p"), transport=httpx.MockTransport(answer))
+    async with reg:
+        with pytest.raises(ImageAuthFailed, match="plain HTTP"):
+            await reg.get_manifest("a/b", "latest")
+    assert sent == ["https://reg.example/v2/a/b/manifests/latest"]

@@ -281,9 +281,16 @@ class Registry:
                 registry=self.host,
                 status=401,
             )
-        token = await self._token(
-            params["realm"], params.get("service"), params.get("scope", scope)
-        )
+        realm = params["realm"]
+        if realm.startswith("http://") and self.base.startswith("https://"):
+            # Credentials go to the realm: never in clear text for a registry reached over TLS.
+            raise ImageAuthFailed(
+                f"{self.host}'s token endpoint {realm} is plain HTTP; refusing to send "
+                "credentials there",
+                registry=self.host,
+                status=401,
+            )
+        token = await self._token(realm, params.get("service"), params.get("scope", scope))
         self._headers[scope] = f"Bearer {token}"
 
     async def _token(self, realm: str, service: str | None, scope: str) -> str:
