@@ -95,6 +95,7 @@ class Build:
         cache: where the Debian tarball is kept between builds.
         tag: the layouts' ref name.
         uv: how to run uv (an argv prefix).
+        compress: the layers' compression (``gzip``, ``zstd``, ``none``).
     """
 
     repo: Path
@@ -102,6 +103,7 @@ class Build:
     cache: Path
     tag: str
     uv: tuple[str, ...]
+    compress: str = "gzip"
 
 
 def _run(argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
@@ -141,7 +143,9 @@ def execd_image(build: Build, python_home: Path) -> Path:
             env=env,
         )
         layout = OciLayout(build.out / "sandpod-execd")
-        layout.add_layer(Path(tmp), created_by="build-execd-bundle.sh", owner=ROOT_OWNER)
+        layout.add_layer(
+            Path(tmp), created_by="build-execd-bundle.sh", owner=ROOT_OWNER, compress=build.compress
+        )
     config = ImageConfig(
         user="65532:65532",
         cmd=(f"/{BUNDLE}/python/bin/python3", "-c", _COPY_BUNDLE),
@@ -191,9 +195,10 @@ def base_image(build: Build, rootfs: Path | None) -> Path:
     """Build ``sandpod-base``, the default sandbox root filesystem. Returns the layout."""
     layout = OciLayout(build.out / "sandpod-base")
     if rootfs is not None:
-        layout.add_layer(rootfs, created_by=f"rootfs {rootfs.name}")
+        layout.add_layer(rootfs, created_by=f"rootfs {rootfs.name}", compress=build.compress)
     else:
-        layout.add_tar(debian_tarball(build), created_by="mmdebstrap --variant=apt")
+        tarball = debian_tarball(build)
+        layout.add_tar(tarball, created_by="mmdebstrap --variant=apt", compress=build.compress)
     config = ImageConfig(
         env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"),
         cmd=("/bin/bash",),
@@ -210,6 +215,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repo", type=Path, default=Path.cwd())
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache/sandpod/images")
     parser.add_argument("--tag", default="latest")
+    parser.add_argument("--compress", default="gzip", choices=("gzip", "zstd", "none"))
     parser.add_argument("--python-home", type=Path, help="a relocatable CPython for the bundle")
     parser.add_argument("--base-rootfs", type=Path, help="pack this tree instead of mmdebstrap")
     return parser
@@ -220,7 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     uv = tuple(shlex.split(os.environ.get("UV", ""))) or (sys.executable, "-m", "uv")
     if not os.environ.get("UV") and shutil.which("uv"):
         uv = ("uv",)
-    build = Build(repo=args.repo, out=args.out, cache=args.cache, tag=args.tag, uv=uv)
+    build = Build(
+        repo=args.repo, out=args.out, cache=args.cache, tag=args.tag, uv=uv, compress=args.compress
+    )
     wanted = {name.strip() for name in args.only.split(",") if name.strip()}
     unknown = wanted - {"execd", "base"}
     if unknown:
