@@ -55,14 +55,19 @@ def make_tree(root: Path, total: int, rng: random.Random) -> int:
     return count
 
 
-def make_blobs(work: Path, mib: int) -> tuple[Path, Path, int]:
-    src = work / "src"
-    src.mkdir()
-    files = make_tree(src, mib * MiB, random.Random(14))
+def make_blobs(work: Path, mib: int, real: Path | None) -> tuple[Path, Path, int]:
     plain = work / "layer.tar"
-    with tarfile.open(plain, "w", format=tarfile.PAX_FORMAT) as tar:
-        tar.add(src, arcname=".")
-    shutil.rmtree(src)
+    if real is not None:
+        shutil.copyfile(real, plain)
+        with tarfile.open(plain) as tar:
+            files = sum(1 for m in tar if m.isfile())
+    else:
+        src = work / "src"
+        src.mkdir()
+        files = make_tree(src, mib * MiB, random.Random(14))
+        with tarfile.open(plain, "w", format=tarfile.PAX_FORMAT) as tar:
+            tar.add(src, arcname=".")
+        shutil.rmtree(src)
     gz = work / "layer.tar.gz"
     comp = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
     with plain.open("rb") as inp, gz.open("wb") as out:
@@ -126,10 +131,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=200, help="layer size (uncompressed)")
     parser.add_argument("--runs", type=int, default=3, help="runs per side (median)")
+    parser.add_argument(
+        "--tar", type=Path, help="a real layer tarball instead (the make images Debian one)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="layer-bench-", dir=os.environ.get("TMPDIR")) as t:
         work = Path(t)
-        plain, gz, files = make_blobs(work, args.mib)
+        plain, gz, files = make_blobs(work, args.mib, args.tar)
         print(
             f"layer: {files} files, {plain.stat().st_size / MiB:.0f} MiB tar, "
             f"{gz.stat().st_size / MiB:.0f} MiB gzip"

@@ -10,8 +10,11 @@ registries serve Docker ``diff.tar.gzip`` blobs that are plain tar now and then.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import queue
+import threading
 import zlib
 from typing import IO, BinaryIO, Final, Protocol, cast
 
@@ -23,6 +26,7 @@ __all__ = [
     "CHUNK",
     "HashingReader",
     "HashingWriter",
+    "ReadAhead",
     "Readable",
     "compressor",
     "decompressed",
@@ -234,3 +238,75 @@ def compressor(inner: Writable, compress: str) -> tuple[ClosingWriter, str]:
     if compress == "none":
         return _Plain(inner), "application/vnd.oci.image.layer.v1.tar"
     raise ImageUnsupported(f"unknown layer compression: {compress}", compress=compress)
+
+
+_END: Final = b""
+
+
+class ReadAhead:
+    """Reads ``inner`` (decompression and hashing) on a second thread, a bounded queue ahead.
+
+    zlib, zstandard and hashlib release the GIL on large buffers, so decompressing and hashing
+    run on one core while the unpacker's file syscalls run on another -- what ``tar -xz`` gets
+    from its separate ``gzip`` process. The queue holds at most ``depth`` chunks (memory bound
+    ``depth * CHUNK``). Use as a context manager: leaving it stops and joins the thread, and an
+    error raised by ``inner`` on the thread is raised again by ``read``.
+    """
+
+    def __init__(self, inner: Readable, depth: int = 8) -> None:
+        self._inner = inner
+        self._queue: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name="layer-read-ahead", daemon=True)
+        self._left = b""
+        self._done = False
+
+    def __enter__(self) -> ReadAhead:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            # Unblock a put() waiting on a full queue, then wait a little for the thread's end.
+            with contextlib.suppress(queue.Empty):
+                self._queue.get_nowait()
+            self._thread.join(0.01)
+
+    def _pump(self) -> None:
+        try:
+            while not self._stop.is_set():
+                chunk = self._inner.read(CHUNK)
+                self._put(chunk)
+                if not chunk:
+                    return
+        except BaseException as exc:  # handed to the reading thread, raised there
+            self._put(exc)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def read(self, size: int = -1, /) -> bytes:
+        if not self._left and not self._done:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                self._done = True
+                raise item
+            if item is _END or not item:
+                self._done = True
+            self._left = item
+        if size < 0 or size >= len(self._left):
+            out, self._left = self._left, b""
+            return out
+        out, self._left = self._left[:size], self._left[size:]
+        return out
+
+    def drain(self) -> None:
+        """Read to the end (the digest then covers the whole stream)."""
+        while self.read(CHUNK):
+            pass

@@ -9,7 +9,8 @@ the caller checks it against the image config without reading the blob twice.
 ``pack_layer`` is the reverse, for template builds and ``make images``: an overlay upper (or any
 directory) -> a deterministic OCI layer tarball, with its digest, diff_id and size.
 
-Data flow, unpack: ``stream -> decompress (sniffed) -> sha256 + byte bound -> tar -> _unpack``;
+Data flow, unpack: ``stream -> decompress (sniffed) -> sha256 + byte bound`` on a read-ahead
+thread, ``-> tar -> _unpack`` on the caller's;
 pack: ``_pack (sorted walk) -> tar -> sha256 (diff_id) -> compress -> sha256 + size -> out``.
 A failed unpack leaves ``dest`` half-written: unpack into a fresh directory and rename it into
 place only on success (the store does).
@@ -24,7 +25,14 @@ from typing import BinaryIO, Final
 
 from sandpod_image._errors import ImageLayerRefused, ImageUnsupported
 from sandpod_image._pack import write_tar
-from sandpod_image._streams import CHUNK, HashingReader, HashingWriter, compressor, decompressed
+from sandpod_image._streams import (
+    CHUNK,
+    HashingReader,
+    HashingWriter,
+    ReadAhead,
+    compressor,
+    decompressed,
+)
 from sandpod_image._unpack import Extractor
 
 __all__ = [
@@ -123,11 +131,14 @@ def unpack_layer(
     """
     rootless = options.rootless or os.geteuid() != 0
     reader = HashingReader(decompressed(stream, media_type), options.max_layer_bytes)
-    with Extractor(dest, rootless=rootless, max_entry_bytes=options.max_entry_bytes) as ex:
-        ex.run(reader)
+    with (
+        ReadAhead(reader) as ahead,
+        Extractor(dest, rootless=rootless, max_entry_bytes=options.max_entry_bytes) as ex,
+    ):
+        ex.run(ahead)
+        ahead.drain()
         totals = ex.totals
         namespace = ex.xattr_namespace
-    reader.drain()
     return UnpackReport(
         entries=totals.entries,
         bytes=totals.bytes,

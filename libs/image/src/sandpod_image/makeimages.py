@@ -9,6 +9,11 @@ OCI runtime reads. The Dockerfiles in ``deploy/images/`` stay for those who buil
   installs (the same script execd.Dockerfile and tests/integration/test_execd_bundle.py run).
   Its default command copies the bundle into ``/opt/sandpod`` with the bundle's own interpreter,
   as the Dockerfile's busybox ``cp -a`` does (scratch has no ``cp``).
+- ``sandpod-lifecycle``, ``sandpod-pool``, ``sandpod-gateway``: ``sandpod-base`` (the same
+  layer blob) plus one layer, ``/opt/sandpod/site``: the service and its locked dependencies
+  installed by uv for the base's python3.11 (the host's Debian one: same suite, same ABI), and
+  for the gateway the web terminal's files in ``/opt/sandpod-web``; run as 10001:10001 with
+  ``python3 -m sandpod_<service>``, as the services' Dockerfiles do.
 - ``sandpod-base``: the default sandbox root filesystem as one layer: a Debian tree from
   ``mmdebstrap`` (a tarball cached in ``--cache``, keyed by suite, packages and hooks, so it is
   built once per machine), or ``--base-rootfs DIR``, a tree already built (the local runtime's
@@ -35,9 +40,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from sandpod_image.ocilayout import ImageConfig, OciLayout
+from sandpod_image.layers import PackResult
+from sandpod_image.ocilayout import HistoryEntry, ImageConfig, OciLayout
 
-__all__ = ["BASE_PACKAGES", "Build", "base_image", "debian_tarball", "execd_image", "main"]
+__all__ = [
+    "BASE_PACKAGES",
+    "SERVICES",
+    "BaseLayer",
+    "Build",
+    "BuildFailed",
+    "base_image",
+    "debian_tarball",
+    "execd_image",
+    "main",
+    "service_image",
+]
 
 BUNDLE: Final = "sandpod-bundle"
 ROOT_OWNER: Final = (0, 0)
@@ -74,6 +91,22 @@ _CUSTOMIZE: Final = (
     'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/apt/* '
     '"$1"/var/log/dpkg.log "$1"/var/log/bootstrap.log'
 )
+_PATH: Final = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# As the services' Dockerfiles set them, the venv's bin replaced by PYTHONPATH on the site dir.
+_SERVICE_ENV: Final = (
+    _PATH,
+    "PYTHONPATH=/opt/sandpod/site",
+    "PYTHONDONTWRITEBYTECODE=1",
+    "PYTHONUNBUFFERED=1",
+    "HOME=/tmp",
+    "SANDPOD_STATE_DIR=/tmp/state",
+)
+_GATEWAY_ENV: Final = (
+    "SANDPOD_GATEWAY_HOST=0.0.0.0",
+    "SANDPOD_GATEWAY_PORT=8080",
+    "SANDPOD_GATEWAY_WEB_DIR=/opt/sandpod-web",
+)
+SERVICES: Final = ("lifecycle", "pool", "gateway")
 _SOURCES: Final = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
 _COPY_BUNDLE: Final = (
     "import shutil; shutil.copytree('/sandpod-bundle', '/opt/sandpod', symlinks=True, "
@@ -95,6 +128,7 @@ class Build:
         cache: where the Debian tarball is kept between builds.
         tag: the layouts' ref name.
         uv: how to run uv (an argv prefix).
+        compress: the layers' compression (``gzip``, ``zstd``, ``none``).
     """
 
     repo: Path
@@ -102,6 +136,7 @@ class Build:
     cache: Path
     tag: str
     uv: tuple[str, ...]
+    compress: str = "gzip"
 
 
 def _run(argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
@@ -141,7 +176,9 @@ def execd_image(build: Build, python_home: Path) -> Path:
             env=env,
         )
         layout = OciLayout(build.out / "sandpod-execd")
-        layout.add_layer(Path(tmp), created_by="build-execd-bundle.sh", owner=ROOT_OWNER)
+        layout.add_layer(
+            Path(tmp), created_by="build-execd-bundle.sh", owner=ROOT_OWNER, compress=build.compress
+        )
     config = ImageConfig(
         user="65532:65532",
         cmd=(f"/{BUNDLE}/python/bin/python3", "-c", _COPY_BUNDLE),
@@ -187,29 +224,105 @@ def debian_tarball(build: Build) -> Path:
     return tarball
 
 
-def base_image(build: Build, rootfs: Path | None) -> Path:
-    """Build ``sandpod-base``, the default sandbox root filesystem. Returns the layout."""
+@dataclass(frozen=True, slots=True)
+class BaseLayer:
+    """The base image's one layer, for the service images stacked on it."""
+
+    layout: Path
+    packed: PackResult
+    history: HistoryEntry
+
+    @property
+    def blob(self) -> Path:
+        return self.layout / "blobs/sha256" / self.packed.digest.removeprefix("sha256:")
+
+
+def base_image(build: Build, rootfs: Path | None) -> BaseLayer:
+    """Build ``sandpod-base``, the default sandbox root filesystem."""
     layout = OciLayout(build.out / "sandpod-base")
     if rootfs is not None:
-        layout.add_layer(rootfs, created_by=f"rootfs {rootfs.name}")
+        history = HistoryEntry(f"rootfs {rootfs.name}")
+        packed = layout.add_layer(rootfs, created_by=history.created_by, compress=build.compress)
     else:
-        layout.add_tar(debian_tarball(build), created_by="mmdebstrap --variant=apt")
+        history = HistoryEntry("mmdebstrap --variant=apt")
+        tarball = debian_tarball(build)
+        packed = layout.add_tar(tarball, created_by=history.created_by, compress=build.compress)
     config = ImageConfig(
-        env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"),
+        env=(_PATH, "LANG=C.UTF-8"),
         cmd=("/bin/bash",),
         labels={"org.opencontainers.image.title": "sandpod-base"},
+    )
+    layout.write_image(config, ref=build.tag)
+    return BaseLayer(layout.root, packed, history)
+
+
+def service_image(build: Build, base: BaseLayer, service: str, python: Path) -> Path:
+    """Build ``sandpod-<service>``: the base plus a layer of the service's locked packages.
+
+    ``python`` is the interpreter the packages are installed for: the base's own python3.11
+    (the host's Debian one, same suite), so compiled extensions match it.
+    """
+    layout = OciLayout(build.out / f"sandpod-{service}")
+    layout.adopt(base.blob, base.packed, base.history)
+    with tempfile.TemporaryDirectory(prefix=f"sandpod-{service}-") as tmp:
+        env = _stage_service(build, service, python, Path(tmp))
+        layout.add_layer(
+            Path(tmp),
+            created_by=f"uv pip install sandpod-{service}",
+            owner=ROOT_OWNER,
+            compress=build.compress,
+        )
+    config = ImageConfig(
+        env=env,
+        user="10001:10001",
+        cmd=("python3", "-m", f"sandpod_{service}"),
+        labels={"org.opencontainers.image.title": f"sandpod-{service}"},
     )
     layout.write_image(config, ref=build.tag)
     return layout.root
 
 
+def _stage_service(build: Build, service: str, python: Path, stage: Path) -> tuple[str, ...]:
+    """Install the service's locked packages under ``stage``; returns the image's Env."""
+    site = stage / "opt/sandpod/site"
+    req = stage / "requirements.txt"
+    export = ["export", "--quiet", "--locked", "--no-dev", "--no-editable", "--no-hashes"]
+    _run([*build.uv, *export, "--package", f"sandpod-{service}", "-o", str(req)], cwd=build.repo)
+    install = ["pip", "install", "--quiet", "--python", str(python), "--no-deps"]
+    _run([*build.uv, *install, "--target", str(site), "-r", str(req)], cwd=build.repo)
+    req.unlink()
+    shutil.rmtree(site / "bin", ignore_errors=True)  # absolute shebangs: python3 -m instead
+    if service != "gateway":
+        return _SERVICE_ENV
+    _stage_web(build.repo, stage / "opt/sandpod-web")
+    return _SERVICE_ENV + _GATEWAY_ENV
+
+
+def _stage_web(repo: Path, dest: Path) -> None:
+    web = repo / "services/gateway/src/sandpod_gateway/web"
+    if not (web / "node_modules").is_dir():
+        raise BuildFailed(f"{web}/node_modules missing: run `make web` (npm ci) first")
+    shutil.copytree(web, dest, symlinks=True)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sandpod_image.makeimages", description=__doc__)
-    parser.add_argument("--only", default="execd,base", help="comma-separated: execd, base")
+    parser.add_argument(
+        "--only",
+        default="execd,base,services",
+        help="comma-separated: execd, base, services (lifecycle, pool and gateway on the base)",
+    )
+    parser.add_argument(
+        "--service-python",
+        type=Path,
+        default=Path("/usr/bin/python3.11"),
+        help="the base's interpreter on this host (Debian's, same suite) to install for",
+    )
     parser.add_argument("--out", type=Path, default=Path("build/images"))
     parser.add_argument("--repo", type=Path, default=Path.cwd())
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache/sandpod/images")
     parser.add_argument("--tag", default="latest")
+    parser.add_argument("--compress", default="gzip", choices=("gzip", "zstd", "none"))
     parser.add_argument("--python-home", type=Path, help="a relocatable CPython for the bundle")
     parser.add_argument("--base-rootfs", type=Path, help="pack this tree instead of mmdebstrap")
     return parser
@@ -220,9 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     uv = tuple(shlex.split(os.environ.get("UV", ""))) or (sys.executable, "-m", "uv")
     if not os.environ.get("UV") and shutil.which("uv"):
         uv = ("uv",)
-    build = Build(repo=args.repo, out=args.out, cache=args.cache, tag=args.tag, uv=uv)
+    build = Build(
+        repo=args.repo, out=args.out, cache=args.cache, tag=args.tag, uv=uv, compress=args.compress
+    )
     wanted = {name.strip() for name in args.only.split(",") if name.strip()}
-    unknown = wanted - {"execd", "base"}
+    unknown = wanted - {"execd", "base", "services"}
     if unknown:
         print(f"unknown image(s): {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
@@ -230,8 +345,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "execd" in wanted:
             home = args.python_home or managed_python(build)
             print(f"sandpod-execd: {execd_image(build, home)}:{build.tag}")
-        if "base" in wanted:
-            print(f"sandpod-base: {base_image(build, args.base_rootfs)}:{build.tag}")
+        if wanted & {"base", "services"}:
+            base = base_image(build, args.base_rootfs)
+            print(f"sandpod-base: {base.layout}:{build.tag}")
+        if "services" in wanted:
+            if not args.service_python.exists():
+                raise BuildFailed(f"{args.service_python} missing: pass --service-python")
+            for service in SERVICES:
+                built = service_image(build, base, service, args.service_python)
+                print(f"sandpod-{service}: {built}:{build.tag}")
     except BuildFailed as exc:
         print(f"make images: {exc}", file=sys.stderr)
         return 1

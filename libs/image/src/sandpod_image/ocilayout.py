@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,16 @@ class OciLayout:
             raise
         self.append(packed, HistoryEntry(created_by=created_by))
         return packed
+
+    def adopt(self, blob: Path, packed: PackResult, history: HistoryEntry) -> None:
+        """Append a layer blob of another layout (hard-linked when on the same filesystem)."""
+        target = self.blobs / packed.digest.removeprefix("sha256:")
+        if not target.exists():
+            try:
+                os.link(blob, target)
+            except OSError:
+                shutil.copyfile(blob, target)
+        self.append(packed, history)
 
     def append(self, packed: PackResult, history: HistoryEntry) -> None:
         """Append a layer whose blob is already in ``blobs/`` (``add_blob`` or ``add_layer``)."""
