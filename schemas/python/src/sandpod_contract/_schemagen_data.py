@@ -624,6 +624,24 @@ ERRORS: list[errors.SandpodError] = [
     errors.ClaimFailed(
         "claim default/c1: sandbox failed: rootfs not found", claim="c1", reason="SandboxFailed"
     ),
+    errors.ImageError("registry ghcr.io answered 503", reference="ghcr.io/o/r:1", status=503),
+    errors.ImageNotFound("no image python:3.99 (manifest unknown)", reference="python:3.99"),
+    errors.ImageAuthFailed("ghcr.io refused the credentials (401)", registry="ghcr.io", status=401),
+    errors.ImageDigestMismatch(
+        "blob sha256:aa... arrived as sha256:bb...; nothing was kept",
+        expected="sha256:" + "a" * 64,
+        actual="sha256:" + "b" * 64,
+    ),
+    errors.ImageUnsupported(
+        "media type application/vnd.x is not a layer Sandpod unpacks",
+        media_type="application/vnd.x",
+    ),
+    errors.ImageLayerRefused(
+        "layer entry '../etc/passwd' escapes the layer", entry="../etc/passwd", reason="path_escape"
+    ),
+    errors.ImageInUse(
+        "python:3.12-slim is used by 1 sandbox", reference="python:3.12-slim", holders=["sbx-1"]
+    ),
     errors.error_from_wire(
         {
             "code": "exec.quota_exceeded",

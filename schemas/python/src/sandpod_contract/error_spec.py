@@ -72,6 +72,8 @@ _FIELD = _d(
 )
 _PATH = {"path": _d("string", "the path as the client named it (under /workspace)")}
 _LIMIT = _d("integer", "the limit that was reached")
+_REF = _d("string", "the image reference as given (python:3.12-slim, oci:/path, ...)")
+_STATUS = _d("integer", "the registry's HTTP status")
 
 DETAILS: Mapping[str, Details] = {
     "bad_request": Details(
@@ -149,6 +151,39 @@ DETAILS: Mapping[str, Details] = {
     "watch.limit": Details(optional={"limit": _LIMIT}),
     "git.timeout": Details(required={"timeout": _d("number", "the timeout (seconds)")}),
     "git.not_found": Details(optional={"ref": _d("string", "the ref"), "url": _d("string", "")}),
+    "image.error": Details(optional={"reference": _REF, "status": _STATUS}),
+    "image.not_found": Details(
+        required={"reference": _REF},
+        optional={"platform": _d("string", "the platform asked for, e.g. linux/amd64")},
+    ),
+    "image.auth_failed": Details(
+        required={"registry": _d("string", "the registry host")}, optional={"status": _STATUS}
+    ),
+    "image.digest_mismatch": Details(
+        required={
+            "expected": _d("string", "the digest the manifest named (sha256:<hex>)"),
+            "actual": _d("string", "the digest of what arrived"),
+        },
+        optional={"reference": _REF},
+    ),
+    "image.unsupported": Details(
+        optional={
+            "reference": _REF,
+            "media_type": _d("string", "the media type not supported"),
+        }
+    ),
+    "image.layer_refused": Details(
+        required={"reason": _d("string", "why: path_escape, too_large, corrupt, ...")},
+        optional={
+            "entry": _d("string", "the layer entry's name (absent when the whole stream is bad)"),
+            "digest": _d("string", "the layer's digest"),
+            "limit": _LIMIT,
+        },
+    ),
+    "image.in_use": Details(
+        required={"reference": _REF},
+        optional={"holders": _d("array", "the ids of the sandboxes using it")},
+    ),
     "claim.pool_not_found": Details(required={"pool": _d("string", "the pool's name")}),
     "claim.timeout": Details(
         required={

@@ -39,6 +39,13 @@ __all__ = [
     "GitNetwork",
     "GitNotFound",
     "GitTimeout",
+    "ImageAuthFailed",
+    "ImageDigestMismatch",
+    "ImageError",
+    "ImageInUse",
+    "ImageLayerRefused",
+    "ImageNotFound",
+    "ImageUnsupported",
     "InternalError",
     "InvalidCwd",
     "PayloadTooLarge",
@@ -428,6 +435,62 @@ class GitTimeout(GitError):
     code = "git.timeout"
     retryable = True
     summary = "the git operation exceeded its timeout"
+
+
+# -- image family: OCI references, registry pulls, the node's layer store (sandpod_image) ------
+
+
+class ImageError(SandpodError):
+    code = "image.error"
+    retryable = True
+    summary = "the image could not be fetched or stored; retry, and check the registry and disk"
+
+
+class ImageNotFound(ImageError):
+    code = "image.not_found"
+    retryable = False
+    summary = (
+        "no such image (repository, tag, digest or platform); check the reference, "
+        "or pull it first (sandpod image pull)"
+    )
+
+
+class ImageAuthFailed(ImageError):
+    code = "image.auth_failed"
+    retryable = False
+    summary = (
+        "the registry refused the credentials (or asked for some and none were given); "
+        "log in to it in the Docker config.json file (--auth-file, $DOCKER_CONFIG)"
+    )
+
+
+class ImageDigestMismatch(ImageError):
+    code = "image.digest_mismatch"
+    retryable = False
+    summary = (
+        "content does not match its digest (tampered registry, proxy or file); nothing was kept"
+    )
+
+
+class ImageUnsupported(ImageError):
+    code = "image.unsupported"
+    retryable = False
+    summary = "the image uses a format, media type or reference form Sandpod does not support"
+
+
+class ImageLayerRefused(ImageError):
+    code = "image.layer_refused"
+    retryable = False
+    summary = (
+        "a layer is corrupt or holds an entry that is not allowed (a path escaping the layer, "
+        "a link trick, an entry over the size limit); the image is refused"
+    )
+
+
+class ImageInUse(ImageError):
+    code = "image.in_use"
+    retryable = False
+    summary = "a sandbox uses this image; delete the sandbox first"
 
 
 # -- claim family: warm pools and claims (the pool service) -------------------------------------

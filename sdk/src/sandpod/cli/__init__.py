@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("watch_cmd", "print file events in a sandbox as they happen"),
     "mcp": ("mcp_cmd", "serve Sandpod tools over MCP (stdio by default)"),
     "creds": ("creds_cmd", "credentials: a tenant's NATS credential"),
+    "image": ("image_cmd", "images in this node's store: pull, ls, rm, prune"),
 }
 
 
