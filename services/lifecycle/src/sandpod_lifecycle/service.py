@@ -40,6 +40,9 @@ from sandpod_contract.messages.system import (
     Pong,
 )
 from sandpod_contract.subjects import Subjects
+from sandpod_image.auth import default_auth_path, load_auth_file
+from sandpod_image.layers import UnpackOptions
+from sandpod_image.store import ImageStore
 from sandpod_kube import open_store
 from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
@@ -187,10 +190,29 @@ class LifecycleService:
             self._node = node
             runtime = LocalRuntime(config)
             self._local = (runtime, inst.cgroup_parent)
-            driver = LocalDriver(runtime, node, self.settings.default_rootfs)
+            driver = LocalDriver(runtime, node, self.settings.default_rootfs, self._images(state))
             self._closers.append(driver.close)
             return driver
         return ProcessDriver(launcher)
+
+    def _images(self, state: Path) -> ImageStore:
+        """The node's image store (shared with ``sandpod image``), with the registry
+        credentials of the settings or the Docker default file.
+
+        Raises:
+            ValueError: the credentials file cannot be read (a start-up error).
+        """
+        path = self.settings.image_auth_file or default_auth_path()
+        try:
+            auth = load_auth_file(path) if path is not None else None
+        except SandpodError as exc:
+            raise ValueError(f"registry credentials {path}: {exc}") from exc
+        return ImageStore(
+            self.settings.image_dir or state / "images",
+            auth_file=auth,
+            insecure=self.settings.insecure_registries,
+            unpack=UnpackOptions(rootless=os.geteuid() != 0),
+        )
 
     async def start(self, bus: Bus) -> None:
         self._bus = bus

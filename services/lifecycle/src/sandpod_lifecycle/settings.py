@@ -30,6 +30,9 @@
 | ``SANDPOD_DISK_DEFAULT`` | ``10Gi`` | local runtime: disk quota of a template naming none |
 | ``SANDPOD_DISK_RESERVE`` | ``2Gi`` | local runtime: free host space a create needs |
 | ``SANDPOD_DISK_PREALLOCATE`` | false | local runtime: reserve each sandbox's disk on the host |
+| ``SANDPOD_IMAGE_DIR`` | ``<state>/images`` | local runtime: the node's image store (``sandpod image``) |
+| ``SANDPOD_IMAGE_AUTH_FILE`` | the Docker default | registry credentials, Docker ``config.json`` format |
+| ``SANDPOD_INSECURE_REGISTRIES`` | none | comma-separated hosts pulled over plain HTTP (loopback always is) |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -88,6 +91,9 @@ class LifecycleSettings:
     disk_reserve: int = 2 << 30
     disk_preallocate: bool = False
     default_rootfs: Path | None = None  # local runtime: the base of a template naming none
+    image_dir: Path | None = None  # local runtime: the node's image store (None: <state>/images)
+    image_auth_file: Path | None = None  # registry credentials (Docker config.json format)
+    insecure_registries: frozenset[str] = frozenset()  # plain HTTP allowed beyond loopback
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -143,6 +149,12 @@ class LifecycleSettings:
             disk_reserve=_quantity(env, "SANDPOD_DISK_RESERVE", base.disk_reserve, 0),
             disk_preallocate=env_bool(env, "SANDPOD_DISK_PREALLOCATE", False),
             default_rootfs=_absolute(env, "SANDPOD_DEFAULT_ROOTFS"),
+            image_dir=_absolute(env, "SANDPOD_IMAGE_DIR"),
+            image_auth_file=_absolute(env, "SANDPOD_IMAGE_AUTH_FILE"),
+            insecure_registries=frozenset(
+                h.strip() for h in env_str(env, "SANDPOD_INSECURE_REGISTRIES", "").split(",")
+                if h.strip()
+            ),
         )
 
 

@@ -30,6 +30,7 @@ never the host's own root unless the template says so:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 from collections.abc import Callable
@@ -38,7 +39,9 @@ from pathlib import Path
 import structlog
 
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
+from sandpod_contract.errors import ImageError
 from sandpod_image import debian
+from sandpod_image.store import ImageStore
 from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import (
@@ -48,6 +51,7 @@ from sandpod_lifecycle.runtime.base import (
     InstanceUnhealthy,
     Resources,
 )
+from sandpod_lifecycle.runtime.images import ImageRoot, image_root, unhealthy
 from sandpod_lifecycle.runtime.local import LocalRuntime
 from sandpod_lifecycle.runtime.seccomp import mode_for
 from sandpod_service import jailfile
@@ -114,10 +118,12 @@ class LocalDriver:
         runtime: LocalRuntime,
         launcher: ExecdLauncher | NodeLauncher,
         default_rootfs: Path | None = None,
+        images: ImageStore | None = None,
     ) -> None:
         self._runtime = runtime
         self._launcher = launcher
         self._default_rootfs = default_rootfs
+        self._images = images  # the node's image store: templates naming an ``image``
         self._protections: dict[str, str] = {}
         self._watched: dict[str, int] = {}  # sandbox id -> pidfd of its holder (on the loop)
         self._on_lost: Callable[[str], None] | None = None
@@ -191,19 +197,7 @@ class LocalDriver:
                 _lost_message(status), reason=_lost_reason(status), terminal=True
             )
         if not status.exists:
-            env = {e.name: e.value for e in (*template.env, *spec.env)}
-            status = await self._runtime.create(
-                InstanceSpec(
-                    sandbox_id=sandbox_id,
-                    rootfs=self._base(template),
-                    resources=_resources(template),
-                    env=env,
-                    egress=bool(template.egress),
-                    seccomp=mode_for(
-                        template.security.seccomp, template.security.allow_nested_user_namespaces
-                    ),
-                )
-            )
+            status = await self._create(sandbox_id, spec, template)
         self._protections = _protections(status)
         if self._launcher.pid(sandbox_id) is None:
             if status.jail_file is None:  # traces without a jail file: not an instance to serve
@@ -214,6 +208,53 @@ class LocalDriver:
                 )
             await self._launcher.start(sandbox_id, {"SANDPOD_EXECD_JAIL": str(status.jail_file)})
         return self._instance(sandbox_id, status)
+
+    async def _create(
+        self, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
+    ) -> InstanceStatus:
+        """A new jail: on the template's image (pulled once per node), else its base."""
+        image = await self._image(sandbox_id, template)
+        instance = InstanceSpec(
+            sandbox_id=sandbox_id,
+            resources=_resources(template),
+            env={e.name: e.value for e in (*template.env, *spec.env)},
+            egress=bool(template.egress),
+            seccomp=mode_for(
+                template.security.seccomp, template.security.allow_nested_user_namespaces
+            ),
+        )
+        if image is None:
+            return await self._runtime.create(
+                dataclasses.replace(instance, rootfs=self._base(template))
+            )
+        try:
+            return await self._runtime.create(
+                dataclasses.replace(
+                    instance,
+                    layers=image.layers,
+                    image=image.image,
+                    workdir=image.workdir,
+                    shell=image.shell,
+                    env={**image.env, **instance.env},  # the template's and sandbox's own win
+                )
+            )
+        except BaseException:
+            await self._release(sandbox_id)
+            raise
+
+    async def _image(self, sandbox_id: str, template: SandboxTemplateSpec) -> ImageRoot | None:
+        """The template's image as layers (None: it names none, or a ``rootfs`` wins)."""
+        if not template.image or template.rootfs or self._images is None:
+            return None
+        log.info("image_resolving", sandbox_id=sandbox_id, image=template.image)
+        try:
+            return await image_root(self._images, template.image, sandbox_id)
+        except ImageError as exc:
+            raise unhealthy(exc, template.image) from exc
+
+    async def _release(self, sandbox_id: str) -> None:
+        if self._images is not None:
+            await asyncio.to_thread(self._images.release, sandbox_id)
 
     def _base(self, template: SandboxTemplateSpec) -> Path:
         """The jail's base for ``template`` (see the module's docstring).
@@ -256,6 +297,7 @@ class LocalDriver:
         self._unwatch(sandbox_id)
         await self._launcher.stop(sandbox_id)
         await self._runtime.destroy(sandbox_id)
+        await self._release(sandbox_id)  # its image's layers may go at the next prune
 
     async def list(self) -> list[str]:
         return sorted(set(await self._runtime.list()) | set(self._launcher.known()))
