@@ -138,6 +138,8 @@ class InstanceSpec:
         sandbox_id: a DNS label; also the instance's hostname.
         rootfs: the read-only base of the copy-on-write root; None means the host's root
             filesystem (submounts such as /proc or /dev are not part of it).
+        layers: read-only directories stacked over ``rootfs``, bottom first, in overlay format
+            (whiteouts, opaque directories): a built template's or an image's layers.
         uid, gid: the unprivileged identity commands run as; None lets the driver allocate a
             dedicated one per instance.
         env: environment every command of the instance starts with (on top of execd's base).
@@ -150,6 +152,7 @@ class InstanceSpec:
 
     sandbox_id: str
     rootfs: Path | None = None
+    layers: tuple[Path, ...] = ()
     resources: Resources = dataclasses.field(default_factory=Resources)
     uid: int | None = None
     gid: int | None = None
@@ -166,6 +169,9 @@ class InstanceSpec:
                 raise ValueError(f"{name} must be an unprivileged id (1..2^32-2), got {value}")
         if self.rootfs is not None and not self.rootfs.is_absolute():
             raise ValueError(f"rootfs must be an absolute path, got {self.rootfs}")
+        for layer in self.layers:
+            if not layer.is_absolute():
+                raise ValueError(f"layers must be absolute paths, got {layer}")
         for key in self.env:
             if not key or "=" in key or "\0" in key:
                 raise ValueError(f"invalid environment variable name {key!r}")

@@ -94,12 +94,20 @@ class HolderLayout:
     seccomp: str = "default"  # the filter mode of sandpod-jail-exec (see seccomp.py)
     helper: str | None = None  # sandpod-jail-exec; None: the holder waits unfiltered
     tmp_in_upper: bool = False  # /tmp is the writable layer's (else a tmpfs of tmp_bytes)
+    layers: tuple[Path, ...] = ()  # stacked over base, bottom first (root only: one overlay)
+
+    @property
+    def lower(self) -> str:
+        """overlayfs's ``lowerdir``: the top layer first, the base last."""
+        return ":".join(str(p) for p in (*reversed(self.layers), self.base))
 
     def argv(self, tools: Mapping[str, str | None], cgroup_procs: Sequence[str]) -> list[str]:
         sh, unshare = tools["sh"], tools["unshare"]
         if sh is None or unshare is None:  # hostcaps reports these missing as problems
             raise ValueError("the jail needs sh and util-linux's unshare on the host's PATH")
-        for path in (self.base, self.upper, self.work, self.root, self.workspace):
+        if self.rootless and self.layers:
+            raise ValueError("a layered root (a built template) needs the driver to run as root")
+        for path in (self.base, *self.layers, self.upper, self.work, self.root, self.workspace):
             _check_path(path)
         # Rootless: --keep-caps hands the capabilities we hold in the new user namespace to the
         # holder script (as ambient ones) although it runs as a non-zero uid there.
@@ -132,7 +140,7 @@ class HolderLayout:
             "-c",
             HOLDER,
             "sandpod-holder",
-            str(self.base),
+            self.lower,
             str(self.upper),
             str(self.work),
             str(self.root),

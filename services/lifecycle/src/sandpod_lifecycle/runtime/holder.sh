@@ -1,10 +1,11 @@
 #!/bin/sh
 # The holder of a sandbox (see holder.py for the whole chain): pid 1 of its namespaces, run by
 # the host's sh as
-#   sh -c <this file> sandpod-holder base upper work root workspace name tmp_bytes uid gid \
+#   sh -c <this file> sandpod-holder lower upper work root workspace name tmp_bytes uid gid \
 #     rootless helper seccomp shm_bytes tmp_in_upper <masked path>...
-# It builds the sandbox's root with host tools, pivots into it and waits forever, after
-# printing "ready <host pid> [skipped dir]..." on stdout. Every value is a positional argument,
+# (lower: the base directory, or overlay's layer list top:...:base). It builds the sandbox's
+# root with host tools, pivots into it and waits forever, after printing
+# "ready <host pid> [skipped dir]..." on stdout. Every value is a positional argument,
 # never spliced into shell text; any error (set -eu) ends it, with the reason on stderr.
 set -eu
 base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9

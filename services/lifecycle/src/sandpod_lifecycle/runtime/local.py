@@ -273,6 +273,7 @@ class LocalRuntime:
         layout = HolderLayout(
             sandbox_id=sid,
             base=base,
+            layers=spec.layers,
             upper=top / "upper",
             work=top / "work",
             root=d / "root",

@@ -25,10 +25,12 @@ from pathlib import Path
 import structlog
 
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
+from sandpod_lifecycle.builds.cache import BuildCache
 from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import (
     CreateFailed,
+    InstanceNotFound,
     InstanceSpec,
     InstanceStatus,
     InstanceUnhealthy,
@@ -81,8 +83,14 @@ def _resources(template: SandboxTemplateSpec) -> Resources:
 class LocalDriver:
     name = "local"
 
-    def __init__(self, runtime: LocalRuntime, launcher: ExecdLauncher | NodeLauncher) -> None:
+    def __init__(
+        self,
+        runtime: LocalRuntime,
+        launcher: ExecdLauncher | NodeLauncher,
+        builds: BuildCache | None = None,
+    ) -> None:
         self._runtime = runtime
+        self.builds = builds  # the template build cache whose layers built templates stack
         self._launcher = launcher
         self._protections: dict[str, str] = {}
         self._watched: dict[str, int] = {}  # sandbox id -> pidfd of its holder (on the loop)
@@ -157,11 +165,13 @@ class LocalDriver:
                 _lost_message(status), reason=_lost_reason(status), terminal=True
             )
         if not status.exists:
-            env = {e.name: e.value for e in (*template.env, *spec.env)}
+            rootfs, layers, base_env = self._root(template)
+            env = {**base_env, **{e.name: e.value for e in (*template.env, *spec.env)}}
             status = await self._runtime.create(
                 InstanceSpec(
                     sandbox_id=sandbox_id,
-                    rootfs=Path(template.rootfs) if template.rootfs else None,
+                    rootfs=rootfs,
+                    layers=layers,
                     resources=_resources(template),
                     env=env,
                     egress=bool(template.egress),
@@ -181,6 +191,22 @@ class LocalDriver:
             await self._launcher.start(sandbox_id, {"SANDPOD_EXECD_JAIL": str(status.jail_file)})
         return self._instance(sandbox_id, status)
 
+    def _root(
+        self, template: SandboxTemplateSpec
+    ) -> tuple[Path | None, tuple[Path, ...], dict[str, str]]:
+        """(base, layers, env) of the template's root: a built template's chain from the
+        build cache (its config's env under the template's own), else its ``rootfs``."""
+        build = template.build
+        if build is None:
+            return (Path(template.rootfs) if template.rootfs else None), (), {}
+        if not build.result or self.builds is None:
+            raise CreateFailed(
+                "the template is not built yet (its build is running or failed: see "
+                "sandpod template get)",
+            )
+        chain = self.builds.chain(build.result)
+        return chain.rootfs, chain.layers, dict(chain.config.env)
+
     async def inspect(self, sandbox_id: str) -> Instance | None:
         status = await self._runtime.inspect(sandbox_id)
         if status.lost:
@@ -194,6 +220,17 @@ class LocalDriver:
 
     async def resume(self, sandbox_id: str) -> None:
         await self._runtime.resume(sandbox_id)
+
+    async def writable_layer(self, sandbox_id: str) -> tuple[Path, int, int]:
+        """(upper dir, uid, gid) of a live instance: what a template build commits.
+
+        Raises:
+            InstanceNotFound: no such instance.
+        """
+        status = await self._runtime.inspect(sandbox_id)
+        if status.upper_dir is None or status.uid is None or status.gid is None:
+            raise InstanceNotFound(f"sandbox {sandbox_id!r} has no instance", sandbox_id=sandbox_id)
+        return status.upper_dir, status.uid, status.gid
 
     async def destroy(self, sandbox_id: str) -> None:
         self._unwatch(sandbox_id)

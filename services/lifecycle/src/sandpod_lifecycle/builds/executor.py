@@ -1,0 +1,337 @@
+"""Run one template's build, step by step, through the cache.
+
+Data flow: the base becomes the chain's first key (:func:`cache.base_key`); for each step the
+key ``sha256(parent, step)`` is looked up, and only a miss does work:
+
+- ``env`` / ``user``: a layer-less entry with the new config;
+- ``workdir``: a tiny layer holding the directory (so later ``run`` steps can write there);
+- ``copy``: the client's tar, fetched by its digest from the build-context object store and
+  checked against it, is unpacked into a new layer at ``dest`` (``commit.unpack_tar``);
+- ``run``: a *builder sandbox* -- an instance made by the same runtime driver as every
+  sandbox, from the template's own resources and security, its root the chain so far --
+  runs the command (``sh -c``, in the step's workdir, with its env) as the sandbox's user,
+  streaming its output over the bus (``sandpod_client.ExecStream``, the protocol every client
+  uses: the builder is entered exactly as any sandbox is, no side door); the builder is then
+  paused (its processes frozen, so the layer is consistent) and its writable layer committed
+  (``commit.commit_upper``); the builder is destroyed whatever happened.
+
+Progress goes to ``log`` (the loop publishes it on the template's build subject):
+``step 3/7 run pip install … (cached)``. Only one build runs at a time on a node (builds are
+heavy, and it keeps the builder's identity unshared).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import shutil
+import tarfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+
+from sandpod_bus import Bus, ObjectBucket
+from sandpod_client import Channel, ExecStream
+from sandpod_contract.builds import BuildStep, TemplateBuild
+from sandpod_contract.errors import BuildFailed, BuildUnsupported, ResourceNotFound
+from sandpod_contract.messages.exec import ExecExit
+from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+from sandpod_contract.subjects import Subjects
+from sandpod_lifecycle.builds import commit
+from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig, LayerMeta, base_key, step_key
+from sandpod_lifecycle.runtime.base import RuntimeFailure
+from sandpod_lifecycle.runtime.local_driver import LocalDriver
+
+__all__ = ["BuildResult", "Builder", "Log"]
+
+log = structlog.get_logger("sandpod.lifecycle.builds")
+
+Log = Callable[[str], Awaitable[None]]
+TAIL_LINES = 20
+RUN_TIMEOUT = 3600.0  # seconds a run step may take
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuildResult:
+    key: str
+    layers: tuple[str, ...]  # every key of the chain, bottom first
+    ran: int  # steps that did work (not cached)
+
+
+class Builder:
+    """Builds templates on this node (see the module's docstring)."""
+
+    def __init__(
+        self,
+        *,
+        cache: BuildCache,
+        driver: LocalDriver,
+        bus: Bus,
+        subjects: Subjects,
+        contexts: Callable[[], Awaitable[ObjectBucket]],
+        ready: Callable[[str, float], Awaitable[bool]],
+        default_rootfs: Path | None = None,
+        ready_timeout: float = 30.0,
+    ) -> None:
+        self.cache = cache
+        self._driver = driver
+        self._bus = bus
+        self._subjects = subjects
+        self._contexts = contexts
+        self._ready = ready
+        self._default_rootfs = default_rootfs
+        self._ready_timeout = ready_timeout
+        self._one = asyncio.Lock()
+        self.builders: set[str] = set()  # live builder ids (the reconciler leaves them alone)
+        self.builders_made = 0  # builder sandboxes created (tests count them)
+
+    def live(self) -> set[str]:
+        """Ids of the builder sandboxes running now (no Sandbox object: not orphans)."""
+        return set(self.builders)
+
+    async def build(
+        self,
+        name: str,
+        template: SandboxTemplateSpec,
+        template_result: Callable[[str], Awaitable[str]],
+        emit: Log,
+    ) -> BuildResult:
+        """Build ``template`` (its ``build`` set); ``template_result(name)`` is another
+        template's result key (for ``from: {template}``).
+
+        Raises:
+            BuildFailed: a step failed (details name it; the log tail says why).
+            BuildUnsupported: the base cannot be built here (an image, without an image store).
+            SandpodError: the store, the bus or the runtime failed (retry later).
+        """
+        build = template.build
+        if build is None:
+            raise BuildUnsupported("the template has no build", what="build")
+        async with self._one:
+            parent = await self._base(template, build, template_result)
+            config = self._config(parent)
+            keys, ran = [parent], 0
+            total = len(build.steps)
+            for i, step in enumerate(build.steps, 1):
+                key = step_key(parent, step)
+                head = f"step {i}/{total} {step.describe()}"
+                if self.cache.get(key) is not None:
+                    await emit(f"{head} (cached)")
+                else:
+                    await emit(f"{head} (running)")
+                    started = time.monotonic()
+                    await self._step(name, template, i, step, parent, key, config, emit)
+                    ran += 1
+                    await emit(f"{head} (done in {time.monotonic() - started:.1f} s)")
+                config = config.apply(step)
+                parent = key
+                keys.append(key)
+            return BuildResult(key=parent, layers=tuple(keys), ran=ran)
+
+    def _config(self, key: str) -> ImageConfig:
+        meta = self.cache.get(key)
+        return meta.config if meta is not None else ImageConfig()
+
+    async def _base(
+        self,
+        template: SandboxTemplateSpec,
+        build: TemplateBuild,
+        template_result: Callable[[str], Awaitable[str]],
+    ) -> str:
+        if build.base.template is not None:
+            key = await template_result(build.base.template)
+            self.cache.chain(key)  # its entries must all be here (ResourceNotFound)
+            return key
+        if build.base.image is not None:
+            raise BuildUnsupported(
+                f"building from an image ({build.base.image}) needs the node's image store, "
+                "which this lifecycle does not have yet: build from a template or the default "
+                "base",
+                what="from.image",
+            )
+        rootfs = template.rootfs or (str(self._default_rootfs) if self._default_rootfs else "/")
+        key = base_key({"rootfs": rootfs})
+        if self.cache.get(key) is None:
+            self.cache.put(
+                LayerMeta(
+                    key=key,
+                    parent="",
+                    kind="base",
+                    description=f"base {rootfs}",
+                    has_fs=False,
+                    config=ImageConfig(),
+                    rootfs=rootfs,
+                )
+            )
+        return key
+
+    async def _step(
+        self,
+        name: str,
+        template: SandboxTemplateSpec,
+        index: int,
+        step: BuildStep,
+        parent: str,
+        key: str,
+        config: ImageConfig,
+        emit: Log,
+    ) -> None:
+        scratch = self.cache.scratch(key)
+        fs: Path | None = scratch / "fs"
+        try:
+            if step.kind == "run":
+                await self._run(name, template, index, step, parent, config, fs, emit)
+            elif step.kind == "copy":
+                await self._copy(name, index, step, scratch, fs)
+            elif step.kind == "workdir":
+                commit.workdir_layer(scratch / "fs", step.value)
+            else:
+                fs = None
+            self.cache.put(
+                LayerMeta(
+                    key=key,
+                    parent=parent,
+                    kind=step.kind,
+                    description=step.describe(),
+                    has_fs=fs is not None,
+                    config=config.apply(step),
+                ),
+                fs,
+            )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    async def _copy(
+        self, name: str, index: int, step: BuildStep, scratch: Path, fs: Path | None
+    ) -> None:
+        tar = scratch / "context.tar"
+        try:
+            await (await self._contexts()).get_file(step.src, tar)
+        except ResourceNotFound as exc:
+            raise _failed(name, index, step, f"the files {step.src} were not uploaded") from exc
+        digest = await asyncio.to_thread(_sha256, tar)
+        if digest != step.src:
+            raise _failed(name, index, step, f"the uploaded files hash to {digest}, not {step.src}")
+        try:
+            await asyncio.to_thread(commit.unpack_tar, tar, scratch / "fs", step.dest)
+        except (tarfile.TarError, OSError) as exc:
+            raise _failed(name, index, step, f"the uploaded tar was refused: {exc}") from exc
+
+    async def _run(
+        self,
+        name: str,
+        template: SandboxTemplateSpec,
+        index: int,
+        step: BuildStep,
+        parent: str,
+        config: ImageConfig,
+        fs: Path | None,
+        emit: Log,
+    ) -> None:
+        if fs is None:
+            raise ValueError("a run step needs a layer directory")
+        sid = f"build-{parent[:8]}-{step_key(parent, step)[:8]}"
+        builder = _builder_template(template, parent)
+        self.builders.add(sid)
+        try:
+            try:
+                await self._driver.ensure(sid, SandboxSpec(), builder)
+            except RuntimeFailure as exc:  # a base it cannot run on: the build's failure
+                raise _failed(name, index, step, f"no builder sandbox: {exc.message}") from exc
+            self.builders_made += 1
+            if not await self._ready(sid, self._ready_timeout):
+                raise _failed(name, index, step, "the builder sandbox did not become ready")
+            tail = await self._exec(name, index, step, sid, config, emit)
+            await self._driver.pause(sid)  # frozen: nothing writes while the layer is copied
+            upper, uid, gid = await self._driver.writable_layer(sid)
+            await commit.commit_upper(upper, fs, uid=uid, gid=gid, hostname=sid)
+            log.info("build_step_committed", template=name, step=index, lines=len(tail))
+        finally:
+            with contextlib.suppress(Exception):
+                await self._driver.destroy(sid)
+            self.builders.discard(sid)
+
+    async def _exec(
+        self,
+        name: str,
+        index: int,
+        step: BuildStep,
+        sid: str,
+        config: ImageConfig,
+        emit: Log,
+    ) -> list[str]:
+        stream = ExecStream(
+            Channel(self._bus, self._subjects, sid),
+            shell=step.value,
+            cwd=config.workdir or "/",
+            env=dict(config.env),
+            timeout=RUN_TIMEOUT,
+        )
+        tail: list[str] = []
+        pending = b""
+        try:
+            async for frame in stream.frames():
+                if isinstance(frame, ExecExit):
+                    break
+                pending += frame.data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    await _line(line, tail, emit)
+        finally:
+            await stream.close()
+        if pending:
+            await _line(pending, tail, emit)
+        end = stream.exit
+        if end is None or end.exit_code != 0:
+            code = None if end is None else end.exit_code
+            why = f"exited with {code}" if code is not None else "was killed"
+            raise _failed(name, index, step, f"the command {why}", tail, exit_code=code)
+        return tail
+
+
+async def _line(raw: bytes, tail: list[str], emit: Log) -> None:
+    text = raw.decode(errors="replace").rstrip("\r")
+    tail.append(text)
+    del tail[:-TAIL_LINES]
+    await emit(f"  | {text}")
+
+
+def _builder_template(template: SandboxTemplateSpec, parent: str) -> SandboxTemplateSpec:
+    """The builder's template: the template's own isolation and limits, its root the chain
+    ``parent``, no env of its own (the step's config env is passed per command)."""
+    base = template.build or TemplateBuild()
+    return dataclasses.replace(
+        template, env=(), build=dataclasses.replace(base, result=parent), rootfs=None
+    )
+
+
+def _failed(
+    name: str,
+    index: int,
+    step: BuildStep,
+    why: str,
+    tail: list[str] | None = None,
+    exit_code: int | None = None,
+) -> BuildFailed:
+    details: dict[str, object] = {
+        "template": name,
+        "step": index,
+        "instruction": step.describe(),
+        "log_tail": "\n".join(tail or []),
+    }
+    if exit_code is not None:
+        details["exit_code"] = exit_code
+    return BuildFailed(f"step {index} ({step.describe()}) failed: {why}", **details)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return f"sha256:{h.hexdigest()}"
+
