@@ -20,6 +20,7 @@ import asyncio
 import os
 import shutil
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from sandpod_lifecycle.runtime.base import RuntimeFailure
@@ -93,21 +94,33 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
                     os.chmod(path, mode & 0o7777)  # chown clears setuid/setgid: keep them
 
 
-def workdir_layer(dest: Path, workdir: str) -> None:
-    """A layer holding ``workdir`` (parents 0755, itself 0777: the sandbox's user of later
-    ``run`` steps and of the template's sandboxes can work there), all root's. Over a lower
-    directory of the same path it changes only the attributes (overlay merges the contents)."""
+def _dirs(dest: Path, at: str, lowers: Sequence[Path]) -> Path:
+    """Create ``at`` and its parents in the new layer ``dest``, each with the mode and owner it
+    has below (the first of ``lowers``, top first, that has it; else 0755 root's): a directory
+    of a layer shadows the attributes of the same one below, and must not change them."""
     dest.mkdir(mode=0o755)
-    path = dest
-    parts = [p for p in workdir.split("/") if p]
-    for i, part in enumerate(parts):
-        path = path / part
-        path.mkdir(mode=0o755)
-        if i == len(parts) - 1:
-            path.chmod(0o777)
+    path, rel = dest, Path()
+    for part in (p for p in at.split("/") if p):
+        path, rel = path / part, rel / part
+        path.mkdir()
+        below = next((lo / rel for lo in lowers if (lo / rel).is_dir()), None)
+        if below is None:
+            path.chmod(0o755)
+            continue
+        st = below.stat()
+        os.chown(path, st.st_uid, st.st_gid)
+        path.chmod(st.st_mode & 0o7777)
+    return path
 
 
-def unpack_tar(tar: Path, dest: Path, at: str) -> None:
+def workdir_layer(dest: Path, workdir: str, lowers: Sequence[Path]) -> None:
+    """A layer holding ``workdir`` at 0777 (the sandbox's user of later ``run`` steps and of
+    the template's sandboxes can work there; owned as below, else by root). Over a lower
+    directory of the same path it changes only the attributes (overlay merges the contents)."""
+    _dirs(dest, workdir, lowers).chmod(0o777)
+
+
+def unpack_tar(tar: Path, dest: Path, at: str, lowers: Sequence[Path]) -> None:
     """Unpack the client's tar ``tar`` into a new layer ``dest`` at directory ``at``.
 
     Python's ``data`` filter refuses what must never reach a layer: absolute names, ``..``,
@@ -117,11 +130,7 @@ def unpack_tar(tar: Path, dest: Path, at: str) -> None:
     Raises:
         tarfile.TarError: a refused or corrupt entry (the caller types it).
     """
-    dest.mkdir(mode=0o755)
-    target = dest
-    for part in (p for p in at.split("/") if p):
-        target = target / part
-        target.mkdir(mode=0o755)
+    target = _dirs(dest, at, lowers)
     with tarfile.open(tar) as archive:
         for member in archive:
             member.uid = member.gid = 0

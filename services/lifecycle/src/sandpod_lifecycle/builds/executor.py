@@ -154,6 +154,15 @@ class Builder:
                 what="from.image",
             )
         rootfs = template.rootfs or (str(self._default_rootfs) if self._default_rootfs else "/")
+        if Path(rootfs).resolve() == Path("/"):
+            # overlayfs refuses a lower layer below another (every layer is below /): and a
+            # host-root image would be the host's files, the thing a built template avoids.
+            raise BuildUnsupported(
+                "a build cannot stack layers on the host root: give the template a base "
+                "(spec.rootfs, a built template, or the node's default base "
+                "SANDPOD_DEFAULT_ROOTFS)",
+                what="from",
+            )
         key = base_key({"rootfs": rootfs})
         if self.cache.get(key) is None:
             self.cache.put(
@@ -186,9 +195,9 @@ class Builder:
             if step.kind == "run":
                 await self._run(name, template, index, step, parent, config, fs, emit)
             elif step.kind == "copy":
-                await self._copy(name, index, step, scratch, fs)
+                await self._copy(name, index, step, scratch, self._lowers(parent))
             elif step.kind == "workdir":
-                commit.workdir_layer(scratch / "fs", step.value)
+                commit.workdir_layer(scratch / "fs", step.value, self._lowers(parent))
             else:
                 fs = None
             self.cache.put(
@@ -205,8 +214,13 @@ class Builder:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def _lowers(self, parent: str) -> list[Path]:
+        """The directories below a new layer on ``parent``, top first (the base last)."""
+        chain = self.cache.chain(parent)
+        return [*reversed(chain.layers), chain.rootfs]
+
     async def _copy(
-        self, name: str, index: int, step: BuildStep, scratch: Path, fs: Path | None
+        self, name: str, index: int, step: BuildStep, scratch: Path, lowers: list[Path]
     ) -> None:
         tar = scratch / "context.tar"
         try:
@@ -217,7 +231,7 @@ class Builder:
         if digest != step.src:
             raise _failed(name, index, step, f"the uploaded files hash to {digest}, not {step.src}")
         try:
-            await asyncio.to_thread(commit.unpack_tar, tar, scratch / "fs", step.dest)
+            await asyncio.to_thread(commit.unpack_tar, tar, scratch / "fs", step.dest, lowers)
         except (tarfile.TarError, OSError) as exc:
             raise _failed(name, index, step, f"the uploaded tar was refused: {exc}") from exc
 
