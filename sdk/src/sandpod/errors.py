@@ -5,6 +5,8 @@ every one has ``code``, ``message``, ``details`` and ``retryable``."""
 
 from sandpod_contract.errors import (
     BadRequest,
+    BuildFailed,
+    BuildUnsupported,
     Busy,
     ClaimError,
     ClaimFailed,
@@ -61,6 +63,7 @@ from sandpod_contract.errors import (
     SpawnFailed,
     StoreError,
     StreamClosed,
+    TemplateError,
     UnknownSubject,
     UnsupportedVersion,
     WatchError,
@@ -71,6 +74,8 @@ from sandpod_contract.errors import (
 __all__ = [
     "ArgvExpected",
     "BadRequest",
+    "BuildFailed",
+    "BuildUnsupported",
     "Busy",
     "ClaimError",
     "ClaimFailed",
@@ -130,6 +135,7 @@ __all__ = [
     "SpawnFailed",
     "StoreError",
     "StreamClosed",
+    "TemplateError",
     "UnknownSubject",
     "UnsupportedVersion",
     "WatchError",

@@ -37,10 +37,10 @@ from sandpod.config import (
     resolve_tenant,
 )
 from sandpod.control import api_call
+from sandpod.errors import BuildFailed, ResourceInvalid
 from sandpod_bus import Bus, BusSettings, Inbound
 from sandpod_contract.builds import BuildStatus
 from sandpod_contract.codec import decode
-from sandpod_contract.errors import BuildFailed, ResourceInvalid
 from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, Ref, SandboxEvent
 from sandpod_contract.resources import API_VERSION
 from sandpod_contract.subjects import Subjects
@@ -85,7 +85,9 @@ def pack_context(src: Path, dest: str, into: Path) -> tuple[str, str]:
     with tarfile.open(into, "w", format=tarfile.PAX_FORMAT) as tar:
         if src.is_dir():
             for path in sorted(src.rglob("*")):
-                tar.add(path, arcname=path.relative_to(src).as_posix(), recursive=False, filter=_zero)
+                tar.add(
+                    path, arcname=path.relative_to(src).as_posix(), recursive=False, filter=_zero
+                )
         else:
             tar.add(src, arcname=single or src.name, recursive=False, filter=_zero)
     h = hashlib.sha256()
@@ -321,7 +323,7 @@ def _settled(info: TemplateInfo) -> bool:
 
 def _failure(info: TemplateInfo, tail: list[str]) -> BuildFailed:
     status = BuildStatus.from_dict(info.object.get("status") or {})
-    cond = next(
+    cond: Mapping[str, Any] = next(
         (c for c in info.object.get("status", {}).get("conditions") or () if c["type"] == "Built"),
         {},
     )

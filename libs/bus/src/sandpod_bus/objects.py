@@ -65,5 +65,3 @@ async def open_objects(js: JetStreamContext, bucket: str) -> ObjectBucket:
     except nats.errors.Error as exc:
         raise StoreError(f"cannot open object store {bucket}: {exc}") from exc
     return ObjectBucket(store, bucket)
-
-

@@ -42,7 +42,7 @@ async def commit_upper(upper: Path, dest: Path, *, uid: int, gid: int, hostname:
     Raises:
         CommitFailed: the copy failed (``dest`` is removed again).
     """
-    dest.mkdir(mode=0o755)
+    await asyncio.to_thread(dest.mkdir, mode=0o755)
     proc = await asyncio.create_subprocess_exec(
         "cp",
         "-a",
@@ -87,9 +87,7 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
             st = os.lstat(path)
             if st.st_uid == uid or st.st_gid == gid:
                 mode = st.st_mode
-                os.lchown(
-                    path, 0 if st.st_uid == uid else st.st_uid, 0 if st.st_gid == gid else -1
-                )
+                os.lchown(path, 0 if st.st_uid == uid else st.st_uid, 0 if st.st_gid == gid else -1)
                 if not os.path.islink(path):
                     os.chmod(path, mode & 0o7777)  # chown clears setuid/setgid: keep them
 

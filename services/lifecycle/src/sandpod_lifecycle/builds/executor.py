@@ -124,7 +124,7 @@ class Builder:
                 else:
                     await emit(f"{head} (running)")
                     started = time.monotonic()
-                    await self._step(name, template, i, step, parent, key, config, emit)
+                    await self._step(_Job(name, template, i, step, parent, key, config, emit))
                     ran += 1
                     await emit(f"{head} (done in {time.monotonic() - started:.1f} s)")
                 config = config.apply(step)
@@ -153,6 +153,10 @@ class Builder:
                 "base",
                 what="from.image",
             )
+        return self._default_base(template)
+
+    def _default_base(self, template: SandboxTemplateSpec) -> str:
+        """The key of the template's ``rootfs`` (else the node's default base) as a base."""
         rootfs = template.rootfs or (str(self._default_rootfs) if self._default_rootfs else "/")
         if Path(rootfs).resolve() == Path("/"):
             # overlayfs refuses a lower layer below another (every layer is below /): and a
@@ -178,36 +182,26 @@ class Builder:
             )
         return key
 
-    async def _step(
-        self,
-        name: str,
-        template: SandboxTemplateSpec,
-        index: int,
-        step: BuildStep,
-        parent: str,
-        key: str,
-        config: ImageConfig,
-        emit: Log,
-    ) -> None:
-        scratch = self.cache.scratch(key)
+    async def _step(self, job: _Job) -> None:
+        scratch = self.cache.scratch(job.key)
         fs: Path | None = scratch / "fs"
         try:
-            if step.kind == "run":
-                await self._run(name, template, index, step, parent, config, fs, emit)
-            elif step.kind == "copy":
-                await self._copy(name, index, step, scratch, self._lowers(parent))
-            elif step.kind == "workdir":
-                commit.workdir_layer(scratch / "fs", step.value, self._lowers(parent))
+            if job.step.kind == "run":
+                await self._run(job, scratch / "fs")
+            elif job.step.kind == "copy":
+                await self._copy(job, scratch, self._lowers(job.parent))
+            elif job.step.kind == "workdir":
+                commit.workdir_layer(scratch / "fs", job.step.value, self._lowers(job.parent))
             else:
                 fs = None
             self.cache.put(
                 LayerMeta(
-                    key=key,
-                    parent=parent,
-                    kind=step.kind,
-                    description=step.describe(),
+                    key=job.key,
+                    parent=job.parent,
+                    kind=job.step.kind,
+                    description=job.step.describe(),
                     has_fs=fs is not None,
-                    config=config.apply(step),
+                    config=job.config.apply(job.step),
                 ),
                 fs,
             )
@@ -219,70 +213,48 @@ class Builder:
         chain = self.cache.chain(parent)
         return [*reversed(chain.layers), chain.rootfs]
 
-    async def _copy(
-        self, name: str, index: int, step: BuildStep, scratch: Path, lowers: list[Path]
-    ) -> None:
-        tar = scratch / "context.tar"
+    async def _copy(self, job: _Job, scratch: Path, lowers: list[Path]) -> None:
+        src, tar = job.step.src, scratch / "context.tar"
         try:
-            await (await self._contexts()).get_file(step.src, tar)
+            await (await self._contexts()).get_file(src, tar)
         except ResourceNotFound as exc:
-            raise _failed(name, index, step, f"the files {step.src} were not uploaded") from exc
+            raise job.failed(f"the files {src} were not uploaded") from exc
         digest = await asyncio.to_thread(_sha256, tar)
-        if digest != step.src:
-            raise _failed(name, index, step, f"the uploaded files hash to {digest}, not {step.src}")
+        if digest != src:
+            raise job.failed(f"the uploaded files hash to {digest}, not {src}")
         try:
-            await asyncio.to_thread(commit.unpack_tar, tar, scratch / "fs", step.dest, lowers)
+            await asyncio.to_thread(commit.unpack_tar, tar, scratch / "fs", job.step.dest, lowers)
         except (tarfile.TarError, OSError) as exc:
-            raise _failed(name, index, step, f"the uploaded tar was refused: {exc}") from exc
+            raise job.failed(f"the uploaded tar was refused: {exc}") from exc
 
-    async def _run(
-        self,
-        name: str,
-        template: SandboxTemplateSpec,
-        index: int,
-        step: BuildStep,
-        parent: str,
-        config: ImageConfig,
-        fs: Path | None,
-        emit: Log,
-    ) -> None:
-        if fs is None:
-            raise ValueError("a run step needs a layer directory")
-        sid = f"build-{parent[:8]}-{step_key(parent, step)[:8]}"
-        builder = _builder_template(template, parent)
+    async def _run(self, job: _Job, fs: Path) -> None:
+        sid = f"build-{job.parent[:8]}-{job.key[:8]}"
+        builder = _builder_template(job.template, job.parent)
         self.builders.add(sid)
         try:
             try:
                 await self._driver.ensure(sid, SandboxSpec(), builder)
             except RuntimeFailure as exc:  # a base it cannot run on: the build's failure
-                raise _failed(name, index, step, f"no builder sandbox: {exc.message}") from exc
+                raise job.failed(f"no builder sandbox: {exc.message}") from exc
             self.builders_made += 1
             if not await self._ready(sid, self._ready_timeout):
-                raise _failed(name, index, step, "the builder sandbox did not become ready")
-            tail = await self._exec(name, index, step, sid, config, emit)
+                raise job.failed("the builder sandbox did not become ready")
+            tail = await self._exec(job, sid)
             await self._driver.pause(sid)  # frozen: nothing writes while the layer is copied
             upper, uid, gid = await self._driver.writable_layer(sid)
             await commit.commit_upper(upper, fs, uid=uid, gid=gid, hostname=sid)
-            log.info("build_step_committed", template=name, step=index, lines=len(tail))
+            log.info("build_step_committed", template=job.name, step=job.index, lines=len(tail))
         finally:
             with contextlib.suppress(Exception):
                 await self._driver.destroy(sid)
             self.builders.discard(sid)
 
-    async def _exec(
-        self,
-        name: str,
-        index: int,
-        step: BuildStep,
-        sid: str,
-        config: ImageConfig,
-        emit: Log,
-    ) -> list[str]:
+    async def _exec(self, job: _Job, sid: str) -> list[str]:
         stream = ExecStream(
             Channel(self._bus, self._subjects, sid),
-            shell=step.value,
-            cwd=config.workdir or "/",
-            env=dict(config.env),
+            shell=job.step.value,
+            cwd=job.config.workdir or "/",
+            env=dict(job.config.env),
             timeout=RUN_TIMEOUT,
         )
         tail: list[str] = []
@@ -294,17 +266,44 @@ class Builder:
                 pending += frame.data
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    await _line(line, tail, emit)
+                    await _line(line, tail, job.emit)
         finally:
             await stream.close()
         if pending:
-            await _line(pending, tail, emit)
+            await _line(pending, tail, job.emit)
         end = stream.exit
         if end is None or end.exit_code != 0:
             code = None if end is None else end.exit_code
             why = f"exited with {code}" if code is not None else "was killed"
-            raise _failed(name, index, step, f"the command {why}", tail, exit_code=code)
+            raise job.failed(f"the command {why}", tail=tail, exit_code=code)
         return tail
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Job:
+    """One uncached step of one build: what it runs on and where its progress goes."""
+
+    name: str
+    template: SandboxTemplateSpec
+    index: int
+    step: BuildStep
+    parent: str
+    key: str
+    config: ImageConfig
+    emit: Log
+
+    def failed(
+        self, why: str, *, tail: list[str] | None = None, exit_code: int | None = None
+    ) -> BuildFailed:
+        details: dict[str, object] = {
+            "template": self.name,
+            "step": self.index,
+            "instruction": self.step.describe(),
+            "log_tail": "\n".join(tail or []),
+        }
+        if exit_code is not None:
+            details["exit_code"] = exit_code
+        return BuildFailed(f"step {self.index} ({self.step.describe()}) failed: {why}", **details)
 
 
 async def _line(raw: bytes, tail: list[str], emit: Log) -> None:
@@ -323,29 +322,9 @@ def _builder_template(template: SandboxTemplateSpec, parent: str) -> SandboxTemp
     )
 
 
-def _failed(
-    name: str,
-    index: int,
-    step: BuildStep,
-    why: str,
-    tail: list[str] | None = None,
-    exit_code: int | None = None,
-) -> BuildFailed:
-    details: dict[str, object] = {
-        "template": name,
-        "step": index,
-        "instruction": step.describe(),
-        "log_tail": "\n".join(tail or []),
-    }
-    if exit_code is not None:
-        details["exit_code"] = exit_code
-    return BuildFailed(f"step {index} ({step.describe()}) failed: {why}", **details)
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return f"sha256:{h.hexdigest()}"
-

@@ -140,9 +140,7 @@ class TemplateBuilds:
             )
         return other.build.result
 
-    async def _ready(
-        self, namespace: str, name: str, generation: int, result: BuildResult
-    ) -> None:
+    async def _ready(self, namespace: str, name: str, generation: int, result: BuildResult) -> None:
         status = BuildStatus(
             phase=BuildPhase.READY,
             result_key=result.key,
@@ -153,9 +151,7 @@ class TemplateBuilds:
             await self._event(name, "built", BuildPhase.READY, "", f"built {result.key[:12]}")
             log.info("template_built", template=name, key=result.key, ran=result.ran)
 
-    async def _failed(
-        self, namespace: str, name: str, generation: int, exc: SandpodError
-    ) -> None:
+    async def _failed(self, namespace: str, name: str, generation: int, exc: SandpodError) -> None:
         step = exc.details.get("step")
         status = BuildStatus(
             phase=BuildPhase.FAILED,
@@ -166,7 +162,7 @@ class TemplateBuilds:
             await self._event(name, "build_failed", BuildPhase.FAILED, exc.code, exc.message)
             log.info("template_build_failed", template=name, error=exc.message)
 
-    async def _settle(
+    async def _settle(  # noqa: PLR0917 - the object's key, then what to write
         self,
         namespace: str,
         name: str,
@@ -222,8 +218,6 @@ class TemplateBuilds:
             time=time.time(),
         )
         try:
-            await self._bus.publish(
-                self._subjects.event("template", name, type_), encode(event)
-            )
+            await self._bus.publish(self._subjects.event("template", name, type_), encode(event))
         except SandpodError as exc:  # a lost log line never fails the build
             log.warning("build_log_publish_failed", template=name, error=exc.message)
