@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Self
 
 from sandpod._loop import run
+from sandpod._twins import twin
 from sandpod.config import (
     resolve_inbox_prefix,
     resolve_nats_creds,
@@ -349,19 +350,16 @@ class Templates:
             run(AsyncTemplates.connect(nats_url=nats_url, prefix=prefix, namespace=namespace))
         )
 
-    def apply(self, obj: Mapping[str, Any]) -> TemplateInfo:
-        return run(self._inner.apply(obj))
+    @property
+    def namespace(self) -> str:
+        return self._inner.namespace
 
-    def get(self, name: str) -> TemplateInfo:
-        return run(self._inner.get(name))
-
-    def build(
-        self, template: Template, *, on_log: OnLog | None = None, timeout: float = 3600.0
-    ) -> TemplateInfo:
-        return run(self._inner.build(template, on_log=on_log, timeout=timeout))
-
-    def close(self) -> None:
-        run(self._inner.close())
+    apply = twin(AsyncTemplates.apply)
+    get = twin(AsyncTemplates.get)
+    upload = twin(AsyncTemplates.upload)
+    build = twin(AsyncTemplates.build)
+    apply_and_follow = twin(AsyncTemplates.apply_and_follow)
+    close = twin(AsyncTemplates.close)
 
     def __enter__(self) -> Self:
         return self

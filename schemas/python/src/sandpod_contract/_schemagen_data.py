@@ -624,6 +624,20 @@ ERRORS: list[errors.SandpodError] = [
     errors.ClaimFailed(
         "claim default/c1: sandbox failed: rootfs not found", claim="c1", reason="SandboxFailed"
     ),
+    errors.TemplateError("template data could not be built"),
+    errors.BuildFailed(
+        "step 2 (run pip install pandas) failed: the command exited with 1",
+        template="data",
+        step=2,
+        instruction="run pip install pandas",
+        exit_code=1,
+        log_tail="ERROR: No matching distribution found for pandas",
+    ),
+    errors.BuildUnsupported(
+        "Dockerfile line 7: HEALTHCHECK is not supported: outside the supported subset",
+        what="HEALTHCHECK",
+        line=7,
+    ),
     errors.error_from_wire(
         {
             "code": "exec.quota_exceeded",
