@@ -188,9 +188,11 @@ async def test_a_dockerfile_builds_with_the_cli(
     )
     env = {**os.environ, "SANDPOD_NATS_URL": lc.url, "SANDPOD_PREFIX": lc.prefix}
     out = subprocess.run(
-        [sys.executable, "-m", "sandpod", "template", "build", "--dockerfile"]
-        + [str(context / "Dockerfile"), "-t", "fromdocker", "--build-arg", "FLAVOUR=spicy"]
-        + [str(context)],
+        [
+            *(sys.executable, "-m", "sandpod", "template", "build", "--dockerfile"),
+            *(str(context / "Dockerfile"), "-t", "fromdocker", "--build-arg", "FLAVOUR=spicy"),
+            str(context),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -213,8 +215,10 @@ def test_an_unsupported_instruction_is_a_clear_cli_error(tmp_path: Path) -> None
     """HEALTHCHECK: the CLI names the instruction and its line, before reaching any server."""
     (tmp_path / "Dockerfile").write_text("FROM default\nRUN true\nHEALTHCHECK CMD true\n")
     out = subprocess.run(
-        [sys.executable, "-m", "sandpod", "template", "build", "--dockerfile"]
-        + [str(tmp_path / "Dockerfile"), str(tmp_path)],
+        [
+            *(sys.executable, "-m", "sandpod", "template", "build", "--dockerfile"),
+            *(str(tmp_path / "Dockerfile"), str(tmp_path)),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
