@@ -23,20 +23,16 @@ DIGEST = "sha256:" + "ab" * 32
 
 def test_a_build_round_trips() -> None:
     """from_dict/to_dict keep every step kind."""
-    raw = {
-        "from": {"template": "base"},
-        "steps": [
-            {"run": "pip install pandas"},
-            {"copy": {"src": DIGEST, "dest": "/app"}},
-            {"env": {"B": "2", "A": "1"}},
-            {"workdir": "/app"},
-            {"user": "sandbox"},
-        ],
-    }
+    head: list[dict[str, Any]] = [
+        {"run": "pip install pandas"},
+        {"copy": {"src": DIGEST, "dest": "/app"}},
+    ]
+    tail: list[dict[str, Any]] = [{"workdir": "/app"}, {"user": "sandbox"}]
+    raw = {"from": {"template": "base"}, "steps": [*head, {"env": {"B": "2", "A": "1"}}, *tail]}
     build = SandboxTemplateSpec.from_dict({"build": raw}).build
     assert build is not None and build.to_dict() == {
-        **raw,
-        "steps": [*raw["steps"][:2], {"env": {"A": "1", "B": "2"}}, *raw["steps"][3:]],
+        "from": {"template": "base"},
+        "steps": [*head, {"env": {"A": "1", "B": "2"}}, *tail],
     }
 
 
