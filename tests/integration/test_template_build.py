@@ -18,10 +18,13 @@ from pathlib import Path
 import pytest
 from buildbase import minimal_rootfs
 from test_lifecycle import Lifecycle, _ready_api, lifecycles  # noqa: F401 - fixture used by name
+from test_pools import LIFECYCLE_ENV, POOL_ENV, Platform, available, platform  # noqa: F401
 
 from sandpod import AsyncSandbox
 from sandpod.errors import BuildFailed
 from sandpod.templates import AsyncTemplates, Template, TemplateInfo
+
+LOCAL_ENV = {**LIFECYCLE_ENV, "SANDPOD_DESTROY_ON_EXIT": "true"}  # the jails go with it
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the local runtime needs root: run the suite as root, as CI does"
@@ -226,3 +229,44 @@ def test_an_unsupported_instruction_is_a_clear_cli_error(tmp_path: Path) -> None
     )
     assert out.returncode != 0
     assert "template.build_unsupported" in out.stderr and "line 3: HEALTHCHECK" in out.stderr
+
+
+async def test_a_rebuilt_template_rolls_its_warm_pool(
+    platform: Platform,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    """A warm pool of a built template: a new build (a new result) replaces its free members,
+    and a claim then runs on the new layers."""
+    platform.service("sandpod_lifecycle", SANDPOD_RUNTIME="local", **LOCAL_ENV)
+    platform.service("sandpod_pool", **POOL_ENV)
+    await platform.answering()
+    base = str(minimal_rootfs(tmp_path / "rootfs"))
+
+    def template(version: str) -> Template:
+        t = Template("py").workdir("/v").run(f"echo {version} > /v/version")
+        t.spec_extra = {"rootfs": base}
+        return t
+
+    async with await AsyncTemplates.connect(
+        nats_url=platform.nats.url, prefix=platform.prefix
+    ) as client:
+        await client.build(template("1"), timeout=300)
+        await platform.pools.create("py", template="py", replicas=2)
+        first = await platform.until("SandboxWarmPool", "py", available(2), timeout=90)
+        assert first is not None
+        await client.build(template("2"), timeout=300)
+    rolled = await platform.until(
+        "SandboxWarmPool",
+        "py",
+        lambda o: (
+            o is not None
+            and o.status.get("templateHash") != first.status["templateHash"]
+            and o.status.get("availableReplicas") == 2
+        ),
+        timeout=90,
+    )
+    assert rolled is not None
+    claimed = await platform.claim(timeout=600)
+    assert (await claimed.exec("cat /v/version")).stdout == "2\n"
+    await claimed.release()
+    await claimed.close()

@@ -19,7 +19,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from sandpod_contract.builds import BuildPhase, BuildStatus
 from sandpod_contract.errors import (
     BadRequest,
     ResourceConflict,
@@ -66,6 +65,7 @@ from sandpod_service.scoping import (
     visible,
 )
 from sandpod_store import DELETE_ANNOTATION, EventType, Resource, SandboxView, Store
+from sandpod_store.views import built_template
 
 __all__ = ["LifecycleApi"]
 
@@ -98,7 +98,7 @@ class LifecycleApi:
                 "(sandpod template apply) or omit templateRef for the default",
                 field="spec.templateRef.name",
             ) from None
-        return built(obj)
+        return built_template(obj)
 
     # -- sandboxes -----------------------------------------------------------------------------
 
@@ -290,22 +290,6 @@ class LifecycleApi:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(follow(), timeout)
         return last if last is not None else obj
-
-
-def built(obj: Resource) -> SandboxTemplateSpec:
-    """The template's spec; with a build, its result filled in from the status when the
-    current generation is built (else left empty: the runtime waits for the build)."""
-    spec = SandboxTemplateSpec.from_dict(obj.spec)
-    if spec.build is None:
-        return spec
-    status = BuildStatus.from_dict(obj.status)
-    if status.phase is not BuildPhase.READY or (
-        status.observed_generation != obj.metadata.generation
-    ):
-        return spec
-    return dataclasses.replace(
-        spec, build=dataclasses.replace(spec.build, result=status.result_key)
-    )
 
 
 def _admin_only(verb: str) -> None:

@@ -35,7 +35,6 @@ from sandpod_contract.errors import (
 from sandpod_contract.messages.sandboxes import SandboxEvent
 from sandpod_contract.resources import Condition, SandboxTemplateSpec
 from sandpod_contract.subjects import Subjects
-from sandpod_lifecycle.api import built
 from sandpod_lifecycle.builds.executor import Builder, BuildResult
 from sandpod_lifecycle.objects import TEMPLATE
 from sandpod_lifecycle.runtime.base import RuntimeFailure
@@ -43,7 +42,7 @@ from sandpod_service.clock import REAL, Clock
 from sandpod_service.leases import LeaseKeeper
 from sandpod_service.workqueue import WorkQueue
 from sandpod_store import Resource, Store
-from sandpod_store.views import set_condition
+from sandpod_store.views import built_template, set_condition
 
 __all__ = ["TemplateBuilds"]
 
@@ -128,7 +127,7 @@ class TemplateBuilds:
 
     async def _result_of(self, namespace: str, name: str) -> str:
         try:
-            other = built(await self.store.get(TEMPLATE, namespace, name))
+            other = built_template(await self.store.get(TEMPLATE, namespace, name))
         except ResourceNotFound:
             raise ResourceInvalid(
                 f"the base template {name!r} does not exist", field="spec.build.from.template"
