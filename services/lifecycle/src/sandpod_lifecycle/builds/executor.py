@@ -53,6 +53,7 @@ log = structlog.get_logger("sandpod.lifecycle.builds")
 Log = Callable[[str], Awaitable[None]]
 TAIL_LINES = 20
 RUN_TIMEOUT = 3600.0  # seconds a run step may take
+START_RETRY = 0.2  # seconds between attempts to create a builder after a passing failure
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -232,10 +233,7 @@ class Builder:
         builder = _builder_template(job.template, job.parent)
         self.builders.add(sid)
         try:
-            try:
-                await self._driver.ensure(sid, SandboxSpec(), builder)
-            except RuntimeFailure as exc:  # a base it cannot run on: the build's failure
-                raise job.failed(f"no builder sandbox: {exc.message}") from exc
+            await self._start_builder(job, sid, builder)
             self.builders_made += 1
             if not await self._ready(sid, self._ready_timeout):
                 raise job.failed("the builder sandbox did not become ready")
@@ -248,6 +246,21 @@ class Builder:
             with contextlib.suppress(Exception):
                 await self._driver.destroy(sid)
             self.builders.discard(sid)
+
+    async def _start_builder(self, job: _Job, sid: str, builder: SandboxTemplateSpec) -> None:
+        """Create the builder as the reconciler creates a sandbox: a passing failure (the node
+        execd still starting) is tried again for a while; any other is the build's failure
+        (a base it cannot run on)."""
+        deadline = time.monotonic() + self._ready_timeout
+        while True:
+            try:
+                await self._driver.ensure(sid, SandboxSpec(), builder)
+                return
+            except RuntimeFailure as exc:
+                if not exc.retryable or time.monotonic() > deadline:
+                    raise job.failed(f"no builder sandbox: {exc.message}") from exc
+                log.info("builder_create_retry", sandbox=sid, error=exc.message)
+            await asyncio.sleep(START_RETRY)
 
     async def _exec(self, job: _Job, sid: str) -> list[str]:
         stream = ExecStream(
