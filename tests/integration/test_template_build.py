@@ -8,6 +8,7 @@ with a ``build-`` id): a cache hit must create none. Needs root (the local runti
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -20,9 +21,13 @@ from buildbase import minimal_rootfs
 from test_lifecycle import Lifecycle, _ready_api, lifecycles  # noqa: F401 - fixture used by name
 from test_pools import LIFECYCLE_ENV, POOL_ENV, Platform, available, platform  # noqa: F401
 
+from operator_nats import OperatorNats
 from sandpod import AsyncSandbox
-from sandpod.errors import BuildFailed
+from sandpod.errors import BuildFailed, ResourceNotFound, SandpodError
 from sandpod.templates import AsyncTemplates, Template, TemplateInfo
+from sandpod_bus import Bus, BusSettings
+from sandpod_contract.subjects import Subjects
+from sandpod_lifecycle.bus_users import embedded_users
 
 LOCAL_ENV = {**LIFECYCLE_ENV, "SANDPOD_DESTROY_ON_EXIT": "true"}  # the jails go with it
 
@@ -270,3 +275,60 @@ async def test_a_rebuilt_template_rolls_its_warm_pool(
     assert (await claimed.exec("cat /v/version")).stdout == "2\n"
     await claimed.release()
     await claimed.close()
+
+
+async def test_a_copy_build_works_with_the_embedded_users_permissions(
+    operator_nats: OperatorNats, tmp_path: Path
+) -> None:
+    """Under ``sandpod up``'s bus users (operator mode): the client uploads a copy step's files
+    to the build-context object store and the lifecycle reads them back; nothing is refused."""
+    prefix = "tbuildauth"  # (a random prefix here fails the connect: not chased yet)
+    users = embedded_users(Subjects(prefix), "n1")
+    creds = {name: operator_nats.creds(name, users[name]) for name in users}
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": operator_nats.url,
+        "SANDPOD_NATS_CREDS": str(creds["lifecycle"]),
+        "SANDPOD_EXECD_NATS_CREDS": str(creds["execd"]),
+        "SANDPOD_PREFIX": prefix,
+        "SANDPOD_STATE_DIR": str(tmp_path / "state"),
+        "SANDPOD_NODE": "n1",
+        "SANDPOD_RUNTIME": "local",
+        "SANDPOD_DESTROY_ON_EXIT": "true",
+    }
+    (tmp_path / "state").mkdir()
+    with (tmp_path / "lifecycle.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandpod_lifecycle"], env=env, stdout=out, stderr=out
+        )
+    try:
+        files = tmp_path / "files"
+        files.mkdir()
+        (files / "f.txt").write_text("uploaded\n")
+        t = Template("auth").copy(files, "/data").run("cat /data/f.txt")
+        t.spec_extra = {"rootfs": str(minimal_rootfs(tmp_path / "rootfs"))}
+        settings = BusSettings(url=operator_nats.url, creds=str(creds["client"]))
+        bus = await Bus.connect(settings)
+        try:
+            client = await AsyncTemplates.connect(prefix=prefix, bus=bus)
+            await _until_answering(client)
+            logs: list[str] = []
+            info = await client.build(t, on_log=logs.append, timeout=300)
+        finally:
+            await bus.close()
+        assert info.phase == "Ready" and "  | uploaded" in logs, logs
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert "Permissions Violation" not in (tmp_path / "lifecycle.log").read_text()
+
+
+async def _until_answering(client: AsyncTemplates) -> None:
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                await client.get("nothing-here")
+            except ResourceNotFound:
+                return
+            except SandpodError:
+                await asyncio.sleep(0.05)
