@@ -282,7 +282,7 @@ async def test_a_copy_build_works_with_the_embedded_users_permissions(
 ) -> None:
     """Under ``sandpod up``'s bus users (operator mode): the client uploads a copy step's files
     to the build-context object store and the lifecycle reads them back; nothing is refused."""
-    prefix = "tbuildauth"  # (a random prefix here fails the connect: not chased yet)
+    prefix = "tbuildauth"  # fixed: the session server keeps its buckets; one per test
     users = embedded_users(Subjects(prefix), "n1")
     creds = {name: operator_nats.creds(name, users[name]) for name in users}
     env = {
