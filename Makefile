@@ -10,7 +10,7 @@ CC ?= cc
 WEB := services/gateway/src/sandpod_gateway/web
 NODE_CLIENT := clients/node
 
-.PHONY: install web node-client up check lint types imports test bench vectors openapi clean envtest chart-crds
+.PHONY: install web node-client up check lint types imports test bench vectors openapi clean envtest chart-crds images
 
 $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
@@ -70,6 +70,11 @@ imports: install
 envtest:  ## build (or reuse, cached) kube-apiserver + etcd + helm for the Kubernetes tests (needs Go)
 	bash deploy/envtest/build.sh
 	bash deploy/envtest/build-helm.sh
+
+images: install  ## the project's images as OCI layouts in build/images/ without Docker (sandpod-execd, sandpod-base); PYTHON_HOME=<relocatable CPython> for the execd bundle (default: uv's managed 3.11)
+	@# The Debian base's mmdebstrap tarball is cached in ~/.cache/sandpod/images (built once, ~2 min).
+	@# Push with skopeo: skopeo copy oci:build/images/<name>:latest docker://$$SANDPOD_IMAGE_REGISTRY/<name>:latest
+	$(BIN)/python -m sandpod_image.makeimages --out build/images $(if $(PYTHON_HOME),--python-home $(PYTHON_HOME))
 
 chart-crds:  ## copy schemas/crds/ into the Helm chart (tests/k8s/test_helm.py fails on drift)
 	cp schemas/crds/*.yaml deploy/helm/sandpod/crds/

@@ -1,0 +1,364 @@
+"""``make images``: Sandpod's own images built without Docker, as OCI layouts in ``build/images``.
+
+Each image is a directory ``build/images/<name>`` (an OCI image layout, tag ``--tag``) that
+``skopeo copy oci:build/images/<name>:<tag> docker://<registry>/<name>:<tag>`` pushes and any
+OCI runtime reads. The Dockerfiles in ``deploy/images/`` stay for those who build with Docker.
+
+- ``sandpod-execd``: scratch plus one layer, ``/sandpod-bundle``: a relocatable CPython
+  (``--python-home``; by default uv's managed 3.11) and what ``deploy/images/build-execd-bundle.sh``
+  installs (the same script execd.Dockerfile and tests/integration/test_execd_bundle.py run).
+  Its default command copies the bundle into ``/opt/sandpod`` with the bundle's own interpreter,
+  as the Dockerfile's busybox ``cp -a`` does (scratch has no ``cp``).
+- ``sandpod-lifecycle``, ``sandpod-pool``, ``sandpod-gateway``: ``sandpod-base`` (the same
+  layer blob) plus one layer, ``/opt/sandpod/site``: the service and its locked dependencies
+  installed by uv for the base's python3.11 (the host's Debian one: same suite, same ABI), and
+  for the gateway the web terminal's files in ``/opt/sandpod-web``; run as 10001:10001 with
+  ``python3 -m sandpod_<service>``, as the services' Dockerfiles do.
+- ``sandpod-base``: the default sandbox root filesystem as one layer: a Debian tree from
+  ``mmdebstrap`` (a tarball cached in ``--cache``, keyed by suite, packages and hooks, so it is
+  built once per machine), or ``--base-rootfs DIR``, a tree already built (the local runtime's
+  default base, ``sandpod_image.debian``).
+
+Data flow: staging directory or tarball -> ``OciLayout.add_layer``/``add_tar`` (pack, compress,
+digest) -> config + manifest + index. Run from the repository root:
+``python -m sandpod_image.makeimages [--only execd,base] [--out build/images]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from sandpod_image.layers import PackResult
+from sandpod_image.ocilayout import HistoryEntry, ImageConfig, OciLayout
+
+__all__ = [
+    "BASE_PACKAGES",
+    "SERVICES",
+    "BaseLayer",
+    "Build",
+    "BuildFailed",
+    "base_image",
+    "debian_tarball",
+    "execd_image",
+    "main",
+    "service_image",
+]
+
+BUNDLE: Final = "sandpod-bundle"
+ROOT_OWNER: Final = (0, 0)
+# The default sandbox base's packages: the same set as the local runtime's default root
+# filesystem (sandpod_image.debian.DEFAULT_PACKAGES, whose docstring says why each is there).
+BASE_PACKAGES: Final = (
+    "bash",
+    "ca-certificates",
+    "coreutils",
+    "curl",
+    "gcc",
+    "git",
+    "less",
+    "libc6-dev",
+    "make",
+    "mount",
+    "nodejs",
+    "procps",
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "unzip",
+    "xz-utils",
+)
+_EXCLUDES: Final = (
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/locale/*",
+)
+_CUSTOMIZE: Final = (
+    'rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED; '
+    'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/apt/* '
+    '"$1"/var/log/dpkg.log "$1"/var/log/bootstrap.log'
+)
+_PATH: Final = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# As the services' Dockerfiles set them, the venv's bin replaced by PYTHONPATH on the site dir.
+_SERVICE_ENV: Final = (
+    _PATH,
+    "PYTHONPATH=/opt/sandpod/site",
+    "PYTHONDONTWRITEBYTECODE=1",
+    "PYTHONUNBUFFERED=1",
+    "HOME=/tmp",
+    "SANDPOD_STATE_DIR=/tmp/state",
+)
+_GATEWAY_ENV: Final = (
+    "SANDPOD_GATEWAY_HOST=0.0.0.0",
+    "SANDPOD_GATEWAY_PORT=8080",
+    "SANDPOD_GATEWAY_WEB_DIR=/opt/sandpod-web",
+)
+SERVICES: Final = ("lifecycle", "pool", "gateway")
+_SOURCES: Final = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
+_COPY_BUNDLE: Final = (
+    "import shutil; shutil.copytree('/sandpod-bundle', '/opt/sandpod', symlinks=True, "
+    "dirs_exist_ok=True)"
+)
+
+
+class BuildFailed(Exception):
+    """A step of an image build failed; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """Where a build reads and writes.
+
+    Attributes:
+        repo: the repository root (``deploy/images`` and ``uv.lock`` are read from it).
+        out: the directory of the layouts (``build/images``).
+        cache: where the Debian tarball is kept between builds.
+        tag: the layouts' ref name.
+        uv: how to run uv (an argv prefix).
+        compress: the layers' compression (``gzip``, ``zstd``, ``none``).
+    """
+
+    repo: Path
+    out: Path
+    cache: Path
+    tag: str
+    uv: tuple[str, ...]
+    compress: str = "gzip"
+
+
+def _run(argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    try:
+        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise BuildFailed(f"cannot run {argv[0]}: {exc}") from exc
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+        raise BuildFailed(f"{shlex.join(argv)} exited with {done.returncode}:\n{tail}")
+    return done.stdout
+
+
+def managed_python(build: Build) -> Path:
+    """uv's standalone CPython 3.11 (installed if missing): relocatable, unlike the host's."""
+    _run([*build.uv, "python", "install", "3.11"])
+    exe = Path(_run([*build.uv, "python", "find", "--managed-python", "3.11"]).strip())
+    return exe.resolve().parent.parent
+
+
+def execd_image(build: Build, python_home: Path) -> Path:
+    """Build ``sandpod-execd``: the bundle on scratch. Returns the layout directory."""
+    with tempfile.TemporaryDirectory(prefix="sandpod-execd-") as tmp:
+        bundle = Path(tmp) / BUNDLE
+        # The interpreter without whatever was pip-installed into it on this machine.
+        shutil.copytree(
+            python_home,
+            bundle / "python",
+            symlinks=True,
+            ignore=shutil.ignore_patterns("site-packages", "__pycache__", "test", "tests"),
+        )
+        env = {**os.environ, "UV": shlex.join(build.uv)}
+        script = build.repo / "deploy/images/build-execd-bundle.sh"
+        _run(
+            ["bash", str(script), str(bundle / "python/bin/python3"), str(bundle)],
+            cwd=build.repo,
+            env=env,
+        )
+        layout = OciLayout(build.out / "sandpod-execd")
+        layout.add_layer(
+            Path(tmp), created_by="build-execd-bundle.sh", owner=ROOT_OWNER, compress=build.compress
+        )
+    config = ImageConfig(
+        user="65532:65532",
+        cmd=(f"/{BUNDLE}/python/bin/python3", "-c", _COPY_BUNDLE),
+        labels={"org.opencontainers.image.title": "sandpod-execd"},
+    )
+    layout.write_image(config, ref=build.tag)
+    return layout.root
+
+
+def host_suite(os_release: Path = Path("/etc/os-release")) -> str:
+    for line in os_release.read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise BuildFailed(f"no VERSION_CODENAME in {os_release}: pass --base-rootfs")
+
+
+def debian_tarball(build: Build) -> Path:
+    """The Debian base as a tarball from ``mmdebstrap``, built once and kept in the cache."""
+    sources = next((p for p in _SOURCES if p.exists()), None)
+    if sources is None or shutil.which("mmdebstrap") is None:
+        raise BuildFailed("needs mmdebstrap (apt-get install mmdebstrap) and apt sources")
+    suite = host_suite()
+    argv = [
+        "mmdebstrap",
+        "--variant=apt",
+        f"--include={','.join(BASE_PACKAGES)}",
+        "--mode=root" if os.geteuid() == 0 else "--mode=unshare",
+        "--format=tar",
+        f"--customize-hook={_CUSTOMIZE}",
+        *(f"--dpkgopt={opt}" for opt in _EXCLUDES),
+    ]
+    key = hashlib.sha256(json.dumps([argv, suite]).encode()).hexdigest()[:16]
+    tarball = build.cache / f"debian-{suite}-{key}.tar"
+    if tarball.exists():
+        return tarball
+    build.cache.mkdir(parents=True, exist_ok=True)
+    partial = tarball.with_name(f".{tarball.name}.{os.getpid()}")
+    try:
+        _run([*argv, suite, str(partial), str(sources)])
+        os.replace(partial, tarball)
+    finally:
+        partial.unlink(missing_ok=True)
+    return tarball
+
+
+@dataclass(frozen=True, slots=True)
+class BaseLayer:
+    """The base image's one layer, for the service images stacked on it."""
+
+    layout: Path
+    packed: PackResult
+    history: HistoryEntry
+
+    @property
+    def blob(self) -> Path:
+        return self.layout / "blobs/sha256" / self.packed.digest.removeprefix("sha256:")
+
+
+def base_image(build: Build, rootfs: Path | None) -> BaseLayer:
+    """Build ``sandpod-base``, the default sandbox root filesystem."""
+    layout = OciLayout(build.out / "sandpod-base")
+    if rootfs is not None:
+        history = HistoryEntry(f"rootfs {rootfs.name}")
+        packed = layout.add_layer(rootfs, created_by=history.created_by, compress=build.compress)
+    else:
+        history = HistoryEntry("mmdebstrap --variant=apt")
+        tarball = debian_tarball(build)
+        packed = layout.add_tar(tarball, created_by=history.created_by, compress=build.compress)
+    config = ImageConfig(
+        env=(_PATH, "LANG=C.UTF-8"),
+        cmd=("/bin/bash",),
+        labels={"org.opencontainers.image.title": "sandpod-base"},
+    )
+    layout.write_image(config, ref=build.tag)
+    return BaseLayer(layout.root, packed, history)
+
+
+def service_image(build: Build, base: BaseLayer, service: str, python: Path) -> Path:
+    """Build ``sandpod-<service>``: the base plus a layer of the service's locked packages.
+
+    ``python`` is the interpreter the packages are installed for: the base's own python3.11
+    (the host's Debian one, same suite), so compiled extensions match it.
+    """
+    layout = OciLayout(build.out / f"sandpod-{service}")
+    layout.adopt(base.blob, base.packed, base.history)
+    with tempfile.TemporaryDirectory(prefix=f"sandpod-{service}-") as tmp:
+        env = _stage_service(build, service, python, Path(tmp))
+        layout.add_layer(
+            Path(tmp),
+            created_by=f"uv pip install sandpod-{service}",
+            owner=ROOT_OWNER,
+            compress=build.compress,
+        )
+    config = ImageConfig(
+        env=env,
+        user="10001:10001",
+        cmd=("python3", "-m", f"sandpod_{service}"),
+        labels={"org.opencontainers.image.title": f"sandpod-{service}"},
+    )
+    layout.write_image(config, ref=build.tag)
+    return layout.root
+
+
+def _stage_service(build: Build, service: str, python: Path, stage: Path) -> tuple[str, ...]:
+    """Install the service's locked packages under ``stage``; returns the image's Env."""
+    site = stage / "opt/sandpod/site"
+    req = stage / "requirements.txt"
+    export = ["export", "--quiet", "--locked", "--no-dev", "--no-editable", "--no-hashes"]
+    _run([*build.uv, *export, "--package", f"sandpod-{service}", "-o", str(req)], cwd=build.repo)
+    install = ["pip", "install", "--quiet", "--python", str(python), "--no-deps"]
+    _run([*build.uv, *install, "--target", str(site), "-r", str(req)], cwd=build.repo)
+    req.unlink()
+    shutil.rmtree(site / "bin", ignore_errors=True)  # absolute shebangs: python3 -m instead
+    if service != "gateway":
+        return _SERVICE_ENV
+    _stage_web(build.repo, stage / "opt/sandpod-web")
+    return _SERVICE_ENV + _GATEWAY_ENV
+
+
+def _stage_web(repo: Path, dest: Path) -> None:
+    web = repo / "services/gateway/src/sandpod_gateway/web"
+    if not (web / "node_modules").is_dir():
+        raise BuildFailed(f"{web}/node_modules missing: run `make web` (npm ci) first")
+    shutil.copytree(web, dest, symlinks=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sandpod_image.makeimages", description=__doc__)
+    parser.add_argument(
+        "--only",
+        default="execd,base,services",
+        help="comma-separated: execd, base, services (lifecycle, pool and gateway on the base)",
+    )
+    parser.add_argument(
+        "--service-python",
+        type=Path,
+        default=Path("/usr/bin/python3.11"),
+        help="the base's interpreter on this host (Debian's, same suite) to install for",
+    )
+    parser.add_argument("--out", type=Path, default=Path("build/images"))
+    parser.add_argument("--repo", type=Path, default=Path.cwd())
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache/sandpod/images")
+    parser.add_argument("--tag", default="latest")
+    parser.add_argument("--compress", default="gzip", choices=("gzip", "zstd", "none"))
+    parser.add_argument("--python-home", type=Path, help="a relocatable CPython for the bundle")
+    parser.add_argument("--base-rootfs", type=Path, help="pack this tree instead of mmdebstrap")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    uv = tuple(shlex.split(os.environ.get("UV", ""))) or (sys.executable, "-m", "uv")
+    if not os.environ.get("UV") and shutil.which("uv"):
+        uv = ("uv",)
+    build = Build(
+        repo=args.repo, out=args.out, cache=args.cache, tag=args.tag, uv=uv, compress=args.compress
+    )
+    wanted = {name.strip() for name in args.only.split(",") if name.strip()}
+    unknown = wanted - {"execd", "base", "services"}
+    if unknown:
+        print(f"unknown image(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    try:
+        if "execd" in wanted:
+            home = args.python_home or managed_python(build)
+            print(f"sandpod-execd: {execd_image(build, home)}:{build.tag}")
+        if wanted & {"base", "services"}:
+            base = base_image(build, args.base_rootfs)
+            print(f"sandpod-base: {base.layout}:{build.tag}")
+        if "services" in wanted:
+            if not args.service_python.exists():
+                raise BuildFailed(f"{args.service_python} missing: pass --service-python")
+            for service in SERVICES:
+                built = service_image(build, base, service, args.service_python)
+                print(f"sandpod-{service}: {built}:{build.tag}")
+    except BuildFailed as exc:
+        print(f"make images: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
