@@ -27,6 +27,8 @@ from sandpod.errors import BuildFailed, ResourceNotFound, SandpodError
 from sandpod.templates import AsyncTemplates, Template, TemplateInfo
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.subjects import Subjects
+from sandpod_lifecycle.builds.cache import BuildCache
+from sandpod_lifecycle.builds.export import export_oci
 from sandpod_lifecycle.bus_users import embedded_users
 
 LOCAL_ENV = {**LIFECYCLE_ENV, "SANDPOD_DESTROY_ON_EXIT": "true"}  # the jails go with it
@@ -332,3 +334,33 @@ async def _until_answering(client: AsyncTemplates) -> None:
                 return
             except SandpodError:
                 await asyncio.sleep(0.05)
+
+
+async def test_a_built_template_exports_as_an_oci_image(
+    lifecycles: Callable[..., Lifecycle],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The result's chain as an OCI layout: umoci unpacks it to the base plus every step's
+    files (one an earlier step made and a later one deleted is gone: the whiteout), with the
+    build's env and workdir as its config."""
+    lc = lifecycles(SANDPOD_RUNTIME="local")
+    await _ready_api(lc)
+    t = Template("oci").workdir("/app").run("echo made > made && echo gone > gone")
+    t.env(MODE="oci").run("rm /app/gone && echo kept > /app/kept")  # a whiteout in this layer
+    t.spec_extra = {"rootfs": str(minimal_rootfs(tmp_path / "rootfs"))}
+    info = await build(lc, t, [])
+    cache = BuildCache(lc.state / "images" / "build")
+    export_oci(cache, info.result_key, tmp_path / "layout", ref="oci")
+    bundle = tmp_path / "bundle"
+    subprocess.run(
+        ["umoci", "unpack", "--image", f"{tmp_path / 'layout'}:oci", str(bundle)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    root = bundle / "rootfs"
+    assert (root / "app" / "made").read_text() == "made\n"
+    assert (root / "app" / "kept").read_text() == "kept\n"
+    assert not (root / "app" / "gone").exists() and (root / "usr" / "bin" / "sh").exists()
+    config = json.loads((bundle / "config.json").read_text())
+    assert "MODE=oci" in config["process"]["env"] and config["process"]["cwd"] == "/app"
