@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandpod.config import local_client_creds, resolve_nats_creds
-from sandpod_bus.natsauth import creds_jwt, decode_jwt
+from sandpod_bus.natsauth import creds_jwt, decode_jwt, object_subjects, operator_setup, user_creds
 from sandpod_contract.errors import SandboxJailRefused
 from sandpod_contract.subjects import Subjects
 from sandpod_execd.jailfile import load_trusted
@@ -39,11 +39,15 @@ def test_provision_makes_keys_once_and_every_file_0600(tmp_path: Path) -> None:
 
 
 def test_only_lifecycle_may_publish_on_the_node_plane() -> None:
-    """The node plane and JetStream are in no one's allow list but the owning services'."""
+    """The node plane and JetStream are in no one's allow list but the owning services' (and
+    the client's build-context uploads)."""
     perms = embedded_permissions(Subjects("sandpod"), "n1")
     node = "sandpod.node.>"
     assert [u for u, p in perms.items() if node in p.pub_allow] == ["lifecycle"]
-    assert not any(s.startswith(("$JS", "$KV")) for s in perms["client"].pub_allow)
+    # the client's only JetStream: the object store of template builds' files
+    uploads = set(object_subjects("sandpod-build-contexts"))
+    client_js = {s for s in perms["client"].pub_allow if s.startswith(("$JS", "$KV", "$O"))}
+    assert client_js == uploads
     assert not any(s.startswith(("$JS", "$KV")) for s in perms["execd"].pub_allow)
     assert "$KV.sandpod-gateway-keys.>" in perms["gateway"].pub_allow
     assert not any(
@@ -129,7 +133,10 @@ def test_kubernetes_users_are_the_embedded_ones_without_node_plane_kv_and_execd(
     s = Subjects("sandpod")
     embedded, kube = embedded_users(s, "n1"), kubernetes_users(s)
     assert set(kube) == set(embedded) - {"execd"}
-    dropped = ("sandpod.node.", "$KV.sandpod-resources.", "$KV.sandpod-leases.")
+    dropped = (
+        *("sandpod.node.", "$KV.sandpod-resources.", "$KV.sandpod-leases."),
+        "$O.sandpod-build-contexts.",  # only the local runtime builds templates
+    )
     for user, perms in kube.items():
         assert perms.sub_allow == embedded[user].sub_allow, user
         kept = tuple(
@@ -138,11 +145,23 @@ def test_kubernetes_users_are_the_embedded_ones_without_node_plane_kv_and_execd(
             if not x.startswith(dropped)
             and "KV_sandpod-resources" not in x
             and "KV_sandpod-leases" not in x
+            and "OBJ_sandpod-build-contexts" not in x
+            and x != "$JS.API.STREAM.NAMES"  # the object store's lookup
         )
         assert perms.pub_allow == kept, user
-    assert kube["gateway"] == embedded["gateway"] and kube["client"] == embedded["client"]
+    assert kube["gateway"] == embedded["gateway"]
     assert not any(
         x.startswith(("sandpod.node", "$KV.sandpod-res", "$KV.sandpod-lea"))
         for p in kube.values()
         for x in p.pub_allow
     )
+
+
+def test_every_service_jwt_fits_the_servers_connect_line() -> None:
+    """A user JWT travels in its CONNECT line, which nats-server caps at 4 KiB (a larger one
+    is dropped at connect, "cannot connect"): with the default prefix every embedded user's
+    fits, with room (template builds' grants made the lifecycle's the largest)."""
+    setup = operator_setup(int(time.time()))
+    for name, perms in embedded_users(Subjects("sandpod"), "node-1").items():
+        jwt = creds_jwt(user_creds(setup.app.key, name, perms, now=int(time.time())))
+        assert len(jwt) < 3800, (name, len(jwt))

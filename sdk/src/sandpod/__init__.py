@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports this mod
     from sandpod.exec.types import ExecResult, ExitStatus, OutputChunk
     from sandpod.pools import AsyncPools, ClaimInfo, PoolInfo, Pools
     from sandpod.sync import ExecStream, Sandbox
+    from sandpod.templates import AsyncTemplates, Template, TemplateInfo, Templates
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ _LAZY: dict[str, str] = {
     "AsyncExecStream": "sandpod.aio",
     "AsyncPools": "sandpod.pools",
     "AsyncSandbox": "sandpod.aio",
+    "AsyncTemplates": "sandpod.templates",
     "ClaimInfo": "sandpod.pools",
     "CommandFailed": "sandpod.errors",
     "ExecLost": "sandpod.errors",
@@ -57,6 +59,9 @@ _LAZY: dict[str, str] = {
     "SandboxNotFound": "sandpod.errors",
     "SandboxUnavailable": "sandpod.errors",
     "SandpodError": "sandpod.errors",
+    "Template": "sandpod.templates",
+    "TemplateInfo": "sandpod.templates",
+    "Templates": "sandpod.templates",
     "errors": "sandpod.errors",
 }
 
@@ -64,6 +69,7 @@ __all__ = [
     "AsyncExecStream",
     "AsyncPools",
     "AsyncSandbox",
+    "AsyncTemplates",
     "ClaimInfo",
     "CommandFailed",
     "ExecLost",
@@ -78,6 +84,9 @@ __all__ = [
     "SandboxNotFound",
     "SandboxUnavailable",
     "SandpodError",
+    "Template",
+    "TemplateInfo",
+    "Templates",
     "__version__",
     "errors",
 ]

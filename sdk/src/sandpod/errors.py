@@ -5,6 +5,8 @@ every one has ``code``, ``message``, ``details`` and ``retryable``."""
 
 from sandpod_contract.errors import (
     BadRequest,
+    BuildFailed,
+    BuildUnsupported,
     Busy,
     ClaimError,
     ClaimFailed,
@@ -68,6 +70,7 @@ from sandpod_contract.errors import (
     SpawnFailed,
     StoreError,
     StreamClosed,
+    TemplateError,
     UnknownSubject,
     UnsupportedVersion,
     WatchError,
@@ -78,6 +81,8 @@ from sandpod_contract.errors import (
 __all__ = [
     "ArgvExpected",
     "BadRequest",
+    "BuildFailed",
+    "BuildUnsupported",
     "Busy",
     "ClaimError",
     "ClaimFailed",
@@ -144,6 +149,7 @@ __all__ = [
     "SpawnFailed",
     "StoreError",
     "StreamClosed",
+    "TemplateError",
     "UnknownSubject",
     "UnsupportedVersion",
     "WatchError",

@@ -49,6 +49,8 @@ __all__ = [
     "decode_jwt",
     "encode_jwt",
     "kv_subjects",
+    "object_reader_subjects",
+    "object_subjects",
     "operator_setup",
     "sandbox_permissions",
     "server_config",
@@ -167,6 +169,35 @@ def kv_subjects(bucket: str) -> tuple[str, ...]:
     """What a client needs to open, read, write and watch KV bucket ``bucket`` (its stream is
     ``KV_<bucket>``; keys are messages on ``$KV.<bucket>.<key>``)."""
     return (*stream_subjects(f"KV_{bucket}"), f"$KV.{bucket}.>")
+
+
+def object_subjects(bucket: str) -> tuple[str, ...]:
+    """What a client needs to open, read and write object-store bucket ``bucket`` (its stream
+    is ``OBJ_<bucket>``; chunks and metadata are messages on ``$O.<bucket>.>``; replacing an
+    object purges its old chunks)."""
+    stream = f"OBJ_{bucket}"
+    return (
+        *stream_subjects(stream),
+        f"$JS.API.STREAM.PURGE.{stream}",
+        "$JS.API.STREAM.NAMES",  # nats-py finds the stream of an object's chunks by subject
+        f"$O.{bucket}.>",
+    )
+
+
+def object_reader_subjects(bucket: str) -> tuple[str, ...]:
+    """:func:`object_subjects` for a reader (it may create the bucket, never write objects),
+    with wildcards: a service user's JWT travels in its CONNECT line, which the server caps
+    at 4 KiB, and the lifecycle's is near that already."""
+    api, stream = "$JS.API", f"OBJ_{bucket}"
+    return (
+        f"{api}.STREAM.*.{stream}",
+        f"{api}.STREAM.NAMES",  # nats-py finds the stream of an object's chunks by subject
+        f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}.>",
+        f"{api}.CONSUMER.*.{stream}.>",
+        f"{api}.CONSUMER.CREATE.{stream}",
+        f"$JS.FC.{stream}.>",
+    )
 
 
 MAX_TENANT_SANDBOXES = 500  # one allow per sandbox in the JWT: keep it far below max_payload

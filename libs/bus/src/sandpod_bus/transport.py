@@ -29,6 +29,7 @@ from sandpod_bus._natspy import websocket_support
 from sandpod_bus.credswatch import CredsWatch
 from sandpod_bus.errors import NoResponders
 from sandpod_bus.kv import KvBucket, open_bucket
+from sandpod_bus.objects import ObjectBucket, open_objects
 from sandpod_contract.errors import (
     ConnectionLost,
     PayloadTooLarge,
@@ -304,6 +305,10 @@ class Bus:
     async def kv(self, bucket: str, *, history: int = 1) -> KvBucket:
         """The JetStream key-value bucket ``bucket`` (created with ``history`` if missing)."""
         return await open_bucket(self._nc.jetstream(), bucket, history)
+
+    async def objects(self, bucket: str) -> ObjectBucket:
+        """The JetStream object-store bucket ``bucket`` (created if missing)."""
+        return await open_objects(self._nc.jetstream(), bucket)
 
     async def ensure_stream(
         self,

@@ -14,8 +14,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from sandpod_contract.builds import BuildPhase, BuildStatus
 from sandpod_contract.pooling import BOUND_AT_ANNOTATION, ClaimSpec, ClaimStatus
-from sandpod_contract.resources import Condition, ConditionType, Phase, SandboxSpec, SandboxStatus
+from sandpod_contract.resources import (
+    Condition,
+    ConditionType,
+    Phase,
+    SandboxSpec,
+    SandboxStatus,
+    SandboxTemplateSpec,
+)
 from sandpod_contract.times import to_rfc3339
 from sandpod_store.model import Resource
 
@@ -24,11 +32,29 @@ __all__ = [
     "ClaimView",
     "SandboxView",
     "bound_at",
+    "built_template",
     "condition",
     "set_condition",
 ]
 
 DELETE_ANNOTATION = "sandpod.dev/delete-requested"  # the lifecycle API's delete mark
+
+
+def built_template(obj: Resource) -> SandboxTemplateSpec:
+    """A SandboxTemplate's spec; with a build, its result (``build.result``) filled in from
+    the status when the current generation is built, else left empty (not usable yet). The
+    result is part of the spec's value, so a pool's template hash changes with each build."""
+    spec = SandboxTemplateSpec.from_dict(obj.spec)
+    if spec.build is None:
+        return spec
+    status = BuildStatus.from_dict(obj.status)
+    if status.phase is not BuildPhase.READY or (
+        status.observed_generation != obj.metadata.generation
+    ):
+        return spec
+    return dataclasses.replace(
+        spec, build=dataclasses.replace(spec.build, result=status.result_key)
+    )
 
 
 def bound_at(obj: Resource) -> float | None:

@@ -642,6 +642,20 @@ ERRORS: list[errors.SandpodError] = [
     errors.ImageInUse(
         "python:3.12-slim is used by 1 sandbox", reference="python:3.12-slim", holders=["sbx-1"]
     ),
+    errors.TemplateError("template data could not be built"),
+    errors.BuildFailed(
+        "step 2 (run pip install pandas) failed: the command exited with 1",
+        template="data",
+        step=2,
+        instruction="run pip install pandas",
+        exit_code=1,
+        log_tail="ERROR: No matching distribution found for pandas",
+    ),
+    errors.BuildUnsupported(
+        "Dockerfile line 7: HEALTHCHECK is not supported: outside the supported subset",
+        what="HEALTHCHECK",
+        line=7,
+    ),
     errors.error_from_wire(
         {
             "code": "exec.quota_exceeded",

@@ -197,6 +197,21 @@ DETAILS: Mapping[str, Details] = {
             "reason": _d("string", "why, e.g. SandboxFailed"),
         }
     ),
+    "template.build_failed": Details(
+        required={
+            "template": _d("string", "the template's name"),
+            "step": _d("integer", "the failing step, 1-based"),
+        },
+        optional={
+            "instruction": _d("string", "the step, as build logs show it"),
+            "exit_code": _d("integer", "the run step's exit code"),
+            "log_tail": _d("string", "the last lines of the step's output"),
+        },
+    ),
+    "template.build_unsupported": Details(
+        required={"what": _d("string", "what cannot be built, e.g. an instruction")},
+        optional={"line": _d("integer", "its line in the Dockerfile")},
+    ),
     "store.not_found": Details(
         optional={"kind": _d("string", "the resource kind"), "name": _d("string", "its name")}
     ),

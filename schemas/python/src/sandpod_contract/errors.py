@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 __all__ = [
     "BadRequest",
+    "BuildFailed",
+    "BuildUnsupported",
     "Busy",
     "ClaimError",
     "ClaimFailed",
@@ -76,6 +78,7 @@ __all__ = [
     "SpawnFailed",
     "StoreError",
     "StreamClosed",
+    "TemplateError",
     "UnknownSubject",
     "UnsupportedVersion",
     "WatchError",
@@ -515,6 +518,24 @@ class ClaimTimeout(ClaimError):
 class ClaimFailed(ClaimError):
     code = "claim.failed"
     summary = "the claim's sandbox failed to start; see the claim's conditions for the reason"
+
+
+# -- template family: template builds (the lifecycle's builder, the SDK's and CLI's build) -------
+
+
+class TemplateError(SandpodError):
+    code = "template.error"
+    summary = "the template could not be built"
+
+
+class BuildFailed(TemplateError):
+    code = "template.build_failed"
+    summary = "a build step failed; details name the step, and the log's tail says why"
+
+
+class BuildUnsupported(TemplateError):
+    code = "template.build_unsupported"
+    summary = "the build uses something this platform cannot build (details name it)"
 
 
 # -- store family: the resource store (JetStream KV embedded, Kubernetes CRDs in clusters) --------

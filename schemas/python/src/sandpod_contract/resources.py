@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from sandpod_contract.builds import TemplateBuild
 from sandpod_contract.errors import ResourceInvalid
 from sandpod_contract.times import from_rfc3339
 
@@ -378,6 +379,7 @@ class SandboxTemplateSpec:
     default_lifetime_seconds: int = 3600
     idle_timeout_seconds: int = 900
     security: TemplateSecurity = dataclasses.field(default_factory=TemplateSecurity)
+    build: TemplateBuild | None = None  # how the template is built (sandpod_contract.builds)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxTemplateSpec:
@@ -415,4 +417,5 @@ class SandboxTemplateSpec:
                 "spec.idleTimeoutSeconds", raw.get("idleTimeoutSeconds", 900), 0
             ),
             security=TemplateSecurity.from_dict(raw.get("security")),
+            build=TemplateBuild.from_dict(raw.get("build")),
         )

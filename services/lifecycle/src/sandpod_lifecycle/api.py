@@ -65,6 +65,7 @@ from sandpod_service.scoping import (
     visible,
 )
 from sandpod_store import DELETE_ANNOTATION, EventType, Resource, SandboxView, Store
+from sandpod_store.views import built_template
 
 __all__ = ["LifecycleApi"]
 
@@ -97,7 +98,7 @@ class LifecycleApi:
                 "(sandpod template apply) or omit templateRef for the default",
                 field="spec.templateRef.name",
             ) from None
-        return SandboxTemplateSpec.from_dict(obj.spec)
+        return built_template(obj)
 
     # -- sandboxes -----------------------------------------------------------------------------
 

@@ -7,7 +7,14 @@ Anything not in a user's allow lists is a permission violation, refused by the s
 
 from __future__ import annotations
 
-from sandpod_bus.natsauth import INBOX_ALL, Permissions, kv_subjects, stream_subjects
+from sandpod_bus.natsauth import (
+    INBOX_ALL,
+    Permissions,
+    kv_subjects,
+    object_reader_subjects,
+    object_subjects,
+    stream_subjects,
+)
 from sandpod_contract.subjects import Subjects
 
 __all__ = ["EMBEDDED_USERS", "KUBERNETES_USERS", "embedded_users", "kubernetes_users"]
@@ -33,12 +40,21 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
     keys = kv_subjects(s.storage("gateway-keys"))
     kv_store: tuple[str, ...] = ()
     node_plane: tuple[str, ...] = ()
+    # template builds' uploaded files (the local runtime builds): the client writes, the
+    # lifecycle reads (a compact grant: its JWT must fit the server's 4 KiB CONNECT line)
+    contexts: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
     if node is not None:
         kv_store = (*kv_subjects(s.storage("resources")), *kv_subjects(s.storage("leases")))
         node_plane = (s.node_plane(),)
+        contexts = object_subjects(s.storage("build-contexts"))
+        reads = object_reader_subjects(s.storage("build-contexts"))
     users = {
         "lifecycle": Permissions(
-            pub_allow=(sbx, *node_plane, events, INBOX_ALL, *kv_store, *events_stream),
+            pub_allow=(
+                *(sbx, *node_plane, events, INBOX_ALL),
+                *(*kv_store, *events_stream, *reads),
+            ),
             sub_allow=(*_kinds(s, "sandboxes", "templates"), INBOX_ALL),
         ),
         "pool": Permissions(
@@ -48,7 +64,7 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
         "gateway": Permissions(
             pub_allow=(api, sbx, INBOX_ALL, *keys), sub_allow=(INBOX_ALL, events)
         ),
-        "client": Permissions(pub_allow=(api, sbx), sub_allow=(INBOX_ALL, events)),
+        "client": Permissions(pub_allow=(api, sbx, *contexts), sub_allow=(INBOX_ALL, events)),
     }
     if node is not None:
         users["execd"] = Permissions(
@@ -65,8 +81,9 @@ def embedded_users(subjects: Subjects, node: str) -> dict[str, Permissions]:
     - pool: its API kinds, the store and lease buckets, ``sys.configure`` on members;
     - gateway: the API and data plane as a client, its key bucket, the events;
     - execd: its sandboxes' subjects and this node's node-plane verbs; replies only;
-    - client (CLI, SDK, MCP on this machine): the API and data plane, the events; no JetStream,
-      no node plane.
+    - client (CLI, SDK, MCP on this machine): the API and data plane, the events, the
+      build-context object store (a template build's files; content-addressed, and the
+      lifecycle checks each digest); no other JetStream, no node plane.
 
     Raises:
         ValueError: an invalid node id.

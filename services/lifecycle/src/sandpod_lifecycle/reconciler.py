@@ -56,8 +56,10 @@ class Reconciler:
         ready_timeout: float = 30.0,
         bind_settle: float = 0.25,
         clock: Clock = REAL,
+        keep: Callable[[], set[str]] | None = None,
     ) -> None:
         self.store = store
+        self._keep = keep  # instance ids with no Sandbox object that are not orphans (builders)
         self.driver = driver
         self.leases = leases
         self.events = events
@@ -179,7 +181,8 @@ class Reconciler:
             self.enqueue(obj.metadata.name, obj.metadata.namespace)
         if not self.leases.active():
             return  # a standby replica: the leader sweeps
-        for orphan in instances - names:
+        kept = self._keep() if self._keep is not None else set()
+        for orphan in instances - names - kept:
             log.warning("orphan_instance_destroyed", sandbox=orphan)
             await self.driver.destroy(orphan)
 

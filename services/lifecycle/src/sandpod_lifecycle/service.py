@@ -45,6 +45,9 @@ from sandpod_image.layers import UnpackOptions
 from sandpod_image.store import ImageStore
 from sandpod_kube import open_store
 from sandpod_lifecycle.api import LifecycleApi
+from sandpod_lifecycle.builds.cache import BuildCache
+from sandpod_lifecycle.builds.executor import Builder
+from sandpod_lifecycle.builds.loop import TemplateBuilds
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.node import NodeLauncher
@@ -86,6 +89,7 @@ class LifecycleService:
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
+        self.builder: Builder | None = None  # template builds (the local runtime only)
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
     async def _store(self, bus: Bus, bucket: str) -> Store:
@@ -190,7 +194,10 @@ class LifecycleService:
             self._node = node
             runtime = LocalRuntime(config)
             self._local = (runtime, inst.cgroup_parent)
-            driver = LocalDriver(runtime, node, self.settings.default_rootfs, self._images(state))
+            images = self._images(state)
+            # Build layers live in the node's image area, beside the image store's.
+            builds = BuildCache(images.root / "build")
+            driver = LocalDriver(runtime, node, self.settings.default_rootfs, images, builds)
             self._closers.append(driver.close)
             return driver
         return ProcessDriver(launcher)
@@ -224,9 +231,11 @@ class LifecycleService:
         await events.setup()
         self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events, clock=self.clock)
+        driver = self._driver()
+        builds = self._builds(bus, store, driver)
         self.reconciler = Reconciler(
             store=store,
-            driver=self._driver(),
+            driver=driver,
             leases=self._leases,
             events=events,
             templates=api.template,
@@ -238,6 +247,7 @@ class LifecycleService:
             resync=self.settings.resync,
             ready_timeout=self.settings.ready_timeout,
             clock=self.clock,
+            keep=self.builder.live if self.builder is not None else None,
         )
         routes: dict[tuple[str, str], Handler] = {
             ("sandboxes", "create"): api.create,
@@ -253,6 +263,8 @@ class LifecycleService:
             ("templates", "delete"): api.template_delete,
         }
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
+        if builds is not None:
+            self.supervisor.spawn(builds.run(), name="template-builds")
         if self._elect is not None:
             self.supervisor.spawn(self._elect(), name="leader-election")
         # Only the kinds served here: the pool service answers pools and claims.
@@ -266,6 +278,32 @@ class LifecycleService:
         )
         await self._api.start()
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
+
+    def _builds(self, bus: Bus, store: Store, driver: Driver) -> TemplateBuilds | None:
+        """The template builder, for the local runtime (Kubernetes mode builds no images
+        yet: a template with a build then stays unbuilt, its sandboxes wait)."""
+        if not isinstance(driver, LocalDriver) or driver.builds is None or self._leases is None:
+            return None
+        bucket = self.subjects.storage("build-contexts")
+        self.builder = Builder(
+            cache=driver.builds,
+            driver=driver,
+            bus=bus,
+            subjects=self.subjects,
+            contexts=lambda: bus.objects(bucket),
+            ready=self._ready,
+            # the prepared default base (SANDPOD_DEFAULT_ROOTFS, branch rootfs-default)
+            default_rootfs=self.settings.default_rootfs,
+            ready_timeout=self.settings.ready_timeout,
+        )
+        return TemplateBuilds(
+            store=store,
+            builder=self.builder,
+            leases=self._leases,
+            bus=bus,
+            subjects=self.subjects,
+            clock=self.clock,
+        )
 
     def _started(self) -> Bus:
         """The bus, for a probe or node request; they run only once ``start`` set it."""

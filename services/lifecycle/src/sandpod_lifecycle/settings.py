@@ -30,9 +30,9 @@
 | ``SANDPOD_DISK_DEFAULT`` | ``10Gi`` | local runtime: disk quota of a template naming none |
 | ``SANDPOD_DISK_RESERVE`` | ``2Gi`` | local runtime: free host space a create needs |
 | ``SANDPOD_DISK_PREALLOCATE`` | false | local runtime: reserve each sandbox's disk on the host |
-| ``SANDPOD_IMAGE_DIR`` | ``<state>/images`` | local runtime: the node's image store (``sandpod image``) |
-| ``SANDPOD_IMAGE_AUTH_FILE`` | the Docker default | registry credentials, Docker ``config.json`` format |
-| ``SANDPOD_INSECURE_REGISTRIES`` | none | comma-separated hosts pulled over plain HTTP (loopback always is) |
+| ``SANDPOD_IMAGE_DIR`` | ``<state>/images`` | local runtime: the node's image store |
+| ``SANDPOD_IMAGE_AUTH_FILE`` | Docker's | registry credentials (``config.json`` format) |
+| ``SANDPOD_INSECURE_REGISTRIES`` | none | hosts (comma-separated) pulled over plain HTTP |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -152,7 +152,8 @@ class LifecycleSettings:
             image_dir=_absolute(env, "SANDPOD_IMAGE_DIR"),
             image_auth_file=_absolute(env, "SANDPOD_IMAGE_AUTH_FILE"),
             insecure_registries=frozenset(
-                h.strip() for h in env_str(env, "SANDPOD_INSECURE_REGISTRIES", "").split(",")
+                h.strip()
+                for h in env_str(env, "SANDPOD_INSECURE_REGISTRIES", "").split(",")
                 if h.strip()
             ),
         )

@@ -54,6 +54,7 @@ from sandpod_pool.members import (
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.leases import LeaseKeeper
 from sandpod_store import Resource, Store, set_condition
+from sandpod_store.views import built_template
 
 __all__ = ["PoolReconciler"]
 
@@ -138,11 +139,12 @@ class PoolReconciler:
         if name is None:
             return SandboxTemplateSpec()
         try:
-            return SandboxTemplateSpec.from_dict(
-                (await self.store.get(TEMPLATE, namespace, name)).spec
-            )
+            template = built_template(await self.store.get(TEMPLATE, namespace, name))
         except ResourceNotFound:
             return None
+        if template.build is not None and not template.build.result:
+            return None  # being built (or failed): members wait for a result to run on
+        return template
 
     async def _step(self, key: str, pool: Resource, members: list[Resource]) -> float | None:
         spec = WarmPoolSpec.from_dict(pool.spec)
@@ -284,7 +286,8 @@ class PoolReconciler:
         available = [m for m in ready if m.metadata.labels.get(HASH_LABEL) == digest]
         old = WarmPoolStatus.from_dict(pool.status)
         if template_missing:
-            reason, msg = PoolReason.TEMPLATE_NOT_FOUND, f"template {spec.template_ref!r} not found"
+            reason = PoolReason.TEMPLATE_NOT_FOUND
+            msg = f"template {spec.template_ref!r} not found, or not built yet (its build runs)"
         elif len(available) >= spec.replicas:
             reason, msg = PoolReason.ALL_READY, ""
         elif len(available) < len(ready):

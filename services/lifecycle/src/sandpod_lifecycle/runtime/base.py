@@ -139,9 +139,10 @@ class InstanceSpec:
         rootfs: the read-only base of the copy-on-write root; None means the host's root
             filesystem (submounts such as /proc or /dev are not part of it) unless ``layers``
             are given.
-        layers: an image's unpacked layers, bottom first (overlay-ready directories of the
-            node's image store, shared by every sandbox of the image): stacked as the root's
-            read-only lower layers, in place of ``rootfs``.
+        layers: read-only directories in overlay format (whiteouts, opaque directories),
+            bottom first: an image's unpacked layers (the node's image store, shared by every
+            sandbox of the image), or a built template's; stacked over ``rootfs`` when one is
+            given, else the whole base.
         image: what ``layers`` are (``reference@digest``), for the jail file and ``get``.
         workdir: the image's working directory, the default cwd of shells and commands that
             name none (None: ``/workspace``).
@@ -178,8 +179,6 @@ class InstanceSpec:
                 raise ValueError(f"{name} must be an unprivileged id (1..2^32-2), got {value}")
         if self.rootfs is not None and not self.rootfs.is_absolute():
             raise ValueError(f"rootfs must be an absolute path, got {self.rootfs}")
-        if self.layers and self.rootfs is not None:
-            raise ValueError("an instance has either a rootfs or an image's layers, not both")
         for layer in self.layers:
             if not layer.is_absolute():
                 raise ValueError(f"a layer must be an absolute path, got {layer}")

@@ -95,17 +95,18 @@ class HolderLayout:
     seccomp: str = "default"  # the filter mode of sandpod-jail-exec (see seccomp.py)
     helper: str | None = None  # sandpod-jail-exec; None: the holder waits unfiltered
     tmp_in_upper: bool = False  # /tmp is the writable layer's (else a tmpfs of tmp_bytes)
-    layers: tuple[Path, ...] = ()  # an image's lower layers, bottom first (in place of base)
+    layers: tuple[Path, ...] = ()  # stacked over base, bottom first (an image's, a build's)
+    userxattr: bool = False  # overlay's own xattrs in user.overlay.* (rootless layered roots)
 
     def lowerdir(self) -> str:
-        """overlayfs' ``lowerdir``: the image's layers top first (overlay's order), else base."""
-        return ":".join(str(p) for p in reversed(self.layers)) if self.layers else str(self.base)
+        """overlayfs' ``lowerdir``: the top layer first, the base last."""
+        return ":".join(str(p) for p in (*reversed(self.layers), self.base))
 
     def overlay_options(self) -> str:
         """Extra overlay options. Rootless, the ``trusted.`` xattrs are out of reach: overlay
         keeps its own (opaque directories, copy-up state) in ``user.overlay.*`` instead, which
         is also how a rootless unpack marks an image layer's opaque directories."""
-        return "userxattr" if self.rootless and self.layers else ""
+        return "userxattr" if self.userxattr else ""
 
     def argv(self, tools: Mapping[str, str | None], cgroup_procs: Sequence[str]) -> list[str]:
         sh, unshare = tools["sh"], tools["unshare"]

@@ -128,8 +128,8 @@ class LocalRuntime:
             raise RuntimeUnavailable("; ".join(caps.problems), problems=list(caps.problems))
         plan = self._cgroup_plan(caps)
         sid = spec.sandbox_id
-        base = spec.layers[-1] if spec.layers else spec.rootfs or Path("/")
-        for layer in spec.layers or (base,):
+        base = spec.rootfs or (spec.layers[0] if spec.layers else Path("/"))
+        for layer in (base, *spec.layers):
             if not layer.is_dir():
                 raise CreateFailed(f"rootfs {layer} is not a directory", rootfs=str(layer))
         async with self._lock(sid):
@@ -280,6 +280,9 @@ class LocalRuntime:
         layout = HolderLayout(
             sandbox_id=sid,
             base=base,
+            # stacked over base; without a rootfs the image's bottom layer is the base
+            layers=spec.layers if spec.rootfs is not None else spec.layers[1:],
+            userxattr=rootless and bool(spec.layers),
             upper=top / "upper",
             work=top / "work",
             root=d / "root",
@@ -294,7 +297,6 @@ class LocalRuntime:
             seccomp=spec.seccomp,
             helper=seccomp.helper(),
             tmp_in_upper=quota,
-            layers=spec.layers,
         )
         procs = [cgroup_join_file(c) for c in cg.holder_joined]
         popen, holder, skipped = await launch(

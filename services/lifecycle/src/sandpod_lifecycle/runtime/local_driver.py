@@ -38,14 +38,16 @@ from pathlib import Path
 
 import structlog
 
-from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.errors import ImageError
+from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_image import debian
 from sandpod_image.store import ImageStore
+from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig
 from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import (
     CreateFailed,
+    InstanceNotFound,
     InstanceSpec,
     InstanceStatus,
     InstanceUnhealthy,
@@ -119,8 +121,10 @@ class LocalDriver:
         launcher: ExecdLauncher | NodeLauncher,
         default_rootfs: Path | None = None,
         images: ImageStore | None = None,
+        builds: BuildCache | None = None,
     ) -> None:
         self._runtime = runtime
+        self.builds = builds  # the template build cache whose layers built templates stack
         self._launcher = launcher
         self._default_rootfs = default_rootfs
         self._images = images  # the node's image store: templates naming an ``image``
@@ -223,6 +227,17 @@ class LocalDriver:
                 template.security.seccomp, template.security.allow_nested_user_namespaces
             ),
         )
+        if template.build is not None:
+            rootfs, layers, config = self._built(template)
+            return await self._runtime.create(
+                dataclasses.replace(
+                    instance,
+                    rootfs=rootfs,
+                    layers=layers,
+                    workdir=config.workdir or None,
+                    env={**dict(config.env), **instance.env},
+                )
+            )
         if image is None:
             return await self._runtime.create(
                 dataclasses.replace(instance, rootfs=self._base(template))
@@ -244,7 +259,7 @@ class LocalDriver:
 
     async def _image(self, sandbox_id: str, template: SandboxTemplateSpec) -> ImageRoot | None:
         """The template's image as layers (None: it names none, or a ``rootfs`` wins)."""
-        if not template.image or template.rootfs or self._images is None:
+        if not template.image or template.rootfs or template.build or self._images is None:
             return None
         log.info("image_resolving", sandbox_id=sandbox_id, image=template.image)
         try:
@@ -279,6 +294,17 @@ class LocalDriver:
             ) from exc
         return self._default_rootfs
 
+    def _built(self, template: SandboxTemplateSpec) -> tuple[Path, tuple[Path, ...], ImageConfig]:
+        """(base, layers, config) of a built template's root: its chain in the build cache."""
+        build = template.build
+        if build is None or not build.result or self.builds is None:
+            raise CreateFailed(
+                "the template is not built yet (its build is running or failed: see "
+                "sandpod template get)",
+            )
+        chain = self.builds.chain(build.result)
+        return chain.rootfs, chain.layers, chain.config
+
     async def inspect(self, sandbox_id: str) -> Instance | None:
         status = await self._runtime.inspect(sandbox_id)
         if status.lost:
@@ -292,6 +318,17 @@ class LocalDriver:
 
     async def resume(self, sandbox_id: str) -> None:
         await self._runtime.resume(sandbox_id)
+
+    async def writable_layer(self, sandbox_id: str) -> tuple[Path, int, int]:
+        """(upper dir, uid, gid) of a live instance: what a template build commits.
+
+        Raises:
+            InstanceNotFound: no such instance.
+        """
+        status = await self._runtime.inspect(sandbox_id)
+        if status.upper_dir is None or status.uid is None or status.gid is None:
+            raise InstanceNotFound(f"sandbox {sandbox_id!r} has no instance", sandbox_id=sandbox_id)
+        return status.upper_dir, status.uid, status.gid
 
     async def destroy(self, sandbox_id: str) -> None:
         self._unwatch(sandbox_id)

@@ -1,0 +1,44 @@
+"""A built template as an OCI image layout: the way a build reaches a registry or a cluster.
+
+Data flow: the result key's chain (:meth:`BuildCache.chain`) is read bottom first; the base
+directory becomes the image's first layer and each cached layer (already in overlay format:
+whiteouts and opaque directories, which ``sandpod_image.layers.pack_layer`` turns into the
+OCI ``.wh.`` entries) one more, in order; the chain's config (env, workdir, user) becomes the
+image config. The layout can then be pushed (``sandpod_image``'s registry push, or
+``skopeo copy oci:<dir> docker://…``), which is what Kubernetes mode needs to run a built
+template as a Pod image.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandpod_image.ocilayout import ImageConfig as OciConfig
+from sandpod_image.ocilayout import OciLayout
+from sandpod_lifecycle.builds.cache import BuildCache
+
+__all__ = ["export_oci"]
+
+
+def export_oci(cache: BuildCache, key: str, out: Path, *, ref: str = "latest") -> str:
+    """Write result ``key`` as an OCI image layout at ``out``, tagged ``ref``.
+
+    Returns:
+        The manifest's digest.
+
+    Raises:
+        ResourceNotFound: an entry of the chain is missing from the cache.
+    """
+    chain = cache.chain(key)
+    layout = OciLayout(out)
+    layout.add_layer(chain.rootfs, created_by=f"base {chain.rootfs}")
+    metas = [cache.get(k) for k in chain.keys[1:]]
+    for meta in metas:
+        if meta is not None and meta.has_fs:
+            layout.add_layer(cache.entry(meta.key) / "fs", created_by=meta.description)
+    config = OciConfig(
+        env=tuple(f"{k}={v}" for k, v in chain.config.env),
+        working_dir=chain.config.workdir,
+        user=chain.config.user,
+    )
+    return layout.write_image(config, ref=ref).digest
