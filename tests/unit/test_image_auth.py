@@ -29,7 +29,7 @@ def test_auth_username_password_and_identity_token_entries(tmp_path: Path) -> No
         tmp_path,
         {
             "auths": {
-                "https://index.docker.io/v1/": {"auth": b64("hub:pa:ss")},
+                "https://api.docker.io/v1/": {"auth": b64("hub:pa:ss")},  # a Hub alias
                 "ghcr.io": {"username": "gh", "password": "tok"},
                 "http://LOCALHOST:5000/": {"identitytoken": "refresh"},
                 "reg.example": {"registrytoken": "bearer"},
@@ -105,6 +105,6 @@ def test_default_path_order(tmp_path: Path) -> None:
 
 def test_registry_keys() -> None:
     """Hosts compare case-insensitively, without scheme or path; Hub aliases are one."""
-    assert registry_key("https://registry-1.docker.io/v2/") == "docker.io"
+    assert registry_key("https://api.docker.io/v2/") == "docker.io"
     assert registry_key("Ghcr.IO") == "ghcr.io"
     assert registry_key("http://127.0.0.1:5000") == "127.0.0.1:5000"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandpod_contract.errors import ImageNotFound, ImageUnsupported
+from sandpod_contract.errors import ImageError, ImageNotFound, ImageUnsupported
 from sandpod_image._records import Layout
 from sandpod_image.manifest import (
     Index,
@@ -29,7 +29,7 @@ HEX = "a" * 64
         ("python", Reference("docker.io", "library/python", "latest")),
         ("python:3.12-slim", Reference("docker.io", "library/python", "3.12-slim")),
         ("docker.io/library/x", Reference("docker.io", "library/x", "latest")),
-        ("index.docker.io/x", Reference("docker.io", "library/x", "latest")),
+        ("Hub.Docker.IO/x", Reference("docker.io", "library/x", "latest")),  # a Hub alias
         ("user/app:1", Reference("docker.io", "user/app", "1")),
         ("ghcr.io/o/r:tag", Reference("ghcr.io", "o/r", "tag")),
         ("host:5000/r@sha256:" + HEX, Reference("host:5000", "r", None, "sha256:" + HEX)),
@@ -45,12 +45,27 @@ def test_references_parse_and_normalise(text: str, want: Reference) -> None:
     assert parse_reference(text) == want
 
 
-def test_a_reference_prints_canonically_and_names_its_api_host() -> None:
-    """str() is the full form; Docker Hub's API is on registry-1.docker.io."""
+def test_a_reference_prints_canonically_and_names_its_api_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """str() is the full form; a registry is its own API host; Docker Hub's API is where the
+    host's registries.conf says (a mirror first), and without an entry the error says what to
+    add."""
+    conf = tmp_path / "registries.conf"
+    conf.write_text(
+        '[[registry]]\nprefix = "docker.io"\nlocation = "hub-api.internal"\n'
+        '[[registry]]\nprefix = "quay.example"\nlocation = "quay.example"\n'
+        '[[registry.mirror]]\nlocation = "cache.internal:5000/quay"\n'
+    )
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(conf))
     ref = parse_reference("python:3")
     assert str(ref) == "docker.io/library/python:3"
-    assert ref.api_host == "registry-1.docker.io"
+    assert ref.api_host == "hub-api.internal"
+    assert parse_reference("quay.example/a/b").api_host == "cache.internal:5000"
     assert parse_reference("ghcr.io/o/r").api_host == "ghcr.io"
+    conf.write_text("")
+    with pytest.raises(ImageError, match=r'prefix = "docker.io"'):
+        _ = ref.api_host
     assert ref.target == "3"
     assert parse_reference("r.io/a@sha256:" + HEX).target == "sha256:" + HEX
 

@@ -5,7 +5,8 @@
 or an ``identitytoken`` for OAuth2 refresh tokens, or a ``registrytoken`` used as a bearer token
 as it is). :func:`load_auth_file` reads one into an :class:`AuthFile`; the registry client asks it
 for the :class:`AuthConfig` of one registry host. Keys are normalised the way Docker does
-(``https://index.docker.io/v1/`` is Docker Hub; a scheme and a path are ignored).
+(Docker Hub's index URL, ``https://index.<docker.io>/v1/``, is ``docker.io``; a scheme and a
+path are ignored).
 
 Credential helpers (``credsStore``, ``credHelpers``) are not run: they execute programs of the
 user's choice, which a node service must not do; such entries are ignored and the registry is
@@ -24,13 +25,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from sandpod_contract.errors import BadRequest
+from sandpod_image.reference import is_docker_hub
 
 __all__ = ["AuthConfig", "AuthFile", "default_auth_path", "load_auth_file", "registry_key"]
-
-_HUB_KEYS: Final = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +67,13 @@ class AuthFile:
 
 
 def registry_key(text: str) -> str:
-    """Normalise a config.json key or a host: ``https://index.docker.io/v1/`` -> ``docker.io``."""
+    """Normalise a config.json key or a host: Docker Hub's names are ``docker.io``."""
     host = text.strip()
     for scheme in ("https://", "http://"):
         if host.startswith(scheme):
             host = host[len(scheme) :]
     host = host.split("/", 1)[0].lower()
-    return "docker.io" if host in _HUB_KEYS else host
+    return "docker.io" if is_docker_hub(host) else host
 
 
 def default_auth_path(env: Mapping[str, str] | None = None) -> Path | None:

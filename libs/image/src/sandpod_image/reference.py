@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from sandpod_contract.errors import BadRequest, ImageUnsupported
+from sandpod_image import endpoints
 
 __all__ = [
     "DOCKER_HUB",
@@ -28,9 +29,6 @@ __all__ = [
 ]
 
 DOCKER_HUB: Final = "docker.io"
-# Docker Hub's distribution API is not served on docker.io itself.
-_DOCKER_HUB_API: Final = "registry-1.docker.io"
-_HUB_ALIASES: Final = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 _MAX_NAME: Final = 255
 
 _COMPONENT: Final = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
@@ -41,6 +39,12 @@ _HOST: Final = re.compile(
 _TAG: Final = re.compile(r"[\w][\w.-]{0,127}")
 _DIGEST: Final = re.compile(r"([a-z0-9]+(?:[.+_-][a-z0-9]+)*):([a-zA-Z0-9=_-]+)")
 _SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
+
+
+def is_docker_hub(host: str) -> bool:
+    """Whether ``host`` is one of Docker Hub's names (its own, its index's, its API's)."""
+    host = host.lower()
+    return host == DOCKER_HUB or host.endswith("." + DOCKER_HUB)
 
 
 class InvalidReference(BadRequest):
@@ -76,8 +80,13 @@ class Reference:
 
     @property
     def api_host(self) -> str:
-        """The host serving the distribution API (Docker Hub's differs from its name)."""
-        return _DOCKER_HUB_API if self.registry == DOCKER_HUB else self.registry
+        """The host serving the distribution API: the host's containers configuration says
+        (Docker Hub's differs from its name; see :mod:`sandpod_image.endpoints`).
+
+        Raises:
+            ImageError: Docker Hub, and nothing configures where its API is.
+        """
+        return endpoints.api_host(self.registry)
 
     def with_digest(self, digest: str) -> Reference:
         """This reference pinned to ``digest`` (the tag kept, for display)."""
@@ -118,7 +127,7 @@ def parse_reference(text: str) -> Reference:
     rest, digest = _split_digest(text)
     registry, path = _split_registry(rest)
     path, tag = _split_tag(text, path)
-    if registry in _HUB_ALIASES:
+    if is_docker_hub(registry):
         registry = DOCKER_HUB
         if "/" not in path:
             path = f"library/{path}"

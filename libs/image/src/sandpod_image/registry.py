@@ -52,7 +52,7 @@ class Registry:
     """A connection to one registry host.
 
     Args:
-        host: ``host[:port]`` serving ``/v2/`` (``registry-1.docker.io`` for Docker Hub).
+        host: ``host[:port]`` serving ``/v2/`` (Docker Hub: see ``endpoints``).
         auth: credentials, or None for anonymous access.
         insecure: allow plain HTTP to a non-loopback host (loopback always uses HTTP).
         transport: an httpx transport (tests, proxies); default: httpx's own.
