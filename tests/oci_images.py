@@ -78,7 +78,24 @@ def build_image(
     compress: bool = True,
 ) -> BuiltImage:
     """An image of these layers (bottom first); ``config``: the config's ``config`` part."""
-    tars = [layer_tar(files) for files in layers]
+    return image_of_tars(
+        [layer_tar(files) for files in layers],
+        config=config,
+        arch=arch,
+        docker=docker,
+        compress=compress,
+    )
+
+
+def image_of_tars(
+    tars: list[bytes],
+    *,
+    config: dict[str, Any] | None = None,
+    arch: str = "amd64",
+    docker: bool = False,
+    compress: bool = True,
+) -> BuiltImage:
+    """An image of these uncompressed layer tars (bottom first), like :func:`build_image`."""
     blobs = [gzip.compress(t, mtime=0) if compress else t for t in tars]
     cfg = {
         "architecture": arch,
