@@ -48,7 +48,7 @@ __all__ = [
     "SERVICES",
     "BaseLayer",
     "Build",
-    "BuildFailed",
+    "MakeImagesFailed",
     "base_image",
     "debian_tarball",
     "execd_image",
@@ -114,7 +114,7 @@ _COPY_BUNDLE: Final = (
 )
 
 
-class BuildFailed(Exception):
+class MakeImagesFailed(Exception):
     """A step of an image build failed; the message says which and how to fix it."""
 
 
@@ -143,10 +143,10 @@ def _run(argv: Sequence[str], *, cwd: Path | None = None, env: dict[str, str] | 
     try:
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     except OSError as exc:
-        raise BuildFailed(f"cannot run {argv[0]}: {exc}") from exc
+        raise MakeImagesFailed(f"cannot run {argv[0]}: {exc}") from exc
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-        raise BuildFailed(f"{shlex.join(argv)} exited with {done.returncode}:\n{tail}")
+        raise MakeImagesFailed(f"{shlex.join(argv)} exited with {done.returncode}:\n{tail}")
     return done.stdout
 
 
@@ -192,14 +192,14 @@ def host_suite(os_release: Path = Path("/etc/os-release")) -> str:
     for line in os_release.read_text().splitlines():
         if line.startswith("VERSION_CODENAME="):
             return line.split("=", 1)[1].strip().strip('"')
-    raise BuildFailed(f"no VERSION_CODENAME in {os_release}: pass --base-rootfs")
+    raise MakeImagesFailed(f"no VERSION_CODENAME in {os_release}: pass --base-rootfs")
 
 
 def debian_tarball(build: Build) -> Path:
     """The Debian base as a tarball from ``mmdebstrap``, built once and kept in the cache."""
     sources = next((p for p in _SOURCES if p.exists()), None)
     if sources is None or shutil.which("mmdebstrap") is None:
-        raise BuildFailed("needs mmdebstrap (apt-get install mmdebstrap) and apt sources")
+        raise MakeImagesFailed("needs mmdebstrap (apt-get install mmdebstrap) and apt sources")
     suite = host_suite()
     argv = [
         "mmdebstrap",
@@ -301,7 +301,7 @@ def _stage_service(build: Build, service: str, python: Path, stage: Path) -> tup
 def _stage_web(repo: Path, dest: Path) -> None:
     web = repo / "services/gateway/src/sandpod_gateway/web"
     if not (web / "node_modules").is_dir():
-        raise BuildFailed(f"{web}/node_modules missing: run `make web` (npm ci) first")
+        raise MakeImagesFailed(f"{web}/node_modules missing: run `make web` (npm ci) first")
     shutil.copytree(web, dest, symlinks=True)
 
 
@@ -350,11 +350,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"sandpod-base: {base.layout}:{build.tag}")
         if "services" in wanted:
             if not args.service_python.exists():
-                raise BuildFailed(f"{args.service_python} missing: pass --service-python")
+                raise MakeImagesFailed(f"{args.service_python} missing: pass --service-python")
             for service in SERVICES:
                 built = service_image(build, base, service, args.service_python)
                 print(f"sandpod-{service}: {built}:{build.tag}")
-    except BuildFailed as exc:
+    except MakeImagesFailed as exc:
         print(f"make images: {exc}", file=sys.stderr)
         return 1
     return 0
