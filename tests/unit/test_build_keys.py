@@ -113,3 +113,22 @@ def test_the_result_is_never_on_the_wire() -> None:
     build = TemplateBuild.from_dict({"steps": [{"run": "x"}]})
     assert build is not None
     assert "result" not in build.to_dict()
+
+
+def test_an_image_base_chain_stacks_the_image_layers_with_no_rootfs(tmp_path: Path) -> None:
+    """An image base: its key is its manifest digest's (a re-pushed tag is another base), its
+    layers are the chain's bottom and no rootfs lies below them; its meta survives a reread."""
+    cache = BuildCache(tmp_path / "build")
+    base = base_key({"image": "sha256:" + "a" * 64})
+    assert base != base_key({"image": "sha256:" + "b" * 64})
+    img = (str(tmp_path / "l1"), str(tmp_path / "l2"))
+    conf = ImageConfig(env=(("APP", "1"),), workdir="/app")
+    cache.put(LayerMeta(base, "", "image", "image x", False, conf, image_layers=img))
+    run = BuildStep.from_dict("s", {"run": "true"})
+    k1, fs = step_key(base, run), cache.scratch("x") / "fs"
+    fs.mkdir()
+    cache.put(LayerMeta(k1, base, "run", "run true", True, conf), fs)
+    chain = cache.chain(k1)
+    assert chain.rootfs is None
+    assert chain.layers == (tmp_path / "l1", tmp_path / "l2", tmp_path / "build" / k1 / "fs")
+    assert chain.config.workdir == "/app"

@@ -295,6 +295,7 @@ class LifecycleService:
             # the prepared default base (SANDPOD_DEFAULT_ROOTFS, branch rootfs-default)
             default_rootfs=self.settings.default_rootfs,
             ready_timeout=self.settings.ready_timeout,
+            images=driver.images,
         )
         return TemplateBuilds(
             store=store,

@@ -96,6 +96,10 @@ class LayerMeta:
     config: ImageConfig
     rootfs: str = ""  # a base's root directory
     version: int = META_VERSION
+    # An image base: its unpacked layer directories in the node's image store, bottom first
+    # (the chain stacks them with no rootfs below), and ``reference@digest``.
+    image_layers: tuple[str, ...] = ()
+    image: str = ""
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)
@@ -108,6 +112,7 @@ class LayerMeta:
         if raw.get("version") != META_VERSION:
             raise ValueError(f"unsupported build cache entry version {raw.get('version')!r}")
         raw["config"] = ImageConfig.from_dict(raw["config"])
+        raw["image_layers"] = tuple(str(x) for x in raw.get("image_layers") or ())
         return cls(**raw)
 
 
@@ -115,7 +120,7 @@ class LayerMeta:
 class Chain:
     """A result's root: the base directory, the layers above it bottom first, the config."""
 
-    rootfs: Path
+    rootfs: Path | None  # None: an image base (its layers are the bottom of ``layers``)
     layers: tuple[Path, ...]
     config: ImageConfig
     keys: tuple[str, ...]  # every entry's key, bottom first (the base's included)
@@ -177,9 +182,10 @@ class BuildCache:
             current = meta.parent
         base = metas[-1]
         layers = tuple(self.entry(m.key) / "fs" for m in reversed(metas) if m.has_fs)
+        images = tuple(Path(p) for p in base.image_layers)
         return Chain(
-            rootfs=Path(base.rootfs or "/"),
-            layers=layers,
+            rootfs=None if images else Path(base.rootfs or "/"),
+            layers=images + layers,
             config=metas[0].config,
             keys=tuple(m.key for m in reversed(metas)),
         )

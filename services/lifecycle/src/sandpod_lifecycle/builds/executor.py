@@ -37,10 +37,11 @@ import structlog
 from sandpod_bus import Bus, ObjectBucket
 from sandpod_client import Channel, ExecStream
 from sandpod_contract.builds import BuildStep, TemplateBuild
-from sandpod_contract.errors import BuildFailed, BuildUnsupported, ResourceNotFound
+from sandpod_contract.errors import BuildFailed, BuildUnsupported, ImageError, ResourceNotFound
 from sandpod_contract.messages.exec import ExecExit
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.subjects import Subjects
+from sandpod_image.store import ImageStore
 from sandpod_lifecycle.builds import commit
 from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig, LayerMeta, base_key, step_key
 from sandpod_lifecycle.runtime.base import RuntimeFailure
@@ -77,6 +78,7 @@ class Builder:
         ready: Callable[[str, float], Awaitable[bool]],
         default_rootfs: Path | None = None,
         ready_timeout: float = 30.0,
+        images: ImageStore | None = None,
     ) -> None:
         self.cache = cache
         self._driver = driver
@@ -85,6 +87,7 @@ class Builder:
         self._contexts = contexts
         self._ready = ready
         self._default_rootfs = default_rootfs
+        self._images = images  # the node's image store: ``from: {image}`` bases
         self._ready_timeout = ready_timeout
         self._one = asyncio.Lock()
         self.builders: set[str] = set()  # live builder ids (the reconciler leaves them alone)
@@ -113,7 +116,7 @@ class Builder:
         if build is None:
             raise BuildUnsupported("the template has no build", what="build")
         async with self._one:
-            parent = await self._base(template, build, template_result)
+            parent = await self._base(name, template, build, template_result)
             config = self._config(parent)
             keys, ran = [parent], 0
             total = len(build.steps)
@@ -139,6 +142,7 @@ class Builder:
 
     async def _base(
         self,
+        name: str,
         template: SandboxTemplateSpec,
         build: TemplateBuild,
         template_result: Callable[[str], Awaitable[str]],
@@ -148,13 +152,44 @@ class Builder:
             self.cache.chain(key)  # its entries must all be here (ResourceNotFound)
             return key
         if build.base.image is not None:
+            return await self._image_base(name, build.base.image)
+        return self._default_base(template)
+
+    async def _image_base(self, name: str, ref: str) -> str:
+        """The key of image ``ref`` as a base: its manifest digest (a re-pushed tag is a new
+        base, so everything above rebuilds). Pulled every build (only the manifest is fetched
+        when the layers are here); the template holds the image in the store (one use record
+        per template, overwritten by a rebuild), so GC keeps the layers its chain stacks."""
+        if self._images is None:
             raise BuildUnsupported(
-                f"building from an image ({build.base.image}) needs the node's image store, "
-                "which this lifecycle does not have yet: build from a template or the default "
-                "base",
+                f"building from an image ({ref}) needs the node's image store",
                 what="from.image",
             )
-        return self._default_base(template)
+        try:
+            image = await self._images.pull(ref)
+        except ImageError as exc:
+            raise BuildFailed(f"cannot pull the base image {ref}: {exc}", template=name) from exc
+        await asyncio.to_thread(self._images.use, f"template-{name}", image)
+        key = base_key({"image": image.digest})
+        if self.cache.get(key) is None:
+            conf = image.config
+            self.cache.put(
+                LayerMeta(
+                    key=key,
+                    parent="",
+                    kind="image",
+                    description=f"image {image.reference}@{image.digest}",
+                    has_fs=False,
+                    config=ImageConfig(
+                        env=tuple(sorted(dict(conf.env).items())),
+                        workdir=conf.workdir or "",
+                        user=conf.user or "",
+                    ),
+                    image_layers=tuple(str(p) for p in image.layers),
+                    image=f"{image.reference}@{image.digest}",
+                )
+            )
+        return key
 
     def _default_base(self, template: SandboxTemplateSpec) -> str:
         """The key of the template's ``rootfs`` (else the node's default base) as a base."""
@@ -212,7 +247,7 @@ class Builder:
     def _lowers(self, parent: str) -> list[Path]:
         """The directories below a new layer on ``parent``, top first (the base last)."""
         chain = self.cache.chain(parent)
-        return [*reversed(chain.layers), chain.rootfs]
+        return [*reversed(chain.layers), *([chain.rootfs] if chain.rootfs else [])]
 
     async def _copy(self, job: _Job, scratch: Path, lowers: list[Path]) -> None:
         src, tar = job.step.src, scratch / "context.tar"

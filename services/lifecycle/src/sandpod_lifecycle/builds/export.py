@@ -31,7 +31,12 @@ def export_oci(cache: BuildCache, key: str, out: Path, *, ref: str = "latest") -
     """
     chain = cache.chain(key)
     layout = OciLayout(out)
-    layout.add_layer(chain.rootfs, created_by=f"base {chain.rootfs}")
+    base = cache.get(chain.keys[0])
+    if chain.rootfs is not None:
+        layout.add_layer(chain.rootfs, created_by=f"base {chain.rootfs}")
+    elif base is not None:  # an image base: its own layers, bottom first
+        for layer in base.image_layers:
+            layout.add_layer(Path(layer), created_by=base.description)
     metas = [cache.get(k) for k in chain.keys[1:]]
     for meta in metas:
         if meta is not None and meta.has_fs:

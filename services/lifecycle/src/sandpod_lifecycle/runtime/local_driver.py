@@ -257,6 +257,11 @@ class LocalDriver:
             await self._release(sandbox_id)
             raise
 
+    @property
+    def images(self) -> ImageStore | None:
+        """The node's image store (template builds pull their ``from: {image}`` through it)."""
+        return self._images
+
     async def _image(self, sandbox_id: str, template: SandboxTemplateSpec) -> ImageRoot | None:
         """The template's image as layers (None: it names none, or a ``rootfs`` wins)."""
         if not template.image or template.rootfs or template.build or self._images is None:
@@ -294,7 +299,9 @@ class LocalDriver:
             ) from exc
         return self._default_rootfs
 
-    def _built(self, template: SandboxTemplateSpec) -> tuple[Path, tuple[Path, ...], ImageConfig]:
+    def _built(
+        self, template: SandboxTemplateSpec
+    ) -> tuple[Path | None, tuple[Path, ...], ImageConfig]:
         """(base, layers, config) of a built template's root: its chain in the build cache."""
         build = template.build
         if build is None or not build.result or self.builds is None:
