@@ -78,26 +78,29 @@ def build_image(fs: Path, work: Path, compress: str) -> tuple[str, int]:
 
 async def disk_of_image(url: str, state: Path, template: str, keep: int) -> dict[str, float]:
     """Bytes each of ``keep`` live image sandboxes adds under the jails directory, and the
-    node's image store before and while they live (unchanged: the layers are shared)."""
-    jails, images = state / "jails", state / "images"
-    before = allocated(jails), allocated(images)
+    node's image store (unpacked layers, blobs) before and while they live: unchanged, since
+    every sandbox stacks the same layer directories."""
+    jails, layers, blobs = state / "jails", state / "images" / "layers", state / "images" / "blobs"
+    before = allocated(jails), allocated(layers)
     held = [await AsyncSandbox.create(nats_url=url, template=template) for _ in range(keep)]
     try:
         for sbx in held:
             r = await sbx.exec(["true"])
             if r.exit_code != 0:
                 raise RuntimeError(f"exec in an image sandbox failed: {r.stderr}")
-        during = allocated(jails), allocated(images)
-        layers = len([p for p in (images / "layers").rglob("fs") if p.is_dir()])
+        during = allocated(jails), allocated(layers)
+        dirs = len(list(layers.glob("sha256/*/fs")))
     finally:
         for sbx in held:
             async with sbx:
                 await sbx.kill()
     return {
         "per_sandbox": (during[0] - before[0]) / keep,
-        "store_before": before[1],
-        "store_during": during[1],
-        "layer_dirs": layers,
+        "layers_before": before[1],
+        "layers_during": during[1],
+        "blobs": allocated(blobs),
+        "layer_dirs": dirs,
+        "keep": keep,
     }
 
 
@@ -143,15 +146,15 @@ def report(
         mb = 1e6
         print(
             f"disk per additional image sandbox: {disk['per_sandbox'] / mb:.2f} MB allocated "
-            f"under its jail (writable layer, workspace)"
+            "under its jail (writable layer, workspace)"
         )
         print(
-            f"the image on the node (blobs + unpacked layers): {disk['store_before'] / mb:.0f} MB"
-            f" before, {disk['store_during'] / mb:.0f} MB with the sandboxes live; "
-            f"{disk['layer_dirs']:.0f} layer dirs (shared, not copied)"
+            f"the image's unpacked layers on the node: {disk['layers_before'] / mb:.0f} MB "
+            f"before, {disk['layers_during'] / mb:.0f} MB with {disk['keep']:.0f} sandboxes live "
+            f"({disk['layer_dirs']:.0f} layer dirs, shared); its blobs: {disk['blobs'] / mb:.0f} MB"
         )
-        share = disk["per_sandbox"] / max(disk["store_before"], 1)
-        print(f"  -> per-sandbox disk {share:.4f}x the image's size on the node")
+        share = disk["per_sandbox"] / max(disk["layers_before"], 1)
+        print(f"  -> per-sandbox disk {share:.4f}x the image's unpacked size")
 
 
 if __name__ == "__main__":
