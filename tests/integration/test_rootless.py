@@ -284,7 +284,9 @@ async def test_pause_without_a_delegated_freezer_is_refused_with_the_reason(
     running and its conditions say why instead of claiming it is paused."""
     sbx = await rootless.sandbox("rl-pause")
     async with sbx:
-        await sbx.pause()
+        # A refused pause never becomes Paused: the call returns after its wait with the phase
+        # it has (30 s by default, 10 s short of the request's own timeout on a loaded host).
+        await sbx.pause(wait=2)
         deadline = time.monotonic() + 20
         while True:
             info = await sbx.info()
