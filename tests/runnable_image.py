@@ -18,6 +18,7 @@ import json
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from oci_images import image_of_tars, push_image
@@ -85,12 +86,12 @@ def push(
     tag: str,
     layers: list[bytes],
     *,
-    config: dict[str, object],
+    config: Mapping[str, object],
     work: Path,
     auth: AuthConfig,
 ) -> str:
     """Push an image of ``layers`` (bottom first) and ``config``: its reference."""
-    image = image_of_tars(layers, config=config)
+    image = image_of_tars(layers, config=dict(config))
 
     async def send() -> None:
         async with Registry(registry.host, auth=auth) as r:

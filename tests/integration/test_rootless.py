@@ -49,7 +49,7 @@ class Rootless:
     """A lifecycle service (local runtime) running as the unprivileged test user."""
 
     def __init__(
-        self, nats: NatsServer, state: Path, uid: int, gid: int, prefix: str, **extra: str
+        self, nats: NatsServer, state: Path, uid: int, gid: int, /, prefix: str, **extra: str
     ) -> None:
         self.nats, self.state, self.uid, self.prefix = nats, state, uid, prefix
         self.cgroup_parent = Installation.claim(prefix, state, None).cgroup_parent
