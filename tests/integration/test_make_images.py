@@ -117,7 +117,7 @@ def test_execd_image_holds_exactly_the_bundle(
 
 @pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="install Debian's mmdebstrap")
 def test_base_image_is_the_default_base_and_runs_python(tmp_path: Path) -> None:
-    """sandpod-base's layer is the default sandbox base (one tree per machine); unpacked, its python3 runs."""
+    """sandpod-base's layer is the default sandbox base; unpacked, its python3 runs."""
     out = tmp_path / "images"
     # Uncompressed: gzip of the ~500 MB tree costs ~50 s here and is tested on small layers.
     assert main(["--only", "base", "--out", str(out), "--compress", "none"]) == 0
