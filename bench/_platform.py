@@ -50,6 +50,51 @@ async def remove_runtime(rt: LocalRuntime, state: Path) -> None:
     shutil.rmtree(state, ignore_errors=True)
 
 
+@contextlib.asynccontextmanager
+async def lifecycle(state: Path, runtime: str = "local", **env: str) -> AsyncIterator[str]:
+    """Yield the bus URL of nats-server and a lifecycle service (``runtime``; local: on the
+    default base) answering, their state in ``state``; both stopped on exit, sandboxes destroyed."""
+    import asyncio
+
+    from sandpod import AsyncSandbox
+    from sandpod.errors import SandpodError
+
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+    nats = subprocess.Popen(
+        [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(state)],
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_port(port)
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": url,
+        "SANDPOD_STATE_DIR": str(state),
+        "SANDPOD_LOG_LEVEL": "warning",
+        "SANDPOD_RUNTIME": runtime,
+        "SANDPOD_DESTROY_ON_EXIT": "true",
+        **env,
+    }
+    if runtime == "local":
+        env.setdefault("SANDPOD_DEFAULT_ROOTFS", str(default_rootfs()))
+    lc = subprocess.Popen(
+        [sys.executable, "-m", "sandpod_lifecycle"], env=env, stderr=subprocess.DEVNULL
+    )
+    try:
+        while True:
+            try:
+                await AsyncSandbox.list(nats_url=url)
+                break
+            except SandpodError:
+                await asyncio.sleep(0.05)
+        yield url
+    finally:
+        lc.terminate()
+        lc.wait()
+        nats.terminate()
+        nats.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

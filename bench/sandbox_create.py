@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _platform import NATS_BIN, _wait_port, default_rootfs, free_port, pct, summary
+from _platform import lifecycle, pct, summary
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod.errors import SandpodError
@@ -88,13 +88,18 @@ async def create_samples(url: str, count: int, templates: list[str | None]) -> l
     return samples
 
 
-async def host_root_template(url: str) -> str:
-    obj = {"kind": "SandboxTemplate", "metadata": {"name": "hostroot"}, "spec": {"rootfs": "/"}}
+async def apply_template(url: str, name: str, spec: dict[str, object]) -> str:
+    """Apply the template ``name`` with ``spec``; returns its name."""
+    obj = {"kind": "SandboxTemplate", "metadata": {"name": name}, "spec": spec}
     async with await AsyncSandbox.connect("x", nats_url=url) as s:
         await api_call(
             s.bus, s.subjects, "templates", "apply", ObjectRequest(object=obj), ObjectReply
         )
-    return "hostroot"
+    return name
+
+
+async def host_root_template(url: str) -> str:
+    return await apply_template(url, "hostroot", {"rootfs": "/"})
 
 
 def allocated(path: Path) -> int:
@@ -110,10 +115,11 @@ def allocated(path: Path) -> int:
     return total
 
 
-async def disk_per_sandbox(url: str, jails: Path, keep: int) -> float:
-    """Mean bytes each of ``keep`` live default-base sandboxes adds under the jails directory."""
+async def disk_per_sandbox(url: str, jails: Path, keep: int, template: str | None = None) -> float:
+    """Mean bytes each of ``keep`` live sandboxes of ``template`` (None: the default base) adds
+    under the jails directory."""
     before = allocated(jails)
-    held = [await AsyncSandbox.create(nats_url=url) for _ in range(keep)]
+    held = [await AsyncSandbox.create(nats_url=url, template=template) for _ in range(keep)]
     try:
         for sbx in held:
             await sbx.exec(["true"])
@@ -126,33 +132,7 @@ async def disk_per_sandbox(url: str, jails: Path, keep: int) -> float:
 
 async def main(count: int, runtime: str, keep: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        url = f"nats://127.0.0.1:{port}"
-        nats = subprocess.Popen(
-            [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp],
-            stderr=subprocess.DEVNULL,
-        )
-        _wait_port(port)
-        env = {
-            **os.environ,
-            "SANDPOD_NATS_URL": url,
-            "SANDPOD_STATE_DIR": tmp,
-            "SANDPOD_LOG_LEVEL": "warning",
-            "SANDPOD_RUNTIME": runtime,
-            "SANDPOD_DESTROY_ON_EXIT": "true",
-        }
-        if runtime == "local":
-            env["SANDPOD_DEFAULT_ROOTFS"] = str(default_rootfs())
-        lc = subprocess.Popen(
-            [sys.executable, "-m", "sandpod_lifecycle"], env=env, stderr=subprocess.DEVNULL
-        )
-        try:
-            while True:
-                try:
-                    await AsyncSandbox.list(nats_url=url)
-                    break
-                except SandpodError:
-                    await asyncio.sleep(0.05)
+        async with lifecycle(Path(tmp), runtime) as url:
             floor = await floor_samples(url, tmp, count)
             templates: list[str | None] = [None]
             if runtime == "local":
@@ -161,11 +141,6 @@ async def main(count: int, runtime: str, keep: int) -> None:
             disk = None
             if keep and runtime == "local":
                 disk = await disk_per_sandbox(url, Path(tmp, "jails"), keep)
-        finally:
-            lc.terminate()
-            lc.wait()
-            nats.terminate()
-            nats.wait()
     report(count, runtime, floor, created, disk)
 
 

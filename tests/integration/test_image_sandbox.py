@@ -2,24 +2,20 @@
 
 A real lifecycle (local runtime, real jails) serves a template naming an image in a real
 registry on loopback (Debian's docker-registry, htpasswd auth, credentials in a Docker
-``config.json`` given by ``SANDPOD_IMAGE_AUTH_FILE``). The image is built here: a runnable base
-layer made of the host's ``sh`` and coreutils with their libraries, and an app layer with a
-whiteout over a base file; its config sets Env, WorkingDir and Cmd. Sandboxes of it see the
-image's files (and nothing of the host), start in its WorkingDir with its Env, share its layers
-on disk (each layer unpacked once on the node), and keep them from garbage collection while they
-live. An image the registry refuses to give is the Pod's reason, ``ImagePullFailed``.
+``config.json`` given by ``SANDPOD_IMAGE_AUTH_FILE``). The image is built here
+(tests/runnable_image.py): a runnable base layer made of the host's ``sh`` and coreutils with
+their libraries, and an app layer with a whiteout over a base file and an opaque marker over a
+base directory; its config sets Env, WorkingDir and Cmd. Sandboxes of it see the image's files
+(and nothing of the host), start in its WorkingDir with its Env, share its layers on disk (each
+layer unpacked once on the node), and keep them from garbage collection while they live. An
+image the registry refuses to give is the Pod's reason, ``ImagePullFailed``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import json
 import os
-import shutil
-import subprocess
-import tarfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -29,12 +25,11 @@ import pytest
 from test_default_rootfs import Platform
 
 from conftest import NatsServer
-from oci_images import image_of_tars, push_image
 from registry import TestRegistry
+from runnable_image import docker_config, files_layer, push, runnable_base, tar_of
 from sandpod import AsyncSandbox
 from sandpod.errors import SandpodError
 from sandpod_image.auth import AuthConfig
-from sandpod_image.registry import Registry
 from sandpod_image.store import ImageStore
 
 pytestmark = pytest.mark.skipif(
@@ -42,54 +37,19 @@ pytestmark = pytest.mark.skipif(
 )
 
 USERS = {"agent": "s3cret"}
-TOOLS = ("sh", "sleep", "umount", "cat", "ls", "echo", "pwd", "stat", "id")
+AGENT = AuthConfig(username="agent", password="s3cret")
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-def _runnable_base(root: Path) -> None:
-    """A minimal root: the host's programs in TOOLS with every library they load."""
-    for tool in TOOLS:
-        found = shutil.which(tool)
-        assert found is not None, f"the host has no {tool}"
-        real = Path(found).resolve()
-        listed = subprocess.run(["ldd", str(real)], capture_output=True, text=True, check=False)
-        libs = [Path(w) for line in listed.stdout.splitlines() for w in line.split()[:3]]
-        for path in [real, *(p for p in libs if p.is_absolute() and p.exists())]:
-            target = root / path.relative_to("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not target.exists():
-                shutil.copy2(path, target)
-        link = root / "bin" / tool
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.exists():
-            link.symlink_to(real)
-    for d in ("etc", "tmp", "workspace", "proc", "dev", "run"):
-        (root / d).mkdir(exist_ok=True)
-    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-    (root / "etc/group").write_text("root:x:0:\n")
-    (root / "etc/hosts").write_text("127.0.0.1 localhost\n")
-    (root / "etc/removed-by-app").write_text("whited out by the app layer\n")
-
-
-def _tar_of(root: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(root.rglob("*")):
-            tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
-    return buf.getvalue()
-
-
 def _app_layer(token: str) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in (
-            ("app/hello", f"hello {token}\n".encode()),
-            ("etc/.wh.removed-by-app", b""),
-        ):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return files_layer(
+        {
+            "app/hello": f"hello {token}\n".encode(),
+            "etc/.wh.removed-by-app": b"",
+            "opt/old/.wh..wh..opq": b"",
+            "opt/old/new": b"the app's\n",
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -104,28 +64,17 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestRegistry]
 def image_ref(registry: TestRegistry, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The test image, pushed: ``<registry>/test/app:<token>``."""
     work = tmp_path_factory.mktemp("image")
-    _runnable_base(work / "base")
+    runnable_base(work / "base")
     token = uuid.uuid4().hex[:8]
     config = {"Env": ["PATH=/bin", "GREETING=from-the-image"], "WorkingDir": "/app"}
     config["Cmd"] = ["/bin/sh"]
-    image = image_of_tars([_tar_of(work / "base"), _app_layer(token)], config=config)
-
-    async def push() -> None:
-        async with Registry(
-            registry.host, auth=AuthConfig(username="agent", password="s3cret")
-        ) as r:
-            await push_image(r, "test/app", token, image, work / "blobs")
-
-    asyncio.run(push())
-    return f"{registry.host}/test/app:{token}"
+    layers = [tar_of(work / "base"), _app_layer(token)]
+    return push(registry, "test/app", token, layers, config=config, work=work / "blobs", auth=AGENT)
 
 
 @pytest.fixture
 def auth_file(tmp_path: Path, registry: TestRegistry) -> Path:
-    path = tmp_path / "config.json"
-    secret = base64.b64encode(b"agent:s3cret").decode()
-    path.write_text(json.dumps({"auths": {registry.host: {"auth": secret}}}))
-    return path
+    return docker_config(tmp_path / "config.json", registry, AGENT)
 
 
 @pytest.fixture
@@ -145,16 +94,17 @@ async def platform(nats: NatsServer, tmp_path: Path) -> AsyncIterator[Callable[.
 async def test_a_sandbox_of_an_image_runs_on_its_layers_with_its_config(
     platform: Callable[..., Platform], image_ref: str, auth_file: Path, tmp_path: Path
 ) -> None:
-    """The image's files (a whiteout applied), its Env and WorkingDir; nothing of the host."""
+    """The image's files (a whiteout and an opaque directory applied), its Env and WorkingDir;
+    nothing of the host."""
     p = platform(SANDPOD_IMAGE_AUTH_FILE=str(auth_file))
     await p.answering()
     await p.template("app", {"image": image_ref})
     sbx = await p.create("img-one", template="app")
     async with sbx:
-        r = await sbx.exec("cat hello; pwd; echo $GREETING; ls /etc")
+        r = await sbx.exec("cat hello; pwd; echo $GREETING; ls /opt/old; ls /etc")
         assert r.exit_code == 0, r.stderr
         lines = r.stdout.splitlines()
-        assert lines[0].startswith("hello ") and lines[1:3] == ["/app", "from-the-image"], lines
+        assert lines[0].startswith("hello ") and lines[1:4] == ["/app", "from-the-image", "new"]
         assert "removed-by-app" not in r.stdout, r.stdout
         probe = f"ls {CHECKOUT} /usr/lib/python3 /srv 2>&1; true"
         assert (await sbx.exec(probe)).stdout.count("No such file") == 3

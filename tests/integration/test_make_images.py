@@ -116,8 +116,8 @@ def test_execd_image_holds_exactly_the_bundle(
 
 
 @pytest.mark.skipif(shutil.which("mmdebstrap") is None, reason="install Debian's mmdebstrap")
-def test_base_image_is_the_debian_tarball_and_runs_python(tmp_path: Path) -> None:
-    """sandpod-base's layer is the cached mmdebstrap tarball; unpacked, its python3 runs."""
+def test_base_image_is_the_default_base_and_runs_python(tmp_path: Path) -> None:
+    """sandpod-base's layer is the default sandbox base; unpacked, its python3 runs."""
     out = tmp_path / "images"
     # Uncompressed: gzip of the ~500 MB tree costs ~50 s here and is tested on small layers.
     assert main(["--only", "base", "--out", str(out), "--compress", "none"]) == 0
@@ -133,7 +133,7 @@ def test_base_image_is_the_debian_tarball_and_runs_python(tmp_path: Path) -> Non
             io.BufferedReader(blob, 1 << 20), rootfs, media_type=layer["mediaType"]
         )
     assert config["rootfs"]["diff_ids"] == [report.diff_id]
-    assert all(name.startswith("./dev/") for name in report.skipped), report.skipped
+    assert all(name.lstrip("./").startswith("dev/") for name in report.skipped), report.skipped
     ran = subprocess.run(
         ["chroot", str(rootfs), "/usr/bin/python3", "-c", "import venv, ssl; print('ok')"],
         capture_output=True,

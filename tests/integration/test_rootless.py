@@ -49,7 +49,7 @@ class Rootless:
     """A lifecycle service (local runtime) running as the unprivileged test user."""
 
     def __init__(
-        self, nats: NatsServer, state: Path, uid: int, gid: int, prefix: str, **extra: str
+        self, nats: NatsServer, state: Path, uid: int, gid: int, /, prefix: str, **extra: str
     ) -> None:
         self.nats, self.state, self.uid, self.prefix = nats, state, uid, prefix
         self.cgroup_parent = Installation.claim(prefix, state, None).cgroup_parent
@@ -74,11 +74,10 @@ class Rootless:
         )
 
     async def template(self, name: str, resources: dict[str, object]) -> None:
-        obj = {
-            "kind": "SandboxTemplate",
-            "metadata": {"name": name},
-            "spec": {"resources": resources},
-        }
+        await self.apply_template(name, {"resources": resources})
+
+    async def apply_template(self, name: str, spec: dict[str, object]) -> None:
+        obj = {"kind": "SandboxTemplate", "metadata": {"name": name}, "spec": spec}
         sbx = await AsyncSandbox.connect("x", nats_url=self.nats.url, prefix=self.prefix)
         async with sbx:
             await api_call(
@@ -133,8 +132,8 @@ def state(user: tuple[int, int]) -> Iterator[Path]:
 
 
 @contextlib.asynccontextmanager
-async def _rootless(
-    nats: NatsServer, state: Path, user: tuple[int, int], delegate: bool = False
+async def rootless_lifecycle(
+    nats: NatsServer, state: Path, user: tuple[int, int], delegate: bool = False, **extra: str
 ) -> AsyncIterator[Rootless]:
     prefix = f"t{uuid.uuid4().hex[:8]}"
     delegated: list[Path] = []
@@ -145,7 +144,7 @@ async def _rootless(
         delegated.append(d)
         for path in (d, *d.iterdir()):
             os.chown(path, *user)
-    rl = Rootless(nats, state, *user, prefix=prefix)
+    rl = Rootless(nats, state, *user, prefix=prefix, **extra)
     try:
         await rl.answering()
         yield rl
@@ -159,7 +158,7 @@ async def _rootless(
 
 @pytest.fixture
 async def rootless(nats: NatsServer, state: Path, user: tuple[int, int]) -> AsyncIterator[Rootless]:
-    async with _rootless(nats, state, user) as rl:
+    async with rootless_lifecycle(nats, state, user) as rl:
         yield rl
 
 
@@ -284,7 +283,9 @@ async def test_pause_without_a_delegated_freezer_is_refused_with_the_reason(
     running and its conditions say why instead of claiming it is paused."""
     sbx = await rootless.sandbox("rl-pause")
     async with sbx:
-        await sbx.pause()
+        # A refused pause never becomes Paused: the call returns after its wait with the phase
+        # it has (30 s by default, 10 s short of the request's own timeout on a loaded host).
+        await sbx.pause(wait=2)
         deadline = time.monotonic() + 20
         while True:
             info = await sbx.info()
@@ -324,7 +325,7 @@ async def test_delegated_cgroups_limit_and_freeze_rootless_sandboxes(
             f"this test delegates cgroup v1 hierarchies and this host lacks {missing}; on a "
             "cgroup v2 host run the services in a delegated subtree (systemd Delegate=yes)"
         )
-    async with _rootless(nats, state, user, delegate=True) as rl:
+    async with rootless_lifecycle(nats, state, user, delegate=True) as rl:
         await rl.template("small", {"memory": "64Mi", "pids": 64})
         sbx = await rl.sandbox("rl-limits", template="small")
         async with sbx:

@@ -480,3 +480,16 @@ def test_a_tar_cut_inside_a_file_is_corrupt(dest: Path) -> None:
     data = layer(file("f", os.urandom(10_000)))
     with pytest.raises(ImageLayerRefused):
         unpack(dest, data[:5000])
+
+
+def test_hard_links_across_many_directories_link_the_right_files(dest: Path) -> None:
+    """Past the unpacker's fd cache (256 directories), every link still names its own source."""
+    members = []
+    for n in range(600):
+        members += [directory(f"d{n}"), file(f"d{n}/f", f"file {n}".encode())]
+    members += [hardlink(f"d{(n + 1) % 600}/link{n}", f"d{n}/f") for n in range(600)]
+    unpack(dest, layer(*members))
+    for n in range(600):
+        link = dest / f"d{(n + 1) % 600}/link{n}"
+        assert link.read_bytes() == f"file {n}".encode()
+        assert link.stat().st_ino == (dest / f"d{n}/f").stat().st_ino

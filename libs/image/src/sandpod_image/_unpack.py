@@ -67,9 +67,14 @@ class _Dirs:
         self._open: dict[Parts, int] = {}
 
     def lookup(self, parts: Parts, entry: str, *, create: bool) -> int:
+        """The fd of directory ``parts``, valid until ``trim``/``forget`` (never during one
+        entry: an entry may hold two, e.g. a hard link's source and destination parents)."""
+        return self._walk(parts, entry, create)
+
+    def trim(self) -> None:
+        """Bound the open fds; called between entries only."""
         if len(self._open) >= _FD_CACHE:
             self.forget()
-        return self._walk(parts, entry, create)
 
     def _walk(self, parts: Parts, entry: str, create: bool) -> int:
         if not parts:
@@ -151,6 +156,7 @@ class Extractor:
         self._finish_dirs()
 
     def _entry(self, reader: Reader, info: Entry) -> None:
+        self._dirs.trim()
         parts = split_name(info.name)
         base = parts[-1] if parts else ""
         if base.startswith(_WHITEOUT):

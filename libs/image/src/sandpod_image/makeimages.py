@@ -14,10 +14,10 @@ OCI runtime reads. The Dockerfiles in ``deploy/images/`` stay for those who buil
   installed by uv for the base's python3.11 (the host's Debian one: same suite, same ABI), and
   for the gateway the web terminal's files in ``/opt/sandpod-web``; run as 10001:10001 with
   ``python3 -m sandpod_<service>``, as the services' Dockerfiles do.
-- ``sandpod-base``: the default sandbox root filesystem as one layer: a Debian tree from
-  ``mmdebstrap`` (a tarball cached in ``--cache``, keyed by suite, packages and hooks, so it is
-  built once per machine), or ``--base-rootfs DIR``, a tree already built (the local runtime's
-  default base, ``sandpod_image.debian``).
+- ``sandpod-base``: the default sandbox root filesystem as one layer: the local runtime's
+  default base itself (``sandpod_image.debian``: a Debian tree from ``mmdebstrap``, cached in
+  ``--cache``, the same directory the test suite uses, so it is built once per machine), or
+  ``--base-rootfs DIR``, a tree already built.
 
 Data flow: staging directory or tarball -> ``OciLayout.add_layer``/``add_tar`` (pack, compress,
 digest) -> config + manifest + index. Run from the repository root:
@@ -27,8 +27,6 @@ digest) -> config + manifest + index. Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import shlex
 import shutil
@@ -40,17 +38,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from sandpod_image import debian
 from sandpod_image.layers import PackResult
 from sandpod_image.ocilayout import HistoryEntry, ImageConfig, OciLayout
 
 __all__ = [
-    "BASE_PACKAGES",
     "SERVICES",
     "BaseLayer",
     "Build",
     "MakeImagesFailed",
     "base_image",
-    "debian_tarball",
     "execd_image",
     "main",
     "service_image",
@@ -58,39 +55,6 @@ __all__ = [
 
 BUNDLE: Final = "sandpod-bundle"
 ROOT_OWNER: Final = (0, 0)
-# The default sandbox base's packages: the same set as the local runtime's default root
-# filesystem (sandpod_image.debian.DEFAULT_PACKAGES, whose docstring says why each is there).
-BASE_PACKAGES: Final = (
-    "bash",
-    "ca-certificates",
-    "coreutils",
-    "curl",
-    "gcc",
-    "git",
-    "less",
-    "libc6-dev",
-    "make",
-    "mount",
-    "nodejs",
-    "procps",
-    "python3",
-    "python3-pip",
-    "python3-venv",
-    "unzip",
-    "xz-utils",
-)
-_EXCLUDES: Final = (
-    "path-exclude=/usr/share/man/*",
-    "path-exclude=/usr/share/info/*",
-    "path-exclude=/usr/share/doc/*",
-    "path-include=/usr/share/doc/*/copyright",
-    "path-exclude=/usr/share/locale/*",
-)
-_CUSTOMIZE: Final = (
-    'rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED; '
-    'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/apt/* '
-    '"$1"/var/log/dpkg.log "$1"/var/log/bootstrap.log'
-)
 _PATH: Final = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # As the services' Dockerfiles set them, the venv's bin replaced by PYTHONPATH on the site dir.
 _SERVICE_ENV: Final = (
@@ -107,7 +71,6 @@ _GATEWAY_ENV: Final = (
     "SANDPOD_GATEWAY_WEB_DIR=/opt/sandpod-web",
 )
 SERVICES: Final = ("lifecycle", "pool", "gateway")
-_SOURCES: Final = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
 _COPY_BUNDLE: Final = (
     "import shutil; shutil.copytree('/sandpod-bundle', '/opt/sandpod', symlinks=True, "
     "dirs_exist_ok=True)"
@@ -125,7 +88,7 @@ class Build:
     Attributes:
         repo: the repository root (``deploy/images`` and ``uv.lock`` are read from it).
         out: the directory of the layouts (``build/images``).
-        cache: where the Debian tarball is kept between builds.
+        cache: where the Debian base tree is kept between builds (``sandpod_image.debian``).
         tag: the layouts' ref name.
         uv: how to run uv (an argv prefix).
         compress: the layers' compression (``gzip``, ``zstd``, ``none``).
@@ -188,42 +151,6 @@ def execd_image(build: Build, python_home: Path) -> Path:
     return layout.root
 
 
-def host_suite(os_release: Path = Path("/etc/os-release")) -> str:
-    for line in os_release.read_text().splitlines():
-        if line.startswith("VERSION_CODENAME="):
-            return line.split("=", 1)[1].strip().strip('"')
-    raise MakeImagesFailed(f"no VERSION_CODENAME in {os_release}: pass --base-rootfs")
-
-
-def debian_tarball(build: Build) -> Path:
-    """The Debian base as a tarball from ``mmdebstrap``, built once and kept in the cache."""
-    sources = next((p for p in _SOURCES if p.exists()), None)
-    if sources is None or shutil.which("mmdebstrap") is None:
-        raise MakeImagesFailed("needs mmdebstrap (apt-get install mmdebstrap) and apt sources")
-    suite = host_suite()
-    argv = [
-        "mmdebstrap",
-        "--variant=apt",
-        f"--include={','.join(BASE_PACKAGES)}",
-        "--mode=root" if os.geteuid() == 0 else "--mode=unshare",
-        "--format=tar",
-        f"--customize-hook={_CUSTOMIZE}",
-        *(f"--dpkgopt={opt}" for opt in _EXCLUDES),
-    ]
-    key = hashlib.sha256(json.dumps([argv, suite]).encode()).hexdigest()[:16]
-    tarball = build.cache / f"debian-{suite}-{key}.tar"
-    if tarball.exists():
-        return tarball
-    build.cache.mkdir(parents=True, exist_ok=True)
-    partial = tarball.with_name(f".{tarball.name}.{os.getpid()}")
-    try:
-        _run([*argv, suite, str(partial), str(sources)])
-        os.replace(partial, tarball)
-    finally:
-        partial.unlink(missing_ok=True)
-    return tarball
-
-
 @dataclass(frozen=True, slots=True)
 class BaseLayer:
     """The base image's one layer, for the service images stacked on it."""
@@ -243,10 +170,15 @@ def base_image(build: Build, rootfs: Path | None) -> BaseLayer:
     if rootfs is not None:
         history = HistoryEntry(f"rootfs {rootfs.name}")
         packed = layout.add_layer(rootfs, created_by=history.created_by, compress=build.compress)
-    else:
-        history = HistoryEntry("mmdebstrap --variant=apt")
-        tarball = debian_tarball(build)
-        packed = layout.add_tar(tarball, created_by=history.created_by, compress=build.compress)
+    else:  # the same tree as the local runtime's default base, built once per machine
+        try:
+            prepared = debian.prepare(build.cache, progress=lambda line: print(line, flush=True))
+        except debian.RootfsError as exc:
+            raise MakeImagesFailed(f"the Debian base: {exc}") from exc
+        history = HistoryEntry(f"sandpod_image.debian {prepared.fs.parent.name}")
+        packed = layout.add_layer(
+            prepared.fs, created_by=history.created_by, compress=build.compress
+        )
     config = ImageConfig(
         env=(_PATH, "LANG=C.UTF-8"),
         cmd=("/bin/bash",),
@@ -320,7 +252,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", type=Path, default=Path("build/images"))
     parser.add_argument("--repo", type=Path, default=Path.cwd())
-    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache/sandpod/images")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache/sandpod/rootfs")
     parser.add_argument("--tag", default="latest")
     parser.add_argument("--compress", default="gzip", choices=("gzip", "zstd", "none"))
     parser.add_argument("--python-home", type=Path, help="a relocatable CPython for the bundle")

@@ -26,7 +26,8 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
    ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
    old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
    so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and ``umount``
-(rootless also an ``/etc``: util-linux's ``umount`` there fails without one);
+(rootless also an ``/etc/fstab``: util-linux's ``umount`` there fails without one, so the
+holder writes an empty one in the writable layer when the base, an image, has none);
 4. it re-executes, through ``sandpod-jail-exec --filter-only`` (opened before ``pivot_root``,
    run from its descriptor) which loads the sandbox's seccomp filter, the base's ``sh`` (a
    short command line, no host paths) that prints ``ready <host pid> [skipped dirs]`` on stdout

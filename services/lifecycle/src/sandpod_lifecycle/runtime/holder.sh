@@ -114,6 +114,12 @@ for tool in sh sleep umount; do
     exit 1
   fi
 done
+# Rootless, util-linux's umount (run below as a non-zero uid: its "user umount" mode) fails
+# with ENOENT without an /etc/fstab. Images often lack one; their layers are ours, so an empty
+# one goes in the writable layer. A base of unmapped owners without one still fails there.
+if [ "$rootless" = 1 ] && [ ! -e "$root/etc/fstab" ]; then
+  { mkdir -p "$root/etc" && : > "$root/etc/fstab"; } 2>/dev/null || true
+fi
 read -r hostpid _ < /proc/self/stat
 # The seccomp helper (a static binary) is opened now and executed after pivot_root through
 # its descriptor: it loads the filter and becomes the waiting shell, which says ready, so the
