@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,11 +22,14 @@ from test_lifecycle import Lifecycle, _ready_api, lifecycles  # noqa: F401 - fix
 from test_pools import LIFECYCLE_ENV, POOL_ENV, Platform, available, platform  # noqa: F401
 
 from operator_nats import OperatorNats
+from registry import TestRegistry
+from runnable_image import docker_config, files_layer, push, runnable_base, tar_of
 from sandpod import AsyncSandbox
 from sandpod.errors import BuildFailed, ResourceNotFound, SandpodError
 from sandpod.templates import AsyncTemplates, Template, TemplateInfo
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.subjects import Subjects
+from sandpod_image.auth import AuthConfig
 from sandpod_lifecycle.builds.cache import BuildCache
 from sandpod_lifecycle.builds.export import export_oci
 from sandpod_lifecycle.bus_users import embedded_users
@@ -364,3 +367,80 @@ async def test_a_built_template_exports_as_an_oci_image(
     assert not (root / "app" / "gone").exists() and (root / "usr" / "bin" / "sh").exists()
     config = json.loads((bundle / "config.json").read_text())
     assert "MODE=oci" in config["process"]["env"] and config["process"]["cwd"] == "/app"
+
+
+@pytest.fixture(scope="module")
+def image_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestRegistry]:
+    reg = TestRegistry(tmp_path_factory.mktemp("registry"), users={"builder": "pw"})
+    reg.start()
+    yield reg
+    reg.stop()
+
+
+async def test_a_build_from_an_image_stacks_its_steps_on_the_image_and_follows_its_digest(
+    lifecycles: Callable[..., Lifecycle],  # noqa: F811 - the fixture imported above
+    image_registry: TestRegistry,
+    tmp_path: Path,
+) -> None:
+    """``from: {image}`` pulls through the node's store: a sandbox of the built template sees
+    the image's files and Env under the steps' results; a rebuild of the same digest is all
+    cache hits (another template of the same steps creates no builder); once the tag is pushed
+    again (a new digest) the same steps build anew. A template is built once per generation:
+    the tag is resolved when it is built, never behind its back."""
+    auth = AuthConfig(username="builder", password="pw")
+    runnable_base(tmp_path / "base")
+    layers = [tar_of(tmp_path / "base"), files_layer({"app/hello": b"from the image\n"})]
+    config = {"Env": ["PATH=/bin", "GREETING=image-env"], "WorkingDir": "/app"}
+    ref = await asyncio.to_thread(
+        push,
+        image_registry,
+        "build/base",
+        "v1",
+        layers,
+        config=config,
+        work=tmp_path / "b1",
+        auth=auth,
+    )
+    creds = docker_config(tmp_path / "config.json", image_registry, auth)
+    lc = lifecycles(SANDPOD_RUNTIME="local", SANDPOD_IMAGE_AUTH_FILE=str(creds))
+    await _ready_api(lc)
+    t = Template("onimage").from_image(ref).workdir("/data")
+    t.run('echo "$GREETING built" > /data/step')
+    info = await build(lc, t, [])
+    assert info.phase == "Ready", info
+    sbx = await AsyncSandbox.create(template="onimage", nats_url=lc.url, prefix=lc.prefix, wait=60)
+    async with sbx:
+        r = await sbx.exec("/workspace", "cat /app/hello /data/step; echo $GREETING")
+        assert (r.exit_code, r.stdout) == (0, "from the image\nimage-env built\nimage-env\n"), r
+        await sbx.kill()
+    before = builders_created(lc)
+    again = await build(
+        lc,
+        Template("same")
+        .from_image(ref)
+        .workdir("/data")
+        .run('echo "$GREETING built" > /data/step'),
+        [],
+    )
+    assert again.result_key == info.result_key and builders_created(lc) == before
+    layers[1] = files_layer({"app/hello": b"pushed again\n"})
+    await asyncio.to_thread(
+        push,
+        image_registry,
+        "build/base",
+        "v1",
+        layers,
+        config=config,
+        work=tmp_path / "b2",
+        auth=auth,
+    )
+    rebuilt = await build(
+        lc,
+        Template("repushed")
+        .from_image(ref)
+        .workdir("/data")
+        .run('echo "$GREETING built" > /data/step'),
+        [],
+    )
+    assert rebuilt.phase == "Ready" and rebuilt.result_key != info.result_key, rebuilt
+    assert builders_created(lc) == before + 1  # the run step, on the new image
