@@ -18,13 +18,12 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_default_rootfs import Platform
+from test_default_rootfs import Platform, platform  # noqa: F401 - fixture used by name
 
-from conftest import NatsServer
 from registry import TestRegistry
 from runnable_image import docker_config, files_layer, push, runnable_base, tar_of
 from sandpod import AsyncSandbox
@@ -75,20 +74,6 @@ def image_ref(registry: TestRegistry, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture
 def auth_file(tmp_path: Path, registry: TestRegistry) -> Path:
     return docker_config(tmp_path / "config.json", registry, AGENT)
-
-
-@pytest.fixture
-async def platform(nats: NatsServer, tmp_path: Path) -> AsyncIterator[Callable[..., Platform]]:
-    started: list[Platform] = []
-
-    def start(**extra: str) -> Platform:
-        p = Platform(nats, tmp_path, **extra)
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        p.proc.stop()
 
 
 async def test_a_sandbox_of_an_image_runs_on_its_layers_with_its_config(

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final
 
 from sandpod_image.layers import PackResult, compress_tar, pack_layer
+from sandpod_image.manifest import OCI_CONFIG, OCI_INDEX, OCI_MANIFEST
 
 __all__ = [
     "MEDIA_TYPE_CONFIG",
@@ -37,9 +38,10 @@ __all__ = [
     "OciLayout",
 ]
 
-MEDIA_TYPE_CONFIG: Final = "application/vnd.oci.image.config.v1+json"
-MEDIA_TYPE_MANIFEST: Final = "application/vnd.oci.image.manifest.v1+json"
-MEDIA_TYPE_INDEX: Final = "application/vnd.oci.image.index.v1+json"
+# One spelling of each media type: the ones the pull side reads (sandpod_image.manifest).
+MEDIA_TYPE_CONFIG: Final = OCI_CONFIG
+MEDIA_TYPE_MANIFEST: Final = OCI_MANIFEST
+MEDIA_TYPE_INDEX: Final = OCI_INDEX
 REF_NAME: Final = "org.opencontainers.image.ref.name"
 
 
