@@ -25,11 +25,14 @@ from operator_nats import OperatorNats
 from registry import TestRegistry
 from runnable_image import docker_config, files_layer, push, runnable_base, tar_of
 from sandpod import AsyncSandbox
+from sandpod.control import api_call
 from sandpod.errors import BuildFailed, ResourceNotFound, SandpodError
 from sandpod.templates import AsyncTemplates, Template, TemplateInfo
 from sandpod_bus import Bus, BusSettings
+from sandpod_contract.messages.sandboxes import ObjectReply, Ref
 from sandpod_contract.subjects import Subjects
 from sandpod_image.auth import AuthConfig
+from sandpod_image.store import ImageStore
 from sandpod_lifecycle.builds.cache import BuildCache
 from sandpod_lifecycle.builds.export import export_oci
 from sandpod_lifecycle.bus_users import embedded_users
@@ -444,3 +447,12 @@ async def test_a_build_from_an_image_stacks_its_steps_on_the_image_and_follows_i
     )
     assert rebuilt.phase == "Ready" and rebuilt.result_key != info.result_key, rebuilt
     assert builders_created(lc) == before + 1  # the run step, on the new image
+    # Deleted, the templates let go of their base image: a prune may take its layers.
+    async with await AsyncSandbox.connect("x", nats_url=lc.url, prefix=lc.prefix) as s:
+        for name in ("onimage", "same", "repushed"):
+            await api_call(s.bus, s.subjects, "templates", "delete", Ref(name=name), ObjectReply)
+    store = ImageStore(lc.state / "images")
+    deadline = asyncio.get_running_loop().time() + 30
+    while any(h.startswith("template-") for i in store.list() for h in i.holders):
+        assert asyncio.get_running_loop().time() < deadline, [i.holders for i in store.list()]
+        await asyncio.sleep(0.05)

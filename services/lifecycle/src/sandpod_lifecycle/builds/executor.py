@@ -155,6 +155,11 @@ class Builder:
             return await self._image_base(name, build.base.image)
         return self._default_base(template)
 
+    async def forget(self, name: str) -> None:
+        """Template ``name`` is gone: release its hold on its base image (idempotent)."""
+        if self._images is not None:
+            await asyncio.to_thread(self._images.release, f"template-{name}")
+
     async def _image_base(self, name: str, ref: str) -> str:
         """The key of image ``ref`` as a base: its manifest digest (a re-pushed tag is a new
         base, so everything above rebuilds). Pulled every build (only the manifest is fetched

@@ -102,7 +102,8 @@ class TemplateBuilds:
     async def _reconcile(self, namespace: str, name: str) -> float | None:
         try:
             obj = await self.store.get(TEMPLATE, namespace, name)
-        except ResourceNotFound:
+        except ResourceNotFound:  # deleted: its base image's layers may go at the next prune
+            await self.builder.forget(name)
             return None
         spec = SandboxTemplateSpec.from_dict(obj.spec)
         status = BuildStatus.from_dict(obj.status)
