@@ -173,7 +173,12 @@ class Builder:
         try:
             image = await self._images.pull(ref)
         except ImageError as exc:
-            raise BuildFailed(f"cannot pull the base image {ref}: {exc}", template=name) from exc
+            raise BuildFailed(
+                f"cannot pull the base image {ref}: {exc}",
+                template=name,
+                step=0,  # the base, before the first step
+                instruction=f"from image {ref}",
+            ) from exc
         await asyncio.to_thread(self._images.use, f"template-{name}", image)
         key = base_key({"image": image.digest})
         if self.cache.get(key) is None:
