@@ -1,0 +1,475 @@
+"""The egress proxy: name rules checked against what a connection really asks for, and secrets
+added on the way out.
+
+nftables DNATs a sandbox's TCP connections on the proxied ports (80/443 to name-rule
+addresses, see ``firewall.py``) to this proxy on the installation's gateway address. For each:
+
+    accept -> sandbox by source address (``lookup``) -> original destination (SO_ORIGINAL_DST)
+    -> read the first bytes, bounded (``sniff_max_bytes``) and timed (``sniff_timeout``), in a
+       bounded number of slots (``max_sniffing``: a client that never speaks holds one slot
+       until its timeout, then is closed)
+    -> ``verdict.decide`` -> refused: TLS alert / HTTP 403 naming the rule, an event and a metric
+                          -> plain HTTP: every request's Host checked (``http1``), the response
+                             spliced back
+                          -> TLS to an ``inject`` domain: terminated with the installation's
+                             authority for it (``ca``), header added, re-encrypted to the real
+                             server (its certificate verified)
+                          -> anything else allowed: the first bytes sent on and the rest spliced
+                             in the kernel (``splice``), never decrypted.
+
+Why this on top of DNS-fed nftables sets (OpenSandbox's ``dns+nft``): a set of resolved
+addresses allows *addresses*, and one CDN address serves thousands of names, so allowing
+``api.example.com`` there opens every other tenant of that CDN edge; and a sandbox that pins a
+denied name to an allowed name's address in ``/etc/hosts`` (or asks a DoH server) connects with
+the denied name in its SNI/Host. Checking the name the client sends against the rule *and*
+against what our resolver answered that sandbox for that address closes both: the address
+must be one the name resolved to, and the name must be allowed. E2B's egress proxy intercepts
+SNI/Host the same way but without a DNS-side record, so it cannot tell an allowed name sent to
+an arbitrary address from one sent where the name points. What remains out of reach of any
+SNI check: a server that routes on the Host *inside* TLS regardless of SNI (domain fronting;
+major CDNs refuse mismatches) — for intercepted domains the proxy checks that too.
+
+Process/thread model: the proxy runs on its own asyncio loop in a dedicated thread
+(:class:`ProxyThread`), not on the lifecycle's loop. Spliced bytes never enter Python (one
+wake-up per MiB), but TLS handshakes, certificate minting and intercepted traffic cost CPU
+(mostly in OpenSSL, which releases the GIL) that must not delay the lifecycle's reconciles and
+NATS heartbeats; a separate process would need IPC for the per-connection lookups (policy,
+resolved names) that are plain dictionary reads here. The injected callables are therefore
+called from the proxy's thread: they must be non-blocking, thread-safe reads (dict lookups),
+and ``on_denied`` must hand the event over (``loop.call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import socket
+import ssl
+from collections.abc import Awaitable, Callable, Set
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from sandpod_contract.network import HeaderInjection, NetworkPolicy
+from sandpod_lifecycle.events import RateLimiter
+from sandpod_lifecycle.network import splice
+from sandpod_lifecycle.network.ca import InterceptionCA
+from sandpod_lifecycle.network.http1 import Head, HttpSession, Reader, refusal_bytes
+from sandpod_lifecycle.network.metrics import ProxyMetrics
+from sandpod_lifecycle.network.origdst import IPAddress, NoOriginalDst, OriginalDst, original_dst
+from sandpod_lifecycle.network.secretstore import SecretError, SecretSource
+from sandpod_lifecycle.network.sniff import MAX_HELLO, Incomplete, Malformed, Sniffed, sniff
+from sandpod_lifecycle.network.streams import SocketStream, Stream, TlsStream
+from sandpod_lifecycle.network.verdict import Decision, decide
+
+__all__ = [
+    "Denial",
+    "EgressProxy",
+    "ProxySettings",
+    "ResolvedNames",
+    "SandboxLookup",
+    "SandboxNet",
+]
+
+log = structlog.get_logger("sandpod.lifecycle.egress")
+
+_ALERT_ACCESS_DENIED = bytes([21, 3, 3, 0, 2, 2, 49])  # TLS fatal alert access_denied(49)
+_ALERT_DECODE_ERROR = bytes([21, 3, 3, 0, 2, 2, 50])
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ProxySettings:
+    sniff_timeout: float = 10.0  # a client must send its ClientHello / request head by then
+    sniff_max_bytes: int = MAX_HELLO
+    max_sniffing: int = 256  # connections waiting for their first bytes at once
+    max_connections: int = 8192  # connections at once; past it new ones are closed
+    connect_timeout: float = 10.0
+    handshake_timeout: float = 15.0  # TLS with the sandbox, then with the real server
+    response_grace: float = 10.0  # how long a refused request waits for earlier responses
+    upstream_ca_file: Path | None = None  # None: the host's trust store
+    denial_burst: int = 20  # denial events per sandbox at once ...
+    denial_rate: float = 1.0  # ... refilled per second
+
+    def __post_init__(self) -> None:
+        if self.sniff_timeout <= 0 or self.connect_timeout <= 0 or self.handshake_timeout <= 0:
+            raise ValueError("egress proxy timeouts must be > 0")
+        if not 64 <= self.sniff_max_bytes <= MAX_HELLO:
+            raise ValueError(f"sniff_max_bytes must be 64..{MAX_HELLO}")
+        if self.max_sniffing < 1 or self.max_connections < 1:
+            raise ValueError("max_sniffing and max_connections must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SandboxNet:
+    """The sandbox behind a source address and the policy it runs under now."""
+
+    sandbox_id: str
+    policy: NetworkPolicy
+
+
+class SandboxLookup(Protocol):
+    def __call__(self, source: IPAddress) -> SandboxNet | None: ...
+
+
+class ResolvedNames(Protocol):
+    """The resolver's record: names it answered ``sandbox_id`` with ``address`` (live TTL)."""
+
+    def __call__(self, sandbox_id: str, address: IPAddress) -> Set[str]: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Denial:
+    """One refused connection, for the ``network.denied`` event."""
+
+    sandbox_id: str
+    kind: str  # "sni" (a TLS or HTTP name refused) | "connect" (an address refused)
+    destination: str  # "name:port" or "address:port"
+    rule: str
+
+
+@dataclasses.dataclass(slots=True)
+class _Flow:
+    """One sandbox connection after its first bytes were read."""
+
+    conn: socket.socket
+    net: SandboxNet
+    seen: Sniffed
+    prefix: bytes
+    dst: IPAddress
+    port: int
+
+    @property
+    def destination(self) -> str:
+        return f"{self.seen.name or self.dst}:{self.port}"
+
+
+class EgressProxy:
+    """Serve DNAT'ed sandbox connections on the given listening sockets (see the module)."""
+
+    def __init__(
+        self,
+        settings: ProxySettings,
+        *,
+        lookup: SandboxLookup,
+        resolved_names: ResolvedNames,
+        original_dst: OriginalDst = original_dst,
+        ca: InterceptionCA | None = None,
+        secrets: SecretSource | None = None,
+        on_denied: Callable[[Denial], None] | None = None,
+        forbidden: Callable[[IPAddress, int], str | None] | None = None,
+        metrics: ProxyMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self._lookup = lookup
+        self._resolved = resolved_names
+        self._original_dst = original_dst
+        self._ca = ca
+        self._secrets = secrets
+        self._on_denied = on_denied
+        self._forbidden = forbidden
+        self.metrics = metrics
+        self._limiter = RateLimiter(settings.denial_burst, settings.denial_rate)
+        self._upstream_tls = ssl.create_default_context(
+            cafile=str(settings.upstream_ca_file) if settings.upstream_ca_file else None
+        )
+        self._upstream_tls.set_alpn_protocols(["http/1.1"])
+        self._sniff_slots = asyncio.Semaphore(settings.max_sniffing)
+        self._own: set[tuple[IPAddress, int]] = set()
+        self.active = 0  # connections being handled
+        self.sniffing = 0  # of which waiting for their first bytes
+
+    async def serve(self, listeners: list[socket.socket]) -> None:
+        """Accept on ``listeners`` until cancelled; every connection's task is owned here."""
+        for listener in listeners:
+            listener.setblocking(False)
+            host, port = listener.getsockname()[:2]
+            self._own.add((_plain(ipaddress.ip_address(host)), port))
+        async with asyncio.TaskGroup() as tg:
+            for listener in listeners:
+                tg.create_task(self._accept(listener, tg))
+
+    async def _accept(self, listener: socket.socket, tg: asyncio.TaskGroup) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, peer = await loop.sock_accept(listener)
+            if self.active >= self.settings.max_connections:
+                conn.close()
+                self._count("overloaded")
+                continue
+            self.active += 1
+            tg.create_task(self._handle(conn, peer))
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.connections.labels(outcome).inc()
+
+    async def _handle(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+        upstream: socket.socket | None = None
+        try:
+            upstream = await self._serve_one(conn, _plain(ipaddress.ip_address(peer[0])))
+        except Exception as exc:  # one connection's failure never ends the proxy
+            log.warning("egress_connection_failed", error=repr(exc))
+            self._count("error")
+        finally:
+            self.active -= 1
+            conn.close()
+            if upstream is not None:
+                upstream.close()
+
+    async def _serve_one(self, conn: socket.socket, source: IPAddress) -> socket.socket | None:
+        net = self._lookup(source)
+        if net is None:
+            self._count("unknown-source")
+            return None
+        try:
+            dst, port = self._original_dst(conn)
+        except NoOriginalDst:
+            self._count("not-redirected")
+            return None
+        dst = _plain(dst)
+        why = "proxy-loop" if (dst, port) in self._own else None
+        if why is None and self._forbidden is not None:
+            why = self._forbidden(dst, port)
+        if why is not None:
+            self._deny(net, "connect", f"{dst}:{port}", why)
+            return None
+        sniffed = await self._sniff(conn, net, f"{dst}:{port}")
+        if sniffed is None:
+            return None
+        prefix, seen = sniffed
+        resolved = {n.lower().rstrip(".") for n in self._resolved(net.sandbox_id, dst)}
+        decision = decide(net.policy, dst, port, seen, resolved)
+        flow = _Flow(conn, net, seen, prefix, dst, port)
+        if not decision.allowed:
+            await self._refuse(flow, decision)
+            return None
+        return await self._forward(flow, decision)
+
+    async def _sniff(
+        self, conn: socket.socket, net: SandboxNet, destination: str
+    ) -> tuple[bytes, Sniffed] | None:
+        """The first bytes and what they say; None when the client timed out or sent garbage
+        (the connection is answered and counted here)."""
+        buf = bytearray()
+        async with self._sniff_slots:
+            self.sniffing += 1
+            try:
+                async with asyncio.timeout(self.settings.sniff_timeout):
+                    while True:
+                        with contextlib.suppress(Incomplete):
+                            return bytes(buf), sniff(bytes(buf))
+                        if len(buf) >= self.settings.sniff_max_bytes:
+                            raise Malformed("tls" if buf[:1] == b"\x16" else "http", "too long")
+                        data = await _recv(conn, self.settings.sniff_max_bytes - len(buf))
+                        if not data:
+                            self._count("closed-early")
+                            return None
+                        buf += data
+            except TimeoutError:
+                self._count("sniff-timeout")
+                return None
+            except Malformed as exc:
+                self._deny(net, "sni", destination, f"malformed-{exc.kind}")
+                with contextlib.suppress(OSError):
+                    conn.send(_ALERT_DECODE_ERROR if exc.kind == "tls" else _bad_request(exc))
+                return None
+            finally:
+                self.sniffing -= 1
+
+    async def _refuse(self, flow: _Flow, decision: Decision) -> None:
+        kind = "sni" if flow.seen.name else "connect"
+        self._deny(flow.net, kind, flow.destination, decision.rule)
+        with contextlib.suppress(OSError):
+            if flow.seen.kind == "tls":
+                await splice.send_all(flow.conn, _ALERT_ACCESS_DENIED)
+            elif flow.seen.kind == "http":
+                detail = f"{flow.destination} refused by rule {decision.rule}"
+                await splice.send_all(flow.conn, refusal_bytes(403, "Forbidden", detail))
+
+    def _deny(self, net: SandboxNet, kind: str, destination: str, rule: str) -> None:
+        self._count("denied")
+        if self.metrics is not None:
+            self.metrics.denied.labels(kind).inc()
+        allowed, refused = self._limiter.allow(net.sandbox_id)
+        if not allowed:
+            if refused == 1:
+                log.warning("egress_denials_rate_limited", sandbox_id=net.sandbox_id)
+            return
+        log.info(
+            "egress_denied",
+            sandbox_id=net.sandbox_id,
+            kind=kind,
+            destination=destination,
+            rule=rule,
+        )
+        if self._on_denied is not None:
+            self._on_denied(Denial(net.sandbox_id, kind, destination, rule))
+
+    async def _connect(self, dst: IPAddress, port: int) -> socket.socket:
+        family = socket.AF_INET6 if dst.version == 6 else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            async with asyncio.timeout(self.settings.connect_timeout):
+                await asyncio.get_running_loop().sock_connect(sock, (str(dst), port))
+        except BaseException:
+            sock.close()
+            raise
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    async def _forward(self, flow: _Flow, decision: Decision) -> socket.socket | None:
+        name, conn = flow.seen.name, flow.conn
+        if flow.seen.kind == "tls" and decision.inject is not None and name is not None:
+            return await self._intercept(flow, name, decision.inject)
+        try:
+            upstream = await self._connect(flow.dst, flow.port)
+        except (OSError, TimeoutError):
+            self._count("upstream-unreachable")
+            if flow.seen.kind == "http":
+                with contextlib.suppress(OSError):
+                    detail = f"{flow.destination} unreachable"
+                    await splice.send_all(conn, refusal_bytes(502, "Bad Gateway", detail))
+            return None
+        if flow.seen.kind == "http" and name is not None:
+            try:
+                rewrite = self._rewriter(decision.inject)
+            except SecretError as exc:
+                await self._secret_unavailable(flow, decision.inject, exc)
+                return upstream
+            client = SocketStream(conn)
+            session = HttpSession(
+                client, Reader(client, flow.prefix), name, SocketStream(upstream), rewrite
+            )
+            await self._run_session(flow, session, lambda: self._splice_back(upstream, conn))
+            return upstream
+        conn.setblocking(False)
+        await splice.send_all(upstream, flow.prefix)
+        up, down = await splice.relay(conn, upstream)
+        self._bytes(len(flow.prefix) + up, down)
+        self._count("spliced")
+        return upstream
+
+    async def _secret_unavailable(
+        self, flow: _Flow, inject: HeaderInjection | None, exc: SecretError
+    ) -> None:
+        secret = inject.secret if inject is not None else "?"
+        self._deny(flow.net, "sni", flow.destination, f"secret-unavailable:{secret}")
+        log.warning("egress_secret_unavailable", secret=secret, error=str(exc))
+        with contextlib.suppress(OSError):
+            if flow.seen.kind == "tls":
+                await splice.send_all(flow.conn, _ALERT_ACCESS_DENIED)
+            else:
+                detail = f"{flow.destination}: secret {secret} unavailable"
+                await splice.send_all(flow.conn, refusal_bytes(502, "Bad Gateway", detail))
+
+    async def _splice_back(self, upstream: socket.socket, conn: socket.socket) -> None:
+        counter = [0]
+        try:
+            await splice.pump(upstream, conn, counter, half_close=False)
+        finally:
+            self._bytes(0, counter[0])
+
+    def _bytes(self, up: int, down: int) -> None:
+        if self.metrics is not None:
+            self.metrics.bytes.labels("up").inc(up)
+            self.metrics.bytes.labels("down").inc(down)
+
+    def _rewriter(self, inject: HeaderInjection | None) -> Callable[[Head], None] | None:
+        if inject is None:
+            return None
+        if self._secrets is None:
+            raise SecretError("header injection configured but the proxy has no secret store")
+        value = inject.format.replace("{secret}", self._secrets.get(inject.secret))
+        header = inject.header
+
+        def rewrite(head: Head) -> None:
+            head.replace(header, value)
+
+        return rewrite
+
+    async def _run_session(
+        self, flow: _Flow, session: HttpSession, responses: Callable[[], Awaitable[None]]
+    ) -> None:
+        refusal = await session.run(responses, self.settings.response_grace)
+        if refusal is None:
+            self._count("intercepted" if session.rewrite else "http")
+        else:
+            self._deny(flow.net, "sni", f"{session.name}:{flow.port}", refusal.rule)
+
+    async def _intercept(
+        self, flow: _Flow, name: str, inject: HeaderInjection
+    ) -> socket.socket | None:
+        if self._ca is None:
+            raise SecretError("header injection configured but the proxy has no CA")
+        try:
+            rewrite = self._rewriter(inject)
+        except SecretError as exc:
+            await self._secret_unavailable(flow, inject, exc)
+            return None
+        context = self._ca.server_context(inject.domain.name or name, name)
+        client = TlsStream(flow.conn, context, server_side=True, prefix=flow.prefix)
+        try:
+            async with asyncio.timeout(self.settings.handshake_timeout):
+                await client.handshake()
+        except (ssl.SSLError, ConnectionError, OSError, TimeoutError):
+            self._count("client-tls-failed")  # e.g. the sandbox does not trust the authority
+            return None
+        try:
+            upstream_sock = await self._connect(flow.dst, flow.port)
+        except (OSError, TimeoutError):
+            self._count("upstream-unreachable")
+            await _answer(client, 502, "Bad Gateway", f"{flow.destination} unreachable")
+            return None
+        upstream = TlsStream(
+            upstream_sock, self._upstream_tls, server_side=False, server_hostname=name
+        )
+        try:
+            async with asyncio.timeout(self.settings.handshake_timeout):
+                await upstream.handshake()
+        except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
+            self._count("upstream-tls-failed")
+            log.warning("egress_upstream_tls_failed", name=name, error=repr(exc))
+            await _answer(client, 502, "Bad Gateway", f"{name}: TLS to the server failed")
+            return upstream_sock
+        session = HttpSession(client, Reader(client), name, upstream, rewrite)
+        await self._run_session(flow, session, lambda: _copy_back(upstream, client, self))
+        return upstream_sock
+
+
+async def _copy_back(upstream: Stream, client: Stream, proxy: EgressProxy) -> None:
+    total = 0
+    try:
+        while data := await upstream.read():
+            await client.write(data)
+            total += len(data)
+    finally:
+        proxy._bytes(0, total)
+
+
+async def _answer(client: Stream, status: int, reason: str, detail: str) -> None:
+    with contextlib.suppress(OSError, ssl.SSLError):
+        await client.write(refusal_bytes(status, reason, detail))
+        await client.close_write()
+
+
+async def _recv(conn: socket.socket, most: int) -> bytes:
+    while True:
+        try:
+            return conn.recv(most)
+        except BlockingIOError:
+            await splice.wait_readable(conn)
+
+
+def _plain(address: IPAddress) -> IPAddress:
+    """An IPv4-mapped IPv6 address as the IPv4 address it is."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _bad_request(exc: Malformed) -> bytes:
+    return refusal_bytes(400, "Bad Request", exc.why)

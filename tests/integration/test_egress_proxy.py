@@ -1,0 +1,236 @@
+"""The egress proxy against real sockets and real TLS: name rules checked on SNI and Host,
+allowed bytes spliced unchanged, refusals where the policy says no, and a client that never
+speaks cannot hold a slot.
+
+The "internet" is loopback: upstream servers with their own test CA on 127.0.0.1, the proxy on
+its own thread, and the original destination given by a table (the DNAT test in
+test_egress_dnat.py proves the kernel path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from egress_harness import (
+    EchoServer,
+    HttpServer,
+    InternetCA,
+    ProxyHarness,
+    make_test_ca,
+    running,
+    server_tls,
+)
+from sandpod_contract.network import NetworkPolicy
+from sandpod_lifecycle.network.proxy import ProxySettings
+
+LOOP = ipaddress.ip_address("127.0.0.1")
+
+
+def allowlist(*names: str) -> NetworkPolicy:
+    return NetworkPolicy.from_dict({"mode": "allowlist", "allow": list(names)})
+
+
+@pytest.fixture
+def test_ca(tmp_path: Path) -> InternetCA:
+    return make_test_ca(tmp_path / "internet", ["a.test", "b.test", "api.test"])
+
+
+def client_tls(test_ca: InternetCA) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(test_ca.ca_file))
+
+
+def wait_until(predicate: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail("condition not reached")
+        time.sleep(0.01)
+
+
+def echo_both_ways(sock: socket.socket, size: int) -> tuple[str, str]:
+    """Send ``size`` random bytes while reading the echo; (sha256 sent, sha256 received)."""
+    payload = os.urandom(size)
+    received = hashlib.sha256()
+    got = 0
+    sender = threading.Thread(target=sock.sendall, args=(payload,))
+    sender.start()
+    while got < size:
+        data = sock.recv(256 * 1024)
+        assert data, "connection ended before the echo was complete"
+        received.update(data)
+        got += len(data)
+    sender.join(10)
+    return hashlib.sha256(payload).hexdigest(), received.hexdigest()
+
+
+@pytest.fixture
+def echo(test_ca: InternetCA) -> Iterator[EchoServer]:
+    server = EchoServer("127.0.0.1", server_tls(test_ca))
+    with running(server):
+        yield server
+
+
+def test_allowed_sni_is_spliced_with_exact_bytes_and_the_real_certificate(
+    test_ca: InternetCA, echo: EchoServer
+) -> None:
+    """An allowed name resolved to the destination passes; 4 MiB each way arrive unchanged
+    and the client sees the upstream's own certificate (nothing intercepted)."""
+    proxy = ProxyHarness(allowlist("a.test"))
+    proxy.resolved[LOOP] = {"a.test"}
+    with running(proxy):
+        raw = proxy.connect(echo.address)
+        with client_tls(test_ca).wrap_socket(raw, server_hostname="a.test") as tls:
+            assert tls.getpeercert(binary_form=True) == test_ca.cert_der
+            sent, received = echo_both_ways(tls, 4 * 1024 * 1024)
+        assert sent == received
+        assert proxy.denials == []
+
+
+def test_denied_name_on_an_allowed_shared_address_is_refused(
+    test_ca: InternetCA, echo: EchoServer
+) -> None:
+    """b.test shares a.test's address (a CDN edge): a.test's rule does not open b.test."""
+    proxy = ProxyHarness(allowlist("a.test"))
+    proxy.resolved[LOOP] = {"a.test"}
+    with running(proxy):
+        raw = proxy.connect(echo.address)
+        with pytest.raises(ssl.SSLError, match="ACCESS_DENIED"):
+            client_tls(test_ca).wrap_socket(raw, server_hostname="b.test")
+        raw.close()
+        wait_until(lambda: proxy.denials)
+        assert proxy.denials[0].kind == "sni"
+        assert proxy.denials[0].destination == f"b.test:{echo.address[1]}"
+        assert proxy.denials[0].rule == "mode:allowlist"
+        assert echo.accepted == 0
+
+
+def test_name_not_resolved_to_that_address_is_refused(
+    test_ca: InternetCA, echo: EchoServer
+) -> None:
+    """An allowed name sent to an address it never resolved to (/etc/hosts pinning) fails."""
+    proxy = ProxyHarness(allowlist("a.test"))
+    proxy.resolved[ipaddress.ip_address("127.0.0.2")] = {"a.test"}
+    with running(proxy):
+        raw = proxy.connect(echo.address)
+        with pytest.raises(ssl.SSLError, match="ACCESS_DENIED"):
+            client_tls(test_ca).wrap_socket(raw, server_hostname="a.test")
+        raw.close()
+        wait_until(lambda: proxy.denials)
+        assert proxy.denials[0].rule == "not-resolved"
+        assert echo.accepted == 0
+
+
+def test_tls_without_sni_is_refused_under_a_name_rule(
+    test_ca: InternetCA, echo: EchoServer
+) -> None:
+    """IP-literal TLS (no SNI) to a name rule's address cannot say which name it wants."""
+    proxy = ProxyHarness(allowlist("a.test"))
+    proxy.resolved[LOOP] = {"a.test"}
+    context = client_tls(test_ca)
+    context.check_hostname = False
+    with running(proxy):
+        raw = proxy.connect(echo.address)
+        with pytest.raises(ssl.SSLError, match="ACCESS_DENIED"):
+            context.wrap_socket(raw)  # no server_hostname: no SNI
+        raw.close()
+        wait_until(lambda: proxy.denials)
+        assert proxy.denials[0].rule == "no-name:tls"
+        assert proxy.denials[0].kind == "connect"
+
+
+def http_exchange(sock: socket.socket, request: bytes) -> bytes:
+    sock.sendall(request)
+    out = b""
+    while b"\r\n\r\n" not in out:
+        data = sock.recv(65536)
+        if not data:
+            return out
+        out += data
+    head, _, body = out.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_plain_http_host_mismatch_is_refused_on_every_request() -> None:
+    """A denied Host gets 403 naming the rule; a keep-alive connection that switches its Host
+    to a denied name on its second request is refused too, after its first answer."""
+    server = HttpServer("127.0.0.1")
+    proxy = ProxyHarness(allowlist("a.test"))
+    proxy.resolved[LOOP] = {"a.test"}
+    with running(server, proxy):
+        with proxy.connect(server.address) as sock:
+            answer = http_exchange(sock, b"GET / HTTP/1.1\r\nHost: b.test\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 403")
+        assert b"mode:allowlist" in answer
+        with proxy.connect(server.address) as sock:
+            first = http_exchange(sock, b"GET /1 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+            second = http_exchange(sock, b"GET /2 HTTP/1.1\r\nHost: b.test\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 200")
+        assert second.startswith(b"HTTP/1.1 403")
+        assert [r.head for r in server.requests] == ["GET /1 HTTP/1.1"]
+        assert {d.rule for d in proxy.denials} >= {"mode:allowlist"}
+
+
+def test_slowloris_times_out_and_frees_its_slot(test_ca: InternetCA, echo: EchoServer) -> None:
+    """With one sniffing slot, a client that never sends its ClientHello is closed at the
+    timeout and the next client then gets through."""
+    settings = ProxySettings(sniff_timeout=0.5, max_sniffing=1)
+    proxy = ProxyHarness(allowlist("a.test"), settings=settings)
+    proxy.resolved[LOOP] = {"a.test"}
+    with running(proxy):
+        slow = proxy.connect(echo.address)
+        slow.sendall(b"\x16\x03\x01")  # a record header's start, then nothing
+        wait_until(lambda: proxy.proxy.sniffing == 1)
+        raw = proxy.connect(echo.address)
+        with client_tls(test_ca).wrap_socket(raw, server_hostname="a.test") as tls:
+            tls.sendall(b"ping")
+            assert tls.recv(4) == b"ping"
+        assert slow.recv(1) == b""  # closed by the proxy
+        slow.close()
+        wait_until(lambda: proxy.proxy.sniffing == 0)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\xff",  # ClientHello declaring more than it has
+        b"\x16\x03\x01\x00\x00",  # empty record
+        b"\x16\x09\x01\x00\x10" + b"\x00" * 16,  # wrong version
+        b"\x16\x03\x01\x00\x06\x02\x00\x00\x02\x03\x03",  # ServerHello from a client
+        b"\x16\x03\x01\x40\x00" + b"\x01\x00\x3f\xfc" + b"\xff" * 16380,  # fields overrun
+    ],
+)
+def test_malformed_client_hello_is_refused_and_the_proxy_keeps_serving(
+    test_ca: InternetCA, echo: EchoServer, garbage: bytes
+) -> None:
+    """Garbage dressed as TLS gets a decode_error alert and a close; the next client works."""
+    proxy = ProxyHarness(allowlist("a.test"))
+    proxy.resolved[LOOP] = {"a.test"}
+    with running(proxy):
+        with proxy.connect(echo.address) as bad:
+            bad.sendall(garbage)
+            answer = b""
+            while data := bad.recv(100):
+                answer += data
+        assert answer == bytes([21, 3, 3, 0, 2, 2, 50])
+        raw = proxy.connect(echo.address)
+        with client_tls(test_ca).wrap_socket(raw, server_hostname="a.test") as tls:
+            tls.sendall(b"ok")
+            assert tls.recv(2) == b"ok"
+        assert echo.accepted == 1
