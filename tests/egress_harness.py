@@ -85,8 +85,8 @@ def make_test_ca(directory: Path, names: list[str]) -> InternetCA:
 class Server:
     """A threaded TCP server on ``host`` (optionally TLS): ``handle(conn)`` per connection."""
 
-    def __init__(self, host: str, tls: ssl.SSLContext | None = None) -> None:
-        self.sock = listen(host)
+    def __init__(self, host: str, tls: ssl.SSLContext | None = None, port: int = 0) -> None:
+        self.sock = listen(host, port)
         self.address = self.sock.getsockname()[:2]
         self.tls = tls
         self.accepted = 0
