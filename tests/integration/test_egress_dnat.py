@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from egress_harness import EchoServer, InternetCA, make_test_ca, server_tls
 
+from egress_harness import EchoServer, InternetCA, make_test_ca, server_tls
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.proxy import Denial, EgressProxy, ProxySettings, SandboxNet
 from sandpod_lifecycle.network.proxythread import ProxyThread, listen
