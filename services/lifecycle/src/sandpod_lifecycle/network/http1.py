@@ -148,7 +148,7 @@ def parse_head(raw: bytes) -> Head:
     return Head(parts[0], parts[1], parts[2], headers)
 
 
-def _body_length(head: Head) -> int | None:
+def body_length(head: Head) -> int | None:
     """Content-Length, or None for a chunked body. Raises HttpRefusal for ambiguous framing."""
     te = head.values("transfer-encoding")
     cl = head.values("content-length")
@@ -232,7 +232,7 @@ async def forward_requests(
             return False
         head = parse_head(raw)
         check_host(head, name)
-        length = _body_length(head)
+        length = body_length(head)
         if rewrite is not None:
             rewrite(head)
         await upstream.write(head.encode())

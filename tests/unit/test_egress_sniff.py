@@ -1,0 +1,230 @@
+"""The egress proxy's pure parts: what the first bytes name (sniff), what the policy says of a
+connection (verdict), and the request grammar that keeps one request from being read two ways
+(http1). Real ClientHellos come from OpenSSL through memory BIOs; hostile ones are built here."""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+import struct
+
+import pytest
+
+from sandpod_contract.network import NetworkPolicy
+from sandpod_lifecycle.network.http1 import HttpRefusal, body_length, check_host, parse_head
+from sandpod_lifecycle.network.sniff import Incomplete, Malformed, Sniffed, sniff
+from sandpod_lifecycle.network.verdict import decide
+
+
+def openssl_hello(server_hostname: str | None) -> bytes:
+    context = ssl.create_default_context()
+    if server_hostname is None:
+        context.check_hostname = False
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = context.wrap_bio(incoming, outgoing, server_hostname=server_hostname)
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return outgoing.read()
+
+
+def crafted_hello(extensions: list[tuple[int, bytes]]) -> bytes:
+    exts = b"".join(struct.pack("!HH", t, len(d)) + d for t, d in extensions)
+    body = b"\x03\x03" + bytes(32) + b"\x00" + b"\x00\x02\x13\x01" + b"\x01\x00"
+    body += struct.pack("!H", len(exts)) + exts
+    handshake = b"\x01" + len(body).to_bytes(3, "big") + body
+    return b"\x16\x03\x01" + struct.pack("!H", len(handshake)) + handshake
+
+
+def sni_ext(*names: bytes) -> tuple[int, bytes]:
+    entries = b"".join(b"\x00" + struct.pack("!H", len(n)) + n for n in names)
+    return 0, struct.pack("!H", len(entries)) + entries
+
+
+def test_sni_of_a_real_client_hello_and_every_prefix_asks_for_more() -> None:
+    """OpenSSL's ClientHello gives its SNI; each shorter prefix is Incomplete, not an error."""
+    hello = openssl_hello("API.Example.COM")
+    assert sniff(hello) == Sniffed("tls", "api.example.com")
+    for cut in range(len(hello)):
+        with pytest.raises(Incomplete):
+            sniff(hello[:cut])
+
+
+def test_a_client_hello_without_sni_names_nothing() -> None:
+    assert sniff(openssl_hello(None)) == Sniffed("tls", None)
+
+
+def test_a_client_hello_split_over_two_records_is_reassembled() -> None:
+    hello = openssl_hello("a.test")
+    payload = hello[5:]
+    split = b"".join(
+        b"\x16\x03\x01" + struct.pack("!H", len(part)) + part
+        for part in (payload[:40], payload[40:])
+    )
+    assert sniff(split).name == "a.test"
+
+
+def test_encrypted_client_hello_is_reported() -> None:
+    """ECH's outer SNI is only the front's public name: flagged so the verdict ignores it."""
+    seen = sniff(crafted_hello([sni_ext(b"public.front"), (0xFE0D, b"\x00" * 8)]))
+    assert seen == Sniffed("tls", "public.front", ech=True)
+
+
+@pytest.mark.parametrize(
+    "extensions",
+    [
+        [sni_ext(b"a.test"), sni_ext(b"b.test")],  # the extension twice
+        [sni_ext(b"a.test", b"b.test")],  # two host names
+        [sni_ext(b"1.2.3.4")],  # an IP literal, forbidden in SNI
+        [sni_ext(b"bad name")],
+        [(0, b"\x00\x10\x00")],  # truncated list
+    ],
+)
+def test_hostile_client_hellos_are_malformed(extensions: list[tuple[int, bytes]]) -> None:
+    with pytest.raises(Malformed):
+        sniff(crafted_hello(extensions))
+
+
+def test_http_host_is_the_name_without_its_port() -> None:
+    assert sniff(b"GET / HTTP/1.1\r\nHost: A.test:8080\r\n\r\n") == Sniffed("http", "a.test")
+    assert sniff(b"GET / HTTP/1.1\r\nHost: 11.22.0.1\r\n\r\n") == Sniffed("http", None)
+    assert sniff(b"GET / HTTP/1.0\r\n\r\n") == Sniffed("http", None)
+    with pytest.raises(Incomplete):
+        sniff(b"GET / HTTP/1.1\r\nHost: a.te")
+    assert sniff(b"SSH-2.0-OpenSSH\r\n") == Sniffed("other")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n",
+        b"GET http://b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a test\r\n\r\n",
+        b"GET /\r\n\r\n",
+    ],
+)
+def test_http_heads_that_name_two_hosts_are_malformed(head: bytes) -> None:
+    with pytest.raises(Malformed):
+        sniff(head)
+
+
+# ---------------------------------------------------------------- verdict
+
+A = ipaddress.ip_address("11.22.0.10")
+ALLOW = NetworkPolicy.from_dict(
+    {
+        "mode": "allowlist",
+        "allow": ["a.test", "11.22.9.0/24"],
+        "deny": ["11.22.0.99"],
+        "inject": [{"domain": "a.test", "secret": "k"}],
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("policy", "address", "seen", "resolved", "allowed", "rule"),
+    [
+        (ALLOW, A, Sniffed("tls", "a.test"), {"a.test"}, True, "a.test"),
+        (ALLOW, A, Sniffed("tls", "b.test"), {"a.test"}, False, "mode:allowlist"),
+        (ALLOW, A, Sniffed("tls", "a.test"), set(), False, "not-resolved"),
+        (ALLOW, A, Sniffed("tls", None), {"a.test"}, False, "no-name:tls"),
+        (ALLOW, A, Sniffed("tls", "a.test", ech=True), {"a.test"}, False, "ech"),
+        (ALLOW, A, Sniffed("other"), {"a.test"}, False, "no-name:other"),
+        (
+            ALLOW,
+            ipaddress.ip_address("11.22.9.5"),
+            Sniffed("tls", None),
+            set(),
+            True,
+            "11.22.9.0/24",
+        ),
+        (
+            ALLOW,
+            ipaddress.ip_address("11.22.0.99"),
+            Sniffed("tls", "a.test"),
+            {"a.test"},
+            False,
+            "11.22.0.99",
+        ),
+        (NetworkPolicy(), A, Sniffed("tls", "any.test"), set(), True, "mode:public"),
+        (
+            NetworkPolicy(),
+            ipaddress.ip_address("10.0.0.1"),
+            Sniffed("tls", "x.test"),
+            set(),
+            False,
+            "not-resolved",
+        ),
+        (
+            NetworkPolicy(),
+            ipaddress.ip_address("169.254.169.254"),
+            Sniffed("http", "x.test"),
+            {"x.test"},
+            False,
+            "metadata",
+        ),
+    ],
+)
+def test_verdicts(
+    policy: NetworkPolicy,
+    address: ipaddress.IPv4Address,
+    seen: Sniffed,
+    resolved: set[str],
+    *,
+    allowed: bool,
+    rule: str,
+) -> None:
+    """Each rule of verdict.py's docstring, by the case it exists for."""
+    decision = decide(policy, address, 443, seen, resolved)
+    assert (decision.allowed, decision.rule) == (allowed, rule)
+
+
+def test_an_allowed_inject_domain_is_intercepted_and_only_it() -> None:
+    assert decide(ALLOW, A, 443, Sniffed("tls", "a.test"), {"a.test"}).inject is not None
+    assert (
+        decide(
+            ALLOW, ipaddress.ip_address("11.22.9.5"), 443, Sniffed("tls", "b.test"), set()
+        ).inject
+        is None
+    )
+
+
+# ---------------------------------------------------------------- http1
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: a.test\r\n folded: x\r\n\r\n", 400),
+        (
+            b"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Length: 3\r\n\r\n",
+            400,
+        ),
+        (b"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501),
+        (b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: -1\r\n\r\n", 400),
+        (b"GET / HTTP/2.0\r\nHost: a.test\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nHost: b.test\r\n\r\n", 403),
+        (b"GET / HTTP/1.1\r\n\r\n", 400),
+        (b"GET http://b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", 403),
+    ],
+)
+def test_ambiguous_or_foreign_requests_are_refused(head: bytes, status: int) -> None:
+    with pytest.raises(HttpRefusal) as refused:
+        _read_request(head)
+    assert refused.value.status == status
+
+
+def _read_request(head: bytes) -> None:
+    parsed = parse_head(head)
+    check_host(parsed, "a.test")
+    body_length(parsed)
+
+
+def test_header_replacement_keeps_one_value() -> None:
+    head = parse_head(
+        b"GET / HTTP/1.1\r\nHost: a.test\r\nauthorization: x\r\nAuthorization: y\r\n\r\n"
+    )
+    head.replace("Authorization", "Bearer s")
+    assert head.values("authorization") == ["Bearer s"]
+    assert head.encode().endswith(b"Authorization: Bearer s\r\n\r\n")
