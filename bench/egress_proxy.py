@@ -12,6 +12,7 @@ real path: sniff, verdict, connect, splice. Prints MB/s for each and the ratio t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import multiprocessing
 import socket
@@ -36,10 +37,8 @@ def client_hello(name: str) -> bytes:
     context = ssl.create_default_context()
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     obj = context.wrap_bio(incoming, outgoing, server_hostname=name)
-    try:
+    with contextlib.suppress(ssl.SSLWantReadError):
         obj.do_handshake()
-    except ssl.SSLWantReadError:
-        pass
     return outgoing.read()
 
 

@@ -104,8 +104,7 @@ def test_injected_header_reaches_the_server_and_the_sandbox_only_held_a_placehol
     with running(server):
         raw = proxy.connect(server.address)
         with sandbox_tls(authority).wrap_socket(raw, server_hostname="api.test") as tls:
-            issuer = dict(x[0] for x in tls.getpeercert()["issuer"])  # type: ignore[index]
-            assert issuer["commonName"].startswith("Sandpod egress inst-test")
+            assert "Sandpod egress inst-test api.test" in repr(tls.getpeercert())
             conn = https(tls, "api.test")
             bearer = f"Bearer {env['SANDPOD_SECRET_APIKEY']}"
             conn.request("GET", "/first", headers={"Authorization": bearer})
