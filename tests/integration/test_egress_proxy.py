@@ -41,12 +41,12 @@ def allowlist(*names: str) -> NetworkPolicy:
 
 
 @pytest.fixture
-def test_ca(tmp_path: Path) -> InternetCA:
+def internet_ca(tmp_path: Path) -> InternetCA:
     return make_test_ca(tmp_path / "internet", ["a.test", "b.test", "api.test"])
 
 
-def client_tls(test_ca: InternetCA) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=str(test_ca.ca_file))
+def client_tls(internet_ca: InternetCA) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(internet_ca.ca_file))
 
 
 def wait_until(predicate: object, timeout: float = 10.0) -> None:
@@ -74,14 +74,14 @@ def echo_both_ways(sock: socket.socket, size: int) -> tuple[str, str]:
 
 
 @pytest.fixture
-def echo(test_ca: InternetCA) -> Iterator[EchoServer]:
-    server = EchoServer("127.0.0.1", server_tls(test_ca))
+def echo(internet_ca: InternetCA) -> Iterator[EchoServer]:
+    server = EchoServer("127.0.0.1", server_tls(internet_ca))
     with running(server):
         yield server
 
 
 def test_allowed_sni_is_spliced_with_exact_bytes_and_the_real_certificate(
-    test_ca: InternetCA, echo: EchoServer
+    internet_ca: InternetCA, echo: EchoServer
 ) -> None:
     """An allowed name resolved to the destination passes; 4 MiB each way arrive unchanged
     and the client sees the upstream's own certificate (nothing intercepted)."""
@@ -89,15 +89,15 @@ def test_allowed_sni_is_spliced_with_exact_bytes_and_the_real_certificate(
     proxy.resolved[LOOP] = {"a.test"}
     with running(proxy):
         raw = proxy.connect(echo.address)
-        with client_tls(test_ca).wrap_socket(raw, server_hostname="a.test") as tls:
-            assert tls.getpeercert(binary_form=True) == test_ca.cert_der
+        with client_tls(internet_ca).wrap_socket(raw, server_hostname="a.test") as tls:
+            assert tls.getpeercert(binary_form=True) == internet_ca.cert_der
             sent, received = echo_both_ways(tls, 4 * 1024 * 1024)
         assert sent == received
         assert proxy.denials == []
 
 
 def test_denied_name_on_an_allowed_shared_address_is_refused(
-    test_ca: InternetCA, echo: EchoServer
+    internet_ca: InternetCA, echo: EchoServer
 ) -> None:
     """b.test shares a.test's address (a CDN edge): a.test's rule does not open b.test."""
     proxy = ProxyHarness(allowlist("a.test"))
@@ -105,7 +105,7 @@ def test_denied_name_on_an_allowed_shared_address_is_refused(
     with running(proxy):
         raw = proxy.connect(echo.address)
         with pytest.raises(ssl.SSLError, match="ACCESS_DENIED"):
-            client_tls(test_ca).wrap_socket(raw, server_hostname="b.test")
+            client_tls(internet_ca).wrap_socket(raw, server_hostname="b.test")
         raw.close()
         wait_until(lambda: proxy.denials)
         assert proxy.denials[0].kind == "sni"
@@ -115,7 +115,7 @@ def test_denied_name_on_an_allowed_shared_address_is_refused(
 
 
 def test_name_not_resolved_to_that_address_is_refused(
-    test_ca: InternetCA, echo: EchoServer
+    internet_ca: InternetCA, echo: EchoServer
 ) -> None:
     """An allowed name sent to an address it never resolved to (/etc/hosts pinning) fails."""
     proxy = ProxyHarness(allowlist("a.test"))
@@ -123,7 +123,7 @@ def test_name_not_resolved_to_that_address_is_refused(
     with running(proxy):
         raw = proxy.connect(echo.address)
         with pytest.raises(ssl.SSLError, match="ACCESS_DENIED"):
-            client_tls(test_ca).wrap_socket(raw, server_hostname="a.test")
+            client_tls(internet_ca).wrap_socket(raw, server_hostname="a.test")
         raw.close()
         wait_until(lambda: proxy.denials)
         assert proxy.denials[0].rule == "not-resolved"
@@ -131,12 +131,12 @@ def test_name_not_resolved_to_that_address_is_refused(
 
 
 def test_tls_without_sni_is_refused_under_a_name_rule(
-    test_ca: InternetCA, echo: EchoServer
+    internet_ca: InternetCA, echo: EchoServer
 ) -> None:
     """IP-literal TLS (no SNI) to a name rule's address cannot say which name it wants."""
     proxy = ProxyHarness(allowlist("a.test"))
     proxy.resolved[LOOP] = {"a.test"}
-    context = client_tls(test_ca)
+    context = client_tls(internet_ca)
     context.check_hostname = False
     with running(proxy):
         raw = proxy.connect(echo.address)
@@ -187,7 +187,7 @@ def test_plain_http_host_mismatch_is_refused_on_every_request() -> None:
         assert {d.rule for d in proxy.denials} >= {"mode:allowlist"}
 
 
-def test_slowloris_times_out_and_frees_its_slot(test_ca: InternetCA, echo: EchoServer) -> None:
+def test_slowloris_times_out_and_frees_its_slot(internet_ca: InternetCA, echo: EchoServer) -> None:
     """With one sniffing slot, a client that never sends its ClientHello is closed at the
     timeout and the next client then gets through."""
     settings = ProxySettings(sniff_timeout=0.5, max_sniffing=1)
@@ -198,7 +198,7 @@ def test_slowloris_times_out_and_frees_its_slot(test_ca: InternetCA, echo: EchoS
         slow.sendall(b"\x16\x03\x01")  # a record header's start, then nothing
         wait_until(lambda: proxy.proxy.sniffing == 1)
         raw = proxy.connect(echo.address)
-        with client_tls(test_ca).wrap_socket(raw, server_hostname="a.test") as tls:
+        with client_tls(internet_ca).wrap_socket(raw, server_hostname="a.test") as tls:
             tls.sendall(b"ping")
             assert tls.recv(4) == b"ping"
         assert slow.recv(1) == b""  # closed by the proxy
@@ -217,7 +217,7 @@ def test_slowloris_times_out_and_frees_its_slot(test_ca: InternetCA, echo: EchoS
     ],
 )
 def test_malformed_client_hello_is_refused_and_the_proxy_keeps_serving(
-    test_ca: InternetCA, echo: EchoServer, garbage: bytes
+    internet_ca: InternetCA, echo: EchoServer, garbage: bytes
 ) -> None:
     """Garbage dressed as TLS gets a decode_error alert and a close; the next client works."""
     proxy = ProxyHarness(allowlist("a.test"))
@@ -230,7 +230,34 @@ def test_malformed_client_hello_is_refused_and_the_proxy_keeps_serving(
                 answer += data
         assert answer == bytes([21, 3, 3, 0, 2, 2, 50])
         raw = proxy.connect(echo.address)
-        with client_tls(test_ca).wrap_socket(raw, server_hostname="a.test") as tls:
+        with client_tls(internet_ca).wrap_socket(raw, server_hostname="a.test") as tls:
             tls.sendall(b"ok")
             assert tls.recv(2) == b"ok"
         assert echo.accepted == 1
+
+
+def test_a_sandbox_past_its_connection_limit_is_refused_until_one_closes(
+    internet_ca: InternetCA, echo: EchoServer
+) -> None:
+    """limits.maxConnections 1: a second connection while the first is open is refused with
+    an event naming the limit; after the first closes, a new one goes through."""
+    policy = NetworkPolicy.from_dict(
+        {"mode": "allowlist", "allow": ["a.test"], "limits": {"maxConnections": 1}}
+    )
+    proxy = ProxyHarness(policy)
+    proxy.resolved[LOOP] = {"a.test"}
+    with running(proxy):
+        first = client_tls(internet_ca).wrap_socket(
+            proxy.connect(echo.address), server_hostname="a.test"
+        )
+        with proxy.connect(echo.address) as second:
+            assert second.recv(1) == b""
+        wait_until(lambda: proxy.denials)
+        assert proxy.denials[0].rule == "limits.maxConnections"
+        first.close()
+        wait_until(lambda: proxy.proxy.active == 0)
+        with client_tls(internet_ca).wrap_socket(
+            proxy.connect(echo.address), server_hostname="a.test"
+        ) as third:
+            third.sendall(b"x")
+            assert third.recv(1) == b"x"

@@ -140,6 +140,7 @@ class _Flow:
     prefix: bytes
     dst: IPAddress
     port: int
+    owned: list[socket.socket]  # upstream sockets, closed with the connection
 
     @property
     def destination(self) -> str:
@@ -178,6 +179,7 @@ class EgressProxy:
         self._upstream_tls.set_alpn_protocols(["http/1.1"])
         self._sniff_slots = asyncio.Semaphore(settings.max_sniffing)
         self._own: set[tuple[IPAddress, int]] = set()
+        self._per_sandbox: dict[str, int] = {}  # connections open per sandbox
         self.active = 0  # connections being handled
         self.sniffing = 0  # of which waiting for their first bytes
 
@@ -207,46 +209,57 @@ class EgressProxy:
             self.metrics.connections.labels(outcome).inc()
 
     async def _handle(self, conn: socket.socket, peer: tuple[str, int]) -> None:
-        upstream: socket.socket | None = None
+        owned: list[socket.socket] = []
         try:
-            upstream = await self._serve_one(conn, _plain(ipaddress.ip_address(peer[0])))
+            net = self._lookup(_plain(ipaddress.ip_address(peer[0])))
+            if net is None:
+                self._count("unknown-source")
+                return
+            limit = net.policy.limits.max_connections
+            if limit is not None and self._per_sandbox.get(net.sandbox_id, 0) >= limit:
+                self._deny(net, "connect", "*", "limits.maxConnections")
+                return
+            self._per_sandbox[net.sandbox_id] = self._per_sandbox.get(net.sandbox_id, 0) + 1
+            try:
+                await self._serve_one(conn, net, owned)
+            finally:
+                if (left := self._per_sandbox.pop(net.sandbox_id) - 1) > 0:
+                    self._per_sandbox[net.sandbox_id] = left
         except Exception as exc:  # one connection's failure never ends the proxy
             log.warning("egress_connection_failed", error=repr(exc))
             self._count("error")
         finally:
             self.active -= 1
             conn.close()
-            if upstream is not None:
-                upstream.close()
+            for sock in owned:
+                sock.close()
 
-    async def _serve_one(self, conn: socket.socket, source: IPAddress) -> socket.socket | None:
-        net = self._lookup(source)
-        if net is None:
-            self._count("unknown-source")
-            return None
+    async def _serve_one(
+        self, conn: socket.socket, net: SandboxNet, owned: list[socket.socket]
+    ) -> None:
         try:
             dst, port = self._original_dst(conn)
         except NoOriginalDst:
             self._count("not-redirected")
-            return None
+            return
         dst = _plain(dst)
         why = "proxy-loop" if (dst, port) in self._own else None
         if why is None and self._forbidden is not None:
             why = self._forbidden(dst, port)
         if why is not None:
             self._deny(net, "connect", f"{dst}:{port}", why)
-            return None
+            return
         sniffed = await self._sniff(conn, net, f"{dst}:{port}")
         if sniffed is None:
-            return None
+            return
         prefix, seen = sniffed
         resolved = {n.lower().rstrip(".") for n in self._resolved(net.sandbox_id, dst)}
         decision = decide(net.policy, dst, port, seen, resolved)
-        flow = _Flow(conn, net, seen, prefix, dst, port)
+        flow = _Flow(conn, net, seen, prefix, dst, port, owned)
         if not decision.allowed:
             await self._refuse(flow, decision)
-            return None
-        return await self._forward(flow, decision)
+            return
+        await self._forward(flow, decision)
 
     async def _sniff(
         self, conn: socket.socket, net: SandboxNet, destination: str
@@ -308,50 +321,47 @@ class EgressProxy:
         if self._on_denied is not None:
             self._on_denied(Denial(net.sandbox_id, kind, destination, rule))
 
-    async def _connect(self, dst: IPAddress, port: int) -> socket.socket:
-        family = socket.AF_INET6 if dst.version == 6 else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+    async def _connect(self, flow: _Flow) -> socket.socket:
+        dst, port = flow.dst, flow.port
+        sock = socket.socket(socket.AF_INET6 if dst.version == 6 else socket.AF_INET)
+        flow.owned.append(sock)
         sock.setblocking(False)
-        try:
-            async with asyncio.timeout(self.settings.connect_timeout):
-                await asyncio.get_running_loop().sock_connect(sock, (str(dst), port))
-        except BaseException:
-            sock.close()
-            raise
+        async with asyncio.timeout(self.settings.connect_timeout):
+            await asyncio.get_running_loop().sock_connect(sock, (str(dst), port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
 
-    async def _forward(self, flow: _Flow, decision: Decision) -> socket.socket | None:
+    async def _forward(self, flow: _Flow, decision: Decision) -> None:
         name, conn = flow.seen.name, flow.conn
         if flow.seen.kind == "tls" and decision.inject is not None and name is not None:
-            return await self._intercept(flow, name, decision.inject)
+            await self._intercept(flow, name, decision.inject)
+            return
         try:
-            upstream = await self._connect(flow.dst, flow.port)
+            upstream = await self._connect(flow)
         except (OSError, TimeoutError):
             self._count("upstream-unreachable")
             if flow.seen.kind == "http":
                 with contextlib.suppress(OSError):
                     detail = f"{flow.destination} unreachable"
                     await splice.send_all(conn, refusal_bytes(502, "Bad Gateway", detail))
-            return None
+            return
         if flow.seen.kind == "http" and name is not None:
             try:
                 rewrite = self._rewriter(decision.inject)
             except SecretError as exc:
                 await self._secret_unavailable(flow, decision.inject, exc)
-                return upstream
+                return
             client = SocketStream(conn)
             session = HttpSession(
                 client, Reader(client, flow.prefix), name, SocketStream(upstream), rewrite
             )
             await self._run_session(flow, session, lambda: self._splice_back(upstream, conn))
-            return upstream
+            return
         conn.setblocking(False)
         await splice.send_all(upstream, flow.prefix)
         up, down = await splice.relay(conn, upstream)
         self._bytes(len(flow.prefix) + up, down)
         self._count("spliced")
-        return upstream
 
     async def _secret_unavailable(
         self, flow: _Flow, inject: HeaderInjection | None, exc: SecretError
@@ -400,16 +410,14 @@ class EgressProxy:
         else:
             self._deny(flow.net, "sni", f"{session.name}:{flow.port}", refusal.rule)
 
-    async def _intercept(
-        self, flow: _Flow, name: str, inject: HeaderInjection
-    ) -> socket.socket | None:
+    async def _intercept(self, flow: _Flow, name: str, inject: HeaderInjection) -> None:
         if self._ca is None:
             raise SecretError("header injection configured but the proxy has no CA")
         try:
             rewrite = self._rewriter(inject)
         except SecretError as exc:
             await self._secret_unavailable(flow, inject, exc)
-            return None
+            return
         context = self._ca.server_context(inject.domain.name or name, name)
         client = TlsStream(flow.conn, context, server_side=True, prefix=flow.prefix)
         try:
@@ -417,13 +425,13 @@ class EgressProxy:
                 await client.handshake()
         except (ssl.SSLError, ConnectionError, OSError, TimeoutError):
             self._count("client-tls-failed")  # e.g. the sandbox does not trust the authority
-            return None
+            return
         try:
-            upstream_sock = await self._connect(flow.dst, flow.port)
+            upstream_sock = await self._connect(flow)
         except (OSError, TimeoutError):
             self._count("upstream-unreachable")
             await _answer(client, 502, "Bad Gateway", f"{flow.destination} unreachable")
-            return None
+            return
         upstream = TlsStream(
             upstream_sock, self._upstream_tls, server_side=False, server_hostname=name
         )
@@ -434,10 +442,9 @@ class EgressProxy:
             self._count("upstream-tls-failed")
             log.warning("egress_upstream_tls_failed", name=name, error=repr(exc))
             await _answer(client, 502, "Bad Gateway", f"{name}: TLS to the server failed")
-            return upstream_sock
+            return
         session = HttpSession(client, Reader(client), name, upstream, rewrite)
         await self._run_session(flow, session, lambda: _copy_back(upstream, client, self))
-        return upstream_sock
 
 
 async def _copy_back(upstream: Stream, client: Stream, proxy: EgressProxy) -> None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 import ipaddress
 import ssl
 import struct
+from pathlib import Path
 
 import pytest
 
 from sandpod_contract.network import NetworkPolicy
+from sandpod_lifecycle.network.ca import InterceptionCA
 from sandpod_lifecycle.network.http1 import HttpRefusal, body_length, check_host, parse_head
 from sandpod_lifecycle.network.sniff import Incomplete, Malformed, Sniffed, sniff
+from sandpod_lifecycle.network.trust import SandboxTrust, merge_bundle, sandbox_trust
 from sandpod_lifecycle.network.verdict import decide
 
 
@@ -228,3 +231,23 @@ def test_header_replacement_keeps_one_value() -> None:
     head.replace("Authorization", "Bearer s")
     assert head.values("authorization") == ["Bearer s"]
     assert head.encode().endswith(b"Authorization: Bearer s\r\n\r\n")
+
+
+# ---------------------------------------------------------------- sandbox trust
+
+
+def test_sandbox_trust_only_with_injections_and_the_bundle_block_is_rewritten(
+    tmp_path: Path,
+) -> None:
+    """No inject entry: no authority, no variables. With one: its PEM, placeholders, and the
+    image's bundle gets one managed block that an update replaces and an empty PEM removes."""
+    ca = InterceptionCA(tmp_path / "ca", "inst")
+    assert sandbox_trust(ca, NetworkPolicy()) == SandboxTrust("", {})
+    trust = sandbox_trust(ca, ALLOW)
+    assert trust.pem.count("BEGIN CERTIFICATE") == 1
+    assert trust.env["SANDPOD_SECRET_K"] == "sandpod-placeholder-k"
+    image = "-----BEGIN CERTIFICATE-----\nroot\n-----END CERTIFICATE-----"
+    once = merge_bundle(image, trust.pem)
+    assert merge_bundle(once, trust.pem) == once
+    assert merge_bundle(once, "") == image + "\n"
+    assert once.startswith(image)
