@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from egress_harness import (
     EchoServer,
@@ -31,6 +32,7 @@ from egress_harness import (
     server_tls,
 )
 from sandpod_contract.network import NetworkPolicy
+from sandpod_lifecycle.network.metrics import ProxyMetrics
 from sandpod_lifecycle.network.proxy import ProxySettings
 
 LOOP = ipaddress.ip_address("127.0.0.1")
@@ -261,3 +263,27 @@ def test_a_sandbox_past_its_connection_limit_is_refused_until_one_closes(
         ) as third:
             third.sendall(b"x")
             assert third.recv(1) == b"x"
+
+
+def test_denials_are_counted_always_and_reported_rate_limited(
+    internet_ca: InternetCA, echo: EchoServer
+) -> None:
+    """Five refused connections: the metric counts five (kind sni), the event callback gets
+    the burst of two, the rest are dropped by the per-sandbox bucket."""
+    registry = CollectorRegistry()
+    settings = ProxySettings(denial_burst=2, denial_rate=0.001)
+    proxy = ProxyHarness(allowlist("a.test"), settings=settings, metrics=ProxyMetrics(registry))
+    proxy.resolved[LOOP] = {"a.test"}
+    with running(proxy):
+        for _ in range(5):
+            with proxy.connect(echo.address) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: b.test\r\n\r\n")
+                assert sock.recv(12) == b"HTTP/1.1 403"
+        wait_until(
+            lambda: (
+                registry.get_sample_value("sandpod_lifecycle_network_denied_total", {"kind": "sni"})
+                == 5
+            )
+        )
+    assert len(proxy.denials) == 2
+    assert echo.accepted == 0

@@ -76,6 +76,7 @@ __all__ = [
 
 log = structlog.get_logger("sandpod.lifecycle.egress")
 
+ACCEPT_BACKOFF = 0.1  # seconds between accept attempts when the process is out of descriptors
 _ALERT_ACCESS_DENIED = bytes([21, 3, 3, 0, 2, 2, 49])  # TLS fatal alert access_denied(49)
 _ALERT_DECODE_ERROR = bytes([21, 3, 3, 0, 2, 2, 50])
 
@@ -196,7 +197,13 @@ class EgressProxy:
     async def _accept(self, listener: socket.socket, tg: asyncio.TaskGroup) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            conn, peer = await loop.sock_accept(listener)
+            try:
+                conn, peer = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE/ENFILE/ENOBUFS: wait for connections to end
+                log.warning("egress_accept_failed", error=repr(exc))
+                self._count("accept-failed")
+                await asyncio.sleep(ACCEPT_BACKOFF)
+                continue
             if self.active >= self.settings.max_connections:
                 conn.close()
                 self._count("overloaded")
