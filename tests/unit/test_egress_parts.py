@@ -14,9 +14,11 @@ import pytest
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.ca import InterceptionCA
 from sandpod_lifecycle.network.http1 import HttpRefusal, body_length, check_host, parse_head
+from sandpod_lifecycle.network.proxy import ProxySettings
 from sandpod_lifecycle.network.sniff import Incomplete, Malformed, Sniffed, sniff
 from sandpod_lifecycle.network.trust import SandboxTrust, merge_bundle, sandbox_trust
 from sandpod_lifecycle.network.verdict import decide
+from sandpod_service.env import SettingsError
 
 
 def openssl_hello(server_hostname: str | None) -> bytes:
@@ -251,3 +253,15 @@ def test_sandbox_trust_only_with_injections_and_the_bundle_block_is_rewritten(
     assert merge_bundle(once, trust.pem) == once
     assert merge_bundle(once, "") == image + "\n"
     assert once.startswith(image)
+
+
+def test_proxy_settings_from_the_environment() -> None:
+    """Documented variables are read; a bad one is a clear error, not a default."""
+    settings = ProxySettings.from_env(
+        {"SANDPOD_EGRESS_SNIFF_TIMEOUT": "2.5", "SANDPOD_EGRESS_UPSTREAM_CA_FILE": "/x/ca.pem"}
+    )
+    assert settings.sniff_timeout == 2.5
+    assert settings.upstream_ca_file == Path("/x/ca.pem")
+    assert ProxySettings.from_env({}) == ProxySettings()
+    with pytest.raises(SettingsError, match="SANDPOD_EGRESS_MAX_SNIFFING"):
+        ProxySettings.from_env({"SANDPOD_EGRESS_MAX_SNIFFING": "0"})

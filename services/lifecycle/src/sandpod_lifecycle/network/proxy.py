@@ -47,7 +47,7 @@ import dataclasses
 import ipaddress
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Set
+from collections.abc import Awaitable, Callable, Mapping, Set
 from pathlib import Path
 from typing import Protocol
 
@@ -64,6 +64,7 @@ from sandpod_lifecycle.network.secretstore import SecretError, SecretSource
 from sandpod_lifecycle.network.sniff import MAX_HELLO, Incomplete, Malformed, Sniffed, sniff
 from sandpod_lifecycle.network.streams import SocketStream, Stream, TlsStream
 from sandpod_lifecycle.network.verdict import Decision, decide
+from sandpod_service import env_float, env_int, env_str
 
 __all__ = [
     "Denial",
@@ -93,6 +94,32 @@ class ProxySettings:
     upstream_ca_file: Path | None = None  # None: the host's trust store
     denial_burst: int = 20  # denial events per sandbox at once ...
     denial_rate: float = 1.0  # ... refilled per second
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ProxySettings:
+        """Read once at start (the lifecycle's settings call this):
+
+        | variable | default | meaning |
+        |---|---|---|
+        | ``SANDPOD_EGRESS_SNIFF_TIMEOUT`` | 10 s | a client's ClientHello / request head deadline |
+        | ``SANDPOD_EGRESS_MAX_SNIFFING`` | 256 | connections waiting for first bytes at once |
+        | ``SANDPOD_EGRESS_MAX_CONNECTIONS`` | 8192 | proxied connections at once (node-wide) |
+        | ``SANDPOD_EGRESS_CONNECT_TIMEOUT`` | 10 s | connecting to the real destination |
+        | ``SANDPOD_EGRESS_UPSTREAM_CA_FILE`` | host's store | CA bundle for intercepted upstreams |
+
+        Raises SettingsError (a value that is no number) or ValueError (out of range).
+        """
+        base = cls()
+        ca = env_str(env, "SANDPOD_EGRESS_UPSTREAM_CA_FILE", "")
+        return cls(
+            sniff_timeout=env_float(env, "SANDPOD_EGRESS_SNIFF_TIMEOUT", base.sniff_timeout),
+            max_sniffing=env_int(env, "SANDPOD_EGRESS_MAX_SNIFFING", base.max_sniffing, minimum=1),
+            max_connections=env_int(
+                env, "SANDPOD_EGRESS_MAX_CONNECTIONS", base.max_connections, minimum=1
+            ),
+            connect_timeout=env_float(env, "SANDPOD_EGRESS_CONNECT_TIMEOUT", base.connect_timeout),
+            upstream_ca_file=Path(ca) if ca else None,
+        )
 
     def __post_init__(self) -> None:
         if self.sniff_timeout <= 0 or self.connect_timeout <= 0 or self.handshake_timeout <= 0:
