@@ -28,6 +28,7 @@ from egress_harness import (
     HttpServer,
     InternetCA,
     ProxyHarness,
+    Server,
     make_test_ca,
     running,
     server_tls,
@@ -257,3 +258,46 @@ def _read_as_nobody(path: Path) -> bool:
         check=False,
     )
     return done.returncode == 0 and b"PRIVATE KEY" in done.stdout
+
+
+class UpgradeServer(Server):
+    """Answers one request with 101 and then echoes raw bytes (a WebSocket's shape)."""
+
+    def __init__(self, host: str, tls: ssl.SSLContext) -> None:
+        self.heads: list[bytes] = []
+        super().__init__(host, tls)
+
+    def handle(self, conn: socket.socket) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(4096)
+        self.heads.append(head)
+        conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+        while data := conn.recv(65536):
+            conn.sendall(data)
+
+
+def test_an_upgraded_connection_gets_the_header_then_carries_raw_bytes(
+    internet_ca: InternetCA, authority: InterceptionCA, proxy: ProxyHarness
+) -> None:
+    """The Upgrade request is injected; after 101 the bytes are no longer HTTP and pass as
+    they are (they are not parsed as requests, which would refuse them)."""
+    server = UpgradeServer("127.0.0.1", server_tls(internet_ca))
+    with running(server):
+        raw = proxy.connect(server.address)
+        with sandbox_tls(authority).wrap_socket(raw, server_hostname="api.test") as tls:
+            tls.sendall(
+                b"GET /ws HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\n"
+                b"Upgrade: websocket\r\n\r\n"
+            )
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += tls.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 101")
+            frame = b"\x81\x05hello not http \r\n\r\n"
+            tls.sendall(frame)
+            echoed = b""
+            while len(echoed) < len(frame):
+                echoed += tls.recv(4096)
+            assert echoed == frame
+    assert f"Authorization: Bearer {SECRET}".encode() in server.heads[0]
