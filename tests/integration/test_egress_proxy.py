@@ -34,6 +34,7 @@ from egress_harness import (
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.metrics import ProxyMetrics
 from sandpod_lifecycle.network.proxy import ProxySettings
+from sandpod_lifecycle.network.verdict import HardDenies
 
 LOOP = ipaddress.ip_address("127.0.0.1")
 
@@ -287,3 +288,20 @@ def test_denials_are_counted_always_and_reported_rate_limited(
         )
     assert len(proxy.denials) == 2
     assert echo.accepted == 0
+
+
+def test_a_name_resolving_to_the_host_itself_is_not_reached_through_the_proxy(
+    internet_ca: InternetCA, echo: EchoServer
+) -> None:
+    """An allowed name whose record points at the host's loopback (or own address): the
+    firewall's hard denies do not see the proxy's own connection, so the proxy refuses it
+    (without HardDenies, as in the other tests here, the same connection goes through)."""
+    proxy = ProxyHarness(allowlist("a.test"), forbidden=HardDenies())
+    proxy.resolved[LOOP] = {"a.test"}
+    with running(proxy):
+        with proxy.connect(echo.address) as sock:
+            assert sock.recv(1) == b""
+        wait_until(lambda: proxy.denials)
+        assert proxy.denials[0].kind == "connect"
+        assert proxy.denials[0].rule == "hard-deny:127.0.0.0/8"
+        assert echo.accepted == 0

@@ -14,10 +14,10 @@ import pytest
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.ca import InterceptionCA
 from sandpod_lifecycle.network.http1 import HttpRefusal, body_length, check_host, parse_head
-from sandpod_lifecycle.network.proxy import ProxySettings
+from sandpod_lifecycle.network.proxy import ProxySettings, SandboxDirectory, SandboxNet
 from sandpod_lifecycle.network.sniff import Incomplete, Malformed, Sniffed, sniff
 from sandpod_lifecycle.network.trust import SandboxTrust, merge_bundle, sandbox_trust
-from sandpod_lifecycle.network.verdict import decide
+from sandpod_lifecycle.network.verdict import HardDenies, decide
 from sandpod_service.env import SettingsError
 
 
@@ -265,3 +265,28 @@ def test_proxy_settings_from_the_environment() -> None:
     assert ProxySettings.from_env({}) == ProxySettings()
     with pytest.raises(SettingsError, match="SANDPOD_EGRESS_MAX_SNIFFING"):
         ProxySettings.from_env({"SANDPOD_EGRESS_MAX_SNIFFING": "0"})
+
+
+def test_hard_denies_refuse_the_host_and_the_metadata_service_whatever_the_policy() -> None:
+    """A DNAT'ed connection becomes the proxy's own: it must not reach loopback, the metadata
+    service or the networks the lifecycle adds (host addresses, the sandbox pool)."""
+    deny = HardDenies([ipaddress.ip_network("10.240.0.0/12"), ipaddress.ip_network("192.0.2.7/32")])
+    ip = ipaddress.ip_address
+    assert deny(ip("127.0.0.1"), 443) == "hard-deny:127.0.0.0/8"
+    assert deny(ip("169.254.169.254"), 80) == "metadata"
+    assert deny(ip("fd00:ec2::254"), 80) == "metadata"
+    assert deny(ip("::1"), 443) == "hard-deny:::1/128"
+    assert deny(ip("10.241.0.3"), 443) == "hard-deny:10.240.0.0/12"
+    assert deny(ip("192.0.2.7"), 443) == "hard-deny:192.0.2.7/32"
+    assert deny(ip("11.22.0.10"), 443) is None
+
+
+def test_sandbox_directory_updates_replace_whole_mappings() -> None:
+    directory = SandboxDirectory()
+    a = ipaddress.ip_address("10.240.0.2")
+    directory.set(a, SandboxNet("s1", NetworkPolicy()))
+    assert directory(a) == SandboxNet("s1", NetworkPolicy())
+    directory.set(ipaddress.ip_address("::ffff:10.240.0.2"), SandboxNet("s1", ALLOW))
+    assert directory(a) == SandboxNet("s1", ALLOW)
+    directory.remove(a)
+    assert directory(a) is None

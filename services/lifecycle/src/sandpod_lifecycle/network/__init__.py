@@ -1,1 +1,1 @@
-"""Sandbox networking on the local runtime: links, firewall, resolver and the egress proxy."""
+"""Egress networking of the local runtime: links, addresses and nftables (see each module)."""

@@ -71,6 +71,7 @@ __all__ = [
     "EgressProxy",
     "ProxySettings",
     "ResolvedNames",
+    "SandboxDirectory",
     "SandboxLookup",
     "SandboxNet",
 ]
@@ -146,6 +147,25 @@ class ResolvedNames(Protocol):
     """The resolver's record: names it answered ``sandbox_id`` with ``address`` (live TTL)."""
 
     def __call__(self, sandbox_id: str, address: IPAddress) -> Set[str]: ...
+
+
+class SandboxDirectory:
+    """Source address -> :class:`SandboxNet`, written by the lifecycle (its loop), read by the
+    proxy (its thread): each write replaces the whole mapping, so a read is one dictionary
+    lookup on a mapping nobody mutates (no lock, no torn state). Pass it as ``lookup``."""
+
+    def __init__(self) -> None:
+        self._map: dict[IPAddress, SandboxNet] = {}
+
+    def set(self, address: IPAddress, net: SandboxNet) -> None:
+        """Add or update a sandbox (at creation and on every policy update)."""
+        self._map = {**self._map, _plain(address): net}
+
+    def remove(self, address: IPAddress) -> None:
+        self._map = {a: n for a, n in self._map.items() if a != _plain(address)}
+
+    def __call__(self, source: IPAddress) -> SandboxNet | None:
+        return self._map.get(source)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Set
+from collections.abc import Iterable, Set
 
-from sandpod_contract.network import HeaderInjection, NetworkPolicy
+from sandpod_contract.network import METADATA_ADDRESSES, HeaderInjection, NetworkPolicy
 from sandpod_lifecycle.network.sniff import Sniffed
 
-__all__ = ["Decision", "decide"]
+__all__ = ["Decision", "HardDenies", "decide"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NOT_EXPLICIT = ("mode:allowlist", "special-range")
@@ -65,3 +65,39 @@ def decide(
         return Decision(False, "not-resolved")
     inject = next((i for i in policy.inject if i.domain.covers_name(name)), None)
     return Decision(True, by_name.reason, inject)
+
+
+# Destinations the proxy never connects to, whatever the policy: the firewall's hard denies
+# apply to forwarded packets, but a DNAT'ed connection becomes the proxy's *own* connection
+# from the host, so the proxy must refuse them itself.
+_ALWAYS_FORBIDDEN = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+        "::/128",
+        "::1/128",
+        "fe80::/10",
+        "ff00::/8",
+    )
+)
+
+
+class HardDenies:
+    """The ``forbidden`` predicate of the proxy: loopback, link-local (the metadata service),
+    multicast, the cloud metadata addresses, plus ``extra`` (the lifecycle passes the host's
+    own addresses and the sandbox address pool: other sandboxes)."""
+
+    def __init__(self, extra: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network] = ()) -> None:
+        self.networks = (*_ALWAYS_FORBIDDEN, *extra)
+
+    def __call__(self, address: IPAddress, port: int) -> str | None:
+        if address in METADATA_ADDRESSES:
+            return "metadata"
+        for net in self.networks:
+            if net.version == address.version and address in net:
+                return f"hard-deny:{net}"
+        return None
