@@ -110,7 +110,7 @@ def main() -> None:
     proxy = EgressProxy(
         ProxySettings(),
         lookup=lambda source: SandboxNet("bench", policy),
-        resolved_names=lambda sid, ip: {"bench.test"} if ip == LOOP else set(),
+        resolved_names=lambda sid, ip: {"bench.test"} if ip == str(LOOP) else set(),
         original_dst=lambda sock: (LOOP, upstream[1]),
     )
     thread = ProxyThread(proxy, [listen("127.0.0.1")])

@@ -184,24 +184,31 @@ class ProxyHarness:
 
     def __init__(self, policy: NetworkPolicy, **kwargs: object) -> None:
         self.policy = policy
-        self.resolved: dict[IPAddress, set[str]] = {}
+        self.resolved: dict[IPAddress, set[str]] = {}  # address -> names (for sandbox-test)
         self.dnat: dict[int, tuple[IPAddress, int]] = {}
         self.denials: list[Denial] = []
+        self.lookup_threads: set[int] = set()  # threads the lookups ran on
+        self.denial_threads: set[int] = set()  # ... and the denial callbacks
         settings = kwargs.pop("settings", None) or ProxySettings()
         assert isinstance(settings, ProxySettings)
         self.proxy = EgressProxy(
             settings,
             lookup=self._lookup,
-            resolved_names=lambda sid, ip: self.resolved.get(ip, set()),
+            resolved_names=lambda sid, ip: self.resolved.get(ipaddress.ip_address(ip), set()),
             original_dst=lambda sock: self.dnat[sock.getpeername()[1]],
-            on_denied=self.denials.append,
+            on_denied=self._denied,
             **kwargs,  # type: ignore[arg-type]
         )
         self.thread = ProxyThread(self.proxy, [listen("127.0.0.1")])
         self.address = self.thread.addresses[0]
         self.thread.start()
 
+    def _denied(self, denial: Denial) -> None:
+        self.denial_threads.add(threading.get_ident())
+        self.denials.append(denial)
+
     def _lookup(self, source: IPAddress) -> SandboxNet | None:
+        self.lookup_threads.add(threading.get_ident())
         return SandboxNet("sbx-test", self.policy) if source == SANDBOX_SOURCE else None
 
     def connect(self, to: tuple[str, int], timeout: float = 10.0) -> socket.socket:

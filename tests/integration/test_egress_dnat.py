@@ -135,7 +135,7 @@ def test_dnat_original_destination_reaches_the_proxy_check(
             proxy = EgressProxy(
                 ProxySettings(),
                 lookup=lookup,
-                resolved_names=lambda sid, ip: resolved.get(ip, set()),
+                resolved_names=lambda sid, ip: resolved.get(ipaddress.ip_address(ip), set()),
                 on_denied=denials.append,
             )
             thread = ProxyThread(proxy, [listener])

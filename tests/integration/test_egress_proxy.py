@@ -9,6 +9,7 @@ test_egress_dnat.py proves the kernel path).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ipaddress
 import os
@@ -32,8 +33,8 @@ from egress_harness import (
     server_tls,
 )
 from sandpod_contract.network import NetworkPolicy
-from sandpod_lifecycle.network.metrics import ProxyMetrics
 from sandpod_lifecycle.network.proxy import ProxySettings
+from sandpod_lifecycle.network.proxymetrics import ProxyMetrics
 from sandpod_lifecycle.network.verdict import HardDenies
 
 LOOP = ipaddress.ip_address("127.0.0.1")
@@ -305,3 +306,31 @@ def test_a_name_resolving_to_the_host_itself_is_not_reached_through_the_proxy(
         assert proxy.denials[0].kind == "connect"
         assert proxy.denials[0].rule == "hard-deny:127.0.0.0/8"
         assert echo.accepted == 0
+
+
+def test_lookups_run_on_the_owner_loop_when_one_is_given(
+    internet_ca: InternetCA, echo: EchoServer
+) -> None:
+    """With ``owner_loop`` (the lifecycle's), the sandbox lookup, the resolver record and the
+    denial callback run on that loop's thread, never on the proxy's."""
+    owner = asyncio.new_event_loop()
+    owner_thread = threading.Thread(target=owner.run_forever, daemon=True)
+    owner_thread.start()
+    try:
+        proxy = ProxyHarness(allowlist("a.test"), owner_loop=owner)
+        proxy.resolved[LOOP] = {"a.test"}
+        with running(proxy):
+            raw = proxy.connect(echo.address)
+            with client_tls(internet_ca).wrap_socket(raw, server_hostname="a.test") as tls:
+                tls.sendall(b"x")
+                assert tls.recv(1) == b"x"
+            with proxy.connect(echo.address) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: b.test\r\n\r\n")
+                assert sock.recv(12) == b"HTTP/1.1 403"
+            wait_until(lambda: proxy.denials)
+        assert proxy.lookup_threads == {owner_thread.ident}
+        assert proxy.denial_threads == {owner_thread.ident}
+    finally:
+        owner.call_soon_threadsafe(owner.stop)
+        owner_thread.join(5)
+        owner.close()

@@ -34,9 +34,10 @@ Process/thread model: the proxy runs on its own asyncio loop in a dedicated thre
 wake-up per MiB), but TLS handshakes, certificate minting and intercepted traffic cost CPU
 (mostly in OpenSSL, which releases the GIL) that must not delay the lifecycle's reconciles and
 NATS heartbeats; a separate process would need IPC for the per-connection lookups (policy,
-resolved names) that are plain dictionary reads here. The injected callables are therefore
-called from the proxy's thread: they must be non-blocking, thread-safe reads (dict lookups),
-and ``on_denied`` must hand the event over (``loop.call_soon_threadsafe``).
+resolved names). Those lookups run on the lifecycle's loop when it is passed as
+``owner_loop`` (one cross-thread hop per connection, so they read the resolver's and the
+firewall's state without locks), or on the proxy's thread when they are thread-safe
+(:class:`SandboxDirectory`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Set
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -58,8 +59,8 @@ from sandpod_lifecycle.events import RateLimiter
 from sandpod_lifecycle.network import splice
 from sandpod_lifecycle.network.ca import InterceptionCA
 from sandpod_lifecycle.network.http1 import Head, HttpSession, Reader, refusal_bytes
-from sandpod_lifecycle.network.metrics import ProxyMetrics
 from sandpod_lifecycle.network.origdst import IPAddress, NoOriginalDst, OriginalDst, original_dst
+from sandpod_lifecycle.network.proxymetrics import ProxyMetrics
 from sandpod_lifecycle.network.secretstore import SecretError, SecretSource
 from sandpod_lifecycle.network.sniff import MAX_HELLO, Incomplete, Malformed, Sniffed, sniff
 from sandpod_lifecycle.network.streams import SocketStream, Stream, TlsStream
@@ -77,6 +78,7 @@ __all__ = [
 ]
 
 log = structlog.get_logger("sandpod.lifecycle.egress")
+_T = TypeVar("_T")
 
 ACCEPT_BACKOFF = 0.1  # seconds between accept attempts when the process is out of descriptors
 _ALERT_ACCESS_DENIED = bytes([21, 3, 3, 0, 2, 2, 49])  # TLS fatal alert access_denied(49)
@@ -144,9 +146,10 @@ class SandboxLookup(Protocol):
 
 
 class ResolvedNames(Protocol):
-    """The resolver's record: names it answered ``sandbox_id`` with ``address`` (live TTL)."""
+    """The resolver's record: names it answered ``sandbox_id`` with ``address`` (live TTL).
+    ``resolver.NodeResolver.resolved_names`` has this shape."""
 
-    def __call__(self, sandbox_id: str, address: IPAddress) -> Set[str]: ...
+    def __call__(self, sandbox_id: str, address: str) -> Set[str]: ...
 
 
 class SandboxDirectory:
@@ -210,7 +213,12 @@ class EgressProxy:
         on_denied: Callable[[Denial], None] | None = None,
         forbidden: Callable[[IPAddress, int], str | None] | None = None,
         metrics: ProxyMetrics | None = None,
+        owner_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        """``owner_loop``: the loop that owns the state ``lookup``, ``resolved_names`` and
+        ``on_denied`` read (the lifecycle's): they are then called there, one cross-thread hop
+        per connection, so they need no locks. None: called on the proxy's own thread (they
+        must be thread-safe, e.g. :class:`SandboxDirectory`)."""
         self.settings = settings
         self._lookup = lookup
         self._resolved = resolved_names
@@ -220,6 +228,7 @@ class EgressProxy:
         self._on_denied = on_denied
         self._forbidden = forbidden
         self.metrics = metrics
+        self._owner = owner_loop
         self._limiter = RateLimiter(settings.denial_burst, settings.denial_rate)
         self._upstream_tls = ssl.create_default_context(
             cafile=str(settings.upstream_ca_file) if settings.upstream_ca_file else None
@@ -265,7 +274,7 @@ class EgressProxy:
     async def _handle(self, conn: socket.socket, peer: tuple[str, int]) -> None:
         owned: list[socket.socket] = []
         try:
-            net = self._lookup(_plain(ipaddress.ip_address(peer[0])))
+            net = await self._on_owner(self._lookup, _plain(ipaddress.ip_address(peer[0])))
             if net is None:
                 self._count("unknown-source")
                 return
@@ -307,7 +316,8 @@ class EgressProxy:
         if sniffed is None:
             return
         prefix, seen = sniffed
-        resolved = {n.lower().rstrip(".") for n in self._resolved(net.sandbox_id, dst)}
+        names = await self._on_owner(self._resolved, net.sandbox_id, str(dst))
+        resolved = {n.lower().rstrip(".") for n in names}
         decision = decide(net.policy, dst, port, seen, resolved)
         flow = _Flow(conn, net, seen, prefix, dst, port, owned)
         if not decision.allowed:
@@ -373,7 +383,22 @@ class EgressProxy:
             rule=rule,
         )
         if self._on_denied is not None:
-            self._on_denied(Denial(net.sandbox_id, kind, destination, rule))
+            denial = Denial(net.sandbox_id, kind, destination, rule)
+            if self._owner is None:
+                self._on_denied(denial)
+            else:
+                self._owner.call_soon_threadsafe(self._on_denied, denial)
+
+    async def _on_owner(self, fn: Callable[..., _T], *args: object) -> _T:
+        """``fn(*args)`` on the owner loop (see ``__init__``), or here when there is none."""
+        if self._owner is None:
+            return fn(*args)
+
+        async def call() -> _T:
+            return fn(*args)
+
+        future = asyncio.run_coroutine_threadsafe(call(), self._owner)
+        return await asyncio.wrap_future(future)
 
     async def _connect(self, flow: _Flow) -> socket.socket:
         dst, port = flow.dst, flow.port

@@ -1,8 +1,9 @@
 """The egress proxy's Prometheus metrics, on an injected registry (labels never carry ids).
 
 ``sandpod_lifecycle_network_denied_total{kind}`` is shared with the resolver (kind ``dns``) and
-the firewall's counters: pass the one counter the lifecycle declared as ``denied`` so a registry
-never sees the name twice.
+the firewall (``connect``): pass the one counter the lifecycle declared (the resolver's
+``NetworkMetrics.denied``) as ``denied`` so a registry never sees the name twice; without one,
+this module declares it (tests, a proxy alone).
 """
 
 from __future__ import annotations
