@@ -17,17 +17,20 @@ addresses, see ``firewall.py``) to this proxy on the installation's gateway addr
                           -> anything else allowed: the first bytes sent on and the rest spliced
                              in the kernel (``splice``), never decrypted.
 
-Why this on top of DNS-fed nftables sets (OpenSandbox's ``dns+nft``): a set of resolved
+Why this on top of DNS-fed nftables sets (OpenSandbox's ``dns+nft`` alone): a set of resolved
 addresses allows *addresses*, and one CDN address serves thousands of names, so allowing
-``api.example.com`` there opens every other tenant of that CDN edge; and a sandbox that pins a
-denied name to an allowed name's address in ``/etc/hosts`` (or asks a DoH server) connects with
-the denied name in its SNI/Host. Checking the name the client sends against the rule *and*
-against what our resolver answered that sandbox for that address closes both: the address
-must be one the name resolved to, and the name must be allowed. E2B's egress proxy intercepts
-SNI/Host the same way but without a DNS-side record, so it cannot tell an allowed name sent to
-an arbitrary address from one sent where the name points. What remains out of reach of any
-SNI check: a server that routes on the Host *inside* TLS regardless of SNI (domain fronting;
-major CDNs refuse mismatches) — for intercepted domains the proxy checks that too.
+``api.example.com`` there opens every other tenant of that CDN edge (a sandbox resolves nothing
+else, it just sends ``Host: denied.example`` or that SNI to the address it was given). Checking
+the name the client sends closes that. Why the resolver's record as well, where an SNI/Host
+check alone (as in E2B's egress proxy, which intercepts SNI/Host for its domain rules) accepts
+an allowed name on *any* address: a sandbox that pins ``api.example.com`` to a server of its
+own in ``/etc/hosts`` (or learns the address over DoH) sends a perfectly allowed SNI to an
+address the rule never meant, and exfiltrates through it; here the address must be one our
+resolver answered that sandbox for that name (its TTL still running), and the name must be
+allowed. Where an address is allowed on its own (a CIDR rule, ``public`` mode) only the name's
+own verdict applies. What no SNI check sees: a server that routes on the Host *inside* TLS
+regardless of SNI (domain fronting, which the major CDNs refuse); for intercepted domains the
+proxy checks that Host too.
 
 Process/thread model: the proxy runs on its own asyncio loop in a dedicated thread
 (:class:`ProxyThread`), not on the lifecycle's loop. Spliced bytes never enter Python (one
