@@ -268,6 +268,8 @@ class EgressProxy:
                 self._count("overloaded")
                 continue
             self.active += 1
+            # A relay must not add Nagle's wait to a small write it passes on.
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             tg.create_task(self._handle(conn, peer))
 
     def _count(self, outcome: str) -> None:
@@ -502,31 +504,39 @@ class EgressProxy:
             return
         context = self._ca.server_context(inject.domain.name or name, name)
         client = TlsStream(flow.conn, context, server_side=True, prefix=flow.prefix)
-        try:
-            async with asyncio.timeout(self.settings.handshake_timeout):
-                await client.handshake()
-        except (ssl.SSLError, ConnectionError, OSError, TimeoutError):
-            self._count("client-tls-failed")  # e.g. the sandbox does not trust the authority
+        # Both handshakes at once: a new connection waits for the slower, not for their sum.
+        async with asyncio.TaskGroup() as tg:
+            opening = tg.create_task(self._open_upstream(flow, name))
+            try:
+                async with asyncio.timeout(self.settings.handshake_timeout):
+                    await client.handshake()
+            except (ssl.SSLError, ConnectionError, OSError, TimeoutError):
+                self._count("client-tls-failed")  # e.g. the sandbox does not trust the authority
+                opening.cancel()
+                return
+        upstream = opening.result()
+        if isinstance(upstream, str):
+            await _answer(client, 502, "Bad Gateway", f"{flow.destination}: {upstream}")
             return
+        session = HttpSession(client, Reader(client), name, upstream, rewrite)
+        await self._run_session(flow, session, lambda: _copy_back(upstream, client, self))
+
+    async def _open_upstream(self, flow: _Flow, name: str) -> TlsStream | str:
+        """TLS to the real server, its certificate verified for ``name``; or why not."""
         try:
-            upstream_sock = await self._connect(flow)
+            sock = await self._connect(flow)
         except (OSError, TimeoutError):
             self._count("upstream-unreachable")
-            await _answer(client, 502, "Bad Gateway", f"{flow.destination} unreachable")
-            return
-        upstream = TlsStream(
-            upstream_sock, self._upstream_tls, server_side=False, server_hostname=name
-        )
+            return "unreachable"
+        upstream = TlsStream(sock, self._upstream_tls, server_side=False, server_hostname=name)
         try:
             async with asyncio.timeout(self.settings.handshake_timeout):
                 await upstream.handshake()
         except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
             self._count("upstream-tls-failed")
             log.warning("egress_upstream_tls_failed", name=name, error=repr(exc))
-            await _answer(client, 502, "Bad Gateway", f"{name}: TLS to the server failed")
-            return
-        session = HttpSession(client, Reader(client), name, upstream, rewrite)
-        await self._run_session(flow, session, lambda: _copy_back(upstream, client, self))
+            return "TLS to the server failed"
+        return upstream
 
 
 async def _copy_back(upstream: Stream, client: Stream, proxy: EgressProxy) -> None:

@@ -126,7 +126,7 @@ class TlsStream(Stream):
     async def read(self, n: int = RECV_SIZE) -> bytes:
         while True:
             try:
-                return self._ssl.read(n)
+                return self._drain(self._ssl.read(n), n)
             except ssl.SSLWantReadError:
                 await self._flush()
                 if self._in.eof:
@@ -134,6 +134,25 @@ class TlsStream(Stream):
                 await self._feed()
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return b""
+
+    def _drain(self, first: bytes, n: int) -> bytes:
+        """``first`` plus whatever else is already decryptable, up to ``n`` bytes: one TLS
+        record is at most 16 KiB, one socket read brings many (one wake-up per read, not per
+        record)."""
+        if not first or len(first) >= n or not self._in.pending:
+            return first
+        parts = [first]
+        size = len(first)
+        while size < n and (self._in.pending or self._ssl.pending()):
+            try:
+                more = self._ssl.read(n - size)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                break
+            if not more:
+                break
+            parts.append(more)
+            size += len(more)
+        return b"".join(parts)
 
     async def write(self, data: bytes) -> None:
         self._ssl.write(data)
