@@ -51,24 +51,38 @@ import dataclasses
 import ipaddress
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Mapping, Set
-from pathlib import Path
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import structlog
 
-from sandpod_contract.network import HeaderInjection, NetworkPolicy
+from sandpod_contract.network import HeaderInjection
 from sandpod_lifecycle.events import RateLimiter
 from sandpod_lifecycle.network import splice
 from sandpod_lifecycle.network.ca import InterceptionCA
-from sandpod_lifecycle.network.http1 import Head, HttpSession, Reader, refusal_bytes
+from sandpod_lifecycle.network.http1 import HttpSession, Reader, refusal_bytes
+from sandpod_lifecycle.network.intercept import (
+    InterceptFailed,
+    answer,
+    copy_back,
+    rewriter,
+    terminate,
+)
 from sandpod_lifecycle.network.origdst import IPAddress, NoOriginalDst, OriginalDst, original_dst
+from sandpod_lifecycle.network.proxyconfig import (
+    Denial,
+    ProxySettings,
+    ResolvedNames,
+    SandboxDirectory,
+    SandboxLookup,
+    SandboxNet,
+    plain_address,
+)
 from sandpod_lifecycle.network.proxymetrics import ProxyMetrics
 from sandpod_lifecycle.network.secretstore import SecretError, SecretSource
-from sandpod_lifecycle.network.sniff import MAX_HELLO, Incomplete, Malformed, Sniffed, sniff
-from sandpod_lifecycle.network.streams import SocketStream, Stream, TlsStream
+from sandpod_lifecycle.network.sniff import Incomplete, Malformed, Sniffed, sniff
+from sandpod_lifecycle.network.streams import SocketStream, TlsStream
 from sandpod_lifecycle.network.verdict import Decision, decide
-from sandpod_service import env_float, env_int, env_str
 
 __all__ = [
     "Denial",
@@ -86,102 +100,6 @@ _T = TypeVar("_T")
 ACCEPT_BACKOFF = 0.1  # seconds between accept attempts when the process is out of descriptors
 _ALERT_ACCESS_DENIED = bytes([21, 3, 3, 0, 2, 2, 49])  # TLS fatal alert access_denied(49)
 _ALERT_DECODE_ERROR = bytes([21, 3, 3, 0, 2, 2, 50])
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ProxySettings:
-    sniff_timeout: float = 10.0  # a client must send its ClientHello / request head by then
-    sniff_max_bytes: int = MAX_HELLO
-    max_sniffing: int = 256  # connections waiting for their first bytes at once
-    max_connections: int = 8192  # connections at once; past it new ones are closed
-    connect_timeout: float = 10.0
-    handshake_timeout: float = 15.0  # TLS with the sandbox, then with the real server
-    response_grace: float = 10.0  # how long a refused request waits for earlier responses
-    upstream_ca_file: Path | None = None  # None: the host's trust store
-    denial_burst: int = 20  # denial events per sandbox at once ...
-    denial_rate: float = 1.0  # ... refilled per second
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> ProxySettings:
-        """Read once at start (the lifecycle's settings call this):
-
-        | variable | default | meaning |
-        |---|---|---|
-        | ``SANDPOD_EGRESS_SNIFF_TIMEOUT`` | 10 s | a client's ClientHello / request head deadline |
-        | ``SANDPOD_EGRESS_MAX_SNIFFING`` | 256 | connections waiting for first bytes at once |
-        | ``SANDPOD_EGRESS_MAX_CONNECTIONS`` | 8192 | proxied connections at once (node-wide) |
-        | ``SANDPOD_EGRESS_CONNECT_TIMEOUT`` | 10 s | connecting to the real destination |
-        | ``SANDPOD_EGRESS_UPSTREAM_CA_FILE`` | host's store | CA bundle for intercepted upstreams |
-
-        Raises SettingsError (a value that is no number) or ValueError (out of range).
-        """
-        base = cls()
-        ca = env_str(env, "SANDPOD_EGRESS_UPSTREAM_CA_FILE", "")
-        return cls(
-            sniff_timeout=env_float(env, "SANDPOD_EGRESS_SNIFF_TIMEOUT", base.sniff_timeout),
-            max_sniffing=env_int(env, "SANDPOD_EGRESS_MAX_SNIFFING", base.max_sniffing, minimum=1),
-            max_connections=env_int(
-                env, "SANDPOD_EGRESS_MAX_CONNECTIONS", base.max_connections, minimum=1
-            ),
-            connect_timeout=env_float(env, "SANDPOD_EGRESS_CONNECT_TIMEOUT", base.connect_timeout),
-            upstream_ca_file=Path(ca) if ca else None,
-        )
-
-    def __post_init__(self) -> None:
-        if self.sniff_timeout <= 0 or self.connect_timeout <= 0 or self.handshake_timeout <= 0:
-            raise ValueError("egress proxy timeouts must be > 0")
-        if not 64 <= self.sniff_max_bytes <= MAX_HELLO:
-            raise ValueError(f"sniff_max_bytes must be 64..{MAX_HELLO}")
-        if self.max_sniffing < 1 or self.max_connections < 1:
-            raise ValueError("max_sniffing and max_connections must be >= 1")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SandboxNet:
-    """The sandbox behind a source address and the policy it runs under now."""
-
-    sandbox_id: str
-    policy: NetworkPolicy
-
-
-class SandboxLookup(Protocol):
-    def __call__(self, source: IPAddress) -> SandboxNet | None: ...
-
-
-class ResolvedNames(Protocol):
-    """The resolver's record: names it answered ``sandbox_id`` with ``address`` (live TTL).
-    ``resolver.NodeResolver.resolved_names`` has this shape."""
-
-    def __call__(self, sandbox_id: str, address: str) -> Set[str]: ...
-
-
-class SandboxDirectory:
-    """Source address -> :class:`SandboxNet`, written by the lifecycle (its loop), read by the
-    proxy (its thread): each write replaces the whole mapping, so a read is one dictionary
-    lookup on a mapping nobody mutates (no lock, no torn state). Pass it as ``lookup``."""
-
-    def __init__(self) -> None:
-        self._map: dict[IPAddress, SandboxNet] = {}
-
-    def set(self, address: IPAddress, net: SandboxNet) -> None:
-        """Add or update a sandbox (at creation and on every policy update)."""
-        self._map = {**self._map, _plain(address): net}
-
-    def remove(self, address: IPAddress) -> None:
-        self._map = {a: n for a, n in self._map.items() if a != _plain(address)}
-
-    def __call__(self, source: IPAddress) -> SandboxNet | None:
-        return self._map.get(source)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Denial:
-    """One refused connection, for the ``network.denied`` event."""
-
-    sandbox_id: str
-    kind: str  # "sni" (a TLS or HTTP name refused) | "connect" (an address refused)
-    destination: str  # "name:port" or "address:port"
-    rule: str
 
 
 @dataclasses.dataclass(slots=True)
@@ -248,7 +166,7 @@ class EgressProxy:
         for listener in listeners:
             listener.setblocking(False)
             host, port = listener.getsockname()[:2]
-            self._own.add((_plain(ipaddress.ip_address(host)), port))
+            self._own.add((plain_address(ipaddress.ip_address(host)), port))
         async with asyncio.TaskGroup() as tg:
             for listener in listeners:
                 tg.create_task(self._accept(listener, tg))
@@ -279,7 +197,7 @@ class EgressProxy:
     async def _handle(self, conn: socket.socket, peer: tuple[str, int]) -> None:
         owned: list[socket.socket] = []
         try:
-            net = await self._on_owner(self._lookup, _plain(ipaddress.ip_address(peer[0])))
+            net = await self._on_owner(self._lookup, plain_address(ipaddress.ip_address(peer[0])))
             if net is None:
                 self._count("unknown-source")
                 return
@@ -310,7 +228,7 @@ class EgressProxy:
         except NoOriginalDst:
             self._count("not-redirected")
             return
-        dst = _plain(dst)
+        dst = plain_address(dst)
         why = "proxy-loop" if (dst, port) in self._own else None
         if why is None and self._forbidden is not None:
             why = self._forbidden(dst, port)
@@ -431,7 +349,7 @@ class EgressProxy:
             return
         if flow.seen.kind == "http" and name is not None:
             try:
-                rewrite = self._rewriter(decision.inject)
+                rewrite = rewriter(decision.inject, self._secrets) if decision.inject else None
             except SecretError as exc:
                 await self._secret_unavailable(flow, decision.inject, exc)
                 return
@@ -472,19 +390,6 @@ class EgressProxy:
             self.metrics.bytes.labels("up").inc(up)
             self.metrics.bytes.labels("down").inc(down)
 
-    def _rewriter(self, inject: HeaderInjection | None) -> Callable[[Head], None] | None:
-        if inject is None:
-            return None
-        if self._secrets is None:
-            raise SecretError("header injection configured but the proxy has no secret store")
-        value = inject.format.replace("{secret}", self._secrets.get(inject.secret))
-        header = inject.header
-
-        def rewrite(head: Head) -> None:
-            head.replace(header, value)
-
-        return rewrite
-
     async def _run_session(
         self, flow: _Flow, session: HttpSession, responses: Callable[[], Awaitable[None]]
     ) -> None:
@@ -498,61 +403,29 @@ class EgressProxy:
         if self._ca is None:
             raise SecretError("header injection configured but the proxy has no CA")
         try:
-            rewrite = self._rewriter(inject)
+            rewrite = rewriter(inject, self._secrets)
         except SecretError as exc:
             await self._secret_unavailable(flow, inject, exc)
             return
         context = self._ca.server_context(inject.domain.name or name, name)
         client = TlsStream(flow.conn, context, server_side=True, prefix=flow.prefix)
-        # Both handshakes at once: a new connection waits for the slower, not for their sum.
-        async with asyncio.TaskGroup() as tg:
-            opening = tg.create_task(self._open_upstream(flow, name))
-            try:
-                async with asyncio.timeout(self.settings.handshake_timeout):
-                    await client.handshake()
-            except (ssl.SSLError, ConnectionError, OSError, TimeoutError):
-                self._count("client-tls-failed")  # e.g. the sandbox does not trust the authority
-                opening.cancel()
-                return
-        upstream = opening.result()
-        if isinstance(upstream, str):
-            await _answer(client, 502, "Bad Gateway", f"{flow.destination}: {upstream}")
+        timeout = self.settings.handshake_timeout
+        try:
+            upstream = await terminate(
+                client, lambda: self._connect(flow), self._upstream_tls, name, timeout
+            )
+        except InterceptFailed as failed:
+            self._count(failed.outcome)
+            if failed.detail is not None:
+                log.warning("egress_upstream_failed", name=name, error=failed.detail)
+                await answer(client, 502, "Bad Gateway", f"{flow.destination}: {failed.detail}")
             return
         session = HttpSession(client, Reader(client), name, upstream, rewrite)
-        await self._run_session(flow, session, lambda: _copy_back(upstream, client, self))
-
-    async def _open_upstream(self, flow: _Flow, name: str) -> TlsStream | str:
-        """TLS to the real server, its certificate verified for ``name``; or why not."""
+        counter = [0]
         try:
-            sock = await self._connect(flow)
-        except (OSError, TimeoutError):
-            self._count("upstream-unreachable")
-            return "unreachable"
-        upstream = TlsStream(sock, self._upstream_tls, server_side=False, server_hostname=name)
-        try:
-            async with asyncio.timeout(self.settings.handshake_timeout):
-                await upstream.handshake()
-        except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as exc:
-            self._count("upstream-tls-failed")
-            log.warning("egress_upstream_tls_failed", name=name, error=repr(exc))
-            return "TLS to the server failed"
-        return upstream
-
-
-async def _copy_back(upstream: Stream, client: Stream, proxy: EgressProxy) -> None:
-    total = 0
-    try:
-        while data := await upstream.read():
-            await client.write(data)
-            total += len(data)
-    finally:
-        proxy._bytes(0, total)
-
-
-async def _answer(client: Stream, status: int, reason: str, detail: str) -> None:
-    with contextlib.suppress(OSError, ssl.SSLError):
-        await client.write(refusal_bytes(status, reason, detail))
-        await client.close_write()
+            await self._run_session(flow, session, lambda: copy_back(upstream, client, counter))
+        finally:
+            self._bytes(0, counter[0])
 
 
 async def _recv(conn: socket.socket, most: int) -> bytes:
@@ -561,13 +434,6 @@ async def _recv(conn: socket.socket, most: int) -> bytes:
             return conn.recv(most)
         except BlockingIOError:
             await splice.wait_readable(conn)
-
-
-def _plain(address: IPAddress) -> IPAddress:
-    """An IPv4-mapped IPv6 address as the IPv4 address it is."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    return address
 
 
 def _bad_request(exc: Malformed) -> bytes:
