@@ -232,3 +232,31 @@ def running(*items: Server | ProxyHarness) -> Iterator[None]:
     finally:
         for item in items:
             item.close()
+
+
+class SilentServer(Server):
+    """Accepts and never reads: whatever is sent to it piles up in front of it."""
+
+    def handle(self, conn: socket.socket) -> None:
+        conn.recv(0)
+        self.stopped.wait(30)
+
+    def __init__(self, host: str) -> None:
+        self.stopped = threading.Event()
+        super().__init__(host)
+
+    def close(self) -> None:
+        self.stopped.set()
+        super().close()
+
+
+def send_until_blocked(sock: socket.socket, limit: int) -> int:
+    """Send zeros until the peer stops taking them for a second (or ``limit`` is reached);
+    returns how many bytes were taken."""
+    sock.settimeout(1.0)
+    chunk = bytes(1024 * 1024)
+    sent = 0
+    with contextlib.suppress(TimeoutError, BlockingIOError):
+        while sent < limit:
+            sent += sock.send(chunk)
+    return sent

@@ -29,8 +29,10 @@ from egress_harness import (
     InternetCA,
     ProxyHarness,
     Server,
+    SilentServer,
     make_test_ca,
     running,
+    send_until_blocked,
     server_tls,
 )
 from sandpod_contract.network import NetworkPolicy
@@ -301,3 +303,18 @@ def test_an_upgraded_connection_gets_the_header_then_carries_raw_bytes(
                 echoed += tls.recv(4096)
             assert echoed == frame
     assert f"Authorization: Bearer {SECRET}".encode() in server.heads[0]
+
+
+def test_a_request_body_is_streamed_with_backpressure_not_buffered(
+    store: FileSecretStore, authority: InterceptionCA
+) -> None:
+    """A 1 GiB upload to a server that reads nothing: the sandbox is held back after a few
+    socket buffers' worth, the proxy never takes the body in (its memory is not the buffer)."""
+    server = SilentServer("127.0.0.1")
+    harness = ProxyHarness(POLICY, ca=authority, secrets=store)
+    harness.resolved[LOOP] = {"api.test"}
+    with running(server, harness):
+        with harness.connect(server.address) as sock:
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: api.test\r\nContent-Length: %d\r\n\r\n" % 2**30)
+            taken = send_until_blocked(sock, 2**30)
+        assert 0 < taken < 64 * 1024 * 1024

@@ -334,3 +334,22 @@ def test_lookups_run_on_the_owner_loop_when_one_is_given(
         owner.call_soon_threadsafe(owner.stop)
         owner_thread.join(5)
         owner.close()
+
+
+def test_stopping_the_proxy_ends_open_connections_cleanly(
+    internet_ca: InternetCA, echo: EchoServer
+) -> None:
+    """A spliced connection open at shutdown is closed (the client sees EOF), the thread ends
+    without an error and nothing of the proxy is left listening."""
+    proxy = ProxyHarness(allowlist("a.test"))
+    proxy.resolved[LOOP] = {"a.test"}
+    raw = proxy.connect(echo.address)
+    tls = client_tls(internet_ca).wrap_socket(raw, server_hostname="a.test")
+    tls.sendall(b"x")
+    assert tls.recv(1) == b"x"
+    proxy.close()
+    assert tls.recv(1) == b""  # a ragged EOF: the proxy closed the TCP connection
+    tls.close()
+    assert proxy.proxy.active == 0
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(proxy.address, timeout=5)
