@@ -4,6 +4,26 @@ The lifecycle constructs an :class:`~.proxy.EgressProxy`, binds the listening so
 (in the calling thread, so a bind error is raised to the caller and the sockets belong to the
 caller's network namespace), and stops it at shutdown: the loop's connection tasks are
 cancelled, every socket closed, the thread joined.
+
+How the lifecycle (local runtime, root) wires it, once per installation::
+
+    ca = InterceptionCA(state_dir / "egress-ca", installation.id)
+    secrets = FileSecretStore(state_dir / "secrets")
+    proxy = EgressProxy(
+        ProxySettings.from_env(os.environ),          # in LifecycleSettings, read once
+        lookup=lambda ip: SandboxNet(*found) if (found := firewall.sandbox_by_address(str(ip)))
+                          else None,                 # or a SandboxDirectory it maintains
+        resolved_names=resolver.resolved_names,      # NodeResolver (net-dns)
+        on_denied=lambda d: events_queue.put_nowait(d),  # -> network.denied event (bounded)
+        forbidden=HardDenies([pool, *host_networks]),
+        ca=ca, secrets=secrets,
+        metrics=ProxyMetrics(registry, denied=network_metrics.denied),
+        owner_loop=asyncio.get_running_loop(),       # lookups run on the lifecycle's loop
+    )
+    thread = ProxyThread(proxy, [listen(str(plan.gateway), port)])
+    thread.start()   # the firewall's FirewallConfig.proxy_port = port
+    ...
+    thread.stop()    # at shutdown, after the firewall table is gone
 """
 
 from __future__ import annotations
