@@ -94,11 +94,36 @@ async def _open_upstream(
     return upstream
 
 
+COPY_AHEAD = 4  # decrypted reads waiting to be re-encrypted to the sandbox (x 256 KiB)
+
+
 async def copy_back(upstream: Stream, client: Stream, counter: list[int]) -> None:
-    """Responses, as bytes, until the server's EOF (the session half-closes the client)."""
-    while data := await upstream.read():
-        await client.write(data)
-        counter[0] += len(data)
+    """Responses, as bytes, until the server's EOF (the session half-closes the client).
+
+    Reading the server and writing the sandbox overlap through a queue of
+    :data:`COPY_AHEAD` reads (bounded: a slow sandbox stops the reads, and the server is
+    held back by TCP): one waits on its socket while the other works.
+    """
+    queue: asyncio.Queue[bytes] = asyncio.Queue(COPY_AHEAD)
+
+    async def read() -> None:
+        with contextlib.suppress(OSError, ssl.SSLError):  # the server went away: that is EOF
+            while data := await upstream.read():
+                await queue.put(data)
+        await queue.put(b"")
+
+    failure: OSError | ssl.SSLError | None = None
+    async with asyncio.TaskGroup() as tg:
+        reader = tg.create_task(read())
+        try:
+            while data := await queue.get():
+                await client.write(data)
+                counter[0] += len(data)
+        except (OSError, ssl.SSLError) as exc:  # raised below, not as a group
+            failure = exc
+            reader.cancel()
+    if failure is not None:
+        raise failure
 
 
 async def answer(client: Stream, status: int, reason: str, detail: str) -> None:
