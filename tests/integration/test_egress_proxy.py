@@ -62,18 +62,21 @@ def wait_until(predicate: object, timeout: float = 10.0) -> None:
 
 
 def echo_both_ways(sock: socket.socket, size: int) -> tuple[str, str]:
-    """Send ``size`` random bytes while reading the echo; (sha256 sent, sha256 received)."""
+    """Send ``size`` random bytes in 256 KiB pieces, reading each piece's echo before the next
+    (one thread: an SSL socket must not be read and written from two threads at once);
+    returns (sha256 sent, sha256 received)."""
     payload = os.urandom(size)
     received = hashlib.sha256()
-    got = 0
-    sender = threading.Thread(target=sock.sendall, args=(payload,))
-    sender.start()
-    while got < size:
-        data = sock.recv(256 * 1024)
-        assert data, "connection ended before the echo was complete"
-        received.update(data)
-        got += len(data)
-    sender.join(10)
+    piece = 256 * 1024
+    for start in range(0, size, piece):
+        chunk = payload[start : start + piece]
+        sock.sendall(chunk)
+        got = 0
+        while got < len(chunk):
+            data = sock.recv(len(chunk) - got)
+            assert data, "connection ended before the echo was complete"
+            received.update(data)
+            got += len(data)
     return hashlib.sha256(payload).hexdigest(), received.hexdigest()
 
 
