@@ -27,6 +27,8 @@ from sandpod_contract.errors import (
     ResourceNotFound,
 )
 from sandpod_contract.messages.sandboxes import (
+    NetworkState,
+    NetworkUpdate,
     ObjectReply,
     ObjectRequest,
     ObjectsReply,
@@ -34,6 +36,7 @@ from sandpod_contract.messages.sandboxes import (
     Renew,
     Selection,
 )
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.resources import (
     Condition,
@@ -47,6 +50,7 @@ from sandpod_contract.resources import (
 )
 from sandpod_contract.tenancy import LIFECYCLE_NAMESPACE
 from sandpod_contract.times import from_rfc3339, to_rfc3339
+from sandpod_lifecycle.egress import wanted
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import (
     SANDBOX,
@@ -225,6 +229,53 @@ class LifecycleApi:
         obj = await self._wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
         return ObjectReply(object=obj.to_dict())
 
+    # -- network -------------------------------------------------------------------------------
+
+    async def network(self, req: Ref) -> NetworkState:
+        """A sandbox's egress policy: the one it should run under, and the one applied."""
+        req = scoped_ref(req, SANDBOX)
+        return await self._network_state(await self.store.get(SANDBOX, req.namespace, req.name))
+
+    async def set_network(self, req: NetworkUpdate) -> NetworkState:
+        """Replace the sandbox's own egress policy (or drop it: its template's applies). The
+        same policy again changes nothing (no new generation); the reconciler applies a change
+        to the running instance at once (it watches). Raises ResourceInvalid naming the field
+        (``spec.network.allow[2]``), ResourceConflict when ``generation`` no longer matches."""
+        req = scoped_ref(req, SANDBOX)
+        policy = None if req.reset else NetworkPolicy.from_dict(req.policy, "spec.network")
+
+        def change(obj: Resource) -> Resource:
+            if req.generation is not None and obj.metadata.generation != req.generation:
+                raise ResourceConflict(
+                    f"Sandbox {req.name!r} is at generation {obj.metadata.generation}, not "
+                    f"{req.generation}: read its network again and retry",
+                    name=req.name,
+                )
+            return _with_spec(obj, network=policy)
+
+        obj = await self.store.get(SANDBOX, req.namespace, req.name)
+        if SandboxView.of(obj).spec.network != policy or req.generation is not None:
+            obj = await self._mutate(SANDBOX, req.namespace, req.name, change)
+        if req.wait:
+            obj = await self._wait(obj, req.wait, _network_applied)
+        return await self._network_state(obj)
+
+    async def _network_state(self, obj: Resource) -> NetworkState:
+        view = SandboxView.of(obj)
+        policy, source = wanted(view, await self.template(view.namespace, view.spec.template_ref))
+        applied = view.status.network
+        return NetworkState(
+            name=view.name,
+            namespace=view.namespace,
+            generation=obj.metadata.generation,
+            source=source,
+            policy=policy.to_dict(),
+            applied=None if applied is None else applied.policy.to_dict(),
+            applied_generation=0 if applied is None else applied.observed_generation,
+            enforced=applied is not None and applied.enforced,
+            reason="" if applied is None else applied.reason,
+        )
+
     # -- templates -----------------------------------------------------------------------------
 
     async def template_apply(self, req: ObjectRequest) -> ObjectReply:
@@ -304,6 +355,14 @@ def _admin_only(verb: str) -> None:
 
 def _phase(obj: Resource) -> Phase:
     return SandboxStatus.from_dict(obj.status).phase
+
+
+def _network_applied(obj: Resource | None) -> bool:
+    """The runtime applied the policy of ``obj``'s current generation (or it is gone)."""
+    if obj is None:
+        return True
+    applied = SandboxStatus.from_dict(obj.status).network
+    return applied is not None and applied.observed_generation >= obj.metadata.generation
 
 
 def _settled(obj: Resource | None) -> bool:

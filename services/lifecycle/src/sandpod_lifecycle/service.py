@@ -257,6 +257,8 @@ class LifecycleService:
             ("sandboxes", "renew"): api.renew,
             ("sandboxes", "pause"): api.pause,
             ("sandboxes", "resume"): api.resume,
+            ("sandboxes", "network"): api.network,
+            ("sandboxes", "set_network"): api.set_network,
             ("templates", "apply"): api.template_apply,
             ("templates", "get"): api.template_get,
             ("templates", "list"): api.template_list,

@@ -10,14 +10,22 @@ import json
 import signal
 
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
-from sandpod_lifecycle.driver import ExecdLauncher, Instance, LauncherBusy, Owner
+from sandpod_lifecycle.driver import (
+    ExecdLauncher,
+    Instance,
+    LauncherBusy,
+    NoNetworkEnforcement,
+    Owner,
+)
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy
 from sandpod_service.procs import signal_tree
 
 __all__ = ["ProcessDriver"]
 
 
-class ProcessDriver:
+class ProcessDriver(NoNetworkEnforcement):
+    """``apply_network`` reports the policy as not enforced: commands share the host's network."""
+
     name = "process"
 
     def __init__(self, launcher: ExecdLauncher) -> None:
