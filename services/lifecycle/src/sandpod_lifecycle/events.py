@@ -20,9 +20,8 @@ from typing import Any
 import structlog
 
 from sandpod_bus import Bus
-from sandpod_contract.codec import encode
+from sandpod_contract.codec import Message, encode
 from sandpod_contract.errors import SandpodError
-from sandpod_contract.codec import Message
 from sandpod_contract.messages.sandboxes import NetworkEvent, SandboxEvent
 from sandpod_contract.subjects import Subjects
 

@@ -1,13 +1,14 @@
 """Drive every Sandbox to its spec: intake and scheduling of the lifecycle state machine.
 
 Data flow: a store watch of Sandboxes, one of SandboxTemplates (a template's change, e.g. its
-egress policy, queues the sandboxes made from it), a periodic resync, and per-object timers for expiry and idle
-checks) put object names on a keyed work queue (:class:`~sandpod_service.workqueue.WorkQueue`);
-workers take one name at a time -- never the same name in two workers, so events for one object
-are handled in order while different objects run in parallel -- acquire the object's lease
-(multi-replica safety), read it, and hand it to :class:`~sandpod_lifecycle.steps.Steps`, which
-takes the one step its state calls for (the table is there). Timers, the resync period and the
-watch's restart pause run on the injected :class:`~sandpod_service.clock.Clock`.
+egress policy, queues the sandboxes made from it), a periodic resync and per-object timers (for
+expiry and idle checks) put object names on a keyed work queue
+(:class:`~sandpod_service.workqueue.WorkQueue`); workers take one name at a time -- never the
+same name in two workers, so events for one object are handled in order while different objects
+run in parallel -- acquire the object's lease (multi-replica safety), read it, and hand it to
+:class:`~sandpod_lifecycle.steps.Steps`, which takes the one step its state calls for (the table
+is there). Timers, the resync period and the watch's restart pause run on the injected
+:class:`~sandpod_service.clock.Clock`.
 """
 
 from __future__ import annotations

@@ -397,6 +397,7 @@ class Steps:
         event: str | None,
         cond: Condition | None,
         extra: tuple[Condition, ...] = (),
+        *,
         network: NetworkStatus | None = None,
     ) -> Resource:
         status = dataclasses.replace(
