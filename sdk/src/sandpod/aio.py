@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, bus_channel
 from sandpod.config import (
@@ -46,6 +46,7 @@ from sandpod_contract.subjects import Subjects, validate_sandbox_id
 if TYPE_CHECKING:  # the families are imported on first use: see AsyncSandbox.fs
     from sandpod.fs import AsyncFiles
     from sandpod.git import AsyncGit
+    from sandpod.network import AsyncNetwork
     from sandpod.pools import ClaimInfo
     from sandpod.proc import AsyncProcesses
     from sandpod.pty import AsyncPtys
@@ -106,6 +107,13 @@ class AsyncSandbox:
 
         return AsyncGit(self.channel)
 
+    @functools.cached_property
+    def network(self) -> AsyncNetwork:
+        """The sandbox's egress policy (a control-plane family: the lifecycle service)."""
+        from sandpod.network import AsyncNetwork
+
+        return AsyncNetwork(self.bus, self.subjects, self.id)
+
     @classmethod
     async def connect(
         cls,
@@ -160,6 +168,7 @@ class AsyncSandbox:
         idle_timeout: int | None = None,
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
+        network: Mapping[str, Any] | None = None,
         wait: float = 60.0,
         nats_url: str | None = None,
         prefix: str | None = None,
@@ -173,6 +182,8 @@ class AsyncSandbox:
             idle_timeout: expire after this many seconds without activity (0 disables).
             labels: labels to select it by later (``list(labels=...)``).
             env: environment for its commands.
+            network: its own egress policy (default: the template's), e.g.
+                ``{"mode": "allowlist", "allow": ["pypi.org:443"]}`` (see ``sbx.network``).
             wait: seconds to wait for Ready.
 
         Raises:
@@ -190,6 +201,7 @@ class AsyncSandbox:
                 idle_timeout=idle_timeout,
                 labels=labels,
                 env=env,
+                network=network,
             )
             info = await create_sandbox(sbx.bus, sbx.subjects, obj, wait=wait)
         except BaseException:
