@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "renew": ("sandbox_cmd", "extend a sandbox's lifetime"),
     "pause": ("sandbox_cmd", "pause a sandbox"),
     "resume": ("sandbox_cmd", "resume a sandbox"),
+    "network": ("network_cmd", "show or change a sandbox's egress policy"),
     "template": ("template_cmd", "templates: build, get"),
     "pool": ("pool_cmd", "warm pools: create, ls, get, scale, rm"),
     "claim": ("pool_cmd", "claim a ready sandbox from a pool"),
