@@ -191,6 +191,38 @@ SCHEMAS: dict[str, Any] = {
         "required": ["ticket", "expires_in"],
         "properties": {"ticket": STR, "expires_in": {"type": "number"}},
     },
+    "NetworkPolicy": {
+        "type": "object",
+        "description": "a sandbox's egress policy (sandpod_contract.network); PUT replaces it "
+        "(absent fields take their default) or, with reset, drops it for the template's",
+        "properties": {
+            "mode": {"enum": ["public", "allowlist", "deny-all"]},
+            "allow": STRS,
+            "deny": STRS,
+            "limits": {
+                "type": "object",
+                "properties": {"bandwidthBytesPerSecond": INT, "maxConnections": INT},
+            },
+            "inject": {"type": "array", "items": STRMAP},
+            "reset": BOOL,
+            "generation": INT,
+            "wait": NUM,
+        },
+    },
+    "NetworkState": {
+        "type": "object",
+        "required": ["name", "generation", "source", "policy"],
+        "properties": {
+            "name": STR,
+            "generation": INT,
+            "source": {"enum": ["sandbox", "template"]},
+            "policy": OBJ,
+            "applied": OBJ,
+            "applied_generation": INT,
+            "enforced": BOOL,
+            "reason": STR,
+        },
+    },
     "Renew": {
         "type": "object",
         "properties": {"seconds": {"type": "number", "exclusiveMinimum": 0}, "shutdown_time": STR},
@@ -330,6 +362,23 @@ def _paths() -> dict[str, Any]:
         },
         f"{sbx}/resume": {
             "post": _op("resumeSandbox", "thaw", "sandboxes", params=[NAME, *wait], reply="Sandbox")
+        },
+        f"{sbx}/network": {
+            "get": _op(
+                "getSandboxNetwork",
+                "the egress policy (wanted and applied)",
+                "sandboxes",
+                params=[NAME],
+                reply="NetworkState",
+            ),
+            "put": _op(
+                "setSandboxNetwork",
+                "replace the egress policy at runtime",
+                "sandboxes",
+                params=[NAME],
+                body="NetworkPolicy",
+                reply="NetworkState",
+            ),
         },
         f"{sbx}/exec": {
             "post": _op(
