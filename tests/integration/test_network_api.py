@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 from test_lifecycle import Lifecycle, _ready_api, lifecycles  # noqa: F401 - fixture
@@ -41,10 +41,10 @@ QUIET = {"SANDPOD_RESYNC": "600"}  # no sweep: only the watches can apply a chan
 
 
 @pytest.fixture
-async def lc(lifecycles: Callable[..., Lifecycle]) -> AsyncIterator[Lifecycle]:  # noqa: F811
+async def lc(lifecycles: Callable[..., Lifecycle]) -> Lifecycle:  # noqa: F811
     life = lifecycles(**QUIET)
     await _ready_api(life)
-    yield life
+    return life
 
 
 async def _events(bus: Bus, subjects: Subjects, name: str) -> asyncio.Queue[NetworkEvent]:

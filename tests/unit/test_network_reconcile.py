@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 from test_reconciler import Always, Events, FakeDriver, _idle, _ready
 
-from sandpod_contract.errors import ResourceInvalid
+from sandpod_contract.errors import ResourceInvalid, ResourceNotFound
 from sandpod_contract.messages.sandboxes import NetworkUpdate, Ref
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import SandboxStatus
@@ -95,7 +95,7 @@ async def _template(store: MemoryStore, name: str, network: dict[str, object]) -
     )
     try:
         current = await store.get("SandboxTemplate", "default", name)
-    except Exception:  # noqa: BLE001 - absent: create it
+    except ResourceNotFound:  # absent: create it
         await store.create(obj)
         return
     await store.update(dataclasses.replace(current, spec=obj.spec))
