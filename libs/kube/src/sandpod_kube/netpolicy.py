@@ -101,12 +101,8 @@ def _allow_rules(policy: NetworkPolicy, denied: list[IPNetwork]) -> list[dict[st
     out = []
     for rule in policy.allow:
         net = rule.network
-        if (
-            net is None
-            or _mapped(net)
-            or any(net.version == d.version and net.subnet_of(d) for d in denied)
-        ):  # type: ignore[arg-type]
-            continue  # a name (reported), or wholly denied
+        if net is None or _mapped(net) or _covered(net, denied):
+            continue  # a name or a mapped range (both reported), or wholly denied
         to = _block(net, [*denied, *_METADATA])
         out.append({"to": [to], **({"ports": _ports(rule)} if rule.ports else {})})
     return out
