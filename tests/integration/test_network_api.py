@@ -238,3 +238,21 @@ async def test_the_cli_shows_and_changes_the_policy(lc: Lifecycle) -> None:
         assert "NETWORK" in header.split()
         row = next(r.split() for r in rows if r.startswith(sbx.id))
         assert row[header.split().index("NETWORK")] == "allowlist"
+
+
+async def test_the_local_runtime_applies_updates_and_says_what_it_enforces(
+    lifecycles: Callable[..., Lifecycle],  # noqa: F811
+) -> None:
+    """On the local runtime (jails) an update reaches the driver through the watch while the
+    sandbox runs and serves commands; the status says whether it is enforced, and why not."""
+    if os.geteuid() != 0:
+        pytest.skip("the local runtime needs root (run the suite as root, as CI does)")
+    lc = lifecycles(SANDPOD_RUNTIME="local", **QUIET)
+    await _ready_api(lc)
+    async with await AsyncSandbox.create(nats_url=lc.url, prefix=lc.prefix) as sbx:
+        first = await sbx.network.get()
+        assert first.applied and (first.enforced or first.reason)
+        view = await sbx.network.update(mode="deny-all")
+        assert view.applied and view.mode == "deny-all" and (view.enforced or view.reason)
+        assert (await sbx.exec("echo still-here")).stdout == "still-here\n"  # nothing restarted
+        await sbx.kill()
