@@ -1,5 +1,6 @@
 """Every Sandbox transition, published on the JetStream stream ``<prefix>-events``; also each
-egress policy a runtime applied (``<prefix>.events.network.<name>.updated``).
+egress policy a runtime applied (``<prefix>.events.network.<name>.updated``) and destinations
+the network enforcers refused (``...network.<name>.denied``, :meth:`Events.publish_denied`).
 
 The stream is bounded three ways (:class:`EventLimits`, from the lifecycle's settings): total
 bytes and age (the oldest events are discarded first, publishing never blocks on a full stream)
@@ -151,6 +152,37 @@ class Events:
         )
         await self._send(self._subjects.event("network", name, type_), event)
         log.info("network_event", sandbox=name, type=type_, enforced=enforced, reason=reason)
+
+    async def publish_denied(
+        self,
+        *,
+        name: str,
+        namespace: str,
+        kind: str,
+        destination: str,
+        port: int | None,
+        rule: str,
+        count: int = 1,
+    ) -> bool:
+        """``network.denied``: an enforcer (``kind``: dns, connect or sni) refused
+        ``destination`` by ``rule``. Denials have a token bucket of their own per sandbox (a
+        sandbox hammering a blocked address never silences its lifecycle events). Returns
+        whether it went out: a caller that was refused adds ``count`` to its next one."""
+        if not self._allowed(f"{name}#denied", namespace, "network.denied"):
+            return False
+        event = NetworkEvent(
+            name=name,
+            namespace=namespace,
+            type="denied",
+            time=time.time(),
+            kind=kind,
+            destination=destination,
+            port=port,
+            rule=rule,
+            count=count,
+        )
+        await self._send(self._subjects.event("network", name, "denied"), event)
+        return True
 
     async def publish(
         self,
