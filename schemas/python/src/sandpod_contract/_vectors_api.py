@@ -32,21 +32,16 @@ __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 RULES: dict[str, dict[str, dict[str, Any]]] = {
     "api.ref": {"name": {"minLength": 1}},
     "api.renew": {"seconds": {"exclusiveMinimum": 0}},
-    "api.network_update": {"name": {"minLength": 1}, "wait": {"minimum": 0}},
+    "api.network_update": {
+        "name": {"minLength": 1},
+        "reset": {"enum": [True]},
+        "wait": {"minimum": 0},
+    },
     "api.scale": {"name": {"minLength": 1}, "replicas": {"minimum": 0}},
 }
 MESSAGE_RULES: dict[str, dict[str, Any]] = {
     "api.renew": {"oneOf": [{"required": ["seconds"]}, {"required": ["shutdown_time"]}]},
-    "api.network_update": {
-        "oneOf": [
-            {"required": ["policy"], "properties": {"reset": {"const": False}}},
-            {
-                "required": ["reset"],
-                "properties": {"reset": {"const": True}},
-                "not": {"required": ["policy"]},
-            },
-        ]
-    },
+    "api.network_update": {"oneOf": [{"required": ["policy"]}, {"required": ["reset"]}]},
 }
 
 _API = "sandpod.dev/v1alpha1"
@@ -327,6 +322,14 @@ REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
         "bad_request",
         True,
         "exactly one of policy or reset",
+    ),
+    (
+        "network-reset-false",
+        NetworkUpdate,
+        pack({**_REF, "reset": False}),
+        "bad_request",
+        True,
+        "reset is true or absent",
     ),
     (
         "network-neither",

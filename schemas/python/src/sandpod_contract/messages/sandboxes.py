@@ -98,15 +98,17 @@ class NetworkUpdate(Message):
     name: str
     namespace: str = "default"
     policy: dict[str, Any] | None = None  # mode, allow, deny, limits, inject (crds/ spec.network)
-    reset: bool = False  # drop the sandbox's own policy: its template's applies
+    reset: bool | None = None  # true: drop the sandbox's own policy (its template's applies)
     generation: int | None = None  # only if metadata.generation is still this (else conflict)
     wait: float | None = None  # reply once the runtime applied it, waiting up to this long
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name is required")
-        if (self.policy is None) != self.reset:
+        if (self.policy is None) == (self.reset is None):
             raise ValueError("exactly one of 'policy' or 'reset' is required")
+        if self.reset is not None and self.reset is not True:
+            raise ValueError("reset is true or absent")
         if self.wait is not None and self.wait < 0:
             raise ValueError("wait must be >= 0")
 

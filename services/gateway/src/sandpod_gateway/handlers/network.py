@@ -77,7 +77,7 @@ async def put(request: Request) -> Response:
         name=sid,
         namespace=LIFECYCLE_NAMESPACE,
         policy=None if reset else policy,
-        reset=reset,
+        reset=True if reset else None,
         generation=body.integer("generation"),
         wait=wait or None,
     )
