@@ -183,7 +183,7 @@ class AsyncSandbox:
             labels: labels to select it by later (``list(labels=...)``).
             env: environment for its commands.
             network: its own egress policy (default: the template's), e.g.
-                ``{"mode": "allowlist", "allow": ["pypi.org:443"]}`` (see ``sbx.network``).
+                ``{"mode": "allowlist", "allow": ["api.example.com:443"]}`` (see ``sbx.network``).
             wait: seconds to wait for Ready.
 
         Raises:

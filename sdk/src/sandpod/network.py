@@ -1,7 +1,7 @@
 """The ``network`` family: a sandbox's egress policy, read and changed at runtime (``sbx.network``).
 
     sbx.network.get()                                   # NetworkView: mode, allow, deny, applied?
-    sbx.network.update(mode="allowlist", allow=["pypi.org:443", "10.0.0.0/8"])
+    sbx.network.update(mode="allowlist", allow=["api.example.com:443", "10.0.0.0/8"])
     sbx.network.update(deny=["evil.example.com"])       # other fields keep their value
     sbx.network.reset()                                 # back to the template's policy
 

@@ -1,7 +1,7 @@
 """``sandpod network <sbx> [changes]``: show or change a sandbox's egress policy at runtime.
 
     sandpod network demo                                  # the effective policy, applied?
-    sandpod network demo --mode allowlist --allow pypi.org:443 --allow 10.0.0.0/8
+    sandpod network demo --mode allowlist --allow api.example.com:443 --allow 10.0.0.0/8
     sandpod network demo --deny evil.example.com          # adds a deny rule
     sandpod network demo --clear-allow --allow api.example.com:443
     sandpod network demo --reset                          # back to the template's policy
