@@ -179,3 +179,28 @@ async def test_bad_policies_name_the_field_and_change_nothing(rig: Rig) -> None:
         )
     assert err.value.details["field"] == "spec.network.allow[1]"
     assert (await _status(rig.store, "s1"))[1] == 1
+
+
+async def test_a_recreated_instance_gets_its_policy_again() -> None:
+    """An instance made again (the last one died) has nothing applied, whatever status.network
+    says of the last one: the create applies the policy again before Ready."""
+    store, driver, events = MemoryStore(), RecordingDriver(), Events()
+    api = LifecycleApi(store, events)  # type: ignore[arg-type]
+    rec = Reconciler(
+        store=store,
+        driver=driver,
+        leases=Always(),
+        events=events,  # type: ignore[arg-type]
+        templates=api.template,
+        ready_probe=_ready,
+        idle_probe=_idle,
+        resync=3600.0,
+    )
+    await _sandbox(store, "s1", network={"mode": "deny-all"})
+    await rec.reconcile("s1")
+    assert driver.applied.get_nowait()[1].mode.value == "deny-all"
+    driver.instances.clear()  # the instance died; its Sandbox still says Running
+    await rec.reconcile("s1")
+    assert "s1" in driver.instances
+    sid, policy = driver.applied.get_nowait()
+    assert (sid, policy.mode.value) == ("s1", "deny-all")

@@ -34,10 +34,16 @@ def wanted(view: SandboxView, template: SandboxTemplateSpec) -> tuple[NetworkPol
 
 
 async def apply_egress(
-    view: SandboxView, template: SandboxTemplateSpec, driver: Driver, events: Events
+    view: SandboxView,
+    template: SandboxTemplateSpec,
+    driver: Driver,
+    events: Events,
+    *,
+    fresh: bool = False,
 ) -> NetworkStatus | None:
-    """The ``status.network`` ``view`` should have, applying the policy first if it changed;
-    None when the current one is right.
+    """The ``status.network`` ``view`` should have, applying the policy first if it changed
+    (or, ``fresh``, always: a new instance has nothing applied whatever the status says); None
+    when the current one is right.
 
     Raises:
         RuntimeFailure: the runtime could not apply it (the pass is retried).
@@ -45,7 +51,7 @@ async def apply_egress(
     policy, source = wanted(view, template)
     generation = view.obj.metadata.generation
     current = view.status.network
-    if current is not None and (current.policy, current.source) == (policy, source):
+    if not fresh and current is not None and (current.policy, current.source) == (policy, source):
         if current.observed_generation == generation:
             return None
         return dataclasses.replace(current, observed_generation=generation)

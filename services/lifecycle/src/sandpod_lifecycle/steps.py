@@ -231,8 +231,9 @@ class Steps:
             instance = await self.driver.ensure(view.name, view.spec, template, owner)
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
-            # Ready only with its egress policy applied (never a window of the wrong one).
-            network = await apply_egress(view, template, self.driver, self.events)
+            # Ready only with its egress policy applied (never a window of the wrong one); a
+            # re-created instance gets it too, whatever status.network says of the last one.
+            network = await apply_egress(view, template, self.driver, self.events, fresh=True)
         except InstanceUnhealthy as exc:
             return await self._unhealthy(view, exc, fail)
         except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:
