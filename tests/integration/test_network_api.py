@@ -231,13 +231,17 @@ async def test_the_cli_shows_and_changes_the_policy(lc: Lifecycle) -> None:
         assert bad.returncode == 125
         assert "spec.network.allow[1]" in bad.stderr and "hint:" in bad.stderr
         assert (await sbx.network.get()).generation == view.generation
+        both = await asyncio.to_thread(_cli, lc, "network", sbx.id, "--reset", "--allow", "a.b")
+        assert both.returncode == 125 and "--reset" in both.stderr and "hint:" in both.stderr
+        reset = await asyncio.to_thread(_cli, lc, "network", sbx.id, "--reset", "-o", "yaml")
+        assert reset.returncode == 0 and "source: template" in reset.stdout, reset.stderr
         missing = await asyncio.to_thread(_cli, lc, "network", "no-such-sandbox")
         assert missing.returncode == 125 and "sandpod ls" in missing.stderr
         listed = await asyncio.to_thread(_cli, lc, "ls")
         header, *rows = listed.stdout.splitlines()
         assert "NETWORK" in header.split()
         row = next(r.split() for r in rows if r.startswith(sbx.id))
-        assert row[header.split().index("NETWORK")] == "allowlist"
+        assert row[header.split().index("NETWORK")] == "public"  # after the reset
 
 
 async def test_the_local_runtime_applies_updates_and_says_what_it_enforces(

@@ -21,7 +21,7 @@ from typing import Any
 from sandpod.aio import AsyncSandbox
 from sandpod.cli._output import add_output, dump
 from sandpod.cli.sandbox_cmd import EXIT_ERROR, render
-from sandpod.errors import ResourceInvalid, ResourceNotFound, SandpodError
+from sandpod.errors import BadRequest, ResourceInvalid, ResourceNotFound, SandpodError
 from sandpod.network import NetworkView
 
 __all__ = ["add_parsers", "describe"]
@@ -33,6 +33,7 @@ _HINTS: tuple[tuple[type[SandpodError], str], ...] = (
         "each with an optional :port or :low-high; modes: public, allowlist, deny-all",
     ),
     (ResourceNotFound, "list your sandboxes with `sandpod ls`"),
+    (BadRequest, "`sandpod network <sbx> --reset` alone, then the changes"),
 )
 
 
@@ -93,6 +94,9 @@ def _run(a: argparse.Namespace) -> int:
 async def _network(a: argparse.Namespace) -> int:
     async with await AsyncSandbox.connect(a.name, nats_url=a.nats_url, prefix=a.prefix) as sbx:
         if a.reset:
+            view = await sbx.network.get()
+            if _changes(a, view):
+                raise BadRequest("--reset takes no other change", field="--reset")
             view = await sbx.network.reset(wait=a.wait)
         else:
             view = await sbx.network.get()
