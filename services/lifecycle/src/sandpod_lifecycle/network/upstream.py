@@ -1,0 +1,112 @@
+"""The node resolver's side towards the real DNS: its upstream servers.
+
+A query the policy allows becomes a *new* query (a fresh id and source port from dnspython,
+the sandbox's EDNS options not copied) to the upstream servers in order: each gets one attempt
+of ``attempt_timeout`` (UDP, retried over TCP when the answer comes back truncated); SERVFAIL
+or REFUSED from one moves on to the next; the whole lookup ends by ``deadline``, so a client
+gets SERVFAIL before its own stub gives up (glibc waits 5 s), never a hang. At most
+``max_inflight`` upstream lookups run at once; the rest wait their turn inside the deadline.
+
+dnspython's ``asyncquery`` matches the answer to the query (id, question, source address:
+anything else is ignored, not taken), so a spoofed datagram cannot poison the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from pathlib import Path
+
+import dns.asyncquery
+import dns.exception
+import dns.message
+import dns.name
+import dns.rcode
+from dns.rdataclass import RdataClass
+from dns.rdatatype import RdataType
+
+__all__ = ["Upstream", "UpstreamError", "upstreams_from_resolv_conf"]
+
+Server = tuple[str, int]
+
+
+class UpstreamError(Exception):
+    """No upstream gave an answer in time; ``reason``: ``timeout`` or ``unreachable``."""
+
+    code = "network.dns_upstream"
+    retryable = True
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def upstreams_from_resolv_conf(path: Path = Path("/etc/resolv.conf")) -> tuple[Server, ...]:
+    """The ``nameserver`` addresses of a resolv.conf (port 53), in order; () when there is no
+    readable file or no valid address in it (a scoped ``fe80::1%eth0`` keeps its scope)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ()
+    servers: list[Server] = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "nameserver":
+            try:
+                ipaddress.ip_address(fields[1].split("%", 1)[0])
+            except ValueError:
+                continue
+            servers.append((fields[1], 53))
+    return tuple(servers)
+
+
+class Upstream:
+    def __init__(
+        self,
+        servers: tuple[Server, ...],
+        attempt_timeout: float,
+        deadline: float,
+        max_inflight: int,
+    ) -> None:
+        if not servers:
+            raise ValueError("the node resolver needs at least one upstream server")
+        self._servers = servers
+        self._attempt_timeout = attempt_timeout
+        self._deadline = deadline
+        self._slots = asyncio.Semaphore(max_inflight)
+
+    async def resolve(
+        self, qname: dns.name.Name, rdtype: RdataType, rdclass: RdataClass
+    ) -> dns.message.Message:
+        """The upstreams' answer to (qname, rdtype, rdclass), any rcode.
+
+        Raises:
+            UpstreamError: no server answered within the deadline.
+        """
+        query = dns.message.make_query(qname, rdtype, rdclass, use_edns=0, payload=1232)
+        last: dns.message.Message | None = None
+        failure = "unreachable"
+        try:
+            async with asyncio.timeout(self._deadline), self._slots:
+                for host, port in self._servers:
+                    try:
+                        response, _ = await dns.asyncquery.udp_with_fallback(
+                            query,
+                            host,
+                            timeout=self._attempt_timeout,
+                            port=port,
+                            ignore_unexpected=True,
+                        )
+                    except (dns.exception.Timeout, TimeoutError):
+                        failure = "timeout"
+                        continue
+                    except (OSError, EOFError, dns.exception.DNSException):
+                        continue
+                    last = response
+                    if response.rcode() not in (dns.rcode.SERVFAIL, dns.rcode.REFUSED):
+                        return response
+        except TimeoutError:
+            failure = "timeout"
+        if last is not None:
+            return last
+        raise UpstreamError(failure, ", ".join(f"{h}:{p}" for h, p in self._servers))
