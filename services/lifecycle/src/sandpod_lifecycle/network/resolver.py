@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import ipaddress
 import os
 import socket
 import time
@@ -84,6 +85,9 @@ def _parse_upstreams(text: str) -> tuple[Address, ...]:
         elif item.count(":") == 1:
             host, _, raw = item.partition(":")
             port = int(raw)
+        ipaddress.ip_address(host)  # ValueError names the bad one
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port}")
         out.append((host, port))
     return tuple(out)
 
@@ -113,6 +117,11 @@ class ResolverSettings:
     event_rate: float = 1.0  # ... refilled at this many per second
 
     def __post_init__(self) -> None:
+        if not self.upstreams:
+            raise ValueError(
+                "resolver: no upstream server (SANDPOD_DNS_UPSTREAMS, or a nameserver in "
+                "/etc/resolv.conf)"
+            )
         if not 0 < self.attempt_timeout <= self.deadline:
             raise ValueError("resolver: 0 < attempt_timeout <= deadline")
         if not 1 <= self.min_ttl <= self.max_ttl:
@@ -127,15 +136,17 @@ class ResolverSettings:
         """The settings from ``SANDPOD_DNS_*`` (once, at start). Raises ValueError naming a bad
         value."""
         env = os.environ if env is None else env
-        base = cls()
         rcode = env_str(env, "SANDPOD_DNS_DENIED_RCODE", "refused").lower()
         if rcode not in ("refused", "nxdomain"):
             raise ValueError("SANDPOD_DNS_DENIED_RCODE: refused or nxdomain")
         raw_upstreams = env_str(env, "SANDPOD_DNS_UPSTREAMS", "")
         try:
-            upstreams = _parse_upstreams(raw_upstreams) if raw_upstreams else base.upstreams
+            upstreams = (
+                _parse_upstreams(raw_upstreams) if raw_upstreams else upstreams_from_resolv_conf()
+            )
         except ValueError as exc:
             raise ValueError(f"SANDPOD_DNS_UPSTREAMS: {raw_upstreams!r}: {exc}") from exc
+        base = cls(upstreams=upstreams)
         return cls(
             upstreams=upstreams,
             attempt_timeout=env_float(

@@ -1,24 +1,31 @@
 """The node resolver's side towards the real DNS: its upstream servers.
 
-A query the policy allows becomes a *new* query (a fresh id and source port from dnspython,
-the sandbox's EDNS options not copied) to the upstream servers in order: each gets one attempt
-of ``attempt_timeout`` (UDP, retried over TCP when the answer comes back truncated); SERVFAIL
-or REFUSED from one moves on to the next; the whole lookup ends by ``deadline``, so a client
-gets SERVFAIL before its own stub gives up (glibc waits 5 s), never a hang. At most
-``max_inflight`` upstream lookups run at once; the rest wait their turn inside the deadline.
+A query the policy allows becomes a *new* query (a fresh random id, a fresh socket so a
+random source port, the sandbox's EDNS options not copied) to the upstream servers in order:
+each gets one attempt of ``attempt_timeout`` (UDP, retried over TCP when the answer comes
+back truncated); SERVFAIL or REFUSED from one moves on to the next; the whole lookup ends by
+``deadline``, so a client gets SERVFAIL before its own stub gives up (glibc waits 5 s),
+never a hang. At most ``max_inflight`` upstream lookups run at once; the rest wait their
+turn inside the deadline.
 
-dnspython's ``asyncquery`` matches the answer to the query (id, question, source address:
-anything else is ignored, not taken), so a spoofed datagram cannot poison the cache.
+The UDP socket is connected to the server (the kernel drops datagrams from anywhere else) and
+an answer must match the query (``Message.is_response``: id and question; anything else is
+ignored, not taken), so a spoofed datagram cannot poison the cache. The UDP exchange is done
+here on a plain non-blocking socket rather than with ``dns.asyncquery.udp``, which sets up a
+whole asyncio transport per query (~0.3 ms more per lookup, measured by bench/dns_policy.py);
+TCP is ``dns.asyncquery.tcp``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import socket
 from pathlib import Path
 
 import dns.asyncquery
 import dns.exception
+import dns.flags
 import dns.message
 import dns.name
 import dns.rcode
@@ -90,13 +97,7 @@ class Upstream:
             async with asyncio.timeout(self._deadline), self._slots:
                 for host, port in self._servers:
                     try:
-                        response, _ = await dns.asyncquery.udp_with_fallback(
-                            query,
-                            host,
-                            timeout=self._attempt_timeout,
-                            port=port,
-                            ignore_unexpected=True,
-                        )
+                        response = await self._exchange(query, host, port)
                     except (dns.exception.Timeout, TimeoutError):
                         failure = "timeout"
                         continue
@@ -110,3 +111,29 @@ class Upstream:
         if last is not None:
             return last
         raise UpstreamError(failure, ", ".join(f"{h}:{p}" for h, p in self._servers))
+
+    async def _exchange(
+        self, query: dns.message.Message, host: str, port: int
+    ) -> dns.message.Message:
+        """One attempt at one server: UDP from a fresh socket (a new random source port per
+        query), over TCP when the answer is truncated. Raises TimeoutError, OSError or a
+        DNSException."""
+        loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        async with asyncio.timeout(self._attempt_timeout):
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.setblocking(False)
+                # connected: the kernel drops datagrams from any other address or port
+                sock.connect((host, port))
+                await loop.sock_sendall(sock, query.to_wire())
+                while True:
+                    data = await loop.sock_recv(sock, 65535)
+                    try:
+                        response = dns.message.from_wire(data)
+                    except dns.exception.DNSException:
+                        continue  # junk on our port: keep waiting for the answer
+                    if query.is_response(response):
+                        break
+        if not response.flags & dns.flags.TC:
+            return response
+        return await dns.asyncquery.tcp(query, host, timeout=self._attempt_timeout, port=port)
