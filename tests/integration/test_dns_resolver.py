@@ -510,3 +510,36 @@ async def test_close_is_idempotent_and_frees_the_port() -> None:
     await harness.resolver.close()
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as again:
         again.bind((host, port))
+
+
+async def test_one_sandbox_cannot_take_every_upstream_slot() -> None:
+    """A sandbox past its in-flight upstream lookups gets SERVFAIL at once, while another
+    sandbox's lookup still goes upstream."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        harness = await Harness.start(
+            upstreams=(blackhole.getsockname(),),
+            attempt_timeout=2.0,
+            deadline=2.0,
+            sandbox_inflight=2,
+        )
+        try:
+            greedy = harness.sandbox(policy("public"))
+            other = harness.sandbox(policy("public"))
+            slow = [
+                asyncio.create_task(harness.ask(greedy, f"n{i}.test", timeout=5)) for i in range(2)
+            ]
+            blackhole.setblocking(False)
+            loop = asyncio.get_running_loop()
+            for _ in range(2):  # both reached the upstream (which never answers)
+                await asyncio.wait_for(loop.sock_recv(blackhole, 4096), 5)
+            dropped = "sandpod_lifecycle_dns_dropped_total"
+            busy = await harness.ask(greedy, "n3.test", timeout=5)  # the third: over the cap
+            assert rcode(busy) == "SERVFAIL"
+            assert harness.metric(dropped, limit="sandbox_inflight") == 1
+            assert not any(task.done() for task in slow)  # the first two still wait upstream
+            assert rcode(await harness.ask(other, "m.test", timeout=5)) == "SERVFAIL"
+            assert harness.metric(dropped, limit="sandbox_inflight") == 1  # not refused: timed out
+            assert [rcode(r) for r in await asyncio.gather(*slow)] == ["SERVFAIL", "SERVFAIL"]
+        finally:
+            await harness.close()

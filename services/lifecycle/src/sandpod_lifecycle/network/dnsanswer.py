@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ipaddress
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -80,6 +81,7 @@ class AnswerLimits:
     max_ttl: int
     sink_timeout: float
     denied_rcode: dns.rcode.Rcode
+    sandbox_inflight: int  # upstream lookups one sandbox may have at once
 
 
 def _source(address: str) -> str:
@@ -117,6 +119,7 @@ class Answerer:
         self._on_denied = on_denied
         self._events = events
         self._clock = clock
+        self._inflight: dict[str, int] = {}  # sandbox id -> its upstream lookups now
 
     async def answer(self, wire: bytes, peer: str, transport: str) -> bytes | None:
         """The reply to ``wire`` from ``peer`` (None: drop it). Never raises for bad input."""
@@ -152,19 +155,40 @@ class Answerer:
         self._metrics.dns_cache.labels("miss" if entry is None else "hit").inc()
         remaining = None if entry is None else entry.remaining(now)
         if entry is None:
-            started = self._clock()
-            try:
-                upstream = await self._upstream.resolve(
-                    question.name, question.rdtype, question.rdclass
-                )
-            except UpstreamError as exc:
-                log.warning("dns_upstream_failed", reason=exc.reason, name=qname)
-                failed = reply(query, dns.rcode.SERVFAIL, dns.edns.EDECode.NO_REACHABLE_AUTHORITY)
-                return failed, "upstream_failed"
-            finally:
-                self._metrics.dns_upstream_seconds.observe(self._clock() - started)
-            entry = self._cache.put(key, upstream, self._clock())
+            fetched = await self._fetch(query, sandbox, key)
+            if not isinstance(fetched, CachedAnswer):
+                return fetched
+            entry = fetched
         return await self._screened(query, sandbox, qname, entry, remaining)
+
+    async def _fetch(
+        self, query: dns.message.Message, sandbox: SandboxNet, key: tuple[str, int, int]
+    ) -> CachedAnswer | tuple[dns.message.Message, str]:
+        """The upstream's answer, cached; or the SERVFAIL reply to send instead. One sandbox
+        has at most ``sandbox_inflight`` lookups upstream at once, so a sandbox asking random
+        names cannot take every upstream slot from the others."""
+        sandbox_id = sandbox.sandbox_id
+        if self._inflight.get(sandbox_id, 0) >= self._limits.sandbox_inflight:
+            self._metrics.dns_dropped.labels("sandbox_inflight").inc()
+            busy = reply(query, dns.rcode.SERVFAIL, dns.edns.EDECode.OTHER, "too many lookups")
+            return busy, "busy"
+        self._inflight[sandbox_id] = self._inflight.get(sandbox_id, 0) + 1
+        question = query.question[0]
+        started = time.perf_counter()
+        try:
+            upstream = await self._upstream.resolve(
+                question.name, question.rdtype, question.rdclass
+            )
+        except UpstreamError as exc:
+            log.warning("dns_upstream_failed", reason=exc.reason, name=key[0])
+            failed = reply(query, dns.rcode.SERVFAIL, dns.edns.EDECode.NO_REACHABLE_AUTHORITY)
+            return failed, "upstream_failed"
+        finally:
+            self._metrics.dns_upstream_seconds.observe(time.perf_counter() - started)
+            left = self._inflight.pop(sandbox_id) - 1
+            if left:
+                self._inflight[sandbox_id] = left
+        return self._cache.put(key, upstream, self._clock())
 
     async def _screened(
         self,

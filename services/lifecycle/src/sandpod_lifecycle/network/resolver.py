@@ -100,6 +100,7 @@ class ResolverSettings:
     attempt_timeout: float = 1.5
     deadline: float = 3.0
     max_inflight: int = 256  # upstream lookups at once
+    sandbox_inflight: int = 32  # ... of which one sandbox may have
     workers: int = 64  # UDP queries handled at once
     udp_queue: int = 1024  # UDP queries waiting for a worker
     max_query_bytes: int = 4096
@@ -126,7 +127,8 @@ class ResolverSettings:
             raise ValueError("resolver: 0 < attempt_timeout <= deadline")
         if not 1 <= self.min_ttl <= self.max_ttl:
             raise ValueError("resolver: 1 <= min_ttl <= max_ttl")
-        if min(self.max_inflight, self.workers, self.udp_queue, self.tcp_connections) < 1:
+        bounds = (self.max_inflight, self.sandbox_inflight, self.workers, self.udp_queue)
+        if min(*bounds, self.tcp_connections) < 1:
             raise ValueError("resolver: every concurrency bound must be >= 1")
         if self.denied_rcode not in (dns.rcode.REFUSED, dns.rcode.NXDOMAIN):
             raise ValueError("resolver: denied_rcode is REFUSED or NXDOMAIN")
@@ -257,6 +259,7 @@ class NodeResolver:
                 max_ttl=settings.max_ttl,
                 sink_timeout=settings.sink_timeout,
                 denied_rcode=settings.denied_rcode,
+                sandbox_inflight=settings.sandbox_inflight,
             ),
             lookup=lookup,
             upstream=Upstream(
