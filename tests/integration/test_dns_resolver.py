@@ -14,6 +14,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator
 
+import dns.asyncquery
 import dns.edns
 import dns.exception
 import dns.flags
@@ -22,8 +23,11 @@ import dns.rcode
 import dns.rdatatype
 import pytest
 from dns_harness import FakeSink, Harness, ede_of, policy, rcode
+from prometheus_client import CollectorRegistry
 
-from sandpod_lifecycle.network.sandboxnet import DenialKind
+from sandpod_lifecycle.network.metrics import NetworkMetrics
+from sandpod_lifecycle.network.resolver import NodeResolver, ResolverSettings
+from sandpod_lifecycle.network.sandboxnet import DenialKind, SandboxNet
 
 BLOCKED = int(dns.edns.EDECode.BLOCKED)
 
@@ -543,3 +547,40 @@ async def test_one_sandbox_cannot_take_every_upstream_slot() -> None:
             assert [rcode(r) for r in await asyncio.gather(*slow)] == ["SERVFAIL", "SERVFAIL"]
         finally:
             await harness.close()
+
+
+async def test_ipv6_listener() -> None:
+    """The resolver listens on an IPv6 address too and knows a sandbox by its v6 source."""
+    harness = await Harness.start()
+    v6 = NodeResolver(
+        ResolverSettings(upstreams=(harness.auth.address,)),
+        [("::1", 0)],
+        lookup={"::1": SandboxNet("sbx-v6", policy("allowlist", ["open.test"]))}.get,
+        sink=FakeSink(),
+        metrics=NetworkMetrics(CollectorRegistry()),
+    )
+    try:
+        harness.auth.add("open.test", "A", 300, "11.22.0.1")
+        await v6.start()
+        host, port = v6.addresses[0]
+        query = dns.message.make_query("open.test", "A")
+        response = await dns.asyncquery.tcp(query, host, port=port, timeout=5)
+        assert addresses(response) == ["11.22.0.1"]
+        response = await dns.asyncquery.udp(query, host, port=port, timeout=5)
+        assert addresses(response) == ["11.22.0.1"]
+        assert v6.resolved_names("sbx-v6", "11.22.0.1") == {"open.test"}
+    finally:
+        await v6.close()
+        await harness.close()
+
+
+async def test_cached_answer_refreshes_the_sets_with_what_is_left(h: Harness) -> None:
+    """Allowlist: an answer served from the cache is pushed to the sink again, with the
+    seconds the cached answer has left (the set entry is refreshed, never outlived)."""
+    source = h.sandbox(policy("allowlist", ["open.test"]))
+    await h.ask(source, "open.test")
+    h.clock.now += 100
+    response = await h.ask(source, "open.test")
+    assert response.answer[0].ttl == 200
+    assert [c[2] for c in h.sink.calls] == [[("11.22.0.1", 300)], [("11.22.0.1", 200)]]
+    assert h.auth.asked_for("open.test") == 1
