@@ -3,7 +3,8 @@
 It serves whatever records a test adds (``add("a.test", "A", 60, "11.22.0.1")``), follows
 CNAMEs inside its data, answers ``*.name`` wildcards, NXDOMAIN/NODATA with an SOA (so negative
 answers are cacheable), and logs every question it was asked (``asked``) so a test can see
-what reached "the internet". ``truncate_udp`` makes it answer TC over UDP (forcing TCP).
+what reached "the internet". ``truncate_udp`` makes it answer TC over UDP (forcing TCP);
+``holding`` keeps UDP answers back until :meth:`release` (a slow upstream, on cue).
 Listens on a loopback address and a free port; :meth:`close` leaves nothing behind.
 """
 
@@ -34,6 +35,8 @@ class AuthServer:
         self.port = 0
         self.asked: list[tuple[str, str, str]] = []  # (name, type, transport)
         self.truncate_udp = False
+        self.holding = False  # while True, UDP answers wait for release()
+        self._held: list[tuple[_Udp, bytes, tuple[str | int, ...]]] = []
         self._records: dict[tuple[str, int], list[dns.rrset.RRset]] = defaultdict(list)
         self._names: set[str] = set()
         self._negative_ttl = negative_ttl
@@ -53,6 +56,14 @@ class AuthServer:
         key = (owner.to_text().lower(), int(kind))
         self._records[key] = [dns.rrset.from_rdata_list(owner, ttl, parsed)]
         self._names.add(key[0])
+
+    def release(self) -> None:
+        """Send the UDP answers held while ``holding``, and stop holding."""
+        self.holding = False
+        held, self._held = self._held, []
+        for protocol, answer, addr in held:
+            if protocol.transport is not None:
+                protocol.transport.sendto(answer, addr)
 
     def asked_for(self, name: str) -> int:
         """How many times ``name`` (any type, any transport) was asked."""
@@ -182,5 +193,7 @@ class _Udp(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
         answer = self.server.respond(data, "udp")
-        if answer is not None and self.transport is not None:
+        if answer is not None and self.server.holding:
+            self.server._held.append((self, answer, addr))
+        elif answer is not None and self.transport is not None:
             self.transport.sendto(answer, addr)

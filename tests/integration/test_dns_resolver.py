@@ -584,3 +584,26 @@ async def test_cached_answer_refreshes_the_sets_with_what_is_left(h: Harness) ->
     assert response.answer[0].ttl == 200
     assert [c[2] for c in h.sink.calls] == [[("11.22.0.1", 300)], [("11.22.0.1", 200)]]
     assert h.auth.asked_for("open.test") == 1
+
+
+async def test_one_question_from_many_sandboxes_goes_upstream_once() -> None:
+    """Five sandboxes asking the same name while it is on its way upstream share the one
+    lookup: the upstream is asked once, each gets the answer."""
+    harness = await Harness.start(attempt_timeout=20.0, deadline=20.0)
+    try:
+        harness.auth.add("open.test", "A", 300, "11.22.0.1")
+        harness.auth.holding = True
+        sources = [harness.sandbox(policy("public")) for _ in range(5)]
+        tasks = [asyncio.create_task(harness.ask(s, "open.test", timeout=20)) for s in sources]
+        misses = "sandpod_lifecycle_dns_cache_total"
+        for _ in range(1000):  # all five are past the cache, waiting (polled, with a bound)
+            if harness.metric(misses, result="miss") == 5:
+                break
+            await asyncio.sleep(0.01)
+        assert harness.metric(misses, result="miss") == 5
+        harness.auth.release()
+        responses = await asyncio.gather(*tasks)
+        assert [addresses(r) for r in responses] == [["11.22.0.1"]] * 5
+        assert harness.auth.asked_for("open.test") == 1
+    finally:
+        await harness.close()

@@ -45,7 +45,7 @@ import structlog
 
 from sandpod_contract.network import NetworkMode, Rule
 from sandpod_lifecycle.events import RateLimiter
-from sandpod_lifecycle.network.dnscache import AnswerCache, CachedAnswer, ResolvedNames
+from sandpod_lifecycle.network.dnscache import AnswerCache, CachedAnswer, CacheKey, ResolvedNames
 from sandpod_lifecycle.network.dnspolicy import Screened, allowing_rules, screen
 from sandpod_lifecycle.network.dnswire import (
     REFUSED_TYPES,
@@ -84,6 +84,10 @@ class AnswerLimits:
     sandbox_inflight: int  # upstream lookups one sandbox may have at once
 
 
+class _Busy(Exception):
+    """The asking sandbox has its share of upstream lookups under way already."""
+
+
 def _source(address: str) -> str:
     """The canonical text of a socket's peer address (scope and v4-mapping removed)."""
     try:
@@ -120,6 +124,7 @@ class Answerer:
         self._events = events
         self._clock = clock
         self._inflight: dict[str, int] = {}  # sandbox id -> its upstream lookups now
+        self._pending: dict[CacheKey, asyncio.Future[CachedAnswer]] = {}  # lookups under way
 
     async def answer(self, wire: bytes, peer: str, transport: str) -> bytes | None:
         """The reply to ``wire`` from ``peer`` (None: drop it). Never raises for bad input."""
@@ -162,16 +167,41 @@ class Answerer:
         return await self._screened(query, sandbox, qname, entry, remaining)
 
     async def _fetch(
-        self, query: dns.message.Message, sandbox: SandboxNet, key: tuple[str, int, int]
+        self, query: dns.message.Message, sandbox: SandboxNet, key: CacheKey
     ) -> CachedAnswer | tuple[dns.message.Message, str]:
-        """The upstream's answer, cached; or the SERVFAIL reply to send instead. One sandbox
-        has at most ``sandbox_inflight`` lookups upstream at once, so a sandbox asking random
-        names cannot take every upstream slot from the others."""
-        sandbox_id = sandbox.sandbox_id
-        if self._inflight.get(sandbox_id, 0) >= self._limits.sandbox_inflight:
-            self._metrics.dns_dropped.labels("sandbox_inflight").inc()
+        """The upstream's answer, cached; or the SERVFAIL reply to send instead. A question
+        already on its way upstream (another sandbox, the same name) is waited for, not asked
+        twice."""
+        try:
+            shared = self._pending.get(key)
+            if shared is None:
+                return await self._ask_upstream(query, sandbox.sandbox_id, key)
+            try:
+                return await asyncio.shield(shared)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not shared.cancelled() or (task is not None and task.cancelling()):
+                    raise  # this task itself is being cancelled
+                raise UpstreamError("unreachable", "the lookup it waited for ended") from None
+        except _Busy:
             busy = reply(query, dns.rcode.SERVFAIL, dns.edns.EDECode.OTHER, "too many lookups")
             return busy, "busy"
+        except UpstreamError as exc:
+            log.warning("dns_upstream_failed", reason=exc.reason, name=key[0])
+            failed = reply(query, dns.rcode.SERVFAIL, dns.edns.EDECode.NO_REACHABLE_AUTHORITY)
+            return failed, "upstream_failed"
+
+    async def _ask_upstream(
+        self, query: dns.message.Message, sandbox_id: str, key: CacheKey
+    ) -> CachedAnswer:
+        """Ask the upstreams, as the one lookup of ``key`` others may wait for. One sandbox has
+        at most ``sandbox_inflight`` of these at once (past it: _Busy), so a sandbox asking
+        random names cannot take every upstream slot from the others. Raises UpstreamError."""
+        if self._inflight.get(sandbox_id, 0) >= self._limits.sandbox_inflight:
+            self._metrics.dns_dropped.labels("sandbox_inflight").inc()
+            raise _Busy
+        future: asyncio.Future[CachedAnswer] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
         self._inflight[sandbox_id] = self._inflight.get(sandbox_id, 0) + 1
         question = query.question[0]
         started = time.perf_counter()
@@ -179,16 +209,21 @@ class Answerer:
             upstream = await self._upstream.resolve(
                 question.name, question.rdtype, question.rdclass
             )
+            entry = self._cache.put(key, upstream, self._clock())
+            future.set_result(entry)
+            return entry
         except UpstreamError as exc:
-            log.warning("dns_upstream_failed", reason=exc.reason, name=key[0])
-            failed = reply(query, dns.rcode.SERVFAIL, dns.edns.EDECode.NO_REACHABLE_AUTHORITY)
-            return failed, "upstream_failed"
+            future.set_exception(exc)
+            future.exception()  # marked retrieved: the waiters still get it raised
+            raise
         finally:
             self._metrics.dns_upstream_seconds.observe(time.perf_counter() - started)
             left = self._inflight.pop(sandbox_id) - 1
             if left:
                 self._inflight[sandbox_id] = left
-        return self._cache.put(key, upstream, self._clock())
+            del self._pending[key]
+            if not future.done():
+                future.cancel()
 
     async def _screened(
         self,

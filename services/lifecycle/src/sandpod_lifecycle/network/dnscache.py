@@ -26,7 +26,7 @@ import dns.rcode
 import dns.rdatatype
 import dns.rrset
 
-__all__ = ["AnswerCache", "CachedAnswer", "ResolvedNames"]
+__all__ = ["AnswerCache", "CacheKey", "CachedAnswer", "ResolvedNames"]
 
 CacheKey = tuple[str, int, int]  # (lower-case name, rdtype, rdclass)
 
