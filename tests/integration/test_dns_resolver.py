@@ -21,6 +21,7 @@ import dns.flags
 import dns.message
 import dns.rcode
 import dns.rdatatype
+import dns.rrset
 import pytest
 from dns_harness import FakeSink, Harness, ede_of, policy, rcode
 from prometheus_client import CollectorRegistry
@@ -607,3 +608,37 @@ async def test_one_question_from_many_sandboxes_goes_upstream_once() -> None:
         assert harness.auth.asked_for("open.test") == 1
     finally:
         await harness.close()
+
+
+async def test_forged_upstream_answers_are_ignored() -> None:
+    """Answers from the upstream's own address with a wrong id, or the right id for another
+    question, are not taken (nor cached): only the matching answer is."""
+    loop = asyncio.get_running_loop()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as upstream:
+        upstream.bind(("127.0.0.1", 0))
+        upstream.setblocking(False)
+        harness = await Harness.start(upstreams=(upstream.getsockname(),), deadline=5.0)
+        source = harness.sandbox(policy("public"))
+        asking = asyncio.create_task(harness.ask(source, "open.test", timeout=10))
+        try:
+            wire, resolver = await asyncio.wait_for(loop.sock_recvfrom(upstream, 4096), 10)
+            query = dns.message.from_wire(wire)
+
+            def answer(name: str, ident: int, address: str) -> bytes:
+                forged = dns.message.make_response(dns.message.make_query(name, "A"))
+                forged.id = ident
+                forged.answer = [dns.rrset.from_text(name + ".", 300, "IN", "A", address)]
+                return forged.to_wire()
+
+            await loop.sock_sendto(
+                upstream, answer("open.test", query.id ^ 1, "11.22.0.66"), resolver
+            )
+            await loop.sock_sendto(upstream, answer("other.test", query.id, "11.22.0.67"), resolver)
+            await loop.sock_sendto(upstream, b"\x00junk", resolver)
+            await loop.sock_sendto(upstream, answer("open.test", query.id, "11.22.0.1"), resolver)
+            assert addresses(await asking) == ["11.22.0.1"]
+            assert addresses(await harness.ask(source, "open.test")) == ["11.22.0.1"]  # cached
+        finally:
+            asking.cancel()
+            await asyncio.gather(asking, return_exceptions=True)
+            await harness.close()

@@ -19,8 +19,11 @@ TCP is ``dns.asyncquery.tcp``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
+import secrets
 import socket
+import struct
 from pathlib import Path
 
 import dns.asyncquery
@@ -28,13 +31,16 @@ import dns.exception
 import dns.flags
 import dns.message
 import dns.name
+import dns.opcode
 import dns.rcode
+import dns.rdatatype
 from dns.rdataclass import RdataClass
 from dns.rdatatype import RdataType
 
 __all__ = ["Upstream", "UpstreamError", "upstreams_from_resolv_conf"]
 
 Server = tuple[str, int]
+EDNS_PAYLOAD = 1232  # the DNS flag day 2020 size: no IP fragmentation on common paths
 
 
 class UpstreamError(Exception):
@@ -90,14 +96,14 @@ class Upstream:
         Raises:
             UpstreamError: no server answered within the deadline.
         """
-        query = dns.message.make_query(qname, rdtype, rdclass, use_edns=0, payload=1232)
+        question = _Question(qname, rdtype, rdclass)
         last: dns.message.Message | None = None
         failure = "unreachable"
         try:
             async with asyncio.timeout(self._deadline), self._slots:
                 for host, port in self._servers:
                     try:
-                        response = await self._exchange(query, host, port)
+                        response = await self._exchange(question, host, port)
                     except (dns.exception.Timeout, TimeoutError):
                         failure = "timeout"
                         continue
@@ -112,28 +118,57 @@ class Upstream:
             return last
         raise UpstreamError(failure, ", ".join(f"{h}:{p}" for h, p in self._servers))
 
-    async def _exchange(
-        self, query: dns.message.Message, host: str, port: int
-    ) -> dns.message.Message:
+    async def _exchange(self, question: _Question, host: str, port: int) -> dns.message.Message:
         """One attempt at one server: UDP from a fresh socket (a new random source port per
-        query), over TCP when the answer is truncated. Raises TimeoutError, OSError or a
-        DNSException."""
+        query) with a fresh random id, over TCP when the answer is truncated. Raises
+        TimeoutError, OSError or a DNSException."""
         loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        ident, wire = question.wire()
         async with asyncio.timeout(self._attempt_timeout):
             with socket.socket(family, socket.SOCK_DGRAM) as sock:
                 sock.setblocking(False)
                 # connected: the kernel drops datagrams from any other address or port
                 sock.connect((host, port))
-                await loop.sock_sendall(sock, query.to_wire())
+                await loop.sock_sendall(sock, wire)
                 while True:
                     data = await loop.sock_recv(sock, 65535)
                     try:
                         response = dns.message.from_wire(data)
                     except dns.exception.DNSException:
                         continue  # junk on our port: keep waiting for the answer
-                    if query.is_response(response):
+                    if question.answered_by(ident, response):
                         break
         if not response.flags & dns.flags.TC:
             return response
+        query = dns.message.make_query(
+            question.name, question.rdtype, question.rdclass, use_edns=0, payload=EDNS_PAYLOAD
+        )
         return await dns.asyncquery.tcp(query, host, timeout=self._attempt_timeout, port=port)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Question:
+    """One upstream question. Its query is built as bytes here (a header, the question, an
+    EDNS0 OPT record announcing ``EDNS_PAYLOAD``): dnspython's ``make_query`` + ``to_wire``
+    cost ~120 us a query, a third of a cache miss's CPU; the answer is still parsed by
+    dnspython and matched like ``Message.is_response`` does."""
+
+    name: dns.name.Name
+    rdtype: RdataType
+    rdclass: RdataClass
+
+    def wire(self) -> tuple[int, bytes]:
+        ident = secrets.randbits(16)
+        header = struct.pack("!HHHHHH", ident, dns.flags.RD, 1, 0, 0, 1)
+        question = self.name.to_digestable() + struct.pack("!HH", self.rdtype, self.rdclass)
+        opt = b"\x00" + struct.pack("!HHIH", dns.rdatatype.OPT, EDNS_PAYLOAD, 0, 0)
+        return ident, header + question + opt
+
+    def answered_by(self, ident: int, response: dns.message.Message) -> bool:
+        if response.id != ident or not response.flags & dns.flags.QR:
+            return False
+        if response.opcode() != dns.opcode.QUERY or len(response.question) != 1:
+            return False
+        asked = response.question[0]
+        return (asked.name, asked.rdtype, asked.rdclass) == (self.name, self.rdtype, self.rdclass)
