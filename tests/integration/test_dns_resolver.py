@@ -642,3 +642,25 @@ async def test_forged_upstream_answers_are_ignored() -> None:
             asking.cancel()
             await asyncio.gather(asking, return_exceptions=True)
             await harness.close()
+
+
+async def test_policy_change_during_the_upstream_lookup_wins() -> None:
+    """A policy update that lands while the upstream is answering is what the reply (and the
+    firewall's sets) follow: the answer is refused and nothing is opened."""
+    harness = await Harness.start(attempt_timeout=20.0, deadline=20.0)
+    try:
+        harness.auth.add("open.test", "A", 300, "11.22.0.1")
+        harness.auth.holding = True
+        source = harness.sandbox(policy("allowlist", ["open.test"]), "sbx-race")
+        asking = asyncio.create_task(harness.ask(source, "open.test", timeout=20))
+        for _ in range(1000):  # until the question is at the upstream (polled, bounded)
+            if harness.auth.asked:
+                break
+            await asyncio.sleep(0.01)
+        assert harness.auth.asked
+        harness.sandboxes[source] = SandboxNet("sbx-race", policy("allowlist", ["other.test"]))
+        harness.auth.release()
+        assert rcode(await asking) == "REFUSED"
+        assert harness.sink.calls == []
+    finally:
+        await harness.close()

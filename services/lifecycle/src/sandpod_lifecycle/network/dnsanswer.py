@@ -146,14 +146,10 @@ class Answerer:
         question = query.question[0]
         if question.rdclass != dns.rdataclass.IN or question.rdtype in REFUSED_TYPES:
             return reply(query, dns.rcode.REFUSED, dns.edns.EDECode.NOT_SUPPORTED), "refused_type"
-        sandbox = self._lookup(source)
-        if sandbox is None:
-            return reply(query, dns.rcode.REFUSED, dns.edns.EDECode.PROHIBITED), "unknown_source"
         qname = question.name.to_text(omit_final_dot=True).lower()
-        verdict = sandbox.policy.name_verdict(qname)
-        if not verdict.allowed:
-            self._deny(sandbox, DenialKind.DNS, qname, verdict.reason)
-            return self._blocked(query, verdict.reason, self._limits.denied_rcode), "denied"
+        sandbox = self._admit(query, source, qname)
+        if not isinstance(sandbox, SandboxNet):
+            return sandbox
         key = (qname, int(question.rdtype), int(question.rdclass))
         now = self._clock()
         entry = self._cache.get(key, now)
@@ -164,7 +160,25 @@ class Answerer:
             if not isinstance(fetched, CachedAnswer):
                 return fetched
             entry = fetched
+            # the policy may have changed while the upstream answered: screen under the new one
+            sandbox = self._admit(query, source, qname)
+            if not isinstance(sandbox, SandboxNet):
+                return sandbox
         return await self._screened(query, sandbox, qname, entry, remaining)
+
+    def _admit(
+        self, query: dns.message.Message, source: str, qname: str
+    ) -> SandboxNet | tuple[dns.message.Message, str]:
+        """The sandbox behind ``source`` if its policy (now) lets it look ``qname`` up; else
+        the refusal to send."""
+        sandbox = self._lookup(source)
+        if sandbox is None:
+            return reply(query, dns.rcode.REFUSED, dns.edns.EDECode.PROHIBITED), "unknown_source"
+        verdict = sandbox.policy.name_verdict(qname)
+        if not verdict.allowed:
+            self._deny(sandbox, DenialKind.DNS, qname, verdict.reason)
+            return self._blocked(query, verdict.reason, self._limits.denied_rcode), "denied"
+        return sandbox
 
     async def _fetch(
         self, query: dns.message.Message, sandbox: SandboxNet, key: CacheKey
