@@ -152,7 +152,7 @@ class NodeResolver:
         self._metrics = metrics
         self._clock = clock
         self._names = ResolvedNames(settings.names_per_sandbox, settings.max_sandboxes)
-        self.cache = AnswerCache(settings.cache_entries, settings.max_ttl)
+        self._cache = AnswerCache(settings.cache_entries, settings.max_ttl)
         self._answerer = Answerer(
             limits=AnswerLimits(
                 max_query_bytes=settings.max_query_bytes,
@@ -170,7 +170,7 @@ class NodeResolver:
                 settings.max_inflight,
             ),
             sink=sink,
-            cache=self.cache,
+            cache=self._cache,
             names=self._names,
             metrics=metrics,
             on_denied=on_denied,
