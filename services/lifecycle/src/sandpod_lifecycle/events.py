@@ -157,17 +157,19 @@ class Events:
         self,
         *,
         name: str,
-        namespace: str,
         kind: str,
         destination: str,
-        port: int | None,
         rule: str,
+        port: int | None = None,
         count: int = 1,
+        namespace: str = "",
     ) -> bool:
-        """``network.denied``: an enforcer (``kind``: dns, connect or sni) refused
+        """``network.denied``: an enforcer (``kind``: dns, rebinding, connect or sni) refused
         ``destination`` by ``rule``. Denials have a token bucket of their own per sandbox (a
         sandbox hammering a blocked address never silences its lifecycle events). Returns
-        whether it went out: a caller that was refused adds ``count`` to its next one."""
+        whether it went out: a caller that was refused adds ``count`` to its next one.
+        ``namespace`` may be unknown to an enforcer (it knows sandbox ids, which are unique
+        across namespaces): empty then."""
         if not self._allowed(f"{name}#denied", namespace, "network.denied"):
             return False
         event = NetworkEvent(

@@ -169,8 +169,9 @@ class SandboxEvent(Message):
 class NetworkEvent(Message):
     """Published on ``<prefix>.events.network.<name>.<type>``: ``updated`` when a runtime
     applied a sandbox's policy (``policy``, ``enforced``, ``reason``), ``denied`` when an
-    enforcer refused a destination (``kind``: dns, connect or sni; ``destination``: the name
-    or address; ``port``; ``rule``: the deny rule or ``mode:<mode>`` / ``special-range``).
+    enforcer refused a destination (``kind``: dns, rebinding, connect or sni; ``destination``:
+    the name or address; ``port``; ``rule``: the deny rule or ``mode:<mode>`` /
+    ``special-range``).
     Denials are rate-limited per sandbox: ``count`` says how many this one stands for."""
 
     TYPE = "event.network"
@@ -182,7 +183,7 @@ class NetworkEvent(Message):
     policy: dict[str, Any] | None = None  # updated: the applied policy (wire form)
     enforced: bool = False  # updated: whether the runtime enforces it entirely
     reason: str = ""  # updated: what is not enforced and why
-    kind: str = ""  # denied: dns, connect or sni
+    kind: str = ""  # denied: dns, rebinding, connect or sni
     destination: str = ""  # denied: the name or address refused
     port: int | None = None  # denied: the destination port (nil for a DNS query)
     rule: str = ""  # denied: the rule (or mode:<mode>, special-range, metadata) that refused
