@@ -46,6 +46,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("watch_cmd", "print file events in a sandbox as they happen"),
     "mcp": ("mcp_cmd", "serve Sandpod tools over MCP (stdio by default)"),
     "creds": ("creds_cmd", "credentials: a tenant's NATS credential"),
+    "port-forward": ("portfwd_cmd", "forward local ports to a sandbox's ports (via the gateway)"),
+    "expose": ("portfwd_cmd", "a preview URL of a sandbox's port (signed, or --public)"),
     "image": ("image_cmd", "images in this node's store: pull, ls, rm, prune"),
 }
 
