@@ -27,7 +27,7 @@ import sys
 from urllib.parse import parse_qs, urlsplit
 
 PATTERN = bytes(range(256)) * 4096  # 1 MiB
-WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC11B65"
+WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 released = asyncio.Semaphore(0)
 
 
