@@ -32,6 +32,7 @@ from http.cookies import CookieError, SimpleCookie
 from starlette.types import Receive, Scope, Send
 
 from sandpod_contract.errors import SandboxPaused, SandboxUnavailable
+from sandpod_contract.resources import Phase
 from sandpod_gateway.context import Context
 from sandpod_gateway.errors import LinkInvalid, Unauthenticated, sandbox_not_found
 from sandpod_gateway.keys import ApiKey, parse_token
@@ -200,7 +201,7 @@ class PreviewGate:
     def _ready(
         found: SandboxPorts, route: PreviewRoute, tenant: str | None, cookie: str | None
     ) -> Admitted:
-        if found.phase == "Paused":
+        if found.phase == Phase.PAUSED:
             raise SandboxPaused(f"sandbox {route.segment!r} is paused: resume it first")
         if found.address is None:
             raise SandboxUnavailable(
