@@ -108,6 +108,76 @@ async def ws_echo(r: asyncio.StreamReader, w: asyncio.StreamWriter, hdrs: dict[s
         await w.drain()
 
 
+class Request:
+    def __init__(self, method: str, target: str, pairs: list[list[str]], body: bytes) -> None:
+        self.method, self.pairs, self.body = method, pairs, body
+        self.url = urlsplit(target)
+        self.q = {k: v[0] for k, v in parse_qs(self.url.query, keep_blank_values=True).items()}
+
+
+async def do_ping(w: asyncio.StreamWriter, req: Request) -> None:
+    await reply(w, 200, b"pong", "text/plain")
+
+
+async def do_echo(w: asyncio.StreamWriter, req: Request) -> None:
+    data = {
+        "method": req.method,
+        "path": req.url.path,
+        "query": req.url.query,
+        "headers": req.pairs,
+        "body_len": len(req.body),
+    }
+    await reply(w, 200, json.dumps(data).encode(), "application/json")
+
+
+async def do_bytes(w: asyncio.StreamWriter, req: Request) -> None:
+    n = int(req.q.get("n", "0"))
+    w.write(head(200, {"content-type": "application/octet-stream", "content-length": str(n)}))
+    left = n
+    while left:
+        part = PATTERN[: min(left, len(PATTERN))]
+        w.write(part)
+        left -= len(part)
+        await w.drain()
+
+
+async def do_sse(w: asyncio.StreamWriter, req: Request) -> None:
+    sse = {"content-type": "text/event-stream", "transfer-encoding": "chunked"}
+    w.write(head(200, {**sse, "cache-control": "no-cache"}))
+    for k in range(int(req.q.get("n", "3"))):
+        if k:
+            await released.acquire()
+        event = f"id: {k}\ndata: event {k}\n\n".encode()
+        w.write(b"%x\r\n%b\r\n" % (len(event), event))
+        await w.drain()
+    w.write(b"0\r\n\r\n")
+
+
+async def do_release(w: asyncio.StreamWriter, req: Request) -> None:
+    released.release()
+    await reply(w, 200, b"released", "text/plain")
+
+
+async def do_poll(w: asyncio.StreamWriter, req: Request) -> None:
+    await asyncio.sleep(float(req.q.get("hold", "1")))
+    await reply(w, 200, b"polled", "text/plain")
+
+
+async def do_upload(w: asyncio.StreamWriter, req: Request) -> None:
+    digest = {"sha256": hashlib.sha256(req.body).hexdigest(), "length": len(req.body)}
+    await reply(w, 200, json.dumps(digest).encode(), "application/json")
+
+
+ROUTES = {
+    "/ping": do_ping,
+    "/bytes": do_bytes,
+    "/sse": do_sse,
+    "/release": do_release,
+    "/poll": do_poll,
+    "/upload": do_upload,
+}
+
+
 async def serve_one(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> bool:
     """One request; False when the connection is done."""
     try:
@@ -123,62 +193,16 @@ async def serve_one(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> bool:
             k, _, v = line.partition(":")
             hdrs[k.strip().lower()] = v.strip()
             pairs.append([k.strip().lower(), v.strip()])
-    url = urlsplit(target)
-    q = {k: v[0] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
-    body = await read_body(r, hdrs)
-    path = url.path
+    req = Request(method, target, pairs, await read_body(r, hdrs))
+    path = req.url.path
     if path == "/ws" and hdrs.get("upgrade", "").lower() == "websocket":
         await ws_echo(r, w, hdrs)
         return False
-    if path == "/ping":
-        await reply(w, 200, b"pong", "text/plain")
-    elif path.startswith("/echo"):
-        data = {
-            "method": method,
-            "path": path,
-            "query": url.query,
-            "headers": pairs,
-            "body_len": len(body),
-        }
-        await reply(w, 200, json.dumps(data).encode(), "application/json")
-    elif path == "/bytes":
-        n = int(q.get("n", "0"))
-        w.write(head(200, {"content-type": "application/octet-stream", "content-length": str(n)}))
-        left = n
-        while left:
-            part = PATTERN[: min(left, len(PATTERN))]
-            w.write(part)
-            left -= len(part)
-            await w.drain()
-    elif path == "/sse":
-        w.write(
-            head(
-                200,
-                {
-                    "content-type": "text/event-stream",
-                    "transfer-encoding": "chunked",
-                    "cache-control": "no-cache",
-                },
-            )
-        )
-        for k in range(int(q.get("n", "3"))):
-            if k:
-                await released.acquire()
-            event = f"id: {k}\ndata: event {k}\n\n".encode()
-            w.write(b"%x\r\n%b\r\n" % (len(event), event))
-            await w.drain()
-        w.write(b"0\r\n\r\n")
-    elif path == "/release":
-        released.release()
-        await reply(w, 200, b"released", "text/plain")
-    elif path == "/poll":
-        await asyncio.sleep(float(q.get("hold", "1")))
-        await reply(w, 200, b"polled", "text/plain")
-    elif path == "/upload":
-        digest = {"sha256": hashlib.sha256(body).hexdigest(), "length": len(body)}
-        await reply(w, 200, json.dumps(digest).encode(), "application/json")
-    else:
+    route = ROUTES.get(path, do_echo if path.startswith("/echo") else None)
+    if route is None:
         await reply(w, 404, b"no such page", "text/plain")
+    else:
+        await route(w, req)
     await w.drain()
     return hdrs.get("connection", "").lower() != "close"
 

@@ -128,9 +128,9 @@ async def _site(
 
 
 @pytest.fixture
-async def clock() -> AsyncIterator[list[float]]:
+def clock() -> list[float]:
     """A wall clock the test moves (``clock[0]``): preview links expire by it."""
-    yield [time.time()]
+    return [time.time()]
 
 
 async def test_who_may_open_a_preview(

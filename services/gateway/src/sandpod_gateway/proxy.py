@@ -33,8 +33,10 @@ __all__ = ["HOP_BY_HOP", "ConnectionPool", "UpstreamRequest", "relay_http"]
 
 log = structlog.get_logger("sandpod.gateway.proxy")
 
-CHUNK = 256 * 1024  # bytes read from the upstream per body piece
-HEAD_LIMIT = 64 * 1024  # the response head may not be larger
+CHUNK = 1024 * 1024  # bytes read from the upstream per body piece (at most)
+# The stream's buffer limit: the response head may not be larger, and the transport stops
+# reading at twice it (so it also sets how much one read can return: small caps throughput).
+HEAD_LIMIT = 1024 * 1024
 HOP_BY_HOP = frozenset(
     {
         b"connection",

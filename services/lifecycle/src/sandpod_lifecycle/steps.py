@@ -371,6 +371,7 @@ class Steps:
         event: str | None,
         cond: Condition | None,
         extra: tuple[Condition, ...] = (),
+        *,
         address: str | None = None,
     ) -> Resource:
         endpoint = {"subjectPrefix": self.subjects.sandbox_prefix(view.name)}
