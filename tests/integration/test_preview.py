@@ -31,6 +31,8 @@ import websockets
 from gateway_harness import Gateway, GatewayFactory, mint_key, start_gateway  # noqa: F401
 
 from conftest import NatsServer, free_port
+from sandpod import AsyncSandbox
+from sandpod.errors import SandboxNotFound
 from sandpod_gateway.keys import KeyStore
 
 __all__: list[str] = []
@@ -269,6 +271,33 @@ async def test_public_ports_and_host_routing(
                 return (await anon2.get(f"{site.base}/ping")).status_code == 401
 
         await _until(private_on_replica, "the other replica to see the port private", 10)
+
+
+async def test_sdk_expose_and_url(
+    start_gateway: GatewayFactory, lifecycle_on: Callable[[str], str], nats: NatsServer
+) -> None:
+    """``sbx.url(port)`` is a signed link that opens without a key; ``sbx.expose(port,
+    public=True)`` a plain URL until ``sbx.unexpose(port)``; the SDK names the sandbox by its id."""
+    site = await _site(start_gateway, lifecycle_on, "process")
+    access = {"gateway": site.gw.url, "api_key": site.key}
+    prefix = site.gw.service.settings.prefix
+    async with (
+        await AsyncSandbox.connect(site.sid, nats_url=nats.url, prefix=prefix) as sbx,
+        httpx.AsyncClient() as anon,
+    ):
+        link = await sbx.url(site.port, ttl=30, **access)
+        assert "?token=spl1." in link
+        assert (await anon.get(link.replace("/?", "/ping?"))).text == "pong"
+        shown = await sbx.expose(site.port, public=True, **access)
+        assert shown.public and shown.token is None and shown.host_url
+        assert (await anon.get(shown.url + "ping")).text == "pong"
+        await sbx.unexpose(site.port, **access)
+        anon.cookies.clear()  # the signed link's cookie still opens it, until the link expires
+        assert (await anon.get(shown.url + "ping")).status_code == 401
+        with pytest.raises(SandboxNotFound):
+            await sbx.expose(
+                site.port, api_key=await mint_key(site.gw, "other"), gateway=site.gw.url
+            )
 
 
 @pytest.mark.parametrize("runtime", ["process", "local"])
