@@ -279,19 +279,19 @@ async def test_sdk_expose_and_url(
     """``sbx.url(port)`` is a signed link that opens without a key; ``sbx.expose(port,
     public=True)`` a plain URL until ``sbx.unexpose(port)``; the SDK names the sandbox by its id."""
     site = await _site(start_gateway, lifecycle_on, "process")
-    access = {"gateway": site.gw.url, "api_key": site.key}
+    gw, key = site.gw.url, site.key
     prefix = site.gw.service.settings.prefix
     async with (
         await AsyncSandbox.connect(site.sid, nats_url=nats.url, prefix=prefix) as sbx,
         httpx.AsyncClient() as anon,
     ):
-        link = await sbx.url(site.port, ttl=30, **access)
+        link = await sbx.url(site.port, ttl=30, gateway=gw, api_key=key)
         assert "?token=spl1." in link
         assert (await anon.get(link.replace("/?", "/ping?"))).text == "pong"
-        shown = await sbx.expose(site.port, public=True, **access)
+        shown = await sbx.expose(site.port, public=True, gateway=gw, api_key=key)
         assert shown.public and shown.token is None and shown.host_url
         assert (await anon.get(shown.url + "ping")).text == "pong"
-        await sbx.unexpose(site.port, **access)
+        await sbx.unexpose(site.port, gateway=gw, api_key=key)
         anon.cookies.clear()  # the signed link's cookie still opens it, until the link expires
         assert (await anon.get(shown.url + "ping")).status_code == 401
         with pytest.raises(SandboxNotFound):
