@@ -93,12 +93,18 @@ class UpstreamRequest:
 
 
 class ConnectionPool:
-    """Idle keep-alive connections per (address, port), at most ``max_idle`` each (bounded)."""
+    """Idle keep-alive connections per (address, port), at most ``max_idle`` each and
+    ``max_total`` in all (the least recently used target's go first: a deleted sandbox's
+    connections do not linger)."""
 
-    def __init__(self, connect_timeout: float, max_idle: int = 32) -> None:
+    def __init__(self, connect_timeout: float, max_idle: int = 32, max_total: int = 512) -> None:
         self._timeout = connect_timeout
         self._max_idle = max_idle
-        self._idle: dict[tuple[str, int], collections.deque[_Conn]] = {}
+        self._max_total = max_total
+        self._total = 0
+        self._idle: collections.OrderedDict[tuple[str, int], collections.deque[_Conn]] = (
+            collections.OrderedDict()
+        )
 
     async def acquire(self, address: str, port: int, fresh: bool = False) -> _Conn:
         """A connection to ``address:port``: an idle one unless ``fresh``.
@@ -110,6 +116,9 @@ class ConnectionPool:
         idle = self._idle.get(key)
         while idle and not fresh:
             conn = idle.pop()
+            self._total -= 1
+            if not idle:
+                del self._idle[key]  # no empty entries left behind for gone sandboxes
             if not conn.reader.at_eof() and not conn.writer.is_closing():
                 conn.reused = True
                 return conn
@@ -132,17 +141,30 @@ class ConnectionPool:
         return _Conn((address, port), reader, writer)
 
     def release(self, conn: _Conn, reusable: bool) -> None:
-        idle = self._idle.setdefault(conn.key, collections.deque())
-        if reusable and len(idle) < self._max_idle and not conn.writer.is_closing():
-            idle.append(conn)
-            return
+        if reusable and not conn.writer.is_closing():
+            idle = self._idle.setdefault(conn.key, collections.deque())
+            self._idle.move_to_end(conn.key)
+            if len(idle) < self._max_idle:
+                idle.append(conn)
+                self._total += 1
+                self._evict()
+                return
         conn.writer.close()
+
+    def _evict(self) -> None:
+        while self._total > self._max_total:
+            key, oldest = next(iter(self._idle.items()))
+            oldest.popleft().writer.close()
+            self._total -= 1
+            if not oldest:
+                del self._idle[key]
 
     def close(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
                 conn.writer.close()
         self._idle.clear()
+        self._total = 0
 
 
 async def relay_http(
