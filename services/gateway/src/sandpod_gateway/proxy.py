@@ -33,10 +33,13 @@ __all__ = ["HOP_BY_HOP", "ConnectionPool", "UpstreamRequest", "relay_http"]
 
 log = structlog.get_logger("sandpod.gateway.proxy")
 
-CHUNK = 1024 * 1024  # bytes read from the upstream per body piece (at most)
 # The stream's buffer limit: the response head may not be larger, and the transport stops
 # reading at twice it (so it also sets how much one read can return: small caps throughput).
 HEAD_LIMIT = 1024 * 1024
+# At most this much per body piece: more than the buffer ever holds, so a read takes all of it
+# (reading a part would shift the rest of the buffer down: a copy per read, measured at half
+# the proxy's CPU on a 1 GiB download).
+CHUNK = 4 * HEAD_LIMIT
 HOP_BY_HOP = frozenset(
     {
         b"connection",
