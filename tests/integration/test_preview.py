@@ -250,6 +250,13 @@ async def test_public_ports_and_host_routing(
         assert r.json()["url"] == f"{site.gw.url}{site.base}/"
         assert (await anon.get(f"{site.base}/ping")).text == "pong"
         assert (await anon.get("/ping", headers=host)).text == "pong"
+        async with websockets.connect(  # a WebSocket in the host form, no credentials
+            f"ws://{site.host}:{site.gw.service.port}/ws",
+            host="127.0.0.1",
+            port=site.gw.service.port,
+        ) as ws:
+            await ws.send("over the host form")
+            assert await ws.recv() == "over the host form"
         other_port = f"/v1/sandboxes/{site.sid}/ports/{site.port + 1}/ping"
         assert (await anon.get(other_port)).status_code == 401  # only that port
         listed = (await c.get("/v1/sandboxes/web/previews")).json()["items"]
