@@ -5,9 +5,11 @@ loopback sockets."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import pytest
+from gateway_harness import GatewayFactory, start_gateway  # noqa: F401
 
 from sandpod_gateway.errors import LinkExpired, LinkInvalid, PortUnreachable
 from sandpod_gateway.links import LinkSigner
@@ -126,3 +128,17 @@ async def test_the_pool_keeps_a_bounded_number_of_idle_connections() -> None:
             s.close()
         for w in accepted:
             w.close()
+
+
+async def test_lookups_without_credentials_are_rate_limited(start_gateway: GatewayFactory) -> None:
+    """Made-up sandbox ids without credentials cost control-plane reads: past the burst they
+    get 429 with Retry-After, before any read."""
+    gw = await start_gateway(prefix=f"q{uuid.uuid4().hex[:8]}", rate=0.001, burst=3)
+    async with gw.client() as anon:
+        codes = [
+            (await anon.get(f"/v1/sandboxes/made-up-{i}/ports/80/")).status_code for i in range(5)
+        ]
+        r = await anon.get("/v1/sandboxes/made-up-9/ports/80/")
+    assert codes[:3] == [503, 503, 503]  # no lifecycle on this prefix: a retryable 503
+    assert codes[3:] == [429, 429] and r.status_code == 429
+    assert r.json()["code"] == "busy.rate_limited" and int(r.headers["retry-after"]) >= 1

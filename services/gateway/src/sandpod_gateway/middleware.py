@@ -150,11 +150,7 @@ class GatewayMiddleware:
             ok = await self.preview.admit(scope, route)
         except SandpodError as exc:
             self.ctx.metrics.rejected.labels(exc.code.split(".", 1)[0]).inc()
-            extra = (
-                {"www-authenticate": 'Bearer realm="sandpod"'}
-                if exc.code.startswith("auth.")
-                else {}
-            )
+            extra = _refusal_headers(exc)
             await self._refuse(scope, send, exc, extra)
             return ""
         structlog.contextvars.bind_contextvars(sandbox_id=ok.target.sandbox_id)
@@ -272,6 +268,15 @@ class GatewayMiddleware:
             }
         )
         await send({"type": f"{prefix}http.response.body", "body": body})
+
+
+def _refusal_headers(exc: SandpodError) -> dict[str, str]:
+    """What a preview refusal adds: the auth challenge, or when to retry."""
+    if exc.code.startswith("auth."):
+        return {"www-authenticate": 'Bearer realm="sandpod"'}
+    if "retry_after" in exc.details:
+        return {"retry-after": str(exc.details["retry_after"])}
+    return {}
 
 
 def _request_id(headers: list[tuple[bytes, bytes]]) -> str:

@@ -15,7 +15,8 @@ than an API key. In order:
    is not revoked (else 403 ``auth.link_invalid`` / 401 ``auth.link_expired``);
 3. a port the owner made public (the Sandbox's reserved annotation): yes, without credentials;
 4. otherwise: with another tenant's key 404 (exactly like a missing sandbox), without any 401 —
-   a request without credentials never learns whether a sandbox exists.
+   a request without credentials never learns whether a sandbox exists. The Sandbox reads such
+   requests cause (step 3, when not cached) are rate-limited per client address (429).
 
 Before forwarding, the gateway's own credentials are removed (its key headers, the link token in
 the query, its cookie) and ``X-Forwarded-For/-Proto/-Host/-Prefix`` are added. Bytes go straight
@@ -34,7 +35,12 @@ from starlette.types import Receive, Scope, Send
 from sandpod_contract.errors import SandboxPaused, SandboxUnavailable
 from sandpod_contract.resources import Phase
 from sandpod_gateway.context import Context
-from sandpod_gateway.errors import LinkInvalid, Unauthenticated, sandbox_not_found
+from sandpod_gateway.errors import (
+    LinkInvalid,
+    RateLimited,
+    Unauthenticated,
+    sandbox_not_found,
+)
 from sandpod_gateway.keys import ApiKey, parse_token
 from sandpod_gateway.links import Link, looks_like_link
 from sandpod_gateway.proxy import HOP_BY_HOP, UpstreamRequest, relay_http
@@ -117,6 +123,7 @@ class PreviewGate:
             cookie = self._cookie(scope, route, token, link) if from_query else None
             return await self._target(link.sandbox_id, route, link.tenant, cookie)
         if global_id is not None:
+            self._limit_lookups(scope, global_id)
             found = await self.ctx.targets.get(global_id)
             if found is not None and route.port in found.public:
                 return self._ready(found, route, None, None)
@@ -176,6 +183,21 @@ class PreviewGate:
         app's own). Raises Unauthenticated for one of ours that is unknown or revoked."""
         token = _our_key(scope)
         return None if token is None else await self.ctx.keys.verify(token)
+
+    def _limit_lookups(self, scope: Scope, sandbox_id: str) -> None:
+        """Requests without credentials may make the gateway read a Sandbox (is the port
+        public?): those reads are rate-limited per client address like a key's requests, so
+        made-up ids cannot flood the control plane (answers from the cache are free).
+
+        Raises:
+            RateLimited: too many uncached lookups from this address.
+        """
+        if self.ctx.targets.known(sandbox_id):
+            return
+        client = scope.get("client")
+        wait = self.ctx.limiter.take(f"preview-lookup:{client[0] if client else ''}")
+        if wait > 0:
+            raise RateLimited(retry_after=max(1, int(wait + 0.999)))
 
     async def _link(self, token: str, sandbox_id: str | None, port: int) -> Link:
         if sandbox_id is None:

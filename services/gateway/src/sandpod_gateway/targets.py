@@ -104,6 +104,11 @@ class Targets:
             self._cache.popitem(last=False)
         return found
 
+    def known(self, sandbox_id: str) -> bool:
+        """Whether ``get`` would answer from the cache (no control-plane request)."""
+        hit = self._cache.get(sandbox_id)
+        return hit is not None and hit[0] > self._clock()
+
     def forget(self, sandbox_id: str) -> None:
         """Drop what this replica knows of ``sandbox_id`` (its exposure just changed)."""
         self._cache.pop(sandbox_id, None)
