@@ -373,6 +373,11 @@ async def test_streams_websockets_and_big_bodies(
         for _ in range(BIG // len(pattern)):
             expected.update(pattern)
         assert (size, digest.hexdigest()) == (BIG, expected.hexdigest())
+        async with c.stream("GET", f"{site.base}/bytes", params={"n": BIG}) as r:
+            async for _ in r.aiter_raw():
+                break  # a client that leaves mid-body: the upstream connection is dropped
+        for _ in range(3):  # and the next requests get fresh, working connections
+            assert (await c.get(f"{site.base}/ping")).text == "pong"
         await c.delete("/v1/sandboxes/web", params={"wait": 30})
 
 
