@@ -16,6 +16,7 @@ from typing import Any
 
 from sandpod_contract.builds import TemplateBuild
 from sandpod_contract.errors import ResourceInvalid
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.times import from_rfc3339
 
 __all__ = [
@@ -242,6 +243,7 @@ class SandboxSpec:
     idle_timeout_seconds: int | None = None
     operating_mode: OperatingMode = OperatingMode.RUNNING
     env: tuple[EnvVar, ...] = ()
+    network: NetworkPolicy | None = None  # None: the template's (sandpod_contract.network)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxSpec:
@@ -270,6 +272,7 @@ class SandboxSpec:
                 "spec.operatingMode", OperatingMode, raw.get("operatingMode", "Running")
             ),
             env=EnvVar.parse("spec.env", raw.get("env")),
+            network=None if raw.get("network") is None else NetworkPolicy.from_dict(raw["network"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,6 +288,8 @@ class SandboxSpec:
             out["idleTimeoutSeconds"] = self.idle_timeout_seconds
         if self.env:
             out["env"] = [{"name": e.name, "value": e.value} for e in self.env]
+        if self.network is not None:
+            out["network"] = self.network.to_dict()
         return out
 
 
@@ -375,11 +380,16 @@ class SandboxTemplateSpec:
     user: str = "sandbox"
     env: tuple[EnvVar, ...] = ()
     resources: TemplateResources = dataclasses.field(default_factory=TemplateResources)
-    egress: tuple[str, ...] = ()  # wire: network.egress
+    network: NetworkPolicy = dataclasses.field(default_factory=NetworkPolicy)
     default_lifetime_seconds: int = 3600
     idle_timeout_seconds: int = 900
     security: TemplateSecurity = dataclasses.field(default_factory=TemplateSecurity)
     build: TemplateBuild | None = None  # how the template is built (sandpod_contract.builds)
+
+    @property
+    def egress(self) -> tuple[str, ...]:
+        """The ``allow`` rules' texts (what a Kubernetes NetworkPolicy can be made of)."""
+        return tuple(r.text for r in self.network.allow)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxTemplateSpec:
@@ -393,10 +403,6 @@ class SandboxTemplateSpec:
         if "disk" in res and _bytes(str(res["disk"])) < MIN_DISK:
             raise _fail("spec.resources.disk", f"{res['disk']!r} is below the minimum of 16Mi")
         pids = res.get("pids")
-        net = raw.get("network") or {}
-        egress = net.get("egress") or [] if isinstance(net, Mapping) else None
-        if not isinstance(egress, list) or not all(isinstance(e, str) for e in egress):
-            raise _fail("spec.network.egress", "must be a list of strings")
         return cls(
             image=raw.get("image"),
             rootfs=raw.get("rootfs"),
@@ -409,7 +415,7 @@ class SandboxTemplateSpec:
                 pids=None if pids is None else _int("spec.resources.pids", pids, 1),
                 disk=res.get("disk"),
             ),
-            egress=tuple(egress),
+            network=NetworkPolicy.from_dict(raw.get("network")),
             default_lifetime_seconds=_int(
                 "spec.defaultLifetimeSeconds", raw.get("defaultLifetimeSeconds", 3600), 1
             ),
