@@ -14,6 +14,7 @@ from sandpod_contract.codec import Message, pack, to_map
 from sandpod_contract.messages.node import NodeSandboxes, Release, Serve
 from sandpod_contract.messages.pools import Scale
 from sandpod_contract.messages.sandboxes import (
+    Expose,
     ObjectReply,
     ObjectRequest,
     ObjectsReply,
@@ -29,6 +30,7 @@ __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 RULES: dict[str, dict[str, dict[str, Any]]] = {
     "api.ref": {"name": {"minLength": 1}},
     "api.renew": {"seconds": {"exclusiveMinimum": 0}},
+    "api.expose": {"name": {"minLength": 1}, "port": {"minimum": 1, "maximum": 65535}},
     "api.scale": {"name": {"minLength": 1}, "replicas": {"minimum": 0}},
 }
 MESSAGE_RULES: dict[str, dict[str, Any]] = {
@@ -137,6 +139,10 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("shutdown-time", Renew(name="demo", shutdown_time="2026-11-30T08:00:00Z")),
         ("minimal", Renew(name="demo", seconds=600.0)),
     ],
+    "api.expose": [
+        ("full", Expose(name="demo", namespace="team-a", port=8000, public=False)),
+        ("minimal", Expose(name="demo", port=8000)),
+    ],
     "api.selection": [
         ("full", Selection(namespace="team-a", selector="app=agent,tier!=batch", limit=100)),
         ("minimal", Selection()),
@@ -232,6 +238,7 @@ REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
         "exactly one of seconds or shutdown_time",
     ),
     ("renew-zero", Renew, pack({**_REF, "seconds": 0.0}), "bad_request", True, "seconds > 0"),
+    ("expose-port-zero", Expose, pack({**_REF, "port": 0}), "bad_request", True, "port 1..65535"),
     (
         "negative-replicas",
         Scale,

@@ -257,6 +257,7 @@ class LifecycleService:
             ("sandboxes", "renew"): api.renew,
             ("sandboxes", "pause"): api.pause,
             ("sandboxes", "resume"): api.resume,
+            ("sandboxes", "expose"): api.expose,
             ("templates", "apply"): api.template_apply,
             ("templates", "get"): api.template_get,
             ("templates", "list"): api.template_list,

@@ -172,6 +172,8 @@ class Steps:
             await self._observe_generation(view)
         ):
             return Outcome.RETRY
+        elif instance.address and instance.address != view.status.endpoint.get("address"):
+            await self._set(view, phase, None, None, address=instance.address)  # a new Pod IP
         end = expires_at(view)
         if end is not None:
             self._wake_at(view.key, end)
@@ -212,7 +214,9 @@ class Steps:
         self._failures.pop(view.key, None)
         isolated = self._isolation(instance.protections)
         ready = Condition(ConditionType.READY, "True", ConditionReason.EXECD_READY, "execd answers")
-        updated = await self._set(view, Phase.RUNNING, "ready", ready, extra=(isolated,))
+        updated = await self._set(
+            view, Phase.RUNNING, "ready", ready, extra=(isolated,), address=instance.address
+        )
         if view.spec.operating_mode is OperatingMode.PAUSED:
             return await self._step(SandboxView.of(updated), "")
         return Outcome.DONE
@@ -367,13 +371,20 @@ class Steps:
         event: str | None,
         cond: Condition | None,
         extra: tuple[Condition, ...] = (),
+        *,
+        address: str | None = None,
     ) -> Resource:
+        endpoint = {"subjectPrefix": self.subjects.sandbox_prefix(view.name)}
+        # Where the gateway reaches the sandbox's ports: the instance's, or the one recorded.
+        where = address or view.status.endpoint.get("address")
+        if where and phase in (Phase.RUNNING, Phase.PAUSED):
+            endpoint["address"] = where
         status = dataclasses.replace(
             view.status,
             phase=phase,
             observed_generation=view.obj.metadata.generation,
             shutdown_time=view.spec.shutdown_time,
-            endpoint={"subjectPrefix": self.subjects.sandbox_prefix(view.name)},
+            endpoint=endpoint,
         )
         now = self._clock.now()
         for c in (*(() if cond is None else (cond,)), *extra):

@@ -23,7 +23,9 @@ from sandpod_contract.operations import Operation
 
 __all__ = [
     "CONTROL_PLANE",
+    "PUBLIC_PORTS_ANNOTATION",
     "SANDBOX_EVENT_TYPES",
+    "Expose",
     "ObjectReply",
     "ObjectRequest",
     "ObjectsReply",
@@ -81,6 +83,30 @@ class Renew(Message):
             raise ValueError("exactly one of 'seconds' or 'shutdown_time' is required")
         if self.seconds is not None and not self.seconds > 0:
             raise ValueError("seconds must be > 0")
+
+
+# Reserved annotation on a Sandbox: the TCP ports anyone may reach through the gateway's preview
+# URLs without a key, comma-separated ascending ("3000,8000"). Written only by lifecycle's
+# ``expose`` verb (a client's object may not carry it: ``sandpod.dev/`` is reserved).
+PUBLIC_PORTS_ANNOTATION = "sandpod.dev/public-ports"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Expose(Message):
+    """``expose``: make TCP ``port`` of a Sandbox public through the gateway's preview URLs
+    (``public``), or private again; recorded in :data:`PUBLIC_PORTS_ANNOTATION`."""
+
+    TYPE = "api.expose"
+    name: str
+    namespace: str = "default"
+    port: int
+    public: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name is required")
+        if isinstance(self.port, bool) or not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be 1..65535, got {self.port!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +186,14 @@ CONTROL_PLANE: tuple[Operation, ...] = (
         "sandboxes", "pause", Ref, ObjectReply, "freeze a Sandbox (operatingMode Paused)", _CHANGE
     ),
     Operation("sandboxes", "resume", Ref, ObjectReply, "thaw a Sandbox", _CHANGE),
+    Operation(
+        "sandboxes",
+        "expose",
+        Expose,
+        ObjectReply,
+        "make a port of a Sandbox public (or private) through the gateway",
+        _CHANGE,
+    ),
     Operation(
         "templates",
         "apply",
