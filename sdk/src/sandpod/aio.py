@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the families are imported on first use: see AsyncSandbox.fs
     from sandpod.git import AsyncGit
     from sandpod.network import AsyncNetwork
     from sandpod.pools import ClaimInfo
+    from sandpod.preview import Preview
     from sandpod.proc import AsyncProcesses
     from sandpod.pty import AsyncPtys
     from sandpod.session import AsyncSessions
@@ -329,6 +330,49 @@ class AsyncSandbox:
             self.bus, self.subjects, "sandboxes", "resume", ref, ObjectReply, timeout=wait + 10
         )
         return SandboxInfo.of(reply.object)
+
+    async def expose(
+        self,
+        port: int,
+        *,
+        public: bool = False,
+        ttl: float | None = None,
+        gateway: str | None = None,
+        api_key: str | None = None,
+    ) -> Preview:
+        """Preview URLs of ``port`` through the gateway: a signed link valid ``ttl`` seconds
+        (the gateway's default: an hour), or, with ``public=True``, a URL anyone may open until
+        :meth:`unexpose`. ``gateway``/``api_key``: default ``$SANDPOD_GATEWAY_URL`` /
+        ``$SANDPOD_API_KEY``, else a local ``sandpod up``'s
+        (:func:`sandpod.preview.resolve_gateway`).
+
+        Raises:
+            BadRequest: no gateway or key configured, or a bad port or ttl.
+            SandboxNotFound: the key's tenant has no such sandbox.
+        """
+        from sandpod.preview import create_preview, resolve_gateway
+
+        gw = resolve_gateway(gateway, api_key)
+        return await create_preview(gw, self.id, port, public=public, ttl=ttl)
+
+    async def url(
+        self,
+        port: int,
+        *,
+        ttl: float | None = None,
+        gateway: str | None = None,
+        api_key: str | None = None,
+    ) -> str:
+        """A signed preview URL of ``port`` (path form), valid ``ttl`` seconds."""
+        return (await self.expose(port, ttl=ttl, gateway=gateway, api_key=api_key)).url
+
+    async def unexpose(
+        self, port: int, *, gateway: str | None = None, api_key: str | None = None
+    ) -> None:
+        """Make ``port`` private again (signed links keep working until they expire)."""
+        from sandpod.preview import remove_preview, resolve_gateway
+
+        await remove_preview(resolve_gateway(gateway, api_key), self.id, port)
 
     def events(self) -> AsyncIterator[SandboxEvent]:
         """Live lifecycle events of this sandbox (created, ready, paused, expired, ...)."""

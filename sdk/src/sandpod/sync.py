@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Self
 
 from sandpod._loop import run
+from sandpod._twins import twin
 from sandpod.aio import AsyncSandbox
 from sandpod.control import SandboxInfo
 from sandpod.exec.args import DEFAULT_TIMEOUT, Command
@@ -177,6 +178,10 @@ class Sandbox:
 
     def resume(self, wait: float = 30.0) -> SandboxInfo:
         return run(self._inner.resume(wait))
+
+    expose = twin(AsyncSandbox.expose)
+    url = twin(AsyncSandbox.url)
+    unexpose = twin(AsyncSandbox.unexpose)
 
     def events(self) -> Iterator[SandboxEvent]:
         """Live lifecycle events (blocking iterator; break out of the loop to stop)."""

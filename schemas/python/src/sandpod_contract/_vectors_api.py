@@ -14,6 +14,7 @@ from sandpod_contract.codec import Message, pack, to_map
 from sandpod_contract.messages.node import NodeSandboxes, Release, Serve
 from sandpod_contract.messages.pools import Scale
 from sandpod_contract.messages.sandboxes import (
+    Expose,
     NetworkEvent,
     NetworkState,
     NetworkUpdate,
@@ -37,6 +38,7 @@ RULES: dict[str, dict[str, dict[str, Any]]] = {
         "reset": {"enum": [True]},
         "wait": {"minimum": 0},
     },
+    "api.expose": {"name": {"minLength": 1}, "port": {"minimum": 1, "maximum": 65535}},
     "api.scale": {"name": {"minLength": 1}, "replicas": {"minimum": 0}},
 }
 MESSAGE_RULES: dict[str, dict[str, Any]] = {
@@ -192,6 +194,10 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
             ),
         ),
     ],
+    "api.expose": [
+        ("full", Expose(name="demo", namespace="team-a", port=8000, public=False)),
+        ("minimal", Expose(name="demo", port=8000)),
+    ],
     "api.selection": [
         ("full", Selection(namespace="team-a", selector="app=agent,tier!=batch", limit=100)),
         ("minimal", Selection()),
@@ -340,6 +346,7 @@ REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
         "exactly one of policy or reset",
     ),
     ("renew-zero", Renew, pack({**_REF, "seconds": 0.0}), "bad_request", True, "seconds > 0"),
+    ("expose-port-zero", Expose, pack({**_REF, "port": 0}), "bad_request", True, "port 1..65535"),
     (
         "negative-replicas",
         Scale,

@@ -27,6 +27,8 @@ from sandpod_contract.errors import (
     ResourceNotFound,
 )
 from sandpod_contract.messages.sandboxes import (
+    PUBLIC_PORTS_ANNOTATION,
+    Expose,
     NetworkState,
     NetworkUpdate,
     ObjectReply,
@@ -211,6 +213,27 @@ class LifecycleApi:
         )
         return ObjectReply(object=obj.to_dict())
 
+    async def expose(self, req: Expose) -> ObjectReply:
+        """Record ``req.port`` as public (or not) in the Sandbox's reserved annotation, which
+        every gateway replica reads: the exposure outlives gateway restarts, and code in the
+        sandbox (which has no control-plane credential) cannot set it."""
+        req = scoped_ref(req, SANDBOX)
+
+        def change(obj: Resource) -> Resource:
+            annotations = dict(obj.metadata.annotations)
+            ports = public_ports(annotations)
+            ports = ports | {req.port} if req.public else ports - {req.port}
+            if ports:
+                annotations[PUBLIC_PORTS_ANNOTATION] = ",".join(map(str, sorted(ports)))
+            else:
+                annotations.pop(PUBLIC_PORTS_ANNOTATION, None)
+            return dataclasses.replace(
+                obj, metadata=dataclasses.replace(obj.metadata, annotations=annotations)
+            )
+
+        obj = await self._mutate(SANDBOX, req.namespace, req.name, change)
+        return ObjectReply(object=obj.to_dict())
+
     async def pause(self, req: Ref) -> ObjectReply:
         return await self._mode(req, OperatingMode.PAUSED)
 
@@ -341,6 +364,12 @@ class LifecycleApi:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(follow(), timeout)
         return last if last is not None else obj
+
+
+def public_ports(annotations: dict[str, str]) -> set[int]:
+    """The ports :data:`PUBLIC_PORTS_ANNOTATION` lists (malformed entries ignored)."""
+    raw = annotations.get(PUBLIC_PORTS_ANNOTATION, "")
+    return {int(p) for p in raw.split(",") if p.strip().isdigit() and 0 < int(p) < 65536}
 
 
 def _admin_only(verb: str) -> None:

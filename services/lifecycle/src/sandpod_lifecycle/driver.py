@@ -54,6 +54,10 @@ class Instance:
     # This instance's own protections when they differ per instance (a template loosened its
     # seccomp filter); None: the driver's ``protections()`` hold for every instance.
     protections: Mapping[str, str] | None = None
+    # Where the gateway reaches the instance's TCP ports (``status.endpoint["address"]``): an
+    # IP literal (the Pod IP; the sandbox's own address; 127.0.0.1 for the process runtime,
+    # whose commands listen on the host). None: not reachable (yet).
+    address: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -263,6 +263,7 @@ class LifecycleService:
             ("sandboxes", "resume"): api.resume,
             ("sandboxes", "network"): api.network,
             ("sandboxes", "set_network"): api.set_network,
+            ("sandboxes", "expose"): api.expose,
             ("templates", "apply"): api.template_apply,
             ("templates", "get"): api.template_get,
             ("templates", "list"): api.template_list,

@@ -179,6 +179,8 @@ class Steps:
             await self._observe_generation(view)
         ):
             return Outcome.RETRY
+        elif instance.address and instance.address != view.status.endpoint.get("address"):
+            await self._set(view, phase, None, None, address=instance.address)  # a new Pod IP
         end = expires_at(view)
         if end is not None:
             self._wake_at(view.key, end)
@@ -242,7 +244,13 @@ class Steps:
         isolated = self._isolation(instance.protections)
         ready = Condition(ConditionType.READY, "True", ConditionReason.EXECD_READY, "execd answers")
         updated = await self._set(
-            view, Phase.RUNNING, "ready", ready, extra=(isolated,), network=network
+            view,
+            Phase.RUNNING,
+            "ready",
+            ready,
+            extra=(isolated,),
+            network=network,
+            address=instance.address,
         )
         if view.spec.operating_mode is OperatingMode.PAUSED:
             return await self._step(SandboxView.of(updated), "")
@@ -400,14 +408,20 @@ class Steps:
         extra: tuple[Condition, ...] = (),
         *,
         network: NetworkStatus | None = None,
+        address: str | None = None,
     ) -> Resource:
+        endpoint = {"subjectPrefix": self.subjects.sandbox_prefix(view.name)}
+        # Where the gateway reaches the sandbox's ports: the instance's, or the one recorded.
+        where = address or view.status.endpoint.get("address")
+        if where and phase in (Phase.RUNNING, Phase.PAUSED):
+            endpoint["address"] = where
         status = dataclasses.replace(
             view.status,
             network=network or view.status.network,
             phase=phase,
             observed_generation=view.obj.metadata.generation,
             shutdown_time=view.spec.shutdown_time,
-            endpoint={"subjectPrefix": self.subjects.sandbox_prefix(view.name)},
+            endpoint=endpoint,
         )
         now = self._clock.now()
         for c in (*(() if cond is None else (cond,)), *extra):

@@ -24,7 +24,9 @@ from sandpod_contract.operations import Operation
 __all__ = [
     "CONTROL_PLANE",
     "NETWORK_EVENT_TYPES",
+    "PUBLIC_PORTS_ANNOTATION",
     "SANDBOX_EVENT_TYPES",
+    "Expose",
     "NetworkEvent",
     "NetworkState",
     "NetworkUpdate",
@@ -85,6 +87,30 @@ class Renew(Message):
             raise ValueError("exactly one of 'seconds' or 'shutdown_time' is required")
         if self.seconds is not None and not self.seconds > 0:
             raise ValueError("seconds must be > 0")
+
+
+# Reserved annotation on a Sandbox: the TCP ports anyone may reach through the gateway's preview
+# URLs without a key, comma-separated ascending ("3000,8000"). Written only by lifecycle's
+# ``expose`` verb (a client's object may not carry it: ``sandpod.dev/`` is reserved).
+PUBLIC_PORTS_ANNOTATION = "sandpod.dev/public-ports"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Expose(Message):
+    """``expose``: make TCP ``port`` of a Sandbox public through the gateway's preview URLs
+    (``public``), or private again; recorded in :data:`PUBLIC_PORTS_ANNOTATION`."""
+
+    TYPE = "api.expose"
+    name: str
+    namespace: str = "default"
+    port: int
+    public: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name is required")
+        if isinstance(self.port, bool) or not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be 1..65535, got {self.port!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,6 +276,14 @@ CONTROL_PLANE: tuple[Operation, ...] = (
         NetworkState,
         "replace (or reset to its template's) a Sandbox's egress policy at runtime",
         (*_CHANGE, ResourceInvalid),
+    ),
+    Operation(
+        "sandboxes",
+        "expose",
+        Expose,
+        ObjectReply,
+        "make a port of a Sandbox public (or private) through the gateway",
+        _CHANGE,
     ),
     Operation(
         "templates",

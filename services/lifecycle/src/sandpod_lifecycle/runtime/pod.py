@@ -322,6 +322,7 @@ class PodDriver:
             detail=problem.message if problem else where,
             reason=problem.reason if problem else None,
             terminal=problem.terminal if problem else False,
+            address=state.pod_ip or None,
         )
 
     async def inspect(self, sandbox_id: str) -> Instance | None:
