@@ -58,6 +58,7 @@ from sandpod_lifecycle.runtime.local import JAIL_FILE, LocalRuntime, LocalRuntim
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
+from sandpod_lifecycle.steps import Templates
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
 from sandpod_service.clock import REAL, Clock
@@ -129,7 +130,9 @@ class LifecycleService:
         if leading and self.reconciler is not None:
             self.reconciler.resync_soon()
 
-    def _driver(self) -> Driver:
+    def _driver(self, templates: Templates) -> Driver:
+        """The runtime's driver; ``templates`` reads a template's spec (the Pod runtime
+        re-renders a template's NetworkPolicy from it)."""
         state = self.settings.state_dir
         if self.settings.runtime == "kubernetes":
             from sandpod_kube import PodApi
@@ -156,6 +159,7 @@ class LifecycleService:
                 namespace=self.settings.kube.namespace,
                 freezer=self._freezer,
                 creds=creds,
+                templates=templates,
             )
         launcher = ExecdLauncher(
             state,
@@ -231,7 +235,7 @@ class LifecycleService:
         await events.setup()
         self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events, clock=self.clock)
-        driver = self._driver()
+        driver = self._driver(api.template)
         builds = self._builds(bus, store, driver)
         self.reconciler = Reconciler(
             store=store,
@@ -257,6 +261,9 @@ class LifecycleService:
             ("sandboxes", "renew"): api.renew,
             ("sandboxes", "pause"): api.pause,
             ("sandboxes", "resume"): api.resume,
+            ("sandboxes", "network"): api.network,
+            ("sandboxes", "set_network"): api.set_network,
+            ("sandboxes", "expose"): api.expose,
             ("templates", "apply"): api.template_apply,
             ("templates", "get"): api.template_get,
             ("templates", "list"): api.template_list,
