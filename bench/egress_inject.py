@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from egress_harness import make_test_ca
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.ca import InterceptionCA
-from sandpod_lifecycle.network.proxy import EgressProxy, ProxySettings, SandboxNet
+from sandpod_lifecycle.network.proxy import EgressProxy
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.network.proxythread import ProxyThread, listen
+from sandpod_lifecycle.network.sandboxnet import SandboxNet
 from sandpod_lifecycle.network.secretstore import FileSecretStore
 
 # The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed

@@ -22,8 +22,10 @@ import time
 from multiprocessing.connection import Connection
 
 from sandpod_contract.network import NetworkPolicy
-from sandpod_lifecycle.network.proxy import EgressProxy, ProxySettings, SandboxNet
+from sandpod_lifecycle.network.proxy import EgressProxy
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.network.proxythread import ProxyThread, listen
+from sandpod_lifecycle.network.sandboxnet import SandboxNet
 
 # The smoke run's tiny sizes (tests/integration/test_bench_smoke.py): it works, nothing timed
 SMOKE_ARGS = ["--mib", "4", "--rounds", "1"]

@@ -22,11 +22,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from sandpod_contract.network import NetworkPolicy
-from sandpod_lifecycle.network.proxy import Denial, EgressProxy, ProxySettings, SandboxNet
+from sandpod_lifecycle.network.proxy import EgressProxy
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.network.proxythread import ProxyThread, listen
+from sandpod_lifecycle.network.sandboxnet import Denial, SandboxNet
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-SANDBOX_SOURCE = ipaddress.ip_address("127.0.0.1")
+SANDBOX_SOURCE = "127.0.0.1"
 
 
 @dataclasses.dataclass
@@ -207,7 +209,7 @@ class ProxyHarness:
         self.denial_threads.add(threading.get_ident())
         self.denials.append(denial)
 
-    def _lookup(self, source: IPAddress) -> SandboxNet | None:
+    def _lookup(self, source: str) -> SandboxNet | None:
         self.lookup_threads.add(threading.get_ident())
         return SandboxNet("sbx-test", self.policy) if source == SANDBOX_SOURCE else None
 

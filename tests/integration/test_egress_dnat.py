@@ -29,8 +29,10 @@ import pytest
 
 from egress_harness import EchoServer, InternetCA, make_test_ca, server_tls
 from sandpod_contract.network import NetworkPolicy
-from sandpod_lifecycle.network.proxy import Denial, EgressProxy, ProxySettings, SandboxNet
+from sandpod_lifecycle.network.proxy import EgressProxy
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.network.proxythread import ProxyThread, listen
+from sandpod_lifecycle.network.sandboxnet import Denial, SandboxNet
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -124,7 +126,7 @@ def test_dnat_original_destination_reaches_the_proxy_check(
     policy = NetworkPolicy.from_dict({"mode": "allowlist", "allow": ["a.test"]})
     sources: list[object] = []
 
-    def lookup(source: ipaddress.IPv4Address | ipaddress.IPv6Address) -> SandboxNet | None:
+    def lookup(source: str) -> SandboxNet | None:
         sources.append(source)
         return SandboxNet("sbx-dnat", policy) if str(source) == sandbox else None
 

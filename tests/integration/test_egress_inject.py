@@ -37,7 +37,7 @@ from egress_harness import (
 )
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.ca import CaError, InterceptionCA
-from sandpod_lifecycle.network.proxy import ProxySettings
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.network.secretstore import FileSecretStore, placeholder, placeholder_env
 
 LOOP = ipaddress.ip_address("127.0.0.1")

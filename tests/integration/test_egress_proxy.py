@@ -33,7 +33,7 @@ from egress_harness import (
     server_tls,
 )
 from sandpod_contract.network import NetworkPolicy
-from sandpod_lifecycle.network.proxy import ProxySettings
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.network.proxymetrics import ProxyMetrics
 from sandpod_lifecycle.network.verdict import HardDenies
 

@@ -69,30 +69,15 @@ from sandpod_lifecycle.network.intercept import (
     terminate,
 )
 from sandpod_lifecycle.network.origdst import IPAddress, NoOriginalDst, OriginalDst, original_dst
-from sandpod_lifecycle.network.proxyconfig import (
-    Denial,
-    ProxySettings,
-    ResolvedNames,
-    SandboxDirectory,
-    SandboxLookup,
-    SandboxNet,
-    plain_address,
-)
+from sandpod_lifecycle.network.proxyconfig import ProxySettings, ResolvedNames, plain_address
 from sandpod_lifecycle.network.proxymetrics import ProxyMetrics
+from sandpod_lifecycle.network.sandboxnet import Denial, DenialKind, SandboxLookup, SandboxNet
 from sandpod_lifecycle.network.secretstore import SecretError, SecretSource
 from sandpod_lifecycle.network.sniff import Incomplete, Malformed, Sniffed, sniff
 from sandpod_lifecycle.network.streams import SocketStream, TlsStream
 from sandpod_lifecycle.network.verdict import Decision, decide
 
-__all__ = [
-    "Denial",
-    "EgressProxy",
-    "ProxySettings",
-    "ResolvedNames",
-    "SandboxDirectory",
-    "SandboxLookup",
-    "SandboxNet",
-]
+__all__ = ["EgressProxy"]
 
 log = structlog.get_logger("sandpod.lifecycle.egress")
 _T = TypeVar("_T")
@@ -197,13 +182,14 @@ class EgressProxy:
     async def _handle(self, conn: socket.socket, peer: tuple[str, int]) -> None:
         owned: list[socket.socket] = []
         try:
-            net = await self._on_owner(self._lookup, plain_address(ipaddress.ip_address(peer[0])))
+            source = str(plain_address(ipaddress.ip_address(peer[0])))
+            net = await self._on_owner(self._lookup, source)
             if net is None:
                 self._count("unknown-source")
                 return
             limit = net.policy.limits.max_connections
             if limit is not None and self._per_sandbox.get(net.sandbox_id, 0) >= limit:
-                self._deny(net, "connect", "*", "limits.maxConnections")
+                self._deny(net, DenialKind.CONNECT, "*", "limits.maxConnections")
                 return
             self._per_sandbox[net.sandbox_id] = self._per_sandbox.get(net.sandbox_id, 0) + 1
             try:
@@ -233,7 +219,7 @@ class EgressProxy:
         if why is None and self._forbidden is not None:
             why = self._forbidden(dst, port)
         if why is not None:
-            self._deny(net, "connect", f"{dst}:{port}", why)
+            self._deny(net, DenialKind.CONNECT, f"{dst}:{port}", why)
             return
         sniffed = await self._sniff(conn, net, f"{dst}:{port}")
         if sniffed is None:
@@ -272,7 +258,7 @@ class EgressProxy:
                 self._count("sniff-timeout")
                 return None
             except Malformed as exc:
-                self._deny(net, "sni", destination, f"malformed-{exc.kind}")
+                self._deny(net, DenialKind.SNI, destination, f"malformed-{exc.kind}")
                 with contextlib.suppress(OSError):
                     conn.send(_ALERT_DECODE_ERROR if exc.kind == "tls" else _bad_request(exc))
                 return None
@@ -280,7 +266,7 @@ class EgressProxy:
                 self.sniffing -= 1
 
     async def _refuse(self, flow: _Flow, decision: Decision) -> None:
-        kind = "sni" if flow.seen.name else "connect"
+        kind = DenialKind.SNI if flow.seen.name else DenialKind.CONNECT
         self._deny(flow.net, kind, flow.destination, decision.rule)
         with contextlib.suppress(OSError):
             if flow.seen.kind == "tls":
@@ -289,7 +275,7 @@ class EgressProxy:
                 detail = f"{flow.destination} refused by rule {decision.rule}"
                 await splice.send_all(flow.conn, refusal_bytes(403, "Forbidden", detail))
 
-    def _deny(self, net: SandboxNet, kind: str, destination: str, rule: str) -> None:
+    def _deny(self, net: SandboxNet, kind: DenialKind, destination: str, rule: str) -> None:
         self._count("denied")
         if self.metrics is not None:
             self.metrics.denied.labels(kind).inc()
@@ -369,7 +355,7 @@ class EgressProxy:
         self, flow: _Flow, inject: HeaderInjection | None, exc: SecretError
     ) -> None:
         secret = inject.secret if inject is not None else "?"
-        self._deny(flow.net, "sni", flow.destination, f"secret-unavailable:{secret}")
+        self._deny(flow.net, DenialKind.SNI, flow.destination, f"secret-unavailable:{secret}")
         log.warning("egress_secret_unavailable", secret=secret, error=str(exc))
         with contextlib.suppress(OSError):
             if flow.seen.kind == "tls":
@@ -397,7 +383,7 @@ class EgressProxy:
         if refusal is None:
             self._count("intercepted" if session.rewrite else "http")
         else:
-            self._deny(flow.net, "sni", f"{session.name}:{flow.port}", refusal.rule)
+            self._deny(flow.net, DenialKind.SNI, f"{session.name}:{flow.port}", refusal.rule)
 
     async def _intercept(self, flow: _Flow, name: str, inject: HeaderInjection) -> None:
         if self._ca is None:

@@ -1,8 +1,9 @@
-"""What the egress proxy is configured with and asks about: its settings, the sandbox behind a
-source address, the resolver's record, and the denial it reports (see ``proxy.py``).
+"""What the egress proxy is configured with and asks about: its settings, the resolver's
+record, and a thread-safe sandbox directory (the sandbox and denial types every enforcer
+shares are in ``sandboxnet.py``).
 
-Kept apart from the proxy's connection handling so the lifecycle's wiring (settings, the
-address directory it maintains, the event it publishes) reads one small module.
+Kept apart from the proxy's connection handling so the lifecycle's wiring reads one small
+module.
 """
 
 from __future__ import annotations
@@ -13,20 +14,12 @@ from collections.abc import Mapping, Set
 from pathlib import Path
 from typing import Protocol
 
-from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.origdst import IPAddress
+from sandpod_lifecycle.network.sandboxnet import SandboxNet
 from sandpod_lifecycle.network.sniff import MAX_HELLO
 from sandpod_service import env_float, env_int, env_str
 
-__all__ = [
-    "Denial",
-    "ProxySettings",
-    "ResolvedNames",
-    "SandboxDirectory",
-    "SandboxLookup",
-    "SandboxNet",
-    "plain_address",
-]
+__all__ = ["ProxySettings", "ResolvedNames", "SandboxDirectory", "plain_address"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,18 +70,6 @@ class ProxySettings:
             raise ValueError("max_sniffing and max_connections must be >= 1")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SandboxNet:
-    """The sandbox behind a source address and the policy it runs under now."""
-
-    sandbox_id: str
-    policy: NetworkPolicy
-
-
-class SandboxLookup(Protocol):
-    def __call__(self, source: IPAddress) -> SandboxNet | None: ...
-
-
 class ResolvedNames(Protocol):
     """The resolver's record: names it answered ``sandbox_id`` with ``address`` (live TTL).
     ``resolver.NodeResolver.resolved_names`` has this shape."""
@@ -97,32 +78,30 @@ class ResolvedNames(Protocol):
 
 
 class SandboxDirectory:
-    """Source address -> :class:`SandboxNet`, written by the lifecycle (its loop), read by the
-    proxy (its thread): each write replaces the whole mapping, so a read is one dictionary
-    lookup on a mapping nobody mutates (no lock, no torn state). Pass it as ``lookup``."""
+    """A :data:`~.sandboxnet.SandboxLookup` safe to call from the proxy's thread: source
+    address -> :class:`~.sandboxnet.SandboxNet`, written by the lifecycle (its loop); each
+    write replaces the whole mapping, so a read is one dictionary lookup on a mapping nobody
+    mutates (no lock, no torn state)."""
 
     def __init__(self) -> None:
-        self._map: dict[IPAddress, SandboxNet] = {}
+        self._map: dict[str, SandboxNet] = {}
 
-    def set(self, address: IPAddress, net: SandboxNet) -> None:
+    def set(self, address: str, net: SandboxNet) -> None:
         """Add or update a sandbox (at creation and on every policy update)."""
-        self._map = {**self._map, plain_address(address): net}
+        self._map = {**self._map, _key(address): net}
 
-    def remove(self, address: IPAddress) -> None:
-        self._map = {a: n for a, n in self._map.items() if a != plain_address(address)}
+    def remove(self, address: str) -> None:
+        self._map = {a: n for a, n in self._map.items() if a != _key(address)}
 
-    def __call__(self, source: IPAddress) -> SandboxNet | None:
-        return self._map.get(source)
+    def __call__(self, source: str) -> SandboxNet | None:
+        return self._map.get(_key(source))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Denial:
-    """One refused connection, for the ``network.denied`` event."""
-
-    sandbox_id: str
-    kind: str  # "sni" (a TLS or HTTP name refused) | "connect" (an address refused)
-    destination: str  # "name:port" or "address:port"
-    rule: str
+def _key(address: str) -> str:
+    try:
+        return str(plain_address(ipaddress.ip_address(address)))
+    except ValueError:
+        return address
 
 
 def plain_address(address: IPAddress) -> IPAddress:

@@ -11,13 +11,12 @@ How the lifecycle (local runtime, root) wires it, once per installation::
     secrets = FileSecretStore(state_dir / "secrets")
     proxy = EgressProxy(
         ProxySettings.from_env(os.environ),          # in LifecycleSettings, read once
-        lookup=lambda ip: SandboxNet(*found) if (found := firewall.sandbox_by_address(str(ip)))
-                          else None,                 # or a SandboxDirectory it maintains
-        resolved_names=resolver.resolved_names,      # NodeResolver (net-dns)
-        on_denied=lambda d: events_queue.put_nowait(d),  # -> network.denied event (bounded)
+        lookup=sandbox_lookup,                       # the SandboxLookup the resolver gets
+        resolved_names=resolver.resolved_names,      # NodeResolver
+        on_denied=report_denial,                     # the resolver's: Events.publish_denied
         forbidden=HardDenies([pool, *host_networks]),
         ca=ca, secrets=secrets,
-        metrics=ProxyMetrics(registry, denied=network_metrics.denied),
+        metrics=ProxyMetrics(registry, denied=network_metrics.denied),  # NetworkMetrics
         owner_loop=asyncio.get_running_loop(),       # lookups run on the lifecycle's loop
     )
     thread = ProxyThread(proxy, [listen(str(plan.gateway), port)])
