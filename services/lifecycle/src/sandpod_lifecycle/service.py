@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -40,14 +40,14 @@ from sandpod_contract.messages.system import (
     Pong,
 )
 from sandpod_contract.subjects import Subjects
-from sandpod_image.auth import default_auth_path, load_auth_file
+from sandpod_image.auth import AuthFile, default_auth_path, load_auth_file
 from sandpod_image.layers import UnpackOptions
 from sandpod_image.store import ImageStore
 from sandpod_kube import open_store
 from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.builds.cache import BuildCache
 from sandpod_lifecycle.builds.executor import Builder
-from sandpod_lifecycle.builds.loop import TemplateBuilds
+from sandpod_lifecycle.builds.loop import TemplateBuilder, TemplateBuilds
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.node import NodeLauncher
@@ -63,6 +63,9 @@ from sandpod_service.api import ApiServer, Handler
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.leases import LeaseKeeper, Leases
 from sandpod_store import Store
+
+if TYPE_CHECKING:
+    from sandpod_kube import PodApi
 
 __all__ = ["LifecycleService"]
 
@@ -89,7 +92,8 @@ class LifecycleService:
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
-        self.builder: Builder | None = None  # template builds (the local runtime only)
+        self.builder: Builder | None = None  # template builds (the local runtime)
+        self._pod_api: PodApi | None = None  # kubernetes: the driver's (builder Pods too)
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
     async def _store(self, bus: Bus, bucket: str) -> Store:
@@ -139,6 +143,7 @@ class LifecycleService:
             if self.settings.kube is None:  # settings refuse kubernetes without kube
                 raise ValueError("SANDPOD_RUNTIME=kubernetes needs SANDPOD_STORE=kube")
             pods = PodApi(self.settings.kube)
+            self._pod_api = pods
             self._closers.append(pods.close)
             creds = None
             if seed := self.settings.nats_account_seed_file:  # unreadable or not a seed: fail
@@ -202,6 +207,18 @@ class LifecycleService:
             return driver
         return ProcessDriver(launcher)
 
+    def _auth_file(self) -> AuthFile | None:
+        """The registry credentials of the settings, or Docker's default file (None: none).
+
+        Raises:
+            ValueError: the file cannot be read (a start-up error).
+        """
+        path = self.settings.image_auth_file or default_auth_path()
+        try:
+            return load_auth_file(path) if path is not None else None
+        except SandpodError as exc:
+            raise ValueError(f"registry credentials {path}: {exc}") from exc
+
     def _images(self, state: Path) -> ImageStore:
         """The node's image store (shared with ``sandpod image``), with the registry
         credentials of the settings or the Docker default file.
@@ -209,11 +226,7 @@ class LifecycleService:
         Raises:
             ValueError: the credentials file cannot be read (a start-up error).
         """
-        path = self.settings.image_auth_file or default_auth_path()
-        try:
-            auth = load_auth_file(path) if path is not None else None
-        except SandpodError as exc:
-            raise ValueError(f"registry credentials {path}: {exc}") from exc
+        auth = self._auth_file()
         return ImageStore(
             self.settings.image_dir or state / "images",
             auth_file=auth,
@@ -280,9 +293,20 @@ class LifecycleService:
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
 
     def _builds(self, bus: Bus, store: Store, driver: Driver) -> TemplateBuilds | None:
-        """The template builder, for the local runtime (Kubernetes mode builds no images
-        yet: a template with a build then stays unbuilt, its sandboxes wait)."""
-        if not isinstance(driver, LocalDriver) or driver.builds is None or self._leases is None:
+        """The template builder: builder sandboxes on this node (the local runtime), or
+        builder Pods pushing to ``SANDPOD_BUILD_REGISTRY`` (kubernetes: ``builds.kube``)."""
+        if self._leases is None:
+            return None
+        if self._pod_api is not None:
+            return TemplateBuilds(
+                store=store,
+                builder=self._pod_builds(),
+                leases=self._leases,
+                bus=bus,
+                subjects=self.subjects,
+                clock=self.clock,
+            )
+        if not isinstance(driver, LocalDriver) or driver.builds is None:
             return None
         bucket = self.subjects.storage("build-contexts")
         self.builder = Builder(
@@ -304,6 +328,23 @@ class LifecycleService:
             bus=bus,
             subjects=self.subjects,
             clock=self.clock,
+        )
+
+    def _pod_builds(self) -> TemplateBuilder:
+        """Kubernetes mode's builder (imported only then: it needs ``sandpod_kube.pods``)."""
+        from sandpod_lifecycle.builds.kube import PodBuilds
+
+        if self._pod_api is None:
+            raise InternalError("the Pod runtime is not set up: no builder Pods")
+        return PodBuilds(
+            pods=self._pod_api,
+            settings=self.settings.build_pods,
+            registry=self.settings.build_registry,
+            installation=self.settings.prefix,
+            default_image=self.settings.pods.default_image,
+            nats_secret=self.settings.pods.nats_secret,
+            auth=self._auth_file(),
+            insecure=self.settings.insecure_registries,
         )
 
     def _started(self) -> Bus:

@@ -47,7 +47,7 @@ from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig, LayerMeta, b
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 
-__all__ = ["BuildResult", "Builder", "Log"]
+__all__ = ["BuildOwner", "BuildResult", "Builder", "BuiltRef", "Log", "StepJob", "emit_line"]
 
 log = structlog.get_logger("sandpod.lifecycle.builds")
 
@@ -62,6 +62,24 @@ class BuildResult:
     key: str
     layers: tuple[str, ...]  # every key of the chain, bottom first
     ran: int  # steps that did work (not cached)
+    image: str = ""  # Kubernetes mode: the pushed image, ``registry/repo@sha256:...``
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuiltRef:
+    """Another template's build, as a base: its result key (and pushed image, Kubernetes)."""
+
+    key: str
+    image: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BuildOwner:
+    """The SandboxTemplate being built (Kubernetes mode: the builder Pod's owner)."""
+
+    namespace: str
+    name: str
+    uid: str
 
 
 class Builder:
@@ -71,11 +89,11 @@ class Builder:
         self,
         *,
         cache: BuildCache,
-        driver: LocalDriver,
+        driver: LocalDriver | None,
         bus: Bus,
         subjects: Subjects,
         contexts: Callable[[], Awaitable[ObjectBucket]],
-        ready: Callable[[str, float], Awaitable[bool]],
+        ready: Callable[[str, float], Awaitable[bool]] | None = None,
         default_rootfs: Path | None = None,
         ready_timeout: float = 30.0,
         images: ImageStore | None = None,
@@ -101,11 +119,12 @@ class Builder:
         self,
         name: str,
         template: SandboxTemplateSpec,
-        template_result: Callable[[str], Awaitable[str]],
+        template_result: Callable[[str], Awaitable[BuiltRef]],
         emit: Log,
+        owner: BuildOwner | None = None,  # noqa: ARG002 - Kubernetes mode's (builds.kube)
     ) -> BuildResult:
         """Build ``template`` (its ``build`` set); ``template_result(name)`` is another
-        template's result key (for ``from: {template}``).
+        template's result (for ``from: {template}``).
 
         Raises:
             BuildFailed: a step failed (details name it; the log tail says why).
@@ -128,7 +147,7 @@ class Builder:
                 else:
                     await emit(f"{head} (running)")
                     started = time.monotonic()
-                    await self._step(_Job(name, template, i, step, parent, key, config, emit))
+                    await self._step(StepJob(name, template, i, step, parent, key, config, emit))
                     ran += 1
                     await emit(f"{head} (done in {time.monotonic() - started:.1f} s)")
                 config = config.apply(step)
@@ -145,10 +164,10 @@ class Builder:
         name: str,
         template: SandboxTemplateSpec,
         build: TemplateBuild,
-        template_result: Callable[[str], Awaitable[str]],
+        template_result: Callable[[str], Awaitable[BuiltRef]],
     ) -> str:
         if build.base.template is not None:
-            key = await template_result(build.base.template)
+            key = (await template_result(build.base.template)).key
             self.cache.chain(key)  # its entries must all be here (ResourceNotFound)
             return key
         if build.base.image is not None:
@@ -160,7 +179,7 @@ class Builder:
         if self._images is not None:
             await asyncio.to_thread(self._images.release, f"template-{name}")
 
-    async def _image_base(self, name: str, ref: str) -> str:
+    async def _image_base(self, name: str, ref: str, key: str | None = None) -> str:
         """The key of image ``ref`` as a base: its manifest digest (a re-pushed tag is a new
         base, so everything above rebuilds). Pulled every build (only the manifest is fetched
         when the layers are here); the template holds the image in the store (one use record
@@ -180,7 +199,7 @@ class Builder:
                 instruction=f"from image {ref}",
             ) from exc
         await asyncio.to_thread(self._images.use, f"template-{name}", image)
-        key = base_key({"image": image.digest})
+        key = key or base_key({"image": image.digest})
         if self.cache.get(key) is None:
             conf = image.config
             self.cache.put(
@@ -228,7 +247,7 @@ class Builder:
             )
         return key
 
-    async def _step(self, job: _Job) -> None:
+    async def _step(self, job: StepJob) -> None:
         scratch = self.cache.scratch(job.key)
         fs: Path | None = scratch / "fs"
         try:
@@ -259,7 +278,7 @@ class Builder:
         chain = self.cache.chain(parent)
         return [*reversed(chain.layers), *([chain.rootfs] if chain.rootfs else [])]
 
-    async def _copy(self, job: _Job, scratch: Path, lowers: list[Path]) -> None:
+    async def _copy(self, job: StepJob, scratch: Path, lowers: list[Path]) -> None:
         src, tar = job.step.src, scratch / "context.tar"
         try:
             await (await self._contexts()).get_file(src, tar)
@@ -273,33 +292,38 @@ class Builder:
         except (tarfile.TarError, OSError) as exc:
             raise job.failed(f"the uploaded tar was refused: {exc}") from exc
 
-    async def _run(self, job: _Job, fs: Path) -> None:
+    async def _run(self, job: StepJob, fs: Path) -> None:
+        driver, ready = self._driver, self._ready
+        if driver is None or ready is None:
+            raise BuildUnsupported("run steps need a runtime driver here", what="run")
         sid = f"build-{job.parent[:8]}-{job.key[:8]}"
         builder = _builder_template(job.template, job.parent)
         self.builders.add(sid)
         try:
-            await self._start_builder(job, sid, builder)
+            await self._start_builder(driver, job, sid, builder)
             self.builders_made += 1
-            if not await self._ready(sid, self._ready_timeout):
+            if not await ready(sid, self._ready_timeout):
                 raise job.failed("the builder sandbox did not become ready")
             tail = await self._exec(job, sid)
-            await self._driver.pause(sid)  # frozen: nothing writes while the layer is copied
-            upper, uid, gid = await self._driver.writable_layer(sid)
+            await driver.pause(sid)  # frozen: nothing writes while the layer is copied
+            upper, uid, gid = await driver.writable_layer(sid)
             await commit.commit_upper(upper, fs, uid=uid, gid=gid, hostname=sid)
             log.info("build_step_committed", template=job.name, step=job.index, lines=len(tail))
         finally:
             with contextlib.suppress(Exception):
-                await self._driver.destroy(sid)
+                await driver.destroy(sid)
             self.builders.discard(sid)
 
-    async def _start_builder(self, job: _Job, sid: str, builder: SandboxTemplateSpec) -> None:
+    async def _start_builder(
+        self, driver: LocalDriver, job: StepJob, sid: str, builder: SandboxTemplateSpec
+    ) -> None:
         """Create the builder as the reconciler creates a sandbox: a passing failure (the node
         execd still starting) is tried again for a while; any other is the build's failure
         (a base it cannot run on)."""
         deadline = time.monotonic() + self._ready_timeout
         while True:
             try:
-                await self._driver.ensure(sid, SandboxSpec(), builder)
+                await driver.ensure(sid, SandboxSpec(), builder)
                 return
             except RuntimeFailure as exc:
                 if not exc.retryable or time.monotonic() > deadline:
@@ -307,7 +331,7 @@ class Builder:
                 log.info("builder_create_retry", sandbox=sid, error=exc.message)
             await asyncio.sleep(START_RETRY)
 
-    async def _exec(self, job: _Job, sid: str) -> list[str]:
+    async def _exec(self, job: StepJob, sid: str) -> list[str]:
         stream = ExecStream(
             Channel(self._bus, self._subjects, sid),
             shell=job.step.value,
@@ -324,11 +348,11 @@ class Builder:
                 pending += frame.data
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    await _line(line, tail, job.emit)
+                    await emit_line(line, tail, job.emit)
         finally:
             await stream.close()
         if pending:
-            await _line(pending, tail, job.emit)
+            await emit_line(pending, tail, job.emit)
         end = stream.exit
         if end is None or end.exit_code != 0:
             code = None if end is None else end.exit_code
@@ -338,7 +362,7 @@ class Builder:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Job:
+class StepJob:
     """One uncached step of one build: what it runs on and where its progress goes."""
 
     name: str
@@ -364,7 +388,7 @@ class _Job:
         return BuildFailed(f"step {self.index} ({self.step.describe()}) failed: {why}", **details)
 
 
-async def _line(raw: bytes, tail: list[str], emit: Log) -> None:
+async def emit_line(raw: bytes, tail: list[str], emit: Log) -> None:
     text = raw.decode(errors="replace").rstrip("\r")
     tail.append(text)
     del tail[:-TAIL_LINES]

@@ -1,0 +1,315 @@
+"""Template builds in Kubernetes mode: a builder Pod per build, the image pushed to a registry.
+
+Why this mechanism: a cluster node's image store is not ours, and a Pod can only run an image,
+so a built template must become an OCI image in a registry the nodes pull from
+(``SANDPOD_BUILD_REGISTRY=host[:port]/prefix``). The build itself runs as a Pod
+(``sandpod_kube.buildpod``) executing Sandpod's own builder entry point
+(``builds.podmain``) rather than kaniko or buildkit: it is the same cache-key, commit and
+export code as a local build, so one template means the same layers in both modes, it needs no
+second build tool or image, and it speaks the same progress events. The price is the Pod's
+privileges (root with a handful of capabilities, AppArmor unconfined: mounts for the overlay of
+a ``run`` step); ``sandpod_kube.buildpod`` lists them and why.
+
+Data flow of :meth:`PodBuilds.build` (the lifecycle's ``TemplateBuilds`` loop calls it for a
+template generation that is not built):
+
+1. no registry configured -> ``template.build_unsupported`` naming ``SANDPOD_BUILD_REGISTRY``
+   (terminal: the template is Failed at once, it never waits silently);
+2. the base is pinned here: ``from: {image}`` and ``from: {}`` (the Pod runtime's default
+   image) are resolved to their platform manifest digest (the key a local build gives the same
+   image: ``cache.base_key``); ``from: {template}`` is that template's result and pushed image;
+3. every step's key is computed (``cache.step_key``: nothing runs for that), the last is the
+   result key; the image's tag is ``<SANDPOD_BUILD_REGISTRY>/<template>:<key prefix>``;
+4. if the registry has that tag already, it is the build (a cache hit: no Pod, no push);
+5. else the builder Pod ``<template>-build-<key>`` is created (owned by the template), waited
+   for until it ends, its termination message read (``podwire.BuildOutcome``: the image by
+   digest, or the typed error with the failing step), and the Pod is deleted.
+
+Registry access here (the tag check) uses the lifecycle's own credentials file
+(``SANDPOD_IMAGE_AUTH_FILE``, Docker ``config.json``); the Pod gets the Secret
+``SANDPOD_BUILD_REGISTRY_SECRET`` mounted for its push. A refused credential is
+``image.auth_failed`` in the template's ``Built`` condition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from sandpod_contract.errors import (
+    BuildFailed,
+    BuildUnsupported,
+    ImageAuthFailed,
+    ImageError,
+    ImageNotFound,
+    InternalError,
+    ResourceExists,
+    ResourceInvalid,
+    ResourceNotFound,
+    SandpodError,
+)
+from sandpod_contract.resources import SandboxTemplateSpec
+from sandpod_image.auth import AuthFile
+from sandpod_image.manifest import host_platform
+from sandpod_image.reference import parse_reference
+from sandpod_image.registry import Registry
+from sandpod_image.sources import open_source
+from sandpod_kube.buildpod import BuildPod, BuildPodSettings, build_pod_manifest
+from sandpod_kube.pods import PodApi, PodState
+from sandpod_lifecycle.builds.cache import base_key, step_key
+from sandpod_lifecycle.builds.executor import BuildOwner, BuildResult, BuiltRef, Log
+from sandpod_lifecycle.builds.podwire import BuildOutcome, BuildRequest
+from sandpod_lifecycle.runtime.base import RuntimeFailure
+
+__all__ = ["NO_REGISTRY", "PodBuilds", "image_tag", "validate_registry"]
+
+log = structlog.get_logger("sandpod.lifecycle.builds")
+
+NO_REGISTRY = (
+    "Kubernetes mode pushes a built template as an image: set SANDPOD_BUILD_REGISTRY on the "
+    "lifecycle (host[:port]/prefix of a registry the cluster's nodes pull from; credentials "
+    "in SANDPOD_IMAGE_AUTH_FILE, and the Secret SANDPOD_BUILD_REGISTRY_SECRET for the builder "
+    "Pod)"
+)
+TAG_KEY_CHARS = 32  # 128 bits of the result key name the tag
+
+
+def image_tag(key: str) -> str:
+    """The tag of result ``key``."""
+    return f"build-{key[:TAG_KEY_CHARS]}"
+
+
+def validate_registry(registry: str) -> str:
+    """``SANDPOD_BUILD_REGISTRY`` normalised (no trailing slash). Raises ValueError."""
+    value = registry.strip().rstrip("/")
+    try:
+        ref = parse_reference(f"{value}/template:{image_tag('0' * 64)}")
+    except SandpodError as exc:  # InvalidReference
+        raise ValueError(f"SANDPOD_BUILD_REGISTRY={registry!r}: {exc.message}") from exc
+    if "/" not in value and "." not in value and ":" not in value and value != "localhost":
+        raise ValueError(f"SANDPOD_BUILD_REGISTRY={registry!r}: name a registry host first")
+    if not ref.registry or not value.startswith(ref.registry):
+        raise ValueError(f"SANDPOD_BUILD_REGISTRY={registry!r}: name a registry host first")
+    return value
+
+
+class PodBuilds:
+    """Builds templates as builder Pods (see the module docstring)."""
+
+    def __init__(  # noqa: PLR0913 - the build's whole configuration, by keyword
+        self,
+        *,
+        pods: PodApi,
+        settings: BuildPodSettings,
+        registry: str | None,
+        installation: str,
+        default_image: str,
+        nats_secret: str,
+        auth: AuthFile | None = None,
+        insecure: frozenset[str] = frozenset(),
+        transport: Any = None,
+    ) -> None:
+        self._pods = pods
+        self._settings = settings
+        self._registry = registry
+        self._installation = installation
+        self._default_image = default_image
+        self._nats_secret = nats_secret
+        self._auth = auth
+        self._insecure = insecure
+        self._transport = transport  # httpx transport for the registry checks (tests)
+        self.pods_made = 0  # builder Pods created (tests count them)
+
+    async def forget(self, name: str) -> None:
+        """Nothing is held on the lifecycle's node in this mode (the registry keeps images)."""
+
+    async def build(
+        self,
+        name: str,
+        template: SandboxTemplateSpec,
+        template_result: Callable[[str], Awaitable[BuiltRef]],
+        emit: Log,
+        owner: BuildOwner | None = None,
+    ) -> BuildResult:
+        """Build ``template`` into an image in the build registry.
+
+        Raises:
+            BuildUnsupported: no registry is configured, or no owner was given.
+            BuildFailed: a step failed (details name it), or the builder Pod failed.
+            ImageAuthFailed, ImageNotFound: the registry refused the credentials, or the base
+                image does not exist.
+            SandpodError, RuntimeFailure: a passing failure (the API server, the registry).
+        """
+        build = template.build
+        if build is None or owner is None:
+            raise BuildUnsupported("a Kubernetes build needs the template and its owner")
+        if not self._registry:
+            raise BuildUnsupported(NO_REGISTRY, what="registry", setting="SANDPOD_BUILD_REGISTRY")
+        base, base_image = await self._base(name, template, template_result)
+        keys = [base]
+        for step in build.steps:
+            keys.append(step_key(keys[-1], step))
+        key = keys[-1]
+        target = f"{self._registry}/{name}:{image_tag(key)}"
+        present = await self._pushed(target)
+        if present is not None:
+            await emit(f"cached: {present} is in the registry (no builder Pod)")
+            return BuildResult(key=key, layers=tuple(keys), ran=0, image=present)
+        request = BuildRequest(
+            template=name,
+            build=build.to_dict(),
+            base_key=base,
+            base_image=base_image,
+            key=key,
+            target=target,
+        )
+        outcome = await self._run_pod(owner, template, request, emit)
+        return BuildResult(key=key, layers=tuple(keys), ran=outcome.ran, image=outcome.image)
+
+    async def _base(
+        self,
+        name: str,
+        template: SandboxTemplateSpec,
+        template_result: Callable[[str], Awaitable[BuiltRef]],
+    ) -> tuple[str, str]:
+        """(the chain's first key, the base image pinned by digest)."""
+        build = template.build
+        assert build is not None  # noqa: S101 - build() checked it
+        if build.base.template is not None:
+            other = await template_result(build.base.template)
+            if not other.image:
+                raise ResourceInvalid(
+                    f"the base template {build.base.template!r} has no pushed image",
+                    field="spec.build.from.template",
+                )
+            return other.key, other.image
+        ref = build.base.image or template.image or self._default_image
+        try:
+            digest = await self._resolve(ref)
+        except ImageAuthFailed as exc:  # stays typed: the credentials are what to fix
+            raise ImageAuthFailed(
+                f"the base image {ref}: {exc.message}", **exc.details, step=0
+            ) from exc
+        except ImageError as exc:
+            if exc.retryable:
+                raise
+            raise BuildFailed(
+                f"cannot resolve the base image {ref}: {exc.message}",
+                template=name,
+                step=0,
+                instruction=f"from image {ref}",
+                cause=exc.code,
+            ) from exc
+        return base_key({"image": digest}), f"{parse_reference(ref).name}@{digest}"
+
+    async def _resolve(self, ref: str) -> str:
+        """The platform manifest digest ``ref`` names (what a local pull keys on)."""
+        parsed = parse_reference(ref)
+        source = open_source(
+            ref,
+            auth=self._auth.lookup(parsed.registry) if self._auth else None,
+            insecure=parsed.registry in self._insecure,
+            transport=self._transport,
+        )
+        try:
+            return (await source.resolve(host_platform())).digest
+        finally:
+            await source.aclose()
+
+    async def _pushed(self, target: str) -> str | None:
+        """``registry/repo@digest`` of ``target`` when the registry has it, else None.
+
+        Raises:
+            ImageAuthFailed: the registry refused the credentials; ImageError: unreachable.
+        """
+        ref = parse_reference(target)
+        registry = Registry(
+            ref.api_host,
+            auth=self._auth.lookup(ref.registry) if self._auth else None,
+            insecure=ref.registry in self._insecure,
+            transport=self._transport,
+        )
+        async with registry:
+            try:
+                _, _, digest = await registry.get_manifest(ref.repository, ref.target)
+            except ImageNotFound:
+                return None
+        return f"{ref.name}@{digest}"
+
+    async def _run_pod(
+        self,
+        owner: BuildOwner,
+        template: SandboxTemplateSpec,
+        request: BuildRequest,
+        emit: Log,
+    ) -> BuildOutcome:
+        pod = BuildPod(
+            template=owner.name,
+            namespace=owner.namespace,
+            owner_uid=owner.uid,
+            key=request.key,
+            installation=self._installation,
+            request=json.loads(request.to_json()),
+            nats_secret=self._nats_secret,
+            runtime_class_name=template.runtime_class_name,
+            cpu=template.resources.cpu,
+            memory=template.resources.memory,
+            insecure_registries=tuple(sorted(self._insecure)),
+        )
+        manifest = build_pod_manifest(pod, self._settings)
+        name = manifest["metadata"]["name"]
+        try:
+            await self._start(owner, manifest)
+            await emit(f"builder Pod {owner.namespace}/{name} started ({self._settings.image})")
+            state = await self._pods.wait_finished(
+                owner.namespace, name, self._settings.deadline + 60.0
+            )
+        except TimeoutError:
+            raise BuildFailed(
+                f"the builder Pod {owner.namespace}/{name} did not finish within "
+                f"{self._settings.deadline + 60} s",
+                template=owner.name,
+            ) from None
+        except ResourceNotFound as exc:  # deleted under us: build again on the next pass
+            raise RuntimeFailure(f"builder Pod {name}: {exc}") from exc
+        finally:
+            with contextlib.suppress(Exception):  # the Pod goes whatever happened
+                await self._pods.delete(owner.namespace, name, grace_seconds=0)
+        outcome = _outcome(state)
+        log.info("build_pod_finished", template=owner.name, pod=name, ok=outcome.ok)
+        if not outcome.ok:
+            outcome.raise_error()
+        if outcome.key != request.key or not outcome.image:
+            raise InternalError(f"the builder Pod {name} reported another result")
+        return outcome
+
+    async def _start(self, owner: BuildOwner, manifest: dict[str, Any]) -> None:
+        """Create the builder Pod, adopting a live one of the same build (a restarted
+        lifecycle) and replacing one that ended or belongs to an older template object."""
+        name = manifest["metadata"]["name"]
+        old = await self._pods.get(owner.namespace, name)
+        if old is not None and (old.terminal or old.deleting or old.owner_uid != owner.uid):
+            await self._pods.delete(owner.namespace, name, grace_seconds=0)
+            old = None
+        if old is None:
+            with contextlib.suppress(ResourceExists):
+                await self._pods.create(manifest)
+                self.pods_made += 1
+                log.info("build_pod_created", template=owner.name, pod=name)
+
+
+def _outcome(state: PodState) -> BuildOutcome:
+    """What the builder Pod reported, or why it said nothing (killed, never started)."""
+    if state.message:
+        try:
+            return BuildOutcome.from_json(state.message)
+        except ValueError:
+            pass
+    why = state.problem.message if state.problem else f"exit code {state.exit_code}"
+    return BuildOutcome.failed(
+        BuildFailed(f"the builder Pod {state.name} ended {state.phase} without a result: {why}")
+    )

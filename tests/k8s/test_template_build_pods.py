@@ -1,0 +1,297 @@
+"""Template builds in Kubernetes mode: a builder Pod per build, the image pushed to a registry.
+
+Real parts: the kube-apiserver (envtest), nats-server, Debian's docker-registry on loopback with
+htpasswd auth (tests/registry.py), the lifecycle service in ``SANDPOD_RUNTIME=kubernetes``, and
+the fake kubelet (tests/k8s/kubelet.py), which runs the builder Pod's container command as a
+host process -- Sandpod's builder entry point, pulling the base from the registry, running the
+``run`` steps in its overlay jail (as root: tests run as root in CI) and pushing the image. The
+SDK builds the template (uploading the ``copy`` context) and follows the build's events; the
+pushed image is pulled back through ``sandpod_image`` and read layer by layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from k8s.cluster import NS, Cluster
+from registry import TestRegistry
+from runnable_image import docker_config, push, runnable_base, tar_of
+from sandpod import AsyncSandbox
+from sandpod.errors import BuildFailed
+from sandpod.templates import AsyncTemplates, Template, TemplateInfo
+from sandpod_contract.builds import BuildStatus
+from sandpod_image.auth import AuthConfig, load_auth_file
+from sandpod_image.store import ImageStore
+from sandpod_kube.buildpod import BUILD_CAPABILITIES, BUILD_LABEL
+from sandpod_store import Resource
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="a build's run step mounts an overlay and chroots: run the suite as root, as CI does",
+)
+
+USER, PASSWORD = "builder", "k8s-pw"
+SECRET = "build-registry"
+STEP = 'echo "running as $(id -u)"; echo "$GREETING $FROM_BASE" > /data/step'
+
+
+@pytest.fixture(scope="module")
+def build_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestRegistry]:
+    reg = TestRegistry(tmp_path_factory.mktemp("build-registry"), users={USER: PASSWORD})
+    reg.start()
+    yield reg
+    reg.stop()
+
+
+def _registry_secret(cluster: Cluster, config: Path, name: str = SECRET) -> None:
+    """The dockerconfigjson Secret the builder Pod mounts (what an admin creates)."""
+    body = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name),
+        type="kubernetes.io/dockerconfigjson",
+        data={".dockerconfigjson": base64.b64encode(config.read_bytes()).decode()},
+    )
+    with cluster.plane.settings.api_client() as api_client:
+        core = client.CoreV1Api(api_client)
+        try:
+            core.create_namespaced_secret(NS, body)
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
+            core.replace_namespaced_secret(name, NS, body)
+
+
+async def _base_image(registry: TestRegistry, work: Path) -> str:
+    """A runnable base (the host's sh and a few tools) pushed to the registry."""
+    runnable_base(work / "base")
+    return await asyncio.to_thread(
+        push,
+        registry,
+        "base/runnable",
+        "v1",
+        [tar_of(work / "base")],
+        config={"Env": ["PATH=/bin:/usr/bin", "FROM_BASE=yes"]},
+        work=work / "push",
+        auth=AuthConfig(username=USER, password=PASSWORD),
+    )
+
+
+def _lifecycle(cluster: Cluster, creds: Path, **extra: str) -> None:
+    cluster.service(
+        "sandpod_lifecycle",
+        SANDPOD_RUNTIME="kubernetes",
+        SANDPOD_RESYNC="0.5",
+        SANDPOD_READY_TIMEOUT="30",
+        SANDPOD_IMAGE_AUTH_FILE=str(creds),
+        SANDPOD_POD_NATS_CIDRS="127.0.0.1/32",
+        **extra,
+    )
+
+
+async def _build(cluster: Cluster, template: Template, logs: list[str]) -> TemplateInfo:
+    try:
+        async with await AsyncTemplates.connect(
+            nats_url=cluster.nats.url, prefix=cluster.prefix
+        ) as templates:
+            return await templates.build(template, on_log=logs.append, timeout=90)
+    finally:
+        if cluster.kubelet.error is not None:
+            pytest.fail(f"the fake kubelet failed: {cluster.kubelet.error!r}")
+
+
+def _condition(obj: Resource | None) -> dict[str, Any]:
+    conditions = (obj.status.get("conditions") or []) if obj is not None else []
+    return next((c for c in conditions if c["type"] == "Built"), {})
+
+
+def _find(layers: tuple[Path, ...], rel: str) -> Path | None:
+    """``rel`` in the topmost layer that has it (the path a container sees)."""
+    return next((layer / rel for layer in reversed(layers) if (layer / rel).exists()), None)
+
+
+async def test_a_built_template_is_pushed_by_a_builder_pod_and_its_sandboxes_run_it(
+    cluster: Cluster, build_registry: TestRegistry, tmp_path: Path
+) -> None:
+    """run + copy + env + workdir steps build in a builder Pod (owned by the template,
+    hardened as far as the overlay allows, deleted after) and push an image whose layers hold
+    each step's files and whose config holds the env; the template records it by digest, a
+    Sandbox Pod of the template runs that image, the same steps again are a cache hit (no Pod,
+    no push), and a changed step pushes a new image."""
+    creds = docker_config(
+        tmp_path / "config.json", build_registry, AuthConfig(username=USER, password=PASSWORD)
+    )
+    _registry_secret(cluster, creds)
+    base = await _base_image(build_registry, tmp_path)
+    registry = f"{build_registry.host}/sandpod"
+    _lifecycle(
+        cluster,
+        creds,
+        SANDPOD_BUILD_REGISTRY=registry,
+        SANDPOD_BUILD_REGISTRY_SECRET=SECRET,
+        SANDPOD_BUILD_IMAGE="sandpod-lifecycle:test",
+    )
+    await cluster.answering()
+    context = tmp_path / "app"
+    context.mkdir()
+    (context / "main.py").write_text("print('hello from the app')\n")
+    name = f"kb-{uuid.uuid4().hex[:6]}"
+
+    def template(step: str, idle: int = 900) -> Template:
+        t = (
+            Template(name)
+            .from_image(base)
+            .workdir("/data")
+            .env(GREETING="built-in-k8s")
+            .run(step)
+            .copy(context, "/app")
+        )
+        t.spec_extra["idleTimeoutSeconds"] = idle  # another generation, the same build
+        return t
+
+    logs: list[str] = []
+    info = await _build(cluster, template(STEP), logs)
+    assert info.phase == "Ready", info
+    status = BuildStatus.from_dict(info.object["status"])
+    assert status.image.startswith(f"{registry}/{name}@sha256:"), status
+    assert any(line.startswith("step 3/4 run") for line in logs), logs
+    assert any("pushed" in line for line in logs) and "  | running as 65532" in logs, logs
+
+    kubelet = cluster.kubelet
+    assert len(kubelet.builds) == 1
+    pod = kubelet.builds[0]
+    owner = pod["metadata"]["ownerReferences"][0]
+    template_obj = await cluster.store.get("SandboxTemplate", NS, name)
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "SandboxTemplate",
+        name,
+        template_obj.metadata.uid,
+    )
+    assert pod["metadata"]["labels"][BUILD_LABEL] == name
+    spec = pod["spec"]
+    security = spec["containers"][0]["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": list(BUILD_CAPABILITIES)}
+    assert security["readOnlyRootFilesystem"] is True
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert spec["containers"][0]["image"] == "sandpod-lifecycle:test"
+    await kubelet.until("the builder Pod's deletion", lambda: pod["metadata"]["name"] not in kubelet.seen)
+
+    # The image, pulled back through sandpod_image (digests verified on the way).
+    store = ImageStore(tmp_path / "pulled", auth_file=load_auth_file(creds))
+    image = await store.pull(status.image)
+    assert image.digest == status.image.rpartition("@")[2]
+    step = _find(image.layers, "data/step")
+    assert step is not None and step.read_text() == "built-in-k8s yes\n"
+    assert step.stat().st_uid == 0  # the build uid's files are root's in an image
+    app = _find(image.layers, "app/main.py")
+    assert app is not None and app.read_text() == "print('hello from the app')\n"
+    assert dict(image.config.env)["GREETING"] == "built-in-k8s"
+    assert dict(image.config.env)["FROM_BASE"] == "yes"
+    assert image.config.workdir == "/data"
+
+    # A Sandbox of the template gets a Pod running the pushed image, by digest.
+    sbx = await AsyncSandbox.create(
+        name, timeout=30, nats_url=cluster.nats.url, prefix=cluster.prefix
+    )
+    async with sbx:
+        sandbox_pod = kubelet.seen[sbx.id]
+        assert sandbox_pod["spec"]["containers"][0]["image"] == status.image
+        await sbx.kill()
+
+    # The same steps (a new generation): a cache hit, no builder Pod, nothing pushed.
+    manifests = sorted(p.name for p in (build_registry.root / "data").rglob("link"))
+    again_logs: list[str] = []
+    again = await _build(cluster, template(STEP, idle=600), again_logs)
+    assert again.result_key == info.result_key and len(kubelet.builds) == 1, again_logs
+    assert BuildStatus.from_dict(again.object["status"]).image == status.image
+    assert any(line.startswith("cached:") for line in again_logs), again_logs
+    assert sorted(p.name for p in (build_registry.root / "data").rglob("link")) == manifests
+    assert again.object["metadata"]["generation"] > info.object["metadata"]["generation"]
+
+    # A changed step: a new builder Pod and a new image.
+    changed = await _build(cluster, template("echo changed > /data/step"), [])
+    new_image = BuildStatus.from_dict(changed.object["status"]).image
+    assert changed.result_key != info.result_key and len(kubelet.builds) == 2
+    assert new_image.startswith(f"{registry}/{name}@sha256:") and new_image != status.image
+    newer = await store.pull(new_image)
+    changed_step = _find(newer.layers, "data/step")
+    assert changed_step is not None and changed_step.read_text() == "changed\n"
+
+
+async def test_a_failed_step_is_named_in_the_template_status(
+    cluster: Cluster, build_registry: TestRegistry, tmp_path: Path
+) -> None:
+    """A run step that exits non-zero fails the build in its Pod: the template is Failed with
+    the same Built reason as a local build, the step named, its output in the tail."""
+    creds = docker_config(
+        tmp_path / "config.json", build_registry, AuthConfig(username=USER, password=PASSWORD)
+    )
+    _registry_secret(cluster, creds)
+    base = await _base_image(build_registry, tmp_path)
+    _lifecycle(
+        cluster,
+        creds,
+        SANDPOD_BUILD_REGISTRY=f"{build_registry.host}/sandpod",
+        SANDPOD_BUILD_REGISTRY_SECRET=SECRET,
+    )
+    await cluster.answering()
+    name = f"kf-{uuid.uuid4().hex[:6]}"
+    t = Template(name).from_image(base).env(A="1").run("echo about to fail; exit 3")
+    with pytest.raises(BuildFailed) as failed:
+        await _build(cluster, t, [])
+    assert failed.value.details["step"] == 2 and "about to fail" in failed.value.details["log_tail"]
+    obj = await cluster.store.get("SandboxTemplate", NS, name)
+    cond = _condition(obj)
+    assert (cond["status"], cond["reason"]) == ("False", "template.build_failed"), cond
+    assert "step 2 (run echo about to fail; exit 3) failed: the command exited with 3" in (
+        cond["message"]
+    )
+    assert obj.status["failedStep"] == 2 and not obj.status.get("image")
+
+
+async def test_without_a_registry_the_template_says_which_setting_to_set(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Kubernetes mode with no SANDPOD_BUILD_REGISTRY: the template fails at once with a
+    condition naming the setting; no builder Pod is made."""
+    (tmp_path / "empty.json").write_text("{}")
+    _lifecycle(cluster, tmp_path / "empty.json")
+    await cluster.answering()
+    name = f"kn-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(BuildFailed):
+        await _build(cluster, Template(name).run("true"), [])
+    cond = _condition(await cluster.store.get("SandboxTemplate", NS, name))
+    assert (cond["status"], cond["reason"]) == ("False", "template.build_unsupported"), cond
+    assert "SANDPOD_BUILD_REGISTRY" in cond["message"]
+    assert cluster.kubelet.builds == []
+
+
+async def test_wrong_registry_credentials_are_a_typed_auth_failure(
+    cluster: Cluster, build_registry: TestRegistry, tmp_path: Path
+) -> None:
+    """The registry refuses the lifecycle's credentials: the template's Built condition is
+    ``image.auth_failed`` (not a retry loop, not a generic failure), and no Pod is made."""
+    right = AuthConfig(username=USER, password=PASSWORD)
+    base = await _base_image(build_registry, tmp_path)
+    wrong = docker_config(
+        tmp_path / "wrong.json", build_registry, AuthConfig(username=USER, password="nope")
+    )
+    _lifecycle(cluster, wrong, SANDPOD_BUILD_REGISTRY=f"{build_registry.host}/sandpod")
+    await cluster.answering()
+    assert right.password != "nope"
+    name = f"ka-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(BuildFailed):
+        await _build(cluster, Template(name).from_image(base).run("true"), [])
+    cond = _condition(await cluster.store.get("SandboxTemplate", NS, name))
+    assert (cond["status"], cond["reason"]) == ("False", "image.auth_failed"), cond
+    assert build_registry.host in cond["message"]
+    assert cluster.kubelet.builds == []
+    assert json.loads(wrong.read_text())["auths"]  # the file was read, not absent
