@@ -182,7 +182,9 @@ async def test_a_built_template_is_pushed_by_a_builder_pod_and_its_sandboxes_run
     assert security["readOnlyRootFilesystem"] is True
     assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
     assert spec["containers"][0]["image"] == "sandpod-lifecycle:test"
-    await kubelet.until("the builder Pod's deletion", lambda: pod["metadata"]["name"] not in kubelet.seen)
+    await kubelet.until(
+        "the builder Pod's deletion", lambda: pod["metadata"]["name"] not in kubelet.seen
+    )
 
     # The image, pulled back through sandpod_image (digests verified on the way).
     store = ImageStore(tmp_path / "pulled", auth_file=load_auth_file(creds))
@@ -251,8 +253,9 @@ async def test_a_failed_step_is_named_in_the_template_status(
     obj = await cluster.store.get("SandboxTemplate", NS, name)
     cond = _condition(obj)
     assert (cond["status"], cond["reason"]) == ("False", "template.build_failed"), cond
-    assert "step 2 (run echo about to fail; exit 3) failed: the command exited with 3" in (
-        cond["message"]
+    assert (
+        "step 2 (run echo about to fail; exit 3) failed: the command exited with 3"
+        in (cond["message"])
     )
     assert obj.status["failedStep"] == 2 and not obj.status.get("image")
 

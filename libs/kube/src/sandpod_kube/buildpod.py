@@ -35,7 +35,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sandpod_kube.podspec import INSTALLATION_LABEL, MANAGED_BY, TEMPLATE_LABEL
+from sandpod_kube.podspec import INSTALLATION_LABEL, MANAGED_BY
 
 __all__ = [
     "BUILD_CAPABILITIES",

@@ -36,8 +36,8 @@
 | ``SANDPOD_BUILD_REGISTRY`` | unset | kubernetes: ``host[:port]/prefix`` built templates are |
 | | | pushed to (``<prefix>/<template>:build-<key>``); unset, a template with a build fails |
 | | | at once, naming this setting. Plain HTTP only to loopback or an insecure registry |
-| ``SANDPOD_BUILD_*`` | | kubernetes: the builder Pods (``sandpod_kube.buildpod.BuildPodSettings``: |
-| | | ``IMAGE``, ``REGISTRY_SECRET``, ``DEADLINE``, ``WORK_SIZE``) |
+| ``SANDPOD_BUILD_*`` | | kubernetes: the builder Pods (``sandpod_kube.buildpod``'s |
+| | | ``BuildPodSettings``: ``IMAGE``, ``REGISTRY_SECRET``, ``DEADLINE``, ``WORK_SIZE``) |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |

@@ -25,7 +25,7 @@ __all__ = ["publish_build_event"]
 log = structlog.get_logger("sandpod.lifecycle.builds")
 
 
-async def publish_build_event(  # noqa: PLR0913, PLR0917 - the event's fields, in order
+async def publish_build_event(  # noqa: PLR0917 - the event's fields, in order
     bus: Bus,
     subjects: Subjects,
     name: str,

@@ -121,7 +121,7 @@ class Builder:
         template: SandboxTemplateSpec,
         template_result: Callable[[str], Awaitable[BuiltRef]],
         emit: Log,
-        owner: BuildOwner | None = None,  # noqa: ARG002 - Kubernetes mode's (builds.kube)
+        owner: BuildOwner | None = None,  # Kubernetes mode's (builds.kube); unused here
     ) -> BuildResult:
         """Build ``template`` (its ``build`` set); ``template_result(name)`` is another
         template's result (for ``from: {template}``).

@@ -100,7 +100,7 @@ def validate_registry(registry: str) -> str:
 class PodBuilds:
     """Builds templates as builder Pods (see the module docstring)."""
 
-    def __init__(  # noqa: PLR0913 - the build's whole configuration, by keyword
+    def __init__(
         self,
         *,
         pods: PodApi,
@@ -178,8 +178,7 @@ class PodBuilds:
     ) -> tuple[str, str]:
         """(the chain's first key, the base image pinned by digest)."""
         build = template.build
-        assert build is not None  # noqa: S101 - build() checked it
-        if build.base.template is not None:
+        if build is not None and build.base.template is not None:
             other = await template_result(build.base.template)
             if not other.image:
                 raise ResourceInvalid(
@@ -187,7 +186,7 @@ class PodBuilds:
                     field="spec.build.from.template",
                 )
             return other.key, other.image
-        ref = build.base.image or template.image or self._default_image
+        ref = (build.base.image if build else None) or template.image or self._default_image
         try:
             digest = await self._resolve(ref)
         except ImageAuthFailed as exc:  # stays typed: the credentials are what to fix

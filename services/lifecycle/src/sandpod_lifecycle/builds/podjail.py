@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ __all__ = ["SETUP_FAILED", "main"]
 SETUP_FAILED = 125
 PR_SET_NO_NEW_PRIVS = 38
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+MOUNT = shutil.which("mount") or "/usr/bin/mount"  # util-linux's, from the builder image
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -43,7 +45,7 @@ class JailSetupFailed(Exception):
 
 
 def _mount(*args: str) -> None:
-    done = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+    done = subprocess.run([MOUNT, *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise JailSetupFailed(f"mount {' '.join(args)}: {done.stderr.strip()}")
 

@@ -31,7 +31,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 import structlog
@@ -97,7 +97,9 @@ class PodBuildSettings:
             nats_creds=env.get("SANDPOD_NATS_CREDS") or None,
             auth_file=Path(auth) if auth else None,
             insecure=frozenset(
-                h.strip() for h in env.get("SANDPOD_INSECURE_REGISTRIES", "").split(",") if h.strip()
+                h.strip()
+                for h in env.get("SANDPOD_INSECURE_REGISTRIES", "").split(",")
+                if h.strip()
             ),
         )
 
@@ -145,8 +147,7 @@ class PodStepBuilder(Builder):
         tail: list[str] = []
         try:
             async with asyncio.timeout(RUN_TIMEOUT):
-                assert proc.stdout is not None  # noqa: S101 - PIPE was asked for
-                async for line in proc.stdout:
+                async for line in _lines(proc):
                     await emit_line(line.rstrip(b"\n"), tail, job.emit)
                 code = await proc.wait()
         except TimeoutError:
@@ -160,6 +161,14 @@ class PodStepBuilder(Builder):
         if code != 0:
             raise job.failed(f"the command exited with {code}", tail=tail, exit_code=code)
         await commit.commit_upper(upper, fs, uid=BUILD_UID, gid=BUILD_UID, hostname="")
+
+
+async def _lines(proc: asyncio.subprocess.Process) -> AsyncIterator[bytes]:
+    """The step's output, line by line (stdout was asked for as a pipe)."""
+    if proc.stdout is None:
+        return
+    async for line in proc.stdout:
+        yield line
 
 
 def _auth(path: Path | None) -> AuthFile | None:

@@ -4,16 +4,17 @@ Everything Kubernetes goes through :mod:`sandpod_kube` (``PodApi`` sends, ``pods
 this module maps the reconciler's verbs onto it:
 
     ensure   -> (a built template: its image is the one its build pushed, by digest; not built
-                yet: ``CreateFailed``, retried) apply the template's NetworkPolicy, create the Pod (owned by the Sandbox: its uid
-                in ``ownerReferences``), wait until the Pod is Ready. The reconciler then pings
-                execd over NATS: Ready = the Pod is Ready AND execd answers. A Pod that is not
-                Ready says why (:mod:`sandpod_kube.podhealth`): ``InstanceUnhealthy`` carries
-                that reason -- terminal (OOMKilled, ExecdExited, Evicted, InvalidImage...: the
-                Sandbox is Failed) or transient (Unschedulable, ImagePullFailed...: the Pod is
-                kept and waited for, never deleted and re-created, until ``start_deadline``
-                seconds after its creation). A Sandbox that already ran (``Owner.started``)
-                and has no Pod any more lost it: ``PodDeleted``, terminal -- a new Pod would
-                silently hand the agent an empty sandbox under the same name.
+                yet: ``CreateFailed``, retried) apply the template's NetworkPolicy, create the
+                Pod (owned by the Sandbox: its uid in ``ownerReferences``), wait until the Pod
+                is Ready. The reconciler then pings execd over NATS: Ready = the Pod is Ready
+                AND execd answers. A Pod that is not Ready says why
+                (:mod:`sandpod_kube.podhealth`): ``InstanceUnhealthy`` carries that reason --
+                terminal (OOMKilled, ExecdExited, Evicted, InvalidImage...: the Sandbox is
+                Failed) or transient (Unschedulable, ImagePullFailed...: the Pod is kept and
+                waited for, never deleted and re-created, until ``start_deadline`` seconds
+                after its creation). A Sandbox that already ran (``Owner.started``) and has no
+                Pod any more lost it: ``PodDeleted``, terminal -- a new Pod would silently hand
+                the agent an empty sandbox under the same name.
     inspect  -> the sandbox's live Pod (label ``sandpod.dev/sandbox``, this installation's label);
                 none, or one that ended or is being deleted, means "no instance". A live Pod
                 with a terminal problem (CrashLoopBackOff) is reported on the Instance.
