@@ -5,7 +5,8 @@ Data flow: ``index.json`` names the image by its ``org.opencontainers.image.ref.
 (config first, then the layers) is hashed from the layout and compared with its digest (a
 layout blob that does not match is ``image.digest_mismatch``, and nothing is sent) -> each is
 pushed unless the registry has it already (:meth:`Registry.push_blob`: a HEAD, then POST + PUT)
--> the manifest is PUT under the tag, its digest checked against the layout's.
+-> the manifest is PUT under the tag (unless the tag names it already), its digest checked
+against the layout's.
 
 Progress is one :class:`PushProgress` per blob (``skipped`` when the registry had it), so a
 CLI prints lines and a build streams them as events. Credentials come from the caller (an
@@ -95,6 +96,15 @@ def _verify(path: Path, digest: str) -> None:
         raise ImageDigestMismatch(f"layout blob {digest} does not match its content")
 
 
+async def _tagged(registry: Registry, repository: str, tag: str) -> str | None:
+    """The digest ``tag`` names in the registry now (None: no such tag)."""
+    try:
+        _, _, digest = await registry.get_manifest(repository, tag)
+    except ImageNotFound:
+        return None
+    return digest
+
+
 async def push_layout(
     layout: Path,
     tag: str,
@@ -133,11 +143,15 @@ async def push_layout(
             uploaded, skipped = uploaded + sent, skipped + (not sent)
             if progress is not None:
                 progress(PushProgress(kind, str(desc["digest"]), int(desc["size"]), not sent))
-        pushed = await registry.put_manifest(dest.repository, dest.tag or digest, body, media_type)
-    if pushed != digest:  # pragma: no cover - the same bytes hash the same
-        raise ImageError(f"{target}: the manifest pushed as {pushed}, expected {digest}")
+        there = await _tagged(registry, dest.repository, dest.tag or digest)
+        if there != digest:
+            pushed = await registry.put_manifest(
+                dest.repository, dest.tag or digest, body, media_type
+            )
+            if pushed != digest:  # pragma: no cover - the same bytes hash the same
+                raise ImageError(f"{target}: the manifest pushed as {pushed}, expected {digest}")
     if progress is not None:
-        progress(PushProgress("manifest", digest, len(body), False))
+        progress(PushProgress("manifest", digest, len(body), there == digest))
     return PushedImage(
         reference=f"{dest.registry}/{dest.repository}@{digest}",
         digest=digest,
