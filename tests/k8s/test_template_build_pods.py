@@ -298,3 +298,44 @@ async def test_wrong_registry_credentials_are_a_typed_auth_failure(
     assert build_registry.host in cond["message"]
     assert cluster.kubelet.builds == []
     assert json.loads(wrong.read_text())["auths"]  # the file was read, not absent
+
+
+async def test_a_run_step_cannot_reach_the_builder_pods_secrets_or_processes(
+    cluster: Cluster, build_registry: TestRegistry, tmp_path: Path
+) -> None:
+    """The attacker is the template's own ``run`` step, inside the builder Pod: it must not
+    read the registry credentials the Pod mounts for its push (here: the fake kubelet's copy
+    on this host), the Pod's env (the NATS URL, the build request), or see the builder's
+    processes; and it is not root. Its probes are in the build log."""
+    creds = docker_config(
+        tmp_path / "config.json", build_registry, AuthConfig(username=USER, password=PASSWORD)
+    )
+    _registry_secret(cluster, creds)
+    base = await _base_image(build_registry, tmp_path)
+    _lifecycle(
+        cluster,
+        creds,
+        SANDPOD_BUILD_REGISTRY=f"{build_registry.host}/sandpod",
+        SANDPOD_BUILD_REGISTRY_SECRET=SECRET,
+    )
+    await cluster.answering()
+    secrets = cluster.state / "pods"  # where the fake kubelet writes the Pod's Secret volumes
+    probe = "; ".join(
+        [
+            f"for f in {secrets}/*/volumes/registry-auth/config.json {creds}; do "
+            'if cat "$f" 2>/dev/null; then echo "READ $f"; else echo "no $f"; fi; done',
+            "echo uid=$(id -u)",
+            'echo "env: $SANDPOD_NATS_URL $SANDPOD_BUILD_REQUEST $SANDPOD_BUILD_AUTH_FILE."',
+            "echo procs: $(ls /proc | while read p; do case $p in [0-9]*) echo x;; esac; done)",
+        ]
+    )
+    logs: list[str] = []
+    name = f"kx-{uuid.uuid4().hex[:6]}"
+    info = await _build(cluster, Template(name).from_image(base).run(probe), logs)
+    assert info.phase == "Ready", info
+    out = [line.removeprefix("  | ") for line in logs if line.startswith("  | ")]
+    assert not any(line.startswith("READ") or "auths" in line for line in out), out
+    assert any(line.startswith("no ") and "registry-auth" in line for line in out), out
+    assert "uid=65532" in out and "env:   ." in out, out
+    procs = next(line for line in out if line.startswith("procs:"))
+    assert procs.count("x") <= 6, procs  # sh and its pipeline: a pid namespace of its own
