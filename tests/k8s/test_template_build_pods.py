@@ -162,6 +162,7 @@ async def test_a_built_template_is_pushed_by_a_builder_pod_and_its_sandboxes_run
     assert info.phase == "Ready", info
     status = BuildStatus.from_dict(info.object["status"])
     assert status.image.startswith(f"{registry}/{name}@sha256:"), status
+    assert info.image == status.image  # the SDK's view of it
     assert any(line.startswith("step 3/4 run") for line in logs), logs
     assert any("pushed" in line for line in logs) and "  | running as 65532" in logs, logs
 
@@ -226,6 +227,18 @@ async def test_a_built_template_is_pushed_by_a_builder_pod_and_its_sandboxes_run
     newer = await store.pull(new_image)
     changed_step = _find(newer.layers, "data/step")
     assert changed_step is not None and changed_step.read_text() == "changed\n"
+
+    # Another template built on this one: its base is the pushed image, its steps on top.
+    child = f"{name}-child"
+    derived = await _build(
+        cluster, Template(child).from_template(name).run("echo child > /data/child"), []
+    )
+    assert derived.phase == "Ready" and derived.layers[0] == changed.result_key, derived
+    child_image = await store.pull(derived.image)
+    assert child_image.layers[: len(newer.layers)] == newer.layers  # the parent's, shared
+    child_file = _find(child_image.layers, "data/child")
+    assert child_file is not None and child_file.read_text() == "child\n"
+    assert dict(child_image.config.env)["GREETING"] == "built-in-k8s"
 
 
 async def test_a_failed_step_is_named_in_the_template_status(
