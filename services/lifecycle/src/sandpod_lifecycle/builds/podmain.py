@@ -36,7 +36,7 @@ from pathlib import Path
 
 import structlog
 
-from sandpod_bus import Bus, BusSettings
+from sandpod_bus import Bus, BusSettings, ObjectBucket
 from sandpod_contract.builds import BuildPhase, TemplateBuild
 from sandpod_contract.errors import BuildFailed, InternalError, SandpodError
 from sandpod_contract.resources import SandboxTemplateSpec
@@ -107,8 +107,20 @@ class PodBuildSettings:
 class PodStepBuilder(Builder):
     """:class:`Builder` with the lifecycle's pinned base and ``run`` steps in ``podjail``."""
 
-    def __init__(self, *, base_key: str, base_image: str, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]  # Builder's own keywords
+    def __init__(
+        self,
+        *,
+        base_key: str,
+        base_image: str,
+        cache: BuildCache,
+        bus: Bus,
+        subjects: Subjects,
+        contexts: Callable[[], Awaitable[ObjectBucket]],
+        images: ImageStore,
+    ) -> None:
+        super().__init__(
+            cache=cache, driver=None, bus=bus, subjects=subjects, contexts=contexts, images=images
+        )
         self._base_key = base_key
         self._base_image = base_image
 
@@ -198,7 +210,6 @@ async def build_and_push(settings: PodBuildSettings, bus: Bus, emit: Log) -> Bui
         base_key=req.base_key,
         base_image=req.base_image,
         cache=BuildCache(settings.work / "images" / "build"),
-        driver=None,
         bus=bus,
         subjects=subjects,
         contexts=lambda: bus.objects(bucket),
