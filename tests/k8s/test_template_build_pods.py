@@ -26,13 +26,14 @@ from kubernetes import client
 from k8s.cluster import NS, Cluster
 from registry import TestRegistry
 from runnable_image import docker_config, push, runnable_base, tar_of
-from sandpod import AsyncSandbox
+from sandpod import AsyncPools, AsyncSandbox
 from sandpod.errors import BuildFailed
 from sandpod.templates import AsyncTemplates, Template, TemplateInfo
 from sandpod_contract.builds import BuildStatus
 from sandpod_image.auth import AuthConfig, load_auth_file
 from sandpod_image.store import ImageStore
 from sandpod_kube.buildpod import BUILD_CAPABILITIES, BUILD_LABEL
+from sandpod_kube.podspec import TEMPLATE_LABEL
 from sandpod_store import Resource
 
 pytestmark = pytest.mark.skipif(
@@ -352,3 +353,46 @@ async def test_a_run_step_cannot_reach_the_builder_pods_secrets_or_processes(
     assert "uid=65532" in out and "env:   ." in out, out
     procs = next(line for line in out if line.startswith("procs:"))
     assert procs.count("x") <= 6, procs  # sh and its pipeline: a pid namespace of its own
+
+
+async def test_a_rebuilt_template_rolls_its_warm_pool_onto_the_new_image(
+    cluster: Cluster, build_registry: TestRegistry, tmp_path: Path
+) -> None:
+    """A warm pool of a built template on Kubernetes: its members' Pods run the pushed image; a
+    changed step pushes a new image, and the pool replaces its free members with Pods of it."""
+    creds = docker_config(
+        tmp_path / "config.json", build_registry, AuthConfig(username=USER, password=PASSWORD)
+    )
+    _registry_secret(cluster, creds)
+    base = await _base_image(build_registry, tmp_path)
+    _lifecycle(
+        cluster,
+        creds,
+        SANDPOD_BUILD_REGISTRY=f"{build_registry.host}/sandpod",
+        SANDPOD_BUILD_REGISTRY_SECRET=SECRET,
+    )
+    cluster.service("sandpod_pool", SANDPOD_POOL_RESYNC="0.3")
+    await cluster.answering()
+    name = f"kp-{uuid.uuid4().hex[:6]}"
+
+    def template(version: str) -> Template:
+        return Template(name).from_image(base).workdir("/v").run(f"echo {version} > /v/version")
+
+    def pods_of(template: str, image: str) -> bool:
+        labels = [(p, p["metadata"]["labels"]) for p in kubelet.seen.values()]
+        members = [p for p, lb in labels if lb.get(TEMPLATE_LABEL) == template]
+        return len(members) == 2 and all(
+            p["spec"]["containers"][0]["image"] == image for p in members
+        )
+
+    kubelet = cluster.kubelet
+    first = await _build(cluster, template("1"), [])
+    pools = await AsyncPools.connect(nats_url=cluster.nats.url, prefix=cluster.prefix)
+    try:
+        await pools.create(name, template=name, replicas=2)
+        await kubelet.until("the pool's Pods of image 1", lambda: pods_of(name, first.image), 90)
+        second = await _build(cluster, template("2"), [])
+        assert second.image != first.image and second.image
+        await kubelet.until("the pool's Pods of image 2", lambda: pods_of(name, second.image), 90)
+    finally:
+        await pools.close()
