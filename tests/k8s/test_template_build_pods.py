@@ -396,3 +396,32 @@ async def test_a_rebuilt_template_rolls_its_warm_pool_onto_the_new_image(
         await kubelet.until("the pool's Pods of image 2", lambda: pods_of(name, second.image), 90)
     finally:
         await pools.close()
+
+
+async def test_refused_credentials_in_the_builder_pod_are_a_typed_auth_failure(
+    cluster: Cluster, build_registry: TestRegistry, tmp_path: Path
+) -> None:
+    """The lifecycle's credentials are right but the Secret the builder Pod mounts is not: the
+    Pod's own registry access is refused, and its typed error crosses the termination message
+    into the template's Built condition as ``image.auth_failed``."""
+    right = docker_config(
+        tmp_path / "config.json", build_registry, AuthConfig(username=USER, password=PASSWORD)
+    )
+    wrong = docker_config(
+        tmp_path / "wrong.json", build_registry, AuthConfig(username=USER, password="nope")
+    )
+    _registry_secret(cluster, wrong, name="wrong-registry")
+    base = await _base_image(build_registry, tmp_path)
+    _lifecycle(
+        cluster,
+        right,
+        SANDPOD_BUILD_REGISTRY=f"{build_registry.host}/sandpod",
+        SANDPOD_BUILD_REGISTRY_SECRET="wrong-registry",
+    )
+    await cluster.answering()
+    name = f"kw-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(BuildFailed):
+        await _build(cluster, Template(name).from_image(base).run("true"), [])
+    cond = _condition(await cluster.store.get("SandboxTemplate", NS, name))
+    assert (cond["status"], cond["reason"]) == ("False", "image.auth_failed"), cond
+    assert len(cluster.kubelet.builds) == 1  # the refusal came from inside the builder Pod

@@ -37,7 +37,13 @@ import structlog
 from sandpod_bus import Bus, ObjectBucket
 from sandpod_client import Channel, ExecStream
 from sandpod_contract.builds import BuildStep, TemplateBuild
-from sandpod_contract.errors import BuildFailed, BuildUnsupported, ImageError, ResourceNotFound
+from sandpod_contract.errors import (
+    BuildFailed,
+    BuildUnsupported,
+    ImageAuthFailed,
+    ImageError,
+    ResourceNotFound,
+)
 from sandpod_contract.messages.exec import ExecExit
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.subjects import Subjects
@@ -191,6 +197,11 @@ class Builder:
             )
         try:
             image = await self._images.pull(ref)
+        except ImageAuthFailed as exc:  # stays typed: the credentials are what to fix
+            raise ImageAuthFailed(
+                f"cannot pull the base image {ref}: {exc.message}",
+                **{**exc.details, "template": name, "step": 0},
+            ) from exc
         except ImageError as exc:
             raise BuildFailed(
                 f"cannot pull the base image {ref}: {exc}",

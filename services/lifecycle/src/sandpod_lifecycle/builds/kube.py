@@ -191,7 +191,7 @@ class PodBuilds:
             digest = await self._resolve(ref)
         except ImageAuthFailed as exc:  # stays typed: the credentials are what to fix
             raise ImageAuthFailed(
-                f"the base image {ref}: {exc.message}", **exc.details, step=0
+                f"the base image {ref}: {exc.message}", **{**exc.details, "step": 0}
             ) from exc
         except ImageError as exc:
             if exc.retryable:
