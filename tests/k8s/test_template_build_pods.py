@@ -425,3 +425,33 @@ async def test_refused_credentials_in_the_builder_pod_are_a_typed_auth_failure(
     cond = _condition(await cluster.store.get("SandboxTemplate", NS, name))
     assert (cond["status"], cond["reason"]) == ("False", "image.auth_failed"), cond
     assert len(cluster.kubelet.builds) == 1  # the refusal came from inside the builder Pod
+
+
+async def test_a_builder_pod_that_cannot_start_fails_the_build_with_its_reason(
+    cluster: Cluster, build_registry: TestRegistry, tmp_path: Path
+) -> None:
+    """No node fits the builder Pod (what the scheduler writes): the build log says so while it
+    waits, and after the start deadline the template is Failed naming the reason -- never left
+    Building in silence; the Pod is deleted."""
+    creds = docker_config(
+        tmp_path / "config.json", build_registry, AuthConfig(username=USER, password=PASSWORD)
+    )
+    base = await _base_image(build_registry, tmp_path)
+    cluster.kubelet.fault = "unschedulable"
+    _lifecycle(
+        cluster,
+        creds,
+        SANDPOD_BUILD_REGISTRY=f"{build_registry.host}/sandpod",
+        SANDPOD_POD_START_DEADLINE="2",
+    )
+    await cluster.answering()
+    name = f"ku-{uuid.uuid4().hex[:6]}"
+    logs: list[str] = []
+    with pytest.raises(BuildFailed):
+        await _build(cluster, Template(name).from_image(base).run("true"), logs)
+    assert any(line.startswith("builder Pod waiting: Unschedulable") for line in logs), logs
+    cond = _condition(await cluster.store.get("SandboxTemplate", NS, name))
+    assert (cond["status"], cond["reason"]) == ("False", "template.build_failed"), cond
+    assert "did not start within 2 s: Unschedulable" in cond["message"], cond
+    kubelet = cluster.kubelet
+    await kubelet.until("the builder Pod's deletion", lambda: not kubelet.seen)

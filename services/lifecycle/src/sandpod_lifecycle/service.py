@@ -343,6 +343,7 @@ class LifecycleService:
             installation=self.settings.prefix,
             default_image=self.settings.pods.default_image,
             nats_secret=self.settings.pods.nats_secret,
+            start_deadline=self.settings.pods.start_deadline,
             auth=self._auth_file(),
             insecure=self.settings.insecure_registries,
         )

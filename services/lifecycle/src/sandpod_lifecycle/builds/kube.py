@@ -23,7 +23,10 @@ template generation that is not built):
 4. if the registry has that tag already, it is the build (a cache hit: no Pod, no push);
 5. else the builder Pod ``<template>-build-<key>`` is created (owned by the template), waited
    for until it ends, its termination message read (``podwire.BuildOutcome``: the image by
-   digest, or the typed error with the failing step), and the Pod is deleted.
+   digest, or the typed error with the failing step), and the Pod is deleted. A Pod that cannot
+   start (unschedulable, its image not pulled) fails the build with that reason once it has
+   waited ``SANDPOD_POD_START_DEADLINE`` seconds (said in the build log meanwhile), never
+   leaving the template Building in silence.
 
 Registry access here (the tag check) uses the lifecycle's own credentials file
 (``SANDPOD_IMAGE_AUTH_FILE``, Docker ``config.json``); the Pod gets the Secret
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -53,6 +57,7 @@ from sandpod_contract.errors import (
     SandpodError,
 )
 from sandpod_contract.resources import SandboxTemplateSpec
+from sandpod_contract.times import from_rfc3339
 from sandpod_image.auth import AuthFile
 from sandpod_image.manifest import host_platform
 from sandpod_image.reference import parse_reference
@@ -109,6 +114,7 @@ class PodBuilds:
         installation: str,
         default_image: str,
         nats_secret: str,
+        start_deadline: float = 300.0,
         auth: AuthFile | None = None,
         insecure: frozenset[str] = frozenset(),
         transport: Any = None,
@@ -119,6 +125,7 @@ class PodBuilds:
         self._installation = installation
         self._default_image = default_image
         self._nats_secret = nats_secret
+        self._start_deadline = start_deadline
         self._auth = auth
         self._insecure = insecure
         self._transport = transport  # httpx transport for the registry checks (tests)
@@ -264,9 +271,7 @@ class PodBuilds:
         try:
             await self._start(owner, manifest)
             await emit(f"builder Pod {owner.namespace}/{name} started ({self._settings.image})")
-            state = await self._pods.wait_finished(
-                owner.namespace, name, self._settings.deadline + 60.0
-            )
+            state = await self._wait(owner.namespace, name, emit)
         except TimeoutError:
             raise BuildFailed(
                 f"the builder Pod {owner.namespace}/{name} did not finish within "
@@ -286,6 +291,39 @@ class PodBuilds:
             raise InternalError(f"the builder Pod {name} reported another result")
         return outcome
 
+    async def _wait(self, namespace: str, name: str, emit: Log) -> PodState:
+        """The Pod once it ended. Meanwhile, every ``poll`` seconds: a Pod held back by a
+        problem (Unschedulable, ImagePullFailed...) is said in the log, and fails the build
+        after the start deadline.
+
+        Raises:
+            BuildFailed: the Pod did not start within the start deadline.
+            TimeoutError: it did not end within the build deadline.
+            ResourceNotFound: it was deleted.
+        """
+        poll = max(min(10.0, self._start_deadline / 2), 0.5)
+        total = self._settings.deadline + 60.0
+        waited = 0.0
+        while True:
+            try:
+                return await self._pods.wait_finished(namespace, name, poll)
+            except TimeoutError:
+                waited += poll
+            state = await self._pods.get(namespace, name)
+            if state is None:
+                raise ResourceNotFound(f"Pod {namespace}/{name} is gone", kind="Pod", name=name)
+            problem = state.problem
+            if problem is not None and not state.ready and state.phase == "Pending":
+                await emit(f"builder Pod waiting: {problem.reason}: {problem.message}")
+                if _age(state.created) >= self._start_deadline:
+                    raise BuildFailed(
+                        f"the builder Pod {namespace}/{name} did not start within "
+                        f"{self._start_deadline:g} s: {problem.reason}: {problem.message}",
+                        pod_reason=str(problem.reason),
+                    )
+            if waited >= total:
+                raise TimeoutError(f"builder Pod {namespace}/{name}")
+
     async def _start(self, owner: BuildOwner, manifest: dict[str, Any]) -> None:
         """Create the builder Pod, adopting a live one of the same build (a restarted
         lifecycle) and replacing one that ended or belongs to an older template object."""
@@ -299,6 +337,11 @@ class PodBuilds:
                 await self._pods.create(manifest)
                 self.pods_made += 1
                 log.info("build_pod_created", template=owner.name, pod=name)
+
+
+def _age(created: str) -> float:
+    """Seconds since an RFC 3339 creation time (0 when unknown)."""
+    return time.time() - from_rfc3339(created) if created else 0.0
 
 
 def _outcome(state: PodState) -> BuildOutcome:
