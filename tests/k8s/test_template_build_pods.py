@@ -139,6 +139,7 @@ async def test_a_built_template_is_pushed_by_a_builder_pod_and_its_sandboxes_run
         SANDPOD_BUILD_REGISTRY=registry,
         SANDPOD_BUILD_REGISTRY_SECRET=SECRET,
         SANDPOD_BUILD_IMAGE="sandpod-lifecycle:test",
+        SANDPOD_POD_IMAGE_PULL_SECRETS=SECRET,  # sandbox Pods pull the built image with it
     )
     await cluster.answering()
     context = tmp_path / "app"
@@ -208,6 +209,7 @@ async def test_a_built_template_is_pushed_by_a_builder_pod_and_its_sandboxes_run
     async with sbx:
         sandbox_pod = kubelet.seen[sbx.id]
         assert sandbox_pod["spec"]["containers"][0]["image"] == status.image
+        assert sandbox_pod["spec"]["imagePullSecrets"] == [{"name": SECRET}]
         await sbx.kill()
 
     # The same steps (a new generation): a cache hit, no builder Pod, nothing pushed.
