@@ -222,8 +222,13 @@ async def test_a_built_template_is_pushed_by_a_builder_pod_and_its_sandboxes_run
     assert sorted(p.name for p in (build_registry.root / "data").rglob("link")) == manifests
     assert again.object["metadata"]["generation"] > info.object["metadata"]["generation"]
 
-    # A changed step: a new builder Pod and a new image.
-    changed = await _build(cluster, template("echo changed > /data/step"), [])
+    # A changed step: a new builder Pod that resumes after the unchanged prefix (its result
+    # was pushed too), and a new image.
+    changed_logs: list[str] = []
+    changed = await _build(cluster, template("echo changed > /data/step"), changed_logs)
+    assert any(line.startswith("steps 1-2 cached: ") for line in changed_logs), changed_logs
+    assert not any(line.startswith(("step 1/4", "step 2/4")) for line in changed_logs)
+    assert "step 3/4 run echo changed > /data/step (running)" in changed_logs, changed_logs
     new_image = BuildStatus.from_dict(changed.object["status"]).image
     assert changed.result_key != info.result_key and len(kubelet.builds) == 2
     assert new_image.startswith(f"{registry}/{name}@sha256:") and new_image != status.image

@@ -17,8 +17,8 @@ from sandpod_kube.buildpod import (
     build_pod_name,
 )
 from sandpod_kube.podspec import INSTALLATION_LABEL, SANDBOX_LABEL
-from sandpod_lifecycle.builds.kube import image_tag, validate_registry
-from sandpod_lifecycle.builds.podwire import MESSAGE_LIMIT, BuildOutcome, BuildRequest
+from sandpod_lifecycle.builds.kube import validate_registry
+from sandpod_lifecycle.builds.podwire import MESSAGE_LIMIT, BuildOutcome, BuildRequest, image_tag
 from sandpod_lifecycle.settings import LifecycleSettings
 
 KEY = "ab" * 32

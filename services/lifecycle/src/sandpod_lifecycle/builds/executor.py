@@ -91,6 +91,10 @@ class BuildOwner:
 class Builder:
     """Builds templates on this node (see the module's docstring)."""
 
+    # Steps of the template before the ``build.steps`` given, already built (a builder Pod
+    # resuming from a cached prefix): step numbers in logs and failures stay the template's.
+    steps_before = 0
+
     def __init__(
         self,
         *,
@@ -144,8 +148,8 @@ class Builder:
             parent = await self._base(name, template, build, template_result)
             config = self._config(parent)
             keys, ran = [parent], 0
-            total = len(build.steps)
-            for i, step in enumerate(build.steps, 1):
+            total = len(build.steps) + self.steps_before
+            for i, step in enumerate(build.steps, 1 + self.steps_before):
                 key = step_key(parent, step)
                 head = f"step {i}/{total} {step.describe()}"
                 if self.cache.get(key) is not None:

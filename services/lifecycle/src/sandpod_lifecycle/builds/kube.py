@@ -19,8 +19,11 @@ template generation that is not built):
    image) are resolved to their platform manifest digest (the key a local build gives the same
    image: ``cache.base_key``); ``from: {template}`` is that template's result and pushed image;
 3. every step's key is computed (``cache.step_key``: nothing runs for that), the last is the
-   result key; the image's tag is ``<SANDPOD_BUILD_REGISTRY>/<template>:<key prefix>``;
-4. if the registry has that tag already, it is the build (a cache hit: no Pod, no push);
+   result key; the image's tag is ``<SANDPOD_BUILD_REGISTRY>/<template>:build-<key prefix>``
+   (``podwire.image_tag``), and each step's result is pushed under its own key's tag too;
+4. if the registry has the result's tag already, it is the build (a cache hit: no Pod, no
+   push); else the longest prefix of steps whose result is there becomes the Pod's base, so a
+   changed step rebuilds only from there, as locally;
 5. else the builder Pod ``<template>-build-<key>`` is created (owned by the template), waited
    for until it ends, its termination message read (``podwire.BuildOutcome``: the image by
    digest, or the typed error with the failing step), and the Pod is deleted. A Pod that cannot
@@ -67,10 +70,10 @@ from sandpod_kube.buildpod import BuildPod, BuildPodSettings, build_pod_manifest
 from sandpod_kube.pods import PodApi, PodState
 from sandpod_lifecycle.builds.cache import base_key, step_key
 from sandpod_lifecycle.builds.executor import BuildOwner, BuildResult, BuiltRef, Log
-from sandpod_lifecycle.builds.podwire import BuildOutcome, BuildRequest
+from sandpod_lifecycle.builds.podwire import BuildOutcome, BuildRequest, image_tag
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 
-__all__ = ["NO_REGISTRY", "PodBuilds", "image_tag", "validate_registry"]
+__all__ = ["NO_REGISTRY", "PodBuilds", "validate_registry"]
 
 log = structlog.get_logger("sandpod.lifecycle.builds")
 
@@ -80,12 +83,6 @@ NO_REGISTRY = (
     "in SANDPOD_IMAGE_AUTH_FILE, and the Secret SANDPOD_BUILD_REGISTRY_SECRET for the builder "
     "Pod)"
 )
-TAG_KEY_CHARS = 32  # 128 bits of the result key name the tag
-
-
-def image_tag(key: str) -> str:
-    """The tag of result ``key``."""
-    return f"build-{key[:TAG_KEY_CHARS]}"
 
 
 def validate_registry(registry: str) -> str:
@@ -161,18 +158,22 @@ class PodBuilds:
         for step in build.steps:
             keys.append(step_key(keys[-1], step))
         key = keys[-1]
-        target = f"{self._registry}/{name}:{image_tag(key)}"
-        present = await self._pushed(target)
-        if present is not None:
+        repo = f"{self._registry}/{name}"
+        done, present = await self._longest_pushed(repo, keys)
+        if done == len(keys) - 1 and present is not None:
             await emit(f"cached: {present} is in the registry (no builder Pod)")
             return BuildResult(key=key, layers=tuple(keys), ran=0, image=present)
+        if present is not None:  # resume after the longest prefix already pushed
+            await emit(f"steps 1-{done} cached: {present}")
+            base, base_image = keys[done], present
         request = BuildRequest(
             template=name,
-            build=build.to_dict(),
+            build={**build.to_dict(), "steps": [s.to_dict() for s in build.steps[done:]]},
             base_key=base,
             base_image=base_image,
             key=key,
-            target=target,
+            target=f"{repo}:{image_tag(key)}",
+            steps_before=done,
         )
         outcome = await self._run_pod(owner, template, request, emit)
         return BuildResult(key=key, layers=tuple(keys), ran=outcome.ran, image=outcome.image)
@@ -225,6 +226,15 @@ class PodBuilds:
             return (await source.resolve(host_platform())).digest
         finally:
             await source.aclose()
+
+    async def _longest_pushed(self, repo: str, keys: list[str]) -> tuple[int, str | None]:
+        """(n, image): the first ``n`` steps' result is pushed as ``image`` (by digest), the
+        largest such n; (0, None) when no step's result is in the registry."""
+        for done in range(len(keys) - 1, 0, -1):
+            present = await self._pushed(f"{repo}:{image_tag(keys[done])}")
+            if present is not None:
+                return done, present
+        return 0, None
 
     async def _pushed(self, target: str) -> str | None:
         """``registry/repo@digest`` of ``target`` when the registry has it, else None.

@@ -58,8 +58,8 @@ from sandpod_lifecycle.builds.executor import (
     StepJob,
     emit_line,
 )
-from sandpod_lifecycle.builds.export import export_oci
-from sandpod_lifecycle.builds.podwire import BuildOutcome, BuildRequest
+from sandpod_lifecycle.builds.export import export_chain, export_oci
+from sandpod_lifecycle.builds.podwire import BuildOutcome, BuildRequest, image_tag
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 
 __all__ = ["BUILD_UID", "PodBuildSettings", "PodStepBuilder", "main"]
@@ -215,6 +215,7 @@ async def build_and_push(settings: PodBuildSettings, bus: Bus, emit: Log) -> Bui
         contexts=lambda: bus.objects(bucket),
         images=images,
     )
+    builder.steps_before = req.steps_before
 
     async def never(name: str) -> BuiltRef:  # the base is pinned: no template is asked for
         raise InternalError(f"the builder Pod cannot resolve template {name}")
@@ -227,24 +228,39 @@ async def build_and_push(settings: PodBuildSettings, bus: Bus, emit: Log) -> Bui
             f"the builder computed result {result.key[:12]}, the lifecycle {req.key[:12]}: "
             "the builder image and the lifecycle run different Sandpod versions"
         )
-    tag = parse_reference(req.target).tag or "latest"
+    repo = parse_reference(req.target).name
     await emit(f"exporting the image ({len(result.layers)} entries)")
     layout = settings.work / "oci"
-    await asyncio.to_thread(export_oci, builder.cache, result.key, layout, ref=tag)
+    keys = await asyncio.to_thread(export_chain, builder.cache, result.key, layout, image_tag)
+    if not keys:  # no steps: the image is the base itself
+        await asyncio.to_thread(
+            export_oci, builder.cache, result.key, layout, ref=image_tag(result.key)
+        )
+        keys = [result.key]
     lines: list[str] = []
 
     def progress(p: PushProgress) -> None:
         what = "already there" if p.skipped else "pushed"
         lines.append(f"push {p.kind} {p.digest[:19]}… {p.size / 1e6:.1f} MB {what}")
 
-    pushed = await push_layout(
-        layout, tag, req.target, auth_file=auth, insecure=settings.insecure, progress=progress
-    )
+    uploaded, pushed = 0, None
+    for key in keys:  # each step's result: a later build resumes from the longest prefix
+        pushed = await push_layout(
+            layout,
+            image_tag(key),
+            f"{repo}:{image_tag(key)}",
+            auth_file=auth,
+            insecure=settings.insecure,
+            progress=progress if key == result.key else None,
+        )
+        uploaded += pushed.uploaded
     for line in lines:
         await emit(line)
-    await emit(f"pushed {pushed.reference}")
+    if pushed is None:  # pragma: no cover - keys is never empty
+        raise InternalError("nothing was pushed")
+    await emit(f"pushed {pushed.reference} (and {len(keys) - 1} intermediate results)")
     return BuildOutcome(
-        ok=True, key=result.key, image=pushed.reference, ran=result.ran, uploaded=pushed.uploaded
+        ok=True, key=result.key, image=pushed.reference, ran=result.ran, uploaded=uploaded
     )
 
 

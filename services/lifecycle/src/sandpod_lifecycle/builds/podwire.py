@@ -18,11 +18,17 @@ from typing import Any
 
 from sandpod_contract.errors import InternalError, SandpodError, error_from_wire
 
-__all__ = ["MESSAGE_LIMIT", "WIRE_VERSION", "BuildOutcome", "BuildRequest"]
+__all__ = ["MESSAGE_LIMIT", "WIRE_VERSION", "BuildOutcome", "BuildRequest", "image_tag"]
 
 WIRE_VERSION = 1
 MESSAGE_LIMIT = 4096  # bytes of a termination message the kubelet keeps
 _TAIL_LIMIT = 1500  # characters of the failing step's log tail carried back
+TAG_KEY_CHARS = 32  # 128 bits of a result key name its tag
+
+
+def image_tag(key: str) -> str:
+    """The registry tag of the build result (or intermediate step result) ``key``."""
+    return f"build-{key[:TAG_KEY_CHARS]}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,7 +38,8 @@ class BuildRequest:
     base_key: str  # the chain's first key (an image's, or the base template's result)
     base_image: str  # the base, pinned: registry/repo@sha256:...
     key: str  # the result key the lifecycle expects (the Pod checks it got the same)
-    target: str  # registry/repo:tag to push to
+    target: str  # registry/repo:tag to push to (intermediate results: the same repo)
+    steps_before: int = 0  # template steps already built: the base is their result
     version: int = WIRE_VERSION
 
     def to_json(self) -> str:
