@@ -50,42 +50,17 @@ from sandpod_contract.subjects import Subjects
 from sandpod_image.store import ImageStore
 from sandpod_lifecycle.builds import commit
 from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig, LayerMeta, base_key, step_key
+from sandpod_lifecycle.builds.results import BuildOwner, BuildResult, BuiltRef, Log
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 
-__all__ = ["BuildOwner", "BuildResult", "Builder", "BuiltRef", "Log", "StepJob", "emit_line"]
+__all__ = ["Builder", "StepJob", "emit_line"]
 
 log = structlog.get_logger("sandpod.lifecycle.builds")
 
-Log = Callable[[str], Awaitable[None]]
 TAIL_LINES = 20
 RUN_TIMEOUT = 3600.0  # seconds a run step may take
 START_RETRY = 0.2  # seconds between attempts to create a builder after a passing failure
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BuildResult:
-    key: str
-    layers: tuple[str, ...]  # every key of the chain, bottom first
-    ran: int  # steps that did work (not cached)
-    image: str = ""  # Kubernetes mode: the pushed image, ``registry/repo@sha256:...``
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BuiltRef:
-    """Another template's build, as a base: its result key (and pushed image, Kubernetes)."""
-
-    key: str
-    image: str = ""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BuildOwner:
-    """The SandboxTemplate being built (Kubernetes mode: the builder Pod's owner)."""
-
-    namespace: str
-    name: str
-    uid: str
 
 
 class Builder:

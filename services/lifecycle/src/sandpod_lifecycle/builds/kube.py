@@ -69,8 +69,8 @@ from sandpod_image.sources import open_source
 from sandpod_kube.buildpod import BuildPod, BuildPodSettings, build_pod_manifest
 from sandpod_kube.pods import PodApi, PodState
 from sandpod_lifecycle.builds.cache import base_key, step_key
-from sandpod_lifecycle.builds.executor import BuildOwner, BuildResult, BuiltRef, Log
 from sandpod_lifecycle.builds.podwire import BuildOutcome, BuildRequest, image_tag
+from sandpod_lifecycle.builds.results import BuildOwner, BuildResult, BuiltRef, Log
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 
 __all__ = ["NO_REGISTRY", "PodBuilds", "validate_registry"]

@@ -34,7 +34,7 @@ from sandpod_contract.errors import (
 from sandpod_contract.resources import Condition, SandboxTemplateSpec
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.builds.events import publish_build_event
-from sandpod_lifecycle.builds.executor import BuildOwner, BuildResult, BuiltRef, Log
+from sandpod_lifecycle.builds.results import BuildOwner, BuildResult, BuiltRef, Log
 from sandpod_lifecycle.objects import TEMPLATE
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 from sandpod_service.clock import REAL, Clock

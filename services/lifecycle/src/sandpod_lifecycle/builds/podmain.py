@@ -49,17 +49,10 @@ from sandpod_image.store import ImageStore
 from sandpod_lifecycle.builds import commit
 from sandpod_lifecycle.builds.cache import BuildCache
 from sandpod_lifecycle.builds.events import publish_build_event
-from sandpod_lifecycle.builds.executor import (
-    RUN_TIMEOUT,
-    Builder,
-    BuildResult,
-    BuiltRef,
-    Log,
-    StepJob,
-    emit_line,
-)
+from sandpod_lifecycle.builds.executor import RUN_TIMEOUT, Builder, StepJob, emit_line
 from sandpod_lifecycle.builds.export import export_chain, export_oci
 from sandpod_lifecycle.builds.podwire import BuildOutcome, BuildRequest, image_tag
+from sandpod_lifecycle.builds.results import BuildResult, BuiltRef, Log
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 
 __all__ = ["BUILD_UID", "PodBuildSettings", "PodStepBuilder", "main"]
