@@ -18,8 +18,9 @@ import pytest
 
 from registry import TestRegistry
 from runnable_image import docker_config
+from sandpod_contract.errors import ImageNotFound
 from sandpod_image.auth import AuthConfig, load_auth_file
-from sandpod_image.makeimages import main
+from sandpod_image.makeimages import MakeImagesFailed, main, push_images
 from sandpod_image.pushlayout import layout_manifest
 from sandpod_image.store import ImageStore
 
@@ -82,3 +83,25 @@ def test_make_images_push_with_refused_credentials_fails_typed(
     argv += ["--out", str(tmp_path / "images"), "--push", f"{registry.host}/sandpod"]
     assert main([*argv, "--auth-file", str(wrong)]) == 1
     assert "[image.auth_failed]" in capsys.readouterr().err
+
+
+def test_a_tampered_layout_blob_is_refused_before_anything_is_sent(
+    registry: TestRegistry, tmp_path: Path
+) -> None:
+    """A layer blob of the layout that no longer matches its digest: the push stops with
+    ``image.digest_mismatch`` and the registry never gets the image."""
+    creds = docker_config(tmp_path / "config.json", registry, AUTH)
+    out = tmp_path / "images"
+    argv = ["--only", "base", "--base-rootfs", str(_tree(tmp_path / "tree")), "--out", str(out)]
+    assert main(argv) == 0
+    manifest, _ = layout_manifest(out / "sandpod-base", "latest")
+    layer = json.loads(manifest)["layers"][0]["digest"].removeprefix("sha256:")
+    blob = out / "sandpod-base" / "blobs" / "sha256" / layer
+    data = blob.read_bytes()
+    blob.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    target = f"{registry.host}/tampered"
+    with pytest.raises(MakeImagesFailed, match=r"\[image.digest_mismatch\]"):
+        push_images([out / "sandpod-base"], target, "latest", auth_file=creds)
+    store = ImageStore(tmp_path / "pulled", auth_file=load_auth_file(creds))
+    with pytest.raises(ImageNotFound):
+        asyncio.run(store.pull(f"{target}/sandpod-base:latest"))
