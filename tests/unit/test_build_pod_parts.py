@@ -4,6 +4,7 @@ tests/k8s/test_template_build_pods.py, on a real API server and registry)."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -13,10 +14,11 @@ from sandpod_kube.buildpod import (
     BUILD_LABEL,
     BuildPod,
     BuildPodSettings,
+    build_creds_secret_manifest,
     build_pod_manifest,
     build_pod_name,
 )
-from sandpod_kube.podspec import INSTALLATION_LABEL, SANDBOX_LABEL
+from sandpod_kube.podspec import CREDS_KEY, CREDS_MOUNT, INSTALLATION_LABEL, SANDBOX_LABEL
 from sandpod_lifecycle.builds.kube import validate_registry
 from sandpod_lifecycle.builds.podwire import MESSAGE_LIMIT, BuildOutcome, BuildRequest, image_tag
 from sandpod_lifecycle.settings import LifecycleSettings
@@ -167,3 +169,21 @@ def test_a_failed_outcome_fits_a_termination_message_and_raises_its_typed_error(
     auth = BuildOutcome.from_json(BuildOutcome.failed(ImageAuthFailed("refused")).to_json())
     with pytest.raises(ImageAuthFailed):
         auth.raise_error()
+
+
+def test_a_builds_own_nats_creds_are_mounted_and_owned_by_its_template() -> None:
+    """Operator mode: the build's Secret (owned by the template, labelled like its Pod) is
+    mounted read-only, mode 0400, and the builder connects with it and its inbox prefix."""
+    pod = _pod(creds_secret="data-build-x-nats", inbox_prefix="_INBOX.build-1")
+    secret = build_creds_secret_manifest(pod, "CREDS", 123)
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "SandboxTemplate"
+    assert secret["metadata"]["labels"][BUILD_LABEL] == "data"
+    assert base64.b64decode(secret["data"][CREDS_KEY]) == b"CREDS"
+    m = build_pod_manifest(pod, BuildPodSettings())
+    vol = next(v for v in m["spec"]["volumes"] if v["name"] == "nats-creds")
+    assert (
+        vol["secret"]["secretName"] == "data-build-x-nats" and vol["secret"]["defaultMode"] == 0o400
+    )
+    env = {e["name"]: e.get("value") for e in m["spec"]["containers"][0]["env"]}
+    assert env["SANDPOD_NATS_CREDS"] == f"{CREDS_MOUNT}/{CREDS_KEY}"
+    assert env["SANDPOD_NATS_INBOX_PREFIX"] == "_INBOX.build-1"

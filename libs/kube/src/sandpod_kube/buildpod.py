@@ -12,6 +12,9 @@ which builds with the lifecycle's build code (the cache keys, the layer commit, 
 the bytes a local build makes) and pushes the image with ``sandpod_image``'s push code. Its
 outcome comes back as the container's termination message (``terminationMessagePath``: a
 small JSON the kubelet copies into the Pod's status), so the controller needs no log access.
+With per-build NATS credentials (``creds_secret``: operator mode) the build's own Secret is
+mounted read-only at ``CREDS_MOUNT`` with the inbox prefix its JWT allows; without, the builder
+connects with the installation's URL Secret only, as sandbox Pods then do.
 
 Privileges, and why: a ``run`` step executes the user's command on the chain built so far,
 which takes an overlay mount, a private mount and pid namespace and a ``chroot``, then drops to
@@ -30,18 +33,26 @@ the commands are the template author's code.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
 
-from sandpod_kube.podspec import INSTALLATION_LABEL, MANAGED_BY
+from sandpod_kube.podspec import (
+    CREDS_EXPIRES,
+    CREDS_KEY,
+    CREDS_MOUNT,
+    INSTALLATION_LABEL,
+    MANAGED_BY,
+)
 
 __all__ = [
     "BUILD_CAPABILITIES",
     "BUILD_LABEL",
     "BuildPod",
     "BuildPodSettings",
+    "build_creds_secret_manifest",
     "build_pod_manifest",
     "build_pod_name",
 ]
@@ -114,6 +125,36 @@ class BuildPod:
     cpu: str | None = None
     memory: str | None = None
     insecure_registries: tuple[str, ...] = ()
+    creds_secret: str | None = None  # the build's own NATS creds Secret (None: the URL's)
+    inbox_prefix: str | None = None  # the inbox prefix its creds allow
+
+
+def build_creds_secret_manifest(pod: BuildPod, creds: str, expires: int) -> dict[str, Any]:
+    """The Secret of a build's NATS creds (``pod.creds_secret``), owned by the template and
+    labelled like its builder Pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": pod.creds_secret,
+            "namespace": pod.namespace,
+            "labels": _labels(pod),
+            "annotations": {CREDS_EXPIRES: str(expires)},
+            "ownerReferences": [_owner(pod)],
+        },
+        "data": {CREDS_KEY: base64.b64encode(creds.encode()).decode()},
+    }
+
+
+def _owner(pod: BuildPod) -> dict[str, Any]:
+    return {
+        "apiVersion": "sandpod.dev/v1alpha1",
+        "kind": "SandboxTemplate",
+        "name": pod.template,
+        "uid": pod.owner_uid,
+        "controller": True,
+    }
 
 
 def build_pod_name(template: str, key: str) -> str:
@@ -166,6 +207,20 @@ def build_pod_manifest(pod: BuildPod, settings: BuildPodSettings) -> dict[str, A
         )
         mounts.append({"name": "registry-auth", "mountPath": AUTH_MOUNT, "readOnly": True})
         env.append({"name": "SANDPOD_BUILD_AUTH_FILE", "value": f"{AUTH_MOUNT}/config.json"})
+    if pod.creds_secret:
+        volumes.append(
+            {
+                "name": "nats-creds",
+                "secret": {
+                    "secretName": pod.creds_secret,
+                    "defaultMode": 0o400,
+                    "items": [{"key": CREDS_KEY, "path": CREDS_KEY}],
+                },
+            }
+        )
+        mounts.append({"name": "nats-creds", "mountPath": CREDS_MOUNT, "readOnly": True})
+        env.append({"name": "SANDPOD_NATS_CREDS", "value": f"{CREDS_MOUNT}/{CREDS_KEY}"})
+        env.append({"name": "SANDPOD_NATS_INBOX_PREFIX", "value": pod.inbox_prefix or ""})
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -204,15 +259,7 @@ def build_pod_manifest(pod: BuildPod, settings: BuildPodSettings) -> dict[str, A
             "name": build_pod_name(pod.template, pod.key),
             "namespace": pod.namespace,
             "labels": _labels(pod),
-            "ownerReferences": [
-                {
-                    "apiVersion": "sandpod.dev/v1alpha1",
-                    "kind": "SandboxTemplate",
-                    "name": pod.template,
-                    "uid": pod.owner_uid,
-                    "controller": True,
-                }
-            ],
+            "ownerReferences": [_owner(pod)],
         },
         "spec": spec,
     }

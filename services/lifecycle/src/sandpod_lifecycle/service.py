@@ -66,6 +66,7 @@ from sandpod_store import Store
 
 if TYPE_CHECKING:
     from sandpod_kube import PodApi
+    from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
 __all__ = ["LifecycleService"]
 
@@ -94,6 +95,7 @@ class LifecycleService:
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
         self.builder: Builder | None = None  # template builds (the local runtime)
         self._pod_api: PodApi | None = None  # kubernetes: the driver's (builder Pods too)
+        self._creds_policy: CredsPolicy | None = None  # kubernetes, operator mode
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
     async def _store(self, bus: Bus, bucket: str) -> Store:
@@ -153,6 +155,7 @@ class LifecycleService:
                     self.settings.nats_creds_ttl,
                     self.settings.nats_creds_margin,
                 )
+            self._creds_policy = creds
             return PodDriver(
                 pods,
                 self.settings.pods,
@@ -344,6 +347,7 @@ class LifecycleService:
             default_image=self.settings.pods.default_image,
             nats_secret=self.settings.pods.nats_secret,
             start_deadline=self.settings.pods.start_deadline,
+            creds=self._creds_policy,
             auth=self._auth_file(),
             insecure=self.settings.insecure_registries,
         )

@@ -34,12 +34,15 @@ template generation that is not built):
 Registry access here (the tag check) uses the lifecycle's own credentials file
 (``SANDPOD_IMAGE_AUTH_FILE``, Docker ``config.json``); the Pod gets the Secret
 ``SANDPOD_BUILD_REGISTRY_SECRET`` mounted for its push. A refused credential is
-``image.auth_failed`` in the template's ``Built`` condition.
+``image.auth_failed`` in the template's ``Built`` condition. With NATS in operator mode each
+builder Pod connects as a user of its own (``builds.buildcreds``: the build's event subject and
+the build-context bucket only), its Secret deleted with the Pod.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -66,12 +69,20 @@ from sandpod_image.manifest import host_platform
 from sandpod_image.reference import parse_reference
 from sandpod_image.registry import Registry
 from sandpod_image.sources import open_source
-from sandpod_kube.buildpod import BuildPod, BuildPodSettings, build_pod_manifest
+from sandpod_kube.buildpod import (
+    BuildPod,
+    BuildPodSettings,
+    build_creds_secret_manifest,
+    build_pod_manifest,
+    build_pod_name,
+)
 from sandpod_kube.pods import PodApi, PodState
+from sandpod_lifecycle.builds.buildcreds import mint_builder_creds
 from sandpod_lifecycle.builds.cache import base_key, step_key
 from sandpod_lifecycle.builds.podwire import BuildOutcome, BuildRequest, image_tag
 from sandpod_lifecycle.builds.results import BuildOwner, BuildResult, BuiltRef, Log
 from sandpod_lifecycle.runtime.base import RuntimeFailure
+from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
 __all__ = ["NO_REGISTRY", "PodBuilds", "validate_registry"]
 
@@ -112,6 +123,7 @@ class PodBuilds:
         default_image: str,
         nats_secret: str,
         start_deadline: float = 300.0,
+        creds: CredsPolicy | None = None,
         auth: AuthFile | None = None,
         insecure: frozenset[str] = frozenset(),
         transport: Any = None,
@@ -123,6 +135,7 @@ class PodBuilds:
         self._default_image = default_image
         self._nats_secret = nats_secret
         self._start_deadline = start_deadline
+        self._creds = creds  # operator mode: each builder Pod gets its own NATS user
         self._auth = auth
         self._insecure = insecure
         self._transport = transport  # httpx transport for the registry checks (tests)
@@ -276,9 +289,19 @@ class PodBuilds:
             memory=template.resources.memory,
             insecure_registries=tuple(sorted(self._insecure)),
         )
+        name = build_pod_name(owner.name, request.key)
+        minted = None
+        if self._creds is not None:
+            minted = mint_builder_creds(
+                self._creds, owner.name, self._settings.deadline, time.time()
+            )
+            pod = dataclasses.replace(pod, creds_secret=f"{name}-nats", inbox_prefix=minted.inbox)
         manifest = build_pod_manifest(pod, self._settings)
-        name = manifest["metadata"]["name"]
         try:
+            if minted is not None:
+                await self._pods.apply_secret(
+                    build_creds_secret_manifest(pod, minted.creds, minted.expires)
+                )
             await self._start(owner, manifest)
             await emit(f"builder Pod {owner.namespace}/{name} started ({self._settings.image})")
             state = await self._wait(owner.namespace, name, emit)
@@ -293,6 +316,9 @@ class PodBuilds:
         finally:
             with contextlib.suppress(Exception):  # the Pod goes whatever happened
                 await self._pods.delete(owner.namespace, name, grace_seconds=0)
+            if pod.creds_secret:  # and its credentials
+                with contextlib.suppress(Exception):
+                    await self._pods.delete_secret(owner.namespace, pod.creds_secret)
         outcome = _outcome(state)
         log.info("build_pod_finished", template=owner.name, pod=name, ok=outcome.ok)
         if not outcome.ok:

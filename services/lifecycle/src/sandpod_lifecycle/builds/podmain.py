@@ -72,6 +72,7 @@ class PodBuildSettings:
     prefix: str
     nats_url: str
     nats_creds: str | None
+    nats_inbox: str | None
     auth_file: Path | None
     insecure: frozenset[str]
 
@@ -88,6 +89,7 @@ class PodBuildSettings:
             prefix=env.get("SANDPOD_PREFIX", DEFAULT_PREFIX),
             nats_url=env.get("SANDPOD_NATS_URL", "nats://127.0.0.1:4222"),
             nats_creds=env.get("SANDPOD_NATS_CREDS") or None,
+            nats_inbox=env.get("SANDPOD_NATS_INBOX_PREFIX") or None,
             auth_file=Path(auth) if auth else None,
             insecure=frozenset(
                 h.strip()
@@ -262,7 +264,12 @@ async def run(settings: PodBuildSettings) -> BuildOutcome:
     name = settings.request.template
     try:
         bus = await Bus.connect(
-            BusSettings(url=settings.nats_url, creds=settings.nats_creds, name="builder")
+            BusSettings(
+                url=settings.nats_url,
+                creds=settings.nats_creds,
+                inbox_prefix=settings.nats_inbox,
+                name="builder",
+            )
         )
     except SandpodError as exc:
         return BuildOutcome.failed(exc)
