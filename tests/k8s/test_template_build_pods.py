@@ -29,7 +29,11 @@ from runnable_image import docker_config, push, runnable_base, tar_of
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod.errors import BuildFailed
 from sandpod.templates import AsyncTemplates, Template, TemplateInfo
+from sandpod_bus import Bus, BusSettings, Inbound
 from sandpod_contract.builds import BuildStatus
+from sandpod_contract.codec import decode
+from sandpod_contract.messages.sandboxes import SandboxEvent
+from sandpod_contract.subjects import Subjects
 from sandpod_image.auth import AuthConfig, load_auth_file
 from sandpod_image.store import ImageStore
 from sandpod_kube.buildpod import BUILD_CAPABILITIES, BUILD_LABEL
@@ -462,3 +466,62 @@ async def test_a_builder_pod_that_cannot_start_fails_the_build_with_its_reason(
     assert "did not start within 2 s: Unschedulable" in cond["message"], cond
     kubelet = cluster.kubelet
     await kubelet.until("the builder Pod's deletion", lambda: not kubelet.seen)
+
+
+async def test_a_restarted_lifecycle_adopts_the_running_builder_pod(
+    cluster: Cluster, build_registry: TestRegistry, tmp_path: Path
+) -> None:
+    """The lifecycle stops while its builder Pod runs: the Pod is left running (not deleted
+    at shutdown), the restarted lifecycle adopts that same Pod (one uid, never re-created)
+    and records its result."""
+    creds = docker_config(
+        tmp_path / "config.json", build_registry, AuthConfig(username=USER, password=PASSWORD)
+    )
+    _registry_secret(cluster, creds)
+    base = await _base_image(build_registry, tmp_path)
+    lifecycle = cluster.service(
+        "sandpod_lifecycle",
+        SANDPOD_RUNTIME="kubernetes",
+        SANDPOD_RESYNC="0.5",
+        SANDPOD_IMAGE_AUTH_FILE=str(creds),
+        SANDPOD_POD_NATS_CIDRS="127.0.0.1/32",
+        SANDPOD_BUILD_REGISTRY=f"{build_registry.host}/sandpod",
+        SANDPOD_BUILD_REGISTRY_SECRET=SECRET,
+    )
+    await cluster.answering()
+    kubelet = cluster.kubelet
+    kubelet.hold()  # the builder Pod exists but does not start yet
+    name = f"kr-{uuid.uuid4().hex[:6]}"
+    async with await AsyncTemplates.connect(
+        nats_url=cluster.nats.url, prefix=cluster.prefix
+    ) as templates:  # applied only: the build is followed on the store (no API while restarting)
+        await templates.apply(Template(name).from_image(base).run("echo adopted").object({}))
+    await kubelet.until("the builder Pod", lambda: any(n.startswith(name) for n in kubelet.seen))
+    (pod_name,) = [n for n in kubelet.seen if n.startswith(name)]
+    events: asyncio.Queue[str] = asyncio.Queue()
+    bus = await Bus.connect(BusSettings(url=cluster.nats.url))
+    subject = Subjects(cluster.prefix).event("template", name, "build")
+
+    async def on_event(msg: Inbound) -> None:
+        await events.put(decode(SandboxEvent, msg.data).message)
+
+    sub = await bus.subscribe(subject, on_event)
+    try:
+        await asyncio.to_thread(lifecycle.restart)  # SIGTERM, then a new process
+        assert pod_name in kubelet.seen  # left running for the next leader
+        while not events.empty():  # the old replica's lines (the new one is still starting)
+            events.get_nowait()
+        async with asyncio.timeout(60):  # the new leader takes the same Pod up (still held)
+            while not (await events.get()).startswith(f"builder Pod {NS}/{pod_name} started"):
+                pass
+    finally:
+        await sub.stop()
+        await bus.close()
+    kubelet.release()
+    built = await cluster.until(
+        "SandboxTemplate", name, lambda o: o is not None and o.status.get("phase") == "Ready"
+    )
+    assert built is not None and built.status["image"], built
+    assert len(kubelet.uids[pod_name]) == 1  # the same Pod, adopted
+    assert len(kubelet.builds) == 1
+    await kubelet.until("the builder Pod's deletion", lambda: pod_name not in kubelet.seen)

@@ -96,6 +96,7 @@ class LifecycleService:
         self.builder: Builder | None = None  # template builds (the local runtime)
         self._pod_api: PodApi | None = None  # kubernetes: the driver's (builder Pods too)
         self._creds_policy: CredsPolicy | None = None  # kubernetes, operator mode
+        self._template_builds: TemplateBuilds | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
     async def _store(self, bus: Bus, bucket: str) -> Store:
@@ -134,6 +135,8 @@ class LifecycleService:
         log.info("leadership_changed", leading=leading, replica=self.settings.replica_id)
         if leading and self.reconciler is not None:
             self.reconciler.resync_soon()
+        if leading and self._template_builds is not None:
+            self._template_builds.resync_soon()
 
     def _driver(self) -> Driver:
         state = self.settings.state_dir
@@ -249,6 +252,7 @@ class LifecycleService:
         api = LifecycleApi(store, events, clock=self.clock)
         driver = self._driver()
         builds = self._builds(bus, store, driver)
+        self._template_builds = builds
         self.reconciler = Reconciler(
             store=store,
             driver=driver,

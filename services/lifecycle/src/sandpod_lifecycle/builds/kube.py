@@ -26,10 +26,11 @@ template generation that is not built):
    changed step rebuilds only from there, as locally;
 5. else the builder Pod ``<template>-build-<key>`` is created (owned by the template), waited
    for until it ends, its termination message read (``podwire.BuildOutcome``: the image by
-   digest, or the typed error with the failing step), and the Pod is deleted. A Pod that cannot
-   start (unschedulable, its image not pulled) fails the build with that reason once it has
-   waited ``SANDPOD_POD_START_DEADLINE`` seconds (said in the build log meanwhile), never
-   leaving the template Building in silence.
+   digest, or the typed error with the failing step), and the Pod is deleted (unless this
+   replica is stopping: the next leader adopts the running Pod and reads its result). A Pod
+   that cannot start (unschedulable, its image not pulled) fails the build with that reason
+   once it has waited ``SANDPOD_POD_START_DEADLINE`` seconds (said in the build log
+   meanwhile), never leaving the template Building in silence.
 
 Registry access here (the tag check) uses the lifecycle's own credentials file
 (``SANDPOD_IMAGE_AUTH_FILE``, Docker ``config.json``); the Pod gets the Secret
@@ -41,6 +42,7 @@ the build-context bucket only), its Secret deleted with the Pod.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -174,6 +176,11 @@ class PodBuilds:
         repo = f"{self._registry}/{name}"
         done, present = await self._longest_pushed(repo, keys)
         if done == len(keys) - 1 and present is not None:
+            # a builder Pod of this result may be left over (its replica stopped): it is done
+            pod_name = build_pod_name(name, key)
+            await self._cleanup(
+                owner.namespace, pod_name, f"{pod_name}-nats" if self._creds else None
+            )
             await emit(f"cached: {present} is in the registry (no builder Pod)")
             return BuildResult(key=key, layers=tuple(keys), ran=0, image=present)
         if present is not None:  # resume after the longest prefix already pushed
@@ -297,12 +304,10 @@ class PodBuilds:
             )
             pod = dataclasses.replace(pod, creds_secret=f"{name}-nats", inbox_prefix=minted.inbox)
         manifest = build_pod_manifest(pod, self._settings)
+        secret = build_creds_secret_manifest(pod, minted.creds, minted.expires) if minted else None
+        stopping = False
         try:
-            if minted is not None:
-                await self._pods.apply_secret(
-                    build_creds_secret_manifest(pod, minted.creds, minted.expires)
-                )
-            await self._start(owner, manifest)
+            await self._start(owner, manifest, secret)
             await emit(f"builder Pod {owner.namespace}/{name} started ({self._settings.image})")
             state = await self._wait(owner.namespace, name, emit)
         except TimeoutError:
@@ -313,12 +318,13 @@ class PodBuilds:
             ) from None
         except ResourceNotFound as exc:  # deleted under us: build again on the next pass
             raise RuntimeFailure(f"builder Pod {name}: {exc}") from exc
+        except asyncio.CancelledError:  # this replica stops: the next leader adopts the Pod
+            stopping = True
+            log.info("build_pod_left_to_the_next_leader", template=owner.name, pod=name)
+            raise
         finally:
-            with contextlib.suppress(Exception):  # the Pod goes whatever happened
-                await self._pods.delete(owner.namespace, name, grace_seconds=0)
-            if pod.creds_secret:  # and its credentials
-                with contextlib.suppress(Exception):
-                    await self._pods.delete_secret(owner.namespace, pod.creds_secret)
+            if not stopping:
+                await self._cleanup(owner.namespace, name, pod.creds_secret)
         outcome = _outcome(state)
         log.info("build_pod_finished", template=owner.name, pod=name, ok=outcome.ok)
         if not outcome.ok:
@@ -326,6 +332,15 @@ class PodBuilds:
         if outcome.key != request.key or not outcome.image:
             raise InternalError(f"the builder Pod {name} reported another result")
         return outcome
+
+    async def _cleanup(self, namespace: str, name: str, secret: str | None) -> None:
+        """Delete the builder Pod and its creds Secret (never raises: the owner reference's
+        garbage collection is the fallback)."""
+        with contextlib.suppress(Exception):
+            await self._pods.delete(namespace, name, grace_seconds=0)
+        if secret:
+            with contextlib.suppress(Exception):
+                await self._pods.delete_secret(namespace, secret)
 
     async def _wait(self, namespace: str, name: str, emit: Log) -> PodState:
         """The Pod once it ended. Meanwhile, every ``poll`` seconds: a Pod held back by a
@@ -360,15 +375,20 @@ class PodBuilds:
             if waited >= total:
                 raise TimeoutError(f"builder Pod {namespace}/{name}")
 
-    async def _start(self, owner: BuildOwner, manifest: dict[str, Any]) -> None:
-        """Create the builder Pod, adopting a live one of the same build (a restarted
-        lifecycle) and replacing one that ended or belongs to an older template object."""
+    async def _start(
+        self, owner: BuildOwner, manifest: dict[str, Any], secret: dict[str, Any] | None
+    ) -> None:
+        """Create the builder Pod (its creds ``secret`` first), adopting a live one of the same
+        build (a restarted lifecycle: its mounted creds and inbox prefix are left as they are)
+        and replacing one that ended or belongs to an older template object."""
         name = manifest["metadata"]["name"]
         old = await self._pods.get(owner.namespace, name)
         if old is not None and (old.terminal or old.deleting or old.owner_uid != owner.uid):
             await self._pods.delete(owner.namespace, name, grace_seconds=0)
             old = None
         if old is None:
+            if secret is not None:
+                await self._pods.apply_secret(secret)
             with contextlib.suppress(ResourceExists):
                 await self._pods.create(manifest)
                 self.pods_made += 1

@@ -84,12 +84,33 @@ class TemplateBuilds:
         self._subjects = subjects
         self._clock = clock
         self._queue = WorkQueue("templates", self._handle, workers=2, clock=clock)
+        self._resync = asyncio.Event()
 
     async def run(self) -> None:
         """Watch templates and build them until cancelled."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._watch(), name="template-watch")
+            tg.create_task(self._resyncs(), name="template-resync")
             tg.create_task(self._queue.run(), name="template-builds")
+
+    def resync_soon(self) -> None:
+        """Queue every template again (this replica just became the leader: templates it saw
+        before, when it could not act on them, must not wait for their next change)."""
+        self._resync.set()
+
+    async def _resyncs(self) -> None:
+        while True:
+            await self._resync.wait()
+            self._resync.clear()
+            try:
+                items, _ = await self.store.list(TEMPLATE, None)
+            except SandpodError as exc:
+                log.warning("template_resync_failed", error=exc.message)
+                self._resync.set()
+                await self._clock.sleep(1.0)
+                continue
+            for obj in items:
+                self._queue.add(f"{obj.metadata.namespace}/{obj.metadata.name}")
 
     async def _watch(self) -> None:
         while True:
