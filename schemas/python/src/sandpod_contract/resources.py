@@ -16,6 +16,7 @@ from typing import Any
 
 from sandpod_contract.builds import TemplateBuild
 from sandpod_contract.errors import ResourceInvalid
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.times import from_rfc3339
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "ConditionReason",
     "ConditionType",
     "EnvVar",
+    "NetworkStatus",
     "OperatingMode",
     "Phase",
     "SandboxSpec",
@@ -242,6 +244,7 @@ class SandboxSpec:
     idle_timeout_seconds: int | None = None
     operating_mode: OperatingMode = OperatingMode.RUNNING
     env: tuple[EnvVar, ...] = ()
+    network: NetworkPolicy | None = None  # None: the template's (sandpod_contract.network)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxSpec:
@@ -270,6 +273,7 @@ class SandboxSpec:
                 "spec.operatingMode", OperatingMode, raw.get("operatingMode", "Running")
             ),
             env=EnvVar.parse("spec.env", raw.get("env")),
+            network=None if raw.get("network") is None else NetworkPolicy.from_dict(raw["network"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,7 +289,47 @@ class SandboxSpec:
             out["idleTimeoutSeconds"] = self.idle_timeout_seconds
         if self.env:
             out["env"] = [{"name": e.name, "value": e.value} for e in self.env]
+        if self.network is not None:
+            out["network"] = self.network.to_dict()
         return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NetworkStatus:
+    """``status.network``: the egress policy the runtime last applied to the instance.
+
+    ``source``: ``sandbox`` (its own ``spec.network``) or ``template`` (its template's);
+    ``enforced``: the runtime enforces all of it, else ``reason`` says what it does not and why
+    (the process runtime enforces nothing; a NetworkPolicy cannot express DNS names);
+    ``observed_generation``: the Sandbox generation it was applied for.
+    """
+
+    policy: NetworkPolicy
+    source: str = "template"
+    enforced: bool = False
+    reason: str = ""
+    observed_generation: int = 0
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> NetworkStatus | None:
+        if not isinstance(raw, Mapping):
+            return None
+        return cls(
+            policy=NetworkPolicy.from_dict(raw.get("policy"), "status.network.policy"),
+            source=str(raw.get("source", "template")),
+            enforced=bool(raw.get("enforced", False)),
+            reason=str(raw.get("reason", "")),
+            observed_generation=int(raw.get("observedGeneration", 0)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.to_dict(),
+            "source": self.source,
+            "enforced": self.enforced,
+            "reason": self.reason,
+            "observedGeneration": self.observed_generation,
+        }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -297,6 +341,7 @@ class SandboxStatus:
     node: str | None = None
     endpoint: Mapping[str, str] = dataclasses.field(default_factory=dict)
     conditions: tuple[Condition, ...] = ()
+    network: NetworkStatus | None = None  # the egress policy applied (None: not yet)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxStatus:
@@ -308,6 +353,7 @@ class SandboxStatus:
             node=raw.get("node"),
             endpoint=dict(raw.get("endpoint") or {}),
             conditions=tuple(Condition.from_dict(c) for c in raw.get("conditions") or ()),
+            network=NetworkStatus.from_dict(raw.get("network")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -325,6 +371,8 @@ class SandboxStatus:
                 out[key] = value
         if self.endpoint:
             out["endpoint"] = dict(self.endpoint)
+        if self.network is not None:
+            out["network"] = self.network.to_dict()
         return out
 
 
@@ -375,11 +423,16 @@ class SandboxTemplateSpec:
     user: str = "sandbox"
     env: tuple[EnvVar, ...] = ()
     resources: TemplateResources = dataclasses.field(default_factory=TemplateResources)
-    egress: tuple[str, ...] = ()  # wire: network.egress
+    network: NetworkPolicy = dataclasses.field(default_factory=NetworkPolicy)
     default_lifetime_seconds: int = 3600
     idle_timeout_seconds: int = 900
     security: TemplateSecurity = dataclasses.field(default_factory=TemplateSecurity)
     build: TemplateBuild | None = None  # how the template is built (sandpod_contract.builds)
+
+    @property
+    def egress(self) -> tuple[str, ...]:
+        """The ``allow`` rules' texts (what a Kubernetes NetworkPolicy can be made of)."""
+        return tuple(r.text for r in self.network.allow)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxTemplateSpec:
@@ -393,10 +446,6 @@ class SandboxTemplateSpec:
         if "disk" in res and _bytes(str(res["disk"])) < MIN_DISK:
             raise _fail("spec.resources.disk", f"{res['disk']!r} is below the minimum of 16Mi")
         pids = res.get("pids")
-        net = raw.get("network") or {}
-        egress = net.get("egress") or [] if isinstance(net, Mapping) else None
-        if not isinstance(egress, list) or not all(isinstance(e, str) for e in egress):
-            raise _fail("spec.network.egress", "must be a list of strings")
         return cls(
             image=raw.get("image"),
             rootfs=raw.get("rootfs"),
@@ -409,7 +458,7 @@ class SandboxTemplateSpec:
                 pids=None if pids is None else _int("spec.resources.pids", pids, 1),
                 disk=res.get("disk"),
             ),
-            egress=tuple(egress),
+            network=NetworkPolicy.from_dict(raw.get("network")),
             default_lifetime_seconds=_int(
                 "spec.defaultLifetimeSeconds", raw.get("defaultLifetimeSeconds", 3600), 1
             ),

@@ -58,6 +58,7 @@ from sandpod_lifecycle.runtime.local import JAIL_FILE, LocalRuntime, LocalRuntim
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
+from sandpod_lifecycle.steps import Templates
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
 from sandpod_service.clock import REAL, Clock
@@ -138,7 +139,9 @@ class LifecycleService:
         if leading and self._template_builds is not None:
             self._template_builds.resync_soon()
 
-    def _driver(self) -> Driver:
+    def _driver(self, templates: Templates) -> Driver:
+        """The runtime's driver; ``templates`` reads a template's spec (the Pod runtime
+        re-renders a template's NetworkPolicy from it)."""
         state = self.settings.state_dir
         if self.settings.runtime == "kubernetes":
             from sandpod_kube import PodApi
@@ -167,6 +170,7 @@ class LifecycleService:
                 namespace=self.settings.kube.namespace,
                 freezer=self._freezer,
                 creds=creds,
+                templates=templates,
             )
         launcher = ExecdLauncher(
             state,
@@ -250,7 +254,7 @@ class LifecycleService:
         await events.setup()
         self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events, clock=self.clock)
-        driver = self._driver()
+        driver = self._driver(api.template)
         builds = self._builds(bus, store, driver)
         self._template_builds = builds
         self.reconciler = Reconciler(
@@ -277,6 +281,9 @@ class LifecycleService:
             ("sandboxes", "renew"): api.renew,
             ("sandboxes", "pause"): api.pause,
             ("sandboxes", "resume"): api.resume,
+            ("sandboxes", "network"): api.network,
+            ("sandboxes", "set_network"): api.set_network,
+            ("sandboxes", "expose"): api.expose,
             ("templates", "apply"): api.template_apply,
             ("templates", "get"): api.template_get,
             ("templates", "list"): api.template_list,

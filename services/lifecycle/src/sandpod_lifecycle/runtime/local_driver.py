@@ -43,7 +43,7 @@ from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemp
 from sandpod_image import debian
 from sandpod_image.store import ImageStore
 from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig
-from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
+from sandpod_lifecycle.driver import ExecdLauncher, Instance, NoNetworkEnforcement, Owner
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import (
     CreateFailed,
@@ -112,8 +112,10 @@ class NoDefaultRootfs(CreateFailed):
     retryable = False
 
 
-class LocalDriver:
+class LocalDriver(NoNetworkEnforcement):
     name = "local"
+    # Until the per-sandbox link and firewall exist (sandpod_lifecycle.network): no egress.
+    network_reason = "the sandbox has loopback only (no egress at all); the policy is not applied"
 
     def __init__(
         self,
