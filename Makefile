@@ -73,7 +73,8 @@ envtest:  ## build (or reuse, cached) kube-apiserver + etcd + helm for the Kuber
 
 images: install  ## the project's images as OCI layouts in build/images/ without Docker (sandpod-execd, sandpod-base); PYTHON_HOME=<relocatable CPython> for the execd bundle (default: uv's managed 3.11)
 	@# The Debian base's mmdebstrap tarball is cached in ~/.cache/sandpod/images (built once, ~2 min).
-	@# Push with skopeo: skopeo copy oci:build/images/<name>:latest docker://$$SANDPOD_IMAGE_REGISTRY/<name>:latest
+	@# With SANDPOD_IMAGE_REGISTRY=host[:port]/prefix set, each image is also pushed there (our own push code;
+	@# credentials from the Docker config.json, SANDPOD_INSECURE_REGISTRIES for plain HTTP beyond loopback).
 	$(BIN)/python -m sandpod_image.makeimages --out build/images $(if $(PYTHON_HOME),--python-home $(PYTHON_HOME))
 
 chart-crds:  ## copy schemas/crds/ into the Helm chart (tests/k8s/test_helm.py fails on drift)

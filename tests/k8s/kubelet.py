@@ -28,6 +28,16 @@ test can tell one long-waited Pod from a create/delete storm.
 The image's filesystem
 does not exist here: the Pod's ``/workspace`` and ``/tmp`` emptyDirs become directories under the
 kubelet's state dir.
+
+Builder Pods (label ``sandpod.dev/build``) run what their container spec says: its
+``command`` + ``args`` as a host process, ``python3`` being this checkout's interpreter (the
+image's interpreter with Sandpod installed, as execd's bundle python is above); its env resolved
+as above; every emptyDir and Secret volume it mounts a local directory, and the
+``terminationMessagePath`` a local file, env values naming them pointed there. When the process
+exits the Pod's status says so as a kubelet writes it: phase Succeeded (exit 0) or Failed, the
+container ``terminated`` with its exit code and the termination message file's content. What is
+NOT emulated: the image's root filesystem and the container's securityContext (capabilities,
+read-only root) -- the process runs as this test's root on the host.
 """
 
 from __future__ import annotations
@@ -45,8 +55,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sandpod_contract.errors import ResourceExpired
+from sandpod_contract.errors import ResourceExpired, ResourceNotFound
 from sandpod_kube import KubeSettings, PodApi
+from sandpod_kube.buildpod import BUILD_LABEL
 
 __all__ = ["FAULTS", "FakeKubelet"]
 
@@ -88,6 +99,8 @@ class FakeKubelet:
         self._released.set()
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self.builds: list[dict[str, Any]] = []  # builder Pods started, as they were seen
+        self._waiters: dict[str, asyncio.Task[None]] = {}  # builder Pod -> its exit watcher
 
     def hold(self) -> None:
         """New Pods stay un-Ready (no execd) until :meth:`release`."""
@@ -107,6 +120,10 @@ class FakeKubelet:
             await self._task
         for name in list(self.execds):
             await self._stop(name)
+        for waiter in list(self._waiters.values()):
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
         await self.api.close()
 
     async def until(self, what: str, done: Callable[[], bool], timeout: float = 30) -> None:
@@ -177,8 +194,8 @@ class FakeKubelet:
         """The container's env as the kubelet resolves it (Secrets read from the API server)."""
         out: dict[str, str] = {}
         for var in container.get("env") or []:
-            if "value" in var:
-                out[var["name"]] = var["value"]
+            if "valueFrom" not in var:  # the API server drops an empty value
+                out[var["name"]] = var.get("value", "")
                 continue
             ref = var["valueFrom"]["secretKeyRef"]
             secret = await asyncio.to_thread(self._read_secret, ref["name"])
@@ -225,6 +242,9 @@ class FakeKubelet:
 
     async def _start(self, raw: dict[str, Any]) -> None:
         name = raw["metadata"]["name"]
+        if BUILD_LABEL in (raw["metadata"].get("labels") or {}):
+            await self._start_build(raw)
+            return
         if not self.run_execd:
             await self._mark_running(raw)
             return
@@ -253,6 +273,91 @@ class FakeKubelet:
             )
         self.started.append(name)
         await self._mark_running(raw)
+
+    async def _start_build(self, raw: dict[str, Any]) -> None:
+        """Run a builder Pod's container command (see the module docstring)."""
+        name = raw["metadata"]["name"]
+        container = raw["spec"]["containers"][0]
+        root = self.state / "pods" / name
+        empty = {v["name"] for v in raw["spec"].get("volumes") or [] if "emptyDir" in v}
+        mounts = await self._secret_volumes(raw, container, root)
+        for mount in container.get("volumeMounts") or []:
+            if mount["name"] in empty:
+                local = root / "volumes" / mount["name"]
+                local.mkdir(parents=True, exist_ok=True)
+                mounts[mount["mountPath"]] = local
+        message = root / "termination-log"
+        message.touch()
+        mounts[container.get("terminationMessagePath", "/dev/termination-log")] = message
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("SANDPOD_")},
+            **{k: _remap(v, mounts) for k, v in (await self._env(container)).items()},
+        }
+        argv = [*container.get("command", []), *container.get("args", [])]
+        # The image's python3 is Sandpod's: here, this checkout's interpreter.
+        argv = [sys.executable if argv[0] == "python3" else argv[0], *argv[1:]]
+        with (root / "build.log").open("ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        self.execds[name] = proc
+        self.started.append(name)
+        self.builds.append(raw)
+        await self._mark_running(raw)
+        self._waiters[name] = asyncio.create_task(
+            self._finish_build(raw, proc, message), name=f"fake-kubelet-build-{name}"
+        )
+
+    async def _finish_build(
+        self, raw: dict[str, Any], proc: asyncio.subprocess.Process, message: Path
+    ) -> None:
+        """When the builder's process exits: the status a kubelet writes for it."""
+        code = await proc.wait()
+        name = raw["metadata"]["name"]
+        self._waiters.pop(name, None)
+        if self.execds.get(name) is proc:
+            del self.execds[name]
+        now = _now()
+        container = raw["spec"]["containers"][0]
+        try:
+            current = await asyncio.to_thread(self._read_pod, name)
+        except client.exceptions.ApiException:  # deleted meanwhile: nothing to report
+            return
+        if current["metadata"]["uid"] != raw["metadata"]["uid"]:
+            return
+        current["status"].update(
+            phase="Succeeded" if code == 0 else "Failed",
+            conditions=[
+                {
+                    "type": t,
+                    "status": "False" if t in ("Ready", "ContainersReady") else "True",
+                    "lastTransitionTime": now,
+                }
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
+            containerStatuses=[
+                {
+                    "name": container["name"],
+                    "image": container["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {
+                        "terminated": {
+                            "exitCode": code,
+                            "reason": "Completed" if code == 0 else "Error",
+                            "message": message.read_text()[:4096],
+                            "startedAt": now,
+                            "finishedAt": now,
+                        }
+                    },
+                }
+            ],
+        )
+        with contextlib.suppress(ResourceNotFound):
+            await self.api.replace_status(self.namespace, name, current)
+        await self._notify()
 
     async def _mark_running(self, raw: dict[str, Any]) -> None:
         now = _now()

@@ -129,15 +129,20 @@ def test_untrusted_jail_files_are_refused(tmp_path: Path, case: str, why: str) -
 
 def test_kubernetes_users_are_the_embedded_ones_without_node_plane_kv_and_execd() -> None:
     """One definition for both modes: Kubernetes mode drops only the node plane, the KV store
-    and lease buckets (the API server holds both) and the execd user (Pods use sandbox creds)."""
+    and lease buckets (the API server holds both), the execd user (Pods use sandbox creds) and
+    the lifecycle's reading of build contexts (builder Pods read them as users of their own);
+    the client uploads build contexts in both modes."""
     s = Subjects("sandpod")
     embedded, kube = embedded_users(s, "n1"), kubernetes_users(s)
     assert set(kube) == set(embedded) - {"execd"}
     dropped = (
         *("sandpod.node.", "$KV.sandpod-resources.", "$KV.sandpod-leases."),
-        "$O.sandpod-build-contexts.",  # only the local runtime builds templates
+        "$O.sandpod-build-contexts.",  # the lifecycle reads contexts only where it builds
     )
+    assert kube["client"] == embedded["client"]
     for user, perms in kube.items():
+        if user == "client":
+            continue
         assert perms.sub_allow == embedded[user].sub_allow, user
         kept = tuple(
             x

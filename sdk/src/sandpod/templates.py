@@ -60,6 +60,7 @@ class TemplateInfo:
     result_key: str
     layers: tuple[str, ...]
     object: Mapping[str, Any]
+    image: str = ""  # Kubernetes mode: the pushed image of the build, by digest
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> TemplateInfo:
@@ -70,6 +71,7 @@ class TemplateInfo:
             result_key=status.result_key,
             layers=status.layers,
             object=obj,
+            image=status.image,
         )
 
 

@@ -22,25 +22,35 @@ OCI runtime reads. The Dockerfiles in ``deploy/images/`` stay for those who buil
 Data flow: staging directory or tarball -> ``OciLayout.add_layer``/``add_tar`` (pack, compress,
 digest) -> config + manifest + index. Run from the repository root:
 ``python -m sandpod_image.makeimages [--only execd,base] [--out build/images]``.
+
+Pushing: with ``--push REGISTRY`` (default ``$SANDPOD_IMAGE_REGISTRY``, ``host[:port]/prefix``)
+each layout written is pushed as ``<REGISTRY>/<name>:<tag>`` by ``sandpod_image.pushlayout``
+(blobs verified against their digests, those the registry has skipped; one line per blob), with
+the credentials of the Docker ``config.json`` (``--auth-file``, else ``$DOCKER_CONFIG`` / the
+default one) and plain HTTP only to loopback or a host in ``$SANDPOD_INSECURE_REGISTRIES``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from sandpod_contract.errors import SandpodError
 from sandpod_image import debian
+from sandpod_image.auth import default_auth_path, load_auth_file
 from sandpod_image.layers import PackResult
 from sandpod_image.ocilayout import HistoryEntry, ImageConfig, OciLayout
+from sandpod_image.pushlayout import PushProgress, push_layout
 
 __all__ = [
     "SERVICES",
@@ -50,6 +60,7 @@ __all__ = [
     "base_image",
     "execd_image",
     "main",
+    "push_images",
     "service_image",
 ]
 
@@ -257,7 +268,60 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--compress", default="gzip", choices=("gzip", "zstd", "none"))
     parser.add_argument("--python-home", type=Path, help="a relocatable CPython for the bundle")
     parser.add_argument("--base-rootfs", type=Path, help="pack this tree instead of mmdebstrap")
+    parser.add_argument(
+        "--push",
+        default=os.environ.get("SANDPOD_IMAGE_REGISTRY", ""),
+        metavar="REGISTRY",
+        help="push each image to REGISTRY/<name>:<tag> (default: $SANDPOD_IMAGE_REGISTRY)",
+    )
+    parser.add_argument("--auth-file", type=Path, help="registry credentials (config.json)")
     return parser
+
+
+def _say(name: str) -> Callable[[PushProgress], None]:
+    def say(p: PushProgress) -> None:
+        what = "exists, skipped" if p.skipped else "pushed"
+        print(f"  {name}: {p.kind} {p.digest[:19]}… {p.size / 1e6:.1f} MB {what}", flush=True)
+
+    return say
+
+
+def push_images(
+    layouts: Sequence[Path], registry: str, tag: str, *, auth_file: Path | None = None
+) -> list[str]:
+    """Push each layout's image ``tag`` to ``<registry>/<layout name>:<tag>``.
+
+    Returns:
+        The pushed references, by digest.
+
+    Raises:
+        MakeImagesFailed: a layout, the credentials or the registry failed (the message says).
+    """
+    insecure = frozenset(
+        h.strip() for h in os.environ.get("SANDPOD_INSECURE_REGISTRIES", "").split(",") if h
+    )
+    path = auth_file or default_auth_path()
+    pushed: list[str] = []
+    try:
+        auth = load_auth_file(path) if path is not None else None
+        for layout in layouts:
+            target = f"{registry.rstrip('/')}/{layout.name}:{tag}"
+            print(f"push {layout}:{tag} -> {target}", flush=True)
+            image = asyncio.run(
+                push_layout(
+                    layout,
+                    tag,
+                    target,
+                    auth_file=auth,
+                    insecure=insecure,
+                    progress=_say(layout.name),
+                )
+            )
+            print(f"{layout.name}: {image.reference}", flush=True)
+            pushed.append(image.reference)
+    except SandpodError as exc:
+        raise MakeImagesFailed(f"push to {registry}: [{exc.code}] {exc.message}") from exc
+    return pushed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -273,19 +337,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"unknown image(s): {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
+    written: list[Path] = []
     try:
         if "execd" in wanted:
             home = args.python_home or managed_python(build)
-            print(f"sandpod-execd: {execd_image(build, home)}:{build.tag}")
+            written.append(execd_image(build, home))
+            print(f"sandpod-execd: {written[-1]}:{build.tag}")
         if wanted & {"base", "services"}:
             base = base_image(build, args.base_rootfs)
+            written.append(base.layout)
             print(f"sandpod-base: {base.layout}:{build.tag}")
         if "services" in wanted:
             if not args.service_python.exists():
                 raise MakeImagesFailed(f"{args.service_python} missing: pass --service-python")
             for service in SERVICES:
-                built = service_image(build, base, service, args.service_python)
-                print(f"sandpod-{service}: {built}:{build.tag}")
+                written.append(service_image(build, base, service, args.service_python))
+                print(f"sandpod-{service}: {written[-1]}:{build.tag}")
+        if args.push:
+            push_images(written, args.push, build.tag, auth_file=args.auth_file)
     except MakeImagesFailed as exc:
         print(f"make images: {exc}", file=sys.stderr)
         return 1

@@ -52,6 +52,9 @@ class PodState:
     created: str = ""  # metadata.creationTimestamp (RFC 3339)
     problem: PodProblem | None = None  # why it is not serving (sandpod_kube.podhealth)
     pod_ip: str = ""  # status.podIP: where the gateway reaches the sandbox's ports
+    # The first container's end, once it terminated: exit code and termination message.
+    exit_code: int | None = None
+    message: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -63,6 +66,8 @@ class PodState:
         status = raw.get("status") or {}
         conditions = status.get("conditions") or []
         owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+        statuses = status.get("containerStatuses") or [{}]
+        ended = (statuses[0].get("state") or {}).get("terminated") or {}
         return cls(
             name=str(meta.get("name", "")),
             namespace=str(meta.get("namespace", "")),
@@ -76,6 +81,8 @@ class PodState:
             created=str(meta.get("creationTimestamp") or ""),
             problem=diagnose(raw),
             pod_ip=str(status.get("podIP") or ""),
+            exit_code=int(ended["exitCode"]) if "exitCode" in ended else None,
+            message=str(ended.get("message") or ""),
         )
 
 
@@ -252,6 +259,28 @@ class PodApi:
                         name=name,
                     )
                 if state.ready or state.problem is not None or state.terminal:
+                    return state
+        raise TimeoutError(f"Pod {namespace}/{name}: watch ended")  # pragma: no cover
+
+    async def wait_finished(self, namespace: str, name: str, timeout: float) -> PodState:
+        """Wait until the Pod ended (phase Succeeded or Failed: a run-to-completion Pod), or
+        reports a terminal problem (an invalid image: it never will).
+
+        Raises:
+            TimeoutError: it did not end within ``timeout`` seconds.
+            ResourceNotFound: the Pod was deleted meanwhile.
+        """
+        events = self.watch(namespace, f"metadata.name={name}")
+        async with asyncio.timeout(timeout), contextlib.aclosing(events):
+            async for etype, raw in events:
+                if etype == "DELETED":
+                    raise ResourceNotFound(
+                        f"Pod {namespace}/{name} was deleted before it ended",
+                        kind="Pod",
+                        name=name,
+                    )
+                state = PodState.of(raw)
+                if state.terminal or (state.problem is not None and state.problem.terminal):
                     return state
         raise TimeoutError(f"Pod {namespace}/{name}: watch ended")  # pragma: no cover
 

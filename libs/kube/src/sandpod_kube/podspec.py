@@ -84,7 +84,7 @@ class PodSettings:
     Each attribute is read from ``SANDPOD_POD_<NAME>`` (``EXECD_IMAGE``, ``DEFAULT_IMAGE``,
     ``NATS_SECRET``, ``NATS_PORT``, ``NATS_NAMESPACE``, ``NATS_POD_LABELS`` as ``k=v,...``,
     ``NATS_CIDRS`` comma-separated, ``RUN_AS_USER``, ``GRACE`` for grace_seconds, ``BUNDLE_SIZE``,
-    ``START_DEADLINE``).
+    ``START_DEADLINE``, ``IMAGE_PULL_SECRETS`` comma-separated).
 
     Attributes:
         execd_image: the ``sandpod-execd`` image (the bundle under ``/sandpod-bundle``).
@@ -99,6 +99,8 @@ class PodSettings:
         bundle_size: size limit of the emptyDir holding the execd bundle.
         start_deadline: seconds a Pod may stay un-Ready for a transient reason (Unschedulable,
             image pull, container config) before its Sandbox is Failed with that reason.
+        image_pull_secrets: Secrets (in the sandbox's namespace) the kubelet pulls sandbox
+            images with: a private registry, such as the build registry of built templates.
     """
 
     execd_image: str = "ghcr.io/sandpod/sandpod-execd:0.1.0"
@@ -114,6 +116,7 @@ class PodSettings:
     grace_seconds: int = 5
     bundle_size: str = "256Mi"
     start_deadline: int = 300
+    image_pull_secrets: tuple[str, ...] = ()
 
     @property
     def nats_pinned(self) -> bool:
@@ -158,6 +161,9 @@ class PodSettings:
             grace_seconds=number("GRACE", base.grace_seconds),
             bundle_size=text("BUNDLE_SIZE", base.bundle_size),
             start_deadline=number("START_DEADLINE", base.start_deadline),
+            image_pull_secrets=tuple(
+                s.strip() for s in text("IMAGE_PULL_SECRETS", "").split(",") if s.strip()
+            ),
         )
 
 
@@ -299,6 +305,8 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
     }
     if pod.runtime_class_name:
         spec["runtimeClassName"] = pod.runtime_class_name
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
     if pod.creds_secret:
         _mount_creds(spec, pod.creds_secret)
     return {

@@ -53,7 +53,8 @@ def built_template(obj: Resource) -> SandboxTemplateSpec:
     ):
         return spec
     return dataclasses.replace(
-        spec, build=dataclasses.replace(spec.build, result=status.result_key)
+        spec,
+        build=dataclasses.replace(spec.build, result=status.result_key, image=status.image),
     )
 
 

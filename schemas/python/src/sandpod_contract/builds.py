@@ -9,7 +9,9 @@ writing the same step in different key orders share a layer.
 
 The status mirrors the build: ``phase`` (Building / Ready / Failed), ``resultKey`` (the cache
 key of the last step: a changed build has a new one, so warm pools of the template roll),
-``layers`` (the keys of the chain, bottom first) and the ``Built`` condition.
+``layers`` (the keys of the chain, bottom first), ``image`` (Kubernetes mode: the pushed OCI
+image, ``registry/repo@sha256:...``, which the template's sandbox Pods run) and the ``Built``
+condition.
 """
 
 from __future__ import annotations
@@ -168,6 +170,8 @@ class TemplateBuild:
     # Never on the wire: the lifecycle fills it from the template's status (the built result
     # a sandbox's runtime stacks); "" while the template is not built.
     result: str = dataclasses.field(default="", compare=False)
+    # Never on the wire either: Kubernetes mode's pushed image of that result (by digest).
+    image: str = dataclasses.field(default="", compare=False)
 
     @classmethod
     def from_dict(cls, raw: Any) -> TemplateBuild | None:
@@ -201,6 +205,7 @@ class BuildStatus:
     layers: tuple[str, ...] = ()
     observed_generation: int = 0
     failed_step: int | None = None  # 1-based, when phase is Failed
+    image: str = ""  # Kubernetes mode: the pushed image of the result, by digest
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> BuildStatus:
@@ -212,6 +217,7 @@ class BuildStatus:
             layers=tuple(str(x) for x in raw.get("layers") or ()),
             observed_generation=int(raw.get("observedGeneration", 0)),
             failed_step=None if failed is None else int(failed),
+            image=str(raw.get("image", "")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,4 +230,6 @@ class BuildStatus:
             out["phase"] = str(self.phase)
         if self.failed_step is not None:
             out["failedStep"] = self.failed_step
+        if self.image:
+            out["image"] = self.image
         return out

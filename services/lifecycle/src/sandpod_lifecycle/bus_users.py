@@ -40,14 +40,15 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
     keys = kv_subjects(s.storage("gateway-keys"))
     kv_store: tuple[str, ...] = ()
     node_plane: tuple[str, ...] = ()
-    # template builds' uploaded files (the local runtime builds): the client writes, the
-    # lifecycle reads (a compact grant: its JWT must fit the server's 4 KiB CONNECT line)
-    contexts: tuple[str, ...] = ()
+    # template builds' uploaded files: the client writes them in both modes; the lifecycle
+    # reads them where it builds (the local runtime; a compact grant: its JWT must fit the
+    # server's 4 KiB CONNECT line). In Kubernetes mode each builder Pod reads them with a
+    # user of its own (sandpod_lifecycle.builds.buildcreds).
+    contexts = object_subjects(s.storage("build-contexts"))
     reads: tuple[str, ...] = ()
     if node is not None:
         kv_store = (*kv_subjects(s.storage("resources")), *kv_subjects(s.storage("leases")))
         node_plane = (s.node_plane(),)
-        contexts = object_subjects(s.storage("build-contexts"))
         reads = object_reader_subjects(s.storage("build-contexts"))
     users = {
         "lifecycle": Permissions(
@@ -98,6 +99,7 @@ def kubernetes_users(subjects: Subjects) -> dict[str, Permissions]:
     - lifecycle: its API kinds, sandboxes' data plane (probes, configure), the event stream;
     - pool: its API kinds, the API as a client (claims create sandboxes), ``sys.configure``;
     - gateway: the API and data plane as a client, its key bucket, the events;
-    - client (an operator's CLI/SDK): the API and data plane, the events; no JetStream.
+    - client (an operator's CLI/SDK): the API and data plane, the events, the build-context
+      object store (a template build's files, read by the builder Pod); no other JetStream.
     """
     return _users(subjects, None)

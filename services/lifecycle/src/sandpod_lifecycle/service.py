@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -40,14 +40,14 @@ from sandpod_contract.messages.system import (
     Pong,
 )
 from sandpod_contract.subjects import Subjects
-from sandpod_image.auth import default_auth_path, load_auth_file
+from sandpod_image.auth import AuthFile, default_auth_path, load_auth_file
 from sandpod_image.layers import UnpackOptions
 from sandpod_image.store import ImageStore
 from sandpod_kube import open_store
 from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.builds.cache import BuildCache
 from sandpod_lifecycle.builds.executor import Builder
-from sandpod_lifecycle.builds.loop import TemplateBuilds
+from sandpod_lifecycle.builds.loop import TemplateBuilder, TemplateBuilds
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.node import NodeLauncher
@@ -64,6 +64,10 @@ from sandpod_service.api import ApiServer, Handler
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.leases import LeaseKeeper, Leases
 from sandpod_store import Store
+
+if TYPE_CHECKING:
+    from sandpod_kube import PodApi
+    from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
 __all__ = ["LifecycleService"]
 
@@ -90,7 +94,10 @@ class LifecycleService:
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
-        self.builder: Builder | None = None  # template builds (the local runtime only)
+        self.builder: Builder | None = None  # template builds (the local runtime)
+        self._pod_api: PodApi | None = None  # kubernetes: the driver's (builder Pods too)
+        self._creds_policy: CredsPolicy | None = None  # kubernetes, operator mode
+        self._template_builds: TemplateBuilds | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
     async def _store(self, bus: Bus, bucket: str) -> Store:
@@ -129,6 +136,8 @@ class LifecycleService:
         log.info("leadership_changed", leading=leading, replica=self.settings.replica_id)
         if leading and self.reconciler is not None:
             self.reconciler.resync_soon()
+        if leading and self._template_builds is not None:
+            self._template_builds.resync_soon()
 
     def _driver(self, templates: Templates) -> Driver:
         """The runtime's driver; ``templates`` reads a template's spec (the Pod runtime
@@ -142,6 +151,7 @@ class LifecycleService:
             if self.settings.kube is None:  # settings refuse kubernetes without kube
                 raise ValueError("SANDPOD_RUNTIME=kubernetes needs SANDPOD_STORE=kube")
             pods = PodApi(self.settings.kube)
+            self._pod_api = pods
             self._closers.append(pods.close)
             creds = None
             if seed := self.settings.nats_account_seed_file:  # unreadable or not a seed: fail
@@ -151,6 +161,7 @@ class LifecycleService:
                     self.settings.nats_creds_ttl,
                     self.settings.nats_creds_margin,
                 )
+            self._creds_policy = creds
             return PodDriver(
                 pods,
                 self.settings.pods,
@@ -206,6 +217,18 @@ class LifecycleService:
             return driver
         return ProcessDriver(launcher)
 
+    def _auth_file(self) -> AuthFile | None:
+        """The registry credentials of the settings, or Docker's default file (None: none).
+
+        Raises:
+            ValueError: the file cannot be read (a start-up error).
+        """
+        path = self.settings.image_auth_file or default_auth_path()
+        try:
+            return load_auth_file(path) if path is not None else None
+        except SandpodError as exc:
+            raise ValueError(f"registry credentials {path}: {exc}") from exc
+
     def _images(self, state: Path) -> ImageStore:
         """The node's image store (shared with ``sandpod image``), with the registry
         credentials of the settings or the Docker default file.
@@ -213,11 +236,7 @@ class LifecycleService:
         Raises:
             ValueError: the credentials file cannot be read (a start-up error).
         """
-        path = self.settings.image_auth_file or default_auth_path()
-        try:
-            auth = load_auth_file(path) if path is not None else None
-        except SandpodError as exc:
-            raise ValueError(f"registry credentials {path}: {exc}") from exc
+        auth = self._auth_file()
         return ImageStore(
             self.settings.image_dir or state / "images",
             auth_file=auth,
@@ -237,6 +256,7 @@ class LifecycleService:
         api = LifecycleApi(store, events, clock=self.clock)
         driver = self._driver(api.template)
         builds = self._builds(bus, store, driver)
+        self._template_builds = builds
         self.reconciler = Reconciler(
             store=store,
             driver=driver,
@@ -287,9 +307,20 @@ class LifecycleService:
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
 
     def _builds(self, bus: Bus, store: Store, driver: Driver) -> TemplateBuilds | None:
-        """The template builder, for the local runtime (Kubernetes mode builds no images
-        yet: a template with a build then stays unbuilt, its sandboxes wait)."""
-        if not isinstance(driver, LocalDriver) or driver.builds is None or self._leases is None:
+        """The template builder: builder sandboxes on this node (the local runtime), or
+        builder Pods pushing to ``SANDPOD_BUILD_REGISTRY`` (kubernetes: ``builds.kube``)."""
+        if self._leases is None:
+            return None
+        if self._pod_api is not None:
+            return TemplateBuilds(
+                store=store,
+                builder=self._pod_builds(),
+                leases=self._leases,
+                bus=bus,
+                subjects=self.subjects,
+                clock=self.clock,
+            )
+        if not isinstance(driver, LocalDriver) or driver.builds is None:
             return None
         bucket = self.subjects.storage("build-contexts")
         self.builder = Builder(
@@ -311,6 +342,25 @@ class LifecycleService:
             bus=bus,
             subjects=self.subjects,
             clock=self.clock,
+        )
+
+    def _pod_builds(self) -> TemplateBuilder:
+        """Kubernetes mode's builder (imported only then: it needs ``sandpod_kube.pods``)."""
+        from sandpod_lifecycle.builds.kube import PodBuilds
+
+        if self._pod_api is None:
+            raise InternalError("the Pod runtime is not set up: no builder Pods")
+        return PodBuilds(
+            pods=self._pod_api,
+            settings=self.settings.build_pods,
+            registry=self.settings.build_registry,
+            installation=self.settings.prefix,
+            default_image=self.settings.pods.default_image,
+            nats_secret=self.settings.pods.nats_secret,
+            start_deadline=self.settings.pods.start_deadline,
+            creds=self._creds_policy,
+            auth=self._auth_file(),
+            insecure=self.settings.insecure_registries,
         )
 
     def _started(self) -> Bus:

@@ -33,6 +33,11 @@
 | ``SANDPOD_IMAGE_DIR`` | ``<state>/images`` | local runtime: the node's image store |
 | ``SANDPOD_IMAGE_AUTH_FILE`` | Docker's | registry credentials (``config.json`` format) |
 | ``SANDPOD_INSECURE_REGISTRIES`` | none | hosts (comma-separated) pulled over plain HTTP |
+| ``SANDPOD_BUILD_REGISTRY`` | unset | kubernetes: ``host[:port]/prefix`` built templates are |
+| | | pushed to (``<prefix>/<template>:build-<key>``); unset, a template with a build fails |
+| | | at once, naming this setting. Plain HTTP only to loopback or an insecure registry |
+| ``SANDPOD_BUILD_*`` | | kubernetes: the builder Pods (``sandpod_kube.buildpod``'s |
+| | | ``BuildPodSettings``: ``IMAGE``, ``REGISTRY_SECRET``, ``DEADLINE``, ``WORK_SIZE``) |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -49,6 +54,7 @@ from pathlib import Path
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX
 from sandpod_kube import KubeSettings, LeaderSettings, store_settings
+from sandpod_kube.buildpod import BuildPodSettings
 from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.events import EventLimits
 from sandpod_lifecycle.runtime.base import MIN_DISK
@@ -94,6 +100,8 @@ class LifecycleSettings:
     image_dir: Path | None = None  # local runtime: the node's image store (None: <state>/images)
     image_auth_file: Path | None = None  # registry credentials (Docker config.json format)
     insecure_registries: frozenset[str] = frozenset()  # plain HTTP allowed beyond loopback
+    build_registry: str | None = None  # kubernetes: where built templates are pushed
+    build_pods: BuildPodSettings = dataclasses.field(default_factory=BuildPodSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -156,6 +164,8 @@ class LifecycleSettings:
                 for h in env_str(env, "SANDPOD_INSECURE_REGISTRIES", "").split(",")
                 if h.strip()
             ),
+            build_registry=_build_registry(env),
+            build_pods=BuildPodSettings.from_env(env),
         )
 
 
@@ -169,6 +179,16 @@ def _event_limits(env: Mapping[str, str], base: EventLimits) -> EventLimits:
         burst=env_int(env, "SANDPOD_EVENTS_BURST", base.burst, minimum=1),
         rate=env_float(env, "SANDPOD_EVENTS_RATE", base.rate, minimum=0.001),
     )
+
+
+def _build_registry(env: Mapping[str, str]) -> str | None:
+    """``SANDPOD_BUILD_REGISTRY`` checked (None: unset); ValueError naming it if unusable."""
+    raw = env.get("SANDPOD_BUILD_REGISTRY", "").strip()
+    if not raw:
+        return None
+    from sandpod_lifecycle.builds.kube import validate_registry  # only when set: kubernetes
+
+    return validate_registry(raw)
 
 
 def _absolute(env: Mapping[str, str], name: str) -> Path | None:

@@ -37,45 +37,48 @@ import structlog
 from sandpod_bus import Bus, ObjectBucket
 from sandpod_client import Channel, ExecStream
 from sandpod_contract.builds import BuildStep, TemplateBuild
-from sandpod_contract.errors import BuildFailed, BuildUnsupported, ImageError, ResourceNotFound
+from sandpod_contract.errors import (
+    BuildFailed,
+    BuildUnsupported,
+    ImageAuthFailed,
+    ImageError,
+    ResourceNotFound,
+)
 from sandpod_contract.messages.exec import ExecExit
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.subjects import Subjects
 from sandpod_image.store import ImageStore
 from sandpod_lifecycle.builds import commit
 from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig, LayerMeta, base_key, step_key
+from sandpod_lifecycle.builds.results import BuildOwner, BuildResult, BuiltRef, Log
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 
-__all__ = ["BuildResult", "Builder", "Log"]
+__all__ = ["Builder", "StepJob", "emit_line"]
 
 log = structlog.get_logger("sandpod.lifecycle.builds")
 
-Log = Callable[[str], Awaitable[None]]
 TAIL_LINES = 20
 RUN_TIMEOUT = 3600.0  # seconds a run step may take
 START_RETRY = 0.2  # seconds between attempts to create a builder after a passing failure
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class BuildResult:
-    key: str
-    layers: tuple[str, ...]  # every key of the chain, bottom first
-    ran: int  # steps that did work (not cached)
-
-
 class Builder:
     """Builds templates on this node (see the module's docstring)."""
+
+    # Steps of the template before the ``build.steps`` given, already built (a builder Pod
+    # resuming from a cached prefix): step numbers in logs and failures stay the template's.
+    steps_before = 0
 
     def __init__(
         self,
         *,
         cache: BuildCache,
-        driver: LocalDriver,
+        driver: LocalDriver | None,
         bus: Bus,
         subjects: Subjects,
         contexts: Callable[[], Awaitable[ObjectBucket]],
-        ready: Callable[[str, float], Awaitable[bool]],
+        ready: Callable[[str, float], Awaitable[bool]] | None = None,
         default_rootfs: Path | None = None,
         ready_timeout: float = 30.0,
         images: ImageStore | None = None,
@@ -101,11 +104,12 @@ class Builder:
         self,
         name: str,
         template: SandboxTemplateSpec,
-        template_result: Callable[[str], Awaitable[str]],
+        template_result: Callable[[str], Awaitable[BuiltRef]],
         emit: Log,
+        owner: BuildOwner | None = None,  # Kubernetes mode's (builds.kube); unused here
     ) -> BuildResult:
         """Build ``template`` (its ``build`` set); ``template_result(name)`` is another
-        template's result key (for ``from: {template}``).
+        template's result (for ``from: {template}``).
 
         Raises:
             BuildFailed: a step failed (details name it; the log tail says why).
@@ -119,8 +123,8 @@ class Builder:
             parent = await self._base(name, template, build, template_result)
             config = self._config(parent)
             keys, ran = [parent], 0
-            total = len(build.steps)
-            for i, step in enumerate(build.steps, 1):
+            total = len(build.steps) + self.steps_before
+            for i, step in enumerate(build.steps, 1 + self.steps_before):
                 key = step_key(parent, step)
                 head = f"step {i}/{total} {step.describe()}"
                 if self.cache.get(key) is not None:
@@ -128,7 +132,7 @@ class Builder:
                 else:
                     await emit(f"{head} (running)")
                     started = time.monotonic()
-                    await self._step(_Job(name, template, i, step, parent, key, config, emit))
+                    await self._step(StepJob(name, template, i, step, parent, key, config, emit))
                     ran += 1
                     await emit(f"{head} (done in {time.monotonic() - started:.1f} s)")
                 config = config.apply(step)
@@ -145,10 +149,10 @@ class Builder:
         name: str,
         template: SandboxTemplateSpec,
         build: TemplateBuild,
-        template_result: Callable[[str], Awaitable[str]],
+        template_result: Callable[[str], Awaitable[BuiltRef]],
     ) -> str:
         if build.base.template is not None:
-            key = await template_result(build.base.template)
+            key = (await template_result(build.base.template)).key
             self.cache.chain(key)  # its entries must all be here (ResourceNotFound)
             return key
         if build.base.image is not None:
@@ -160,7 +164,7 @@ class Builder:
         if self._images is not None:
             await asyncio.to_thread(self._images.release, f"template-{name}")
 
-    async def _image_base(self, name: str, ref: str) -> str:
+    async def _image_base(self, name: str, ref: str, key: str | None = None) -> str:
         """The key of image ``ref`` as a base: its manifest digest (a re-pushed tag is a new
         base, so everything above rebuilds). Pulled every build (only the manifest is fetched
         when the layers are here); the template holds the image in the store (one use record
@@ -172,6 +176,11 @@ class Builder:
             )
         try:
             image = await self._images.pull(ref)
+        except ImageAuthFailed as exc:  # stays typed: the credentials are what to fix
+            raise ImageAuthFailed(
+                f"cannot pull the base image {ref}: {exc.message}",
+                **{**exc.details, "template": name, "step": 0},
+            ) from exc
         except ImageError as exc:
             raise BuildFailed(
                 f"cannot pull the base image {ref}: {exc}",
@@ -180,7 +189,7 @@ class Builder:
                 instruction=f"from image {ref}",
             ) from exc
         await asyncio.to_thread(self._images.use, f"template-{name}", image)
-        key = base_key({"image": image.digest})
+        key = key or base_key({"image": image.digest})
         if self.cache.get(key) is None:
             conf = image.config
             self.cache.put(
@@ -228,7 +237,7 @@ class Builder:
             )
         return key
 
-    async def _step(self, job: _Job) -> None:
+    async def _step(self, job: StepJob) -> None:
         scratch = self.cache.scratch(job.key)
         fs: Path | None = scratch / "fs"
         try:
@@ -259,7 +268,7 @@ class Builder:
         chain = self.cache.chain(parent)
         return [*reversed(chain.layers), *([chain.rootfs] if chain.rootfs else [])]
 
-    async def _copy(self, job: _Job, scratch: Path, lowers: list[Path]) -> None:
+    async def _copy(self, job: StepJob, scratch: Path, lowers: list[Path]) -> None:
         src, tar = job.step.src, scratch / "context.tar"
         try:
             await (await self._contexts()).get_file(src, tar)
@@ -273,33 +282,38 @@ class Builder:
         except (tarfile.TarError, OSError) as exc:
             raise job.failed(f"the uploaded tar was refused: {exc}") from exc
 
-    async def _run(self, job: _Job, fs: Path) -> None:
+    async def _run(self, job: StepJob, fs: Path) -> None:
+        driver, ready = self._driver, self._ready
+        if driver is None or ready is None:
+            raise BuildUnsupported("run steps need a runtime driver here", what="run")
         sid = f"build-{job.parent[:8]}-{job.key[:8]}"
         builder = _builder_template(job.template, job.parent)
         self.builders.add(sid)
         try:
-            await self._start_builder(job, sid, builder)
+            await self._start_builder(driver, job, sid, builder)
             self.builders_made += 1
-            if not await self._ready(sid, self._ready_timeout):
+            if not await ready(sid, self._ready_timeout):
                 raise job.failed("the builder sandbox did not become ready")
             tail = await self._exec(job, sid)
-            await self._driver.pause(sid)  # frozen: nothing writes while the layer is copied
-            upper, uid, gid = await self._driver.writable_layer(sid)
+            await driver.pause(sid)  # frozen: nothing writes while the layer is copied
+            upper, uid, gid = await driver.writable_layer(sid)
             await commit.commit_upper(upper, fs, uid=uid, gid=gid, hostname=sid)
             log.info("build_step_committed", template=job.name, step=job.index, lines=len(tail))
         finally:
             with contextlib.suppress(Exception):
-                await self._driver.destroy(sid)
+                await driver.destroy(sid)
             self.builders.discard(sid)
 
-    async def _start_builder(self, job: _Job, sid: str, builder: SandboxTemplateSpec) -> None:
+    async def _start_builder(
+        self, driver: LocalDriver, job: StepJob, sid: str, builder: SandboxTemplateSpec
+    ) -> None:
         """Create the builder as the reconciler creates a sandbox: a passing failure (the node
         execd still starting) is tried again for a while; any other is the build's failure
         (a base it cannot run on)."""
         deadline = time.monotonic() + self._ready_timeout
         while True:
             try:
-                await self._driver.ensure(sid, SandboxSpec(), builder)
+                await driver.ensure(sid, SandboxSpec(), builder)
                 return
             except RuntimeFailure as exc:
                 if not exc.retryable or time.monotonic() > deadline:
@@ -307,7 +321,7 @@ class Builder:
                 log.info("builder_create_retry", sandbox=sid, error=exc.message)
             await asyncio.sleep(START_RETRY)
 
-    async def _exec(self, job: _Job, sid: str) -> list[str]:
+    async def _exec(self, job: StepJob, sid: str) -> list[str]:
         stream = ExecStream(
             Channel(self._bus, self._subjects, sid),
             shell=job.step.value,
@@ -324,11 +338,11 @@ class Builder:
                 pending += frame.data
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    await _line(line, tail, job.emit)
+                    await emit_line(line, tail, job.emit)
         finally:
             await stream.close()
         if pending:
-            await _line(pending, tail, job.emit)
+            await emit_line(pending, tail, job.emit)
         end = stream.exit
         if end is None or end.exit_code != 0:
             code = None if end is None else end.exit_code
@@ -338,7 +352,7 @@ class Builder:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Job:
+class StepJob:
     """One uncached step of one build: what it runs on and where its progress goes."""
 
     name: str
@@ -364,7 +378,7 @@ class _Job:
         return BuildFailed(f"step {self.index} ({self.step.describe()}) failed: {why}", **details)
 
 
-async def _line(raw: bytes, tail: list[str], emit: Log) -> None:
+async def emit_line(raw: bytes, tail: list[str], emit: Log) -> None:
     text = raw.decode(errors="replace").rstrip("\r")
     tail.append(text)
     del tail[:-TAIL_LINES]

@@ -11,13 +11,14 @@ template as a Pod image.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from sandpod_image.ocilayout import ImageConfig as OciConfig
 from sandpod_image.ocilayout import OciLayout
 from sandpod_lifecycle.builds.cache import BuildCache
 
-__all__ = ["export_oci"]
+__all__ = ["export_chain", "export_oci"]
 
 
 def export_oci(cache: BuildCache, key: str, out: Path, *, ref: str = "latest") -> str:
@@ -47,3 +48,39 @@ def export_oci(cache: BuildCache, key: str, out: Path, *, ref: str = "latest") -
         user=chain.config.user,
     )
     return layout.write_image(config, ref=ref).digest
+
+
+def export_chain(cache: BuildCache, key: str, out: Path, tag: Callable[[str], str]) -> list[str]:
+    """Write result ``key`` and every intermediate result of its chain (each step's) as images
+    of one OCI layout at ``out``, tagged ``tag(step key)``: each layer is packed once, and a
+    later build whose steps share a prefix resumes from the longest one pushed.
+
+    Returns:
+        The step keys written (bottom first; the last is ``key``).
+
+    Raises:
+        ResourceNotFound: an entry of the chain is missing from the cache.
+    """
+    chain = cache.chain(key)
+    layout = OciLayout(out)
+    base = cache.get(chain.keys[0])
+    if chain.rootfs is not None:
+        layout.add_layer(chain.rootfs, created_by=f"base {chain.rootfs}")
+    elif base is not None:
+        for layer in base.image_layers:
+            layout.add_layer(Path(layer), created_by=base.description)
+    written = []
+    for step in chain.keys[1:]:
+        meta = cache.get(step)
+        if meta is None:  # chain() found every entry a moment ago
+            continue
+        if meta.has_fs:
+            layout.add_layer(cache.entry(step) / "fs", created_by=meta.description)
+        config = OciConfig(
+            env=tuple(f"{k}={v}" for k, v in meta.config.env),
+            working_dir=meta.config.workdir,
+            user=meta.config.user,
+        )
+        layout.write_image(config, ref=tag(step))
+        written.append(step)
+    return written

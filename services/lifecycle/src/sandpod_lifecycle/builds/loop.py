@@ -18,24 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 
 from sandpod_bus import Bus
 from sandpod_contract.builds import BUILT, BuildPhase, BuildStatus
-from sandpod_contract.codec import encode
 from sandpod_contract.errors import (
     ResourceConflict,
     ResourceInvalid,
     ResourceNotFound,
     SandpodError,
 )
-from sandpod_contract.messages.sandboxes import SandboxEvent
 from sandpod_contract.resources import Condition, SandboxTemplateSpec
 from sandpod_contract.subjects import Subjects
-from sandpod_lifecycle.builds.executor import Builder, BuildResult
+from sandpod_lifecycle.builds.events import publish_build_event
+from sandpod_lifecycle.builds.results import BuildOwner, BuildResult, BuiltRef, Log
 from sandpod_lifecycle.objects import TEMPLATE
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 from sandpod_service.clock import REAL, Clock
@@ -44,11 +43,27 @@ from sandpod_service.workqueue import WorkQueue
 from sandpod_store import Resource, Store
 from sandpod_store.views import built_template, set_condition
 
-__all__ = ["TemplateBuilds"]
+__all__ = ["TemplateBuilder", "TemplateBuilds"]
 
 log = structlog.get_logger("sandpod.lifecycle.builds")
 
 RETRY = 5.0  # seconds before a build that failed for a passing reason is tried again
+
+
+class TemplateBuilder(Protocol):
+    """What builds a template: ``executor.Builder`` (local runtime, builder sandboxes on this
+    node) or ``kube.PodBuilds`` (Kubernetes mode: a builder Pod, the image pushed)."""
+
+    async def build(
+        self,
+        name: str,
+        template: SandboxTemplateSpec,
+        template_result: Callable[[str], Awaitable[BuiltRef]],
+        emit: Log,
+        owner: BuildOwner | None = None,
+    ) -> BuildResult: ...
+
+    async def forget(self, name: str) -> None: ...
 
 
 class TemplateBuilds:
@@ -56,7 +71,7 @@ class TemplateBuilds:
         self,
         *,
         store: Store,
-        builder: Builder,
+        builder: TemplateBuilder,
         leases: LeaseKeeper,
         bus: Bus,
         subjects: Subjects,
@@ -69,12 +84,33 @@ class TemplateBuilds:
         self._subjects = subjects
         self._clock = clock
         self._queue = WorkQueue("templates", self._handle, workers=2, clock=clock)
+        self._resync = asyncio.Event()
 
     async def run(self) -> None:
         """Watch templates and build them until cancelled."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._watch(), name="template-watch")
+            tg.create_task(self._resyncs(), name="template-resync")
             tg.create_task(self._queue.run(), name="template-builds")
+
+    def resync_soon(self) -> None:
+        """Queue every template again (this replica just became the leader: templates it saw
+        before, when it could not act on them, must not wait for their next change)."""
+        self._resync.set()
+
+    async def _resyncs(self) -> None:
+        while True:
+            await self._resync.wait()
+            self._resync.clear()
+            try:
+                items, _ = await self.store.list(TEMPLATE, None)
+            except SandpodError as exc:
+                log.warning("template_resync_failed", error=exc.message)
+                self._resync.set()
+                await self._clock.sleep(1.0)
+                continue
+            for obj in items:
+                self._queue.add(f"{obj.metadata.namespace}/{obj.metadata.name}")
 
     async def _watch(self) -> None:
         while True:
@@ -116,7 +152,11 @@ class TemplateBuilds:
         obj = await self._write(obj, BuildStatus(phase=BuildPhase.BUILDING), "Building", "")
         try:
             result = await self.builder.build(
-                name, spec, lambda other: self._result_of(namespace, other), self._emitter(name)
+                name,
+                spec,
+                lambda other: self._result_of(namespace, other),
+                self._emitter(name),
+                BuildOwner(namespace, name, obj.metadata.uid),
             )
         except SandpodError as exc:
             if exc.retryable:
@@ -126,7 +166,7 @@ class TemplateBuilds:
         await self._ready(namespace, name, generation, result)
         return None
 
-    async def _result_of(self, namespace: str, name: str) -> str:
+    async def _result_of(self, namespace: str, name: str) -> BuiltRef:
         try:
             other = built_template(await self.store.get(TEMPLATE, namespace, name))
         except ResourceNotFound:
@@ -138,7 +178,7 @@ class TemplateBuilds:
                 f"the base template {name!r} is not built (a template with a build, Ready)",
                 field="spec.build.from.template",
             )
-        return other.build.result
+        return BuiltRef(other.build.result, other.build.image)
 
     async def _ready(self, namespace: str, name: str, generation: int, result: BuildResult) -> None:
         status = BuildStatus(
@@ -146,10 +186,13 @@ class TemplateBuilds:
             result_key=result.key,
             layers=result.layers,
             observed_generation=generation,
+            image=result.image,
         )
         if await self._settle(namespace, name, generation, status, "Built", ""):
             await self._event(name, "built", BuildPhase.READY, "", f"built {result.key[:12]}")
-            log.info("template_built", template=name, key=result.key, ran=result.ran)
+            log.info(
+                "template_built", template=name, key=result.key, ran=result.ran, image=result.image
+            )
 
     async def _failed(self, namespace: str, name: str, generation: int, exc: SandpodError) -> None:
         step = exc.details.get("step")
@@ -208,16 +251,4 @@ class TemplateBuilds:
     async def _event(
         self, name: str, type_: str, phase: BuildPhase, reason: str, message: str
     ) -> None:
-        event = SandboxEvent(
-            name=name,
-            namespace="",
-            type=type_,
-            phase=str(phase),
-            reason=reason,
-            message=message,
-            time=time.time(),
-        )
-        try:
-            await self._bus.publish(self._subjects.event("template", name, type_), encode(event))
-        except SandpodError as exc:  # a lost log line never fails the build
-            log.warning("build_log_publish_failed", template=name, error=exc.message)
+        await publish_build_event(self._bus, self._subjects, name, type_, phase, reason, message)

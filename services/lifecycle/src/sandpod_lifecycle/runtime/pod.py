@@ -3,16 +3,18 @@
 Everything Kubernetes goes through :mod:`sandpod_kube` (``PodApi`` sends, ``podspec`` renders);
 this module maps the reconciler's verbs onto it:
 
-    ensure   -> apply the template's NetworkPolicy, create the Pod (owned by the Sandbox: its uid
-                in ``ownerReferences``), wait until the Pod is Ready. The reconciler then pings
-                execd over NATS: Ready = the Pod is Ready AND execd answers. A Pod that is not
-                Ready says why (:mod:`sandpod_kube.podhealth`): ``InstanceUnhealthy`` carries
-                that reason -- terminal (OOMKilled, ExecdExited, Evicted, InvalidImage...: the
-                Sandbox is Failed) or transient (Unschedulable, ImagePullFailed...: the Pod is
-                kept and waited for, never deleted and re-created, until ``start_deadline``
-                seconds after its creation). A Sandbox that already ran (``Owner.started``)
-                and has no Pod any more lost it: ``PodDeleted``, terminal -- a new Pod would
-                silently hand the agent an empty sandbox under the same name.
+    ensure   -> (a built template: its image is the one its build pushed, by digest; not built
+                yet: ``CreateFailed``, retried) apply the template's NetworkPolicy, create the
+                Pod (owned by the Sandbox: its uid in ``ownerReferences``), wait until the Pod
+                is Ready. The reconciler then pings execd over NATS: Ready = the Pod is Ready
+                AND execd answers. A Pod that is not Ready says why
+                (:mod:`sandpod_kube.podhealth`): ``InstanceUnhealthy`` carries that reason --
+                terminal (OOMKilled, ExecdExited, Evicted, InvalidImage...: the Sandbox is
+                Failed) or transient (Unschedulable, ImagePullFailed...: the Pod is kept and
+                waited for, never deleted and re-created, until ``start_deadline`` seconds
+                after its creation). A Sandbox that already ran (``Owner.started``) and has no
+                Pod any more lost it: ``PodDeleted``, terminal -- a new Pod would silently hand
+                the agent an empty sandbox under the same name.
     inspect  -> the sandbox's live Pod (label ``sandpod.dev/sandbox``, this installation's label);
                 none, or one that ended or is being deleted, means "no instance". A live Pod
                 with a terminal problem (CrashLoopBackOff) is reported on the Instance.
@@ -74,7 +76,12 @@ from sandpod_kube.podspec import (
     pod_manifest,
 )
 from sandpod_lifecycle.driver import Instance, Owner
-from sandpod_lifecycle.runtime.base import InstanceUnhealthy, NetworkEnforcement, RuntimeFailure
+from sandpod_lifecycle.runtime.base import (
+    CreateFailed,
+    InstanceUnhealthy,
+    NetworkEnforcement,
+    RuntimeFailure,
+)
 from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
 __all__ = ["PodDriver"]
@@ -178,7 +185,7 @@ class PodDriver:
             owner_uid=owner.uid,
             template=spec.template_ref or DEFAULT_TEMPLATE,
             installation=self._installation,
-            image=template.image,
+            image=_image_of(template),
             runtime_class_name=template.runtime_class_name,
             cpu=template.resources.cpu,
             memory=template.resources.memory,
@@ -380,6 +387,23 @@ class PodDriver:
     async def list(self) -> list[str]:
         pods = await self._api.list(self._selector(), self._namespace)
         return sorted({p.labels[SANDBOX_LABEL] for p in pods if SANDBOX_LABEL in p.labels})
+
+
+def _image_of(template: SandboxTemplateSpec) -> str | None:
+    """The Pod's image: a built template's pushed image (by digest), else the template's own.
+
+    Raises:
+        CreateFailed: the template has a build that has not pushed an image yet (retryable:
+            the sandbox waits for its build, as in the local runtime).
+    """
+    if template.build is None:
+        return template.image
+    if not template.build.image:
+        raise CreateFailed(
+            "the template is not built yet (its build is running or failed: see "
+            "sandpod template get)"
+        )
+    return template.build.image
 
 
 def _unhealthy(problem: PodProblem | None, *, terminal: bool) -> InstanceUnhealthy:
