@@ -64,7 +64,9 @@ def layout_manifest(layout: Path, tag: str) -> tuple[bytes, str]:
     try:
         index = json.loads((layout / "index.json").read_bytes())
     except (OSError, ValueError) as exc:
-        raise ImageNotFound(f"{layout} is not an OCI image layout: {exc}") from exc
+        raise ImageNotFound(
+            f"{layout} is not an OCI image layout: {exc}", reference=str(layout)
+        ) from exc
     entries = [
         m for m in index.get("manifests") or () if (m.get("annotations") or {}).get(REF_NAME) == tag
     ]
@@ -72,15 +74,22 @@ def layout_manifest(layout: Path, tag: str) -> tuple[bytes, str]:
         raise ImageNotFound(f"the layout {layout} has no image tagged {tag!r}", reference=tag)
     digest = str(entries[0]["digest"])
     body = _blob(layout, digest).read_bytes()
-    if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
-        raise ImageDigestMismatch(f"{layout}: manifest {digest} does not match its content")
+    actual = "sha256:" + hashlib.sha256(body).hexdigest()
+    if actual != digest:
+        raise ImageDigestMismatch(
+            f"{layout}: manifest {digest} does not match its content",
+            expected=digest,
+            actual=actual,
+        )
     return body, digest
 
 
 def _blob(layout: Path, digest: str) -> Path:
     algo, _, hexdigest = digest.partition(":")
     if algo != "sha256" or len(hexdigest) != 64:
-        raise ImageDigestMismatch(f"unsupported digest {digest!r} in the layout")
+        raise ImageDigestMismatch(
+            f"unsupported digest {digest!r} in the layout", expected=digest, actual=digest
+        )
     return layout / "blobs" / "sha256" / hexdigest
 
 
@@ -91,9 +100,12 @@ def _verify(path: Path, digest: str) -> None:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
     except FileNotFoundError as exc:
-        raise ImageNotFound(f"blob {digest} is missing from the layout") from exc
-    if "sha256:" + h.hexdigest() != digest:
-        raise ImageDigestMismatch(f"layout blob {digest} does not match its content")
+        raise ImageNotFound(f"blob {digest} is missing from the layout", reference=digest) from exc
+    actual = "sha256:" + h.hexdigest()
+    if actual != digest:
+        raise ImageDigestMismatch(
+            f"layout blob {digest} does not match its content", expected=digest, actual=actual
+        )
 
 
 async def _tagged(registry: Registry, repository: str, tag: str) -> str | None:

@@ -34,6 +34,7 @@ __all__ = ["PodApi", "PodState"]
 
 FIELD_MANAGER = "sandpod-lifecycle"
 TERMINAL = ("Succeeded", "Failed")
+PENDING = "Pending"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +60,11 @@ class PodState:
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL
+
+    @property
+    def pending(self) -> bool:
+        """Not started yet: unscheduled, pulling its image, or its container being created."""
+        return self.phase == PENDING
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> PodState:

@@ -165,7 +165,9 @@ class PodBuilds:
         """
         build = template.build
         if build is None or owner is None:
-            raise BuildUnsupported("a Kubernetes build needs the template and its owner")
+            raise BuildUnsupported(
+                "a Kubernetes build needs the template and its owner", what="template"
+            )
         if not self._registry:
             raise BuildUnsupported(NO_REGISTRY, what="registry", setting="SANDPOD_BUILD_REGISTRY")
         base, base_image = await self._base(name, template, template_result)
@@ -309,12 +311,13 @@ class PodBuilds:
         try:
             await self._start(owner, manifest, secret)
             await emit(f"builder Pod {owner.namespace}/{name} started ({self._settings.image})")
-            state = await self._wait(owner.namespace, name, emit)
+            state = await self._wait(owner, name, emit)
         except TimeoutError:
             raise BuildFailed(
                 f"the builder Pod {owner.namespace}/{name} did not finish within "
                 f"{self._settings.deadline + 60} s",
                 template=owner.name,
+                step=0,  # not a step's failure: the build as a whole
             ) from None
         except ResourceNotFound as exc:  # deleted under us: build again on the next pass
             raise RuntimeFailure(f"builder Pod {name}: {exc}") from exc
@@ -325,7 +328,7 @@ class PodBuilds:
         finally:
             if not stopping:
                 await self._cleanup(owner.namespace, name, pod.creds_secret)
-        outcome = _outcome(state)
+        outcome = _outcome(state, owner.name)
         log.info("build_pod_finished", template=owner.name, pod=name, ok=outcome.ok)
         if not outcome.ok:
             outcome.raise_error()
@@ -342,7 +345,7 @@ class PodBuilds:
             with contextlib.suppress(Exception):
                 await self._pods.delete_secret(namespace, secret)
 
-    async def _wait(self, namespace: str, name: str, emit: Log) -> PodState:
+    async def _wait(self, owner: BuildOwner, name: str, emit: Log) -> PodState:
         """The Pod once it ended. Meanwhile, every ``poll`` seconds: a Pod held back by a
         problem (Unschedulable, ImagePullFailed...) is said in the log, and fails the build
         after the start deadline.
@@ -352,6 +355,7 @@ class PodBuilds:
             TimeoutError: it did not end within the build deadline.
             ResourceNotFound: it was deleted.
         """
+        namespace = owner.namespace
         poll = max(min(10.0, self._start_deadline / 2), 0.5)
         total = self._settings.deadline + 60.0
         waited = 0.0
@@ -364,13 +368,15 @@ class PodBuilds:
             if state is None:
                 raise ResourceNotFound(f"Pod {namespace}/{name} is gone", kind="Pod", name=name)
             problem = state.problem
-            if problem is not None and not state.ready and state.phase == "Pending":
+            if problem is not None and not state.ready and state.pending:
                 await emit(f"builder Pod waiting: {problem.reason}: {problem.message}")
                 if _age(state.created) >= self._start_deadline:
                     raise BuildFailed(
                         f"the builder Pod {namespace}/{name} did not start within "
                         f"{self._start_deadline:g} s: {problem.reason}: {problem.message}",
                         pod_reason=str(problem.reason),
+                        template=owner.name,
+                        step=0,
                     )
             if waited >= total:
                 raise TimeoutError(f"builder Pod {namespace}/{name}")
@@ -400,7 +406,7 @@ def _age(created: str) -> float:
     return time.time() - from_rfc3339(created) if created else 0.0
 
 
-def _outcome(state: PodState) -> BuildOutcome:
+def _outcome(state: PodState, template: str) -> BuildOutcome:
     """What the builder Pod reported, or why it said nothing (killed, never started)."""
     if state.message:
         try:
@@ -409,5 +415,9 @@ def _outcome(state: PodState) -> BuildOutcome:
             pass
     why = state.problem.message if state.problem else f"exit code {state.exit_code}"
     return BuildOutcome.failed(
-        BuildFailed(f"the builder Pod {state.name} ended {state.phase} without a result: {why}")
+        BuildFailed(
+            f"the builder Pod {state.name} ended {state.phase} without a result: {why}",
+            template=template,
+            step=0,
+        )
     )

@@ -283,7 +283,7 @@ async def run(settings: PodBuildSettings) -> BuildOutcome:
     except SandpodError as exc:
         return BuildOutcome.failed(exc)
     except (RuntimeFailure, OSError) as exc:  # a commit or a disk failure: say it, typed
-        return BuildOutcome.failed(BuildFailed(f"the builder failed: {exc}", template=name))
+        return BuildOutcome.failed(BuildFailed(f"the builder failed: {exc}", template=name, step=0))
     finally:
         with contextlib.suppress(SandpodError):
             await bus.flush(2.0)
