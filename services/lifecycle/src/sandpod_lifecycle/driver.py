@@ -52,6 +52,8 @@ class Instance:
     # This instance's own protections when they differ per instance (a template loosened its
     # seccomp filter); None: the driver's ``protections()`` hold for every instance.
     protections: Mapping[str, str] | None = None
+    # The instance's own IP address (``status.endpoint["address"]``), where it has a link.
+    address: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -50,6 +50,10 @@ from sandpod_lifecycle.builds.executor import Builder
 from sandpod_lifecycle.builds.loop import TemplateBuilds
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.network.addressing import PoolExhausted
+from sandpod_lifecycle.network.egress import Egress
+from sandpod_lifecycle.network.link import LinkError
+from sandpod_lifecycle.network.nft import NftError
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
@@ -89,6 +93,7 @@ class LifecycleService:
         self._bus: Bus | None = None
         self._node: NodeLauncher | None = None
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
+        self._egress: Egress | None = None  # the local runtime's sandbox network (root)
         self.builder: Builder | None = None  # template builds (the local runtime only)
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
@@ -192,7 +197,11 @@ class LifecycleService:
             jails = str(config.state_dir / "{sandbox_id}" / JAIL_FILE)
             node = NodeLauncher(launcher, self.settings.node, self._node_request, jails=jails)
             self._node = node
-            runtime = LocalRuntime(config)
+            egress = None
+            if os.geteuid() == 0 and self.settings.network.enabled:
+                egress = Egress(self.settings.network, inst.id, state, state / "net")
+            self._egress = egress  # started in start(): a node that cannot is loopback only
+            runtime = LocalRuntime(config, egress=egress)
             self._local = (runtime, inst.cgroup_parent)
             images = self._images(state)
             # Build layers live in the node's image area, beside the image store's.
@@ -232,6 +241,7 @@ class LifecycleService:
         self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events, clock=self.clock)
         driver = self._driver()
+        await self._start_egress()
         builds = self._builds(bus, store, driver)
         self.reconciler = Reconciler(
             store=store,
@@ -278,6 +288,18 @@ class LifecycleService:
         )
         await self._api.start()
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
+
+    async def _start_egress(self) -> None:
+        """Set up the node's sandbox network; a node that cannot runs its sandboxes with
+        loopback only (each says so in its notes), never with an unfiltered network."""
+        if self._egress is None or self._local is None:
+            return
+        try:
+            await self._egress.start()
+        except (NftError, LinkError, PoolExhausted, OSError, ValueError) as exc:
+            log.error("egress_unavailable", error=str(exc))
+            self._local[0].egress = None
+            self._egress = None
 
     def _builds(self, bus: Bus, store: Store, driver: Driver) -> TemplateBuilds | None:
         """The template builder, for the local runtime (Kubernetes mode builds no images
@@ -342,6 +364,8 @@ class LifecycleService:
                 kept = remove_cgroup_parents(await runtime.capabilities(), parent)
                 if kept:
                     log.warning("cgroup_parents_kept", paths=kept)
+            if self._egress is not None:  # and its table and gateway link
+                await self._egress.stop()
         if self._leases is not None:
             await self._leases.release_all()
         for close in reversed(self._closers):

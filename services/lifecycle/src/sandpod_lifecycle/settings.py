@@ -33,6 +33,12 @@
 | ``SANDPOD_IMAGE_DIR`` | ``<state>/images`` | local runtime: the node's image store |
 | ``SANDPOD_IMAGE_AUTH_FILE`` | Docker's | registry credentials (``config.json`` format) |
 | ``SANDPOD_INSECURE_REGISTRIES`` | none | hosts (comma-separated) pulled over plain HTTP |
+| ``SANDPOD_NET`` | true | local runtime (root): give sandboxes egress under their policy |
+| ``SANDPOD_NET_POOL`` | ``10.240.0.0/12`` | ... the host-wide pool; each installation claims a /20 |
+| ``SANDPOD_NET_REGISTRY`` | ``/var/lib/sandpod/net-ranges.json`` | ... where slices are claimed |
+| ``SANDPOD_NET_GATEWAY_UID`` | lifecycle's uid | ... the only host uid that may connect into sandboxes |
+| ``SANDPOD_NET_DNS_PORT`` | 53 | ... the node resolver's port on the gateway address |
+| ``SANDPOD_NET_PROXY_PORT`` | unset | ... the egress proxy's port there (name rules on 80/443) |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -41,6 +47,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping
@@ -51,6 +58,7 @@ from sandpod_contract.subjects import DEFAULT_PREFIX
 from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.events import EventLimits
+from sandpod_lifecycle.network.egress import EgressSettings
 from sandpod_lifecycle.runtime.base import MIN_DISK
 from sandpod_lifecycle.runtime.local_driver import parse_quantity
 from sandpod_service import env_bool, env_float, env_int, env_str
@@ -94,6 +102,7 @@ class LifecycleSettings:
     image_dir: Path | None = None  # local runtime: the node's image store (None: <state>/images)
     image_auth_file: Path | None = None  # registry credentials (Docker config.json format)
     insecure_registries: frozenset[str] = frozenset()  # plain HTTP allowed beyond loopback
+    network: EgressSettings = dataclasses.field(default_factory=EgressSettings)  # local runtime
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -156,6 +165,7 @@ class LifecycleSettings:
                 for h in env_str(env, "SANDPOD_INSECURE_REGISTRIES", "").split(",")
                 if h.strip()
             ),
+            network=_egress(env),
         )
 
 
@@ -168,6 +178,33 @@ def _event_limits(env: Mapping[str, str], base: EventLimits) -> EventLimits:
         ),
         burst=env_int(env, "SANDPOD_EVENTS_BURST", base.burst, minimum=1),
         rate=env_float(env, "SANDPOD_EVENTS_RATE", base.rate, minimum=0.001),
+    )
+
+
+def _egress(env: Mapping[str, str]) -> EgressSettings:
+    """``SANDPOD_NET_*``; ValueError naming the variable at fault."""
+    base = EgressSettings()
+    raw_pool = env_str(env, "SANDPOD_NET_POOL", str(base.pool))
+    try:
+        pool = ipaddress.IPv4Network(raw_pool)
+    except ValueError:
+        raise ValueError(
+            f"SANDPOD_NET_POOL={raw_pool!r}: use an IPv4 network (10.240.0.0/12)"
+        ) from None
+    if not pool.is_private:
+        raise ValueError(f"SANDPOD_NET_POOL={raw_pool!r}: use a private range")
+    registry = env_str(env, "SANDPOD_NET_REGISTRY", str(base.registry))
+    uid = env_str(env, "SANDPOD_NET_GATEWAY_UID", "")
+    proxy = env_str(env, "SANDPOD_NET_PROXY_PORT", "")
+    if (uid and not uid.isdigit()) or (proxy and not proxy.isdigit()):
+        raise ValueError("SANDPOD_NET_GATEWAY_UID and SANDPOD_NET_PROXY_PORT are integers")
+    return EgressSettings(
+        enabled=env_bool(env, "SANDPOD_NET", True),
+        pool=pool,
+        registry=Path(registry) if registry else None,
+        gateway_uid=int(uid) if uid else None,
+        dns_port=env_int(env, "SANDPOD_NET_DNS_PORT", base.dns_port, minimum=1),
+        proxy_port=int(proxy) if proxy else None,
     )
 
 

@@ -212,7 +212,10 @@ class Steps:
         self._failures.pop(view.key, None)
         isolated = self._isolation(instance.protections)
         ready = Condition(ConditionType.READY, "True", ConditionReason.EXECD_READY, "execd answers")
-        updated = await self._set(view, Phase.RUNNING, "ready", ready, extra=(isolated,))
+        where = {"address": instance.address} if instance.address else {}
+        updated = await self._set(
+            view, Phase.RUNNING, "ready", ready, extra=(isolated,), endpoint=where
+        )
         if view.spec.operating_mode is OperatingMode.PAUSED:
             return await self._step(SandboxView.of(updated), "")
         return Outcome.DONE
@@ -367,13 +370,19 @@ class Steps:
         event: str | None,
         cond: Condition | None,
         extra: tuple[Condition, ...] = (),
+        endpoint: Mapping[str, str] | None = None,
     ) -> Resource:
         status = dataclasses.replace(
             view.status,
             phase=phase,
             observed_generation=view.obj.metadata.generation,
             shutdown_time=view.spec.shutdown_time,
-            endpoint={"subjectPrefix": self.subjects.sandbox_prefix(view.name)},
+            # the runtime's part (``address``) is kept from the pass that created the instance
+            endpoint={
+                **view.status.endpoint,
+                **(endpoint or {}),
+                "subjectPrefix": self.subjects.sandbox_prefix(view.name),
+            },
         )
         now = self._clock.now()
         for c in (*(() if cond is None else (cond,)), *extra):

@@ -39,6 +39,7 @@ from pathlib import Path
 import structlog
 
 from sandpod_contract.errors import ImageError
+from sandpod_contract.network import NetworkPolicy, effective_policy
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_image import debian
 from sandpod_image.store import ImageStore
@@ -158,6 +159,7 @@ class LocalDriver:
             pid=self._launcher.pid(sandbox_id),
             detail=status.detail,
             protections=_protections(status) or None,
+            address=status.address,
         )
 
     def _watch(self, sandbox_id: str, holder: int | None) -> None:
@@ -223,6 +225,7 @@ class LocalDriver:
             resources=_resources(template),
             env={e.name: e.value for e in (*template.env, *spec.env)},
             egress=bool(template.egress),
+            network=effective_policy(template.network, spec.network),
             seccomp=mode_for(
                 template.security.seccomp, template.security.allow_nested_user_namespaces
             ),
@@ -319,6 +322,17 @@ class LocalDriver:
         if not status.exists or not status.running or self._launcher.pid(sandbox_id) is None:
             return None
         return self._instance(sandbox_id, status)
+
+    async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Put ``policy`` in force for the running sandbox at once (one nftables batch: new
+        connections follow it immediately, nothing restarts).
+
+        Raises:
+            NetworkNotSupported: this node gives sandboxes no network (rootless, egress off).
+            InstanceNotFound: the sandbox has no link here.
+            NftError: nftables refused it; the previous policy is still in force.
+        """
+        await self._runtime.apply_network(sandbox_id, policy)
 
     async def pause(self, sandbox_id: str) -> None:
         await self._runtime.pause(sandbox_id)

@@ -1,0 +1,336 @@
+"""A node's egress: one installation's address slice, gateway link and table, and its sandboxes.
+
+:class:`Egress` is what the local runtime calls (all ``async``; the blocking work runs in a
+thread): ``start`` claims the slice, enables forwarding, creates the gateway link and the table,
+and cleans what a crashed run left (links, chains and records of sandboxes that are gone);
+``attach`` gives a sandbox whose holder runs its veth, address and chain; ``apply`` swaps its
+policy (one nft batch); ``detach`` removes all of it; ``stop`` removes the table and the gateway
+link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address` and
+:meth:`add_resolved`.
+
+Each attached sandbox has a record ``<records dir>/<sandbox id>.json`` (version 1: ``index``,
+``policy``), written before its link exists, so a restarted lifecycle knows every link and
+chain that is its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import fcntl
+import ipaddress
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import structlog
+
+from sandpod_contract.network import NetworkPolicy, Rule
+from sandpod_lifecycle.network import link
+from sandpod_lifecycle.network.addressing import (
+    DEFAULT_POOL,
+    DEFAULT_REGISTRY,
+    AddressPlan,
+    SandboxAddresses,
+    claim_slice,
+)
+from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig
+from sandpod_lifecycle.network.nft import Nft
+
+__all__ = ["Egress", "EgressSettings"]
+
+log = structlog.get_logger("sandpod.lifecycle.network")
+
+RECORD_VERSION = 1
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EgressSettings:
+    """The node's egress settings (``SANDPOD_NET_*``, see ``settings.py``).
+
+    Attributes:
+        enabled: give local sandboxes a network at all (off: loopback only).
+        pool: the host-wide pool installations take /20 slices of.
+        registry: where slices are claimed host-wide (None: the preferred slice, unrecorded).
+        gateway_uid: the host uid that may open connections into sandboxes (the API
+            gateway's); None: the lifecycle's own uid.
+        dns_port: the resolver's port on the gateway address.
+        proxy_port: the egress proxy's port there (None: no proxy).
+        hard_deny: networks no policy can open (the platform's own, when on other hosts).
+    """
+
+    enabled: bool = True
+    pool: ipaddress.IPv4Network = DEFAULT_POOL
+    registry: Path | None = DEFAULT_REGISTRY
+    gateway_uid: int | None = None
+    dns_port: int = 53
+    proxy_port: int | None = None
+    hard_deny: tuple[ipaddress.IPv4Network, ...] = ()
+
+
+class Egress:
+    """One installation's egress on this node (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: EgressSettings,
+        installation_id: str,
+        state_dir: Path,
+        records: Path,
+        nft: Nft | None = None,
+    ) -> None:
+        self.settings = settings
+        self.installation_id = installation_id
+        self._state_dir = state_dir
+        self._records = records
+        self._nft = nft
+        self.links = link.LinkNames.of(installation_id)
+        self.firewall: Firewall | None = None
+        self.notes: list[str] = []
+
+    # -- the installation ----------------------------------------------------------------------
+
+    @property
+    def plan(self) -> AddressPlan:
+        return self._firewall().config.plan
+
+    @property
+    def gateway(self) -> ipaddress.IPv4Address:
+        """The address the node's resolver (port ``dns_port``) and proxy listen on."""
+        return self.plan.gateway
+
+    @property
+    def table(self) -> str:
+        return f"sandpod_{self.installation_id}"
+
+    async def start(self) -> list[str]:
+        """Set the node up (idempotent) and clean a crashed run's leftovers; returns notes
+        for people (host settings changed, host filtering that may interfere).
+
+        Raises:
+            NftError, LinkError, PoolExhausted, OSError: the node cannot give egress.
+        """
+        return await asyncio.to_thread(self._start)
+
+    def _start(self) -> list[str]:
+        s = self.settings
+        plan = claim_slice(
+            self.installation_id, self._state_dir, s.pool, s.registry, link.host_networks()
+        )
+        nft = self._nft or Nft()
+        self._nft = nft
+        uid = s.gateway_uid if s.gateway_uid is not None else os.geteuid()
+        config = FirewallConfig(
+            self.installation_id, plan, uid, s.dns_port, s.proxy_port, s.hard_deny
+        )
+        self.firewall = Firewall(nft, config)
+        notes = []
+        if IP_FORWARD.read_text().strip() != "1":
+            IP_FORWARD.write_text("1")
+            notes.append("net.ipv4.ip_forward was 0: set to 1 (sandbox egress is routed)")
+        notes += self._host_filters()
+        self.links.ensure_gateway(plan.gateway)
+        self.firewall.setup()
+        self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._recover()
+        log.info("egress_ready", slice=str(plan.slice), gateway=str(plan.gateway), table=self.table)
+        self.notes = notes
+        for note in notes:
+            log.warning("egress_host_note", note=note)
+        return notes
+
+    def _host_filters(self) -> list[str]:
+        """Other tables whose forward chains drop by default: they may drop our traffic too
+        (every table's base chains see each packet); reported, never changed."""
+        nft = self._firewall_nft()
+        notes = []
+        for item in nft.json("list chains"):
+            chain = item.get("chain")
+            if not isinstance(chain, dict) or chain.get("table") == self.table:
+                continue
+            if chain.get("hook") == "forward" and chain.get("policy") == "drop":
+                notes.append(
+                    f"nftables table {chain.get('family')} {chain.get('table')} chain "
+                    f"{chain.get('name')} drops forwarded packets by default: sandbox egress "
+                    f"needs an accept there for interfaces {self.links.sandbox_prefix}*"
+                )
+        return notes
+
+    def _firewall_nft(self) -> Nft:
+        if self._nft is None:
+            self._nft = Nft()
+        return self._nft
+
+    def _firewall(self) -> Firewall:
+        if self.firewall is None:
+            raise RuntimeError("egress is not started")
+        return self.firewall
+
+    async def stop(self) -> None:
+        """Remove the table and the gateway link (sandboxes still attached lose egress)."""
+        await asyncio.to_thread(self._stop)
+
+    def _stop(self) -> None:
+        if self.firewall is not None:
+            self.firewall.remove()
+        self.links.remove_gateway()
+        log.info("egress_removed", table=self.table)
+
+    def _recover(self) -> None:
+        """Re-adopt sandboxes whose link survived; remove every other trace."""
+        fw = self._firewall()
+        records = self._read_records()
+        live = set(self.links.links())
+        for sandbox_id, (index, policy) in records.items():
+            name = self.links.sandbox(index)
+            if name in live:
+                fw.apply(sandbox_id, self.plan.sandbox(index), name, policy)
+                continue
+            fw.drop_index(index, name)
+            self._record(sandbox_id).unlink(missing_ok=True)
+            log.info("egress_leftover_removed", sandbox_id=sandbox_id, link=name)
+        known = {self.links.sandbox(i) for i, _ in records.values()}
+        for name in live - known:
+            link.delete(name)
+            log.info("egress_leftover_removed", link=name)
+        indexes = {i for i, _ in records.values()}
+        for index in fw.chains():
+            if index not in indexes:
+                fw.drop_index(index, self.links.sandbox(index))
+
+    # -- sandboxes -----------------------------------------------------------------------------
+
+    async def attach(
+        self, sandbox_id: str, holder_pid: int, policy: NetworkPolicy
+    ) -> SandboxAddresses:
+        """Give the sandbox (its holder is ``holder_pid``) its link, address and chain.
+
+        Raises:
+            PoolExhausted, LinkError, NftError: nothing is left behind but the record, which
+            :meth:`detach` removes with the rest.
+        """
+        return await asyncio.to_thread(self._attach, sandbox_id, holder_pid, policy)
+
+    def _attach(self, sandbox_id: str, holder_pid: int, policy: NetworkPolicy) -> SandboxAddresses:
+        fw = self._firewall()
+        with self._lock():
+            records = self._read_records()
+            if sandbox_id in records:
+                index = records[sandbox_id][0]
+            else:
+                index = self.plan.free_index(i for i, _ in records.values())
+            self._write_record(sandbox_id, index, policy)
+        addrs = self.plan.sandbox(index)
+        name = self.links.create(addrs, holder_pid)
+        fw.apply(sandbox_id, addrs, name, policy)
+        link.set_bandwidth(name, policy.limits.bandwidth_bytes_per_second)
+        return addrs
+
+    async def apply(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Swap the sandbox's policy in one nft batch (effective for new connections at once).
+
+        Raises:
+            KeyError: the sandbox is not attached.
+            NftError: refused; the previous policy is still in force.
+        """
+        await asyncio.to_thread(self._apply, sandbox_id, policy)
+
+    def _apply(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        records = self._read_records()
+        if sandbox_id not in records:
+            raise KeyError(sandbox_id)
+        index, old = records[sandbox_id]
+        addrs = self.plan.sandbox(index)
+        name = self.links.sandbox(index)
+        self._firewall().apply(sandbox_id, addrs, name, policy)
+        self._write_record(sandbox_id, index, policy)
+        if old.limits.bandwidth_bytes_per_second != policy.limits.bandwidth_bytes_per_second:
+            link.set_bandwidth(name, policy.limits.bandwidth_bytes_per_second)
+
+    async def detach(self, sandbox_id: str) -> None:
+        """Remove the sandbox's link, chain, sets and record (idempotent)."""
+        await asyncio.to_thread(self._detach, sandbox_id)
+
+    def _detach(self, sandbox_id: str) -> None:
+        records = self._read_records()
+        if sandbox_id not in records:
+            return
+        index = records[sandbox_id][0]
+        name = self.links.sandbox(index)
+        link.delete(name)
+        if self.firewall is not None:
+            self.firewall.forget(sandbox_id, self.plan.sandbox(index), name)
+        self._record(sandbox_id).unlink(missing_ok=True)
+
+    def address(self, sandbox_id: str) -> str | None:
+        """The sandbox's own address (None: not attached)."""
+        record = self._read_record(self._record(sandbox_id))
+        if record is None or self.firewall is None:
+            return None
+        return str(self.plan.sandbox(record[0]).sandbox)
+
+    def policy(self, sandbox_id: str) -> NetworkPolicy | None:
+        record = self._read_record(self._record(sandbox_id))
+        return None if record is None else record[1]
+
+    # -- for the resolver and the proxy --------------------------------------------------------
+
+    def sandbox_by_address(self, address: str) -> tuple[str, NetworkPolicy] | None:
+        """(sandbox id, policy in force) of the sandbox whose address is ``address``."""
+        return self._firewall().sandbox_by_address(address)
+
+    def add_resolved(
+        self,
+        sandbox_id: str,
+        rule: Rule | str,
+        addresses: Sequence[tuple[str | ipaddress.IPv4Address | ipaddress.IPv6Address, float]],
+    ) -> int:
+        """See :meth:`Firewall.add_resolved` (blocking, ~100 µs: one nft batch)."""
+        return self._firewall().add_resolved(sandbox_id, rule, addresses)
+
+    def denied(self, sandbox_id: str) -> int:
+        return self._firewall().denied(sandbox_id)
+
+    # -- records -------------------------------------------------------------------------------
+
+    def _record(self, sandbox_id: str) -> Path:
+        return self._records / f"{sandbox_id}.json"
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterable[None]:  # type: ignore[misc]
+        self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with (self._records / ".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _write_record(self, sandbox_id: str, index: int, policy: NetworkPolicy) -> None:
+        body = {"version": RECORD_VERSION, "index": index, "policy": policy.to_dict()}
+        path = self._record(sandbox_id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(path)
+
+    def _read_records(self) -> dict[str, tuple[int, NetworkPolicy]]:
+        out = {}
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self._records):
+                if entry.name.endswith(".json"):
+                    record = self._read_record(Path(entry.path))
+                    if record is not None:
+                        out[entry.name[: -len(".json")]] = record
+        return out
+
+    @staticmethod
+    def _read_record(path: Path) -> tuple[int, NetworkPolicy] | None:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("version") != RECORD_VERSION:
+                return None
+            return int(data["index"]), NetworkPolicy.from_dict(data["policy"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        except Exception:
+            return None
