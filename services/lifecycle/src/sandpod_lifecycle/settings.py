@@ -34,9 +34,9 @@
 | ``SANDPOD_IMAGE_AUTH_FILE`` | Docker's | registry credentials (``config.json`` format) |
 | ``SANDPOD_INSECURE_REGISTRIES`` | none | hosts (comma-separated) pulled over plain HTTP |
 | ``SANDPOD_NET`` | true | local runtime (root): give sandboxes egress under their policy |
-| ``SANDPOD_NET_POOL`` | ``10.240.0.0/12`` | ... the host-wide pool; each installation claims a /20 |
+| ``SANDPOD_NET_POOL`` | ``10.240.0.0/12`` | ... host-wide pool (a /20 each) |
 | ``SANDPOD_NET_REGISTRY`` | ``/var/lib/sandpod/net-ranges.json`` | ... where slices are claimed |
-| ``SANDPOD_NET_GATEWAY_UID`` | lifecycle's uid | ... the only host uid that may connect into sandboxes |
+| ``SANDPOD_NET_GATEWAY_UID`` | lifecycle's uid | ... only uid connecting into sandboxes |
 | ``SANDPOD_NET_DNS_PORT`` | 53 | ... the node resolver's port on the gateway address |
 | ``SANDPOD_NET_PROXY_PORT`` | unset | ... the egress proxy's port there (name rules on 80/443) |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |

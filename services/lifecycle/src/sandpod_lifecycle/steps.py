@@ -369,6 +369,7 @@ class Steps:
         phase: Phase,
         event: str | None,
         cond: Condition | None,
+        *,
         extra: tuple[Condition, ...] = (),
         endpoint: Mapping[str, str] | None = None,
     ) -> Resource:

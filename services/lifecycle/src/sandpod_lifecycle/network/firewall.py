@@ -371,10 +371,11 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         if policy.mode is NetworkMode.ALLOWLIST:  # public ends in accept, deny-all in drop
             lines.append(f"{rule} {drop}")
         if self.config.proxy_port is not None:
+            proxy = f"{self.config.plan.gateway}:{self.config.proxy_port}"
             for r in policy.name_rules:
                 lines.append(
                     f"add rule inet {t} {nat} ip daddr @{set_name(n, r)} tcp dport "
-                    f"{PROXIED_PORTS} dnat ip to {self.config.plan.gateway}:{self.config.proxy_port}"
+                    f"{PROXIED_PORTS} dnat ip to {proxy}"
                 )
         lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump {chain} }}')
         lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
