@@ -167,10 +167,9 @@ class FakeNet:
                     conn, _ = sock.accept()
                 except OSError:
                     return
-                with conn:
-                    with contextlib.suppress(OSError):
-                        conn.recv(1024)
-                        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 12\r\n\r\nhost secret\n")
+                with conn, contextlib.suppress(OSError):
+                    conn.recv(1024)
+                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 12\r\n\r\nhost secret\n")
 
         threading.Thread(target=serve, daemon=True).start()
         return int(sock.getsockname()[1])

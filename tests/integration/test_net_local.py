@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from netsbx import egress_runtime, leftovers, make, ok, probe, reached
 
 from fakenet import FakeNet
-from netsbx import egress_runtime, leftovers, make, ok, probe, reached, run
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.runtime.local import LocalRuntime
@@ -143,17 +143,29 @@ async def test_deny_all_reaches_nothing(
 async def test_an_allowlist_cidr_opens_that_and_nothing_else(
     node: tuple[LocalRuntime, Egress], fakenet: FakeNet
 ) -> None:
-    """``allowlist`` with one /32 on port 80: that address answers; its neighbour, the same
-    address on another port and the metadata server (even named by a rule) do not."""
-    rt, _ = node
+    """``allowlist`` with one /32 on port 80: that address answers; its neighbour does not.
+    Rules naming the metadata service's range and the sandbox pool open neither (hard denies);
+    without the hard-deny set they would."""
+    rt, egress = node
+    b = await make(rt, PUBLIC)
+    await ok(b, "setsid python3 -m http.server 8000 >/dev/null 2>&1 < /dev/null &")
     policy = NetworkPolicy.from_dict(
-        {"mode": "allowlist", "allow": [f"{fakenet.public}:80", "169.254.0.0/16"]}
+        {
+            "mode": "allowlist",
+            "allow": [f"{fakenet.public}:80", "169.254.0.0/16", str(egress.settings.pool)],
+        }
     )
     s = await make(rt, policy)
-    results = await probe(
-        s, f"{fakenet.public}:80", f"{fakenet.public2}:80", f"{fakenet.metadata}:80"
-    )
+    targets = [f"{fakenet.public}:80", f"{fakenet.public2}:80", f"{fakenet.metadata}:80"]
+    results = await probe(s, *targets, f"{b.address}:8000")
     assert reached(results) == {f"{fakenet.public}:80"}, results
+    fw = egress.firewall
+    assert fw is not None
+    fw.nft.run(f"flush set inet {egress.table} hard4")
+    results = await probe(s, *targets, f"{b.address}:8000")
+    assert results[f"{fakenet.metadata}:80"] == "fakenet metadata", results
+    # another sandbox stays shut even then: nothing forwards a new connection into a sandbox
+    assert results[f"{b.address}:8000"].startswith("refused:"), results
 
 
 async def test_a_live_policy_update_takes_effect_both_ways(

@@ -1,0 +1,127 @@
+"""Sandbox egress through the whole platform: a lifecycle (local runtime, as root) and the SDK.
+
+A sandbox created as a user would (the SDK, the default template: ``public``) reaches the fake
+internet by address, not the metadata server, and reports its address in
+``status.endpoint["address"]``; a template's ``deny-all`` reaches nothing; stopping the
+platform leaves no link, table or route of its installation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import NatsServer
+from fakenet import FakeNet
+from sandpod import AsyncSandbox
+from sandpod.control import api_call
+from sandpod.errors import SandpodError
+from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, Ref
+from svcprocs import ServiceProc
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the local runtime needs root: run the suite as root, as CI does"
+)
+
+DEADLINE = 60.0
+CURL = "curl -s -m 3 http://{}/ || echo unreachable"
+
+
+@pytest.fixture
+def fakenet() -> Iterator[FakeNet]:
+    with FakeNet() as net:
+        yield net
+    assert not net.leftovers()
+
+
+@pytest.fixture
+async def platform(
+    nats: NatsServer, tmp_path: Path, default_rootfs: Path | None
+) -> AsyncIterator[tuple[ServiceProc, str]]:
+    if default_rootfs is None:
+        pytest.skip("no default sandbox rootfs (mmdebstrap could not build it: see conftest)")
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    proc = ServiceProc(
+        "sandpod_lifecycle", nats, tmp_path, prefix, "r0",
+        SANDPOD_RUNTIME="local", SANDPOD_RESYNC="0.5", wrap=(),
+        SANDPOD_DESTROY_ON_EXIT="true",
+        SANDPOD_NET_REGISTRY=str(tmp_path / "net-ranges.json"),
+    )  # fmt: skip
+    try:
+        end = time.monotonic() + DEADLINE
+        while True:
+            try:
+                await AsyncSandbox.list(nats_url=nats.url, prefix=prefix)
+                break
+            except SandpodError:
+                if proc.proc.poll() is not None or time.monotonic() > end:
+                    pytest.fail(f"lifecycle did not come up:\n{proc.tail()}")
+                await asyncio.sleep(0.05)
+        yield proc, prefix
+    finally:
+        proc.stop()
+
+
+def _ours(tag: str) -> list[str]:
+    """Links, tables and routes of installations whose links carry ``tag``."""
+    links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout)
+    left = [i["ifname"] for i in links if i["ifname"].startswith(f"sp{tag}")]
+    routes = subprocess.run(["ip", "route", "show", "table", "all"], capture_output=True, text=True)
+    return left + [r for r in routes.stdout.splitlines() if f"sp{tag}" in r]
+
+
+async def test_a_default_sandbox_reaches_the_internet_and_reports_its_address(
+    nats: NatsServer, platform: tuple[ServiceProc, str], fakenet: FakeNet
+) -> None:
+    """The default template is ``public``: curl in a new sandbox gets the fake internet's
+    page by address and nothing from the metadata server; ``status.endpoint["address"]`` is
+    the sandbox's own address, the one its ``eth0`` carries; a ``deny-all`` template's
+    sandbox gets nothing; stopping the platform removes every link, route and the table."""
+    proc, prefix = platform
+    async with await AsyncSandbox.create(nats_url=nats.url, prefix=prefix, wait=DEADLINE) as sbx:
+        r = await sbx.exec(CURL.format(fakenet.public))
+        assert r.stdout.strip() == "fakenet public", r
+        r = await sbx.exec(CURL.format(fakenet.metadata))
+        assert r.stdout.strip() == "unreachable", r
+        reply = await api_call(
+            sbx.bus, sbx.subjects, "sandboxes", "get", Ref(name=sbx.id), ObjectReply
+        )
+        address = reply.object["status"]["endpoint"]["address"]
+        r = await sbx.exec("cat /proc/net/fib_trie; cat /etc/resolv.conf")
+        assert f"|-- {address}\n" in r.stdout and "nameserver 10." in r.stdout, r.stdout
+        obj = {
+            "kind": "SandboxTemplate",
+            "metadata": {"name": "closed"},
+            "spec": {"network": {"mode": "deny-all"}},
+        }
+        await api_call(
+            sbx.bus, sbx.subjects, "templates", "apply", ObjectRequest(object=obj), ObjectReply
+        )
+    async with await AsyncSandbox.create(
+        template="closed", nats_url=nats.url, prefix=prefix, wait=DEADLINE
+    ) as closed:
+        r = await closed.exec(CURL.format(fakenet.public))
+        assert r.stdout.strip() == "unreachable", r
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    ours = [t for t in tables.split() if t.startswith("sandpod_")]
+    links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout)
+    tags = {
+        i["ifname"][2:8]
+        for i in links
+        if i["ifname"].endswith("g") and i["ifname"].startswith("sp")
+    }
+    proc.stop()
+    after = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    gone = [t for t in ours if t not in after.split()]
+    assert len(gone) == 1, (ours, after)  # this platform's table went with it
+    installation = gone[0].removeprefix("sandpod_")
+    assert installation[:6] in tags
+    assert _ours(installation[:6]) == []
