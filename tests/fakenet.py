@@ -52,7 +52,7 @@ def _routes() -> list[ipaddress.IPv4Network]:
     for r in out:
         with contextlib.suppress(ValueError):
             if r.get("dst") not in (None, "default"):
-                nets.append(ipaddress.ip_network(r["dst"], strict=False))
+                nets.append(ipaddress.IPv4Network(r["dst"], strict=False))
     return nets
 
 
@@ -74,18 +74,18 @@ class FakeNet:
         rnd = random.Random()
         self.link = _free(
             [
-                ipaddress.ip_network(f"172.31.{rnd.randrange(256)}.{4 * rnd.randrange(64)}/30")
+                ipaddress.IPv4Network(f"172.31.{rnd.randrange(256)}.{4 * rnd.randrange(64)}/30")
                 for _ in range(64)
             ]
         )
         self.public_net = _free(
             [
-                ipaddress.ip_network(f"11.{rnd.randrange(256)}.{rnd.randrange(256)}.0/24")
+                ipaddress.IPv4Network(f"11.{rnd.randrange(256)}.{rnd.randrange(256)}.0/24")
                 for _ in range(64)
             ]
         )
         private = [
-            ipaddress.ip_network(f"10.{rnd.randrange(256)}.{rnd.randrange(256)}.0/24")
+            ipaddress.IPv4Network(f"10.{rnd.randrange(256)}.{rnd.randrange(256)}.0/24")
             for _ in range(64)
         ]
         self.private_net = _free([p for p in private if not p.overlaps(PRIVATE_POOL_AVOID)])
@@ -136,11 +136,19 @@ class FakeNet:
 
     def _start_server(self) -> None:
         argv = [
-            "ip", "netns", "exec", self.netns, sys.executable, str(SERVER),
-            f"public={self.public}:80", f"public2={self.public2}:80",
-            f"private={self.private}:80", f"metadata={self.metadata}:80",
-            "--udp", f"{self.public}:{self.udp_port}",
-        ]  # fmt: skip
+            "ip",
+            "netns",
+            "exec",
+            self.netns,
+            sys.executable,
+            str(SERVER),
+            f"public={self.public}:80",
+            f"public2={self.public2}:80",
+            f"private={self.private}:80",
+            f"metadata={self.metadata}:80",
+            "--udp",
+            f"{self.public}:{self.udp_port}",
+        ]
         self._server = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         assert self._server.stdout is not None
         line = self._server.stdout.readline()

@@ -16,7 +16,7 @@ received: list[str] = []
 
 
 class Sink(asyncio.DatagramProtocol):
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:  # type: ignore[override]
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         if len(received) < 1000:
             received.append(f"{addr[0]} {data[:100].decode(errors='replace')}")
 

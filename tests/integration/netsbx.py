@@ -13,6 +13,7 @@ import contextlib
 import json
 import subprocess
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 
 MiB = 1024 * 1024
+ROOTFS: weakref.WeakKeyDictionary[LocalRuntime, Path] = weakref.WeakKeyDictionary()
 PROBE = r"""
 import json, socket, sys, concurrent.futures as cf
 def reach(t):
@@ -57,8 +59,9 @@ def leftovers(egress: Egress) -> list[str]:
         for t in tables
         if "table" in t and t["table"]["name"] == egress.table
     ]
-    routes = subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True,
-                            text=True).stdout  # fmt: skip
+    routes = subprocess.run(
+        ["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True
+    ).stdout
     if egress.firewall is not None:
         net = egress.plan.slice
         octets = ".".join(str(net.network_address).split(".")[:2]) + "."
@@ -80,7 +83,7 @@ async def egress_runtime(
     config = LocalRuntimeConfig(state_dir=state / "jails", cgroup_parent=f"sandpod-nt-{ident}")
     rt = LocalRuntime(config, egress=egress)
     await egress.start()
-    rt.rootfs = rootfs  # type: ignore[attr-defined] -- for make()
+    ROOTFS[rt] = rootfs
     try:
         yield rt, egress
     finally:
@@ -93,8 +96,7 @@ async def egress_runtime(
 
 async def make(rt: LocalRuntime, policy: NetworkPolicy | None) -> InstanceStatus:
     sid = f"n-{uuid.uuid4().hex[:10]}"
-    rootfs: Path = rt.rootfs  # type: ignore[attr-defined]
-    return await rt.create(InstanceSpec(sandbox_id=sid, rootfs=rootfs, network=policy))
+    return await rt.create(InstanceSpec(sandbox_id=sid, rootfs=ROOTFS[rt], network=policy))
 
 
 async def run(status: InstanceStatus, command: str | list[str], timeout: float = 30) -> Outcome:
@@ -104,9 +106,13 @@ async def run(status: InstanceStatus, command: str | list[str], timeout: float =
     jail = Jail.load(status.jail_file, status.sandbox_id)
     try:
         ctx = SandboxContext(
-            status.sandbox_id, Path("/unused"), "/bin/bash", {},
-            ExecRegistry(10, stored_budget=MiB), jail=jail,
-        )  # fmt: skip
+            status.sandbox_id,
+            Path("/unused"),
+            "/bin/bash",
+            {},
+            ExecRegistry(10, stored_budget=MiB),
+            jail=jail,
+        )
         argv, shell = (tuple(command), None) if isinstance(command, list) else (None, command)
         proc = spawn(ctx.command(argv, shell, None, None, stdin=False))
         return await run_to_completion(

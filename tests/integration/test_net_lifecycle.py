@@ -50,11 +50,17 @@ async def platform(
         pytest.skip("no default sandbox rootfs (mmdebstrap could not build it: see conftest)")
     prefix = f"t{uuid.uuid4().hex[:8]}"
     proc = ServiceProc(
-        "sandpod_lifecycle", nats, tmp_path, prefix, "r0",
-        SANDPOD_RUNTIME="local", SANDPOD_RESYNC="0.5", wrap=(),
+        "sandpod_lifecycle",
+        nats,
+        tmp_path,
+        prefix,
+        "r0",
+        SANDPOD_RUNTIME="local",
+        SANDPOD_RESYNC="0.5",
+        wrap=(),
         SANDPOD_DESTROY_ON_EXIT="true",
         SANDPOD_NET_REGISTRY=str(tmp_path / "net-ranges.json"),
-    )  # fmt: skip
+    )
     try:
         end = time.monotonic() + DEADLINE
         while True:

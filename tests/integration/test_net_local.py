@@ -102,9 +102,13 @@ async def _host_probe(target: str, uid: int) -> str:
         "except OSError as e: print('refused:' + type(e).__name__)\n"
     )
     proc = await asyncio.create_subprocess_exec(
-        "python3", "-c", script, user=uid, group=uid if uid else 0,
+        "python3",
+        "-c",
+        script,
+        user=uid,
+        group=uid if uid else 0,
         stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out, _ = await proc.communicate()
     return out.decode().strip()
 
@@ -299,9 +303,18 @@ socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(sys.argv[3].encode(), ta
 
 async def _root_spoof(holder: int, net: FakeNet, sources: list[str], honest: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        "nsenter", f"--target={holder}", "--net", "--", "python3", "-c", ROOT_SPOOF,
-        net.public, str(net.udp_port), honest, *sources,
-    )  # fmt: skip
+        "nsenter",
+        f"--target={holder}",
+        "--net",
+        "--",
+        "python3",
+        "-c",
+        ROOT_SPOOF,
+        net.public,
+        str(net.udp_port),
+        honest,
+        *sources,
+    )
     assert await proc.wait() == 0
 
 

@@ -12,9 +12,9 @@ point-to-point pair ``slice + 2n`` (the host end of its veth) and ``slice + 2n +
 sandbox's own address, ``status.endpoint["address"]``). Pair 0 holds the installation's
 *gateway address* ``slice + 1``, on which the node's resolver and egress proxy listen.
 
-Registry, version 1::
+Registry, version 1 (slices by pool, then by index in it)::
 
-    {"version": 1, "slices": {"<index>": {"id": str, "state_dir": str}}}
+    {"version": 1, "pools": {"<pool>": {"<index>": {"id": str, "state_dir": str}}}}
 """
 
 from __future__ import annotations
@@ -136,10 +136,10 @@ def claim_slice(
             if entry.get("id") == ident and index < len(slices):
                 return AddressPlan(slices[index], pool)
         for index in order:
-            entry = mine.get(index)
+            held = mine.get(index)
             if index not in usable:
                 continue
-            if entry is not None and Path(str(entry.get("state_dir", ""))).exists():
+            if held is not None and Path(str(held.get("state_dir", ""))).exists():
                 continue
             mine[index] = {"id": ident, "state_dir": str(state_dir)}
             _write(registry, claims)

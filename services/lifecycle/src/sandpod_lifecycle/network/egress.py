@@ -22,7 +22,7 @@ import fcntl
 import ipaddress
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import structlog
@@ -300,7 +300,7 @@ class Egress:
         return self._records / f"{sandbox_id}.json"
 
     @contextlib.contextmanager
-    def _lock(self) -> Iterable[None]:  # type: ignore[misc]
+    def _lock(self) -> Iterator[None]:
         self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
         with (self._records / ".lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

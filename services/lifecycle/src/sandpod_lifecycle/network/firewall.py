@@ -356,20 +356,20 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         for rule in policy.name_rules:
             s = set_name(n, rule)
             lines.append(f"add set inet {t} {s} {{ type ipv4_addr; flags timeout; }}")
-        rule = f"add rule inet {t} {chain}"
-        lines.append(f"{rule} ip saddr != {addrs.sandbox} {drop}")  # spoofed
-        lines.append(f"{rule} ct state established,related accept")
+        head = f"add rule inet {t} {chain}"
+        lines.append(f"{head} ip saddr != {addrs.sandbox} {drop}")  # spoofed
+        lines.append(f"{head} ct state established,related accept")
         if (limit := policy.limits.max_connections) is not None:
             lines.append(f"add set inet {t} cc{n} {{ type ipv4_addr; size 1; flags dynamic; }}")
             lines.append(
-                f"{rule} ct state new add @cc{n} {{ ip saddr ct count over {limit} }} {drop}"
+                f"{head} ct state new add @cc{n} {{ ip saddr ct count over {limit} }} {drop}"
             )
         if policy.mode is not NetworkMode.DENY_ALL:
-            lines += self._rules(rule, n, policy, drop)
+            lines += self._rules(head, n, policy, drop)
         else:
-            lines.append(f"{rule} {drop}")
+            lines.append(f"{head} {drop}")
         if policy.mode is NetworkMode.ALLOWLIST:  # public ends in accept, deny-all in drop
-            lines.append(f"{rule} {drop}")
+            lines.append(f"{head} {drop}")
         if self.config.proxy_port is not None:
             proxy = f"{self.config.plan.gateway}:{self.config.proxy_port}"
             for r in policy.name_rules:
@@ -382,17 +382,17 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         return "\n".join(lines) + "\n"
 
     @staticmethod
-    def _rules(rule: str, n: int, policy: NetworkPolicy, drop: str) -> list[str]:
+    def _rules(head: str, n: int, policy: NetworkPolicy, drop: str) -> list[str]:
         lines = []
         for r in policy.deny:
             if r.network is not None and r.network.version == 4:
-                lines.append(f"{rule} ip daddr {r.network} {_ports(r)}{drop}")
+                lines.append(f"{head} ip daddr {r.network} {_ports(r)}{drop}")
         for r in policy.allow:
             if r.network is not None and r.network.version == 4:
-                lines.append(f"{rule} ip daddr {r.network} {_ports(r)}accept")
+                lines.append(f"{head} ip daddr {r.network} {_ports(r)}accept")
             elif r.is_name:
-                lines.append(f"{rule} ip daddr @{set_name(n, r)} {_ports(r)}accept")
+                lines.append(f"{head} ip daddr @{set_name(n, r)} {_ports(r)}accept")
         if policy.mode is NetworkMode.PUBLIC:
-            lines.append(f"{rule} ip daddr @special4 {drop}")
-            lines.append(f"{rule} accept")
+            lines.append(f"{head} ip daddr @special4 {drop}")
+            lines.append(f"{head} accept")
         return lines

@@ -96,15 +96,32 @@ class LinkNames:
     def ensure_gateway(self, gateway: ipaddress.IPv4Address) -> None:
         """Create the gateway's link with ``gateway``/32 on it (idempotent)."""
         if not _exists(self.gateway):
-            _run(["ip", "link", "add", self.gateway, "type", "veth", "peer", "name",
-                  self.gateway_peer])  # fmt: skip
+            _run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    self.gateway,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    self.gateway_peer,
+                ]
+            )
         _no_ipv6(self.gateway)
         _no_ipv6(self.gateway_peer)
-        _run(["ip", "-batch", "-"], stdin="\n".join((
-            f"address replace {gateway}/32 dev {self.gateway}",
-            f"link set {self.gateway} up",
-            f"link set {self.gateway_peer} up",
-        )) + "\n")  # fmt: skip
+        _run(
+            ["ip", "-batch", "-"],
+            stdin="\n".join(
+                (
+                    f"address replace {gateway}/32 dev {self.gateway}",
+                    f"link set {self.gateway} up",
+                    f"link set {self.gateway_peer} up",
+                )
+            )
+            + "\n",
+        )
 
     def remove_gateway(self) -> None:
         delete(self.gateway)
@@ -120,17 +137,34 @@ class LinkNames:
         """
         name = self.sandbox(addrs.index)
         delete(name)
-        _run(["ip", "link", "add", name, "type", "veth", "peer", "name", SANDBOX_IFACE,
-              "netns", str(holder_pid)])  # fmt: skip
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                SANDBOX_IFACE,
+                "netns",
+                str(holder_pid),
+            ]
+        )
         _no_ipv6(name)
-        _run(["ip", "-batch", "-"], stdin=(
-            f"address add {addrs.host}/31 dev {name}\nlink set {name} up\n"
-        ))  # fmt: skip
-        _run(["nsenter", f"--target={holder_pid}", "--net", "--", "ip", "-batch", "-"], stdin=(
-            f"address add {addrs.sandbox}/31 dev {SANDBOX_IFACE}\n"
-            f"link set {SANDBOX_IFACE} up\n"
-            f"route add default via {addrs.host} dev {SANDBOX_IFACE}\n"
-        ))  # fmt: skip
+        _run(
+            ["ip", "-batch", "-"],
+            stdin=(f"address add {addrs.host}/31 dev {name}\nlink set {name} up\n"),
+        )
+        _run(
+            ["nsenter", f"--target={holder_pid}", "--net", "--", "ip", "-batch", "-"],
+            stdin=(
+                f"address add {addrs.sandbox}/31 dev {SANDBOX_IFACE}\n"
+                f"link set {SANDBOX_IFACE} up\n"
+                f"route add default via {addrs.host} dev {SANDBOX_IFACE}\n"
+            ),
+        )
         return name
 
     def links(self) -> list[str]:
@@ -160,11 +194,43 @@ def set_bandwidth(name: str, bytes_per_second: int | None) -> None:
         return
     rate = f"{bytes_per_second * 8}bit"
     burst = max(bytes_per_second // 10, 16 * 1024)
-    _run(["tc", "qdisc", "add", "dev", name, "root", "tbf", "rate", rate, "burst",
-          str(burst), "latency", "100ms"])  # fmt: skip
+    _run(
+        [
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            name,
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            str(burst),
+            "latency",
+            "100ms",
+        ]
+    )
     _run(["tc", "qdisc", "add", "dev", name, "handle", "ffff:", "ingress"])
-    _run(["tc", "filter", "add", "dev", name, "parent", "ffff:", "matchall", "action",
-          "police", "rate", rate, "burst", str(burst), "drop"])  # fmt: skip
+    _run(
+        [
+            "tc",
+            "filter",
+            "add",
+            "dev",
+            name,
+            "parent",
+            "ffff:",
+            "matchall",
+            "action",
+            "police",
+            "rate",
+            rate,
+            "burst",
+            str(burst),
+            "drop",
+        ]
+    )
 
 
 def host_networks() -> list[ipaddress.IPv4Network]:

@@ -342,7 +342,9 @@ class LocalRuntime:
                 f"rootless: these directories of the base have mounts below them and "
                 f"are empty in the sandbox: {' '.join(skipped)}"
             )
-        network = await self._attach(spec, holder, notes)
+        network, note = await self._attach(spec, holder)
+        if note:
+            notes.append(note)
         protections["holder_oom"] = oom_protection(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
         protections.update(
@@ -369,22 +371,22 @@ class LocalRuntime:
         )
         _write_jail(d / JAIL_FILE, running)
 
-    async def _attach(self, spec: InstanceSpec, holder: int, notes: list[str]) -> str:
-        """Give the instance its link when it has a policy and this node gives egress; the
-        ``network`` protection's value (loopback only is "active" too: nothing leaves)."""
+    async def _attach(self, spec: InstanceSpec, holder: int) -> tuple[str, str | None]:
+        """Give the instance its link when it has a policy and this node gives egress; returns
+        the ``network`` protection's value (loopback only is "active" too: nothing leaves)
+        and a note when the policy is not applied."""
         if spec.network is None:
-            return ACTIVE
+            return ACTIVE, None
         if self.egress is None:
             why = (
                 "rootless: sandboxes have loopback only (egress needs the root local runtime)"
                 if os.geteuid() != 0
                 else "egress is off on this node (SANDPOD_NET=off): loopback only"
             )
-            notes.append(f"network policy {spec.network.mode.value} not applied: {why}")
-            return ACTIVE
+            return ACTIVE, f"network policy {spec.network.mode.value} not applied: {why}"
         addrs = await self.egress.attach(spec.sandbox_id, holder, spec.network)
         log.info("jail_network", sandbox_id=spec.sandbox_id, address=str(addrs.sandbox))
-        return ACTIVE
+        return ACTIVE, None
 
     async def _disk(self, spec: InstanceSpec, d: Path) -> tuple[int | None, Path]:
         """(the disk quota in bytes, where the sandbox's writable directories go): with a quota
