@@ -11,6 +11,7 @@ Needs root (veth, nftables, namespaces).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import time
@@ -368,3 +369,49 @@ async def test_two_installations_side_by_side_do_not_collide(
                 assert reached(rb) == {f"{fakenet.public}:80"}, rb
     finally:
         subprocess.run(["rm", "-rf", str(s1), str(s2)], check=False)
+
+
+HOLD = r"""
+import socket, sys
+held, out = [], []
+for i in range(int(sys.argv[3])):
+    try:
+        held.append(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5))
+        out.append("open")
+    except OSError:
+        out.append("refused")
+print(" ".join(out))
+"""
+
+
+async def test_connection_and_bandwidth_limits_hold(
+    node: tuple[LocalRuntime, Egress], fakenet: FakeNet
+) -> None:
+    """``limits.maxConnections`` 2: a third simultaneous connection is refused (nft ``ct
+    count``); ``limits.bandwidthBytesPerSecond``: a download faster than the limit is shaped
+    (the host end's token bucket counts overlimits) and still completes."""
+    rt, egress = node
+    policy = NetworkPolicy.from_dict(
+        {"limits": {"maxConnections": 2, "bandwidthBytesPerSecond": 2_000_000}}
+    )
+    s = await make(rt, policy)
+    out = await ok(s, ["python3", "-c", HOLD, fakenet.public, "80", "3"])
+    assert out.split() == ["open", "open", "refused"], out
+    size = 3_000_000
+    got = await ok(s, f"curl -s -m 20 http://{fakenet.public}/bytes/{size} | wc -c")
+    assert int(got) == size
+    name = egress.links.sandbox(int(egress.links.links()[0].rsplit("-", 1)[1]))
+    stats = json.loads(
+        subprocess.run(
+            ["tc", "-s", "-j", "qdisc", "show", "dev", name, "root"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    tbf = next(q for q in stats if q["kind"] == "tbf")
+    assert tbf["options"]["rate"] == 2_000_000 and tbf["overlimits"] > 0, tbf
+    unlimited = NetworkPolicy()
+    await rt.apply_network(s.sandbox_id, unlimited)
+    out = await ok(s, ["python3", "-c", HOLD, fakenet.public, "80", "3"])
+    assert out.split() == ["open", "open", "open"], out

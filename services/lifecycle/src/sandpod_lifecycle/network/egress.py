@@ -9,8 +9,8 @@ link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address`
 :meth:`add_resolved`.
 
 Each attached sandbox has a record ``<records dir>/<sandbox id>.json`` (version 1: ``index``,
-``policy``), written before its link exists, so a restarted lifecycle knows every link and
-chain that is its own.
+``policy``, ``holder``), written before its link exists, so a restarted lifecycle knows every
+link and chain that is its own.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class Egress:
         fw = self._firewall()
         records = self._read_records()
         live = set(self.links.links())
-        for sandbox_id, (index, policy) in records.items():
+        for sandbox_id, (index, policy, _) in records.items():
             name = self.links.sandbox(index)
             if name in live:
                 fw.apply(sandbox_id, self.plan.sandbox(index), name, policy)
@@ -192,11 +192,11 @@ class Egress:
             fw.drop_index(index, name)
             self._record(sandbox_id).unlink(missing_ok=True)
             log.info("egress_leftover_removed", sandbox_id=sandbox_id, link=name)
-        known = {self.links.sandbox(i) for i, _ in records.values()}
+        known = {self.links.sandbox(r[0]) for r in records.values()}
         for name in live - known:
             link.delete(name)
             log.info("egress_leftover_removed", link=name)
-        indexes = {i for i, _ in records.values()}
+        indexes = {r[0] for r in records.values()}
         for index in fw.chains():
             if index not in indexes:
                 fw.drop_index(index, self.links.sandbox(index))
@@ -221,12 +221,13 @@ class Egress:
             if sandbox_id in records:
                 index = records[sandbox_id][0]
             else:
-                index = self.plan.free_index(i for i, _ in records.values())
-            self._write_record(sandbox_id, index, policy)
+                index = self.plan.free_index(r[0] for r in records.values())
+            self._write_record(sandbox_id, index, policy, holder_pid)
         addrs = self.plan.sandbox(index)
         name = self.links.create(addrs, holder_pid)
         fw.apply(sandbox_id, addrs, name, policy)
-        link.set_bandwidth(name, policy.limits.bandwidth_bytes_per_second)
+        if policy.limits.bandwidth_bytes_per_second is not None:
+            link.set_bandwidth(name, holder_pid, policy.limits.bandwidth_bytes_per_second)
         return addrs
 
     async def apply(self, sandbox_id: str, policy: NetworkPolicy) -> None:
@@ -242,13 +243,13 @@ class Egress:
         records = self._read_records()
         if sandbox_id not in records:
             raise KeyError(sandbox_id)
-        index, old = records[sandbox_id]
+        index, old, holder = records[sandbox_id]
         addrs = self.plan.sandbox(index)
         name = self.links.sandbox(index)
         self._firewall().apply(sandbox_id, addrs, name, policy)
-        self._write_record(sandbox_id, index, policy)
+        self._write_record(sandbox_id, index, policy, holder)
         if old.limits.bandwidth_bytes_per_second != policy.limits.bandwidth_bytes_per_second:
-            link.set_bandwidth(name, policy.limits.bandwidth_bytes_per_second)
+            link.set_bandwidth(name, holder, policy.limits.bandwidth_bytes_per_second)
 
     async def detach(self, sandbox_id: str) -> None:
         """Remove the sandbox's link, chain, sets and record (idempotent)."""
@@ -306,14 +307,21 @@ class Egress:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def _write_record(self, sandbox_id: str, index: int, policy: NetworkPolicy) -> None:
-        body = {"version": RECORD_VERSION, "index": index, "policy": policy.to_dict()}
+    def _write_record(
+        self, sandbox_id: str, index: int, policy: NetworkPolicy, holder: int
+    ) -> None:
+        body = {
+            "version": RECORD_VERSION,
+            "index": index,
+            "policy": policy.to_dict(),
+            "holder": holder,
+        }
         path = self._record(sandbox_id)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(body))
         tmp.replace(path)
 
-    def _read_records(self) -> dict[str, tuple[int, NetworkPolicy]]:
+    def _read_records(self) -> dict[str, tuple[int, NetworkPolicy, int]]:
         out = {}
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self._records):
@@ -324,12 +332,13 @@ class Egress:
         return out
 
     @staticmethod
-    def _read_record(path: Path) -> tuple[int, NetworkPolicy] | None:
+    def _read_record(path: Path) -> tuple[int, NetworkPolicy, int] | None:
         try:
             data = json.loads(path.read_text())
             if data.get("version") != RECORD_VERSION:
                 return None
-            return int(data["index"]), NetworkPolicy.from_dict(data["policy"])
+            policy = NetworkPolicy.from_dict(data["policy"])
+            return int(data["index"]), policy, int(data["holder"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
         except Exception:

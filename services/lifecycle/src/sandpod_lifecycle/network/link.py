@@ -183,54 +183,38 @@ def delete(name: str) -> None:
         raise LinkError(f"cannot remove the link {name}")
 
 
-def set_bandwidth(name: str, bytes_per_second: int | None) -> None:
-    """Limit the sandbox behind host end ``name`` to ``bytes_per_second`` each way (None: no
-    limit): a token bucket on the host end's egress (the sandbox's downloads) and a policer on
-    its ingress (its uploads)."""
-    _run(["tc", "qdisc", "del", "dev", name, "root"], stdin=None) if _has_qdisc(name) else None
-    with contextlib.suppress(LinkError):
-        _run(["tc", "qdisc", "del", "dev", name, "ingress"])
-    if bytes_per_second is None:
-        return
+def set_bandwidth(name: str, holder_pid: int, bytes_per_second: int | None) -> None:
+    """Limit the sandbox behind host end ``name`` (its holder: ``holder_pid``) to
+    ``bytes_per_second`` each way (None: no limit): a token bucket on each end's egress -- the
+    host end's shapes its downloads, the sandbox end's (set from outside; code in the sandbox
+    has no CAP_NET_ADMIN to remove it) its uploads. Ingress policing would spare the second,
+    but needs tc's police action, which not every kernel has."""
+    inside = ["nsenter", f"--target={holder_pid}", "--net", "--"]
+    for prefix, dev in (([], name), (inside, SANDBOX_IFACE)):
+        if _has_qdisc([*prefix, "tc"], dev):
+            _run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"])
+        if bytes_per_second is not None:
+            _run([*prefix, *_tbf(dev, bytes_per_second)])
+
+
+def _tbf(dev: str, bytes_per_second: int) -> list[str]:
     rate = f"{bytes_per_second * 8}bit"
     burst = max(bytes_per_second // 10, 16 * 1024)
-    _run(
-        [
-            "tc",
-            "qdisc",
-            "add",
-            "dev",
-            name,
-            "root",
-            "tbf",
-            "rate",
-            rate,
-            "burst",
-            str(burst),
-            "latency",
-            "100ms",
-        ]
-    )
-    _run(["tc", "qdisc", "add", "dev", name, "handle", "ffff:", "ingress"])
-    _run(
-        [
-            "tc",
-            "filter",
-            "add",
-            "dev",
-            name,
-            "parent",
-            "ffff:",
-            "matchall",
-            "action",
-            "police",
-            "rate",
-            rate,
-            "burst",
-            str(burst),
-            "drop",
-        ]
-    )
+    return [
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        str(burst),
+        "latency",
+        "100ms",
+    ]
 
 
 def host_networks() -> list[ipaddress.IPv4Network]:
@@ -250,8 +234,8 @@ def _exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
 
 
-def _has_qdisc(name: str) -> bool:
-    out = _run(["tc", "-j", "qdisc", "show", "dev", name, "root"])
+def _has_qdisc(tc: list[str], name: str) -> bool:
+    out = _run([*tc, "-j", "qdisc", "show", "dev", name, "root"])
     return any(isinstance(q, dict) and q.get("kind") == "tbf" for q in json.loads(out or "[]"))
 
 
