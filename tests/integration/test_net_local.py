@@ -20,10 +20,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 from netsbx import egress_runtime, leftovers, make, ok, probe, reached
 
 from fakenet import FakeNet
 from sandpod_contract.network import NetworkPolicy
+from sandpod_lifecycle.network.denials import DeniedMetrics, DenialWatch
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.runtime.local import LocalRuntime
 
@@ -92,6 +94,11 @@ async def test_public_reaches_the_internet_but_not_host_metadata_private_or_othe
     egress.firewall.nft.run(f"flush chain inet {egress.table} input")  # type: ignore[union-attr]
     again = await probe(a, f"{egress.gateway}:{port}")
     assert again[f"{egress.gateway}:{port}"] == "host secret", again
+    # ... and without the forward chain, the metadata server, the private service and the
+    # other sandbox answer too
+    egress.firewall.nft.run(f"flush chain inet {egress.table} forward")  # type: ignore[union-attr]
+    again = await probe(a, f"{fakenet.metadata}:80", f"{fakenet.private}:80", f"{b.address}:8000")
+    assert len(reached(again)) == 3, again
 
 
 async def _host_probe(target: str, uid: int) -> str:
@@ -132,17 +139,35 @@ async def test_only_the_gateway_uid_may_connect_into_a_sandbox(
     assert await _host_probe(target, 65534) == "connected"
 
 
-async def test_deny_all_reaches_nothing(
+async def test_deny_all_reaches_nothing_and_the_refusals_are_counted(
     node: tuple[LocalRuntime, Egress], fakenet: FakeNet
 ) -> None:
-    """``deny-all``: not the fake internet, not the host, not the metadata server."""
+    """``deny-all``: not the fake internet, not the host, not the metadata server; the
+    sandbox's refused packets are reported (event callback) and counted in the metric."""
     rt, egress = node
     s = await make(rt, DENY_ALL)
     port = fakenet.host_service()
+    reports: list[tuple[str, str, int]] = []
+
+    async def report(sandbox_id: str, kind: str, count: int) -> None:
+        reports.append((sandbox_id, kind, count))
+
+    registry = CollectorRegistry()
+    watch = DenialWatch(egress.denied_counts, report, DeniedMetrics(registry))
+    await watch.step()
     results = await probe(
         s, f"{fakenet.public}:80", f"{fakenet.metadata}:80", f"{egress.gateway}:{port}"
     )
     assert reached(results) == set(), results
+    # the refusals in the sandbox's own chain are counted, reported once, and in the metric
+    grown = await watch.step()
+    assert list(grown) == [s.sandbox_id] and grown[s.sandbox_id] >= 1
+    assert reports == [(s.sandbox_id, "connect", grown[s.sandbox_id])]
+    metric = registry.get_sample_value(
+        "sandpod_lifecycle_network_denied_total", {"kind": "connect"}
+    )
+    assert metric == grown[s.sandbox_id]
+    assert await watch.step() == {}
 
 
 async def test_an_allowlist_cidr_opens_that_and_nothing_else(

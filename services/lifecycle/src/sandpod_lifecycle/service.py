@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from sandpod_bus import Bus, NoResponders
 from sandpod_contract.codec import Message, decode_reply, encode
@@ -51,6 +52,7 @@ from sandpod_lifecycle.builds.loop import TemplateBuilds
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.network.addressing import PoolExhausted
+from sandpod_lifecycle.network.denials import DenialWatch, DeniedMetrics
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.link import LinkError
 from sandpod_lifecycle.network.nft import NftError
@@ -74,6 +76,7 @@ log = structlog.get_logger("sandpod.lifecycle")
 
 QUEUE_GROUP = "sandpod-lifecycle"
 FREEZE_TIMEOUT = 5.0  # seconds execd may take to stop every process of a sandbox
+DENIAL_POLL = 5.0  # seconds between reads of the sandboxes' refused-packet counters
 
 
 class LifecycleService:
@@ -94,6 +97,8 @@ class LifecycleService:
         self._node: NodeLauncher | None = None
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
         self._egress: Egress | None = None  # the local runtime's sandbox network (root)
+        self.network_denials: DenialWatch | None = None
+        self.metrics = CollectorRegistry()  # the lifecycle's own (not served yet)
         self.builder: Builder | None = None  # template builds (the local runtime only)
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
@@ -241,7 +246,7 @@ class LifecycleService:
         self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events, clock=self.clock)
         driver = self._driver()
-        await self._start_egress()
+        await self._start_egress(events, driver)
         builds = self._builds(bus, store, driver)
         self.reconciler = Reconciler(
             store=store,
@@ -289,17 +294,36 @@ class LifecycleService:
         await self._api.start()
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
 
-    async def _start_egress(self) -> None:
+    async def _start_egress(self, events: Events, driver: Driver) -> None:
         """Set up the node's sandbox network; a node that cannot runs its sandboxes with
-        loopback only (each says so in its notes), never with an unfiltered network."""
-        if self._egress is None or self._local is None:
+        loopback only (each says so in its notes), never with an unfiltered network. Refused
+        connections become ``network_denied`` events and a metric (``network/denials.py``)."""
+        egress = self._egress
+        if egress is None or self._local is None:
             return
         try:
-            await self._egress.start()
+            await egress.start()
         except (NftError, LinkError, PoolExhausted, OSError, ValueError) as exc:
             log.error("egress_unavailable", error=str(exc))
             self._local[0].egress = None
             self._egress = None
+            return
+
+        async def report(sandbox_id: str, kind: str, count: int) -> None:
+            namespace = driver.namespace_of(sandbox_id) if isinstance(driver, LocalDriver) else ""
+            await events.publish(
+                name=sandbox_id,
+                namespace=namespace or "default",
+                type_="network_denied",
+                phase="Running",
+                reason=kind,
+                message=f"{count} packets refused by the sandbox's network policy",
+            )
+
+        self.network_denials = DenialWatch(
+            egress.denied_counts, report, DeniedMetrics(self.metrics), DENIAL_POLL
+        )
+        self.supervisor.spawn(self.network_denials.run(), name="network-denials")
 
     def _builds(self, bus: Bus, store: Store, driver: Driver) -> TemplateBuilds | None:
         """The template builder, for the local runtime (Kubernetes mode builds no images

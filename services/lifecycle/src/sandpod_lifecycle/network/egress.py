@@ -295,6 +295,10 @@ class Egress:
     def denied(self, sandbox_id: str) -> int:
         return self._firewall().denied(sandbox_id)
 
+    def denied_counts(self) -> dict[str, int]:
+        """sandbox id -> packets its chain refused so far, every sandbox in one nft call."""
+        return self._firewall().denied_counts()
+
     # -- records -------------------------------------------------------------------------------
 
     def _record(self, sandbox_id: str) -> Path:

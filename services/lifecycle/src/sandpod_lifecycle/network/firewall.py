@@ -327,6 +327,22 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
                 return int(counter.get("packets", 0))
         return 0
 
+    def denied_counts(self) -> dict[str, int]:
+        """sandbox id -> packets its chain dropped so far (one ``list table``)."""
+        by_index = {e.addrs.index: sid for sid, e in self._sandboxes.items()}
+        out: dict[str, int] = {}
+        if not self.exists():
+            return out
+        for item in self.nft.json(f"list table inet {self.config.table}"):
+            counter = item.get("counter")
+            if not isinstance(counter, dict):
+                continue
+            name = str(counter.get("name", ""))
+            index = name.removeprefix("denied_")
+            if name.startswith("denied_") and index.isdigit() and int(index) in by_index:
+                out[by_index[int(index)]] = int(counter.get("packets", 0))
+        return out
+
     # -- compiling -----------------------------------------------------------------------------
 
     def _sets(self, index: int) -> list[str]:
@@ -358,6 +374,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             lines.append(f"add set inet {t} {s} {{ type ipv4_addr; flags timeout; }}")
         head = f"add rule inet {t} {chain}"
         lines.append(f"{head} ip saddr != {addrs.sandbox} {drop}")  # spoofed
+        lines.append(f"{head} ip daddr @hard4 {drop}")  # counted here too (forward has it)
         lines.append(f"{head} ct state established,related accept")
         if (limit := policy.limits.max_connections) is not None:
             lines.append(f"add set inet {t} cc{n} {{ type ipv4_addr; size 1; flags dynamic; }}")

@@ -132,6 +132,7 @@ class LocalDriver:
         self._protections: dict[str, str] = {}
         self._watched: dict[str, int] = {}  # sandbox id -> pidfd of its holder (on the loop)
         self._on_lost: Callable[[str], None] | None = None
+        self._namespaces: dict[str, str] = {}  # sandbox id -> its object's namespace
 
     def protections(self) -> dict[str, str]:
         return dict(self._protections) or {"jail": "active"}
@@ -197,6 +198,8 @@ class LocalDriver:
         template: SandboxTemplateSpec,
         owner: Owner | None = None,  # host instances belong to no API object
     ) -> Instance:
+        if owner is not None:
+            self._namespaces[sandbox_id] = owner.namespace
         status = await self._runtime.inspect(sandbox_id)
         if status.lost:  # never serve a dead jail (nor replace it: its workspace is its state)
             raise InstanceUnhealthy(
@@ -351,7 +354,12 @@ class LocalDriver:
             raise InstanceNotFound(f"sandbox {sandbox_id!r} has no instance", sandbox_id=sandbox_id)
         return status.upper_dir, status.uid, status.gid
 
+    def namespace_of(self, sandbox_id: str) -> str | None:
+        """The namespace of the Sandbox an instance serves (None: not ensured by this run)."""
+        return self._namespaces.get(sandbox_id)
+
     async def destroy(self, sandbox_id: str) -> None:
+        self._namespaces.pop(sandbox_id, None)
         self._unwatch(sandbox_id)
         await self._launcher.stop(sandbox_id)
         await self._runtime.destroy(sandbox_id)
