@@ -20,12 +20,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 from netsbx import egress_runtime, leftovers, make, ok, probe, reached
+from prometheus_client import CollectorRegistry
 
 from fakenet import FakeNet
 from sandpod_contract.network import NetworkPolicy
-from sandpod_lifecycle.network.denials import DeniedMetrics, DenialWatch
+from sandpod_lifecycle.network.denials import DenialWatch, DeniedMetrics
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.runtime.local import LocalRuntime
 
