@@ -101,6 +101,9 @@ async def test_a_default_sandbox_reaches_the_internet_and_reports_its_address(
             sbx.bus, sbx.subjects, "sandboxes", "get", Ref(name=sbx.id), ObjectReply
         )
         address = reply.object["status"]["endpoint"]["address"]
+        isolated = (await sbx.info()).condition("Isolated")
+        assert isolated is not None and "egress" in isolated["message"], isolated
+        assert "egress:" not in isolated["message"], isolated  # listed as active, not degraded
         r = await sbx.exec("cat /proc/net/fib_trie; cat /etc/resolv.conf")
         assert f"|-- {address}\n" in r.stdout and "nameserver 10." in r.stdout, r.stdout
         obj = {

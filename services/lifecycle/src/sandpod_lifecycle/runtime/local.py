@@ -342,13 +342,13 @@ class LocalRuntime:
                 f"rootless: these directories of the base have mounts below them and "
                 f"are empty in the sandbox: {' '.join(skipped)}"
             )
-        network, note = await self._attach(spec, holder)
-        if note:
-            notes.append(note)
+        egress = await self._attach(spec, holder)
         protections["holder_oom"] = oom_protection(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
+        if egress is not None:
+            protections["egress"] = egress
         protections.update(
-            network=network,
+            network=ACTIVE,
             rootfs=ACTIVE,
             unprivileged_user=ACTIVE,
             no_new_privs=ACTIVE,
@@ -371,22 +371,20 @@ class LocalRuntime:
         )
         _write_jail(d / JAIL_FILE, running)
 
-    async def _attach(self, spec: InstanceSpec, holder: int) -> tuple[str, str | None]:
-        """Give the instance its link when it has a policy and this node gives egress; returns
-        the ``network`` protection's value (loopback only is "active" too: nothing leaves)
-        and a note when the policy is not applied."""
+    async def _attach(self, spec: InstanceSpec, holder: int) -> str | None:
+        """Give the instance its link when it has a policy and this node gives egress. Returns
+        the ``egress`` protection: "active" (its policy is enforced), why the policy is not
+        applied (the sandbox keeps loopback only: never an unfiltered network), or None (the
+        spec asks for no network)."""
         if spec.network is None:
-            return ACTIVE, None
+            return None
         if self.egress is None:
-            why = (
-                "rootless: sandboxes have loopback only (egress needs the root local runtime)"
-                if os.geteuid() != 0
-                else "egress is off on this node (SANDPOD_NET=off): loopback only"
-            )
-            return ACTIVE, f"network policy {spec.network.mode.value} not applied: {why}"
+            if os.geteuid() != 0:
+                return "unavailable: rootless: egress refused, the sandbox has loopback only"
+            return "off on this node (SANDPOD_NET=off, or its setup failed): loopback only"
         addrs = await self.egress.attach(spec.sandbox_id, holder, spec.network)
         log.info("jail_network", sandbox_id=spec.sandbox_id, address=str(addrs.sandbox))
-        return ACTIVE, None
+        return ACTIVE
 
     async def _disk(self, spec: InstanceSpec, d: Path) -> tuple[int | None, Path]:
         """(the disk quota in bytes, where the sandbox's writable directories go): with a quota
