@@ -25,6 +25,8 @@ from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod.errors import SandpodError
 from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, Ref
+from sandpod_lifecycle.network.nft import Nft
+from sandpod_lifecycle.runtime.installation import identity
 from svcprocs import ServiceProc
 
 pytestmark = pytest.mark.skipif(
@@ -134,3 +136,39 @@ async def test_a_default_sandbox_reaches_the_internet_and_reports_its_address(
     installation = gone[0].removeprefix("sandpod_")
     assert installation[:6] in tags
     assert _ours(installation[:6]) == []
+
+
+async def test_a_crashed_lifecycles_network_is_adopted_or_cleaned_by_the_next(
+    nats: NatsServer, platform: tuple[ServiceProc, str], fakenet: FakeNet
+) -> None:
+    """SIGKILL the lifecycle: its sandbox, link and table stay. The next lifecycle of the same
+    installation adopts them (the sandbox still reaches the internet under its policy); a
+    sandbox whose holder died meanwhile loses its link, and its chain and record go; stopping
+    leaves nothing."""
+    proc, prefix = platform
+    keep = await AsyncSandbox.create(nats_url=nats.url, prefix=prefix, wait=DEADLINE)
+    lost = await AsyncSandbox.create(nats_url=nats.url, prefix=prefix, wait=DEADLINE)
+    state = Path(proc.env["SANDPOD_STATE_DIR"])
+    holder = json.loads((state / "jails" / lost.id / "jail.json").read_text())["holder_pid"]
+    proc.kill()
+    os.kill(holder, 9)  # while no lifecycle runs: its veth goes with its namespace
+    records = {p.stem for p in (state / "net").glob("*.json")}
+    assert records == {keep.id, lost.id}
+    proc.proc = proc._spawn()  # the same installation starts again
+    end = time.monotonic() + DEADLINE
+    while (state / "net" / f"{lost.id}.json").exists():
+        assert time.monotonic() < end, proc.tail()
+        await asyncio.sleep(0.05)
+    async with keep:
+        r = await keep.exec(CURL.format(fakenet.public))
+        assert r.stdout.strip() == "fakenet public", r
+        r = await keep.exec(CURL.format(fakenet.metadata))
+        assert r.stdout.strip() == "unreachable", r
+    await lost.close()
+    installation = identity(prefix, state)
+    assert Nft().json("list table inet sandpod_" + installation)  # adopted, not recreated empty
+    proc.stop()
+    assert not list((state / "net").glob("*.json"))
+    assert _ours(installation[:6]) == []
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    assert f"sandpod_{installation}" not in tables
