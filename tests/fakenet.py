@@ -6,7 +6,8 @@
   a /30 from 172.31.0.0/16), with a default route back through the host;
 - "public" addresses that are NOT in ``SPECIAL_RANGES``: a /24 of 11.0.0.0/8 (``public``:
   ``.10`` runs HTTP on port 80 and a UDP sink on 9999, ``.11`` a second HTTP server), routed
-  by the host into the namespace;
+  by the host into the namespace (UDP sinks on ``public`` ports 9999 and 53: they log what
+  they receive, never answer);
 - the cloud metadata server at 169.254.169.254:80 (a host route with a unique metric);
 - a "private" service on a 10.x address (outside the sandbox pool), port 80;
 - :meth:`host_service`: a TCP server of the test's own bound to 0.0.0.0 on the host.
@@ -148,6 +149,8 @@ class FakeNet:
             f"metadata={self.metadata}:80",
             "--udp",
             f"{self.public}:{self.udp_port}",
+            "--udp",
+            f"{self.public}:53",
         ]
         self._server = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         assert self._server.stdout is not None

@@ -11,8 +11,10 @@ Needs root (veth, nftables, namespaces).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -440,3 +442,66 @@ async def test_connection_and_bandwidth_limits_hold(
     await rt.apply_network(s.sandbox_id, unlimited)
     out = await ok(s, ["python3", "-c", HOLD, fakenet.public, "80", "3"])
     assert out.split() == ["open", "open", "open"], out
+
+
+DNS_PROBE = r"""
+import socket, sys
+out = []
+for target in sys.argv[1:]:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.settimeout(2)
+    try:
+        u.sendto(b"query", (target, 53))
+        out.append(target + "=" + u.recv(100).decode())
+    except OSError as e:
+        out.append(target + "=" + type(e).__name__)
+print(" ".join(out))
+print(open("/etc/resolv.conf").read())
+"""
+
+
+async def test_every_dns_packet_goes_to_the_node_resolver(
+    node: tuple[LocalRuntime, Egress], fakenet: FakeNet
+) -> None:
+    """``/etc/resolv.conf`` names the gateway address; a query to any resolver (hard-coded
+    public ones of the fake internet, the gateway) is answered by whatever listens on the
+    gateway's port 53 (the node resolver), which sees the sandbox's own address as the source
+    -- under ``deny-all`` too (the resolver refuses names there). Without the DNAT, the query
+    goes to the public address (where nothing listens)."""
+    rt, egress = node
+    gateway = str(egress.gateway)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((gateway, 53))
+    sock.setblocking(False)
+    seen: list[str] = []
+
+    def answer() -> None:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                _, addr = sock.recvfrom(100)
+                seen.append(addr[0])
+                sock.sendto(b"answer-from-node-resolver", addr)
+
+    loop = asyncio.get_running_loop()
+    loop.add_reader(sock.fileno(), answer)
+    try:
+        made = []
+        for policy in (PUBLIC, DENY_ALL):
+            s = await make(rt, policy)
+            made.append(s)
+            targets = (fakenet.public, fakenet.public2, gateway)
+            out = await ok(s, ["python3", "-c", DNS_PROBE, *targets])
+            first, conf = out.split("\n", 1)
+            assert first.split() == [f"{t}=answer-from-node-resolver" for t in targets], out
+            assert f"nameserver {gateway}" in conf
+            assert seen[-3:] == [s.address] * 3
+        fw = egress.firewall
+        assert fw is not None
+        fw.nft.run(f"flush chain inet {egress.table} prerouting")
+        out = await ok(made[0], ["python3", "-c", DNS_PROBE, fakenet.public])
+        assert out.split()[0] == f"{fakenet.public}=TimeoutError", out
+        log = fakenet.exec("curl", "-s", f"http://{fakenet.public}/udp").stdout
+        assert "query" in log, log  # it went to the public address itself
+    finally:
+        loop.remove_reader(sock.fileno())
+        sock.close()
