@@ -16,7 +16,9 @@ from prometheus_client import CollectorRegistry
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.addressing import AddressPlan, PoolExhausted, claim_slice
 from sandpod_lifecycle.network.denials import DenialWatch, DeniedMetrics
+from sandpod_lifecycle.network.egress import Egress, EgressSettings
 from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig, UnknownRule, set_name
+from sandpod_lifecycle.network.link import LinkNames
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.settings import LifecycleSettings
 
@@ -191,3 +193,63 @@ async def test_the_denial_watch_reports_growth_once() -> None:
     ]
     total = registry.get_sample_value("sandpod_lifecycle_network_denied_total", {"kind": "connect"})
     assert total == 8
+
+
+class ListingNft(FakeNft):
+    def __init__(self, listing: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.listing = listing
+
+    def json(self, command: str) -> list[dict[str, Any]]:
+        return self.listing if command == "list chains" else []
+
+
+def test_host_tables_that_drop_forwarded_packets_are_reported_never_changed(
+    tmp_path: Path,
+) -> None:
+    """Another table's forward chain with policy drop would silently eat sandbox traffic: it
+    is named in the start-up notes; our own table and accepting chains are not; nothing is
+    written to the other table."""
+    listing = [
+        {
+            "chain": {
+                "family": "ip",
+                "table": "filter",
+                "name": "FORWARD",
+                "hook": "forward",
+                "policy": "drop",
+            }
+        },
+        {
+            "chain": {
+                "family": "inet",
+                "table": "fw",
+                "name": "fwd",
+                "hook": "forward",
+                "policy": "accept",
+            }
+        },
+        {
+            "chain": {
+                "family": "inet",
+                "table": "sandpod_abcdef0123",
+                "name": "forward",
+                "hook": "forward",
+                "policy": "drop",
+            }
+        },
+    ]
+    nft = ListingNft(listing)
+    egress = Egress(EgressSettings(registry=None), "abcdef0123", tmp_path, tmp_path / "net", nft)
+    notes = egress._host_filters()
+    assert len(notes) == 1 and "ip filter chain FORWARD" in notes[0]
+    assert "spabcdef-*" in notes[0] and nft.scripts == []
+
+
+def test_link_names_fit_the_kernels_15_characters() -> None:
+    """Host ends, the gateway link and its peer are at most 15 characters, and distinct."""
+    names = LinkNames.of("abcdef0123")
+    every = [names.sandbox(2047), names.gateway, names.gateway_peer]
+    assert all(len(n) <= 15 for n in every) and len(set(every)) == 3
+    assert names.sandbox(7).startswith(names.sandbox_prefix)
+    assert not names.gateway.startswith(names.sandbox_prefix)

@@ -325,6 +325,11 @@ class LifecycleService:
         )
         self.supervisor.spawn(self.network_denials.run(), name="network-denials")
 
+    @property
+    def egress(self) -> Egress | None:
+        """The local runtime's sandbox network once started (None: none on this node)."""
+        return self._egress
+
     def _builds(self, bus: Bus, store: Store, driver: Driver) -> TemplateBuilds | None:
         """The template builder, for the local runtime (Kubernetes mode builds no images
         yet: a template with a build then stays unbuilt, its sandboxes wait)."""

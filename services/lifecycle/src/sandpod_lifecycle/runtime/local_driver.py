@@ -45,6 +45,7 @@ from sandpod_image import debian
 from sandpod_image.store import ImageStore
 from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig
 from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
+from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import (
     CreateFailed,
@@ -325,6 +326,12 @@ class LocalDriver:
         if not status.exists or not status.running or self._launcher.pid(sandbox_id) is None:
             return None
         return self._instance(sandbox_id, status)
+
+    @property
+    def egress(self) -> Egress | None:
+        """The node's sandbox network (None: loopback only): the resolver and the proxy use
+        its ``gateway``, ``sandbox_by_address``, ``policy`` and ``add_resolved``."""
+        return self._runtime.egress
 
     async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:
         """Put ``policy`` in force for the running sandbox at once (one nftables batch: new
