@@ -29,6 +29,7 @@ from fakenet import FakeNet
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.denials import DenialWatch, DeniedMetrics
 from sandpod_lifecycle.network.egress import Egress
+from sandpod_lifecycle.runtime.base import InstanceStatus
 from sandpod_lifecycle.runtime.local import LocalRuntime
 
 pytestmark = pytest.mark.skipif(
@@ -200,11 +201,45 @@ async def test_an_allowlist_cidr_opens_that_and_nothing_else(
     assert results[f"{b.address}:8000"].startswith("refused:"), results
 
 
+HELD = r"""
+import os, socket, sys, time
+c = socket.create_connection((sys.argv[1], 80), timeout=2)
+open("/workspace/connected", "w").close()
+while not os.path.exists("/workspace/go"):
+    time.sleep(0.01)
+try:
+    c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    print(c.recv(200).decode().split("\r\n\r\n", 1)[-1].strip() or "closed")
+except OSError as e:
+    print("refused:" + type(e).__name__)
+"""
+
+
+async def _held(rt: LocalRuntime, s: InstanceStatus, target: str, policy: NetworkPolicy) -> str:
+    """A connection opened before ``policy`` is applied, used after: what it got back."""
+    assert s.workspace is not None
+    for f in ("connected", "go"):
+        (s.workspace / f).unlink(missing_ok=True)
+    task = asyncio.ensure_future(ok(s, ["python3", "-c", HELD, target]))
+    try:
+        deadline = time.monotonic() + 10
+        while not (s.workspace / "connected").exists():
+            assert time.monotonic() < deadline and not task.done(), "never connected"
+            await asyncio.sleep(0.01)
+        await rt.apply_network(s.sandbox_id, policy)
+        (s.workspace / "go").touch()
+        return (await task).strip()
+    finally:
+        task.cancel()
+
+
 async def test_a_live_policy_update_takes_effect_both_ways(
     node: tuple[LocalRuntime, Egress], fakenet: FakeNet
 ) -> None:
     """``apply_network`` swaps the chain in one batch: public -> deny-all refuses the next
-    connection, deny-all -> public lets it through again; nothing restarts (the same holder)."""
+    connection, deny-all -> public lets it through again; nothing restarts (the same holder).
+    A connection opened before a revocation is cut too (its next packet is judged by the new
+    policy), and one opened before an update that still allows it keeps working."""
     rt, _ = node
     s = await make(rt, PUBLIC)
     target = f"{fakenet.public}:80"
@@ -216,6 +251,9 @@ async def test_a_live_policy_update_takes_effect_both_ways(
         print(f"apply_network -> {policy.mode.value}: {took * 1000:.2f} ms")
         assert reached(await probe(s, target)) == want
     assert (await rt.inspect(s.sandbox_id)).holder_pid == s.holder_pid
+    still = NetworkPolicy.from_dict({"mode": "allowlist", "allow": [f"{fakenet.public}/32"]})
+    assert await _held(rt, s, fakenet.public, still) == "fakenet public"
+    assert (await _held(rt, s, fakenet.public, DENY_ALL)).startswith("refused:")
 
 
 async def test_resolved_addresses_open_a_name_rule_until_their_ttl(

@@ -95,25 +95,27 @@ def test_a_policy_compiles_to_one_batch_in_deny_allow_mode_order() -> None:
         if " sbx_1 " in line and "add rule" in line
     ]
     s = set_name(1, policy.allow[1])
+    gen = fw._generation
     assert rules == [
         "ip saddr != 10.240.16.3 counter name denied_1 drop",
         "ip daddr @hard4 counter name denied_1 drop",
-        "ct state established,related accept",
+        f"ct state established,related ct mark {gen} accept",
         "ip daddr 1.2.3.4/32 counter name denied_1 drop",
-        "ip daddr 1.2.3.0/24 meta l4proto { tcp, udp } th dport 443 accept",
-        f"ip daddr @{s} accept",
+        f"ip daddr 1.2.3.0/24 meta l4proto {{ tcp, udp }} th dport 443 ct mark set {gen} accept",
+        f"ip daddr @{s} ct mark set {gen} accept",
         "counter name denied_1 drop",
     ]
     assert f"ip daddr @{s} tcp dport {{ 80, 443 }} dnat ip to 10.240.16.1:3128" in script
     fw.apply("s1", plan.sandbox(1), "spabcdef-1", NetworkPolicy())
     assert script.count("flush chain inet sandpod_abcdef0123 sbx_1") == 1
     public = nft.scripts[-1]
+    assert fw._generation == gen + 1  # each policy its own generation: older flows re-judged
     assert public.rstrip().splitlines()[-4:-2] == [
         "add rule inet sandpod_abcdef0123 sbx_1 ip daddr @special4 counter name denied_1 drop",
-        "add rule inet sandpod_abcdef0123 sbx_1 accept",
+        f"add rule inet sandpod_abcdef0123 sbx_1 ct mark set {gen + 1} accept",
     ]
     fw.apply("s1", plan.sandbox(1), "spabcdef-1", NetworkPolicy.from_dict({"mode": "deny-all"}))
-    assert " accept\n" not in nft.scripts[-1].replace("established,related accept", "")
+    assert "mark set" not in nft.scripts[-1]  # nothing is accepted but current connections
 
 
 def test_resolved_addresses_go_to_the_rules_set_with_a_clamped_ttl() -> None:

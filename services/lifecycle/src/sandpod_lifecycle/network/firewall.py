@@ -11,8 +11,9 @@ links named ``sp<tag>-<n>`` (``link.py``) and the installation's slice of addres
                           to a sandbox through this host); out of one: hard denies first (the
                           metadata service, the whole pool = every installation's sandboxes,
                           extra platform networks, IPv6), then ``jump sbx_<n>`` by interface
-    sbx_<n>               the sandbox's policy: spoofed source -> drop; established -> accept;
-                          connection limit; deny rules; allow CIDR rules; name-rule sets
+    sbx_<n>               the sandbox's policy: spoofed source -> drop; hard denies again
+                          (counted); established under this policy -> accept; connection
+                          limit; deny rules; allow CIDR rules; name-rule sets
                           (``n<n>_<hash>``, ``flags timeout``, filled by :meth:`add_resolved`);
                           then the mode (public: special ranges drop, rest accept; others drop)
     input       (filter)  from a sandbox to this host: only the gateway address's service ports
@@ -27,8 +28,12 @@ chain in one kernel transaction, so no packet ever sees half a policy, and nothi
 Drops of a sandbox's chain count in its named counter ``denied_<n>`` (:meth:`denied`): the
 refused-connection signal (bounded: one counter per sandbox, no per-packet logging).
 
-Established connections survive a policy update (like every stateful firewall): a revoked
-destination refuses new connections at once; open ones run until they close.
+A policy update also reaches connections already open: each accept marks the connection with
+the policy's generation (``ct mark``), and only packets of connections marked with the current
+generation skip the rules; an older connection's next packet from the sandbox is judged by the
+new policy (re-marked if still allowed, dropped if not). Its replies are not re-judged, so a
+revoked TCP stream stalls at once (the sandbox's ACKs are dropped); a revoked UDP flow's
+inbound datagrams run until its conntrack entry times out.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import ipaddress
+import time
 from collections.abc import Iterable, Sequence
 
 from sandpod_contract.network import (
@@ -52,6 +58,7 @@ from sandpod_lifecycle.network.nft import Nft, NftError
 __all__ = ["Firewall", "FirewallConfig", "UnknownRule"]
 
 MIN_TTL, MAX_TTL = 1, 86400
+GENERATIONS = 0x7FFFFFFF  # ct mark values a policy generation takes (never 0: unmarked)
 PROXIED_PORTS = "{ 80, 443 }"
 
 
@@ -123,6 +130,9 @@ class Firewall:
         self.nft = nft
         self.config = config
         self._sandboxes: dict[str, _Sandbox] = {}
+        # policy generations (ct marks): from the clock, so a restarted lifecycle never
+        # reuses one that open connections may still carry
+        self._generation = int(time.time() * 16) & GENERATIONS
 
     # -- the table -----------------------------------------------------------------------------
 
@@ -222,7 +232,8 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         if policy.limits.max_connections is not None:
             keep.add(f"cc{addrs.index}")
         stale = set(self._sets(addrs.index)) - keep
-        script = self._compile(addrs, ifname, policy)
+        self._generation = self._generation % GENERATIONS + 1
+        script = self._compile(addrs, ifname, policy, self._generation)
         script += "".join(f"delete set inet {self.config.table} {s}\n" for s in sorted(stale))
         self.nft.run(script)
         self._sandboxes[sandbox_id] = _Sandbox(addrs, ifname, policy)
@@ -358,7 +369,9 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
                     keys.add(elem[0])
         return keys
 
-    def _compile(self, addrs: SandboxAddresses, ifname: str, policy: NetworkPolicy) -> str:
+    def _compile(
+        self, addrs: SandboxAddresses, ifname: str, policy: NetworkPolicy, generation: int
+    ) -> str:
         t, n = self.config.table, addrs.index
         chain, nat = f"sbx_{n}", f"nat_{n}"
         drop = f"counter name denied_{n} drop"
@@ -375,14 +388,15 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         head = f"add rule inet {t} {chain}"
         lines.append(f"{head} ip saddr != {addrs.sandbox} {drop}")  # spoofed
         lines.append(f"{head} ip daddr @hard4 {drop}")  # counted here too (forward has it)
-        lines.append(f"{head} ct state established,related accept")
+        lines.append(f"{head} ct state established,related ct mark {generation} accept")
         if (limit := policy.limits.max_connections) is not None:
             lines.append(f"add set inet {t} cc{n} {{ type ipv4_addr; size 1; flags dynamic; }}")
             lines.append(
                 f"{head} ct state new add @cc{n} {{ ip saddr ct count over {limit} }} {drop}"
             )
         if policy.mode is not NetworkMode.DENY_ALL:
-            lines += self._rules(head, n, policy, drop)
+            accept = f"ct mark set {generation} accept"
+            lines += self._rules(head, n, policy, drop, accept)
         else:
             lines.append(f"{head} {drop}")
         if policy.mode is NetworkMode.ALLOWLIST:  # public ends in accept, deny-all in drop
@@ -399,17 +413,17 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         return "\n".join(lines) + "\n"
 
     @staticmethod
-    def _rules(head: str, n: int, policy: NetworkPolicy, drop: str) -> list[str]:
+    def _rules(head: str, n: int, policy: NetworkPolicy, drop: str, accept: str) -> list[str]:
         lines = []
         for r in policy.deny:
             if r.network is not None and r.network.version == 4:
                 lines.append(f"{head} ip daddr {r.network} {_ports(r)}{drop}")
         for r in policy.allow:
             if r.network is not None and r.network.version == 4:
-                lines.append(f"{head} ip daddr {r.network} {_ports(r)}accept")
+                lines.append(f"{head} ip daddr {r.network} {_ports(r)}{accept}")
             elif r.is_name:
-                lines.append(f"{head} ip daddr @{set_name(n, r)} {_ports(r)}accept")
+                lines.append(f"{head} ip daddr @{set_name(n, r)} {_ports(r)}{accept}")
         if policy.mode is NetworkMode.PUBLIC:
             lines.append(f"{head} ip daddr @special4 {drop}")
-            lines.append(f"{head} accept")
+            lines.append(f"{head} {accept}")
         return lines
