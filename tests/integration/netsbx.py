@@ -26,6 +26,7 @@ from sandpod_execd.sandbox import SandboxContext
 from sandpod_lifecycle.network.egress import Egress, EgressSettings
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus
+from sandpod_lifecycle.runtime.installation import remove_cgroup_parents
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 
 MiB = 1024 * 1024
@@ -87,11 +88,16 @@ async def egress_runtime(
     try:
         yield rt, egress
     finally:
+        errors = []
         for sid in await rt.list():
-            await rt.destroy(sid)
+            try:
+                await rt.destroy(sid)
+            except Exception as exc:  # still stop the egress, then report
+                errors.append(exc)
         await egress.stop()
+        remove_cgroup_parents(await rt.capabilities(), config.cgroup_parent)
         left = leftovers(egress)
-        assert not left, f"egress left behind: {left}"
+        assert not errors and not left, f"destroy failed: {errors}; egress left behind: {left}"
 
 
 async def make(rt: LocalRuntime, policy: NetworkPolicy | None) -> InstanceStatus:

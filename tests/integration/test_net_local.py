@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from fakenet import FakeNet
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.denials import DenialWatch, DeniedMetrics
-from sandpod_lifecycle.network.egress import Egress
+from sandpod_lifecycle.network.egress import Egress, EgressSettings
 from sandpod_lifecycle.runtime.base import InstanceStatus
 from sandpod_lifecycle.runtime.local import LocalRuntime
 
@@ -91,6 +91,8 @@ async def test_public_reaches_the_internet_but_not_host_metadata_private_or_othe
     assert results[f"{fakenet.public}:80"] == "fakenet public"
     assert results[f"{fakenet.public2}:80"] == "fakenet public2"
     assert reached(results) == {f"{fakenet.public}:80", f"{fakenet.public2}:80"}, results
+    # every refused attempt counted for the sandbox (host ones too): at least one SYN each
+    assert egress.denied_counts()[a.sandbox_id] >= len(forbidden)
     # the attacks are real: from the host (root = the gateway uid here) both answer ...
     assert "connected" in (await _host_probe(f"{b.address}:8000", uid=0))
     # ... and without the input chain's drop, the sandbox reaches the host's service
@@ -543,3 +545,27 @@ async def test_every_dns_packet_goes_to_the_node_resolver(
     finally:
         loop.remove_reader(sock.fileno())
         sock.close()
+
+
+async def test_a_dead_installations_table_and_links_are_removed_by_the_next_one(
+    tmp_path: Path,
+) -> None:
+    """An installation that crashed and whose state dir is gone leaves a table and links
+    nobody would remove: the next installation starting on the host (same registry) removes
+    them and takes back its slice."""
+    registry = tmp_path / "net-ranges.json"
+    dead_dir, live_dir = tmp_path / "dead", tmp_path / "live"
+    dead_dir.mkdir()
+    live_dir.mkdir()
+    dead = Egress(EgressSettings(registry=registry), uuid.uuid4().hex[:10], dead_dir, dead_dir)
+    await dead.start()  # ... and never stops: a crash
+    try:
+        assert leftovers(dead)  # its table and gateway link
+        subprocess.run(["rm", "-rf", str(dead_dir)], check=True)
+        live = Egress(EgressSettings(registry=registry), uuid.uuid4().hex[:10], live_dir, live_dir)
+        await live.start()
+        assert leftovers(dead) == []
+        await live.stop()
+        assert leftovers(live) == []
+    finally:
+        await dead.stop()

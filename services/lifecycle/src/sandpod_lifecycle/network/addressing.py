@@ -36,6 +36,7 @@ __all__ = [
     "PoolExhausted",
     "SandboxAddresses",
     "claim_slice",
+    "release_stale",
 ]
 
 DEFAULT_POOL = ipaddress.IPv4Network("10.240.0.0/12")
@@ -148,6 +149,27 @@ def claim_slice(
         f"every /{SLICE_PREFIX} slice of {pool} is claimed by a live installation or overlaps "
         f"this host's networks; remove stale entries from {registry} or set SANDPOD_NET_POOL"
     )
+
+
+def release_stale(registry: Path) -> list[str]:
+    """Give back every claim whose installation's state dir is gone; returns their ids (the
+    caller removes what such an installation left on the host: a crash leaves its table and
+    links, and nobody else would ever remove them)."""
+    if not registry.exists():
+        return []
+    fd = os.open(registry.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "r+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        claims = _read(registry)
+        gone = []
+        for slices in claims.values():
+            for index, entry in list(slices.items()):
+                if not Path(str(entry.get("state_dir", ""))).exists():
+                    gone.append(str(entry.get("id", "")))
+                    del slices[index]
+        if gone:
+            _write(registry, claims)
+    return [g for g in gone if g]
 
 
 def _read(registry: Path) -> dict[str, dict[int, dict[str, object]]]:

@@ -35,6 +35,7 @@ from sandpod_lifecycle.network.addressing import (
     AddressPlan,
     SandboxAddresses,
     claim_slice,
+    release_stale,
 )
 from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig
 from sandpod_lifecycle.network.nft import Nft
@@ -117,6 +118,9 @@ class Egress:
 
     def _start(self) -> list[str]:
         s = self.settings
+        if s.registry is not None:
+            for ident in release_stale(s.registry):
+                self._remove_installation(ident)
         plan = claim_slice(
             self.installation_id, self._state_dir, s.pool, s.registry, link.host_networks()
         )
@@ -141,6 +145,21 @@ class Egress:
         for note in notes:
             log.warning("egress_host_note", note=note)
         return notes
+
+    def _remove_installation(self, ident: str) -> None:
+        """Remove the table and links of a dead installation (its state dir is gone)."""
+        if not ident.isalnum():
+            return
+        nft = self._firewall_nft()
+        if any(
+            i.get("table", {}).get("name") == f"sandpod_{ident}"
+            for i in nft.json("list tables inet")
+        ):
+            nft.run(f"delete table inet sandpod_{ident}")
+        names = link.LinkNames.of(ident)
+        for name in [*names.links(), names.gateway]:
+            link.delete(name)
+        log.info("egress_stale_installation_removed", installation=ident)
 
     def _host_filters(self) -> list[str]:
         """Other tables whose forward chains drop by default: they may drop our traffic too

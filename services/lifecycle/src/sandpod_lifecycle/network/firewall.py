@@ -25,8 +25,10 @@ links named ``sp<tag>-<n>`` (``link.py``) and the installation's slice of addres
 
 Every change to a sandbox is one batch (``Nft.run``): a policy update flushes and refills its
 chain in one kernel transaction, so no packet ever sees half a policy, and nothing restarts.
-Drops of a sandbox's chain count in its named counter ``denied_<n>`` (:meth:`denied`): the
-refused-connection signal (bounded: one counter per sandbox, no per-packet logging).
+Drops of a sandbox's packets (its chain's, and the input chain's: the host refused) count in
+its named counter ``denied_<n>`` (:meth:`denied`; the input chain finds it through the map
+``counters``): the refused-connection signal (bounded: one counter per sandbox, no per-packet
+logging).
 
 A policy update also reaches connections already open: each accept marks the connection with
 the policy's generation (``ct mark``), and only packets of connections marked with the current
@@ -160,6 +162,7 @@ add set inet {t} hard4 {{ type ipv4_addr; flags interval; }}
 add set inet {t} special4 {{ type ipv4_addr; flags interval; }}
 add map inet {t} dispatch {{ type ifname : verdict; }}
 add map inet {t} natdispatch {{ type ifname : verdict; }}
+add map inet {t} denycount {{ type ifname : counter; }}
 flush set inet {t} hard4
 flush set inet {t} special4
 add element inet {t} hard4 {{ {", ".join(str(h) for h in hard)} }}
@@ -176,12 +179,14 @@ flush chain inet {t} prerouting
 flush chain inet {t} postrouting
 add rule inet {t} forward oifname "{pre}*" ct state established,related accept
 add rule inet {t} forward oifname "{pre}*" counter drop
+add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 counter name iifname map @denycount drop
 add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 counter drop
 add rule inet {t} forward iifname "{pre}*" ip daddr @hard4 counter drop
 add rule inet {t} forward iifname "{pre}*" iifname vmap @dispatch
 add rule inet {t} forward iifname "{pre}*" counter drop
 add rule inet {t} input iifname "{pre}*" ct state established,related accept
 add rule inet {t} input iifname "{pre}*" ip daddr {gw} meta l4proto {{ tcp, udp }} th dport {{ {ports} }} accept
+add rule inet {t} input iifname "{pre}*" counter name iifname map @denycount drop
 add rule inet {t} input iifname "{pre}*" counter drop
 add rule inet {t} output oifname "{pre}*" ct state established,related accept
 {inbound}add rule inet {t} output oifname "{pre}*" counter drop
@@ -250,7 +255,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             return
         t = self.config.table
         script = ""
-        for name in ("dispatch", "natdispatch"):
+        for name in ("dispatch", "natdispatch", "denycount"):
             if ifname in self._map_keys(name):
                 script += f'delete element inet {t} {name} {{ "{ifname}" }}\n'
         for chain in (f"sbx_{index}", f"nat_{index}"):
@@ -410,6 +415,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
                 )
         lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump {chain} }}')
         lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
+        lines.append(f'add element inet {t} denycount {{ "{ifname}" : "denied_{n}" }}')
         return "\n".join(lines) + "\n"
 
     @staticmethod
