@@ -110,7 +110,7 @@ def test_a_policy_compiles_to_one_batch_in_deny_allow_mode_order() -> None:
     assert script.count("flush chain inet sandpod_abcdef0123 sbx_1") == 1
     public = nft.scripts[-1]
     assert fw._generation == gen + 1  # each policy its own generation: older flows re-judged
-    assert [line for line in public.splitlines() if " sbx_1 " in line][-2:] == [
+    assert [r for r in public.splitlines() if r.startswith("add rule") and " sbx_1 " in r][-2:] == [
         "add rule inet sandpod_abcdef0123 sbx_1 ip daddr @special4 counter name denied_1 drop",
         f"add rule inet sandpod_abcdef0123 sbx_1 ct mark set {gen + 1} accept",
     ]
