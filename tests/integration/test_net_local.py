@@ -550,22 +550,30 @@ async def test_every_dns_packet_goes_to_the_node_resolver(
 async def test_a_dead_installations_table_and_links_are_removed_by_the_next_one(
     tmp_path: Path,
 ) -> None:
-    """An installation that crashed and whose state dir is gone leaves a table and links
-    nobody would remove: the next installation starting on the host (same registry) removes
-    them and takes back its slice."""
+    """An installation that crashed leaves a table and links nobody else would remove: the
+    next installation starting on the host (same registry) removes them when the dead one's
+    state dir is gone (and takes back its slice), or when no lifecycle of it runs (its
+    liveness lock is free) and no sandbox of it is left; never while it runs."""
     registry = tmp_path / "net-ranges.json"
-    dead_dir, live_dir = tmp_path / "dead", tmp_path / "live"
-    dead_dir.mkdir()
-    live_dir.mkdir()
-    dead = Egress(EgressSettings(registry=registry), uuid.uuid4().hex[:10], dead_dir, dead_dir)
-    await dead.start()  # ... and never stops: a crash
+    dirs = [tmp_path / name for name in ("gone", "crashed", "running", "next")]
+    for d in dirs:
+        d.mkdir()
+    gone, crashed, running, new = (
+        Egress(EgressSettings(registry=registry), uuid.uuid4().hex[:10], d, d) for d in dirs
+    )
     try:
-        assert leftovers(dead)  # its table and gateway link
-        subprocess.run(["rm", "-rf", str(dead_dir)], check=True)
-        live = Egress(EgressSettings(registry=registry), uuid.uuid4().hex[:10], live_dir, live_dir)
-        await live.start()
-        assert leftovers(dead) == []
-        await live.stop()
-        assert leftovers(live) == []
+        for egress in (gone, crashed, running):
+            await egress.start()  # ... and none stops: crashes
+            assert leftovers(egress)  # its table and gateway link
+        subprocess.run(["rm", "-rf", str(dirs[0])], check=True)
+        assert crashed._alive is not None
+        os.close(crashed._alive)  # its process died: the kernel drops the lock
+        crashed._alive = None
+        await new.start()
+        assert leftovers(gone) == [] and leftovers(crashed) == []
+        assert leftovers(running)  # alive: untouched
+        await new.stop()
+        assert leftovers(new) == []
     finally:
-        await dead.stop()
+        for egress in (gone, crashed, running, new):
+            await egress.stop()

@@ -393,8 +393,8 @@ class LifecycleService:
                 kept = remove_cgroup_parents(await runtime.capabilities(), parent)
                 if kept:
                     log.warning("cgroup_parents_kept", paths=kept)
-            if self._egress is not None:  # and its table and gateway link
-                await self._egress.stop()
+        if self._egress is not None:  # its table and gateway link, once no sandbox needs them
+            await self._egress.stop_if_unused()
         if self._leases is not None:
             await self._leases.release_all()
         for close in reversed(self._closers):

@@ -36,6 +36,7 @@ __all__ = [
     "PoolExhausted",
     "SandboxAddresses",
     "claim_slice",
+    "claimed_ids",
     "release_stale",
 ]
 
@@ -148,6 +149,13 @@ def claim_slice(
     raise PoolExhausted(
         f"every /{SLICE_PREFIX} slice of {pool} is claimed by a live installation or overlaps "
         f"this host's networks; remove stale entries from {registry} or set SANDPOD_NET_POOL"
+    )
+
+
+def claimed_ids(registry: Path) -> list[str]:
+    """Ids of every installation holding a slice in ``registry``."""
+    return sorted(
+        str(e.get("id", "")) for s in _read(registry).values() for e in s.values() if e.get("id")
     )
 
 

@@ -35,6 +35,7 @@ from sandpod_lifecycle.network.addressing import (
     AddressPlan,
     SandboxAddresses,
     claim_slice,
+    claimed_ids,
     release_stale,
 )
 from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig
@@ -91,6 +92,7 @@ class Egress:
         self.links = link.LinkNames.of(installation_id)
         self.firewall: Firewall | None = None
         self.notes: list[str] = []
+        self._alive: int | None = None  # the liveness lock's descriptor while started
 
     # -- the installation ----------------------------------------------------------------------
 
@@ -119,8 +121,12 @@ class Egress:
     def _start(self) -> list[str]:
         s = self.settings
         if s.registry is not None:
+            self._hold_alive(s.registry)
             for ident in release_stale(s.registry):
                 self._remove_installation(ident)
+            for ident in claimed_ids(s.registry):
+                if ident != self.installation_id and self._orphaned(s.registry, ident):
+                    self._remove_installation(ident)
         plan = claim_slice(
             self.installation_id, self._state_dir, s.pool, s.registry, link.host_networks()
         )
@@ -145,6 +151,37 @@ class Egress:
         for note in notes:
             log.warning("egress_host_note", note=note)
         return notes
+
+    def _hold_alive(self, registry: Path) -> None:
+        """Hold (shared: replicas of one installation may share it) this installation's
+        liveness lock while it runs; the kernel drops it when the process dies."""
+        if self._alive is not None:
+            return
+        alive = registry.parent / "net-alive"
+        alive.mkdir(mode=0o755, exist_ok=True)
+        fd = os.open(
+            alive / f"{self.installation_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        self._alive = fd
+
+    @staticmethod
+    def _orphaned(registry: Path, ident: str) -> bool:
+        """Another installation's network with no lifecycle running (nobody holds its
+        liveness lock) and no sandbox left (no sandbox link): its table and gateway link are
+        leftovers of a crash (sandboxes still attached keep theirs for the next start)."""
+        path = registry.parent / "net-alive" / f"{ident}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False  # an installation of an older version: never ours to judge
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+        return not link.LinkNames.of(ident).links()
 
     def _remove_installation(self, ident: str) -> None:
         """Remove the table and links of a dead installation (its state dir is gone)."""
@@ -192,10 +229,22 @@ class Egress:
         """Remove the table and the gateway link (sandboxes still attached lose egress)."""
         await asyncio.to_thread(self._stop)
 
+    async def stop_if_unused(self) -> bool:
+        """:meth:`stop` unless a sandbox is still attached (sandboxes outlive a lifecycle
+        stopped without destroying them: their network stays, the next start adopts it).
+        Returns whether it stopped."""
+        if self._read_records():
+            return False
+        await self.stop()
+        return True
+
     def _stop(self) -> None:
         if self.firewall is not None:
             self.firewall.remove()
         self.links.remove_gateway()
+        if self._alive is not None:
+            os.close(self._alive)
+            self._alive = None
         log.info("egress_removed", table=self.table)
 
     def _recover(self) -> None:
