@@ -17,9 +17,10 @@ from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.addressing import AddressPlan, PoolExhausted, claim_slice
 from sandpod_lifecycle.network.denials import DenialWatch, DeniedMetrics
 from sandpod_lifecycle.network.egress import Egress, EgressSettings
-from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig, UnknownRule, set_name
+from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig, UnknownRule
 from sandpod_lifecycle.network.link import LinkNames
 from sandpod_lifecycle.network.nft import Nft
+from sandpod_lifecycle.network.rules import set_name
 from sandpod_lifecycle.settings import LifecycleSettings
 
 POOL = ipaddress.IPv4Network("10.240.0.0/12")

@@ -8,21 +8,18 @@ policy (one nft batch); ``detach`` removes all of it; ``stop`` removes the table
 link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address` and
 :meth:`add_resolved`.
 
-Each attached sandbox has a record ``<records dir>/<sandbox id>.json`` (version 1: ``index``,
-``policy``, ``holder``), written before its link exists, so a restarted lifecycle knows every
-link and chain that is its own.
+Each attached sandbox has a record (``records.py``), written before its link exists, so a
+restarted lifecycle knows every link and chain that is its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import fcntl
 import ipaddress
-import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
@@ -40,12 +37,12 @@ from sandpod_lifecycle.network.addressing import (
 )
 from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig
 from sandpod_lifecycle.network.nft import Nft
+from sandpod_lifecycle.network.records import NetRecord, Records
 
 __all__ = ["Egress", "EgressSettings"]
 
 log = structlog.get_logger("sandpod.lifecycle.network")
 
-RECORD_VERSION = 1
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
 
@@ -87,7 +84,7 @@ class Egress:
         self.settings = settings
         self.installation_id = installation_id
         self._state_dir = state_dir
-        self._records = records
+        self._records = Records(records)
         self._nft = nft
         self.links = link.LinkNames.of(installation_id)
         self.firewall: Firewall | None = None
@@ -144,7 +141,6 @@ class Egress:
         notes += self._host_filters()
         self.links.ensure_gateway(plan.gateway)
         self.firewall.setup()
-        self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._recover()
         log.info("egress_ready", slice=str(plan.slice), gateway=str(plan.gateway), table=self.table)
         self.notes = notes
@@ -158,7 +154,7 @@ class Egress:
         if self._alive is not None:
             return
         alive = registry.parent / "net-alive"
-        alive.mkdir(mode=0o755, exist_ok=True)
+        alive.mkdir(mode=0o755, parents=True, exist_ok=True)
         fd = os.open(
             alive / f"{self.installation_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
         )
@@ -233,7 +229,7 @@ class Egress:
         """:meth:`stop` unless a sandbox is still attached (sandboxes outlive a lifecycle
         stopped without destroying them: their network stays, the next start adopts it).
         Returns whether it stopped."""
-        if self._read_records():
+        if self._records.all():
             return False
         await self.stop()
         return True
@@ -250,21 +246,21 @@ class Egress:
     def _recover(self) -> None:
         """Re-adopt sandboxes whose link survived; remove every other trace."""
         fw = self._firewall()
-        records = self._read_records()
+        records = self._records.all()
         live = set(self.links.links())
-        for sandbox_id, (index, policy, _) in records.items():
-            name = self.links.sandbox(index)
+        for sandbox_id, record in records.items():
+            name = self.links.sandbox(record.index)
             if name in live:
-                fw.apply(sandbox_id, self.plan.sandbox(index), name, policy)
+                fw.apply(sandbox_id, self.plan.sandbox(record.index), name, record.policy)
                 continue
-            fw.drop_index(index, name)
-            self._record(sandbox_id).unlink(missing_ok=True)
+            fw.drop_index(record.index, name)
+            self._records.remove(sandbox_id)
             log.info("egress_leftover_removed", sandbox_id=sandbox_id, link=name)
-        known = {self.links.sandbox(r[0]) for r in records.values()}
+        known = {self.links.sandbox(r.index) for r in records.values()}
         for name in live - known:
             link.delete(name)
             log.info("egress_leftover_removed", link=name)
-        indexes = {r[0] for r in records.values()}
+        indexes = {r.index for r in records.values()}
         for index in fw.chains():
             if index not in indexes:
                 fw.drop_index(index, self.links.sandbox(index))
@@ -284,13 +280,13 @@ class Egress:
 
     def _attach(self, sandbox_id: str, holder_pid: int, policy: NetworkPolicy) -> SandboxAddresses:
         fw = self._firewall()
-        with self._lock():
-            records = self._read_records()
+        with self._records.lock():
+            records = self._records.all()
             if sandbox_id in records:
-                index = records[sandbox_id][0]
+                index = records[sandbox_id].index
             else:
-                index = self.plan.free_index(r[0] for r in records.values())
-            self._write_record(sandbox_id, index, policy, holder_pid)
+                index = self.plan.free_index(r.index for r in records.values())
+            self._records.put(sandbox_id, NetRecord(index, policy, holder_pid))
         addrs = self.plan.sandbox(index)
         name = self.links.create(addrs, holder_pid)
         fw.apply(sandbox_id, addrs, name, policy)
@@ -308,42 +304,41 @@ class Egress:
         await asyncio.to_thread(self._apply, sandbox_id, policy)
 
     def _apply(self, sandbox_id: str, policy: NetworkPolicy) -> None:
-        records = self._read_records()
-        if sandbox_id not in records:
+        record = self._records.get(sandbox_id)
+        if record is None:
             raise KeyError(sandbox_id)
-        index, old, holder = records[sandbox_id]
-        addrs = self.plan.sandbox(index)
-        name = self.links.sandbox(index)
+        addrs = self.plan.sandbox(record.index)
+        name = self.links.sandbox(record.index)
         self._firewall().apply(sandbox_id, addrs, name, policy)
-        self._write_record(sandbox_id, index, policy, holder)
-        if old.limits.bandwidth_bytes_per_second != policy.limits.bandwidth_bytes_per_second:
-            link.set_bandwidth(name, holder, policy.limits.bandwidth_bytes_per_second)
+        self._records.put(sandbox_id, dataclasses.replace(record, policy=policy))
+        bandwidth = policy.limits.bandwidth_bytes_per_second
+        if record.policy.limits.bandwidth_bytes_per_second != bandwidth:
+            link.set_bandwidth(name, record.holder, bandwidth)
 
     async def detach(self, sandbox_id: str) -> None:
         """Remove the sandbox's link, chain, sets and record (idempotent)."""
         await asyncio.to_thread(self._detach, sandbox_id)
 
     def _detach(self, sandbox_id: str) -> None:
-        records = self._read_records()
-        if sandbox_id not in records:
+        record = self._records.get(sandbox_id)
+        if record is None:
             return
-        index = records[sandbox_id][0]
-        name = self.links.sandbox(index)
+        name = self.links.sandbox(record.index)
         link.delete(name)
         if self.firewall is not None:
-            self.firewall.forget(sandbox_id, self.plan.sandbox(index), name)
-        self._record(sandbox_id).unlink(missing_ok=True)
+            self.firewall.forget(sandbox_id, self.plan.sandbox(record.index), name)
+        self._records.remove(sandbox_id)
 
     def address(self, sandbox_id: str) -> str | None:
         """The sandbox's own address (None: not attached)."""
-        record = self._read_record(self._record(sandbox_id))
+        record = self._records.get(sandbox_id)
         if record is None or self.firewall is None:
             return None
-        return str(self.plan.sandbox(record[0]).sandbox)
+        return str(self.plan.sandbox(record.index).sandbox)
 
     def policy(self, sandbox_id: str) -> NetworkPolicy | None:
-        record = self._read_record(self._record(sandbox_id))
-        return None if record is None else record[1]
+        record = self._records.get(sandbox_id)
+        return None if record is None else record.policy
 
     # -- for the resolver and the proxy --------------------------------------------------------
 
@@ -366,52 +361,3 @@ class Egress:
     def denied_counts(self) -> dict[str, int]:
         """sandbox id -> packets its chain refused so far, every sandbox in one nft call."""
         return self._firewall().denied_counts()
-
-    # -- records -------------------------------------------------------------------------------
-
-    def _record(self, sandbox_id: str) -> Path:
-        return self._records / f"{sandbox_id}.json"
-
-    @contextlib.contextmanager
-    def _lock(self) -> Iterator[None]:
-        self._records.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with (self._records / ".lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
-
-    def _write_record(
-        self, sandbox_id: str, index: int, policy: NetworkPolicy, holder: int
-    ) -> None:
-        body = {
-            "version": RECORD_VERSION,
-            "index": index,
-            "policy": policy.to_dict(),
-            "holder": holder,
-        }
-        path = self._record(sandbox_id)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(body))
-        tmp.replace(path)
-
-    def _read_records(self) -> dict[str, tuple[int, NetworkPolicy, int]]:
-        out = {}
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self._records):
-                if entry.name.endswith(".json"):
-                    record = self._read_record(Path(entry.path))
-                    if record is not None:
-                        out[entry.name[: -len(".json")]] = record
-        return out
-
-    @staticmethod
-    def _read_record(path: Path) -> tuple[int, NetworkPolicy, int] | None:
-        try:
-            data = json.loads(path.read_text())
-            if data.get("version") != RECORD_VERSION:
-                return None
-            policy = NetworkPolicy.from_dict(data["policy"])
-            return int(data["index"]), policy, int(data["holder"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
-        except Exception:
-            return None

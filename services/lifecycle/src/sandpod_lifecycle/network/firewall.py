@@ -41,27 +41,25 @@ inbound datagrams run until its conntrack entry times out.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import ipaddress
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from sandpod_contract.network import (
     METADATA_ADDRESSES,
     SPECIAL_RANGES,
-    NetworkMode,
     NetworkPolicy,
     Rule,
 )
 from sandpod_lifecycle.network.addressing import AddressPlan, SandboxAddresses
 from sandpod_lifecycle.network.link import LinkNames
 from sandpod_lifecycle.network.nft import Nft, NftError
+from sandpod_lifecycle.network.rules import compile_sandbox, elements, set_name
 
 __all__ = ["Firewall", "FirewallConfig", "UnknownRule"]
 
 MIN_TTL, MAX_TTL = 1, 86400
 GENERATIONS = 0x7FFFFFFF  # ct mark values a policy generation takes (never 0: unmarked)
-PROXIED_PORTS = "{ 80, 443 }"
 
 
 class UnknownRule(Exception):
@@ -110,21 +108,6 @@ class _Sandbox:
     policy: NetworkPolicy
 
 
-def set_name(index: int, rule: Rule) -> str:
-    """The resolved-address set of name rule ``rule`` in sandbox ``index``'s chain."""
-    return f"n{index}_{hashlib.sha256(rule.text.encode()).hexdigest()[:12]}"
-
-
-def _elements(nets: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
-    return ", ".join(str(n) for n in nets if n.version == 4)
-
-
-def _ports(rule: Rule) -> str:
-    if rule.ports is None:
-        return ""
-    return f"meta l4proto {{ tcp, udp }} th dport {rule.ports} "
-
-
 class Firewall:
     """The installation's table (see the module docstring). Methods block (one batch each)."""
 
@@ -149,7 +132,7 @@ class Firewall:
             c.plan.pool,
             *c.hard_deny,
         ]
-        special = _elements(SPECIAL_RANGES)
+        special = elements(SPECIAL_RANGES)
         ports = ", ".join(str(p) for p in (c.dns_port, c.proxy_port) if p is not None)
         inbound = (
             f'add rule inet {t} output oifname "{pre}*" meta skuid {c.gateway_uid} accept\n'
@@ -238,7 +221,14 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             keep.add(f"cc{addrs.index}")
         stale = set(self._sets(addrs.index)) - keep
         self._generation = self._generation % GENERATIONS + 1
-        script = self._compile(addrs, ifname, policy, self._generation)
+        proxy = (
+            f"{self.config.plan.gateway}:{self.config.proxy_port}"
+            if self.config.proxy_port is not None
+            else None
+        )
+        script = compile_sandbox(
+            self.config.table, addrs, ifname, policy, generation=self._generation, proxy=proxy
+        )
         script += "".join(f"delete set inet {self.config.table} {s}\n" for s in sorted(stale))
         self.nft.run(script)
         self._sandboxes[sandbox_id] = _Sandbox(addrs, ifname, policy)
@@ -373,63 +363,3 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
                 if isinstance(elem, list) and elem and isinstance(elem[0], str):
                     keys.add(elem[0])
         return keys
-
-    def _compile(
-        self, addrs: SandboxAddresses, ifname: str, policy: NetworkPolicy, generation: int
-    ) -> str:
-        t, n = self.config.table, addrs.index
-        chain, nat = f"sbx_{n}", f"nat_{n}"
-        drop = f"counter name denied_{n} drop"
-        lines = [
-            f"add counter inet {t} denied_{n}",
-            f"add chain inet {t} {chain}",
-            f"add chain inet {t} {nat}",
-            f"flush chain inet {t} {chain}",
-            f"flush chain inet {t} {nat}",
-        ]
-        for rule in policy.name_rules:
-            s = set_name(n, rule)
-            lines.append(f"add set inet {t} {s} {{ type ipv4_addr; flags timeout; }}")
-        head = f"add rule inet {t} {chain}"
-        lines.append(f"{head} ip saddr != {addrs.sandbox} {drop}")  # spoofed
-        lines.append(f"{head} ip daddr @hard4 {drop}")  # counted here too (forward has it)
-        lines.append(f"{head} ct state established,related ct mark {generation} accept")
-        if (limit := policy.limits.max_connections) is not None:
-            lines.append(f"add set inet {t} cc{n} {{ type ipv4_addr; size 1; flags dynamic; }}")
-            lines.append(
-                f"{head} ct state new add @cc{n} {{ ip saddr ct count over {limit} }} {drop}"
-            )
-        if policy.mode is not NetworkMode.DENY_ALL:
-            accept = f"ct mark set {generation} accept"
-            lines += self._rules(head, n, policy, drop, accept)
-        else:
-            lines.append(f"{head} {drop}")
-        if policy.mode is NetworkMode.ALLOWLIST:  # public ends in accept, deny-all in drop
-            lines.append(f"{head} {drop}")
-        if self.config.proxy_port is not None:
-            proxy = f"{self.config.plan.gateway}:{self.config.proxy_port}"
-            for r in policy.name_rules:
-                lines.append(
-                    f"add rule inet {t} {nat} ip daddr @{set_name(n, r)} tcp dport "
-                    f"{PROXIED_PORTS} dnat ip to {proxy}"
-                )
-        lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump {chain} }}')
-        lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
-        lines.append(f'add element inet {t} denycount {{ "{ifname}" : "denied_{n}" }}')
-        return "\n".join(lines) + "\n"
-
-    @staticmethod
-    def _rules(head: str, n: int, policy: NetworkPolicy, drop: str, accept: str) -> list[str]:
-        lines = []
-        for r in policy.deny:
-            if r.network is not None and r.network.version == 4:
-                lines.append(f"{head} ip daddr {r.network} {_ports(r)}{drop}")
-        for r in policy.allow:
-            if r.network is not None and r.network.version == 4:
-                lines.append(f"{head} ip daddr {r.network} {_ports(r)}{accept}")
-            elif r.is_name:
-                lines.append(f"{head} ip daddr @{set_name(n, r)} {_ports(r)}{accept}")
-        if policy.mode is NetworkMode.PUBLIC:
-            lines.append(f"{head} ip daddr @special4 {drop}")
-            lines.append(f"{head} {accept}")
-        return lines
