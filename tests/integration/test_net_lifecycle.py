@@ -24,7 +24,7 @@ from fakenet import FakeNet
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod.errors import SandpodError
-from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, Ref
+from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, Ref, SandboxEvent
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.runtime.installation import identity
 from svcprocs import ServiceProc
@@ -78,6 +78,28 @@ async def platform(
         proc.stop()
 
 
+async def _denied_event(sbx: AsyncSandbox, attempt: str) -> SandboxEvent:
+    """The sandbox's next ``network_denied`` event, refused attempts repeated until it comes
+    (the lifecycle reads the refusal counters every few seconds)."""
+
+    async def first() -> SandboxEvent:
+        async for event in sbx.events():
+            if event.type == "network_denied":
+                return event
+        raise AssertionError("the event stream ended")
+
+    task = asyncio.ensure_future(first())
+    try:
+        end = time.monotonic() + DEADLINE
+        while not task.done():
+            assert time.monotonic() < end, "no network_denied event"
+            await sbx.exec(attempt)
+            await asyncio.wait({task}, timeout=1.0)
+        return task.result()
+    finally:
+        task.cancel()
+
+
 def _ours(tag: str) -> list[str]:
     """Links, tables and routes of installations whose links carry ``tag``."""
     links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout)
@@ -99,6 +121,8 @@ async def test_a_default_sandbox_reaches_the_internet_and_reports_its_address(
         assert r.stdout.strip() == "fakenet public", r
         r = await sbx.exec(CURL.format(fakenet.metadata))
         assert r.stdout.strip() == "unreachable", r
+        denied = await _denied_event(sbx, f"curl -s -m 1 http://{fakenet.private}/ || true")
+        assert denied.reason == "connect" and "refused" in denied.message, denied
         reply = await api_call(
             sbx.bus, sbx.subjects, "sandboxes", "get", Ref(name=sbx.id), ObjectReply
         )

@@ -98,6 +98,9 @@ class LifecycleService:
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
         self._egress: Egress | None = None  # the local runtime's sandbox network (root)
         self.network_denials: DenialWatch | None = None
+        # refusals -> a network_denied event (report(sandbox_id, kind, count)) and the metric
+        self.network_report: Callable[[str, str, int], Awaitable[None]] | None = None
+        self.network_metrics: DeniedMetrics | None = None
         self.metrics = CollectorRegistry()  # the lifecycle's own (not served yet)
         self.builder: Builder | None = None  # template builds (the local runtime only)
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
@@ -320,8 +323,10 @@ class LifecycleService:
                 message=f"{count} packets refused by the sandbox's network policy",
             )
 
+        self.network_report = report  # the resolver and the proxy report their refusals here
+        self.network_metrics = DeniedMetrics(self.metrics)
         self.network_denials = DenialWatch(
-            egress.denied_counts, report, DeniedMetrics(self.metrics), DENIAL_POLL
+            egress.denied_counts, report, self.network_metrics, DENIAL_POLL
         )
         self.supervisor.spawn(self.network_denials.run(), name="network-denials")
 
