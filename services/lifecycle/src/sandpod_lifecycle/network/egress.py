@@ -9,7 +9,10 @@ link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address`
 :meth:`add_resolved`.
 
 Each attached sandbox has a record (``records.py``), written before its link exists, so a
-restarted lifecycle knows every link and chain that is its own.
+restarted lifecycle knows every link and chain that is its own. While started, an installation
+holds a shared lock on ``<registry dir>/net-alive/<id>.lock``: another installation starting on
+the host removes the table and links of one whose state dir is gone, or whose lock nobody holds
+and which has no sandbox link left (a crash), and never touches a running one.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Every change to a sandbox is one batch (``Nft.run``): a policy update flushes an
 chain in one kernel transaction, so no packet ever sees half a policy, and nothing restarts.
 Drops of a sandbox's packets (its chain's, and the input chain's: the host refused) count in
 its named counter ``denied_<n>`` (:meth:`denied`; the input chain finds it through the map
-``counters``): the refused-connection signal (bounded: one counter per sandbox, no per-packet
+``denycount``): the refused-connection signal (bounded: one counter per sandbox, no per-packet
 logging).
 
 A policy update also reaches connections already open: each accept marks the connection with
