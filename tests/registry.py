@@ -120,18 +120,12 @@ class TestRegistry:
         self.proc = None
 
 
-class BearerGate:
-    """Token auth in front of ``upstream`` (see the module docstring)."""
+class _Front:
+    """An HTTP server on loopback in front of ``upstream``: subclasses decide per request
+    (:meth:`handle`) and forward what they let through (:meth:`_forward`)."""
 
-    def __init__(
-        self, upstream: TestRegistry, users: dict[str, str], *, anonymous: bool = False
-    ) -> None:
+    def __init__(self, upstream: TestRegistry) -> None:
         self.upstream = upstream
-        self.users = users
-        self.anonymous = anonymous
-        self.tokens: set[str] = set()
-        self.refresh_tokens = {"refresh-me"}  # identitytoken values the token endpoint honours
-        self.token_requests: list[dict[str, str]] = []
         self.port = free_port()
         gate = self
 
@@ -169,6 +163,92 @@ class BearerGate:
         self.thread.join(10)
 
     def handle(self, req: http.server.BaseHTTPRequestHandler) -> None:
+        self._forward(req)
+
+    def _forward(self, req: http.server.BaseHTTPRequestHandler, *, cut: int | None = None) -> None:
+        """Send ``req`` on to the registry and its answer back; ``cut``: stop after that many
+        body bytes and drop the connection (a download broken mid-way)."""
+        length = int(req.headers.get("Content-Length") or 0)
+        body = req.rfile.read(length) if length else None
+        conn = http.client.HTTPConnection("127.0.0.1", self.upstream.port, timeout=30)
+        headers = {k: v for k, v in req.headers.items() if k.lower() not in ("authorization",)}
+        conn.request(req.command, req.path, body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        req.send_response(resp.status)
+        for key, value in resp.getheaders():
+            if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                req.send_header(key, value)
+        req.send_header("Content-Length", str(len(data)))
+        req.end_headers()
+        if req.command != "HEAD":
+            req.wfile.write(data if cut is None else data[:cut])
+        if cut is not None:
+            req.close_connection = True
+        conn.close()
+
+    @staticmethod
+    def _reply(
+        req: http.server.BaseHTTPRequestHandler,
+        status: int,
+        body: bytes,
+        challenge: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        req.send_response(status)
+        req.send_header("Content-Type", "application/json")
+        req.send_header("Content-Length", str(len(body)))
+        if challenge:
+            req.send_header("WWW-Authenticate", challenge)
+        for key, value in (headers or {}).items():
+            req.send_header(key, value)
+        req.end_headers()
+        req.wfile.write(body)
+
+
+class FlakyFront(_Front):
+    """A registry that is busy or breaks downloads, as planned by the test: the next ``busy``
+    requests get 503 (``Retry-After: 0``), and the next blob GET asked from byte 0 is cut after
+    ``cut_blob_after`` bytes. ``seen`` records (method, path, Range header) of every request."""
+
+    def __init__(self, upstream: TestRegistry) -> None:
+        super().__init__(upstream)
+        self.busy = 0
+        self.cut_blob_after: int | None = None
+        self.seen: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+
+    def handle(self, req: http.server.BaseHTTPRequestHandler) -> None:
+        rng = req.headers.get("Range", "")
+        with self._lock:
+            self.seen.append((req.command, req.path, rng))
+            busy = self.busy > 0
+            self.busy -= busy
+            cut = None
+            if self.cut_blob_after is not None and "/blobs/sha256:" in req.path and not rng:
+                cut, self.cut_blob_after = self.cut_blob_after, None
+        if busy:
+            self._reply(
+                req, 503, b'{"errors":[{"code":"UNAVAILABLE"}]}', headers={"Retry-After": "0"}
+            )
+            return
+        self._forward(req, cut=None if req.command != "GET" else cut)
+
+
+class BearerGate(_Front):
+    """Token auth in front of ``upstream`` (see the module docstring)."""
+
+    def __init__(
+        self, upstream: TestRegistry, users: dict[str, str], *, anonymous: bool = False
+    ) -> None:
+        super().__init__(upstream)
+        self.users = users
+        self.anonymous = anonymous
+        self.tokens: set[str] = set()
+        self.refresh_tokens = {"refresh-me"}  # identitytoken values the token endpoint honours
+        self.token_requests: list[dict[str, str]] = []
+
+    def handle(self, req: http.server.BaseHTTPRequestHandler) -> None:
         if req.path.startswith("/token"):
             self._token(req)
             return
@@ -200,36 +280,3 @@ class BearerGate:
         token = secrets.token_hex(16)
         self.tokens.add(token)
         self._reply(req, 200, f'{{"token":"{token}"}}'.encode())
-
-    def _forward(self, req: http.server.BaseHTTPRequestHandler) -> None:
-        length = int(req.headers.get("Content-Length") or 0)
-        body = req.rfile.read(length) if length else None
-        conn = http.client.HTTPConnection("127.0.0.1", self.upstream.port, timeout=30)
-        headers = {k: v for k, v in req.headers.items() if k.lower() not in ("authorization",)}
-        conn.request(req.command, req.path, body=body, headers=headers)
-        resp = conn.getresponse()
-        data = resp.read()
-        req.send_response(resp.status)
-        for key, value in resp.getheaders():
-            if key.lower() not in ("content-length", "transfer-encoding", "connection"):
-                req.send_header(key, value)
-        req.send_header("Content-Length", str(len(data)))
-        req.end_headers()
-        if req.command != "HEAD":
-            req.wfile.write(data)
-        conn.close()
-
-    @staticmethod
-    def _reply(
-        req: http.server.BaseHTTPRequestHandler,
-        status: int,
-        body: bytes,
-        challenge: str | None = None,
-    ) -> None:
-        req.send_response(status)
-        req.send_header("Content-Type", "application/json")
-        req.send_header("Content-Length", str(len(body)))
-        if challenge:
-            req.send_header("WWW-Authenticate", challenge)
-        req.end_headers()
-        req.wfile.write(body)

@@ -464,8 +464,14 @@ def test_subjects_json_lists_the_control_and_node_planes() -> None:
 def test_subjects_json_lists_the_events() -> None:
     """Each event kind names its subject (built by Subjects.event), message, types and stream."""
     doc = _load(SCHEMAS / "subjects.json")
-    (sandbox,) = doc["events"]
+    sandbox, network = doc["events"]
     assert sandbox["message"] == "event.sandbox"
+    assert network["message"] == "event.network"
+    assert set(network["types"]) == {"updated", "denied"}
+    assert network["subject"].replace("<prefix>", "acme").replace("<name>", "demo").replace(
+        "<type>", "denied"
+    ) == Subjects("acme").event("network", "demo", "denied")
+    assert network["stream"] == sandbox["stream"]  # one stream holds every event
     assert {"created", "ready", "failed", "deleted", "idle_expired"} <= set(sandbox["types"])
     subject = sandbox["subject"].replace("<prefix>", "acme").replace("<name>", "demo")
     assert subject.replace("<type>", "ready") == Subjects("acme").event("sandbox", "demo", "ready")

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -45,16 +46,17 @@ GatewayFactory = Callable[..., Awaitable[Gateway]]
 
 @pytest.fixture
 async def start_gateway(nats: NatsServer) -> AsyncIterator[GatewayFactory]:
-    """Start in-process gateways (stopped at teardown); keyword arguments override settings."""
+    """Start in-process gateways (stopped at teardown); keyword arguments override settings;
+    ``clock``: the wall clock preview links expire by."""
     started: list[Gateway] = []
 
-    async def start(**overrides: object) -> Gateway:
+    async def start(clock: Callable[[], float] = time.time, **overrides: object) -> Gateway:
         settings = dataclasses.replace(
             GatewaySettings(bus=BusSettings(url=nats.url, name="gateway-test"), port=0, grace=2.0),
             **overrides,  # type: ignore[arg-type]
         )
         bus = await Bus.connect(settings.bus)
-        service = GatewayService(settings)
+        service = GatewayService(settings, clock=clock)
         await service.start(bus)
         gw = Gateway(service, bus)
         started.append(gw)

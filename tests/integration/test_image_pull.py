@@ -274,6 +274,7 @@ async def test_gc_keeps_layers_in_use_and_removes_unused(
     store.prune()
     assert list(store.layout.layers.iterdir()) == []
     assert list(store.layout.blobs.iterdir()) == []
+    assert [p.name for p in store.layout.locks.iterdir()] == ["gc.lock"]  # no lock file piles up
 
 
 async def test_a_layer_in_use_survives_removal_of_its_image(

@@ -27,8 +27,9 @@ from prometheus_client import CollectorRegistry
 
 from fakenet import FakeNet
 from sandpod_contract.network import NetworkPolicy
-from sandpod_lifecycle.network.denials import DenialWatch, DeniedMetrics
+from sandpod_lifecycle.network.denials import DenialWatch
 from sandpod_lifecycle.network.egress import Egress, EgressSettings
+from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.runtime.base import InstanceStatus
 from sandpod_lifecycle.runtime.local import LocalRuntime
 
@@ -158,7 +159,7 @@ async def test_deny_all_reaches_nothing_and_the_refusals_are_counted(
         reports.append((sandbox_id, kind, count))
 
     registry = CollectorRegistry()
-    watch = DenialWatch(egress.denied_counts, report, DeniedMetrics(registry))
+    watch = DenialWatch(egress.denied_counts, report, NetworkMetrics(registry))
     await watch.step()
     results = await probe(
         s, f"{fakenet.public}:80", f"{fakenet.metadata}:80", f"{egress.gateway}:{port}"

@@ -39,6 +39,13 @@ async def running_sandbox(kube: KubeStore, namespace: str, name: str) -> Resourc
         "phase": "Running",
         "shutdownTime": "2099-01-01T00:00:00Z",
         "lastActivityTime": "2026-01-01T00:00:00Z",
+        "network": {
+            "policy": {"mode": "allowlist", "allow": ["10.0.0.0/8:443"], "deny": []},
+            "source": "template",
+            "enforced": True,
+            "reason": "",
+            "observedGeneration": 1,
+        },
         "conditions": [
             {
                 "type": "Ready",
@@ -84,18 +91,24 @@ async def test_the_api_servers_table_for_sandboxes_has_the_printer_columns_with_
         ("Ready", 0),
         ("Reason", 0),
         ("Template", 0),
+        ("Network", 0),
+        ("Enforced", 1),
         ("Expires", 0),
         ("Last-Activity", 1),
         ("Age", 0),
     ]
     (row,) = table["rows"]
-    name, phase, ready, reason, template, expires, last_activity, age = row["cells"]
-    assert (name, phase, ready, reason, template) == (
+    name, phase, ready, reason, template, network, enforced, expires, last_activity, age = row[
+        "cells"
+    ]
+    assert (name, phase, ready, reason, template, network, enforced) == (
         "sbx-table",
         "Running",
         "True",
         "ExecdReady",
         "python",
+        "allowlist",
+        True,
     )
     assert expires and last_activity and age  # dates: rendered as ages by the server
     assert row["object"]["metadata"]["name"] == "sbx-table"  # PartialObjectMetadata
@@ -137,8 +150,18 @@ async def test_kubectl_get_sandboxes_prints_the_columns(
         "READY",
         "REASON",
         "TEMPLATE",
+        "NETWORK",
+        "ENFORCED",
         "EXPIRES",
         "LAST-ACTIVITY",
         "AGE",
     ]
-    assert row.split()[:5] == ["sbx-kubectl", "Running", "True", "ExecdReady", "python"]
+    assert row.split()[:7] == [
+        "sbx-kubectl",
+        "Running",
+        "True",
+        "ExecdReady",
+        "python",
+        "allowlist",
+        "true",
+    ]

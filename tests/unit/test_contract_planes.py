@@ -11,7 +11,7 @@ import pytest
 from sandpod_contract.catalogue import DATA, EVENTS, LIFECYCLE, NODE, POOL
 from sandpod_contract.messages.node import NODE_PLANE
 from sandpod_contract.messages.pools import POOL_PLANE
-from sandpod_contract.messages.sandboxes import CONTROL_PLANE, SandboxEvent
+from sandpod_contract.messages.sandboxes import CONTROL_PLANE, NetworkEvent, SandboxEvent
 from sandpod_contract.subjects import Subjects
 
 
@@ -59,14 +59,15 @@ def test_plane_subjects_are_what_the_builders_build() -> None:
 
 
 def test_lifecycle_events_are_the_contract_events() -> None:
-    """The lifecycle publishes SandboxEvent on the stream the contract names."""
+    """The lifecycle publishes SandboxEvent and NetworkEvent on the stream the contract names."""
     from sandpod_lifecycle import events
 
-    (sandbox,) = EVENTS
-    assert sandbox.message is SandboxEvent
-    assert sandbox.stream.replace("<storage>", "sandpod") == events.STREAM
-    subject = sandbox.subject.replace("<prefix>", "acme").replace("<name>", "demo")
-    for event_type in sandbox.types:
-        assert subject.replace("<type>", event_type) == Subjects("acme").event(
-            "sandbox", "demo", event_type
-        )
+    sandbox, network = EVENTS
+    assert (sandbox.message, network.message) == (SandboxEvent, NetworkEvent)
+    for stream in (sandbox, network):
+        assert stream.stream.replace("<storage>", "sandpod") == events.STREAM
+        subject = stream.subject.replace("<prefix>", "acme").replace("<name>", "demo")
+        for event_type in stream.types:
+            assert subject.replace("<type>", event_type) == Subjects("acme").event(
+                stream.kind, "demo", event_type
+            )

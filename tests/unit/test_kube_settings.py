@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from sandpod_contract.network import NetworkPolicy
 from sandpod_kube import KubeSettings
-from sandpod_kube.podspec import PodSettings, SandboxPod, egress_policy, pod_manifest
+from sandpod_kube.netpolicy import egress_policy
+from sandpod_kube.podspec import PodSettings, SandboxPod, pod_manifest
 from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_pool.settings import PoolSettings
 
@@ -121,7 +123,8 @@ def test_a_template_without_egress_gets_only_nats_and_never_a_destinationless_ru
             "SANDPOD_POD_NATS_PORT": "4223",
         }
     )
-    policy, unenforceable = egress_policy("ns", "t", (), settings)
+    deny_all = NetworkPolicy.from_dict({"mode": "deny-all"})
+    policy, unenforceable = egress_policy("ns", "t", deny_all, settings)
     assert unenforceable == [] and policy["spec"]["ingress"] == []
     assert policy["spec"]["egress"] == [
         {
@@ -135,7 +138,8 @@ def test_a_template_without_egress_gets_only_nats_and_never_a_destinationless_ru
             "ports": [{"protocol": "TCP", "port": 4223}],
         }
     ]
-    unpinned, _ = egress_policy("ns", "t", ("*",), PodSettings())
+    unpinned, _ = egress_policy("ns", "t", NetworkPolicy(), PodSettings())
     egress = unpinned["spec"]["egress"]
     assert not any(p["port"] == 4222 for rule in egress for p in rule.get("ports", []))
-    assert {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]} in unpinned["spec"]["egress"]
+    public = next(r for r in egress if "to" in r)
+    assert [b["ipBlock"]["cidr"] for b in public["to"]] == ["0.0.0.0/0", "::/0"]

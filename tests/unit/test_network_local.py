@@ -15,10 +15,11 @@ from prometheus_client import CollectorRegistry
 
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.addressing import AddressPlan, PoolExhausted, claim_slice
-from sandpod_lifecycle.network.denials import DenialWatch, DeniedMetrics
+from sandpod_lifecycle.network.denials import DenialWatch
 from sandpod_lifecycle.network.egress import Egress, EgressSettings
 from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig, UnknownRule
 from sandpod_lifecycle.network.link import LinkNames
+from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.network.rules import set_name
 from sandpod_lifecycle.settings import LifecycleSettings
@@ -183,7 +184,7 @@ async def test_the_denial_watch_reports_growth_once() -> None:
         reports.append((sandbox_id, kind, count))
 
     registry = CollectorRegistry()
-    watch = DenialWatch(lambda: counts.pop(0), report, DeniedMetrics(registry))
+    watch = DenialWatch(lambda: counts.pop(0), report, NetworkMetrics(registry))
     assert await watch.step() == {}
     assert await watch.step() == {"a": 3, "b": 1}
     assert await watch.step() == {}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sandpod_contract.messages.sandboxes import SANDBOX_EVENT_TYPES
+from sandpod_contract.messages.sandboxes import NETWORK_EVENT_TYPES, SANDBOX_EVENT_TYPES
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import (
     ConditionReason,
     SandboxSpec,
@@ -20,7 +21,7 @@ from sandpod_contract.resources import (
 )
 from sandpod_lifecycle.driver import Instance
 from sandpod_lifecycle.reconciler import Outcome, Reconciler
-from sandpod_lifecycle.runtime.base import InstanceUnhealthy
+from sandpod_lifecycle.runtime.base import InstanceUnhealthy, NetworkEnforcement
 from sandpod_store import MemoryStore, ObjectMeta, Resource
 
 
@@ -35,6 +36,7 @@ class FakeDriver:
     def __init__(self) -> None:
         self.instances: dict[str, Instance] = {}
         self.calls: list[str] = []
+        self.networks: list[tuple[str, NetworkPolicy]] = []  # apply_network calls, in order
 
     def protections(self) -> dict[str, str]:
         return {"jail": "active"}
@@ -64,6 +66,10 @@ class FakeDriver:
     async def list(self) -> list[str]:
         return sorted(self.instances)
 
+    async def apply_network(self, sid: str, policy: NetworkPolicy) -> NetworkEnforcement:
+        self.networks.append((sid, policy))
+        return NetworkEnforcement(False, "fake runtime: nothing enforced")
+
 
 class Always:
     """A lease keeper (sandpod_service.leases.LeaseKeeper): this replica holds every object
@@ -91,10 +97,15 @@ class Always:
 class Events:
     def __init__(self) -> None:
         self.types: list[str] = []
+        self.network: list[dict[str, object]] = []
 
     async def publish(self, **kw: object) -> None:
         assert kw["type_"] in SANDBOX_EVENT_TYPES, f"event type {kw['type_']} not in the contract"
         self.types.append(str(kw["type_"]))
+
+    async def publish_network(self, **kw: object) -> None:
+        assert kw["type_"] in NETWORK_EVENT_TYPES, f"event type {kw['type_']} not in the contract"
+        self.network.append(kw)
 
 
 async def _template(ns: str, name: str | None) -> SandboxTemplateSpec:

@@ -16,6 +16,7 @@ import pytest
 from test_reconciler import Always  # the one fake lease keeper of the unit tests
 
 from sandpod_contract.messages.sandboxes import Renew
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.pooling import POOL_LABEL
 from sandpod_contract.resources import (
     ConditionReason,
@@ -29,7 +30,7 @@ from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.driver import Instance
 from sandpod_lifecycle.lifetime import BACKOFF_CAP, backoff
 from sandpod_lifecycle.reconciler import Outcome, Reconciler
-from sandpod_lifecycle.runtime.base import CreateFailed
+from sandpod_lifecycle.runtime.base import CreateFailed, NetworkEnforcement
 from sandpod_pool.cache import Mirror
 from sandpod_pool.claim_recovery import ClaimRecovery
 from sandpod_pool.claims import CLAIM, Claims
@@ -75,6 +76,9 @@ class Driver:
     async def destroy(self, sid: str) -> None:
         self.instances.pop(sid, None)
 
+    async def apply_network(self, sid: str, policy: NetworkPolicy) -> NetworkEnforcement:
+        return NetworkEnforcement(False, "fake runtime: nothing enforced")
+
     async def list(self) -> list[str]:
         return sorted(self.instances)
 
@@ -90,6 +94,9 @@ class Events:
         self.published.append(kw)
         async with self._news:
             self._news.notify_all()
+
+    async def publish_network(self, **kw: Any) -> None:
+        """Egress applied: not a lifecycle transition these tests count."""
 
     def types(self) -> list[str]:
         return [str(e["type_"]) for e in self.published]

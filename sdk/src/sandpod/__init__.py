@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports this mod
         SandpodError,
     )
     from sandpod.exec.types import ExecResult, ExitStatus, OutputChunk
+    from sandpod.network import NetworkView
     from sandpod.pools import AsyncPools, ClaimInfo, PoolInfo, Pools
     from sandpod.sync import ExecStream, Sandbox
     from sandpod.templates import AsyncTemplates, Template, TemplateInfo, Templates
@@ -51,6 +52,7 @@ _LAZY: dict[str, str] = {
     "ExecResult": "sandpod.exec.types",
     "ExecStream": "sandpod.sync",
     "ExitStatus": "sandpod.exec.types",
+    "NetworkView": "sandpod.network",
     "OutputChunk": "sandpod.exec.types",
     "PoolInfo": "sandpod.pools",
     "Pools": "sandpod.pools",
@@ -76,6 +78,7 @@ __all__ = [
     "ExecResult",
     "ExecStream",
     "ExitStatus",
+    "NetworkView",
     "OutputChunk",
     "PoolInfo",
     "Pools",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, bus_channel
 from sandpod.config import (
@@ -46,7 +46,9 @@ from sandpod_contract.subjects import Subjects, validate_sandbox_id
 if TYPE_CHECKING:  # the families are imported on first use: see AsyncSandbox.fs
     from sandpod.fs import AsyncFiles
     from sandpod.git import AsyncGit
+    from sandpod.network import AsyncNetwork
     from sandpod.pools import ClaimInfo
+    from sandpod.preview import Preview
     from sandpod.proc import AsyncProcesses
     from sandpod.pty import AsyncPtys
     from sandpod.session import AsyncSessions
@@ -106,6 +108,13 @@ class AsyncSandbox:
 
         return AsyncGit(self.channel)
 
+    @functools.cached_property
+    def network(self) -> AsyncNetwork:
+        """The sandbox's egress policy (a control-plane family: the lifecycle service)."""
+        from sandpod.network import AsyncNetwork
+
+        return AsyncNetwork(self.bus, self.subjects, self.id)
+
     @classmethod
     async def connect(
         cls,
@@ -160,6 +169,7 @@ class AsyncSandbox:
         idle_timeout: int | None = None,
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
+        network: Mapping[str, Any] | None = None,
         wait: float = 60.0,
         nats_url: str | None = None,
         prefix: str | None = None,
@@ -173,6 +183,8 @@ class AsyncSandbox:
             idle_timeout: expire after this many seconds without activity (0 disables).
             labels: labels to select it by later (``list(labels=...)``).
             env: environment for its commands.
+            network: its own egress policy (default: the template's), e.g.
+                ``{"mode": "allowlist", "allow": ["api.example.com:443"]}`` (see ``sbx.network``).
             wait: seconds to wait for Ready.
 
         Raises:
@@ -190,6 +202,7 @@ class AsyncSandbox:
                 idle_timeout=idle_timeout,
                 labels=labels,
                 env=env,
+                network=network,
             )
             info = await create_sandbox(sbx.bus, sbx.subjects, obj, wait=wait)
         except BaseException:
@@ -317,6 +330,49 @@ class AsyncSandbox:
             self.bus, self.subjects, "sandboxes", "resume", ref, ObjectReply, timeout=wait + 10
         )
         return SandboxInfo.of(reply.object)
+
+    async def expose(
+        self,
+        port: int,
+        *,
+        public: bool = False,
+        ttl: float | None = None,
+        gateway: str | None = None,
+        api_key: str | None = None,
+    ) -> Preview:
+        """Preview URLs of ``port`` through the gateway: a signed link valid ``ttl`` seconds
+        (the gateway's default: an hour), or, with ``public=True``, a URL anyone may open until
+        :meth:`unexpose`. ``gateway``/``api_key``: default ``$SANDPOD_GATEWAY_URL`` /
+        ``$SANDPOD_API_KEY``, else a local ``sandpod up``'s
+        (:func:`sandpod.preview.resolve_gateway`).
+
+        Raises:
+            BadRequest: no gateway or key configured, or a bad port or ttl.
+            SandboxNotFound: the key's tenant has no such sandbox.
+        """
+        from sandpod.preview import create_preview, resolve_gateway
+
+        gw = resolve_gateway(gateway, api_key)
+        return await create_preview(gw, self.id, port, public=public, ttl=ttl)
+
+    async def url(
+        self,
+        port: int,
+        *,
+        ttl: float | None = None,
+        gateway: str | None = None,
+        api_key: str | None = None,
+    ) -> str:
+        """A signed preview URL of ``port`` (path form), valid ``ttl`` seconds."""
+        return (await self.expose(port, ttl=ttl, gateway=gateway, api_key=api_key)).url
+
+    async def unexpose(
+        self, port: int, *, gateway: str | None = None, api_key: str | None = None
+    ) -> None:
+        """Make ``port`` private again (signed links keep working until they expire)."""
+        from sandpod.preview import remove_preview, resolve_gateway
+
+        await remove_preview(resolve_gateway(gateway, api_key), self.id, port)
 
     def events(self) -> AsyncIterator[SandboxEvent]:
         """Live lifecycle events of this sandbox (created, ready, paused, expired, ...)."""

@@ -106,9 +106,11 @@ def create_object(
     idle_timeout: int | None,
     labels: Mapping[str, str] | None,
     env: Mapping[str, str] | None,
+    network: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Sandbox object for a create request. Raises BadRequest for a reserved
-    (``sandpod.dev/``) label, as lifecycle would."""
+    (``sandpod.dev/``) label, as lifecycle would; ResourceInvalid naming the field for a bad
+    ``network`` policy (``spec.network.allow[0]``)."""
     refuse_reserved({"metadata": {"labels": dict(labels or {})}})
     spec: dict[str, Any] = {"permanent": permanent}
     if template:
@@ -119,6 +121,10 @@ def create_object(
         spec["idleTimeoutSeconds"] = idle_timeout
     if env:
         spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if network is not None:
+        from sandpod_contract.network import NetworkPolicy  # lazy: not on the exec path
+
+        spec["network"] = NetworkPolicy.from_dict(dict(network), "spec.network").to_dict()
     meta: dict[str, Any] = {"labels": dict(labels or {})}
     if name:
         meta["name"] = name

@@ -354,6 +354,8 @@ class Supervisor:
         self.progress(f"starting gateway (HTTP API, web terminal) on {self.gateway_url}")
         child = await self._spawn("gateway", [sys.executable, "-m", "sandpod_gateway"], env)
         await self._wait(child, lambda: http_ok(self.config.host, port, "/readyz"))
+        # for the SDK's preview URLs and `sandpod port-forward` (sandpod.preview)
+        (self.config.state_dir / "gateway-url").write_text(self.gateway_url + "\n")
         key_file = self.config.state_dir / "gateway-api-key"
         if key_file.is_file():
             self.api_key = key_file.read_text().strip()

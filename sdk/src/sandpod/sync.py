@@ -6,9 +6,10 @@ Each method runs its async twin on the SDK's private loop thread (:mod:`sandpod.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Self
+from typing import Any, Self
 
 from sandpod._loop import run
+from sandpod._twins import twin
 from sandpod.aio import AsyncSandbox
 from sandpod.control import SandboxInfo
 from sandpod.exec.args import DEFAULT_TIMEOUT, Command
@@ -16,6 +17,7 @@ from sandpod.exec.sync import ExecStream
 from sandpod.exec.types import ExecResult
 from sandpod.fs import Files
 from sandpod.git import Git
+from sandpod.network import Network
 from sandpod.pools import ClaimInfo
 from sandpod.proc import Processes
 from sandpod.pty import Ptys
@@ -41,6 +43,7 @@ class Sandbox:
         self.pty = Ptys(inner.pty)
         self.watch = Watches(inner.watch)
         self.git = Git(inner.git)
+        self.network = Network(inner.network)
 
     @classmethod
     def connect(
@@ -84,6 +87,7 @@ class Sandbox:
         idle_timeout: int | None = None,
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
+        network: Mapping[str, Any] | None = None,
         wait: float = 60.0,
         nats_url: str | None = None,
         prefix: str | None = None,
@@ -99,6 +103,7 @@ class Sandbox:
                     idle_timeout=idle_timeout,
                     labels=labels,
                     env=env,
+                    network=network,
                     wait=wait,
                     nats_url=nats_url,
                     prefix=prefix,
@@ -173,6 +178,10 @@ class Sandbox:
 
     def resume(self, wait: float = 30.0) -> SandboxInfo:
         return run(self._inner.resume(wait))
+
+    expose = twin(AsyncSandbox.expose)
+    url = twin(AsyncSandbox.url)
+    unexpose = twin(AsyncSandbox.unexpose)
 
     def events(self) -> Iterator[SandboxEvent]:
         """Live lifecycle events (blocking iterator; break out of the loop to stop)."""

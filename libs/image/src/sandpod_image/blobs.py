@@ -97,6 +97,13 @@ class BlobWriter:
         self._sha.update(chunk)
         self._file.write(chunk)
 
+    def restart(self) -> None:
+        """Forget what was written (a resumed download that the source sent from zero)."""
+        self._file.seek(0)
+        self._file.truncate()
+        self._sha = hashlib.sha256()
+        self.count = 0
+
     def commit(self, dest: Path) -> None:
         """Check the digest (and size) and rename the file to ``dest``.
 

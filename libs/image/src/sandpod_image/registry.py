@@ -5,8 +5,13 @@ which owns authentication: a request goes out with the header known for its scop
 answers with a ``WWW-Authenticate`` challenge, ``Basic`` (the credentials are sent as they are)
 or ``Bearer`` (a token is fetched from the challenge's realm with the credentials, or
 anonymously, and cached per repository scope), and the request is sent once more. A second 401
-(or a 403) is ``image.auth_failed``; a 404 is ``image.not_found``; transport errors, 429 and 5xx
-are ``image.error`` (retryable). Nothing above this module sees an httpx type.
+(or a 403) is ``image.auth_failed``; a 404 is ``image.not_found``. Transport errors and the
+answers a busy or restarting registry gives (408, 429, 500, 502, 503, 504) are retried here with
+exponential backoff (``Retry-After`` honoured, capped) before they become ``image.error``
+(retryable): a registry's rate limit or a rolling restart is not a failed pull. A blob whose
+download breaks mid-way resumes with a ``Range`` request from the bytes already hashed (a
+registry that answers the whole blob again restarts it from zero). Nothing above this module sees
+an httpx type.
 
 Integrity is this module's too: a manifest's bytes are hashed and compared with the digest asked
 for (or the registry's ``Docker-Content-Digest``), and a blob streams through a
@@ -17,10 +22,12 @@ Plain HTTP is used only for a loopback registry or one the caller marks ``insecu
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Final
@@ -39,13 +46,38 @@ from sandpod_image.blobs import CHUNK, BlobWriter, digest_bytes
 from sandpod_image.manifest import ACCEPT
 from sandpod_image.reference import is_loopback
 
-__all__ = ["MAX_MANIFEST_BYTES", "Registry"]
+__all__ = ["MAX_MANIFEST_BYTES", "RETRY_STATUS", "Registry", "RetryPolicy"]
 
 MAX_MANIFEST_BYTES: Final = 4 << 20  # what containerd accepts too
 _CHALLENGE_PARAM: Final = re.compile(r'(\w+)="([^"]*)"')
 _USER_AGENT: Final = "sandpod-image/0.1"
 
+RETRY_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
+_CONTENT_RANGE: Final = re.compile(r"bytes (\d+)-\d+/(?:\d+|\*)")
+
 Body = bytes | Callable[[], AsyncIterator[bytes]] | None
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently a request is tried again.
+
+    Attributes:
+        attempts: tries in all (1: never again).
+        base_delay: seconds before the second try; doubled for each one after.
+        max_delay: the cap of any wait, ``Retry-After`` included.
+    """
+
+    attempts: int = 4
+    base_delay: float = 0.5
+    max_delay: float = 10.0
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        """Seconds to wait after failed try number ``attempt`` (0-based)."""
+        if retry_after is not None and retry_after.strip().isdigit():
+            return min(float(retry_after.strip()), self.max_delay)
+        return min(self.base_delay * float(2**attempt), self.max_delay)
 
 
 class Registry:
@@ -57,6 +89,8 @@ class Registry:
         insecure: allow plain HTTP to a non-loopback host (loopback always uses HTTP).
         transport: an httpx transport (tests, proxies); default: httpx's own.
         timeout: seconds for connect, each read and each write.
+        retry: how transport errors and busy answers are tried again.
+        sleep: how a retry waits (tests pass one that records the delays).
     """
 
     def __init__(
@@ -67,7 +101,11 @@ class Registry:
         insecure: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 60.0,
+        retry: RetryPolicy = RetryPolicy(),
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
+        self._retry = retry
+        self._sleep = sleep
         scheme = "http" if insecure or is_loopback(host) else "https"
         self.host = host
         self.base = f"{scheme}://{host}"
@@ -150,18 +188,46 @@ class Registry:
         Args:
             progress: called with the bytes received so far, after each chunk.
         """
-        resp = await self._send("GET", repo, f"blobs/{digest}", stream=True)
+        with BlobWriter(tmp_dir, digest, size) as out:
+            for attempt in range(self._retry.attempts):
+                done = await self._receive_blob(repo, digest, out, progress)
+                if done is None:
+                    out.commit(dest)
+                    return
+                if attempt + 1 == self._retry.attempts:
+                    raise ImageError(
+                        f"{self.host}: blob {digest} download failed after "
+                        f"{self._retry.attempts} tries: {done}"
+                    ) from done
+                await self._sleep(self._retry.delay(attempt))
+
+    async def _receive_blob(
+        self,
+        repo: str,
+        digest: str,
+        out: BlobWriter,
+        progress: Callable[[int], None] | None,
+    ) -> httpx.TransportError | None:
+        """Stream (the rest of) a blob into ``out``: from byte ``out.count`` on when the registry
+        honours the ``Range`` (206 from there), else from zero again. Returns the transport
+        error that broke the stream (the caller tries again), or None when it ended."""
+        headers = {"Range": f"bytes={out.count}-"} if out.count else None
+        resp = await self._send("GET", repo, f"blobs/{digest}", headers=headers, stream=True)
         try:
-            with BlobWriter(tmp_dir, digest, size) as out:
-                async for chunk in resp.aiter_raw(CHUNK):
-                    out.write(chunk)
-                    if progress is not None:
-                        progress(out.count)
-                out.commit(dest)
+            match = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+            if out.count and not (resp.status_code == 206 and match and int(match[1]) == out.count):
+                out.restart()
+            async for chunk in resp.aiter_raw(CHUNK):
+                out.write(chunk)
+                if progress is not None:
+                    progress(out.count)
+        except httpx.TransportError as exc:
+            return exc
         except httpx.HTTPError as exc:
             raise ImageError(f"{self.host}: blob {digest} download failed: {exc}") from exc
         finally:
             await resp.aclose()
+        return None
 
     # -- push ------------------------------------------------------------------------------
 
@@ -225,6 +291,37 @@ class Registry:
     ) -> httpx.Response:
         url = path if "://" in path else f"{self.base}/v2/{repo}/{path}"
         scope = f"repository:{repo}:{','.join(actions)}"
+        last = self._retry.attempts - 1
+        for attempt in range(self._retry.attempts):
+            try:
+                resp = await self._authorized(
+                    method, url=url, scope=scope, headers=headers, body=body, stream=stream
+                )
+            except httpx.TransportError as exc:
+                if attempt == last:
+                    raise ImageError(f"registry {self.host} unreachable: {exc}") from exc
+                await self._sleep(self._retry.delay(attempt))
+                continue
+            if resp.status_code not in RETRY_STATUS or attempt == last:
+                break
+            await resp.aclose()
+            await self._sleep(self._retry.delay(attempt, resp.headers.get("Retry-After")))
+        if resp.status_code >= 400:
+            await self._raise_for(resp, repo, path)
+        return resp
+
+    async def _authorized(
+        self,
+        method: str,
+        *,
+        url: str,
+        scope: str,
+        headers: dict[str, str] | None,
+        body: Body,
+        stream: bool,
+    ) -> httpx.Response:
+        """One try: sent with the scope's credentials, and once more after a 401's challenge
+        is answered. Transport errors are the caller's (it retries them)."""
         resp = await self._attempt(
             method, url, scope=scope, headers=headers, body=body, stream=stream
         )
@@ -235,8 +332,6 @@ class Registry:
             resp = await self._attempt(
                 method, url, scope=scope, headers=headers, body=body, stream=stream
             )
-        if resp.status_code >= 400:
-            await self._raise_for(resp, repo, path)
         return resp
 
     async def _attempt(
@@ -256,8 +351,10 @@ class Registry:
         request = self._client.build_request(method, url, headers=send_headers, content=content)
         try:
             return await self._client.send(request, stream=stream)
+        except httpx.TransportError:
+            raise  # _send retries these
         except httpx.HTTPError as exc:
-            raise ImageError(f"registry {self.host} unreachable: {exc}") from exc
+            raise ImageError(f"registry {self.host}: {method} failed: {exc}") from exc
 
     async def _answer(self, challenge: str, scope: str) -> None:
         """Learn the Authorization header for ``scope`` from a 401's challenge."""

@@ -318,7 +318,8 @@ class ImageStore:
             path.unlink()
 
     def prune(self) -> int:
-        """Delete every blob and layer no reference and no holder names, and stale temp files.
+        """Delete every blob and layer no reference and no holder names, stale temp files and
+        the lock files of layers.
 
         Returns:
             The bytes reclaimed.
@@ -332,6 +333,9 @@ class ImageStore:
             freed = _sweep(self.layout.layers, {d.removeprefix("sha256:") for d in keep_layers})
             freed += _sweep(self.layout.blobs, {b.removeprefix("sha256:") for b in keep_blobs})
             freed += _sweep(self.layout.tmp, set())
+            # Layer lock files: every pull takes its layer locks under the shared gc lock, so
+            # none is held (or about to be opened) while this exclusive one is.
+            freed += _sweep(self.layout.locks, {self.layout.gc_lock.name})
         return freed
 
 

@@ -51,6 +51,7 @@ class PodState:
     resource_version: str = ""
     created: str = ""  # metadata.creationTimestamp (RFC 3339)
     problem: PodProblem | None = None  # why it is not serving (sandpod_kube.podhealth)
+    pod_ip: str = ""  # status.podIP: where the gateway reaches the sandbox's ports
 
     @property
     def terminal(self) -> bool:
@@ -74,6 +75,7 @@ class PodState:
             resource_version=str(meta.get("resourceVersion") or ""),
             created=str(meta.get("creationTimestamp") or ""),
             problem=diagnose(raw),
+            pod_ip=str(status.get("podIP") or ""),
         )
 
 

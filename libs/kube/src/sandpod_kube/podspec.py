@@ -34,11 +34,10 @@ Trade-off: the sandbox's code runs as the same uid as execd, so it can read the 
 gets is the sandbox's own credential, which reaches nothing it could not already reach through
 execd; keeping it from the code too needs execd under another uid (a later change).
 
-Network: one NetworkPolicy per template selects that template's Pods: no ingress at all (execd
-dials out to NATS; nothing dials in); egress to NATS always, to DNS when the template allows any
-egress, and to each CIDR of the template's ``network.egress`` (``10.0.0.0/8``, ``1.2.3.4:443``).
-Host names cannot be expressed in a NetworkPolicy: they are returned as ``unenforceable``. The
-NATS rule names its destination (the NATS pods' namespace and labels, and/or CIDRs): a rule with
+Network: one NetworkPolicy per template selects that template's Pods (rendered from the
+template's ``spec.network`` by :mod:`sandpod_kube.netpolicy`): no ingress at all (execd dials
+out to NATS; nothing dials in); egress to NATS always, and what the policy allows. The NATS rule
+names its destination (the NATS pods' namespace and labels, and/or CIDRs): a rule with
 a port and no destination would open that port to every address. With neither configured the
 rule is left out and ``nats_pinned`` is False: the installation's own policy must allow NATS
 (the Helm chart's ``sandbox-allow-nats`` does; policies are additive).
@@ -65,7 +64,6 @@ __all__ = [
     "SandboxPod",
     "creds_secret_manifest",
     "creds_secret_name",
-    "egress_policy",
     "pod_manifest",
 ]
 
@@ -331,63 +329,3 @@ def _mount_creds(spec: dict[str, Any], secret: str) -> None:
     main = spec["containers"][0]
     main["volumeMounts"].append({"name": "nats-creds", "mountPath": CREDS_MOUNT, "readOnly": True})
     main["env"].append({"name": "SANDPOD_NATS_CREDS", "value": f"{CREDS_MOUNT}/{CREDS_KEY}"})
-
-
-def _peer(entry: str) -> tuple[str, int | None] | None:
-    """(CIDR, port or None) of an egress entry; None for a host name (not expressible)."""
-    host, _, port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
-    if entry in ("*", "0.0.0.0/0"):
-        return "0.0.0.0/0", None
-    try:
-        network = ipaddress.ip_network(host, strict=False)
-    except ValueError:
-        return None
-    return str(network), int(port) if port.isdigit() else None
-
-
-def egress_policy(
-    namespace: str, template: str, egress: tuple[str, ...], settings: PodSettings
-) -> tuple[dict[str, Any], list[str]]:
-    """The template's NetworkPolicy, and the egress entries it cannot enforce (host names)."""
-    peers: list[dict[str, Any]] = [{"ipBlock": {"cidr": c}} for c in settings.nats_cidrs]
-    if settings.nats_namespace:
-        peers.insert(
-            0,
-            {
-                "namespaceSelector": {
-                    "matchLabels": {"kubernetes.io/metadata.name": settings.nats_namespace}
-                },
-                "podSelector": {"matchLabels": dict(settings.nats_pod_labels)},
-            },
-        )
-    rules: list[dict[str, Any]] = []
-    if peers:  # never a destination-less rule: that would open the port to every address
-        rules.append({"to": peers, "ports": [{"protocol": "TCP", "port": settings.nats_port}]})
-    unenforceable = []
-    if egress:  # names need DNS
-        rules.append({"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]})
-    for entry in egress:
-        peer = _peer(entry)
-        if peer is None:
-            unenforceable.append(entry)
-            continue
-        rule: dict[str, Any] = {"to": [{"ipBlock": {"cidr": peer[0]}}]}
-        if peer[1] is not None:
-            rule["ports"] = [{"protocol": "TCP", "port": peer[1]}]
-        rules.append(rule)
-    manifest = {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {
-            "name": f"sandpod-template-{template}",
-            "namespace": namespace,
-            "labels": {TEMPLATE_LABEL: template, "app.kubernetes.io/managed-by": MANAGED_BY},
-        },
-        "spec": {
-            "podSelector": {"matchLabels": {TEMPLATE_LABEL: template}},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [],
-            "egress": rules,
-        },
-    }
-    return manifest, unenforceable

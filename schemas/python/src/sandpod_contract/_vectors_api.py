@@ -14,6 +14,10 @@ from sandpod_contract.codec import Message, pack, to_map
 from sandpod_contract.messages.node import NodeSandboxes, Release, Serve
 from sandpod_contract.messages.pools import Scale
 from sandpod_contract.messages.sandboxes import (
+    Expose,
+    NetworkEvent,
+    NetworkState,
+    NetworkUpdate,
     ObjectReply,
     ObjectRequest,
     ObjectsReply,
@@ -29,13 +33,26 @@ __all__ = ["ACCEPT", "ERRORS", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
 RULES: dict[str, dict[str, dict[str, Any]]] = {
     "api.ref": {"name": {"minLength": 1}},
     "api.renew": {"seconds": {"exclusiveMinimum": 0}},
+    "api.network_update": {
+        "name": {"minLength": 1},
+        "reset": {"enum": [True]},
+        "wait": {"minimum": 0},
+    },
+    "api.expose": {"name": {"minLength": 1}, "port": {"minimum": 1, "maximum": 65535}},
     "api.scale": {"name": {"minLength": 1}, "replicas": {"minimum": 0}},
 }
 MESSAGE_RULES: dict[str, dict[str, Any]] = {
     "api.renew": {"oneOf": [{"required": ["seconds"]}, {"required": ["shutdown_time"]}]},
+    "api.network_update": {"oneOf": [{"required": ["policy"]}, {"required": ["reset"]}]},
 }
 
 _API = "sandpod.dev/v1alpha1"
+_NET = {
+    "mode": "allowlist",
+    "allow": ["pypi.example.org:443", "*.github.com", "10.20.0.0/16:5432"],
+    "deny": ["evil.github.com"],
+    "limits": {"maxConnections": 256},
+}
 _META = {"name": "demo", "namespace": "default", "labels": {"app": "agent"}}
 _SPEC = {
     "templateRef": {"name": "python"},
@@ -137,6 +154,50 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("shutdown-time", Renew(name="demo", shutdown_time="2026-11-30T08:00:00Z")),
         ("minimal", Renew(name="demo", seconds=600.0)),
     ],
+    "api.network_update": [
+        (
+            "full",
+            NetworkUpdate(
+                name="demo",
+                namespace="team-a",
+                policy=_NET,
+                generation=3,
+                wait=5.0,
+            ),
+        ),
+        ("reset", NetworkUpdate(name="demo", reset=True)),
+        ("minimal", NetworkUpdate(name="demo", policy={"mode": "deny-all"})),
+    ],
+    "api.network_state": [
+        (
+            "applied",
+            NetworkState(
+                name="demo",
+                namespace="default",
+                generation=4,
+                source="sandbox",
+                policy=_NET,
+                applied=_NET,
+                applied_generation=4,
+                enforced=False,
+                reason="process runtime: egress is not enforced",
+            ),
+        ),
+        (
+            "minimal",
+            NetworkState(
+                name="demo",
+                namespace="default",
+                generation=1,
+                source="template",
+                policy={"mode": "public", "allow": [], "deny": []},
+            ),
+        ),
+    ],
+    "api.expose": [
+        ("full", Expose(name="demo", namespace="team-a", port=8000, public=False)),
+        ("minimal", Expose(name="demo", port=8000)),
+    ],
     "api.selection": [
         ("full", Selection(namespace="team-a", selector="app=agent,tier!=batch", limit=100)),
         ("minimal", Selection()),
@@ -185,6 +246,35 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
             SandboxEvent(name="demo", namespace="default", type="created", phase="Pending"),
         ),
     ],
+    "event.network": [
+        (
+            "updated",
+            NetworkEvent(
+                name="demo",
+                namespace="default",
+                type="updated",
+                time=1732900000.25,
+                generation=4,
+                policy=_NET,
+                enforced=True,
+            ),
+        ),
+        (
+            "denied",
+            NetworkEvent(
+                name="demo",
+                namespace="default",
+                type="denied",
+                time=1732900001.5,
+                kind="connect",
+                destination="169.254.169.254",
+                port=80,
+                rule="metadata",
+                count=3,
+            ),
+        ),
+        ("minimal", NetworkEvent(name="demo", namespace="default", type="denied")),
+    ],
 }
 
 # (label, type, non-canonical map a decoder must accept, why)
@@ -231,7 +321,32 @@ REJECT: list[tuple[str, type[Message], bytes, str, bool, str]] = [
         True,
         "exactly one of seconds or shutdown_time",
     ),
+    (
+        "network-policy-and-reset",
+        NetworkUpdate,
+        pack({**_REF, "policy": {"mode": "public"}, "reset": True}),
+        "bad_request",
+        True,
+        "exactly one of policy or reset",
+    ),
+    (
+        "network-reset-false",
+        NetworkUpdate,
+        pack({**_REF, "reset": False}),
+        "bad_request",
+        True,
+        "reset is true or absent",
+    ),
+    (
+        "network-neither",
+        NetworkUpdate,
+        pack(_REF),
+        "bad_request",
+        True,
+        "exactly one of policy or reset",
+    ),
     ("renew-zero", Renew, pack({**_REF, "seconds": 0.0}), "bad_request", True, "seconds > 0"),
+    ("expose-port-zero", Expose, pack({**_REF, "port": 0}), "bad_request", True, "port 1..65535"),
     (
         "negative-replicas",
         Scale,

@@ -172,6 +172,16 @@ EVENTS: tuple[EventStream, ...] = (
         stream="<storage>-events",
         doc="every Sandbox transition, in order per sandbox; retained 7 days",
     ),
+    EventStream(
+        kind="network",
+        subject="<prefix>.events.network.<name>.<type>",
+        message=sandboxes.NetworkEvent,
+        types=sandboxes.NETWORK_EVENT_TYPES,
+        published_by="lifecycle (updated) and the network enforcers (denied)",
+        stream="<storage>-events",
+        doc="a sandbox's egress policy applied, and destinations its enforcers refused "
+        "(rate-limited); retained 7 days",
+    ),
 )
 
 _BY_KEY = {(op.family, op.verb): op for op in DATA_PLANE}

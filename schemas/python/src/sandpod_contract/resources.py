@@ -26,6 +26,7 @@ __all__ = [
     "ConditionReason",
     "ConditionType",
     "EnvVar",
+    "NetworkStatus",
     "OperatingMode",
     "Phase",
     "SandboxSpec",
@@ -294,6 +295,44 @@ class SandboxSpec:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class NetworkStatus:
+    """``status.network``: the egress policy the runtime last applied to the instance.
+
+    ``source``: ``sandbox`` (its own ``spec.network``) or ``template`` (its template's);
+    ``enforced``: the runtime enforces all of it, else ``reason`` says what it does not and why
+    (the process runtime enforces nothing; a NetworkPolicy cannot express DNS names);
+    ``observed_generation``: the Sandbox generation it was applied for.
+    """
+
+    policy: NetworkPolicy
+    source: str = "template"
+    enforced: bool = False
+    reason: str = ""
+    observed_generation: int = 0
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> NetworkStatus | None:
+        if not isinstance(raw, Mapping):
+            return None
+        return cls(
+            policy=NetworkPolicy.from_dict(raw.get("policy"), "status.network.policy"),
+            source=str(raw.get("source", "template")),
+            enforced=bool(raw.get("enforced", False)),
+            reason=str(raw.get("reason", "")),
+            observed_generation=int(raw.get("observedGeneration", 0)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.to_dict(),
+            "source": self.source,
+            "enforced": self.enforced,
+            "reason": self.reason,
+            "observedGeneration": self.observed_generation,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SandboxStatus:
     phase: Phase = Phase.PENDING
     observed_generation: int = 0
@@ -302,6 +341,7 @@ class SandboxStatus:
     node: str | None = None
     endpoint: Mapping[str, str] = dataclasses.field(default_factory=dict)
     conditions: tuple[Condition, ...] = ()
+    network: NetworkStatus | None = None  # the egress policy applied (None: not yet)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxStatus:
@@ -313,6 +353,7 @@ class SandboxStatus:
             node=raw.get("node"),
             endpoint=dict(raw.get("endpoint") or {}),
             conditions=tuple(Condition.from_dict(c) for c in raw.get("conditions") or ()),
+            network=NetworkStatus.from_dict(raw.get("network")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -330,6 +371,8 @@ class SandboxStatus:
                 out[key] = value
         if self.endpoint:
             out["endpoint"] = dict(self.endpoint)
+        if self.network is not None:
+            out["network"] = self.network.to_dict()
         return out
 
 

@@ -23,7 +23,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 # command -> (module under sandpod.cli, help); the order is the order of `sandpod --help`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("up", "start NATS, the services and a default sandbox on this machine"),
+    "up": ("up", "start NATS, the services and a default sandbox here"),
     "exec": ("exec_cmd", "run a command in a sandbox"),
     "ping": ("exec_cmd", "round-trip time to a sandbox's execd"),
     "info": ("exec_cmd", "what a sandbox's execd is and its limits"),
@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "renew": ("sandbox_cmd", "extend a sandbox's lifetime"),
     "pause": ("sandbox_cmd", "pause a sandbox"),
     "resume": ("sandbox_cmd", "resume a sandbox"),
+    "network": ("network_cmd", "show or change a sandbox's egress policy"),
     "template": ("template_cmd", "templates: build, get"),
     "pool": ("pool_cmd", "warm pools: create, ls, get, scale, rm"),
     "claim": ("pool_cmd", "claim a ready sandbox from a pool"),
@@ -46,8 +47,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("watch_cmd", "print file events in a sandbox as they happen"),
     "mcp": ("mcp_cmd", "serve Sandpod tools over MCP (stdio by default)"),
     "creds": ("creds_cmd", "credentials: a tenant's NATS credential"),
+    "port-forward": ("portfwd_cmd", "forward local ports to a sandbox's ports"),
+    "expose": ("portfwd_cmd", "a preview URL of a sandbox's port"),
     "image": ("image_cmd", "images in this node's store: pull, ls, rm, prune"),
 }
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse measures subcommand names without the indent it lists them with, so the longest
+    ("port-forward") would wrap its help onto the next line: measure it with the indent."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if action.nargs == argparse.PARSER:
+            self._action_max_length += self._indent_increment
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -58,7 +71,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             module: for tests and documentation, not for a run).
     """
     parser = argparse.ArgumentParser(
-        prog="sandpod", description="Sandboxes for AI agents, over NATS."
+        prog="sandpod",
+        description="Sandboxes for AI agents, over NATS.",
+        formatter_class=_HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if command is None:

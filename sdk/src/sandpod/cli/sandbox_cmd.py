@@ -1,7 +1,8 @@
 """``sandpod create|ls|get|rm|renew|pause|resume``: Sandbox resources through the lifecycle API.
 
-Tables use the CRD's printer columns (NAME, PHASE, READY, TEMPLATE, EXPIRES, AGE), so the CLI
-and ``kubectl get sandboxes`` show the same thing.
+Tables use the CRD's printer columns (NAME, PHASE, READY, TEMPLATE, NETWORK, EXPIRES, AGE), so
+the CLI and ``kubectl get sandboxes`` show the same thing; NETWORK is the mode of the egress
+policy the runtime applied (``status.network``; ``sandpod network <sbx>`` shows all of it).
 """
 
 from __future__ import annotations
@@ -48,15 +49,17 @@ def _expires(info: SandboxInfo) -> str:
 
 def table(items: list[SandboxInfo]) -> str:
     """The printer-column table of ``items``."""
-    rows = [("NAME", "PHASE", "READY", "TEMPLATE", "EXPIRES", "AGE")]
+    rows = [("NAME", "PHASE", "READY", "TEMPLATE", "NETWORK", "EXPIRES", "AGE")]
     for i in items:
         ready = i.condition("Ready")
+        network = (i.object.get("status") or {}).get("network") or {}
         rows.append(
             (
                 i.name,
                 i.phase or "-",
                 ready["status"] if ready else "-",
                 i.template or "-",
+                str((network.get("policy") or {}).get("mode") or "-"),
                 _expires(i),
                 age(i.created),
             )

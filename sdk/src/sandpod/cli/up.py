@@ -20,7 +20,7 @@ __all__ = ["add_parsers"]
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "up",
-        help="start NATS, the services and a default sandbox on this machine",
+        help="start NATS, the services and a default sandbox here",
         description="Start the embedded platform (nats-server with JetStream, execd serving "
         "the sandbox 'default') in the foreground. Ctrl-C or SIGTERM stops everything.",
     )

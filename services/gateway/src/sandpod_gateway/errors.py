@@ -12,15 +12,24 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from sandpod_contract.errors import BadRequest, Busy, SandboxNotFound, SandpodError
+from sandpod_contract.errors import (
+    BadRequest,
+    Busy,
+    SandboxNotFound,
+    SandboxUnavailable,
+    SandpodError,
+)
 
 __all__ = [
     "AuthError",
     "Forbidden",
     "HeadersTooLarge",
     "JsonTooDeep",
+    "LinkExpired",
+    "LinkInvalid",
     "MethodNotAllowed",
     "NotConfigured",
+    "PortUnreachable",
     "QuotaExceeded",
     "RangeNotSatisfiable",
     "RateLimited",
@@ -48,6 +57,24 @@ class Unauthenticated(AuthError):
 class Forbidden(AuthError):
     code = "auth.forbidden"
     summary = "this API key may not do that"
+
+
+class LinkExpired(AuthError):
+    code = "auth.link_expired"
+    summary = "the preview link has expired: ask its owner for a fresh one"
+
+
+class LinkInvalid(AuthError):
+    code = "auth.link_invalid"
+    summary = "the preview link is not valid for this sandbox and port (forged or altered)"
+
+
+class PortUnreachable(SandboxUnavailable):
+    """Nothing accepts connections on the sandbox's port (no server yet, or it exited)."""
+
+    code = "sandbox.port_unreachable"
+    summary = "nothing listens on that port of the sandbox"
+    retryable = True
 
 
 class RateLimited(Busy):
@@ -110,6 +137,8 @@ class RangeNotSatisfiable(BadRequest):
 _STATUS: tuple[tuple[str, int], ...] = (
     ("auth.unauthenticated", 401),
     ("auth.forbidden", 403),
+    ("auth.link_expired", 401),
+    ("auth.link_invalid", 403),
     ("auth.", 401),
     ("busy.rate_limited", 429),
     ("busy.quota_exceeded", 429),
@@ -124,6 +153,7 @@ _STATUS: tuple[tuple[str, int], ...] = (
     ("connection.lost", 503),
     ("sandbox.not_found", 404),
     ("sandbox.unavailable", 503),
+    ("sandbox.port_unreachable", 502),
     ("store.not_found", 404),
     ("store.already_exists", 409),
     ("store.conflict", 409),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -23,7 +24,7 @@ import time
 import structlog
 
 from sandpod_bus import Bus, KvBucket
-from sandpod_contract.errors import ResourceNotFound, SandpodError
+from sandpod_contract.errors import ResourceExists, ResourceNotFound, SandpodError
 from sandpod_gateway.errors import Unauthenticated
 from sandpod_gateway.tenancy import validate_tenant
 
@@ -32,6 +33,8 @@ __all__ = ["ApiKey", "KeyStore", "bucket_name", "parse_token"]
 log = structlog.get_logger("sandpod.gateway.keys")
 
 _TOKEN = re.compile(r"spk_([0-9a-f]{12})_([0-9a-f]{48})")
+_KEY_ID = re.compile(r"[0-9a-f]{12}")
+SECRET_PREFIX = "secret-"  # noqa: S105 (a name, not a secret): bucket entries that hold the installation's secrets, not keys
 
 
 def bucket_name(base: str) -> str:
@@ -113,7 +116,39 @@ class KeyStore:
 
     async def list(self) -> list[ApiKey]:
         entries, _ = await self._bucket.entries()
-        return [ApiKey.from_json(e.value) for e in entries]
+        return [ApiKey.from_json(e.value) for e in entries if _KEY_ID.fullmatch(e.key)]
+
+    async def by_id(self, key_id: str) -> ApiKey:
+        """The live record of ``key_id`` (a preview link's issuing key).
+
+        Raises:
+            Unauthenticated: unknown or revoked.
+        """
+        record = self._cache.get(key_id)
+        if record is None:
+            if not _KEY_ID.fullmatch(key_id):
+                raise Unauthenticated()
+            try:
+                record = ApiKey.from_json((await self._bucket.get(key_id)).value)
+            except ResourceNotFound:
+                raise Unauthenticated() from None
+            self._remember(record)
+        if record.revoked:
+            raise Unauthenticated()
+        return record
+
+    async def secret(self, name: str) -> bytes:
+        """The installation's secret ``name`` (32 random bytes), made by the first replica that
+        asks and shared by all through the bucket (only the gateway's NATS user reads it).
+        Its entry name is not a key id, so it is never taken for a key."""
+        entry_name = f"{SECRET_PREFIX}{name}"
+        try:
+            return bytes.fromhex((await self._bucket.get(entry_name)).value.decode())
+        except ResourceNotFound:
+            pass
+        with contextlib.suppress(ResourceExists):  # another replica made it first: use theirs
+            await self._bucket.create(entry_name, secrets.token_hex(32).encode())
+        return bytes.fromhex((await self._bucket.get(entry_name)).value.decode())
 
     async def verify(self, token: str) -> ApiKey:
         """The live record of ``token``.

@@ -4,7 +4,9 @@ canonical log line and metrics.
 Pure ASGI (not Starlette's BaseHTTPMiddleware) so streamed bodies, SSE and WebSockets pass
 through untouched. Order per request: request id (the client's ``X-Request-Id`` if sane, else a
 fresh one; echoed in every response) -> header size limit (431) -> API key (401) -> per-key rate
-limit (429) -> route. WebSocket refusals are sent as an HTTP response before the handshake
+limit (429) -> route. Preview URLs (``/v1/sandboxes/{id}/ports/{port}/…`` and the preview domain's
+hosts) take their own admission (:mod:`sandpod_gateway.preview`) after the request id, with the
+same log line and metrics. WebSocket refusals are sent as an HTTP response before the handshake
 completes (the ASGI ``websocket.http.response`` extension), so clients see the same JSON errors.
 
 Credentials: ``Authorization: Bearer <key>`` or ``X-API-Key`` on any request; a WebSocket may
@@ -36,6 +38,7 @@ from sandpod_gateway.errors import (
     error_body,
     http_status,
 )
+from sandpod_gateway.preview import PreviewGate, PreviewRoute
 from sandpod_gateway.tenancy import Scope as TenantScope
 
 __all__ = ["PUBLIC_PATHS", "GatewayMiddleware"]
@@ -51,10 +54,22 @@ PUBLIC_PREFIXES = ("/static/",)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
+class _Label:
+    """A fixed route label for metrics and the log line (bounded: never a sandbox id)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+_PREVIEW_PATH = _Label("/v1/sandboxes/{name}/ports/{port}/{path}")
+_PREVIEW_HOST = _Label("{port}-{id}.<preview domain>")
+
+
 class GatewayMiddleware:
     def __init__(self, app: ASGIApp, ctx: Context) -> None:
         self.app = app
         self.ctx = ctx
+        self.preview = PreviewGate(ctx)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -82,7 +97,13 @@ class GatewayMiddleware:
             await send(message)
 
         tenant = ""
+        preview = self.preview.match(scope)
+        if preview is not None:
+            scope["route"] = _PREVIEW_HOST if preview.by_host else _PREVIEW_PATH
         try:
+            if preview is not None:
+                tenant = await self._preview(scope, receive, send_with_id, status, preview)
+                return
             error, extra = await self._admit(scope, headers)
             if error is not None:
                 await self._refuse(scope, send_with_id, error, extra)
@@ -107,6 +128,44 @@ class GatewayMiddleware:
                 tenant=tenant or None,
             )
             structlog.contextvars.unbind_contextvars("request_id")
+
+    async def _preview(
+        self, scope: Scope, receive: Receive, send: Send, status: list[int], route: PreviewRoute
+    ) -> str:
+        """A preview request (see :mod:`sandpod_gateway.preview`): its own admission, then the
+        relay; refusals are the usual JSON errors. Returns the caller's tenant (or "")."""
+        if not route.by_host and not route.path and scope["type"] == "http":
+            query = scope.get("query_string", b"").decode("latin-1")
+            where = route.prefix + "/" + (f"?{query}" if query else "")
+            await send(  # relative links of the app resolve below the prefix only with a "/"
+                {
+                    "type": "http.response.start",
+                    "status": 308,
+                    "headers": [(b"location", where.encode()), (b"content-length", b"0")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return ""
+        try:
+            ok = await self.preview.admit(scope, route)
+        except SandpodError as exc:
+            self.ctx.metrics.rejected.labels(exc.code.split(".", 1)[0]).inc()
+            extra = _refusal_headers(exc)
+            await self._refuse(scope, send, exc, extra)
+            return ""
+        structlog.contextvars.bind_contextvars(sandbox_id=ok.target.sandbox_id)
+        try:
+            await self.preview.serve(scope, receive, send, route, ok)
+        except SandpodError as exc:
+            if not status[0]:
+                await self._refuse(scope, send, exc, {})
+        except Exception:
+            log.exception("preview_crashed", port=route.port)
+            if not status[0]:
+                await self._refuse(scope, send, InternalError("preview relay failed"), {})
+        finally:
+            structlog.contextvars.unbind_contextvars("sandbox_id")
+        return ok.tenant or ""
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, status: list[int]) -> None:
         """Run the app; an unexpected exception becomes a JSON ``internal`` error (with the
@@ -209,6 +268,15 @@ class GatewayMiddleware:
             }
         )
         await send({"type": f"{prefix}http.response.body", "body": body})
+
+
+def _refusal_headers(exc: SandpodError) -> dict[str, str]:
+    """What a preview refusal adds: the auth challenge, or when to retry."""
+    if exc.code.startswith("auth."):
+        return {"www-authenticate": 'Bearer realm="sandpod"'}
+    if "retry_after" in exc.details:
+        return {"retry-after": str(exc.details["retry_after"])}
+    return {}
 
 
 def _request_id(headers: list[tuple[bytes, bytes]]) -> str:

@@ -53,6 +53,29 @@ SCHEMAS: dict[str, Any] = {
             "sandboxes": STRMAP,
         },
     },
+    "PreviewCreate": {
+        "type": "object",
+        "required": ["port"],
+        "properties": {
+            "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+            "public": BOOL,
+            "ttl_seconds": {"type": "number", "exclusiveMinimum": 0},
+        },
+    },
+    "Preview": {
+        "type": "object",
+        "required": ["sandbox", "port", "public", "url"],
+        "properties": {
+            "sandbox": STR,
+            "port": INT,
+            "public": BOOL,
+            "url": STR,
+            "host_url": {"type": ["string", "null"]},
+            "token": {"type": ["string", "null"]},
+            "expires_at": {"type": ["integer", "null"]},
+            "address_ready": BOOL,
+        },
+    },
     "Error": {
         "type": "object",
         "required": ["code", "message", "retryable"],
@@ -190,6 +213,38 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["ticket", "expires_in"],
         "properties": {"ticket": STR, "expires_in": {"type": "number"}},
+    },
+    "NetworkPolicy": {
+        "type": "object",
+        "description": "a sandbox's egress policy (sandpod_contract.network); PUT replaces it "
+        "(absent fields take their default) or, with reset, drops it for the template's",
+        "properties": {
+            "mode": {"enum": ["public", "allowlist", "deny-all"]},
+            "allow": STRS,
+            "deny": STRS,
+            "limits": {
+                "type": "object",
+                "properties": {"bandwidthBytesPerSecond": INT, "maxConnections": INT},
+            },
+            "inject": {"type": "array", "items": STRMAP},
+            "reset": BOOL,
+            "generation": INT,
+            "wait": NUM,
+        },
+    },
+    "NetworkState": {
+        "type": "object",
+        "required": ["name", "generation", "source", "policy"],
+        "properties": {
+            "name": STR,
+            "generation": INT,
+            "source": {"enum": ["sandbox", "template"]},
+            "policy": OBJ,
+            "applied": OBJ,
+            "applied_generation": INT,
+            "enforced": BOOL,
+            "reason": STR,
+        },
     },
     "Renew": {
         "type": "object",
@@ -330,6 +385,23 @@ def _paths() -> dict[str, Any]:
         },
         f"{sbx}/resume": {
             "post": _op("resumeSandbox", "thaw", "sandboxes", params=[NAME, *wait], reply="Sandbox")
+        },
+        f"{sbx}/network": {
+            "get": _op(
+                "getSandboxNetwork",
+                "the egress policy (wanted and applied)",
+                "sandboxes",
+                params=[NAME],
+                reply="NetworkState",
+            ),
+            "put": _op(
+                "setSandboxNetwork",
+                "replace the egress policy at runtime",
+                "sandboxes",
+                params=[NAME],
+                body="NetworkPolicy",
+                reply="NetworkState",
+            ),
         },
         f"{sbx}/exec": {
             "post": _op(
@@ -513,6 +585,34 @@ def _paths() -> dict[str, Any]:
                 ],
             )
         },
+        f"{sbx}/previews": {
+            "get": _op("listPreviews", "the sandbox's public ports", "previews", params=[NAME]),
+            "post": _op(
+                "createPreview",
+                "preview URLs of a port: a signed link (ttl_seconds), or public: true",
+                "previews",
+                params=[NAME],
+                ok=201,
+                body="PreviewCreate",
+                reply="Preview",
+            ),
+        },
+        f"{sbx}/previews/{{port}}": {
+            "delete": _op(
+                "deletePreview",
+                "make a port private again",
+                "previews",
+                params=[
+                    NAME,
+                    {
+                        "name": "port",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 65535},
+                    },
+                ],
+            )
+        },
         "/v1/pools": {
             "get": _op("listPools", "the tenant's warm pools", "pools", reply="PoolList"),
             "post": _op(
@@ -595,8 +695,12 @@ def spec() -> dict[str, Any]:
                 "wire error codes; a full tenant quota is 429 busy.quota_exceeded with details "
                 "{quota, limit, setting}. WebSockets authenticate with a header, the subprotocols "
                 "`sandpod` + `sandpod.key.<key>`, or a ticket from POST /v1/ws-tickets. "
-                "WebSockets (not describable here): /v1/sandboxes/{name}/pty and "
-                "/v1/sandboxes/{name}/exec/ws, see services/gateway/README.md."
+                "WebSockets (not describable here): /v1/sandboxes/{name}/pty, "
+                "/v1/sandboxes/{name}/exec/ws and /v1/sandboxes/{name}/port-forward/{port}. "
+                "Preview URLs relay any method (and WebSockets) to a sandbox's port: "
+                "/v1/sandboxes/{id}/ports/{port}/<path> and {port}-{id}.<preview domain>, "
+                "with a key, a signed link (?token=) or on a public port; "
+                "see services/gateway/README.md."
             ),
         },
         "security": [{"bearer": []}],

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Generator
+import time
+from collections.abc import Callable, Generator
 
 import structlog
 import uvicorn
@@ -23,10 +24,13 @@ from sandpod_gateway import redact
 from sandpod_gateway.app import build_app
 from sandpod_gateway.context import Context
 from sandpod_gateway.keys import KeyStore
+from sandpod_gateway.links import LinkSigner
 from sandpod_gateway.metrics import GatewayMetrics
+from sandpod_gateway.proxy import ConnectionPool
 from sandpod_gateway.quotas import Quotas
 from sandpod_gateway.ratelimit import RateLimiter
 from sandpod_gateway.settings import GatewaySettings
+from sandpod_gateway.targets import Targets
 from sandpod_gateway.tickets import TicketStore
 from sandpod_gateway.upstream import Upstream
 from sandpod_service import Supervisor
@@ -47,9 +51,15 @@ class GatewayService:
     name = "gateway"
 
     def __init__(
-        self, settings: GatewaySettings, registry: CollectorRegistry | None = None
+        self,
+        settings: GatewaySettings,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: wall-clock seconds for preview links' expiry (tests pass a fake one)."""
         self.settings = settings
+        self.clock = clock
+        self.ctx: Context | None = None
         self.registry = registry or CollectorRegistry()
         self.supervisor = Supervisor("gateway", 8)
         self._stopping = asyncio.Event()
@@ -77,16 +87,21 @@ class GatewayService:
 
         quotas.on_stream = on_stream
         self._trimmer = trimmer
+        upstream = Upstream(bus, Subjects(s.prefix), s.request_timeout)
         ctx = Context(
             settings=s,
-            upstream=Upstream(bus, Subjects(s.prefix), s.request_timeout),
+            upstream=upstream,
             keys=keys,
             limiter=RateLimiter(s.rate, s.burst, s.rate_keys),
             metrics=metrics,
             quotas=quotas,
             tickets=TicketStore(s.ticket_ttl),
             ready=asyncio.Event(),
+            targets=Targets(upstream, s.preview_cache_ttl),
+            signer=LinkSigner(await keys.secret("preview-links"), self.clock),
+            preview_pool=ConnectionPool(s.preview_connect_timeout),
         )
+        self.ctx = ctx
         config = uvicorn.Config(
             build_app(ctx),
             loop="none",
@@ -120,6 +135,8 @@ class GatewayService:
             self._server.should_exit = True
         self._stopping.set()
         await self.supervisor.close(grace)
+        if self.ctx is not None:
+            self.ctx.preview_pool.close()
         if self._trimmer is not None:
             self._trimmer.cancel()
         if self._sock is not None:

@@ -27,6 +27,12 @@
 | ``SANDPOD_NATS_ACCOUNT_SEED_FILE`` | unset | NATS account (signing) seed for tenant creds |
 | ``SANDPOD_NATS_ACCOUNT_PUBLIC`` | unset | the account's public key (seed: a signing key) |
 | ``SANDPOD_GATEWAY_TENANT_CREDS_TTL`` | 900 s | lifetime of a minted tenant credential |
+| ``SANDPOD_GATEWAY_PUBLIC_URL`` | unset | base of preview URLs handed out (else the request's) |
+| ``SANDPOD_GATEWAY_PREVIEW_DOMAIN`` | unset | host previews: ``{port}-{id}.<domain>`` |
+| ``SANDPOD_GATEWAY_PREVIEW_CONNECT_TIMEOUT`` | 10 s | connect to a port (no read timeout) |
+| ``SANDPOD_GATEWAY_PREVIEW_LINK_TTL`` | 3600 s | default life of a signed preview link |
+| ``SANDPOD_GATEWAY_PREVIEW_LINK_MAX_TTL`` | 7 days | longest life a link may ask for |
+| ``SANDPOD_GATEWAY_PREVIEW_CACHE_TTL`` | 1 s | a replica trusts addresses, public ports |
 | ``SANDPOD_GRACE`` | 10 s | shutdown grace for in-flight requests |
 | ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
 
@@ -77,6 +83,12 @@ class GatewaySettings:
     nats_account_seed_file: Path | None = None
     nats_account_public: str | None = None
     tenant_creds_ttl: float = 900.0
+    public_url: str = ""
+    preview_domain: str = ""
+    preview_connect_timeout: float = 10.0
+    preview_link_ttl: float = 3600.0
+    preview_link_max_ttl: float = 7 * 86400.0
+    preview_cache_ttl: float = 1.0
 
     @property
     def bucket_base(self) -> str:
@@ -136,6 +148,23 @@ class GatewaySettings:
             tenant_creds_ttl=env_float(
                 env, "SANDPOD_GATEWAY_TENANT_CREDS_TTL", d.tenant_creds_ttl, minimum=10.0
             ),
+            public_url=env_str(env, "SANDPOD_GATEWAY_PUBLIC_URL", "").rstrip("/"),
+            preview_domain=_domain(env_str(env, "SANDPOD_GATEWAY_PREVIEW_DOMAIN", "")),
+            preview_connect_timeout=env_float(
+                env,
+                "SANDPOD_GATEWAY_PREVIEW_CONNECT_TIMEOUT",
+                d.preview_connect_timeout,
+                minimum=0.01,
+            ),
+            preview_link_ttl=env_float(
+                env, "SANDPOD_GATEWAY_PREVIEW_LINK_TTL", d.preview_link_ttl, minimum=1.0
+            ),
+            preview_link_max_ttl=env_float(
+                env, "SANDPOD_GATEWAY_PREVIEW_LINK_MAX_TTL", d.preview_link_max_ttl, minimum=1.0
+            ),
+            preview_cache_ttl=env_float(
+                env, "SANDPOD_GATEWAY_PREVIEW_CACHE_TTL", d.preview_cache_ttl, minimum=0.0
+            ),
         )
 
 
@@ -146,3 +175,14 @@ def _metrics_auth(value: str) -> str:
             "SANDPOD_GATEWAY_METRICS_TOKEN) or 'none' (public)"
         )
     return value
+
+
+def _domain(value: str) -> str:
+    """The preview domain, lowercased, without dots at the ends ("" = host routing off)."""
+    domain = value.strip().strip(".").lower()
+    if domain and not all(part and part.replace("-", "").isalnum() for part in domain.split(".")):
+        raise ValueError(
+            f"SANDPOD_GATEWAY_PREVIEW_DOMAIN={value!r}: give a DNS name such as "
+            "'preview.example.com' (each {port}-{sandbox}.<domain> must resolve to the gateway)"
+        )
+    return domain

@@ -27,6 +27,10 @@ from sandpod_contract.errors import (
     ResourceNotFound,
 )
 from sandpod_contract.messages.sandboxes import (
+    PUBLIC_PORTS_ANNOTATION,
+    Expose,
+    NetworkState,
+    NetworkUpdate,
     ObjectReply,
     ObjectRequest,
     ObjectsReply,
@@ -34,6 +38,7 @@ from sandpod_contract.messages.sandboxes import (
     Renew,
     Selection,
 )
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.resources import (
     Condition,
@@ -47,6 +52,7 @@ from sandpod_contract.resources import (
 )
 from sandpod_contract.tenancy import LIFECYCLE_NAMESPACE
 from sandpod_contract.times import from_rfc3339, to_rfc3339
+from sandpod_lifecycle.egress import wanted
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import (
     SANDBOX,
@@ -207,6 +213,27 @@ class LifecycleApi:
         )
         return ObjectReply(object=obj.to_dict())
 
+    async def expose(self, req: Expose) -> ObjectReply:
+        """Record ``req.port`` as public (or not) in the Sandbox's reserved annotation, which
+        every gateway replica reads: the exposure outlives gateway restarts, and code in the
+        sandbox (which has no control-plane credential) cannot set it."""
+        req = scoped_ref(req, SANDBOX)
+
+        def change(obj: Resource) -> Resource:
+            annotations = dict(obj.metadata.annotations)
+            ports = public_ports(annotations)
+            ports = ports | {req.port} if req.public else ports - {req.port}
+            if ports:
+                annotations[PUBLIC_PORTS_ANNOTATION] = ",".join(map(str, sorted(ports)))
+            else:
+                annotations.pop(PUBLIC_PORTS_ANNOTATION, None)
+            return dataclasses.replace(
+                obj, metadata=dataclasses.replace(obj.metadata, annotations=annotations)
+            )
+
+        obj = await self._mutate(SANDBOX, req.namespace, req.name, change)
+        return ObjectReply(object=obj.to_dict())
+
     async def pause(self, req: Ref) -> ObjectReply:
         return await self._mode(req, OperatingMode.PAUSED)
 
@@ -224,6 +251,53 @@ class LifecycleApi:
         want = Phase.PAUSED if mode is OperatingMode.PAUSED else Phase.RUNNING
         obj = await self._wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
         return ObjectReply(object=obj.to_dict())
+
+    # -- network -------------------------------------------------------------------------------
+
+    async def network(self, req: Ref) -> NetworkState:
+        """A sandbox's egress policy: the one it should run under, and the one applied."""
+        req = scoped_ref(req, SANDBOX)
+        return await self._network_state(await self.store.get(SANDBOX, req.namespace, req.name))
+
+    async def set_network(self, req: NetworkUpdate) -> NetworkState:
+        """Replace the sandbox's own egress policy (or drop it: its template's applies). The
+        same policy again changes nothing (no new generation); the reconciler applies a change
+        to the running instance at once (it watches). Raises ResourceInvalid naming the field
+        (``spec.network.allow[2]``), ResourceConflict when ``generation`` no longer matches."""
+        req = scoped_ref(req, SANDBOX)
+        policy = None if req.reset else NetworkPolicy.from_dict(req.policy, "spec.network")
+
+        def change(obj: Resource) -> Resource:
+            if req.generation is not None and obj.metadata.generation != req.generation:
+                raise ResourceConflict(
+                    f"Sandbox {req.name!r} is at generation {obj.metadata.generation}, not "
+                    f"{req.generation}: read its network again and retry",
+                    name=req.name,
+                )
+            return _with_spec(obj, network=policy)
+
+        obj = await self.store.get(SANDBOX, req.namespace, req.name)
+        if SandboxView.of(obj).spec.network != policy or req.generation is not None:
+            obj = await self._mutate(SANDBOX, req.namespace, req.name, change)
+        if req.wait:
+            obj = await self._wait(obj, req.wait, _network_applied)
+        return await self._network_state(obj)
+
+    async def _network_state(self, obj: Resource) -> NetworkState:
+        view = SandboxView.of(obj)
+        policy, source = wanted(view, await self.template(view.namespace, view.spec.template_ref))
+        applied = view.status.network
+        return NetworkState(
+            name=view.name,
+            namespace=view.namespace,
+            generation=obj.metadata.generation,
+            source=source,
+            policy=policy.to_dict(),
+            applied=None if applied is None else applied.policy.to_dict(),
+            applied_generation=0 if applied is None else applied.observed_generation,
+            enforced=applied is not None and applied.enforced,
+            reason="" if applied is None else applied.reason,
+        )
 
     # -- templates -----------------------------------------------------------------------------
 
@@ -292,6 +366,12 @@ class LifecycleApi:
         return last if last is not None else obj
 
 
+def public_ports(annotations: dict[str, str]) -> set[int]:
+    """The ports :data:`PUBLIC_PORTS_ANNOTATION` lists (malformed entries ignored)."""
+    raw = annotations.get(PUBLIC_PORTS_ANNOTATION, "")
+    return {int(p) for p in raw.split(",") if p.strip().isdigit() and 0 < int(p) < 65536}
+
+
 def _admin_only(verb: str) -> None:
     """Templates are an administrator's (a template names a root filesystem on the host)."""
     if scope() is not None:
@@ -304,6 +384,14 @@ def _admin_only(verb: str) -> None:
 
 def _phase(obj: Resource) -> Phase:
     return SandboxStatus.from_dict(obj.status).phase
+
+
+def _network_applied(obj: Resource | None) -> bool:
+    """The runtime applied the policy of ``obj``'s current generation (or it is gone)."""
+    if obj is None:
+        return True
+    applied = SandboxStatus.from_dict(obj.status).network
+    return applied is not None and applied.observed_generation >= obj.metadata.generation
 
 
 def _settled(obj: Resource | None) -> bool:

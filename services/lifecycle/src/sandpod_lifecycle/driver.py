@@ -22,14 +22,16 @@ from typing import Protocol, runtime_checkable
 
 import structlog
 
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
-from sandpod_lifecycle.runtime.base import RuntimeFailure
+from sandpod_lifecycle.runtime.base import NetworkEnforcement, RuntimeFailure
 
 __all__ = [
     "Driver",
     "ExecdLauncher",
     "Instance",
     "LauncherBusy",
+    "NoNetworkEnforcement",
     "Owner",
     "RenewsCredentials",
     "ReportsLoss",
@@ -52,7 +54,9 @@ class Instance:
     # This instance's own protections when they differ per instance (a template loosened its
     # seccomp filter); None: the driver's ``protections()`` hold for every instance.
     protections: Mapping[str, str] | None = None
-    # The instance's own IP address (``status.endpoint["address"]``), where it has a link.
+    # Where the gateway reaches the instance's TCP ports (``status.endpoint["address"]``): an
+    # IP literal (the Pod IP; the sandbox's own address; 127.0.0.1 for the process runtime,
+    # whose commands listen on the host). None: not reachable (yet).
     address: str | None = None
 
 
@@ -97,6 +101,21 @@ class Driver(Protocol):
 
     async def list(self) -> list[str]:
         """Ids of instances present on this host (for orphan cleanup after a crash)."""
+
+    async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> NetworkEnforcement:
+        """Make the instance's egress follow ``policy`` (its effective one) now, without
+        restarting anything; idempotent. A runtime that enforces nothing says so
+        (:class:`NoNetworkEnforcement`). Raises RuntimeFailure (retried) when it could not."""
+
+
+class NoNetworkEnforcement:
+    """The default ``apply_network`` of a driver: egress is not enforced, and it says why."""
+
+    name: str
+    network_reason = "egress is not enforced: commands share the host's network"
+
+    async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> NetworkEnforcement:
+        return NetworkEnforcement(False, f"{self.name} runtime: {self.network_reason}")
 
 
 @runtime_checkable

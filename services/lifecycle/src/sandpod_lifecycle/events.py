@@ -1,4 +1,6 @@
-"""Every Sandbox transition, published on the JetStream stream ``<prefix>-events``.
+"""Every Sandbox transition, published on the JetStream stream ``<prefix>-events``; also each
+egress policy a runtime applied (``<prefix>.events.network.<name>.updated``) and destinations
+the network enforcers refused (``...network.<name>.denied``, :meth:`Events.publish_denied`).
 
 The stream is bounded three ways (:class:`EventLimits`, from the lifecycle's settings): total
 bytes and age (the oldest events are discarded first, publishing never blocks on a full stream)
@@ -14,13 +16,14 @@ import collections
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
 from sandpod_bus import Bus
-from sandpod_contract.codec import encode
+from sandpod_contract.codec import Message, encode
 from sandpod_contract.errors import SandpodError
-from sandpod_contract.messages.sandboxes import SandboxEvent
+from sandpod_contract.messages.sandboxes import NetworkEvent, SandboxEvent
 from sandpod_contract.subjects import Subjects
 
 __all__ = ["STREAM", "EventLimits", "Events", "RateLimiter"]
@@ -104,6 +107,85 @@ class Events:
             max_msgs_per_subject=self.limits.max_msgs_per_subject,
         )
 
+    def _allowed(self, name: str, namespace: str, type_: str) -> bool:
+        allowed, refused = self._limiter.allow(f"{namespace}/{name}")
+        if not allowed and refused == 1:  # once per run of refusals: the log is bounded too
+            log.warning(
+                "sandbox_events_rate_limited",
+                sandbox=name,
+                namespace=namespace,
+                type=type_,
+                burst=self.limits.burst,
+                rate=self.limits.rate,
+            )
+        return allowed
+
+    async def _send(self, subject: str, event: Message) -> None:
+        try:
+            await self._bus.js_publish(subject, encode(event))
+        except SandpodError as exc:  # an event lost is logged, never fatal to reconciling
+            log.warning("event_publish_failed", subject=subject, error=exc.message)
+
+    async def publish_network(
+        self,
+        *,
+        name: str,
+        namespace: str,
+        type_: str,
+        generation: int,
+        policy: dict[str, Any],
+        enforced: bool,
+        reason: str,
+    ) -> None:
+        """``network.<type_>`` of sandbox ``name`` (``updated``: the runtime applied ``policy``)."""
+        if not self._allowed(name, namespace, f"network.{type_}"):
+            return
+        event = NetworkEvent(
+            name=name,
+            namespace=namespace,
+            type=type_,
+            time=time.time(),
+            generation=generation,
+            policy=policy,
+            enforced=enforced,
+            reason=reason,
+        )
+        await self._send(self._subjects.event("network", name, type_), event)
+        log.info("network_event", sandbox=name, type=type_, enforced=enforced, reason=reason)
+
+    async def publish_denied(
+        self,
+        *,
+        name: str,
+        kind: str,
+        destination: str,
+        rule: str,
+        port: int | None = None,
+        count: int = 1,
+        namespace: str = "",
+    ) -> bool:
+        """``network.denied``: an enforcer (``kind``: dns, rebinding, connect or sni) refused
+        ``destination`` by ``rule``. Denials have a token bucket of their own per sandbox (a
+        sandbox hammering a blocked address never silences its lifecycle events). Returns
+        whether it went out: a caller that was refused adds ``count`` to its next one.
+        ``namespace`` may be unknown to an enforcer (it knows sandbox ids, which are unique
+        across namespaces): empty then."""
+        if not self._allowed(f"{name}#denied", namespace, "network.denied"):
+            return False
+        event = NetworkEvent(
+            name=name,
+            namespace=namespace,
+            type="denied",
+            time=time.time(),
+            kind=kind,
+            destination=destination,
+            port=port,
+            rule=rule,
+            count=count,
+        )
+        await self._send(self._subjects.event("network", name, "denied"), event)
+        return True
+
     async def publish(
         self,
         *,
@@ -115,17 +197,7 @@ class Events:
         message: str = "",
         generation: int = 0,
     ) -> None:
-        allowed, refused = self._limiter.allow(f"{namespace}/{name}")
-        if not allowed:
-            if refused == 1:  # once per run of refusals: the log is bounded too
-                log.warning(
-                    "sandbox_events_rate_limited",
-                    sandbox=name,
-                    namespace=namespace,
-                    type=type_,
-                    burst=self.limits.burst,
-                    rate=self.limits.rate,
-                )
+        if not self._allowed(name, namespace, type_):
             return
         event = SandboxEvent(
             name=name,
@@ -137,9 +209,5 @@ class Events:
             time=time.time(),
             generation=generation,
         )
-        subject = self._subjects.event("sandbox", name, type_)
-        try:
-            await self._bus.js_publish(subject, encode(event))
-        except SandpodError as exc:  # an event lost is logged, never fatal to reconciling
-            log.warning("event_publish_failed", subject=subject, error=exc.message)
+        await self._send(self._subjects.event("sandbox", name, type_), event)
         log.info("sandbox_event", sandbox=name, type=type_, phase=phase, reason=reason)

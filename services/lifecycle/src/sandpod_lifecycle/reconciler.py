@@ -1,12 +1,14 @@
 """Drive every Sandbox to its spec: intake and scheduling of the lifecycle state machine.
 
-Data flow: a store watch (and a periodic resync, and per-object timers for expiry and idle
-checks) put object names on a keyed work queue (:class:`~sandpod_service.workqueue.WorkQueue`);
-workers take one name at a time -- never the same name in two workers, so events for one object
-are handled in order while different objects run in parallel -- acquire the object's lease
-(multi-replica safety), read it, and hand it to :class:`~sandpod_lifecycle.steps.Steps`, which
-takes the one step its state calls for (the table is there). Timers, the resync period and the
-watch's restart pause run on the injected :class:`~sandpod_service.clock.Clock`.
+Data flow: a store watch of Sandboxes, one of SandboxTemplates (a template's change, e.g. its
+egress policy, queues the sandboxes made from it), a periodic resync and per-object timers (for
+expiry and idle checks) put object names on a keyed work queue
+(:class:`~sandpod_service.workqueue.WorkQueue`); workers take one name at a time -- never the
+same name in two workers, so events for one object are handled in order while different objects
+run in parallel -- acquire the object's lease (multi-replica safety), read it, and hand it to
+:class:`~sandpod_lifecycle.steps.Steps`, which takes the one step its state calls for (the table
+is there). Timers, the resync period and the watch's restart pause run on the injected
+:class:`~sandpod_service.clock.Clock`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.driver import Driver, ReportsLoss
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.lifetime import Failures, bound_at
-from sandpod_lifecycle.objects import SANDBOX
+from sandpod_lifecycle.objects import SANDBOX, TEMPLATE
 from sandpod_lifecycle.steps import Configure, Outcome, Probe, StepConfig, Steps, Templates
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.leases import LeaseKeeper
@@ -106,6 +108,7 @@ class Reconciler:
         """Watch, resync and work until cancelled."""
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._watch(), name="watch")
+            tg.create_task(self._watch_templates(), name="watch-templates")
             tg.create_task(self._resync_loop(), name="resync")
             tg.create_task(self._queue.run(), name="work")
 
@@ -126,6 +129,21 @@ class Reconciler:
                         self._failures.pop(_key(event.namespace, event.name), None)
             except SandpodError as exc:
                 log.warning("watch_failed_restarting", error=exc.message)
+                await self._clock.sleep(1.0)
+
+    async def _watch_templates(self) -> None:
+        """A template changed: queue the sandboxes made from it (their effective egress
+        policy may follow it; a pass with nothing to do costs one read)."""
+        while True:
+            try:
+                _, revision = await self.store.list(TEMPLATE, None)
+                async for event in self.store.watch(TEMPLATE, None, revision):
+                    items, _ = await self.store.list(SANDBOX, event.namespace)
+                    for obj in items:
+                        if (obj.spec.get("templateRef") or {}).get("name") == event.name:
+                            self.enqueue(obj.metadata.name, obj.metadata.namespace)
+            except SandpodError as exc:
+                log.warning("template_watch_failed_restarting", error=exc.message)
                 await self._clock.sleep(1.0)
 
     def _settles(self, obj: Resource | None) -> float | None:

@@ -52,10 +52,11 @@ from sandpod_lifecycle.builds.loop import TemplateBuilds
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.network.addressing import PoolExhausted
-from sandpod_lifecycle.network.denials import DenialWatch, DeniedMetrics
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.link import LinkError
+from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nft import NftError
+from sandpod_lifecycle.network.node import NodeNetwork, start_node_network
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
@@ -64,6 +65,7 @@ from sandpod_lifecycle.runtime.local import JAIL_FILE, LocalRuntime, LocalRuntim
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
+from sandpod_lifecycle.steps import Templates
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
 from sandpod_service.clock import REAL, Clock
@@ -97,10 +99,8 @@ class LifecycleService:
         self._node: NodeLauncher | None = None
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
         self._egress: Egress | None = None  # the local runtime's sandbox network (root)
-        self.network_denials: DenialWatch | None = None
-        # refusals -> a network_denied event (report(sandbox_id, kind, count)) and the metric
-        self.network_report: Callable[[str, str, int], Awaitable[None]] | None = None
-        self.network_metrics: DeniedMetrics | None = None
+        self.node_network: NodeNetwork | None = None  # egress + resolver + refusal reports
+        self.network_metrics: NetworkMetrics | None = None
         self.metrics = CollectorRegistry()  # the lifecycle's own (not served yet)
         self.builder: Builder | None = None  # template builds (the local runtime only)
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
@@ -142,7 +142,9 @@ class LifecycleService:
         if leading and self.reconciler is not None:
             self.reconciler.resync_soon()
 
-    def _driver(self) -> Driver:
+    def _driver(self, templates: Templates) -> Driver:
+        """The runtime's driver; ``templates`` reads a template's spec (the Pod runtime
+        re-renders a template's NetworkPolicy from it)."""
         state = self.settings.state_dir
         if self.settings.runtime == "kubernetes":
             from sandpod_kube import PodApi
@@ -169,6 +171,7 @@ class LifecycleService:
                 namespace=self.settings.kube.namespace,
                 freezer=self._freezer,
                 creds=creds,
+                templates=templates,
             )
         launcher = ExecdLauncher(
             state,
@@ -248,7 +251,7 @@ class LifecycleService:
         await events.setup()
         self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events, clock=self.clock)
-        driver = self._driver()
+        driver = self._driver(api.template)
         await self._start_egress(events, driver)
         builds = self._builds(bus, store, driver)
         self.reconciler = Reconciler(
@@ -275,6 +278,9 @@ class LifecycleService:
             ("sandboxes", "renew"): api.renew,
             ("sandboxes", "pause"): api.pause,
             ("sandboxes", "resume"): api.resume,
+            ("sandboxes", "network"): api.network,
+            ("sandboxes", "set_network"): api.set_network,
+            ("sandboxes", "expose"): api.expose,
             ("templates", "apply"): api.template_apply,
             ("templates", "get"): api.template_get,
             ("templates", "list"): api.template_list,
@@ -300,35 +306,40 @@ class LifecycleService:
     async def _start_egress(self, events: Events, driver: Driver) -> None:
         """Set up the node's sandbox network; a node that cannot runs its sandboxes with
         loopback only (each says so in its notes), never with an unfiltered network. Refused
-        connections become ``network_denied`` events and a metric (``network/denials.py``)."""
+        lookups and connections become ``network.denied`` events and a metric (see
+        ``network/node.py``)."""
         egress = self._egress
         if egress is None or self._local is None:
             return
+
+        async def publish(sandbox_id: str, kind: str, dest: str, rule: str, count: int) -> None:
+            namespace = driver.namespace_of(sandbox_id) if isinstance(driver, LocalDriver) else ""
+            await events.publish_denied(
+                name=sandbox_id,
+                kind=kind,
+                destination=dest,
+                rule=rule,
+                count=count,
+                namespace=namespace or "",
+            )
+
+        def spawn(coro: Coroutine[Any, Any, None], name: str) -> None:
+            self.supervisor.spawn(coro, name=name)
+
+        self.network_metrics = NetworkMetrics(self.metrics)
         try:
-            await egress.start()
+            self.node_network = await start_node_network(
+                egress,
+                self.settings.dns,
+                self.network_metrics,
+                publish=publish,
+                spawn=spawn,
+                poll=DENIAL_POLL,
+            )
         except (NftError, LinkError, PoolExhausted, OSError, ValueError) as exc:
             log.error("egress_unavailable", error=str(exc))
             self._local[0].egress = None
             self._egress = None
-            return
-
-        async def report(sandbox_id: str, kind: str, count: int) -> None:
-            namespace = driver.namespace_of(sandbox_id) if isinstance(driver, LocalDriver) else ""
-            await events.publish(
-                name=sandbox_id,
-                namespace=namespace or "default",
-                type_="network_denied",
-                phase="Running",
-                reason=kind,
-                message=f"{count} packets refused by the sandbox's network policy",
-            )
-
-        self.network_report = report  # the resolver and the proxy report their refusals here
-        self.network_metrics = DeniedMetrics(self.metrics)
-        self.network_denials = DenialWatch(
-            egress.denied_counts, report, self.network_metrics, DENIAL_POLL
-        )
-        self.supervisor.spawn(self.network_denials.run(), name="network-denials")
 
     @property
     def egress(self) -> Egress | None:
@@ -398,6 +409,8 @@ class LifecycleService:
                 kept = remove_cgroup_parents(await runtime.capabilities(), parent)
                 if kept:
                     log.warning("cgroup_parents_kept", paths=kept)
+        if self.node_network is not None:
+            await self.node_network.close()
         if self._egress is not None:  # its table and gateway link, once no sandbox needs them
             await self._egress.stop_if_unused()
         if self._leases is not None:

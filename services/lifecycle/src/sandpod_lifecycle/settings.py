@@ -58,6 +58,7 @@ from sandpod_contract.subjects import DEFAULT_PREFIX
 from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.events import EventLimits
+from sandpod_lifecycle.network.dnssettings import ResolverSettings
 from sandpod_lifecycle.network.egress import EgressSettings
 from sandpod_lifecycle.runtime.base import MIN_DISK
 from sandpod_lifecycle.runtime.local_driver import parse_quantity
@@ -103,6 +104,7 @@ class LifecycleSettings:
     image_auth_file: Path | None = None  # registry credentials (Docker config.json format)
     insecure_registries: frozenset[str] = frozenset()  # plain HTTP allowed beyond loopback
     network: EgressSettings = dataclasses.field(default_factory=EgressSettings)  # local runtime
+    dns: ResolverSettings | None = None  # SANDPOD_DNS_* (None: read at start from the host)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -166,6 +168,7 @@ class LifecycleSettings:
                 if h.strip()
             ),
             network=_egress(env),
+            dns=ResolverSettings.from_env(env),
         )
 
 

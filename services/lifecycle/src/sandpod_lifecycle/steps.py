@@ -8,6 +8,7 @@ calls for:
     now >= shutdownTime        -> destroy, Expired/LifetimeExceeded, delete  (event: expired)
     idle >= idleTimeoutSeconds -> destroy, Expired/IdleTimeout, delete       (event: idle_expired)
     no instance                -> create it, wait for execd, Ready/Running   (event: ready)
+    effective policy changed   -> driver.apply_network, status.network      (event: network.updated)
     operatingMode differs      -> pause / resume                             (event: paused/resumed)
     generation not observed    -> push spec.env to execd (sys.configure), observe it
                                   (``bind_settle`` seconds after a claim's bind, not before)
@@ -40,6 +41,7 @@ from sandpod_contract.resources import (
     Condition,
     ConditionReason,
     ConditionType,
+    NetworkStatus,
     OperatingMode,
     Phase,
     SandboxTemplateSpec,
@@ -47,6 +49,7 @@ from sandpod_contract.resources import (
 from sandpod_contract.subjects import Subjects
 from sandpod_contract.times import to_rfc3339
 from sandpod_lifecycle.driver import Driver, Instance, Owner, RenewsCredentials
+from sandpod_lifecycle.egress import apply_egress
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.lifetime import (
     Failures,
@@ -151,6 +154,10 @@ class Steps:
         outcome, view = await self._maintain(view, key)
         if outcome is not None:
             return outcome
+        applied = await self._egress(view)
+        if applied is None:
+            return Outcome.RETRY
+        view = applied
         want_paused = view.spec.operating_mode is OperatingMode.PAUSED
         how: ConditionReason | None = None
         if want_paused and not instance.paused:
@@ -172,10 +179,31 @@ class Steps:
             await self._observe_generation(view)
         ):
             return Outcome.RETRY
+        elif instance.address and instance.address != view.status.endpoint.get("address"):
+            await self._set(view, phase, None, None, address=instance.address)  # a new Pod IP
         end = expires_at(view)
         if end is not None:
             self._wake_at(view.key, end)
         return Outcome.DONE
+
+    async def _egress(self, view: SandboxView) -> SandboxView | None:
+        """The effective egress policy applied and recorded (``status.network``); None: the
+        runtime failed to apply it (retry the pass). A template that is gone leaves the policy
+        as it was (logged): the sandbox keeps running under what was applied."""
+        try:
+            template = await self._templates(view.namespace, view.spec.template_ref)
+        except SandpodError as exc:
+            log.warning("network_template_unavailable", sandbox=view.name, error=str(exc))
+            return view
+        try:
+            network = await apply_egress(view, template, self.driver, self.events)
+        except RuntimeFailure as exc:
+            log.warning("network_apply_failed", sandbox=view.name, error=exc.message)
+            return None
+        if network is None:
+            return view
+        status = dataclasses.replace(view.status, network=network)
+        return SandboxView.of(await self.store.update_status(view.with_status(status)))
 
     async def _observe_generation(self, view: SandboxView) -> bool:
         """A spec change: env (a claim's) reaches the running sandbox's new commands. False:
@@ -205,6 +233,9 @@ class Steps:
             instance = await self.driver.ensure(view.name, view.spec, template, owner)
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
+            # Ready only with its egress policy applied (never a window of the wrong one); a
+            # re-created instance gets it too, whatever status.network says of the last one.
+            network = await apply_egress(view, template, self.driver, self.events, fresh=True)
         except InstanceUnhealthy as exc:
             return await self._unhealthy(view, exc, fail)
         except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:
@@ -212,9 +243,14 @@ class Steps:
         self._failures.pop(view.key, None)
         isolated = self._isolation(instance.protections)
         ready = Condition(ConditionType.READY, "True", ConditionReason.EXECD_READY, "execd answers")
-        where = {"address": instance.address} if instance.address else {}
         updated = await self._set(
-            view, Phase.RUNNING, "ready", ready, extra=(isolated,), endpoint=where
+            view,
+            Phase.RUNNING,
+            "ready",
+            ready,
+            extra=(isolated,),
+            network=network,
+            address=instance.address,
         )
         if view.spec.operating_mode is OperatingMode.PAUSED:
             return await self._step(SandboxView.of(updated), "")
@@ -369,21 +405,23 @@ class Steps:
         phase: Phase,
         event: str | None,
         cond: Condition | None,
-        *,
         extra: tuple[Condition, ...] = (),
-        endpoint: Mapping[str, str] | None = None,
+        *,
+        network: NetworkStatus | None = None,
+        address: str | None = None,
     ) -> Resource:
+        endpoint = {"subjectPrefix": self.subjects.sandbox_prefix(view.name)}
+        # Where the gateway reaches the sandbox's ports: the instance's, or the one recorded.
+        where = address or view.status.endpoint.get("address")
+        if where and phase in (Phase.RUNNING, Phase.PAUSED):
+            endpoint["address"] = where
         status = dataclasses.replace(
             view.status,
+            network=network or view.status.network,
             phase=phase,
             observed_generation=view.obj.metadata.generation,
             shutdown_time=view.spec.shutdown_time,
-            # the runtime's part (``address``) is kept from the pass that created the instance
-            endpoint={
-                **view.status.endpoint,
-                **(endpoint or {}),
-                "subjectPrefix": self.subjects.sandbox_prefix(view.name),
-            },
+            endpoint=endpoint,
         )
         now = self._clock.now()
         for c in (*(() if cond is None else (cond,)), *extra):

@@ -23,7 +23,13 @@ from sandpod_contract.operations import Operation
 
 __all__ = [
     "CONTROL_PLANE",
+    "NETWORK_EVENT_TYPES",
+    "PUBLIC_PORTS_ANNOTATION",
     "SANDBOX_EVENT_TYPES",
+    "Expose",
+    "NetworkEvent",
+    "NetworkState",
+    "NetworkUpdate",
     "ObjectReply",
     "ObjectRequest",
     "ObjectsReply",
@@ -83,6 +89,73 @@ class Renew(Message):
             raise ValueError("seconds must be > 0")
 
 
+# Reserved annotation on a Sandbox: the TCP ports anyone may reach through the gateway's preview
+# URLs without a key, comma-separated ascending ("3000,8000"). Written only by lifecycle's
+# ``expose`` verb (a client's object may not carry it: ``sandpod.dev/`` is reserved).
+PUBLIC_PORTS_ANNOTATION = "sandpod.dev/public-ports"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Expose(Message):
+    """``expose``: make TCP ``port`` of a Sandbox public through the gateway's preview URLs
+    (``public``), or private again; recorded in :data:`PUBLIC_PORTS_ANNOTATION`."""
+
+    TYPE = "api.expose"
+    name: str
+    namespace: str = "default"
+    port: int
+    public: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name is required")
+        if isinstance(self.port, bool) or not 1 <= self.port <= 65535:
+            raise ValueError(f"port must be 1..65535, got {self.port!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkUpdate(Message):
+    """``set_network``: replace the sandbox's own egress policy (``spec.network``, the wire form
+    of ``sandpod_contract.network``), or with ``reset`` drop it so its template's applies again.
+    The Sandbox's generation moves only when the policy changes (the same update twice is one
+    change); the reconciler applies it to the running instance."""
+
+    TYPE = "api.network_update"
+    name: str
+    namespace: str = "default"
+    policy: dict[str, Any] | None = None  # mode, allow, deny, limits, inject (crds/ spec.network)
+    reset: bool | None = None  # true: drop the sandbox's own policy (its template's applies)
+    generation: int | None = None  # only if metadata.generation is still this (else conflict)
+    wait: float | None = None  # reply once the runtime applied it, waiting up to this long
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name is required")
+        if (self.policy is None) == (self.reset is None):
+            raise ValueError("exactly one of 'policy' or 'reset' is required")
+        if self.reset is not None and self.reset is not True:
+            raise ValueError("reset is true or absent")
+        if self.wait is not None and self.wait < 0:
+            raise ValueError("wait must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkState(Message):
+    """Reply of ``network`` and ``set_network``: a sandbox's egress policy, the one it should
+    run under now and the one its runtime last applied (``status.network``)."""
+
+    TYPE = "api.network_state"
+    name: str
+    namespace: str
+    generation: int  # the Sandbox's metadata.generation
+    source: str  # "sandbox" (its own spec.network) or "template" (its template's)
+    policy: dict[str, Any]  # the effective policy now wanted (wire form, as spec.network)
+    applied: dict[str, Any] | None = None  # what the runtime last applied (nil: not yet)
+    applied_generation: int = 0  # the generation ``applied`` was applied for
+    enforced: bool = False  # the runtime enforces ``applied`` entirely
+    reason: str = ""  # what it does not enforce, and why (empty when enforced)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Selection(Message):
     """``list``: objects in a namespace (or all) matching a label selector."""
@@ -117,6 +190,34 @@ class SandboxEvent(Message):
     time: float = 0.0
     generation: int = 0
 
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkEvent(Message):
+    """Published on ``<prefix>.events.network.<name>.<type>``: ``updated`` when a runtime
+    applied a sandbox's policy (``policy``, ``enforced``, ``reason``), ``denied`` when an
+    enforcer refused a destination (``kind``: dns, rebinding, connect or sni; ``destination``:
+    the name or address; ``port``; ``rule``: the deny rule or ``mode:<mode>`` /
+    ``special-range``).
+    Denials are rate-limited per sandbox: ``count`` says how many this one stands for."""
+
+    TYPE = "event.network"
+    name: str
+    namespace: str
+    type: str  # updated, denied
+    time: float = 0.0
+    generation: int = 0
+    policy: dict[str, Any] | None = None  # updated: the applied policy (wire form)
+    enforced: bool = False  # updated: whether the runtime enforces it entirely
+    reason: str = ""  # updated: what is not enforced and why
+    kind: str = ""  # denied: dns, rebinding, connect or sni
+    destination: str = ""  # denied: the name or address refused
+    port: int | None = None  # denied: the destination port (nil for a DNS query)
+    rule: str = ""  # denied: the rule (or mode:<mode>, special-range, metadata) that refused
+    count: int = 1  # denied: denials this event stands for (rate-limited)
+
+
+# The ``type`` of each :class:`NetworkEvent` (the subject's last token).
+NETWORK_EVENT_TYPES: tuple[str, ...] = ("updated", "denied")
 
 # The ``type`` of each :class:`SandboxEvent`, in a Sandbox's usual order (subject's last token).
 SANDBOX_EVENT_TYPES: tuple[str, ...] = (
@@ -160,6 +261,30 @@ CONTROL_PLANE: tuple[Operation, ...] = (
         "sandboxes", "pause", Ref, ObjectReply, "freeze a Sandbox (operatingMode Paused)", _CHANGE
     ),
     Operation("sandboxes", "resume", Ref, ObjectReply, "thaw a Sandbox", _CHANGE),
+    Operation(
+        "sandboxes",
+        "network",
+        Ref,
+        NetworkState,
+        "read a Sandbox's egress policy (wanted and applied)",
+        _NOT_FOUND,
+    ),
+    Operation(
+        "sandboxes",
+        "set_network",
+        NetworkUpdate,
+        NetworkState,
+        "replace (or reset to its template's) a Sandbox's egress policy at runtime",
+        (*_CHANGE, ResourceInvalid),
+    ),
+    Operation(
+        "sandboxes",
+        "expose",
+        Expose,
+        ObjectReply,
+        "make a port of a Sandbox public (or private) through the gateway",
+        _CHANGE,
+    ),
     Operation(
         "templates",
         "apply",

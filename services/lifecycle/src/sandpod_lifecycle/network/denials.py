@@ -4,7 +4,7 @@ Every drop in a sandbox's chain (``firewall.py``) counts in its named counter ``
 :class:`DenialWatch` reads all of them in one nftables call every ``interval`` seconds and, for
 each sandbox whose count grew, adds the growth to ``sandpod_lifecycle_network_denied_total
 {kind="connect"}`` and calls ``report(sandbox_id, kind, count)`` (the service publishes a
-``network_denied`` event, rate-limited per sandbox by ``Events``).
+``network.denied`` event, rate-limited per sandbox by ``Events``).
 
 Why counters rather than ``log group`` + reading NFLOG: bounded by construction (one counter per
 sandbox, one read per interval, however hard a sandbox hammers a closed port: no per-packet work
@@ -19,23 +19,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter
 
-__all__ = ["DenialWatch", "DeniedMetrics"]
+from sandpod_lifecycle.network.metrics import NetworkMetrics
+
+__all__ = ["DenialWatch"]
 
 log = structlog.get_logger("sandpod.lifecycle.network")
 
 Report = Callable[[str, str, int], Awaitable[None]]
-
-
-class DeniedMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.denied = Counter(
-            "sandpod_lifecycle_network_denied",
-            "Packets (connect) or lookups (dns) a sandbox's network policy refused, by kind",
-            ["kind"],
-            registry=registry,
-        )
 
 
 class DenialWatch:
@@ -45,7 +36,7 @@ class DenialWatch:
         self,
         counts: Callable[[], Mapping[str, int]],
         report: Report,
-        metrics: DeniedMetrics,
+        metrics: NetworkMetrics,
         interval: float = 5.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:

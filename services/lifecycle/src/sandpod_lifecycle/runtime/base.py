@@ -29,6 +29,7 @@ __all__ = [
     "InstanceSpec",
     "InstanceStatus",
     "InstanceUnhealthy",
+    "NetworkEnforcement",
     "NetworkNotSupported",
     "Resources",
     "RuntimeDriver",
@@ -43,6 +44,16 @@ SHM_FRACTION = 4  # /dev/shm may hold this fraction of the memory limit (see Res
 MIN_DISK = 16 * MiB  # the smallest ext4 a sandbox's disk can be
 ACTIVE = "active"  # the one value of ``protections`` that means "in force"
 SeccompMode = Literal["default", "nested", "unconfined"]  # see runtime/seccomp.py
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NetworkEnforcement:
+    """What a runtime made of a sandbox's egress policy (a driver's ``apply_network``):
+    ``enforced`` when all of it is in force, else ``reason`` says what is not and why (it
+    reaches ``status.network`` and the ``network.updated`` event, never hidden)."""
+
+    enforced: bool
+    reason: str = ""
 
 
 class RuntimeFailure(Exception):

@@ -46,6 +46,7 @@ from sandpod_image.store import ImageStore
 from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig
 from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
 from sandpod_lifecycle.network.egress import Egress
+from sandpod_lifecycle.network.nft import NftError
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import (
     CreateFailed,
@@ -53,7 +54,10 @@ from sandpod_lifecycle.runtime.base import (
     InstanceSpec,
     InstanceStatus,
     InstanceUnhealthy,
+    NetworkEnforcement,
+    NetworkNotSupported,
     Resources,
+    RuntimeFailure,
 )
 from sandpod_lifecycle.runtime.images import ImageRoot, image_root, unhealthy
 from sandpod_lifecycle.runtime.local import LocalRuntime
@@ -112,6 +116,12 @@ class NoDefaultRootfs(CreateFailed):
     """A template names no ``rootfs`` and this service has no usable default base."""
 
     retryable = False
+
+
+class NetworkApplyFailed(RuntimeFailure):
+    """nftables refused a policy swap; the previous policy is still in force (retried)."""
+
+    retryable = True
 
 
 class LocalDriver:
@@ -333,16 +343,32 @@ class LocalDriver:
         its ``gateway``, ``sandbox_by_address``, ``policy`` and ``add_resolved``."""
         return self._runtime.egress
 
-    async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+    async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> NetworkEnforcement:
         """Put ``policy`` in force for the running sandbox at once (one nftables batch: new
-        connections follow it immediately, nothing restarts).
+        and open connections follow it, nothing restarts); idempotent. Not enforced (and
+        why): a node without egress (rootless, SANDPOD_NET=off: loopback only), a sandbox
+        created before its node had egress, header injections (the egress proxy's).
 
         Raises:
-            NetworkNotSupported: this node gives sandboxes no network (rootless, egress off).
-            InstanceNotFound: the sandbox has no link here.
-            NftError: nftables refused it; the previous policy is still in force.
+            NetworkApplyFailed: nftables refused it; the previous policy is still in force.
         """
-        await self._runtime.apply_network(sandbox_id, policy)
+        try:
+            await self._runtime.apply_network(sandbox_id, policy)
+        except NetworkNotSupported as exc:
+            return NetworkEnforcement(False, f"the sandbox has loopback only: {exc.message}")
+        except InstanceNotFound:
+            return NetworkEnforcement(
+                False,
+                "the sandbox has no network link on this node (created before the node had "
+                "egress): loopback only; recreate it for its policy to apply",
+            )
+        except NftError as exc:
+            raise NetworkApplyFailed(f"cannot apply the network policy: {exc}") from exc
+        if policy.inject:
+            return NetworkEnforcement(
+                False, "header injections need the egress proxy, which this node does not run"
+            )
+        return NetworkEnforcement(True)
 
     async def pause(self, sandbox_id: str) -> None:
         await self._runtime.pause(sandbox_id)

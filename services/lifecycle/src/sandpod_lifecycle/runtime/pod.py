@@ -20,6 +20,12 @@ this module maps the reconciler's verbs onto it:
                 delete it once the Sandbox is gone -- but only where kube-controller-manager
                 runs, and the reconciler must not depend on when that happens.
     list     -> sandbox ids of this installation's Pods (orphan cleanup after a crash).
+    apply_network -> re-render the sandbox's template's NetworkPolicy from the template's
+                current ``spec.network`` (:mod:`sandpod_kube.netpolicy`) and apply it. What it
+                cannot express (names, limits...) is reported as not enforced; so is a
+                sandbox's *own* policy: the per-template NetworkPolicy selects every Pod of the
+                template and policies are additive, so one sandbox's policy is never rendered
+                into it (that would widen its neighbours' egress).
     renew_credentials -> with per-sandbox NATS creds (a ``CredsPolicy``): re-mint the sandbox's
                 JWT into its Secret when it gets old or the sandbox's lifetime grew
                 (``podcreds`` says when); called by the reconciler on each pass over a live one.
@@ -51,22 +57,24 @@ import structlog
 
 from sandpod_contract.errors import ResourceExists, ResourceNotFound, SandpodError, StoreError
 from sandpod_contract.messages.system import FreezeState
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.times import from_rfc3339
+from sandpod_kube.netpolicy import egress_policy
 from sandpod_kube.podhealth import PodProblem
 from sandpod_kube.pods import PodApi, PodState
 from sandpod_kube.podspec import (
     INSTALLATION_LABEL,
     SANDBOX_LABEL,
+    TEMPLATE_LABEL,
     PodSettings,
     SandboxPod,
     creds_secret_manifest,
     creds_secret_name,
-    egress_policy,
     pod_manifest,
 )
 from sandpod_lifecycle.driver import Instance, Owner
-from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
+from sandpod_lifecycle.runtime.base import InstanceUnhealthy, NetworkEnforcement, RuntimeFailure
 from sandpod_lifecycle.runtime.podcreds import CredsPolicy
 
 __all__ = ["PodDriver"]
@@ -78,6 +86,12 @@ MECHANISMS = {"cgroup": ConditionReason.CGROUP_FROZEN, "signals": ConditionReaso
 
 # (sandbox id, verb: "freeze" | "thaw" | "freezer") -> execd's answer; raises SandpodError
 Freezer = Callable[[str, str], Awaitable[FreezeState]]
+# (namespace, template name or None for the built-in one) -> its spec; raises SandpodError
+Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
+OWN_POLICY = (
+    "the sandbox's own policy is not enforced on Kubernetes: its template's NetworkPolicy "
+    "applies (NetworkPolicies are additive, so one Pod's cannot be narrower than its template's)"
+)
 
 
 class PodDriver:
@@ -93,13 +107,16 @@ class PodDriver:
         namespace: str | None = None,
         freezer: Freezer | None = None,
         creds: CredsPolicy | None = None,
+        templates: Templates | None = None,
     ) -> None:
         """``installation``: the subject prefix (labels this installation's Pods);
         ``namespace``: where Pods are listed (None: all namespaces); ``freezer``: sends
         ``sys.freeze``/``sys.thaw``/``sys.freezer`` to a sandbox's execd (None: pause is
         unsupported and logged); ``creds``: per-sandbox NATS credentials (None: every Pod
-        shares the URL Secret's)."""
+        shares the URL Secret's); ``templates``: reads a template's spec (``apply_network``
+        re-renders the template's NetworkPolicy from it)."""
         self._api = api
+        self._templates = templates
         self._freezer = freezer
         self._creds = creds
         self._issued: dict[str, tuple[str, int]] = {}  # sandbox -> (namespace, JWT exp)
@@ -261,13 +278,39 @@ class PodDriver:
         except StoreError as exc:
             raise RuntimeFailure(f"NATS creds of {sandbox_id}: {exc}") from exc
 
-    async def _apply_policy(self, pod: SandboxPod, template: SandboxTemplateSpec) -> None:
+    async def _apply_policy(self, pod: SandboxPod, template: SandboxTemplateSpec) -> list[str]:
+        """Render and apply the template's NetworkPolicy; what it cannot enforce."""
         manifest, unenforceable = egress_policy(
-            pod.namespace, pod.template, template.egress, self._settings
+            pod.namespace, pod.template, template.network, self._settings
         )
         if unenforceable:
             log.warning("egress_not_enforceable", template=pod.template, entries=unenforceable)
         await self._api.apply_network_policy(manifest)
+        return unenforceable
+
+    async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> NetworkEnforcement:
+        """The template's NetworkPolicy re-rendered and applied (see the module docstring).
+
+        Raises:
+            RuntimeFailure: no live Pod, the template cannot be read, or the API server refused.
+        """
+        live = [p for p in await self._pods(sandbox_id) if not (p.terminal or p.deleting)]
+        if not live:
+            raise RuntimeFailure(f"no live Pod of {sandbox_id} to apply its network policy to")
+        state = live[0]
+        name = state.labels.get(TEMPLATE_LABEL, DEFAULT_TEMPLATE)
+        if self._templates is None:
+            return NetworkEnforcement(False, "the Pod runtime was given no template reader")
+        try:
+            ref = None if name == DEFAULT_TEMPLATE else name
+            template = await self._templates(state.namespace, ref)
+            pod = SandboxPod(sandbox_id, state.namespace, state.owner_uid, name, self._installation)
+            notes = await self._apply_policy(pod, template)
+        except SandpodError as exc:
+            raise RuntimeFailure(f"NetworkPolicy of {sandbox_id}: {exc.message}") from exc
+        if policy != template.network:
+            notes.insert(0, OWN_POLICY)
+        return NetworkEnforcement(not notes, "; ".join(notes))
 
     def _instance(self, state: PodState, paused: bool = False) -> Instance:
         problem = state.problem
@@ -279,6 +322,7 @@ class PodDriver:
             detail=problem.message if problem else where,
             reason=problem.reason if problem else None,
             terminal=problem.terminal if problem else False,
+            address=state.pod_ip or None,
         )
 
     async def inspect(self, sandbox_id: str) -> Instance | None:

@@ -10,14 +10,26 @@ import json
 import signal
 
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
-from sandpod_lifecycle.driver import ExecdLauncher, Instance, LauncherBusy, Owner
+from sandpod_lifecycle.driver import (
+    ExecdLauncher,
+    Instance,
+    LauncherBusy,
+    NoNetworkEnforcement,
+    Owner,
+)
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy
 from sandpod_service.procs import signal_tree
 
-__all__ = ["ProcessDriver"]
+__all__ = ["HOST_ADDRESS", "ProcessDriver"]
+
+# Commands run on the host, so a server a sandbox starts listens on the host's loopback: that
+# is the address the gateway's preview URLs and port-forwards connect to.
+HOST_ADDRESS = "127.0.0.1"
 
 
-class ProcessDriver:
+class ProcessDriver(NoNetworkEnforcement):
+    """``apply_network`` reports the policy as not enforced: commands share the host's network."""
+
     name = "process"
 
     def __init__(self, launcher: ExecdLauncher) -> None:
@@ -45,13 +57,25 @@ class ProcessDriver:
                 raise InstanceUnhealthy(
                     exc.message, reason=ConditionReason.INSTANCE_STARTING, terminal=False
                 ) from exc
-        return Instance(sandbox_id, running=True, paused=sandbox_id in self._paused, pid=pid)
+        return Instance(
+            sandbox_id,
+            running=True,
+            paused=sandbox_id in self._paused,
+            pid=pid,
+            address=HOST_ADDRESS,
+        )
 
     async def inspect(self, sandbox_id: str) -> Instance | None:
         pid = self._launcher.pid(sandbox_id)
         if pid is None:
             return None
-        return Instance(sandbox_id, running=True, paused=sandbox_id in self._paused, pid=pid)
+        return Instance(
+            sandbox_id,
+            running=True,
+            paused=sandbox_id in self._paused,
+            pid=pid,
+            address=HOST_ADDRESS,
+        )
 
     async def pause(self, sandbox_id: str) -> None:
         # Without cgroups, stopping execd (SIGSTOP) is the only freeze there is.

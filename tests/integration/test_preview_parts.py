@@ -1,0 +1,144 @@
+"""Preview URL parts on their own (the fast layer under test_preview.py): signed links on a fake
+clock, route matching, the gateway's credentials stripped, and the upstream pool's bounds on real
+loopback sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from gateway_harness import GatewayFactory, start_gateway  # noqa: F401
+
+from sandpod_gateway.errors import LinkExpired, LinkInvalid, PortUnreachable
+from sandpod_gateway.links import LinkSigner
+from sandpod_gateway.preview import _strip_cookie, _strip_token, _token
+from sandpod_gateway.proxy import ConnectionPool
+from sandpod_gateway.settings import GatewaySettings
+from sandpod_gateway.targets import public_ports, tenant_of
+
+__all__: list[str] = []
+
+SECRET = b"s" * 32
+
+
+def test_a_link_opens_its_port_until_it_expires() -> None:
+    """Verified for its sandbox and port; refused as expired once the clock passes it."""
+    now = [1000.0]
+    signer = LinkSigner(SECRET, lambda: now[0])
+    link = signer.sign("acme", "0123456789ab", "acme--web", 8000, 60)
+    token = signer.token(link)
+    assert signer.verify(token, "acme--web", 8000) == link
+    now[0] += 61
+    with pytest.raises(LinkExpired):
+        signer.verify(token, "acme--web", 8000)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: t[:-1] + ("A" if t[-1] != "A" else "B"),  # the MAC
+        lambda t: t.replace(".8000.", ".8001."),  # the port, MAC kept
+        lambda t: t.replace("acme--web", "acme--wed"),  # the sandbox, MAC kept
+        lambda t: t.replace(".1060.", ".9999999999."),  # a later expiry, MAC kept
+        lambda t: "spl1.garbage",
+    ],
+)
+def test_an_altered_link_is_invalid_whatever_it_claims(change: Any) -> None:
+    """Any change to a token (or another secret) makes it invalid, even if it claims a future
+    expiry."""
+    signer = LinkSigner(SECRET, lambda: 1000.0)
+    token = signer.token(signer.sign("acme", "0123456789ab", "acme--web", 8000, 60))
+    altered = change(token)
+    with pytest.raises(LinkInvalid):
+        signer.verify(altered, "acme--web", 8000)
+    with pytest.raises(LinkInvalid):
+        LinkSigner(b"t" * 32, lambda: 1000.0).verify(token, "acme--web", 8000)
+
+
+def test_a_link_for_another_port_or_sandbox_is_invalid() -> None:
+    signer = LinkSigner(SECRET, lambda: 1000.0)
+    token = signer.token(signer.sign("acme", "0123456789ab", "acme--web", 8000, 60))
+    for sid, port in (("acme--web", 8001), ("acme--other", 8000), ("web", 8000)):
+        with pytest.raises(LinkInvalid):
+            signer.verify(token, sid, port)
+
+
+def test_only_the_gateways_token_and_cookie_are_stripped() -> None:
+    """The app's own ``token`` parameter and cookies pass; ours do not."""
+    assert _strip_token(b"a=1&token=spl1.x.y&token=app&b=2") == "a=1&token=app&b=2"
+    assert _strip_cookie(b"theirs=1; sandpod_preview=spl1.x; other=2") == b"theirs=1; other=2"
+    scope = {"query_string": b"token=abc", "headers": [(b"cookie", b"sandpod_preview=spl1.q")]}
+    assert _token(scope) == ("spl1.q", False)  # the app's ?token=abc is not ours
+    scope["query_string"] = b"token=spl1.z"
+    assert _token(scope) == ("spl1.z", True)
+
+
+def test_ids_name_their_tenant_and_the_annotation_its_ports() -> None:
+    assert tenant_of("acme--web") == "acme" and tenant_of("web") == "default"
+    assert tenant_of("Bad--") is None and tenant_of("a--b--c") is None
+    assert public_ports({"sandpod.dev/public-ports": "8000,x,70000,3000"}) == {3000, 8000}
+    assert public_ports(None) == frozenset()
+
+
+def test_a_preview_domain_must_be_a_dns_name() -> None:
+    s = GatewaySettings.from_env({"SANDPOD_GATEWAY_PREVIEW_DOMAIN": "Preview.Example.com."})
+    assert s.preview_domain == "preview.example.com"
+    with pytest.raises(ValueError, match="DNS name"):
+        GatewaySettings.from_env({"SANDPOD_GATEWAY_PREVIEW_DOMAIN": "bad domain"})
+
+
+async def test_the_pool_keeps_a_bounded_number_of_idle_connections() -> None:
+    """Idle connections are reused, capped per target and in all (least recently used target
+    first), and a closed port is PortUnreachable."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def on_conn(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        accepted.append(w)
+
+    servers = [await asyncio.start_server(on_conn, "127.0.0.1", 0) for _ in range(3)]
+    ports = [s.sockets[0].getsockname()[1] for s in servers]
+    pool = ConnectionPool(1.0, max_idle=2, max_total=3)
+    try:
+        first = await pool.acquire("127.0.0.1", ports[0])
+        pool.release(first, True)
+        again = await pool.acquire("127.0.0.1", ports[0])
+        assert again is first and again.reused
+        conns = [await pool.acquire("127.0.0.1", p) for p in (ports[0], ports[0], ports[0])]
+        for c in conns:
+            pool.release(c, True)
+        assert pool._total == 2  # per target
+        more = [await pool.acquire("127.0.0.1", p) for p in (ports[1], ports[2])]
+        for c in more:
+            pool.release(c, True)
+        assert pool._total == 3 and list(pool._idle) == [(("127.0.0.1", ports[0]))] + [
+            ("127.0.0.1", p) for p in ports[1:]
+        ]
+        pool.release(await pool.acquire("127.0.0.1", ports[2], fresh=True), True)
+        assert pool._total == 3 and ("127.0.0.1", ports[0]) not in pool._idle
+        free = servers[0].sockets[0].getsockname()[1]
+        servers[0].close()
+        await servers[0].wait_closed()
+        with pytest.raises(PortUnreachable):
+            await ConnectionPool(1.0).acquire("127.0.0.1", free)
+    finally:
+        pool.close()
+        for s in servers:
+            s.close()
+        for w in accepted:
+            w.close()
+
+
+async def test_lookups_without_credentials_are_rate_limited(start_gateway: GatewayFactory) -> None:
+    """Made-up sandbox ids without credentials cost control-plane reads: past the burst they
+    get 429 with Retry-After, before any read."""
+    gw = await start_gateway(prefix=f"q{uuid.uuid4().hex[:8]}", rate=0.001, burst=3)
+    async with gw.client() as anon:
+        codes = [
+            (await anon.get(f"/v1/sandboxes/made-up-{i}/ports/80/")).status_code for i in range(5)
+        ]
+        r = await anon.get("/v1/sandboxes/made-up-9/ports/80/")
+    assert codes[:3] == [503, 503, 503]  # no lifecycle on this prefix: a retryable 503
+    assert codes[3:] == [429, 429] and r.status_code == 429
+    assert r.json()["code"] == "busy.rate_limited" and int(r.headers["retry-after"]) >= 1
