@@ -5,7 +5,7 @@
 - a network namespace ``fn<tag>`` joined to the host by a veth (``fn<tag>h`` on the host,
   a /30 from 172.31.0.0/16), with a default route back through the host;
 - "public" addresses that are NOT in ``SPECIAL_RANGES``: a /24 of 11.0.0.0/8 (``public``:
-  ``.10`` runs HTTP on port 80 and a UDP sink on 9999, ``.11`` a second HTTP server), routed
+  ``.10`` runs HTTP on ports 80 and 8080 and UDP sinks, ``.11`` a second HTTP server), routed
   by the host into the namespace (UDP sinks on ``public`` ports 9999 and 53: they log what
   they receive, never answer);
 - the cloud metadata server at 169.254.169.254:80 (a host route with a unique metric);
@@ -144,6 +144,7 @@ class FakeNet:
             sys.executable,
             str(SERVER),
             f"public={self.public}:80",
+            f"public-8080={self.public}:8080",
             f"public2={self.public2}:80",
             f"private={self.private}:80",
             f"metadata={self.metadata}:80",

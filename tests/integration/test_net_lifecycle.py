@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import NatsServer
+from dnsauth import AuthServer
 from fakenet import FakeNet
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
@@ -47,35 +48,43 @@ def fakenet() -> Iterator[FakeNet]:
     assert not net.leftovers()
 
 
-@pytest.fixture
-async def platform(
-    nats: NatsServer, tmp_path: Path, default_rootfs: Path | None
-) -> AsyncIterator[tuple[ServiceProc, str]]:
+async def _start_platform(
+    nats: NatsServer, state: Path, default_rootfs: Path | None, **extra: str
+) -> tuple[ServiceProc, str]:
     if default_rootfs is None:
         pytest.skip("no default sandbox rootfs (mmdebstrap could not build it: see conftest)")
     prefix = f"t{uuid.uuid4().hex[:8]}"
     proc = ServiceProc(
         "sandpod_lifecycle",
         nats,
-        tmp_path,
+        state,
         prefix,
         "r0",
         SANDPOD_RUNTIME="local",
         SANDPOD_RESYNC="0.5",
         wrap=(),
         SANDPOD_DESTROY_ON_EXIT="true",
-        SANDPOD_NET_REGISTRY=str(tmp_path / "net-ranges.json"),
+        SANDPOD_NET_REGISTRY=str(state / "net-ranges.json"),
+        **extra,
     )
+    end = time.monotonic() + DEADLINE
+    while True:
+        try:
+            await AsyncSandbox.list(nats_url=nats.url, prefix=prefix)
+            return proc, prefix
+        except SandpodError:
+            if proc.proc.poll() is not None or time.monotonic() > end:
+                proc.stop()
+                pytest.fail(f"lifecycle did not come up:\n{proc.tail()}")
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def platform(
+    nats: NatsServer, tmp_path: Path, default_rootfs: Path | None
+) -> AsyncIterator[tuple[ServiceProc, str]]:
+    proc, prefix = await _start_platform(nats, tmp_path, default_rootfs)
     try:
-        end = time.monotonic() + DEADLINE
-        while True:
-            try:
-                await AsyncSandbox.list(nats_url=nats.url, prefix=prefix)
-                break
-            except SandpodError:
-                if proc.proc.poll() is not None or time.monotonic() > end:
-                    pytest.fail(f"lifecycle did not come up:\n{proc.tail()}")
-                await asyncio.sleep(0.05)
         yield proc, prefix
     finally:
         proc.stop()
@@ -198,3 +207,46 @@ async def test_a_crashed_lifecycles_network_is_adopted_or_cleaned_by_the_next(
     assert _ours(installation[:6]) == []
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     assert f"sandpod_{installation}" not in tables
+
+
+async def test_a_name_rule_opens_only_what_the_node_resolver_answered(
+    nats: NatsServer, tmp_path: Path, default_rootfs: Path | None, fakenet: FakeNet
+) -> None:
+    """An allowlist naming ``api.example.test:80``: the sandbox's own resolv.conf reaches the
+    node resolver (on its installation's gateway address), which answers from the fake
+    internet's authoritative server and opens that address in the sandbox's timed set before
+    replying: curl by name works; another name is refused at DNS; another address, and the
+    allowed one on another port, are refused at connect."""
+    auth = AuthServer()
+    await auth.start()
+    auth.add("api.example.test", "A", 60, fakenet.public)
+    auth.add("other.example.test", "A", 60, fakenet.public2)
+    host, port = auth.address
+    proc, prefix = await _start_platform(
+        nats, tmp_path, default_rootfs, SANDPOD_DNS_UPSTREAMS=f"{host}:{port}"
+    )
+    try:
+        async with await AsyncSandbox.connect("x", nats_url=nats.url, prefix=prefix) as s:
+            obj = {
+                "kind": "SandboxTemplate",
+                "metadata": {"name": "named"},
+                "spec": {"network": {"mode": "allowlist", "allow": ["api.example.test:80"]}},
+            }
+            await api_call(
+                s.bus, s.subjects, "templates", "apply", ObjectRequest(object=obj), ObjectReply
+            )
+        async with await AsyncSandbox.create(
+            template="named", nats_url=nats.url, prefix=prefix, wait=DEADLINE
+        ) as sbx:
+            r = await sbx.exec(CURL.format("api.example.test"))
+            assert r.stdout.strip() == "fakenet public", r
+            r = await sbx.exec("getent hosts other.example.test || echo refused")
+            assert r.stdout.strip() == "refused", r
+            for target in (fakenet.public2, f"{fakenet.public}:8080"):
+                r = await sbx.exec(CURL.format(target))
+                assert r.stdout.strip() == "unreachable", (target, r)
+            assert auth.asked_for("api.example.test") >= 1
+            assert auth.asked_for("other.example.test") == 0  # refused before the internet
+    finally:
+        proc.stop()
+        await auth.close()

@@ -192,7 +192,12 @@ async def test_an_allowlist_cidr_opens_that_and_nothing_else(
         }
     )
     s = await make(rt, policy)
-    targets = [f"{fakenet.public}:80", f"{fakenet.public2}:80", f"{fakenet.metadata}:80"]
+    targets = [
+        f"{fakenet.public}:80",
+        f"{fakenet.public}:8080",  # the allowed address on another port
+        f"{fakenet.public2}:80",
+        f"{fakenet.metadata}:80",
+    ]
     results = await probe(s, *targets, f"{b.address}:8000")
     assert reached(results) == {f"{fakenet.public}:80"}, results
     fw = egress.firewall
