@@ -115,6 +115,9 @@ class Firewall:
         self.nft = nft
         self.config = config
         self._sandboxes: dict[str, _Sandbox] = {}
+        # index -> its sets as this process last wrote them (None: unknown, list the table):
+        # a create or update then costs no listing of the whole table (O(sandboxes))
+        self._index_sets: dict[int, set[str]] = {}
         # policy generations (ct marks): from the clock, so a restarted lifecycle never
         # reuses one that open connections may still carry
         self._generation = int(time.time() * 16) & GENERATIONS
@@ -219,7 +222,8 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         keep = {set_name(addrs.index, r) for r in policy.name_rules}
         if policy.limits.max_connections is not None:
             keep.add(f"cc{addrs.index}")
-        stale = set(self._sets(addrs.index)) - keep
+        known = self._index_sets.get(addrs.index)
+        stale = (set(self._sets(addrs.index)) if known is None else known) - keep
         self._generation = self._generation % GENERATIONS + 1
         proxy = (
             f"{self.config.plan.gateway}:{self.config.proxy_port}"
@@ -232,10 +236,31 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         script += "".join(f"delete set inet {self.config.table} {s}\n" for s in sorted(stale))
         self.nft.run(script)
         self._sandboxes[sandbox_id] = _Sandbox(addrs, ifname, policy)
+        self._index_sets[addrs.index] = keep
 
     def forget(self, sandbox_id: str, addrs: SandboxAddresses, ifname: str) -> None:
-        """Remove a sandbox's chain, sets, counter and map entries (idempotent)."""
+        """Remove a sandbox's chain, sets, counter and map entries (idempotent). What this
+        process installed goes in one batch without listing the table; anything else (a
+        previous run's, a partial one) through :meth:`drop_index`."""
         self._sandboxes.pop(sandbox_id, None)
+        known = self._index_sets.pop(addrs.index, None)
+        if known is not None:
+            t, n = self.config.table, addrs.index
+            script = "".join(
+                f'delete element inet {t} {m} {{ "{ifname}" }}\n'
+                for m in ("dispatch", "natdispatch", "denycount")
+            )
+            script += "".join(
+                f"flush chain inet {t} {c}\ndelete chain inet {t} {c}\n"
+                for c in (f"sbx_{n}", f"nat_{n}")
+            )
+            script += "".join(f"delete set inet {t} {name}\n" for name in sorted(known))
+            script += f"delete counter inet {t} denied_{n}\n"
+            try:
+                self.nft.run(script)
+                return
+            except NftError:
+                pass  # not all of it exists (any more): remove what does, by listing
         self.drop_index(addrs.index, ifname)
 
     def drop_index(self, index: int, ifname: str) -> None:
