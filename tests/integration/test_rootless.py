@@ -188,7 +188,7 @@ async def test_a_rootless_sandbox_is_a_jail_in_a_user_namespace(rootless: Rootle
         assert rootless.proc.proc.pid in {p.pid for p in psutil.Process().children(True)}
         isolated = _isolated(await sbx.info())
         assert isolated["status"] == "False" and isolated["reason"] == "Degraded"
-        for protection in ("memory", "pids", "freezer", "disk_quota"):
+        for protection in ("memory", "pids", "freezer", "disk_quota", "egress"):
             assert f"{protection}: unavailable: rootless" in isolated["message"]
         await sbx.kill()
 

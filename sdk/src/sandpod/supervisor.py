@@ -310,6 +310,8 @@ class Supervisor:
             SANDPOD_RUNTIME=self.runtime,
             SANDPOD_NODE=self.node,  # the node the execd user may serve
             SANDPOD_DESTROY_ON_EXIT="true",  # `sandpod up` leaves no process behind
+            # the gateway runs as we do: its uid alone may connect into sandboxes (previews)
+            SANDPOD_NET_GATEWAY_UID=str(os.geteuid()),
         )
         if "execd" in self.creds:
             env["SANDPOD_EXECD_NATS_CREDS"] = self.creds["execd"]

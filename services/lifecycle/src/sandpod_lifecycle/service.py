@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from sandpod_bus import Bus, NoResponders
 from sandpod_contract.codec import Message, decode_reply, encode
@@ -50,6 +51,12 @@ from sandpod_lifecycle.builds.executor import Builder
 from sandpod_lifecycle.builds.loop import TemplateBuilder, TemplateBuilds
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.network.addressing import PoolExhausted
+from sandpod_lifecycle.network.egress import Egress
+from sandpod_lifecycle.network.link import LinkError
+from sandpod_lifecycle.network.metrics import NetworkMetrics
+from sandpod_lifecycle.network.nft import NftError
+from sandpod_lifecycle.network.node import NodeNetwork, start_node_network
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
@@ -75,6 +82,7 @@ log = structlog.get_logger("sandpod.lifecycle")
 
 QUEUE_GROUP = "sandpod-lifecycle"
 FREEZE_TIMEOUT = 5.0  # seconds execd may take to stop every process of a sandbox
+DENIAL_POLL = 5.0  # seconds between reads of the sandboxes' refused-packet counters
 
 
 class LifecycleService:
@@ -98,6 +106,10 @@ class LifecycleService:
         self._pod_api: PodApi | None = None  # kubernetes: the driver's (builder Pods too)
         self._creds_policy: CredsPolicy | None = None  # kubernetes, operator mode
         self._template_builds: TemplateBuilds | None = None
+        self._egress: Egress | None = None  # the local runtime's sandbox network (root)
+        self.node_network: NodeNetwork | None = None  # egress + resolver + refusal reports
+        self.network_metrics: NetworkMetrics | None = None
+        self.metrics = CollectorRegistry()  # the lifecycle's own (not served yet)
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
     async def _store(self, bus: Bus, bucket: str) -> Store:
@@ -207,7 +219,11 @@ class LifecycleService:
             jails = str(config.state_dir / "{sandbox_id}" / JAIL_FILE)
             node = NodeLauncher(launcher, self.settings.node, self._node_request, jails=jails)
             self._node = node
-            runtime = LocalRuntime(config)
+            egress = None
+            if os.geteuid() == 0 and self.settings.network.enabled:
+                egress = Egress(self.settings.network, inst.id, state, state / "net")
+            self._egress = egress  # started in start(): a node that cannot is loopback only
+            runtime = LocalRuntime(config, egress=egress)
             self._local = (runtime, inst.cgroup_parent)
             images = self._images(state)
             # Build layers live in the node's image area, beside the image store's.
@@ -255,6 +271,7 @@ class LifecycleService:
         self._leases = await self._lease_keeper(bus)
         api = LifecycleApi(store, events, clock=self.clock)
         driver = self._driver(api.template)
+        await self._start_egress(events, driver)
         builds = self._builds(bus, store, driver)
         self._template_builds = builds
         self.reconciler = Reconciler(
@@ -305,6 +322,49 @@ class LifecycleService:
         )
         await self._api.start()
         log.info("lifecycle_ready", replica=self.settings.replica_id, runtime=self.settings.runtime)
+
+    async def _start_egress(self, events: Events, driver: Driver) -> None:
+        """Set up the node's sandbox network; a node that cannot runs its sandboxes with
+        loopback only (each says so in its notes), never with an unfiltered network. Refused
+        lookups and connections become ``network.denied`` events and a metric (see
+        ``network/node.py``)."""
+        egress = self._egress
+        if egress is None or self._local is None:
+            return
+
+        async def publish(sandbox_id: str, kind: str, dest: str, rule: str, count: int) -> None:
+            namespace = driver.namespace_of(sandbox_id) if isinstance(driver, LocalDriver) else ""
+            await events.publish_denied(
+                name=sandbox_id,
+                kind=kind,
+                destination=dest,
+                rule=rule,
+                count=count,
+                namespace=namespace or "",
+            )
+
+        def spawn(coro: Coroutine[Any, Any, None], name: str) -> None:
+            self.supervisor.spawn(coro, name=name)
+
+        self.network_metrics = NetworkMetrics(self.metrics)
+        try:
+            self.node_network = await start_node_network(
+                egress,
+                self.settings.dns,
+                self.network_metrics,
+                publish=publish,
+                spawn=spawn,
+                poll=DENIAL_POLL,
+            )
+        except (NftError, LinkError, PoolExhausted, OSError, ValueError) as exc:
+            log.error("egress_unavailable", error=str(exc))
+            self._local[0].egress = None
+            self._egress = None
+
+    @property
+    def egress(self) -> Egress | None:
+        """The local runtime's sandbox network once started (None: none on this node)."""
+        return self._egress
 
     def _builds(self, bus: Bus, store: Store, driver: Driver) -> TemplateBuilds | None:
         """The template builder: builder sandboxes on this node (the local runtime), or
@@ -399,6 +459,10 @@ class LifecycleService:
                 kept = remove_cgroup_parents(await runtime.capabilities(), parent)
                 if kept:
                     log.warning("cgroup_parents_kept", paths=kept)
+        if self.node_network is not None:
+            await self.node_network.close()
+        if self._egress is not None:  # its table and gateway link, once no sandbox needs them
+            await self._egress.stop_if_unused()
         if self._leases is not None:
             await self._leases.release_all()
         for close in reversed(self._closers):

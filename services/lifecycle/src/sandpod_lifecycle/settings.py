@@ -38,6 +38,12 @@
 | | | at once, naming this setting. Plain HTTP only to loopback or an insecure registry |
 | ``SANDPOD_BUILD_*`` | | kubernetes: the builder Pods (``sandpod_kube.buildpod``'s |
 | | | ``BuildPodSettings``: ``IMAGE``, ``REGISTRY_SECRET``, ``DEADLINE``, ``WORK_SIZE``) |
+| ``SANDPOD_NET`` | true | local runtime (root): give sandboxes egress under their policy |
+| ``SANDPOD_NET_POOL`` | ``10.240.0.0/12`` | ... host-wide pool (a /20 each) |
+| ``SANDPOD_NET_REGISTRY`` | ``/var/lib/sandpod/net-ranges.json`` | ... where slices are claimed |
+| ``SANDPOD_NET_GATEWAY_UID`` | lifecycle's uid | ... only uid connecting into sandboxes |
+| ``SANDPOD_NET_DNS_PORT`` | 53 | ... the node resolver's port on the gateway address |
+| ``SANDPOD_NET_PROXY_PORT`` | unset | ... the egress proxy's port there (name rules on 80/443) |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -46,6 +52,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping
@@ -57,6 +64,8 @@ from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.buildpod import BuildPodSettings
 from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.events import EventLimits
+from sandpod_lifecycle.network.dnssettings import ResolverSettings
+from sandpod_lifecycle.network.egress import EgressSettings
 from sandpod_lifecycle.runtime.base import MIN_DISK
 from sandpod_lifecycle.runtime.local_driver import parse_quantity
 from sandpod_service import env_bool, env_float, env_int, env_str
@@ -102,6 +111,8 @@ class LifecycleSettings:
     insecure_registries: frozenset[str] = frozenset()  # plain HTTP allowed beyond loopback
     build_registry: str | None = None  # kubernetes: where built templates are pushed
     build_pods: BuildPodSettings = dataclasses.field(default_factory=BuildPodSettings)
+    network: EgressSettings = dataclasses.field(default_factory=EgressSettings)  # local runtime
+    dns: ResolverSettings | None = None  # SANDPOD_DNS_* (None: read at start from the host)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -166,6 +177,8 @@ class LifecycleSettings:
             ),
             build_registry=_build_registry(env),
             build_pods=BuildPodSettings.from_env(env),
+            network=_egress(env),
+            dns=ResolverSettings.from_env(env),
         )
 
 
@@ -189,6 +202,33 @@ def _build_registry(env: Mapping[str, str]) -> str | None:
     from sandpod_lifecycle.builds.kube import validate_registry  # only when set: kubernetes
 
     return validate_registry(raw)
+
+
+def _egress(env: Mapping[str, str]) -> EgressSettings:
+    """``SANDPOD_NET_*``; ValueError naming the variable at fault."""
+    base = EgressSettings()
+    raw_pool = env_str(env, "SANDPOD_NET_POOL", str(base.pool))
+    try:
+        pool = ipaddress.IPv4Network(raw_pool)
+    except ValueError:
+        raise ValueError(
+            f"SANDPOD_NET_POOL={raw_pool!r}: use an IPv4 network (10.240.0.0/12)"
+        ) from None
+    if not pool.is_private:
+        raise ValueError(f"SANDPOD_NET_POOL={raw_pool!r}: use a private range")
+    registry = env_str(env, "SANDPOD_NET_REGISTRY", str(base.registry))
+    uid = env_str(env, "SANDPOD_NET_GATEWAY_UID", "")
+    proxy = env_str(env, "SANDPOD_NET_PROXY_PORT", "")
+    if (uid and not uid.isdigit()) or (proxy and not proxy.isdigit()):
+        raise ValueError("SANDPOD_NET_GATEWAY_UID and SANDPOD_NET_PROXY_PORT are integers")
+    return EgressSettings(
+        enabled=env_bool(env, "SANDPOD_NET", True),
+        pool=pool,
+        registry=Path(registry) if registry else None,
+        gateway_uid=int(uid) if uid else None,
+        dns_port=env_int(env, "SANDPOD_NET_DNS_PORT", base.dns_port, minimum=1),
+        proxy_port=int(proxy) if proxy else None,
+    )
 
 
 def _absolute(env: Mapping[str, str], name: str) -> Path | None:

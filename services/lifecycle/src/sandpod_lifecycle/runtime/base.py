@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, Protocol
 
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import ConditionReason
 from sandpod_contract.subjects import validate_sandbox_id
 
@@ -29,6 +30,7 @@ __all__ = [
     "InstanceStatus",
     "InstanceUnhealthy",
     "NetworkEnforcement",
+    "NetworkNotSupported",
     "Resources",
     "RuntimeDriver",
     "RuntimeFailure",
@@ -67,6 +69,13 @@ class RuntimeFailure(Exception):
 
 class RuntimeUnavailable(RuntimeFailure):
     """This host cannot provide the isolation the driver requires (see ``HostCapabilities``)."""
+
+
+class NetworkNotSupported(RuntimeFailure):
+    """The runtime gives this instance no network to apply a policy to (rootless, egress off,
+    or a runtime without enforcement that refuses rather than ignores)."""
+
+    code = "network.not_supported"
 
 
 class InstanceExists(RuntimeFailure):
@@ -161,8 +170,9 @@ class InstanceSpec:
         uid, gid: the unprivileged identity commands run as; None lets the driver allocate a
             dedicated one per instance.
         env: environment every command of the instance starts with (on top of execd's base).
-        egress: whether the template allows outbound network. The local runtime does not
-            support egress yet: it keeps loopback only and says so in ``protections``.
+        egress: whether the template allows outbound network (the older allowlist form).
+        network: the sandbox's effective egress policy; the local runtime (as root, with
+            egress enabled) gives the instance a link filtered by it; None: loopback only.
         seccomp: the sandbox's seccomp filter: ``default``, ``nested`` (nested user namespaces
             allowed) or ``unconfined`` (none); anything but ``default`` is reported in
             ``protections`` (see ``runtime/seccomp.py``).
@@ -180,6 +190,7 @@ class InstanceSpec:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     egress: bool = False
     seccomp: SeccompMode = "default"
+    network: NetworkPolicy | None = None
 
     def __post_init__(self) -> None:
         validate_sandbox_id(self.sandbox_id)
@@ -233,6 +244,7 @@ class InstanceStatus:
     detail: str = ""
     lost: bool = False
     oom_killed: bool = False
+    address: str | None = None  # the instance's own IP address, where it has a link
 
     @property
     def degraded(self) -> dict[str, str]:

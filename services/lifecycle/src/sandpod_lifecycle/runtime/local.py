@@ -37,7 +37,9 @@ from typing import Any, Literal
 
 import structlog
 
+from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.subjects import SANDBOX_ID_RE
+from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.runtime import diskquota, hostcaps, seccomp
 from sandpod_lifecycle.runtime.base import (
     ACTIVE,
@@ -48,6 +50,7 @@ from sandpod_lifecycle.runtime.base import (
     InstanceNotFound,
     InstanceSpec,
     InstanceStatus,
+    NetworkNotSupported,
     RuntimeTimeout,
     RuntimeUnavailable,
 )
@@ -107,8 +110,14 @@ class LocalRuntimeConfig:
 class LocalRuntime:
     """The local namespace-jail driver (implements ``RuntimeDriver``)."""
 
-    def __init__(self, config: LocalRuntimeConfig, caps: HostCapabilities | None = None) -> None:
+    def __init__(
+        self,
+        config: LocalRuntimeConfig,
+        caps: HostCapabilities | None = None,
+        egress: Egress | None = None,
+    ) -> None:
         self.config = config
+        self.egress = egress  # None: sandboxes keep loopback only (rootless, or egress off)
         self._caps = caps
         self._plan: CgroupPlan | None = None
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # id -> (lock, users)
@@ -177,6 +186,7 @@ class LocalRuntime:
             detail=detail,
             lost=lost,
             oom_killed=lost and not cg.holder_outside_memory and cg.oom_kills() > 0,
+            address=self.egress.address(sandbox_id) if self.egress is not None else None,
         )
 
     async def pause(self, sandbox_id: str) -> InstanceStatus:
@@ -184,6 +194,27 @@ class LocalRuntime:
 
     async def resume(self, sandbox_id: str) -> InstanceStatus:
         return await self._freeze(sandbox_id, False)
+
+    async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Swap a running instance's egress policy (one nft batch, nothing restarted).
+
+        Raises:
+            NetworkNotSupported: this runtime gives its sandboxes no network (rootless, off).
+            InstanceNotFound: the instance has no link (not running, or created without one).
+        """
+        if self.egress is None:
+            raise NetworkNotSupported(
+                "this node gives sandboxes no network (rootless, or SANDPOD_NET=off): "
+                "the policy cannot be applied"
+            )
+        async with self._lock(sandbox_id):
+            try:
+                await self.egress.apply(sandbox_id, policy)
+            except KeyError:
+                raise InstanceNotFound(
+                    f"sandbox {sandbox_id!r} has no network link on this node",
+                    sandbox_id=sandbox_id,
+                ) from None
 
     async def destroy(self, sandbox_id: str) -> None:
         async with self._lock(sandbox_id):
@@ -246,6 +277,8 @@ class LocalRuntime:
         if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
             diskquota.mark_opaque(top / "upper" / "tmp")
         rootless = not caps.root
+        if self.egress is not None and spec.network is not None:
+            _write_resolv_conf(base, top / "upper", str(self.egress.gateway))
         if not rootless:  # rootless, our own uid is the sandbox's uid inside: nothing to chown
             os.chown(top / "workspace", uid, gid)
         else:  # a root-owned base's directories cannot be copied up in our user namespace
@@ -309,13 +342,11 @@ class LocalRuntime:
                 f"rootless: these directories of the base have mounts below them and "
                 f"are empty in the sandbox: {' '.join(skipped)}"
             )
-        if spec.egress:
-            notes.append(
-                "egress requested but not supported by the local runtime yet: "
-                "the sandbox has loopback only"
-            )
+        egress = await self._attach(spec, holder)
         protections["holder_oom"] = oom_protection(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
+        if egress is not None:
+            protections["egress"] = egress
         protections.update(
             network=ACTIVE,
             rootfs=ACTIVE,
@@ -339,6 +370,21 @@ class LocalRuntime:
             notes=tuple(notes),
         )
         _write_jail(d / JAIL_FILE, running)
+
+    async def _attach(self, spec: InstanceSpec, holder: int) -> str | None:
+        """Give the instance its link when it has a policy and this node gives egress. Returns
+        the ``egress`` protection: "active" (its policy is enforced), why the policy is not
+        applied (the sandbox keeps loopback only: never an unfiltered network), or None (the
+        spec asks for no network)."""
+        if spec.network is None:
+            return None
+        if self.egress is None:
+            if os.geteuid() != 0:
+                return "unavailable: rootless: egress refused, the sandbox has loopback only"
+            return "off on this node (SANDPOD_NET=off, or its setup failed): loopback only"
+        addrs = await self.egress.attach(spec.sandbox_id, holder, spec.network)
+        log.info("jail_network", sandbox_id=spec.sandbox_id, address=str(addrs.sandbox))
+        return ACTIVE
 
     async def _disk(self, spec: InstanceSpec, d: Path) -> tuple[int | None, Path]:
         """(the disk quota in bytes, where the sandbox's writable directories go): with a quota
@@ -427,6 +473,8 @@ class LocalRuntime:
             caps = await self.capabilities()
             cg = self._cgroup_plan(caps).for_sandbox(sandbox_id) if not caps.problems else None
         popen = self._launchers.get(sandbox_id)
+        if self.egress is not None:  # first: nothing leaves while the rest is torn down
+            await self.egress.detach(sandbox_id)
 
         def reap() -> None:
             if popen is not None:
@@ -479,6 +527,23 @@ async def _kill_holder(data: JailFile, timeout: float, reap: Callable[[], None])
             await asyncio.sleep(0.005)
     finally:
         os.close(fd)
+
+
+def _write_resolv_conf(base: Path, upper: Path, nameserver: str) -> None:
+    """``/etc/resolv.conf`` in the writable layer: the node's resolver on the gateway address
+    (every port-53 packet goes there anyway; this spares the sandbox a dead upstream).
+    ``/etc`` in the writable layer takes the base's mode and owner (overlayfs shows the upper
+    directory's)."""
+    etc = upper / "etc"
+    if not etc.exists():
+        etc.mkdir()
+        with contextlib.suppress(OSError):
+            st = (base / "etc").stat()
+            os.chown(etc, st.st_uid, st.st_gid)
+            etc.chmod(st.st_mode & 0o7777)
+    conf = etc / "resolv.conf"
+    conf.write_text(f"# written by sandpod: the node's resolver\nnameserver {nameserver}\n")
+    conf.chmod(0o644)
 
 
 def _writable_var_tmp(upper: Path) -> None:

@@ -39,11 +39,14 @@ from pathlib import Path
 import structlog
 
 from sandpod_contract.errors import ImageError
+from sandpod_contract.network import NetworkPolicy, effective_policy
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_image import debian
 from sandpod_image.store import ImageStore
 from sandpod_lifecycle.builds.cache import BuildCache, ImageConfig
-from sandpod_lifecycle.driver import ExecdLauncher, Instance, NoNetworkEnforcement, Owner
+from sandpod_lifecycle.driver import ExecdLauncher, Instance, Owner
+from sandpod_lifecycle.network.egress import Egress
+from sandpod_lifecycle.network.nft import NftError
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.runtime.base import (
     CreateFailed,
@@ -51,7 +54,10 @@ from sandpod_lifecycle.runtime.base import (
     InstanceSpec,
     InstanceStatus,
     InstanceUnhealthy,
+    NetworkEnforcement,
+    NetworkNotSupported,
     Resources,
+    RuntimeFailure,
 )
 from sandpod_lifecycle.runtime.images import ImageRoot, image_root, unhealthy
 from sandpod_lifecycle.runtime.local import LocalRuntime
@@ -112,10 +118,14 @@ class NoDefaultRootfs(CreateFailed):
     retryable = False
 
 
-class LocalDriver(NoNetworkEnforcement):
+class NetworkApplyFailed(RuntimeFailure):
+    """nftables refused a policy swap; the previous policy is still in force (retried)."""
+
+    retryable = True
+
+
+class LocalDriver:
     name = "local"
-    # Until the per-sandbox link and firewall exist (sandpod_lifecycle.network): no egress.
-    network_reason = "the sandbox has loopback only (no egress at all); the policy is not applied"
 
     def __init__(
         self,
@@ -133,6 +143,7 @@ class LocalDriver(NoNetworkEnforcement):
         self._protections: dict[str, str] = {}
         self._watched: dict[str, int] = {}  # sandbox id -> pidfd of its holder (on the loop)
         self._on_lost: Callable[[str], None] | None = None
+        self._namespaces: dict[str, str] = {}  # sandbox id -> its object's namespace
 
     def protections(self) -> dict[str, str]:
         return dict(self._protections) or {"jail": "active"}
@@ -160,6 +171,7 @@ class LocalDriver(NoNetworkEnforcement):
             pid=self._launcher.pid(sandbox_id),
             detail=status.detail,
             protections=_protections(status) or None,
+            address=status.address,
         )
 
     def _watch(self, sandbox_id: str, holder: int | None) -> None:
@@ -197,6 +209,8 @@ class LocalDriver(NoNetworkEnforcement):
         template: SandboxTemplateSpec,
         owner: Owner | None = None,  # host instances belong to no API object
     ) -> Instance:
+        if owner is not None:
+            self._namespaces[sandbox_id] = owner.namespace
         status = await self._runtime.inspect(sandbox_id)
         if status.lost:  # never serve a dead jail (nor replace it: its workspace is its state)
             raise InstanceUnhealthy(
@@ -225,6 +239,7 @@ class LocalDriver(NoNetworkEnforcement):
             resources=_resources(template),
             env={e.name: e.value for e in (*template.env, *spec.env)},
             egress=bool(template.egress),
+            network=effective_policy(template.network, spec.network),
             seccomp=mode_for(
                 template.security.seccomp, template.security.allow_nested_user_namespaces
             ),
@@ -322,6 +337,39 @@ class LocalDriver(NoNetworkEnforcement):
             return None
         return self._instance(sandbox_id, status)
 
+    @property
+    def egress(self) -> Egress | None:
+        """The node's sandbox network (None: loopback only): the resolver and the proxy use
+        its ``gateway``, ``sandbox_by_address``, ``policy`` and ``add_resolved``."""
+        return self._runtime.egress
+
+    async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> NetworkEnforcement:
+        """Put ``policy`` in force for the running sandbox at once (one nftables batch: new
+        and open connections follow it, nothing restarts); idempotent. Not enforced (and
+        why): a node without egress (rootless, SANDPOD_NET=off: loopback only), a sandbox
+        created before its node had egress, header injections (the egress proxy's).
+
+        Raises:
+            NetworkApplyFailed: nftables refused it; the previous policy is still in force.
+        """
+        try:
+            await self._runtime.apply_network(sandbox_id, policy)
+        except NetworkNotSupported as exc:
+            return NetworkEnforcement(False, f"the sandbox has loopback only: {exc.message}")
+        except InstanceNotFound:
+            return NetworkEnforcement(
+                False,
+                "the sandbox has no network link on this node (created before the node had "
+                "egress): loopback only; recreate it for its policy to apply",
+            )
+        except NftError as exc:
+            raise NetworkApplyFailed(f"cannot apply the network policy: {exc}") from exc
+        if policy.inject:
+            return NetworkEnforcement(
+                False, "header injections need the egress proxy, which this node does not run"
+            )
+        return NetworkEnforcement(True)
+
     async def pause(self, sandbox_id: str) -> None:
         await self._runtime.pause(sandbox_id)
 
@@ -339,7 +387,12 @@ class LocalDriver(NoNetworkEnforcement):
             raise InstanceNotFound(f"sandbox {sandbox_id!r} has no instance", sandbox_id=sandbox_id)
         return status.upper_dir, status.uid, status.gid
 
+    def namespace_of(self, sandbox_id: str) -> str | None:
+        """The namespace of the Sandbox an instance serves (None: not ensured by this run)."""
+        return self._namespaces.get(sandbox_id)
+
     async def destroy(self, sandbox_id: str) -> None:
+        self._namespaces.pop(sandbox_id, None)
         self._unwatch(sandbox_id)
         await self._launcher.stop(sandbox_id)
         await self._runtime.destroy(sandbox_id)

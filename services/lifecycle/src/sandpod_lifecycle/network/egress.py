@@ -1,0 +1,366 @@
+"""A node's egress: one installation's address slice, gateway link and table, and its sandboxes.
+
+:class:`Egress` is what the local runtime calls (all ``async``; the blocking work runs in a
+thread): ``start`` claims the slice, enables forwarding, creates the gateway link and the table,
+and cleans what a crashed run left (links, chains and records of sandboxes that are gone);
+``attach`` gives a sandbox whose holder runs its veth, address and chain; ``apply`` swaps its
+policy (one nft batch); ``detach`` removes all of it; ``stop`` removes the table and the gateway
+link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address` and
+:meth:`add_resolved`.
+
+Each attached sandbox has a record (``records.py``), written before its link exists, so a
+restarted lifecycle knows every link and chain that is its own. While started, an installation
+holds a shared lock on ``<registry dir>/net-alive/<id>.lock``: another installation starting on
+the host removes the table and links of one whose state dir is gone, or whose lock nobody holds
+and which has no sandbox link left (a crash), and never touches a running one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import fcntl
+import ipaddress
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+from sandpod_contract.network import NetworkPolicy, Rule
+from sandpod_lifecycle.network import link
+from sandpod_lifecycle.network.addressing import (
+    DEFAULT_POOL,
+    DEFAULT_REGISTRY,
+    AddressPlan,
+    SandboxAddresses,
+    claim_slice,
+    claimed_ids,
+    release_stale,
+)
+from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig
+from sandpod_lifecycle.network.nft import Nft
+from sandpod_lifecycle.network.records import NetRecord, Records
+
+__all__ = ["Egress", "EgressSettings"]
+
+log = structlog.get_logger("sandpod.lifecycle.network")
+
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EgressSettings:
+    """The node's egress settings (``SANDPOD_NET_*``, see ``settings.py``).
+
+    Attributes:
+        enabled: give local sandboxes a network at all (off: loopback only).
+        pool: the host-wide pool installations take /20 slices of.
+        registry: where slices are claimed host-wide (None: the preferred slice, unrecorded).
+        gateway_uid: the host uid that may open connections into sandboxes (the API
+            gateway's); None: the lifecycle's own uid.
+        dns_port: the resolver's port on the gateway address.
+        proxy_port: the egress proxy's port there (None: no proxy).
+        hard_deny: networks no policy can open (the platform's own, when on other hosts).
+    """
+
+    enabled: bool = True
+    pool: ipaddress.IPv4Network = DEFAULT_POOL
+    registry: Path | None = DEFAULT_REGISTRY
+    gateway_uid: int | None = None
+    dns_port: int = 53
+    proxy_port: int | None = None
+    hard_deny: tuple[ipaddress.IPv4Network, ...] = ()
+
+
+class Egress:
+    """One installation's egress on this node (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: EgressSettings,
+        installation_id: str,
+        state_dir: Path,
+        records: Path,
+        nft: Nft | None = None,
+    ) -> None:
+        self.settings = settings
+        self.installation_id = installation_id
+        self._state_dir = state_dir
+        self._records = Records(records)
+        self._nft = nft
+        self.links = link.LinkNames.of(installation_id)
+        self.firewall: Firewall | None = None
+        self.notes: list[str] = []
+        self._alive: int | None = None  # the liveness lock's descriptor while started
+
+    # -- the installation ----------------------------------------------------------------------
+
+    @property
+    def plan(self) -> AddressPlan:
+        return self._firewall().config.plan
+
+    @property
+    def gateway(self) -> ipaddress.IPv4Address:
+        """The address the node's resolver (port ``dns_port``) and proxy listen on."""
+        return self.plan.gateway
+
+    @property
+    def table(self) -> str:
+        return f"sandpod_{self.installation_id}"
+
+    async def start(self) -> list[str]:
+        """Set the node up (idempotent) and clean a crashed run's leftovers; returns notes
+        for people (host settings changed, host filtering that may interfere).
+
+        Raises:
+            NftError, LinkError, PoolExhausted, OSError: the node cannot give egress.
+        """
+        return await asyncio.to_thread(self._start)
+
+    def _start(self) -> list[str]:
+        s = self.settings
+        if s.registry is not None:
+            self._hold_alive(s.registry)
+            for ident in release_stale(s.registry):
+                self._remove_installation(ident)
+            for ident in claimed_ids(s.registry):
+                if ident != self.installation_id and self._orphaned(s.registry, ident):
+                    self._remove_installation(ident)
+        plan = claim_slice(
+            self.installation_id, self._state_dir, s.pool, s.registry, link.host_networks()
+        )
+        nft = self._nft or Nft()
+        self._nft = nft
+        uid = s.gateway_uid if s.gateway_uid is not None else os.geteuid()
+        config = FirewallConfig(
+            self.installation_id, plan, uid, s.dns_port, s.proxy_port, s.hard_deny
+        )
+        self.firewall = Firewall(nft, config)
+        notes = []
+        if IP_FORWARD.read_text().strip() != "1":
+            IP_FORWARD.write_text("1")
+            notes.append("net.ipv4.ip_forward was 0: set to 1 (sandbox egress is routed)")
+        notes += self._host_filters()
+        self.links.ensure_gateway(plan.gateway)
+        self.firewall.setup()
+        self._recover()
+        log.info("egress_ready", slice=str(plan.slice), gateway=str(plan.gateway), table=self.table)
+        self.notes = notes
+        for note in notes:
+            log.warning("egress_host_note", note=note)
+        return notes
+
+    def _hold_alive(self, registry: Path) -> None:
+        """Hold (shared: replicas of one installation may share it) this installation's
+        liveness lock while it runs; the kernel drops it when the process dies."""
+        if self._alive is not None:
+            return
+        alive = registry.parent / "net-alive"
+        alive.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = os.open(
+            alive / f"{self.installation_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        self._alive = fd
+
+    @staticmethod
+    def _orphaned(registry: Path, ident: str) -> bool:
+        """Another installation's network with no lifecycle running (nobody holds its
+        liveness lock) and no sandbox left (no sandbox link): its table and gateway link are
+        leftovers of a crash (sandboxes still attached keep theirs for the next start)."""
+        path = registry.parent / "net-alive" / f"{ident}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False  # an installation of an older version: never ours to judge
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+        return not link.LinkNames.of(ident).links()
+
+    def _remove_installation(self, ident: str) -> None:
+        """Remove the table and links of a dead installation (its state dir is gone)."""
+        if not ident.isalnum():
+            return
+        nft = self._firewall_nft()
+        if any(
+            i.get("table", {}).get("name") == f"sandpod_{ident}"
+            for i in nft.json("list tables inet")
+        ):
+            nft.run(f"delete table inet sandpod_{ident}")
+        names = link.LinkNames.of(ident)
+        for name in [*names.links(), names.gateway]:
+            link.delete(name)
+        log.info("egress_stale_installation_removed", installation=ident)
+
+    def _host_filters(self) -> list[str]:
+        """Other tables whose forward chains drop by default: they may drop our traffic too
+        (every table's base chains see each packet); reported, never changed."""
+        nft = self._firewall_nft()
+        notes = []
+        for item in nft.json("list chains"):
+            chain = item.get("chain")
+            if not isinstance(chain, dict) or chain.get("table") == self.table:
+                continue
+            if chain.get("hook") == "forward" and chain.get("policy") == "drop":
+                notes.append(
+                    f"nftables table {chain.get('family')} {chain.get('table')} chain "
+                    f"{chain.get('name')} drops forwarded packets by default: sandbox egress "
+                    f"needs an accept there for interfaces {self.links.sandbox_prefix}*"
+                )
+        return notes
+
+    def _firewall_nft(self) -> Nft:
+        if self._nft is None:
+            self._nft = Nft()
+        return self._nft
+
+    def _firewall(self) -> Firewall:
+        if self.firewall is None:
+            raise RuntimeError("egress is not started")
+        return self.firewall
+
+    async def stop(self) -> None:
+        """Remove the table and the gateway link (sandboxes still attached lose egress)."""
+        await asyncio.to_thread(self._stop)
+
+    async def stop_if_unused(self) -> bool:
+        """:meth:`stop` unless a sandbox is still attached (sandboxes outlive a lifecycle
+        stopped without destroying them: their network stays, the next start adopts it).
+        Returns whether it stopped."""
+        if self._records.all():
+            return False
+        await self.stop()
+        return True
+
+    def _stop(self) -> None:
+        if self.firewall is not None:
+            self.firewall.remove()
+        self.links.remove_gateway()
+        if self._alive is not None:
+            os.close(self._alive)
+            self._alive = None
+        log.info("egress_removed", table=self.table)
+
+    def _recover(self) -> None:
+        """Re-adopt sandboxes whose link survived; remove every other trace."""
+        fw = self._firewall()
+        records = self._records.all()
+        live = set(self.links.links())
+        for sandbox_id, record in records.items():
+            name = self.links.sandbox(record.index)
+            if name in live:
+                fw.apply(sandbox_id, self.plan.sandbox(record.index), name, record.policy)
+                continue
+            fw.drop_index(record.index, name)
+            self._records.remove(sandbox_id)
+            log.info("egress_leftover_removed", sandbox_id=sandbox_id, link=name)
+        known = {self.links.sandbox(r.index) for r in records.values()}
+        for name in live - known:
+            link.delete(name)
+            log.info("egress_leftover_removed", link=name)
+        indexes = {r.index for r in records.values()}
+        for index in fw.chains():
+            if index not in indexes:
+                fw.drop_index(index, self.links.sandbox(index))
+
+    # -- sandboxes -----------------------------------------------------------------------------
+
+    async def attach(
+        self, sandbox_id: str, holder_pid: int, policy: NetworkPolicy
+    ) -> SandboxAddresses:
+        """Give the sandbox (its holder is ``holder_pid``) its link, address and chain.
+
+        Raises:
+            PoolExhausted, LinkError, NftError: nothing is left behind but the record, which
+            :meth:`detach` removes with the rest.
+        """
+        return await asyncio.to_thread(self._attach, sandbox_id, holder_pid, policy)
+
+    def _attach(self, sandbox_id: str, holder_pid: int, policy: NetworkPolicy) -> SandboxAddresses:
+        fw = self._firewall()
+        with self._records.lock():
+            records = self._records.all()
+            if sandbox_id in records:
+                index = records[sandbox_id].index
+            else:
+                index = self.plan.free_index(r.index for r in records.values())
+            self._records.put(sandbox_id, NetRecord(index, policy, holder_pid))
+        addrs = self.plan.sandbox(index)
+        name = self.links.create(addrs, holder_pid)
+        fw.apply(sandbox_id, addrs, name, policy)
+        if policy.limits.bandwidth_bytes_per_second is not None:
+            link.set_bandwidth(name, holder_pid, policy.limits.bandwidth_bytes_per_second)
+        return addrs
+
+    async def apply(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Swap the sandbox's policy in one nft batch (effective for new connections at once).
+
+        Raises:
+            KeyError: the sandbox is not attached.
+            NftError: refused; the previous policy is still in force.
+        """
+        await asyncio.to_thread(self._apply, sandbox_id, policy)
+
+    def _apply(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        record = self._records.get(sandbox_id)
+        if record is None:
+            raise KeyError(sandbox_id)
+        addrs = self.plan.sandbox(record.index)
+        name = self.links.sandbox(record.index)
+        self._firewall().apply(sandbox_id, addrs, name, policy)
+        self._records.put(sandbox_id, dataclasses.replace(record, policy=policy))
+        bandwidth = policy.limits.bandwidth_bytes_per_second
+        if record.policy.limits.bandwidth_bytes_per_second != bandwidth:
+            link.set_bandwidth(name, record.holder, bandwidth)
+
+    async def detach(self, sandbox_id: str) -> None:
+        """Remove the sandbox's link, chain, sets and record (idempotent)."""
+        await asyncio.to_thread(self._detach, sandbox_id)
+
+    def _detach(self, sandbox_id: str) -> None:
+        record = self._records.get(sandbox_id)
+        if record is None:
+            return
+        name = self.links.sandbox(record.index)
+        link.delete(name)
+        if self.firewall is not None:
+            self.firewall.forget(sandbox_id, self.plan.sandbox(record.index), name)
+        self._records.remove(sandbox_id)
+
+    def address(self, sandbox_id: str) -> str | None:
+        """The sandbox's own address (None: not attached)."""
+        record = self._records.get(sandbox_id)
+        if record is None or self.firewall is None:
+            return None
+        return str(self.plan.sandbox(record.index).sandbox)
+
+    def policy(self, sandbox_id: str) -> NetworkPolicy | None:
+        record = self._records.get(sandbox_id)
+        return None if record is None else record.policy
+
+    # -- for the resolver and the proxy --------------------------------------------------------
+
+    def sandbox_by_address(self, address: str) -> tuple[str, NetworkPolicy] | None:
+        """(sandbox id, policy in force) of the sandbox whose address is ``address``."""
+        return self._firewall().sandbox_by_address(address)
+
+    def add_resolved(
+        self,
+        sandbox_id: str,
+        rule: Rule | str,
+        addresses: Sequence[tuple[str | ipaddress.IPv4Address | ipaddress.IPv6Address, float]],
+    ) -> int:
+        """See :meth:`Firewall.add_resolved` (blocking, ~100 µs: one nft batch)."""
+        return self._firewall().add_resolved(sandbox_id, rule, addresses)
+
+    def denied(self, sandbox_id: str) -> int:
+        return self._firewall().denied(sandbox_id)
+
+    def denied_counts(self) -> dict[str, int]:
+        """sandbox id -> packets its chain refused so far, every sandbox in one nft call."""
+        return self._firewall().denied_counts()

@@ -1,0 +1,245 @@
+"""Each sandbox's link out of its network namespace: a veth pair, addressed as a /31.
+
+The host end is named ``sp<installation id, 6 hex>-<index>`` (at most 15 characters, as the
+kernel wants; the firewall matches an installation's sandboxes by that prefix), the sandbox end
+is ``eth0`` and is created directly inside the holder's network namespace (``peer ... netns
+<holder pid>``), so it never exists on the host. Inside, the sandbox gets its address and a
+default route via the host end; code in the sandbox has no ``CAP_NET_ADMIN`` there (its user is
+unprivileged), so it cannot change either.
+
+The installation's *gateway address* (where the resolver and proxy listen) sits on a veth pair
+of its own kept on the host (``sp<id>g`` / ``sp<id>h``): deleting that link removes the address
+(no dummy interface is needed, which some kernels lack).
+
+Work is done by iproute2 (``ip -batch``: one process per side) and tc; these functions block,
+callers run them in a thread. Teardown is ``ip link del`` of the host end (the kernel removes
+the peer and the /31's route with it); a holder that died took its end, and with it both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from sandpod_lifecycle.network.addressing import SandboxAddresses
+
+__all__ = ["LinkError", "LinkNames", "host_networks"]
+
+SANDBOX_IFACE = "eth0"
+OURS = re.compile(r"sp[0-9a-f]{6}[-gh]")  # any installation's links (see LinkNames)
+TIMEOUT = 10.0
+
+
+class LinkError(Exception):
+    """An iproute2/tc command failed. ``detail`` is its stderr (for people, never matched)."""
+
+    code = "network.link_failed"
+    retryable = True
+
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(f"{message}: {detail}" if detail else message)
+        self.message = message
+        self.detail = detail
+
+
+def _run(argv: Sequence[str], stdin: str | None = None) -> str:
+    try:
+        done = subprocess.run(
+            list(argv),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LinkError(f"cannot run {argv[0]}", detail=str(exc)) from exc
+    if done.returncode != 0:
+        raise LinkError(f"{' '.join(argv[:4])} failed", detail=done.stderr.strip()[-500:])
+    return done.stdout
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinkNames:
+    """Interface names of one installation (see the module docstring)."""
+
+    tag: str  # 6 hex digits of the installation id
+
+    @classmethod
+    def of(cls, installation_id: str) -> LinkNames:
+        return cls(installation_id[:6])
+
+    @property
+    def sandbox_prefix(self) -> str:
+        return f"sp{self.tag}-"
+
+    @property
+    def gateway(self) -> str:
+        return f"sp{self.tag}g"
+
+    @property
+    def gateway_peer(self) -> str:
+        return f"sp{self.tag}h"
+
+    def sandbox(self, index: int) -> str:
+        return f"{self.sandbox_prefix}{index}"
+
+    # -- the gateway address -------------------------------------------------------------------
+
+    def ensure_gateway(self, gateway: ipaddress.IPv4Address) -> None:
+        """Create the gateway's link with ``gateway``/32 on it (idempotent)."""
+        if not _exists(self.gateway):
+            _run(
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    self.gateway,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    self.gateway_peer,
+                ]
+            )
+        _no_ipv6(self.gateway)
+        _no_ipv6(self.gateway_peer)
+        _run(
+            ["ip", "-batch", "-"],
+            stdin="\n".join(
+                (
+                    f"address replace {gateway}/32 dev {self.gateway}",
+                    f"link set {self.gateway} up",
+                    f"link set {self.gateway_peer} up",
+                )
+            )
+            + "\n",
+        )
+
+    def remove_gateway(self) -> None:
+        delete(self.gateway)
+
+    # -- sandboxes -----------------------------------------------------------------------------
+
+    def create(self, addrs: SandboxAddresses, holder_pid: int) -> str:
+        """The veth of sandbox ``addrs.index`` into the netns of ``holder_pid``, addressed and
+        routed; returns the host end's name. A leftover of the same name is replaced.
+
+        Raises:
+            LinkError: a step failed (the caller deletes the host end).
+        """
+        name = self.sandbox(addrs.index)
+        delete(name)
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                SANDBOX_IFACE,
+                "netns",
+                str(holder_pid),
+            ]
+        )
+        _no_ipv6(name)
+        _run(
+            ["ip", "-batch", "-"],
+            stdin=(f"address add {addrs.host}/31 dev {name}\nlink set {name} up\n"),
+        )
+        _run(
+            ["nsenter", f"--target={holder_pid}", "--net", "--", "ip", "-batch", "-"],
+            stdin=(
+                f"address add {addrs.sandbox}/31 dev {SANDBOX_IFACE}\n"
+                f"link set {SANDBOX_IFACE} up\n"
+                f"route add default via {addrs.host} dev {SANDBOX_IFACE}\n"
+            ),
+        )
+        return name
+
+    def links(self) -> list[str]:
+        """Host ends of this installation's sandboxes that exist now."""
+        out = json.loads(_run(["ip", "-j", "link", "show"]) or "[]")
+        names = [str(i.get("ifname", "")) for i in out if isinstance(i, dict)]
+        return sorted(n for n in names if n.startswith(self.sandbox_prefix))
+
+
+def delete(name: str) -> None:
+    """Remove a link (and its veth peer) if it exists."""
+    if _exists(name):
+        with contextlib.suppress(LinkError):  # gone meanwhile (its namespace died)
+            _run(["ip", "link", "del", name])
+    if _exists(name):
+        raise LinkError(f"cannot remove the link {name}")
+
+
+def set_bandwidth(name: str, holder_pid: int, bytes_per_second: int | None) -> None:
+    """Limit the sandbox behind host end ``name`` (its holder: ``holder_pid``) to
+    ``bytes_per_second`` each way (None: no limit): a token bucket on each end's egress -- the
+    host end's shapes its downloads, the sandbox end's (set from outside; code in the sandbox
+    has no CAP_NET_ADMIN to remove it) its uploads. Ingress policing would spare the second,
+    but needs tc's police action, which not every kernel has."""
+    inside = ["nsenter", f"--target={holder_pid}", "--net", "--"]
+    for prefix, dev in (([], name), (inside, SANDBOX_IFACE)):
+        if _has_qdisc([*prefix, "tc"], dev):
+            _run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"])
+        if bytes_per_second is not None:
+            _run([*prefix, *_tbf(dev, bytes_per_second)])
+
+
+def _tbf(dev: str, bytes_per_second: int) -> list[str]:
+    rate = f"{bytes_per_second * 8}bit"
+    burst = max(bytes_per_second // 10, 16 * 1024)
+    return [
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        str(burst),
+        "latency",
+        "100ms",
+    ]
+
+
+def host_networks() -> list[ipaddress.IPv4Network]:
+    """IPv4 networks this host already routes or holds addresses in (every table)."""
+    nets: list[ipaddress.IPv4Network] = []
+    for item in json.loads(_run(["ip", "-j", "-4", "route", "show", "table", "all"]) or "[]"):
+        dst = item.get("dst") if isinstance(item, dict) else None
+        if OURS.match(str(item.get("dev", "")) if isinstance(item, dict) else ""):
+            continue  # a Sandpod installation's own links: its slice is in the registry
+        if isinstance(dst, str) and dst not in ("default", "0.0.0.0/0"):
+            with contextlib.suppress(ValueError):
+                nets.append(ipaddress.IPv4Network(dst, strict=False))
+    return nets
+
+
+def _exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()
+
+
+def _has_qdisc(tc: list[str], name: str) -> bool:
+    out = _run([*tc, "-j", "qdisc", "show", "dev", name, "root"])
+    return any(isinstance(q, dict) and q.get("kind") == "tbf" for q in json.loads(out or "[]"))
+
+
+def _no_ipv6(name: str) -> None:
+    """No IPv6 on a host end: no link-local address for a sandbox to talk to."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6").write_text("1")

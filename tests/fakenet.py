@@ -1,0 +1,219 @@
+"""A fake internet made of a network namespace the test creates (issue 15's test bed).
+
+:class:`FakeNet` builds, with unique names per run so concurrent runs never collide:
+
+- a network namespace ``fn<tag>`` joined to the host by a veth (``fn<tag>h`` on the host,
+  a /30 from 172.31.0.0/16), with a default route back through the host;
+- "public" addresses that are NOT in ``SPECIAL_RANGES``: a /24 of 11.0.0.0/8 (``public``:
+  ``.10`` runs HTTP on ports 80 and 8080 and UDP sinks, ``.11`` a second HTTP server), routed
+  by the host into the namespace (UDP sinks on ``public`` ports 9999 and 53: they log what
+  they receive, never answer);
+- the cloud metadata server at 169.254.169.254:80 (a host route with a unique metric);
+- a "private" service on a 10.x address (outside the sandbox pool), port 80;
+- :meth:`host_service`: a TCP server of the test's own bound to 0.0.0.0 on the host.
+
+HTTP answers ``fakenet <name>`` (``fakenet_server.py``), ``GET /udp`` lists what the UDP sink
+received (the spoofing test), ``GET /bytes/<n>`` sends n bytes (throughput). DNS is not here:
+the resolver's tests bring their own server on these addresses (``add_address`` gives more).
+``close`` removes the namespace, its veth, every route and the server; ``leftovers`` says what
+of it still exists (tests assert it is empty).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+__all__ = ["FakeNet"]
+
+SERVER = Path(__file__).with_name("fakenet_server.py")
+PRIVATE_POOL_AVOID = ipaddress.ip_network("10.240.0.0/12")  # sandbox pools live here
+
+
+def _ip(*args: str, netns: str | None = None, check: bool = True) -> str:
+    argv = ["ip", *(["-n", netns] if netns else []), *args]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _routes() -> list[ipaddress.IPv4Network]:
+    out = json.loads(_ip("-j", "-4", "route", "show", "table", "all") or "[]")
+    nets = []
+    for r in out:
+        with contextlib.suppress(ValueError):
+            if r.get("dst") not in (None, "default"):
+                nets.append(ipaddress.IPv4Network(r["dst"], strict=False))
+    return nets
+
+
+def _free(candidates: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
+    taken = _routes()
+    for net in candidates:
+        if not any(net.overlaps(t) for t in taken):
+            return net
+    raise RuntimeError("no free test network")
+
+
+class FakeNet:
+    """See the module docstring. Use as a context manager, or call ``create``/``close``."""
+
+    def __init__(self) -> None:
+        self.tag = uuid.uuid4().hex[:8]
+        self.netns = f"fn{self.tag}"
+        self.host_if = f"fn{self.tag}h"
+        rnd = random.Random()
+        self.link = _free(
+            [
+                ipaddress.IPv4Network(f"172.31.{rnd.randrange(256)}.{4 * rnd.randrange(64)}/30")
+                for _ in range(64)
+            ]
+        )
+        self.public_net = _free(
+            [
+                ipaddress.IPv4Network(f"11.{rnd.randrange(256)}.{rnd.randrange(256)}.0/24")
+                for _ in range(64)
+            ]
+        )
+        private = [
+            ipaddress.IPv4Network(f"10.{rnd.randrange(256)}.{rnd.randrange(256)}.0/24")
+            for _ in range(64)
+        ]
+        self.private_net = _free([p for p in private if not p.overlaps(PRIVATE_POOL_AVOID)])
+        hosts = list(self.link.hosts())
+        self.host_addr, self.ns_addr = str(hosts[0]), str(hosts[1])
+        self.public = str(self.public_net.network_address + 10)
+        self.public2 = str(self.public_net.network_address + 11)
+        self.private = str(self.private_net.network_address + 10)
+        self.metadata = "169.254.169.254"
+        self.udp_port = 9999
+        self.metric = 1000 + rnd.randrange(60000)
+        self._server: subprocess.Popen[str] | None = None
+        self._host_socks: list[socket.socket] = []
+        self._routes: list[list[str]] = []
+
+    def __enter__(self) -> FakeNet:
+        self.create()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create(self) -> None:
+        ns = self.netns
+        _ip("netns", "add", ns)
+        try:
+            _ip("link", "add", self.host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("address", "add", f"{self.host_addr}/30", "dev", self.host_if)
+            _ip("link", "set", self.host_if, "up")
+            _ip("link", "set", "lo", "up", netns=ns)
+            _ip("link", "set", "eth0", "up", netns=ns)
+            _ip("address", "add", f"{self.ns_addr}/30", "dev", "eth0", netns=ns)
+            _ip("route", "add", "default", "via", self.host_addr, netns=ns)
+            for addr in (self.public, self.public2, self.private, self.metadata):
+                _ip("address", "add", f"{addr}/32", "dev", "lo", netns=ns)
+            for dst in (str(self.public_net), str(self.private_net), f"{self.metadata}/32"):
+                route = [dst, "via", self.ns_addr, "metric", str(self.metric)]
+                _ip("route", "add", *route)
+                self._routes.append(route)
+            self._start_server()
+        except BaseException:
+            self.close()
+            raise
+
+    def add_address(self, address: str) -> None:
+        """Another address of the fake internet (in ``public_net`` or ``private_net``)."""
+        _ip("address", "add", f"{address}/32", "dev", "lo", netns=self.netns)
+
+    def _start_server(self) -> None:
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            self.netns,
+            sys.executable,
+            str(SERVER),
+            f"public={self.public}:80",
+            f"public-8080={self.public}:8080",
+            f"public2={self.public2}:80",
+            f"private={self.private}:80",
+            f"metadata={self.metadata}:80",
+            "--udp",
+            f"{self.public}:{self.udp_port}",
+            "--udp",
+            f"{self.public}:53",
+        ]
+        self._server = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self._server.stdout is not None
+        line = self._server.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"fake internet servers did not start: {line!r}")
+
+    def exec(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """Run a command inside the fake internet's namespace."""
+        return subprocess.run(
+            ["ip", "netns", "exec", self.netns, *argv], capture_output=True, text=True, check=False
+        )
+
+    def host_service(self) -> int:
+        """A TCP server on 0.0.0.0 of the host (port returned) answering ``host secret``."""
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("0.0.0.0", 0))
+        sock.listen(16)
+        self._host_socks.append(sock)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    return
+                with conn, contextlib.suppress(OSError):
+                    conn.recv(1024)
+                    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 12\r\n\r\nhost secret\n")
+
+        threading.Thread(target=serve, daemon=True).start()
+        return int(sock.getsockname()[1])
+
+    def close(self) -> None:
+        for sock in self._host_socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        if self._server is not None:
+            self._server.kill()
+            self._server.wait()
+            if self._server.stdout is not None:
+                self._server.stdout.close()
+        for route in self._routes:
+            _ip("route", "del", *route, check=False)
+        _ip("link", "del", self.host_if, check=False)
+        _ip("netns", "del", self.netns, check=False)
+
+    def leftovers(self) -> list[str]:
+        """What of this fake internet still exists (namespace, link, routes)."""
+        left = []
+        if Path("/run/netns", self.netns).exists():
+            left.append(f"netns {self.netns}")
+        if Path("/sys/class/net", self.host_if).exists():
+            left.append(f"link {self.host_if}")
+        routes = _ip("-4", "route", "show", "table", "all")
+        left += [f"route {r}" for r in routes.splitlines() if f"metric {self.metric}" in r]
+        return left
+
+
+if __name__ == "__main__":  # a manual check: build it, print its addresses, wait
+    with FakeNet() as net:
+        print(json.dumps({k: v for k, v in vars(net).items() if isinstance(v, str)}, indent=1))
+        os.system(f"curl -s -m 2 http://{net.public}/")

@@ -1,0 +1,145 @@
+"""Shared by the network tests: real jails with egress, and probes run from inside them.
+
+:func:`egress_runtime` is a local runtime (as root) with an :class:`Egress` of its own (a unique
+installation id, a registry in the test's directory); on exit it destroys every jail, stops the
+egress and asserts nothing of it is left (links, table, gateway link, routes of its slice).
+:func:`probe` runs a Python script *inside* a sandbox, as its unprivileged user, that tries
+each ``host:port`` at once and reports what answered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import uuid
+import weakref
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from sandpod_contract.network import NetworkPolicy
+from sandpod_execd.jail import Jail
+from sandpod_execd.oneshot import Outcome, run_to_completion
+from sandpod_execd.process import spawn
+from sandpod_execd.registry import ExecRegistry
+from sandpod_execd.sandbox import SandboxContext
+from sandpod_lifecycle.network.egress import Egress, EgressSettings
+from sandpod_lifecycle.network.nft import Nft
+from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus
+from sandpod_lifecycle.runtime.installation import remove_cgroup_parents
+from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
+
+MiB = 1024 * 1024
+ROOTFS: weakref.WeakKeyDictionary[LocalRuntime, Path] = weakref.WeakKeyDictionary()
+PROBE = r"""
+import json, socket, sys, concurrent.futures as cf
+def reach(t):
+    h, p = t.rsplit(":", 1)
+    try:
+        s = socket.create_connection((h, int(p)), timeout=1.5)
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        data = s.recv(200)
+        s.close()
+        return data.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip() or "connected"
+    except OSError as e:
+        return "refused:" + type(e).__name__
+with cf.ThreadPoolExecutor(32) as ex:
+    print(json.dumps(dict(zip(sys.argv[1:], ex.map(reach, sys.argv[1:])))))
+"""
+
+
+def leftovers(egress: Egress) -> list[str]:
+    """What of an installation's egress exists on the host (empty after a clean stop)."""
+    left = []
+    links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout)
+    prefix = f"sp{egress.installation_id[:6]}"
+    left += [f"link {i['ifname']}" for i in links if i["ifname"].startswith(prefix)]
+    tables = Nft().json("list tables inet")
+    left += [
+        f"table {t['table']['name']}"
+        for t in tables
+        if "table" in t and t["table"]["name"] == egress.table
+    ]
+    routes = subprocess.run(
+        ["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True
+    ).stdout
+    if egress.firewall is not None:
+        net = egress.plan.slice
+        octets = ".".join(str(net.network_address).split(".")[:2]) + "."
+        left += [f"route {r}" for r in routes.splitlines() if r.startswith(octets) and prefix in r]
+    return left
+
+
+@contextlib.asynccontextmanager
+async def egress_runtime(
+    state: Path, rootfs: Path, gateway_uid: int = 0
+) -> AsyncIterator[tuple[LocalRuntime, Egress]]:
+    ident = uuid.uuid4().hex[:10]
+    egress = Egress(
+        EgressSettings(registry=state / "net-ranges.json", gateway_uid=gateway_uid),
+        ident,
+        state,
+        state / "net",
+    )
+    config = LocalRuntimeConfig(state_dir=state / "jails", cgroup_parent=f"sandpod-nt-{ident}")
+    rt = LocalRuntime(config, egress=egress)
+    await egress.start()
+    ROOTFS[rt] = rootfs
+    try:
+        yield rt, egress
+    finally:
+        errors = []
+        for sid in await rt.list():
+            try:
+                await rt.destroy(sid)
+            except Exception as exc:  # still stop the egress, then report
+                errors.append(exc)
+        await egress.stop()
+        remove_cgroup_parents(await rt.capabilities(), config.cgroup_parent)
+        left = leftovers(egress)
+        assert not errors and not left, f"destroy failed: {errors}; egress left behind: {left}"
+
+
+async def make(rt: LocalRuntime, policy: NetworkPolicy | None) -> InstanceStatus:
+    sid = f"n-{uuid.uuid4().hex[:10]}"
+    return await rt.create(InstanceSpec(sandbox_id=sid, rootfs=ROOTFS[rt], network=policy))
+
+
+async def run(status: InstanceStatus, command: str | list[str], timeout: float = 30) -> Outcome:
+    """Run ``command`` inside the jail the way execd does (as the sandbox's user)."""
+    if status.jail_file is None:
+        raise AssertionError("no jail file")
+    jail = Jail.load(status.jail_file, status.sandbox_id)
+    try:
+        ctx = SandboxContext(
+            status.sandbox_id,
+            Path("/unused"),
+            "/bin/bash",
+            {},
+            ExecRegistry(10, stored_budget=MiB),
+            jail=jail,
+        )
+        argv, shell = (tuple(command), None) if isinstance(command, list) else (None, command)
+        proc = spawn(ctx.command(argv, shell, None, None, stdin=False))
+        return await run_to_completion(
+            proc, stdin=None, timeout=timeout, max_output=4 * MiB, pipe_grace=0.5
+        )
+    finally:
+        jail.close()
+
+
+async def ok(status: InstanceStatus, command: str | list[str]) -> str:
+    out = await run(status, command)
+    if out.returncode != 0:
+        raise AssertionError((out.returncode, out.stderr.value().decode()))
+    return out.stdout.value().decode()
+
+
+async def probe(status: InstanceStatus, *targets: str) -> dict[str, str]:
+    """target ("host:port") -> the HTTP body that answered, or ``refused:<error>``."""
+    result: dict[str, str] = json.loads(await ok(status, ["python3", "-c", PROBE, *targets]))
+    return result
+
+
+def reached(results: dict[str, str]) -> set[str]:
+    return {t for t, r in results.items() if not r.startswith("refused:")}
