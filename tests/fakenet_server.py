@@ -25,10 +25,14 @@ def handler(name: str):  # type: ignore[no-untyped-def]
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await reader.readline()
-            while (await reader.readline()).strip():
-                pass
+            headers = []
+            while (header := await reader.readline()).strip():
+                headers.append(header.decode(errors="replace"))
             path = line.split()[1].decode() if len(line.split()) > 1 else "/"
-            if path.startswith("/bytes/"):
+            if path == "/headers":  # what reached the server (the egress proxy's injections)
+                data = "".join(headers).encode()
+                writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+            elif path.startswith("/bytes/"):
                 size = int(path[len("/bytes/") :])
                 writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
                 while size > 0:

@@ -30,6 +30,7 @@ from sandpod_bus import Inbound
 from sandpod_contract.codec import decode
 from sandpod_contract.messages.sandboxes import NetworkEvent, ObjectReply, ObjectRequest, Ref
 from sandpod_lifecycle.network.nft import Nft
+from sandpod_lifecycle.network.secretstore import FileSecretStore
 from sandpod_lifecycle.runtime.installation import identity
 from svcprocs import ServiceProc
 
@@ -247,6 +248,60 @@ async def test_a_name_rule_opens_only_what_the_node_resolver_answered(
                 assert r.stdout.strip() == "unreachable", (target, r)
             assert auth.asked_for("api.example.test") >= 1
             assert auth.asked_for("other.example.test") == 0  # refused before the internet
+    finally:
+        proc.stop()
+        await auth.close()
+
+
+async def test_a_secret_reaches_its_domain_as_a_header_and_never_enters_the_sandbox(
+    nats: NatsServer, tmp_path: Path, default_rootfs: Path | None, fakenet: FakeNet
+) -> None:
+    """A template injecting secret ``tok`` as ``Authorization`` for ``api.example.test``: the
+    sandbox's environment, files and requests hold only the placeholder; the server receives
+    the secret, put in by the node's egress proxy (the firewall sends the name rule's
+    addresses on port 80 there). A request to another allowed name gets no injection."""
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    auth = AuthServer()
+    await auth.start()
+    auth.add("api.example.test", "A", 60, fakenet.public)
+    auth.add("plain.example.test", "A", 60, fakenet.public2)
+    host, port = auth.address
+    secrets = tmp_path / "secrets"  # the lifecycle's state dir is tmp_path
+    FileSecretStore(secrets).put("tok", secret)
+    proc, prefix = await _start_platform(
+        nats, tmp_path, default_rootfs, SANDPOD_DNS_UPSTREAMS=f"{host}:{port}"
+    )
+    try:
+        async with await AsyncSandbox.connect("x", nats_url=nats.url, prefix=prefix) as s:
+            network = {
+                "mode": "allowlist",
+                "allow": ["api.example.test:80", "plain.example.test:80"],
+                "inject": [{"domain": "api.example.test", "secret": "tok"}],
+            }
+            obj = {
+                "kind": "SandboxTemplate",
+                "metadata": {"name": "injecting"},
+                "spec": {"network": network},
+            }
+            await api_call(
+                s.bus, s.subjects, "templates", "apply", ObjectRequest(object=obj), ObjectReply
+            )
+        async with await AsyncSandbox.create(
+            template="injecting", nats_url=nats.url, prefix=prefix, wait=DEADLINE
+        ) as sbx:
+            got = 'curl -s -m 5 -H "Authorization: Bearer $SANDPOD_SECRET_TOK" http://{}/headers'
+            seen = (await sbx.exec(got.format("api.example.test"))).stdout
+            assert f"Authorization: Bearer {secret}" in seen, seen
+            assert "sandpod-placeholder-tok" not in seen
+            plain = (await sbx.exec(got.format("plain.example.test"))).stdout
+            assert "Authorization: Bearer sandpod-placeholder-tok" in plain, plain
+            inside = await sbx.exec(
+                f"env; cat /proc/self/environ; grep -rs {secret} /etc /tmp /workspace; true"
+            )
+            assert secret not in inside.stdout, "the secret's value entered the sandbox"
+            assert "SANDPOD_SECRET_TOK=sandpod-placeholder-tok" in inside.stdout
+            bundle = await sbx.exec("cat /etc/ssl/certs/sandpod-egress.pem")
+            assert "BEGIN CERTIFICATE" in bundle.stdout  # the domain's authority, for HTTPS
     finally:
         proc.stop()
         await auth.close()

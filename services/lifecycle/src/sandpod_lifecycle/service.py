@@ -56,7 +56,7 @@ from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.link import LinkError
 from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nft import NftError
-from sandpod_lifecycle.network.node import NodeNetwork, start_node_network
+from sandpod_lifecycle.network.node import NodeNetwork, ProxyWiring, start_node_network
 from sandpod_lifecycle.node import NodeLauncher
 from sandpod_lifecycle.reconciler import Reconciler
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
@@ -355,7 +355,14 @@ class LifecycleService:
                 publish=publish,
                 spawn=spawn,
                 poll=DENIAL_POLL,
+                proxy=ProxyWiring(
+                    self.settings.proxy,
+                    self.settings.state_dir,
+                    egress.installation_id,
+                    self.metrics,
+                ),
             )
+            self._local[0].trust = self.node_network.trust
         except (NftError, LinkError, PoolExhausted, OSError, ValueError) as exc:
             log.error("egress_unavailable", error=str(exc))
             self._local[0].egress = None

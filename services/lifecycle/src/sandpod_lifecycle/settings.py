@@ -43,7 +43,9 @@
 | ``SANDPOD_NET_REGISTRY`` | ``/var/lib/sandpod/net-ranges.json`` | ... where slices are claimed |
 | ``SANDPOD_NET_GATEWAY_UID`` | lifecycle's uid | ... only uid connecting into sandboxes |
 | ``SANDPOD_NET_DNS_PORT`` | 53 | ... the node resolver's port on the gateway address |
-| ``SANDPOD_NET_PROXY_PORT`` | unset | ... the egress proxy's port there (name rules on 80/443) |
+| ``SANDPOD_NET_PROXY_PORT`` | 3129 | ... the egress proxy's port there (name rules on 80/443: |
+| | | SNI/Host checked, header injections); ``off``: no proxy, name rules open by address |
+| ``SANDPOD_EGRESS_*`` | | ... the proxy's limits and timeouts (``ProxySettings``) |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -66,11 +68,14 @@ from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.events import EventLimits
 from sandpod_lifecycle.network.dnssettings import ResolverSettings
 from sandpod_lifecycle.network.egress import EgressSettings
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.runtime.base import MIN_DISK
 from sandpod_lifecycle.runtime.local_driver import parse_quantity
 from sandpod_service import env_bool, env_float, env_int, env_str
 
 __all__ = ["LifecycleSettings"]
+
+DEFAULT_PROXY_PORT = 3129  # the egress proxy on each installation's own gateway address
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +118,7 @@ class LifecycleSettings:
     build_pods: BuildPodSettings = dataclasses.field(default_factory=BuildPodSettings)
     network: EgressSettings = dataclasses.field(default_factory=EgressSettings)  # local runtime
     dns: ResolverSettings | None = None  # SANDPOD_DNS_* (None: read at start from the host)
+    proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)  # SANDPOD_EGRESS_*
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -179,6 +185,7 @@ class LifecycleSettings:
             build_pods=BuildPodSettings.from_env(env),
             network=_egress(env),
             dns=ResolverSettings.from_env(env),
+            proxy=ProxySettings.from_env(env),
         )
 
 
@@ -218,16 +225,18 @@ def _egress(env: Mapping[str, str]) -> EgressSettings:
         raise ValueError(f"SANDPOD_NET_POOL={raw_pool!r}: use a private range")
     registry = env_str(env, "SANDPOD_NET_REGISTRY", str(base.registry))
     uid = env_str(env, "SANDPOD_NET_GATEWAY_UID", "")
-    proxy = env_str(env, "SANDPOD_NET_PROXY_PORT", "")
-    if (uid and not uid.isdigit()) or (proxy and not proxy.isdigit()):
-        raise ValueError("SANDPOD_NET_GATEWAY_UID and SANDPOD_NET_PROXY_PORT are integers")
+    proxy = env_str(env, "SANDPOD_NET_PROXY_PORT", str(DEFAULT_PROXY_PORT))
+    if (uid and not uid.isdigit()) or not (proxy.isdigit() or proxy == "off"):
+        raise ValueError(
+            "SANDPOD_NET_GATEWAY_UID is an integer; SANDPOD_NET_PROXY_PORT an integer or off"
+        )
     return EgressSettings(
         enabled=env_bool(env, "SANDPOD_NET", True),
         pool=pool,
         registry=Path(registry) if registry else None,
         gateway_uid=int(uid) if uid else None,
         dns_port=env_int(env, "SANDPOD_NET_DNS_PORT", base.dns_port, minimum=1),
-        proxy_port=int(proxy) if proxy else None,
+        proxy_port=int(proxy) if proxy.isdigit() else None,
     )
 
 

@@ -5,29 +5,44 @@ gateway address, and the refusal reports (events, metric).
 :class:`Egress`, then a :class:`NodeResolver` on ``(gateway, dns_port)`` whose ``lookup`` is the
 firewall's view of sandboxes (source address -> sandbox id and the policy in force) and whose
 ``sink`` is the firewall's per-sandbox timed sets, then the :class:`DenialWatch` over the
-sandboxes' drop counters. Refusals of both become ``network.denied`` events through
-``publish`` and count in ``sandpod_lifecycle_network_denied_total{kind}``.
+sandboxes' drop counters, and (unless ``SANDPOD_NET_PROXY_PORT=off``) the
+:class:`EgressProxy` on ``(gateway, proxy_port)`` in its own thread, where the firewall sends
+name-rule addresses on 80/443: it checks each connection's TLS SNI / HTTP Host against the
+policy and the resolver's record, and injects the headers of ``policy.inject`` with secrets from
+the node's store. Refusals of all three become ``network.denied`` events through ``publish`` and
+count in ``sandpod_lifecycle_network_denied_total{kind}``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
 
-from sandpod_contract.network import Rule
+from sandpod_contract.network import NetworkPolicy, Rule
+from sandpod_lifecycle.network.ca import CaError, InterceptionCA
 from sandpod_lifecycle.network.denials import DenialWatch
 from sandpod_lifecycle.network.dnssettings import ResolverSettings
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.firewall import UnknownRule
 from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nft import NftError
+from sandpod_lifecycle.network.proxy import EgressProxy
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
+from sandpod_lifecycle.network.proxymetrics import ProxyMetrics
+from sandpod_lifecycle.network.proxythread import ProxyThread, listen
 from sandpod_lifecycle.network.resolver import NodeResolver, ResolverBindError
 from sandpod_lifecycle.network.sandboxnet import Denial, SandboxNet
+from sandpod_lifecycle.network.secretstore import FileSecretStore
+from sandpod_lifecycle.network.trust import SandboxTrust, sandbox_trust
+from sandpod_lifecycle.network.verdict import HardDenies
 
-__all__ = ["FirewallSink", "NodeNetwork", "start_node_network"]
+__all__ = ["FirewallSink", "NodeNetwork", "ProxyWiring", "start_node_network"]
 
 log = structlog.get_logger("sandpod.lifecycle.network")
 
@@ -53,15 +68,38 @@ class FirewallSink:
             log.warning("resolved_not_added", sandbox_id=sandbox_id, error=str(exc))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProxyWiring:
+    """What the egress proxy needs besides the egress: its settings, where the interception
+    authorities (``egress-ca/``) and the secrets (``secrets/``) live, and the metrics registry.
+    """
+
+    settings: ProxySettings
+    state_dir: Path
+    installation_id: str
+    registry: CollectorRegistry
+
+
 @dataclasses.dataclass
 class NodeNetwork:
     egress: Egress
     resolver: NodeResolver | None
     denials: DenialWatch
+    proxy: ProxyThread | None = None
+    ca: InterceptionCA | None = None
+
+    def trust(self, policy: NetworkPolicy) -> SandboxTrust:
+        """What a sandbox under ``policy`` must trust and carry for its header injections
+        (nothing when it injects none, or when this node runs no proxy)."""
+        if self.ca is None or not policy.inject:
+            return SandboxTrust("", {})
+        return sandbox_trust(self.ca, policy)
 
     async def close(self) -> None:
         if self.resolver is not None:
             await self.resolver.close()
+        if self.proxy is not None:
+            await asyncio.to_thread(self.proxy.stop)
 
 
 async def start_node_network(
@@ -72,6 +110,7 @@ async def start_node_network(
     publish: Publish,
     spawn: Spawn,
     poll: float = 5.0,
+    proxy: ProxyWiring | None = None,
 ) -> NodeNetwork:
     """Start the egress, the resolver on its gateway address and the refusal watch (spawned
     through ``spawn``, owned by the caller's supervisor).
@@ -111,4 +150,46 @@ async def start_node_network(
 
     denials = DenialWatch(egress.denied_counts, report, metrics, poll)
     spawn(denials.run(), "network-denials")
-    return NodeNetwork(egress, resolver, denials)
+    node = NodeNetwork(egress, resolver, denials)
+    if proxy is not None and egress.settings.proxy_port is not None:
+        _start_proxy(node, proxy, lookup, on_denied, metrics)
+    return node
+
+
+def _start_proxy(
+    node: NodeNetwork,
+    wiring: ProxyWiring,
+    lookup: Callable[[str], SandboxNet | None],
+    on_denied: Callable[[Denial], None],
+    metrics: NetworkMetrics,
+) -> None:
+    """The egress proxy in its thread, listening on (gateway, proxy_port). A proxy that cannot
+    start leaves the firewall sending name-rule 80/443 traffic to a closed port: refused, never
+    let through unchecked."""
+    egress = node.egress
+    port = egress.settings.proxy_port
+    resolver = node.resolver
+
+    def resolved_names(sandbox_id: str, address: str) -> set[str]:
+        return set() if resolver is None else resolver.resolved_names(sandbox_id, address)
+
+    try:
+        ca = InterceptionCA(wiring.state_dir / "egress-ca", wiring.installation_id)
+        server = EgressProxy(
+            wiring.settings,
+            lookup=lookup,
+            resolved_names=resolved_names,
+            on_denied=on_denied,
+            forbidden=HardDenies([egress.settings.pool, *egress.settings.hard_deny]),
+            ca=ca,
+            secrets=FileSecretStore(wiring.state_dir / "secrets"),
+            metrics=ProxyMetrics(wiring.registry, denied=metrics.denied),
+            owner_loop=asyncio.get_running_loop(),
+        )
+        thread = ProxyThread(server, [listen(str(egress.gateway), port or 0)])
+        thread.start()
+    except (OSError, ValueError, RuntimeError, CaError) as exc:
+        log.error("egress_proxy_unavailable", error=str(exc), port=port)
+        return
+    node.proxy, node.ca = thread, ca
+    log.info("egress_proxy_ready", address=str(egress.gateway), port=port)

@@ -16,12 +16,21 @@ A sandbox without injections gets nothing: it trusts no Sandpod authority at all
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.ca import InterceptionCA
 from sandpod_lifecycle.network.secretstore import placeholder_env
 
-__all__ = ["BUNDLES", "EXTRA_PEM", "SandboxTrust", "merge_bundle", "sandbox_trust"]
+__all__ = [
+    "BUNDLES",
+    "EXTRA_PEM",
+    "SandboxTrust",
+    "merge_bundle",
+    "sandbox_trust",
+    "write_trust",
+]
 
 # Where images keep their system bundle (Debian/Ubuntu/Alpine, Fedora/RHEL, others).
 BUNDLES = (
@@ -62,3 +71,31 @@ def merge_bundle(bundle: str, pem: str) -> str:
     if bundle and not bundle.endswith("\n"):
         bundle += "\n"
     return bundle + _BEGIN + pem + _END
+
+
+def write_trust(base: Path, upper: Path, pem: str) -> list[str]:
+    """Put ``pem`` in a new sandbox's writable layer ``upper`` over its root ``base``: merged
+    into each system bundle of :data:`BUNDLES` the base has, and alone in :data:`EXTRA_PEM`.
+    Returns the paths written (inside the sandbox). Nothing is written when ``pem`` is "".
+
+    Raises:
+        OSError: the writable layer cannot be written (the create fails).
+    """
+    if not pem:
+        return []
+    written = []
+    for inside in (*BUNDLES, EXTRA_PEM):
+        rel = inside.lstrip("/")
+        source = base / rel
+        if inside != EXTRA_PEM and not source.is_file():
+            continue
+        text = merge_bundle(source.read_text(errors="replace"), pem) if inside != EXTRA_PEM else pem
+        target = upper / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for parent in (p for p in target.relative_to(upper).parents if str(p) != "."):
+            # /etc, /etc/ssl...: overlayfs shows the upper dir's mode, so as a base has them
+            os.chmod(upper / parent, 0o755)  # noqa: S103 -- world-readable system dirs
+        target.write_text(text)
+        target.chmod(0o644)
+        written.append(inside)
+    return written

@@ -40,6 +40,7 @@ import structlog
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.subjects import SANDBOX_ID_RE
 from sandpod_lifecycle.network.egress import Egress
+from sandpod_lifecycle.network.trust import SandboxTrust, write_trust
 from sandpod_lifecycle.runtime import diskquota, hostcaps, seccomp
 from sandpod_lifecycle.runtime.base import (
     ACTIVE,
@@ -118,6 +119,8 @@ class LocalRuntime:
     ) -> None:
         self.config = config
         self.egress = egress  # None: sandboxes keep loopback only (rootless, or egress off)
+        # What a sandbox with header injections must trust and carry (the node's egress proxy)
+        self.trust: Callable[[NetworkPolicy], SandboxTrust] | None = None
         self._caps = caps
         self._plan: CgroupPlan | None = None
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # id -> (lock, users)
@@ -277,8 +280,13 @@ class LocalRuntime:
         if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
             diskquota.mark_opaque(top / "upper" / "tmp")
         rootless = not caps.root
+        trust_env: dict[str, str] = {}
         if self.egress is not None and spec.network is not None:
             _write_resolv_conf(base, top / "upper", str(self.egress.gateway))
+            if self.trust is not None and spec.network.inject:
+                trust = self.trust(spec.network)
+                write_trust(base, top / "upper", trust.pem)
+                trust_env = trust.env
         if not rootless:  # rootless, our own uid is the sandbox's uid inside: nothing to chown
             os.chown(top / "workspace", uid, gid)
         else:  # a root-owned base's directories cannot be copied up in our user namespace
@@ -301,7 +309,7 @@ class LocalRuntime:
             image=spec.image,
             workdir=spec.workdir,
             shell=spec.shell,
-            env=dict(spec.env),
+            env={**trust_env, **spec.env},  # placeholders only: never a secret's value
             userns=rootless,
             protections={},
             notes=(),
