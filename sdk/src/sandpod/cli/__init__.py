@@ -50,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "port-forward": ("portfwd_cmd", "forward local ports to a sandbox's ports"),
     "expose": ("portfwd_cmd", "a preview URL of a sandbox's port"),
     "image": ("image_cmd", "images in this node's store: pull, ls, rm, prune"),
+    "secret": ("secret_cmd", "secrets the egress path injects as headers: set, ls, rm"),
 }
 
 

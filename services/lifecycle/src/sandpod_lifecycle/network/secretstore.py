@@ -18,10 +18,12 @@ Where values live (:class:`SecretSource` is the seam):
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import secrets
 import stat
+import sys
 from pathlib import Path
 from typing import Protocol
 
@@ -115,3 +117,44 @@ class FileSecretStore:
     def delete(self, name: str) -> None:
         _check(name)
         (self.directory / name).unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sandpod_lifecycle.network.secretstore --dir D set NAME|ls|rm NAME...``:
+    what ``sandpod secret`` runs. ``set`` reads the value from stdin (or ``--from-file``),
+    never from the command line, where other local users could read it in the process list."""
+    parser = argparse.ArgumentParser(prog="sandpod secret")
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("verb", choices=("set", "ls", "rm"))
+    parser.add_argument("names", nargs="*")
+    parser.add_argument("--from-file", type=Path)
+    a = parser.parse_args(argv)
+    try:
+        store = FileSecretStore(a.dir)
+        if a.verb == "set":
+            if len(a.names) != 1:
+                parser.error("set takes one name")
+            value = a.from_file.read_text() if a.from_file else sys.stdin.read()
+            store.put(a.names[0], value.rstrip("\n"))
+            print(f"secret {a.names[0]!r} stored (sandboxes see {placeholder(a.names[0])})")
+        elif a.verb == "ls":
+            print("\n".join(p.name for p in sorted(a.dir.iterdir()) if p.name[0] != "."))
+        else:
+            for name in a.names:
+                store.delete(name)
+    except SecretError as exc:
+        print(
+            f"error: {exc}\nhint: names are lower-case DNS labels; values text up to 16 KiB",
+            file=sys.stderr,
+        )
+        return 1
+    except OSError as exc:
+        print(
+            f"error: {exc}\nhint: the store is {a.dir}: run as the platform's user", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
