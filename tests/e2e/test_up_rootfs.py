@@ -78,6 +78,8 @@ def test_up_reuses_the_prepared_base_and_the_default_sandbox_runs_on_it(
         assert "building" not in banner
         row = next(line for line in banner.splitlines() if line.strip().startswith("rootfs"))
         assert "Debian bookworm" in row and "MB" in row, row
+        net = next(line for line in banner.splitlines() if line.strip().startswith("network"))
+        assert "egress under each sandbox's policy" in net, net
         env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}"}
         env["SANDPOD_STATE_DIR"] = str(tmp_path)
         run = subprocess.run(

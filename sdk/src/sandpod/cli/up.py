@@ -138,6 +138,15 @@ def _rootfs_line(sup: Supervisor, sandbox: str) -> str:
     return sup.base.summary if sup.base is not None else "-"
 
 
+def _network_line(runtime: str) -> str:
+    """What a sandbox's network is on this runtime (its policy: ``sandpod network <sbx>``)."""
+    if runtime != "local":
+        return "this host's own (process runtime: no isolation)"
+    if os.geteuid() != 0:
+        return "loopback only (rootless: egress refused; run as root for egress)"
+    return "egress under each sandbox's policy (public by default); `sandpod network <sbx>`"
+
+
 def _credential_lines(sup: Supervisor, config: PlatformConfig) -> tuple[str, str]:
     """The banner's credential row, and the export a second terminal needs (if any)."""
     creds = sup.client_creds
@@ -163,6 +172,7 @@ Sandpod is up.
   runtime    {_runtime_line(sup.runtime)}
   isolation  {sup.isolation.get(first, "-")}
   rootfs     {_rootfs_line(sup, first)}
+  network    {_network_line(sup.runtime)}
   workspace  {sup.workspaces.get(first, "?")}  (host path of /workspace in {first})
   logs       {sup.logs}
   gateway    {sup.gateway_url or "(not started)"}  (HTTP API, OpenAPI at /openapi.json)
