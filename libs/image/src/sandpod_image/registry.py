@@ -322,39 +322,24 @@ class Registry:
     ) -> httpx.Response:
         """One try: sent with the scope's credentials, and once more after a 401's challenge
         is answered. Transport errors are the caller's (it retries them)."""
-        resp = await self._attempt(
-            method, url, scope=scope, headers=headers, body=body, stream=stream
-        )
-        if resp.status_code == 401:
+        for answered in (False, True):
+            send_headers = dict(headers or {})
+            if authz := self._headers.get(scope) or self._headers.get("*"):
+                send_headers["Authorization"] = authz
+            content = body() if callable(body) else body
+            request = self._client.build_request(method, url, headers=send_headers, content=content)
+            try:
+                resp = await self._client.send(request, stream=stream)
+            except httpx.TransportError:
+                raise  # _send retries these
+            except httpx.HTTPError as exc:
+                raise ImageError(f"registry {self.host}: {method} failed: {exc}") from exc
+            if resp.status_code != 401 or answered:
+                return resp
             challenge = resp.headers.get("WWW-Authenticate", "")
             await resp.aclose()
             await self._answer(challenge, scope)
-            resp = await self._attempt(
-                method, url, scope=scope, headers=headers, body=body, stream=stream
-            )
-        return resp
-
-    async def _attempt(
-        self,
-        method: str,
-        url: str,
-        *,
-        scope: str,
-        headers: dict[str, str] | None,
-        body: Body,
-        stream: bool,
-    ) -> httpx.Response:
-        send_headers = dict(headers or {})
-        if authz := self._headers.get(scope) or self._headers.get("*"):
-            send_headers["Authorization"] = authz
-        content = body() if callable(body) else body
-        request = self._client.build_request(method, url, headers=send_headers, content=content)
-        try:
-            return await self._client.send(request, stream=stream)
-        except httpx.TransportError:
-            raise  # _send retries these
-        except httpx.HTTPError as exc:
-            raise ImageError(f"registry {self.host}: {method} failed: {exc}") from exc
+        raise ImageError(f"registry {self.host}: {method} {url} got no answer")  # not reached
 
     async def _answer(self, challenge: str, scope: str) -> None:
         """Learn the Authorization header for ``scope`` from a 401's challenge."""
