@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -106,6 +107,18 @@ async def test_a_deleted_sandboxs_uid_is_not_the_next_ones(runtime: LocalRuntime
     assert again != uid
 
 
+def _wait_runs_as(pid: int, uid: int, timeout: float = 30.0) -> None:
+    """Until process ``pid`` runs as ``uid`` (its real uid in /proc), or fail."""
+    end = time.monotonic() + timeout
+    while True:
+        status = Path(f"/proc/{pid}/status").read_text()
+        line = next(x for x in status.splitlines() if x.startswith("Uid:"))
+        if line.split()[1] == str(uid):
+            return
+        assert time.monotonic() < end, f"process {pid} never ran as {uid}: {line}"
+        time.sleep(0.01)
+
+
 async def test_a_uid_still_running_a_process_is_skipped(runtime: LocalRuntime) -> None:
     """A process left with a deleted sandbox's uid (escaped, or not yet reaped) blocks that
     uid even when the round-robin comes back to it; once it is gone the uid is free again."""
@@ -115,6 +128,7 @@ async def test_a_uid_still_running_a_process_is_skipped(runtime: LocalRuntime) -
         ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "300"]
     )
     try:
+        _wait_runs_as(leftover.pid, uid)  # Popen returns before setpriv has switched uid
         _rewind(runtime, uid)
         st, other = await _create(runtime)
         assert other != uid
