@@ -76,6 +76,7 @@ SCHEMAS: dict[str, Any] = {
             "public": BOOL,
             "url": STR,
             "host_url": {"type": ["string", "null"]},
+            "host_url_reason": STR,
             "token": {"type": ["string", "null"]},
             "expires_at": {"type": ["integer", "null"]},
             "address_ready": BOOL,
