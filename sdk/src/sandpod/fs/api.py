@@ -188,24 +188,17 @@ class AsyncFiles:
         Returns the sandbox file's :class:`FileInfo` (as stat'ed before the copy).
         """
         info = await self.stat(path, follow_symlinks=True)
-        local = os.fspath(local)
-        fd, tmp = tempfile.mkstemp(prefix=".sandpod-", dir=os.path.dirname(local) or ".")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                done = 0
-                reader = AsyncFileReader(self._channel, path, size_hint=info.size)
-                async with reader:
-                    async for chunk in reader:
-                        await asyncio.to_thread(out.write, chunk)
-                        done += len(chunk)
-                        if progress is not None:
-                            progress(done, reader.size or None)
-            os.chmod(tmp, info.mode)
-            os.replace(tmp, local)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+
+        async def chunks() -> AsyncIterator[bytes]:
+            done = 0
+            async with AsyncFileReader(self._channel, path, size_hint=info.size) as reader:
+                async for chunk in reader:
+                    yield chunk
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, reader.size or None)
+
+        await _save(os.fspath(local), chunks(), info.mode)
         return info
 
     # -- write ---------------------------------------------------------------------------------
@@ -328,20 +321,7 @@ class AsyncFiles:
     ) -> int:
         """Save the directory ``path`` as a tar file ``local`` (written whole or not at all);
         returns its size. Raises as :meth:`archive`."""
-        local = os.fspath(local)
-        fd, tmp = tempfile.mkstemp(prefix=".sandpod-", dir=os.path.dirname(local) or ".")
-        try:
-            size = 0
-            with os.fdopen(fd, "wb") as out:
-                async for chunk in self.archive(path, gzip=gzip, progress=progress):
-                    await asyncio.to_thread(out.write, chunk)
-                    size += len(chunk)
-            os.replace(tmp, local)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return size
+        return await _save(os.fspath(local), self.archive(path, gzip=gzip, progress=progress))
 
     async def extract(
         self,
@@ -575,6 +555,30 @@ async def _pump(data: Stream, writer: AsyncFileWriter) -> None:
     else:
         for piece in data:
             await writer.write(piece)
+
+
+async def _save(local: str, chunks: AsyncIterator[bytes], mode: int | None = None) -> int:
+    """Write ``chunks`` to ``local`` whole or not at all (a temporary file beside it, renamed
+    over it at the end; with ``mode`` if given). Returns the bytes written."""
+    fd, tmp = tempfile.mkstemp(prefix=".sandpod-", dir=os.path.dirname(local) or ".")
+    try:
+        size = 0
+        with os.fdopen(fd, "wb") as out:
+            async for chunk in chunks:
+                await asyncio.to_thread(out.write, chunk)
+                size += len(chunk)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, local)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    finally:  # a source left early (an error here) stops its reads in the sandbox now
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+    return size
 
 
 def _no_total(progress: Progress | None) -> Callable[[int], None] | None:
