@@ -23,6 +23,7 @@ from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.network.rules import set_name
 from sandpod_lifecycle.settings import LifecycleSettings
+from sandpod_service.env import SettingsError
 
 POOL = ipaddress.IPv4Network("10.240.0.0/12")
 
@@ -172,6 +173,19 @@ def test_egress_settings_come_from_the_environment() -> None:
         LifecycleSettings.from_env({"SANDPOD_NET_POOL": "8.8.0.0/16"})
     with pytest.raises(ValueError, match="SANDPOD_NET_GATEWAY_UID"):
         LifecycleSettings.from_env({"SANDPOD_NET_GATEWAY_UID": "root"})
+
+
+def test_the_always_allowed_list_is_a_setting_checked_at_start() -> None:
+    """SANDPOD_NET_ALWAYS_ALLOW: comma-separated allow rules (spaces and empty entries
+    ignored); a bad entry is a SettingsError naming the variable and the entry."""
+    s = LifecycleSettings.from_env(
+        {"SANDPOD_NET_ALWAYS_ALLOW": " pypi.org:443, *.mirror.test,,10.0.0.5/32:3128 "}
+    )
+    assert [r.text for r in s.always_allow] == ["pypi.org:443", "*.mirror.test", "10.0.0.5/32:3128"]
+    assert LifecycleSettings.from_env({}).always_allow == ()
+    for bad in ("pypi.org:https", "exa mple.com", "10.0.0.0/33", "a.test:0"):
+        with pytest.raises(SettingsError, match=rf"SANDPOD_NET_ALWAYS_ALLOW: entry '{bad}'"):
+            LifecycleSettings.from_env({"SANDPOD_NET_ALWAYS_ALLOW": f"ok.test,{bad}"})
 
 
 async def test_the_denial_watch_reports_growth_once() -> None:
