@@ -25,7 +25,7 @@ from egress_harness import InternetCA, make_test_ca
 from fakenet import FakeNet
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
-from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest
+from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, Ref
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.network.secretstore import FileSecretStore, placeholder
 from sandpod_lifecycle.runtime.installation import identity
@@ -115,6 +115,11 @@ async def test_a_public_sandbox_gets_its_header_only_on_its_domain_and_nothing_e
         async with await AsyncSandbox.create(
             template="open-injecting", nats_url=nats.url, prefix=prefix, wait=DEADLINE
         ) as sbx:
+            reply = await api_call(
+                sbx.bus, sbx.subjects, "sandboxes", "get", Ref(name=sbx.id), ObjectReply
+            )
+            status = reply.object["status"]["network"]
+            assert status["enforced"] and status["policy"]["mode"] == "public", status
             pem = internet.ca_file.read_text()
             await sbx.exec(f"cat > {ICA} <<'EOF'\n{pem}EOF")
 

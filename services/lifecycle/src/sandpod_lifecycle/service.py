@@ -372,7 +372,8 @@ class LifecycleService:
                     self.metrics,
                 ),
             )
-            self._local[0].trust = self.node_network.trust
+            if self.node_network.ca is not None:  # a proxy runs: injections are served
+                self._local[0].trust = self.node_network.trust
         except (NftError, LinkError, PoolExhausted, OSError, ValueError) as exc:
             log.error("egress_unavailable", error=str(exc))
             self._local[0].egress = None

@@ -369,7 +369,7 @@ class LocalDriver:
             )
         except NftError as exc:
             raise NetworkApplyFailed(f"cannot apply the network policy: {exc}") from exc
-        if policy.inject:
+        if policy.inject and self._runtime.trust is None:  # set only while a proxy runs
             return NetworkEnforcement(
                 False, "header injections need the egress proxy, which this node does not run"
             )
