@@ -44,7 +44,8 @@
 | ``SANDPOD_NET_GATEWAY_UID`` | lifecycle's uid | ... only uid connecting into sandboxes |
 | ``SANDPOD_NET_DNS_PORT`` | 53 | ... the node resolver's port on the gateway address |
 | ``SANDPOD_NET_PROXY_PORT`` | 3129 | ... the egress proxy's port there (name rules on 80/443: |
-| | | SNI/Host checked, header injections); ``off``: no proxy, name rules open by address |
+| | | SNI/Host checked; header injections, in any mode: an ``inject`` domain's addresses |
+| | | on 80/443 go there); ``off``: no proxy, name rules open by address, no injection |
 | ``SANDPOD_EGRESS_*`` | | ... the proxy's limits and timeouts (``ProxySettings``) |
 | ``SANDPOD_NET_ALWAYS_ALLOW`` | none | rules (comma-separated, the syntax of ``allow`` rules: |
 | | | ``pypi.org:443``, ``*.example.com``, ``10.0.0.5/32:3128``) added to every sandbox's |

@@ -57,16 +57,17 @@ from sandpod_lifecycle.network.addressing import AddressPlan, SandboxAddresses
 from sandpod_lifecycle.network.link import LinkNames
 from sandpod_lifecycle.network.nft import Nft, NftError
 from sandpod_lifecycle.network.rules import (
+    Address,
     compile_sandbox,
     elements,
     inject_set,
     injects,
     set_name,
+    timed_elements,
 )
 
 __all__ = ["Firewall", "FirewallConfig", "UnknownRule"]
 
-MIN_TTL, MAX_TTL = 1, 86400
 GENERATIONS = 0x7FFFFFFF  # ct mark values a policy generation takes (never 0: unmarked)
 
 
@@ -314,7 +315,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         self,
         sandbox_id: str,
         rule: Rule | str,
-        addresses: Sequence[tuple[str | ipaddress.IPv4Address | ipaddress.IPv6Address, float]],
+        addresses: Sequence[tuple[Address, float]],
     ) -> int:
         """Open ``addresses`` (each with its TTL in seconds, clamped to 1..86400) for the
         name rule ``rule`` of the sandbox's current policy, until the TTL runs out. IPv6
@@ -339,7 +340,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
     def add_injected(
         self,
         sandbox_id: str,
-        addresses: Sequence[tuple[str | ipaddress.IPv4Address | ipaddress.IPv6Address, float]],
+        addresses: Sequence[tuple[Address, float]],
     ) -> int:
         """Send ``addresses`` (each with its TTL, as :meth:`add_resolved`) of the sandbox's
         ``inject`` domains to the egress proxy on 80/443 until the TTL runs out: its injection
@@ -356,27 +357,9 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             raise UnknownRule(f"sandbox {sandbox_id!r} has no injection set in force")
         return self._add_timed(inject_set(entry.addrs.index), addresses)
 
-    def _add_timed(
-        self,
-        name: str,
-        addresses: Sequence[tuple[str | ipaddress.IPv4Address | ipaddress.IPv6Address, float]],
-    ) -> int:
-        """Add IPv4 ``addresses`` to timed set ``name``, each for its clamped TTL (one batch)."""
-        t = self.config.table
-        script = ""
-        added = 0
-        for raw, ttl in addresses:
-            ip = ipaddress.ip_address(raw) if isinstance(raw, str) else raw
-            if ip.version != 4:
-                continue
-            seconds = int(min(max(ttl, MIN_TTL), MAX_TTL))
-            # add (so it exists), delete, add again: refreshes the timeout of a known address
-            script += (
-                f"add element inet {t} {name} {{ {ip} timeout {seconds}s }}\n"
-                f"delete element inet {t} {name} {{ {ip} }}\n"
-                f"add element inet {t} {name} {{ {ip} timeout {seconds}s }}\n"
-            )
-            added += 1
+    def _add_timed(self, name: str, addresses: Sequence[tuple[Address, float]]) -> int:
+        """Add IPv4 ``addresses`` to timed set ``name``, each for its TTL (one batch)."""
+        script, added = timed_elements(self.config.table, name, addresses)
         if script:
             self.nft.run(script)
         return added

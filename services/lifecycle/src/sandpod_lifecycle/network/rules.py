@@ -21,9 +21,22 @@ from collections.abc import Iterable
 from sandpod_contract.network import NetworkMode, NetworkPolicy, Rule
 from sandpod_lifecycle.network.addressing import SandboxAddresses
 
-__all__ = ["PROXIED_PORTS", "compile_sandbox", "elements", "inject_set", "injects", "set_name"]
+__all__ = [
+    "MAX_TTL",
+    "MIN_TTL",
+    "PROXIED_PORTS",
+    "Address",
+    "compile_sandbox",
+    "elements",
+    "inject_set",
+    "injects",
+    "set_name",
+    "timed_elements",
+]
 
 PROXIED_PORTS = "{ 80, 443 }"
+MIN_TTL, MAX_TTL = 1, 86400
+Address = str | ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def set_name(index: int, rule: Rule) -> str:
@@ -40,6 +53,29 @@ def injects(policy: NetworkPolicy, proxy: str | None) -> bool:
     """Whether a sandbox under ``policy`` has an injection set (a proxy to send it to, and
     header injections in a mode that lets names resolve)."""
     return proxy is not None and bool(policy.inject) and policy.mode is not NetworkMode.DENY_ALL
+
+
+def timed_elements(
+    table: str, name: str, addresses: Iterable[tuple[Address, float]]
+) -> tuple[str, int]:
+    """(the batch adding the IPv4 ``addresses`` to timed set ``name``, each for its TTL in
+    seconds clamped to 1..86400, and how many it adds). IPv6 addresses are skipped (sandboxes
+    have IPv4 egress only). Raises ValueError for an address that is not one."""
+    script = ""
+    added = 0
+    for raw, ttl in addresses:
+        ip = ipaddress.ip_address(raw) if isinstance(raw, str) else raw
+        if ip.version != 4:
+            continue
+        seconds = int(min(max(ttl, MIN_TTL), MAX_TTL))
+        # add (so it exists), delete, add again: refreshes the timeout of a known address
+        script += (
+            f"add element inet {table} {name} {{ {ip} timeout {seconds}s }}\n"
+            f"delete element inet {table} {name} {{ {ip} }}\n"
+            f"add element inet {table} {name} {{ {ip} timeout {seconds}s }}\n"
+        )
+        added += 1
+    return script, added
 
 
 def elements(nets: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
