@@ -73,7 +73,7 @@ class FirewallSink:
         try:  # one nft batch, ~100 µs: no thread hop
             self._egress.add_injected(sandbox_id, [(a, float(t)) for a, t in addresses])
         except UnknownRule:  # no injection set (no proxy, or the policy changed meanwhile)
-            log.info("injected_without_set", sandbox_id=sandbox_id)
+            log.debug("injected_without_set", sandbox_id=sandbox_id)
         except NftError as exc:
             log.warning("injected_not_added", sandbox_id=sandbox_id, error=str(exc))
 
