@@ -17,7 +17,7 @@ import shutil
 import stat
 import tarfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -109,7 +109,7 @@ async def test_gzip_files_and_chunk_sources_restore_the_same(
     with tarfile.open(local, "r:gz") as tf:
         assert {"./a/n", "./b"} <= set(tf.getnames())
 
-    async def chunks() -> Iterator[bytes]:  # type: ignore[misc]
+    async def chunks() -> AsyncIterator[bytes]:
         raw = local.read_bytes()
         for i in range(0, len(raw), 1000):
             yield raw[i : i + 1000]
@@ -117,7 +117,7 @@ async def test_gzip_files_and_chunk_sources_restore_the_same(
     await sbx.fs.extract("/workspace/r1", local, gzip=True)
     with local.open("rb") as f:
         await sbx.fs.extract("/workspace/r2", f, gzip=True)
-    await sbx.fs.extract("/workspace/r3", chunks(), gzip=True)  # type: ignore[arg-type]
+    await sbx.fs.extract("/workspace/r3", chunks(), gzip=True)
     want = await manifest(sbx, "/workspace/t")
     for name in ("r1", "r2", "r3"):
         assert await manifest(sbx, f"/workspace/{name}") == want, name
