@@ -1,19 +1,19 @@
 """NFLOG's wire format (``nflogwire.py``): logged packets read, malformed ones skipped.
 
-Messages are built here byte by byte the way ``nfnetlink_log.c`` lays them out, independent of
-the module's own builder; the parser is a pure function, so every short or lying length is
-tried without a kernel.
+Messages are built byte by byte the way ``nfnetlink_log.c`` lays them out (``nflogmsg.py``),
+independent of the module's own builder; the parser is a pure function, so every short or lying
+length is tried without a kernel.
 """
 
 from __future__ import annotations
 
 import errno
-import ipaddress
 import random
 import struct
 
 import pytest
 
+from nflogmsg import TCP_443, UDP_53, attr, ipv4, ipv6, message
 from sandpod_lifecycle.network.nflogwire import (
     CMD_BIND,
     MalformedLog,
@@ -23,60 +23,11 @@ from sandpod_lifecycle.network.nflogwire import (
     parse_payload,
 )
 
-ULOG_PACKET = 4 << 8 | 0
-
-
-def _attr(kind: int, value: bytes) -> bytes:
-    raw = struct.pack("=HH", 4 + len(value), kind) + value
-    return raw + b"\0" * (-len(raw) % 4)
-
-
-def _message(payload: bytes | None, prefix: bytes = b"sandpod_abc:3", group: int = 30001) -> bytes:
-    body = struct.pack("!BBH", 2, 0, group)
-    body += _attr(1, struct.pack("!HBB", 0x0800, 2, 0))  # NFULA_PACKET_HDR (forward hook)
-    body += _attr(10, prefix + b"\0")  # NFULA_PREFIX
-    body += _attr(4, struct.pack("!I", 7))  # NFULA_IFINDEX_INDEV
-    if payload is not None:
-        body += _attr(9, payload)  # NFULA_PAYLOAD
-    raw = struct.pack("=IHHII", 16 + len(body), ULOG_PACKET, 0, 0, 0) + body
-    return raw + b"\0" * (-len(raw) % 4)
-
-
-def _ipv4(dst: str, proto: int, l4: bytes, *, fragment: int = 0, options: bytes = b"") -> bytes:
-    ihl = (20 + len(options)) // 4
-    header = struct.pack(
-        "!BBHHHBBH4s4s",
-        0x40 | ihl,
-        0,
-        ihl * 4 + len(l4),
-        1,
-        fragment,
-        64,
-        proto,
-        0,
-        ipaddress.IPv4Address("10.240.16.3").packed,
-        ipaddress.IPv4Address(dst).packed,
-    )
-    return header + options + l4
-
-
-def _ipv6(dst: str, next_header: int, rest: bytes) -> bytes:
-    return (
-        struct.pack("!IHBB", 6 << 28, len(rest), next_header, 64)
-        + ipaddress.IPv6Address("fd00::3").packed
-        + ipaddress.IPv6Address(dst).packed
-        + rest
-    )
-
-
-TCP_443 = struct.pack("!HHIIHHHH", 40000, 443, 1, 0, 0x5002, 64240, 0, 0)
-UDP_53 = struct.pack("!HHHH", 40000, 53, 8, 0)
-
 
 def test_a_logged_tcp_packet_names_its_destination_prefix_and_group() -> None:
     """An IPv4 TCP SYN (with IP options) reads as ``203.0.113.9:443/tcp``, with the rule's
     prefix and the group it was logged to."""
-    data = _message(_ipv4("203.0.113.9", 6, TCP_443, options=b"\x01" * 8))
+    data = message(ipv4("203.0.113.9", 6, TCP_443, options=b"\x01" * 8))
     (refused,), bad = parse_batch(data)
     assert bad == 0
     assert (refused.group, refused.prefix, refused.source) == (
@@ -94,13 +45,13 @@ def test_several_messages_in_one_datagram_and_the_other_protocols() -> None:
     fragment = bytes([6, 0]) + struct.pack("!HI", 8 << 3, 1)  # next: TCP, offset 8: not first
     datagram = b"".join(
         [
-            _message(_ipv4("198.51.100.7", 17, UDP_53)),
-            _message(_ipv4("198.51.100.8", 1, b"\x08\0\0\0\0\0\0\0")),
-            _message(_ipv4("198.51.100.9", 6, TCP_443[:4], fragment=185)),
-            _message(_ipv6("2001:db8::1", 0, hop_by_hop + UDP_53)),
-            _message(_ipv6("2001:db8::2", 44, fragment + b"\0" * 8)),
+            message(ipv4("198.51.100.7", 17, UDP_53)),
+            message(ipv4("198.51.100.8", 1, b"\x08\0\0\0\0\0\0\0")),
+            message(ipv4("198.51.100.9", 6, TCP_443[:4], fragment=185)),
+            message(ipv6("2001:db8::1", 0, hop_by_hop + UDP_53)),
+            message(ipv6("2001:db8::2", 44, fragment + b"\0" * 8)),
             struct.pack("=IHHII", 16, 3, 0, 0, 0),  # NLMSG_DONE
-            _message(_ipv4("198.51.100.10", 6, TCP_443)),  # after DONE: not read
+            message(ipv4("198.51.100.10", 6, TCP_443)),  # after DONE: not read
         ]
     )
     refused, bad = parse_batch(datagram)
@@ -116,7 +67,7 @@ def test_several_messages_in_one_datagram_and_the_other_protocols() -> None:
 
 def test_a_payload_cut_before_the_ports_still_names_the_address() -> None:
     """A copy range that ends inside the transport header leaves the port unknown."""
-    assert parse_payload(_ipv4("203.0.113.9", 6, TCP_443[:3])) == (
+    assert parse_payload(ipv4("203.0.113.9", 6, TCP_443[:3])) == (
         "10.240.16.3",
         "203.0.113.9",
         "tcp",
@@ -129,10 +80,10 @@ def test_a_payload_cut_before_the_ports_still_names_the_address() -> None:
     [
         b"",
         b"\x45",  # IPv4, nothing else
-        _ipv4("203.0.113.9", 6, TCP_443)[:19],  # cut inside the addresses
-        b"\x43" + _ipv4("203.0.113.9", 6, TCP_443)[1:],  # IHL 3: shorter than a header
-        b"\x4f" + _ipv4("203.0.113.9", 6, b"")[1:],  # IHL 15 (60 bytes) on a 20-byte packet
-        _ipv6("2001:db8::1", 17, UDP_53)[:39],
+        ipv4("203.0.113.9", 6, TCP_443)[:19],  # cut inside the addresses
+        b"\x43" + ipv4("203.0.113.9", 6, TCP_443)[1:],  # IHL 3: shorter than a header
+        b"\x4f" + ipv4("203.0.113.9", 6, b"")[1:],  # IHL 15 (60 bytes) on a 20-byte packet
+        ipv6("2001:db8::1", 17, UDP_53)[:39],
         b"\x50" + b"\0" * 40,  # IP version 5
     ],
     ids=["empty", "one-byte", "cut-address", "ihl-3", "ihl-past-end", "short-ipv6", "version-5"],
@@ -147,10 +98,10 @@ def test_malformed_messages_are_counted_and_skipped() -> None:
     """A message without a payload, or with a bad payload or an attribute overrunning it, is
     counted and the good ones around it are read; a header whose length lies ends the
     datagram (counted once)."""
-    good = _message(_ipv4("203.0.113.9", 6, TCP_443))
-    no_payload = _message(None)
-    bad_payload = _message(b"\x45\0\0")
-    overrun = bytearray(_message(_ipv4("203.0.113.9", 6, TCP_443)))
+    good = message(ipv4("203.0.113.9", 6, TCP_443))
+    no_payload = message(None)
+    bad_payload = message(b"\x45\0\0")
+    overrun = bytearray(message(ipv4("203.0.113.9", 6, TCP_443)))
     struct.pack_into("=H", overrun, 16 + 4, 200)  # the first attribute claims 200 bytes
     refused, bad = parse_batch(good + no_payload + bad_payload + bytes(overrun) + good)
     assert (len(refused), bad) == (2, 3)
@@ -167,9 +118,7 @@ def test_malformed_messages_are_counted_and_skipped() -> None:
 def test_no_byte_sequence_makes_the_parser_raise() -> None:
     """Every truncation and thousands of random corruptions of a datagram parse without an
     exception (the reader must never stop on what a packet carries)."""
-    datagram = _message(_ipv4("203.0.113.9", 6, TCP_443)) + _message(
-        _ipv6("2001:db8::1", 17, UDP_53)
-    )
+    datagram = message(ipv4("203.0.113.9", 6, TCP_443)) + message(ipv6("2001:db8::1", 17, UDP_53))
     for end in range(len(datagram)):
         parse_batch(datagram[:end])
     rnd = random.Random(7)
@@ -188,8 +137,8 @@ def test_config_requests_and_their_acks() -> None:
     length, kind, flags, seq, _ = struct.unpack_from("=IHHII", msg)
     assert (length, kind, flags, seq) == (len(msg), 4 << 8 | 1, 0x1 | 0x4, 9)
     assert struct.unpack_from("!BBH", msg, 16) == (0, 0, 30001)
-    assert _attr(1, bytes([CMD_BIND])) in msg
-    assert _attr(2, struct.pack("!IBB", 128, 2, 0)) in msg  # copy mode packet, 128 bytes
+    assert attr(1, bytes([CMD_BIND])) in msg
+    assert attr(2, struct.pack("!IBB", 128, 2, 0)) in msg  # copy mode packet, 128 bytes
 
     def answer(seq: int, error: int) -> bytes:
         return struct.pack("=IHHII", 36, 2, 0, seq, 0) + struct.pack("=i", error) + msg[:16]
@@ -197,5 +146,5 @@ def test_config_requests_and_their_acks() -> None:
     assert error_of(answer(9, 0), 9) == 0
     assert error_of(answer(9, -errno.EPERM), 9) == errno.EPERM
     assert error_of(answer(8, -errno.EPERM), 9) is None
-    assert error_of(_message(_ipv4("203.0.113.9", 6, TCP_443)) + answer(9, 0), 9) == 0
+    assert error_of(message(ipv4("203.0.113.9", 6, TCP_443)) + answer(9, 0), 9) == 0
     assert error_of(answer(9, 0)[:18], 9) is None

@@ -108,7 +108,10 @@ class DenialLog:
         self._publish = publish
         self._metrics = metrics
         self._per_wakeup = per_wakeup
-        self._queue: asyncio.Queue[tuple[str, Refused] | None] = asyncio.Queue(queue_size)
+        self._limit = queue_size
+        # one more than the limit: the end-of-reading marker always fits
+        self._queue: asyncio.Queue[tuple[str, Refused] | None] = asyncio.Queue(queue_size + 1)
+        self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd: int | None = None  # watched by the loop
         self._overrun_logged = False
@@ -131,9 +134,9 @@ class DenialLog:
     def close(self) -> None:
         """Stop reading; ``run`` returns once what is queued is published (idempotent)."""
         self._unwatch()
-        while self._queue.full():
-            self._queue.get_nowait()
-        self._queue.put_nowait(None)
+        if not self._closed:
+            self._closed = True
+            self._queue.put_nowait(None)
 
     def _unwatch(self) -> None:
         fd, self._fd = self._fd, None
@@ -164,10 +167,10 @@ class DenialLog:
             if sandbox_id is None:
                 self._metrics.denied_logs.labels(outcome="stranger").inc()
                 continue
-            try:
-                self._queue.put_nowait((sandbox_id, item))
-            except asyncio.QueueFull:
+            if self._closed or self._queue.qsize() >= self._limit:
                 self._metrics.denied_logs.labels(outcome="queue_full").inc()
+                continue
+            self._queue.put_nowait((sandbox_id, item))
 
     def _overrun(self) -> None:
         self._metrics.denied_log_overruns.inc()
