@@ -169,8 +169,8 @@ def test_inbound_is_the_gateway_uids_only() -> None:
 
 
 def test_egress_settings_come_from_the_environment() -> None:
-    """SANDPOD_NET_* set the pool, registry, gateway uid and ports; bad values name the
-    variable."""
+    """SANDPOD_NET_* set the pool, registry, gateway uid, ports and NFLOG group; bad values
+    name the variable."""
     s = LifecycleSettings.from_env(
         {
             "SANDPOD_NET_POOL": "10.100.0.0/16",
@@ -186,6 +186,13 @@ def test_egress_settings_come_from_the_environment() -> None:
         LifecycleSettings.from_env({"SANDPOD_NET_POOL": "8.8.0.0/16"})
     with pytest.raises(ValueError, match="SANDPOD_NET_GATEWAY_UID"):
         LifecycleSettings.from_env({"SANDPOD_NET_GATEWAY_UID": "root"})
+    default = LifecycleSettings.from_env({}).network
+    assert (default.log_denials, default.log_group) == (True, None)  # derived from the id
+    logged = LifecycleSettings.from_env({"SANDPOD_NET_LOG_GROUP": "31000"}).network
+    assert (logged.log_denials, logged.log_group) == (True, 31000)
+    assert not LifecycleSettings.from_env({"SANDPOD_NET_LOG_GROUP": "off"}).network.log_denials
+    with pytest.raises(ValueError, match="SANDPOD_NET_LOG_GROUP"):
+        LifecycleSettings.from_env({"SANDPOD_NET_LOG_GROUP": "70000"})
 
 
 async def test_the_denial_watch_reports_growth_once() -> None:
