@@ -140,7 +140,7 @@ async def test_a_default_sandbox_reaches_the_internet_and_reports_its_address(
         assert r.stdout.strip() == "unreachable", r
         attempt = f"curl -s -m 1 http://{fakenet.private}/ || true"
         denied = await _denied_event(sbx, attempt, f"{fakenet.private}:80/tcp")
-        assert (denied.kind, denied.count, denied.name) == ("connect", 1, sbx.id), denied
+        assert (denied.kind, denied.name) == ("connect", sbx.id) and denied.count >= 1, denied
         reply = await api_call(
             sbx.bus, sbx.subjects, "sandboxes", "get", Ref(name=sbx.id), ObjectReply
         )

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from nflogmsg import TCP_443, UDP_53, ipv4, message
-from sandpod_lifecycle.network.denials import DenialLog
+from sandpod_lifecycle.network.denials import DenialLog, Repeats
 from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nflog import NflogSocket
 
@@ -58,8 +58,8 @@ async def test_logged_refusals_are_published_in_order_and_bad_ones_counted(
     pair: PairSocket,
 ) -> None:
     """Each logged packet of one of our sandboxes is published as ``connect`` with its
-    destination, in order; a malformed datagram, another installation's prefix and an
-    ENOBUFS are counted and the reader reads on; ``close`` ends ``run``."""
+    destination, in order; a repeat, a malformed datagram, another installation's prefix and
+    an ENOBUFS are counted and the reader reads on; ``close`` ends ``run``."""
     published: list[tuple[str, str, str, str, int]] = []
     arrived = asyncio.Event()
 
@@ -73,10 +73,11 @@ async def test_logged_refusals_are_published_in_order_and_bad_ones_counted(
 
     registry = CollectorRegistry()
     metrics = NetworkMetrics(registry)
-    log = DenialLog(pair, sandbox_of, publish, metrics)
+    log = DenialLog(pair, sandbox_of, publish, metrics, repeats=Repeats(clock=lambda: 0.0))
     task = asyncio.create_task(log.run())
     pair.overruns = 1
     pair.peer.send(message(ipv4("203.0.113.9", 6, TCP_443)))
+    pair.peer.send(message(ipv4("203.0.113.9", 6, TCP_443)))  # a retransmission: held back
     pair.peer.send(b"\x10\0\0\0garbage")
     pair.peer.send(message(ipv4("203.0.113.7", 6, TCP_443), prefix=b"sandpod_other:3"))
     pair.peer.send(message(ipv4("198.51.100.1", 17, UDP_53)))
@@ -87,7 +88,8 @@ async def test_logged_refusals_are_published_in_order_and_bad_ones_counted(
         ("sbx-3", "connect", "203.0.113.9:443/tcp", "policy", 1),
         ("sbx-3", "connect", "198.51.100.1:53/udp", "policy", 1),
     ]
-    assert [_sample(registry, o) for o in ("reported", "malformed", "stranger")] == [2, 1, 1]
+    outcomes = ("reported", "repeated", "malformed", "stranger")
+    assert [_sample(registry, o) for o in outcomes] == [2, 1, 1, 1]
     overruns = registry.get_sample_value("sandpod_lifecycle_network_denied_log_overruns_total")
     assert overruns == 1
     assert not pair.closed  # the reader never owns the socket: the egress closes it
@@ -127,3 +129,23 @@ async def test_a_slow_publisher_bounds_the_queue_and_counts_the_overflow(
     await asyncio.wait_for(task, TIMEOUT)
     assert len(published) == 50 - full
     assert published[0] == "203.0.113.1:443/tcp"
+
+
+def test_repeats_of_one_destination_are_held_back_and_counted_into_the_next() -> None:
+    """Within the window only the first refusal of a (sandbox, destination) is published;
+    the ones held back ride on the next one published after it; other sandboxes and other
+    destinations are independent; the memory is bounded (least recently seen forgotten)."""
+    now = [100.0]
+    repeats = Repeats(window=1.0, size=3, clock=lambda: now[0])
+    assert repeats.take("a", "203.0.113.9:443/tcp") == 1
+    assert repeats.take("a", "203.0.113.9:443/tcp") == 0
+    assert repeats.take("b", "203.0.113.9:443/tcp") == 1  # another sandbox
+    assert repeats.take("a", "203.0.113.9:80/tcp") == 1  # another destination
+    now[0] += 0.5
+    assert repeats.take("a", "203.0.113.9:443/tcp") == 0
+    now[0] += 0.6  # 1.1 s after the first one was published
+    assert repeats.take("a", "203.0.113.9:443/tcp") == 3  # itself and the two held back
+    assert repeats.take("a", "203.0.113.9:443/tcp") == 0
+    for i in range(3):  # three newer pairs push the oldest out
+        repeats.take("c", f"198.51.100.{i}:53/udp")
+    assert repeats.take("a", "203.0.113.9:443/tcp") == 1  # forgotten: published at once

@@ -15,8 +15,11 @@ Every refused packet of a sandbox goes through its chain ``deny_<n>`` (``firewal
   sandbox from the log prefix (``sandbox_of``: a prefix of another installation, or of a
   sandbox gone since, is counted as ``stranger``), and queues it (``queue_size`` at most; past
   that counted as ``queue_full``); one task publishes the queue in order: ``network.denied``,
-  kind ``connect``, destination ``203.0.113.9:443/tcp``, count 1 (the service's ``Events``
-  rate-limits them per sandbox). A full socket buffer (``ENOBUFS``) is counted and read on.
+  kind ``connect``, destination ``203.0.113.9:443/tcp`` (the service's ``Events`` rate-limits
+  them per sandbox). The same sandbox refused the same destination again within ``repeat``
+  seconds (a SYN's retransmissions, a client retrying) is not published again: it is counted
+  (``repeated``) and the next event of that destination carries the count (:class:`Repeats`).
+  A full socket buffer (``ENOBUFS``) is counted and read on.
 
 Why both: the counters are exact and cost no userspace work per packet, the log names the
 destination but is sampled by its rate limit. The resolver and the proxy report their
@@ -26,7 +29,9 @@ refusals (kinds ``dns``, ``sni``, with the name) through the same publish.
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
@@ -35,7 +40,7 @@ from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nflog import NflogSocket
 from sandpod_lifecycle.network.nflogwire import Refused, parse_batch
 
-__all__ = ["DenialLog", "DenialWatch"]
+__all__ = ["DenialLog", "DenialWatch", "Repeats"]
 
 log = structlog.get_logger("sandpod.lifecycle.network")
 
@@ -89,6 +94,37 @@ class DenialWatch:
             await self._sleep(self._interval)
 
 
+class Repeats:
+    """Coalesces repeated refusals of one destination by one sandbox: the first within
+    ``window`` seconds is published, later ones are counted into the next one published; at
+    most ``size`` (sandbox, destination) pairs are remembered (least recently seen forgotten,
+    with what they had counted: the metric has the exact total)."""
+
+    def __init__(
+        self, window: float = 1.0, size: int = 1024, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._window = window
+        self._size = size
+        self._clock = clock
+        # (sandbox id, destination) -> (when last published, refusals held back since)
+        self._seen: collections.OrderedDict[tuple[str, str], tuple[float, int]] = (
+            collections.OrderedDict()
+        )
+
+    def take(self, sandbox_id: str, destination: str) -> int:
+        """The count to publish now (this refusal and those held back before it), or 0: hold
+        it back (one of this destination was published less than ``window`` ago)."""
+        key, now = (sandbox_id, destination), self._clock()
+        when, held = self._seen.pop(key, (None, 0))
+        if when is not None and now - when < self._window:
+            self._seen[key] = (when, held + 1)
+            return 0
+        self._seen[key] = (now, 0)
+        while len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+        return held + 1
+
+
 class DenialLog:
     """NFLOG messages of refused packets -> ``network.denied`` events with their destination
     (see the module docstring). ``run`` is the owner's task; ``close`` ends it."""
@@ -102,8 +138,10 @@ class DenialLog:
         *,
         queue_size: int = 256,
         per_wakeup: int = 64,
+        repeats: Repeats | None = None,
     ) -> None:
         self._sock = sock
+        self._repeats = repeats or Repeats()
         self._sandbox_of = sandbox_of
         self._publish = publish
         self._metrics = metrics
@@ -126,7 +164,10 @@ class DenialLog:
         try:
             while (item := await self._queue.get()) is not None:
                 sandbox_id, refused = item
-                await self._publish(sandbox_id, "connect", refused.target, "policy", 1)
+                if not (count := self._repeats.take(sandbox_id, refused.target)):
+                    self._metrics.denied_logs.labels(outcome="repeated").inc()
+                    continue
+                await self._publish(sandbox_id, "connect", refused.target, "policy", count)
                 self._metrics.denied_logs.labels(outcome="reported").inc()
         finally:
             self._unwatch()

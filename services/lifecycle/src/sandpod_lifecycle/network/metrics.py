@@ -22,8 +22,8 @@ class NetworkMetrics:
         )
         self.denied_logs = Counter(
             "sandpod_lifecycle_network_denied_logs_total",
-            "NFLOG messages of refused packets read, by outcome (reported, malformed, "
-            "stranger: no sandbox of ours, queue_full: dropped before reporting)",
+            "NFLOG messages of refused packets read, by outcome (reported, repeated: counted "
+            "into the next report, malformed, stranger: no sandbox of ours, queue_full: dropped)",
             ["outcome"],
             registry=registry,
         )
