@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -28,6 +29,7 @@ from sandpod_lifecycle.network.denials import DenialLog
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nflog import NflogSocket
+from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.network.rules import LOG_BURST
 from sandpod_lifecycle.runtime.base import InstanceStatus
 from sandpod_lifecycle.runtime.local import LocalRuntime
@@ -230,3 +232,46 @@ async def test_two_installations_each_read_only_their_own_refusals(
         subprocess.run(["rm", "-rf", str(s1), str(s2)], check=False)
     for group in (first, first + 1):
         NflogSocket.bind(group, attempts=1).close()  # free: both were unbound
+
+
+async def test_a_full_socket_buffer_is_counted_and_reading_goes_on() -> None:
+    """With a tiny receive buffer and an unlimited log rule (a table of the test's own on
+    loopback output), the kernel drops log messages: the reader counts the ENOBUFS, and still
+    publishes the ones that fit and the ones logged after it."""
+    sock = NflogSocket.bind(45000 + int(uuid.uuid4().hex[:4], 16) % 10000, rcvbuf=4096)
+    table = f"sandpod_nflogtest{uuid.uuid4().hex[:6]}"
+    port = 20000 + int(uuid.uuid4().hex[:4], 16) % 10000
+    nft = Nft()
+    registry = CollectorRegistry()
+    seen = Seen()
+    log = DenialLog(
+        sock, lambda p: "s1" if p == f"{table}:1" else None, seen.publish, NetworkMetrics(registry)
+    )
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        nft.run(
+            f"add table inet {table}\n"
+            f"add chain inet {table} out {{ type filter hook output priority filter; }}\n"
+            f"add rule inet {table} out ip daddr 127.0.0.1 udp dport {{ {port}, {port + 1} }} "
+            f'log prefix "{table}:1" group {sock.group}\n'
+        )
+        for _ in range(2000):  # nobody reads yet: far more than 4 KiB of log messages
+            udp.sendto(b"x", ("127.0.0.1", port))
+        task = asyncio.create_task(log.run())
+        try:
+            await seen.wait(lambda e: True)
+            udp.sendto(b"x", ("127.0.0.1", port + 1))  # logged after the overrun: read too
+            await seen.wait(lambda e: e[2] == f"127.0.0.1:{port + 1}/udp")
+            overruns = registry.get_sample_value(
+                "sandpod_lifecycle_network_denied_log_overruns_total"
+            )
+            assert overruns is not None and overruns >= 1
+            assert seen.events[0] == ("s1", "connect", f"127.0.0.1:{port}/udp")
+        finally:
+            log.close()
+            await asyncio.wait_for(task, DEADLINE)
+    finally:
+        udp.close()
+        nft.run(f"add table inet {table}\ndelete table inet {table}")
+        nft.close()
+        sock.close()
