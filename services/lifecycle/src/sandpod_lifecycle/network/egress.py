@@ -5,8 +5,8 @@ thread): ``start`` claims the slice, enables forwarding, creates the gateway lin
 and cleans what a crashed run left (links, chains and records of sandboxes that are gone);
 ``attach`` gives a sandbox whose holder runs its veth, address and chain; ``apply`` swaps its
 policy (one nft batch); ``detach`` removes all of it; ``stop`` removes the table and the gateway
-link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address` and
-:meth:`add_resolved`.
+link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address`,
+:meth:`add_resolved` and :meth:`add_injected`.
 
 ``start`` also binds the installation's NFLOG group (``nflog.py``: the first free one from a
 number derived from the installation id, or ``log_group``) before any chain is written, since
@@ -399,6 +399,14 @@ class Egress:
     ) -> int:
         """See :meth:`Firewall.add_resolved` (blocking, ~100 µs: one nft batch)."""
         return self._firewall().add_resolved(sandbox_id, rule, addresses)
+
+    def add_injected(
+        self,
+        sandbox_id: str,
+        addresses: Sequence[tuple[str | ipaddress.IPv4Address | ipaddress.IPv6Address, float]],
+    ) -> int:
+        """See :meth:`Firewall.add_injected` (blocking, ~100 µs: one nft batch)."""
+        return self._firewall().add_injected(sandbox_id, addresses)
 
     def denied(self, sandbox_id: str) -> int:
         return self._firewall().denied(sandbox_id)

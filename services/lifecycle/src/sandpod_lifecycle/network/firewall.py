@@ -6,7 +6,9 @@ links named ``sp<tag>-<n>`` (``link.py``) and the installation's slice of addres
 
     prerouting  (nat)     every port-53 packet of a sandbox -> the gateway address :53 (the
                           node's resolver answers, even a hard-coded 8.8.8.8); per sandbox,
-                          name-rule addresses on 80/443 -> the egress proxy (when one is set)
+                          name-rule addresses and the injection set's (``j<n>``: the
+                          addresses of its ``inject`` domains, :meth:`add_injected`) on
+                          80/443 -> the egress proxy (when one is set)
     forward     (filter)  into a sandbox: only established/related (nobody opens a connection
                           to a sandbox through this host); out of one: hard denies first (the
                           metadata service, the whole pool = every installation's sandboxes,
@@ -55,11 +57,18 @@ from sandpod_contract.network import (
 from sandpod_lifecycle.network.addressing import AddressPlan, SandboxAddresses
 from sandpod_lifecycle.network.link import LinkNames
 from sandpod_lifecycle.network.nft import Nft, NftError
-from sandpod_lifecycle.network.rules import compile_sandbox, elements, set_name
+from sandpod_lifecycle.network.rules import (
+    Address,
+    compile_sandbox,
+    elements,
+    inject_set,
+    injects,
+    set_name,
+    timed_elements,
+)
 
 __all__ = ["Firewall", "FirewallConfig", "UnknownRule"]
 
-MIN_TTL, MAX_TTL = 1, 86400
 GENERATIONS = 0x7FFFFFFF  # ct mark values a policy generation takes (never 0: unmarked)
 
 
@@ -110,6 +119,7 @@ class _Sandbox:
     addrs: SandboxAddresses
     ifname: str
     policy: NetworkPolicy
+    injects: bool = False  # has an injection set (``add_injected``)
 
 
 class Firewall:
@@ -226,17 +236,20 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         Raises:
             NftError: nftables refused it; the previous chain (if any) is still in force.
         """
-        keep = {set_name(addrs.index, r) for r in policy.name_rules}
-        if policy.limits.max_connections is not None:
-            keep.add(f"cc{addrs.index}")
-        known = self._index_sets.get(addrs.index)
-        stale = (set(self._sets(addrs.index)) if known is None else known) - keep
-        self._generation = self._generation % GENERATIONS + 1
         proxy = (
             f"{self.config.plan.gateway}:{self.config.proxy_port}"
             if self.config.proxy_port is not None
             else None
         )
+        keep = {set_name(addrs.index, r) for r in policy.name_rules}
+        if policy.limits.max_connections is not None:
+            keep.add(f"cc{addrs.index}")
+        injecting = injects(policy, proxy)
+        if injecting:
+            keep.add(inject_set(addrs.index))
+        known = self._index_sets.get(addrs.index)
+        stale = (set(self._sets(addrs.index)) if known is None else known) - keep
+        self._generation = self._generation % GENERATIONS + 1
         script = compile_sandbox(
             self.config.table,
             addrs,
@@ -248,7 +261,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         )
         script += "".join(f"delete set inet {self.config.table} {s}\n" for s in sorted(stale))
         self.nft.run(script)
-        self._sandboxes[sandbox_id] = _Sandbox(addrs, ifname, policy)
+        self._sandboxes[sandbox_id] = _Sandbox(addrs, ifname, policy, injecting)
         self._index_sets[addrs.index] = keep
 
     def forget(self, sandbox_id: str, addrs: SandboxAddresses, ifname: str) -> None:
@@ -324,7 +337,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         self,
         sandbox_id: str,
         rule: Rule | str,
-        addresses: Sequence[tuple[str | ipaddress.IPv4Address | ipaddress.IPv6Address, float]],
+        addresses: Sequence[tuple[Address, float]],
     ) -> int:
         """Open ``addresses`` (each with its TTL in seconds, clamped to 1..86400) for the
         name rule ``rule`` of the sandbox's current policy, until the TTL runs out. IPv6
@@ -344,22 +357,31 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         )
         if entry is None or found is None:
             raise UnknownRule(f"sandbox {sandbox_id!r} has no name rule {text!r} in force")
-        name = set_name(entry.addrs.index, found)
-        t = self.config.table
-        script = ""
-        added = 0
-        for raw, ttl in addresses:
-            ip = ipaddress.ip_address(raw) if isinstance(raw, str) else raw
-            if ip.version != 4:
-                continue
-            seconds = int(min(max(ttl, MIN_TTL), MAX_TTL))
-            # add (so it exists), delete, add again: refreshes the timeout of a known address
-            script += (
-                f"add element inet {t} {name} {{ {ip} timeout {seconds}s }}\n"
-                f"delete element inet {t} {name} {{ {ip} }}\n"
-                f"add element inet {t} {name} {{ {ip} timeout {seconds}s }}\n"
-            )
-            added += 1
+        return self._add_timed(set_name(entry.addrs.index, found), addresses)
+
+    def add_injected(
+        self,
+        sandbox_id: str,
+        addresses: Sequence[tuple[Address, float]],
+    ) -> int:
+        """Send ``addresses`` (each with its TTL, as :meth:`add_resolved`) of the sandbox's
+        ``inject`` domains to the egress proxy on 80/443 until the TTL runs out: its injection
+        set. Returns how many were added.
+
+        Raises:
+            UnknownRule: the sandbox is unknown, or has no injection set (its policy injects
+                nothing, is deny-all, or this node runs no proxy).
+            NftError: nftables refused the batch.
+            ValueError: an address is not an IP address.
+        """
+        entry = self._sandboxes.get(sandbox_id)
+        if entry is None or not entry.injects:
+            raise UnknownRule(f"sandbox {sandbox_id!r} has no injection set in force")
+        return self._add_timed(inject_set(entry.addrs.index), addresses)
+
+    def _add_timed(self, name: str, addresses: Sequence[tuple[Address, float]]) -> int:
+        """Add IPv4 ``addresses`` to timed set ``name``, each for its TTL (one batch)."""
+        script, added = timed_elements(self.config.table, name, addresses)
         if script:
             self.nft.run(script)
         return added
@@ -400,7 +422,8 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
 
     def _sets(self, index: int) -> list[str]:
         names = self._objects().get("set", set())
-        return sorted(n for n in names if n.startswith(f"n{index}_") or n == f"cc{index}")
+        own = (f"cc{index}", inject_set(index))
+        return sorted(n for n in names if n.startswith(f"n{index}_") or n in own)
 
     def _map_keys(self, name: str) -> set[str]:
         keys: set[str] = set()

@@ -9,6 +9,11 @@ installation's NFLOG group (when it has one), at most ``LOG_RATE`` a second afte
 ``LOG_BURST`` for this sandbox (one sandbox hammering a closed port fills neither userspace nor
 the others' share), then counts it in ``denied_<n>`` (every packet: the exact count) and drops
 it. Every accept marks the connection.
+
+The NAT chain ``nat_<n>`` (only with a proxy) sends TCP 80/443 to the egress proxy for the
+addresses of each name-rule set and of the injection set ``j<n>``: the addresses the resolver
+answered this sandbox for a name of its ``inject`` entries, in any mode but deny-all (in
+``public`` mode nothing else would bring that traffic to the proxy, which adds the header).
 """
 
 from __future__ import annotations
@@ -24,14 +29,22 @@ __all__ = [
     "LOG_BURST",
     "LOG_RATE",
     "LOG_SNAPLEN",
+    "MAX_TTL",
+    "MIN_TTL",
     "PROXIED_PORTS",
+    "Address",
     "compile_sandbox",
     "elements",
+    "inject_set",
+    "injects",
     "log_prefix",
     "set_name",
+    "timed_elements",
 ]
 
 PROXIED_PORTS = "{ 80, 443 }"
+MIN_TTL, MAX_TTL = 1, 86400
+Address = str | ipaddress.IPv4Address | ipaddress.IPv6Address
 LOG_RATE = "5/second"  # refused packets logged per sandbox, after ...
 LOG_BURST = 20  # ... this many at once
 LOG_SNAPLEN = 128  # bytes of each logged packet: IP header with options + the ports
@@ -46,6 +59,40 @@ def log_prefix(table: str, index: int) -> str:
 def set_name(index: int, rule: Rule) -> str:
     """The resolved-address set of name rule ``rule`` in sandbox ``index``'s chain."""
     return f"n{index}_{hashlib.sha256(rule.text.encode()).hexdigest()[:12]}"
+
+
+def inject_set(index: int) -> str:
+    """The injection set of sandbox ``index``: addresses of its ``inject`` domains."""
+    return f"j{index}"
+
+
+def injects(policy: NetworkPolicy, proxy: str | None) -> bool:
+    """Whether a sandbox under ``policy`` has an injection set (a proxy to send it to, and
+    header injections in a mode that lets names resolve)."""
+    return proxy is not None and bool(policy.inject) and policy.mode is not NetworkMode.DENY_ALL
+
+
+def timed_elements(
+    table: str, name: str, addresses: Iterable[tuple[Address, float]]
+) -> tuple[str, int]:
+    """(the batch adding the IPv4 ``addresses`` to timed set ``name``, each for its TTL in
+    seconds clamped to 1..86400, and how many it adds). IPv6 addresses are skipped (sandboxes
+    have IPv4 egress only). Raises ValueError for an address that is not one."""
+    script = ""
+    added = 0
+    for raw, ttl in addresses:
+        ip = ipaddress.ip_address(raw) if isinstance(raw, str) else raw
+        if ip.version != 4:
+            continue
+        seconds = int(min(max(ttl, MIN_TTL), MAX_TTL))
+        # add (so it exists), delete, add again: refreshes the timeout of a known address
+        script += (
+            f"add element inet {table} {name} {{ {ip} timeout {seconds}s }}\n"
+            f"delete element inet {table} {name} {{ {ip} }}\n"
+            f"add element inet {table} {name} {{ {ip} timeout {seconds}s }}\n"
+        )
+        added += 1
+    return script, added
 
 
 def elements(nets: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
@@ -108,9 +155,13 @@ def compile_sandbox(
     if policy.mode is NetworkMode.ALLOWLIST:  # public ends in accept, deny-all in drop
         lines.append(f"{head} {drop}")
     if proxy is not None:
-        for r in policy.name_rules:
+        proxied = [set_name(n, r) for r in policy.name_rules]
+        if injects(policy, proxy):
+            lines.append(f"add set inet {t} {inject_set(n)} {{ type ipv4_addr; flags timeout; }}")
+            proxied.append(inject_set(n))
+        for name in proxied:
             lines.append(
-                f"add rule inet {t} {nat} ip daddr @{set_name(n, r)} tcp dport "
+                f"add rule inet {t} {nat} ip daddr @{name} tcp dport "
                 f"{PROXIED_PORTS} dnat ip to {proxy}"
             )
     lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump {chain} }}')
