@@ -3,11 +3,12 @@
 Needs root. Two installations side by side on this host, each with one ``deny-all`` jail (the
 host root as base): one logs refusals to its NFLOG group and runs the lifecycle's reader
 (``DenialLog``, publishing into a counter), the other only counts them (``log_denials=False``,
-the floor). Each round, alternating, a flood of ``--connections`` non-blocking TCP connects to
-the fake internet (``tests/fakenet.py``) runs in each jail's network namespace; printed per
-setup (median of ``--rounds``): wall time, the flooder's own CPU (the kernel drops its SYNs in
-its context), the whole host's busy CPU (``/proc/stat``, softirqs included), this process's
-CPU (the reader), and how many log messages were read (bounded by the per-sandbox ``limit``).
+the floor). Each round (in ABBA order: whoever goes first is not favoured) a flood of
+``--connections`` non-blocking TCP connects to the fake internet (``tests/fakenet.py``) runs in
+each jail's network namespace; printed per setup (median of ``--rounds``): wall time, the
+flooder's own CPU (the kernel drops its SYNs in its context), the whole host's busy CPU
+(``/proc/stat``, softirqs included), this process's CPU (the reader), and how many log
+messages were read (bounded by the per-sandbox ``limit``).
 
     sudo .venv/bin/python bench/net_denied_log.py [--connections 20000] [--rounds 5]
 """
@@ -140,20 +141,17 @@ async def main() -> None:
                     InstanceSpec(sandbox_id=f"bd-{uuid.uuid4().hex[:8]}", network=deny)
                 )
                 assert a.holder_pid and b.holder_pid
-                for _ in range(args.rounds):
-                    results["logged"].append(
-                        await flood(a.holder_pid, net.public, args.connections)
-                    )
-                    results["counted"].append(
-                        await flood(b.holder_pid, net.public, args.connections)
-                    )
+                setups = [("logged", a.holder_pid), ("counted", b.holder_pid)]
+                for round_ in range(args.rounds):
+                    for name, holder in setups[:: 1 if round_ % 2 == 0 else -1]:  # ABBA order
+                        results[name].append(await flood(holder, net.public, args.connections))
                 reader.close()
                 await task
                 counted = e1.denied_counts()[a.sandbox_id]
     finally:
         shutil.rmtree(state, ignore_errors=True)
     n = args.connections
-    print(f"refused-connect flood, {n} SYNs per round, median of {args.rounds} (alternating):")
+    print(f"refused-connect flood, {n} SYNs per round, median of {args.rounds} (ABBA):")
     head = ("wall s", "flooder CPU s", "host busy CPU s", "reader CPU s")
     print(f"  {'':28} {head[0]:>8} {head[1]:>14} {head[2]:>16} {head[3]:>13}")
     for name, label in (("counted", "counted only (floor)"), ("logged", "logged + NFLOG reader")):
