@@ -92,9 +92,10 @@ async def platform(
         proc.stop()
 
 
-async def _denied_event(sbx: AsyncSandbox, attempt: str) -> NetworkEvent:
-    """The sandbox's next ``network.denied`` event, refused attempts repeated until it comes
-    (the lifecycle reads the refusal counters every few seconds)."""
+async def _denied_event(sbx: AsyncSandbox, attempt: str, destination: str) -> NetworkEvent:
+    """The sandbox's ``network.denied`` event naming ``destination``, refused attempts
+    repeated until it comes (the log is rate-limited per sandbox: one attempt may fall between
+    two of its slots)."""
     got: asyncio.Queue[NetworkEvent] = asyncio.Queue(16)
 
     async def on_event(msg: Inbound) -> None:
@@ -108,7 +109,9 @@ async def _denied_event(sbx: AsyncSandbox, attempt: str) -> NetworkEvent:
             assert time.monotonic() < end, "no network.denied event"
             await sbx.exec(attempt)
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(got.get(), 1.0)
+                while (event := await asyncio.wait_for(got.get(), 1.0)).destination != destination:
+                    pass
+                return event
     finally:
         await sub.stop()
 
@@ -125,17 +128,20 @@ async def test_a_default_sandbox_reaches_the_internet_and_reports_its_address(
     nats: NatsServer, platform: tuple[ServiceProc, str], fakenet: FakeNet
 ) -> None:
     """The default template is ``public``: curl in a new sandbox gets the fake internet's
-    page by address and nothing from the metadata server; ``status.endpoint["address"]`` is
-    the sandbox's own address, the one its ``eth0`` carries; a ``deny-all`` template's
-    sandbox gets nothing; stopping the platform removes every link, route and the table."""
+    page by address and nothing from the metadata server; a refused connection is a
+    ``network.denied`` event naming its address, port and protocol;
+    ``status.endpoint["address"]`` is the sandbox's own address, the one its ``eth0`` carries;
+    a ``deny-all`` template's sandbox gets nothing; stopping the platform removes every link,
+    route and the table."""
     proc, prefix = platform
     async with await AsyncSandbox.create(nats_url=nats.url, prefix=prefix, wait=DEADLINE) as sbx:
         r = await sbx.exec(CURL.format(fakenet.public))
         assert r.stdout.strip() == "fakenet public", r
         r = await sbx.exec(CURL.format(fakenet.metadata))
         assert r.stdout.strip() == "unreachable", r
-        denied = await _denied_event(sbx, f"curl -s -m 1 http://{fakenet.private}/ || true")
-        assert denied.kind == "connect" and denied.count >= 1, denied
+        attempt = f"curl -s -m 1 http://{fakenet.private}/ || true"
+        denied = await _denied_event(sbx, attempt, f"{fakenet.private}:80/tcp")
+        assert (denied.kind, denied.name) == ("connect", sbx.id) and denied.count >= 1, denied
         reply = await api_call(
             sbx.bus, sbx.subjects, "sandboxes", "get", Ref(name=sbx.id), ObjectReply
         )

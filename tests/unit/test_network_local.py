@@ -85,8 +85,10 @@ def _firewall(**kw: Any) -> tuple[Firewall, FakeNft]:
 
 def test_a_policy_compiles_to_one_batch_in_deny_allow_mode_order() -> None:
     """Spoof check and hard denies first, deny rules before allow rules, name rules as sets,
-    the mode last; public drops the special ranges and accepts the rest; deny-all drops all."""
-    fw, nft = _firewall(proxy_port=3128)
+    the mode last; public drops the special ranges and accepts the rest; deny-all drops all.
+    Every drop goes to the sandbox's deny chain: logged (rate-limited) to the installation's
+    NFLOG group with the sandbox's prefix, then counted and dropped."""
+    fw, nft = _firewall(proxy_port=3128, log_group=30001)
     plan = fw.config.plan
     policy = NetworkPolicy.from_dict(
         {"mode": "allowlist", "allow": ["1.2.3.0/24:443", "api.example.com"], "deny": ["1.2.3.4"]}
@@ -101,21 +103,33 @@ def test_a_policy_compiles_to_one_batch_in_deny_allow_mode_order() -> None:
     s = set_name(1, policy.allow[1])
     gen = fw._generation
     assert rules == [
-        "ip saddr != 10.240.16.3 counter name denied_1 drop",
-        "ip daddr @hard4 counter name denied_1 drop",
+        "ip saddr != 10.240.16.3 goto deny_1",
+        "ip daddr @hard4 goto deny_1",
         f"ct state established,related ct mark {gen} accept",
-        "ip daddr 1.2.3.4/32 counter name denied_1 drop",
+        "ip daddr 1.2.3.4/32 goto deny_1",
         f"ip daddr 1.2.3.0/24 meta l4proto {{ tcp, udp }} th dport 443 ct mark set {gen} accept",
         f"ip daddr @{s} ct mark set {gen} accept",
-        "counter name denied_1 drop",
+        "goto deny_1",
     ]
+    deny = [
+        line for line in script.splitlines() if line.startswith("add rule") and " deny_1 " in line
+    ]
+    assert deny == [
+        "add rule inet sandpod_abcdef0123 deny_1 limit rate 5/second burst 20 packets "
+        'log prefix "sandpod_abcdef0123:1" group 30001 snaplen 128',
+        "add rule inet sandpod_abcdef0123 deny_1 counter name denied_1 drop",
+    ]
+    assert 'add element inet sandpod_abcdef0123 deny { "spabcdef-1" : goto deny_1 }' in script
+    assert fw.sandbox_of_log("sandpod_abcdef0123:1") == "s1"
+    assert fw.sandbox_of_log("sandpod_abcdef0123:2") is None  # no such sandbox
+    assert fw.sandbox_of_log("sandpod_otherinst0:1") is None  # another installation's
     assert f"ip daddr @{s} tcp dport {{ 80, 443 }} dnat ip to 10.240.16.1:3128" in script
     fw.apply("s1", plan.sandbox(1), "spabcdef-1", NetworkPolicy())
     assert script.count("flush chain inet sandpod_abcdef0123 sbx_1") == 1
     public = nft.scripts[-1]
     assert fw._generation == gen + 1  # each policy its own generation: older flows re-judged
     assert [r for r in public.splitlines() if r.startswith("add rule") and " sbx_1 " in r][-2:] == [
-        "add rule inet sandpod_abcdef0123 sbx_1 ip daddr @special4 counter name denied_1 drop",
+        "add rule inet sandpod_abcdef0123 sbx_1 ip daddr @special4 goto deny_1",
         f"add rule inet sandpod_abcdef0123 sbx_1 ct mark set {gen + 1} accept",
     ]
     fw.apply("s1", plan.sandbox(1), "spabcdef-1", NetworkPolicy.from_dict({"mode": "deny-all"}))
@@ -186,8 +200,8 @@ def test_inbound_is_the_gateway_uids_only() -> None:
 
 
 def test_egress_settings_come_from_the_environment() -> None:
-    """SANDPOD_NET_* set the pool, registry, gateway uid and ports; bad values name the
-    variable."""
+    """SANDPOD_NET_* set the pool, registry, gateway uid, ports and NFLOG group; bad values
+    name the variable."""
     s = LifecycleSettings.from_env(
         {
             "SANDPOD_NET_POOL": "10.100.0.0/16",
@@ -203,6 +217,13 @@ def test_egress_settings_come_from_the_environment() -> None:
         LifecycleSettings.from_env({"SANDPOD_NET_POOL": "8.8.0.0/16"})
     with pytest.raises(ValueError, match="SANDPOD_NET_GATEWAY_UID"):
         LifecycleSettings.from_env({"SANDPOD_NET_GATEWAY_UID": "root"})
+    default = LifecycleSettings.from_env({}).network
+    assert (default.log_denials, default.log_group) == (True, None)  # derived from the id
+    logged = LifecycleSettings.from_env({"SANDPOD_NET_LOG_GROUP": "31000"}).network
+    assert (logged.log_denials, logged.log_group) == (True, 31000)
+    assert not LifecycleSettings.from_env({"SANDPOD_NET_LOG_GROUP": "off"}).network.log_denials
+    with pytest.raises(ValueError, match="SANDPOD_NET_LOG_GROUP"):
+        LifecycleSettings.from_env({"SANDPOD_NET_LOG_GROUP": "70000"})
 
 
 def test_the_always_allowed_list_is_a_setting_checked_at_start() -> None:

@@ -52,6 +52,8 @@
 | | | effective policy (its platform needs: a package mirror, an internal proxy); ``deny`` |
 | | | rules still beat them, a ``deny-all`` policy stays deny-all, hard denies stay closed; |
 | | | any runtime. A bad entry fails start-up naming it |
+| ``SANDPOD_NET_LOG_GROUP`` | derived | ... first NFLOG group tried for refused connections' |
+| | | destinations (the first free one from there is used); ``off``: counted only |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -242,6 +244,9 @@ def _egress(env: Mapping[str, str]) -> EgressSettings:
         raise ValueError(
             "SANDPOD_NET_GATEWAY_UID is an integer; SANDPOD_NET_PROXY_PORT an integer or off"
         )
+    group = env_str(env, "SANDPOD_NET_LOG_GROUP", "")
+    if group not in ("", "off") and not (group.isdigit() and int(group) <= 0xFFFF):
+        raise ValueError(f"SANDPOD_NET_LOG_GROUP={group!r}: an NFLOG group (0..65535) or off")
     return EgressSettings(
         enabled=env_bool(env, "SANDPOD_NET", True),
         pool=pool,
@@ -249,6 +254,8 @@ def _egress(env: Mapping[str, str]) -> EgressSettings:
         gateway_uid=int(uid) if uid else None,
         dns_port=env_int(env, "SANDPOD_NET_DNS_PORT", base.dns_port, minimum=1),
         proxy_port=int(proxy) if proxy.isdigit() else None,
+        log_denials=group != "off",
+        log_group=int(group) if group.isdigit() else None,
     )
 
 

@@ -27,10 +27,11 @@ links named ``sp<tag>-<n>`` (``link.py``) and the installation's slice of addres
 
 Every change to a sandbox is one batch (``Nft.run``): a policy update flushes and refills its
 chain in one kernel transaction, so no packet ever sees half a policy, and nothing restarts.
-Drops of a sandbox's packets (its chain's, and the input chain's: the host refused) count in
-its named counter ``denied_<n>`` (:meth:`denied`; the input chain finds it through the map
-``denycount``): the refused-connection signal (bounded: one counter per sandbox, no per-packet
-logging).
+Drops of a sandbox's packets (its chain's, the forward chain's hard denies and IPv6, and the
+input chain's: the host refused) all go to its chain ``deny_<n>`` (the base chains find it
+through the map ``deny``): logged to the installation's NFLOG group at a bounded rate per
+sandbox with the prefix ``sandpod_<id>:<n>`` (``rules.py``; read by ``nflog.py``), then counted
+in its named counter ``denied_<n>`` (:meth:`denied`, exact) and dropped.
 
 A policy update also reaches connections already open: each accept marks the connection with
 the policy's generation (``ct mark``), and only packets of connections marked with the current
@@ -92,6 +93,8 @@ class FirewallConfig:
         proxy_port: the egress proxy's port there (None: no proxy; name rules then open their
             resolved addresses directly).
         hard_deny: more networks no rule can open (where the platform's services live).
+        log_group: the NFLOG group refused packets are logged to (``nflog.py`` bound it),
+            None: counted only.
     """
 
     installation_id: str
@@ -100,6 +103,7 @@ class FirewallConfig:
     dns_port: int = 53
     proxy_port: int | None = None
     hard_deny: tuple[ipaddress.IPv4Network, ...] = ()
+    log_group: int | None = None
 
     @property
     def table(self) -> str:
@@ -158,7 +162,7 @@ add set inet {t} hard4 {{ type ipv4_addr; flags interval; }}
 add set inet {t} special4 {{ type ipv4_addr; flags interval; }}
 add map inet {t} dispatch {{ type ifname : verdict; }}
 add map inet {t} natdispatch {{ type ifname : verdict; }}
-add map inet {t} denycount {{ type ifname : counter; }}
+add map inet {t} deny {{ type ifname : verdict; }}
 flush set inet {t} hard4
 flush set inet {t} special4
 add element inet {t} hard4 {{ {", ".join(str(h) for h in hard)} }}
@@ -173,16 +177,19 @@ flush chain inet {t} input
 flush chain inet {t} output
 flush chain inet {t} prerouting
 flush chain inet {t} postrouting
+add map inet {t} denycount {{ type ifname : counter; }}
+delete map inet {t} denycount
 add rule inet {t} forward oifname "{pre}*" ct state established,related accept
 add rule inet {t} forward oifname "{pre}*" counter drop
-add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 counter name iifname map @denycount drop
+add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 iifname vmap @deny
 add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 counter drop
+add rule inet {t} forward iifname "{pre}*" ip daddr @hard4 iifname vmap @deny
 add rule inet {t} forward iifname "{pre}*" ip daddr @hard4 counter drop
 add rule inet {t} forward iifname "{pre}*" iifname vmap @dispatch
 add rule inet {t} forward iifname "{pre}*" counter drop
 add rule inet {t} input iifname "{pre}*" ct state established,related accept
 add rule inet {t} input iifname "{pre}*" ip daddr {gw} meta l4proto {{ tcp, udp }} th dport {{ {ports} }} accept
-add rule inet {t} input iifname "{pre}*" counter name iifname map @denycount drop
+add rule inet {t} input iifname "{pre}*" iifname vmap @deny
 add rule inet {t} input iifname "{pre}*" counter drop
 add rule inet {t} output oifname "{pre}*" ct state established,related accept
 {inbound}add rule inet {t} output oifname "{pre}*" counter drop
@@ -244,7 +251,13 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         stale = (set(self._sets(addrs.index)) if known is None else known) - keep
         self._generation = self._generation % GENERATIONS + 1
         script = compile_sandbox(
-            self.config.table, addrs, ifname, policy, generation=self._generation, proxy=proxy
+            self.config.table,
+            addrs,
+            ifname,
+            policy,
+            generation=self._generation,
+            proxy=proxy,
+            log_group=self.config.log_group,
         )
         script += "".join(f"delete set inet {self.config.table} {s}\n" for s in sorted(stale))
         self.nft.run(script)
@@ -261,11 +274,11 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             t, n = self.config.table, addrs.index
             script = "".join(
                 f'delete element inet {t} {m} {{ "{ifname}" }}\n'
-                for m in ("dispatch", "natdispatch", "denycount")
+                for m in ("dispatch", "natdispatch", "deny")
             )
             script += "".join(
                 f"flush chain inet {t} {c}\ndelete chain inet {t} {c}\n"
-                for c in (f"sbx_{n}", f"nat_{n}")
+                for c in (f"sbx_{n}", f"nat_{n}", f"deny_{n}")  # deny_<n> once unreferenced
             )
             script += "".join(f"delete set inet {t} {name}\n" for name in sorted(known))
             script += f"delete counter inet {t} denied_{n}\n"
@@ -283,10 +296,10 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             return
         t = self.config.table
         script = ""
-        for name in ("dispatch", "natdispatch", "denycount"):
+        for name in ("dispatch", "natdispatch", "deny"):
             if ifname in self._map_keys(name):
                 script += f'delete element inet {t} {name} {{ "{ifname}" }}\n'
-        for chain in (f"sbx_{index}", f"nat_{index}"):
+        for chain in (f"sbx_{index}", f"nat_{index}", f"deny_{index}"):
             if chain in objects.get("chain", set()):
                 script += f"flush chain inet {t} {chain}\ndelete chain inet {t} {chain}\n"
         for s in self._sets(index):
@@ -299,6 +312,15 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
     def policy(self, sandbox_id: str) -> NetworkPolicy | None:
         entry = self._sandboxes.get(sandbox_id)
         return entry.policy if entry is not None else None
+
+    def sandbox_of_log(self, prefix: str) -> str | None:
+        """The sandbox whose refusals are logged with ``prefix`` (``rules.log_prefix``), None:
+        another installation's prefix, or a sandbox gone since."""
+        table, _, index = prefix.rpartition(":")
+        if table != self.config.table or not index.isdigit():
+            return None
+        number = int(index)
+        return next((sid for sid, e in self._sandboxes.items() if e.addrs.index == number), None)
 
     def sandbox_by_address(self, address: str) -> tuple[str, NetworkPolicy] | None:
         """(sandbox id, its policy) of the sandbox whose own address is ``address``."""

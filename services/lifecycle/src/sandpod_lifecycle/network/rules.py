@@ -4,7 +4,11 @@ The order inside ``sbx_<n>`` is the policy's meaning: a spoofed source and the h
 first (no rule can open them), then connections accepted under this policy generation (a ct
 mark: older ones are judged again), the connection limit, ``deny`` rules, ``allow`` CIDR and
 name-set rules, and the mode (public: special ranges dropped, the rest accepted; allowlist and
-deny-all: dropped). Every drop counts in ``denied_<n>``; every accept marks the connection.
+deny-all: dropped). Every drop is a ``goto deny_<n>``: that chain logs the packet to the
+installation's NFLOG group (when it has one), at most ``LOG_RATE`` a second after a burst of
+``LOG_BURST`` for this sandbox (one sandbox hammering a closed port fills neither userspace nor
+the others' share), then counts it in ``denied_<n>`` (every packet: the exact count) and drops
+it. Every accept marks the connection.
 
 The NAT chain ``nat_<n>`` (only with a proxy) sends TCP 80/443 to the egress proxy for the
 addresses of each name-rule set and of the injection set ``j<n>``: the addresses the resolver
@@ -22,6 +26,9 @@ from sandpod_contract.network import NetworkMode, NetworkPolicy, Rule
 from sandpod_lifecycle.network.addressing import SandboxAddresses
 
 __all__ = [
+    "LOG_BURST",
+    "LOG_RATE",
+    "LOG_SNAPLEN",
     "MAX_TTL",
     "MIN_TTL",
     "PROXIED_PORTS",
@@ -30,6 +37,7 @@ __all__ = [
     "elements",
     "inject_set",
     "injects",
+    "log_prefix",
     "set_name",
     "timed_elements",
 ]
@@ -37,6 +45,15 @@ __all__ = [
 PROXIED_PORTS = "{ 80, 443 }"
 MIN_TTL, MAX_TTL = 1, 86400
 Address = str | ipaddress.IPv4Address | ipaddress.IPv6Address
+LOG_RATE = "5/second"  # refused packets logged per sandbox, after ...
+LOG_BURST = 20  # ... this many at once
+LOG_SNAPLEN = 128  # bytes of each logged packet: IP header with options + the ports
+
+
+def log_prefix(table: str, index: int) -> str:
+    """The ``log prefix`` of sandbox ``index``'s refusals (``sandpod_<id>:<n>``): the NFLOG
+    reader finds the installation and the sandbox in it."""
+    return f"{table}:{index}"
 
 
 def set_name(index: int, rule: Rule) -> str:
@@ -96,20 +113,30 @@ def compile_sandbox(
     *,
     generation: int,
     proxy: str | None = None,
+    log_group: int | None = None,
 ) -> str:
-    """The batch that installs (or replaces) sandbox ``addrs.index``'s chain, its name-rule
-    sets, its NAT chain and its map entries in ``table`` (see ``firewall.py``); ``proxy``
-    (``address:port``): where name-rule addresses on 80/443 are DNAT'ed, None: nowhere."""
+    """The batch that installs (or replaces) sandbox ``addrs.index``'s chain, its deny chain,
+    its name-rule sets, its NAT chain and its map entries in ``table`` (see ``firewall.py``);
+    ``proxy`` (``address:port``): where name-rule addresses on 80/443 are DNAT'ed, None:
+    nowhere; ``log_group``: the NFLOG group refusals are logged to, None: not logged."""
     t, n = table, addrs.index
-    chain, nat = f"sbx_{n}", f"nat_{n}"
-    drop = f"counter name denied_{n} drop"
+    chain, nat, deny = f"sbx_{n}", f"nat_{n}", f"deny_{n}"
+    drop = f"goto {deny}"
     lines = [
         f"add counter inet {t} denied_{n}",
+        f"add chain inet {t} {deny}",
         f"add chain inet {t} {chain}",
         f"add chain inet {t} {nat}",
+        f"flush chain inet {t} {deny}",
         f"flush chain inet {t} {chain}",
         f"flush chain inet {t} {nat}",
     ]
+    if log_group is not None:
+        lines.append(
+            f"add rule inet {t} {deny} limit rate {LOG_RATE} burst {LOG_BURST} packets "
+            f'log prefix "{log_prefix(t, n)}" group {log_group} snaplen {LOG_SNAPLEN}'
+        )
+    lines.append(f"add rule inet {t} {deny} counter name denied_{n} drop")
     for rule in policy.name_rules:
         s = set_name(n, rule)
         lines.append(f"add set inet {t} {s} {{ type ipv4_addr; flags timeout; }}")
@@ -139,7 +166,7 @@ def compile_sandbox(
             )
     lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump {chain} }}')
     lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
-    lines.append(f'add element inet {t} denycount {{ "{ifname}" : "denied_{n}" }}')
+    lines.append(f'add element inet {t} deny {{ "{ifname}" : goto {deny} }}')
     return "\n".join(lines) + "\n"
 
 
