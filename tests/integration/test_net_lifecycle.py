@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,8 +28,6 @@ from fakenet import FakeNet
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod.errors import SandpodError
-from sandpod_bus import Inbound
-from sandpod_contract.codec import decode
 from sandpod_contract.messages.sandboxes import NetworkEvent, ObjectReply, ObjectRequest, Ref
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.network.secretstore import FileSecretStore
@@ -39,6 +38,7 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the local runtime needs root: run the suite as root, as CI does"
 )
 
+SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
 DEADLINE = 60.0
 CURL = "curl -s -m 3 http://{}/ || echo unreachable"
 
@@ -93,16 +93,19 @@ async def platform(
 
 
 async def _denied_event(sbx: AsyncSandbox, attempt: str, destination: str) -> NetworkEvent:
-    """The sandbox's ``network.denied`` event naming ``destination``, refused attempts
-    repeated until it comes (the log is rate-limited per sandbox: one attempt may fall between
-    two of its slots)."""
-    got: asyncio.Queue[NetworkEvent] = asyncio.Queue(16)
+    """The sandbox's ``network.denied`` event naming ``destination`` (read through the SDK's
+    ``sbx.network.events()``), refused attempts repeated until it comes (the log is
+    rate-limited per sandbox: one attempt may fall between two of its slots; the first may
+    also come before the subscription)."""
+    got: asyncio.Queue[NetworkEvent] = asyncio.Queue()
+    events = sbx.network.events()
 
-    async def on_event(msg: Inbound) -> None:
-        with contextlib.suppress(SandpodError, asyncio.QueueFull):
-            got.put_nowait(decode(NetworkEvent, msg.data))
+    async def pump() -> None:
+        async for event in events:
+            if event.type == "denied":
+                got.put_nowait(event)
 
-    sub = await sbx.bus.subscribe(sbx.subjects.event("network", sbx.id, "denied"), on_event)
+    reader = asyncio.create_task(pump())
     try:
         end = time.monotonic() + DEADLINE
         while True:
@@ -113,7 +116,45 @@ async def _denied_event(sbx: AsyncSandbox, attempt: str, destination: str) -> Ne
                     pass
                 return event
     finally:
-        await sub.stop()
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def _cli_denied_line(
+    nats: NatsServer, prefix: str, sbx: AsyncSandbox, attempt: str, destination: str
+) -> str:
+    """``sandpod network <sbx> --events``: the policy, then a line per event; the line that
+    names ``destination`` once refused attempts are repeated."""
+    cli = await asyncio.create_subprocess_exec(
+        SANDPOD,
+        "network",
+        sbx.id,
+        "--events",
+        "--nats-url",
+        nats.url,
+        "--prefix",
+        prefix,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert cli.stdout is not None
+    try:
+        while b"APPLIED:" not in await asyncio.wait_for(cli.stdout.readline(), DEADLINE):
+            pass
+        end = time.monotonic() + DEADLINE
+        while True:
+            assert time.monotonic() < end, "sandpod network --events printed no refusal"
+            await sbx.exec(attempt)
+            with contextlib.suppress(TimeoutError):
+                while destination not in (
+                    line := (await asyncio.wait_for(cli.stdout.readline(), 1.0)).decode()
+                ):
+                    pass
+                return line
+    finally:
+        cli.terminate()
+        await cli.wait()
 
 
 def _ours(tag: str) -> list[str]:
@@ -142,6 +183,8 @@ async def test_a_default_sandbox_reaches_the_internet_and_reports_its_address(
         attempt = f"curl -s -m 1 http://{fakenet.private}/ || true"
         denied = await _denied_event(sbx, attempt, f"{fakenet.private}:80/tcp")
         assert (denied.kind, denied.name) == ("connect", sbx.id) and denied.count >= 1, denied
+        line = await _cli_denied_line(nats, prefix, sbx, attempt, f"{fakenet.private}:80/tcp")
+        assert " denied   connect " in line, line
         reply = await api_call(
             sbx.bus, sbx.subjects, "sandboxes", "get", Ref(name=sbx.id), ObjectReply
         )

@@ -376,7 +376,7 @@ class AsyncSandbox:
 
     def events(self) -> AsyncIterator[SandboxEvent]:
         """Live lifecycle events of this sandbox (created, ready, paused, expired, ...)."""
-        return follow_events(self.bus, self.subjects, self.id)
+        return follow_events(self.bus, self.subjects, self.id, "sandbox", SandboxEvent)
 
     async def close(self) -> None:
         if self._owns_bus:

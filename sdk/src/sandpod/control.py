@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from sandpod_bus import Bus, Inbound, NoResponders
 from sandpod_contract.codec import Message, decode, decode_reply, encode
@@ -22,6 +22,8 @@ from sandpod_contract.messages.sandboxes import (
 from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.subjects import Subjects
 from sandpod_contract.times import to_rfc3339
+
+E = TypeVar("E", bound=Message)
 
 __all__ = [
     "SandboxInfo",
@@ -180,19 +182,22 @@ async def list_sandboxes(
     return [SandboxInfo.of(o) for o in reply.items]
 
 
-async def follow_events(bus: Bus, subjects: Subjects, name: str) -> AsyncIterator[SandboxEvent]:
-    """Live events of sandbox ``name`` until the iterator is closed."""
-    queue: asyncio.Queue[SandboxEvent] = asyncio.Queue(maxsize=1024)
+async def follow_events(
+    bus: Bus, subjects: Subjects, name: str, kind: str, of: type[E]
+) -> AsyncIterator[E]:
+    """Live events of ``kind`` (``sandbox``, ``network``...) of object ``name``, decoded as
+    ``of``, until the iterator is closed (undecodable ones skipped; at most 1024 unread)."""
+    queue: asyncio.Queue[E] = asyncio.Queue(maxsize=1024)
 
     async def on_event(msg: Inbound) -> None:
         try:
-            event = decode(SandboxEvent, msg.data)
+            event = decode(of, msg.data)
         except SandpodError:
             return
         if not queue.full():
             queue.put_nowait(event)
 
-    sub = await bus.subscribe(subjects.events_of("sandbox", name), on_event)
+    sub = await bus.subscribe(subjects.events_of(kind, name), on_event)
     try:
         while True:
             yield await queue.get()

@@ -18,14 +18,15 @@ what the runtime made of it, which the returned view shows (``applied``, ``enfor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
+from sandpod._loop import iterate
 from sandpod._twins import twin
-from sandpod.control import api_call
+from sandpod.control import api_call, follow_events
 from sandpod_bus import Bus
 from sandpod_contract.errors import ResourceConflict
-from sandpod_contract.messages.sandboxes import NetworkState, NetworkUpdate, Ref
+from sandpod_contract.messages.sandboxes import NetworkEvent, NetworkState, NetworkUpdate, Ref
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.subjects import Subjects
 
@@ -131,6 +132,13 @@ class AsyncNetwork:
         )
         return state
 
+    def events(self) -> AsyncIterator[NetworkEvent]:
+        """Live network events of this sandbox, until the iteration is left: ``denied`` (a
+        refused lookup or connection: ``kind`` dns/rebinding/connect/sni, ``destination`` such
+        as ``203.0.113.9:443/tcp`` or a name, ``count`` of refusals it stands for; rate-limited
+        per sandbox) and ``updated`` (a policy applied)."""
+        return follow_events(self._bus, self._subjects, self._id, "network", NetworkEvent)
+
     async def get(self) -> NetworkView:
         """The sandbox's effective egress policy and whether its runtime applied it.
 
@@ -211,6 +219,10 @@ class Network:
 
     def __init__(self, inner: AsyncNetwork) -> None:
         self._inner = inner
+
+    def events(self) -> Iterator[NetworkEvent]:
+        """See :meth:`AsyncNetwork.events` (blocking; break out of the loop to stop)."""
+        return iterate(self._inner.events())
 
     get = twin(AsyncNetwork.get)
     update = twin(AsyncNetwork.update)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Self
 
-from sandpod._loop import run
+from sandpod._loop import iterate, run
 from sandpod._twins import twin
 from sandpod.aio import AsyncSandbox
 from sandpod.control import SandboxInfo
@@ -185,19 +185,7 @@ class Sandbox:
 
     def events(self) -> Iterator[SandboxEvent]:
         """Live lifecycle events (blocking iterator; break out of the loop to stop)."""
-        events = self._inner.events()
-
-        async def next_event() -> SandboxEvent:
-            return await anext(events)
-
-        async def close() -> None:
-            await events.aclose()  # type: ignore[attr-defined]
-
-        try:
-            while True:
-                yield run(next_event())
-        finally:
-            run(close())
+        return iterate(self._inner.events())
 
     def close(self) -> None:
         run(self._inner.close())

@@ -5,6 +5,7 @@
     sandpod network demo --deny evil.example.com          # adds a deny rule
     sandpod network demo --clear-allow --allow api.example.com:443
     sandpod network demo --reset                          # back to the template's policy
+    sandpod network demo --events                         # follow refusals and updates
 
 ``--allow``/``--deny`` add rules to the current lists (``--clear-allow``/``--clear-deny``
 empty them first, ``--remove-allow``/``--remove-deny`` take one out); the result is checked
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from typing import Any
 
 from sandpod.aio import AsyncSandbox
@@ -23,6 +25,7 @@ from sandpod.cli._output import add_output, dump
 from sandpod.cli.sandbox_cmd import EXIT_ERROR, render
 from sandpod.errors import BadRequest, ResourceInvalid, ResourceNotFound, SandpodError
 from sandpod.network import NetworkView
+from sandpod_contract.messages.sandboxes import NetworkEvent
 
 __all__ = ["add_parsers", "describe"]
 
@@ -55,6 +58,11 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--bandwidth", type=int, metavar="BYTES_PER_SECOND")
     p.add_argument("--reset", action="store_true", help="drop the sandbox's own policy")
     p.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the apply")
+    p.add_argument(
+        "--events",
+        action="store_true",
+        help="then follow the sandbox's network events (refusals, updates) until Ctrl-C",
+    )
     add_output(p)
     p.set_defaults(run=_run)
 
@@ -83,6 +91,8 @@ def _changes(a: argparse.Namespace, view: NetworkView) -> dict[str, Any]:
 def _run(a: argparse.Namespace) -> int:
     try:
         return asyncio.run(_network(a))
+    except KeyboardInterrupt:
+        return 130
     except SandpodError as exc:
         print(f"error: [{exc.code}] {exc.message}", file=sys.stderr)
         hint = next((h for cls, h in _HINTS if isinstance(exc, cls)), None)
@@ -93,6 +103,7 @@ def _run(a: argparse.Namespace) -> int:
 
 async def _network(a: argparse.Namespace) -> int:
     async with await AsyncSandbox.connect(a.name, nats_url=a.nats_url, prefix=a.prefix) as sbx:
+        events = sbx.network.events() if a.events else None
         if a.reset:
             view = await sbx.network.get()
             if _changes(a, view):
@@ -103,11 +114,25 @@ async def _network(a: argparse.Namespace) -> int:
             changes = _changes(a, view)
             if changes:
                 view = await sbx.network.update(**changes, wait=a.wait)
-    if a.output == "table":
-        print(describe(view))
-    else:
-        print(dump(view.to_dict(), a.output))
+        if a.output == "table":
+            print(describe(view), flush=True)
+        else:
+            print(dump(view.to_dict(), a.output), flush=True)
+        if events is not None:
+            async for event in events:
+                print(_event_line(event), flush=True)
     return 0
+
+
+def _event_line(event: NetworkEvent) -> str:
+    """One network event as a line: time, type, and what it says."""
+    when = time.strftime("%H:%M:%S", time.localtime(event.time))
+    if event.type == "denied":
+        times = f" x{event.count}" if event.count > 1 else ""
+        return f"{when} denied   {event.kind} {event.destination} (rule {event.rule}){times}"
+    state = "enforced" if event.enforced else f"NOT enforced: {event.reason}"
+    mode = (event.policy or {}).get("mode", "")
+    return f"{when} {event.type}  mode {mode}, {state}"
 
 
 def describe(view: NetworkView) -> str:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING
 
-from sandpod._loop import run
+from sandpod._loop import iterate, run
 from sandpod.fs.stream import IN_FLIGHT, READ_LIMIT, FileReader, FileWriter, Progress
 from sandpod.fs.types import FileInfo, FileList, FileType, ReplaceResult, SearchResult
 
@@ -79,15 +79,7 @@ class Files:
     ) -> Iterator[bytes]:
         """See :meth:`AsyncFiles.archive`: ``for chunk in sbx.fs.archive("/workspace")``
         (leaving the loop early stops the sandbox's ``tar``)."""
-        chunks = self._inner.archive(path, gzip=gzip, progress=progress)
-        try:
-            while True:
-                try:
-                    yield run(_next(chunks))
-                except StopAsyncIteration:
-                    return
-        finally:
-            run(_close(chunks))
+        return iterate(self._inner.archive(path, gzip=gzip, progress=progress))
 
     def archive_to(
         self,
@@ -324,13 +316,3 @@ class Files:
     ) -> FileInfo:
         """See :meth:`AsyncFiles.chown`."""
         return run(self._inner.chown(path, owner, group, recursive=recursive))
-
-
-async def _next(chunks: AsyncIterator[bytes]) -> bytes:
-    return await anext(chunks)
-
-
-async def _close(chunks: AsyncIterator[bytes]) -> None:
-    close = getattr(chunks, "aclose", None)
-    if close is not None:
-        await close()
