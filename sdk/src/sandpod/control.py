@@ -16,7 +16,6 @@ from sandpod_contract.messages.sandboxes import (
     ObjectReply,
     ObjectRequest,
     ObjectsReply,
-    SandboxEvent,
     Selection,
 )
 from sandpod_contract.reserved import refuse_reserved
