@@ -1,7 +1,12 @@
 """A sandbox's policy compiled to nftables: its chain, name-rule sets and NAT chain.
 
-The order inside ``sbx_<n>`` is the policy's meaning: a spoofed source and the hard denies
-first (no rule can open them), then connections accepted under this policy generation (a ct
+One compiler for both places a policy is enforced: the local runtime's table on the host
+(:func:`compile_sandbox`: chain ``sbx_<n>`` jumped to from the forward hook by interface) and the
+network guard in a Kubernetes Pod's own netns (:func:`compile_chain`: the same chain body,
+jumped to from the output hook by the sandbox's uid, ``podguard/firewall.py``).
+
+The order inside ``sbx_<n>`` is the policy's meaning: a spoofed source (local runtime only: in a
+Pod the uid match decides) and the hard denies first (no rule can open them), then connections accepted under this policy generation (a ct
 mark: older ones are judged again), the connection limit, ``deny`` rules, ``allow`` CIDR and
 name-set rules, and the mode (public: special ranges dropped, the rest accepted; allowlist and
 deny-all: dropped). Every drop counts in ``denied_<n>``; every accept marks the connection.
@@ -16,7 +21,7 @@ from collections.abc import Iterable
 from sandpod_contract.network import NetworkMode, NetworkPolicy, Rule
 from sandpod_lifecycle.network.addressing import SandboxAddresses
 
-__all__ = ["PROXIED_PORTS", "compile_sandbox", "elements", "set_name"]
+__all__ = ["PROXIED_PORTS", "compile_chain", "compile_sandbox", "elements", "set_name"]
 
 PROXIED_PORTS = "{ 80, 443 }"
 
@@ -49,20 +54,42 @@ def compile_sandbox(
     sets, its NAT chain and its map entries in ``table`` (see ``firewall.py``); ``proxy``
     (``address:port``): where name-rule addresses on 80/443 are DNAT'ed, None: nowhere."""
     t, n = table, addrs.index
-    chain, nat = f"sbx_{n}", f"nat_{n}"
+    nat = f"nat_{n}"
+    lines = [f"add chain inet {t} {nat}", f"flush chain inet {t} {nat}"]
+    lines += compile_chain(t, n, policy, generation=generation, source=str(addrs.sandbox))
+    if proxy is not None:
+        for r in policy.name_rules:
+            lines.append(
+                f"add rule inet {t} {nat} ip daddr @{set_name(n, r)} tcp dport "
+                f"{PROXIED_PORTS} dnat ip to {proxy}"
+            )
+    lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump sbx_{n} }}')
+    lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
+    lines.append(f'add element inet {t} denycount {{ "{ifname}" : "denied_{n}" }}')
+    return "\n".join(lines) + "\n"
+
+
+def compile_chain(
+    table: str, index: int, policy: NetworkPolicy, *, generation: int, source: str | None
+) -> list[str]:
+    """The commands that (re)fill chain ``sbx_<index>`` of ``table`` from ``policy``: its
+    counter ``denied_<index>``, its name-rule sets, and the rules in the module docstring's
+    order. ``source``: the only address the sandbox may send from (None: no check; a Pod's
+    chain is reached by uid). The table needs the sets ``hard4`` and ``special4``."""
+    t, n = table, index
+    chain = f"sbx_{n}"
     drop = f"counter name denied_{n} drop"
     lines = [
         f"add counter inet {t} denied_{n}",
         f"add chain inet {t} {chain}",
-        f"add chain inet {t} {nat}",
         f"flush chain inet {t} {chain}",
-        f"flush chain inet {t} {nat}",
     ]
     for rule in policy.name_rules:
         s = set_name(n, rule)
         lines.append(f"add set inet {t} {s} {{ type ipv4_addr; flags timeout; }}")
     head = f"add rule inet {t} {chain}"
-    lines.append(f"{head} ip saddr != {addrs.sandbox} {drop}")  # spoofed
+    if source is not None:
+        lines.append(f"{head} ip saddr != {source} {drop}")  # spoofed
     lines.append(f"{head} ip daddr @hard4 {drop}")  # counted here too (forward has it)
     lines.append(f"{head} ct state established,related ct mark {generation} accept")
     if (limit := policy.limits.max_connections) is not None:
@@ -75,16 +102,7 @@ def compile_sandbox(
         lines.append(f"{head} {drop}")
     if policy.mode is NetworkMode.ALLOWLIST:  # public ends in accept, deny-all in drop
         lines.append(f"{head} {drop}")
-    if proxy is not None:
-        for r in policy.name_rules:
-            lines.append(
-                f"add rule inet {t} {nat} ip daddr @{set_name(n, r)} tcp dport "
-                f"{PROXIED_PORTS} dnat ip to {proxy}"
-            )
-    lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump {chain} }}')
-    lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
-    lines.append(f'add element inet {t} denycount {{ "{ifname}" : "denied_{n}" }}')
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _rules(head: str, n: int, policy: NetworkPolicy, drop: str, accept: str) -> list[str]:
