@@ -7,8 +7,9 @@ Table ``inet sandpod_guard`` (the Pod's netns is the guard's alone: no other tab
                                -> 127.0.0.1:<dns_port> (the guard's resolver answers them all)
     output   (filter, output)  packets of sockets NOT owned by the sandbox uid: accepted (the
                                guard's own upstream DNS and API server watch, kubelet probes'
-                               replies); the sandbox uid: loopback (its own Pod, and the
-                               resolver after the DNAT) accepted; IPv6 dropped; NATS (the
+                               replies); the sandbox uid: loopback (its own Pod) and
+                               127/8 (the resolver after the DNAT: a rerouted packet keeps
+                               the hook's first output interface) accepted; IPv6 dropped; NATS (the
                                pinned addresses and port: execd's control connection) accepted
                                before any policy; then ``jump sbx_0``
     sbx_0                      the policy, compiled by ``rules.compile_chain`` exactly as a
@@ -90,11 +91,12 @@ add set inet {t} hard4 {{ type ipv4_addr; flags interval; }}
 add set inet {t} special4 {{ type ipv4_addr; flags interval; }}
 add element inet {t} hard4 {{ {", ".join(str(h) for h in hard)} }}
 add element inet {t} special4 {{ {elements(SPECIAL_RANGES)} }}
-add chain inet {t} nat_out {{ type nat hook output priority dstnat; policy accept; }}
+add chain inet {t} nat_out {{ type nat hook output priority -100; policy accept; }}
 add chain inet {t} output {{ type filter hook output priority filter; policy accept; }}
 add rule inet {t} nat_out {uid} meta l4proto {{ tcp, udp }} th dport 53 dnat ip to 127.0.0.1:{c.dns_port}
 add rule inet {t} output meta skuid != {c.sandbox_uid} accept
 add rule inet {t} output {uid} oifname "lo" accept
+add rule inet {t} output {uid} ip daddr 127.0.0.0/8 accept
 add rule inet {t} output {uid} meta nfproto ipv6 counter drop
 {nats}"""  # noqa: E501 -- nft's own syntax, one rule a line
         script += self._policy_batch(policy, stale=set())

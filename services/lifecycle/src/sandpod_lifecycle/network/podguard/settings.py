@@ -94,10 +94,10 @@ class GuardSettings:
             ),
             nats_port=port,
             dns_port=env_int(env, "SANDPOD_GUARD_DNS_PORT", 53, minimum=1),
-            hard_deny=_cidrs("SANDPOD_GUARD_HARD_DENY", env_str(env, "SANDPOD_GUARD_HARD_DENY", "")),
-            ready_file=Path(
-                env_str(env, "SANDPOD_GUARD_READY_FILE", "/run/sandpod-guard/ready")
+            hard_deny=_cidrs(
+                "SANDPOD_GUARD_HARD_DENY", env_str(env, "SANDPOD_GUARD_HARD_DENY", "")
             ),
+            ready_file=Path(env_str(env, "SANDPOD_GUARD_READY_FILE", "/run/sandpod-guard/ready")),
             dns=ResolverSettings.from_env(env),
             kube=KubeSettings.from_env(env),
         )
