@@ -16,8 +16,8 @@ their settings in every mode, and importing the client costs ~1 s that the KV mo
 | ``SANDPOD_KUBECONFIG`` / ``KUBECONFIG`` | kubeconfig file (when no server is given) |
 | ``SANDPOD_KUBE_CONTEXT`` | kubeconfig context (default: the current one) |
 | ``SANDPOD_KUBE_NAMESPACE`` | only this namespace is listed and watched (unset: all) |
-| ``SANDPOD_KUBE_TLS_SERVER_NAME`` | the name the API server's certificate is checked against, when |
-| | the URL's host is not in it (the server reached through a relay) |
+| ``SANDPOD_KUBE_TLS_SERVER_NAME`` | the name the API server's certificate must carry, when the |
+| | URL's host is another (the server reached through a relay) |
 
 Without a server or kubeconfig, inside a pod (``KUBERNETES_SERVICE_HOST`` set) the mounted
 ServiceAccount is used, else ``~/.kube/config``.

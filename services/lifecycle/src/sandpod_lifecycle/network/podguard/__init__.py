@@ -9,7 +9,7 @@ CAP_NET_BIND_SERVICE (the resolver on port 53). Modules:
 | module | what |
 |---|---|
 | ``settings.py`` | ``GuardSettings`` from the environment (the table of variables) |
-| ``firewall.py`` | ``PodFirewall``: the table in the Pod netns, chain from ``rules.compile_chain`` |
+| ``firewall.py`` | ``PodFirewall``: its table, chain by ``rules.compile_chain`` |
 | ``guard.py`` | ``Guard``: table + resolver (``resolver.py``) + the watch of its own Sandbox |
 | ``__main__.py`` | ``python -m sandpod_lifecycle.network.podguard`` |
 
