@@ -5,11 +5,12 @@ One compiler for both places a policy is enforced: the local runtime's table on 
 network guard in a Kubernetes Pod's own netns (:func:`compile_chain`: the same chain body,
 jumped to from the output hook by the sandbox's uid, ``podguard/firewall.py``).
 
-The order inside ``sbx_<n>`` is the policy's meaning: a spoofed source (local runtime only: in a
-Pod the uid match decides) and the hard denies first (no rule can open them), then
+The order inside ``sbx_<n>`` is the policy's meaning: a spoofed source (local runtime only: in
+a Pod the uid match decides) and the hard denies first (no rule can open them), then
 connections accepted under this policy generation (a ct mark: older ones are judged again),
 the connection limit, ``deny`` rules, ``allow`` CIDR and name-set rules, and the mode
-(public: special ranges dropped, the rest accepted; allowlist and deny-all: dropped). Every drop counts in ``denied_<n>``; every accept marks the connection.
+(public: special ranges dropped, the rest accepted; allowlist and deny-all: dropped). Every
+drop counts in ``denied_<n>``; every accept marks the connection.
 """
 
 from __future__ import annotations
