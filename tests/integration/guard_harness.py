@@ -13,7 +13,7 @@ the guard's Pod spec does: ``dnsPolicy: None``) and its own ``hosts`` file. In i
 :class:`Relay` forwards TCP from an address the namespace can reach (the veth's host end) to
 the test API server on 127.0.0.1: what a Service IP and kube-proxy are to a real Pod.
 :func:`guard_token` makes a Sandbox's guard credential the way lifecycle does
-(``sandpod_kube.guardaccess``) and returns a TokenRequest token of it.
+(``sandpod_kube.guardpod``) and returns a TokenRequest token of it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from kubernetes import client
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import NetworkStatus
 from sandpod_kube import KubeSettings, KubeStore, PodApi
-from sandpod_kube.guardaccess import guard_access_manifests, guard_account_name
+from sandpod_kube.guardpod import guard_access_manifests, guard_account_name
 from sandpod_store import ObjectMeta, Resource
 
 AUDIENCE = "https://kubernetes.default.svc"  # the test API server's issuer

@@ -1,7 +1,7 @@
 """The network guard's one read of the control plane: its own Sandbox object, watched.
 
 The guard (``sandpod_lifecycle.network.podguard``) runs in the sandbox's Pod with a credential
-of its own: the Sandbox's guard ServiceAccount (:mod:`sandpod_kube.guardaccess`), whose Role
+of its own: the Sandbox's guard ServiceAccount (:mod:`sandpod_kube.guardpod`), whose Role
 allows ``get``/``list``/``watch`` on ``sandboxes`` with ``resourceNames: [<its sandbox>]`` and
 nothing else. The API server authorises a list or watch by name only when the request carries
 the field selector ``metadata.name=<name>``, so that is how this module asks:

@@ -343,7 +343,7 @@ class PodApi:
         except ResourceNotFound:
             return
 
-    # -- the network guard's access (sandpod_kube.guardaccess) ---------------------------------
+    # -- the network guard's access (sandpod_kube.guardpod) ---------------------------------
 
     async def apply_guard_access(self, manifests: list[dict[str, Any]]) -> None:
         """Server-side apply the guard's ServiceAccount, Role and RoleBinding (in that order:
