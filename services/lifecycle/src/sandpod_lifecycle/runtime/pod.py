@@ -154,16 +154,18 @@ class PodDriver:
 
     def protections(self) -> dict[str, str]:
         # Pause is not an isolation property: its absence is logged by pause(), not here.
-        return {
+        # Without the guard, what it would enforce is reported per policy in status.network
+        # (names, own policies: "not enforced"), not as a degraded isolation of every sandbox.
+        protections = {
             "pod-security": "active",  # non-root, no escalation, no capabilities, seccomp
             "network-policy": "active",  # enforced by the cluster's CNI, if it enforces any
             "nats-credentials": "active"
             if self._creds
             else ("shared by every sandbox Pod (set SANDPOD_NATS_ACCOUNT_SEED_FILE)"),
-            "network-guard": "active"
-            if self._settings.netguard
-            else "off: DNS names and per-sandbox policies are not enforced (SANDPOD_POD_NETGUARD)",
         }
+        if self._settings.netguard:
+            protections["network-guard"] = "active"
+        return protections
 
     def _selector(self, sandbox_id: str | None = None) -> str:
         mine = f"{INSTALLATION_LABEL}={self._installation}"
