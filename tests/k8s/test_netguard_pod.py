@@ -24,7 +24,12 @@ from k8s.kubelet import FakeKubelet
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 from sandpod_kube import KubeSettings, KubeStore, PodApi, StoreForbidden
-from sandpod_kube.guardpod import GUARD_CONTAINER, guard_account_name, guard_security_context
+from sandpod_kube.guardpod import (
+    GUARD_CONTAINER,
+    guard_access_manifests,
+    guard_account_name,
+    guard_security_context,
+)
 from sandpod_kube.guardwatch import watch_sandbox
 from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.driver import Owner
@@ -223,3 +228,48 @@ def _raw_refusals(plane: ControlPlane, token: str, namespace: str, name: str) ->
             with pytest.raises(ApiException) as refused:
                 attempt()
             assert refused.value.status == 403
+
+
+async def test_the_charts_lifecycle_role_can_grant_the_guard_its_access(
+    kube_apiserver: ControlPlane, tmp_path: Path
+) -> None:
+    """With netguard.enabled, the chart's lifecycle rules let lifecycle create (and delete) a
+    guard's ServiceAccount, Role and RoleBinding -- RBAC's escalation check passes because it
+    holds what it grants; without it, it may not."""
+    from k8s.chart import missing_helm, render
+    from k8s.cluster import NS
+    from k8s.test_rbac import grant
+
+    if problem := missing_helm():
+        pytest.fail(problem)
+    for enabled in (True, False):
+        values = {"netguard": {"enabled": enabled, "dns": ["10.96.0.10"]}}
+        docs = render(tmp_path / str(enabled), values, release="g", namespace="sandpod")
+        rules = next(
+            d["rules"]
+            for d in docs
+            if d["kind"] in ("ClusterRole", "Role")
+            and d["metadata"]["name"] == "g-sandpod-lifecycle"
+        )
+        role = f"guard-granter-{uuid.uuid4().hex[:6]}"
+        token = await asyncio.to_thread(grant, kube_apiserver, role, rules)
+        admin = await KubeStore.connect(kube_apiserver.settings)
+        api = PodApi(as_token(kube_apiserver, token))
+        try:
+            sandbox = await create_sandbox(admin, NS, f"sbx-{uuid.uuid4().hex[:8]}")
+            owner = {
+                "apiVersion": "sandpod.dev/v1alpha1",
+                "kind": "Sandbox",
+                "name": sandbox.metadata.name,
+                "uid": sandbox.metadata.uid,
+            }
+            manifests = guard_access_manifests(NS, sandbox.metadata.name, owner, {})
+            if enabled:
+                await api.apply_guard_access(manifests)
+                await api.delete_guard_access(NS, guard_account_name(sandbox.metadata.name))
+            else:
+                with pytest.raises(StoreForbidden):
+                    await api.apply_guard_access(manifests)
+        finally:
+            await api.close()
+            await admin.close()
