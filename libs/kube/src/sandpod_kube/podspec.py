@@ -194,6 +194,12 @@ class PodSettings:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError as exc:
                 raise ValueError(f"SANDPOD_POD_{name}: {cidr!r} is not a CIDR") from exc
+        for server in items("GUARD_DNS"):
+            host = server.removeprefix("[").partition("]")[0] if server.startswith("[") else server
+            try:
+                ipaddress.ip_address(host.partition(":")[0] if host.count(":") == 1 else host)
+            except ValueError as exc:
+                raise ValueError(f"SANDPOD_POD_GUARD_DNS: {server!r} is not ip[:port]") from exc
         guard = text("NETGUARD", "false").lower()
         if guard not in ("true", "false", "1", "0", "yes", "no"):
             raise ValueError(f"SANDPOD_POD_NETGUARD={guard!r}: true or false")
