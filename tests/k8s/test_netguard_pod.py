@@ -9,7 +9,6 @@ runs for real in tests/integration/test_netguard.py."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from guard_harness import create_sandbox, guard_token, set_policy
 from k8s.envtest import ControlPlane
 from k8s.kubelet import FakeKubelet
 from sandpod_contract.network import NetworkPolicy
@@ -36,9 +36,6 @@ from sandpod_lifecycle.driver import Owner
 from sandpod_lifecycle.network.podguard.guard import policy_of
 from sandpod_lifecycle.runtime.pod import PodDriver
 from sandpod_store import Resource
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from guard_harness import create_sandbox, guard_token, set_policy  # noqa: E402
 
 SETTINGS = PodSettings(
     netguard=True, guard_dns=("10.96.0.10",), nats_cidrs=("10.96.0.20/32",), run_as_user=1000
@@ -214,7 +211,7 @@ def _raw_refusals(plane: ControlPlane, token: str, namespace: str, name: str) ->
     """The same credential on the raw API: patch A, delete A, read Secrets, create a Pod."""
     with as_token(plane, token).api_client() as api_client:
         custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
-        attempts = [
+        attempts: list[Callable[[], object]] = [
             lambda: custom.patch_namespaced_custom_object_status(
                 "sandpod.dev", "v1alpha1", namespace, "sandboxes", name, {"status": {}}
             ),

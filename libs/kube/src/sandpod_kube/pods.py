@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import json
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -345,7 +345,7 @@ class PodApi:
 
     # -- the network guard's access (sandpod_kube.guardpod) ---------------------------------
 
-    async def apply_guard_access(self, manifests: list[dict[str, Any]]) -> None:
+    async def apply_guard_access(self, manifests: Sequence[Mapping[str, Any]]) -> None:
         """Server-side apply the guard's ServiceAccount, Role and RoleBinding (in that order:
         the Pod names the ServiceAccount, the binding the Role)."""
         patch = {

@@ -164,12 +164,12 @@ class Relay:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._tasks.add(task)  # type: ignore[arg-type]
+        self._tasks.add(task)
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.close()
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._tasks.discard(task)
             return
 
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -182,7 +182,7 @@ class Relay:
         try:
             await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
         finally:
-            self._tasks.discard(task)  # type: ignore[arg-type]
+            self._tasks.discard(task)
 
     async def close(self) -> None:
         if self._server is not None:
