@@ -101,10 +101,12 @@ class World:
 
 async def until(what: str, check: Callable[[], Awaitable[bool]], timeout: float = 15) -> None:
     """Wait for an effect: ``check`` again and again (each a real probe) until it holds."""
-    async with asyncio.timeout(timeout):
-        while not await check():
-            pass
-    assert await check(), what
+    try:
+        async with asyncio.timeout(timeout):
+            while not await check():
+                pass
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout:g}s: {what}") from None
 
 
 @pytest.fixture
@@ -233,3 +235,42 @@ async def test_each_protection_fails_when_removed(world: World) -> None:
     assert await w.reaches("sneaky.test:80"), "a name from /etc/hosts"
     assert (await w.ask(w.pod.gateway, w.auth.port, "denied.test")).startswith("rcode=0 ")
     assert await w.reaches(f"{net.metadata}:80"), "the metadata service"
+
+
+SERVE = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(4)
+print("listening", flush=True)
+for _ in range(int(sys.argv[2])):
+    c, _ = s.accept()
+    c.sendall(b"sandbox hello")
+    c.close()
+"""
+
+
+async def test_connections_to_the_sandbox_get_their_replies(world: World) -> None:
+    """A preview-style connection from outside to a port the sandbox listens on is answered
+    under an allowlist (replies are not egress), while the sandbox still cannot open one
+    to that same peer."""
+    w = world
+    port = random.randint(20000, 29000)
+    server = asyncio.create_task(w.pod.as_sandbox(w.uid, PY, "-c", SERVE, str(port), "1"))
+    try:
+
+        async def answered() -> bool:
+            try:
+                reader, writer = await asyncio.open_connection(w.pod.address, port)
+                async with asyncio.timeout(5):
+                    data = await reader.read()
+                writer.close()
+            except OSError:
+                return False  # not listening yet
+            return data == b"sandbox hello"
+
+        await until("the sandbox's server answered", answered)
+        assert not await w.reaches(f"{w.pod.gateway}:{w.auth.port}"), "no egress to that peer"
+    finally:
+        await asyncio.wait_for(server, 30)

@@ -9,9 +9,11 @@ Table ``inet sandpod_guard`` (the Pod's netns is the guard's alone: no other tab
                                guard's own upstream DNS and API server watch, kubelet probes'
                                replies); the sandbox uid: loopback (its own Pod) and
                                127/8 (the resolver after the DNAT: a rerouted packet keeps
-                               the hook's first output interface) accepted; IPv6 dropped; NATS (the
-                               pinned addresses and port: execd's control connection) accepted
-                               before any policy; then ``jump sbx_0``
+                               the hook's first output interface) accepted; replies of
+                               connections opened *to* the sandbox (ingress is the
+                               NetworkPolicy's: the gateway's preview URLs) accepted; IPv6
+                               dropped; NATS (the pinned addresses and port: execd's control
+                               connection) accepted before any policy; then ``jump sbx_0``
     sbx_0                      the policy, compiled by ``rules.compile_chain`` exactly as a
                                local sandbox's: hard denies (metadata, ``hard_deny``), the
                                established connections of this generation, the connection
@@ -97,6 +99,7 @@ add rule inet {t} nat_out {uid} meta l4proto {{ tcp, udp }} th dport 53 dnat ip 
 add rule inet {t} output meta skuid != {c.sandbox_uid} accept
 add rule inet {t} output {uid} oifname "lo" accept
 add rule inet {t} output {uid} ip daddr 127.0.0.0/8 accept
+add rule inet {t} output {uid} ct direction reply accept
 add rule inet {t} output {uid} meta nfproto ipv6 counter drop
 {nats}"""  # noqa: E501 -- nft's own syntax, one rule a line
         script += self._policy_batch(policy, stale=set())
