@@ -72,7 +72,8 @@ async def test_the_driver_gives_the_pod_its_guard_and_nothing_else(
 ) -> None:
     """The guard is a native sidecar first in line, with exactly NET_ADMIN + NET_BIND_SERVICE
     and the only token of the Pod; the sandbox container has no capability and no token; the
-    Pod asks 127.0.0.1 for DNS; names are reported enforced."""
+    Pod asks 127.0.0.1 for DNS; names and a sandbox's own policy are reported enforced, a
+    bandwidth limit is not."""
     sandbox = await create_sandbox(store, namespace, f"sbx-{uuid.uuid4().hex[:8]}")
     name = sandbox.metadata.name
     api = PodApi(kube_apiserver.settings)
@@ -120,7 +121,15 @@ async def test_the_driver_gives_the_pod_its_guard_and_nothing_else(
             assert spec["dnsPolicy"] == "None"
             assert spec["dnsConfig"]["nameservers"] == ["127.0.0.1"]
             enforcement = await driver.apply_network(name, ALLOW)
-            assert enforcement.enforced, enforcement.reason
+            assert enforcement.enforced and not enforcement.reason
+            own = NetworkPolicy.from_dict(
+                {"mode": "public", "deny": ["a.test"], "limits": {"maxConnections": 5}}
+            )
+            enforcement = await driver.apply_network(name, own)  # the sandbox's own policy
+            assert enforcement.enforced and "network guard" in enforcement.reason
+            throttled = NetworkPolicy.from_dict({"limits": {"bandwidthBytesPerSecond": 1000}})
+            enforcement = await driver.apply_network(name, throttled)
+            assert not enforcement.enforced and "bandwidth" in enforcement.reason
             assert driver.protections()["network-guard"] == "active"
             await driver.destroy(name)
             await kubelet.until("deleted", lambda: name not in kubelet.seen)

@@ -42,7 +42,7 @@ from sandpod_contract.network import (
 )
 from sandpod_kube.podspec import MANAGED_BY, TEMPLATE_LABEL, PodSettings
 
-__all__ = ["egress_policy", "policy_name"]
+__all__ = ["egress_policy", "policy_name", "unenforceable"]
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _ANY = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
@@ -143,6 +143,14 @@ def _guard_rules(policy: NetworkPolicy, settings: PodSettings) -> list[dict[str,
     return out
 
 
+def unenforceable(policy: NetworkPolicy, guard: bool = False) -> list[str]:
+    """What of ``policy`` the Pod runtime cannot enforce: by a NetworkPolicy alone, or
+    (``guard``) with the network guard in the Pod."""
+    if policy.mode is NetworkMode.DENY_ALL:
+        return []
+    return _unenforceable(policy, guard)
+
+
 def _unenforceable(policy: NetworkPolicy, guard: bool = False) -> list[str]:
     if guard:  # the guard enforces names, deny ports and the connection limit
         notes = [
@@ -208,7 +216,4 @@ def egress_policy(
             "egress": rules,
         },
     }
-    unenforceable = (
-        [] if policy.mode is NetworkMode.DENY_ALL else _unenforceable(policy, settings.netguard)
-    )
-    return manifest, unenforceable
+    return manifest, unenforceable(policy, settings.netguard)

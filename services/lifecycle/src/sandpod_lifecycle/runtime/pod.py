@@ -67,7 +67,7 @@ from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.times import from_rfc3339
 from sandpod_kube.guardpod import guard_access_manifests, guard_account_name
-from sandpod_kube.netpolicy import egress_policy
+from sandpod_kube.netpolicy import egress_policy, unenforceable
 from sandpod_kube.podhealth import PodProblem
 from sandpod_kube.pods import PodApi, PodState
 from sandpod_kube.podspec import (
@@ -102,6 +102,10 @@ MECHANISMS = {"cgroup": ConditionReason.CGROUP_FROZEN, "signals": ConditionReaso
 Freezer = Callable[[str, str], Awaitable[FreezeState]]
 # (namespace, template name or None for the built-in one) -> its spec; raises SandpodError
 Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
+GUARD_BOUND = (
+    "enforced in the Pod by the network guard; the template's NetworkPolicy still bounds what "
+    "it allows (it can narrow, never widen)"
+)
 OWN_POLICY = (
     "the sandbox's own policy is not enforced on Kubernetes: its template's NetworkPolicy "
     "applies (NetworkPolicies are additive, so one Pod's cannot be narrower than its template's)"
@@ -339,7 +343,11 @@ class PodDriver:
             notes = await self._apply_policy(pod, template)
         except SandpodError as exc:
             raise RuntimeFailure(f"NetworkPolicy of {sandbox_id}: {exc.message}") from exc
-        if policy != template.network and not self._settings.netguard:
+        if self._settings.netguard:  # the guard enforces the sandbox's policy itself
+            gaps = unenforceable(policy, guard=True)
+            bound = [GUARD_BOUND] if policy != template.network else []
+            return NetworkEnforcement(not gaps, "; ".join([*gaps, *bound]))
+        if policy != template.network:
             notes.insert(0, OWN_POLICY)
         return NetworkEnforcement(not notes, "; ".join(notes))
 
