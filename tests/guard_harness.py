@@ -77,8 +77,9 @@ class PodNetns:
         )
         (self.etc / "hosts").write_text("127.0.0.1 localhost\n")
 
-    def start_guard(self, env: dict[str, str], log: Path) -> None:
-        """The guard's entry point, in the namespace, with the guard container's capabilities."""
+    def start_guard(self, env: dict[str, str], log: Path, caps: str = GUARD_CAPS) -> None:
+        """The guard's entry point, in the namespace, with the guard container's capabilities
+        (``caps``: a setpriv bounding set, to run it with fewer)."""
         argv = [
             "ip",
             "netns",
@@ -87,7 +88,7 @@ class PodNetns:
             "setpriv",
             "--no-new-privs",
             "--inh-caps=-all",
-            f"--bounding-set={GUARD_CAPS}",
+            f"--bounding-set={caps}",
             sys.executable,
             "-m",
             "sandpod_lifecycle.network.podguard",

@@ -274,3 +274,47 @@ async def test_connections_to_the_sandbox_get_their_replies(world: World) -> Non
         assert not await w.reaches(f"{w.pod.gateway}:{w.auth.port}"), "no egress to that peer"
     finally:
         await asyncio.wait_for(server, 30)
+
+
+@pytest.mark.parametrize(
+    ("caps", "missing"),
+    [("-all,+net_bind_service", "nftables"), ("-all,+net_admin", "cannot listen")],
+)
+async def test_the_guard_needs_both_of_its_capabilities(
+    tmp_path: Path, caps: str, missing: str
+) -> None:
+    """Without CAP_NET_ADMIN it cannot install its table, without CAP_NET_BIND_SERVICE it
+    cannot answer on port 53: either way it exits 1 and never writes its ready file (so the
+    Pod's sandbox container would never start unguarded)."""
+    pod = PodNetns()
+    try:
+        pod.create()
+        ready, log = tmp_path / "ready", tmp_path / "guard.log"
+        env = {
+            "SANDPOD_SANDBOX_ID": "sbx-caps",
+            "SANDPOD_GUARD_NAMESPACE": "ns",
+            "SANDPOD_GUARD_SANDBOX_UID": "31000",
+            "SANDPOD_NATS_URL": f"nats://{pod.gateway}:4222",
+            "SANDPOD_DNS_UPSTREAMS": f"{pod.gateway}:53",
+            "SANDPOD_KUBE_SERVER": f"https://{pod.gateway}:6443",
+            "SANDPOD_GUARD_READY_FILE": str(ready),
+        }
+        pod.start_guard(env, log, caps=caps)
+        assert pod.guard is not None
+        code = await asyncio.to_thread(pod.guard.wait, 60)
+        assert code == 1 and not ready.exists()
+        assert "guard_cannot_enforce" in log.read_text() and missing in log.read_text()
+    finally:
+        pod.remove()
+
+
+async def test_what_a_network_policy_cannot_say_is_enforced(world: World) -> None:
+    """A deny rule with a port closes that port only, and a deny name is refused at DNS in
+    public mode: both beyond a NetworkPolicy, both the guard's."""
+    w, net = world, world.net
+    await w.policy(NetworkPolicy.from_dict({"deny": [f"{net.public}:8080", "denied.test"]}))
+    await until("public mode", lambda: w.reaches(f"{net.public2}:80"))
+    got = await w.probe(f"{net.public}:80", f"{net.public}:8080")
+    assert got[f"{net.public}:80"] == "fakenet public"
+    assert got[f"{net.public}:8080"].startswith("refused:")
+    assert not await w.resolves("denied.test") and await w.resolves("allowed.test")
