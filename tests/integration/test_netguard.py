@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from guard_harness import PodNetns, Relay, create_sandbox, guard_token, set_policy
 from netsbx import PROBE
 
 from dnsauth import AuthServer
 from fakenet import FakeNet
+from guard_harness import PodNetns, Relay, create_sandbox, guard_token, set_policy
 from k8s.envtest import ControlPlane
 from sandpod_contract.network import NetworkPolicy
 from sandpod_kube import KubeStore, ensure_namespace
