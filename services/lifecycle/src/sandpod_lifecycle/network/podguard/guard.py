@@ -24,10 +24,9 @@ its URL's host even under deny-all and an allowlist's private-address screening.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import dns.asyncresolver
@@ -36,7 +35,7 @@ import dns.resolver
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sandpod_contract.errors import SandpodError, StoreError
+from sandpod_contract.errors import ResourceInvalid, SandpodError, StoreError
 from sandpod_contract.network import NetworkMode, NetworkPolicy, Rule
 from sandpod_kube.guardwatch import watch_sandbox
 from sandpod_lifecycle.network.firewall import UnknownRule
@@ -59,19 +58,27 @@ def with_nats(
     policy: NetworkPolicy, host: str, nets: Sequence[ipaddress.IPv4Network], port: int
 ) -> NetworkPolicy:
     """``policy`` plus allow rules for NATS (its host name, its networks, on ``port``); a
-    deny-all policy becomes an allowlist of NATS alone (the same egress: nothing but NATS)."""
+    deny-all policy becomes an allowlist of NATS alone (the same egress: nothing but NATS). A
+    host that is an address, or no valid DNS name, adds no name rule (its networks decide)."""
     extra = [Rule.parse("nats", f"{net}:{port}") for net in nets]
-    if host:
-        with contextlib.suppress(ValueError):
-            ipaddress.ip_address(host)
-            host = ""  # an address: its CIDR rule above covers it
-    if host:
-        extra.append(Rule.parse("nats", f"{host}:{port}"))
+    if host and not _is_address(host):
+        try:
+            extra.append(Rule.parse("nats", f"{host}:{port}"))
+        except ResourceInvalid:
+            log.warning("nats_host_not_a_rule", host=host)
     if policy.mode is NetworkMode.DENY_ALL:
         return NetworkPolicy(mode=NetworkMode.ALLOWLIST, allow=tuple(extra))
     known = {r.text for r in policy.allow}
     added = tuple(r for r in extra if r.text not in known)
     return dataclasses.replace(policy, allow=(*policy.allow, *added))
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def policy_of(sandbox: Mapping[str, Any] | None) -> NetworkPolicy:
@@ -106,9 +113,18 @@ class _Sink:
 class Guard:
     """One Pod's network guard (module docstring). ``run`` until ``stop`` is set."""
 
-    def __init__(self, settings: GuardSettings, nft: Nft | None = None) -> None:
+    def __init__(
+        self,
+        settings: GuardSettings,
+        nft: Nft | None = None,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """``nft``: the libnftables handle (None: a new one); ``sleep``: waits between two
+        watch attempts (the clock, for tests)."""
         self.settings = settings
         self._nft = nft or Nft()
+        self._sleep = sleep
         self.firewall: PodFirewall | None = None
         self._nats: tuple[ipaddress.IPv4Network, ...] = settings.nats_cidrs
         self._source: NetworkPolicy = DENY_ALL  # what the control plane says, unaugmented
@@ -184,7 +200,7 @@ class Guard:
                     delay = RETRY_MIN
             except StoreError as exc:  # forbidden, expired, unreachable: keep what is in force
                 log.warning("guard_watch_failed", error=exc.message, retry_in=delay)
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
 
     def update(self, sandbox: Mapping[str, Any] | None) -> None:
