@@ -9,6 +9,7 @@ runs for real in tests/integration/test_netguard.py."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ from sandpod_kube.guardwatch import watch_sandbox
 from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.driver import Owner
 from sandpod_lifecycle.network.podguard.guard import policy_of
+from sandpod_lifecycle.network.podguard.settings import GuardSettings
 from sandpod_lifecycle.runtime.pod import PodDriver
 from sandpod_store import Resource
 
@@ -118,6 +120,7 @@ async def test_the_driver_gives_the_pod_its_guard_and_nothing_else(
             assert not mounted & token_volumes, "the sandbox container mounts no token"
             for init in spec["initContainers"][1:]:
                 assert not {m["name"] for m in init["volumeMounts"]} & token_volumes
+            _guard_env_is_what_the_guard_reads(guard, spec, namespace, name, tmp_path)
             assert spec["dnsPolicy"] == "None"
             assert spec["dnsConfig"]["nameservers"] == ["127.0.0.1"]
             enforcement = await driver.apply_network(name, ALLOW)
@@ -279,3 +282,33 @@ async def test_the_charts_lifecycle_role_can_grant_the_guard_its_access(
         finally:
             await api.close()
             await admin.close()
+
+
+def _guard_env_is_what_the_guard_reads(
+    guard: dict[str, Any], spec: dict[str, Any], namespace: str, name: str, tmp_path: Path
+) -> None:
+    """The guard container's env, as the kubelet gives it (the NATS URL from its Secret, the
+    in-cluster API address), parses into the settings the Pod means: its sandbox, the sandbox
+    container's uid, NATS, the cluster DNS, the token and ready file on its own mounts."""
+    env = {e["name"]: e["value"] for e in guard["env"] if "value" in e}
+    mounts = {m["name"]: m["mountPath"] for m in guard["volumeMounts"]}
+    assert env["SANDPOD_KUBE_TOKEN_FILE"] == f"{mounts['netguard-token']}/token"
+    assert env["SANDPOD_KUBE_CA_FILE"] == f"{mounts['netguard-token']}/ca.crt"
+    ready = env["SANDPOD_GUARD_READY_FILE"]
+    assert ready.startswith(mounts["netguard-run"] + "/")
+    assert ready in guard["startupProbe"]["exec"]["command"][-1]
+    token = tmp_path / "token"  # the kubelet's projected file, here
+    token.write_text("t")
+    env |= {
+        "SANDPOD_KUBE_TOKEN_FILE": str(token),
+        "SANDPOD_NATS_URL": "nats://nats.sandpod.svc.cluster.local:4222",  # its secretKeyRef
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "443",
+    }
+    settings = GuardSettings.from_env(env)
+    assert (settings.sandbox_id, settings.namespace) == (name, namespace)
+    assert settings.sandbox_uid == spec["containers"][0]["securityContext"]["runAsUser"]
+    assert settings.nats_cidrs == (ipaddress.IPv4Network("10.96.0.20/32"),)
+    assert (settings.nats_host, settings.nats_port) == ("nats.sandpod.svc.cluster.local", 4222)
+    assert settings.dns.upstreams == (("10.96.0.10", 53),)
+    assert settings.kube.host == "https://10.0.0.1:443"
