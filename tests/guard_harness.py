@@ -32,6 +32,7 @@ from typing import Any
 
 from kubernetes import client
 
+from dnsauth import AuthServer
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import NetworkStatus
 from sandpod_kube import KubeSettings, KubeStore, PodApi
@@ -247,3 +248,84 @@ async def guard_token(admin: KubeSettings, sandbox: Resource) -> str:
             return str(answer.status.token)
 
     return await asyncio.to_thread(request)
+
+
+class PodGuards:
+    """The fake kubelet's ``guard_runner``: each Pod's guard, from the Pod's own spec and env,
+    in a :class:`PodNetns` of its own, with the cluster's parts the namespace can reach: a
+    test DNS server (``records``) and a relay to the API server on the veth's host end, and
+    the token of the Pod's ``serviceAccountName`` (TokenRequest, as the kubelet projects it).
+    ``netns`` maps Pod names to their namespaces; :meth:`close` removes everything."""
+
+    def __init__(
+        self,
+        admin: KubeSettings,
+        api_port: int,
+        ca_file: Path,
+        state: Path,
+        records: list[tuple[str, str]],
+    ) -> None:
+        self.admin, self.api_port, self.ca_file, self.state = admin, api_port, ca_file, state
+        self.records = records
+        self.netns: dict[str, PodNetns] = {}
+        self.auth: dict[str, AuthServer] = {}
+        self._relays: list[Relay] = []
+
+    async def __call__(self, raw: dict[str, Any], env: dict[str, str]) -> None:
+        name, ns = raw["metadata"]["name"], raw["metadata"]["namespace"]
+        pod = PodNetns()
+        self.netns[name] = pod
+        pod.create()
+        auth = AuthServer(pod.gateway)
+        for host, address in self.records:
+            auth.add(host, "A", 300, address)
+        await auth.start()
+        self.auth[name] = auth
+        relay = Relay(pod.gateway, ("127.0.0.1", self.api_port))
+        await relay.start()
+        self._relays.append(relay)
+        root = self.state / name
+        root.mkdir(parents=True)
+        token = root / "token"
+        account = raw["spec"]["serviceAccountName"]
+        token.write_text(await asyncio.to_thread(self._token, ns, account))
+        ready = root / "ready"
+        pod.start_guard(
+            {
+                **env,
+                "SANDPOD_DNS_UPSTREAMS": f"{auth.host}:{auth.port}",  # the cluster DNS, here
+                "SANDPOD_KUBE_SERVER": f"https://{pod.gateway}:{relay.port}",  # the Service IP
+                "SANDPOD_KUBE_TLS_SERVER_NAME": "localhost",
+                "SANDPOD_KUBE_CA_FILE": str(self.ca_file),  # the projected volume's files
+                "SANDPOD_KUBE_TOKEN_FILE": str(token),
+                "SANDPOD_GUARD_READY_FILE": str(ready),
+            },
+            root / "guard.log",
+        )
+        async with asyncio.timeout(60):  # the startup probe
+            while not ready.exists():
+                assert pod.guard is not None and pod.guard.poll() is None, (
+                    root / "guard.log"
+                ).read_text()
+                await asyncio.sleep(0.05)  # a file appearing: no event to wait on
+
+    def _token(self, namespace: str, account: str) -> str:
+        with self.admin.api_client() as api_client:
+            body = client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(audiences=[AUDIENCE], expiration_seconds=3600)
+            )
+            answer = client.CoreV1Api(api_client).create_namespaced_service_account_token(
+                account, namespace, body
+            )
+            assert answer.status is not None
+            return str(answer.status.token)
+
+    async def close(self) -> None:
+        codes = {name: pod.stop_guard() for name, pod in self.netns.items()}
+        for pod in self.netns.values():
+            pod.remove()
+        for relay in self._relays:
+            await relay.close()
+        for auth in self.auth.values():
+            await auth.close()
+        assert all(code in (0, None) for code in codes.values()), codes

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,7 +21,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from guard_harness import create_sandbox, guard_token, set_policy
+from guard_harness import PodGuards, create_sandbox, guard_token, set_policy
 from k8s.envtest import ControlPlane
 from k8s.kubelet import FakeKubelet
 from sandpod_contract.network import NetworkPolicy
@@ -312,3 +314,89 @@ def _guard_env_is_what_the_guard_reads(
     assert (settings.nats_host, settings.nats_port) == ("nats.sandpod.svc.cluster.local", 4222)
     assert settings.dns.upstreams == (("10.96.0.10", 53),)
     assert settings.kube.host == "https://10.0.0.1:443"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root (netns, nftables)"
+)
+async def test_the_pods_own_guard_enforces_its_sandboxs_policy_live(
+    kube_apiserver: ControlPlane, namespace: str, store: KubeStore, tmp_path: Path
+) -> None:
+    """End to end from the Pod spec: the driver makes the Pod, the fake kubelet runs its
+    guard container (its env, its ServiceAccount's token) in a netns of the Pod's own and
+    starts the rest only once the guard is ready; as the sandbox container's uid an allowed
+    name resolves, a denied one does not, an IP literal goes nowhere; an update of the
+    Sandbox's status.network reaches the guard and opens the denied name."""
+    await asyncio.to_thread(_nats_secret, kube_apiserver, namespace)
+    sandbox = await create_sandbox(store, namespace, f"sbx-{uuid.uuid4().hex[:8]}")
+    name = sandbox.metadata.name
+    await set_policy(store, namespace, name, ALLOW_TEST)
+    template = SandboxTemplateSpec(network=ALLOW_TEST)
+
+    async def templates(_namespace: str, _name: str | None) -> SandboxTemplateSpec:
+        return template
+
+    api = PodApi(kube_apiserver.settings)
+    driver = PodDriver(
+        api, SETTINGS, installation="ig", ready_timeout=60, namespace=namespace, templates=templates
+    )
+    records = [("allowed.test", "11.9.0.1"), ("denied.test", "11.9.0.2")]
+    guards = PodGuards(
+        kube_apiserver.settings, kube_apiserver.port, kube_apiserver.ca_file, tmp_path, records
+    )
+    kubelet = FakeKubelet(kube_apiserver.settings, namespace, tmp_path / "kubelet")
+    kubelet.run_execd = False  # execd would run on the host, outside the Pod's netns
+    kubelet.guard_runner = guards
+    uid = SETTINGS.run_as_user
+    try:
+        async with kubelet:
+            await driver.ensure(
+                name, SandboxSpec(), template, Owner(namespace, sandbox.metadata.uid)
+            )
+            pod = guards.netns[name]
+
+            async def resolves(host: str) -> bool:
+                return (await pod.as_sandbox(uid, "getent", "ahostsv4", host))[0] == 0
+
+            assert await resolves("allowed.test") and not await resolves("denied.test")
+            auth = guards.auth[name]
+            assert auth.asked_for("denied.test") == 0
+            code, out = await pod.as_sandbox(uid, "/usr/bin/python3", "-c", PROBE, "11.9.0.2:80")
+            assert code == 0 and "refused:" in out, out
+            await set_policy(
+                store,
+                namespace,
+                name,
+                NetworkPolicy.from_dict({"mode": "allowlist", "allow": ["*.test"]}),
+            )
+            async with asyncio.timeout(15):
+                while not await resolves("denied.test"):
+                    pass
+            await driver.destroy(name)
+    finally:
+        await guards.close()
+        await api.close()
+
+
+ALLOW_TEST = NetworkPolicy.from_dict({"mode": "allowlist", "allow": ["allowed.test"]})
+PROBE = r"""
+import socket, sys
+h, p = sys.argv[1].rsplit(":", 1)
+try:
+    socket.create_connection((h, int(p)), timeout=1.5).close()
+    print("reached")
+except OSError as e:
+    print("refused:" + type(e).__name__)
+"""
+
+
+def _nats_secret(plane: ControlPlane, namespace: str) -> None:
+    """The NATS URL Secret the Pod's env names (its secretKeyRef, resolved by the kubelet)."""
+    with plane.settings.api_client() as api_client:
+        client.CoreV1Api(api_client).create_namespaced_secret(
+            namespace,
+            client.V1Secret(
+                metadata=client.V1ObjectMeta(name="sandpod-nats"),
+                string_data={"url": "nats://10.96.0.20:4222"},
+            ),
+        )

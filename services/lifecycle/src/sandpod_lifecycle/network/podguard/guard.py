@@ -2,7 +2,8 @@
 watch that carries policy updates from the control plane.
 
     start   table with deny-all (+ NATS) in force --> resolver on 127.0.0.1:<dns_port>
-            --> ready file (the startup probe: the sandbox container starts only after it)
+            --> the watch's first answer applied --> ready file (the startup probe: the
+            sandbox container starts only after it, under the Sandbox's policy as it is)
     watch   own Sandbox (sandpod_kube.guardwatch, the guard's own read-only credential)
             --status.network.policy changed--> PodFirewall.apply (one nft batch) --> the
             resolver's lookup returns the new policy from the next query on
@@ -125,6 +126,7 @@ class Guard:
         self.settings = settings
         self._nft = nft or Nft()
         self._sleep = sleep
+        self._synced = asyncio.Event()  # the watch delivered the Sandbox once
         self.firewall: PodFirewall | None = None
         self._nats: tuple[ipaddress.IPv4Network, ...] = settings.nats_cidrs
         self._source: NetworkPolicy = DENY_ALL  # what the control plane says, unaugmented
@@ -179,12 +181,19 @@ class Guard:
         )
         await resolver.start()
         try:
-            s.ready_file.parent.mkdir(parents=True, exist_ok=True)
-            s.ready_file.write_text("enforcing\n")
-            log.info("guard_ready", sandbox_id=s.sandbox_id, nats=[str(n) for n in self._nats])
             async with asyncio.TaskGroup() as group:
                 follow = group.create_task(self._follow(), name="guard-watch")
-                await stop.wait()
+                stopping = group.create_task(stop.wait(), name="guard-stop")
+                synced = group.create_task(self._synced.wait(), name="guard-synced")
+                await asyncio.wait((stopping, synced), return_when=asyncio.FIRST_COMPLETED)
+                if synced.done():  # ready = enforcing the Sandbox's policy as it is now
+                    s.ready_file.parent.mkdir(parents=True, exist_ok=True)
+                    s.ready_file.write_text("enforcing\n")
+                    log.info(
+                        "guard_ready", sandbox_id=s.sandbox_id, nats=[str(n) for n in self._nats]
+                    )
+                await stopping
+                synced.cancel()
                 follow.cancel()
         finally:
             await resolver.close()
@@ -197,6 +206,7 @@ class Guard:
             try:
                 async for sandbox in watch_sandbox(s.kube, s.namespace, s.sandbox_id):
                     self.update(sandbox)
+                    self._synced.set()
                     delay = RETRY_MIN
             except StoreError as exc:  # forbidden, expired, unreachable: keep what is in force
                 log.warning("guard_watch_failed", error=exc.message, retry_in=delay)
