@@ -158,6 +158,7 @@ class Relay:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, 0)
@@ -167,15 +168,17 @@ class Relay:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        self._writers.add(writer)
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.close()
             self._tasks.discard(task)
             return
+        self._writers.add(up_writer)
 
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError, asyncio.CancelledError):
+            with contextlib.suppress(OSError):
                 while data := await src.read(65536):
                     dst.write(data)
                     await dst.drain()
@@ -187,11 +190,14 @@ class Relay:
             self._tasks.discard(task)
 
     async def close(self) -> None:
+        """Stop listening; end every relayed connection by closing its sockets (never by
+        cancelling: the server's callback would log a cancelled handler as an error)."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for writer in self._writers:
+            writer.close()
+        async with asyncio.timeout(10):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
