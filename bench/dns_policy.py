@@ -60,6 +60,9 @@ class MemorySink:
     ) -> None:
         self.calls += 1
 
+    async def add_injected(self, sandbox_id: str, addresses: Sequence[tuple[str, int]]) -> None:
+        self.calls += 1
+
 
 class Relay(asyncio.DatagramProtocol):
     """The plain forwarder: client datagrams to the upstream, answers back by query id."""

@@ -12,6 +12,9 @@
 - a "private" service on a 10.x address (outside the sandbox pool), port 80;
 - :meth:`host_service`: a TCP server of the test's own bound to 0.0.0.0 on the host.
 
+With ``tls_cert`` (a PEM holding a certificate and its key), ``public`` and ``public2`` also
+serve HTTPS on port 443 with it (as ``public-tls``, ``public2-tls``).
+
 HTTP answers ``fakenet <name>`` (``fakenet_server.py``), ``GET /udp`` lists what the UDP sink
 received (the spoofing test), ``GET /bytes/<n>`` sends n bytes (throughput). DNS is not here:
 the resolver's tests bring their own server on these addresses (``add_address`` gives more).
@@ -68,7 +71,8 @@ def _free(candidates: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
 class FakeNet:
     """See the module docstring. Use as a context manager, or call ``create``/``close``."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls_cert: Path | None = None) -> None:
+        self.tls_cert = tls_cert
         self.tag = uuid.uuid4().hex[:8]
         self.netns = f"fn{self.tag}"
         self.host_if = f"fn{self.tag}h"
@@ -153,6 +157,10 @@ class FakeNet:
             "--udp",
             f"{self.public}:53",
         ]
+        if self.tls_cert is not None:
+            argv += ["--cert", str(self.tls_cert)]
+            argv += ["--tls", f"public-tls={self.public}:443"]
+            argv += ["--tls", f"public2-tls={self.public2}:443"]
         self._server = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         assert self._server.stdout is not None
         line = self._server.stdout.readline()

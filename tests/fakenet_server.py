@@ -1,14 +1,16 @@
 """The fake internet's servers (run inside its network namespace by ``fakenet.py``).
 
-Usage: ``fakenet_server.py NAME=ADDR:PORT ... [--udp ADDR:PORT]``: an HTTP server per
-``NAME=ADDR:PORT`` answering every GET with ``fakenet NAME``; ``GET /udp`` on any of them lists
-the datagrams the UDP sink received (``<source address> <payload>`` a line), ``GET /bytes/<n>``
-sends ``n`` bytes (throughput). Prints ``ready`` once every socket listens.
+Usage: ``fakenet_server.py NAME=ADDR:PORT ... [--udp ADDR:PORT] [--cert PEM --tls
+NAME=ADDR:PORT ...]``: an HTTP server per ``NAME=ADDR:PORT`` (``--tls``: HTTPS with the
+certificate and key in ``PEM``) answering every GET with ``fakenet NAME``; ``GET /udp`` on any
+of them lists the datagrams the UDP sink received (``<source address> <payload>`` a line),
+``GET /bytes/<n>`` sends ``n`` bytes (throughput). Prints ``ready`` once every socket listens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import sys
 
 CHUNK = b"x" * 65536
@@ -56,14 +58,21 @@ async def main(args: list[str]) -> None:
     loop = asyncio.get_running_loop()
     servers = []
     it = iter(args)
+    tls: ssl.SSLContext | None = None
     for arg in it:
         if arg == "--udp":
             host, port = next(it).rsplit(":", 1)
             await loop.create_datagram_endpoint(Sink, local_addr=(host, int(port)))
             continue
-        name, _, where = arg.partition("=")
+        if arg == "--cert":
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.load_cert_chain(next(it))
+            continue
+        secure = arg == "--tls"
+        name, _, where = (next(it) if secure else arg).partition("=")
         host, port = where.rsplit(":", 1)
-        servers.append(await asyncio.start_server(handler(name), host, int(port)))
+        context = tls if secure else None
+        servers.append(await asyncio.start_server(handler(name), host, int(port), ssl=context))
     print("ready", flush=True)
     await asyncio.Event().wait()
 

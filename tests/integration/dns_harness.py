@@ -56,10 +56,12 @@ class FakeClock:
 
 
 class FakeSink:
-    """Records ``add_resolved`` calls; ``gate`` (when set) holds each call until it is set."""
+    """Records ``add_resolved`` (and ``add_injected``) calls; ``gate`` (when set) holds each
+    ``add_resolved`` until it is set."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Rule, list[tuple[str, int]]]] = []
+        self.injected: list[tuple[str, list[tuple[str, int]]]] = []  # add_injected calls
         self.called = asyncio.Event()
         self.gate: asyncio.Event | None = None
         self.fail = False
@@ -71,6 +73,11 @@ class FakeSink:
         self.called.set()
         if self.gate is not None:
             await self.gate.wait()
+        if self.fail:
+            raise OSError("firewall unavailable")
+
+    async def add_injected(self, sandbox_id: str, addresses: Sequence[tuple[str, int]]) -> None:
+        self.injected.append((sandbox_id, list(addresses)))
         if self.fail:
             raise OSError("firewall unavailable")
 

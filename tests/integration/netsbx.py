@@ -72,11 +72,13 @@ def leftovers(egress: Egress) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def egress_runtime(
-    state: Path, rootfs: Path, gateway_uid: int = 0
+    state: Path, rootfs: Path, gateway_uid: int = 0, log_group: int | None = None
 ) -> AsyncIterator[tuple[LocalRuntime, Egress]]:
     ident = uuid.uuid4().hex[:10]
     egress = Egress(
-        EgressSettings(registry=state / "net-ranges.json", gateway_uid=gateway_uid),
+        EgressSettings(
+            registry=state / "net-ranges.json", gateway_uid=gateway_uid, log_group=log_group
+        ),
         ident,
         state,
         state / "net",

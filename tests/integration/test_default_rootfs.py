@@ -112,10 +112,11 @@ def _probe(paths: list[Path]) -> str:
 
 
 def _host_only_dirs(base: Path) -> list[Path]:
-    """Top-level directories of the host that the base does not have."""
+    """Top-level directories of the host that the base does not have (and the sandbox does not
+    make itself: /workspace is every sandbox's own, whatever a host may have there)."""
     host = {e.name for e in os.scandir("/") if e.is_dir(follow_symlinks=False)}
     ours = {e.name for e in os.scandir(base)}
-    return sorted(Path("/", n) for n in host - ours - {"proc", "sys", "dev"})
+    return sorted(Path("/", n) for n in host - ours - {"proc", "sys", "dev", "workspace"})
 
 
 async def test_a_default_sandbox_sees_nothing_of_the_host(

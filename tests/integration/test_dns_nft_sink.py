@@ -67,6 +67,9 @@ class NftSetSink:
             element = f"{{ {address} timeout {seconds}s }}"
             await self._nft("add", "element", "inet", self.table, family, element)
 
+    async def add_injected(self, sandbox_id: str, addresses: Sequence[tuple[str, int]]) -> None:
+        raise AssertionError("no policy here injects headers")
+
     async def elements(self) -> dict[str, tuple[int, int]]:
         """address -> (timeout, expires) as the kernel reports them."""
         out: dict[str, tuple[int, int]] = {}

@@ -26,6 +26,7 @@ import pytest
 from dns_harness import FakeSink, Harness, ede_of, policy, rcode
 from prometheus_client import CollectorRegistry
 
+from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.resolver import NodeResolver, ResolverSettings
 from sandpod_lifecycle.network.sandboxnet import DenialKind, SandboxNet
@@ -73,6 +74,29 @@ async def test_public_name_is_answered(h: Harness) -> None:
     assert h.resolver.resolved_names("sbx-a", "11.22.0.1") == {"open.test"}
     assert h.resolver.resolved_names("sbx-b", "11.22.0.1") == set()
     assert h.sink.calls == []  # public mode: the firewall's public rule covers it, no sets
+
+
+async def test_an_injected_names_addresses_go_to_the_injection_set_in_public_mode(
+    h: Harness,
+) -> None:
+    """Public mode with ``inject`` for api.corp.test: its answer goes to the sandbox's
+    injection set (through the proxy, which adds the header); any other name's does not, nor
+    does a CNAME chain's; an allowlist sandbox's goes there besides its rule's set."""
+    inject = [{"domain": "api.corp.test", "secret": "tok"}]
+    public = NetworkPolicy.from_dict({"mode": "public", "inject": inject})
+    source = h.sandbox(public, "sbx-inject")
+    assert addresses(await h.ask(source, "api.corp.test")) == ["11.22.0.9"]
+    assert h.sink.injected == [("sbx-inject", [("11.22.0.9", 300)])]
+    for other in ("open.test", "secret.corp.test", "cdn-alias.test"):
+        assert rcode(await h.ask(source, other)) == "NOERROR"
+    assert len(h.sink.injected) == 1 and h.sink.calls == []
+    listed = NetworkPolicy.from_dict(
+        {"mode": "allowlist", "allow": ["api.corp.test:443"], "inject": inject}
+    )
+    source = h.sandbox(listed, "sbx-listed")
+    assert addresses(await h.ask(source, "api.corp.test")) == ["11.22.0.9"]
+    assert h.sink.injected[-1] == ("sbx-listed", [("11.22.0.9", 300)])
+    assert [(c[0], c[1].text) for c in h.sink.calls] == [("sbx-listed", "api.corp.test:443")]
 
 
 async def test_allowed_name_reaches_the_sink_before_the_reply(h: Harness) -> None:

@@ -102,3 +102,94 @@ def test_cp_shows_progress_on_a_terminal(cp: Cp, tmp_path: Path) -> None:
     assert b"MiB/s" in seen and b"100.0%" in seen
     quiet = cp(str(src), "shared:/workspace/progress.bin")
     assert quiet.returncode == 0 and quiet.stderr == b""
+
+
+def _tree(top: Path) -> dict[str, tuple[str, int, bytes | str]]:
+    """Every entry under ``top``: kind, permission bits, content or link target."""
+    out: dict[str, tuple[str, int, bytes | str]] = {}
+    for p in sorted(top.rglob("*")):
+        rel = str(p.relative_to(top))
+        st = p.lstat()
+        if p.is_symlink():
+            out[rel] = ("link", 0, os.readlink(p))
+        elif p.is_dir():
+            out[rel] = ("dir", st.st_mode & 0o7777, b"")
+        else:
+            out[rel] = ("file", st.st_mode & 0o777, p.read_bytes())
+    return out
+
+
+def test_cp_r_copies_a_directory_both_ways(cp: Cp, tmp_path: Path) -> None:
+    """``cp -r`` in and back out gives the same tree (files, modes, nested and empty directories,
+    symlinks); into an existing directory the copy lands under the source's name, as cp does;
+    ``-r sbx:dir -`` writes the tar stream itself."""
+    name = f"tree-{uuid.uuid4().hex[:8]}"
+    src = tmp_path / "proj"
+    (src / "pkg" / "sub").mkdir(parents=True)
+    (src / "empty").mkdir()
+    (src / "pkg" / "mod.py").write_bytes(b"print('hi')\n" * 1000)
+    (src / "run.sh").write_bytes(b"#!/bin/sh\necho run\n")
+    (src / "run.sh").chmod(0o750)
+    (src / "blob").write_bytes(os.urandom(3 * 1024 * 1024))
+    (src / "pkg" / "sub" / "link").symlink_to("../mod.py")
+    r = cp("-r", str(src), f"shared:/workspace/{name}")
+    assert r.returncode == 0, r.stderr
+    r = cp("-r", str(src), f"shared:/workspace/{name}")  # now it exists: goes under it
+    assert r.returncode == 0, r.stderr
+    back = tmp_path / "back"
+    r = cp("-r", f"shared:/workspace/{name}", str(back))
+    assert r.returncode == 0, r.stderr
+    want = _tree(src)
+    got = _tree(back)
+    nested = {k[len("proj/") :]: v for k, v in got.items() if k.startswith("proj/")}
+    assert nested == want
+    assert {k: v for k, v in got.items() if k != "proj" and not k.startswith("proj/")} == want
+    r = cp("-r", f"shared:/workspace/{name}/pkg", "-")
+    assert r.returncode == 0, r.stderr
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(r.stdout)) as tf:
+        assert {"./mod.py", "./sub/link"} <= set(tf.getnames())
+    r = cp(str(src), f"shared:/workspace/{name}-x")
+    assert r.returncode == 2 and b"-r" in r.stderr  # a directory without -r says how
+
+
+async def test_cp_r_out_of_a_sandbox_refuses_a_hostile_stream(tmp_path: Path) -> None:
+    """The sandbox is not trusted: a tar stream it sends (its ``tar`` can be anything) that
+    climbs out, names an absolute path, links out or carries a device is refused, and nothing
+    lands outside the target. (With ``filter="fully_trusted"`` the climb writes ``victim``.)"""
+    import io
+    import tarfile
+
+    from sandpod.cli.fs_cmd import _unpack_here
+
+    outside = tmp_path / "victim"
+    target = tmp_path / "a" / "b"
+    for name, kind, link, refused in (
+        ("../../victim", tarfile.REGTYPE, "", True),
+        (str(outside), tarfile.REGTYPE, "", False),  # the leading / is dropped: lands inside
+        ("up", tarfile.SYMTYPE, str(tmp_path), True),
+        ("mem", tarfile.CHRTYPE, "", True),
+    ):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.linkname = link
+            data = b"OWNED"
+            info.size = len(data) if kind == tarfile.REGTYPE else 0
+            tf.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+        async def chunks(raw: bytes = buf.getvalue()):  # type: ignore[no-untyped-def]
+            for i in range(0, len(raw), 512):
+                yield raw[i : i + 512]
+
+        if refused:
+            with pytest.raises(tarfile.FilterError):
+                await _unpack_here(chunks(), str(target))
+        else:
+            await _unpack_here(chunks(), str(target))
+            assert (target / str(outside).lstrip("/")).read_bytes() == b"OWNED"
+        assert not outside.exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a"], name

@@ -157,3 +157,46 @@ async def test_large_transfer_streams_with_bounded_memory(
     assert got == size and down.hexdigest() == up.hexdigest()
     peak = _peak_rss_mib(gp.proc.pid)
     assert peak < 160, f"gateway peak RSS {peak:.0f} MiB for a {size >> 20} MiB transfer"
+
+
+async def test_a_directory_travels_as_a_tar_both_ways(
+    gateway: Gateway, shared_execd: Execd
+) -> None:
+    """GET …/files/archive streams a directory's tar (gzip too); PUT unpacks one into a new
+    directory; errors are typed statuses; another tenant's key gets nothing."""
+    import io
+    import tarfile
+
+    key = await mint_key(gateway, "default")
+    src, dst = _dir(), _dir()
+    blob = os.urandom(2 * 1024 * 1024 + 3)
+    async with gateway.client(key) as c:
+        for name, data in (("a/blob", blob), ("b.txt", b"bee")):
+            r = await c.put(
+                "/v1/sandboxes/shared/files/content", params={"path": f"{src}/{name}"}, content=data
+            )
+            assert r.status_code == 201, r.text
+        r = await c.get("/v1/sandboxes/shared/files/archive", params={"path": src})
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "application/x-tar"
+        with tarfile.open(fileobj=io.BytesIO(r.content)) as tf:
+            member = tf.extractfile("./a/blob")
+            assert member is not None and member.read() == blob
+        tar = r.content
+        r = await c.get("/v1/sandboxes/shared/files/archive", params={"path": src, "gzip": "true"})
+        assert r.status_code == 200 and r.content[:2] == b"\x1f\x8b"
+        r = await c.put("/v1/sandboxes/shared/files/archive", params={"path": dst}, content=tar)
+        assert r.status_code == 201, r.text
+        assert r.json() == {"path": dst, "received": len(tar)}
+        r = await c.get("/v1/sandboxes/shared/files/content", params={"path": f"{dst}/a/blob"})
+        assert r.content == blob
+        r = await c.get("/v1/sandboxes/shared/files/archive", params={"path": f"{src}/nope"})
+        assert r.status_code == 404 and r.json()["code"] == "fs.not_found"
+        r = await c.put(
+            "/v1/sandboxes/shared/files/archive", params={"path": dst}, content=b"not a tar" * 99
+        )
+        assert r.status_code == 422 and r.json()["code"] == "fs.archive_failed"
+    other = await mint_key(gateway, "other")
+    async with gateway.client(other) as c:
+        r = await c.get("/v1/sandboxes/shared/files/archive", params={"path": src})
+        assert r.status_code == 404 and r.json()["code"] == "sandbox.not_found"

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -91,9 +92,10 @@ async def platform(
         proc.stop()
 
 
-async def _denied_event(sbx: AsyncSandbox, attempt: str) -> NetworkEvent:
-    """The sandbox's next ``network.denied`` event, refused attempts repeated until it comes
-    (the lifecycle reads the refusal counters every few seconds)."""
+async def _denied_event(sbx: AsyncSandbox, attempt: str, destination: str) -> NetworkEvent:
+    """The sandbox's ``network.denied`` event naming ``destination``, refused attempts
+    repeated until it comes (the log is rate-limited per sandbox: one attempt may fall between
+    two of its slots)."""
     got: asyncio.Queue[NetworkEvent] = asyncio.Queue(16)
 
     async def on_event(msg: Inbound) -> None:
@@ -107,7 +109,9 @@ async def _denied_event(sbx: AsyncSandbox, attempt: str) -> NetworkEvent:
             assert time.monotonic() < end, "no network.denied event"
             await sbx.exec(attempt)
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(got.get(), 1.0)
+                while (event := await asyncio.wait_for(got.get(), 1.0)).destination != destination:
+                    pass
+                return event
     finally:
         await sub.stop()
 
@@ -124,17 +128,20 @@ async def test_a_default_sandbox_reaches_the_internet_and_reports_its_address(
     nats: NatsServer, platform: tuple[ServiceProc, str], fakenet: FakeNet
 ) -> None:
     """The default template is ``public``: curl in a new sandbox gets the fake internet's
-    page by address and nothing from the metadata server; ``status.endpoint["address"]`` is
-    the sandbox's own address, the one its ``eth0`` carries; a ``deny-all`` template's
-    sandbox gets nothing; stopping the platform removes every link, route and the table."""
+    page by address and nothing from the metadata server; a refused connection is a
+    ``network.denied`` event naming its address, port and protocol;
+    ``status.endpoint["address"]`` is the sandbox's own address, the one its ``eth0`` carries;
+    a ``deny-all`` template's sandbox gets nothing; stopping the platform removes every link,
+    route and the table."""
     proc, prefix = platform
     async with await AsyncSandbox.create(nats_url=nats.url, prefix=prefix, wait=DEADLINE) as sbx:
         r = await sbx.exec(CURL.format(fakenet.public))
         assert r.stdout.strip() == "fakenet public", r
         r = await sbx.exec(CURL.format(fakenet.metadata))
         assert r.stdout.strip() == "unreachable", r
-        denied = await _denied_event(sbx, f"curl -s -m 1 http://{fakenet.private}/ || true")
-        assert denied.kind == "connect" and denied.count >= 1, denied
+        attempt = f"curl -s -m 1 http://{fakenet.private}/ || true"
+        denied = await _denied_event(sbx, attempt, f"{fakenet.private}:80/tcp")
+        assert (denied.kind, denied.name) == ("connect", sbx.id) and denied.count >= 1, denied
         reply = await api_call(
             sbx.bus, sbx.subjects, "sandboxes", "get", Ref(name=sbx.id), ObjectReply
         )
@@ -305,3 +312,83 @@ async def test_a_secret_reaches_its_domain_as_a_header_and_never_enters_the_sand
     finally:
         proc.stop()
         await auth.close()
+
+
+async def test_the_platforms_always_allowed_names_open_under_any_allowlist_but_not_past_deny(
+    nats: NatsServer, tmp_path: Path, default_rootfs: Path | None, fakenet: FakeNet
+) -> None:
+    """``SANDPOD_NET_ALWAYS_ALLOW=mirror.example.test:80``: a sandbox whose allowlist names
+    only ``api.example.test`` reaches the mirror too (and ``status.network`` shows the rule),
+    not ``other.example.test`` (same server, not in the setting); a template that denies the
+    mirror keeps it refused (at DNS and by address)."""
+    auth = AuthServer()
+    await auth.start()
+    auth.add("api.example.test", "A", 60, fakenet.public)
+    auth.add("mirror.example.test", "A", 60, fakenet.public2)
+    auth.add("other.example.test", "A", 60, fakenet.public2)
+    host, port = auth.address
+    proc, prefix = await _start_platform(
+        nats,
+        tmp_path,
+        default_rootfs,
+        SANDPOD_DNS_UPSTREAMS=f"{host}:{port}",
+        SANDPOD_NET_ALWAYS_ALLOW="mirror.example.test:80",
+    )
+    allowlist = {"mode": "allowlist", "allow": ["api.example.test:80"]}
+    denying = {**allowlist, "deny": ["mirror.example.test"]}
+    try:
+        async with await AsyncSandbox.connect("x", nats_url=nats.url, prefix=prefix) as s:
+            for name, network in (("listed", allowlist), ("denying", denying)):
+                obj = {
+                    "kind": "SandboxTemplate",
+                    "metadata": {"name": name},
+                    "spec": {"network": network},
+                }
+                await api_call(
+                    s.bus, s.subjects, "templates", "apply", ObjectRequest(object=obj), ObjectReply
+                )
+        async with await AsyncSandbox.create(
+            template="listed", nats_url=nats.url, prefix=prefix, wait=DEADLINE
+        ) as sbx:
+            r = await sbx.exec(CURL.format("mirror.example.test"))
+            assert r.stdout.strip() == "fakenet public2", r
+            r = await sbx.exec(CURL.format("api.example.test"))
+            assert r.stdout.strip() == "fakenet public", r
+            r = await sbx.exec("getent hosts other.example.test || echo refused")
+            assert r.stdout.strip() == "refused", r
+            reply = await api_call(
+                sbx.bus, sbx.subjects, "sandboxes", "get", Ref(name=sbx.id), ObjectReply
+            )
+            shown = reply.object["status"]["network"]["policy"]["allow"]
+            assert shown == ["api.example.test:80", "mirror.example.test:80"], shown
+        async with await AsyncSandbox.create(
+            template="denying", nats_url=nats.url, prefix=prefix, wait=DEADLINE
+        ) as sbx:
+            r = await sbx.exec("getent hosts mirror.example.test || echo refused")
+            assert r.stdout.strip() == "refused", r
+            r = await sbx.exec(CURL.format(fakenet.public2))
+            assert r.stdout.strip() == "unreachable", r
+        assert auth.asked_for("other.example.test") == 0
+    finally:
+        proc.stop()
+        await auth.close()
+
+
+def test_a_bad_always_allowed_entry_stops_lifecycle_at_start_naming_it(tmp_path: Path) -> None:
+    """``SANDPOD_NET_ALWAYS_ALLOW=pypi.org,exa mple.com``: lifecycle exits 2 before it
+    connects anywhere, its message naming the variable and the entry."""
+    env = {
+        **os.environ,
+        "SANDPOD_STATE_DIR": str(tmp_path),
+        "SANDPOD_NET_ALWAYS_ALLOW": "pypi.org,exa mple.com",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "sandpod_lifecycle"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done
+    assert "SANDPOD_NET_ALWAYS_ALLOW: entry 'exa mple.com' is not an allow rule" in done.stderr

@@ -142,3 +142,20 @@ async def test_lookups_without_credentials_are_rate_limited(start_gateway: Gatew
     assert codes[:3] == [503, 503, 503]  # no lifecycle on this prefix: a retryable 503
     assert codes[3:] == [429, 429] and r.status_code == 429
     assert r.json()["code"] == "busy.rate_limited" and int(r.headers["retry-after"]) >= 1
+
+
+def test_a_host_url_is_given_only_when_its_label_fits_in_dns() -> None:
+    """``{port}-{id}`` must be one DNS label (63 characters): a long id gets no host URL but
+    the reason, never a name no resolver or browser accepts."""
+    from sandpod_gateway.handlers.previews import host_url
+
+    assert host_url("https://gw.example:8443", "preview.example", "t1--web", 8000) == (
+        "https://8000-t1--web.preview.example:8443/",
+        None,
+    )
+    assert host_url("http://gw", None, "t1--web", 8000) == (None, None)
+    long_id = "t1--" + "a" * 58  # a valid id; with "65535-" the label has 68 characters
+    url, reason = host_url("http://gw", "preview.example", long_id, 65535)
+    assert url is None and reason is not None and "63" in reason
+    fits = "t1--" + "a" * 53  # 63 with "8000-"
+    assert host_url("http://gw", "d.example", fits, 8000)[0] == f"http://8000-{fits}.d.example/"

@@ -194,6 +194,28 @@ def test_an_allowed_inject_domain_is_intercepted_and_only_it() -> None:
     )
 
 
+def test_public_mode_injects_only_a_name_the_resolver_answered_with_that_address() -> None:
+    """Public mode allows any public address on its own, yet a name with an ``inject`` entry
+    is intercepted only where the resolver sent this sandbox (a pinned address is refused:
+    the secret goes nowhere else); other names there pass untouched (no interception)."""
+    public = NetworkPolicy.from_dict(
+        {"mode": "public", "inject": [{"domain": "api.test", "secret": "tok"}]}
+    )
+    hit = decide(public, A, 443, Sniffed("tls", "api.test"), {"api.test"})
+    assert hit.allowed and hit.inject is not None
+    pinned = decide(public, A, 443, Sniffed("http", "api.test"), {"other.test"})
+    assert (pinned.allowed, pinned.rule, pinned.inject) == (False, "not-resolved", None)
+    other = decide(public, A, 443, Sniffed("tls", "other.test"), {"api.test"})
+    assert (other.allowed, other.rule, other.inject) == (True, "mode:public", None)
+    bare = decide(public, A, 443, Sniffed("tls", None), {"api.test"})
+    assert (bare.allowed, bare.inject) == (True, None)
+
+
+def test_connect_to_the_allowed_name_itself_passes() -> None:
+    """A CONNECT whose target is the connection's own name is no tunnel elsewhere."""
+    check_host(parse_head(b"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n"), "a.test")
+
+
 # ---------------------------------------------------------------- http1
 
 
@@ -213,6 +235,9 @@ def test_an_allowed_inject_domain_is_intercepted_and_only_it() -> None:
         (b"GET / HTTP/1.1\r\nHost: b.test\r\n\r\n", 403),
         (b"GET / HTTP/1.1\r\n\r\n", 400),
         (b"GET http://b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", 403),
+        (b"CONNECT b.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n", 403),
+        (b"CONNECT 11.22.0.9:443 HTTP/1.1\r\nHost: a.test\r\n\r\n", 403),
+        (b"connect [::1]:443 HTTP/1.1\r\nHost: a.test\r\n\r\n", 403),
     ],
 )
 def test_ambiguous_or_foreign_requests_are_refused(head: bytes, status: int) -> None:

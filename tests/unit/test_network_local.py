@@ -4,6 +4,7 @@ tests/integration/test_net_local.py; this layer pins the rules' shape and the bo
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 from collections.abc import Mapping
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sandpod_contract.network import NetworkPolicy
+from sandpod_contract.network import NetworkMode, NetworkPolicy
 from sandpod_lifecycle.network.addressing import AddressPlan, PoolExhausted, claim_slice
 from sandpod_lifecycle.network.denials import DenialWatch
 from sandpod_lifecycle.network.egress import Egress, EgressSettings
@@ -23,6 +24,7 @@ from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.network.rules import set_name
 from sandpod_lifecycle.settings import LifecycleSettings
+from sandpod_service.env import SettingsError
 
 POOL = ipaddress.IPv4Network("10.240.0.0/12")
 
@@ -83,8 +85,10 @@ def _firewall(**kw: Any) -> tuple[Firewall, FakeNft]:
 
 def test_a_policy_compiles_to_one_batch_in_deny_allow_mode_order() -> None:
     """Spoof check and hard denies first, deny rules before allow rules, name rules as sets,
-    the mode last; public drops the special ranges and accepts the rest; deny-all drops all."""
-    fw, nft = _firewall(proxy_port=3128)
+    the mode last; public drops the special ranges and accepts the rest; deny-all drops all.
+    Every drop goes to the sandbox's deny chain: logged (rate-limited) to the installation's
+    NFLOG group with the sandbox's prefix, then counted and dropped."""
+    fw, nft = _firewall(proxy_port=3128, log_group=30001)
     plan = fw.config.plan
     policy = NetworkPolicy.from_dict(
         {"mode": "allowlist", "allow": ["1.2.3.0/24:443", "api.example.com"], "deny": ["1.2.3.4"]}
@@ -99,21 +103,33 @@ def test_a_policy_compiles_to_one_batch_in_deny_allow_mode_order() -> None:
     s = set_name(1, policy.allow[1])
     gen = fw._generation
     assert rules == [
-        "ip saddr != 10.240.16.3 counter name denied_1 drop",
-        "ip daddr @hard4 counter name denied_1 drop",
+        "ip saddr != 10.240.16.3 goto deny_1",
+        "ip daddr @hard4 goto deny_1",
         f"ct state established,related ct mark {gen} accept",
-        "ip daddr 1.2.3.4/32 counter name denied_1 drop",
+        "ip daddr 1.2.3.4/32 goto deny_1",
         f"ip daddr 1.2.3.0/24 meta l4proto {{ tcp, udp }} th dport 443 ct mark set {gen} accept",
         f"ip daddr @{s} ct mark set {gen} accept",
-        "counter name denied_1 drop",
+        "goto deny_1",
     ]
+    deny = [
+        line for line in script.splitlines() if line.startswith("add rule") and " deny_1 " in line
+    ]
+    assert deny == [
+        "add rule inet sandpod_abcdef0123 deny_1 limit rate 5/second burst 20 packets "
+        'log prefix "sandpod_abcdef0123:1" group 30001 snaplen 128',
+        "add rule inet sandpod_abcdef0123 deny_1 counter name denied_1 drop",
+    ]
+    assert 'add element inet sandpod_abcdef0123 deny { "spabcdef-1" : goto deny_1 }' in script
+    assert fw.sandbox_of_log("sandpod_abcdef0123:1") == "s1"
+    assert fw.sandbox_of_log("sandpod_abcdef0123:2") is None  # no such sandbox
+    assert fw.sandbox_of_log("sandpod_otherinst0:1") is None  # another installation's
     assert f"ip daddr @{s} tcp dport {{ 80, 443 }} dnat ip to 10.240.16.1:3128" in script
     fw.apply("s1", plan.sandbox(1), "spabcdef-1", NetworkPolicy())
     assert script.count("flush chain inet sandpod_abcdef0123 sbx_1") == 1
     public = nft.scripts[-1]
     assert fw._generation == gen + 1  # each policy its own generation: older flows re-judged
     assert [r for r in public.splitlines() if r.startswith("add rule") and " sbx_1 " in r][-2:] == [
-        "add rule inet sandpod_abcdef0123 sbx_1 ip daddr @special4 counter name denied_1 drop",
+        "add rule inet sandpod_abcdef0123 sbx_1 ip daddr @special4 goto deny_1",
         f"add rule inet sandpod_abcdef0123 sbx_1 ct mark set {gen + 1} accept",
     ]
     fw.apply("s1", plan.sandbox(1), "spabcdef-1", NetworkPolicy.from_dict({"mode": "deny-all"}))
@@ -143,6 +159,35 @@ def test_resolved_addresses_go_to_the_rules_set_with_a_clamped_ttl() -> None:
     assert fw.sandbox_by_address("10.240.16.5") is None
 
 
+def test_an_injecting_policy_gets_an_injection_set_sent_to_the_proxy() -> None:
+    """With a proxy, a policy with ``inject`` entries (public or allowlist) has the set
+    ``j<n>`` whose 80/443 traffic is DNAT'ed to the proxy, filled by add_injected; none
+    without a proxy, for deny-all, or once the injection is gone (its set deleted)."""
+    fw, nft = _firewall(proxy_port=3128)
+    plan = fw.config.plan
+    inject = [{"domain": "api.example.com", "secret": "tok"}]
+    public = NetworkPolicy.from_dict({"mode": "public", "inject": inject})
+    fw.apply("s1", plan.sandbox(1), "spabcdef-1", public)
+    script = nft.scripts[-1]
+    assert "add set inet sandpod_abcdef0123 j1 { type ipv4_addr; flags timeout; }" in script
+    assert "add rule inet sandpod_abcdef0123 nat_1 ip daddr @j1 tcp dport { 80, 443 } " in script
+    assert fw.add_injected("s1", [("5.6.7.8", 30), ("::1", 30)]) == 1
+    assert "add element inet sandpod_abcdef0123 j1 { 5.6.7.8 timeout 30s }" in nft.scripts[-1]
+    fw.apply("s1", plan.sandbox(1), "spabcdef-1", NetworkPolicy())
+    assert "delete set inet sandpod_abcdef0123 j1" in nft.scripts[-1]
+    with pytest.raises(UnknownRule):
+        fw.add_injected("s1", [("5.6.7.8", 30)])
+    fw.apply(
+        "s1", plan.sandbox(1), "spabcdef-1", dataclasses.replace(public, mode=NetworkMode.DENY_ALL)
+    )
+    assert " j1 " not in nft.scripts[-1]
+    fw, nft = _firewall()  # no proxy: nothing would add the header, nothing is redirected
+    fw.apply("s1", fw.config.plan.sandbox(1), "spabcdef-1", public)
+    assert " j1 " not in nft.scripts[-1] and "dnat" not in nft.scripts[-1]
+    with pytest.raises(UnknownRule):
+        fw.add_injected("s1", [("5.6.7.8", 30)])
+
+
 def test_inbound_is_the_gateway_uids_only() -> None:
     """The output chain lets only the configured uid open connections into sandboxes; with
     none configured, nobody."""
@@ -155,8 +200,8 @@ def test_inbound_is_the_gateway_uids_only() -> None:
 
 
 def test_egress_settings_come_from_the_environment() -> None:
-    """SANDPOD_NET_* set the pool, registry, gateway uid and ports; bad values name the
-    variable."""
+    """SANDPOD_NET_* set the pool, registry, gateway uid, ports and NFLOG group; bad values
+    name the variable."""
     s = LifecycleSettings.from_env(
         {
             "SANDPOD_NET_POOL": "10.100.0.0/16",
@@ -172,6 +217,26 @@ def test_egress_settings_come_from_the_environment() -> None:
         LifecycleSettings.from_env({"SANDPOD_NET_POOL": "8.8.0.0/16"})
     with pytest.raises(ValueError, match="SANDPOD_NET_GATEWAY_UID"):
         LifecycleSettings.from_env({"SANDPOD_NET_GATEWAY_UID": "root"})
+    default = LifecycleSettings.from_env({}).network
+    assert (default.log_denials, default.log_group) == (True, None)  # derived from the id
+    logged = LifecycleSettings.from_env({"SANDPOD_NET_LOG_GROUP": "31000"}).network
+    assert (logged.log_denials, logged.log_group) == (True, 31000)
+    assert not LifecycleSettings.from_env({"SANDPOD_NET_LOG_GROUP": "off"}).network.log_denials
+    with pytest.raises(ValueError, match="SANDPOD_NET_LOG_GROUP"):
+        LifecycleSettings.from_env({"SANDPOD_NET_LOG_GROUP": "70000"})
+
+
+def test_the_always_allowed_list_is_a_setting_checked_at_start() -> None:
+    """SANDPOD_NET_ALWAYS_ALLOW: comma-separated allow rules (spaces and empty entries
+    ignored); a bad entry is a SettingsError naming the variable and the entry."""
+    s = LifecycleSettings.from_env(
+        {"SANDPOD_NET_ALWAYS_ALLOW": " pypi.org:443, *.mirror.test,,10.0.0.5/32:3128 "}
+    )
+    assert [r.text for r in s.always_allow] == ["pypi.org:443", "*.mirror.test", "10.0.0.5/32:3128"]
+    assert LifecycleSettings.from_env({}).always_allow == ()
+    for bad in ("pypi.org:https", "exa mple.com", "10.0.0.0/33", "a.test:0"):
+        with pytest.raises(SettingsError, match=rf"SANDPOD_NET_ALWAYS_ALLOW: entry '{bad}'"):
+            LifecycleSettings.from_env({"SANDPOD_NET_ALWAYS_ALLOW": f"ok.test,{bad}"})
 
 
 async def test_the_denial_watch_reports_growth_once() -> None:

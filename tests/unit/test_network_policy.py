@@ -138,6 +138,7 @@ def test_a_sandbox_policy_replaces_its_templates_and_round_trips() -> None:
     platform = (Rule.parse("always", "10.99.0.1:53"),)
     merged = effective_policy(template, None, platform)
     assert merged.address_verdict("10.99.0.1", 53).allowed
+    assert effective_policy(merged, None, platform) == merged  # set again: no second copy
     full = NetworkPolicy.from_dict(
         {
             "mode": "public",

@@ -18,7 +18,7 @@ from test_reconciler import Always, Events, FakeDriver, _idle, _ready
 
 from sandpod_contract.errors import ResourceInvalid, ResourceNotFound
 from sandpod_contract.messages.sandboxes import NetworkUpdate, Ref
-from sandpod_contract.network import NetworkPolicy
+from sandpod_contract.network import NetworkPolicy, Rule
 from sandpod_contract.resources import SandboxStatus
 from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.reconciler import Reconciler
@@ -204,3 +204,39 @@ async def test_a_recreated_instance_gets_its_policy_again() -> None:
     assert "s1" in driver.instances
     sid, policy = driver.applied.get_nowait()
     assert (sid, policy.mode.value) == ("s1", "deny-all")
+
+
+async def test_the_platforms_always_allowed_rules_join_every_effective_policy() -> None:
+    """With always-allowed rules set, the driver, status.network and the network request all
+    see them at the end of ``allow``: after an allowlist's own rules, kept below its deny
+    rules, and never added to a deny-all policy."""
+    store, driver, events = MemoryStore(), RecordingDriver(), Events()
+    extra = (Rule.parse("always", "mirror.test:443"), Rule.parse("always", "10.9.0.0/16"))
+    api = LifecycleApi(store, events, always_allowed=extra)  # type: ignore[arg-type]
+    rec = Reconciler(
+        store=store,
+        driver=driver,
+        leases=Always(),
+        events=events,  # type: ignore[arg-type]
+        templates=api.template,
+        ready_probe=_ready,
+        idle_probe=_idle,
+        resync=3600.0,
+        always_allowed=extra,
+    )
+    own = {"mode": "allowlist", "allow": ["a.test"], "deny": ["mirror.test"]}
+    await _sandbox(store, "s1", network=own)
+    await _sandbox(store, "s2", network={"mode": "deny-all"})
+    for name in ("s1", "s2"):
+        await rec.reconcile(name)
+    applied = dict([driver.applied.get_nowait(), driver.applied.get_nowait()])
+    s1 = applied["s1"]
+    assert [r.text for r in s1.allow] == ["a.test", "mirror.test:443", "10.9.0.0/16"]
+    assert not s1.name_verdict("mirror.test", 443).allowed  # its deny rule still wins
+    assert s1.address_verdict("10.9.1.2", 80).allowed
+    assert applied["s2"] == NetworkPolicy.from_dict({"mode": "deny-all"})
+    status, _ = await _status(store, "s1")
+    assert status.network is not None and status.network.policy == s1
+    state = await api.network(Ref(name="s1"))
+    assert state.policy["allow"] == ["a.test", "mirror.test:443", "10.9.0.0/16"]
+    assert state.applied == state.policy

@@ -3,6 +3,7 @@ client-side ones (:class:`CommandFailed`, :class:`ArgvExpected`, :class:`ProcExi
 :class:`ProcWaitTimeout`). Catch a family base (``FsError``, ``ExecError``) or a precise class;
 every one has ``code``, ``message``, ``details`` and ``retryable``."""
 
+from sandpod_client.archive import ArchiveFailed, ArchiveUnsupported
 from sandpod_contract.errors import (
     BadRequest,
     BuildFailed,
@@ -79,6 +80,8 @@ from sandpod_contract.errors import (
 )
 
 __all__ = [
+    "ArchiveFailed",
+    "ArchiveUnsupported",
     "ArgvExpected",
     "BadRequest",
     "BuildFailed",

@@ -46,6 +46,7 @@ class Preview:
     public: bool
     token: str | None = None
     expires_at: int | None = None
+    host_url_reason: str | None = None  # why host_url is None though the gateway has a domain
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> Preview:
@@ -56,6 +57,7 @@ class Preview:
             public=bool(body.get("public")),
             token=body.get("token"),
             expires_at=body.get("expires_at"),
+            host_url_reason=body.get("host_url_reason"),
         )
 
 

@@ -386,10 +386,12 @@ def effective_policy(
     template: NetworkPolicy, sandbox: NetworkPolicy | None, always_allowed: Iterable[Rule] = ()
 ) -> NetworkPolicy:
     """The policy a sandbox runs under: its own ``spec.network`` when it has one (a runtime
-    update writes there), else its template's; plus the platform's ``always_allowed`` rules at
-    the end of ``allow`` (deny rules still beat them)."""
+    update writes there), else its template's; plus the platform's ``always_allowed`` rules
+    (lifecycle's ``SANDPOD_NET_ALWAYS_ALLOW``) at the end of ``allow``, those it lacks. Deny
+    rules still beat them, and a ``deny-all`` policy stays deny-all (nothing is added to it)."""
     chosen = sandbox if sandbox is not None else template
-    extra = tuple(always_allowed)
+    # a policy read back from status (platform rules included) and set again gets no copies
+    extra = tuple(r for r in always_allowed if r not in chosen.allow)
     if not extra or chosen.mode is NetworkMode.DENY_ALL:
         return chosen
     return dataclasses.replace(chosen, allow=(*chosen.allow, *extra))

@@ -1,5 +1,11 @@
 """``sandpod cp``: copy files between this machine and a sandbox, streamed, any size.
 
+``-r`` copies a directory as one tar stream (``sbx.fs.archive``/``extract``): into a sandbox it
+is unpacked by the sandbox's own ``tar`` as its user; out of one it is unpacked here by Python's
+``tarfile`` with its ``data`` filter (the sandbox is not trusted: no absolute or ``../`` names,
+no links out of the target, no devices, no setuid bits). ``-`` with ``-r`` is the tar stream
+itself on stdin or stdout.
+
 ``SANDBOX:PATH`` names a path in a sandbox (as ``scp`` does; a local path containing ``:`` can be
 written ``./a:b``), ``-`` is stdin or stdout, anything else is a local path. Uploads and
 downloads are atomic on the receiving side and keep the file's mode; a large transfer shows its
@@ -12,7 +18,9 @@ import argparse
 import asyncio
 import os
 import sys
+import tarfile
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from sandpod.aio import AsyncSandbox
@@ -35,11 +43,18 @@ def add_parsers(sub: Any) -> None:
         epilog="examples:  sandpod cp ./data.csv default:/workspace/data.csv\n"
         "           sandpod cp default:/workspace/out.tar.gz .\n"
         "           tar cz src | sandpod cp - default:src.tgz\n"
-        "           sandpod cp default:log.txt - | tail",
+        "           sandpod cp default:log.txt - | tail\n"
+        "           sandpod cp -r ./src default:/workspace/src\n"
+        "           sandpod cp -r default:/workspace/out ./out\n"
+        "           sandpod cp -r default:/workspace - | tar t",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", help="SANDBOX:PATH, a local path, or - for stdin")
     p.add_argument("dst", help="SANDBOX:PATH, a local path or directory, or - for stdout")
+    p.add_argument(
+        "-r", "--recursive", action="store_true", help="copy a directory (as one tar stream)"
+    )
+    p.add_argument("-z", "--gzip", action="store_true", help="with -r and -: a gzip'ed tar")
     p.add_argument("-m", "--mode", type=_octal, help="mode of the new file (octal, e.g. 755)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("--nats-url", help="NATS URL (default: $SANDPOD_NATS_URL, $NATS_URL)")
@@ -72,10 +87,11 @@ def _run_cp(args: argparse.Namespace) -> int:
         return 2
     local = args.dst if src is not None else args.src
     local_dir = local != "-" and os.path.isdir(local)
-    if dst is not None and local_dir:
+    args.local_is_dir = local_dir  # decided here: the async side does no blocking path calls
+    args.local_name = os.path.basename(os.path.abspath(local))
+    if dst is not None and local_dir and not args.recursive:
         print(
-            f"error: {local} is a directory; copy an archive instead: "
-            f"tar cz {local} | sandpod cp - {args.dst}.tgz",
+            f"error: {local} is a directory; copy it with -r: sandpod cp -r {local} {args.dst}",
             file=sys.stderr,
         )
         return 2
@@ -105,7 +121,9 @@ async def _cp(
     async with await AsyncSandbox.connect(
         sandbox, nats_url=args.nats_url, prefix=args.prefix
     ) as sbx:
-        if src is not None:
+        if args.recursive:
+            await _cp_tree(sbx, args, src, dst, progress)
+        elif src is not None:
             local = args.dst
             if local_dir:
                 local = os.path.join(local, os.path.basename(src[1].rstrip("/")) or "file")
@@ -149,6 +167,78 @@ async def _upload(
             await writer.write(data)
             if progress is not None:
                 progress(writer.written, None)
+
+
+async def _cp_tree(
+    sbx: AsyncSandbox,
+    args: argparse.Namespace,
+    src: tuple[str, str] | None,
+    dst: tuple[str, str] | None,
+    progress: _Progress | None,
+) -> None:
+    """``cp -r`` either way, as ``cp -r`` names things: into an existing directory, the copy
+    goes under it by the source's name; otherwise it becomes that name."""
+    gzip = bool(args.gzip) and (args.src == "-" or args.dst == "-")
+    if src is not None:
+        path, local = src[1], args.dst
+        if local == "-":
+            async for chunk in sbx.fs.archive(path, gzip=gzip, progress=progress):
+                await asyncio.to_thread(sys.stdout.buffer.write, chunk)
+            sys.stdout.buffer.flush()
+            return
+        if args.local_is_dir:
+            local = os.path.join(local, os.path.basename(path.rstrip("/")) or "workspace")
+        await _unpack_here(sbx.fs.archive(path, progress=progress), local)
+        return
+    if dst is None:
+        raise SystemExit("sandpod cp: one side must be <sandbox>:<path>")
+    path = dst[1]
+    if args.src == "-":
+        await sbx.fs.extract(path, sys.stdin.buffer, gzip=gzip, progress=progress)
+        return
+    if not args.local_is_dir:
+        raise NotADirectoryError(f"{args.src}: not a directory (copy a file without -r)")
+    if path.endswith("/") or await _is_dir(sbx, path):
+        path = path.rstrip("/") + "/" + args.local_name
+    await sbx.fs.extract(path, _pack_here(args.src), progress=progress)
+
+
+async def _unpack_here(chunks: AsyncIterator[bytes], local: str) -> None:
+    """Unpack a sandbox's tar stream into ``local`` with ``tarfile``'s ``data`` filter, on a
+    thread fed through a pipe (bounded: the sandbox's tar waits while this side writes)."""
+    os.makedirs(local, exist_ok=True)
+    rfd, wfd = os.pipe()
+
+    def unpack() -> None:
+        with os.fdopen(rfd, "rb") as pipe, tarfile.open(fileobj=pipe, mode="r|") as tf:
+            tf.extractall(local, filter="data")
+
+    worker = asyncio.create_task(asyncio.to_thread(unpack))
+    try:
+        with os.fdopen(wfd, "wb", buffering=0) as out:
+            async for chunk in chunks:
+                if worker.done():  # the unpacker stopped: its error says why
+                    break
+                await asyncio.to_thread(out.write, chunk)
+    except BrokenPipeError:
+        pass
+    finally:
+        await worker
+
+
+async def _pack_here(local: str) -> AsyncIterator[bytes]:
+    """A local directory as a tar stream (names relative to it), made on a thread."""
+    rfd, wfd = os.pipe()
+
+    def pack() -> None:
+        with os.fdopen(wfd, "wb") as pipe, tarfile.open(fileobj=pipe, mode="w|") as tf:
+            tf.add(local, arcname=".")
+
+    worker = asyncio.create_task(asyncio.to_thread(pack))
+    with os.fdopen(rfd, "rb", buffering=0) as pipe:
+        while chunk := await asyncio.to_thread(pipe.read, STDIO_CHUNK):
+            yield chunk
+    await worker
 
 
 async def _is_dir(sbx: AsyncSandbox, path: str) -> bool:

@@ -28,7 +28,9 @@ STORE = "sandpod_lifecycle.network.secretstore"  # installed with sandpod[up] (m
 
 
 def add_parsers(sub: Any) -> None:
-    secret = sub.add_parser("secret", help="secrets the egress path injects as headers: set, ls, rm")
+    secret = sub.add_parser(
+        "secret", help="secrets the egress path injects as headers: set, ls, rm"
+    )
     secret.add_argument("--state-dir", help=f"state directory (default: {DEFAULT_STATE_DIR})")
     verbs = secret.add_subparsers(dest="verb", required=True)
     put = verbs.add_parser("set", help="store a secret (the value from stdin or --from-file)")

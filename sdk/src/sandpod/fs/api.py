@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterable, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, TypeVar
 
 from sandpod.fs.stream import (
@@ -32,6 +32,7 @@ from sandpod.fs.types import (
     ReplaceResult,
     SearchResult,
 )
+from sandpod_client.archive import archive, extract
 from sandpod_contract.codec import Message
 from sandpod_contract.errors import FsTooLarge
 from sandpod_contract.messages.fs import (
@@ -187,24 +188,17 @@ class AsyncFiles:
         Returns the sandbox file's :class:`FileInfo` (as stat'ed before the copy).
         """
         info = await self.stat(path, follow_symlinks=True)
-        local = os.fspath(local)
-        fd, tmp = tempfile.mkstemp(prefix=".sandpod-", dir=os.path.dirname(local) or ".")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                done = 0
-                reader = AsyncFileReader(self._channel, path, size_hint=info.size)
-                async with reader:
-                    async for chunk in reader:
-                        await asyncio.to_thread(out.write, chunk)
-                        done += len(chunk)
-                        if progress is not None:
-                            progress(done, reader.size or None)
-            os.chmod(tmp, info.mode)
-            os.replace(tmp, local)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+
+        async def chunks() -> AsyncIterator[bytes]:
+            done = 0
+            async with AsyncFileReader(self._channel, path, size_hint=info.size) as reader:
+                async for chunk in reader:
+                    yield chunk
+                    done += len(chunk)
+                    if progress is not None:
+                        progress(done, reader.size or None)
+
+        await _save(os.fspath(local), chunks(), info.mode)
         return info
 
     # -- write ---------------------------------------------------------------------------------
@@ -300,6 +294,57 @@ class AsyncFiles:
                     if progress is not None:
                         progress(writer.written, st.st_size)
                 return await writer.commit()
+
+    # -- directories as tar streams -------------------------------------------------------------
+
+    def archive(
+        self, path: str, *, gzip: bool = False, progress: Progress | None = None
+    ) -> AsyncIterator[bytes]:
+        """The directory ``path`` as a tar stream (names relative to it), any size, in chunks
+        as the sandbox's ``tar`` makes them: ``async for chunk in sbx.fs.archive("/workspace")``.
+        Modes, symlinks, hard links, mtimes, empty directories (and with GNU tar, xattrs and
+        sparse files) are kept. ``progress(done, None)`` after each chunk.
+
+        Raises (from the iteration): FsNotFound, FsNotADirectory, FsPermissionDenied;
+        ArchiveUnsupported (no ``tar`` in the image); ArchiveFailed (``tar`` failed midway:
+        the chunks already given are then incomplete).
+        """
+        return archive(self._channel, path, gzip=gzip, progress=_no_total(progress))
+
+    async def archive_to(
+        self,
+        path: str,
+        local: str | os.PathLike[str],
+        *,
+        gzip: bool = False,
+        progress: Progress | None = None,
+    ) -> int:
+        """Save the directory ``path`` as a tar file ``local`` (written whole or not at all);
+        returns its size. Raises as :meth:`archive`."""
+        return await _save(os.fspath(local), self.archive(path, gzip=gzip, progress=progress))
+
+    async def extract(
+        self,
+        path: str,
+        source: bytes | AsyncIterable[bytes] | Iterable[bytes] | IO[bytes] | os.PathLike[str],
+        *,
+        gzip: bool = False,
+        progress: Progress | None = None,
+    ) -> int:
+        """Unpack a tar stream into the directory ``path`` (made if missing; what is there stays
+        unless the archive replaces it), as the sandbox's user: the archive can write nothing
+        that user could not. ``source``: bytes, chunks (sync or async), a binary file object,
+        or a local tar file's path. Returns the bytes sent.
+
+        Raises: FsNotADirectory, FsPermissionDenied; ArchiveUnsupported (no ``tar``);
+        ArchiveFailed (not a tar, truncated, no space: ``details["stderr"]`` says).
+        """
+        if isinstance(source, os.PathLike):
+            with open(source, "rb") as f:  # noqa: ASYNC230 - reads run on a thread
+                return await self.extract(path, f, gzip=gzip, progress=progress)
+        return await extract(
+            self._channel, path, _chunks(source), gzip=gzip, progress=_no_total(progress)
+        )
 
     async def write_files(
         self,
@@ -510,3 +555,55 @@ async def _pump(data: Stream, writer: AsyncFileWriter) -> None:
     else:
         for piece in data:
             await writer.write(piece)
+
+
+async def _save(local: str, chunks: AsyncIterator[bytes], mode: int | None = None) -> int:
+    """Write ``chunks`` to ``local`` whole or not at all (a temporary file beside it, renamed
+    over it at the end; with ``mode`` if given). Returns the bytes written."""
+    fd, tmp = tempfile.mkstemp(prefix=".sandpod-", dir=os.path.dirname(local) or ".")
+    try:
+        size = 0
+        with os.fdopen(fd, "wb") as out:
+            async for chunk in chunks:
+                await asyncio.to_thread(out.write, chunk)
+                size += len(chunk)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, local)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    finally:  # a source left early (an error here) stops its reads in the sandbox now
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+    return size
+
+
+def _no_total(progress: Progress | None) -> Callable[[int], None] | None:
+    """A tar stream's size is not known ahead: ``progress(done, None)``."""
+    if progress is None:
+        return None
+
+    def relay(done: int) -> None:
+        progress(done, None)
+
+    return relay
+
+
+async def _chunks(
+    source: bytes | AsyncIterable[bytes] | Iterable[bytes] | IO[bytes],
+) -> AsyncIterator[bytes]:
+    """Any of :meth:`AsyncFiles.extract`'s sources as chunks (files read on a thread)."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        yield bytes(source)
+    elif isinstance(source, AsyncIterable):
+        async for piece in source:
+            yield piece
+    elif hasattr(source, "read"):
+        while piece := await asyncio.to_thread(source.read, CHUNK):
+            yield piece
+    else:
+        for piece in source:
+            yield piece

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING
 
 from sandpod._loop import run
@@ -73,6 +73,44 @@ class Files:
     ) -> FileInfo:
         """See :meth:`AsyncFiles.download`."""
         return run(self._inner.download(path, local, progress=progress))
+
+    def archive(
+        self, path: str, *, gzip: bool = False, progress: Progress | None = None
+    ) -> Iterator[bytes]:
+        """See :meth:`AsyncFiles.archive`: ``for chunk in sbx.fs.archive("/workspace")``
+        (leaving the loop early stops the sandbox's ``tar``)."""
+        chunks = self._inner.archive(path, gzip=gzip, progress=progress)
+        try:
+            while True:
+                try:
+                    yield run(_next(chunks))
+                except StopAsyncIteration:
+                    return
+        finally:
+            run(_close(chunks))
+
+    def archive_to(
+        self,
+        path: str,
+        local: str | os.PathLike[str],
+        *,
+        gzip: bool = False,
+        progress: Progress | None = None,
+    ) -> int:
+        """See :meth:`AsyncFiles.archive_to`."""
+        return run(self._inner.archive_to(path, local, gzip=gzip, progress=progress))
+
+    def extract(
+        self,
+        path: str,
+        source: bytes | Iterable[bytes] | IO[bytes] | os.PathLike[str],
+        *,
+        gzip: bool = False,
+        progress: Progress | None = None,
+    ) -> int:
+        """See :meth:`AsyncFiles.extract` (a file is read on a thread, an iterable on the SDK's
+        loop: keep its steps cheap; neither is held in memory whole)."""
+        return run(self._inner.extract(path, source, gzip=gzip, progress=progress))
 
     def write(
         self,
@@ -286,3 +324,13 @@ class Files:
     ) -> FileInfo:
         """See :meth:`AsyncFiles.chown`."""
         return run(self._inner.chown(path, owner, group, recursive=recursive))
+
+
+async def _next(chunks: AsyncIterator[bytes]) -> bytes:
+    return await anext(chunks)
+
+
+async def _close(chunks: AsyncIterator[bytes]) -> None:
+    close = getattr(chunks, "aclose", None)
+    if close is not None:
+        await close()

@@ -78,6 +78,8 @@ def routes(ctx: Context) -> list[BaseRoute]:
         _WsRoute(f"{s}/pty", ws.pty_ws),
         _Route(f"{s}/files/content", files.download, methods=["GET"]),
         _Route(f"{s}/files/content", files.upload, methods=["PUT"]),
+        _Route(f"{s}/files/archive", files.archive, methods=["GET"]),
+        _Route(f"{s}/files/archive", files.extract, methods=["PUT"]),
         _Route(f"{s}/files", files.list_, methods=["GET"]),
         _Route(f"{s}/files", files.remove, methods=["DELETE"]),
         _Route(f"{s}/files/stat", files.stat, methods=["GET"]),

@@ -53,6 +53,11 @@ SCHEMAS: dict[str, Any] = {
             "sandboxes": STRMAP,
         },
     },
+    "ArchiveExtracted": {
+        "type": "object",
+        "required": ["path", "received"],
+        "properties": {"path": STR, "received": INT},
+    },
     "PreviewCreate": {
         "type": "object",
         "required": ["port"],
@@ -71,6 +76,7 @@ SCHEMAS: dict[str, Any] = {
             "public": BOOL,
             "url": STR,
             "host_url": {"type": ["string", "null"]},
+            "host_url_reason": STR,
             "token": {"type": ["string", "null"]},
             "expires_at": {"type": ["integer", "null"]},
             "address_ready": BOOL,
@@ -446,6 +452,27 @@ def _paths() -> dict[str, Any]:
                 raw_body=True,
                 ok=201,
                 reply="FsEntry",
+            ),
+        },
+        f"{sbx}/files/archive": {
+            "get": _op(
+                "archive",
+                "a directory as a tar stream (made by the sandbox's tar)",
+                "files",
+                params=[NAME, PATH_Q, _q("gzip", BOOL, "gzip'ed (default false)")],
+                content={
+                    "application/x-tar": {"schema": {"type": "string", "format": "binary"}},
+                    "application/gzip": {"schema": {"type": "string", "format": "binary"}},
+                },
+            ),
+            "put": _op(
+                "extract",
+                "unpack a tar body into a directory (made if missing)",
+                "files",
+                params=[NAME, PATH_Q, _q("gzip", BOOL, "the body is gzip'ed (default false)")],
+                raw_body=True,
+                ok=201,
+                reply="ArchiveExtracted",
             ),
         },
         f"{sbx}/files": {

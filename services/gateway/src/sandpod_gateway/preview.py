@@ -48,7 +48,7 @@ from sandpod_gateway.targets import SandboxPorts, tenant_of
 from sandpod_gateway.tenancy import Scope as TenantScope
 from sandpod_gateway.wsrelay import open_upstream_ws, relay_ws
 
-__all__ = ["COOKIE", "PreviewGate", "PreviewRoute", "host_label", "path_prefix"]
+__all__ = ["COOKIE", "MAX_LABEL", "PreviewGate", "PreviewRoute", "host_label", "path_prefix"]
 
 COOKIE = "sandpod_preview"
 _Headers = list[tuple[bytes, bytes]]
@@ -77,6 +77,9 @@ class Admitted:
 
 def path_prefix(sandbox_id: str, port: int) -> str:
     return f"/v1/sandboxes/{sandbox_id}/ports/{port}"
+
+
+MAX_LABEL = 63  # characters in one DNS label (RFC 1035): a longer host form cannot resolve
 
 
 def host_label(sandbox_id: str, port: int) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sandpod_contract.errors import (
@@ -38,7 +38,7 @@ from sandpod_contract.messages.sandboxes import (
     Renew,
     Selection,
 )
-from sandpod_contract.network import NetworkPolicy
+from sandpod_contract.network import NetworkPolicy, Rule
 from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.resources import (
     Condition,
@@ -87,10 +87,12 @@ class LifecycleApi:
         enqueue: asyncio.Queue[str] | None = None,
         *,
         clock: Clock = REAL,
+        always_allowed: Sequence[Rule] = (),
     ) -> None:
         self.store = store
         self.events = events
         self.clock = clock
+        self._always_allowed = tuple(always_allowed)  # SANDPOD_NET_ALWAYS_ALLOW
 
     async def template(self, namespace: str, name: str | None) -> SandboxTemplateSpec:
         """The named template's spec (the built-in default when ``name`` is None)."""
@@ -285,7 +287,8 @@ class LifecycleApi:
 
     async def _network_state(self, obj: Resource) -> NetworkState:
         view = SandboxView.of(obj)
-        policy, source = wanted(view, await self.template(view.namespace, view.spec.template_ref))
+        template = await self.template(view.namespace, view.spec.template_ref)
+        policy, source = wanted(view, template, self._always_allowed)
         applied = view.status.network
         return NetworkState(
             name=view.name,

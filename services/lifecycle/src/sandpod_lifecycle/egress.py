@@ -1,6 +1,7 @@
 """A running sandbox's egress policy kept applied: the reconciler's network step.
 
-Data flow: the Sandbox's effective policy (its own ``spec.network``, else its template's:
+Data flow: the Sandbox's effective policy (its own ``spec.network``, else its template's, plus
+the platform's always-allowed rules, ``SANDPOD_NET_ALWAYS_ALLOW``:
 :func:`sandpod_contract.network.effective_policy`) is compared with ``status.network`` (what
 the runtime last applied). When the policy or its source differs, the driver's
 ``apply_network`` makes it so (the local runtime swaps its firewall chain, the Pod runtime
@@ -13,8 +14,9 @@ polls: a spec or template change reaches the reconciler through its watches.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
-from sandpod_contract.network import NetworkPolicy, effective_policy
+from sandpod_contract.network import NetworkPolicy, Rule, effective_policy
 from sandpod_contract.resources import NetworkStatus, SandboxTemplateSpec
 from sandpod_lifecycle.driver import Driver
 from sandpod_lifecycle.events import Events
@@ -26,11 +28,14 @@ SANDBOX_SOURCE = "sandbox"
 TEMPLATE_SOURCE = "template"
 
 
-def wanted(view: SandboxView, template: SandboxTemplateSpec) -> tuple[NetworkPolicy, str]:
-    """(the policy ``view`` should run under now, where it comes from)."""
+def wanted(
+    view: SandboxView, template: SandboxTemplateSpec, always_allowed: Sequence[Rule] = ()
+) -> tuple[NetworkPolicy, str]:
+    """(the policy ``view`` should run under now, where it comes from); ``always_allowed``:
+    the platform's rules, appended to its ``allow`` (not to a ``deny-all`` policy)."""
     own = view.spec.network
     source = SANDBOX_SOURCE if own is not None else TEMPLATE_SOURCE
-    return effective_policy(template.network, own), source
+    return effective_policy(template.network, own, always_allowed), source
 
 
 async def apply_egress(
@@ -40,15 +45,16 @@ async def apply_egress(
     events: Events,
     *,
     fresh: bool = False,
+    always_allowed: Sequence[Rule] = (),
 ) -> NetworkStatus | None:
     """The ``status.network`` ``view`` should have, applying the policy first if it changed
     (or, ``fresh``, always: a new instance has nothing applied whatever the status says); None
-    when the current one is right.
+    when the current one is right. ``always_allowed``: see :func:`wanted`.
 
     Raises:
         RuntimeFailure: the runtime could not apply it (the pass is retried).
     """
-    policy, source = wanted(view, template)
+    policy, source = wanted(view, template, always_allowed)
     generation = view.obj.metadata.generation
     current = view.status.network
     if not fresh and current is not None and (current.policy, current.source) == (policy, source):

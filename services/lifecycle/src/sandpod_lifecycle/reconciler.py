@@ -14,11 +14,12 @@ is there). Timers, the resync period and the watch's restart pause run on the in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
 from sandpod_contract.errors import ResourceConflict, ResourceNotFound, SandpodError
+from sandpod_contract.network import Rule
 from sandpod_contract.pooling import BOUND_AT_ANNOTATION
 from sandpod_contract.resources import OperatingMode, Phase
 from sandpod_contract.subjects import Subjects
@@ -59,6 +60,7 @@ class Reconciler:
         bind_settle: float = 0.25,
         clock: Clock = REAL,
         keep: Callable[[], set[str]] | None = None,
+        always_allowed: Sequence[Rule] = (),
     ) -> None:
         self.store = store
         self._keep = keep  # instance ids with no Sandbox object that are not orphans (builders)
@@ -87,6 +89,7 @@ class Reconciler:
             clock=clock,
             wake_at=self._wake_at,
             forget=self._queue.forget,
+            always_allowed=tuple(always_allowed),
         )
         self._steps = Steps(config, self._failures)
         self._resync_now = asyncio.Event()

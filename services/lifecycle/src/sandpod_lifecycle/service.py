@@ -228,7 +228,14 @@ class LifecycleService:
             images = self._images(state)
             # Build layers live in the node's image area, beside the image store's.
             builds = BuildCache(images.root / "build")
-            driver = LocalDriver(runtime, node, self.settings.default_rootfs, images, builds)
+            driver = LocalDriver(
+                runtime,
+                node,
+                self.settings.default_rootfs,
+                images,
+                builds,
+                always_allowed=self.settings.always_allow,
+            )
             self._closers.append(driver.close)
             return driver
         return ProcessDriver(launcher)
@@ -269,7 +276,9 @@ class LifecycleService:
         )
         await events.setup()
         self._leases = await self._lease_keeper(bus)
-        api = LifecycleApi(store, events, clock=self.clock)
+        api = LifecycleApi(
+            store, events, clock=self.clock, always_allowed=self.settings.always_allow
+        )
         driver = self._driver(api.template)
         await self._start_egress(events, driver)
         builds = self._builds(bus, store, driver)
@@ -289,6 +298,7 @@ class LifecycleService:
             ready_timeout=self.settings.ready_timeout,
             clock=self.clock,
             keep=self.builder.live if self.builder is not None else None,
+            always_allowed=self.settings.always_allow,
         )
         routes: dict[tuple[str, str], Handler] = {
             ("sandboxes", "create"): api.create,
@@ -362,7 +372,8 @@ class LifecycleService:
                     self.metrics,
                 ),
             )
-            self._local[0].trust = self.node_network.trust
+            if self.node_network.ca is not None:  # a proxy runs: injections are served
+                self._local[0].trust = self.node_network.trust
         except (NftError, LinkError, PoolExhausted, OSError, ValueError) as exc:
             log.error("egress_unavailable", error=str(exc))
             self._local[0].egress = None

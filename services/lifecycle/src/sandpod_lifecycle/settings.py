@@ -44,8 +44,16 @@
 | ``SANDPOD_NET_GATEWAY_UID`` | lifecycle's uid | ... only uid connecting into sandboxes |
 | ``SANDPOD_NET_DNS_PORT`` | 53 | ... the node resolver's port on the gateway address |
 | ``SANDPOD_NET_PROXY_PORT`` | 3129 | ... the egress proxy's port there (name rules on 80/443: |
-| | | SNI/Host checked, header injections); ``off``: no proxy, name rules open by address |
+| | | SNI/Host checked; header injections, in any mode: an ``inject`` domain's addresses |
+| | | on 80/443 go there); ``off``: no proxy, name rules open by address, no injection |
 | ``SANDPOD_EGRESS_*`` | | ... the proxy's limits and timeouts (``ProxySettings``) |
+| ``SANDPOD_NET_ALWAYS_ALLOW`` | none | rules (comma-separated, the syntax of ``allow`` rules: |
+| | | ``pypi.org:443``, ``*.example.com``, ``10.0.0.5/32:3128``) added to every sandbox's |
+| | | effective policy (its platform needs: a package mirror, an internal proxy); ``deny`` |
+| | | rules still beat them, a ``deny-all`` policy stays deny-all, hard denies stay closed; |
+| | | any runtime. A bad entry fails start-up naming it |
+| ``SANDPOD_NET_LOG_GROUP`` | derived | ... first NFLOG group tried for refused connections' |
+| | | destinations (the first free one from there is used); ``off``: counted only |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -61,6 +69,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sandpod_bus import BusSettings
+from sandpod_contract.errors import ResourceInvalid
+from sandpod_contract.network import MAX_RULES, Rule
 from sandpod_contract.subjects import DEFAULT_PREFIX
 from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.buildpod import BuildPodSettings
@@ -72,6 +82,7 @@ from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.runtime.base import MIN_DISK
 from sandpod_lifecycle.runtime.local_driver import parse_quantity
 from sandpod_service import env_bool, env_float, env_int, env_str
+from sandpod_service.env import SettingsError
 
 __all__ = ["LifecycleSettings"]
 
@@ -119,6 +130,8 @@ class LifecycleSettings:
     network: EgressSettings = dataclasses.field(default_factory=EgressSettings)  # local runtime
     dns: ResolverSettings | None = None  # SANDPOD_DNS_* (None: read at start from the host)
     proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)  # SANDPOD_EGRESS_*
+    # SANDPOD_NET_ALWAYS_ALLOW: the platform's rules at the end of every effective ``allow``
+    always_allow: tuple[Rule, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -186,6 +199,7 @@ class LifecycleSettings:
             network=_egress(env),
             dns=ResolverSettings.from_env(env),
             proxy=ProxySettings.from_env(env),
+            always_allow=always_allow(env),
         )
 
 
@@ -230,6 +244,9 @@ def _egress(env: Mapping[str, str]) -> EgressSettings:
         raise ValueError(
             "SANDPOD_NET_GATEWAY_UID is an integer; SANDPOD_NET_PROXY_PORT an integer or off"
         )
+    group = env_str(env, "SANDPOD_NET_LOG_GROUP", "")
+    if group not in ("", "off") and not (group.isdigit() and int(group) <= 0xFFFF):
+        raise ValueError(f"SANDPOD_NET_LOG_GROUP={group!r}: an NFLOG group (0..65535) or off")
     return EgressSettings(
         enabled=env_bool(env, "SANDPOD_NET", True),
         pool=pool,
@@ -237,7 +254,35 @@ def _egress(env: Mapping[str, str]) -> EgressSettings:
         gateway_uid=int(uid) if uid else None,
         dns_port=env_int(env, "SANDPOD_NET_DNS_PORT", base.dns_port, minimum=1),
         proxy_port=int(proxy) if proxy.isdigit() else None,
+        log_denials=group != "off",
+        log_group=int(group) if group.isdigit() else None,
     )
+
+
+ALWAYS_ALLOW = "SANDPOD_NET_ALWAYS_ALLOW"
+
+
+def always_allow(env: Mapping[str, str]) -> tuple[Rule, ...]:
+    """``SANDPOD_NET_ALWAYS_ALLOW``: comma-separated ``allow`` rules (empty entries skipped).
+
+    Raises:
+        SettingsError: an entry is not a rule (the message names it and why), or there are
+            more than ``MAX_RULES``.
+    """
+    entries = [e.strip() for e in env.get(ALWAYS_ALLOW, "").split(",") if e.strip()]
+    if len(entries) > MAX_RULES:
+        raise SettingsError(f"{ALWAYS_ALLOW}: at most {MAX_RULES} rules, not {len(entries)}")
+    rules = []
+    for index, entry in enumerate(entries):
+        try:
+            rules.append(Rule.parse(f"{ALWAYS_ALLOW}[{index}]", entry))
+        except ResourceInvalid as exc:
+            raise SettingsError(
+                f"{ALWAYS_ALLOW}: entry {entry!r} is not an allow rule ({exc.message}); "
+                "use names (pypi.org, *.example.com) or addresses (10.0.0.5, 10.0.0.0/8), "
+                "each optionally with :port or :low-high"
+            ) from exc
+    return tuple(rules)
 
 
 def _absolute(env: Mapping[str, str], name: str) -> Path | None:

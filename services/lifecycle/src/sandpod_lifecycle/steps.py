@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import structlog
 
 from sandpod_contract.errors import ResourceNotFound, SandpodError
+from sandpod_contract.network import Rule
 from sandpod_contract.resources import (
     Condition,
     ConditionReason,
@@ -106,6 +107,7 @@ class StepConfig:
     clock: Clock
     wake_at: Callable[[str, float], None]  # queue key, wall time: look again then
     forget: Callable[[str], None]  # queue key: the object is gone, drop its timer
+    always_allowed: tuple[Rule, ...] = ()  # the platform's rules in every effective policy
 
 
 class Steps:
@@ -123,6 +125,7 @@ class Steps:
         self._clock = c.clock
         self._wake_at = c.wake_at
         self._forget = c.forget
+        self._always_allowed = c.always_allowed
         self._failures = failures
 
     async def step(self, view: SandboxView, key: str) -> Outcome:
@@ -196,7 +199,9 @@ class Steps:
             log.warning("network_template_unavailable", sandbox=view.name, error=str(exc))
             return view
         try:
-            network = await apply_egress(view, template, self.driver, self.events)
+            network = await apply_egress(
+                view, template, self.driver, self.events, always_allowed=self._always_allowed
+            )
         except RuntimeFailure as exc:
             log.warning("network_apply_failed", sandbox=view.name, error=exc.message)
             return None
@@ -235,7 +240,14 @@ class Steps:
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
             # Ready only with its egress policy applied (never a window of the wrong one); a
             # re-created instance gets it too, whatever status.network says of the last one.
-            network = await apply_egress(view, template, self.driver, self.events, fresh=True)
+            network = await apply_egress(
+                view,
+                template,
+                self.driver,
+                self.events,
+                fresh=True,
+                always_allowed=self._always_allowed,
+            )
         except InstanceUnhealthy as exc:
             return await self._unhealthy(view, exc, fail)
         except (SandpodError, RuntimeFailure, OSError, TimeoutError) as exc:

@@ -7,6 +7,7 @@ The byte transfer is in :mod:`sandpod_gateway.transfer`; the rest maps one JSON 
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from sandpod_client.archive import archive as archive_stream
+from sandpod_client.archive import extract as extract_stream
 from sandpod_contract.errors import BadRequest, FsIsADirectory
 from sandpod_contract.messages.fs import (
     FsChmod,
@@ -44,7 +47,19 @@ from sandpod_gateway.transfer import download as download_bytes
 from sandpod_gateway.transfer import parse_range
 from sandpod_gateway.transfer import upload as upload_bytes
 
-__all__ = ["chmod", "download", "list_", "mkdir", "move", "remove", "search", "stat", "upload"]
+__all__ = [
+    "archive",
+    "chmod",
+    "download",
+    "extract",
+    "list_",
+    "mkdir",
+    "move",
+    "remove",
+    "search",
+    "stat",
+    "upload",
+]
 
 _SHA = re.compile(r"[0-9a-fA-F]{64}")
 
@@ -120,6 +135,71 @@ async def upload(request: Request) -> Response:
         )
     ctx.metrics.transfer_bytes.labels("upload").inc(received)
     return JSONResponse(message_json(entry), status_code=201)
+
+
+@handler
+async def archive(request: Request) -> Response:
+    """A directory as a tar stream (``gzip=true``: gzip'ed), made by the sandbox's ``tar``.
+
+    The first piece (or the typed error: no such directory, no ``tar``...) is awaited before
+    the status line goes out. A failure after that (a file vanishing midway) ends the chunked
+    body without its last chunk: a client sees a broken transfer, never a short archive."""
+    ctx = context(request)
+    sbx, path = target(request), _path(request)
+    gzip = query_bool(request, "gzip", False)
+    slot = ctx.quotas.stream(principal(request).scope.tenant)  # refused now, never waits
+    chunks = archive_stream(sbx.channel, path, gzip=gzip, exec_id=f"gw-{uuid.uuid4().hex[:16]}")
+    try:
+        first = await anext(chunks, b"")
+    except BaseException:
+        slot.release()
+        await chunks.aclose()  # type: ignore[attr-defined]
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            if first:
+                ctx.metrics.transfer_bytes.labels("download").inc(len(first))
+                yield first
+            async for chunk in chunks:
+                ctx.metrics.transfer_bytes.labels("download").inc(len(chunk))
+                yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            slot.release()
+
+    name = path.rstrip("/").rsplit("/", 1)[-1] or "workspace"
+    suffix = ".tar.gz" if gzip else ".tar"
+    return _Releasing(
+        body(),
+        slot,
+        headers={"content-disposition": f'attachment; filename="{_safe(name)}{suffix}"'},
+        media_type="application/gzip" if gzip else "application/x-tar",
+    )
+
+
+@handler
+async def extract(request: Request) -> Response:
+    """Unpack the raw request body (a tar; ``gzip=true``: gzip'ed) into a directory, made if
+    missing, by the sandbox's ``tar`` as the sandbox's user."""
+    ctx = context(request)
+    sbx, path = target(request), _path(request)
+    gzip = query_bool(request, "gzip", False)
+    with ctx.quotas.stream(principal(request).scope.tenant):
+        received = await extract_stream(
+            sbx.channel,
+            path,
+            request.stream(),
+            gzip=gzip,
+            exec_id=f"gw-{uuid.uuid4().hex[:16]}",
+        )
+    ctx.metrics.transfer_bytes.labels("upload").inc(received)
+    return JSONResponse({"path": path, "received": received}, status_code=201)
+
+
+def _safe(name: str) -> str:
+    """A file name fit for a quoted header value."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100]
 
 
 @handler

@@ -32,7 +32,7 @@ from sandpod_contract.messages.sandboxes import Expose, ObjectReply
 from sandpod_gateway.context import Context, context, principal
 from sandpod_gateway.errors import error_response, sandbox_not_found
 from sandpod_gateway.handlers.common import handler, read_json
-from sandpod_gateway.preview import host_label, path_prefix
+from sandpod_gateway.preview import MAX_LABEL, host_label, path_prefix
 from sandpod_gateway.targets import SandboxPorts, public_ports
 from sandpod_gateway.tenancy import LIFECYCLE_NAMESPACE
 from sandpod_gateway.wsrelay import relay_tcp
@@ -67,18 +67,32 @@ def _base(request: Request, ctx: Context) -> str:
     return ctx.settings.public_url or str(request.base_url).rstrip("/")
 
 
+def host_url(base: str, domain: str | None, sid: str, port: int) -> tuple[str | None, str | None]:
+    """The host-form URL (``{port}-{id}.{domain}``, with ``base``'s scheme and port), or None
+    and why not: no preview domain, or a label longer than DNS allows (a long sandbox id)."""
+    if not domain:
+        return None, None
+    label = host_label(sid, port)
+    if len(label) > MAX_LABEL:
+        return None, (
+            f"{label!r} is longer than a DNS label's {MAX_LABEL} characters: use url, "
+            "or give the sandbox a shorter name"
+        )
+    scheme, _, rest = base.partition("://")
+    hostport = rest.split("/", 1)[0]
+    port_part = f":{hostport.rsplit(':', 1)[1]}" if ":" in hostport else ""
+    return f"{scheme}://{label}.{domain}{port_part}/", None
+
+
 def _urls(request: Request, sid: str, port: int, token: str | None) -> dict[str, Any]:
     ctx = context(request)
     query = f"?token={token}" if token else ""
     out: dict[str, Any] = {"url": f"{_base(request, ctx)}{path_prefix(sid, port)}/{query}"}
-    domain = ctx.settings.preview_domain
-    if domain:
-        scheme, _, rest = _base(request, ctx).partition("://")
-        hostport = rest.split("/", 1)[0]
-        port_part = f":{hostport.rsplit(':', 1)[1]}" if ":" in hostport else ""
-        out["host_url"] = f"{scheme}://{host_label(sid, port)}.{domain}{port_part}/{query}"
-    else:
-        out["host_url"] = None
+    out["host_url"], reason = host_url(_base(request, ctx), ctx.settings.preview_domain, sid, port)
+    if out["host_url"] is not None:
+        out["host_url"] += query
+    elif reason:
+        out["host_url_reason"] = reason
     return out
 
 

@@ -2,7 +2,8 @@
 
     bytes --parse_query--> query --lookup(source)--> sandbox --name_verdict--> allowed?
       --cache or upstream--> answer --screen (dnspolicy)--> kept records
-      --allowlist: sink.add_resolved(...) awaited--> reply bytes
+      --allowlist: sink.add_resolved(...), an inject domain: sink.add_injected(...),
+        awaited--> reply bytes
 
 Refusals, and why each answer is what it is:
 
@@ -20,7 +21,12 @@ Refusals, and why each answer is what it is:
   silently. A partly removed answer is sent with what remains.
 - **Allowlist mode**: the kept addresses go to the firewall's sets (``sink.add_resolved``,
   once per allow rule naming the query, so each rule's ports are known) and the reply is sent
-  only after that returned: a connect right after the answer finds the address open. Each
+  only after that returned: a connect right after the answer finds the address open.
+- **A name an ``inject`` entry covers** (any mode; ``public`` is where it matters): the kept
+  addresses also go to the sandbox's injection set (``sink.add_injected``) before the reply,
+  so its connections there on 80/443 reach the egress proxy, which adds the header. Only the
+  query name counts (a CNAME chain through an injected name does not), and nothing else of a
+  ``public`` sandbox goes to the proxy. Each
   set entry lives ``clamp(ttl, min_ttl, max_ttl)`` seconds while the client is told at most
   the TTL, so the client's cache never outlives the set entry. A sink failure is SERVFAIL.
 - The upstream failing or timing out is SERVFAIL (EDE 22 "No Reachable Authority").
@@ -30,9 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import ipaddress
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import dns.edns
@@ -65,13 +72,18 @@ log = structlog.get_logger("sandpod.lifecycle.network.dns")
 
 
 class ResolvedSink(Protocol):
-    """Where an allowlisted sandbox's resolved addresses go (the firewall's timed sets)."""
+    """Where resolved addresses go (the firewall's timed sets): an allowlisted sandbox's, and
+    those of a sandbox's ``inject`` domains (in any mode)."""
 
     async def add_resolved(
         self, sandbox_id: str, rule: Rule, addresses: Sequence[tuple[str, int]]
     ) -> None:
         """Open ``addresses`` ((address text, seconds) pairs) for ``sandbox_id`` on the ports of
         ``rule``, each for its seconds (a later call with the same address extends it)."""
+
+    async def add_injected(self, sandbox_id: str, addresses: Sequence[tuple[str, int]]) -> None:
+        """Send ``sandbox_id``'s connections to ``addresses`` on 80/443 through the egress
+        proxy (which adds the header), each for its seconds."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,27 +273,30 @@ class Answerer:
         # the set entry lives at least min_ttl: never shorter than the client caches the answer
         lo, hi = self._limits.min_ttl, self._limits.max_ttl
         opened = [(address, max(lo, min(ttl, hi))) for address, ttl in screened.addresses]
-        if opened and policy.mode is NetworkMode.ALLOWLIST:
-            failed = await self._push(sandbox, qname, opened)
-            if failed:
-                return reply(query, dns.rcode.SERVFAIL, dns.edns.EDECode.OTHER), "sink_failed"
+        if opened and await self._push(sandbox, qname, opened):
+            return reply(query, dns.rcode.SERVFAIL, dns.edns.EDECode.OTHER), "sink_failed"
         if opened:
             self._names.record(sandbox.sandbox_id, {qname, *screened.names}, opened, self._clock())
         return self._reply(query, entry, screened, remaining), "answered"
 
     async def _push(self, sandbox: SandboxNet, qname: str, opened: list[tuple[str, int]]) -> bool:
-        """Hand ``opened`` to the sink for every allow rule naming ``qname``; True if it failed."""
-        for rule in allowing_rules(sandbox.policy, qname):
+        """Hand ``opened`` to the sink: for every allow rule naming ``qname`` (allowlist mode),
+        and to the injection set when an ``inject`` entry names it; True if it failed."""
+        policy, sid = sandbox.policy, sandbox.sandbox_id
+        calls: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if policy.mode is NetworkMode.ALLOWLIST:
+            calls += [
+                (rule.text, functools.partial(self._sink.add_resolved, sid, rule, opened))
+                for rule in allowing_rules(policy, qname)
+            ]
+        if any(entry.domain.covers_name(qname) for entry in policy.inject):
+            calls.append(("inject", functools.partial(self._sink.add_injected, sid, opened)))
+        for rule, call in calls:
             try:
                 async with asyncio.timeout(self._limits.sink_timeout):
-                    await self._sink.add_resolved(sandbox.sandbox_id, rule, opened)
+                    await call()
             except Exception as exc:  # any sink failure is SERVFAIL, logged
-                log.error(
-                    "dns_sink_failed",
-                    sandbox_id=sandbox.sandbox_id,
-                    rule=rule.text,
-                    error=repr(exc),
-                )
+                log.error("dns_sink_failed", sandbox_id=sid, rule=rule, error=repr(exc))
                 return True
         return False
 

@@ -5,8 +5,14 @@ thread): ``start`` claims the slice, enables forwarding, creates the gateway lin
 and cleans what a crashed run left (links, chains and records of sandboxes that are gone);
 ``attach`` gives a sandbox whose holder runs its veth, address and chain; ``apply`` swaps its
 policy (one nft batch); ``detach`` removes all of it; ``stop`` removes the table and the gateway
-link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address` and
-:meth:`add_resolved`.
+link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address`,
+:meth:`add_resolved` and :meth:`add_injected`.
+
+``start`` also binds the installation's NFLOG group (``nflog.py``: the first free one from a
+number derived from the installation id, or ``log_group``) before any chain is written, since
+every sandbox chain logs its refusals to it; :attr:`log` is that socket (None: refusals are
+only counted, noted at start), read by ``denials.DenialLog``, closed by :meth:`close_log` and
+:meth:`stop`.
 
 Each attached sandbox has a record (``records.py``), written before its link exists, so a
 restarted lifecycle knows every link and chain that is its own. While started, an installation
@@ -39,6 +45,7 @@ from sandpod_lifecycle.network.addressing import (
     release_stale,
 )
 from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig
+from sandpod_lifecycle.network.nflog import NflogSocket, NflogUnavailable, preferred_group
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.network.records import NetRecord, Records
 
@@ -62,6 +69,8 @@ class EgressSettings:
         dns_port: the resolver's port on the gateway address.
         proxy_port: the egress proxy's port there (None: no proxy).
         hard_deny: networks no policy can open (the platform's own, when on other hosts).
+        log_denials: log refused packets to an NFLOG group (their destination in events).
+        log_group: the first NFLOG group to try (None: derived from the installation id).
     """
 
     enabled: bool = True
@@ -71,6 +80,8 @@ class EgressSettings:
     dns_port: int = 53
     proxy_port: int | None = None
     hard_deny: tuple[ipaddress.IPv4Network, ...] = ()
+    log_denials: bool = True
+    log_group: int | None = None
 
 
 class Egress:
@@ -93,6 +104,7 @@ class Egress:
         self.firewall: Firewall | None = None
         self.notes: list[str] = []
         self._alive: int | None = None  # the liveness lock's descriptor while started
+        self.log: NflogSocket | None = None  # the NFLOG group refusals are logged to
 
     # -- the installation ----------------------------------------------------------------------
 
@@ -133,23 +145,52 @@ class Egress:
         nft = self._nft or Nft()
         self._nft = nft
         uid = s.gateway_uid if s.gateway_uid is not None else os.geteuid()
+        notes = self._bind_log()
         config = FirewallConfig(
-            self.installation_id, plan, uid, s.dns_port, s.proxy_port, s.hard_deny
+            self.installation_id,
+            plan,
+            uid,
+            s.dns_port,
+            s.proxy_port,
+            s.hard_deny,
+            log_group=self.log.group if self.log is not None else None,
         )
         self.firewall = Firewall(nft, config)
-        notes = []
         if IP_FORWARD.read_text().strip() != "1":
             IP_FORWARD.write_text("1")
             notes.append("net.ipv4.ip_forward was 0: set to 1 (sandbox egress is routed)")
         notes += self._host_filters()
-        self.links.ensure_gateway(plan.gateway)
-        self.firewall.setup()
-        self._recover()
+        try:
+            self.links.ensure_gateway(plan.gateway)
+            self.firewall.setup()
+            self._recover()
+        except BaseException:
+            self.close_log()  # no egress: nobody reads it
+            raise
         log.info("egress_ready", slice=str(plan.slice), gateway=str(plan.gateway), table=self.table)
         self.notes = notes
         for note in notes:
             log.warning("egress_host_note", note=note)
         return notes
+
+    def _bind_log(self) -> list[str]:
+        """Bind the NFLOG group (kept across a repeated start); a note when there is none."""
+        s = self.settings
+        if not s.log_denials or self.log is not None:
+            return []
+        first = s.log_group if s.log_group is not None else preferred_group(self.installation_id)
+        try:
+            self.log = NflogSocket.bind(first)
+        except NflogUnavailable as exc:
+            return [f"refused connections are counted without their destination: {exc}"]
+        log.info("egress_log_group", group=self.log.group)
+        return []
+
+    def close_log(self) -> None:
+        """Close the NFLOG socket (idempotent; rules logging to its group then log nowhere)."""
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
     def _hold_alive(self, registry: Path) -> None:
         """Hold (shared: replicas of one installation may share it) this installation's
@@ -240,6 +281,7 @@ class Egress:
     def _stop(self) -> None:
         if self.firewall is not None:
             self.firewall.remove()
+        self.close_log()
         self.links.remove_gateway()
         if self._alive is not None:
             os.close(self._alive)
@@ -357,6 +399,14 @@ class Egress:
     ) -> int:
         """See :meth:`Firewall.add_resolved` (blocking, ~100 µs: one nft batch)."""
         return self._firewall().add_resolved(sandbox_id, rule, addresses)
+
+    def add_injected(
+        self,
+        sandbox_id: str,
+        addresses: Sequence[tuple[str | ipaddress.IPv4Address | ipaddress.IPv6Address, float]],
+    ) -> int:
+        """See :meth:`Firewall.add_injected` (blocking, ~100 µs: one nft batch)."""
+        return self._firewall().add_injected(sandbox_id, addresses)
 
     def denied(self, sandbox_id: str) -> int:
         return self._firewall().denied(sandbox_id)

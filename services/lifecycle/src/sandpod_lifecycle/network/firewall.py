@@ -6,7 +6,9 @@ links named ``sp<tag>-<n>`` (``link.py``) and the installation's slice of addres
 
     prerouting  (nat)     every port-53 packet of a sandbox -> the gateway address :53 (the
                           node's resolver answers, even a hard-coded 8.8.8.8); per sandbox,
-                          name-rule addresses on 80/443 -> the egress proxy (when one is set)
+                          name-rule addresses and the injection set's (``j<n>``: the
+                          addresses of its ``inject`` domains, :meth:`add_injected`) on
+                          80/443 -> the egress proxy (when one is set)
     forward     (filter)  into a sandbox: only established/related (nobody opens a connection
                           to a sandbox through this host); out of one: hard denies first (the
                           metadata service, the whole pool = every installation's sandboxes,
@@ -25,10 +27,11 @@ links named ``sp<tag>-<n>`` (``link.py``) and the installation's slice of addres
 
 Every change to a sandbox is one batch (``Nft.run``): a policy update flushes and refills its
 chain in one kernel transaction, so no packet ever sees half a policy, and nothing restarts.
-Drops of a sandbox's packets (its chain's, and the input chain's: the host refused) count in
-its named counter ``denied_<n>`` (:meth:`denied`; the input chain finds it through the map
-``denycount``): the refused-connection signal (bounded: one counter per sandbox, no per-packet
-logging).
+Drops of a sandbox's packets (its chain's, the forward chain's hard denies and IPv6, and the
+input chain's: the host refused) all go to its chain ``deny_<n>`` (the base chains find it
+through the map ``deny``): logged to the installation's NFLOG group at a bounded rate per
+sandbox with the prefix ``sandpod_<id>:<n>`` (``rules.py``; read by ``nflog.py``), then counted
+in its named counter ``denied_<n>`` (:meth:`denied`, exact) and dropped.
 
 A policy update also reaches connections already open: each accept marks the connection with
 the policy's generation (``ct mark``), and only packets of connections marked with the current
@@ -54,11 +57,18 @@ from sandpod_contract.network import (
 from sandpod_lifecycle.network.addressing import AddressPlan, SandboxAddresses
 from sandpod_lifecycle.network.link import LinkNames
 from sandpod_lifecycle.network.nft import Nft, NftError
-from sandpod_lifecycle.network.rules import compile_sandbox, elements, set_name
+from sandpod_lifecycle.network.rules import (
+    Address,
+    compile_sandbox,
+    elements,
+    inject_set,
+    injects,
+    set_name,
+    timed_elements,
+)
 
 __all__ = ["Firewall", "FirewallConfig", "UnknownRule"]
 
-MIN_TTL, MAX_TTL = 1, 86400
 GENERATIONS = 0x7FFFFFFF  # ct mark values a policy generation takes (never 0: unmarked)
 
 
@@ -83,6 +93,8 @@ class FirewallConfig:
         proxy_port: the egress proxy's port there (None: no proxy; name rules then open their
             resolved addresses directly).
         hard_deny: more networks no rule can open (where the platform's services live).
+        log_group: the NFLOG group refused packets are logged to (``nflog.py`` bound it),
+            None: counted only.
     """
 
     installation_id: str
@@ -91,6 +103,7 @@ class FirewallConfig:
     dns_port: int = 53
     proxy_port: int | None = None
     hard_deny: tuple[ipaddress.IPv4Network, ...] = ()
+    log_group: int | None = None
 
     @property
     def table(self) -> str:
@@ -106,6 +119,7 @@ class _Sandbox:
     addrs: SandboxAddresses
     ifname: str
     policy: NetworkPolicy
+    injects: bool = False  # has an injection set (``add_injected``)
 
 
 class Firewall:
@@ -148,7 +162,7 @@ add set inet {t} hard4 {{ type ipv4_addr; flags interval; }}
 add set inet {t} special4 {{ type ipv4_addr; flags interval; }}
 add map inet {t} dispatch {{ type ifname : verdict; }}
 add map inet {t} natdispatch {{ type ifname : verdict; }}
-add map inet {t} denycount {{ type ifname : counter; }}
+add map inet {t} deny {{ type ifname : verdict; }}
 flush set inet {t} hard4
 flush set inet {t} special4
 add element inet {t} hard4 {{ {", ".join(str(h) for h in hard)} }}
@@ -163,16 +177,19 @@ flush chain inet {t} input
 flush chain inet {t} output
 flush chain inet {t} prerouting
 flush chain inet {t} postrouting
+add map inet {t} denycount {{ type ifname : counter; }}
+delete map inet {t} denycount
 add rule inet {t} forward oifname "{pre}*" ct state established,related accept
 add rule inet {t} forward oifname "{pre}*" counter drop
-add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 counter name iifname map @denycount drop
+add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 iifname vmap @deny
 add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 counter drop
+add rule inet {t} forward iifname "{pre}*" ip daddr @hard4 iifname vmap @deny
 add rule inet {t} forward iifname "{pre}*" ip daddr @hard4 counter drop
 add rule inet {t} forward iifname "{pre}*" iifname vmap @dispatch
 add rule inet {t} forward iifname "{pre}*" counter drop
 add rule inet {t} input iifname "{pre}*" ct state established,related accept
 add rule inet {t} input iifname "{pre}*" ip daddr {gw} meta l4proto {{ tcp, udp }} th dport {{ {ports} }} accept
-add rule inet {t} input iifname "{pre}*" counter name iifname map @denycount drop
+add rule inet {t} input iifname "{pre}*" iifname vmap @deny
 add rule inet {t} input iifname "{pre}*" counter drop
 add rule inet {t} output oifname "{pre}*" ct state established,related accept
 {inbound}add rule inet {t} output oifname "{pre}*" counter drop
@@ -219,23 +236,32 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         Raises:
             NftError: nftables refused it; the previous chain (if any) is still in force.
         """
-        keep = {set_name(addrs.index, r) for r in policy.name_rules}
-        if policy.limits.max_connections is not None:
-            keep.add(f"cc{addrs.index}")
-        known = self._index_sets.get(addrs.index)
-        stale = (set(self._sets(addrs.index)) if known is None else known) - keep
-        self._generation = self._generation % GENERATIONS + 1
         proxy = (
             f"{self.config.plan.gateway}:{self.config.proxy_port}"
             if self.config.proxy_port is not None
             else None
         )
+        keep = {set_name(addrs.index, r) for r in policy.name_rules}
+        if policy.limits.max_connections is not None:
+            keep.add(f"cc{addrs.index}")
+        injecting = injects(policy, proxy)
+        if injecting:
+            keep.add(inject_set(addrs.index))
+        known = self._index_sets.get(addrs.index)
+        stale = (set(self._sets(addrs.index)) if known is None else known) - keep
+        self._generation = self._generation % GENERATIONS + 1
         script = compile_sandbox(
-            self.config.table, addrs, ifname, policy, generation=self._generation, proxy=proxy
+            self.config.table,
+            addrs,
+            ifname,
+            policy,
+            generation=self._generation,
+            proxy=proxy,
+            log_group=self.config.log_group,
         )
         script += "".join(f"delete set inet {self.config.table} {s}\n" for s in sorted(stale))
         self.nft.run(script)
-        self._sandboxes[sandbox_id] = _Sandbox(addrs, ifname, policy)
+        self._sandboxes[sandbox_id] = _Sandbox(addrs, ifname, policy, injecting)
         self._index_sets[addrs.index] = keep
 
     def forget(self, sandbox_id: str, addrs: SandboxAddresses, ifname: str) -> None:
@@ -248,11 +274,11 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             t, n = self.config.table, addrs.index
             script = "".join(
                 f'delete element inet {t} {m} {{ "{ifname}" }}\n'
-                for m in ("dispatch", "natdispatch", "denycount")
+                for m in ("dispatch", "natdispatch", "deny")
             )
             script += "".join(
                 f"flush chain inet {t} {c}\ndelete chain inet {t} {c}\n"
-                for c in (f"sbx_{n}", f"nat_{n}")
+                for c in (f"sbx_{n}", f"nat_{n}", f"deny_{n}")  # deny_<n> once unreferenced
             )
             script += "".join(f"delete set inet {t} {name}\n" for name in sorted(known))
             script += f"delete counter inet {t} denied_{n}\n"
@@ -270,10 +296,10 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             return
         t = self.config.table
         script = ""
-        for name in ("dispatch", "natdispatch", "denycount"):
+        for name in ("dispatch", "natdispatch", "deny"):
             if ifname in self._map_keys(name):
                 script += f'delete element inet {t} {name} {{ "{ifname}" }}\n'
-        for chain in (f"sbx_{index}", f"nat_{index}"):
+        for chain in (f"sbx_{index}", f"nat_{index}", f"deny_{index}"):
             if chain in objects.get("chain", set()):
                 script += f"flush chain inet {t} {chain}\ndelete chain inet {t} {chain}\n"
         for s in self._sets(index):
@@ -286,6 +312,15 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
     def policy(self, sandbox_id: str) -> NetworkPolicy | None:
         entry = self._sandboxes.get(sandbox_id)
         return entry.policy if entry is not None else None
+
+    def sandbox_of_log(self, prefix: str) -> str | None:
+        """The sandbox whose refusals are logged with ``prefix`` (``rules.log_prefix``), None:
+        another installation's prefix, or a sandbox gone since."""
+        table, _, index = prefix.rpartition(":")
+        if table != self.config.table or not index.isdigit():
+            return None
+        number = int(index)
+        return next((sid for sid, e in self._sandboxes.items() if e.addrs.index == number), None)
 
     def sandbox_by_address(self, address: str) -> tuple[str, NetworkPolicy] | None:
         """(sandbox id, its policy) of the sandbox whose own address is ``address``."""
@@ -302,7 +337,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         self,
         sandbox_id: str,
         rule: Rule | str,
-        addresses: Sequence[tuple[str | ipaddress.IPv4Address | ipaddress.IPv6Address, float]],
+        addresses: Sequence[tuple[Address, float]],
     ) -> int:
         """Open ``addresses`` (each with its TTL in seconds, clamped to 1..86400) for the
         name rule ``rule`` of the sandbox's current policy, until the TTL runs out. IPv6
@@ -322,22 +357,31 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         )
         if entry is None or found is None:
             raise UnknownRule(f"sandbox {sandbox_id!r} has no name rule {text!r} in force")
-        name = set_name(entry.addrs.index, found)
-        t = self.config.table
-        script = ""
-        added = 0
-        for raw, ttl in addresses:
-            ip = ipaddress.ip_address(raw) if isinstance(raw, str) else raw
-            if ip.version != 4:
-                continue
-            seconds = int(min(max(ttl, MIN_TTL), MAX_TTL))
-            # add (so it exists), delete, add again: refreshes the timeout of a known address
-            script += (
-                f"add element inet {t} {name} {{ {ip} timeout {seconds}s }}\n"
-                f"delete element inet {t} {name} {{ {ip} }}\n"
-                f"add element inet {t} {name} {{ {ip} timeout {seconds}s }}\n"
-            )
-            added += 1
+        return self._add_timed(set_name(entry.addrs.index, found), addresses)
+
+    def add_injected(
+        self,
+        sandbox_id: str,
+        addresses: Sequence[tuple[Address, float]],
+    ) -> int:
+        """Send ``addresses`` (each with its TTL, as :meth:`add_resolved`) of the sandbox's
+        ``inject`` domains to the egress proxy on 80/443 until the TTL runs out: its injection
+        set. Returns how many were added.
+
+        Raises:
+            UnknownRule: the sandbox is unknown, or has no injection set (its policy injects
+                nothing, is deny-all, or this node runs no proxy).
+            NftError: nftables refused the batch.
+            ValueError: an address is not an IP address.
+        """
+        entry = self._sandboxes.get(sandbox_id)
+        if entry is None or not entry.injects:
+            raise UnknownRule(f"sandbox {sandbox_id!r} has no injection set in force")
+        return self._add_timed(inject_set(entry.addrs.index), addresses)
+
+    def _add_timed(self, name: str, addresses: Sequence[tuple[Address, float]]) -> int:
+        """Add IPv4 ``addresses`` to timed set ``name``, each for its TTL (one batch)."""
+        script, added = timed_elements(self.config.table, name, addresses)
         if script:
             self.nft.run(script)
         return added
@@ -378,7 +422,8 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
 
     def _sets(self, index: int) -> list[str]:
         names = self._objects().get("set", set())
-        return sorted(n for n in names if n.startswith(f"n{index}_") or n == f"cc{index}")
+        own = (f"cc{index}", inject_set(index))
+        return sorted(n for n in names if n.startswith(f"n{index}_") or n in own)
 
     def _map_keys(self, name: str) -> set[str]:
         keys: set[str] = set()

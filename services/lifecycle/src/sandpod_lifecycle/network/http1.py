@@ -192,26 +192,32 @@ async def _copy_chunked(reader: Reader, sink: Stream) -> None:
 
 
 def check_host(head: Head, name: str) -> None:
-    """Refuse a request whose Host (or absolute target) is not ``name``."""
+    """Refuse a request whose Host, absolute target or ``CONNECT`` target is not ``name`` (a
+    ``CONNECT`` through an allowed name's server to another host would tunnel there, with the
+    injected header in its head)."""
     hosts = head.values("host")
     if len(hosts) != 1:
         raise HttpRefusal(400, "Bad Request", "a request needs exactly one Host header")
-    authority = hosts[0]
-    if authority.startswith("["):
-        host = authority[1:].split("]", 1)[0]
-    else:
-        host = authority.rsplit(":", 1)[0] if authority.rsplit(":", 1)[-1].isdigit() else authority
+    host = _authority_host(hosts[0])
     if host_name(host) != name:
         raise HttpRefusal(
             403, "Forbidden", f"Host {host!r} is not {name}, the allowed name", "host-mismatch"
         )
     lowered = head.target.lower()
+    target_host = None
     if lowered.startswith(("http://", "https://")):
         target_host = lowered.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
-        if host_name(target_host.split(":", 1)[0]) != name:
-            raise HttpRefusal(
-                403, "Forbidden", "request target names another host", "host-mismatch"
-            )
+    elif head.method.upper() == "CONNECT":  # authority-form: a tunnel to that host
+        target_host = lowered
+    if target_host is not None and host_name(_authority_host(target_host)) != name:
+        raise HttpRefusal(403, "Forbidden", "request target names another host", "host-mismatch")
+
+
+def _authority_host(authority: str) -> str:
+    """The host of ``host[:port]`` or ``[v6][:port]``."""
+    if authority.startswith("["):
+        return authority[1:].split("]", 1)[0]
+    return authority.rsplit(":", 1)[0] if authority.rsplit(":", 1)[-1].isdigit() else authority
 
 
 async def forward_requests(

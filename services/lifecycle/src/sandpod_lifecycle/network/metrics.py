@@ -20,6 +20,18 @@ class NetworkMetrics:
             ["kind"],
             registry=registry,
         )
+        self.denied_logs = Counter(
+            "sandpod_lifecycle_network_denied_logs_total",
+            "NFLOG messages of refused packets read, by outcome (reported, repeated: counted "
+            "into the next report, malformed, stranger: no sandbox of ours, queue_full: dropped)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.denied_log_overruns = Counter(
+            "sandpod_lifecycle_network_denied_log_overruns_total",
+            "Times the NFLOG socket's buffer was full (ENOBUFS: the kernel dropped log messages)",
+            registry=registry,
+        )
         self.dns_queries = Counter(
             "sandpod_lifecycle_dns_queries_total",
             "Queries the node resolver answered, by transport and outcome",

@@ -5,12 +5,15 @@ gateway address, and the refusal reports (events, metric).
 :class:`Egress`, then a :class:`NodeResolver` on ``(gateway, dns_port)`` whose ``lookup`` is the
 firewall's view of sandboxes (source address -> sandbox id and the policy in force) and whose
 ``sink`` is the firewall's per-sandbox timed sets, then the :class:`DenialWatch` over the
-sandboxes' drop counters, and (unless ``SANDPOD_NET_PROXY_PORT=off``) the
-:class:`EgressProxy` on ``(gateway, proxy_port)`` in its own thread, where the firewall sends
-name-rule addresses on 80/443: it checks each connection's TLS SNI / HTTP Host against the
-policy and the resolver's record, and injects the headers of ``policy.inject`` with secrets from
-the node's store. Refusals of all three become ``network.denied`` events through ``publish`` and
-count in ``sandpod_lifecycle_network_denied_total{kind}``.
+sandboxes' drop counters (the metric) and the :class:`DenialLog` over the egress's NFLOG group
+(each refused connection's destination; without a group the watch reports counts), and
+(unless ``SANDPOD_NET_PROXY_PORT=off``) the :class:`EgressProxy` on ``(gateway, proxy_port)``
+in its own thread, where the firewall sends name-rule addresses on 80/443 and (any mode) those
+the resolver answered for an ``inject`` domain (``FirewallSink.add_injected``): it checks each
+connection's TLS SNI / HTTP Host against the policy and the resolver's record, and injects the
+headers of ``policy.inject`` with secrets from the node's store. Refusals of all three become
+``network.denied`` events through ``publish`` and count in
+``sandpod_lifecycle_network_denied_total{kind}``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from sandpod_contract.network import NetworkPolicy, Rule
 from sandpod_lifecycle.network.ca import CaError, InterceptionCA
-from sandpod_lifecycle.network.denials import DenialWatch
+from sandpod_lifecycle.network.denials import DenialLog, DenialWatch
 from sandpod_lifecycle.network.dnssettings import ResolverSettings
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.firewall import UnknownRule
@@ -52,7 +55,8 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
 
 class FirewallSink:
-    """The resolver's ``ResolvedSink``: resolved addresses into the sandbox's timed set."""
+    """The resolver's ``ResolvedSink``: resolved addresses into the sandbox's timed sets (a
+    name rule's, or its injection set)."""
 
     def __init__(self, egress: Egress) -> None:
         self._egress = egress
@@ -66,6 +70,14 @@ class FirewallSink:
             log.info("resolved_for_a_rule_no_longer_in_force", sandbox_id=sandbox_id)
         except NftError as exc:
             log.warning("resolved_not_added", sandbox_id=sandbox_id, error=str(exc))
+
+    async def add_injected(self, sandbox_id: str, addresses: Sequence[tuple[str, int]]) -> None:
+        try:  # one nft batch, ~100 µs: no thread hop
+            self._egress.add_injected(sandbox_id, [(a, float(t)) for a, t in addresses])
+        except UnknownRule:  # no injection set (no proxy, or the policy changed meanwhile)
+            log.debug("injected_without_set", sandbox_id=sandbox_id)
+        except NftError as exc:
+            log.warning("injected_not_added", sandbox_id=sandbox_id, error=str(exc))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +99,7 @@ class NodeNetwork:
     denials: DenialWatch
     proxy: ProxyThread | None = None
     ca: InterceptionCA | None = None
+    log: DenialLog | None = None
 
     def trust(self, policy: NetworkPolicy) -> SandboxTrust:
         """What a sandbox under ``policy`` must trust and carry for its header injections
@@ -96,6 +109,9 @@ class NodeNetwork:
         return sandbox_trust(self.ca, policy)
 
     async def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        self.egress.close_log()
         if self.resolver is not None:
             await self.resolver.close()
         if self.proxy is not None:
@@ -148,9 +164,13 @@ async def start_node_network(
     async def report(sandbox_id: str, kind: str, count: int) -> None:
         await publish(sandbox_id, kind, "", "policy", count)
 
-    denials = DenialWatch(egress.denied_counts, report, metrics, poll)
+    reader = None
+    if egress.log is not None and egress.firewall is not None:
+        reader = DenialLog(egress.log, egress.firewall.sandbox_of_log, publish, metrics)
+        spawn(reader.run(), "network-denied-log")
+    denials = DenialWatch(egress.denied_counts, report if reader is None else None, metrics, poll)
     spawn(denials.run(), "network-denials")
-    node = NodeNetwork(egress, resolver, denials)
+    node = NodeNetwork(egress, resolver, denials, log=reader)
     if proxy is not None and egress.settings.proxy_port is not None:
         _start_proxy(node, proxy, lookup, on_denied, metrics)
     return node

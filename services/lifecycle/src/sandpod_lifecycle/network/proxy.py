@@ -2,7 +2,10 @@
 added on the way out.
 
 nftables DNATs a sandbox's TCP connections on the proxied ports (80/443 to name-rule
-addresses, see ``firewall.py``) to this proxy on the installation's gateway address. For each:
+addresses, and in any mode to the addresses the resolver answered for a name the policy
+injects a header into: its injection set, see ``firewall.py``) to this proxy on the
+installation's gateway address. A ``public`` sandbox's other traffic never comes here. For
+each:
 
     accept -> sandbox by source address (``lookup``) -> original destination (SO_ORIGINAL_DST)
     -> read the first bytes, bounded (``sniff_max_bytes``) and timed (``sniff_timeout``), in a

@@ -2,15 +2,24 @@
 
 One compiler for both places a policy is enforced: the local runtime's table on the host
 (:func:`compile_sandbox`: chain ``sbx_<n>`` jumped to from the forward hook by interface) and the
-network guard in a Kubernetes Pod's own netns (:func:`compile_chain`: the same chain body,
-jumped to from the output hook by the sandbox's uid, ``podguard/firewall.py``).
+network guard in a Kubernetes Pod's own netns (:func:`compile_chain`: the same chains, jumped
+to from the output hook by the sandbox's uid, ``podguard/firewall.py``).
 
 The order inside ``sbx_<n>`` is the policy's meaning: a spoofed source (local runtime only: in
 a Pod the uid match decides) and the hard denies first (no rule can open them), then
 connections accepted under this policy generation (a ct mark: older ones are judged again),
-the connection limit, ``deny`` rules, ``allow`` CIDR and name-set rules, and the mode
-(public: special ranges dropped, the rest accepted; allowlist and deny-all: dropped). Every
-drop counts in ``denied_<n>``; every accept marks the connection.
+the connection limit, ``deny`` rules, ``allow`` CIDR and name-set rules, and the mode (public:
+special ranges dropped, the rest accepted; allowlist and deny-all: dropped). Every drop is a
+``goto deny_<n>``: that chain logs the packet to the installation's NFLOG group (when it has
+one), at most ``LOG_RATE`` a second after a burst of ``LOG_BURST`` for this sandbox (one
+sandbox hammering a closed port fills neither userspace nor the others' share), then counts
+it in ``denied_<n>`` (every packet: the exact count) and drops
+it. Every accept marks the connection.
+
+The NAT chain ``nat_<n>`` (only with a proxy) sends TCP 80/443 to the egress proxy for the
+addresses of each name-rule set and of the injection set ``j<n>``: the addresses the resolver
+answered this sandbox for a name of its ``inject`` entries, in any mode but deny-all (in
+``public`` mode nothing else would bring that traffic to the proxy, which adds the header).
 """
 
 from __future__ import annotations
@@ -22,14 +31,75 @@ from collections.abc import Iterable
 from sandpod_contract.network import NetworkMode, NetworkPolicy, Rule
 from sandpod_lifecycle.network.addressing import SandboxAddresses
 
-__all__ = ["PROXIED_PORTS", "compile_chain", "compile_sandbox", "elements", "set_name"]
+__all__ = [
+    "LOG_BURST",
+    "LOG_RATE",
+    "LOG_SNAPLEN",
+    "MAX_TTL",
+    "MIN_TTL",
+    "PROXIED_PORTS",
+    "Address",
+    "compile_chain",
+    "compile_sandbox",
+    "elements",
+    "inject_set",
+    "injects",
+    "log_prefix",
+    "set_name",
+    "timed_elements",
+]
 
 PROXIED_PORTS = "{ 80, 443 }"
+MIN_TTL, MAX_TTL = 1, 86400
+Address = str | ipaddress.IPv4Address | ipaddress.IPv6Address
+LOG_RATE = "5/second"  # refused packets logged per sandbox, after ...
+LOG_BURST = 20  # ... this many at once
+LOG_SNAPLEN = 128  # bytes of each logged packet: IP header with options + the ports
+
+
+def log_prefix(table: str, index: int) -> str:
+    """The ``log prefix`` of sandbox ``index``'s refusals (``sandpod_<id>:<n>``): the NFLOG
+    reader finds the installation and the sandbox in it."""
+    return f"{table}:{index}"
 
 
 def set_name(index: int, rule: Rule) -> str:
     """The resolved-address set of name rule ``rule`` in sandbox ``index``'s chain."""
     return f"n{index}_{hashlib.sha256(rule.text.encode()).hexdigest()[:12]}"
+
+
+def inject_set(index: int) -> str:
+    """The injection set of sandbox ``index``: addresses of its ``inject`` domains."""
+    return f"j{index}"
+
+
+def injects(policy: NetworkPolicy, proxy: str | None) -> bool:
+    """Whether a sandbox under ``policy`` has an injection set (a proxy to send it to, and
+    header injections in a mode that lets names resolve)."""
+    return proxy is not None and bool(policy.inject) and policy.mode is not NetworkMode.DENY_ALL
+
+
+def timed_elements(
+    table: str, name: str, addresses: Iterable[tuple[Address, float]]
+) -> tuple[str, int]:
+    """(the batch adding the IPv4 ``addresses`` to timed set ``name``, each for its TTL in
+    seconds clamped to 1..86400, and how many it adds). IPv6 addresses are skipped (sandboxes
+    have IPv4 egress only). Raises ValueError for an address that is not one."""
+    script = ""
+    added = 0
+    for raw, ttl in addresses:
+        ip = ipaddress.ip_address(raw) if isinstance(raw, str) else raw
+        if ip.version != 4:
+            continue
+        seconds = int(min(max(ttl, MIN_TTL), MAX_TTL))
+        # add (so it exists), delete, add again: refreshes the timeout of a known address
+        script += (
+            f"add element inet {table} {name} {{ {ip} timeout {seconds}s }}\n"
+            f"delete element inet {table} {name} {{ {ip} }}\n"
+            f"add element inet {table} {name} {{ {ip} timeout {seconds}s }}\n"
+        )
+        added += 1
+    return script, added
 
 
 def elements(nets: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
@@ -50,41 +120,64 @@ def compile_sandbox(
     *,
     generation: int,
     proxy: str | None = None,
+    log_group: int | None = None,
 ) -> str:
-    """The batch that installs (or replaces) sandbox ``addrs.index``'s chain, its name-rule
-    sets, its NAT chain and its map entries in ``table`` (see ``firewall.py``); ``proxy``
-    (``address:port``): where name-rule addresses on 80/443 are DNAT'ed, None: nowhere."""
+    """The batch that installs (or replaces) sandbox ``addrs.index``'s chain, its deny chain,
+    its name-rule sets, its NAT chain and its map entries in ``table`` (see ``firewall.py``);
+    ``proxy`` (``address:port``): where name-rule addresses on 80/443 are DNAT'ed, None:
+    nowhere; ``log_group``: the NFLOG group refusals are logged to, None: not logged."""
     t, n = table, addrs.index
-    nat = f"nat_{n}"
+    chain, nat, deny = f"sbx_{n}", f"nat_{n}", f"deny_{n}"
     lines = [f"add chain inet {t} {nat}", f"flush chain inet {t} {nat}"]
-    lines += compile_chain(t, n, policy, generation=generation, source=str(addrs.sandbox))
+    lines += compile_chain(
+        t, n, policy, generation=generation, source=str(addrs.sandbox), log_group=log_group
+    )
     if proxy is not None:
-        for r in policy.name_rules:
+        proxied = [set_name(n, r) for r in policy.name_rules]
+        if injects(policy, proxy):
+            lines.append(f"add set inet {t} {inject_set(n)} {{ type ipv4_addr; flags timeout; }}")
+            proxied.append(inject_set(n))
+        for name in proxied:
             lines.append(
-                f"add rule inet {t} {nat} ip daddr @{set_name(n, r)} tcp dport "
+                f"add rule inet {t} {nat} ip daddr @{name} tcp dport "
                 f"{PROXIED_PORTS} dnat ip to {proxy}"
             )
-    lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump sbx_{n} }}')
+    lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump {chain} }}')
     lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
-    lines.append(f'add element inet {t} denycount {{ "{ifname}" : "denied_{n}" }}')
+    lines.append(f'add element inet {t} deny {{ "{ifname}" : goto {deny} }}')
     return "\n".join(lines) + "\n"
 
 
 def compile_chain(
-    table: str, index: int, policy: NetworkPolicy, *, generation: int, source: str | None
+    table: str,
+    index: int,
+    policy: NetworkPolicy,
+    *,
+    generation: int,
+    source: str | None,
+    log_group: int | None = None,
 ) -> list[str]:
-    """The commands that (re)fill chain ``sbx_<index>`` of ``table`` from ``policy``: its
-    counter ``denied_<index>``, its name-rule sets, and the rules in the module docstring's
-    order. ``source``: the only address the sandbox may send from (None: no check; a Pod's
-    chain is reached by uid). The table needs the sets ``hard4`` and ``special4``."""
+    """The commands that (re)fill chain ``sbx_<index>`` of ``table`` from ``policy``, with its
+    deny chain ``deny_<index>``, counter ``denied_<index>`` and name-rule sets, in the module
+    docstring's order. ``source``: the only address the sandbox may send from (None: no check;
+    a Pod's chain is reached by uid); ``log_group``: as :func:`compile_sandbox`'s. The table
+    needs the sets ``hard4`` and ``special4``."""
     t, n = table, index
-    chain = f"sbx_{n}"
-    drop = f"counter name denied_{n} drop"
+    chain, deny = f"sbx_{n}", f"deny_{n}"
+    drop = f"goto {deny}"
     lines = [
         f"add counter inet {t} denied_{n}",
+        f"add chain inet {t} {deny}",
         f"add chain inet {t} {chain}",
+        f"flush chain inet {t} {deny}",
         f"flush chain inet {t} {chain}",
     ]
+    if log_group is not None:
+        lines.append(
+            f"add rule inet {t} {deny} limit rate {LOG_RATE} burst {LOG_BURST} packets "
+            f'log prefix "{log_prefix(t, n)}" group {log_group} snaplen {LOG_SNAPLEN}'
+        )
+    lines.append(f"add rule inet {t} {deny} counter name denied_{n} drop")
     for rule in policy.name_rules:
         s = set_name(n, rule)
         lines.append(f"add set inet {t} {s} {{ type ipv4_addr; flags timeout; }}")

@@ -17,7 +17,16 @@ that address. The rules, in order:
    opens the addresses its name resolves to, not every address a sandbox pins in
    ``/etc/hosts``.
 6. Allowed, and the name is covered by an ``inject`` entry: intercepted (TLS terminated with
-   the installation's authority for that entry's domain, the header added).
+   the installation's authority for that entry's domain, the header added) -- but only if the
+   resolver answered this name with this address to this sandbox, whatever the mode: in
+   ``public`` mode the address is allowed on its own, and a sandbox that pins an injected
+   name to another address that reaches the proxy (one answered for another injected name)
+   must not have the secret sent there. Refused (``not-resolved``) otherwise.
+
+In ``public`` mode the proxy sees only connections to addresses the resolver answered for an
+injected name (the firewall's injection set); those for any other name (a CDN address shared
+with other names) are allowed by the rules above and spliced, or for plain HTTP passed with
+their Host checked, unchanged.
 """
 
 from __future__ import annotations
@@ -61,9 +70,9 @@ def decide(
     by_name = policy.name_verdict(name, port)
     if not by_name.allowed:
         return Decision(False, by_name.reason)
-    if not by_address.allowed and name not in resolved:
-        return Decision(False, "not-resolved")
     inject = next((i for i in policy.inject if i.domain.covers_name(name)), None)
+    if name not in resolved and (inject is not None or not by_address.allowed):
+        return Decision(False, "not-resolved")
     return Decision(True, by_name.reason, inject)
 
 

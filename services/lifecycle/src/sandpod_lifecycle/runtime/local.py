@@ -119,7 +119,8 @@ class LocalRuntime:
     ) -> None:
         self.config = config
         self.egress = egress  # None: sandboxes keep loopback only (rootless, or egress off)
-        # What a sandbox with header injections must trust and carry (the node's egress proxy)
+        # What a sandbox with header injections must trust and carry (the node's egress proxy;
+        # None: no proxy runs here, so no injection is served)
         self.trust: Callable[[NetworkPolicy], SandboxTrust] | None = None
         self._caps = caps
         self._plan: CgroupPlan | None = None

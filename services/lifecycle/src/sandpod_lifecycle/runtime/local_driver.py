@@ -33,13 +33,13 @@ import asyncio
 import dataclasses
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
 
 from sandpod_contract.errors import ImageError
-from sandpod_contract.network import NetworkPolicy, effective_policy
+from sandpod_contract.network import NetworkPolicy, Rule, effective_policy
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_image import debian
 from sandpod_image.store import ImageStore
@@ -134,8 +134,13 @@ class LocalDriver:
         default_rootfs: Path | None = None,
         images: ImageStore | None = None,
         builds: BuildCache | None = None,
+        *,
+        always_allowed: Sequence[Rule] = (),
     ) -> None:
         self._runtime = runtime
+        # the platform's rules in every sandbox's effective policy (SANDPOD_NET_ALWAYS_ALLOW):
+        # the same the reconciler's egress step applies, so a new jail starts under it
+        self._always_allowed = tuple(always_allowed)
         self.builds = builds  # the template build cache whose layers built templates stack
         self._launcher = launcher
         self._default_rootfs = default_rootfs
@@ -239,7 +244,7 @@ class LocalDriver:
             resources=_resources(template),
             env={e.name: e.value for e in (*template.env, *spec.env)},
             egress=bool(template.egress),
-            network=effective_policy(template.network, spec.network),
+            network=effective_policy(template.network, spec.network, self._always_allowed),
             seccomp=mode_for(
                 template.security.seccomp, template.security.allow_nested_user_namespaces
             ),
@@ -364,7 +369,7 @@ class LocalDriver:
             )
         except NftError as exc:
             raise NetworkApplyFailed(f"cannot apply the network policy: {exc}") from exc
-        if policy.inject:
+        if policy.inject and self._runtime.trust is None:  # set only while a proxy runs
             return NetworkEnforcement(
                 False, "header injections need the egress proxy, which this node does not run"
             )

@@ -17,7 +17,8 @@ Table ``inet sandpod_guard`` (the Pod's netns is the guard's alone: no other tab
     sbx_0                      the policy, compiled by ``rules.compile_chain`` exactly as a
                                local sandbox's: hard denies (metadata, ``hard_deny``), the
                                established connections of this generation, the connection
-                               limit, deny rules, allow CIDRs and name sets (``n0_<hash>``,
+                               limit, deny rules (drops go to ``deny_0``: counted in
+                               ``denied_0``), allow CIDRs and name sets (``n0_<hash>``,
                                timed, filled by :meth:`PodFirewall.add_resolved` from the
                                resolver before it answers), then the mode (public: special
                                ranges dropped)
@@ -35,9 +36,9 @@ import time
 from collections.abc import Sequence
 
 from sandpod_contract.network import METADATA_ADDRESSES, SPECIAL_RANGES, NetworkPolicy, Rule
-from sandpod_lifecycle.network.firewall import GENERATIONS, MAX_TTL, MIN_TTL, UnknownRule
+from sandpod_lifecycle.network.firewall import GENERATIONS, UnknownRule
 from sandpod_lifecycle.network.nft import Nft
-from sandpod_lifecycle.network.rules import compile_chain, elements, set_name
+from sandpod_lifecycle.network.rules import compile_chain, elements, set_name, timed_elements
 
 __all__ = ["GuardTable", "PodFirewall"]
 
@@ -146,21 +147,10 @@ add rule inet {t} output {uid} meta nfproto ipv6 counter drop
         policy = self.policy
         if policy is None or rule.text not in {r.text for r in policy.name_rules}:
             raise UnknownRule(f"no name rule {rule.text!r} in force")
-        name = set_name(INDEX, rule)
-        script = ""
-        for raw, ttl in addresses:
-            ip = ipaddress.ip_address(raw)
-            if ip.version != 4:
-                continue
-            seconds = int(min(max(ttl, MIN_TTL), MAX_TTL))
-            script += (
-                f"add element inet {TABLE} {name} {{ {ip} timeout {seconds}s }}\n"
-                f"delete element inet {TABLE} {name} {{ {ip} }}\n"
-                f"add element inet {TABLE} {name} {{ {ip} timeout {seconds}s }}\n"
-            )
+        script, added = timed_elements(TABLE, set_name(INDEX, rule), addresses)
         if script:
             self.nft.run(script)
-        return script.count("\n") // 3
+        return added
 
     def denied(self) -> int:
         """Packets the policy chain dropped so far."""

@@ -110,6 +110,9 @@ class _Sink:
         except UnknownRule:  # the policy changed meanwhile: the new one decides
             log.info("resolved_for_a_rule_no_longer_in_force", sandbox_id=sandbox_id)
 
+    async def add_injected(self, sandbox_id: str, addresses: Sequence[tuple[str, int]]) -> None:
+        """Nothing: a Pod has no egress proxy to inject headers (reported not enforced)."""
+
 
 class Guard:
     """One Pod's network guard (module docstring). ``run`` until ``stop`` is set."""
