@@ -38,6 +38,12 @@ exits the Pod's status says so as a kubelet writes it: phase Succeeded (exit 0) 
 container ``terminated`` with its exit code and the termination message file's content. What is
 NOT emulated: the image's root filesystem and the container's securityContext (capabilities,
 read-only root) -- the process runs as this test's root on the host.
+
+The network guard (a native sidecar ``netguard``: an init container with ``restartPolicy:
+Always``): when ``guard_runner`` is set, it is called with the Pod and the guard container's
+resolved env before anything else of the Pod starts, and must return once the guard is ready
+(its startup probe). The runner gives the guard a network namespace of the Pod's own
+(``guard_harness.PodGuards``); execd still runs on the host (no per-Pod netns for it).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ import contextlib
 import datetime
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +107,8 @@ class FakeKubelet:
         self._task: asyncio.Task[None] | None = None
         self.builds: list[dict[str, Any]] = []  # builder Pods started, as they were seen
         self._waiters: dict[str, asyncio.Task[None]] = {}  # builder Pod -> its exit watcher
+        # (raw Pod, the guard container's env) -> once the guard is ready; None: not run
+        self.guard_runner: Callable[[dict[str, Any], dict[str, str]], Awaitable[None]] | None = None
 
     def hold(self) -> None:
         """New Pods stay un-Ready (no execd) until :meth:`release`."""
@@ -245,6 +253,11 @@ class FakeKubelet:
         if BUILD_LABEL in (raw["metadata"].get("labels") or {}):
             await self._start_build(raw)
             return
+        guards = [
+            c for c in raw["spec"].get("initContainers") or [] if c.get("restartPolicy") == "Always"
+        ]
+        if guards and self.guard_runner is not None:  # a sidecar starts (and is ready) first
+            await self.guard_runner(raw, await self._env(guards[0]))
         if not self.run_execd:
             await self._mark_running(raw)
             return

@@ -6,6 +6,8 @@
 - :class:`LeaderElector` / :class:`ElectedLeases` -- leader election on a Lease (Kubernetes mode's
   replacement for per-object KV leases), timed by :class:`LeaderSettings`.
 - :mod:`sandpod_kube.admin` -- installing CRDs, namespaces.
+- :mod:`sandpod_kube.guardpod` / :mod:`sandpod_kube.guardwatch` -- the network guard in a sandbox
+  Pod: its container and per-Sandbox read-only access; its watch of its own Sandbox.
 
 Names are resolved lazily (PEP 562): ``from sandpod_kube import KubeSettings`` does not import the
 ``kubernetes`` client (~1 s), so a service in KV mode never pays for it.

@@ -16,6 +16,8 @@ their settings in every mode, and importing the client costs ~1 s that the KV mo
 | ``SANDPOD_KUBECONFIG`` / ``KUBECONFIG`` | kubeconfig file (when no server is given) |
 | ``SANDPOD_KUBE_CONTEXT`` | kubeconfig context (default: the current one) |
 | ``SANDPOD_KUBE_NAMESPACE`` | only this namespace is listed and watched (unset: all) |
+| ``SANDPOD_KUBE_TLS_SERVER_NAME`` | the name the API server's certificate must carry, when the |
+| | URL's host is another (the server reached through a relay) |
 
 Without a server or kubeconfig, inside a pod (``KUBERNETES_SERVICE_HOST`` set) the mounted
 ServiceAccount is used, else ``~/.kube/config``.
@@ -80,6 +82,8 @@ class KubeSettings:
         request_timeout: seconds for one non-watch request (connect + read).
         watch_timeout: seconds the API server keeps one watch request open before the store
             re-opens it from the last revision seen (bounded, so a dead connection is noticed).
+        tls_server_name: the name the API server's certificate must carry when the URL's host
+            is another (None: the URL's host).
         namespace: when set, "all namespaces" means this one (a namespace-scoped installation,
             and what lets several installations share one API server).
     """
@@ -94,10 +98,17 @@ class KubeSettings:
     request_timeout: float = 30.0
     watch_timeout: int = 300
     namespace: str | None = None
+    tls_server_name: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> KubeSettings:
         """Settings from ``SANDPOD_KUBE_*`` variables (table above). Raises ValueError."""
+        base = cls._from_env(env)
+        name = env.get("SANDPOD_KUBE_TLS_SERVER_NAME", "").strip() or None
+        return dataclasses.replace(base, tls_server_name=name) if name else base
+
+    @classmethod
+    def _from_env(cls, env: Mapping[str, str]) -> KubeSettings:
 
         def get(*names: str) -> str | None:
             return next((env[n].strip() for n in names if env.get(n, "").strip()), None)
@@ -168,6 +179,8 @@ class KubeSettings:
         cfg.ssl_ca_cert = self.ca_file
         cfg.cert_file = self.client_cert_file
         cfg.key_file = self.client_key_file
+        if self.tls_server_name:
+            cfg.tls_server_name = self.tls_server_name
         if self.token:
             cfg.api_key = {"BearerToken": self.token}
             cfg.api_key_prefix = {"BearerToken": "Bearer"}

@@ -18,6 +18,14 @@ What cannot be expressed is returned as ``unenforceable`` (the lifecycle reports
 ``status.network`` and logs it), never silently dropped: DNS-name rules (an allow name is then
 closed, a deny name stays open in public mode), deny rules with ports, limits and header
 injections (those need the in-Pod enforcer). Ports are TCP (as the egress proxy's are).
+
+With the network guard (``PodSettings.netguard``) the NetworkPolicy is the outer bound and the
+guard enforces the policy itself inside the Pod, so: each allow *name* rule opens the public
+internet (``0.0.0.0/0`` except ``SPECIAL_RANGES``, the metadata address and deny CIDRs) on its
+ports -- the guard's chain then admits only the addresses its resolver answered; the guard's
+own needs are added (its upstream DNS ``guard_dns`` on port 53, the API server
+``guard_api_cidrs``); names, deny rules with ports and ``maxConnections`` are no longer
+reported (the guard enforces them); a bandwidth limit and header injections still are.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from sandpod_contract.network import (
 )
 from sandpod_kube.podspec import MANAGED_BY, TEMPLATE_LABEL, PodSettings
 
-__all__ = ["egress_policy", "policy_name"]
+__all__ = ["egress_policy", "policy_name", "unenforceable"]
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _ANY = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
@@ -108,7 +116,53 @@ def _allow_rules(policy: NetworkPolicy, denied: list[IPNetwork]) -> list[dict[st
     return out
 
 
-def _unenforceable(policy: NetworkPolicy) -> list[str]:
+def _host_cidr(server: str) -> str:
+    """``ip``, ``ip:port`` or ``[ipv6]:port`` as the address's one-host CIDR."""
+    host = server.strip()
+    if host.startswith("["):
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    address = ipaddress.ip_address(host)
+    return f"{address}/{address.max_prefixlen}"
+
+
+def _guard_rules(policy: NetworkPolicy, settings: PodSettings) -> list[dict[str, Any]]:
+    """The guard's own egress, and the public internet on each allow name rule's ports."""
+    out: list[dict[str, Any]] = []
+    dns = [{"ipBlock": {"cidr": _host_cidr(d)}} for d in settings.guard_dns]
+    if dns:
+        out.append({"to": dns, **_DNS})
+    if settings.guard_api_cidrs:
+        out.append({"to": [{"ipBlock": {"cidr": c}} for c in settings.guard_api_cidrs]})
+    denied = [r.network for r in policy.deny if r.network is not None and r.ports is None]
+    public = _block(_ANY[0], [*SPECIAL_RANGES, *_METADATA, *denied])
+    for rule in policy.allow:
+        if rule.is_name and policy.mode is not NetworkMode.DENY_ALL:
+            out.append({"to": [public], **({"ports": _ports(rule)} if rule.ports else {})})
+    return out
+
+
+def unenforceable(policy: NetworkPolicy, guard: bool = False) -> list[str]:
+    """What of ``policy`` the Pod runtime cannot enforce: by a NetworkPolicy alone, or
+    (``guard``) with the network guard in the Pod."""
+    if policy.mode is NetworkMode.DENY_ALL:
+        return []
+    return _unenforceable(policy, guard)
+
+
+def _unenforceable(policy: NetworkPolicy, guard: bool = False) -> list[str]:
+    if guard:  # the guard enforces names, deny ports and the connection limit
+        notes = [
+            f"allow rule {r.text!r} is an IPv4-mapped IPv6 range (write the IPv4 range instead)"
+            for r in policy.allow
+            if r.network is not None and _mapped(r.network)
+        ]
+        if policy.limits.bandwidth_bytes_per_second is not None:
+            notes.append("a bandwidth limit is not enforced in a Pod")
+        if policy.inject:
+            notes.append("header injections need the in-Pod egress proxy")
+        return notes
     notes = [
         f"{kind} rule {r.text!r} is a DNS name (a NetworkPolicy has addresses only)"
         for kind, rules in (("allow", policy.allow), ("deny", policy.deny))
@@ -145,6 +199,8 @@ def egress_policy(
         if policy.mode is NetworkMode.PUBLIC:
             rules.append({"to": [_block(any_, [*SPECIAL_RANGES, *denied]) for any_ in _ANY]})
         rules += _allow_rules(policy, denied)
+    if settings.netguard:
+        rules += _guard_rules(policy, settings)
     manifest = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -160,5 +216,4 @@ def egress_policy(
             "egress": rules,
         },
     }
-    unenforceable = [] if policy.mode is NetworkMode.DENY_ALL else _unenforceable(policy)
-    return manifest, unenforceable
+    return manifest, unenforceable(policy, settings.netguard)

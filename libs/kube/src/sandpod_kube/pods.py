@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import json
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -100,6 +100,7 @@ class PodApi:
         self._client = settings.api_client()
         self._core = client.CoreV1Api(self._client)
         self._net = client.NetworkingV1Api(self._client)
+        self._rbac = client.RbacAuthorizationV1Api(self._client)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.max_workers, thread_name_prefix="sandpod-kube-pods"
         )
@@ -341,3 +342,40 @@ class PodApi:
             )
         except ResourceNotFound:
             return
+
+    # -- the network guard's access (sandpod_kube.guardpod) ---------------------------------
+
+    async def apply_guard_access(self, manifests: Sequence[Mapping[str, Any]]) -> None:
+        """Server-side apply the guard's ServiceAccount, Role and RoleBinding (in that order:
+        the Pod names the ServiceAccount, the binding the Role)."""
+        patch = {
+            "ServiceAccount": self._core.patch_namespaced_service_account,
+            "Role": self._rbac.patch_namespaced_role,
+            "RoleBinding": self._rbac.patch_namespaced_role_binding,
+        }
+        for manifest in manifests:
+            meta, kind = manifest["metadata"], str(manifest["kind"])
+            await self._call(
+                f"apply {kind} {meta['namespace']}/{meta['name']}",
+                kind,
+                meta["name"],
+                patch[kind],
+                meta["name"],
+                meta["namespace"],
+                dict(manifest),
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+
+    async def delete_guard_access(self, namespace: str, name: str) -> None:
+        """Delete the guard's RoleBinding, Role and ServiceAccount ``name`` (idempotent)."""
+        for kind, delete in (
+            ("RoleBinding", self._rbac.delete_namespaced_role_binding),
+            ("Role", self._rbac.delete_namespaced_role),
+            ("ServiceAccount", self._core.delete_namespaced_service_account),
+        ):
+            with contextlib.suppress(ResourceNotFound):
+                await self._call(
+                    f"delete {kind} {namespace}/{name}", kind, name, delete, name, namespace
+                )

@@ -41,6 +41,27 @@ names its destination (the NATS pods' namespace and labels, and/or CIDRs): a rul
 a port and no destination would open that port to every address. With neither configured the
 rule is left out and ``nats_pinned`` is False: the installation's own policy must allow NATS
 (the Helm chart's ``sandbox-allow-nats`` does; policies are additive).
+
+The network guard (``PodSettings.netguard``, off by default: it needs what not every cluster
+allows -- a container with CAP_NET_ADMIN, which Pod Security "baseline" and "restricted" refuse,
+nftables in the Pod's kernel, which gVisor does not offer, and native sidecars, Kubernetes
+>= 1.29) adds what a NetworkPolicy cannot say: DNS names, a sandbox's own policy, deny rules
+with ports, connection limits. The Pod then gets:
+
+    initContainer "netguard"  image: PodSettings.guard_image (the lifecycle image)
+        python -m sandpod_lifecycle.network.podguard, restartPolicy: Always (a native sidecar:
+        it runs as long as the Pod) with a startup probe on its ready file, so the kubelet
+        starts the sandbox container only once the guard's nftables table is in force;
+        uid 0 with every capability dropped but NET_ADMIN (its table) and NET_BIND_SERVICE
+        (port 53), no privilege escalation, read-only root, RuntimeDefault seccomp;
+        the only container that mounts a token: a projected, expiring token of the Sandbox's
+        own guard ServiceAccount (``sandpod_kube.guardpod``: read its own Sandbox, nothing
+        else) -- the sandbox container mounts none (``automountServiceAccountToken: false``)
+    dnsPolicy: None, nameserver 127.0.0.1   every container asks the guard's resolver
+
+The guard filters by the sandbox container's uid (``run_as_user``): every socket of it goes
+through the same chain the local runtime compiles; its own traffic (upstream DNS to
+``guard_dns``, the API server) is its own uid's.
 """
 
 from __future__ import annotations
@@ -64,6 +85,8 @@ __all__ = [
     "SandboxPod",
     "creds_secret_manifest",
     "creds_secret_name",
+    "labels_of",
+    "owner_reference",
     "pod_manifest",
 ]
 
@@ -101,6 +124,13 @@ class PodSettings:
             image pull, container config) before its Sandbox is Failed with that reason.
         image_pull_secrets: Secrets (in the sandbox's namespace) the kubelet pulls sandbox
             images with: a private registry, such as the build registry of built templates.
+        netguard: run the network guard in every sandbox Pod (``NETGUARD``: true/false).
+        guard_image: the image the guard runs from (the lifecycle image).
+        guard_dns: the cluster DNS the guard forwards allowed names to (``ip[:port]``,
+            comma-separated: the Pod's own resolv.conf names the guard); required with netguard.
+        guard_api_cidrs: where the guard reaches the API server (the ``kubernetes`` Service's
+            endpoints; the per-template NetworkPolicy lets Pods reach them, the guard's chain
+            keeps the sandbox's uid out).
     """
 
     execd_image: str = "ghcr.io/sandpod/sandpod-execd:0.1.0"
@@ -117,6 +147,14 @@ class PodSettings:
     bundle_size: str = "256Mi"
     start_deadline: int = 300
     image_pull_secrets: tuple[str, ...] = ()
+    netguard: bool = False
+    guard_image: str = "ghcr.io/sandpod/sandpod-lifecycle:0.1.0"
+    guard_dns: tuple[str, ...] = ()
+    guard_api_cidrs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.netguard and not self.guard_dns:
+            raise ValueError("the network guard needs SANDPOD_POD_GUARD_DNS (the cluster DNS)")
 
     @property
     def nats_pinned(self) -> bool:
@@ -143,12 +181,28 @@ class PodSettings:
             if any(not k.strip() or not eq for k, eq, _ in pairs):
                 raise ValueError(f"SANDPOD_POD_NATS_POD_LABELS={raw_labels!r}: use key=value,...")
             labels = {k.strip(): v.strip() for k, _, v in pairs}
-        cidrs = tuple(c.strip() for c in text("NATS_CIDRS", "").split(",") if c.strip())
-        for cidr in cidrs:
+
+        def items(name: str) -> tuple[str, ...]:
+            return tuple(c.strip() for c in text(name, "").split(",") if c.strip())
+
+        cidrs, api_cidrs = items("NATS_CIDRS"), items("GUARD_API_CIDRS")
+        for name, cidr in [
+            *(("NATS_CIDRS", c) for c in cidrs),
+            *(("GUARD_API_CIDRS", c) for c in api_cidrs),
+        ]:
             try:
                 ipaddress.ip_network(cidr, strict=False)
             except ValueError as exc:
-                raise ValueError(f"SANDPOD_POD_NATS_CIDRS: {cidr!r} is not a CIDR") from exc
+                raise ValueError(f"SANDPOD_POD_{name}: {cidr!r} is not a CIDR") from exc
+        for server in items("GUARD_DNS"):
+            host = server.removeprefix("[").partition("]")[0] if server.startswith("[") else server
+            try:
+                ipaddress.ip_address(host.partition(":")[0] if host.count(":") == 1 else host)
+            except ValueError as exc:
+                raise ValueError(f"SANDPOD_POD_GUARD_DNS: {server!r} is not ip[:port]") from exc
+        guard = text("NETGUARD", "false").lower()
+        if guard not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"SANDPOD_POD_NETGUARD={guard!r}: true or false")
         return cls(
             execd_image=text("EXECD_IMAGE", base.execd_image),
             default_image=text("DEFAULT_IMAGE", base.default_image),
@@ -161,9 +215,11 @@ class PodSettings:
             grace_seconds=number("GRACE", base.grace_seconds),
             bundle_size=text("BUNDLE_SIZE", base.bundle_size),
             start_deadline=number("START_DEADLINE", base.start_deadline),
-            image_pull_secrets=tuple(
-                s.strip() for s in text("IMAGE_PULL_SECRETS", "").split(",") if s.strip()
-            ),
+            image_pull_secrets=items("IMAGE_PULL_SECRETS"),
+            netguard=guard in ("true", "1", "yes"),
+            guard_image=text("GUARD_IMAGE", base.guard_image),
+            guard_dns=items("GUARD_DNS"),
+            guard_api_cidrs=api_cidrs,
         )
 
 
@@ -188,6 +244,11 @@ class SandboxPod:
 def creds_secret_name(sandbox: str) -> str:
     """The name of a sandbox's NATS creds Secret (a Sandbox name is at most 63 characters)."""
     return f"{sandbox}-nats-creds"
+
+
+def owner_reference(pod: SandboxPod) -> dict[str, Any]:
+    """The Sandbox as the controlling owner of what is made for it."""
+    return _owner(pod)
 
 
 def _owner(pod: SandboxPod) -> dict[str, Any]:
@@ -309,6 +370,10 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
         spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
     if pod.creds_secret:
         _mount_creds(spec, pod.creds_secret)
+    if settings.netguard:
+        from sandpod_kube.guardpod import add_guard  # it renders onto this module's output
+
+        add_guard(spec, pod, settings)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

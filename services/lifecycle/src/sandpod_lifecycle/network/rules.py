@@ -1,13 +1,19 @@
 """A sandbox's policy compiled to nftables: its chain, name-rule sets and NAT chain.
 
-The order inside ``sbx_<n>`` is the policy's meaning: a spoofed source and the hard denies
-first (no rule can open them), then connections accepted under this policy generation (a ct
-mark: older ones are judged again), the connection limit, ``deny`` rules, ``allow`` CIDR and
-name-set rules, and the mode (public: special ranges dropped, the rest accepted; allowlist and
-deny-all: dropped). Every drop is a ``goto deny_<n>``: that chain logs the packet to the
-installation's NFLOG group (when it has one), at most ``LOG_RATE`` a second after a burst of
-``LOG_BURST`` for this sandbox (one sandbox hammering a closed port fills neither userspace nor
-the others' share), then counts it in ``denied_<n>`` (every packet: the exact count) and drops
+One compiler for both places a policy is enforced: the local runtime's table on the host
+(:func:`compile_sandbox`: chain ``sbx_<n>`` jumped to from the forward hook by interface) and the
+network guard in a Kubernetes Pod's own netns (:func:`compile_chain`: the same chains, jumped
+to from the output hook by the sandbox's uid, ``podguard/firewall.py``).
+
+The order inside ``sbx_<n>`` is the policy's meaning: a spoofed source (local runtime only: in
+a Pod the uid match decides) and the hard denies first (no rule can open them), then
+connections accepted under this policy generation (a ct mark: older ones are judged again),
+the connection limit, ``deny`` rules, ``allow`` CIDR and name-set rules, and the mode (public:
+special ranges dropped, the rest accepted; allowlist and deny-all: dropped). Every drop is a
+``goto deny_<n>``: that chain logs the packet to the installation's NFLOG group (when it has
+one), at most ``LOG_RATE`` a second after a burst of ``LOG_BURST`` for this sandbox (one
+sandbox hammering a closed port fills neither userspace nor the others' share), then counts
+it in ``denied_<n>`` (every packet: the exact count) and drops
 it. Every accept marks the connection.
 
 The NAT chain ``nat_<n>`` (only with a proxy) sends TCP 80/443 to the egress proxy for the
@@ -33,6 +39,7 @@ __all__ = [
     "MIN_TTL",
     "PROXIED_PORTS",
     "Address",
+    "compile_chain",
     "compile_sandbox",
     "elements",
     "inject_set",
@@ -121,39 +128,10 @@ def compile_sandbox(
     nowhere; ``log_group``: the NFLOG group refusals are logged to, None: not logged."""
     t, n = table, addrs.index
     chain, nat, deny = f"sbx_{n}", f"nat_{n}", f"deny_{n}"
-    drop = f"goto {deny}"
-    lines = [
-        f"add counter inet {t} denied_{n}",
-        f"add chain inet {t} {deny}",
-        f"add chain inet {t} {chain}",
-        f"add chain inet {t} {nat}",
-        f"flush chain inet {t} {deny}",
-        f"flush chain inet {t} {chain}",
-        f"flush chain inet {t} {nat}",
-    ]
-    if log_group is not None:
-        lines.append(
-            f"add rule inet {t} {deny} limit rate {LOG_RATE} burst {LOG_BURST} packets "
-            f'log prefix "{log_prefix(t, n)}" group {log_group} snaplen {LOG_SNAPLEN}'
-        )
-    lines.append(f"add rule inet {t} {deny} counter name denied_{n} drop")
-    for rule in policy.name_rules:
-        s = set_name(n, rule)
-        lines.append(f"add set inet {t} {s} {{ type ipv4_addr; flags timeout; }}")
-    head = f"add rule inet {t} {chain}"
-    lines.append(f"{head} ip saddr != {addrs.sandbox} {drop}")  # spoofed
-    lines.append(f"{head} ip daddr @hard4 {drop}")  # counted here too (forward has it)
-    lines.append(f"{head} ct state established,related ct mark {generation} accept")
-    if (limit := policy.limits.max_connections) is not None:
-        lines.append(f"add set inet {t} cc{n} {{ type ipv4_addr; size 1; flags dynamic; }}")
-        lines.append(f"{head} ct state new add @cc{n} {{ ip saddr ct count over {limit} }} {drop}")
-    if policy.mode is not NetworkMode.DENY_ALL:
-        accept = f"ct mark set {generation} accept"
-        lines += _rules(head, n, policy, drop, accept)
-    else:
-        lines.append(f"{head} {drop}")
-    if policy.mode is NetworkMode.ALLOWLIST:  # public ends in accept, deny-all in drop
-        lines.append(f"{head} {drop}")
+    lines = [f"add chain inet {t} {nat}", f"flush chain inet {t} {nat}"]
+    lines += compile_chain(
+        t, n, policy, generation=generation, source=str(addrs.sandbox), log_group=log_group
+    )
     if proxy is not None:
         proxied = [set_name(n, r) for r in policy.name_rules]
         if injects(policy, proxy):
@@ -168,6 +146,57 @@ def compile_sandbox(
     lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
     lines.append(f'add element inet {t} deny {{ "{ifname}" : goto {deny} }}')
     return "\n".join(lines) + "\n"
+
+
+def compile_chain(
+    table: str,
+    index: int,
+    policy: NetworkPolicy,
+    *,
+    generation: int,
+    source: str | None,
+    log_group: int | None = None,
+) -> list[str]:
+    """The commands that (re)fill chain ``sbx_<index>`` of ``table`` from ``policy``, with its
+    deny chain ``deny_<index>``, counter ``denied_<index>`` and name-rule sets, in the module
+    docstring's order. ``source``: the only address the sandbox may send from (None: no check;
+    a Pod's chain is reached by uid); ``log_group``: as :func:`compile_sandbox`'s. The table
+    needs the sets ``hard4`` and ``special4``."""
+    t, n = table, index
+    chain, deny = f"sbx_{n}", f"deny_{n}"
+    drop = f"goto {deny}"
+    lines = [
+        f"add counter inet {t} denied_{n}",
+        f"add chain inet {t} {deny}",
+        f"add chain inet {t} {chain}",
+        f"flush chain inet {t} {deny}",
+        f"flush chain inet {t} {chain}",
+    ]
+    if log_group is not None:
+        lines.append(
+            f"add rule inet {t} {deny} limit rate {LOG_RATE} burst {LOG_BURST} packets "
+            f'log prefix "{log_prefix(t, n)}" group {log_group} snaplen {LOG_SNAPLEN}'
+        )
+    lines.append(f"add rule inet {t} {deny} counter name denied_{n} drop")
+    for rule in policy.name_rules:
+        s = set_name(n, rule)
+        lines.append(f"add set inet {t} {s} {{ type ipv4_addr; flags timeout; }}")
+    head = f"add rule inet {t} {chain}"
+    if source is not None:
+        lines.append(f"{head} ip saddr != {source} {drop}")  # spoofed
+    lines.append(f"{head} ip daddr @hard4 {drop}")  # counted here too (forward has it)
+    lines.append(f"{head} ct state established,related ct mark {generation} accept")
+    if (limit := policy.limits.max_connections) is not None:
+        lines.append(f"add set inet {t} cc{n} {{ type ipv4_addr; size 1; flags dynamic; }}")
+        lines.append(f"{head} ct state new add @cc{n} {{ ip saddr ct count over {limit} }} {drop}")
+    if policy.mode is not NetworkMode.DENY_ALL:
+        accept = f"ct mark set {generation} accept"
+        lines += _rules(head, n, policy, drop, accept)
+    else:
+        lines.append(f"{head} {drop}")
+    if policy.mode is NetworkMode.ALLOWLIST:  # public ends in accept, deny-all in drop
+        lines.append(f"{head} {drop}")
+    return lines
 
 
 def _rules(head: str, n: int, policy: NetworkPolicy, drop: str, accept: str) -> list[str]:

@@ -27,7 +27,11 @@ this module maps the reconciler's verbs onto it:
                 cannot express (names, limits...) is reported as not enforced; so is a
                 sandbox's *own* policy: the per-template NetworkPolicy selects every Pod of the
                 template and policies are additive, so one sandbox's policy is never rendered
-                into it (that would widen its neighbours' egress).
+                into it (that would widen its neighbours' egress). With the network guard
+                (``PodSettings.netguard``) names, deny ports, the connection limit and the
+                sandbox's own policy are enforced in the Pod: the guard watches its Sandbox and
+                applies the ``status.network.policy`` the reconciler writes from this call's
+                result (the NetworkPolicy stays the outer bound: it can only narrow further).
     renew_credentials -> with per-sandbox NATS creds (a ``CredsPolicy``): re-mint the sandbox's
                 JWT into its Secret when it gets old or the sandbox's lifetime grew
                 (``podcreds`` says when); called by the reconciler on each pass over a live one.
@@ -62,7 +66,8 @@ from sandpod_contract.messages.system import FreezeState
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.times import from_rfc3339
-from sandpod_kube.netpolicy import egress_policy
+from sandpod_kube.guardpod import guard_access_manifests, guard_account_name
+from sandpod_kube.netpolicy import egress_policy, unenforceable
 from sandpod_kube.podhealth import PodProblem
 from sandpod_kube.pods import PodApi, PodState
 from sandpod_kube.podspec import (
@@ -73,6 +78,8 @@ from sandpod_kube.podspec import (
     SandboxPod,
     creds_secret_manifest,
     creds_secret_name,
+    labels_of,
+    owner_reference,
     pod_manifest,
 )
 from sandpod_lifecycle.driver import Instance, Owner
@@ -95,6 +102,10 @@ MECHANISMS = {"cgroup": ConditionReason.CGROUP_FROZEN, "signals": ConditionReaso
 Freezer = Callable[[str, str], Awaitable[FreezeState]]
 # (namespace, template name or None for the built-in one) -> its spec; raises SandpodError
 Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
+GUARD_BOUND = (
+    "enforced in the Pod by the network guard; the template's NetworkPolicy still bounds what "
+    "it allows (it can narrow, never widen)"
+)
 OWN_POLICY = (
     "the sandbox's own policy is not enforced on Kubernetes: its template's NetworkPolicy "
     "applies (NetworkPolicies are additive, so one Pod's cannot be narrower than its template's)"
@@ -147,13 +158,18 @@ class PodDriver:
 
     def protections(self) -> dict[str, str]:
         # Pause is not an isolation property: its absence is logged by pause(), not here.
-        return {
+        # Without the guard, what it would enforce is reported per policy in status.network
+        # (names, own policies: "not enforced"), not as a degraded isolation of every sandbox.
+        protections = {
             "pod-security": "active",  # non-root, no escalation, no capabilities, seccomp
             "network-policy": "active",  # enforced by the cluster's CNI, if it enforces any
             "nats-credentials": "active"
             if self._creds
             else ("shared by every sandbox Pod (set SANDPOD_NATS_ACCOUNT_SEED_FILE)"),
         }
+        if self._settings.netguard:
+            protections["network-guard"] = "active"
+        return protections
 
     def _selector(self, sandbox_id: str | None = None) -> str:
         mine = f"{INSTALLATION_LABEL}={self._installation}"
@@ -209,13 +225,7 @@ class PodDriver:
             if self._creds_due(sandbox_id, spec):  # a second pass keeps what the Pod mounted
                 await self._write_creds(pod, spec)
             if not live:
-                await self._apply_policy(pod, template)
-                for stale in pods:
-                    if stale.owner_uid != owner.uid or stale.terminal:  # an old Sandbox's
-                        log.info("stale_pod_deleted", sandbox=sandbox_id, phase=stale.phase)
-                        await self._api.delete(stale.namespace, stale.name, grace_seconds=0)
-                with contextlib.suppress(ResourceExists):  # an earlier pass made it: wait below
-                    await self._api.create(pod_manifest(pod, self._settings))
+                await self._create(pod, template, pods, owner)
             try:
                 state = await self._api.wait_ready(pod.namespace, pod.name, self._ready_timeout)
             except TimeoutError:
@@ -230,6 +240,24 @@ class PodDriver:
         if not state.ready:
             self._not_ready(sandbox_id, state)
         return self._instance(state)
+
+    async def _create(
+        self, pod: SandboxPod, template: SandboxTemplateSpec, pods: list[PodState], owner: Owner
+    ) -> None:
+        """The template's NetworkPolicy, the guard's access (the Pod names its ServiceAccount),
+        stale Pods of an older Sandbox of that name gone, then the Pod. Raises StoreError."""
+        await self._apply_policy(pod, template)
+        if self._settings.netguard:
+            labels = labels_of(pod)
+            await self._api.apply_guard_access(
+                guard_access_manifests(pod.namespace, pod.name, owner_reference(pod), labels)
+            )
+        for stale in pods:
+            if stale.owner_uid != owner.uid or stale.terminal:  # an old Sandbox's
+                log.info("stale_pod_deleted", sandbox=pod.name, phase=stale.phase)
+                await self._api.delete(stale.namespace, stale.name, grace_seconds=0)
+        with contextlib.suppress(ResourceExists):  # an earlier pass made it: wait below
+            await self._api.create(pod_manifest(pod, self._settings))
 
     def _not_ready(self, sandbox_id: str, state: PodState) -> None:
         """Raise InstanceUnhealthy for a Pod that is not Ready: terminal for a terminal problem
@@ -315,6 +343,10 @@ class PodDriver:
             notes = await self._apply_policy(pod, template)
         except SandpodError as exc:
             raise RuntimeFailure(f"NetworkPolicy of {sandbox_id}: {exc.message}") from exc
+        if self._settings.netguard:  # the guard enforces the sandbox's policy itself
+            gaps = unenforceable(policy, guard=True)
+            bound = [GUARD_BOUND] if policy != template.network else []
+            return NetworkEnforcement(not gaps, "; ".join([*gaps, *bound]))
         if policy != template.network:
             notes.insert(0, OWN_POLICY)
         return NetworkEnforcement(not notes, "; ".join(notes))
@@ -374,6 +406,8 @@ class PodDriver:
             await self._api.delete(pod.namespace, pod.name, self._settings.grace_seconds)
             namespaces.add(pod.namespace)
             log.info("pod_deleted", sandbox=sandbox_id, namespace=pod.namespace)
+            if self._settings.netguard:
+                await self._api.delete_guard_access(pod.namespace, guard_account_name(sandbox_id))
         if self._creds is None:
             return
         issued = self._issued.pop(sandbox_id, None)
