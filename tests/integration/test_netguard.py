@@ -183,6 +183,10 @@ async def test_allowlist_opens_only_what_the_guard_resolved(world: World) -> Non
     assert w.auth.asked_for("denied.test") == 0
     assert not await w.reaches(f"{net.metadata}:80")
     assert await w.reaches(f"{w.pod.gateway}:{w.nats_port}"), "NATS"
+    # A process of the Pod under another uid than the sandbox's (an image's USER, a setuid
+    # leftover) is filtered all the same: only the guard's own uid 0 is not.
+    code, out = await w.pod.as_sandbox(w.uid + 1, PY, "-c", PROBE, f"{net.public2}:80")
+    assert code == 0 and "refused:" in out, out
 
 
 async def test_public_mode_keeps_the_hard_denies(world: World) -> None:

@@ -51,7 +51,8 @@ class GuardTable:
     """What the base chains are compiled from.
 
     Attributes:
-        sandbox_uid: the uid the sandbox container runs as (every socket of it is filtered).
+        sandbox_uid: the uid the sandbox container runs as (every socket but uid 0, the guard's,
+            is filtered: this one and any other).
         dns_port: the guard resolver's port on 127.0.0.1.
         nats: (network, port) pairs execd's NATS connection goes to: always allowed.
         hard_deny: more networks no rule can open (besides the metadata addresses).
@@ -80,7 +81,9 @@ class PodFirewall:
             NftError: nftables refused it (nothing applied).
         """
         c, t = self.table, TABLE
-        uid = f"meta skuid {c.sandbox_uid}"
+        # Everything but the guard's own sockets (uid 0) is the sandbox's: a process of the Pod
+        # under any other uid than the configured one is filtered too, never waved through.
+        uid = "meta skuid != 0"
         hard = [*(a for a in METADATA_ADDRESSES if a.version == 4), *c.hard_deny]
         nats = "".join(
             f"add rule inet {t} output {uid} ip daddr {net} tcp dport {port} accept\n"
@@ -97,7 +100,7 @@ add element inet {t} special4 {{ {elements(SPECIAL_RANGES)} }}
 add chain inet {t} nat_out {{ type nat hook output priority -100; policy accept; }}
 add chain inet {t} output {{ type filter hook output priority filter; policy accept; }}
 add rule inet {t} nat_out {uid} meta l4proto {{ tcp, udp }} th dport 53 dnat ip to 127.0.0.1:{c.dns_port}
-add rule inet {t} output meta skuid != {c.sandbox_uid} accept
+add rule inet {t} output meta skuid 0 accept
 add rule inet {t} output {uid} oifname "lo" accept
 add rule inet {t} output {uid} ip daddr 127.0.0.0/8 accept
 add rule inet {t} output {uid} ct direction reply accept
