@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["iterate", "run"]
+__all__ = ["run"]
 
 T = TypeVar("T")
 
@@ -39,26 +39,3 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except BaseException:
         future.cancel()
         raise
-
-
-def iterate(items: AsyncIterator[T]) -> Iterator[T]:
-    """The blocking iterator of ``items``, each step run on the SDK loop; leaving the loop
-    early (``break``, an exception) closes ``items`` at once (its cleanup runs in the sandbox's
-    favour: a stream, a watch, a subscription stops)."""
-
-    async def step() -> T:
-        return await anext(items)
-
-    async def close() -> None:
-        aclose = getattr(items, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-    try:
-        while True:
-            try:
-                yield run(step())
-            except StopAsyncIteration:
-                return
-    finally:
-        run(close())

@@ -21,8 +21,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
-from sandpod._loop import iterate
-from sandpod._twins import twin
+from sandpod._twins import iterate, twin
 from sandpod.control import api_call, follow_events
 from sandpod_bus import Bus
 from sandpod_contract.errors import ResourceConflict

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Self
 
-from sandpod._loop import iterate, run
-from sandpod._twins import twin
+from sandpod._loop import run
+from sandpod._twins import iterate, twin
 from sandpod.aio import AsyncSandbox
 from sandpod.control import SandboxInfo
 from sandpod.exec.args import DEFAULT_TIMEOUT, Command

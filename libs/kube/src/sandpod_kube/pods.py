@@ -135,6 +135,25 @@ class PodApi:
             raise StoreError(f"{what}: the API server answered {type(raw).__name__}")
         return raw
 
+    async def _apply(
+        self, kind: str, patch: Callable[..., Any], manifest: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Server-side apply ``manifest`` (a ``kind``) with ``patch``, the lifecycle's field
+        manager forcing its fields."""
+        meta = manifest["metadata"]
+        return await self._call(
+            f"apply {kind} {meta['namespace']}/{meta['name']}",
+            kind,
+            meta["name"],
+            patch,
+            meta["name"],
+            meta["namespace"],
+            dict(manifest),
+            field_manager=FIELD_MANAGER,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
     # -- Pods ----------------------------------------------------------------------------------
 
     async def create(self, manifest: Mapping[str, Any]) -> PodState:
@@ -295,19 +314,7 @@ class PodApi:
 
     async def apply_network_policy(self, manifest: Mapping[str, Any]) -> None:
         """Server-side apply (create or update; a no-op when unchanged)."""
-        meta = manifest["metadata"]
-        await self._call(
-            f"apply NetworkPolicy {meta['namespace']}/{meta['name']}",
-            "NetworkPolicy",
-            meta["name"],
-            self._net.patch_namespaced_network_policy,
-            meta["name"],
-            meta["namespace"],
-            dict(manifest),
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type="application/apply-patch+yaml",
-        )
+        await self._apply("NetworkPolicy", self._net.patch_namespaced_network_policy, manifest)
 
     # -- Secrets (a sandbox's NATS creds) ------------------------------------------------------
     # Write-only on purpose: RBAC cannot scope get/list of Secrets to ours, and reading every
@@ -315,19 +322,7 @@ class PodApi:
 
     async def apply_secret(self, manifest: Mapping[str, Any]) -> None:
         """Server-side apply a Secret (create, or replace its data on renewal)."""
-        meta = manifest["metadata"]
-        await self._call(
-            f"apply Secret {meta['namespace']}/{meta['name']}",
-            "Secret",
-            meta["name"],
-            self._core.patch_namespaced_secret,
-            meta["name"],
-            meta["namespace"],
-            dict(manifest),
-            field_manager=FIELD_MANAGER,
-            force=True,
-            _content_type="application/apply-patch+yaml",
-        )
+        await self._apply("Secret", self._core.patch_namespaced_secret, manifest)
 
     async def delete_secret(self, namespace: str, name: str) -> None:
         """Delete the Secret (idempotent: a missing one is fine)."""
@@ -354,19 +349,8 @@ class PodApi:
             "RoleBinding": self._rbac.patch_namespaced_role_binding,
         }
         for manifest in manifests:
-            meta, kind = manifest["metadata"], str(manifest["kind"])
-            await self._call(
-                f"apply {kind} {meta['namespace']}/{meta['name']}",
-                kind,
-                meta["name"],
-                patch[kind],
-                meta["name"],
-                meta["namespace"],
-                dict(manifest),
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type="application/apply-patch+yaml",
-            )
+            kind = str(manifest["kind"])
+            await self._apply(kind, patch[kind], manifest)
 
     async def delete_guard_access(self, namespace: str, name: str) -> None:
         """Delete the guard's RoleBinding, Role and ServiceAccount ``name`` (idempotent)."""

@@ -6,7 +6,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING
 
-from sandpod._loop import iterate, run
+from sandpod._loop import run
+from sandpod._twins import iterate
 from sandpod.fs.stream import IN_FLIGHT, READ_LIMIT, FileReader, FileWriter, Progress
 from sandpod.fs.types import FileInfo, FileList, FileType, ReplaceResult, SearchResult
 
