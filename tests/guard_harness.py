@@ -22,17 +22,15 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import random
-import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
 from dnsauth import AuthServer
+from netns_pair import NetnsPair
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import NetworkStatus
 from sandpod_kube import KubeSettings, KubeStore, PodApi
@@ -43,40 +41,17 @@ AUDIENCE = "https://kubernetes.default.svc"  # the test API server's issuer
 GUARD_CAPS = "-all,+net_admin,+net_bind_service"
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+class PodNetns(NetnsPair):
+    """The namespace standing in for a sandbox Pod's: DNS at 127.0.0.1 (the guard's), a
+    default route to the host end (the "cluster" side), and the guard process."""
 
-
-class PodNetns:
     def __init__(self) -> None:
-        tag = uuid.uuid4().hex[:6]
-        self.name = f"sppod-{tag}"
-        self.host_if, self.peer_if = f"spg{tag}h", f"spg{tag}n"
-        base = (
-            f"198.{random.randint(18, 19)}.{random.randint(0, 255)}.{random.randrange(0, 256, 4)}"
-        )
-        prefix, last = base.rsplit(".", 1)
-        self.gateway = f"{prefix}.{int(last) + 1}"  # the host end: the "cluster" side
-        self.address = f"{prefix}.{int(last) + 2}"  # the Pod IP
-        self.etc = Path("/etc/netns") / self.name
+        super().__init__("pod", nameserver="127.0.0.1")
         self.guard: subprocess.Popen[bytes] | None = None
         self.guard_log: Path | None = None
 
-    def create(self) -> None:
-        ip("netns", "add", self.name)
-        ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.peer_if)
-        ip("link", "set", self.peer_if, "netns", self.name)
-        ip("addr", "add", f"{self.gateway}/30", "dev", self.host_if)
-        ip("link", "set", self.host_if, "up")
-        ip("-n", self.name, "addr", "add", f"{self.address}/30", "dev", self.peer_if)
-        ip("-n", self.name, "link", "set", self.peer_if, "up")
-        ip("-n", self.name, "link", "set", "lo", "up")
-        ip("-n", self.name, "route", "add", "default", "via", self.gateway)
-        self.etc.mkdir(parents=True)
-        (self.etc / "resolv.conf").write_text(
-            "nameserver 127.0.0.1\noptions timeout:2 attempts:1\n"
-        )
-        (self.etc / "hosts").write_text("127.0.0.1 localhost\n")
+    def create(self) -> None:  # type: ignore[override]
+        super().create(default_route=True, attempts=1)
 
     def start_guard(self, env: dict[str, str], log: Path, caps: str = GUARD_CAPS) -> None:
         """The guard's entry point, in the namespace, with the guard container's capabilities
@@ -143,11 +118,7 @@ class PodNetns:
 
     def remove(self) -> None:
         self.stop_guard()
-        subprocess.run(["ip", "link", "del", self.host_if], check=False, capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
-        shutil.rmtree(self.etc, ignore_errors=True)
-        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        assert self.host_if not in links, f"veth {self.host_if} left behind"
+        super().remove()
 
 
 class Relay:

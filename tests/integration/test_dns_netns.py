@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import shutil
 import subprocess
-import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from dns_harness import FakeSink, policy
 from prometheus_client import CollectorRegistry
 
 from dnsauth import AuthServer
+from netns_pair import NetnsPair
 from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.resolver import NodeResolver, ResolverSettings
 from sandpod_lifecycle.network.sandboxnet import SandboxNet
@@ -33,47 +31,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+class Netns(NetnsPair):
+    """A client namespace whose resolver is the node resolver on the host end."""
 
-
-class Netns:
     def __init__(self) -> None:
-        tag = uuid.uuid4().hex[:6]
-        self.name = f"spdns-{tag}"
-        self.host_if, self.peer_if = f"spd{tag}h", f"spd{tag}n"
-        base = (
-            f"198.{random.randint(18, 19)}.{random.randint(0, 255)}.{random.randrange(0, 256, 4)}"
-        )
-        prefix, last = base.rsplit(".", 1)
-        self.gateway = f"{prefix}.{int(last) + 1}"
-        self.address = f"{prefix}.{int(last) + 2}"
-        self.etc = Path("/etc/netns") / self.name
-
-    def create(self) -> None:
-        ip("netns", "add", self.name)
-        ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.peer_if)
-        ip("link", "set", self.peer_if, "netns", self.name)
-        ip("addr", "add", f"{self.gateway}/30", "dev", self.host_if)
-        ip("link", "set", self.host_if, "up")
-        ip("-n", self.name, "addr", "add", f"{self.address}/30", "dev", self.peer_if)
-        ip("-n", self.name, "link", "set", self.peer_if, "up")
-        ip("-n", self.name, "link", "set", "lo", "up")
-        self.etc.mkdir(parents=True)
-        (self.etc / "resolv.conf").write_text(
-            f"nameserver {self.gateway}\noptions timeout:2 attempts:2\n"
-        )
-        (self.etc / "hosts").write_text("127.0.0.1 localhost\n")
-
-    def remove(self) -> None:
-        # the host end first: deleting it removes the pair at once (a namespace's own
-        # devices go only when the kernel frees the namespace, which may lag)
-        subprocess.run(["ip", "link", "del", self.host_if], check=False, capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
-        shutil.rmtree(self.etc, ignore_errors=True)
-        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        assert self.host_if not in links, f"veth {self.host_if} left behind"
-        assert not self.etc.exists()
+        super().__init__("dns")
 
     async def getent(self, *args: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
