@@ -98,6 +98,18 @@ def test_up_exec_and_clean_shutdown(tmp_path: Path, stop: str) -> None:
             timeout=30,
         )
         assert (run.stdout, run.returncode) == ("PIPED\n", 0)
+        # The default sandbox is permanent: no lifetime and no idle timeout (the template's 15
+        # minutes used to apply, so a platform left alone lost its default sandbox).
+        got = subprocess.run(
+            [SANDPOD, "get", "default", "-o", "json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        spec = json.loads(got.stdout)["spec"]
+        assert spec["permanent"] is True and spec["idleTimeoutSeconds"] == 0, spec
+        assert "shutdownTime" not in spec, spec
         run = subprocess.run(
             [SANDPOD, "exec", "nope", "--", "true"],
             env=env,

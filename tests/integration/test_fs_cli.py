@@ -153,6 +153,14 @@ def test_cp_r_copies_a_directory_both_ways(cp: Cp, tmp_path: Path) -> None:
         assert {"./mod.py", "./sub/link"} <= set(tf.getnames())
     r = cp(str(src), f"shared:/workspace/{name}-x")
     assert r.returncode == 2 and b"-r" in r.stderr  # a directory without -r says how
+    # The sandbox side's error is what the user sees (not the unpacker's "empty file"), typed,
+    # with no traceback; nothing is left where the copy would have gone.
+    r = cp("-r", f"shared:/workspace/{name}-missing", str(tmp_path / "none"))
+    assert r.returncode == 125 and b"fs.not_found" in r.stderr, r.stderr
+    assert b"Traceback" not in r.stderr
+    r = cp("-r", f"shared:/workspace/{name}/run.sh", str(tmp_path / "none2"))
+    assert r.returncode == 125 and b"fs.not_a_directory" in r.stderr, r.stderr
+    assert not (tmp_path / "none").exists() and not (tmp_path / "none2").exists()
 
 
 async def test_cp_r_out_of_a_sandbox_refuses_a_hostile_stream(tmp_path: Path) -> None:

@@ -278,7 +278,7 @@ class Supervisor:
                     template=None,
                     timeout=None,
                     permanent=True,
-                    idle_timeout=None,
+                    idle_timeout=0,  # never idle-deleted (None would take the template's)
                     labels=None,
                     env=None,
                 )

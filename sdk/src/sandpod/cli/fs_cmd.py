@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tarfile
@@ -102,7 +103,7 @@ def _run_cp(args: argparse.Namespace) -> int:
         if exc.retryable:
             print("hint: this error is retryable; try again", file=sys.stderr)
         return EXIT_SANDPOD_ERROR
-    except OSError as exc:
+    except (OSError, tarfile.TarError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -206,7 +207,28 @@ async def _cp_tree(
 async def _unpack_here(chunks: AsyncIterator[bytes], local: str) -> None:
     """Unpack a sandbox's tar stream into ``local`` with ``tarfile``'s ``data`` filter, on a
     thread fed through a pipe (bounded: the sandbox's tar waits while this side writes)."""
-    os.makedirs(local, exist_ok=True)
+    made = await asyncio.to_thread(_make_dir, local)
+    try:
+        await _unpack_into(chunks, local)
+    except BaseException:
+        if made:  # a failed copy leaves no empty directory behind (a partial one stays)
+            with contextlib.suppress(OSError):
+                os.rmdir(local)
+        raise
+
+
+def _make_dir(path: str) -> bool:
+    """Make ``path`` (and parents); whether it was not there before."""
+    try:
+        os.makedirs(path)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+        return False
+    return True
+
+
+async def _unpack_into(chunks: AsyncIterator[bytes], local: str) -> None:
     rfd, wfd = os.pipe()
 
     def unpack() -> None:
@@ -217,13 +239,18 @@ async def _unpack_here(chunks: AsyncIterator[bytes], local: str) -> None:
     try:
         with os.fdopen(wfd, "wb", buffering=0) as out:
             async for chunk in chunks:
-                if worker.done():  # the unpacker stopped: its error says why
+                if worker.done():  # the unpacker stopped (a refused member): its error says why
                     break
                 await asyncio.to_thread(out.write, chunk)
     except BrokenPipeError:
-        pass
-    finally:
-        await worker
+        pass  # the unpacker stopped reading: its error says why
+    except BaseException:
+        # The sandbox side failed (no such directory, tar failed): that is the error to show,
+        # not the unpacker's complaint about the short stream it then saw.
+        with contextlib.suppress(Exception):
+            await worker
+        raise
+    await worker
 
 
 async def _pack_here(local: str) -> AsyncIterator[bytes]:
