@@ -165,8 +165,10 @@ def test_cp_r_copies_a_directory_both_ways(cp: Cp, tmp_path: Path) -> None:
 
 async def test_cp_r_out_of_a_sandbox_refuses_a_hostile_stream(tmp_path: Path) -> None:
     """The sandbox is not trusted: a tar stream it sends (its ``tar`` can be anything) that
-    climbs out, names an absolute path, links out or carries a device is refused, and nothing
-    lands outside the target. (With ``filter="fully_trusted"`` the climb writes ``victim``.)"""
+    climbs out, names an absolute path, hard-links out, writes through a symlink or carries a
+    device is refused, and nothing lands outside the target; a symlink itself keeps its
+    absolute target (``/etc/ssl/certs`` is made of them). With ``filter="fully_trusted"`` the
+    climb writes ``victim``."""
     import io
     import tarfile
 
@@ -174,20 +176,24 @@ async def test_cp_r_out_of_a_sandbox_refuses_a_hostile_stream(tmp_path: Path) ->
 
     outside = tmp_path / "victim"
     target = tmp_path / "a" / "b"
-    for name, kind, link, refused in (
-        ("../../victim", tarfile.REGTYPE, "", True),
-        (str(outside), tarfile.REGTYPE, "", False),  # the leading / is dropped: lands inside
-        ("up", tarfile.SYMTYPE, str(tmp_path), True),
-        ("mem", tarfile.CHRTYPE, "", True),
-    ):
+    cases: list[tuple[list[tuple[str, bytes, str]], bool]] = [
+        ([("../../victim", tarfile.REGTYPE, "")], True),
+        ([(str(outside), tarfile.REGTYPE, "")], False),  # the leading / is dropped: inside
+        ([("hl", tarfile.LNKTYPE, str(outside))], True),
+        ([("up", tarfile.SYMTYPE, str(tmp_path)), ("up/victim", tarfile.REGTYPE, "")], True),
+        ([("mem", tarfile.CHRTYPE, "")], True),
+        ([("cert.pem", tarfile.SYMTYPE, "/usr/share/ca-certificates/x.crt")], False),
+    ]
+    for members, refused in cases:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
-            info = tarfile.TarInfo(name)
-            info.type = kind
-            info.linkname = link
-            data = b"OWNED"
-            info.size = len(data) if kind == tarfile.REGTYPE else 0
-            tf.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+            for name, kind, link in members:
+                info = tarfile.TarInfo(name)
+                info.type = kind
+                info.linkname = link
+                data = b"OWNED"
+                info.size = len(data) if kind == tarfile.REGTYPE else 0
+                tf.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
 
         async def chunks(raw: bytes = buf.getvalue()):  # type: ignore[no-untyped-def]
             for i in range(0, len(raw), 512):
@@ -198,6 +204,7 @@ async def test_cp_r_out_of_a_sandbox_refuses_a_hostile_stream(tmp_path: Path) ->
                 await _unpack_here(chunks(), str(target))
         else:
             await _unpack_here(chunks(), str(target))
-            assert (target / str(outside).lstrip("/")).read_bytes() == b"OWNED"
-        assert not outside.exists()
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["a"], name
+        assert not outside.exists(), members
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a"], members
+    assert (target / str(outside).lstrip("/")).read_bytes() == b"OWNED"
+    assert os.readlink(target / "cert.pem") == "/usr/share/ca-certificates/x.crt"

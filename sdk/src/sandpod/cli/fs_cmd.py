@@ -3,8 +3,8 @@
 ``-r`` copies a directory as one tar stream (``sbx.fs.archive``/``extract``): into a sandbox it
 is unpacked by the sandbox's own ``tar`` as its user; out of one it is unpacked here by Python's
 ``tarfile`` with its ``data`` filter (the sandbox is not trusted: no absolute or ``../`` names,
-no links out of the target, no devices, no setuid bits). ``-`` with ``-r`` is the tar stream
-itself on stdin or stdout.
+no hard links out of the target, nothing written through a link, no devices, no setuid bits;
+symlinks keep their targets). ``-`` with ``-r`` is the tar stream itself on stdin or stdout.
 
 ``SANDBOX:PATH`` names a path in a sandbox (as ``scp`` does; a local path containing ``:`` can be
 written ``./a:b``), ``-`` is stdin or stdout, anything else is a local path. Uploads and
@@ -205,7 +205,7 @@ async def _cp_tree(
 
 
 async def _unpack_here(chunks: AsyncIterator[bytes], local: str) -> None:
-    """Unpack a sandbox's tar stream into ``local`` with ``tarfile``'s ``data`` filter, on a
+    """Unpack a sandbox's tar stream into ``local`` with :func:`_untrusted` as the filter, on a
     thread fed through a pipe (bounded: the sandbox's tar waits while this side writes)."""
     made = await asyncio.to_thread(_make_dir, local)
     try:
@@ -215,6 +215,16 @@ async def _unpack_here(chunks: AsyncIterator[bytes], local: str) -> None:
             with contextlib.suppress(OSError):
                 os.rmdir(local)
         raise
+
+
+def _untrusted(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """``tarfile``'s ``data`` filter (no absolute or ``../`` names, no hard links out, no
+    devices, no setuid bits), except that a symlink keeps its target as the sandbox made it
+    (``/etc/ssl/certs`` is all absolute links); every later member's *real* path must still be
+    inside ``dest``, so nothing is ever written through such a link."""
+    if member.issym():
+        return tarfile.tar_filter(member, dest)
+    return tarfile.data_filter(member, dest)
 
 
 def _make_dir(path: str) -> bool:
@@ -233,7 +243,7 @@ async def _unpack_into(chunks: AsyncIterator[bytes], local: str) -> None:
 
     def unpack() -> None:
         with os.fdopen(rfd, "rb") as pipe, tarfile.open(fileobj=pipe, mode="r|") as tf:
-            tf.extractall(local, filter="data")
+            tf.extractall(local, filter=_untrusted)  # noqa: S202 - every member is filtered
 
     worker = asyncio.create_task(asyncio.to_thread(unpack))
     try:
