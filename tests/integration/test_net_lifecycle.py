@@ -418,12 +418,12 @@ async def test_the_platforms_always_allowed_names_open_under_any_allowlist_but_n
 
 
 def test_a_bad_always_allowed_entry_stops_lifecycle_at_start_naming_it(tmp_path: Path) -> None:
-    """``SANDPOD_NET_ALWAYS_ALLOW=pypi.org,exa mple.com``: lifecycle exits 2 before it
+    """``SANDPOD_NET_ALWAYS_ALLOW=mirror.example.com,exa mple.com``: lifecycle exits 2 before it
     connects anywhere, its message naming the variable and the entry."""
     env = {
         **os.environ,
         "SANDPOD_STATE_DIR": str(tmp_path),
-        "SANDPOD_NET_ALWAYS_ALLOW": "pypi.org,exa mple.com",
+        "SANDPOD_NET_ALWAYS_ALLOW": "mirror.example.com,exa mple.com",
     }
     done = subprocess.run(
         [sys.executable, "-m", "sandpod_lifecycle"],

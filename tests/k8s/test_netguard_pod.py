@@ -44,7 +44,7 @@ from sandpod_store import Resource
 SETTINGS = PodSettings(
     netguard=True, guard_dns=("10.96.0.10",), nats_cidrs=("10.96.0.20/32",), run_as_user=1000
 )
-ALLOW = NetworkPolicy.from_dict({"mode": "allowlist", "allow": ["pypi.org:443"]})
+ALLOW = NetworkPolicy.from_dict({"mode": "allowlist", "allow": ["mirror.example.com:443"]})
 
 
 @pytest.fixture

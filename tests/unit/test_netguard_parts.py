@@ -36,7 +36,7 @@ def test_with_the_guard_names_open_the_public_internet_on_their_ports_only() -> 
     policy = NetworkPolicy.from_dict(
         {
             "mode": "allowlist",
-            "allow": ["pypi.org:443"],
+            "allow": ["mirror.example.com:443"],
             "deny": ["8.8.8.8:53"],
             "limits": {"maxConnections": 10, "bandwidthBytesPerSecond": 1000},
         }
@@ -58,7 +58,7 @@ def test_with_the_guard_names_open_the_public_internet_on_their_ports_only() -> 
 
 def test_without_the_guard_nothing_changes() -> None:
     """Guard off: names are reported and open nothing (the old rendering)."""
-    policy = NetworkPolicy.from_dict({"mode": "allowlist", "allow": ["pypi.org:443"]})
+    policy = NetworkPolicy.from_dict({"mode": "allowlist", "allow": ["mirror.example.com:443"]})
     manifest, notes = egress_policy("ns", "t", policy, PodSettings(nats_cidrs=("10.96.0.20/32",)))
     assert all("0.0.0.0/0" not in str(r) for r in manifest["spec"]["egress"])
     assert any("DNS name" in n for n in notes)

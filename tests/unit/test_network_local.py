@@ -230,11 +230,15 @@ def test_the_always_allowed_list_is_a_setting_checked_at_start() -> None:
     """SANDPOD_NET_ALWAYS_ALLOW: comma-separated allow rules (spaces and empty entries
     ignored); a bad entry is a SettingsError naming the variable and the entry."""
     s = LifecycleSettings.from_env(
-        {"SANDPOD_NET_ALWAYS_ALLOW": " pypi.org:443, *.mirror.test,,10.0.0.5/32:3128 "}
+        {"SANDPOD_NET_ALWAYS_ALLOW": " mirror.example.com:443, *.mirror.test,,10.0.0.5/32:3128 "}
     )
-    assert [r.text for r in s.always_allow] == ["pypi.org:443", "*.mirror.test", "10.0.0.5/32:3128"]
+    assert [r.text for r in s.always_allow] == [
+        "mirror.example.com:443",
+        "*.mirror.test",
+        "10.0.0.5/32:3128",
+    ]
     assert LifecycleSettings.from_env({}).always_allow == ()
-    for bad in ("pypi.org:https", "exa mple.com", "10.0.0.0/33", "a.test:0"):
+    for bad in ("mirror.example.com:https", "exa mple.com", "10.0.0.0/33", "a.test:0"):
         with pytest.raises(SettingsError, match=rf"SANDPOD_NET_ALWAYS_ALLOW: entry '{bad}'"):
             LifecycleSettings.from_env({"SANDPOD_NET_ALWAYS_ALLOW": f"ok.test,{bad}"})
 

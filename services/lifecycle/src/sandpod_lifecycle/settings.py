@@ -48,7 +48,7 @@
 | | | on 80/443 go there); ``off``: no proxy, name rules open by address, no injection |
 | ``SANDPOD_EGRESS_*`` | | ... the proxy's limits and timeouts (``ProxySettings``) |
 | ``SANDPOD_NET_ALWAYS_ALLOW`` | none | rules (comma-separated, the syntax of ``allow`` rules: |
-| | | ``pypi.org:443``, ``*.example.com``, ``10.0.0.5/32:3128``) added to every sandbox's |
+| | | ``mirror.test:443``, ``*.example.com``, ``10.0.0.5/32:3128``) added to every sandbox's |
 | | | effective policy (its platform needs: a package mirror, an internal proxy); ``deny`` |
 | | | rules still beat them, a ``deny-all`` policy stays deny-all, hard denies stay closed; |
 | | | any runtime. A bad entry fails start-up naming it |
@@ -279,7 +279,7 @@ def always_allow(env: Mapping[str, str]) -> tuple[Rule, ...]:
         except ResourceInvalid as exc:
             raise SettingsError(
                 f"{ALWAYS_ALLOW}: entry {entry!r} is not an allow rule ({exc.message}); "
-                "use names (pypi.org, *.example.com) or addresses (10.0.0.5, 10.0.0.0/8), "
+                "use names (mirror.test, *.example.com) or addresses (10.0.0.5, 10.0.0.0/8), "
                 "each optionally with :port or :low-high"
             ) from exc
     return tuple(rules)
