@@ -17,19 +17,15 @@ import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from test_jail import run  # the jail's own way to run a command, as execd does
+
 from sandpod_contract.network import NetworkPolicy
-from sandpod_execd.jail import Jail
-from sandpod_execd.oneshot import Outcome, run_to_completion
-from sandpod_execd.process import spawn
-from sandpod_execd.registry import ExecRegistry
-from sandpod_execd.sandbox import SandboxContext
 from sandpod_lifecycle.network.egress import Egress, EgressSettings
 from sandpod_lifecycle.network.nft import Nft
 from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus
 from sandpod_lifecycle.runtime.installation import remove_cgroup_parents
 from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 
-MiB = 1024 * 1024
 ROOTFS: weakref.WeakKeyDictionary[LocalRuntime, Path] = weakref.WeakKeyDictionary()
 PROBE = r"""
 import json, socket, sys, concurrent.futures as cf
@@ -105,29 +101,6 @@ async def egress_runtime(
 async def make(rt: LocalRuntime, policy: NetworkPolicy | None) -> InstanceStatus:
     sid = f"n-{uuid.uuid4().hex[:10]}"
     return await rt.create(InstanceSpec(sandbox_id=sid, rootfs=ROOTFS[rt], network=policy))
-
-
-async def run(status: InstanceStatus, command: str | list[str], timeout: float = 30) -> Outcome:
-    """Run ``command`` inside the jail the way execd does (as the sandbox's user)."""
-    if status.jail_file is None:
-        raise AssertionError("no jail file")
-    jail = Jail.load(status.jail_file, status.sandbox_id)
-    try:
-        ctx = SandboxContext(
-            status.sandbox_id,
-            Path("/unused"),
-            "/bin/bash",
-            {},
-            ExecRegistry(10, stored_budget=MiB),
-            jail=jail,
-        )
-        argv, shell = (tuple(command), None) if isinstance(command, list) else (None, command)
-        proc = spawn(ctx.command(argv, shell, None, None, stdin=False))
-        return await run_to_completion(
-            proc, stdin=None, timeout=timeout, max_output=4 * MiB, pipe_grace=0.5
-        )
-    finally:
-        jail.close()
 
 
 async def ok(status: InstanceStatus, command: str | list[str]) -> str:

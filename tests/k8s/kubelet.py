@@ -338,35 +338,9 @@ class FakeKubelet:
             return
         if current["metadata"]["uid"] != raw["metadata"]["uid"]:
             return
+        reason = "Completed" if code == 0 else "Error"
         current["status"].update(
-            phase="Succeeded" if code == 0 else "Failed",
-            conditions=[
-                {
-                    "type": t,
-                    "status": "False" if t in ("Ready", "ContainersReady") else "True",
-                    "lastTransitionTime": now,
-                }
-                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-            ],
-            containerStatuses=[
-                {
-                    "name": container["name"],
-                    "image": container["image"],
-                    "imageID": "",
-                    "ready": False,
-                    "restartCount": 0,
-                    "started": False,
-                    "state": {
-                        "terminated": {
-                            "exitCode": code,
-                            "reason": "Completed" if code == 0 else "Error",
-                            "message": message.read_text()[:4096],
-                            "startedAt": now,
-                            "finishedAt": now,
-                        }
-                    },
-                }
-            ],
+            _terminated(container, code, reason, now, message.read_text()[:4096])
         )
         with contextlib.suppress(ResourceNotFound):
             await self.api.replace_status(self.namespace, name, current)
@@ -477,33 +451,7 @@ class FakeKubelet:
         now = _now()
         raw = await asyncio.to_thread(self._read_pod, name)
         container = raw["spec"]["containers"][0]
-        raw["status"]["phase"] = "Failed"
-        raw["status"]["conditions"] = [
-            {
-                "type": t,
-                "status": "False" if t in ("Ready", "ContainersReady") else "True",
-                "lastTransitionTime": now,
-            }
-            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-        ]
-        raw["status"]["containerStatuses"] = [
-            {
-                "name": container["name"],
-                "image": container["image"],
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "started": False,
-                "state": {
-                    "terminated": {
-                        "exitCode": 137,
-                        "reason": "OOMKilled",
-                        "startedAt": now,
-                        "finishedAt": now,
-                    }
-                },
-            }
-        ]
+        raw["status"].update(_terminated(container, 137, "OOMKilled", now))
         await self.api.replace_status(self.namespace, name, raw)
 
     def _read_pod(self, name: str) -> dict[str, Any]:
@@ -524,3 +472,40 @@ class FakeKubelet:
                 proc.kill()
                 await proc.wait()
         self.stopped.append(name)
+
+
+def _terminated(
+    container: dict[str, Any], code: int, reason: str, now: str, message: str | None = None
+) -> dict[str, Any]:
+    """The status fields of a Pod whose only container ended with ``code`` (``reason``, as the
+    kubelet says it): phase, conditions (not Ready) and the container's terminated state."""
+    state: dict[str, Any] = {
+        "exitCode": code,
+        "reason": reason,
+        "startedAt": now,
+        "finishedAt": now,
+    }
+    if message is not None:
+        state["message"] = message
+    return {
+        "phase": "Succeeded" if code == 0 else "Failed",
+        "conditions": [
+            {
+                "type": t,
+                "status": "False" if t in ("Ready", "ContainersReady") else "True",
+                "lastTransitionTime": now,
+            }
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ],
+        "containerStatuses": [
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {"terminated": state},
+            }
+        ],
+    }

@@ -51,14 +51,11 @@ class GuardTable:
     """What the base chains are compiled from.
 
     Attributes:
-        sandbox_uid: the uid the sandbox container runs as (every socket but uid 0, the guard's,
-            is filtered: this one and any other).
         dns_port: the guard resolver's port on 127.0.0.1.
         nats: (network, port) pairs execd's NATS connection goes to: always allowed.
         hard_deny: more networks no rule can open (besides the metadata addresses).
     """
 
-    sandbox_uid: int
     dns_port: int = 53
     nats: tuple[tuple[ipaddress.IPv4Network, int], ...] = ()
     hard_deny: tuple[ipaddress.IPv4Network, ...] = ()

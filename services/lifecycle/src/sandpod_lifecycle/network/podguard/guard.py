@@ -168,7 +168,7 @@ class Guard:
         """
         s = self.settings
         await self._pin_nats()
-        table = GuardTable(s.sandbox_uid, s.dns_port, tuple((n, s.nats_port) for n in self._nats))
+        table = GuardTable(s.dns_port, tuple((n, s.nats_port) for n in self._nats))
         self.firewall = firewall = PodFirewall(self._nft, table)
         firewall.setup(self._effective(DENY_ALL))
 
