@@ -37,6 +37,7 @@ __all__ = [
     "RuntimeTimeout",
     "RuntimeUnavailable",
     "SeccompMode",
+    "SnapshotLayer",
 ]
 
 MiB = 1024 * 1024
@@ -150,6 +151,16 @@ class Resources:
         return min(self.memory_bytes // SHM_FRACTION, self.tmp_bytes or self.memory_bytes)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotLayer:
+    """One unpacked layer of a snapshot on this node: its files, which part of a sandbox it
+    holds (``rootfs`` or ``workspace``) and the uid (= gid) that owned them when captured."""
+
+    path: Path
+    part: Literal["rootfs", "workspace"]
+    owner: int
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceSpec:
     """What to create.
@@ -176,6 +187,9 @@ class InstanceSpec:
         seccomp: the sandbox's seccomp filter: ``default``, ``nested`` (nested user namespaces
             allowed) or ``unconfined`` (none); anything but ``default`` is reported in
             ``protections`` (see ``runtime/seccomp.py``).
+        snapshot: a snapshot's layers to restore, bottom first: ``rootfs`` ones stack over
+            ``layers``, ``workspace`` ones become the workspace's lower layers; each is shown
+            read-only with its owner's files as this instance's (see ``runtime/idmap.py``).
     """
 
     sandbox_id: str
@@ -191,6 +205,7 @@ class InstanceSpec:
     egress: bool = False
     seccomp: SeccompMode = "default"
     network: NetworkPolicy | None = None
+    snapshot: tuple[SnapshotLayer, ...] = ()
 
     def __post_init__(self) -> None:
         validate_sandbox_id(self.sandbox_id)
