@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from test_jail import _config, _runtime, background, ok, run
 
 from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus
 from sandpod_lifecycle.runtime.local import LocalRuntime
 from sandpod_lifecycle.runtime.localsnap import LocalSnapshots
 from sandpod_lifecycle.runtime.snaplayers import LayerCorrupt, LayerStore
-from test_jail import _config, _runtime, background, ok, run
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="snapshots of the local runtime need root: run as root"
@@ -36,7 +36,7 @@ LISTING = (
     "find /workspace /var/tmp/snap -type f -exec md5sum {} + | sort && "
     "stat -c 'sparse %s %b' /workspace/sparse && "
     "python3 -c 'import os; [print(p, sorted((n, os.getxattr(p, n)) for n in os.listxattr(p)))"
-    " for p in (\"/workspace/attr\", \"/workspace/dir\")]'"
+    ' for p in ("/workspace/attr", "/workspace/dir")]\''
 )
 PREPARE = """
 set -e
@@ -76,6 +76,9 @@ class DirBlobs:
 
     async def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    async def keys(self) -> list[str]:
+        return [p.name.replace("_", ":", 1) for p in self.root.iterdir()]
 
 
 @pytest.fixture
@@ -131,7 +134,7 @@ async def test_a_restore_is_byte_exact_including_deletions(
     a = await _make(runtime, base)
     await ok(a, PREPARE)
     first = await snaps.capture(a.sandbox_id)
-    snaps.commit(first)
+    snaps.commit(first, "first")
     await ok(a, "rm /var/tmp/snap/gone /workspace/gone && printf more >> /workspace/private")
     second = await snaps.capture(a.sandbox_id)
     assert len(second.chain) == len(first.chain) + len(second.new)
@@ -180,7 +183,7 @@ async def test_an_incremental_snapshot_stores_only_what_changed(
     a = await _make(runtime, base)
     await ok(a, "for i in $(seq 200); do head -c 20000 /dev/urandom > /workspace/f$i; done")
     first = await snaps.capture(a.sandbox_id)
-    snaps.commit(first)
+    snaps.commit(first, "first")
     await ok(a, "printf changed > /workspace/f7")
     second = await snaps.capture(a.sandbox_id)
     assert [layer.part for layer in second.new] == ["workspace"]
@@ -204,7 +207,7 @@ async def test_a_snapshot_taken_while_a_process_writes_is_consistent(
     await ok(a, "while [ ! -s /workspace/b ]; do :; done")
     for _ in range(5):
         cap = await snaps.capture(a.sandbox_id)
-        snaps.commit(cap)
+        snaps.commit(cap, "cap")
         fork = await _make(runtime, base, snapshot=await snaps.restore_layers(cap.chain))
         first, second = (await ok(fork, "cat /workspace/a /workspace/b")).split()
         assert int(second) <= int(first) <= int(second) + 1, (first, second)

@@ -54,6 +54,25 @@ class ObjectBucket:
         except nats.errors.Error as exc:
             raise StoreError(f"cannot read {key} from {self.name}: {exc}") from exc
 
+    async def delete(self, key: str) -> None:
+        """Remove object ``key`` (nothing happens when it is absent)."""
+        try:
+            await self._store.delete(key)
+        except nats.js.errors.ObjectNotFoundError:
+            return
+        except nats.errors.Error as exc:
+            raise StoreError(f"cannot delete {key} from {self.name}: {exc}") from exc
+
+    async def keys(self) -> list[str]:
+        """The names of every object in the bucket (deleted ones left out)."""
+        try:
+            infos = await self._store.list(ignore_deletes=True)
+        except nats.js.errors.NotFoundError:
+            return []  # an empty bucket
+        except nats.errors.Error as exc:
+            raise StoreError(f"cannot list {self.name}: {exc}") from exc
+        return [info.name for info in infos if info.name]
+
 
 async def open_objects(js: JetStreamContext, bucket: str) -> ObjectBucket:
     """The bucket ``bucket``, created if missing."""

@@ -642,6 +642,14 @@ ERRORS: list[errors.SandpodError] = [
     errors.ImageInUse(
         "python:3.12-slim is used by 1 sandbox", reference="python:3.12-slim", holders=["sbx-1"]
     ),
+    errors.SnapshotError("snapshot s1 could not be taken"),
+    errors.SnapshotFailed(
+        "snapshot s1 failed: the sandbox sbx-1 is not running", snapshot="s1", reason="NotRunning"
+    ),
+    errors.SnapshotInUse("snapshot s1 is restored by 1 sandbox", snapshot="s1", holders=["sbx-2"]),
+    errors.SnapshotUnsupported(
+        "the kubernetes runtime does not take snapshots yet", runtime="kubernetes"
+    ),
     errors.TemplateError("template data could not be built"),
     errors.BuildFailed(
         "step 2 (run pip install pandas) failed: the command exited with 1",

@@ -75,6 +75,10 @@ __all__ = [
     "SessionDead",
     "SessionError",
     "SessionNotFound",
+    "SnapshotError",
+    "SnapshotFailed",
+    "SnapshotInUse",
+    "SnapshotUnsupported",
     "SpawnFailed",
     "StoreError",
     "StreamClosed",
@@ -536,6 +540,29 @@ class BuildFailed(TemplateError):
 class BuildUnsupported(TemplateError):
     code = "template.build_unsupported"
     summary = "the build uses something this platform cannot build (details name it)"
+
+
+# -- snapshot family: snapshots of sandboxes (the lifecycle) ------------------------------------
+
+
+class SnapshotError(SandpodError):
+    code = "snapshot.error"
+    summary = "the snapshot could not be taken or restored"
+
+
+class SnapshotFailed(SnapshotError):
+    code = "snapshot.failed"
+    summary = "the snapshot failed; its conditions (and details) say why, and whether to retry"
+
+
+class SnapshotInUse(SnapshotError):
+    code = "snapshot.in_use"
+    summary = "a sandbox or template restores from this snapshot; delete them first"
+
+
+class SnapshotUnsupported(SnapshotError):
+    code = "snapshot.unsupported"
+    summary = "this runtime or sandbox cannot be snapshotted (details say why)"
 
 
 # -- store family: the resource store (JetStream KV embedded, Kubernetes CRDs in clusters) --------

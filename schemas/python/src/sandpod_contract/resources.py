@@ -110,6 +110,9 @@ class ConditionReason(enum.StrEnum):
     # What the local runtime reports of a running Sandbox whose jail died (OOMKilled above: its
     # memory cgroup's OOM killer took the jail's holder)
     INSTANCE_LOST = "InstanceLost"  # the jail's holder process exited (killed from the host...)
+    # A Sandbox restored from a snapshot (spec.snapshotRef, or its template's)
+    SNAPSHOT_PENDING = "SnapshotPending"  # the snapshot is still being taken: transient
+    SNAPSHOT_UNAVAILABLE = "SnapshotUnavailable"  # gone, failed, or its layers refused: terminal
     # Paused
     REQUESTED = "Requested"  # frozen as requested (the local runtime's cgroup freezer)
     RESUMED = "Resumed"
@@ -136,6 +139,7 @@ TERMINAL_REASONS = frozenset(
         ConditionReason.POD_FAILED,
         ConditionReason.POD_DELETED,
         ConditionReason.INSTANCE_LOST,
+        ConditionReason.SNAPSHOT_UNAVAILABLE,
     }
 )
 
@@ -245,6 +249,7 @@ class SandboxSpec:
     operating_mode: OperatingMode = OperatingMode.RUNNING
     env: tuple[EnvVar, ...] = ()
     network: NetworkPolicy | None = None  # None: the template's (sandpod_contract.network)
+    snapshot_ref: str | None = None  # wire: snapshotRef.name, a SandboxSnapshot to start from
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxSpec:
@@ -274,6 +279,7 @@ class SandboxSpec:
             ),
             env=EnvVar.parse("spec.env", raw.get("env")),
             network=None if raw.get("network") is None else NetworkPolicy.from_dict(raw["network"]),
+            snapshot_ref=_ref("spec.snapshotRef", raw.get("snapshotRef")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -291,7 +297,18 @@ class SandboxSpec:
             out["env"] = [{"name": e.name, "value": e.value} for e in self.env]
         if self.network is not None:
             out["network"] = self.network.to_dict()
+        if self.snapshot_ref:
+            out["snapshotRef"] = {"name": self.snapshot_ref}
         return out
+
+
+def _ref(field: str, raw: Any) -> str | None:
+    """The name of an object reference ``{name: <DNS label>}`` (None when absent)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or not _NAME.fullmatch(str(raw.get("name", ""))):
+        raise _fail(f"{field}.name", "must be a DNS label")
+    return str(raw["name"])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -428,6 +445,7 @@ class SandboxTemplateSpec:
     idle_timeout_seconds: int = 900
     security: TemplateSecurity = dataclasses.field(default_factory=TemplateSecurity)
     build: TemplateBuild | None = None  # how the template is built (sandpod_contract.builds)
+    snapshot_ref: str | None = None  # its sandboxes start from this SandboxSnapshot
 
     @property
     def egress(self) -> tuple[str, ...]:
@@ -467,4 +485,5 @@ class SandboxTemplateSpec:
             ),
             security=TemplateSecurity.from_dict(raw.get("security")),
             build=TemplateBuild.from_dict(raw.get("build")),
+            snapshot_ref=_ref("spec.snapshotRef", raw.get("snapshotRef")),
         )

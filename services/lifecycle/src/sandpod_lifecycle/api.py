@@ -140,7 +140,7 @@ class LifecycleApi:
             generation=created.metadata.generation,
         )
         if req.wait_ready:
-            created = await self._wait(created, req.wait_ready, _settled)
+            created = await self.wait(created, req.wait_ready, _settled)
         return ObjectReply(object=created.to_dict())
 
     async def _name_free(self, name: str) -> None:
@@ -188,7 +188,7 @@ class LifecycleApi:
 
         obj = await self._mutate(SANDBOX, req.namespace, req.name, mark)
         if req.wait:
-            obj = await self._wait(obj, req.wait, lambda o: o is None)
+            obj = await self.wait(obj, req.wait, lambda o: o is None)
         return ObjectReply(object=obj.to_dict())
 
     async def renew(self, req: Renew) -> ObjectReply:
@@ -251,7 +251,7 @@ class LifecycleApi:
             lambda o: _with_spec(o, operating_mode=mode),
         )
         want = Phase.PAUSED if mode is OperatingMode.PAUSED else Phase.RUNNING
-        obj = await self._wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
+        obj = await self.wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
         return ObjectReply(object=obj.to_dict())
 
     # -- network -------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ class LifecycleApi:
         if SandboxView.of(obj).spec.network != policy or req.generation is not None:
             obj = await self._mutate(SANDBOX, req.namespace, req.name, change)
         if req.wait:
-            obj = await self._wait(obj, req.wait, _network_applied)
+            obj = await self.wait(obj, req.wait, _network_applied)
         return await self._network_state(obj)
 
     async def _network_state(self, obj: Resource) -> NetworkState:
@@ -346,7 +346,7 @@ class LifecycleApi:
             truncated=len(items) > limit,
         )
 
-    async def _wait(
+    async def wait(
         self, obj: Resource, timeout: float, done: Callable[[Resource | None], bool]
     ) -> Resource:
         """Watch ``obj`` until ``done`` (None = deleted) or ``timeout``; the last state seen."""

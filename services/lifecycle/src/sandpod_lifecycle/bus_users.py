@@ -11,6 +11,7 @@ from sandpod_bus.natsauth import (
     INBOX_ALL,
     Permissions,
     kv_subjects,
+    object_owner_subjects,
     object_reader_subjects,
     object_subjects,
     stream_subjects,
@@ -49,14 +50,18 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
     if node is not None:
         kv_store = (*kv_subjects(s.storage("resources")), *kv_subjects(s.storage("leases")))
         node_plane = (s.node_plane(),)
-        reads = object_reader_subjects(s.storage("build-contexts"))
+        # snapshot layers (embedded mode): the lifecycle alone writes, reads and deletes them
+        reads = (
+            *object_reader_subjects(s.storage("build-contexts")),
+            *object_owner_subjects(s.storage("snapshots")),
+        )
     users = {
         "lifecycle": Permissions(
             pub_allow=(
                 *(sbx, *node_plane, events, INBOX_ALL),
                 *(*kv_store, *events_stream, *reads),
             ),
-            sub_allow=(*_kinds(s, "sandboxes", "templates"), INBOX_ALL),
+            sub_allow=(*_kinds(s, "sandboxes", "templates", "snapshots"), INBOX_ALL),
         ),
         "pool": Permissions(
             pub_allow=(api, sbx, INBOX_ALL, *kv_store),

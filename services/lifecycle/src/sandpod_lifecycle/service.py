@@ -65,6 +65,7 @@ from sandpod_lifecycle.runtime.local import JAIL_FILE, LocalRuntime, LocalRuntim
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.settings import LifecycleSettings
+from sandpod_lifecycle.snapshots.wiring import Snapshots, start_snapshots
 from sandpod_lifecycle.steps import Templates
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
@@ -103,6 +104,7 @@ class LifecycleService:
         self._node: NodeLauncher | None = None
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
         self.builder: Builder | None = None  # template builds (the local runtime)
+        self.snapshots: Snapshots | None = None  # the snapshot controller and API
         self._pod_api: PodApi | None = None  # kubernetes: the driver's (builder Pods too)
         self._creds_policy: CredsPolicy | None = None  # kubernetes, operator mode
         self._template_builds: TemplateBuilds | None = None
@@ -316,6 +318,20 @@ class LifecycleService:
             ("templates", "list"): api.template_list,
             ("templates", "delete"): api.template_delete,
         }
+        snapshots = await start_snapshots(
+            bus=bus,
+            store=store,
+            events=events,
+            driver=driver,
+            templates=api.template,
+            wait=api.wait,
+            subjects=self.subjects,
+            state_dir=self.settings.state_dir,
+            clock=self.clock,
+        )
+        routes.update(snapshots.routes())
+        self.snapshots = snapshots
+        self.supervisor.spawn(snapshots.controller.run(), name="snapshots")
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
         if builds is not None:
             self.supervisor.spawn(builds.run(), name="template-builds")

@@ -18,6 +18,9 @@ from sandpod_contract.errors import (
     ResourceExists,
     ResourceInvalid,
     ResourceNotFound,
+    SnapshotFailed,
+    SnapshotInUse,
+    SnapshotUnsupported,
 )
 from sandpod_contract.operations import Operation
 
@@ -183,7 +186,7 @@ class SandboxEvent(Message):
     TYPE = "event.sandbox"
     name: str
     namespace: str
-    type: str  # created, ready, paused, resumed, renewed, expired, idle_expired, failed, deleted
+    type: str  # created, ready, paused, ..., deleted, snapshotted (see SANDBOX_EVENT_TYPES)
     phase: str
     reason: str = ""
     message: str = ""
@@ -230,6 +233,8 @@ SANDBOX_EVENT_TYPES: tuple[str, ...] = (
     "idle_expired",
     "failed",
     "deleted",
+    "snapshotted",
+    "snapshot_failed",
 )
 
 _NOT_FOUND = (ResourceNotFound,)
@@ -296,4 +301,22 @@ CONTROL_PLANE: tuple[Operation, ...] = (
     Operation("templates", "get", Ref, ObjectReply, "read a SandboxTemplate", _NOT_FOUND),
     Operation("templates", "list", Selection, ObjectsReply, "list SandboxTemplates"),
     Operation("templates", "delete", Ref, ObjectReply, "delete a SandboxTemplate", _NOT_FOUND),
+    Operation(
+        "snapshots",
+        "create",
+        ObjectRequest,
+        ObjectReply,
+        "snapshot a running Sandbox (a SandboxSnapshot; waits until it is Ready or Failed)",
+        (ResourceInvalid, ResourceExists, ResourceNotFound, SnapshotFailed, SnapshotUnsupported),
+    ),
+    Operation("snapshots", "get", Ref, ObjectReply, "read a SandboxSnapshot", _NOT_FOUND),
+    Operation("snapshots", "list", Selection, ObjectsReply, "list SandboxSnapshots"),
+    Operation(
+        "snapshots",
+        "delete",
+        Ref,
+        ObjectReply,
+        "delete a SandboxSnapshot and its layers no other snapshot shares",
+        (*_NOT_FOUND, SnapshotInUse),
+    ),
 )

@@ -67,14 +67,15 @@ def swap_map(a: int, b: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def userns_fd(a: int, b: int) -> int:
-    """An fd of a new user namespace whose ids are ours with ``a <-> b`` swapped.
+def userns_fd(a: int, b: int, unshare: str) -> int:
+    """An fd of a new user namespace whose ids are ours with ``a <-> b`` swapped (made by a
+    child running util-linux's ``unshare`` at the absolute path ``unshare``).
 
     Raises:
         IdmapFailed: no user namespace could be made or mapped.
     """
-    child = subprocess.Popen(  # noqa: S603 -- fixed argv, no shell
-        ["unshare", "--user", "--", "cat"],
+    child = subprocess.Popen(
+        [unshare, "--user", "--", "cat"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -100,6 +101,7 @@ def userns_fd(a: int, b: int) -> int:
     finally:
         if child.stdin is not None:
             child.stdin.close()
+        child.kill()
         child.wait()
 
 

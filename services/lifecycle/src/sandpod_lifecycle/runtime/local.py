@@ -205,9 +205,7 @@ class LocalRuntime:
     async def resume(self, sandbox_id: str) -> InstanceStatus:
         return await self._freeze(sandbox_id, False)
 
-    async def while_frozen(
-        self, sandbox_id: str, work: Callable[[JailFile], Awaitable[T]]
-    ) -> T:
+    async def while_frozen(self, sandbox_id: str, work: Callable[[JailFile], Awaitable[T]]) -> T:
         """Run ``work(jail record)`` while the instance's processes are frozen (a consistent
         view of its files: nothing in it can write), then thaw it -- unless it was paused
         before, which it stays.
@@ -325,20 +323,15 @@ class LocalRuntime:
             os.chown(top / "workspace", uid, gid)
         else:  # a root-owned base's directories cannot be copied up in our user namespace
             _writable_var_tmp(top / "upper")
-        if restored and rootless:
-            raise CreateFailed(
-                "restoring a snapshot needs id-mapped mounts, which need root: run the "
-                "lifecycle as root",
-                sandbox_id=sid,
-            )
-        if restored and os.path.realpath(base) == "/":
-            raise CreateFailed(
-                "a sandbox on the host root (template rootfs: /) cannot be restored from a "
-                "snapshot: its layers would lie inside its own base; use a template with an "
-                "image or the default base",
-                sandbox_id=sid,
-            )
-        snap_root, snap_ws = await asyncio.to_thread(_mount_snapshot, d, spec.snapshot, uid)
+        snap_root, snap_ws = await asyncio.to_thread(
+            _mount_snapshot,
+            d,
+            spec,
+            base,
+            uid=uid,
+            rootless=rootless,
+            unshare=caps.tools.get("unshare") or "unshare",
+        )
         cg = plan.for_sandbox(sid)
         record = JailFile(
             sandbox_id=sid,
@@ -592,12 +585,30 @@ async def _kill_holder(data: JailFile, timeout: float, reap: Callable[[], None])
 
 
 def _mount_snapshot(
-    d: Path, layers: tuple[SnapshotLayer, ...], uid: int
+    d: Path, spec: InstanceSpec, base: Path, *, uid: int, rootless: bool, unshare: str
 ) -> tuple[list[Path], list[Path]]:
-    """Mount each layer id-mapped (its owner's files as ``uid``'s) in ``d/lowers``: the
-    (rootfs, workspace) mount points, bottom first."""
+    """Mount each layer of ``spec.snapshot`` id-mapped (its owner's files as ``uid``'s) in
+    ``d/lowers``: the (rootfs, workspace) mount points, bottom first.
+
+    Raises:
+        CreateFailed: this instance cannot be restored (rootless, or on the host root).
+    """
+    layers: tuple[SnapshotLayer, ...] = spec.snapshot
     if not layers:
         return [], []
+    if rootless:
+        raise CreateFailed(
+            "restoring a snapshot needs id-mapped mounts, which need root: run the "
+            "lifecycle as root",
+            sandbox_id=spec.sandbox_id,
+        )
+    if os.path.realpath(base) == "/":
+        raise CreateFailed(
+            "a sandbox on the host root (template rootfs: /) cannot be restored from a "
+            "snapshot: its layers would lie inside its own base; use a template with an "
+            "image or the default base",
+            sandbox_id=spec.sandbox_id,
+        )
     lowers = d / "lowers"
     lowers.mkdir(mode=0o700)
     namespaces: dict[int, int] = {}
@@ -606,7 +617,7 @@ def _mount_snapshot(
     try:
         for i, layer in enumerate(layers):
             if layer.owner not in namespaces:
-                namespaces[layer.owner] = idmap.userns_fd(layer.owner, uid)
+                namespaces[layer.owner] = idmap.userns_fd(layer.owner, uid, unshare)
             target = lowers / str(i)
             target.mkdir()
             idmap.mount_idmapped(layer.path, target, namespaces[layer.owner])

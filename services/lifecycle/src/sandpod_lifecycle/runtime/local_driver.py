@@ -35,6 +35,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -58,6 +59,7 @@ from sandpod_lifecycle.runtime.base import (
     NetworkNotSupported,
     Resources,
     RuntimeFailure,
+    SnapshotLayer,
 )
 from sandpod_lifecycle.runtime.images import ImageRoot, image_root, unhealthy
 from sandpod_lifecycle.runtime.local import LocalRuntime
@@ -112,6 +114,25 @@ def _resources(template: SandboxTemplateSpec) -> Resources:
     )
 
 
+class Restored(Protocol):
+    @property
+    def root(self) -> SandboxTemplateSpec: ...
+
+    @property
+    def layers(self) -> tuple[SnapshotLayer, ...]: ...
+
+
+class RestoreSource(Protocol):
+    """Which snapshot a new instance starts from (``sandpod_lifecycle.snapshots.restore``)."""
+
+    async def resolve(
+        self, namespace: str, spec: SandboxSpec, template: SandboxTemplateSpec
+    ) -> Restored | None: ...
+
+    def forget(self, sandbox_id: str) -> None:
+        """The instance is gone: drop what was kept to snapshot it again."""
+
+
 class NoDefaultRootfs(CreateFailed):
     """A template names no ``rootfs`` and this service has no usable default base."""
 
@@ -136,8 +157,10 @@ class LocalDriver:
         builds: BuildCache | None = None,
         *,
         always_allowed: Sequence[Rule] = (),
+        restores: RestoreSource | None = None,
     ) -> None:
         self._runtime = runtime
+        self.restores = restores  # set by the service once the store is open
         # the platform's rules in every sandbox's effective policy (SANDPOD_NET_ALWAYS_ALLOW):
         # the same the reconciler's egress step applies, so a new jail starts under it
         self._always_allowed = tuple(always_allowed)
@@ -152,6 +175,11 @@ class LocalDriver:
 
     def protections(self) -> dict[str, str]:
         return dict(self._protections) or {"jail": "active"}
+
+    @property
+    def runtime(self) -> LocalRuntime:
+        """The namespace-jail runtime under this driver (snapshots freeze and read its jails)."""
+        return self._runtime
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(sandbox_id)`` as soon as a running jail's holder exits."""
@@ -237,8 +265,16 @@ class LocalDriver:
     async def _create(
         self, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
     ) -> InstanceStatus:
-        """A new jail: on the template's image (pulled once per node), else its base."""
-        image = await self._image(sandbox_id, template)
+        """A new jail: on the template's image (pulled once per node), else its base; restored
+        from a snapshot, on the base of the template the snapshot was taken on."""
+        restore = None
+        if self.restores is not None:
+            namespace = self._namespaces.get(sandbox_id, "default")
+            restore = await self.restores.resolve(namespace, spec, template)
+        elif spec.snapshot_ref or template.snapshot_ref:
+            raise CreateFailed("this node cannot restore snapshots (the local runtime as root can)")
+        root = template if restore is None else restore.root
+        image = await self._image(sandbox_id, root)
         instance = InstanceSpec(
             sandbox_id=sandbox_id,
             resources=_resources(template),
@@ -248,9 +284,10 @@ class LocalDriver:
             seccomp=mode_for(
                 template.security.seccomp, template.security.allow_nested_user_namespaces
             ),
+            snapshot=() if restore is None else restore.layers,
         )
-        if template.build is not None:
-            rootfs, layers, config = self._built(template)
+        if root.build is not None:
+            rootfs, layers, config = self._built(root)
             return await self._runtime.create(
                 dataclasses.replace(
                     instance,
@@ -262,7 +299,7 @@ class LocalDriver:
             )
         if image is None:
             return await self._runtime.create(
-                dataclasses.replace(instance, rootfs=self._base(template))
+                dataclasses.replace(instance, rootfs=self._base(root))
             )
         try:
             return await self._runtime.create(
@@ -402,6 +439,8 @@ class LocalDriver:
         await self._launcher.stop(sandbox_id)
         await self._runtime.destroy(sandbox_id)
         await self._release(sandbox_id)  # its image's layers may go at the next prune
+        if self.restores is not None:
+            self.restores.forget(sandbox_id)
 
     async def list(self) -> list[str]:
         return sorted(set(await self._runtime.list()) | set(self._launcher.known()))

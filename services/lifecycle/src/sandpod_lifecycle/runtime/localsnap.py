@@ -45,6 +45,14 @@ class Capture:
     new: tuple[LayerInfo, ...]  # the layers this capture added (0 to 2)
     instance: tuple[int, int]  # (holder pid, holder start): whose record this is
     manifests: tuple[Manifest, Manifest]  # (writable layer, workspace) as captured
+    previous: str | None = None  # the committed capture this one adds to (None: the first)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Record:
+    name: str
+    chain: tuple[LayerInfo, ...]
+    manifests: tuple[Manifest, Manifest]
 
 
 class LocalSnapshots:
@@ -64,15 +72,15 @@ class LocalSnapshots:
         staged = [self.layers.staging(), self.layers.staging()]
         try:
 
-            async def work(jail: JailFile) -> tuple[JailFile, Manifest, Manifest, object]:
+            async def work(jail: JailFile) -> tuple[JailFile, Manifest, Manifest, _Record | None]:
                 record = self._load(sandbox_id, jail)
-                since = (None, None) if record is None else record[1]
+                since = (None, None) if record is None else record.manifests
                 upper = await capture_tree(jail.upper, staged[0] / "fs", since[0])
                 ws = await capture_tree(jail.workspace.outside, staged[1] / "fs", since[1])
                 return jail, upper, ws, record
 
             jail, upper, ws, record = await self.runtime.while_frozen(sandbox_id, work)
-            chain = list(restored if record is None else record[0])  # type: ignore[index]
+            chain = list(restored if record is None else record.chain)
             new: list[LayerInfo] = []
             for part, stage in zip(("rootfs", "workspace"), staged, strict=True):
                 if not any((stage / "fs").iterdir()):
@@ -80,16 +88,19 @@ class LocalSnapshots:
                     continue
                 new.append(await self.layers.seal(stage, part=part, owner=jail.uid))
             instance = (jail.holder_pid or 0, jail.holder_start or 0)
-            return Capture(sandbox_id, (*chain, *new), tuple(new), instance, (upper, ws))
+            previous = None if record is None else record.name
+            return Capture(sandbox_id, (*chain, *new), tuple(new), instance, (upper, ws), previous)
         except BaseException:
             for stage in staged:
                 await asyncio.to_thread(_rmtree, stage)
             raise
 
-    def commit(self, capture: Capture) -> None:
-        """Record ``capture`` as the instance's last one (the next capture diffs from it)."""
+    def commit(self, capture: Capture, name: str) -> None:
+        """Record ``capture`` (stored as snapshot ``name``) as the instance's last one: the
+        next capture diffs from it."""
         raw = {
             "version": RECORD_VERSION,
+            "name": name,
             "instance": list(capture.instance),
             "chain": [dataclasses.asdict(layer) for layer in capture.chain],
             "manifests": [m.encode() for m in capture.manifests],
@@ -113,13 +124,14 @@ class LocalSnapshots:
         out = []
         for layer in chain:
             info = await self.layers.fetch(layer.digest, part=layer.part, owner=layer.owner)
-            part = "workspace" if info.part == "workspace" else "rootfs"
-            out.append(SnapshotLayer(self.layers.path(layer.digest), part, layer.owner))
+            path = self.layers.path(layer.digest)
+            if info.part == "workspace":
+                out.append(SnapshotLayer(path, "workspace", layer.owner))
+            else:
+                out.append(SnapshotLayer(path, "rootfs", layer.owner))
         return tuple(out)
 
-    def _load(
-        self, sandbox_id: str, jail: JailFile
-    ) -> tuple[tuple[LayerInfo, ...], tuple[Manifest, Manifest]] | None:
+    def _load(self, sandbox_id: str, jail: JailFile) -> _Record | None:
         try:
             raw = msgpack.unpackb((self._records / sandbox_id).read_bytes())
             if raw.get("version") != RECORD_VERSION:
@@ -128,11 +140,12 @@ class LocalSnapshots:
                 return None  # another instance of the same name: its state is not ours
             chain = tuple(LayerInfo(**layer) for layer in raw["chain"])
             rootfs, ws = (Manifest.decode(m) for m in raw["manifests"])
+            name = str(raw["name"])
         except (OSError, ValueError, TypeError, KeyError, msgpack.UnpackException):
             return None
         if not all(self.layers.has(layer.digest) for layer in chain):
             return None  # a layer it stacks on is gone: capture everything again
-        return chain, (rootfs, ws)
+        return _Record(name, chain, (rootfs, ws))
 
 
 def _rmtree(path: Path) -> None:

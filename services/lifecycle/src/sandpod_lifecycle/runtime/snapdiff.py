@@ -51,7 +51,8 @@ class Manifest:
 
     def encode(self) -> bytes:
         rows = [[p, i, c, d] for p, (i, c, d) in self.entries.items()]
-        return msgpack.packb({"version": MANIFEST_VERSION, "entries": rows})
+        data: bytes = msgpack.packb({"version": MANIFEST_VERSION, "entries": rows})
+        return data
 
     @classmethod
     def decode(cls, data: bytes) -> Manifest:

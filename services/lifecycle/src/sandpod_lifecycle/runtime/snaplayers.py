@@ -89,6 +89,8 @@ class Blobs(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
+    async def keys(self) -> list[str]: ...
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LayerInfo:
@@ -259,7 +261,7 @@ async def _pack(fs: Path, blob: Path) -> tuple[str, int]:
 
 
 async def _unpack(blob: Path, fs: Path) -> None:
-    fs.mkdir()
+    await asyncio.to_thread(fs.mkdir)
     proc = await asyncio.create_subprocess_exec(
         *TAR_EXTRACT,
         "--directory",

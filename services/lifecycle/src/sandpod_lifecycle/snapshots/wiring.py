@@ -1,0 +1,70 @@
+"""Snapshots in the lifecycle service: the node's layer store, the controller, the API routes.
+
+Only the local runtime as root takes and restores snapshots (``LocalSnapshots``: frozen jails,
+id-mapped layers); on any other runtime the routes still answer and a snapshot fails with
+``Unsupported``, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from sandpod_bus import Bus
+from sandpod_contract.subjects import Subjects
+from sandpod_lifecycle.driver import Driver
+from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.runtime.local_driver import LocalDriver
+from sandpod_lifecycle.runtime.localsnap import LocalSnapshots
+from sandpod_lifecycle.runtime.snaplayers import LayerStore
+from sandpod_lifecycle.snapshots.api import SnapshotApi, Wait
+from sandpod_lifecycle.snapshots.controller import SnapshotController, Templates
+from sandpod_lifecycle.snapshots.restore import Restores
+from sandpod_service.clock import Clock
+from sandpod_store import Store
+
+__all__ = ["Snapshots", "start_snapshots"]
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+class Snapshots:
+    def __init__(self, controller: SnapshotController, api: SnapshotApi) -> None:
+        self.controller = controller
+        self.api = api
+
+    def routes(self) -> dict[tuple[str, str], Handler]:
+        return {
+            ("snapshots", "create"): self.api.create,
+            ("snapshots", "get"): self.api.get,
+            ("snapshots", "list"): self.api.list,
+            ("snapshots", "delete"): self.api.delete,
+        }
+
+
+async def start_snapshots(
+    *,
+    bus: Bus,
+    store: Store,
+    events: Events,
+    driver: Driver,
+    templates: Templates,
+    wait: Wait,
+    subjects: Subjects,
+    state_dir: Path,
+    clock: Clock,
+) -> Snapshots:
+    """The snapshot controller and API for this lifecycle (the caller runs ``controller.run``)."""
+    local: LocalSnapshots | None = None
+    if isinstance(driver, LocalDriver) and os.geteuid() == 0:
+        blobs = await bus.objects(subjects.storage("snapshots"))
+        layers = LayerStore(state_dir / "snapshots", blobs)
+        local = LocalSnapshots(driver.runtime, layers)
+        driver.restores = Restores(store, templates, local)
+    controller = SnapshotController(
+        store=store, events=events, snapshots=local, templates=templates, clock=clock
+    )
+    api = SnapshotApi(store, wait, controller.collect_soon)
+    return Snapshots(controller, api)
