@@ -108,6 +108,7 @@ def create_object(
     labels: Mapping[str, str] | None,
     env: Mapping[str, str] | None,
     network: Mapping[str, Any] | None = None,
+    snapshot: str | None = None,
 ) -> dict[str, Any]:
     """The Sandbox object for a create request. Raises BadRequest for a reserved
     (``sandpod.dev/``) label, as lifecycle would; ResourceInvalid naming the field for a bad
@@ -122,6 +123,8 @@ def create_object(
         spec["idleTimeoutSeconds"] = idle_timeout
     if env:
         spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if snapshot is not None:
+        spec["snapshotRef"] = {"name": snapshot}
     if network is not None:
         from sandpod_contract.network import NetworkPolicy  # lazy: not on the exec path
 

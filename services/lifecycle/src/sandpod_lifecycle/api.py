@@ -50,6 +50,7 @@ from sandpod_contract.resources import (
     SandboxStatus,
     SandboxTemplateSpec,
 )
+from sandpod_contract.snapshots import SNAPSHOT_KIND, SnapshotPhase, SnapshotStatus
 from sandpod_contract.tenancy import LIFECYCLE_NAMESPACE
 from sandpod_contract.times import from_rfc3339, to_rfc3339
 from sandpod_lifecycle.egress import wanted
@@ -65,6 +66,7 @@ from sandpod_lifecycle.objects import (
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.scoping import (
     scope,
+    scoped_name,
     scoped_object,
     scoped_ref,
     scoped_selection,
@@ -113,9 +115,12 @@ class LifecycleApi:
     async def create(self, req: ObjectRequest) -> ObjectReply:
         refuse_reserved(req.object)
         raw = scoped_object(req.object, "sandbox", "sbx")
+        raw = _scoped_snapshot_ref(raw)
         obj, spec = sandbox_from_map(raw)
         if (raw.get("metadata") or {}).get("name"):
             await self._name_free(obj.metadata.name)
+        if spec.snapshot_ref is not None:
+            obj, spec = await self._from_snapshot(obj, spec)
         template = await self.template(obj.metadata.namespace, spec.template_ref)
         obj = apply_defaults(obj, spec, template, self.clock.now())
         SandboxSpec.from_dict(obj.spec)  # defaults must still satisfy the schema
@@ -142,6 +147,33 @@ class LifecycleApi:
         if req.wait_ready:
             created = await self.wait(created, req.wait_ready, _settled)
         return ObjectReply(object=created.to_dict())
+
+    async def _from_snapshot(
+        self, obj: Resource, spec: SandboxSpec
+    ) -> tuple[Resource, SandboxSpec]:
+        """A sandbox restored from a snapshot: the snapshot exists in its namespace (a tenant's
+        names only its own), and without a template of its own it gets the snapshot's.
+
+        Raises:
+            ResourceInvalid: no such snapshot, or it failed.
+        """
+        field = "spec.snapshotRef.name"
+        try:
+            snap = await self.store.get(
+                SNAPSHOT_KIND, obj.metadata.namespace, spec.snapshot_ref or ""
+            )
+        except ResourceNotFound:
+            raise ResourceInvalid(
+                f"unknown snapshot {spec.snapshot_ref!r}; take one first (sandpod snapshot create)",
+                field=field,
+            ) from None
+        status = SnapshotStatus.from_dict(snap.status)
+        if status.phase is SnapshotPhase.FAILED:
+            raise ResourceInvalid(f"snapshot {spec.snapshot_ref!r} failed", field=field)
+        if spec.template_ref is None and status.template:
+            obj = _with_spec(obj, template_ref=status.template)
+            spec = dataclasses.replace(spec, template_ref=status.template)
+        return obj, spec
 
     async def _name_free(self, name: str) -> None:
         """A sandbox's name is its id on the data plane (``<prefix>.sbx.<name>.>``), so it is
@@ -383,6 +415,17 @@ def _admin_only(verb: str) -> None:
             "on the host)",
             field="subject",
         )
+
+
+def _scoped_snapshot_ref(raw: Any) -> Any:
+    """On a tenant's subject, ``spec.snapshotRef`` names one of the tenant's own snapshots."""
+    s = scope()
+    spec = raw.get("spec") if isinstance(raw, dict) else None
+    ref = spec.get("snapshotRef") if isinstance(spec, dict) else None
+    if s is None or not isinstance(spec, dict) or not isinstance(ref, dict):
+        return raw
+    name = scoped_name(s, "snapshot", str(ref.get("name", "")), "spec.snapshotRef.name")
+    return {**raw, "spec": {**spec, "snapshotRef": {"name": name}}}
 
 
 def _phase(obj: Resource) -> Phase:
