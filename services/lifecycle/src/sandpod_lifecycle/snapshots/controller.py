@@ -51,6 +51,7 @@ __all__ = ["SnapshotController"]
 log = structlog.get_logger("sandpod.lifecycle.snapshots")
 
 RETRY = 2.0  # seconds before a capture that may pass is tried again
+ADOPT_AFTER = 10.0  # seconds after which a snapshot the API never completed is taken anyway
 MAX_ATTEMPTS = 5
 UNSUPPORTED = (
     "this lifecycle's runtime cannot take snapshots (the local runtime as root can; "
@@ -149,11 +150,15 @@ class SnapshotController:
         except ResourceNotFound:
             self._attempts.pop(key, None)
             return None
-        if SnapshotStatus.from_dict(obj.status).phase is not SnapshotPhase.PENDING:
+        status = SnapshotStatus.from_dict(obj.status)
+        if status.phase is not SnapshotPhase.PENDING:
             return None
+        if not status.source_uid and self._age(obj) < ADOPT_AFTER:
+            return ADOPT_AFTER  # the API writes the source's uid next (its update queues this)
         try:
             await self._capture(obj)
         except ResourceConflict:
+            self._collect.set()  # the layers it stored are named by no snapshot now
             return RETRY
         except (SandpodError, RuntimeFailure, OSError) as exc:
             retryable = getattr(exc, "retryable", True)
@@ -164,6 +169,10 @@ class SnapshotController:
             await self._fail(obj, SnapshotReason.CAPTURE_FAILED, f"the capture failed: {exc}")
         self._attempts.pop(key, None)
         return None
+
+    def _age(self, obj: Resource) -> float:
+        created = obj.metadata.creation_timestamp
+        return self._clock.now() - from_rfc3339(created) if created else ADOPT_AFTER
 
     async def _capture(self, obj: Resource) -> None:
         spec = SnapshotSpec.from_dict(obj.spec)
