@@ -12,9 +12,11 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import nats
@@ -23,7 +25,13 @@ from test_default_rootfs import Platform, platform  # noqa: F401 - fixture used 
 
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
-from sandpod.errors import ResourceInvalid, ResourceNotFound, SnapshotFailed, SnapshotInUse
+from sandpod.errors import (
+    ResourceInvalid,
+    ResourceNotFound,
+    SandboxError,
+    SnapshotFailed,
+    SnapshotInUse,
+)
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, Ref
 from sandpod_contract.subjects import Subjects
@@ -36,10 +44,10 @@ DEADLINE = 60.0
 
 
 @pytest.fixture
-async def plat(platform: Callable[..., Platform]) -> AsyncIterator[Platform]:  # noqa: F811
+async def plat(platform: Callable[..., Platform]) -> Platform:  # noqa: F811
     p = platform()
     await p.answering()
-    yield p
+    return p
 
 
 async def _sh(sbx: AsyncSandbox, script: str) -> str:
@@ -146,9 +154,9 @@ async def test_a_changed_blob_in_the_object_store_fails_the_restore(plat: Platfo
         await store.put(digest, b"not the layer")
     finally:
         await nc.close()
-    with pytest.raises(Exception) as info:
+    with pytest.raises(SandboxError, match=r"SnapshotUnavailable|changed") as info:
         await AsyncSandbox.create(snapshot=snap.name, nats_url=plat.url, prefix=plat.prefix)
-    assert "SnapshotUnavailable" in str(info.value) or "changed" in str(info.value)
+    assert "cannot be restored" in str(info.value)
     await src.kill()
     await src.close()
 
@@ -322,4 +330,43 @@ async def test_snapshot_of_a_sandbox_that_is_not_running_fails_with_the_reason(
     await src.kill()
     with pytest.raises((ResourceNotFound, SnapshotFailed)):
         await src.snapshot()
+    await src.close()
+
+
+def _cli(p: Platform, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sandpod", *args],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE * 2,
+        check=False,
+        env={**os.environ, "SANDPOD_NATS_URL": p.url, "SANDPOD_PREFIX": p.prefix},
+    )
+
+
+async def test_the_cli_snapshots_forks_lists_and_removes(plat: Platform) -> None:
+    """sandpod snapshot create/ls/get/rm, fork -n and create --snapshot, as a user types them;
+    an in-use snapshot's rm fails with the holder named and exit 125."""
+    src = await plat.create(f"cli-{uuid.uuid4().hex[:6]}")
+    await _sh(src, "echo cli > /workspace/c")
+    made = await asyncio.to_thread(_cli, plat, "snapshot", "create", src.id, "--name", "c1")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.split("\n")[1].split()[:3] == ["c1", "Ready", src.id]
+    listed = await asyncio.to_thread(_cli, plat, "snapshot", "ls", "-o", "json")
+    assert [o["metadata"]["name"] for o in json.loads(listed.stdout)] == ["c1"]
+    forked = await asyncio.to_thread(_cli, plat, "fork", src.id, "-n", "2", "--snapshot", "c1")
+    assert forked.returncode == 0, forked.stderr
+    names = forked.stdout.split()
+    assert len(names) == 2
+    for name in names:
+        async with await AsyncSandbox.connect(name, nats_url=plat.url, prefix=plat.prefix) as f:
+            assert await _sh(f, "cat /workspace/c") == "cli\n"
+    busy = await asyncio.to_thread(_cli, plat, "snapshot", "rm", "c1")
+    assert busy.returncode == 125 and "snapshot.in_use" in busy.stderr
+    assert all(n in busy.stderr for n in names)
+    for name in names:
+        assert (await asyncio.to_thread(_cli, plat, "rm", name)).returncode == 0
+    gone = await asyncio.to_thread(_cli, plat, "snapshot", "rm", "c1")
+    assert gone.returncode == 0 and "deleted c1" in gone.stdout
+    await src.kill()
     await src.close()
