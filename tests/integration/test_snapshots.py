@@ -33,7 +33,13 @@ from sandpod.errors import (
     SnapshotInUse,
 )
 from sandpod_bus import Bus, BusSettings
-from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, Ref
+from sandpod_contract.messages.sandboxes import (
+    ObjectReply,
+    ObjectRequest,
+    ObjectsReply,
+    Ref,
+    Selection,
+)
 from sandpod_contract.subjects import Subjects
 
 pytestmark = pytest.mark.skipif(
@@ -239,7 +245,7 @@ async def test_another_tenant_cannot_see_snapshot_or_restore(plat: Platform) -> 
                 await api_call(
                     bus, beta, "sandboxes", "create", ObjectRequest(object=steal), ObjectReply
                 )
-        listed = await api_call(bus, beta, "snapshots", "list", _sel(), _objs())
+        listed = await api_call(bus, beta, "snapshots", "list", Selection(), ObjectsReply)
         assert not [i for i in listed.items if i["metadata"]["name"] == snap_id]
         for source in (name, sid):
             grab = {"kind": "SandboxSnapshot", "spec": {"sourceRef": {"name": source}}}
@@ -254,18 +260,6 @@ async def test_another_tenant_cannot_see_snapshot_or_restore(plat: Platform) -> 
         )
     finally:
         await bus.close()
-
-
-def _sel():  # type: ignore[no-untyped-def]
-    from sandpod_contract.messages.sandboxes import Selection
-
-    return Selection()
-
-
-def _objs():  # type: ignore[no-untyped-def]
-    from sandpod_contract.messages.sandboxes import ObjectsReply
-
-    return ObjectsReply
 
 
 async def test_a_lifecycle_killed_mid_capture_converges(plat: Platform) -> None:
