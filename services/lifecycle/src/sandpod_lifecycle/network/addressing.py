@@ -178,7 +178,7 @@ def _claim(
 
     def usable(index: int) -> bool:
         candidate = nth(index)
-        return not any(candidate.overlaps(n) for n in busy)  # type: ignore[arg-type]
+        return not any(candidate.overlaps(n) for n in busy)
 
     preferred = int(ident, 16) % count
     order = ((preferred + k) % count for k in range(count))
