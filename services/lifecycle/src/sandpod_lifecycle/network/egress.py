@@ -417,6 +417,11 @@ class Egress:
             return None
         return str(self.plan.sandbox(record.index).sandbox)
 
+    def link(self, sandbox_id: str) -> str | None:
+        """The host end of the sandbox's veth (None: not attached)."""
+        record = self._records.get(sandbox_id)
+        return None if record is None else self.links.sandbox(record.index)
+
     def address6(self, sandbox_id: str) -> str | None:
         """The sandbox's own IPv6 address (None: not attached, or no IPv6)."""
         record = self._records.get(sandbox_id)

@@ -12,10 +12,12 @@ The installation's *gateway address* (where the resolver and proxy listen) sits 
 of its own kept on the host (``sp<id>g`` / ``sp<id>h``): deleting that link removes the address
 (no dummy interface is needed, which some kernels lack).
 
-IPv6 on a link: both ends get ``addrgenmode none`` (no link-local address: nothing on the
-host end for a sandbox to talk to but the routed /127, neighbour discovery runs on those
-global addresses) and ``nodad`` addresses (usable at once, no 1-2 s of duplicate detection
-on a link that has two ends by construction); the host end accepts no router advertisements.
+IPv6 on a link: the sandbox end gets ``addrgenmode none`` (no link-local address of its own:
+it sends from its /127 address only), the host end keeps its link-local address (the kernel
+sends a neighbour solicitation for a *forwarded* packet only from a link-local address; the
+firewall lets a sandbox reach it for neighbour discovery only); duplicate address detection
+is off on both (``nodad``, ``accept_dad=0``: usable at once, not 1-2 s later, on a link that
+has two ends by construction); the host end accepts no router advertisements.
 Without IPv6 the host end's IPv6 is disabled (no link-local address either).
 
 Work is done by iproute2 (``ip -batch``: one process per side) and tc; these functions block,
@@ -178,10 +180,7 @@ class LinkNames:
             _no_ipv6(name)
         else:
             _ipv6_static(name)
-            host += [
-                f"link set {name} addrgenmode none",
-                f"address add {addrs.host6}/127 dev {name} nodad",
-            ]
+            host += [f"address add {addrs.host6}/127 dev {name} nodad"]
             inside += [
                 f"link set {SANDBOX_IFACE} addrgenmode none",
                 f"address add {addrs.sandbox6}/127 dev {SANDBOX_IFACE} nodad",
@@ -288,11 +287,12 @@ def _has_qdisc(tc: list[str], name: str) -> bool:
 
 
 def _ipv6_static(name: str) -> None:
-    """IPv6 on a host end, static only: no router advertisements taken (the host forwards),
-    none sent to it matter (``addrgenmode none`` is set with the addresses)."""
+    """IPv6 on a host end, static only: no router advertisements taken, no duplicate address
+    detection (see the module docstring)."""
     conf = Path(f"/proc/sys/net/ipv6/conf/{name}")
     with contextlib.suppress(OSError):
         (conf / "accept_ra").write_text("0")
+        (conf / "accept_dad").write_text("0")
         (conf / "disable_ipv6").write_text("0")
 
 
