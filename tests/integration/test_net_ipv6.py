@@ -17,6 +17,7 @@ import ipaddress
 import os
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
@@ -24,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dnsauth import AuthServer
 from netsbx import egress_runtime, make, ok, probe, reached
 from prometheus_client import CollectorRegistry
 
+from dnsauth import AuthServer
 from fakenet import FakeNet
 from sandpod_contract.network import NetworkPolicy
 from sandpod_lifecycle.network.dnssettings import ResolverSettings
@@ -187,8 +188,6 @@ def host_service6() -> Iterator[int]:
             with conn, contextlib.suppress(OSError):
                 conn.recv(1024)
                 conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 12\r\n\r\nhost secret\n")
-
-    import threading
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
