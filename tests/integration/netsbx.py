@@ -68,12 +68,19 @@ def leftovers(egress: Egress) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def egress_runtime(
-    state: Path, rootfs: Path, gateway_uid: int = 0, log_group: int | None = None
+    state: Path,
+    rootfs: Path,
+    gateway_uid: int = 0,
+    log_group: int | None = None,
+    proxy_port: int | None = None,
 ) -> AsyncIterator[tuple[LocalRuntime, Egress]]:
     ident = uuid.uuid4().hex[:10]
     egress = Egress(
         EgressSettings(
-            registry=state / "net-ranges.json", gateway_uid=gateway_uid, log_group=log_group
+            registry=state / "net-ranges.json",
+            gateway_uid=gateway_uid,
+            log_group=log_group,
+            proxy_port=proxy_port,
         ),
         ident,
         state,

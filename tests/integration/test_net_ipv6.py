@@ -35,7 +35,8 @@ from sandpod_lifecycle.network.dnssettings import ResolverSettings
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.ipv6 import host_support
 from sandpod_lifecycle.network.metrics import NetworkMetrics
-from sandpod_lifecycle.network.node import NodeNetwork, start_node_network
+from sandpod_lifecycle.network.node import NodeNetwork, ProxyWiring, start_node_network
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.runtime.base import InstanceStatus
 from sandpod_lifecycle.runtime.local import LocalRuntime
 
@@ -103,10 +104,11 @@ class Events:
 
 @contextlib.asynccontextmanager
 async def node_network(
-    egress: Egress, upstream: tuple[str, int]
+    egress: Egress, upstream: tuple[str, int], state: Path | None = None
 ) -> AsyncIterator[tuple[NodeNetwork, Events]]:
     """The node's resolver (on both gateway addresses) and refusal log, as lifecycle starts
-    them; every task it spawned is cancelled and awaited on exit."""
+    them (and its egress proxy, with ``state``); every task it spawned is cancelled and
+    awaited on exit."""
     events, tasks = Events(), set()
 
     def spawn(coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -118,6 +120,9 @@ async def node_network(
         NetworkMetrics(CollectorRegistry()),
         publish=events.publish,
         spawn=spawn,
+        proxy=None
+        if state is None
+        else ProxyWiring(ProxySettings(), state, egress.installation_id, CollectorRegistry()),
     )
     try:
         yield net, events
@@ -484,3 +489,109 @@ async def test_a_spoofed_v6_source_never_leaves(
     fw.nft.run(f"delete rule inet {egress.table} {chain} handle {handle}")
     await send("root-honest-2")
     assert "spoofed-from-3fff:999::99" in log(), log()
+
+
+async def test_two_installations_side_by_side_keep_their_v6_apart(
+    tmp_path: Path, default_rootfs: Path | None, fakenet: FakeNet
+) -> None:
+    """A second installation on the host claims another /64 and table;
+    each one's sandbox reaches the v6 internet and neither reaches the other's v6 address."""
+    if default_rootfs is None:
+        pytest.skip("no default sandbox rootfs (mmdebstrap could not build it: see conftest)")
+    s1, s2 = (Path(f"/var/tmp/sandpod-net6-{x}-{uuid.uuid4().hex[:6]}") for x in "ab")
+    try:
+        async with egress_runtime(s1, default_rootfs) as (rt1, e1):
+            (s2 / "x").mkdir(parents=True)
+            async with egress_runtime(s2, default_rootfs) as (rt2, e2):
+                assert e1.plan.slice6 is not None and e2.plan.slice6 is not None
+                assert not e1.plan.slice6.overlaps(e2.plan.slice6)
+                a, b = await make(rt1, PUBLIC), await make(rt2, PUBLIC)
+                a6, b6 = e1.address6(a.sandbox_id), e2.address6(b.sandbox_id)
+                assert a6 and b6
+                await serve(b, b6)
+                await serve(a, a6)
+                ra = await probe(a, v6(fakenet.public6, 80), v6(b6, 8000))
+                rb = await probe(b, v6(fakenet.public6, 80), v6(a6, 8000))
+                assert reached(ra) == {v6(fakenet.public6, 80)}, ra
+                assert reached(rb) == {v6(fakenet.public6, 80)}, rb
+    finally:
+        subprocess.run(["rm", "-rf", str(s1), str(s2)], check=False)
+
+
+HOLD = r"""
+import socket, sys
+held, out = [], []
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        held.append(socket.create_connection((host, int(port)), timeout=1.5))
+        out.append("open")
+    except OSError:
+        out.append("refused")
+print(" ".join(out))
+"""
+
+
+async def test_the_connection_limit_counts_both_families_together(
+    node: tuple[LocalRuntime, Egress], fakenet: FakeNet
+) -> None:
+    """``limits.maxConnections: 3`` with two IPv4 connections held: one IPv6 connection
+    opens, the next does not (a per-family count would let three of each through)."""
+    rt, _ = node
+    limited = NetworkPolicy.from_dict({"limits": {"maxConnections": 3}})
+    s = await make(rt, limited)
+    four = 2 * [f"{fakenet.public}:80"] + 2 * [v6(fakenet.public6, 80)]
+    assert (await ok(s, ["python3", "-c", HOLD, *four])).split() == 3 * ["open"] + ["refused"]
+    six = 4 * [v6(fakenet.public6, 80)]
+    assert (await ok(s, ["python3", "-c", HOLD, *six])).split() == 3 * ["open"] + ["refused"]
+
+
+PROXIED = r"""
+import socket, sys
+address, host = sys.argv[1], sys.argv[2]
+try:
+    s = socket.create_connection((address, 80), timeout=5)
+    s.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    print(data.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip() or "empty")
+except OSError as e:
+    print("refused:" + type(e).__name__)
+"""
+
+
+async def test_a_name_rules_v6_address_goes_through_the_egress_proxy(
+    state: Path, default_rootfs: Path | None, fakenet: FakeNet
+) -> None:
+    """With the egress proxy on, a name rule's AAAA address on port 80 is DNAT'ed to the
+    proxy's v6 listener, which checks the Host header against what the resolver answered this
+    sandbox: the allowed name reaches the server, another Host on the same address does not
+    (sent directly, the same request would be served)."""
+    if default_rootfs is None:
+        pytest.skip("no default sandbox rootfs (mmdebstrap could not build it: see conftest)")
+    auth = AuthServer()
+    await auth.start()
+    auth.add("api.example.test", "AAAA", 60, fakenet.public6)
+    policy = NetworkPolicy.from_dict({"mode": "allowlist", "allow": ["api.example.test:80"]})
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    try:
+        async with (
+            egress_runtime(state, default_rootfs, proxy_port=port) as (rt, egress),
+            node_network(egress, auth.address, state) as (net, _),
+        ):
+            assert net.proxy is not None
+            s = await make(rt, policy)
+            lookup = ["python3", "-c", LOOKUP, "api.example.test", "x", str(egress.gateway)]
+            assert fakenet.public6 in await ok(s, lookup)
+            good = await ok(s, ["python3", "-c", PROXIED, fakenet.public6, "api.example.test"])
+            assert good.strip() == "fakenet public6", good
+            bad = await ok(s, ["python3", "-c", PROXIED, fakenet.public6, "other.example.test"])
+            assert "fakenet" not in bad, bad
+            # the same request straight to the server (what the DNAT prevents) is served
+            direct = fakenet.exec("python3", "-c", PROXIED, fakenet.public6, "other.example.test")
+            assert direct.stdout.strip() == "fakenet public6", direct
+    finally:
+        await auth.close()
