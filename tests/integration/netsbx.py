@@ -72,7 +72,9 @@ async def egress_runtime(
     rootfs: Path,
     gateway_uid: int = 0,
     log_group: int | None = None,
+    *,
     proxy_port: int | None = None,
+    ipv6: bool | None = None,
 ) -> AsyncIterator[tuple[LocalRuntime, Egress]]:
     ident = uuid.uuid4().hex[:10]
     egress = Egress(
@@ -81,6 +83,7 @@ async def egress_runtime(
             gateway_uid=gateway_uid,
             log_group=log_group,
             proxy_port=proxy_port,
+            ipv6=ipv6,
         ),
         ident,
         state,

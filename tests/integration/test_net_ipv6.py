@@ -595,3 +595,22 @@ async def test_a_name_rules_v6_address_goes_through_the_egress_proxy(
             assert direct.stdout.strip() == "fakenet public6", direct
     finally:
         await auth.close()
+
+
+async def test_ipv6_off_gives_ipv4_only_and_says_so(
+    state: Path, default_rootfs: Path | None, fakenet: FakeNet
+) -> None:
+    """``SANDPOD_NET_IPV6=off``: no v6 range is claimed, the sandbox's ``egress_ipv6``
+    protection and notes say IPv4 only, it has no global v6 address and reaches no v6
+    server, while IPv4 works."""
+    if default_rootfs is None:
+        pytest.skip("no default sandbox rootfs (mmdebstrap could not build it: see conftest)")
+    async with egress_runtime(state, default_rootfs, ipv6=False) as (rt, egress):
+        assert egress.plan.slice6 is None and egress.gateway6 is None
+        assert any("IPv4 egress only" in n for n in egress.notes), egress.notes
+        s = await make(rt, PUBLIC)
+        assert s.protections["egress_ipv6"].startswith("off:"), s.protections
+        assert any("IPv4 egress only" in n for n in s.notes), s.notes
+        assert egress.address6(s.sandbox_id) is None
+        results = await probe(s, f"{fakenet.public}:80", v6(fakenet.public6, 80))
+        assert reached(results) == {f"{fakenet.public}:80"}, results
