@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -290,8 +290,9 @@ async def test_an_ipv4_allowlist_refuses_all_ipv6_and_a_v6_cidr_opens_only_itsel
 ) -> None:
     """An allowlist of IPv4 CIDRs only (one covering the v4 fake internet) reaches no v6
     address; one allowing ``public6/128`` on port 80 reaches that and not its neighbour; a
-    live update to the v4-only policy revokes it at once, an open connection too."""
-    rt, _ = node
+    live update to the v4-only policy revokes it at once, an open connection too (which,
+    without the chain's generation check, would go on)."""
+    rt, egress = node
     v4_only = NetworkPolicy.from_dict(
         {"mode": "allowlist", "allow": [f"{fakenet.public_net}", "10.0.0.0/8"]}
     )
@@ -303,6 +304,17 @@ async def test_an_ipv4_allowlist_refuses_all_ipv6_and_a_v6_cidr_opens_only_itsel
     await rt.apply_network(s.sandbox_id, one)
     assert reached(await probe(s, *targets)) == {v6(fakenet.public6, 80)}
     assert await _held(rt, s, fakenet.public6, v4_only) == "refused:TimeoutError"
+    # without the policy generation (an established connection accepted whatever the policy
+    # it was accepted under), the revoked connection would go on
+    await rt.apply_network(s.sandbox_id, one)
+    fw = egress.firewall
+    assert fw is not None
+    chain = "sbx_" + str(egress.link(s.sandbox_id)).rsplit("-", 1)[1]
+
+    def unmarked() -> None:
+        fw.nft.run(f"insert rule inet {egress.table} {chain} ct state established accept")
+
+    assert await _held(rt, s, fakenet.public6, v4_only, unmarked) == "fakenet public6"
 
 
 HELD = r"""
@@ -318,8 +330,15 @@ except OSError as e:
 """
 
 
-async def _held(rt: LocalRuntime, s: InstanceStatus, host: str, policy: NetworkPolicy) -> str:
-    """Open a connection to ``host``:80 from the sandbox, apply ``policy``, then use it."""
+async def _held(
+    rt: LocalRuntime,
+    s: InstanceStatus,
+    host: str,
+    policy: NetworkPolicy,
+    then: Callable[[], None] = lambda: None,
+) -> str:
+    """Open a connection to ``host``:80 from the sandbox, apply ``policy`` (then call
+    ``then``), then use it."""
     assert s.holder_pid is not None
     proc = await asyncio.create_subprocess_exec(
         "nsenter",
@@ -338,6 +357,7 @@ async def _held(rt: LocalRuntime, s: InstanceStatus, host: str, policy: NetworkP
     assert proc.stdin is not None and proc.stdout is not None
     assert (await proc.stdout.readline()).strip() == b"open"
     await rt.apply_network(s.sandbox_id, policy)
+    then()
     proc.stdin.write(b"go\n")
     await proc.stdin.drain()
     line = (await proc.stdout.readline()).decode().strip()

@@ -171,6 +171,8 @@ class Egress:
             )
             plan = dataclasses.replace(plan, slice6=slice6, pool6=s.pool6)
             notes += ipv6.enable_forwarding()
+            if (no_route := ipv6.route_note()) is not None:
+                notes.append(no_route)
         else:
             notes.append(f"sandboxes get IPv4 egress only: {self.ipv6_off}")
         nft = self._nft or Nft()

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from sandpod_contract.network import METADATA_ADDRESSES, SPECIAL_RANGES
 from sandpod_lifecycle.network.addressing import AddressPlan
-from sandpod_lifecycle.network.link import OURS
+from sandpod_lifecycle.network.link import OURS, LinkError, run
 from sandpod_lifecycle.network.rules import elements
 
-__all__ = ["HARD6", "base_chains6", "enable_forwarding", "host_support"]
+__all__ = ["HARD6", "base_chains6", "enable_forwarding", "host_support", "route_note"]
 
 CONF = Path("/proc/sys/net/ipv6/conf")
 # IPv6 no policy opens besides the metadata address and the v6 pool
@@ -48,6 +48,19 @@ def host_support(conf: Path = CONF) -> str | None:
     except OSError:
         return "this kernel has no IPv6 (no /proc/sys/net/ipv6)"
     return None
+
+
+def route_note() -> str | None:
+    """A note when this host has no IPv6 default route: sandboxes then reach v6 destinations
+    only where the host has a route (their ULA source makes dual-stack clients prefer IPv4,
+    RFC 6724, so names with both kinds of address still work)."""
+    try:
+        routes = run(["ip", "-6", "route", "show", "default"]).strip()
+    except LinkError as exc:
+        return f"cannot read this host's IPv6 routes: {exc}"
+    if routes:
+        return None
+    return "this host has no IPv6 default route: sandboxes reach IPv6 only where it has routes"
 
 
 def enable_forwarding(conf: Path = CONF) -> list[str]:

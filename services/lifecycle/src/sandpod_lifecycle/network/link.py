@@ -38,7 +38,7 @@ from pathlib import Path
 
 from sandpod_lifecycle.network.addressing import SandboxAddresses
 
-__all__ = ["LinkError", "LinkNames", "host_networks", "host_networks6"]
+__all__ = ["LinkError", "LinkNames", "host_networks", "host_networks6", "run"]
 
 SANDBOX_IFACE = "eth0"
 OURS = re.compile(r"sp[0-9a-f]{6}[-gh]")  # any installation's links (see LinkNames)
@@ -55,6 +55,11 @@ class LinkError(Exception):
         super().__init__(f"{message}: {detail}" if detail else message)
         self.message = message
         self.detail = detail
+
+
+def run(argv: Sequence[str], stdin: str | None = None) -> str:
+    """Run an iproute2/tc command; its stdout. Raises LinkError."""
+    return _run(argv, stdin)
 
 
 def _run(argv: Sequence[str], stdin: str | None = None) -> str:
