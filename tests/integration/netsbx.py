@@ -63,6 +63,10 @@ def leftovers(egress: Egress) -> list[str]:
         net = egress.plan.slice
         octets = ".".join(str(net.network_address).split(".")[:2]) + "."
         left += [f"route {r}" for r in routes.splitlines() if r.startswith(octets) and prefix in r]
+    routes6 = subprocess.run(
+        ["ip", "-6", "route", "show", "table", "all"], capture_output=True, text=True
+    ).stdout
+    left += [f"route {r}" for r in routes6.splitlines() if prefix in r]
     return left
 
 
