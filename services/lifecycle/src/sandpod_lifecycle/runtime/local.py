@@ -401,6 +401,11 @@ class LocalRuntime:
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
         if egress is not None:
             protections["egress"] = egress
+            if self.egress is not None and spec.network is not None:
+                off = self.egress.ipv6_off
+                protections["egress_ipv6"] = ACTIVE if off is None else f"off: {off}"
+                if off is not None:
+                    notes.append(f"IPv4 egress only: {off}")
         protections.update(
             network=ACTIVE,
             rootfs=ACTIVE,
@@ -437,7 +442,12 @@ class LocalRuntime:
                 return "unavailable: rootless: egress refused, the sandbox has loopback only"
             return "off on this node (SANDPOD_NET=off, or its setup failed): loopback only"
         addrs = await self.egress.attach(spec.sandbox_id, holder, spec.network)
-        log.info("jail_network", sandbox_id=spec.sandbox_id, address=str(addrs.sandbox))
+        log.info(
+            "jail_network",
+            sandbox_id=spec.sandbox_id,
+            address=str(addrs.sandbox),
+            address6=str(addrs.sandbox6),
+        )
         return ACTIVE
 
     async def _disk(self, spec: InstanceSpec, d: Path) -> tuple[int | None, Path]:
