@@ -55,6 +55,7 @@ class S3Server:
         self.access_key = "sandpod-" + secrets.token_hex(4)
         self.secret_key = secrets.token_hex(16)
         self.log = root.parent / f"versitygw-{self.port}.log"
+        self.iam_dir = root.parent / f"versitygw-{self.port}-iam"  # other accounts (add_user)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -63,6 +64,7 @@ class S3Server:
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        self.iam_dir.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VGW_", "ROOT_"))}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -74,6 +76,8 @@ class S3Server:
                     self.secret_key,
                     "--port",
                     f"127.0.0.1:{self.port}",
+                    "--iam-dir",
+                    str(self.iam_dir),
                     "posix",
                     str(self.root),
                 ],
@@ -92,6 +96,34 @@ class S3Server:
                 return True
         except OSError:
             return False
+
+    def add_user(self, access_key: str, secret_key: str) -> None:
+        """Create another account (role ``user``: it owns nothing and has no grant on the root
+        account's buckets), through versitygw's own admin CLI."""
+        done = subprocess.run(
+            [
+                str(versitygw_binary()),
+                "admin",
+                "--access",
+                self.access_key,
+                "--secret",
+                self.secret_key,
+                "--endpoint-url",
+                self.endpoint,
+                "create-user",
+                "--access",
+                access_key,
+                "--secret",
+                secret_key,
+                "--role",
+                "user",
+            ],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        if done.returncode != 0:
+            pytest.fail(f"versitygw admin create-user failed: {done.stderr.decode()}")
 
     def object_path(self, bucket: str, key: str) -> Path:
         """The file that holds object ``key`` of ``bucket`` (posix backend)."""
