@@ -128,7 +128,11 @@ def test_missing_credentials_are_refused() -> None:
 
 def _settings() -> S3Settings:
     return S3Settings(
-        endpoint="http://s3.test", bucket="b", access_key_id="k", secret_access_key="s"
+        endpoint="http://s3.test",
+        bucket="b",
+        access_key_id="k",
+        secret_access_key="s",
+        part_size=MIN_PART_SIZE,
     )
 
 
