@@ -213,7 +213,13 @@ DETAILS: Mapping[str, Details] = {
         required={"what": _d("string", "what cannot be built, e.g. an instruction")},
         optional={"line": _d("integer", "its line in the Dockerfile")},
     ),
-    "blob.error": Details(optional={"digest": _DIGEST, "status": _d("integer", "HTTP status")}),
+    "blob.error": Details(
+        optional={
+            "digest": _DIGEST,
+            "status": _d("integer", "the object store's HTTP status"),
+            "s3_code": _d("string", "the S3 error code, e.g. NoSuchBucket"),
+        }
+    ),
     "blob.not_found": Details(required={"digest": _DIGEST}),
     "blob.corrupt": Details(
         required={"digest": _DIGEST},
