@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_blob_contract import blob
 
 from conftest import NatsServer
 from sandpod_blobs import BlobRef, JetStreamBlobStore, VerifiedFile
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.errors import BlobUnavailable
-from test_blob_contract import blob
 
 
 @pytest.fixture

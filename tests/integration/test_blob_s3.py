@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from test_blob_contract import CountingTransport, blob, leftovers, s3_settings
 
 from s3server import S3Server
-from sandpod_blobs import S3BlobStore, S3Settings, VerifiedFile
+from sandpod_blobs import S3BlobStore, VerifiedFile
 from sandpod_blobs.s3.settings import MIN_PART_SIZE
 from sandpod_contract.errors import BlobAuthFailed, BlobError, BlobNotFound, BlobUnavailable
-from test_blob_contract import CountingTransport, blob, leftovers, s3_settings
 
 
 @pytest.fixture
