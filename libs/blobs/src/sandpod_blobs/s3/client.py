@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import httpx
@@ -99,14 +99,19 @@ class S3Client:
         method: str,
         key: str | None,
         params: Sequence[tuple[str, str]],
-        body: bytes,
+        body: bytes | AsyncIterable[bytes],
         payload_sha256: str,
+        *,
+        length: int | None = None,
     ) -> httpx.Request:
+        """``body``: bytes, or chunks streamed from disk whose total is ``length``."""
         base = self._url.raw_path.decode().rstrip("/")
         path = quote_path(f"{base}/{self.settings.bucket}" + (f"/{key}" if key else ""))
         query = canonical_query(params)
         host = self._url.netloc.decode()
-        headers = {"content-length": str(len(body))} if body or method in ("PUT", "POST") else {}
+        if length is None:
+            length = len(body) if isinstance(body, bytes) else 0
+        headers = {"content-length": str(length)} if length or method in ("PUT", "POST") else {}
         headers |= sign(
             method=method,
             host=host,
@@ -120,6 +125,7 @@ class S3Client:
             now=self._clock(),
         )
         url = f"{self._url.scheme}://{host}{path}" + (f"?{query}" if query else "")
+        # The explicit content-length also keeps httpx from sending a streamed body chunked.
         return self._http.build_request(method, url, headers=headers, content=body or None)
 
     async def call(
@@ -128,19 +134,23 @@ class S3Client:
         key: str | None,
         params: Sequence[tuple[str, str]] = (),
         *,
-        body: bytes = b"",
+        body: bytes | AsyncIterable[bytes] = b"",
+        length: int | None = None,
         payload_sha256: str = EMPTY_SHA256,
         digest: str | None = None,
         ok_statuses: frozenset[int] = frozenset(),
     ) -> httpx.Response:
-        """Send one signed request and read its whole (small) body.
+        """Send one signed request and read its whole (small) response body.
+
+        ``body`` is bytes, or an async iterable of chunks totalling ``length`` bytes (streamed,
+        never held whole); ``payload_sha256`` is the body's hex SHA-256 either way.
 
         Returns the response when it is 2xx or in ``ok_statuses``.
 
         Raises:
             BlobUnavailable, BlobAuthFailed, BlobNotFound, BlobError: see the module docstring.
         """
-        request = self._request(method, key, params, body, payload_sha256)
+        request = self._request(method, key, params, body, payload_sha256, length=length)
         try:
             response = await self._http.send(request)
         except httpx.TransportError as exc:
