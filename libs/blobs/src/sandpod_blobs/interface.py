@@ -35,6 +35,8 @@ class BlobStore(Protocol):
         """Store the file at ``path`` under its sha256; return its digest and size.
 
         Idempotent: when the store already holds that digest with that size nothing is sent.
+        The stored bytes are not re-read to decide that: a blob a ``get_file`` found corrupt is
+        repaired by ``delete`` then ``put_file``.
 
         Raises:
             BlobUnavailable: the store could not be reached or failed mid-upload (retry).

@@ -14,7 +14,7 @@ lost or silent server ``BlobUnavailable`` (retryable), anything else ``BlobError
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from pathlib import Path
 
 from sandpod_blobs.digest import BlobRef, check_digest, hash_file, is_digest
@@ -79,9 +79,11 @@ class JetStreamBlobStore:
             stat = await self._bucket.stat(digest)
             if stat is None:
                 raise BlobNotFound(digest=digest)
+            chunks = self._bucket.read_chunks(digest)
             with VerifiedFile(dest, digest, stat.size) as out:
-                async for chunk in self._bucket.read_chunks(digest):
-                    out.write(chunk)
+                async with aclosing(chunks):  # closed now, not by GC, when a write refuses
+                    async for chunk in chunks:
+                        out.write(chunk)
                 return out.commit()
 
     async def stat(self, digest: str) -> int | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -116,7 +116,7 @@ class ObjectBucket:
         except nats.errors.Error as exc:
             raise StoreError(f"cannot read {key} from {self.name}: {exc}") from exc
 
-    async def read_chunks(self, key: str) -> AsyncIterator[bytes]:
+    async def read_chunks(self, key: str) -> AsyncGenerator[bytes, None]:
         """Yield the stored chunks of ``key`` in order, fetching one per JetStream request.
 
         Raises:

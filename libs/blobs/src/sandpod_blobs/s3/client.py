@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import httpx
@@ -183,7 +183,7 @@ class S3Client:
     @staticmethod
     async def chunks(
         response: httpx.Response, size: int, *, digest: str | None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The body in chunks of about ``size`` bytes; a cut-short body is BlobUnavailable."""
         try:
             async for chunk in response.aiter_bytes(size):

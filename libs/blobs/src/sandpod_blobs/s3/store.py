@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -172,9 +173,11 @@ class S3BlobStore:
         async with self._s3.stream(self._key(digest), digest=digest) as response:
             length = response.headers.get("content-length")
             announced = int(length) if length and length.isdigit() else None
+            chunks = self._s3.chunks(response, CHUNK, digest=digest)
             with VerifiedFile(dest, digest, announced) as out:
-                async for chunk in self._s3.chunks(response, CHUNK, digest=digest):
-                    out.write(chunk)
+                async with aclosing(chunks):  # closed now, not by GC, when a write refuses
+                    async for chunk in chunks:
+                        out.write(chunk)
                 return out.commit()
 
     async def stat(self, digest: str) -> int | None:
