@@ -40,7 +40,7 @@ def missing_binary() -> str | None:
     return (
         f"versitygw (the real S3 server for the blob-store tests) not found at {binary}: build it "
         f"with `make s3test` (runs {BUILD_SCRIPT.relative_to(REPO)}: Go from the module proxy, "
-        "~2 min once, then cached; .ci/run does this)"
+        "~5 min once, then cached; .ci/run does this)"
     )
 
 

@@ -32,7 +32,7 @@ fi
 
 command -v go >/dev/null || { log "go is not installed (needed to build versitygw)"; exit 1; }
 log "building versitygw $VGW_VERSION with $(go version) into $BIN"
-log "first run: downloads its module graph (~100 MB of sources) and compiles (~1.5 min on 2 cores)"
+log "first run: downloads its module graph (~340 MB of sources) and compiles (~5 min on 2 cores)"
 started=$SECONDS
 mkdir -p "$BIN"
 export GOFLAGS="${GOFLAGS:-} -mod=mod -buildvcs=false" GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
