@@ -165,6 +165,7 @@ async def test_stat_list_delete(harness: Harness, tmp_path: Path) -> None:
     """stat and list see a stored blob; delete removes it and is idempotent."""
     a, da = blob(tmp_path, b"alpha")
     b, db = blob(tmp_path, b"beta!!")
+    assert await harness.store.list() == []
     assert await harness.store.stat(da) is None
     await harness.store.put_file(a)
     await harness.store.put_file(b)

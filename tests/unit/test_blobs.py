@@ -207,3 +207,29 @@ def test_check_digest_refuses_non_digests(bad: object) -> None:
     with pytest.raises(BlobInvalidDigest) as err:
         check_digest(bad)
     assert err.value.code == "blob.invalid_digest"
+
+
+async def test_s3_list_follows_continuation_tokens() -> None:
+    """list pages through ListObjectsV2 with the continuation token, and keeps only digest
+    keys under the prefix."""
+    d1, d2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    pages = {
+        "": f"<ListBucketResult><IsTruncated>true</IsTruncated>"
+        f"<Contents><Key>{d1}</Key><Size>1</Size></Contents>"
+        f"<Contents><Key>notes.txt</Key><Size>5</Size></Contents>"
+        f"<NextContinuationToken>tok/1</NextContinuationToken></ListBucketResult>",
+        "tok/1": f"<ListBucketResult><IsTruncated>false</IsTruncated>"
+        f"<Contents><Key>{d2}</Key><Size>2</Size></Contents></ListBucketResult>",
+    }
+    tokens: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        token = request.url.params.get("continuation-token", "")
+        tokens.append(token)
+        assert request.url.params["list-type"] == "2"
+        return httpx.Response(200, content=pages[token].encode())
+
+    async with S3BlobStore(_settings(), transport=httpx.MockTransport(answer)) as store:
+        refs = await store.list()
+    assert [(r.digest, r.size) for r in refs] == [(d1, 1), (d2, 2)]
+    assert tokens == ["", "tok/1"]

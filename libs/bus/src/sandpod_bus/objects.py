@@ -120,9 +120,9 @@ class ObjectBucket:
         """Yield the stored chunks of ``key`` in order, fetching one per JetStream request.
 
         Raises:
-            ResourceNotFound: ``key`` is absent (or vanished mid-read).
+            ResourceNotFound: ``key`` is absent.
             ConnectionLost, RequestTimeout: the server went away or stopped answering.
-            StoreError: any other JetStream failure.
+            StoreError: the object was replaced mid-read (retry), or another JetStream failure.
         """
         if self._js is None:
             raise StoreError(f"bucket {self.name} was opened without a JetStream context")
@@ -139,7 +139,8 @@ class ObjectBucket:
             try:
                 msg = await self._js.get_msg(stream, seq=seq, subject=subject, next=True)
             except nats.js.errors.NotFoundError as exc:
-                raise ResourceNotFound(f"{key} vanished from {self.name}", key=key) from exc
+                # Replaced (its chunks purged) while we read: a retry reads the new copy.
+                raise StoreError(f"{key} changed in {self.name} while being read") from exc
             except nats.errors.Error as exc:
                 raise _transport_error(exc, f"cannot read {key} from {self.name}") from exc
             seq = int(msg.seq or seq) + 1
