@@ -14,8 +14,15 @@ from test_blob_contract import CountingTransport, blob, leftovers, s3_settings
 
 from s3server import S3Server
 from sandpod_blobs import S3BlobStore, VerifiedFile
+from sandpod_blobs.s3.client import S3Client
 from sandpod_blobs.s3.settings import MIN_PART_SIZE
-from sandpod_contract.errors import BlobAuthFailed, BlobError, BlobNotFound, BlobUnavailable
+from sandpod_contract.errors import (
+    BlobAuthFailed,
+    BlobCorrupt,
+    BlobError,
+    BlobNotFound,
+    BlobUnavailable,
+)
 
 
 @pytest.fixture
@@ -150,3 +157,28 @@ async def test_server_down_is_unavailable(
     with pytest.raises(BlobUnavailable):
         await owner.get_file("sha256:" + "2" * 64, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+async def test_object_overwritten_through_the_api_is_refused(
+    s3_server: S3Server, owner: S3BlobStore, tmp_path: Path
+) -> None:
+    """Someone with write access replaces a blob's object with other bytes through the S3 API
+    (the server's own checksums then match the new bytes): get_file still refuses it."""
+    data = os.urandom(100_000)
+    src, digest = blob(tmp_path, data)
+    await owner.put_file(src)
+    evil = b"\0" * len(data)
+    client = S3Client(s3_settings(s3_server))
+    try:
+        await client.call(
+            "PUT",
+            f"blobs/{digest}",
+            body=evil,
+            payload_sha256=hashlib.sha256(evil).hexdigest(),
+        )
+    finally:
+        await client.aclose()
+    dest = tmp_path / "dest"
+    with pytest.raises(BlobCorrupt):
+        await owner.get_file(digest, dest)
+    assert not dest.exists() and leftovers(tmp_path) == []
