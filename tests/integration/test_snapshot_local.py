@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from test_jail import _config, _runtime, background, ok, run
 
+from sandpod_blobs import MemoryBlobStore
 from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus
 from sandpod_lifecycle.runtime.local import LocalRuntime
 from sandpod_lifecycle.runtime.localsnap import LocalSnapshots
@@ -55,32 +56,6 @@ printf 'gone' > /workspace/gone && chmod 1777 /workspace/emptydir
 """
 
 
-class DirBlobs:
-    """Blobs in a directory (the fast layer; the lifecycle tests use JetStream's store)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, key: str) -> Path:
-        return self.root / key.replace(":", "_")
-
-    async def exists(self, key: str) -> bool:
-        return self._path(key).exists()
-
-    async def put_file(self, key: str, path: Path) -> None:
-        shutil.copyfile(path, self._path(key))
-
-    async def get_file(self, key: str, path: Path) -> None:
-        shutil.copyfile(self._path(key), path)
-
-    async def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
-
-    async def keys(self) -> list[str]:
-        return [p.name.replace("_", ":", 1) for p in self.root.iterdir()]
-
-
 @pytest.fixture
 def state() -> Iterator[Path]:
     path = Path("/var/tmp") / f"sandpod-snap-test-{uuid.uuid4().hex[:8]}"
@@ -103,7 +78,7 @@ def base(default_rootfs: Path | None) -> Path:
 
 @pytest.fixture
 def snaps(runtime: LocalRuntime, state: Path) -> LocalSnapshots:
-    return LocalSnapshots(runtime, LayerStore(state / "snapshots", DirBlobs(state / "blobs")))
+    return LocalSnapshots(runtime, LayerStore(state / "snapshots", MemoryBlobStore()))
 
 
 async def _make(runtime: LocalRuntime, base: Path, **spec: object) -> InstanceStatus:
@@ -224,8 +199,9 @@ async def test_a_changed_layer_object_is_refused(
     await ok(a, "printf data > /workspace/f")
     cap2 = await snaps.capture(a.sandbox_id)
     await snaps.layers.evict(cap2.new[0].digest)  # this node forgets it; the store keeps it
-    blob = state / "blobs" / cap2.new[0].digest.replace(":", "_")
-    blob.write_bytes(blob.read_bytes()[:-8] + b"tampered")
+    blobs = snaps.layers.blobs
+    assert isinstance(blobs, MemoryBlobStore)
+    blobs.tamper(cap2.new[0].digest, b"tampered")
     with pytest.raises(LayerCorrupt):
         await snaps.restore_layers(cap2.chain)
     assert not snaps.layers.has(cap2.new[0].digest)

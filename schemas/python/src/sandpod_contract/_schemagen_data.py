@@ -650,6 +650,22 @@ ERRORS: list[errors.SandpodError] = [
     errors.SnapshotUnsupported(
         "the kubernetes runtime does not take snapshots yet", runtime="kubernetes"
     ),
+    errors.BlobError(
+        "S3 answered 404 NoSuchBucket for snapshots/sha256:aa...",
+        digest="sha256:" + "a" * 64,
+        status=404,
+        s3_code="NoSuchBucket",
+    ),
+    errors.BlobNotFound("no blob sha256:aa... in the store", digest="sha256:" + "a" * 64),
+    errors.BlobCorrupt(
+        "sha256:aa...: the stored bytes hash to sha256:bb... (1024 bytes)",
+        digest="sha256:" + "a" * 64,
+        actual="sha256:" + "b" * 64,
+        size=1024,
+    ),
+    errors.BlobInvalidDigest(digest="../../etc/passwd"),
+    errors.BlobAuthFailed("S3 answered 403 SignatureDoesNotMatch", status=403),
+    errors.BlobUnavailable("S3 GET broke off mid-body: ReadError", digest="sha256:" + "a" * 64),
     errors.TemplateError("template data could not be built"),
     errors.BuildFailed(
         "step 2 (run pip install pandas) failed: the command exited with 1",

@@ -328,6 +328,7 @@ class LifecycleService:
             subjects=self.subjects,
             state_dir=self.settings.state_dir,
             clock=self.clock,
+            s3=self.settings.snapshot_s3,
         )
         routes.update(snapshots.routes())
         self.snapshots = snapshots

@@ -57,6 +57,8 @@
 | | | any runtime. A bad entry fails start-up naming it |
 | ``SANDPOD_NET_LOG_GROUP`` | derived | ... first NFLOG group tried for refused connections' |
 | | | destinations (the first free one from there is used); ``off``: counted only |
+| ``SANDPOD_SNAPSHOT_S3_ENDPOINT`` | unset | snapshot layers in this S3-compatible store (with |
+| | | ``_BUCKET``, ``_ACCESS_KEY_ID``...: ``sandpod_blobs.s3``); unset: JetStream's |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -71,6 +73,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandpod_blobs import S3Settings
 from sandpod_bus import BusSettings
 from sandpod_contract.errors import ResourceInvalid
 from sandpod_contract.network import MAX_RULES, Rule
@@ -135,6 +138,8 @@ class LifecycleSettings:
     proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)  # SANDPOD_EGRESS_*
     # SANDPOD_NET_ALWAYS_ALLOW: the platform's rules at the end of every effective ``allow``
     always_allow: tuple[Rule, ...] = ()
+    # SANDPOD_SNAPSHOT_S3_*: snapshot layers in an S3-compatible store (None: JetStream's)
+    snapshot_s3: S3Settings | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -198,6 +203,9 @@ class LifecycleSettings:
                 if h.strip()
             ),
             build_registry=_build_registry(env),
+            snapshot_s3=(
+                S3Settings.from_env(env) if env.get("SANDPOD_SNAPSHOT_S3_ENDPOINT") else None
+            ),
             build_pods=BuildPodSettings.from_env(env),
             network=_egress(env),
             dns=ResolverSettings.from_env(env),

@@ -299,18 +299,7 @@ class LocalRuntime:
         disk_bytes, top = await self._disk(spec, d)
         quota = disk_bytes is not None
         restored = bool(spec.snapshot)
-        for name, mode in (
-            ("upper", 0o755),
-            ("work", 0o700),
-            ("root", 0o755),
-            ("workspace", 0o755),
-            *((("wswork", 0o700),) if restored else ()),
-        ):
-            path = (d if name == "root" else top) / name
-            path.mkdir()
-            path.chmod(mode)  # upper's mode is the sandbox's "/": never 0700
-        if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
-            diskquota.mark_opaque(top / "upper" / "tmp")
+        _make_dirs(d, top, restored=restored, quota=quota)
         rootless = not caps.root
         trust_env: dict[str, str] = {}
         if self.egress is not None and spec.network is not None:
@@ -592,6 +581,22 @@ async def _kill_holder(data: JailFile, timeout: float, reap: Callable[[], None])
             await asyncio.sleep(0.005)
     finally:
         os.close(fd)
+
+
+def _make_dirs(d: Path, top: Path, *, restored: bool, quota: bool) -> None:
+    """The instance's directories (see the module docstring), with their modes."""
+    for name, mode in (
+        ("upper", 0o755),
+        ("work", 0o700),
+        ("root", 0o755),
+        ("workspace", 0o755),
+        *((("wswork", 0o700),) if restored else ()),
+    ):
+        path = (d if name == "root" else top) / name
+        path.mkdir()
+        path.chmod(mode)  # upper's mode is the sandbox's "/": never 0700
+    if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
+        diskquota.mark_opaque(top / "upper" / "tmp")
 
 
 def _mount_snapshot(

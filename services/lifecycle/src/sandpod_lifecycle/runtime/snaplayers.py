@@ -30,13 +30,14 @@ import json
 import shutil
 import uuid
 from pathlib import Path
-from typing import Protocol
 
 import zstandard
 
+from sandpod_blobs import BlobStore
+from sandpod_contract.errors import BlobCorrupt, SandpodError
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 
-__all__ = ["Blobs", "LayerCorrupt", "LayerInfo", "LayerStore", "SnapshotStoreFailed"]
+__all__ = ["LayerCorrupt", "LayerInfo", "LayerStore", "SnapshotStoreFailed"]
 
 CHUNK = 1 << 20
 LAYER_VERSION = 1
@@ -78,20 +79,6 @@ class LayerCorrupt(SnapshotStoreFailed):
     retryable = False
 
 
-class Blobs(Protocol):
-    """Where blobs live (the JetStream object store, or S3): keyed by their digest."""
-
-    async def exists(self, key: str) -> bool: ...
-
-    async def put_file(self, key: str, path: Path) -> None: ...
-
-    async def get_file(self, key: str, path: Path) -> None: ...
-
-    async def delete(self, key: str) -> None: ...
-
-    async def keys(self) -> list[str]: ...
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class LayerInfo:
     """One layer: its blob's digest and size, what it is part of, whose files it holds."""
@@ -114,7 +101,7 @@ class LayerInfo:
 
 
 class LayerStore:
-    def __init__(self, root: Path, blobs: Blobs) -> None:
+    def __init__(self, root: Path, blobs: BlobStore) -> None:
         self.root = root
         self.blobs = blobs
         (root / "layers").mkdir(parents=True, exist_ok=True)
@@ -159,8 +146,12 @@ class LayerStore:
         try:
             digest, size = await _pack(staged / "fs", blob)
             unpacked = await asyncio.to_thread(_du, staged / "fs")
-            if not await self.blobs.exists(digest):
-                await self.blobs.put_file(digest, blob)
+            try:
+                stored = await self.blobs.put_file(blob)  # idempotent: one copy per content
+            except SandpodError as exc:
+                raise SnapshotStoreFailed(f"cannot store a layer: {exc}") from exc
+            if stored.digest != digest:  # the file changed under us: never name it wrongly
+                raise SnapshotStoreFailed(f"layer {digest} was stored as {stored.digest}")
             info = LayerInfo(digest=digest, size=size, part=part, owner=owner, unpacked=unpacked)
             blob.unlink()
             return await asyncio.to_thread(self._install, staged, info)
@@ -181,14 +172,16 @@ class LayerStore:
         staged = self.staging()
         try:
             blob = staged / "blob"
-            await self.blobs.get_file(digest, blob)
-            got, size = await asyncio.to_thread(_hash_file, blob)
-            if got != digest:
+            try:
+                size = await self.blobs.get_file(digest, blob)  # verified against the digest
+            except BlobCorrupt as exc:
                 raise LayerCorrupt(
-                    f"layer {digest} read back as {got}: the stored object was changed; "
-                    "this snapshot cannot be restored",
+                    f"layer {digest} does not match its digest: the stored object was "
+                    "changed; this snapshot cannot be restored",
                     digest=digest,
-                )
+                ) from exc
+            except SandpodError as exc:
+                raise SnapshotStoreFailed(f"cannot fetch layer {digest}: {exc}") from exc
             await _unpack(blob, staged / "fs")
             blob.unlink()
             unpacked = await asyncio.to_thread(_du, staged / "fs")
@@ -201,7 +194,17 @@ class LayerStore:
     async def remove(self, digest: str) -> None:
         """Forget layer ``digest`` here and in the blob store (callers check nothing uses it)."""
         await self.evict(digest)
-        await self.blobs.delete(digest)
+        try:
+            await self.blobs.delete(digest)
+        except SandpodError as exc:
+            raise SnapshotStoreFailed(f"cannot delete layer {digest}: {exc}") from exc
+
+    async def stored(self) -> list[str]:
+        """Digests of every blob in the store (for collection)."""
+        try:
+            return [ref.digest for ref in await self.blobs.list()]
+        except SandpodError as exc:
+            raise SnapshotStoreFailed(f"cannot list the layer store: {exc}") from exc
 
     async def evict(self, digest: str) -> None:
         """Drop this node's unpacked copy of ``digest`` (the blob store keeps it)."""
@@ -285,15 +288,6 @@ async def _unpack(blob: Path, fs: Path) -> None:
     err = await proc.stderr.read() if proc.stderr is not None else b""
     if await proc.wait() != 0:
         raise SnapshotStoreFailed(f"cannot unpack a layer: {err.decode(errors='replace')[-400:]}")
-
-
-def _hash_file(path: Path) -> tuple[str, int]:
-    sha, size = hashlib.sha256(), 0
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            sha.update(chunk)
-            size += len(chunk)
-    return "sha256:" + sha.hexdigest(), size
 
 
 def _du(root: Path) -> int:

@@ -309,8 +309,7 @@ class SnapshotController:
             items, _ = await self.store.list(SNAPSHOT, None)
             listed = {x.digest for o in items for x in SnapshotStatus.from_dict(o.status).layers}
             layers = self.snapshots.layers
-            keys = await layers.blobs.keys()
-            stored = set(layers.local()) | {k for k in keys if k.startswith("sha256:")}
+            stored = set(layers.local()) | set(await layers.stored())
             removed = 0
             for digest in sorted(stored - listed):
                 await layers.remove(digest)

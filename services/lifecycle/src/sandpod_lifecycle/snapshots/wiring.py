@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from sandpod_blobs import BlobStore, JetStreamBlobStore, S3BlobStore, S3Settings
 from sandpod_bus import Bus
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.driver import Driver
@@ -55,11 +56,18 @@ async def start_snapshots(
     subjects: Subjects,
     state_dir: Path,
     clock: Clock,
+    s3: S3Settings | None = None,
 ) -> Snapshots:
-    """The snapshot controller and API for this lifecycle (the caller runs ``controller.run``)."""
+    """The snapshot controller and API for this lifecycle (the caller runs ``controller.run``).
+    Layers go to the installation's JetStream object store, or to S3 when ``s3`` is given
+    (``SANDPOD_SNAPSHOT_S3_*``)."""
     local: LocalSnapshots | None = None
     if isinstance(driver, LocalDriver) and os.geteuid() == 0:
-        blobs = await bus.objects(subjects.storage("snapshots"))
+        blobs: BlobStore = (
+            S3BlobStore(s3)
+            if s3 is not None
+            else JetStreamBlobStore(await bus.objects(subjects.storage("snapshots")))
+        )
         layers = LayerStore(state_dir / "snapshots", blobs)
         local = LocalSnapshots(driver.runtime, layers)
         driver.restores = Restores(store, templates, local)
