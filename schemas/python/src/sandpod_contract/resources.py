@@ -26,6 +26,7 @@ __all__ = [
     "ConditionReason",
     "ConditionType",
     "EnvVar",
+    "IdlePolicy",
     "NetworkStatus",
     "OperatingMode",
     "Phase",
@@ -66,6 +67,16 @@ class Phase(enum.StrEnum):
     TERMINATING = "Terminating"
     TERMINATED = "Terminated"
     FAILED = "Failed"
+    HIBERNATING = "Hibernating"  # its idle policy is Hibernate: being snapshotted and stopped
+    HIBERNATED = "Hibernated"  # no instance, its files in a snapshot: its next use wakes it
+
+
+class IdlePolicy(enum.StrEnum):
+    """What idleness means: ``Delete`` the sandbox, or ``Hibernate`` it (files kept in a
+    snapshot, processes stopped, memory freed; its next use wakes it)."""
+
+    DELETE = "Delete"
+    HIBERNATE = "Hibernate"
 
 
 class OperatingMode(enum.StrEnum):
@@ -78,6 +89,7 @@ class ConditionType(enum.StrEnum):
     PAUSED = "Paused"
     EXPIRED = "Expired"
     FAILED = "Failed"
+    HIBERNATED = "Hibernated"
     ISOLATED = "Isolated"
 
 
@@ -122,6 +134,10 @@ class ConditionReason(enum.StrEnum):
     LIFETIME_EXCEEDED = "LifetimeExceeded"
     IDLE_TIMEOUT = "IdleTimeout"
     DELETED = "Deleted"  # no condition: the reason of the ``deleted`` event (deleted on request)
+    # Hibernated (idlePolicy: Hibernate)
+    FILES_ONLY = "FilesOnly"  # its files are in a snapshot; its processes were stopped
+    WAKING = "Waking"  # on Ready: a use woke it; its instance is being restored
+    HIBERNATE_UNSUPPORTED = "HibernateUnsupported"  # this runtime cannot: it keeps running
     # Isolated
     FULL_ISOLATION = "FullIsolation"
     DEGRADED = "Degraded"
@@ -250,6 +266,7 @@ class SandboxSpec:
     env: tuple[EnvVar, ...] = ()
     network: NetworkPolicy | None = None  # None: the template's (sandpod_contract.network)
     snapshot_ref: str | None = None  # wire: snapshotRef.name, a SandboxSnapshot to start from
+    idle_policy: IdlePolicy | None = None  # None: the template's
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxSpec:
@@ -280,6 +297,11 @@ class SandboxSpec:
             env=EnvVar.parse("spec.env", raw.get("env")),
             network=None if raw.get("network") is None else NetworkPolicy.from_dict(raw["network"]),
             snapshot_ref=_ref("spec.snapshotRef", raw.get("snapshotRef")),
+            idle_policy=(
+                None
+                if raw.get("idlePolicy") is None
+                else _enum("spec.idlePolicy", IdlePolicy, raw["idlePolicy"])
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -299,6 +321,8 @@ class SandboxSpec:
             out["network"] = self.network.to_dict()
         if self.snapshot_ref:
             out["snapshotRef"] = {"name": self.snapshot_ref}
+        if self.idle_policy is not None:
+            out["idlePolicy"] = str(self.idle_policy)
         return out
 
 
@@ -446,6 +470,7 @@ class SandboxTemplateSpec:
     security: TemplateSecurity = dataclasses.field(default_factory=TemplateSecurity)
     build: TemplateBuild | None = None  # how the template is built (sandpod_contract.builds)
     snapshot_ref: str | None = None  # its sandboxes start from this SandboxSnapshot
+    idle_policy: IdlePolicy = IdlePolicy.DELETE  # what its sandboxes' idleness means
 
     @property
     def egress(self) -> tuple[str, ...]:
@@ -486,4 +511,5 @@ class SandboxTemplateSpec:
             security=TemplateSecurity.from_dict(raw.get("security")),
             build=TemplateBuild.from_dict(raw.get("build")),
             snapshot_ref=_ref("spec.snapshotRef", raw.get("snapshotRef")),
+            idle_policy=_enum("spec.idlePolicy", IdlePolicy, raw.get("idlePolicy", "Delete")),
         )

@@ -78,6 +78,7 @@ from sandpod_store.views import built_template
 __all__ = ["LifecycleApi"]
 
 MAX_LIST = 1000
+WAKE_WAIT = 120.0  # seconds a wake waits for the restored instance when the request names none
 MAX_CONFLICTS = 20
 
 
@@ -272,7 +273,45 @@ class LifecycleApi:
         return await self._mode(req, OperatingMode.PAUSED)
 
     async def resume(self, req: Ref) -> ObjectReply:
+        obj = await self.store.get(SANDBOX, *_where(scoped_ref(req, SANDBOX)))
+        if _phase(obj) in (Phase.HIBERNATING, Phase.HIBERNATED):
+            return await self.wake(req)
         return await self._mode(req, OperatingMode.RUNNING)
+
+    async def wake(self, req: Ref) -> ObjectReply:
+        """Wake a hibernated sandbox (restore its instance) and wait until it runs, or
+        ``req.wait`` seconds; a sandbox that is not hibernated answers as it is."""
+        req = scoped_ref(req, SANDBOX)
+        deadline = self.clock.now() + (req.wait or WAKE_WAIT)
+        while True:
+            obj = await self.store.get(SANDBOX, req.namespace, req.name)
+            phase, left = _phase(obj), max(deadline - self.clock.now(), 0.0)
+            if phase is Phase.HIBERNATING and left > 0:  # wake it once it has hibernated
+                await self.wait(obj, left, _not_hibernating)
+                continue
+            if phase is not Phase.HIBERNATED:
+                if phase is Phase.PENDING and left > 0:
+                    obj = await self.wait(obj, left, _settled)
+                return ObjectReply(object=obj.to_dict())
+            status = with_condition(
+                dataclasses.replace(SandboxStatus.from_dict(obj.status), phase=Phase.PENDING),
+                Condition(ConditionType.READY, "False", ConditionReason.WAKING, "woken: restoring"),
+                self.clock.now(),
+            )
+            try:
+                obj = await self.store.update_status(
+                    dataclasses.replace(obj, status=status.to_dict())
+                )
+            except ResourceConflict:
+                continue  # changed meanwhile (another wake): look again
+            await self.events.publish(
+                name=obj.metadata.name,
+                namespace=obj.metadata.namespace,
+                type_="woken",
+                phase=str(Phase.PENDING),
+                reason=str(ConditionReason.WAKING),
+            )
+            return ObjectReply(object=(await self.wait(obj, left, _settled)).to_dict())
 
     async def _mode(self, req: Ref, mode: OperatingMode) -> ObjectReply:
         req = scoped_ref(req, SANDBOX)
@@ -438,6 +477,14 @@ def _network_applied(obj: Resource | None) -> bool:
         return True
     applied = SandboxStatus.from_dict(obj.status).network
     return applied is not None and applied.observed_generation >= obj.metadata.generation
+
+
+def _not_hibernating(obj: Resource | None) -> bool:
+    return obj is None or _phase(obj) is not Phase.HIBERNATING
+
+
+def _where(req: Ref) -> tuple[str, str]:
+    return req.namespace or "default", req.name
 
 
 def _settled(obj: Resource | None) -> bool:

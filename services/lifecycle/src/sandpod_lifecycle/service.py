@@ -51,6 +51,7 @@ from sandpod_lifecycle.builds.executor import Builder
 from sandpod_lifecycle.builds.loop import TemplateBuilder, TemplateBuilds
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.hibernation import Hibernator
 from sandpod_lifecycle.network.addressing import PoolExhausted
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.link import LinkError
@@ -285,6 +286,25 @@ class LifecycleService:
         await self._start_egress(events, driver)
         builds = self._builds(bus, store, driver)
         self._template_builds = builds
+        snapshots = await start_snapshots(
+            bus=bus,
+            store=store,
+            events=events,
+            driver=driver,
+            templates=api.template,
+            wait=api.wait,
+            subjects=self.subjects,
+            state_dir=self.settings.state_dir,
+            clock=self.clock,
+            s3=self.settings.snapshot_s3,
+        )
+        self.snapshots = snapshots
+        hibernator = (
+            Hibernator(store, driver, snapshots.controller)
+            if isinstance(driver, LocalDriver) and snapshots.controller.snapshots is not None
+            else None
+        )
+        self.supervisor.spawn(snapshots.controller.run(), name="snapshots")
         self.reconciler = Reconciler(
             store=store,
             driver=driver,
@@ -301,6 +321,7 @@ class LifecycleService:
             clock=self.clock,
             keep=self.builder.live if self.builder is not None else None,
             always_allowed=self.settings.always_allow,
+            hibernator=hibernator,
         )
         routes: dict[tuple[str, str], Handler] = {
             ("sandboxes", "create"): api.create,
@@ -310,6 +331,7 @@ class LifecycleService:
             ("sandboxes", "renew"): api.renew,
             ("sandboxes", "pause"): api.pause,
             ("sandboxes", "resume"): api.resume,
+            ("sandboxes", "wake"): api.wake,
             ("sandboxes", "network"): api.network,
             ("sandboxes", "set_network"): api.set_network,
             ("sandboxes", "expose"): api.expose,
@@ -318,21 +340,7 @@ class LifecycleService:
             ("templates", "list"): api.template_list,
             ("templates", "delete"): api.template_delete,
         }
-        snapshots = await start_snapshots(
-            bus=bus,
-            store=store,
-            events=events,
-            driver=driver,
-            templates=api.template,
-            wait=api.wait,
-            subjects=self.subjects,
-            state_dir=self.settings.state_dir,
-            clock=self.clock,
-            s3=self.settings.snapshot_s3,
-        )
         routes.update(snapshots.routes())
-        self.snapshots = snapshots
-        self.supervisor.spawn(snapshots.controller.run(), name="snapshots")
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
         if builds is not None:
             self.supervisor.spawn(builds.run(), name="template-builds")

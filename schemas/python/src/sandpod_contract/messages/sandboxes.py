@@ -235,6 +235,8 @@ SANDBOX_EVENT_TYPES: tuple[str, ...] = (
     "deleted",
     "snapshotted",
     "snapshot_failed",
+    "hibernated",
+    "woken",
 )
 
 _NOT_FOUND = (ResourceNotFound,)
@@ -266,6 +268,14 @@ CONTROL_PLANE: tuple[Operation, ...] = (
         "sandboxes", "pause", Ref, ObjectReply, "freeze a Sandbox (operatingMode Paused)", _CHANGE
     ),
     Operation("sandboxes", "resume", Ref, ObjectReply, "thaw a Sandbox", _CHANGE),
+    Operation(
+        "sandboxes",
+        "wake",
+        Ref,
+        ObjectReply,
+        "wake a Hibernated Sandbox (restore it) and wait until Running; a running one answers at once",
+        _CHANGE,
+    ),
     Operation(
         "sandboxes",
         "network",

@@ -126,7 +126,7 @@ class RestoreSource(Protocol):
     """Which snapshot a new instance starts from (``sandpod_lifecycle.snapshots.restore``)."""
 
     async def resolve(
-        self, namespace: str, spec: SandboxSpec, template: SandboxTemplateSpec
+        self, owner: Owner, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
     ) -> Restored | None: ...
 
     def forget(self, sandbox_id: str) -> None:
@@ -172,6 +172,7 @@ class LocalDriver:
         self._watched: dict[str, int] = {}  # sandbox id -> pidfd of its holder (on the loop)
         self._on_lost: Callable[[str], None] | None = None
         self._namespaces: dict[str, str] = {}  # sandbox id -> its object's namespace
+        self._owners: dict[str, Owner] = {}  # sandbox id -> its object (namespace, uid)
 
     def protections(self) -> dict[str, str]:
         return dict(self._protections) or {"jail": "active"}
@@ -244,6 +245,7 @@ class LocalDriver:
     ) -> Instance:
         if owner is not None:
             self._namespaces[sandbox_id] = owner.namespace
+            self._owners[sandbox_id] = owner
         status = await self._runtime.inspect(sandbox_id)
         if status.lost:  # never serve a dead jail (nor replace it: its workspace is its state)
             raise InstanceUnhealthy(
@@ -269,8 +271,8 @@ class LocalDriver:
         from a snapshot, on the base of the template the snapshot was taken on."""
         restore = None
         if self.restores is not None:
-            namespace = self._namespaces.get(sandbox_id, "default")
-            restore = await self.restores.resolve(namespace, spec, template)
+            owner = self._owners.get(sandbox_id) or Owner("default", "")
+            restore = await self.restores.resolve(owner, sandbox_id, spec, template)
         elif spec.snapshot_ref or template.snapshot_ref:
             raise CreateFailed("this node cannot restore snapshots (the local runtime as root can)")
         root = template if restore is None else restore.root
@@ -433,8 +435,14 @@ class LocalDriver:
         """The namespace of the Sandbox an instance serves (None: not ensured by this run)."""
         return self._namespaces.get(sandbox_id)
 
+    async def stop_serving(self, sandbox_id: str) -> None:
+        """Stop the instance's execd (requests then find no responder, and wake it again);
+        the jail and its processes stay until :meth:`destroy`."""
+        await self._launcher.stop(sandbox_id)
+
     async def destroy(self, sandbox_id: str) -> None:
         self._namespaces.pop(sandbox_id, None)
+        self._owners.pop(sandbox_id, None)
         self._unwatch(sandbox_id)
         await self._launcher.stop(sandbox_id)
         await self._runtime.destroy(sandbox_id)

@@ -26,7 +26,12 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from sandpod_contract.errors import ResourceConflict, ResourceNotFound, SandpodError
+from sandpod_contract.errors import (
+    ResourceConflict,
+    ResourceNotFound,
+    SandpodError,
+    SnapshotFailed,
+)
 from sandpod_contract.resources import Phase, SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.snapshots import (
     LayerRef,
@@ -36,12 +41,19 @@ from sandpod_contract.snapshots import (
     SnapshotStatus,
 )
 from sandpod_contract.times import from_rfc3339, to_rfc3339
+from sandpod_lifecycle.driver import Owner
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import SANDBOX
 from sandpod_lifecycle.runtime.base import InstanceNotFound, RuntimeFailure
 from sandpod_lifecycle.runtime.localsnap import Capture, LocalSnapshots
 from sandpod_lifecycle.runtime.snaplayers import LayerInfo
-from sandpod_lifecycle.snapshots.objects import SNAPSHOT, dependents, with_phase
+from sandpod_lifecycle.snapshots.objects import (
+    HIBERNATION_LABEL,
+    SNAPSHOT,
+    dependents,
+    with_phase,
+)
+from sandpod_lifecycle.snapshots.restore import Restores
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.workqueue import WorkQueue
 from sandpod_store import Resource, Store
@@ -69,12 +81,14 @@ class SnapshotController:
         events: Events,
         snapshots: LocalSnapshots | None,
         templates: Templates,
+        restores: Restores | None = None,
         clock: Clock = REAL,
         resync: float = 30.0,
     ) -> None:
         self.store = store
         self.events = events
         self.snapshots = snapshots
+        self.restores = restores
         self._templates = templates
         self._clock = clock
         self._resync = resync
@@ -95,18 +109,21 @@ class SnapshotController:
         """A snapshot was deleted: collect the layers nothing lists any more."""
         self._collect.set()
 
-    async def restored_chain(
-        self, namespace: str, spec: SandboxSpec
-    ) -> tuple[str | None, tuple[LayerRef, ...]]:
-        """(snapshot name, its layers) a sandbox of ``spec`` was restored from ((None, ()):
-        none): its own ``snapshotRef``, else its template's."""
-        name = spec.snapshot_ref
-        if name is None:
-            template = await self._templates(namespace, spec.template_ref)
-            name = template.snapshot_ref
+    async def restored_chain(self, source: Resource) -> tuple[str | None, tuple[LayerRef, ...]]:
+        """(snapshot name, its layers) the running instance of Sandbox ``source`` started from
+        ((None, ()): none): the snapshot it hibernated into, its own ``snapshotRef``, else its
+        template's."""
+        ns = source.metadata.namespace
+        spec = SandboxSpec.from_dict(source.spec)
+        template = await self._templates(ns, spec.template_ref)
+        if self.restores is not None:
+            owner = Owner(ns, source.metadata.uid)
+            name = await self.restores.source(owner, source.metadata.name, spec, template)
+        else:
+            name = spec.snapshot_ref or template.snapshot_ref
         if name is None:
             return None, ()
-        obj = await self.store.get(SNAPSHOT, namespace, name)
+        obj = await self.store.get(SNAPSHOT, ns, name)
         return name, SnapshotStatus.from_dict(obj.status).layers
 
     # -- intake --------------------------------------------------------------------------------
@@ -151,8 +168,8 @@ class SnapshotController:
             self._attempts.pop(key, None)
             return None
         status = SnapshotStatus.from_dict(obj.status)
-        if status.phase is not SnapshotPhase.PENDING:
-            return None
+        if status.phase is not SnapshotPhase.PENDING or HIBERNATION_LABEL in obj.metadata.labels:
+            return None  # done, or a hibernation's (taken by the sandbox's own step)
         if not status.source_uid and self._age(obj) < ADOPT_AFTER:
             return ADOPT_AFTER  # the API writes the source's uid next (its update queues this)
         try:
@@ -174,7 +191,17 @@ class SnapshotController:
         created = obj.metadata.creation_timestamp
         return self._clock.now() - from_rfc3339(created) if created else ADOPT_AFTER
 
-    async def _capture(self, obj: Resource) -> None:
+    async def capture_now(self, obj: Resource) -> None:
+        """Capture snapshot ``obj`` of its source now (a hibernation: the source is
+        ``Hibernating``, its execd stopped), raising instead of recording a failure.
+
+        Raises:
+            SnapshotFailed: it cannot be taken (the reason says why). RuntimeFailure,
+                SandpodError: the capture failed.
+        """
+        await self._capture(obj, hibernating=True)
+
+    async def _capture(self, obj: Resource, *, hibernating: bool = False) -> None:
         spec = SnapshotSpec.from_dict(obj.spec)
         status = SnapshotStatus.from_dict(obj.status)
         ns = obj.metadata.namespace
@@ -189,14 +216,17 @@ class SnapshotController:
             await self._fail(obj, SnapshotReason.SOURCE_NOT_FOUND, f"no Sandbox {spec.source_ref}")
             return
         phase = (source.status or {}).get("phase")
-        if phase not in (str(Phase.RUNNING), str(Phase.PAUSED)):
+        allowed = (
+            (str(Phase.HIBERNATING),) if hibernating else (str(Phase.RUNNING), str(Phase.PAUSED))
+        )
+        if phase not in allowed:
             message = (
                 f"Sandbox {spec.source_ref} is {phase or 'Pending'}: only a running or paused one"
             )
             await self._fail(obj, SnapshotReason.SOURCE_NOT_RUNNING, message)
             return
         sandbox_spec = SandboxSpec.from_dict(source.spec)
-        restored_name, restored = await self.restored_chain(ns, sandbox_spec)
+        restored_name, restored = await self.restored_chain(source)
         template = sandbox_spec.template_ref
         if restored_name is not None:
             base = await self.store.get(SNAPSHOT, ns, restored_name)
@@ -243,6 +273,8 @@ class SnapshotController:
         log.info("snapshot_ready", snapshot=obj.metadata.name, layers=len(layers), new=len(cap.new))
 
     async def _fail(self, obj: Resource, reason: SnapshotReason, message: str) -> None:
+        if HIBERNATION_LABEL in obj.metadata.labels:  # the hibernating step decides
+            raise SnapshotFailed(message, snapshot=obj.metadata.name, reason=str(reason))
         status = with_phase(
             SnapshotStatus.from_dict(obj.status),
             SnapshotPhase.FAILED,

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sandpod_contract.errors import ResourceInvalid
+from sandpod_contract.errors import ResourceInvalid, ResourceNotFound
 from sandpod_contract.resources import API_VERSION, Condition, Phase, SandboxSpec
 from sandpod_contract.snapshots import (
     SNAPSHOT_KIND,
@@ -25,9 +25,11 @@ from sandpod_contract.times import to_rfc3339
 from sandpod_lifecycle.objects import SANDBOX, TEMPLATE
 from sandpod_store import Resource, Store
 
-__all__ = ["SNAPSHOT", "dependents", "snapshot_from_map", "with_phase"]
+__all__ = ["HIBERNATION_LABEL", "SNAPSHOT", "dependents", "snapshot_from_map", "with_phase"]
 
 SNAPSHOT = SNAPSHOT_KIND
+# on the snapshot a sandbox hibernated into: the sandbox's name (its files; it wakes from it)
+HIBERNATION_LABEL = "sandpod.dev/hibernation-of"
 _FINISHED = {str(Phase.TERMINATED), str(Phase.FAILED)}
 
 
@@ -67,9 +69,17 @@ def with_phase(
 
 
 async def dependents(store: Store, namespace: str, name: str) -> list[str]:
-    """What restores from snapshot ``name``: ``Sandbox/<name>`` and ``SandboxTemplate/<name>``."""
+    """What restores from snapshot ``name``: ``Sandbox/<name>`` and ``SandboxTemplate/<name>``
+    (a sandbox also depends on the snapshot it hibernated into)."""
     out = []
+    try:
+        snap = await store.get(SNAPSHOT, namespace, name)
+    except ResourceNotFound:
+        snap = None
+    held_by = snap.metadata.labels.get(HIBERNATION_LABEL) if snap is not None else None
     sandboxes, _ = await store.list(SANDBOX, namespace)
+    if held_by and any(o.metadata.name == held_by for o in sandboxes):
+        out.append(f"{SANDBOX}/{held_by}")
     for obj in sandboxes:
         if (obj.status or {}).get("phase") in _FINISHED:
             continue

@@ -12,18 +12,20 @@ that silently starts empty.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Awaitable, Callable
 
 from sandpod_contract.errors import ResourceInvalid, ResourceNotFound
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.snapshots import SnapshotPhase, SnapshotStatus
+from sandpod_lifecycle.driver import Owner
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, SnapshotLayer
 from sandpod_lifecycle.runtime.localsnap import LocalSnapshots
 from sandpod_lifecycle.runtime.snaplayers import LayerCorrupt, LayerInfo, SnapshotStoreFailed
 from sandpod_lifecycle.snapshots.objects import SNAPSHOT
 from sandpod_store import Store
 
-__all__ = ["Restore", "Restores"]
+__all__ = ["Restore", "Restores", "hibernation_name"]
 
 Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
 
@@ -35,14 +37,35 @@ class Restore:
     layers: tuple[SnapshotLayer, ...]
 
 
+def hibernation_name(owner: Owner, sandbox_id: str) -> str:
+    """The name of the snapshot a sandbox hibernates into: one per Sandbox object (its uid:
+    a new sandbox of the same name never wakes into an old one's files)."""
+    digest = hashlib.sha256(f"{owner.namespace}/{sandbox_id}/{owner.uid}".encode()).hexdigest()
+    return f"hib-{digest[:24]}"
+
+
 class Restores:
     def __init__(self, store: Store, templates: Templates, snapshots: LocalSnapshots) -> None:
         self.store = store
         self._templates = templates
         self.snapshots = snapshots
 
+    async def source(
+        self, owner: Owner, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
+    ) -> str | None:
+        """The snapshot an instance of this sandbox starts from: the one it hibernated into,
+        else its own ``snapshotRef``, else its template's (None: none)."""
+        hib = hibernation_name(owner, sandbox_id)
+        try:
+            obj = await self.store.get(SNAPSHOT, owner.namespace, hib)
+        except ResourceNotFound:
+            obj = None
+        if obj is None or not SnapshotStatus.from_dict(obj.status).layers:
+            return spec.snapshot_ref or template.snapshot_ref  # never hibernated (yet)
+        return hib
+
     async def resolve(
-        self, namespace: str, spec: SandboxSpec, template: SandboxTemplateSpec
+        self, owner: Owner, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
     ) -> Restore | None:
         """The snapshot to restore (None: the sandbox starts from its template's empty state).
 
@@ -50,7 +73,8 @@ class Restores:
             InstanceUnhealthy: ``SnapshotPending`` (wait) or ``SnapshotUnavailable`` (give up).
             SnapshotStoreFailed: a layer could not be fetched now (retried).
         """
-        name = spec.snapshot_ref or template.snapshot_ref
+        namespace = owner.namespace
+        name = await self.source(owner, sandbox_id, spec, template)
         if name is None:
             return None
         try:

@@ -62,6 +62,7 @@ async def start_snapshots(
     Layers go to the installation's JetStream object store, or to S3 when ``s3`` is given
     (``SANDPOD_SNAPSHOT_S3_*``)."""
     local: LocalSnapshots | None = None
+    restores: Restores | None = None
     if isinstance(driver, LocalDriver) and os.geteuid() == 0:
         blobs: BlobStore = (
             S3BlobStore(s3)
@@ -70,9 +71,15 @@ async def start_snapshots(
         )
         layers = LayerStore(state_dir / "snapshots", blobs)
         local = LocalSnapshots(driver.runtime, layers)
-        driver.restores = Restores(store, templates, local)
+        restores = Restores(store, templates, local)
+        driver.restores = restores
     controller = SnapshotController(
-        store=store, events=events, snapshots=local, templates=templates, clock=clock
+        store=store,
+        events=events,
+        snapshots=local,
+        templates=templates,
+        restores=restores,
+        clock=clock,
     )
     api = SnapshotApi(store, wait, controller.collect_soon)
     return Snapshots(controller, api)
