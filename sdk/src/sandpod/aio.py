@@ -246,6 +246,7 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
         snapshot: str | None = None,
+        idle_policy: str | None = None,
         wait: float = 60.0,
         nats_url: str | None = None,
         prefix: str | None = None,
@@ -263,6 +264,9 @@ class AsyncSandbox:
                 ``{"mode": "allowlist", "allow": ["api.example.com:443"]}`` (see ``sbx.network``).
             snapshot: start from this SandboxSnapshot's files (see :meth:`snapshot`); its
                 template is the default ``template``.
+            idle_policy: what ``idle_timeout`` means: ``"Delete"`` or ``"Hibernate"`` (its
+                files kept, processes stopped, memory freed; the next call wakes it and is
+                answered once it runs again); default: the template's.
             wait: seconds to wait for Ready.
 
         Raises:
@@ -282,6 +286,7 @@ class AsyncSandbox:
                 env=env,
                 network=network,
                 snapshot=snapshot,
+                idle_policy=idle_policy,
             )
             info = await create_sandbox(sbx.bus, sbx.subjects, obj, wait=wait)
         except BaseException:

@@ -109,6 +109,7 @@ def create_object(
     env: Mapping[str, str] | None,
     network: Mapping[str, Any] | None = None,
     snapshot: str | None = None,
+    idle_policy: str | None = None,
 ) -> dict[str, Any]:
     """The Sandbox object for a create request. Raises BadRequest for a reserved
     (``sandpod.dev/``) label, as lifecycle would; ResourceInvalid naming the field for a bad
@@ -125,6 +126,8 @@ def create_object(
         spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
     if snapshot is not None:
         spec["snapshotRef"] = {"name": snapshot}
+    if idle_policy is not None:
+        spec["idlePolicy"] = idle_policy
     if network is not None:
         from sandpod_contract.network import NetworkPolicy  # lazy: not on the exec path
 
