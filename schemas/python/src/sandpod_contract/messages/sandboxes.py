@@ -273,7 +273,7 @@ CONTROL_PLANE: tuple[Operation, ...] = (
         "wake",
         Ref,
         ObjectReply,
-        "wake a Hibernated Sandbox (restore it) and wait until Running; a running one answers at once",
+        "wake a Hibernated Sandbox (restore it) and wait until Running; others answer at once",
         _CHANGE,
     ),
     Operation(
