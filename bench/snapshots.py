@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -194,7 +195,13 @@ def _holders(sandbox_id: str) -> int:
 
 
 def _du(root: Path) -> int:
-    return sum(p.lstat().st_blocks * 512 for p in root.rglob("*")) if root.exists() else 0
+    """Bytes allocated below ``root`` (entries removed meanwhile are skipped)."""
+    total = 0
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
 
 
 async def main_async(args: argparse.Namespace) -> None:

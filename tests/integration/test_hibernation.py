@@ -114,9 +114,7 @@ async def test_concurrent_calls_on_a_hibernated_sandbox_are_all_answered(plat: P
     execs = [sbx.exec(["sh", "-c", f"echo {i}; cat /workspace/d"]) for i in range(10)]
     read = asyncio.ensure_future(sbx.fs.read_text("/workspace/d"))
     outs = await asyncio.gather(*execs)
-    assert [o.stdout for o in outs] == [f"{i}\ndata\n" for i in range(10)], [
-        o.stderr for o in outs
-    ]
+    assert [o.stdout for o in outs] == [f"{i}\ndata\n" for i in range(10)], [o.stderr for o in outs]
     assert await read == "data\n"
     await sbx.kill()
     await sbx.close()
