@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import nats
 import pytest
 from test_default_rootfs import Platform, platform  # noqa: F401 - fixture used by name
 
+from s3server import S3Server
 from sandpod import AsyncSandbox
 from sandpod.control import api_call
 from sandpod.errors import (
@@ -65,10 +67,10 @@ async def _sh(sbx: AsyncSandbox, script: str) -> str:
 async def _bucket_keys(p: Platform) -> list[str]:
     nc = await nats.connect(p.url)
     try:
-        store = await nc.jetstream().object_store(f"{p.prefix}-snapshots")
         try:
+            store = await nc.jetstream().object_store(f"{p.prefix}-snapshots")
             return [o.name for o in await store.list(ignore_deletes=True)]
-        except nats.js.errors.NotFoundError:
+        except (nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
             return []
     finally:
         await nc.close()
@@ -364,3 +366,43 @@ async def test_the_cli_snapshots_forks_lists_and_removes(plat: Platform) -> None
     assert gone.returncode == 0 and "deleted c1" in gone.stdout
     await src.kill()
     await src.close()
+
+
+async def test_snapshots_in_a_real_s3_server(
+    platform: Callable[..., Platform],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """With SANDPOD_SNAPSHOT_S3_*, layers go to a real S3-compatible server (versitygw): a
+    snapshot restores on a node that lost its copy, and an object changed in the server's
+    storage is refused."""
+    server = S3Server(tmp_path / "s3root")
+    server.start()
+    try:
+        p = platform(
+            SANDPOD_SNAPSHOT_S3_ENDPOINT=server.endpoint,
+            SANDPOD_SNAPSHOT_S3_BUCKET="layers",
+            SANDPOD_SNAPSHOT_S3_ACCESS_KEY_ID=server.access_key,
+            SANDPOD_SNAPSHOT_S3_SECRET_ACCESS_KEY=server.secret_key,
+        )
+        await p.answering()
+        src = await p.create(f"s3-{uuid.uuid4().hex[:6]}")
+        await _sh(src, "echo in-s3 > /workspace/f")
+        snap = await src.snapshot()
+        digests = [x["digest"] for x in snap.raw["status"]["layers"]]
+        assert all(server.object_path("layers", d).exists() for d in digests)
+        assert await _bucket_keys(p) == []  # not in JetStream
+        layers = p.state / "snapshots" / "layers"
+        shutil.rmtree(layers)
+        layers.mkdir()
+        fork = (await src.fork(1, snapshot=snap.name))[0]
+        assert await _sh(fork, "cat /workspace/f") == "in-s3\n"
+        await fork.kill()
+        shutil.rmtree(layers)
+        layers.mkdir()
+        server.object_path("layers", digests[-1]).write_bytes(b"changed behind its back")
+        with pytest.raises(SandboxError, match="cannot be restored"):
+            await AsyncSandbox.create(snapshot=snap.name, nats_url=p.url, prefix=p.prefix)
+        await src.kill()
+        await src.close()
+    finally:
+        server.stop()

@@ -12,8 +12,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from sandpod_blobs import BlobStore, JetStreamBlobStore, S3BlobStore, S3Settings
 from sandpod_bus import Bus
+from sandpod_contract.errors import SandpodError
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.driver import Driver
 from sandpod_lifecycle.events import Events
@@ -27,6 +30,8 @@ from sandpod_service.clock import Clock
 from sandpod_store import Store
 
 __all__ = ["Snapshots", "start_snapshots"]
+
+log = structlog.get_logger("sandpod.lifecycle.snapshots")
 
 Handler = Callable[[Any], Awaitable[Any]]
 
@@ -64,11 +69,16 @@ async def start_snapshots(
     local: LocalSnapshots | None = None
     restores: Restores | None = None
     if isinstance(driver, LocalDriver) and os.geteuid() == 0:
-        blobs: BlobStore = (
-            S3BlobStore(s3)
-            if s3 is not None
-            else JetStreamBlobStore(await bus.objects(subjects.storage("snapshots")))
-        )
+        blobs: BlobStore
+        if s3 is not None:
+            store_s3 = S3BlobStore(s3)
+            try:
+                await store_s3.ensure_bucket()
+            except SandpodError as exc:  # a bucket made by its owner: it may still work
+                log.warning("snapshot_bucket_not_created", bucket=s3.bucket, error=str(exc))
+            blobs = store_s3
+        else:
+            blobs = JetStreamBlobStore(await bus.objects(subjects.storage("snapshots")))
         layers = LayerStore(state_dir / "snapshots", blobs)
         local = LocalSnapshots(driver.runtime, layers)
         restores = Restores(store, templates, local)
