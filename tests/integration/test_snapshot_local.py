@@ -20,9 +20,11 @@ import pytest
 from test_jail import _config, _runtime, background, ok, run
 
 from sandpod_blobs import MemoryBlobStore
+from sandpod_lifecycle.runtime import snapdiff
 from sandpod_lifecycle.runtime.base import InstanceSpec, InstanceStatus
 from sandpod_lifecycle.runtime.local import LocalRuntime
 from sandpod_lifecycle.runtime.localsnap import LocalSnapshots
+from sandpod_lifecycle.runtime.snapdiff import CaptureFailed
 from sandpod_lifecycle.runtime.snaplayers import LayerCorrupt, LayerStore
 
 pytestmark = pytest.mark.skipif(
@@ -206,3 +208,19 @@ async def test_a_changed_layer_object_is_refused(
         await snaps.restore_layers(cap2.chain)
     assert not snaps.layers.has(cap2.new[0].digest)
     assert not any((snaps.layers.root / "staging").iterdir())
+
+
+async def test_a_directory_swapped_for_a_host_symlink_copies_nothing_of_the_host(
+    tmp_path: Path,
+) -> None:
+    """The capture's copy resolves every path inside its own root: a directory the sandbox
+    swapped for a symlink to /etc while it was being copied (the path list still names
+    ``d/shadow``) reaches no host file (run without the chroot, it copied /etc/shadow)."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    (src / "d").symlink_to("/etc")
+    dest.mkdir()
+    with pytest.raises(CaptureFailed):
+        await snapdiff._copy(src, dest, ["d/shadow"])
+    assert not (dest / "d" / "shadow").exists()
+    assert not any(p.is_file() for p in dest.rglob("*"))

@@ -20,9 +20,12 @@ Stacked on the layers of the captures before it, the layer shows exactly the tre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
+import shutil
 import stat
+from importlib import resources
 from pathlib import Path
 
 import msgpack
@@ -32,6 +35,10 @@ from sandpod_lifecycle.runtime.base import RuntimeFailure
 __all__ = ["CaptureFailed", "Manifest", "capture_tree", "scan"]
 
 MANIFEST_VERSION = 1
+HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+SNAPCOPY = (
+    resources.files(__package__ or "sandpod_lifecycle.runtime").joinpath("snapcopy.sh").read_text()
+)
 OPAQUE = "trusted.overlay.opaque"
 CP_BATCH = 512  # paths per cp invocation (argv stays far below ARG_MAX)
 
@@ -89,7 +96,7 @@ async def capture_tree(src: Path, dest: Path, since: Manifest | None) -> Manifes
     now = await asyncio.to_thread(scan, src)
     await asyncio.to_thread(dest.mkdir, 0o755)
     if since is None:
-        await _run_cp(["cp", "-a", "--", f"{src}/.", str(dest)], src)
+        await _copy(src, dest, [])
         return now
     changed, opaque, gone = _diff(since, now)
     parents = {a for p in (*changed, *gone) for a in _ancestors(p)}
@@ -98,8 +105,7 @@ async def capture_tree(src: Path, dest: Path, since: Manifest | None) -> Manifes
     await asyncio.to_thread(_make_dirs, src, dest, dirs, opaque)
     files = [p for p in changed if not now.entries[p][2]]
     for i in range(0, len(files), CP_BATCH):
-        batch = files[i : i + CP_BATCH]
-        await _run_cp(["cp", "-a", "--parents", "--", *batch, f"{dest}/"], src)
+        await _copy(src, dest, files[i : i + CP_BATCH])
     await asyncio.to_thread(_whiteouts, dest, gone)
     await asyncio.to_thread(_dir_times, src, dest, ["", *dirs])
     return now
@@ -136,13 +142,44 @@ def _ancestors(path: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
-async def _run_cp(argv: list[str], cwd: Path) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-    )
-    _, err = await proc.communicate()
+async def _copy(src: Path, dest: Path, paths: list[str]) -> None:
+    """``cp -a`` of ``src`` (or of ``paths`` below it) into ``dest``, chrooted where nothing of
+    the host but its programs is (``snapcopy.sh``): the sandbox may swap a directory for a
+    symlink while it is copied."""
+    unshare = shutil.which("unshare", path=HOST_PATH)
+    if unshare is None:
+        raise CaptureFailed("util-linux's unshare is not installed: it isolates the copy")
+    scratch = dest.parent / f"{dest.name}.mnt"
+    await asyncio.to_thread(scratch.mkdir, 0o700)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            unshare,
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            SNAPCOPY,
+            "sandpod-snapcopy",
+            str(scratch),
+            str(src),
+            str(dest),
+            *paths,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env={"PATH": HOST_PATH},
+        )
+        _, err = await proc.communicate()
+    finally:
+        await asyncio.to_thread(_rmdir, scratch)
     if proc.returncode != 0:
         raise CaptureFailed(f"cannot copy a sandbox's files: {err.decode(errors='replace')[-400:]}")
+
+
+def _rmdir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()
 
 
 def _copy_meta(src: Path, dest: Path) -> None:
