@@ -104,7 +104,9 @@ class LayerStore:
     def __init__(self, root: Path, blobs: BlobStore) -> None:
         self.root = root
         self.blobs = blobs
-        (root / "layers").mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.chmod(0o700)  # layers hold sandboxes' files (setuid ones too): for root's eyes only
+        (root / "layers").mkdir(exist_ok=True)
         staging = root / "staging"
         shutil.rmtree(staging, ignore_errors=True)  # debris of a crashed capture or download
         staging.mkdir(mode=0o700)
