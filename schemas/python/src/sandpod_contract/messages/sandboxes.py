@@ -20,6 +20,7 @@ from sandpod_contract.errors import (
     ResourceNotFound,
     SnapshotFailed,
     SnapshotInUse,
+    SnapshotQuotaExceeded,
     SnapshotUnsupported,
 )
 from sandpod_contract.operations import Operation
@@ -317,7 +318,14 @@ CONTROL_PLANE: tuple[Operation, ...] = (
         ObjectRequest,
         ObjectReply,
         "snapshot a running Sandbox (a SandboxSnapshot; waits until it is Ready or Failed)",
-        (ResourceInvalid, ResourceExists, ResourceNotFound, SnapshotFailed, SnapshotUnsupported),
+        (
+            ResourceInvalid,
+            ResourceExists,
+            ResourceNotFound,
+            SnapshotFailed,
+            SnapshotQuotaExceeded,
+            SnapshotUnsupported,
+        ),
     ),
     Operation("snapshots", "get", Ref, ObjectReply, "read a SandboxSnapshot", _NOT_FOUND),
     Operation("snapshots", "list", Selection, ObjectsReply, "list SandboxSnapshots"),
