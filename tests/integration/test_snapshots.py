@@ -437,7 +437,7 @@ async def test_snapshot_quotas_per_tenant(platform: Callable[..., Platform]) -> 
                 "metadata": {"name": name},
                 "spec": {"sourceRef": {"name": "q"}},
             }
-            return await api_call(
+            reply: ObjectReply = await api_call(
                 bus,
                 subjects,
                 "snapshots",
@@ -446,6 +446,7 @@ async def test_snapshot_quotas_per_tenant(platform: Callable[..., Platform]) -> 
                 ObjectReply,
                 timeout=DEADLINE + 10,
             )
+            return reply
 
         await sandbox(acme)
         await sandbox(beta)
