@@ -72,6 +72,7 @@ def bus_channel(bus: Bus, subjects: Subjects, sandbox_id: str) -> WireChannel:
         """Ask the lifecycle to wake ``name`` if it hibernated (True: it runs now)."""
         from sandpod_contract.errors import SandpodError
         from sandpod_contract.messages.sandboxes import ObjectReply, Ref  # lazy: rare path
+        from sandpod_contract.resources import Phase
 
         try:
             data = await bus.request(
@@ -82,7 +83,7 @@ def bus_channel(bus: Bus, subjects: Subjects, sandbox_id: str) -> WireChannel:
             woken = decode_reply(ObjectReply, data)
         except SandpodError:
             return False  # no such sandbox, no lifecycle: the caller's not-found stands
-        return bool((woken.object.get("status") or {}).get("phase") == "Running")
+        return bool((woken.object.get("status") or {}).get("phase") == Phase.RUNNING)
 
     return WireChannel(bus, subjects, sid, not_found=_not_found, wake=wake)
 

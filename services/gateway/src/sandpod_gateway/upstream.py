@@ -19,6 +19,7 @@ from sandpod_client import Channel
 from sandpod_contract.codec import Message, decode_reply, encode
 from sandpod_contract.errors import SandboxUnavailable, SandpodError
 from sandpod_contract.messages.sandboxes import ObjectReply, Ref
+from sandpod_contract.resources import Phase
 from sandpod_contract.subjects import Subjects
 from sandpod_gateway.errors import sandbox_not_found
 from sandpod_gateway.tenancy import LIFECYCLE_NAMESPACE, Scope
@@ -78,7 +79,7 @@ class Upstream:
                 )
             except SandpodError:
                 return False
-            return bool((woken.object.get("status") or {}).get("phase") == "Running")
+            return bool((woken.object.get("status") or {}).get("phase") == Phase.RUNNING)
 
         channel = Channel(
             self.bus, self.subjects, sid, not_found=lambda _: sandbox_not_found(name), wake=wake

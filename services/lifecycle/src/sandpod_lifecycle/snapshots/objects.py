@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandpod_contract.errors import ResourceInvalid, ResourceNotFound
-from sandpod_contract.resources import API_VERSION, Condition, Phase, SandboxSpec
+from sandpod_contract.resources import API_VERSION, Condition, ConditionType, Phase, SandboxSpec
 from sandpod_contract.snapshots import (
     SNAPSHOT_KIND,
     SnapshotPhase,
@@ -59,7 +59,7 @@ def with_phase(
 ) -> SnapshotStatus:
     """``status`` in ``phase`` with its Ready condition saying ``reason``."""
     ready = Condition(
-        "Ready",
+        ConditionType.READY,
         "True" if phase is SnapshotPhase.READY else "False",
         str(reason),
         message,
