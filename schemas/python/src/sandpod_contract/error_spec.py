@@ -223,6 +223,10 @@ DETAILS: Mapping[str, Details] = {
     ),
     "store.invalid": Details(optional={"field": _FIELD}),
     "store.expired": Details(required={"kind": _d("string", "the resource kind")}),
+    "store.in_use": Details(
+        required={"name": _d("string", "the volume")},
+        optional={"holders": _d("string", "the sandboxes holding it, comma-separated")},
+    ),
 }
 
 

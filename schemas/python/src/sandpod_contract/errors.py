@@ -81,6 +81,7 @@ __all__ = [
     "TemplateError",
     "UnknownSubject",
     "UnsupportedVersion",
+    "VolumeInUse",
     "WatchError",
     "WatchLimit",
     "WatchNotFound",
@@ -577,6 +578,15 @@ class ResourceExpired(StoreError):
     summary = (
         "the revision to watch from is older than the store keeps (compacted); "
         "list again and watch from the list's revision"
+    )
+
+
+class VolumeInUse(StoreError):
+    code = "store.in_use"
+    retryable = True
+    summary = (
+        "the SandboxVolume is mounted by another sandbox (details name the holders); "
+        "delete or wait for them, or mount it read-only"
     )
 
 

@@ -18,6 +18,7 @@ from sandpod_contract.builds import TemplateBuild
 from sandpod_contract.errors import ResourceInvalid
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.times import from_rfc3339
+from sandpod_contract.volumes import VolumeMount
 
 __all__ = [
     "API_VERSION",
@@ -245,6 +246,7 @@ class SandboxSpec:
     operating_mode: OperatingMode = OperatingMode.RUNNING
     env: tuple[EnvVar, ...] = ()
     network: NetworkPolicy | None = None  # None: the template's (sandpod_contract.network)
+    volumes: tuple[VolumeMount, ...] = ()  # SandboxVolumes to mount (sandpod_contract.volumes)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxSpec:
@@ -274,6 +276,7 @@ class SandboxSpec:
             ),
             env=EnvVar.parse("spec.env", raw.get("env")),
             network=None if raw.get("network") is None else NetworkPolicy.from_dict(raw["network"]),
+            volumes=VolumeMount.parse("spec.volumes", raw.get("volumes")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -291,6 +294,8 @@ class SandboxSpec:
             out["env"] = [{"name": e.name, "value": e.value} for e in self.env]
         if self.network is not None:
             out["network"] = self.network.to_dict()
+        if self.volumes:
+            out["volumes"] = [v.to_dict() for v in self.volumes]
         return out
 
 
@@ -428,6 +433,7 @@ class SandboxTemplateSpec:
     idle_timeout_seconds: int = 900
     security: TemplateSecurity = dataclasses.field(default_factory=TemplateSecurity)
     build: TemplateBuild | None = None  # how the template is built (sandpod_contract.builds)
+    volumes: tuple[VolumeMount, ...] = ()  # mounted by each of its sandboxes (a Sandbox's win)
 
     @property
     def egress(self) -> tuple[str, ...]:
@@ -467,4 +473,5 @@ class SandboxTemplateSpec:
             ),
             security=TemplateSecurity.from_dict(raw.get("security")),
             build=TemplateBuild.from_dict(raw.get("build")),
+            volumes=VolumeMount.parse("spec.volumes", raw.get("volumes")),
         )

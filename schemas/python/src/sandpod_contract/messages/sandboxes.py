@@ -18,6 +18,7 @@ from sandpod_contract.errors import (
     ResourceExists,
     ResourceInvalid,
     ResourceNotFound,
+    VolumeInUse,
 )
 from sandpod_contract.operations import Operation
 
@@ -296,4 +297,22 @@ CONTROL_PLANE: tuple[Operation, ...] = (
     Operation("templates", "get", Ref, ObjectReply, "read a SandboxTemplate", _NOT_FOUND),
     Operation("templates", "list", Selection, ObjectsReply, "list SandboxTemplates"),
     Operation("templates", "delete", Ref, ObjectReply, "delete a SandboxTemplate", _NOT_FOUND),
+    Operation(
+        "volumes",
+        "create",
+        ObjectRequest,
+        ObjectReply,
+        "create a SandboxVolume (its storage is made at once)",
+        (ResourceInvalid, ResourceExists),
+    ),
+    Operation("volumes", "get", Ref, ObjectReply, "read a SandboxVolume", _NOT_FOUND),
+    Operation("volumes", "list", Selection, ObjectsReply, "list SandboxVolumes"),
+    Operation(
+        "volumes",
+        "delete",
+        Ref,
+        ObjectReply,
+        "delete a SandboxVolume and its data (refused while a sandbox mounts it)",
+        (ResourceNotFound, VolumeInUse),
+    ),
 )
