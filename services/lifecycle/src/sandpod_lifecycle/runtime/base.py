@@ -37,6 +37,7 @@ __all__ = [
     "RuntimeTimeout",
     "RuntimeUnavailable",
     "SeccompMode",
+    "VolumeBind",
 ]
 
 MiB = 1024 * 1024
@@ -150,6 +151,18 @@ class Resources:
         return min(self.memory_bytes // SHM_FRACTION, self.tmp_bytes or self.memory_bytes)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class VolumeBind:
+    """A SandboxVolume in an instance: ``source`` (a host directory, the volume's mounted
+    filesystem) bound at ``target`` inside (validated by ``sandpod_contract.volumes``), read-only
+    or not. A read-write bind hands the volume's files to the instance's uid first."""
+
+    source: Path
+    target: str
+    read_only: bool = False
+    key: tuple[str, str] = ("", "")  # (namespace, name) of the volume: whose files to hand over
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceSpec:
     """What to create.
@@ -191,9 +204,13 @@ class InstanceSpec:
     egress: bool = False
     seccomp: SeccompMode = "default"
     network: NetworkPolicy | None = None
+    volumes: tuple[VolumeBind, ...] = ()  # SandboxVolumes bound into the instance
 
     def __post_init__(self) -> None:
         validate_sandbox_id(self.sandbox_id)
+        for vol in self.volumes:
+            if not vol.source.is_absolute() or not vol.target.startswith("/"):
+                raise ValueError(f"a volume bind needs absolute paths, got {vol}")
         if self.seccomp not in ("default", "nested", "unconfined"):
             raise ValueError(f"seccomp must be default, nested or unconfined, got {self.seccomp!r}")
         for name, value in (("uid", self.uid), ("gid", self.gid)):

@@ -98,6 +98,8 @@ class HolderLayout:
     tmp_in_upper: bool = False  # /tmp is the writable layer's (else a tmpfs of tmp_bytes)
     layers: tuple[Path, ...] = ()  # stacked over base, bottom first (an image's, a build's)
     userxattr: bool = False  # overlay's own xattrs in user.overlay.* (rootless layered roots)
+    # SandboxVolumes: (host source, mount path inside, read-only), bound last (see holder.sh)
+    volumes: tuple[tuple[Path, str, bool], ...] = ()
 
     def lowerdir(self) -> str:
         """overlayfs' ``lowerdir``: the top layer first, the base last."""
@@ -115,6 +117,9 @@ class HolderLayout:
             raise ValueError("the jail needs sh and util-linux's unshare on the host's PATH")
         for path in (self.base, *self.layers, self.upper, self.work, self.root, self.workspace):
             _check_path(path)
+        for source, target, _ in self.volumes:
+            _check_path(source)
+            _check_path(Path(target))
         if len(self.lowerdir()) > MAX_LOWERDIR:  # mount(2) takes one page of options
             raise ValueError(
                 f"an image of {len(self.layers)} layers does not fit one overlay mount's "
@@ -167,6 +172,8 @@ class HolderLayout:
             str(self.shm_bytes),
             "1" if self.tmp_in_upper else "0",
             self.overlay_options(),
+            str(len(self.volumes)),
+            *(x for s, t, ro in self.volumes for x in (str(s), t, "ro" if ro else "rw")),
             *(str(m) for m in self.masks),
         ]
 

@@ -13,6 +13,7 @@ freeze it (see ``cgroups.py``). Its traces on the host, all removed by ``destroy
     <state_dir>/<id>/disk/       filesystem, mounted here; upper/, work/ and workspace/ are
                                  then in disk/ (and /tmp is upper/tmp)
     <state_dir>/.disk/           one mkfs'd template image per disk size
+    <state_dir>/.volumes/        SandboxVolumes (``volumes.py``): never removed by ``destroy``
     <cgroup hierarchy>/<parent>/<id>/   one per hierarchy used
 
 The jail file (:class:`sandpod_service.jailfile.JailFile`, the one format execd reads too) is
@@ -59,6 +60,7 @@ from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCg
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
 from sandpod_lifecycle.runtime.uids import next_uid
+from sandpod_lifecycle.runtime.volumes import LocalVolumes
 from sandpod_service import jailfile
 from sandpod_service.jailfile import JailDisk, JailFile, JailReservation, JailWorkspace
 from sandpod_service.procs import cgroup_join_file
@@ -127,6 +129,7 @@ class LocalRuntime:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # id -> (lock, users)
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}  # ours to reap
         self._disk_quota: str | None = None  # diskquota.probe(), once
+        self.volumes = LocalVolumes(config.state_dir, config.disk)  # SandboxVolumes' storage
 
     # -- RuntimeDriver -------------------------------------------------------------------------
 
@@ -281,6 +284,7 @@ class LocalRuntime:
         if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
             diskquota.mark_opaque(top / "upper" / "tmp")
         rootless = not caps.root
+        await self._volumes(spec, uid, gid, chown=not rootless)
         trust_env: dict[str, str] = {}
         if self.egress is not None and spec.network is not None:
             _write_resolv_conf(base, top / "upper", str(self.egress.gateway))
@@ -339,6 +343,7 @@ class LocalRuntime:
             seccomp=spec.seccomp,
             helper=seccomp.helper(),
             tmp_in_upper=quota,
+            volumes=tuple((v.source, v.target, v.read_only) for v in spec.volumes),
         )
         procs = [cgroup_join_file(c) for c in cg.holder_joined]
         popen, holder, skipped = await launch(
@@ -379,6 +384,21 @@ class LocalRuntime:
             notes=tuple(notes),
         )
         _write_jail(d / JAIL_FILE, running)
+
+    async def _volumes(self, spec: InstanceSpec, uid: int, gid: int, *, chown: bool) -> None:
+        """Check the volume binds and hand each read-write one's files to the sandbox's uid
+        (see ``volumes.py``; rootless, every sandbox's uid is ours already). Raises ValueError
+        for a bind the sandbox could not see."""
+        for vol in spec.volumes:
+            for mask in (self.config.state_dir, *self.config.mask_paths):
+                target, masked = Path(vol.target), Path(mask)
+                if target == masked or masked in target.parents or target in masked.parents:
+                    raise ValueError(
+                        f"volume mount path {vol.target} overlaps {mask}, which this node masks "
+                        "in every sandbox: choose another mount path"
+                    )
+            if chown and not vol.read_only and vol.key != ("", ""):
+                await asyncio.to_thread(self.volumes.hand_over, *vol.key, uid, gid)
 
     async def _attach(self, spec: InstanceSpec, holder: int) -> str | None:
         """Give the instance its link when it has a policy and this node gives egress. Returns
