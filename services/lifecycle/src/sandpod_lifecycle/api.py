@@ -62,6 +62,7 @@ from sandpod_lifecycle.objects import (
     template_from_map,
     with_condition,
 )
+from sandpod_lifecycle.volumes import Volumes, effective_mounts
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.scoping import (
     scope,
@@ -88,8 +89,10 @@ class LifecycleApi:
         *,
         clock: Clock = REAL,
         always_allowed: Sequence[Rule] = (),
+        volumes: Volumes | None = None,
     ) -> None:
         self.store = store
+        self.volumes = volumes or Volumes(store, None)  # SandboxVolumes: claims (volumes.py)
         self.events = events
         self.clock = clock
         self._always_allowed = tuple(always_allowed)  # SANDPOD_NET_ALWAYS_ALLOW
@@ -118,8 +121,19 @@ class LifecycleApi:
             await self._name_free(obj.metadata.name)
         template = await self.template(obj.metadata.namespace, spec.template_ref)
         obj = apply_defaults(obj, spec, template, self.clock.now())
+        mounts = self.volumes.scoped_mounts(effective_mounts(template.volumes, spec.volumes))
+        if mounts:  # the template's resolved in: what the driver binds, and what is released
+            obj = dataclasses.replace(
+                obj, spec={**obj.spec, "volumes": [m.to_dict() for m in mounts]}
+            )
         SandboxSpec.from_dict(obj.spec)  # defaults must still satisfy the schema
-        created = await self.store.create(obj)
+        ns, name = obj.metadata.namespace, obj.metadata.name
+        await self.volumes.claim(ns, name, mounts)
+        try:
+            created = await self.store.create(obj)
+        except BaseException:
+            await self.volumes.release(ns, name, [m.name for m in mounts])
+            raise
         status = with_condition(
             SandboxStatus(
                 phase=Phase.PENDING, shutdown_time=SandboxSpec.from_dict(created.spec).shutdown_time

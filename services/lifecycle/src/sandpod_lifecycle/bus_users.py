@@ -56,7 +56,7 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
                 *(sbx, *node_plane, events, INBOX_ALL),
                 *(*kv_store, *events_stream, *reads),
             ),
-            sub_allow=(*_kinds(s, "sandboxes", "templates"), INBOX_ALL),
+            sub_allow=(*_kinds(s, "sandboxes", "templates", "volumes"), INBOX_ALL),
         ),
         "pool": Permissions(
             pub_allow=(api, sbx, INBOX_ALL, *kv_store),

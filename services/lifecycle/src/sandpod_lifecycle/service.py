@@ -64,8 +64,10 @@ from sandpod_lifecycle.runtime.installation import Installation, remove_cgroup_p
 from sandpod_lifecycle.runtime.local import JAIL_FILE, LocalRuntime, LocalRuntimeConfig
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
+from sandpod_lifecycle.runtime.volumes import LocalVolumeBackend
 from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_lifecycle.steps import Templates
+from sandpod_lifecycle.volumes import VolumeBackend, Volumes
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
 from sandpod_service.clock import REAL, Clock
@@ -240,6 +242,13 @@ class LifecycleService:
             return driver
         return ProcessDriver(launcher)
 
+    def _volume_backend(self) -> VolumeBackend | None:
+        """Where SandboxVolumes' storage is made: the local runtime's filesystems (None on
+        the process runtime, which has no volumes; see ``runtime/volumes.py``)."""
+        if self._local is not None:
+            return LocalVolumeBackend(self._local[0].volumes)
+        return None
+
     def _auth_file(self) -> AuthFile | None:
         """The registry credentials of the settings, or Docker's default file (None: none).
 
@@ -280,6 +289,7 @@ class LifecycleService:
             store, events, clock=self.clock, always_allowed=self.settings.always_allow
         )
         driver = self._driver(api.template)
+        api.volumes = volumes = Volumes(store, self._volume_backend())
         await self._start_egress(events, driver)
         builds = self._builds(bus, store, driver)
         self._template_builds = builds
@@ -315,6 +325,10 @@ class LifecycleService:
             ("templates", "get"): api.template_get,
             ("templates", "list"): api.template_list,
             ("templates", "delete"): api.template_delete,
+            ("volumes", "create"): volumes.create,
+            ("volumes", "get"): volumes.get,
+            ("volumes", "list"): volumes.list,
+            ("volumes", "delete"): volumes.delete,
         }
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
         if builds is not None:

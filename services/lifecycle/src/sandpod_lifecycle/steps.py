@@ -61,6 +61,7 @@ from sandpod_lifecycle.lifetime import (
 )
 from sandpod_lifecycle.objects import SANDBOX, same_status, transition, with_condition
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
+from sandpod_lifecycle.volumes import Volumes
 from sandpod_service.clock import Clock
 from sandpod_service.leases import LeaseKeeper
 from sandpod_store import Resource, SandboxView, Store
@@ -398,6 +399,9 @@ class Steps:
             await self._set(view, Phase.TERMINATED, None, expired)
         with contextlib.suppress(ResourceNotFound):
             await self.store.delete(SANDBOX, view.namespace, view.name)
+        if view.spec.volumes:  # its instance and object are gone: others may mount them now
+            names = [v.name for v in view.spec.volumes]
+            await Volumes(self.store, None).release(view.namespace, view.name, names)
         await self.events.publish(
             name=view.name,
             namespace=view.namespace,

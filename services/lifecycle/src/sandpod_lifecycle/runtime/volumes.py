@@ -34,17 +34,19 @@ a plain directory there, and :meth:`LocalVolumes.quota` says why it is unlimited
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
 import shutil
 from pathlib import Path
 
+from sandpod_contract.volumes import SandboxVolumeSpec
 from sandpod_lifecycle.runtime import diskquota
 from sandpod_lifecycle.runtime.base import ACTIVE
 from sandpod_lifecycle.runtime.diskquota import DiskOptions, DiskQuotaError
 
-__all__ = ["VOLUMES", "LocalVolumes", "VolumeMissing"]
+__all__ = ["VOLUMES", "LocalVolumeBackend", "LocalVolumes", "VolumeMissing"]
 
 VOLUMES = ".volumes"
 OWNER = "owner"
@@ -160,3 +162,19 @@ class LocalVolumes:
         if os.path.ismount(d / diskquota.MOUNT):
             raise DiskQuotaError(16, f"{d / diskquota.MOUNT} is still mounted")
         shutil.rmtree(d, ignore_errors=True)
+
+
+class LocalVolumeBackend:
+    """The lifecycle API's ``VolumeBackend`` on the local runtime (blocking work in threads)."""
+
+    def __init__(self, volumes: LocalVolumes) -> None:
+        self.volumes = volumes
+
+    async def provision(self, namespace: str, name: str, spec: SandboxVolumeSpec) -> None:
+        await asyncio.to_thread(self.volumes.provision, namespace, name, spec.size_bytes)
+
+    async def remove(self, namespace: str, name: str) -> None:
+        await asyncio.to_thread(self.volumes.remove, namespace, name)
+
+    async def usage(self, namespace: str, name: str) -> int | None:
+        return await asyncio.to_thread(self.volumes.usage, namespace, name)
