@@ -614,6 +614,11 @@ ERRORS: list[errors.SandpodError] = [
     ),
     errors.ResourceInvalid("spec.idleTimeoutSeconds must be >= 0", field="spec.idleTimeoutSeconds"),
     errors.ResourceExpired("watch of Sandbox: too old resource version: 5 (812)", kind="Sandbox"),
+    errors.VolumeInUse(
+        "SandboxVolume 'data' is mounted by sbx-a: cannot mount it read-write",
+        name="data",
+        holders="sbx-a",
+    ),
     errors.ClaimError("claim default/c1 could not be served"),
     errors.PoolNotFound("no SandboxWarmPool 'python' in namespace 'default'", pool="python"),
     errors.ClaimTimeout(
