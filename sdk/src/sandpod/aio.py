@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, bus_channel
@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # the families are imported on first use: see AsyncSandbox.fs
     from sandpod.proc import AsyncProcesses
     from sandpod.pty import AsyncPtys
     from sandpod.session import AsyncSessions
+    from sandpod.volumes import VolumeMount
     from sandpod.watch import AsyncWatches
 
 __all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
@@ -170,6 +171,7 @@ class AsyncSandbox:
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
+        volumes: Sequence[VolumeMount | str] = (),
         wait: float = 60.0,
         nats_url: str | None = None,
         prefix: str | None = None,
@@ -185,10 +187,13 @@ class AsyncSandbox:
             env: environment for its commands.
             network: its own egress policy (default: the template's), e.g.
                 ``{"mode": "allowlist", "allow": ["api.example.com:443"]}`` (see ``sbx.network``).
+            volumes: SandboxVolumes to mount: ``VolumeMount("data", "/data", read_only=True)``
+                or ``"data:/data:ro"`` (see :mod:`sandpod.volumes`).
             wait: seconds to wait for Ready.
 
         Raises:
-            ResourceInvalid: bad arguments or unknown template.
+            ResourceInvalid: bad arguments or unknown template or volume.
+            VolumeInUse: a volume is held by another sandbox (named) in a conflicting mode.
             SandboxError: the sandbox failed to start (the reason is in the message), or no
                 lifecycle service answers.
         """
@@ -203,6 +208,7 @@ class AsyncSandbox:
                 labels=labels,
                 env=env,
                 network=network,
+                volumes=volumes,
             )
             info = await create_sandbox(sbx.bus, sbx.subjects, obj, wait=wait)
         except BaseException:

@@ -5,8 +5,8 @@ Each method runs its async twin on the SDK's private loop thread (:mod:`sandpod.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, Self
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 from sandpod._loop import run
 from sandpod._twins import iterate, twin
@@ -25,6 +25,9 @@ from sandpod.session import Sessions
 from sandpod.watch import Watches
 from sandpod_contract.messages.sandboxes import SandboxEvent
 from sandpod_contract.messages.system import Activity, Info, SandboxMetrics
+
+if TYPE_CHECKING:
+    from sandpod.volumes import VolumeMount
 
 __all__ = ["ExecStream", "Sandbox"]
 
@@ -88,6 +91,7 @@ class Sandbox:
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
+        volumes: Sequence[VolumeMount | str] = (),
         wait: float = 60.0,
         nats_url: str | None = None,
         prefix: str | None = None,
@@ -104,6 +108,7 @@ class Sandbox:
                     labels=labels,
                     env=env,
                     network=network,
+                    volumes=volumes,
                     wait=wait,
                     nats_url=nats_url,
                     prefix=prefix,
