@@ -397,11 +397,12 @@ class Steps:
         if reason is not ConditionReason.DELETED:
             expired = Condition(ConditionType.EXPIRED, "True", reason, msg)
             await self._set(view, Phase.TERMINATED, None, expired)
-        with contextlib.suppress(ResourceNotFound):
-            await self.store.delete(SANDBOX, view.namespace, view.name)
-        if view.spec.volumes:  # its instance and object are gone: others may mount them now
+        if view.spec.volumes:  # its instance is gone: others may mount them now (before the
+            # object goes, so whoever waits for the object to be gone finds them free)
             names = [v.name for v in view.spec.volumes]
             await Volumes(self.store, None).release(view.namespace, view.name, names)
+        with contextlib.suppress(ResourceNotFound):
+            await self.store.delete(SANDBOX, view.namespace, view.name)
         await self.events.publish(
             name=view.name,
             namespace=view.namespace,
