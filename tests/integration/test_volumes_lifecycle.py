@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_lifecycle import Lifecycle, _ready_api, lifecycles  # noqa: F401 - fixture used by name
@@ -35,7 +36,7 @@ async def test_a_volume_outlives_its_sandbox_and_is_exclusive(
     then frees its storage on the host."""
     lc = lifecycles(SANDPOD_RUNTIME="local")
     await _ready_api(lc)
-    conn = {"nats_url": lc.url, "prefix": lc.prefix}
+    conn: dict[str, Any] = {"nats_url": lc.url, "prefix": lc.prefix}
     storage = tmp_path / "jails" / ".volumes" / "default" / "data"
     volumes = await AsyncVolumes.connect(**conn)
     try:

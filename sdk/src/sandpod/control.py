@@ -108,7 +108,7 @@ def create_object(
     labels: Mapping[str, str] | None,
     env: Mapping[str, str] | None,
     network: Mapping[str, Any] | None = None,
-    volumes: Sequence[Any] = (),
+    volumes: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     r"""The Sandbox object for a create request (``volumes``: ``VolumeMount``\s or
     ``name:/path[:ro]`` strings, see :mod:`sandpod.volumes`). Raises BadRequest for a reserved
