@@ -243,10 +243,14 @@ class LifecycleService:
         return ProcessDriver(launcher)
 
     def _volume_backend(self) -> VolumeBackend | None:
-        """Where SandboxVolumes' storage is made: the local runtime's filesystems (None on
-        the process runtime, which has no volumes; see ``runtime/volumes.py``)."""
+        """Where SandboxVolumes' storage is made: the local runtime's filesystems, Kubernetes'
+        PVCs (None on the process runtime, which has no volumes; see ``runtime/volumes.py``)."""
         if self._local is not None:
             return LocalVolumeBackend(self._local[0].volumes)
+        if self._pod_api is not None:
+            from sandpod_lifecycle.runtime.podvolumes import PvcVolumeBackend
+
+            return PvcVolumeBackend(self._pod_api, self.settings.pods)
         return None
 
     def _auth_file(self) -> AuthFile | None:
