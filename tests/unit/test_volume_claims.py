@@ -24,7 +24,12 @@ from sandpod_contract.errors import (
     SandpodError,
     VolumeInUse,
 )
-from sandpod_contract.messages.sandboxes import ObjectRequest, Ref, Selection
+from sandpod_contract.messages.sandboxes import (
+    VOLUME_EVENT_TYPES,
+    ObjectRequest,
+    Ref,
+    Selection,
+)
 from sandpod_contract.volumes import SandboxVolumeSpec, SandboxVolumeStatus
 from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.volumes import VOLUME, Volumes
@@ -63,20 +68,30 @@ class InterleavingStore(MemoryStore):
         return obj
 
 
+class VolumeEvents:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []  # (volume, type, sandbox)
+
+    async def publish_volume(self, **kw: str) -> None:
+        assert kw["type_"] in VOLUME_EVENT_TYPES, kw
+        self.seen.append((kw["name"], kw["type_"], kw.get("sandbox", "")))
+
+
 @dataclasses.dataclass
 class Rig:
     store: MemoryStore
     backend: Backend
     volumes: Volumes
     api: LifecycleApi
+    events: VolumeEvents
 
 
 @pytest.fixture
 def rig() -> Rig:
-    store, backend = InterleavingStore(), Backend()
-    volumes = Volumes(store, backend)
+    store, backend, events = InterleavingStore(), Backend(), VolumeEvents()
+    volumes = Volumes(store, backend, events)
     api = LifecycleApi(store, Events(), volumes=volumes)  # type: ignore[arg-type]
-    return Rig(store, backend, volumes, api)
+    return Rig(store, backend, volumes, api, events)
 
 
 @contextlib.contextmanager
@@ -168,6 +183,12 @@ async def test_deleting_a_held_volume_is_refused_and_delete_frees_its_storage(ri
     await rig.volumes.release("default", "a", ["data"])
     await rig.volumes.delete(Ref(name="data"))
     assert rig.backend.removed == [("default", "data")]
+    assert rig.events.seen == [
+        ("data", "created", ""),
+        ("data", "claimed", "a"),
+        ("data", "released", "a"),
+        ("data", "deleted", ""),
+    ]
     with pytest.raises(ResourceNotFound):
         await rig.volumes.get(Ref(name="data"))
 

@@ -400,7 +400,7 @@ class Steps:
         if view.spec.volumes:  # its instance is gone: others may mount them now (before the
             # object goes, so whoever waits for the object to be gone finds them free)
             names = [v.name for v in view.spec.volumes]
-            await Volumes(self.store, None).release(view.namespace, view.name, names)
+            await Volumes(self.store, None, self.events).release(view.namespace, view.name, names)
         with contextlib.suppress(ResourceNotFound):
             await self.store.delete(SANDBOX, view.namespace, view.name)
         await self.events.publish(

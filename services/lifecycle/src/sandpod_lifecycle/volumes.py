@@ -59,7 +59,7 @@ from sandpod_service.scoping import (
 )
 from sandpod_store import Resource, Store
 
-__all__ = ["VOLUME", "VolumeBackend", "Volumes", "effective_mounts"]
+__all__ = ["VOLUME", "VolumeBackend", "VolumeEvents", "Volumes", "effective_mounts"]
 
 log = structlog.get_logger("sandpod.lifecycle.volumes")
 
@@ -94,10 +94,25 @@ def effective_mounts(
     return (*kept, *own)
 
 
+class VolumeEvents(Protocol):
+    async def publish_volume(
+        self, *, name: str, namespace: str, type_: str, phase: str, sandbox: str = "", how: str = ""
+    ) -> None: ...
+
+
 class Volumes:
-    def __init__(self, store: Store, backend: VolumeBackend | None) -> None:
+    def __init__(
+        self, store: Store, backend: VolumeBackend | None, events: VolumeEvents | None = None
+    ) -> None:
         self.store = store
         self.backend = backend
+        self.events = events  # volume.<type> events (None: none published)
+
+    async def _event(self, name: str, namespace: str, type_: str, phase: str, **kw: str) -> None:
+        if self.events is not None:
+            await self.events.publish_volume(
+                name=name, namespace=namespace, type_=type_, phase=phase, **kw
+            )
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -145,6 +160,7 @@ class Volumes:
             dataclasses.replace(created, status=status.to_dict())
         )
         log.info("volume_created", volume=name, namespace=ns, size=spec.size)
+        await self._event(name, ns, "created", str(VolumePhase.AVAILABLE))
         return ObjectReply(object=created.to_dict())
 
     async def get(self, req: Ref) -> ObjectReply:
@@ -177,6 +193,7 @@ class Volumes:
         if self.backend is not None:
             await self.backend.remove(req.namespace, req.name)
         log.info("volume_deleted", volume=req.name, namespace=req.namespace)
+        await self._event(req.name, req.namespace, "deleted", str(VolumePhase.AVAILABLE))
         return ObjectReply(object=obj.to_dict())
 
     # -- claims ---------------------------------------------------------------------------------
@@ -240,6 +257,10 @@ class Volumes:
             except ResourceConflict:
                 continue  # someone claimed or released meanwhile: decide again on fresh state
             log.info("volume_claimed", volume=mount.name, sandbox=sandbox, ro=mount.read_only)
+            how = "read-only" if mount.read_only else "read-write"
+            await self._event(
+                mount.name, namespace, "claimed", str(new.phase), sandbox=sandbox, how=how
+            )
             return
         raise ResourceConflict(f"SandboxVolume {mount.name!r} keeps changing; retry")
 
@@ -267,6 +288,7 @@ class Volumes:
                 except ResourceConflict:
                     continue
                 log.info("volume_released", volume=name, sandbox=sandbox)
+                await self._event(name, namespace, "released", str(new.phase), sandbox=sandbox)
                 break
 
     async def _with_usage(self, obj: Resource) -> Resource:

@@ -27,6 +27,7 @@ __all__ = [
     "NETWORK_EVENT_TYPES",
     "PUBLIC_PORTS_ANNOTATION",
     "SANDBOX_EVENT_TYPES",
+    "VOLUME_EVENT_TYPES",
     "Expose",
     "NetworkEvent",
     "NetworkState",
@@ -232,6 +233,10 @@ SANDBOX_EVENT_TYPES: tuple[str, ...] = (
     "failed",
     "deleted",
 )
+
+# The ``type`` of a SandboxVolume's events (a :class:`SandboxEvent`: ``phase`` the volume's,
+# ``reason`` the sandbox that claimed or released it, ``message`` read-only / read-write).
+VOLUME_EVENT_TYPES: tuple[str, ...] = ("created", "claimed", "released", "deleted")
 
 _NOT_FOUND = (ResourceNotFound,)
 _CHANGE = (ResourceNotFound, ResourceConflict)
