@@ -30,9 +30,9 @@ from sandpod_contract.messages.sandboxes import (
     Ref,
     Selection,
 )
-from sandpod_contract.volumes import SandboxVolumeSpec, SandboxVolumeStatus
+from sandpod_contract.volumes import SandboxVolumeSpec, SandboxVolumeStatus, VolumeMount
 from sandpod_lifecycle.api import LifecycleApi
-from sandpod_lifecycle.volumes import VOLUME, Volumes
+from sandpod_lifecycle.volumes import VOLUME, StaleHolders, Volumes
 from sandpod_service import api as service_api
 from sandpod_store import MemoryStore, Resource
 
@@ -298,3 +298,20 @@ async def test_a_runtime_without_volume_storage_refuses_volumes(rig: Rig) -> Non
             ObjectRequest(object={"metadata": {"name": "v"}, "spec": {"size": "1Gi"}})
         )
     assert isinstance(caught.value, SandpodError)
+
+
+async def test_a_holder_whose_sandbox_is_gone_is_released_after_two_sweeps(rig: Rig) -> None:
+    """A claim left by a create that never wrote its Sandbox (a crashed replica) is released
+    by the second sweep that finds no such Sandbox, never by the first (a create in flight);
+    a live Sandbox's claim is kept."""
+    await _volume(rig, "data")
+    await _volume(rig, "more")
+    await rig.volumes.claim("default", "crashed", [VolumeMount("data", "/data")])
+    await _sandbox(rig, "alive", ("more", "/more", False))
+    sweeper = StaleHolders(rig.volumes)
+    await sweeper.sweep("Sandbox")
+    assert (await _status(rig, "data")).writer == "crashed"
+    await sweeper.sweep("Sandbox")
+    assert (await _status(rig, "data")).holders == ()
+    assert (await _status(rig, "more")).writer == "alive"
+    await _sandbox(rig, "next", ("data", "/data", False))

@@ -59,7 +59,14 @@ from sandpod_service.scoping import (
 )
 from sandpod_store import Resource, Store
 
-__all__ = ["VOLUME", "VolumeBackend", "VolumeEvents", "Volumes", "effective_mounts"]
+__all__ = [
+    "VOLUME",
+    "StaleHolders",
+    "VolumeBackend",
+    "VolumeEvents",
+    "Volumes",
+    "effective_mounts",
+]
 
 log = structlog.get_logger("sandpod.lifecycle.volumes")
 
@@ -302,6 +309,38 @@ class Volumes:
             return obj
         status = dataclasses.replace(SandboxVolumeStatus.from_dict(obj.status), used_bytes=used)
         return dataclasses.replace(obj, status=status.to_dict())
+
+
+class StaleHolders:
+    """Releases holders whose Sandbox is gone without having released them (a replica that
+    crashed between claiming and writing the Sandbox, a Sandbox removed from the store by
+    hand). The leader's resync calls :meth:`sweep`; a holder is released only when two
+    consecutive sweeps found no Sandbox of its name, so a create that has claimed and is about
+    to write its Sandbox (milliseconds) is never taken for one. Volumes are listed before
+    Sandboxes: a holder seen in the volume list was claimed before the Sandbox list was read."""
+
+    def __init__(self, volumes: Volumes) -> None:
+        self.volumes = volumes
+        self._suspects: set[tuple[str, str, str]] = set()  # (namespace, volume, sandbox)
+
+    async def sweep(self, sandbox_kind: str) -> None:
+        store = self.volumes.store
+        items, _ = await store.list(VOLUME, None)
+        held = {
+            (v.metadata.namespace, v.metadata.name, h)
+            for v in items
+            for h in SandboxVolumeStatus.from_dict(v.status).holders
+        }
+        if not held:
+            self._suspects = set()
+            return
+        sandboxes, _ = await store.list(sandbox_kind, None)
+        alive = {(o.metadata.namespace, o.metadata.name) for o in sandboxes}
+        missing = {(ns, vol, h) for ns, vol, h in held if (ns, h) not in alive}
+        for ns, vol, holder in sorted(missing & self._suspects):
+            log.warning("volume_stale_holder_released", volume=vol, sandbox=holder)
+            await self.volumes.release(ns, holder, [vol])
+        self._suspects = missing - self._suspects
 
 
 def _in_use(name: str, holders: Sequence[str], what: str) -> VolumeInUse:
