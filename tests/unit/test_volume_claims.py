@@ -23,6 +23,7 @@ from sandpod_contract.errors import (
     ResourceNotFound,
     SandpodError,
     VolumeInUse,
+    VolumeQuotaExceeded,
 )
 from sandpod_contract.messages.sandboxes import (
     VOLUME_EVENT_TYPES,
@@ -32,7 +33,7 @@ from sandpod_contract.messages.sandboxes import (
 )
 from sandpod_contract.volumes import SandboxVolumeSpec, SandboxVolumeStatus, VolumeMount
 from sandpod_lifecycle.api import LifecycleApi
-from sandpod_lifecycle.volumes import VOLUME, StaleHolders, Volumes
+from sandpod_lifecycle.volumes import VOLUME, StaleHolders, VolumeLimits, Volumes
 from sandpod_service import api as service_api
 from sandpod_store import MemoryStore, Resource
 
@@ -315,3 +316,29 @@ async def test_a_holder_whose_sandbox_is_gone_is_released_after_two_sweeps(rig: 
     assert (await _status(rig, "data")).holders == ()
     assert (await _status(rig, "more")).writer == "alive"
     await _sandbox(rig, "next", ("data", "/data", False))
+
+
+async def test_a_tenants_volumes_are_bounded_in_count_and_bytes(rig: Rig) -> None:
+    """With quotas of 2 volumes and 3Gi: a third volume, or one that would pass 3Gi in all, is
+    store.quota_exceeded naming the quota and its setting, and nothing is made; another tenant
+    has its own quota; deleting a volume makes room again."""
+    rig.volumes.limits = VolumeLimits(max_count=2, max_bytes=3 << 30)
+    with tenant("acme"):
+        await _volume(rig, "one", "1Gi")
+        with pytest.raises(VolumeQuotaExceeded) as caught:
+            await _volume(rig, "big", "3Gi")
+        assert caught.value.details == {
+            "quota": "volume_bytes",
+            "limit": 3 << 30,
+            "setting": "SANDPOD_VOLUME_MAX_BYTES",
+        }
+        await _volume(rig, "two", "2Gi")
+        with pytest.raises(VolumeQuotaExceeded) as caught:
+            await _volume(rig, "three", "16Mi")
+        assert caught.value.details["quota"] == "volumes"
+        assert ("default", "acme--three") not in rig.backend.made
+    with tenant("zeta"):
+        await _volume(rig, "one", "3Gi")
+    with tenant("acme"):
+        await rig.volumes.delete(Ref(name="two"))
+        await _volume(rig, "three", "1Gi")

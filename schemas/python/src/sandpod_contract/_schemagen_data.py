@@ -619,6 +619,12 @@ ERRORS: list[errors.SandpodError] = [
         name="data",
         holders="sbx-a",
     ),
+    errors.VolumeQuotaExceeded(
+        "tenant 'acme' would hold 120Gi of volumes, over its quota of 100Gi",
+        quota="volume_bytes",
+        limit=107374182400,
+        setting="SANDPOD_VOLUME_MAX_BYTES",
+    ),
     errors.ClaimError("claim default/c1 could not be served"),
     errors.PoolNotFound("no SandboxWarmPool 'python' in namespace 'default'", pool="python"),
     errors.ClaimTimeout(

@@ -82,6 +82,7 @@ __all__ = [
     "UnknownSubject",
     "UnsupportedVersion",
     "VolumeInUse",
+    "VolumeQuotaExceeded",
     "WatchError",
     "WatchLimit",
     "WatchNotFound",
@@ -587,6 +588,15 @@ class VolumeInUse(StoreError):
     summary = (
         "the SandboxVolume is mounted by another sandbox (details name the holders); "
         "delete or wait for them, or mount it read-only"
+    )
+
+
+class VolumeQuotaExceeded(StoreError):
+    code = "store.quota_exceeded"
+    retryable = False
+    summary = (
+        "the tenant's SandboxVolumes would exceed a quota (details: quota, limit, setting); "
+        "delete some or ask the operator to raise the setting"
     )
 
 

@@ -293,7 +293,8 @@ class LifecycleService:
             store, events, clock=self.clock, always_allowed=self.settings.always_allow
         )
         driver = self._driver(api.template)
-        api.volumes = volumes = Volumes(store, self._volume_backend(), events)
+        backend = self._volume_backend()
+        api.volumes = volumes = Volumes(store, backend, events, self.settings.volumes)
         await self._start_egress(events, driver)
         builds = self._builds(bus, store, driver)
         self._template_builds = builds

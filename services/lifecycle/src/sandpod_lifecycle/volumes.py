@@ -33,6 +33,7 @@ from sandpod_contract.errors import (
     ResourceInvalid,
     ResourceNotFound,
     VolumeInUse,
+    VolumeQuotaExceeded,
 )
 from sandpod_contract.messages.sandboxes import (
     ObjectReply,
@@ -64,6 +65,7 @@ __all__ = [
     "StaleHolders",
     "VolumeBackend",
     "VolumeEvents",
+    "VolumeLimits",
     "Volumes",
     "effective_mounts",
 ]
@@ -101,6 +103,16 @@ def effective_mounts(
     return (*kept, *own)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class VolumeLimits:
+    """Per-tenant quotas on SandboxVolumes, checked at ``create`` against the tenant's volumes
+    (administrators on the global subjects are not limited). Two creates racing past the check
+    may each be admitted: the overshoot is bounded by the creates in flight."""
+
+    max_count: int = 100  # SANDPOD_VOLUME_MAX_COUNT
+    max_bytes: int = 100 << 30  # SANDPOD_VOLUME_MAX_BYTES: the sum of their spec.size
+
+
 class VolumeEvents(Protocol):
     async def publish_volume(
         self, *, name: str, namespace: str, type_: str, phase: str, sandbox: str = "", how: str = ""
@@ -109,11 +121,16 @@ class VolumeEvents(Protocol):
 
 class Volumes:
     def __init__(
-        self, store: Store, backend: VolumeBackend | None, events: VolumeEvents | None = None
+        self,
+        store: Store,
+        backend: VolumeBackend | None,
+        events: VolumeEvents | None = None,
+        limits: VolumeLimits | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
         self.events = events  # volume.<type> events (None: none published)
+        self.limits = limits or VolumeLimits()
 
     async def _event(self, name: str, namespace: str, type_: str, phase: str, **kw: str) -> None:
         if self.events is not None:
@@ -142,6 +159,7 @@ class Volumes:
         obj.validate()
         spec = SandboxVolumeSpec.from_dict(obj.spec)
         obj = dataclasses.replace(obj, spec=spec.to_dict())
+        await self._check_quota(obj.metadata.namespace, spec)
         created = await self.store.create(obj)
         ns, name = created.metadata.namespace, created.metadata.name
         try:
@@ -169,6 +187,28 @@ class Volumes:
         log.info("volume_created", volume=name, namespace=ns, size=spec.size)
         await self._event(name, ns, "created", str(VolumePhase.AVAILABLE))
         return ObjectReply(object=created.to_dict())
+
+    async def _check_quota(self, namespace: str, spec: SandboxVolumeSpec) -> None:
+        """Raises VolumeQuotaExceeded when the calling tenant's volumes would exceed a quota."""
+        s = scope()
+        if s is None:
+            return
+        req = scoped_selection(Selection(namespace=namespace))
+        items, _ = await self.store.list(VOLUME, req.namespace, req.selector)
+        own = [i for i in items if s.owns(i.metadata.name)]
+        total = spec.size_bytes + sum(SandboxVolumeSpec.from_dict(i.spec).size_bytes for i in own)
+        for quota, limit, setting, value, what in (
+            ("volumes", self.limits.max_count, "SANDPOD_VOLUME_MAX_COUNT", len(own) + 1, "volumes"),
+            ("volume_bytes", self.limits.max_bytes, "SANDPOD_VOLUME_MAX_BYTES", total, "bytes"),
+        ):
+            if value > limit:
+                raise VolumeQuotaExceeded(
+                    f"tenant {s.tenant!r} would hold {value} {what} of volumes, over its quota "
+                    f"of {limit}: delete some, or ask the operator to raise {setting}",
+                    quota=quota,
+                    limit=limit,
+                    setting=setting,
+                )
 
     async def get(self, req: Ref) -> ObjectReply:
         req = scoped_ref(req, VOLUME)

@@ -19,6 +19,7 @@ from sandpod_contract.errors import (
     ResourceInvalid,
     ResourceNotFound,
     VolumeInUse,
+    VolumeQuotaExceeded,
 )
 from sandpod_contract.operations import Operation
 
@@ -308,7 +309,7 @@ CONTROL_PLANE: tuple[Operation, ...] = (
         ObjectRequest,
         ObjectReply,
         "create a SandboxVolume (its storage is made at once)",
-        (ResourceInvalid, ResourceExists),
+        (ResourceInvalid, ResourceExists, VolumeQuotaExceeded),
     ),
     Operation("volumes", "get", Ref, ObjectReply, "read a SandboxVolume", _NOT_FOUND),
     Operation("volumes", "list", Selection, ObjectsReply, "list SandboxVolumes"),
