@@ -9,7 +9,10 @@ handlers, the tenant from the request context).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
+import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,6 +86,50 @@ async def test_a_volume_outlives_its_sandbox_and_is_exclusive(
         assert not storage.exists()
     finally:
         await volumes.close()
+        leftovers = LocalVolumes(tmp_path / "jails")
+        for vol in (tmp_path / "jails" / ".volumes" / "default").glob("*"):
+            leftovers.remove("default", vol.name)
+
+
+SANDPOD = str(Path(sysconfig.get_path("scripts")) / "sandpod")
+
+
+def _cli(lc: Lifecycle, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SANDPOD_NATS_URL": lc.url, "SANDPOD_PREFIX": lc.prefix}
+    return subprocess.run(
+        [SANDPOD, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+async def test_the_volume_cli(
+    lifecycles: Callable[..., Lifecycle],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`sandpod volume create|ls|rm` and `sandpod create --volume`: a table with the writer,
+    a refused delete that says store.in_use and exits 125, a bad --volume refused early."""
+    lc = lifecycles(SANDPOD_RUNTIME="local")
+    await _ready_api(lc)
+    try:
+        made = await asyncio.to_thread(_cli, lc, "volume", "create", "cli", "--size", "32Mi")
+        assert made.returncode == 0, made.stderr
+        assert made.stdout.split()[:10] == [
+            "NAME", "SIZE", "PHASE", "WRITER", "READERS", "USED", "AGE", "cli", "32Mi", "Available"
+        ]  # fmt: skip
+        box = await asyncio.to_thread(
+            _cli, lc, "create", "--name", "clibox", "--volume", "cli:/data", "-o", "json"
+        )
+        assert box.returncode == 0, box.stderr
+        listed = await asyncio.to_thread(_cli, lc, "volume", "ls")
+        assert "clibox" in listed.stdout and "InUse" in listed.stdout, listed.stdout
+        refused = await asyncio.to_thread(_cli, lc, "volume", "rm", "cli")
+        assert refused.returncode == 125 and "store.in_use" in refused.stderr, refused
+        bad = await asyncio.to_thread(_cli, lc, "create", "--volume", "cli")
+        assert bad.returncode != 0 and "NAME:/PATH" in bad.stderr
+        # rm waits until the sandbox is gone, and its volumes are released before that
+        assert (await asyncio.to_thread(_cli, lc, "rm", "clibox")).returncode == 0
+        gone = await asyncio.to_thread(_cli, lc, "volume", "rm", "cli")
+        assert gone.returncode == 0, gone.stderr
+    finally:
         leftovers = LocalVolumes(tmp_path / "jails")
         for vol in (tmp_path / "jails" / ".volumes" / "default").glob("*"):
             leftovers.remove("default", vol.name)

@@ -35,7 +35,7 @@ from sandpod_contract.volumes import SandboxVolumeSpec, SandboxVolumeStatus, Vol
 from sandpod_lifecycle.api import LifecycleApi
 from sandpod_lifecycle.volumes import VOLUME, StaleHolders, VolumeLimits, Volumes
 from sandpod_service import api as service_api
-from sandpod_store import MemoryStore, Resource
+from sandpod_store import MemoryStore, ObjectMeta, Resource
 
 
 @pytest.fixture(scope="session")
@@ -342,3 +342,35 @@ async def test_a_tenants_volumes_are_bounded_in_count_and_bytes(rig: Rig) -> Non
     with tenant("acme"):
         await rig.volumes.delete(Ref(name="two"))
         await _volume(rig, "three", "1Gi")
+
+
+async def test_a_templates_volumes_are_resolved_into_the_sandbox(rig: Rig) -> None:
+    """A template's volumes are mounted by its sandboxes (resolved into spec.volumes and
+    claimed); a sandbox's own entry for the same mount path wins; a tenant's sandbox of the
+    template gets the tenant's own volume of that name."""
+    template = Resource(
+        "sandpod.dev/v1alpha1",
+        "SandboxTemplate",
+        ObjectMeta(name="with-data"),
+        {"volumes": [{"name": "data", "mountPath": "/data", "readOnly": True}]},
+    )
+    await rig.store.create(template)
+    await _volume(rig, "data")
+    await _volume(rig, "other")
+    obj = {"metadata": {"name": "t1"}, "spec": {"templateRef": {"name": "with-data"}}}
+    made = (await rig.api.create(ObjectRequest(object=obj))).object
+    assert made["spec"]["volumes"] == [{"name": "data", "mountPath": "/data", "readOnly": True}]
+    assert (await _status(rig, "data")).readers == ("t1",)
+    own = [{"name": "other", "mountPath": "/data"}]
+    obj = {
+        "metadata": {"name": "t2"},
+        "spec": {"templateRef": {"name": "with-data"}, "volumes": own},
+    }
+    made = (await rig.api.create(ObjectRequest(object=obj))).object
+    assert [v["name"] for v in made["spec"]["volumes"]] == ["other"]
+    with tenant("acme"):
+        await _volume(rig, "data")
+        obj = {"metadata": {"name": "t3"}, "spec": {"templateRef": {"name": "with-data"}}}
+        made = (await rig.api.create(ObjectRequest(object=obj))).object
+    assert made["spec"]["volumes"][0]["name"] == "acme--data"
+    assert (await _status(rig, "acme--data")).readers == ("acme--t3",)
