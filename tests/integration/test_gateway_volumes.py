@@ -53,6 +53,7 @@ async def test_volumes_over_http_are_tenant_scoped_and_exclusive(
             mount = {"volumes": [{"name": "data", "mountPath": "/data"}]}
             r = await c.post("/v1/sandboxes", json={"name": "box", "spec": mount, "wait": 60})
             assert r.status_code == 201, r.text
+            assert r.json()["spec"]["volumes"][0]["name"] == "data"  # the tenant's name
             ran = await c.post("/v1/sandboxes/box/exec", json={"shell": "echo hi > /data/f"})
             assert ran.json()["exit_code"] == 0, ran.text
             got = (await c.get("/v1/volumes/data")).json()
