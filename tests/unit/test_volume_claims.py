@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_reconciler import Events
+from test_reconciler import Events, FakeDriver, _reconciler
 
 from sandpod_contract.errors import (
     BadRequest,
@@ -67,6 +67,11 @@ class InterleavingStore(MemoryStore):
         obj = await super().get(kind, namespace, name)
         await asyncio.sleep(0)
         return obj
+
+
+class ReconcilerEvents(Events):
+    async def publish_volume(self, **kw: str) -> None:
+        assert kw["type_"] in VOLUME_EVENT_TYPES, kw
 
 
 class VolumeEvents:
@@ -374,3 +379,24 @@ async def test_a_templates_volumes_are_resolved_into_the_sandbox(rig: Rig) -> No
         made = (await rig.api.create(ObjectRequest(object=obj))).object
     assert made["spec"]["volumes"][0]["name"] == "acme--data"
     assert (await _status(rig, "acme--data")).readers == ("acme--t3",)
+
+
+async def test_a_sandbox_written_around_the_api_is_held_to_the_same_rules(rig: Rig) -> None:
+    """A Sandbox written straight to the store (kubectl, a pool) naming a volume another holds
+    gets no instance: the reconciler's claim fails (store.in_use naming the holder: a failed
+    create, retried with backoff, then Failed); one naming a free volume is claimed by the
+    reconciler before its instance is made."""
+    driver = FakeDriver()
+    rec = _reconciler(rig.store, driver, ReconcilerEvents())
+    await _volume(rig, "data")
+    await _volume(rig, "free")
+    await _sandbox(rig, "holder", ("data", "/data", False))
+    for name, vol in (("sneaky", "data"), ("direct", "free")):
+        spec = {"permanent": True, "volumes": [{"name": vol, "mountPath": "/v"}]}
+        await rig.store.create(
+            Resource("sandpod.dev/v1alpha1", "Sandbox", ObjectMeta(name=name), spec)
+        )
+        await rec.reconcile(name)
+    assert "ensure sneaky" not in driver.calls and "ensure direct" in driver.calls
+    assert (await _status(rig, "data")).writer == "holder"
+    assert (await _status(rig, "free")).writer == "direct"

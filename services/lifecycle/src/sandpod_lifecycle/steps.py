@@ -236,6 +236,10 @@ class Steps:
             template = await self._templates(view.namespace, view.spec.template_ref)
             started = view.status.phase in (Phase.RUNNING, Phase.PAUSED)
             owner = Owner(view.namespace, view.obj.metadata.uid, started=started)
+            if view.spec.volumes:  # the API claimed them (a no-op again); a Sandbox written to
+                # the store directly (kubectl, a pool) is held to the same rules here
+                volumes = Volumes(self.store, None, self.events)
+                await volumes.claim(view.namespace, view.name, view.spec.volumes)
             instance = await self.driver.ensure(view.name, view.spec, template, owner)
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")

@@ -299,6 +299,8 @@ class Volumes:
                     raise _in_use(mount.name, others, "mount it read-write")
                 new = dataclasses.replace(status, writer=sandbox)
             new = dataclasses.replace(new, phase=VolumePhase.IN_USE)
+            if new == status:
+                return  # already this sandbox's (the reconciler claiming what the API did)
             try:
                 await self.store.update_status(dataclasses.replace(obj, status=new.to_dict()))
             except ResourceConflict:
