@@ -1,4 +1,5 @@
-"""The control-plane API (``<prefix>.api.sandboxes.*``, ``<prefix>.api.templates.*``).
+"""The control-plane API (``<prefix>.api.sandboxes.*``, ``<prefix>.api.templates.*``; the
+volumes' ``<prefix>.api.volumes.*`` is :mod:`sandpod_lifecycle.volumes`).
 
 Handlers validate, apply safe defaults and write the store; the reconciler does the rest. Any
 replica can answer any request (queue group): the store's optimistic concurrency keeps them
@@ -9,6 +10,9 @@ No request may set a reserved (``sandpod.dev/``) label or annotation or an owner
 (:mod:`sandpod_contract.reserved`: other services trust them). On a tenant's subject
 (``<prefix>.api.t.<tenant>.…``) every name is the tenant's and the service sets the tenant
 label (:mod:`sandpod_service.scoping`); templates are then read-only.
+
+A Sandbox's volumes (its own ``spec.volumes`` and its template's, resolved into its spec) are
+claimed before it is written and released if the write fails (:class:`Volumes`).
 """
 
 from __future__ import annotations
