@@ -8,8 +8,8 @@ once, one that loses it stops acting. The ``kubernetes`` runtime needs the ``kub
 Pods are owned by the Sandbox objects.
 
 The API subscriptions (``<prefix>.api.sandboxes.*``, ``.templates.*`` and ``.volumes.*``,
-queue group ``sandpod-lifecycle``) routes by ``(kind, verb)`` through the contract's control-plane catalogue; the reconciler runs as one task
-owned by the service's supervisor. Stopping leaves instances running (a restarted replica adopts
+queue group ``sandpod-lifecycle``) routes by ``(kind, verb)`` through the contract's
+control-plane catalogue; the reconciler runs as one task owned by the service's supervisor. Stopping leaves instances running (a restarted replica adopts
 them through the driver) and releases this replica's leases so others take over at once.
 """
 
