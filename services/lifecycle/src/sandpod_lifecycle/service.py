@@ -9,8 +9,9 @@ Pods are owned by the Sandbox objects.
 
 The API subscriptions (``<prefix>.api.sandboxes.*``, ``.templates.*`` and ``.volumes.*``,
 queue group ``sandpod-lifecycle``) routes by ``(kind, verb)`` through the contract's
-control-plane catalogue; the reconciler runs as one task owned by the service's supervisor. Stopping leaves instances running (a restarted replica adopts
-them through the driver) and releases this replica's leases so others take over at once.
+control-plane catalogue; the reconciler runs as one task owned by the service's supervisor.
+Stopping leaves instances running (a restarted replica adopts them through the driver) and
+releases this replica's leases so others take over at once.
 """
 
 from __future__ import annotations
