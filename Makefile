@@ -10,7 +10,7 @@ CC ?= cc
 WEB := services/gateway/src/sandpod_gateway/web
 NODE_CLIENT := clients/node
 
-.PHONY: install web node-client up check lint types imports test bench vectors openapi clean envtest chart-crds images
+.PHONY: install web node-client up check lint types imports test bench vectors openapi clean envtest s3test chart-crds images
 
 $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
@@ -71,6 +71,9 @@ envtest:  ## build (or reuse, cached) kube-apiserver + etcd + helm for the Kuber
 	bash deploy/envtest/build.sh
 	bash deploy/envtest/build-helm.sh
 
+s3test:  ## build (or reuse, cached) versitygw, the real S3 server the blob-store tests run against (needs Go)
+	bash deploy/s3test/build.sh
+
 images: install  ## the project's images as OCI layouts in build/images/ without Docker (sandpod-execd, sandpod-base); PYTHON_HOME=<relocatable CPython> for the execd bundle (default: uv's managed 3.11)
 	@# The Debian base's mmdebstrap tarball is cached in ~/.cache/sandpod/images (built once, ~2 min).
 	@# With SANDPOD_IMAGE_REGISTRY=host[:port]/prefix set, each image is also pushed there (our own push code;
@@ -80,7 +83,7 @@ images: install  ## the project's images as OCI layouts in build/images/ without
 chart-crds:  ## copy schemas/crds/ into the Helm chart (tests/k8s/test_helm.py fails on drift)
 	cp schemas/crds/*.yaml deploy/helm/sandpod/crds/
 
-test: install envtest  ## the whole test suite against a real nats-server (and kube-apiserver)
+test: install envtest s3test  ## the whole test suite against a real nats-server (and kube-apiserver, versitygw)
 	$(BIN)/pytest
 
 check: lint types imports test  ## everything CI runs

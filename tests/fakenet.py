@@ -12,6 +12,12 @@
 - a "private" service on a 10.x address (outside the sandbox pool), port 80;
 - :meth:`host_service`: a TCP server of the test's own bound to 0.0.0.0 on the host.
 
+With ``ipv6=True`` it has an IPv6 side too: a ULA /64 on the veth, "public" v6 addresses
+``public6``/``public6b`` in a /64 of ``3fff::/20`` (a range not in ``SPECIAL_RANGES``), a
+ULA service ``private6`` (a /64 of ``fd7e::/16``: special, like 10.x) and the IPv6 metadata
+address fd00:ec2::254, each serving HTTP on port 80 (UDP sink on ``public6`` port 9999),
+routed by the host into the namespace.
+
 With ``tls_cert`` (a PEM holding a certificate and its key), ``public`` and ``public2`` also
 serve HTTPS on port 443 with it (as ``public-tls``, ``public2-tls``).
 
@@ -71,8 +77,9 @@ def _free(candidates: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
 class FakeNet:
     """See the module docstring. Use as a context manager, or call ``create``/``close``."""
 
-    def __init__(self, tls_cert: Path | None = None) -> None:
+    def __init__(self, tls_cert: Path | None = None, *, ipv6: bool = False) -> None:
         self.tls_cert = tls_cert
+        self.ipv6 = ipv6
         self.tag = uuid.uuid4().hex[:8]
         self.netns = f"fn{self.tag}"
         self.host_if = f"fn{self.tag}h"
@@ -102,6 +109,15 @@ class FakeNet:
         self.metadata = "169.254.169.254"
         self.udp_port = 9999
         self.metric = 1000 + rnd.randrange(60000)
+        r1, r2, r3 = (f"{rnd.randrange(1, 0xFFFF):x}" for _ in range(3))
+        self.link6 = ipaddress.IPv6Network(f"fd7e:{r1}:{r2}:1::/64")
+        self.host_addr6, self.ns_addr6 = str(self.link6[1]), str(self.link6[2])
+        self.public6_net = ipaddress.IPv6Network(f"3fff:{r3[:3]}:{r1}:{r2}::/64")
+        self.public6 = str(self.public6_net[0x10])
+        self.public6b = str(self.public6_net[0x11])
+        self.private6_net = ipaddress.IPv6Network(f"fd7e:{r1}:{r2}:2::/64")
+        self.private6 = str(self.private6_net[0x10])
+        self.metadata6 = "fd00:ec2::254"
         self._server: subprocess.Popen[str] | None = None
         self._host_socks: list[socket.socket] = []
         self._routes: list[list[str]] = []
@@ -130,10 +146,24 @@ class FakeNet:
                 route = [dst, "via", self.ns_addr, "metric", str(self.metric)]
                 _ip("route", "add", *route)
                 self._routes.append(route)
+            if self.ipv6:
+                self._create6()
             self._start_server()
         except BaseException:
             self.close()
             raise
+
+    def _create6(self) -> None:
+        ns = self.netns
+        _ip("address", "add", f"{self.host_addr6}/64", "dev", self.host_if, "nodad")
+        _ip("address", "add", f"{self.ns_addr6}/64", "dev", "eth0", "nodad", netns=ns)
+        _ip("-6", "route", "add", "default", "via", self.host_addr6, netns=ns)
+        for addr in (self.public6, self.public6b, self.private6, self.metadata6):
+            _ip("address", "add", f"{addr}/128", "dev", "lo", "nodad", netns=ns)
+        for dst in (str(self.public6_net), str(self.private6_net), f"{self.metadata6}/128"):
+            route = [dst, "via", self.ns_addr6, "metric", str(self.metric)]
+            _ip("-6", "route", "add", *route)
+            self._routes.append(["-6", *route])
 
     def add_address(self, address: str) -> None:
         """Another address of the fake internet (in ``public_net`` or ``private_net``)."""
@@ -157,6 +187,15 @@ class FakeNet:
             "--udp",
             f"{self.public}:53",
         ]
+        if self.ipv6:
+            argv += [
+                f"public6={self.public6}:80",
+                f"public6b={self.public6b}:80",
+                f"private6={self.private6}:80",
+                f"metadata6={self.metadata6}:80",
+                "--udp",
+                f"{self.public6}:{self.udp_port}",
+            ]
         if self.tls_cert is not None:
             argv += ["--cert", str(self.tls_cert)]
             argv += ["--tls", f"public-tls={self.public}:443"]
@@ -205,7 +244,10 @@ class FakeNet:
             if self._server.stdout is not None:
                 self._server.stdout.close()
         for route in self._routes:
-            _ip("route", "del", *route, check=False)
+            if route[0] == "-6":
+                _ip("-6", "route", "del", *route[1:], check=False)
+            else:
+                _ip("route", "del", *route, check=False)
         _ip("link", "del", self.host_if, check=False)
         _ip("netns", "del", self.netns, check=False)
 
@@ -216,8 +258,11 @@ class FakeNet:
             left.append(f"netns {self.netns}")
         if Path("/sys/class/net", self.host_if).exists():
             left.append(f"link {self.host_if}")
-        routes = _ip("-4", "route", "show", "table", "all")
-        left += [f"route {r}" for r in routes.splitlines() if f"metric {self.metric}" in r]
+        for family in ("-4", "-6"):
+            routes = _ip(family, "route", "show", "table", "all")
+            left += [
+                f"route {r}" for r in routes.splitlines() if f"metric {self.metric} " in r + " "
+            ]
         return left
 
 

@@ -328,3 +328,44 @@ def test_up_gives_the_default_sandbox_a_disk_quota(tmp_path: Path) -> None:
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="snapshots need the local runtime as root")
+def test_snapshots_and_forks_under_up(tmp_path: Path) -> None:
+    """Under `sandpod up` (its NATS users and their least-privilege grants): the default
+    sandbox is snapshotted, forked and the snapshot listed and removed from the CLI; the
+    layers live in the installation's own object store."""
+    port = free_port()
+    up = subprocess.Popen(
+        [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port), "--no-gateway"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    env = {
+        **os.environ,
+        "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}",
+        "SANDPOD_STATE_DIR": str(tmp_path),
+    }
+
+    def cli(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+        run = subprocess.run([SANDPOD, *args], env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == code, (args, run.stdout, run.stderr)
+        return run
+
+    try:
+        _read_until(up, "Ctrl-C stops everything")
+        cli("exec", "default", "-c", "echo under-up > /workspace/u")
+        made = cli("snapshot", "create", "default", "--name", "u1").stdout
+        assert "Ready" in made, made
+        fork = cli("fork", "default", "--snapshot", "u1").stdout.split()[0]
+        assert cli("exec", fork, "-c", "cat /workspace/u").stdout == "under-up\n"
+        assert "snapshot.in_use" in cli("snapshot", "rm", "u1", code=125).stderr
+        cli("rm", fork)
+        assert "deleted u1" in cli("snapshot", "rm", "u1").stdout
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()

@@ -63,17 +63,31 @@ def leftovers(egress: Egress) -> list[str]:
         net = egress.plan.slice
         octets = ".".join(str(net.network_address).split(".")[:2]) + "."
         left += [f"route {r}" for r in routes.splitlines() if r.startswith(octets) and prefix in r]
+    routes6 = subprocess.run(
+        ["ip", "-6", "route", "show", "table", "all"], capture_output=True, text=True
+    ).stdout
+    left += [f"route {r}" for r in routes6.splitlines() if prefix in r]
     return left
 
 
 @contextlib.asynccontextmanager
 async def egress_runtime(
-    state: Path, rootfs: Path, gateway_uid: int = 0, log_group: int | None = None
+    state: Path,
+    rootfs: Path,
+    gateway_uid: int = 0,
+    log_group: int | None = None,
+    *,
+    proxy_port: int | None = None,
+    ipv6: bool | None = None,
 ) -> AsyncIterator[tuple[LocalRuntime, Egress]]:
     ident = uuid.uuid4().hex[:10]
     egress = Egress(
         EgressSettings(
-            registry=state / "net-ranges.json", gateway_uid=gateway_uid, log_group=log_group
+            registry=state / "net-ranges.json",
+            gateway_uid=gateway_uid,
+            log_group=log_group,
+            proxy_port=proxy_port,
+            ipv6=ipv6,
         ),
         ident,
         state,

@@ -742,3 +742,16 @@ async def test_metrics_of_a_jail_without_cgroups_find_its_processes(
         m = await _metrics_while_holding_64_mib(sbx)
     assert m.source == "procfs" and m.processes >= 1, m
     assert m.memory_rss >= 64 * MiB, m
+
+
+async def test_concurrent_commands_never_lose_their_cgroup_to_each_others_sweep(
+    make: Make,
+) -> None:
+    """Twenty commands started at once all run: one command's sweep of empty command cgroups
+    never removes the fresh one another command is about to join (it did: "join cgroup ...:
+    No such file or directory", exit 125)."""
+    st = await make()
+    outs = await asyncio.gather(*(run(st, f"echo {i}") for i in range(20)))
+    assert [(o.returncode, o.stdout.value()) for o in outs] == [
+        (0, f"{i}\n".encode()) for i in range(20)
+    ], [o.stderr.value() for o in outs]

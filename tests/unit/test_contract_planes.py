@@ -36,7 +36,7 @@ def test_planes_hold_the_tables_the_services_serve() -> None:
     assert POOL.operations is POOL_PLANE
     assert NODE.operations is NODE_PLANE
     kinds = {op.family for op in (*CONTROL_PLANE, *POOL_PLANE)}
-    assert kinds == {"sandboxes", "templates", "volumes", "pools", "claims"}
+    assert kinds == {"sandboxes", "templates", "snapshots", "volumes", "pools", "claims"}
 
 
 def test_plane_subjects_are_what_the_builders_build() -> None:

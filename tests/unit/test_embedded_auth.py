@@ -138,6 +138,7 @@ def test_kubernetes_users_are_the_embedded_ones_without_node_plane_kv_and_execd(
     dropped = (
         *("sandpod.node.", "$KV.sandpod-resources.", "$KV.sandpod-leases."),
         "$O.sandpod-build-contexts.",  # the lifecycle reads contexts only where it builds
+        "$O.sandpod-snapshots.",  # ... and keeps snapshot layers only on the local runtime
     )
     assert kube["client"] == embedded["client"]
     for user, perms in kube.items():
@@ -151,6 +152,7 @@ def test_kubernetes_users_are_the_embedded_ones_without_node_plane_kv_and_execd(
             and "KV_sandpod-resources" not in x
             and "KV_sandpod-leases" not in x
             and "OBJ_sandpod-build-contexts" not in x
+            and "OBJ_sandpod-snapshots" not in x
             and x != "$JS.API.STREAM.NAMES"  # the object store's lookup
         )
         assert perms.pub_allow == kept, user

@@ -12,6 +12,8 @@ re-exported.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -33,6 +35,7 @@ from sandpod.control import (
     follow_events,
     list_sandboxes,
 )
+from sandpod.errors import SandpodError
 from sandpod.exec.api import open_exec_stream, run_exec
 from sandpod.exec.args import Command
 from sandpod.exec.stream import AsyncExecStream
@@ -52,6 +55,7 @@ if TYPE_CHECKING:  # the families are imported on first use: see AsyncSandbox.fs
     from sandpod.proc import AsyncProcesses
     from sandpod.pty import AsyncPtys
     from sandpod.session import AsyncSessions
+    from sandpod.snapshots import AsyncSnapshots, SnapshotInfo
     from sandpod.volumes import VolumeMount
     from sandpod.watch import AsyncWatches
 
@@ -116,6 +120,77 @@ class AsyncSandbox:
 
         return AsyncNetwork(self.bus, self.subjects, self.id)
 
+    @functools.cached_property
+    def snapshots(self) -> AsyncSnapshots:
+        """The installation's snapshots (a control-plane family: the lifecycle service)."""
+        from sandpod.snapshots import AsyncSnapshots
+
+        return AsyncSnapshots(self.bus, self.subjects)
+
+    async def snapshot(
+        self,
+        name: str | None = None,
+        *,
+        ttl: int | None = None,
+        retain: int | None = None,
+        wait: float = 600.0,
+    ) -> SnapshotInfo:
+        """Capture this sandbox's files (its writable root layer and ``/workspace``) at one
+        instant -- its processes frozen for the capture, then running on -- as a snapshot;
+        only what changed since its last snapshot (or the one it started from) is stored.
+
+        Raises:
+            SnapshotFailed: the capture failed (the reason says why and whether to retry).
+        """
+        return await self.snapshots.create(self.id, name=name, ttl=ttl, retain=retain, wait=wait)
+
+    async def fork(
+        self,
+        n: int = 1,
+        *,
+        snapshot: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        wait: float = 60.0,
+    ) -> list[AsyncSandbox]:
+        """``n`` new sandboxes with exactly this sandbox's files now (a snapshot is taken, or
+        ``snapshot`` is used), each isolated from the others and from this one. They share
+        this handle's connection.
+
+        Raises:
+            SnapshotFailed: the capture failed. SandboxError: a fork failed to start (the forks
+                made so far are deleted).
+        """
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        name = snapshot or (await self.snapshot()).name
+
+        async def one() -> SandboxInfo:
+            obj = create_object(
+                name=None,
+                template=None,
+                timeout=None,
+                permanent=False,
+                idle_timeout=None,
+                labels=labels,
+                env=None,
+                snapshot=name,
+            )
+            return await create_sandbox(self.bus, self.subjects, obj, wait=wait)
+
+        made = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+        forks = [
+            type(self)(self.bus, m.name, self.subjects, owns_bus=False)
+            for m in made
+            if isinstance(m, SandboxInfo)
+        ]
+        failed = [m for m in made if isinstance(m, BaseException)]
+        if failed:
+            for f in forks:
+                with contextlib.suppress(SandpodError):
+                    await f.kill()
+            raise failed[0]
+        return forks
+
     @classmethod
     async def connect(
         cls,
@@ -171,6 +246,8 @@ class AsyncSandbox:
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
+        snapshot: str | None = None,
+        idle_policy: str | None = None,
         volumes: Sequence[VolumeMount | str] = (),
         wait: float = 60.0,
         nats_url: str | None = None,
@@ -187,6 +264,11 @@ class AsyncSandbox:
             env: environment for its commands.
             network: its own egress policy (default: the template's), e.g.
                 ``{"mode": "allowlist", "allow": ["api.example.com:443"]}`` (see ``sbx.network``).
+            snapshot: start from this SandboxSnapshot's files (see :meth:`snapshot`); its
+                template is the default ``template``.
+            idle_policy: what ``idle_timeout`` means: ``"Delete"`` or ``"Hibernate"`` (its
+                files kept, processes stopped, memory freed; the next call wakes it and is
+                answered once it runs again); default: the template's.
             volumes: SandboxVolumes to mount: ``VolumeMount("data", "/data", read_only=True)``
                 or ``"data:/data:ro"`` (see :mod:`sandpod.volumes`).
             wait: seconds to wait for Ready.
@@ -208,6 +290,8 @@ class AsyncSandbox:
                 labels=labels,
                 env=env,
                 network=network,
+                snapshot=snapshot,
+                idle_policy=idle_policy,
                 volumes=volumes,
             )
             info = await create_sandbox(sbx.bus, sbx.subjects, obj, wait=wait)

@@ -28,7 +28,7 @@ from typing import Protocol, TypeVar
 from sandpod_bus import Bus
 from sandpod_client import CONTROL_TIMEOUT, NO_DEADLINE, REPLY_SLACK, Limits, Link
 from sandpod_client import Channel as WireChannel
-from sandpod_contract.codec import Message
+from sandpod_contract.codec import Message, decode_reply, encode
 from sandpod_contract.errors import SandboxNotFound
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
 
@@ -45,6 +45,7 @@ __all__ = [
 R = TypeVar("R", bound=Message)
 
 DEFAULT_TIMEOUT = 60.0  # a command's default run time
+WAKE_WAIT = 120.0  # seconds a call waits for its hibernated sandbox to wake
 
 
 class Channel(Link, Protocol):
@@ -65,7 +66,25 @@ def bus_channel(bus: Bus, subjects: Subjects, sandbox_id: str) -> WireChannel:
     Raises:
         BadRequest: ``sandbox_id`` is not a valid sandbox id.
     """
-    return WireChannel(bus, subjects, validate_sandbox_id(sandbox_id), not_found=_not_found)
+    sid = validate_sandbox_id(sandbox_id)
+
+    async def wake(name: str) -> bool:
+        """Ask the lifecycle to wake ``name`` if it hibernated (True: it runs now)."""
+        from sandpod_contract.errors import SandpodError
+        from sandpod_contract.messages.sandboxes import ObjectReply, Ref  # lazy: rare path
+
+        try:
+            data = await bus.request(
+                subjects.api("sandboxes", "wake"),
+                encode(Ref(name=name, wait=WAKE_WAIT)),
+                WAKE_WAIT + REPLY_SLACK,
+            )
+            woken = decode_reply(ObjectReply, data)
+        except SandpodError:
+            return False  # no such sandbox, no lifecycle: the caller's not-found stands
+        return bool((woken.object.get("status") or {}).get("phase") == "Running")
+
+    return WireChannel(bus, subjects, sid, not_found=_not_found, wake=wake)
 
 
 def _not_found(sandbox_id: str) -> SandboxNotFound:

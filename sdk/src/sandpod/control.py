@@ -108,6 +108,8 @@ def create_object(
     labels: Mapping[str, str] | None,
     env: Mapping[str, str] | None,
     network: Mapping[str, Any] | None = None,
+    snapshot: str | None = None,
+    idle_policy: str | None = None,
     volumes: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     r"""The Sandbox object for a create request (``volumes``: ``VolumeMount``\s or
@@ -124,6 +126,10 @@ def create_object(
         spec["idleTimeoutSeconds"] = idle_timeout
     if env:
         spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    if snapshot is not None:
+        spec["snapshotRef"] = {"name": snapshot}
+    if idle_policy is not None:
+        spec["idlePolicy"] = idle_policy
     if network is not None:
         from sandpod_contract.network import NetworkPolicy  # lazy: not on the exec path
 

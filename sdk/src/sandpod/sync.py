@@ -5,6 +5,7 @@ Each method runs its async twin on the SDK's private loop thread (:mod:`sandpod.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
@@ -22,6 +23,7 @@ from sandpod.pools import ClaimInfo
 from sandpod.proc import Processes
 from sandpod.pty import Ptys
 from sandpod.session import Sessions
+from sandpod.snapshots import Snapshots
 from sandpod.watch import Watches
 from sandpod_contract.messages.sandboxes import SandboxEvent
 from sandpod_contract.messages.system import Activity, Info, SandboxMetrics
@@ -47,6 +49,7 @@ class Sandbox:
         self.watch = Watches(inner.watch)
         self.git = Git(inner.git)
         self.network = Network(inner.network)
+        self.snapshots = Snapshots(inner.snapshots)
 
     @classmethod
     def connect(
@@ -91,6 +94,8 @@ class Sandbox:
         labels: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         network: Mapping[str, Any] | None = None,
+        snapshot: str | None = None,
+        idle_policy: str | None = None,
         volumes: Sequence[VolumeMount | str] = (),
         wait: float = 60.0,
         nats_url: str | None = None,
@@ -108,6 +113,8 @@ class Sandbox:
                     labels=labels,
                     env=env,
                     network=network,
+                    snapshot=snapshot,
+                    idle_policy=idle_policy,
                     volumes=volumes,
                     wait=wait,
                     nats_url=nats_url,
@@ -183,6 +190,20 @@ class Sandbox:
 
     def resume(self, wait: float = 30.0) -> SandboxInfo:
         return run(self._inner.resume(wait))
+
+    snapshot = twin(AsyncSandbox.snapshot)
+
+    def fork(
+        self,
+        n: int = 1,
+        *,
+        snapshot: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        wait: float = 60.0,
+    ) -> builtins.list[Sandbox]:
+        """``n`` sandboxes with this one's files now (see :meth:`AsyncSandbox.fork`)."""
+        forks = run(self._inner.fork(n, snapshot=snapshot, labels=labels, wait=wait))
+        return [Sandbox(f) for f in forks]
 
     expose = twin(AsyncSandbox.expose)
     url = twin(AsyncSandbox.url)

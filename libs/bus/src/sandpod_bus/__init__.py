@@ -13,7 +13,7 @@ its optional aiohttp, used only for WebSocket URLs, stays out of every TCP clien
 from sandpod_bus import _natspy  # noqa: F401 - imports nats without aiohttp, first
 from sandpod_bus.errors import NoResponders
 from sandpod_bus.kv import KvBucket, KvEntry
-from sandpod_bus.objects import ObjectBucket
+from sandpod_bus.objects import ObjectBucket, ObjectStat
 from sandpod_bus.transport import Bus, BusSettings, Handler, Inbound, Subscription
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "KvEntry",
     "NoResponders",
     "ObjectBucket",
+    "ObjectStat",
     "Subscription",
 ]

@@ -48,7 +48,9 @@ __all__ = [
     "creds_jwt",
     "decode_jwt",
     "encode_jwt",
+    "kv_owner_subjects",
     "kv_subjects",
+    "object_owner_subjects",
     "object_reader_subjects",
     "object_subjects",
     "operator_setup",
@@ -180,6 +182,39 @@ def object_subjects(bucket: str) -> tuple[str, ...]:
         *stream_subjects(stream),
         f"$JS.API.STREAM.PURGE.{stream}",
         "$JS.API.STREAM.NAMES",  # nats-py finds the stream of an object's chunks by subject
+        f"$O.{bucket}.>",
+    )
+
+
+def kv_owner_subjects(bucket: str) -> tuple[str, ...]:
+    """:func:`kv_subjects` in the compact wildcard form (see :func:`object_reader_subjects`)
+    for the one service that owns the bucket (it may also delete or purge it)."""
+    api, stream = "$JS.API", f"KV_{bucket}"
+    return (
+        f"{api}.STREAM.*.{stream}",
+        f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}.>",
+        f"{api}.CONSUMER.*.{stream}.>",
+        f"{api}.CONSUMER.CREATE.{stream}",
+        f"$JS.FC.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+        f"$KV.{bucket}.>",
+    )
+
+
+def object_owner_subjects(bucket: str) -> tuple[str, ...]:
+    """:func:`object_subjects` in the compact wildcard form (see :func:`object_reader_subjects`)
+    for the one service that reads, writes and deletes the bucket's objects."""
+    api, stream = "$JS.API", f"OBJ_{bucket}"
+    return (
+        f"{api}.STREAM.*.{stream}",
+        f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.DIRECT.GET.{stream}.>",
+        f"{api}.CONSUMER.*.{stream}.>",
+        f"{api}.CONSUMER.CREATE.{stream}",
+        f"$JS.FC.{stream}.>",
+        f"$JS.ACK.{stream}.>",
         f"$O.{bucket}.>",
     )
 

@@ -14,7 +14,7 @@ name and no subject.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from sandpod_bus import Bus, Handler, NoResponders, Subscription
@@ -36,6 +36,8 @@ __all__ = [
 
 R = TypeVar("R", bound=Message)
 NotFound = Callable[[str], SandboxNotFound]  # sandbox id -> the error this client raises
+# sandbox id -> whether a hibernated sandbox was woken (then the request is sent again)
+Wake = Callable[[str], Awaitable[bool]]
 
 CONTROL_TIMEOUT = 5.0  # a small control request (status, cancel, resume, ack-like calls)
 NO_DEADLINE = 10 * 365 * 86400.0  # a request that may wait as long as it likes: liveness ends it
@@ -114,6 +116,7 @@ class Channel:
     subjects: Subjects
     sandbox_id: str
     not_found: NotFound = _not_found
+    wake: Wake | None = None
 
     def subject(self, family: str, verb: str) -> str:
         return self.subjects.sandbox(self.sandbox_id, family, verb)
@@ -126,16 +129,26 @@ class Channel:
     async def call(self, family: str, verb: str, msg: Message, reply: type[R], timeout: float) -> R:
         """One request to the sandbox's execd; its typed reply.
 
+        A sandbox that hibernated has no execd: with ``wake`` set, the request waits while the
+        lifecycle wakes it (restores its instance), then is sent again -- the caller sees a
+        slower answer, never a lost request.
+
         Raises:
             SandboxNotFound: no execd serves the sandbox (``not_found``'s error).
             RequestTimeout, ConnectionLost, PayloadTooLarge: the transport's.
             SandpodError: the typed error execd answered.
         """
+        subject, data = self.subject(family, verb), encode(msg)
         try:
-            data = await self.bus.request(self.subject(family, verb), encode(msg), timeout)
+            answer = await self.bus.request(subject, data, timeout)
         except NoResponders as exc:
-            raise self.not_found(self.sandbox_id) from exc
-        return decode_reply(reply, data)
+            if self.wake is None or not await self.wake(self.sandbox_id):
+                raise self.not_found(self.sandbox_id) from exc
+            try:
+                answer = await self.bus.request(subject, data, timeout)
+            except NoResponders as again:
+                raise self.not_found(self.sandbox_id) from again
+        return decode_reply(reply, answer)
 
     async def publish(self, family: str, verb: str, msg: Message) -> None:
         """Fire and forget (acks). Raises ConnectionLost, PayloadTooLarge."""

@@ -21,7 +21,14 @@ from sandpod_contract.messages.sandboxes import ObjectsReply, Selection
 from sandpod_contract.tenancy import LIFECYCLE_NAMESPACE, TENANT_LABEL, Scope
 from sandpod_service.api import caller_tenant
 
-__all__ = ["scope", "scoped_object", "scoped_ref", "scoped_selection", "visible"]
+__all__ = [
+    "scope",
+    "scoped_name",
+    "scoped_object",
+    "scoped_ref",
+    "scoped_selection",
+    "visible",
+]
 
 T = TypeVar("T")
 

@@ -653,6 +653,30 @@ ERRORS: list[errors.SandpodError] = [
     errors.ImageInUse(
         "python:3.12-slim is used by 1 sandbox", reference="python:3.12-slim", holders=["sbx-1"]
     ),
+    errors.SnapshotError("snapshot s1 could not be taken"),
+    errors.SnapshotFailed(
+        "snapshot s1 failed: the sandbox sbx-1 is not running", snapshot="s1", reason="NotRunning"
+    ),
+    errors.SnapshotInUse("snapshot s1 is restored by 1 sandbox", snapshot="s1", holders=["sbx-2"]),
+    errors.SnapshotUnsupported(
+        "the kubernetes runtime does not take snapshots yet", runtime="kubernetes"
+    ),
+    errors.BlobError(
+        "S3 answered 404 NoSuchBucket for snapshots/sha256:aa...",
+        digest="sha256:" + "a" * 64,
+        status=404,
+        s3_code="NoSuchBucket",
+    ),
+    errors.BlobNotFound("no blob sha256:aa... in the store", digest="sha256:" + "a" * 64),
+    errors.BlobCorrupt(
+        "sha256:aa...: the stored bytes hash to sha256:bb... (1024 bytes)",
+        digest="sha256:" + "a" * 64,
+        actual="sha256:" + "b" * 64,
+        size=1024,
+    ),
+    errors.BlobInvalidDigest(digest="../../etc/passwd"),
+    errors.BlobAuthFailed("S3 answered 403 SignatureDoesNotMatch", status=403),
+    errors.BlobUnavailable("S3 GET broke off mid-body: ReadError", digest="sha256:" + "a" * 64),
     errors.TemplateError("template data could not be built"),
     errors.BuildFailed(
         "step 2 (run pip install pandas) failed: the command exited with 1",

@@ -74,6 +74,7 @@ _PATH = {"path": _d("string", "the path as the client named it (under /workspace
 _LIMIT = _d("integer", "the limit that was reached")
 _REF = _d("string", "the image reference as given (python:3.12-slim, oci:/path, ...)")
 _STATUS = _d("integer", "the registry's HTTP status")
+_DIGEST = _d("string", "the blob's digest (sha256:<hex>)")
 
 DETAILS: Mapping[str, Details] = {
     "bad_request": Details(
@@ -212,6 +213,24 @@ DETAILS: Mapping[str, Details] = {
         required={"what": _d("string", "what cannot be built, e.g. an instruction")},
         optional={"line": _d("integer", "its line in the Dockerfile")},
     ),
+    "blob.error": Details(
+        optional={
+            "digest": _DIGEST,
+            "status": _d("integer", "the object store's HTTP status"),
+            "s3_code": _d("string", "the S3 error code, e.g. NoSuchBucket"),
+        }
+    ),
+    "blob.not_found": Details(required={"digest": _DIGEST}),
+    "blob.corrupt": Details(
+        required={"digest": _DIGEST},
+        optional={
+            "actual": _d("string", "the digest of what the store returned"),
+            "size": _d("integer", "the size the store returned, in bytes"),
+        },
+    ),
+    "blob.invalid_digest": Details(required={"digest": _d("string", "the string given")}),
+    "blob.auth_failed": Details(optional={"status": _d("integer", "HTTP status")}),
+    "blob.unavailable": Details(optional={"digest": _DIGEST}),
     "store.not_found": Details(
         optional={"kind": _d("string", "the resource kind"), "name": _d("string", "its name")}
     ),

@@ -13,6 +13,12 @@ from typing import Any, ClassVar
 
 __all__ = [
     "BadRequest",
+    "BlobAuthFailed",
+    "BlobCorrupt",
+    "BlobError",
+    "BlobInvalidDigest",
+    "BlobNotFound",
+    "BlobUnavailable",
     "BuildFailed",
     "BuildUnsupported",
     "Busy",
@@ -75,6 +81,10 @@ __all__ = [
     "SessionDead",
     "SessionError",
     "SessionNotFound",
+    "SnapshotError",
+    "SnapshotFailed",
+    "SnapshotInUse",
+    "SnapshotUnsupported",
     "SpawnFailed",
     "StoreError",
     "StreamClosed",
@@ -538,6 +548,69 @@ class BuildFailed(TemplateError):
 class BuildUnsupported(TemplateError):
     code = "template.build_unsupported"
     summary = "the build uses something this platform cannot build (details name it)"
+
+
+# -- snapshot family: snapshots of sandboxes (the lifecycle) ------------------------------------
+
+
+class SnapshotError(SandpodError):
+    code = "snapshot.error"
+    summary = "the snapshot could not be taken or restored"
+
+
+class SnapshotFailed(SnapshotError):
+    code = "snapshot.failed"
+    summary = "the snapshot failed; its conditions (and details) say why, and whether to retry"
+
+
+class SnapshotInUse(SnapshotError):
+    code = "snapshot.in_use"
+    summary = "a sandbox or template restores from this snapshot; delete them first"
+
+
+class SnapshotUnsupported(SnapshotError):
+    code = "snapshot.unsupported"
+    summary = "this runtime or sandbox cannot be snapshotted (details say why)"
+
+
+# -- blob family: content-addressed blobs (snapshots) in an object store (sandpod_blobs) --------
+
+
+class BlobError(SandpodError):
+    code = "blob.error"
+    summary = "the blob store refused the operation"
+
+
+class BlobNotFound(BlobError):
+    code = "blob.not_found"
+    summary = "no blob with this digest in the store"
+
+
+class BlobCorrupt(BlobError):
+    code = "blob.corrupt"
+    summary = (
+        "the stored bytes do not match their digest (size or sha256): the object was altered "
+        "in the store; nothing was written, and the blob must be stored again from its source"
+    )
+
+
+class BlobInvalidDigest(BlobError):
+    code = "blob.invalid_digest"
+    summary = "not a blob digest: expected sha256:<64 lowercase hex digits>"
+
+
+class BlobAuthFailed(BlobError):
+    code = "blob.auth_failed"
+    summary = (
+        "the object store refused the credentials (wrong key or secret, or no access to the "
+        "bucket); check the store's access key settings"
+    )
+
+
+class BlobUnavailable(BlobError):
+    code = "blob.unavailable"
+    retryable = True
+    summary = "the object store could not be reached or stopped mid-transfer; retry"
 
 
 # -- store family: the resource store (JetStream KV embedded, Kubernetes CRDs in clusters) --------

@@ -27,6 +27,7 @@ __all__ = [
     "ConditionReason",
     "ConditionType",
     "EnvVar",
+    "IdlePolicy",
     "NetworkStatus",
     "OperatingMode",
     "Phase",
@@ -67,6 +68,16 @@ class Phase(enum.StrEnum):
     TERMINATING = "Terminating"
     TERMINATED = "Terminated"
     FAILED = "Failed"
+    HIBERNATING = "Hibernating"  # its idle policy is Hibernate: being snapshotted and stopped
+    HIBERNATED = "Hibernated"  # no instance, its files in a snapshot: its next use wakes it
+
+
+class IdlePolicy(enum.StrEnum):
+    """What idleness means: ``Delete`` the sandbox, or ``Hibernate`` it (files kept in a
+    snapshot, processes stopped, memory freed; its next use wakes it)."""
+
+    DELETE = "Delete"
+    HIBERNATE = "Hibernate"
 
 
 class OperatingMode(enum.StrEnum):
@@ -79,6 +90,7 @@ class ConditionType(enum.StrEnum):
     PAUSED = "Paused"
     EXPIRED = "Expired"
     FAILED = "Failed"
+    HIBERNATED = "Hibernated"
     ISOLATED = "Isolated"
 
 
@@ -111,6 +123,9 @@ class ConditionReason(enum.StrEnum):
     # What the local runtime reports of a running Sandbox whose jail died (OOMKilled above: its
     # memory cgroup's OOM killer took the jail's holder)
     INSTANCE_LOST = "InstanceLost"  # the jail's holder process exited (killed from the host...)
+    # A Sandbox restored from a snapshot (spec.snapshotRef, or its template's)
+    SNAPSHOT_PENDING = "SnapshotPending"  # the snapshot is still being taken: transient
+    SNAPSHOT_UNAVAILABLE = "SnapshotUnavailable"  # gone, failed, or its layers refused: terminal
     # Paused
     REQUESTED = "Requested"  # frozen as requested (the local runtime's cgroup freezer)
     RESUMED = "Resumed"
@@ -120,6 +135,10 @@ class ConditionReason(enum.StrEnum):
     LIFETIME_EXCEEDED = "LifetimeExceeded"
     IDLE_TIMEOUT = "IdleTimeout"
     DELETED = "Deleted"  # no condition: the reason of the ``deleted`` event (deleted on request)
+    # Hibernated (idlePolicy: Hibernate)
+    FILES_ONLY = "FilesOnly"  # its files are in a snapshot; its processes were stopped
+    WAKING = "Waking"  # on Ready: a use woke it; its instance is being restored
+    HIBERNATE_UNSUPPORTED = "HibernateUnsupported"  # this runtime cannot: it keeps running
     # Isolated
     FULL_ISOLATION = "FullIsolation"
     DEGRADED = "Degraded"
@@ -137,6 +156,7 @@ TERMINAL_REASONS = frozenset(
         ConditionReason.POD_FAILED,
         ConditionReason.POD_DELETED,
         ConditionReason.INSTANCE_LOST,
+        ConditionReason.SNAPSHOT_UNAVAILABLE,
     }
 )
 
@@ -246,6 +266,8 @@ class SandboxSpec:
     operating_mode: OperatingMode = OperatingMode.RUNNING
     env: tuple[EnvVar, ...] = ()
     network: NetworkPolicy | None = None  # None: the template's (sandpod_contract.network)
+    snapshot_ref: str | None = None  # wire: snapshotRef.name, a SandboxSnapshot to start from
+    idle_policy: IdlePolicy | None = None  # None: the template's
     volumes: tuple[VolumeMount, ...] = ()  # SandboxVolumes to mount (sandpod_contract.volumes)
 
     @classmethod
@@ -276,6 +298,12 @@ class SandboxSpec:
             ),
             env=EnvVar.parse("spec.env", raw.get("env")),
             network=None if raw.get("network") is None else NetworkPolicy.from_dict(raw["network"]),
+            snapshot_ref=_ref("spec.snapshotRef", raw.get("snapshotRef")),
+            idle_policy=(
+                None
+                if raw.get("idlePolicy") is None
+                else _enum("spec.idlePolicy", IdlePolicy, raw["idlePolicy"])
+            ),
             volumes=VolumeMount.parse("spec.volumes", raw.get("volumes")),
         )
 
@@ -294,9 +322,22 @@ class SandboxSpec:
             out["env"] = [{"name": e.name, "value": e.value} for e in self.env]
         if self.network is not None:
             out["network"] = self.network.to_dict()
+        if self.snapshot_ref:
+            out["snapshotRef"] = {"name": self.snapshot_ref}
+        if self.idle_policy is not None:
+            out["idlePolicy"] = str(self.idle_policy)
         if self.volumes:
             out["volumes"] = [v.to_dict() for v in self.volumes]
         return out
+
+
+def _ref(field: str, raw: Any) -> str | None:
+    """The name of an object reference ``{name: <DNS label>}`` (None when absent)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or not _NAME.fullmatch(str(raw.get("name", ""))):
+        raise _fail(f"{field}.name", "must be a DNS label")
+    return str(raw["name"])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -433,6 +474,8 @@ class SandboxTemplateSpec:
     idle_timeout_seconds: int = 900
     security: TemplateSecurity = dataclasses.field(default_factory=TemplateSecurity)
     build: TemplateBuild | None = None  # how the template is built (sandpod_contract.builds)
+    snapshot_ref: str | None = None  # its sandboxes start from this SandboxSnapshot
+    idle_policy: IdlePolicy = IdlePolicy.DELETE  # what its sandboxes' idleness means
     volumes: tuple[VolumeMount, ...] = ()  # mounted by each of its sandboxes (a Sandbox's win)
 
     @property
@@ -473,5 +516,7 @@ class SandboxTemplateSpec:
             ),
             security=TemplateSecurity.from_dict(raw.get("security")),
             build=TemplateBuild.from_dict(raw.get("build")),
+            snapshot_ref=_ref("spec.snapshotRef", raw.get("snapshotRef")),
+            idle_policy=_enum("spec.idlePolicy", IdlePolicy, raw.get("idlePolicy", "Delete")),
             volumes=VolumeMount.parse("spec.volumes", raw.get("volumes")),
         )

@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pause": ("sandbox_cmd", "pause a sandbox"),
     "resume": ("sandbox_cmd", "resume a sandbox"),
     "network": ("network_cmd", "show or change a sandbox's egress policy"),
+    "snapshot": ("snapshot_cmd", "snapshots of sandboxes: create, ls, get, rm"),
+    "fork": ("snapshot_cmd", "start sandboxes with a sandbox's files (a snapshot)"),
     "template": ("template_cmd", "templates: build, get"),
     "pool": ("pool_cmd", "warm pools: create, ls, get, scale, rm"),
     "claim": ("pool_cmd", "claim a ready sandbox from a pool"),

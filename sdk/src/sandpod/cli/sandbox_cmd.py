@@ -83,6 +83,7 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("create", parents=[common], help="create a sandbox and wait until Ready")
     p.add_argument("--template", help="SandboxTemplate name (default: the built-in template)")
     p.add_argument("--name", help="sandbox id (default: generated)")
+    p.add_argument("--snapshot", help="start from this snapshot's files (sandpod snapshot ls)")
     p.add_argument("--timeout", type=float, help="lifetime in seconds (default: the template's)")
     p.add_argument("--idle-timeout", type=int, help="expire after N idle seconds (0: never)")
     p.add_argument("--permanent", action="store_true", help="no lifetime at all (explicit)")
@@ -153,6 +154,7 @@ async def _create(a: argparse.Namespace) -> int:
         idle_timeout=a.idle_timeout,
         labels=pairs(a.label, "--label"),
         env=pairs(a.env, "--env"),
+        snapshot=a.snapshot,
         volumes=_mounts(a.volume),
         nats_url=a.nats_url,
         prefix=a.prefix,

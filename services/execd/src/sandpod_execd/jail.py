@@ -50,6 +50,7 @@ import re
 import shutil
 import stat
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -65,6 +66,8 @@ from sandpod_service.jailfile import JailFile, JailFileInvalid, JailReservation,
 from sandpod_service.procs import cgroup_join_file
 
 __all__ = ["Jail"]
+
+SWEEP_AFTER = 30.0  # seconds: an empty command cgroup younger than this may be starting
 
 log = structlog.get_logger("sandpod.execd.jail")
 
@@ -468,14 +471,20 @@ class Jail:
         return own
 
     def sweep(self) -> None:
-        """rmdir the command cgroups that no longer hold a process (busy ones refuse)."""
+        """rmdir the command cgroups that no longer hold a process (busy ones refuse).
+
+        One made in the last :data:`SWEEP_AFTER` seconds is left alone: it may belong to a
+        command being started right now, whose process has not joined it yet (an empty cgroup
+        then, which a concurrent command's sweep would otherwise remove under it)."""
         if self.track is None:
             return
+        young = time.time() - SWEEP_AFTER
         with contextlib.suppress(OSError):
             for entry in os.scandir(self.track):
                 if entry.name.startswith("c-") and entry.is_dir(follow_symlinks=False):
                     with contextlib.suppress(OSError):
-                        os.rmdir(entry.path)
+                        if entry.stat(follow_symlinks=False).st_ctime < young:
+                            os.rmdir(entry.path)
 
     @contextlib.contextmanager
     def around_fork(self) -> Iterator[None]:

@@ -187,6 +187,10 @@ _STATUS: tuple[tuple[str, int], ...] = (
     ("claim.timeout", 504),
     ("claim.failed", 422),
     ("claim.", 422),
+    ("snapshot.in_use", 409),
+    ("snapshot.unsupported", 501),
+    ("snapshot.", 422),
+    ("blob.unavailable", 503),
     ("internal", 500),
 )
 

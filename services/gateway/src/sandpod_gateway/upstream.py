@@ -17,12 +17,14 @@ from typing import TypeVar
 from sandpod_bus import Bus, NoResponders
 from sandpod_client import Channel
 from sandpod_contract.codec import Message, decode_reply, encode
-from sandpod_contract.errors import SandboxUnavailable
+from sandpod_contract.errors import SandboxUnavailable, SandpodError
+from sandpod_contract.messages.sandboxes import ObjectReply, Ref
 from sandpod_contract.subjects import Subjects
 from sandpod_gateway.errors import sandbox_not_found
-from sandpod_gateway.tenancy import Scope
+from sandpod_gateway.tenancy import LIFECYCLE_NAMESPACE, Scope
 
 __all__ = ["Target", "Upstream"]
+WAKE_WAIT = 120.0  # seconds a call waits for its hibernated sandbox to wake
 POOL_KINDS = frozenset({"pools", "claims"})  # the kinds the pool service answers, not lifecycle
 
 R = TypeVar("R", bound=Message)
@@ -61,7 +63,26 @@ class Upstream:
         if sid is None:
             raise sandbox_not_found(name)
         # "no responders" says only the tenant's own name: no id, no internal subject.
-        channel = Channel(self.bus, self.subjects, sid, not_found=lambda _: sandbox_not_found(name))
+
+        async def wake(_: str) -> bool:
+            """A hibernated sandbox answers after the lifecycle woke it (on the tenant's
+            subject: only its own sandbox can be woken)."""
+            try:
+                woken = await self.api(
+                    "sandboxes",
+                    "wake",
+                    Ref(name=sid, namespace=LIFECYCLE_NAMESPACE, wait=WAKE_WAIT),
+                    ObjectReply,
+                    WAKE_WAIT + 10,
+                    tenant=scope.tenant,
+                )
+            except SandpodError:
+                return False
+            return bool((woken.object.get("status") or {}).get("phase") == "Running")
+
+        channel = Channel(
+            self.bus, self.subjects, sid, not_found=lambda _: sandbox_not_found(name), wake=wake
+        )
         return Target(self, name, sid, channel)
 
     async def api(

@@ -54,6 +54,7 @@ from sandpod_contract.resources import (
     SandboxStatus,
     SandboxTemplateSpec,
 )
+from sandpod_contract.snapshots import SNAPSHOT_KIND, SnapshotPhase, SnapshotStatus
 from sandpod_contract.tenancy import LIFECYCLE_NAMESPACE
 from sandpod_contract.times import from_rfc3339, to_rfc3339
 from sandpod_lifecycle.egress import wanted
@@ -70,6 +71,7 @@ from sandpod_lifecycle.volumes import Volumes, effective_mounts
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.scoping import (
     scope,
+    scoped_name,
     scoped_object,
     scoped_ref,
     scoped_selection,
@@ -81,6 +83,7 @@ from sandpod_store.views import built_template
 __all__ = ["LifecycleApi"]
 
 MAX_LIST = 1000
+WAKE_WAIT = 120.0  # seconds a wake waits for the restored instance when the request names none
 MAX_CONFLICTS = 20
 
 
@@ -120,9 +123,12 @@ class LifecycleApi:
     async def create(self, req: ObjectRequest) -> ObjectReply:
         refuse_reserved(req.object)
         raw = scoped_object(req.object, "sandbox", "sbx")
+        raw = _scoped_snapshot_ref(raw)
         obj, spec = sandbox_from_map(raw)
         if (raw.get("metadata") or {}).get("name"):
             await self._name_free(obj.metadata.name)
+        if spec.snapshot_ref is not None:
+            obj, spec = await self._from_snapshot(obj, spec)
         template = await self.template(obj.metadata.namespace, spec.template_ref)
         obj = apply_defaults(obj, spec, template, self.clock.now())
         mounts = self.volumes.scoped_mounts(effective_mounts(template.volumes, spec.volumes))
@@ -158,8 +164,35 @@ class LifecycleApi:
             generation=created.metadata.generation,
         )
         if req.wait_ready:
-            created = await self._wait(created, req.wait_ready, _settled)
+            created = await self.wait(created, req.wait_ready, _settled)
         return ObjectReply(object=created.to_dict())
+
+    async def _from_snapshot(
+        self, obj: Resource, spec: SandboxSpec
+    ) -> tuple[Resource, SandboxSpec]:
+        """A sandbox restored from a snapshot: the snapshot exists in its namespace (a tenant's
+        names only its own), and without a template of its own it gets the snapshot's.
+
+        Raises:
+            ResourceInvalid: no such snapshot, or it failed.
+        """
+        field = "spec.snapshotRef.name"
+        try:
+            snap = await self.store.get(
+                SNAPSHOT_KIND, obj.metadata.namespace, spec.snapshot_ref or ""
+            )
+        except ResourceNotFound:
+            raise ResourceInvalid(
+                f"unknown snapshot {spec.snapshot_ref!r}; take one first (sandpod snapshot create)",
+                field=field,
+            ) from None
+        status = SnapshotStatus.from_dict(snap.status)
+        if status.phase is SnapshotPhase.FAILED:
+            raise ResourceInvalid(f"snapshot {spec.snapshot_ref!r} failed", field=field)
+        if spec.template_ref is None and status.template:
+            obj = _with_spec(obj, template_ref=status.template)
+            spec = dataclasses.replace(spec, template_ref=status.template)
+        return obj, spec
 
     async def _name_free(self, name: str) -> None:
         """A sandbox's name is its id on the data plane (``<prefix>.sbx.<name>.>``), so it is
@@ -206,7 +239,7 @@ class LifecycleApi:
 
         obj = await self._mutate(SANDBOX, req.namespace, req.name, mark)
         if req.wait:
-            obj = await self._wait(obj, req.wait, lambda o: o is None)
+            obj = await self.wait(obj, req.wait, lambda o: o is None)
         return ObjectReply(object=obj.to_dict())
 
     async def renew(self, req: Renew) -> ObjectReply:
@@ -258,7 +291,45 @@ class LifecycleApi:
         return await self._mode(req, OperatingMode.PAUSED)
 
     async def resume(self, req: Ref) -> ObjectReply:
+        obj = await self.store.get(SANDBOX, *_where(scoped_ref(req, SANDBOX)))
+        if _phase(obj) in (Phase.HIBERNATING, Phase.HIBERNATED):
+            return await self.wake(req)
         return await self._mode(req, OperatingMode.RUNNING)
+
+    async def wake(self, req: Ref) -> ObjectReply:
+        """Wake a hibernated sandbox (restore its instance) and wait until it runs, or
+        ``req.wait`` seconds; a sandbox that is not hibernated answers as it is."""
+        req = scoped_ref(req, SANDBOX)
+        deadline = self.clock.now() + (req.wait or WAKE_WAIT)
+        while True:
+            obj = await self.store.get(SANDBOX, req.namespace, req.name)
+            phase, left = _phase(obj), max(deadline - self.clock.now(), 0.0)
+            if phase is Phase.HIBERNATING and left > 0:  # wake it once it has hibernated
+                await self.wait(obj, left, _not_hibernating)
+                continue
+            if phase is not Phase.HIBERNATED:
+                if phase is Phase.PENDING and left > 0:
+                    obj = await self.wait(obj, left, _settled)
+                return ObjectReply(object=obj.to_dict())
+            status = with_condition(
+                dataclasses.replace(SandboxStatus.from_dict(obj.status), phase=Phase.PENDING),
+                Condition(ConditionType.READY, "False", ConditionReason.WAKING, "woken: restoring"),
+                self.clock.now(),
+            )
+            try:
+                obj = await self.store.update_status(
+                    dataclasses.replace(obj, status=status.to_dict())
+                )
+            except ResourceConflict:
+                continue  # changed meanwhile (another wake): look again
+            await self.events.publish(
+                name=obj.metadata.name,
+                namespace=obj.metadata.namespace,
+                type_="woken",
+                phase=str(Phase.PENDING),
+                reason=str(ConditionReason.WAKING),
+            )
+            return ObjectReply(object=(await self.wait(obj, left, _settled)).to_dict())
 
     async def _mode(self, req: Ref, mode: OperatingMode) -> ObjectReply:
         req = scoped_ref(req, SANDBOX)
@@ -269,7 +340,7 @@ class LifecycleApi:
             lambda o: _with_spec(o, operating_mode=mode),
         )
         want = Phase.PAUSED if mode is OperatingMode.PAUSED else Phase.RUNNING
-        obj = await self._wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
+        obj = await self.wait(obj, req.wait or 10.0, lambda o: o is not None and _phase(o) is want)
         return ObjectReply(object=obj.to_dict())
 
     # -- network -------------------------------------------------------------------------------
@@ -300,7 +371,7 @@ class LifecycleApi:
         if SandboxView.of(obj).spec.network != policy or req.generation is not None:
             obj = await self._mutate(SANDBOX, req.namespace, req.name, change)
         if req.wait:
-            obj = await self._wait(obj, req.wait, _network_applied)
+            obj = await self.wait(obj, req.wait, _network_applied)
         return await self._network_state(obj)
 
     async def _network_state(self, obj: Resource) -> NetworkState:
@@ -364,7 +435,7 @@ class LifecycleApi:
             truncated=len(items) > limit,
         )
 
-    async def _wait(
+    async def wait(
         self, obj: Resource, timeout: float, done: Callable[[Resource | None], bool]
     ) -> Resource:
         """Watch ``obj`` until ``done`` (None = deleted) or ``timeout``; the last state seen."""
@@ -403,6 +474,17 @@ def _admin_only(verb: str) -> None:
         )
 
 
+def _scoped_snapshot_ref(raw: Any) -> Any:
+    """On a tenant's subject, ``spec.snapshotRef`` names one of the tenant's own snapshots."""
+    s = scope()
+    spec = raw.get("spec") if isinstance(raw, dict) else None
+    ref = spec.get("snapshotRef") if isinstance(spec, dict) else None
+    if s is None or not isinstance(spec, dict) or not isinstance(ref, dict):
+        return raw
+    name = scoped_name(s, "snapshot", str(ref.get("name", "")), "spec.snapshotRef.name")
+    return {**raw, "spec": {**spec, "snapshotRef": {"name": name}}}
+
+
 def _phase(obj: Resource) -> Phase:
     return SandboxStatus.from_dict(obj.status).phase
 
@@ -413,6 +495,14 @@ def _network_applied(obj: Resource | None) -> bool:
         return True
     applied = SandboxStatus.from_dict(obj.status).network
     return applied is not None and applied.observed_generation >= obj.metadata.generation
+
+
+def _not_hibernating(obj: Resource | None) -> bool:
+    return obj is None or _phase(obj) is not Phase.HIBERNATING
+
+
+def _where(req: Ref) -> tuple[str, str]:
+    return req.namespace or "default", req.name
 
 
 def _settled(obj: Resource | None) -> bool:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from sandpod_bus.natsauth import (
     INBOX_ALL,
     Permissions,
+    kv_owner_subjects,
     kv_subjects,
+    object_owner_subjects,
     object_reader_subjects,
     object_subjects,
     stream_subjects,
@@ -39,6 +41,7 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
     events_stream = stream_subjects(s.storage("events"))
     keys = kv_subjects(s.storage("gateway-keys"))
     kv_store: tuple[str, ...] = ()
+    kv_owned: tuple[str, ...] = ()  # the same buckets, the lifecycle's (compact) grant
     node_plane: tuple[str, ...] = ()
     # template builds' uploaded files: the client writes them in both modes; the lifecycle
     # reads them where it builds (the local runtime; a compact grant: its JWT must fit the
@@ -48,15 +51,22 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
     reads: tuple[str, ...] = ()
     if node is not None:
         kv_store = (*kv_subjects(s.storage("resources")), *kv_subjects(s.storage("leases")))
+        kv_owned = tuple(
+            x for b in ("resources", "leases") for x in kv_owner_subjects(s.storage(b))
+        )
         node_plane = (s.node_plane(),)
-        reads = object_reader_subjects(s.storage("build-contexts"))
+        # snapshot layers (embedded mode): the lifecycle alone writes, reads and deletes them
+        reads = (
+            *object_reader_subjects(s.storage("build-contexts")),
+            *object_owner_subjects(s.storage("snapshots")),
+        )
     users = {
         "lifecycle": Permissions(
             pub_allow=(
                 *(sbx, *node_plane, events, INBOX_ALL),
-                *(*kv_store, *events_stream, *reads),
+                *(*kv_owned, *events_stream, *reads),
             ),
-            sub_allow=(*_kinds(s, "sandboxes", "templates", "volumes"), INBOX_ALL),
+            sub_allow=(*_kinds(s, "sandboxes", "templates", "snapshots", "volumes"), INBOX_ALL),
         ),
         "pool": Permissions(
             pub_allow=(api, sbx, INBOX_ALL, *kv_store),

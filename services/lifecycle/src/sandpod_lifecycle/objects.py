@@ -75,12 +75,14 @@ def apply_defaults(
     obj: Resource, spec: SandboxSpec, template: SandboxTemplateSpec, now: float
 ) -> Resource:
     """Fill what the client left out from the template: lifetime (from ``now``, epoch
-    seconds) and idle timeout."""
+    seconds), idle timeout and idle policy."""
     out = dict(obj.spec)
     if not spec.permanent and not spec.shutdown_time:
         out["shutdownTime"] = to_rfc3339(now + template.default_lifetime_seconds)
     if spec.idle_timeout_seconds is None:
         out["idleTimeoutSeconds"] = template.idle_timeout_seconds
+    if spec.idle_policy is None:
+        out["idlePolicy"] = str(template.idle_policy)
     out.setdefault("operatingMode", str(OperatingMode.RUNNING))
     return dataclasses.replace(obj, spec=out)
 

@@ -25,6 +25,7 @@ from sandpod_contract.resources import OperatingMode, Phase
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.driver import Driver, ReportsLoss
 from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.hibernation import Hibernator
 from sandpod_lifecycle.lifetime import Failures, bound_at
 from sandpod_lifecycle.objects import SANDBOX, TEMPLATE
 from sandpod_lifecycle.steps import Configure, Outcome, Probe, StepConfig, Steps, Templates
@@ -62,6 +63,7 @@ class Reconciler:
         clock: Clock = REAL,
         keep: Callable[[], set[str]] | None = None,
         always_allowed: Sequence[Rule] = (),
+        hibernator: Hibernator | None = None,
     ) -> None:
         self.store = store
         self._keep = keep  # instance ids with no Sandbox object that are not orphans (builders)
@@ -91,6 +93,7 @@ class Reconciler:
             wake_at=self._wake_at,
             forget=self._queue.forget,
             always_allowed=tuple(always_allowed),
+            hibernator=hibernator,
         )
         self._steps = Steps(config, self._failures)
         self._stale_holders = StaleHolders(Volumes(store, None, events))

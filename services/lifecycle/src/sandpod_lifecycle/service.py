@@ -51,6 +51,7 @@ from sandpod_lifecycle.builds.executor import Builder
 from sandpod_lifecycle.builds.loop import TemplateBuilder, TemplateBuilds
 from sandpod_lifecycle.driver import Driver, ExecdLauncher
 from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.hibernation import Hibernator
 from sandpod_lifecycle.network.addressing import PoolExhausted
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.link import LinkError
@@ -66,6 +67,7 @@ from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
 from sandpod_lifecycle.runtime.volumes import LocalVolumeBackend
 from sandpod_lifecycle.settings import LifecycleSettings
+from sandpod_lifecycle.snapshots.wiring import Snapshots, start_snapshots
 from sandpod_lifecycle.steps import Templates
 from sandpod_lifecycle.volumes import VolumeBackend, Volumes
 from sandpod_service import Supervisor
@@ -105,6 +107,7 @@ class LifecycleService:
         self._node: NodeLauncher | None = None
         self._local: tuple[LocalRuntime, str] | None = None  # local runtime, its cgroup parent
         self.builder: Builder | None = None  # template builds (the local runtime)
+        self.snapshots: Snapshots | None = None  # the snapshot controller and API
         self._pod_api: PodApi | None = None  # kubernetes: the driver's (builder Pods too)
         self._creds_policy: CredsPolicy | None = None  # kubernetes, operator mode
         self._template_builds: TemplateBuilds | None = None
@@ -298,6 +301,25 @@ class LifecycleService:
         await self._start_egress(events, driver)
         builds = self._builds(bus, store, driver)
         self._template_builds = builds
+        snapshots = await start_snapshots(
+            bus=bus,
+            store=store,
+            events=events,
+            driver=driver,
+            templates=api.template,
+            wait=api.wait,
+            subjects=self.subjects,
+            state_dir=self.settings.state_dir,
+            clock=self.clock,
+            s3=self.settings.snapshot_s3,
+        )
+        self.snapshots = snapshots
+        hibernator = (
+            Hibernator(store, driver, snapshots.controller)
+            if isinstance(driver, LocalDriver) and snapshots.controller.snapshots is not None
+            else None
+        )
+        self.supervisor.spawn(snapshots.controller.run(), name="snapshots")
         self.reconciler = Reconciler(
             store=store,
             driver=driver,
@@ -314,6 +336,7 @@ class LifecycleService:
             clock=self.clock,
             keep=self.builder.live if self.builder is not None else None,
             always_allowed=self.settings.always_allow,
+            hibernator=hibernator,
         )
         routes: dict[tuple[str, str], Handler] = {
             ("sandboxes", "create"): api.create,
@@ -323,6 +346,7 @@ class LifecycleService:
             ("sandboxes", "renew"): api.renew,
             ("sandboxes", "pause"): api.pause,
             ("sandboxes", "resume"): api.resume,
+            ("sandboxes", "wake"): api.wake,
             ("sandboxes", "network"): api.network,
             ("sandboxes", "set_network"): api.set_network,
             ("sandboxes", "expose"): api.expose,
@@ -335,6 +359,7 @@ class LifecycleService:
             ("volumes", "list"): volumes.list,
             ("volumes", "delete"): volumes.delete,
         }
+        routes.update(snapshots.routes())
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")
         if builds is not None:
             self.supervisor.spawn(builds.run(), name="template-builds")

@@ -42,6 +42,9 @@
 | | | ``BuildPodSettings``: ``IMAGE``, ``REGISTRY_SECRET``, ``DEADLINE``, ``WORK_SIZE``) |
 | ``SANDPOD_NET`` | true | local runtime (root): give sandboxes egress under their policy |
 | ``SANDPOD_NET_POOL`` | ``10.240.0.0/12`` | ... host-wide pool (a /20 each) |
+| ``SANDPOD_NET_IPV6`` | auto | ... IPv6 egress under the same policy (``auto``: when the |
+| | | host has IPv6; ``off``: IPv4 only, noted per sandbox; ``on``: noted when the host lacks it) |
+| ``SANDPOD_NET_POOL6`` | ``fd53:616e:6470::/48`` | ... host-wide IPv6 ULA pool (a /64 each) |
 | ``SANDPOD_NET_REGISTRY`` | ``/var/lib/sandpod/net-ranges.json`` | ... where slices are claimed |
 | ``SANDPOD_NET_GATEWAY_UID`` | lifecycle's uid | ... only uid connecting into sandboxes |
 | ``SANDPOD_NET_DNS_PORT`` | 53 | ... the node resolver's port on the gateway address |
@@ -56,6 +59,8 @@
 | | | any runtime. A bad entry fails start-up naming it |
 | ``SANDPOD_NET_LOG_GROUP`` | derived | ... first NFLOG group tried for refused connections' |
 | | | destinations (the first free one from there is used); ``off``: counted only |
+| ``SANDPOD_SNAPSHOT_S3_ENDPOINT`` | unset | snapshot layers in this S3-compatible store (with |
+| | | ``_BUCKET``, ``_ACCESS_KEY_ID``...: ``sandpod_blobs.s3``); unset: JetStream's |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
 | | | ``sandpod_image.debian``, ``sandpod up`` builds one); a template naming no ``rootfs`` |
 | | | runs on it; unset, such a template fails to create (never the host root) |
@@ -70,6 +75,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandpod_blobs import S3Settings
 from sandpod_bus import BusSettings
 from sandpod_contract.errors import ResourceInvalid
 from sandpod_contract.network import MAX_RULES, Rule
@@ -136,6 +142,8 @@ class LifecycleSettings:
     proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)  # SANDPOD_EGRESS_*
     # SANDPOD_NET_ALWAYS_ALLOW: the platform's rules at the end of every effective ``allow``
     always_allow: tuple[Rule, ...] = ()
+    # SANDPOD_SNAPSHOT_S3_*: snapshot layers in an S3-compatible store (None: JetStream's)
+    snapshot_s3: S3Settings | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -203,6 +211,9 @@ class LifecycleSettings:
                 if h.strip()
             ),
             build_registry=_build_registry(env),
+            snapshot_s3=(
+                S3Settings.from_env(env) if env.get("SANDPOD_SNAPSHOT_S3_ENDPOINT") else None
+            ),
             build_pods=BuildPodSettings.from_env(env),
             network=_egress(env),
             dns=ResolverSettings.from_env(env),
@@ -255,8 +266,22 @@ def _egress(env: Mapping[str, str]) -> EgressSettings:
     group = env_str(env, "SANDPOD_NET_LOG_GROUP", "")
     if group not in ("", "off") and not (group.isdigit() and int(group) <= 0xFFFF):
         raise ValueError(f"SANDPOD_NET_LOG_GROUP={group!r}: an NFLOG group (0..65535) or off")
+    raw6 = env_str(env, "SANDPOD_NET_IPV6", "auto").lower()
+    if raw6 not in ("auto", "on", "off", "true", "false", "1", "0"):
+        raise ValueError(f"SANDPOD_NET_IPV6={raw6!r}: auto, on or off")
+    raw_pool6 = env_str(env, "SANDPOD_NET_POOL6", str(base.pool6))
+    try:
+        pool6 = ipaddress.IPv6Network(raw_pool6)
+    except ValueError:
+        raise ValueError(
+            f"SANDPOD_NET_POOL6={raw_pool6!r}: use an IPv6 network (fd53:616e:6470::/48)"
+        ) from None
+    if not pool6.is_private or pool6.prefixlen > 64:
+        raise ValueError(f"SANDPOD_NET_POOL6={raw_pool6!r}: use a private range of /64 or more")
     return EgressSettings(
         enabled=env_bool(env, "SANDPOD_NET", True),
+        ipv6=None if raw6 == "auto" else raw6 in ("on", "true", "1"),
+        pool6=pool6,
         pool=pool,
         registry=Path(registry) if registry else None,
         gateway_uid=int(uid) if uid else None,

@@ -42,6 +42,7 @@ from sandpod_contract.resources import (
     Condition,
     ConditionReason,
     ConditionType,
+    IdlePolicy,
     NetworkStatus,
     OperatingMode,
     Phase,
@@ -52,6 +53,7 @@ from sandpod_contract.times import to_rfc3339
 from sandpod_lifecycle.driver import Driver, Instance, Owner, RenewsCredentials
 from sandpod_lifecycle.egress import apply_egress
 from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.hibernation import FILES_ONLY, Hibernator
 from sandpod_lifecycle.lifetime import (
     Failures,
     bound_at,
@@ -109,6 +111,7 @@ class StepConfig:
     wake_at: Callable[[str, float], None]  # queue key, wall time: look again then
     forget: Callable[[str], None]  # queue key: the object is gone, drop its timer
     always_allowed: tuple[Rule, ...] = ()  # the platform's rules in every effective policy
+    hibernator: Hibernator | None = None  # idlePolicy Hibernate (None: this runtime cannot)
 
 
 class Steps:
@@ -127,6 +130,7 @@ class Steps:
         self._wake_at = c.wake_at
         self._forget = c.forget
         self._always_allowed = c.always_allowed
+        self._hibernator = c.hibernator
         self._failures = failures
 
     async def step(self, view: SandboxView, key: str) -> Outcome:
@@ -141,8 +145,16 @@ class Steps:
         if lifetime_over(view, self._clock.now()):
             why = f"shutdownTime {view.spec.shutdown_time} passed"
             return await self._finish(view, key, "expired", ConditionReason.LIFETIME_EXCEEDED, why)
-        if view.status.phase is Phase.FAILED:
-            return Outcome.DONE  # given up: kept for people to read until deleted or expired
+        if view.status.phase in (Phase.FAILED, Phase.HIBERNATED):
+            # Failed: given up, kept for people to read until deleted or expired; Hibernated:
+            # no instance until a wake sets it Pending
+            return Outcome.DONE
+        if view.status.phase is Phase.HIBERNATING:  # a pass (or a lifecycle) died half-way
+            return await self._hibernate(view, key)
+        return await self._live(view, key)
+
+    async def _live(self, view: SandboxView, key: str) -> Outcome:
+        """A sandbox that should have an instance: make it, fail it, or keep it."""
         instance = await self.driver.inspect(view.name)
         if instance is not None and instance.terminal:
             reason = instance.reason or ConditionReason.INSTANCE_LOST
@@ -384,6 +396,8 @@ class Steps:
             idle = min(idle, max(now - bound, 0.0))
         if idle >= limit:
             why = f"no activity for {idle:.0f}s (limit {limit}s)"
+            if view.spec.idle_policy is IdlePolicy.HIBERNATE:
+                return await self._hibernate(view, key), view
             reason = ConditionReason.IDLE_TIMEOUT
             return await self._finish(view, key, "idle_expired", reason, why), view
         last = now - idle
@@ -394,10 +408,49 @@ class Steps:
         self._wake_at(view.key, last + limit + 0.05)
         return None, view
 
+    async def _hibernate(self, view: SandboxView, key: str) -> Outcome:
+        """Idle with ``idlePolicy: Hibernate``: files into a snapshot, instance gone (see
+        ``hibernation.py``); a runtime that cannot keeps the sandbox running and says so."""
+        if self._hibernator is None:
+            cond = Condition(
+                ConditionType.HIBERNATED,
+                "False",
+                ConditionReason.HIBERNATE_UNSUPPORTED,
+                "this runtime cannot hibernate (the local runtime as root can): it keeps running",
+            )
+            await self._set(view, view.status.phase, None, cond)
+            return Outcome.DONE
+        busy = Condition(
+            ConditionType.HIBERNATED, "False", ConditionReason.FILES_ONLY, "hibernating"
+        )
+        view = SandboxView.of(await self._set(view, Phase.HIBERNATING, None, busy))
+        try:
+            name = await self._hibernator.hibernate(view)
+        except (SandpodError, RuntimeFailure, OSError) as exc:
+            log.warning("hibernate_failed", sandbox=view.name, error=str(exc))
+            failed = Condition(
+                ConditionType.HIBERNATED,
+                "False",
+                ConditionReason.FILES_ONLY,
+                f"could not hibernate, serving again: {exc}",
+            )
+            await self._set(view, Phase.PENDING, None, failed)  # the create step adopts it
+            return Outcome.RETRY
+        done = Condition(
+            ConditionType.HIBERNATED,
+            "True",
+            ConditionReason.FILES_ONLY,
+            FILES_ONLY.format(name=name),
+        )
+        await self._set(view, Phase.HIBERNATED, "hibernated", done)
+        return Outcome.DONE
+
     async def _finish(
         self, view: SandboxView, key: str, event: str, reason: ConditionReason, msg: str
     ) -> Outcome:
         await self.driver.destroy(view.name)
+        if self._hibernator is not None:
+            await self._hibernator.forget(view)
         if reason is not ConditionReason.DELETED:
             expired = Condition(ConditionType.EXPIRED, "True", reason, msg)
             await self._set(view, Phase.TERMINATED, None, expired)

@@ -18,6 +18,9 @@ from sandpod_contract.errors import (
     ResourceExists,
     ResourceInvalid,
     ResourceNotFound,
+    SnapshotFailed,
+    SnapshotInUse,
+    SnapshotUnsupported,
     VolumeInUse,
     VolumeQuotaExceeded,
 )
@@ -186,7 +189,7 @@ class SandboxEvent(Message):
     TYPE = "event.sandbox"
     name: str
     namespace: str
-    type: str  # created, ready, paused, resumed, renewed, expired, idle_expired, failed, deleted
+    type: str  # created, ready, paused, ..., deleted, snapshotted (see SANDBOX_EVENT_TYPES)
     phase: str
     reason: str = ""
     message: str = ""
@@ -233,6 +236,10 @@ SANDBOX_EVENT_TYPES: tuple[str, ...] = (
     "idle_expired",
     "failed",
     "deleted",
+    "snapshotted",
+    "snapshot_failed",
+    "hibernated",
+    "woken",
 )
 
 # The ``type`` of a SandboxVolume's events (a :class:`SandboxEvent`: ``phase`` the volume's,
@@ -268,6 +275,14 @@ CONTROL_PLANE: tuple[Operation, ...] = (
         "sandboxes", "pause", Ref, ObjectReply, "freeze a Sandbox (operatingMode Paused)", _CHANGE
     ),
     Operation("sandboxes", "resume", Ref, ObjectReply, "thaw a Sandbox", _CHANGE),
+    Operation(
+        "sandboxes",
+        "wake",
+        Ref,
+        ObjectReply,
+        "wake a Hibernated Sandbox (restore it) and wait until Running; others answer at once",
+        _CHANGE,
+    ),
     Operation(
         "sandboxes",
         "network",
@@ -320,5 +335,23 @@ CONTROL_PLANE: tuple[Operation, ...] = (
         ObjectReply,
         "delete a SandboxVolume and its data (refused while a sandbox mounts it)",
         (ResourceNotFound, VolumeInUse),
+    ),
+    Operation(
+        "snapshots",
+        "create",
+        ObjectRequest,
+        ObjectReply,
+        "snapshot a running Sandbox (a SandboxSnapshot; waits until it is Ready or Failed)",
+        (ResourceInvalid, ResourceExists, ResourceNotFound, SnapshotFailed, SnapshotUnsupported),
+    ),
+    Operation("snapshots", "get", Ref, ObjectReply, "read a SandboxSnapshot", _NOT_FOUND),
+    Operation("snapshots", "list", Selection, ObjectsReply, "list SandboxSnapshots"),
+    Operation(
+        "snapshots",
+        "delete",
+        Ref,
+        ObjectReply,
+        "delete a SandboxSnapshot and its layers no other snapshot shares",
+        (*_NOT_FOUND, SnapshotInUse),
     ),
 )

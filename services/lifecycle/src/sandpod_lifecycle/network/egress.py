@@ -8,6 +8,13 @@ policy (one nft batch); ``detach`` removes all of it; ``stop`` removes the table
 link. The resolver and the proxy use :attr:`gateway`, :meth:`sandbox_by_address`,
 :meth:`add_resolved` and :meth:`add_injected`.
 
+IPv6 (``EgressSettings.ipv6``: None = when the host has it): ``start`` also claims a /64 of the
+v6 pool, enables IPv6 forwarding (``ipv6.enable_forwarding``: router advertisements kept where
+they were accepted) and puts the v6 gateway address on the gateway link; each sandbox then gets
+a /127 next to its /31 and the IPv6 twin of its chain. When the host cannot, or the setting is
+off, :attr:`ipv6_off` says why (a note at start, each sandbox's ``egress_ipv6`` protection)
+and every IPv6 packet of a sandbox is refused.
+
 ``start`` also binds the installation's NFLOG group (``nflog.py``: the first free one from a
 number derived from the installation id, or ``log_group``) before any chain is written, since
 every sandbox chain logs its refusals to it; :attr:`log` is that socket (None: refusals are
@@ -34,13 +41,15 @@ from pathlib import Path
 import structlog
 
 from sandpod_contract.network import NetworkPolicy, Rule
-from sandpod_lifecycle.network import link
+from sandpod_lifecycle.network import ipv6, link
 from sandpod_lifecycle.network.addressing import (
     DEFAULT_POOL,
+    DEFAULT_POOL6,
     DEFAULT_REGISTRY,
     AddressPlan,
     SandboxAddresses,
     claim_slice,
+    claim_slice6,
     claimed_ids,
     release_stale,
 )
@@ -71,6 +80,8 @@ class EgressSettings:
         hard_deny: networks no policy can open (the platform's own, when on other hosts).
         log_denials: log refused packets to an NFLOG group (their destination in events).
         log_group: the first NFLOG group to try (None: derived from the installation id).
+        ipv6: give sandboxes IPv6 egress (None: when the host has IPv6; False: never).
+        pool6: the host-wide IPv6 pool installations take /64 slices of.
     """
 
     enabled: bool = True
@@ -79,9 +90,11 @@ class EgressSettings:
     gateway_uid: int | None = None
     dns_port: int = 53
     proxy_port: int | None = None
-    hard_deny: tuple[ipaddress.IPv4Network, ...] = ()
+    hard_deny: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     log_denials: bool = True
     log_group: int | None = None
+    ipv6: bool | None = None
+    pool6: ipaddress.IPv6Network = DEFAULT_POOL6
 
 
 class Egress:
@@ -105,6 +118,7 @@ class Egress:
         self.notes: list[str] = []
         self._alive: int | None = None  # the liveness lock's descriptor while started
         self.log: NflogSocket | None = None  # the NFLOG group refusals are logged to
+        self.ipv6_off: str | None = None  # why sandboxes get no IPv6 (None: they do)
 
     # -- the installation ----------------------------------------------------------------------
 
@@ -116,6 +130,11 @@ class Egress:
     def gateway(self) -> ipaddress.IPv4Address:
         """The address the node's resolver (port ``dns_port``) and proxy listen on."""
         return self.plan.gateway
+
+    @property
+    def gateway6(self) -> ipaddress.IPv6Address | None:
+        """The v6 address the resolver and proxy listen on too (None: no IPv6)."""
+        return self.plan.gateway6
 
     @property
     def table(self) -> str:
@@ -142,10 +161,23 @@ class Egress:
         plan = claim_slice(
             self.installation_id, self._state_dir, s.pool, s.registry, link.host_networks()
         )
+        notes = self._bind_log()
+        self.ipv6_off = "off on this node (SANDPOD_NET_IPV6=off)" if s.ipv6 is False else None
+        if s.ipv6 is not False:
+            self.ipv6_off = ipv6.host_support()
+        if self.ipv6_off is None:
+            slice6 = claim_slice6(
+                self.installation_id, self._state_dir, s.pool6, s.registry, link.host_networks6()
+            )
+            plan = dataclasses.replace(plan, slice6=slice6, pool6=s.pool6)
+            notes += ipv6.enable_forwarding()
+            if (no_route := ipv6.route_note()) is not None:
+                notes.append(no_route)
+        else:
+            notes.append(f"sandboxes get IPv4 egress only: {self.ipv6_off}")
         nft = self._nft or Nft()
         self._nft = nft
         uid = s.gateway_uid if s.gateway_uid is not None else os.geteuid()
-        notes = self._bind_log()
         config = FirewallConfig(
             self.installation_id,
             plan,
@@ -161,13 +193,19 @@ class Egress:
             notes.append("net.ipv4.ip_forward was 0: set to 1 (sandbox egress is routed)")
         notes += self._host_filters()
         try:
-            self.links.ensure_gateway(plan.gateway)
+            self.links.ensure_gateway(plan.gateway, plan.gateway6)
             self.firewall.setup()
             self._recover()
         except BaseException:
             self.close_log()  # no egress: nobody reads it
             raise
-        log.info("egress_ready", slice=str(plan.slice), gateway=str(plan.gateway), table=self.table)
+        log.info(
+            "egress_ready",
+            slice=str(plan.slice),
+            gateway=str(plan.gateway),
+            slice6=str(plan.slice6),
+            table=self.table,
+        )
         self.notes = notes
         for note in notes:
             log.warning("egress_host_note", note=note)
@@ -380,6 +418,19 @@ class Egress:
         if record is None or self.firewall is None:
             return None
         return str(self.plan.sandbox(record.index).sandbox)
+
+    def link(self, sandbox_id: str) -> str | None:
+        """The host end of the sandbox's veth (None: not attached)."""
+        record = self._records.get(sandbox_id)
+        return None if record is None else self.links.sandbox(record.index)
+
+    def address6(self, sandbox_id: str) -> str | None:
+        """The sandbox's own IPv6 address (None: not attached, or no IPv6)."""
+        record = self._records.get(sandbox_id)
+        if record is None or self.firewall is None:
+            return None
+        own = self.plan.sandbox(record.index).sandbox6
+        return None if own is None else str(own)
 
     def policy(self, sandbox_id: str) -> NetworkPolicy | None:
         record = self._records.get(sandbox_id)

@@ -12,7 +12,8 @@ links named ``sp<tag>-<n>`` (``link.py``) and the installation's slice of addres
     forward     (filter)  into a sandbox: only established/related (nobody opens a connection
                           to a sandbox through this host); out of one: hard denies first (the
                           metadata service, the whole pool = every installation's sandboxes,
-                          extra platform networks, IPv6), then ``jump sbx_<n>`` by interface
+                          extra platform networks; IPv6: all of it without a v6 range, else
+                          ``hard6``), then ``jump sbx_<n>`` by interface
     sbx_<n>               the sandbox's policy: spoofed source -> drop; hard denies again
                           (counted); established under this policy -> accept; connection
                           limit; deny rules; allow CIDR rules; name-rule sets
@@ -20,10 +21,18 @@ links named ``sp<tag>-<n>`` (``link.py``) and the installation's slice of addres
                           then the mode (public: special ranges drop, rest accept; others drop)
     input       (filter)  from a sandbox to this host: only the gateway address's service ports
                           (resolver 53, proxy) and replies; everything else of the host (its
-                          addresses, the platform's ports) is dropped
+                          addresses, the platform's ports) is dropped; IPv6 neighbour discovery
+                          (solicit/advert, hop limit 255) is accepted, other link-scope
+                          multicast (MLD reports a kernel sends on its own) dropped unlogged
     output      (filter)  from this host into a sandbox: new connections only from the
                           gateway's uid (``meta skuid``: preview URLs); replies always
-    postrouting (nat)     masquerade the slice to wherever it leaves
+    postrouting (nat)     masquerade the slice (and the v6 slice: NAT66) to wherever it leaves
+
+IPv6 (the plan has a v6 slice): ``hard6`` holds fd00:ec2::254, the whole v6 pool of every
+installation, link-local ``fe80::/10``, multicast ``ff00::/8``, ``::``/``::1``, IPv4-mapped
+``::ffff:0:0/96`` and the v6 ``hard_deny`` networks; ``special6`` the v6 special ranges; the
+resolver's and proxy's ports are on the v6 gateway address too (port-53 and name-rule DNAT
+work the same); every sandbox chain has the IPv6 twin of each rule (``rules.py``).
 
 Every change to a sandbox is one batch (``Nft.run``): a policy update flushes and refills its
 chain in one kernel transaction, so no packet ever sees half a policy, and nothing restarts.
@@ -55,6 +64,7 @@ from sandpod_contract.network import (
     Rule,
 )
 from sandpod_lifecycle.network.addressing import AddressPlan, SandboxAddresses
+from sandpod_lifecycle.network.ipv6 import base_chains6
 from sandpod_lifecycle.network.link import LinkNames
 from sandpod_lifecycle.network.nft import Nft, NftError
 from sandpod_lifecycle.network.rules import (
@@ -64,6 +74,7 @@ from sandpod_lifecycle.network.rules import (
     inject_set,
     injects,
     set_name,
+    set_name6,
     timed_elements,
 )
 
@@ -102,8 +113,12 @@ class FirewallConfig:
     gateway_uid: int | None = None
     dns_port: int = 53
     proxy_port: int | None = None
-    hard_deny: tuple[ipaddress.IPv4Network, ...] = ()
+    hard_deny: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     log_group: int | None = None
+
+    @property
+    def ipv6(self) -> bool:
+        return self.plan.slice6 is not None
 
     @property
     def table(self) -> str:
@@ -147,10 +162,13 @@ class Firewall:
         hard = [
             *(a for a in METADATA_ADDRESSES if a.version == 4),
             c.plan.pool,
-            *c.hard_deny,
+            *(n for n in c.hard_deny if n.version == 4),
         ]
         special = elements(SPECIAL_RANGES)
         ports = ", ".join(str(p) for p in (c.dns_port, c.proxy_port) if p is not None)
+        v6 = base_chains6(
+            t, pre, plan=c.plan, ports=ports, dns_port=c.dns_port, hard_deny=c.hard_deny
+        )
         inbound = (
             f'add rule inet {t} output oifname "{pre}*" meta skuid {c.gateway_uid} accept\n'
             if c.gateway_uid is not None
@@ -160,11 +178,15 @@ class Firewall:
 add table inet {t}
 add set inet {t} hard4 {{ type ipv4_addr; flags interval; }}
 add set inet {t} special4 {{ type ipv4_addr; flags interval; }}
+add set inet {t} hard6 {{ type ipv6_addr; flags interval; auto-merge; }}
+add set inet {t} special6 {{ type ipv6_addr; flags interval; auto-merge; }}
 add map inet {t} dispatch {{ type ifname : verdict; }}
 add map inet {t} natdispatch {{ type ifname : verdict; }}
 add map inet {t} deny {{ type ifname : verdict; }}
 flush set inet {t} hard4
 flush set inet {t} special4
+flush set inet {t} hard6
+flush set inet {t} special6
 add element inet {t} hard4 {{ {", ".join(str(h) for h in hard)} }}
 add element inet {t} special4 {{ {special} }}
 add chain inet {t} forward {{ type filter hook forward priority filter; policy accept; }}
@@ -181,22 +203,20 @@ add map inet {t} denycount {{ type ifname : counter; }}
 delete map inet {t} denycount
 add rule inet {t} forward oifname "{pre}*" ct state established,related accept
 add rule inet {t} forward oifname "{pre}*" counter drop
-add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 iifname vmap @deny
-add rule inet {t} forward iifname "{pre}*" meta nfproto ipv6 counter drop
-add rule inet {t} forward iifname "{pre}*" ip daddr @hard4 iifname vmap @deny
+{v6["forward"]}add rule inet {t} forward iifname "{pre}*" ip daddr @hard4 iifname vmap @deny
 add rule inet {t} forward iifname "{pre}*" ip daddr @hard4 counter drop
 add rule inet {t} forward iifname "{pre}*" iifname vmap @dispatch
 add rule inet {t} forward iifname "{pre}*" counter drop
 add rule inet {t} input iifname "{pre}*" ct state established,related accept
 add rule inet {t} input iifname "{pre}*" ip daddr {gw} meta l4proto {{ tcp, udp }} th dport {{ {ports} }} accept
-add rule inet {t} input iifname "{pre}*" iifname vmap @deny
+{v6["input"]}add rule inet {t} input iifname "{pre}*" iifname vmap @deny
 add rule inet {t} input iifname "{pre}*" counter drop
 add rule inet {t} output oifname "{pre}*" ct state established,related accept
-{inbound}add rule inet {t} output oifname "{pre}*" counter drop
+{v6["output"]}{inbound}add rule inet {t} output oifname "{pre}*" counter drop
 add rule inet {t} prerouting iifname "{pre}*" meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {gw}:{c.dns_port}
-add rule inet {t} prerouting iifname "{pre}*" iifname vmap @natdispatch
+{v6["prerouting"]}add rule inet {t} prerouting iifname "{pre}*" iifname vmap @natdispatch
 add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masquerade
-"""  # noqa: E501 -- nft's own syntax, one rule a line
+{v6["postrouting"]}"""  # noqa: E501 -- nft's own syntax, one rule a line
         self.nft.run(script)
 
     def remove(self) -> None:
@@ -241,12 +261,23 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             if self.config.proxy_port is not None
             else None
         )
+        v6 = addrs.sandbox6 is not None
+        gw6 = self.config.plan.gateway6
+        proxy6 = (
+            f"[{gw6}]:{self.config.proxy_port}"
+            if self.config.proxy_port is not None and gw6 is not None
+            else None
+        )
         keep = {set_name(addrs.index, r) for r in policy.name_rules}
+        if v6:
+            keep |= {set_name6(addrs.index, r) for r in policy.name_rules}
         if policy.limits.max_connections is not None:
-            keep.add(f"cc{addrs.index}")
+            keep.add(f"cl{addrs.index}" if v6 else f"cc{addrs.index}")
         injecting = injects(policy, proxy)
         if injecting:
             keep.add(inject_set(addrs.index))
+            if v6:
+                keep.add(f"{inject_set(addrs.index)}_6")
         known = self._index_sets.get(addrs.index)
         stale = (set(self._sets(addrs.index)) if known is None else known) - keep
         self._generation = self._generation % GENERATIONS + 1
@@ -257,6 +288,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             policy,
             generation=self._generation,
             proxy=proxy,
+            proxy6=proxy6,
             log_group=self.config.log_group,
         )
         script += "".join(f"delete set inet {self.config.table} {s}\n" for s in sorted(stale))
@@ -329,7 +361,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         except ValueError:
             return None
         for sandbox_id, entry in self._sandboxes.items():
-            if entry.addrs.sandbox == ip:
+            if ip in (entry.addrs.sandbox, entry.addrs.sandbox6):
                 return sandbox_id, entry.policy
         return None
 
@@ -340,8 +372,9 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         addresses: Sequence[tuple[Address, float]],
     ) -> int:
         """Open ``addresses`` (each with its TTL in seconds, clamped to 1..86400) for the
-        name rule ``rule`` of the sandbox's current policy, until the TTL runs out. IPv6
-        addresses are skipped (sandboxes have IPv4 egress only). Returns how many were added.
+        name rule ``rule`` of the sandbox's current policy, until the TTL runs out (IPv6 ones
+        into the rule's v6 set; skipped when the sandbox has no IPv6). Returns how many were
+        added.
 
         Raises:
             UnknownRule: the sandbox or the rule is not (or no longer) in force.
@@ -357,7 +390,8 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         )
         if entry is None or found is None:
             raise UnknownRule(f"sandbox {sandbox_id!r} has no name rule {text!r} in force")
-        return self._add_timed(set_name(entry.addrs.index, found), addresses)
+        six = set_name6(entry.addrs.index, found) if entry.addrs.sandbox6 is not None else None
+        return self._add_timed(set_name(entry.addrs.index, found), addresses, six)
 
     def add_injected(
         self,
@@ -377,11 +411,16 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
         entry = self._sandboxes.get(sandbox_id)
         if entry is None or not entry.injects:
             raise UnknownRule(f"sandbox {sandbox_id!r} has no injection set in force")
-        return self._add_timed(inject_set(entry.addrs.index), addresses)
+        name = inject_set(entry.addrs.index)
+        six = f"{name}_6" if entry.addrs.sandbox6 is not None else None
+        return self._add_timed(name, addresses, six)
 
-    def _add_timed(self, name: str, addresses: Sequence[tuple[Address, float]]) -> int:
-        """Add IPv4 ``addresses`` to timed set ``name``, each for its TTL (one batch)."""
-        script, added = timed_elements(self.config.table, name, addresses)
+    def _add_timed(
+        self, name: str, addresses: Sequence[tuple[Address, float]], name6: str | None
+    ) -> int:
+        """Add ``addresses`` to timed set ``name`` (IPv6 ones to ``name6``; None: skipped),
+        each for its TTL (one batch)."""
+        script, added = timed_elements(self.config.table, name, addresses, name6)
         if script:
             self.nft.run(script)
         return added
@@ -422,7 +461,7 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
 
     def _sets(self, index: int) -> list[str]:
         names = self._objects().get("set", set())
-        own = (f"cc{index}", inject_set(index))
+        own = (f"cc{index}", f"cl{index}", inject_set(index), f"{inject_set(index)}_6")
         return sorted(n for n in names if n.startswith(f"n{index}_") or n in own)
 
     def _map_keys(self, name: str) -> set[str]:

@@ -1,4 +1,5 @@
-"""Each sandbox's link out of its network namespace: a veth pair, addressed as a /31.
+"""Each sandbox's link out of its network namespace: a veth pair, addressed as a /31 (and a
+/127 when the installation gives IPv6).
 
 The host end is named ``sp<installation id, 6 hex>-<index>`` (at most 15 characters, as the
 kernel wants; the firewall matches an installation's sandboxes by that prefix), the sandbox end
@@ -10,6 +11,14 @@ unprivileged), so it cannot change either.
 The installation's *gateway address* (where the resolver and proxy listen) sits on a veth pair
 of its own kept on the host (``sp<id>g`` / ``sp<id>h``): deleting that link removes the address
 (no dummy interface is needed, which some kernels lack).
+
+IPv6 on a link: the sandbox end gets ``addrgenmode none`` (no link-local address of its own:
+it sends from its /127 address only), the host end keeps its link-local address (the kernel
+sends a neighbour solicitation for a *forwarded* packet only from a link-local address; the
+firewall lets a sandbox reach it for neighbour discovery only); duplicate address detection
+is off on both (``nodad``, ``accept_dad=0``: usable at once, not 1-2 s later, on a link that
+has two ends by construction); the host end accepts no router advertisements.
+Without IPv6 the host end's IPv6 is disabled (no link-local address either).
 
 Work is done by iproute2 (``ip -batch``: one process per side) and tc; these functions block,
 callers run them in a thread. Teardown is ``ip link del`` of the host end (the kernel removes
@@ -29,7 +38,7 @@ from pathlib import Path
 
 from sandpod_lifecycle.network.addressing import SandboxAddresses
 
-__all__ = ["LinkError", "LinkNames", "host_networks"]
+__all__ = ["LinkError", "LinkNames", "host_networks", "host_networks6", "run"]
 
 SANDBOX_IFACE = "eth0"
 OURS = re.compile(r"sp[0-9a-f]{6}[-gh]")  # any installation's links (see LinkNames)
@@ -46,6 +55,11 @@ class LinkError(Exception):
         super().__init__(f"{message}: {detail}" if detail else message)
         self.message = message
         self.detail = detail
+
+
+def run(argv: Sequence[str], stdin: str | None = None) -> str:
+    """Run an iproute2/tc command; its stdout. Raises LinkError."""
+    return _run(argv, stdin)
 
 
 def _run(argv: Sequence[str], stdin: str | None = None) -> str:
@@ -93,8 +107,11 @@ class LinkNames:
 
     # -- the gateway address -------------------------------------------------------------------
 
-    def ensure_gateway(self, gateway: ipaddress.IPv4Address) -> None:
-        """Create the gateway's link with ``gateway``/32 on it (idempotent)."""
+    def ensure_gateway(
+        self, gateway: ipaddress.IPv4Address, gateway6: ipaddress.IPv6Address | None = None
+    ) -> None:
+        """Create the gateway's link with ``gateway``/32 (and ``gateway6``/128) on it
+        (idempotent)."""
         if not _exists(self.gateway):
             _run(
                 [
@@ -109,13 +126,22 @@ class LinkNames:
                     self.gateway_peer,
                 ]
             )
-        _no_ipv6(self.gateway)
         _no_ipv6(self.gateway_peer)
+        if gateway6 is None:
+            _no_ipv6(self.gateway)
+        else:
+            _ipv6_static(self.gateway)
+        v6 = (
+            ()
+            if gateway6 is None
+            else (f"address replace {gateway6}/128 dev {self.gateway} nodad",)
+        )
         _run(
             ["ip", "-batch", "-"],
             stdin="\n".join(
                 (
                     f"address replace {gateway}/32 dev {self.gateway}",
+                    *v6,
                     f"link set {self.gateway} up",
                     f"link set {self.gateway_peer} up",
                 )
@@ -152,17 +178,30 @@ class LinkNames:
                 str(holder_pid),
             ]
         )
-        _no_ipv6(name)
-        _run(
-            ["ip", "-batch", "-"],
-            stdin=(f"address add {addrs.host}/31 dev {name}\nlink set {name} up\n"),
-        )
+        host = [f"address add {addrs.host}/31 dev {name}"]
+        inside = [f"address add {addrs.sandbox}/31 dev {SANDBOX_IFACE}"]
+        route6 = []
+        if addrs.host6 is None or addrs.sandbox6 is None:
+            _no_ipv6(name)
+        else:
+            _ipv6_static(name)
+            host += [f"address add {addrs.host6}/127 dev {name} nodad"]
+            inside += [
+                f"link set {SANDBOX_IFACE} addrgenmode none",
+                f"address add {addrs.sandbox6}/127 dev {SANDBOX_IFACE} nodad",
+            ]
+            route6 = [f"route add ::/0 via {addrs.host6} dev {SANDBOX_IFACE}"]
+        _run(["ip", "-batch", "-"], stdin="\n".join([*host, f"link set {name} up", ""]))
         _run(
             ["nsenter", f"--target={holder_pid}", "--net", "--", "ip", "-batch", "-"],
-            stdin=(
-                f"address add {addrs.sandbox}/31 dev {SANDBOX_IFACE}\n"
-                f"link set {SANDBOX_IFACE} up\n"
-                f"route add default via {addrs.host} dev {SANDBOX_IFACE}\n"
+            stdin="\n".join(
+                [
+                    *inside,
+                    f"link set {SANDBOX_IFACE} up",
+                    f"route add default via {addrs.host} dev {SANDBOX_IFACE}",
+                    *route6,
+                    "",
+                ]
             ),
         )
         return name
@@ -230,6 +269,19 @@ def host_networks() -> list[ipaddress.IPv4Network]:
     return nets
 
 
+def host_networks6() -> list[ipaddress.IPv6Network]:
+    """IPv6 networks this host already routes or holds addresses in (every table)."""
+    nets: list[ipaddress.IPv6Network] = []
+    for item in json.loads(_run(["ip", "-j", "-6", "route", "show", "table", "all"]) or "[]"):
+        if not isinstance(item, dict) or OURS.match(str(item.get("dev", ""))):
+            continue
+        dst = item.get("dst")
+        if isinstance(dst, str) and dst not in ("default", "::/0"):
+            with contextlib.suppress(ValueError):
+                nets.append(ipaddress.IPv6Network(dst, strict=False))
+    return nets
+
+
 def _exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
 
@@ -237,6 +289,16 @@ def _exists(name: str) -> bool:
 def _has_qdisc(tc: list[str], name: str) -> bool:
     out = _run([*tc, "-j", "qdisc", "show", "dev", name, "root"])
     return any(isinstance(q, dict) and q.get("kind") == "tbf" for q in json.loads(out or "[]"))
+
+
+def _ipv6_static(name: str) -> None:
+    """IPv6 on a host end, static only: no router advertisements taken, no duplicate address
+    detection (see the module docstring)."""
+    conf = Path(f"/proc/sys/net/ipv6/conf/{name}")
+    with contextlib.suppress(OSError):
+        (conf / "accept_ra").write_text("0")
+        (conf / "accept_dad").write_text("0")
+        (conf / "disable_ipv6").write_text("0")
 
 
 def _no_ipv6(name: str) -> None:

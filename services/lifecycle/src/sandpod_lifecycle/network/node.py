@@ -8,7 +8,8 @@ firewall's view of sandboxes (source address -> sandbox id and the policy in for
 sandboxes' drop counters (the metric) and the :class:`DenialLog` over the egress's NFLOG group
 (each refused connection's destination; without a group the watch reports counts), and
 (unless ``SANDPOD_NET_PROXY_PORT=off``) the :class:`EgressProxy` on ``(gateway, proxy_port)``
-in its own thread, where the firewall sends name-rule addresses on 80/443 and (any mode) those
+in its own thread (and on the v6 gateway address when sandboxes have IPv6, as the resolver),
+where the firewall sends name-rule addresses on 80/443 and (any mode) those
 the resolver answered for an ``inject`` domain (``FirewallSink.add_injected``): it checks each
 connection's TLS SNI / HTTP Host against the policy and the resolver's record, and injects the
 headers of ``policy.inject`` with secrets from the node's store. Refusals of all three become
@@ -146,9 +147,12 @@ async def start_node_network(
             "network-denied-event",
         )
 
+    listen = [(str(egress.gateway), egress.settings.dns_port)]
+    if egress.gateway6 is not None:  # the v6 port-53 DNAT's target
+        listen.append((str(egress.gateway6), egress.settings.dns_port))
     server = NodeResolver(
         dns if dns is not None else ResolverSettings.from_env(),
-        [(str(egress.gateway), egress.settings.dns_port)],
+        listen,
         lookup=lookup,
         sink=FirewallSink(egress),
         metrics=metrics,
@@ -200,13 +204,18 @@ def _start_proxy(
             lookup=lookup,
             resolved_names=resolved_names,
             on_denied=on_denied,
-            forbidden=HardDenies([egress.settings.pool, *egress.settings.hard_deny]),
+            forbidden=HardDenies(
+                [egress.settings.pool, egress.settings.pool6, *egress.settings.hard_deny]
+            ),
             ca=ca,
             secrets=FileSecretStore(wiring.state_dir / "secrets"),
             metrics=ProxyMetrics(wiring.registry, denied=metrics.denied),
             owner_loop=asyncio.get_running_loop(),
         )
-        thread = ProxyThread(server, [listen(str(egress.gateway), port or 0)])
+        sockets = [listen(str(egress.gateway), port or 0)]
+        if egress.gateway6 is not None:  # name rules' v6 addresses are DNAT'ed here
+            sockets.append(listen(str(egress.gateway6), port or 0))
+        thread = ProxyThread(server, sockets)
         thread.start()
     except (OSError, ValueError, RuntimeError, CaError) as exc:
         log.error("egress_proxy_unavailable", error=str(exc), port=port)

@@ -16,6 +16,15 @@ sandbox hammering a closed port fills neither userspace nor the others' share), 
 it in ``denied_<n>`` (every packet: the exact count) and drops
 it. Every accept marks the connection.
 
+IPv6 (``ipv6=True``, the local runtime when its installation has a v6 range): every rule
+above has its ``ip6`` twin in the same chain -- the spoofed-source check against the
+sandbox's /127, the hard denies (set ``hard6``), v6 CIDRs of ``deny``/``allow``, a second
+timed set per name rule (``<set>_6``, filled with the AAAA answers), ``special6`` in public
+mode -- so a policy whose CIDRs are all IPv4 still refuses all IPv6 but what its names
+resolve to. The connection limit then counts both families together (set ``cl<n>`` keyed by
+the sandbox's interface: ``ip saddr`` would leave v6 connections uncounted). Without it (the
+Pod guard) the chain matches IPv4 only, as before.
+
 The NAT chain ``nat_<n>`` (only with a proxy) sends TCP 80/443 to the egress proxy for the
 addresses of each name-rule set and of the injection set ``j<n>``: the addresses the resolver
 answered this sandbox for a name of its ``inject`` entries, in any mode but deny-all (in
@@ -46,6 +55,7 @@ __all__ = [
     "injects",
     "log_prefix",
     "set_name",
+    "set_name6",
     "timed_elements",
 ]
 
@@ -68,6 +78,11 @@ def set_name(index: int, rule: Rule) -> str:
     return f"n{index}_{hashlib.sha256(rule.text.encode()).hexdigest()[:12]}"
 
 
+def set_name6(index: int, rule: Rule) -> str:
+    """The IPv6 twin of :func:`set_name` (AAAA answers)."""
+    return f"{set_name(index, rule)}_6"
+
+
 def inject_set(index: int) -> str:
     """The injection set of sandbox ``index``: addresses of its ``inject`` domains."""
     return f"j{index}"
@@ -80,30 +95,34 @@ def injects(policy: NetworkPolicy, proxy: str | None) -> bool:
 
 
 def timed_elements(
-    table: str, name: str, addresses: Iterable[tuple[Address, float]]
+    table: str, name: str, addresses: Iterable[tuple[Address, float]], name6: str | None = None
 ) -> tuple[str, int]:
-    """(the batch adding the IPv4 ``addresses`` to timed set ``name``, each for its TTL in
-    seconds clamped to 1..86400, and how many it adds). IPv6 addresses are skipped (sandboxes
-    have IPv4 egress only). Raises ValueError for an address that is not one."""
+    """(the batch adding the IPv4 ``addresses`` to timed set ``name`` and the IPv6 ones to
+    ``name6``, each for its TTL in seconds clamped to 1..86400, and how many it adds). IPv6
+    addresses are skipped when ``name6`` is None (a sandbox with IPv4 egress only). Raises
+    ValueError for an address that is not one."""
     script = ""
     added = 0
     for raw, ttl in addresses:
         ip = ipaddress.ip_address(raw) if isinstance(raw, str) else raw
-        if ip.version != 4:
+        target = name if ip.version == 4 else name6
+        if target is None:
             continue
         seconds = int(min(max(ttl, MIN_TTL), MAX_TTL))
         # add (so it exists), delete, add again: refreshes the timeout of a known address
         script += (
-            f"add element inet {table} {name} {{ {ip} timeout {seconds}s }}\n"
-            f"delete element inet {table} {name} {{ {ip} }}\n"
-            f"add element inet {table} {name} {{ {ip} timeout {seconds}s }}\n"
+            f"add element inet {table} {target} {{ {ip} timeout {seconds}s }}\n"
+            f"delete element inet {table} {target} {{ {ip} }}\n"
+            f"add element inet {table} {target} {{ {ip} timeout {seconds}s }}\n"
         )
         added += 1
     return script, added
 
 
-def elements(nets: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
-    return ", ".join(str(n) for n in nets if n.version == 4)
+def elements(
+    nets: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network], version: int = 4
+) -> str:
+    return ", ".join(str(n) for n in nets if n.version == version)
 
 
 def _ports(rule: Rule) -> str:
@@ -120,28 +139,47 @@ def compile_sandbox(
     *,
     generation: int,
     proxy: str | None = None,
+    proxy6: str | None = None,
     log_group: int | None = None,
 ) -> str:
     """The batch that installs (or replaces) sandbox ``addrs.index``'s chain, its deny chain,
     its name-rule sets, its NAT chain and its map entries in ``table`` (see ``firewall.py``);
     ``proxy`` (``address:port``): where name-rule addresses on 80/443 are DNAT'ed, None:
-    nowhere; ``log_group``: the NFLOG group refusals are logged to, None: not logged."""
+    nowhere; ``proxy6`` (``[address]:port``): the same for their IPv6 addresses (the chain
+    has IPv6 rules when ``addrs`` has a v6 pair); ``log_group``: the NFLOG group refusals are
+    logged to, None: not logged."""
     t, n = table, addrs.index
     chain, nat, deny = f"sbx_{n}", f"nat_{n}", f"deny_{n}"
+    v6 = addrs.sandbox6 is not None
     lines = [f"add chain inet {t} {nat}", f"flush chain inet {t} {nat}"]
     lines += compile_chain(
-        t, n, policy, generation=generation, source=str(addrs.sandbox), log_group=log_group
+        t,
+        n,
+        policy,
+        generation=generation,
+        source=str(addrs.sandbox),
+        log_group=log_group,
+        source6=str(addrs.sandbox6) if v6 else None,
+        ipv6=v6,
     )
     if proxy is not None:
-        proxied = [set_name(n, r) for r in policy.name_rules]
+        proxied = [(set_name(n, r), set_name6(n, r)) for r in policy.name_rules]
         if injects(policy, proxy):
-            lines.append(f"add set inet {t} {inject_set(n)} {{ type ipv4_addr; flags timeout; }}")
-            proxied.append(inject_set(n))
-        for name in proxied:
+            j = inject_set(n)
+            lines.append(f"add set inet {t} {j} {{ type ipv4_addr; flags timeout; }}")
+            if v6:
+                lines.append(f"add set inet {t} {j}_6 {{ type ipv6_addr; flags timeout; }}")
+            proxied.append((j, f"{j}_6"))
+        for name, name6 in proxied:
             lines.append(
                 f"add rule inet {t} {nat} ip daddr @{name} tcp dport "
                 f"{PROXIED_PORTS} dnat ip to {proxy}"
             )
+            if v6 and proxy6 is not None:
+                lines.append(
+                    f"add rule inet {t} {nat} ip6 daddr @{name6} tcp dport "
+                    f"{PROXIED_PORTS} dnat ip6 to {proxy6}"
+                )
     lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump {chain} }}')
     lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
     lines.append(f'add element inet {t} deny {{ "{ifname}" : goto {deny} }}')
@@ -156,12 +194,15 @@ def compile_chain(
     generation: int,
     source: str | None,
     log_group: int | None = None,
+    source6: str | None = None,
+    ipv6: bool = False,
 ) -> list[str]:
     """The commands that (re)fill chain ``sbx_<index>`` of ``table`` from ``policy``, with its
     deny chain ``deny_<index>``, counter ``denied_<index>`` and name-rule sets, in the module
     docstring's order. ``source``: the only address the sandbox may send from (None: no check;
-    a Pod's chain is reached by uid); ``log_group``: as :func:`compile_sandbox`'s. The table
-    needs the sets ``hard4`` and ``special4``."""
+    a Pod's chain is reached by uid); ``log_group``: as :func:`compile_sandbox`'s; ``ipv6``:
+    the IPv6 twins of every rule (``source6``: the only v6 source). The table needs the sets
+    ``hard4`` and ``special4`` (and ``hard6``, ``special6`` with ``ipv6``)."""
     t, n = table, index
     chain, deny = f"sbx_{n}", f"deny_{n}"
     drop = f"goto {deny}"
@@ -179,19 +220,34 @@ def compile_chain(
         )
     lines.append(f"add rule inet {t} {deny} counter name denied_{n} drop")
     for rule in policy.name_rules:
-        s = set_name(n, rule)
-        lines.append(f"add set inet {t} {s} {{ type ipv4_addr; flags timeout; }}")
+        lines.append(f"add set inet {t} {set_name(n, rule)} {{ type ipv4_addr; flags timeout; }}")
+        if ipv6:
+            s6 = set_name6(n, rule)
+            lines.append(f"add set inet {t} {s6} {{ type ipv6_addr; flags timeout; }}")
     head = f"add rule inet {t} {chain}"
     if source is not None:
         lines.append(f"{head} ip saddr != {source} {drop}")  # spoofed
+    if ipv6:
+        # no v6 source of its own: every v6 packet is spoofed (or link-local: ND stays on-link)
+        lines.append(f"{head} ip6 saddr != {source6 or '::'} {drop}")
     lines.append(f"{head} ip daddr @hard4 {drop}")  # counted here too (forward has it)
+    if ipv6:
+        lines.append(f"{head} ip6 daddr @hard6 {drop}")
     lines.append(f"{head} ct state established,related ct mark {generation} accept")
     if (limit := policy.limits.max_connections) is not None:
-        lines.append(f"add set inet {t} cc{n} {{ type ipv4_addr; size 1; flags dynamic; }}")
-        lines.append(f"{head} ct state new add @cc{n} {{ ip saddr ct count over {limit} }} {drop}")
+        if ipv6:  # both families in one count: keyed by the sandbox's interface
+            lines.append(f"add set inet {t} cl{n} {{ type ifname; size 1; flags dynamic; }}")
+            lines.append(
+                f"{head} ct state new add @cl{n} {{ iifname ct count over {limit} }} {drop}"
+            )
+        else:
+            lines.append(f"add set inet {t} cc{n} {{ type ipv4_addr; size 1; flags dynamic; }}")
+            lines.append(
+                f"{head} ct state new add @cc{n} {{ ip saddr ct count over {limit} }} {drop}"
+            )
     if policy.mode is not NetworkMode.DENY_ALL:
         accept = f"ct mark set {generation} accept"
-        lines += _rules(head, n, policy, drop, accept)
+        lines += _rules(head, n, policy, drop, accept, ipv6=ipv6)
     else:
         lines.append(f"{head} {drop}")
     if policy.mode is NetworkMode.ALLOWLIST:  # public ends in accept, deny-all in drop
@@ -199,17 +255,27 @@ def compile_chain(
     return lines
 
 
-def _rules(head: str, n: int, policy: NetworkPolicy, drop: str, accept: str) -> list[str]:
+def _rules(
+    head: str, n: int, policy: NetworkPolicy, drop: str, accept: str, *, ipv6: bool = False
+) -> list[str]:
     lines = []
+    families = {4: "ip", 6: "ip6"} if ipv6 else {4: "ip"}
     for r in policy.deny:
-        if r.network is not None and r.network.version == 4:
-            lines.append(f"{head} ip daddr {r.network} {_ports(r)}{drop}")
+        if r.network is not None and r.network.version in families:
+            lines.append(
+                f"{head} {families[r.network.version]} daddr {r.network} {_ports(r)}{drop}"
+            )
     for r in policy.allow:
-        if r.network is not None and r.network.version == 4:
-            lines.append(f"{head} ip daddr {r.network} {_ports(r)}{accept}")
+        if r.network is not None and r.network.version in families:
+            family = families[r.network.version]
+            lines.append(f"{head} {family} daddr {r.network} {_ports(r)}{accept}")
         elif r.is_name:
             lines.append(f"{head} ip daddr @{set_name(n, r)} {_ports(r)}{accept}")
+            if ipv6:
+                lines.append(f"{head} ip6 daddr @{set_name6(n, r)} {_ports(r)}{accept}")
     if policy.mode is NetworkMode.PUBLIC:
         lines.append(f"{head} ip daddr @special4 {drop}")
+        if ipv6:
+            lines.append(f"{head} ip6 daddr @special6 {drop}")
         lines.append(f"{head} {accept}")
     return lines

@@ -37,6 +37,7 @@ __all__ = [
     "RuntimeTimeout",
     "RuntimeUnavailable",
     "SeccompMode",
+    "SnapshotLayer",
     "VolumeBind",
 ]
 
@@ -152,6 +153,16 @@ class Resources:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotLayer:
+    """One unpacked layer of a snapshot on this node: its files, which part of a sandbox it
+    holds (``rootfs`` or ``workspace``) and the uid (= gid) that owned them when captured."""
+
+    path: Path
+    part: Literal["rootfs", "workspace"]
+    owner: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class VolumeBind:
     """A SandboxVolume in an instance: ``source`` (a host directory, the volume's mounted
     filesystem) bound at ``target`` inside (validated by ``sandpod_contract.volumes``), read-only
@@ -189,6 +200,9 @@ class InstanceSpec:
         seccomp: the sandbox's seccomp filter: ``default``, ``nested`` (nested user namespaces
             allowed) or ``unconfined`` (none); anything but ``default`` is reported in
             ``protections`` (see ``runtime/seccomp.py``).
+        snapshot: a snapshot's layers to restore, bottom first: ``rootfs`` ones stack over
+            ``layers``, ``workspace`` ones become the workspace's lower layers; each is shown
+            read-only with its owner's files as this instance's (see ``runtime/idmap.py``).
     """
 
     sandbox_id: str
@@ -204,6 +218,7 @@ class InstanceSpec:
     egress: bool = False
     seccomp: SeccompMode = "default"
     network: NetworkPolicy | None = None
+    snapshot: tuple[SnapshotLayer, ...] = ()
     volumes: tuple[VolumeBind, ...] = ()  # SandboxVolumes bound into the instance
 
     def __post_init__(self) -> None:

@@ -98,6 +98,9 @@ class HolderLayout:
     tmp_in_upper: bool = False  # /tmp is the writable layer's (else a tmpfs of tmp_bytes)
     layers: tuple[Path, ...] = ()  # stacked over base, bottom first (an image's, a build's)
     userxattr: bool = False  # overlay's own xattrs in user.overlay.* (rootless layered roots)
+    # a restored workspace: read-only layers under ``workspace`` (then its upper), top first
+    workspace_lower: tuple[Path, ...] = ()
+    workspace_work: Path | None = None  # overlayfs scratch of the workspace (with a lower)
     # SandboxVolumes: (host source, mount path inside, read-only), bound last (see holder.sh)
     volumes: tuple[tuple[Path, str, bool], ...] = ()
 
@@ -115,8 +118,19 @@ class HolderLayout:
         sh, unshare = tools["sh"], tools["unshare"]
         if sh is None or unshare is None:  # hostcaps reports these missing as problems
             raise ValueError("the jail needs sh and util-linux's unshare on the host's PATH")
-        for path in (self.base, *self.layers, self.upper, self.work, self.root, self.workspace):
+        ws_extra = (*self.workspace_lower, *([self.workspace_work] if self.workspace_work else []))
+        for path in (
+            self.base,
+            *self.layers,
+            self.upper,
+            self.work,
+            self.root,
+            self.workspace,
+            *ws_extra,
+        ):
             _check_path(path)
+        if self.workspace_lower and self.workspace_work is None:
+            raise ValueError("a workspace with lower layers needs its overlay work directory")
         for source, target, _ in self.volumes:
             _check_path(source)
             _check_path(Path(target))
@@ -172,6 +186,8 @@ class HolderLayout:
             str(self.shm_bytes),
             "1" if self.tmp_in_upper else "0",
             self.overlay_options(),
+            ":".join(str(p) for p in self.workspace_lower),
+            str(self.workspace_work or ""),
             str(len(self.volumes)),
             *(x for s, t, ro in self.volumes for x in (str(s), t, "ro" if ro else "rw")),
             *(str(m) for m in self.masks),

@@ -2,7 +2,7 @@
 # The holder of a sandbox (see holder.py for the whole chain): pid 1 of its namespaces, run by
 # the host's sh as
 #   sh -c <this file> sandpod-holder lower upper work root workspace name tmp_bytes uid gid \
-#     rootless helper seccomp shm_bytes tmp_in_upper overlay_options \
+#     rootless helper seccomp shm_bytes tmp_in_upper overlay_options ws_lower ws_work \
 #     nvolumes [volume_source mount_path ro|rw]... <masked path>...
 # lower is overlayfs' lowerdir: one base directory, or an image's layers (top first, ":"-joined).
 # It builds the sandbox's root with host tools, pivots into it and waits forever, after
@@ -11,7 +11,8 @@
 set -eu
 base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
 rootless=${10} helper=${11} seccomp=${12} shmsize=${13} tmp_in_upper=${14} ovlopts=${15}
-shift 15
+ws_lower=${16} ws_work=${17}
+shift 17
 skipped=
 if ! mount -t overlay overlay \
     -o "nosuid,nodev,${ovlopts:+$ovlopts,}lowerdir=$base,upperdir=$upper,workdir=$work" \
@@ -94,8 +95,14 @@ if [ "$tmp_in_upper" = 0 ]; then  # else /tmp is the upper layer's (on the disk 
   mount -t tmpfs -o "nosuid,nodev,mode=1777,size=$tmpsize" sandpod-tmp "$root/tmp"
 fi
 mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=1m sandpod-run "$root/run"
-mount --bind "$ws" "$root/workspace"
-mount -o remount,bind,nosuid,nodev "$root/workspace"
+if [ -n "$ws_lower" ]; then  # a restored workspace: the snapshot's layers under its own
+  mount -t overlay overlay \
+    -o "nosuid,nodev,${ovlopts:+$ovlopts,}lowerdir=$ws_lower,upperdir=$ws,workdir=$ws_work" \
+    "$root/workspace"
+else
+  mount --bind "$ws" "$root/workspace"
+  mount -o remount,bind,nosuid,nodev "$root/workspace"
+fi
 # nodev: a device node that appears here (the sandbox cannot mknod; root could) opens as
 # nothing; each node bound below keeps the flags of the host's /dev mount, so it still works.
 mount -t tmpfs -o nosuid,nodev,noexec,mode=0755,size=64k sandpod-dev "$root/dev"

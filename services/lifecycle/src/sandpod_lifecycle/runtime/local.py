@@ -8,7 +8,11 @@ freeze it (see ``cgroups.py``). Its traces on the host, all removed by ``destroy
     <state_dir>/<id>/upper/      the writable layer (the unit of snapshots)
     <state_dir>/<id>/work/       overlayfs scratch
     <state_dir>/<id>/root/       the overlay's mount point (mounted only inside the holder)
-    <state_dir>/<id>/workspace/  mounted at /workspace, owned by the sandbox's uid
+    <state_dir>/<id>/workspace/  mounted at /workspace, owned by the sandbox's uid (restored
+                                 from a snapshot: the upper layer over its workspace layers)
+    <state_dir>/<id>/wswork/     overlayfs scratch of a restored workspace
+    <state_dir>/<id>/lowers/<n>/ a restored snapshot's layers, id-mapped (``idmap.py``): mounted
+                                 only while the holder starts, which keeps its own copy
     <state_dir>/<id>/disk.img    with a disk quota (see ``diskquota.py``): the sandbox's own
     <state_dir>/<id>/disk/       filesystem, mounted here; upper/, work/ and workspace/ are
                                  then in disk/ (and /tmp is upper/tmp)
@@ -32,9 +36,9 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 
@@ -42,7 +46,7 @@ from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.subjects import SANDBOX_ID_RE
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.trust import SandboxTrust, write_trust
-from sandpod_lifecycle.runtime import diskquota, hostcaps, seccomp
+from sandpod_lifecycle.runtime import diskquota, hostcaps, idmap, seccomp
 from sandpod_lifecycle.runtime.base import (
     ACTIVE,
     CreateFailed,
@@ -55,6 +59,7 @@ from sandpod_lifecycle.runtime.base import (
     NetworkNotSupported,
     RuntimeTimeout,
     RuntimeUnavailable,
+    SnapshotLayer,
 )
 from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCgroups
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
@@ -68,6 +73,7 @@ from sandpod_service.procs import cgroup_join_file
 __all__ = ["JAIL_FILE", "LocalRuntime", "LocalRuntimeConfig"]
 
 log = structlog.get_logger("sandpod.lifecycle.local")
+T = TypeVar("T")
 
 JAIL_FILE = "jail.json"
 WORKSPACE = "/workspace"
@@ -153,6 +159,7 @@ class LocalRuntime:
                 raise InstanceExists(f"sandbox {sid!r} already has an instance", sandbox_id=sid)
             uid, gid = self._allocate(spec)  # from here on every trace is ours to remove
             try:
+                await self._volumes(spec, uid, gid, chown=caps.root)
                 await self._create(spec, base, plan, caps, uid=uid, gid=gid)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
@@ -201,6 +208,29 @@ class LocalRuntime:
 
     async def resume(self, sandbox_id: str) -> InstanceStatus:
         return await self._freeze(sandbox_id, False)
+
+    async def while_frozen(self, sandbox_id: str, work: Callable[[JailFile], Awaitable[T]]) -> T:
+        """Run ``work(jail record)`` while the instance's processes are frozen (a consistent
+        view of its files: nothing in it can write), then thaw it -- unless it was paused
+        before, which it stays.
+
+        Raises:
+            InstanceNotFound: no running instance. RuntimeTimeout: it would not freeze.
+        """
+        status = await self.inspect(sandbox_id)
+        data = _read_jail(self._dir(sandbox_id) / JAIL_FILE)
+        if not status.running or not isinstance(data, JailFile):
+            raise InstanceNotFound(
+                f"sandbox {sandbox_id!r} has no running instance", sandbox_id=sandbox_id
+            )
+        was_paused = status.paused
+        if not was_paused:
+            await self._freeze(sandbox_id, True)
+        try:
+            return await work(data)
+        finally:
+            if not was_paused:
+                await self._freeze(sandbox_id, False)
 
     async def apply_network(self, sandbox_id: str, policy: NetworkPolicy) -> None:
         """Swap a running instance's egress policy (one nft batch, nothing restarted).
@@ -272,19 +302,9 @@ class LocalRuntime:
         sid, d = spec.sandbox_id, self._dir(spec.sandbox_id)
         disk_bytes, top = await self._disk(spec, d)
         quota = disk_bytes is not None
-        for name, mode in (
-            ("upper", 0o755),
-            ("work", 0o700),
-            ("root", 0o755),
-            ("workspace", 0o755),
-        ):
-            path = (d if name == "root" else top) / name
-            path.mkdir()
-            path.chmod(mode)  # upper's mode is the sandbox's "/": never 0700
-        if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
-            diskquota.mark_opaque(top / "upper" / "tmp")
+        restored = bool(spec.snapshot)
+        _make_dirs(d, top, restored=restored, quota=quota)
         rootless = not caps.root
-        await self._volumes(spec, uid, gid, chown=not rootless)
         trust_env: dict[str, str] = {}
         if self.egress is not None and spec.network is not None:
             _write_resolv_conf(base, top / "upper", str(self.egress.gateway))
@@ -296,6 +316,15 @@ class LocalRuntime:
             os.chown(top / "workspace", uid, gid)
         else:  # a root-owned base's directories cannot be copied up in our user namespace
             _writable_var_tmp(top / "upper")
+        snap_root, snap_ws = await asyncio.to_thread(
+            _mount_snapshot,
+            d,
+            spec,
+            base,
+            uid=uid,
+            rootless=rootless,
+            unshare=caps.tools.get("unshare") or "unshare",
+        )
         cg = plan.for_sandbox(sid)
         record = JailFile(
             sandbox_id=sid,
@@ -327,7 +356,7 @@ class LocalRuntime:
             sandbox_id=sid,
             base=base,
             # stacked over base; without a rootfs the image's bottom layer is the base
-            layers=spec.layers if spec.rootfs is not None else spec.layers[1:],
+            layers=(*(spec.layers if spec.rootfs is not None else spec.layers[1:]), *snap_root),
             userxattr=rootless and bool(spec.layers),
             upper=top / "upper",
             work=top / "work",
@@ -343,12 +372,17 @@ class LocalRuntime:
             seccomp=spec.seccomp,
             helper=seccomp.helper(),
             tmp_in_upper=quota,
+            workspace_lower=tuple(reversed(snap_ws)),
+            workspace_work=top / "wswork" if restored else None,
             volumes=tuple((v.source, v.target, v.read_only) for v in spec.volumes),
         )
         procs = [cgroup_join_file(c) for c in cg.holder_joined]
-        popen, holder, skipped = await launch(
-            layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
-        )
+        try:
+            popen, holder, skipped = await launch(
+                layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
+            )
+        finally:  # the holder's mount namespace keeps its own copies
+            await asyncio.to_thread(_unmount_snapshot, d)
         self._launchers[sid] = popen
         notes = list(caps.notes) if rootless else []
         if skipped:
@@ -361,6 +395,11 @@ class LocalRuntime:
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
         if egress is not None:
             protections["egress"] = egress
+            if self.egress is not None and spec.network is not None:
+                off = self.egress.ipv6_off
+                protections["egress_ipv6"] = ACTIVE if off is None else f"off: {off}"
+                if off is not None:
+                    notes.append(f"IPv4 egress only: {off}")
         protections.update(
             network=ACTIVE,
             rootfs=ACTIVE,
@@ -412,7 +451,12 @@ class LocalRuntime:
                 return "unavailable: rootless: egress refused, the sandbox has loopback only"
             return "off on this node (SANDPOD_NET=off, or its setup failed): loopback only"
         addrs = await self.egress.attach(spec.sandbox_id, holder, spec.network)
-        log.info("jail_network", sandbox_id=spec.sandbox_id, address=str(addrs.sandbox))
+        log.info(
+            "jail_network",
+            sandbox_id=spec.sandbox_id,
+            address=str(addrs.sandbox),
+            address6=str(addrs.sandbox6),
+        )
         return ACTIVE
 
     async def _disk(self, spec: InstanceSpec, d: Path) -> tuple[int | None, Path]:
@@ -519,6 +563,7 @@ class LocalRuntime:
         if popen is not None and await wait_exit(popen, self.config.destroy_timeout):
             del self._launchers[sandbox_id]
         try:  # the sandbox's own filesystem, if any: its processes are gone
+            await asyncio.to_thread(_unmount_snapshot, d)  # a create that crashed half-way
             await asyncio.to_thread(diskquota.detach, d)
         except OSError as exc:
             raise DestroyFailed(f"cannot unmount the disk of {sandbox_id!r}: {exc}") from exc
@@ -556,6 +601,75 @@ async def _kill_holder(data: JailFile, timeout: float, reap: Callable[[], None])
             await asyncio.sleep(0.005)
     finally:
         os.close(fd)
+
+
+def _make_dirs(d: Path, top: Path, *, restored: bool, quota: bool) -> None:
+    """The instance's directories (see the module docstring), with their modes."""
+    for name, mode in (
+        ("upper", 0o755),
+        ("work", 0o700),
+        ("root", 0o755),
+        ("workspace", 0o755),
+        *((("wswork", 0o700),) if restored else ()),
+    ):
+        path = (d if name == "root" else top) / name
+        path.mkdir()
+        path.chmod(mode)  # upper's mode is the sandbox's "/": never 0700
+    if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
+        diskquota.mark_opaque(top / "upper" / "tmp")
+
+
+def _mount_snapshot(
+    d: Path, spec: InstanceSpec, base: Path, *, uid: int, rootless: bool, unshare: str
+) -> tuple[list[Path], list[Path]]:
+    """Mount each layer of ``spec.snapshot`` id-mapped (its owner's files as ``uid``'s) in
+    ``d/lowers``: the (rootfs, workspace) mount points, bottom first.
+
+    Raises:
+        CreateFailed: this instance cannot be restored (rootless, or on the host root).
+    """
+    layers: tuple[SnapshotLayer, ...] = spec.snapshot
+    if not layers:
+        return [], []
+    if rootless:
+        raise CreateFailed(
+            "restoring a snapshot needs id-mapped mounts, which need root: run the "
+            "lifecycle as root",
+            sandbox_id=spec.sandbox_id,
+        )
+    if os.path.realpath(base) == "/":
+        raise CreateFailed(
+            "a sandbox on the host root (template rootfs: /) cannot be restored from a "
+            "snapshot: its layers would lie inside its own base; use a template with an "
+            "image or the default base",
+            sandbox_id=spec.sandbox_id,
+        )
+    lowers = d / "lowers"
+    lowers.mkdir(mode=0o700)
+    namespaces: dict[int, int] = {}
+    rootfs: list[Path] = []
+    workspace: list[Path] = []
+    try:
+        for i, layer in enumerate(layers):
+            if layer.owner not in namespaces:
+                namespaces[layer.owner] = idmap.userns_fd(layer.owner, uid, unshare)
+            target = lowers / str(i)
+            target.mkdir()
+            idmap.mount_idmapped(layer.path, target, namespaces[layer.owner])
+            (rootfs if layer.part == "rootfs" else workspace).append(target)
+    finally:
+        for fd in namespaces.values():
+            os.close(fd)
+    return rootfs, workspace
+
+
+def _unmount_snapshot(d: Path) -> None:
+    """Detach whatever :func:`_mount_snapshot` left mounted (never remove through a mount)."""
+    lowers = d / "lowers"
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(lowers):
+            idmap.detach(Path(entry.path))
+        lowers.rmdir()
 
 
 def _write_resolv_conf(base: Path, upper: Path, nameserver: str) -> None:

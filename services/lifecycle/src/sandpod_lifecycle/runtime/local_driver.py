@@ -35,6 +35,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -58,6 +59,7 @@ from sandpod_lifecycle.runtime.base import (
     NetworkNotSupported,
     Resources,
     RuntimeFailure,
+    SnapshotLayer,
     VolumeBind,
 )
 from sandpod_lifecycle.runtime.images import ImageRoot, image_root, unhealthy
@@ -113,6 +115,25 @@ def _resources(template: SandboxTemplateSpec) -> Resources:
     )
 
 
+class Restored(Protocol):
+    @property
+    def root(self) -> SandboxTemplateSpec: ...
+
+    @property
+    def layers(self) -> tuple[SnapshotLayer, ...]: ...
+
+
+class RestoreSource(Protocol):
+    """Which snapshot a new instance starts from (``sandpod_lifecycle.snapshots.restore``)."""
+
+    async def resolve(
+        self, owner: Owner, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
+    ) -> Restored | None: ...
+
+    def forget(self, sandbox_id: str) -> None:
+        """The instance is gone: drop what was kept to snapshot it again."""
+
+
 class NoDefaultRootfs(CreateFailed):
     """A template names no ``rootfs`` and this service has no usable default base."""
 
@@ -137,8 +158,10 @@ class LocalDriver:
         builds: BuildCache | None = None,
         *,
         always_allowed: Sequence[Rule] = (),
+        restores: RestoreSource | None = None,
     ) -> None:
         self._runtime = runtime
+        self.restores = restores  # set by the service once the store is open
         # the platform's rules in every sandbox's effective policy (SANDPOD_NET_ALWAYS_ALLOW):
         # the same the reconciler's egress step applies, so a new jail starts under it
         self._always_allowed = tuple(always_allowed)
@@ -150,9 +173,15 @@ class LocalDriver:
         self._watched: dict[str, int] = {}  # sandbox id -> pidfd of its holder (on the loop)
         self._on_lost: Callable[[str], None] | None = None
         self._namespaces: dict[str, str] = {}  # sandbox id -> its object's namespace
+        self._owners: dict[str, Owner] = {}  # sandbox id -> its object (namespace, uid)
 
     def protections(self) -> dict[str, str]:
         return dict(self._protections) or {"jail": "active"}
+
+    @property
+    def runtime(self) -> LocalRuntime:
+        """The namespace-jail runtime under this driver (snapshots freeze and read its jails)."""
+        return self._runtime
 
     def on_lost(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(sandbox_id)`` as soon as a running jail's holder exits."""
@@ -217,6 +246,7 @@ class LocalDriver:
     ) -> Instance:
         if owner is not None:
             self._namespaces[sandbox_id] = owner.namespace
+            self._owners[sandbox_id] = owner
         status = await self._runtime.inspect(sandbox_id)
         if status.lost:  # never serve a dead jail (nor replace it: its workspace is its state)
             raise InstanceUnhealthy(
@@ -238,6 +268,16 @@ class LocalDriver:
     async def _create(
         self, sandbox_id: str, spec: SandboxSpec, template: SandboxTemplateSpec
     ) -> InstanceStatus:
+        """A new jail: on the template's image (pulled once per node), else its base; restored
+        from a snapshot, on the base of the template the snapshot was taken on."""
+        restore = None
+        if self.restores is not None:
+            owner = self._owners.get(sandbox_id) or Owner("default", "")
+            restore = await self.restores.resolve(owner, sandbox_id, spec, template)
+        elif spec.snapshot_ref or template.snapshot_ref:
+            raise CreateFailed("this node cannot restore snapshots (the local runtime as root can)")
+        root = template if restore is None else restore.root
+        image = await self._image(sandbox_id, root)
         """A new jail: on the template's image (pulled once per node), else its base."""
         image = await self._image(sandbox_id, template)
         namespace = self._namespaces.get(sandbox_id, "default")
@@ -251,9 +291,10 @@ class LocalDriver:
             seccomp=mode_for(
                 template.security.seccomp, template.security.allow_nested_user_namespaces
             ),
+            snapshot=() if restore is None else restore.layers,
         )
-        if template.build is not None:
-            rootfs, layers, config = self._built(template)
+        if root.build is not None:
+            rootfs, layers, config = self._built(root)
             return await self._runtime.create(
                 dataclasses.replace(
                     instance,
@@ -265,7 +306,7 @@ class LocalDriver:
             )
         if image is None:
             return await self._runtime.create(
-                dataclasses.replace(instance, rootfs=self._base(template))
+                dataclasses.replace(instance, rootfs=self._base(root))
             )
         try:
             return await self._runtime.create(
@@ -411,12 +452,20 @@ class LocalDriver:
         """The namespace of the Sandbox an instance serves (None: not ensured by this run)."""
         return self._namespaces.get(sandbox_id)
 
+    async def stop_serving(self, sandbox_id: str) -> None:
+        """Stop the instance's execd (requests then find no responder, and wake it again);
+        the jail and its processes stay until :meth:`destroy`."""
+        await self._launcher.stop(sandbox_id)
+
     async def destroy(self, sandbox_id: str) -> None:
         self._namespaces.pop(sandbox_id, None)
+        self._owners.pop(sandbox_id, None)
         self._unwatch(sandbox_id)
         await self._launcher.stop(sandbox_id)
         await self._runtime.destroy(sandbox_id)
         await self._release(sandbox_id)  # its image's layers may go at the next prune
+        if self.restores is not None:
+            self.restores.forget(sandbox_id)
 
     async def list(self) -> list[str]:
         return sorted(set(await self._runtime.list()) | set(self._launcher.known()))

@@ -1,0 +1,1 @@
+"""Snapshots of sandboxes (``SandboxSnapshot``): the API, the capture controller, restores."""
