@@ -33,6 +33,7 @@ from sandpod.errors import (
     SandboxError,
     SnapshotFailed,
     SnapshotInUse,
+    SnapshotQuotaExceeded,
 )
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.messages.sandboxes import (
@@ -406,3 +407,60 @@ async def test_snapshots_in_a_real_s3_server(
         await src.close()
     finally:
         server.stop()
+
+
+async def test_snapshot_quotas_per_tenant(platform: Callable[..., Platform]) -> None:  # noqa: F811
+    """With SANDPOD_SNAPSHOT_QUOTA_COUNT=2 a tenant's third snapshot is refused (typed, naming
+    the quota) while another tenant still takes its own; deleting one makes room again."""
+    p = platform(SANDPOD_SNAPSHOT_QUOTA_COUNT="2")
+    await p.answering()
+    bus = await Bus.connect(BusSettings(url=p.url, name="quota"))
+    try:
+        acme, beta = Subjects(p.prefix, tenant="acme"), Subjects(p.prefix, tenant="beta")
+
+        async def sandbox(subjects: Subjects) -> str:
+            obj = {"kind": "Sandbox", "metadata": {"name": "q"}, "spec": {}}
+            await api_call(
+                bus,
+                subjects,
+                "sandboxes",
+                "create",
+                ObjectRequest(object=obj, wait_ready=DEADLINE),
+                ObjectReply,
+                timeout=DEADLINE + 10,
+            )
+            return "q"
+
+        async def snap(subjects: Subjects, name: str) -> ObjectReply:
+            obj = {
+                "kind": "SandboxSnapshot",
+                "metadata": {"name": name},
+                "spec": {"sourceRef": {"name": "q"}},
+            }
+            reply: ObjectReply = await api_call(
+                bus,
+                subjects,
+                "snapshots",
+                "create",
+                ObjectRequest(object=obj, wait_ready=DEADLINE),
+                ObjectReply,
+                timeout=DEADLINE + 10,
+            )
+            return reply
+
+        await sandbox(acme)
+        await sandbox(beta)
+        await snap(acme, "a1")
+        await snap(acme, "a2")
+        with pytest.raises(SnapshotQuotaExceeded) as info:
+            await snap(acme, "a3")
+        assert info.value.details["quota"] == "count" and info.value.details["limit"] == 2
+        await snap(beta, "b1")  # another tenant's quota is its own
+        await api_call(bus, acme, "snapshots", "delete", Ref(name="a1"), ObjectReply)
+        await snap(acme, "a3")
+        for who in (acme, beta):
+            await api_call(
+                bus, who, "sandboxes", "delete", Ref(name="q", wait=30), ObjectReply, timeout=40
+            )
+    finally:
+        await bus.close()

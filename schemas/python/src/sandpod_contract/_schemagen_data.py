@@ -658,6 +658,9 @@ ERRORS: list[errors.SandpodError] = [
         "snapshot s1 failed: the sandbox sbx-1 is not running", snapshot="s1", reason="NotRunning"
     ),
     errors.SnapshotInUse("snapshot s1 is restored by 1 sandbox", snapshot="s1", holders=["sbx-2"]),
+    errors.SnapshotQuotaExceeded(
+        "tenant acme has 20 snapshots, its quota", quota="count", limit=20, used=20
+    ),
     errors.SnapshotUnsupported(
         "the kubernetes runtime does not take snapshots yet", runtime="kubernetes"
     ),

@@ -84,6 +84,7 @@ __all__ = [
     "SnapshotError",
     "SnapshotFailed",
     "SnapshotInUse",
+    "SnapshotQuotaExceeded",
     "SnapshotUnsupported",
     "SpawnFailed",
     "StoreError",
@@ -566,6 +567,14 @@ class SnapshotFailed(SnapshotError):
 class SnapshotInUse(SnapshotError):
     code = "snapshot.in_use"
     summary = "a sandbox or template restores from this snapshot; delete them first"
+
+
+class SnapshotQuotaExceeded(SnapshotError):
+    code = "snapshot.quota_exceeded"
+    summary = (
+        "the tenant's snapshots are at their quota (count or stored bytes); delete some "
+        "(sandpod snapshot rm) or ask the operator to raise SANDPOD_SNAPSHOT_QUOTA_*"
+    )
 
 
 class SnapshotUnsupported(SnapshotError):

@@ -188,6 +188,7 @@ _STATUS: tuple[tuple[str, int], ...] = (
     ("claim.failed", 422),
     ("claim.", 422),
     ("snapshot.in_use", 409),
+    ("snapshot.quota_exceeded", 429),
     ("snapshot.unsupported", 501),
     ("snapshot.", 422),
     ("blob.unavailable", 503),

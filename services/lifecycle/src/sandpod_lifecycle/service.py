@@ -312,6 +312,7 @@ class LifecycleService:
             state_dir=self.settings.state_dir,
             clock=self.clock,
             s3=self.settings.snapshot_s3,
+            quota=self.settings.snapshot_quota,
         )
         self.snapshots = snapshots
         hibernator = (

@@ -59,6 +59,8 @@
 | | | any runtime. A bad entry fails start-up naming it |
 | ``SANDPOD_NET_LOG_GROUP`` | derived | ... first NFLOG group tried for refused connections' |
 | | | destinations (the first free one from there is used); ``off``: counted only |
+| ``SANDPOD_SNAPSHOT_QUOTA_COUNT`` | 0 | snapshots a tenant may keep (0: no limit) |
+| ``SANDPOD_SNAPSHOT_QUOTA_BYTES`` | 0 | bytes a tenant's snapshots may store (``10Gi``; 0: none) |
 | ``SANDPOD_SNAPSHOT_S3_ENDPOINT`` | unset | snapshot layers in this S3-compatible store (with |
 | | | ``_BUCKET``, ``_ACCESS_KEY_ID``...: ``sandpod_blobs.s3``); unset: JetStream's |
 | ``SANDPOD_DEFAULT_ROOTFS`` | unset | local runtime: the prepared default base (a tree made by |
@@ -89,6 +91,7 @@ from sandpod_lifecycle.network.egress import EgressSettings
 from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.runtime.base import MIN_DISK
 from sandpod_lifecycle.runtime.local_driver import parse_quantity
+from sandpod_lifecycle.snapshots.api import SnapshotQuota
 from sandpod_lifecycle.volumes import VolumeLimits
 from sandpod_service import env_bool, env_float, env_int, env_str
 from sandpod_service.env import SettingsError
@@ -144,6 +147,7 @@ class LifecycleSettings:
     always_allow: tuple[Rule, ...] = ()
     # SANDPOD_SNAPSHOT_S3_*: snapshot layers in an S3-compatible store (None: JetStream's)
     snapshot_s3: S3Settings | None = None
+    snapshot_quota: SnapshotQuota = dataclasses.field(default_factory=SnapshotQuota)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LifecycleSettings:
@@ -211,6 +215,10 @@ class LifecycleSettings:
                 if h.strip()
             ),
             build_registry=_build_registry(env),
+            snapshot_quota=SnapshotQuota(
+                count=env_int(env, "SANDPOD_SNAPSHOT_QUOTA_COUNT", 0, minimum=0),
+                bytes=_quantity(env, "SANDPOD_SNAPSHOT_QUOTA_BYTES", 0, 0),
+            ),
             snapshot_s3=(
                 S3Settings.from_env(env) if env.get("SANDPOD_SNAPSHOT_S3_ENDPOINT") else None
             ),

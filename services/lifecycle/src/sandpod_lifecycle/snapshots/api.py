@@ -15,7 +15,12 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sandpod_contract.errors import ResourceNotFound, SnapshotFailed, SnapshotInUse
+from sandpod_contract.errors import (
+    ResourceNotFound,
+    SnapshotFailed,
+    SnapshotInUse,
+    SnapshotQuotaExceeded,
+)
 from sandpod_contract.messages.sandboxes import (
     ObjectReply,
     ObjectRequest,
@@ -25,8 +30,14 @@ from sandpod_contract.messages.sandboxes import (
 )
 from sandpod_contract.reserved import refuse_reserved
 from sandpod_contract.snapshots import SnapshotPhase, SnapshotStatus
+from sandpod_contract.tenancy import TENANT_LABEL
 from sandpod_lifecycle.objects import SANDBOX
-from sandpod_lifecycle.snapshots.objects import SNAPSHOT, dependents, snapshot_from_map
+from sandpod_lifecycle.snapshots.objects import (
+    HIBERNATION_LABEL,
+    SNAPSHOT,
+    dependents,
+    snapshot_from_map,
+)
 from sandpod_service.scoping import (
     scope,
     scoped_name,
@@ -37,7 +48,7 @@ from sandpod_service.scoping import (
 )
 from sandpod_store import Resource, Store
 
-__all__ = ["SnapshotApi"]
+__all__ = ["SnapshotApi", "SnapshotQuota"]
 
 DEFAULT_WAIT = 600.0  # seconds a create waits for the capture when the request names none
 MAX_LIST = 1000
@@ -45,11 +56,27 @@ MAX_LIST = 1000
 Wait = Callable[[Resource, float, Callable[[Resource | None], bool]], Awaitable[Resource]]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotQuota:
+    """Per tenant (per namespace for administrators): how many snapshots, how many stored
+    bytes (their own layers); 0: no limit. Hibernation snapshots do not count."""
+
+    count: int = 0
+    bytes: int = 0
+
+
 class SnapshotApi:
-    def __init__(self, store: Store, wait: Wait, on_deleted: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        wait: Wait,
+        on_deleted: Callable[[], None],
+        quota: SnapshotQuota | None = None,
+    ) -> None:
         self.store = store
         self._wait = wait
         self._on_deleted = on_deleted  # the controller collects layers nothing shares any more
+        self._quota = quota or SnapshotQuota()
 
     async def create(self, req: ObjectRequest) -> ObjectReply:
         refuse_reserved(req.object)
@@ -70,6 +97,7 @@ class SnapshotApi:
         obj, spec = snapshot_from_map(raw)
         ns = obj.metadata.namespace
         source = await self.store.get(SANDBOX, ns, spec.source_ref)  # ResourceNotFound: say so
+        await self._check_quota(ns, obj.metadata.labels.get(TENANT_LABEL))
         obj = dataclasses.replace(obj, status={})
         created = await self.store.create(obj)
         created = await self.store.update_status(
@@ -89,6 +117,41 @@ class SnapshotApi:
                 reason=cond.reason if cond else "",
             )
         return ObjectReply(object=done.to_dict())
+
+    async def _check_quota(self, namespace: str, tenant: str | None) -> None:
+        """Refuse a snapshot past the tenant's quota (the one being taken counts as one).
+
+        Raises:
+            SnapshotQuotaExceeded: naming which quota and its limit.
+        """
+        q = self._quota
+        if not q.count and not q.bytes:
+            return
+        items, _ = await self.store.list(SNAPSHOT, namespace)
+        mine = [
+            o
+            for o in items
+            if o.metadata.labels.get(TENANT_LABEL) == tenant
+            and HIBERNATION_LABEL not in o.metadata.labels
+        ]
+        used = sum(SnapshotStatus.from_dict(o.status).size_bytes for o in mine)
+        who = tenant or f"namespace {namespace}"
+        if q.count and len(mine) >= q.count:
+            raise SnapshotQuotaExceeded(
+                f"{who} has {len(mine)} snapshots, its quota (SANDPOD_SNAPSHOT_QUOTA_COUNT): "
+                "delete some first",
+                quota="count",
+                limit=q.count,
+                used=len(mine),
+            )
+        if q.bytes and used >= q.bytes:
+            raise SnapshotQuotaExceeded(
+                f"{who}'s snapshots store {used} bytes, at its quota of {q.bytes} "
+                "(SANDPOD_SNAPSHOT_QUOTA_BYTES): delete some first",
+                quota="bytes",
+                limit=q.bytes,
+                used=used,
+            )
 
     async def get(self, req: Ref) -> ObjectReply:
         req = scoped_ref(req, SNAPSHOT)

@@ -23,7 +23,7 @@ from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.localsnap import LocalSnapshots
 from sandpod_lifecycle.runtime.snaplayers import LayerStore
-from sandpod_lifecycle.snapshots.api import SnapshotApi, Wait
+from sandpod_lifecycle.snapshots.api import SnapshotApi, SnapshotQuota, Wait
 from sandpod_lifecycle.snapshots.controller import SnapshotController, Templates
 from sandpod_lifecycle.snapshots.restore import Restores
 from sandpod_service.clock import Clock
@@ -62,6 +62,7 @@ async def start_snapshots(
     state_dir: Path,
     clock: Clock,
     s3: S3Settings | None = None,
+    quota: SnapshotQuota | None = None,
 ) -> Snapshots:
     """The snapshot controller and API for this lifecycle (the caller runs ``controller.run``).
     Layers go to the installation's JetStream object store, or to S3 when ``s3`` is given
@@ -91,5 +92,5 @@ async def start_snapshots(
         restores=restores,
         clock=clock,
     )
-    api = SnapshotApi(store, wait, controller.collect_soon)
+    api = SnapshotApi(store, wait, controller.collect_soon, quota)
     return Snapshots(controller, api)
