@@ -30,8 +30,8 @@
 | ``SANDPOD_DISK_DEFAULT`` | ``10Gi`` | local runtime: disk quota of a template naming none |
 | ``SANDPOD_DISK_RESERVE`` | ``2Gi`` | local runtime: free host space a create needs |
 | ``SANDPOD_DISK_PREALLOCATE`` | false | local runtime: reserve each sandbox's disk on the host |
-| ``SANDPOD_VOLUME_MAX_COUNT`` | 100 | SandboxVolumes one tenant may hold (0: none) |
-| ``SANDPOD_VOLUME_MAX_BYTES`` | ``100Gi`` | ... and the sum of their sizes |
+| ``SANDPOD_VOLUME_MAX_COUNT`` | 100 | SandboxVolumes one tenant may hold (0: no limit) |
+| ``SANDPOD_VOLUME_MAX_BYTES`` | ``100Gi`` | ... and the sum of their sizes (0: no limit) |
 | ``SANDPOD_IMAGE_DIR`` | ``<state>/images`` | local runtime: the node's image store |
 | ``SANDPOD_IMAGE_AUTH_FILE`` | Docker's | registry credentials (``config.json`` format) |
 | ``SANDPOD_INSECURE_REGISTRIES`` | none | hosts (comma-separated) pulled over plain HTTP |

@@ -109,7 +109,7 @@ class VolumeLimits:
     (administrators on the global subjects are not limited). Two creates racing past the check
     may each be admitted: the overshoot is bounded by the creates in flight."""
 
-    max_count: int = 100  # SANDPOD_VOLUME_MAX_COUNT
+    max_count: int = 100  # SANDPOD_VOLUME_MAX_COUNT (0: no limit)
     max_bytes: int = 100 << 30  # SANDPOD_VOLUME_MAX_BYTES: the sum of their spec.size
 
 
@@ -201,7 +201,7 @@ class Volumes:
             ("volumes", self.limits.max_count, "SANDPOD_VOLUME_MAX_COUNT", len(own) + 1, "volumes"),
             ("volume_bytes", self.limits.max_bytes, "SANDPOD_VOLUME_MAX_BYTES", total, "bytes"),
         ):
-            if value > limit:
+            if limit and value > limit:  # 0: no limit (as the snapshot quotas)
                 raise VolumeQuotaExceeded(
                     f"tenant {s.tenant!r} would hold {value} {what} of volumes, over its quota "
                     f"of {limit}: delete some, or ask the operator to raise {setting}",
