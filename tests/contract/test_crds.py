@@ -30,6 +30,13 @@ from sandpod_contract.resources import (
     SandboxStatus,
     SandboxTemplateSpec,
 )
+from sandpod_contract.volumes import (
+    MAX_VOLUMES,
+    SandboxVolumeSpec,
+    SandboxVolumeStatus,
+    VolumeMount,
+    VolumePhase,
+)
 
 CRDS = Path(__file__).resolve().parents[2] / "schemas" / "crds"
 
@@ -74,6 +81,7 @@ def test_crds_are_well_formed_with_status_printer_columns_and_short_names() -> N
         ("sandboxtemplates", "sbxt"),
         ("sandboxwarmpools", "sbxpool"),
         ("sandboxclaims", "sbxclaim"),
+        ("sandboxvolumes", "sbxvol"),
     ):
         doc = crd(name)
         assert doc["kind"] == "CustomResourceDefinition"
@@ -264,6 +272,8 @@ KEYWORDS = {
     "minimum",
     "maximum",
     "pattern",
+    "maxItems",
+    "maxLength",
     "format",
     "additionalProperties",
     "x-kubernetes-validations",
@@ -282,10 +292,27 @@ def _stray(schema: Any, path: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "name", ["sandboxes", "sandboxtemplates", "sandboxwarmpools", "sandboxclaims"]
+    "name",
+    ["sandboxes", "sandboxtemplates", "sandboxwarmpools", "sandboxclaims", "sandboxvolumes"],
 )
 def test_crd_schemas_use_only_openapi_keywords(name: str) -> None:
     """No stray keys (a comma in an unquoted YAML flow description once made one, which the
     real API server refused)."""
     version = crd(name)["spec"]["versions"][0]
     assert _stray(version["schema"]["openAPIV3Schema"], name) == []
+
+
+def test_volume_model_mirrors_the_crd() -> None:
+    """SandboxVolumeSpec/Status fields and phases, and spec.volumes entries, match the YAML."""
+    props = schema("sandboxvolumes")
+    assert fields(SandboxVolumeSpec) == set(props["spec"]["properties"])
+    assert fields(SandboxVolumeStatus) == set(props["status"]["properties"])
+    assert props["status"]["properties"]["phase"]["enum"] == [p.value for p in VolumePhase]
+    for kind in ("sandboxes", "sandboxtemplates"):
+        entry = schema(kind)["spec"]["properties"]["volumes"]
+        assert entry["maxItems"] == MAX_VOLUMES
+        assert fields(VolumeMount) == set(entry["items"]["properties"])
+    spec = SandboxVolumeSpec.from_dict({"size": "1Gi", "storageClassName": "fast"})
+    assert SandboxVolumeSpec.from_dict(spec.to_dict()) == spec
+    status = SandboxVolumeStatus(phase=VolumePhase.IN_USE, readers=("a", "b"), used_bytes=7)
+    assert SandboxVolumeStatus.from_dict(status.to_dict()) == status

@@ -464,7 +464,8 @@ def test_subjects_json_lists_the_control_and_node_planes() -> None:
 def test_subjects_json_lists_the_events() -> None:
     """Each event kind names its subject (built by Subjects.event), message, types and stream."""
     doc = _load(SCHEMAS / "subjects.json")
-    sandbox, network = doc["events"]
+    sandbox, network, volume = doc["events"]
+    assert volume["message"] == "event.sandbox" and "claimed" in volume["types"]
     assert sandbox["message"] == "event.sandbox"
     assert network["message"] == "event.network"
     assert set(network["types"]) == {"updated", "denied"}

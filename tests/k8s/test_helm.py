@@ -208,7 +208,7 @@ def test_every_rendered_object_passes_the_api_servers_dry_run(
     docs = render(helm_dir, values, release=unique("r"), namespace=ns)
     for name in [ns, *values.get("sandboxes", {}).get("namespaces", [])]:
         ensure_namespace(kube_apiserver.settings, name)
-    assert len([d for d in docs if d["kind"] == "CustomResourceDefinition"]) == 4
+    assert len([d for d in docs if d["kind"] == "CustomResourceDefinition"]) == 6
     problems, unserved = dry_run(admin, docs)
     assert problems == []
     # The Prometheus Operator's CRDs are not part of this cluster: only the ServiceMonitor is

@@ -62,6 +62,10 @@ NEEDS: dict[str, list[Access]] = {
         ("", "secrets", "patch", ""),  # its renewal (server-side apply)
         ("", "secrets", "delete", ""),
         ("", "events", "create", ""),
+        ("sandpod.dev", "sandboxvolumes", "create", ""),  # the volumes API
+        ("sandpod.dev", "sandboxvolumes", "update", "status"),  # claims
+        ("", "persistentvolumeclaims", "patch", ""),  # a volume's PVC (server-side apply)
+        ("", "persistentvolumeclaims", "delete", ""),
     ],
     "pool": [
         ("sandpod.dev", "sandboxwarmpools", "watch", ""),
@@ -86,6 +90,8 @@ REFUSED: dict[str, list[Access]] = {
         ("", "serviceaccounts", "create", ""),
         ("rbac.authorization.k8s.io", "roles", "create", ""),
         ("", "configmaps", "list", ""),
+        ("", "persistentvolumes", "delete", ""),  # only claims: their volumes are the cluster's
+        ("", "persistentvolumeclaims", "list", ""),
     ],
     "pool": [
         ("", "secrets", "get", ""),

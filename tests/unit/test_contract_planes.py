@@ -36,7 +36,7 @@ def test_planes_hold_the_tables_the_services_serve() -> None:
     assert POOL.operations is POOL_PLANE
     assert NODE.operations is NODE_PLANE
     kinds = {op.family for op in (*CONTROL_PLANE, *POOL_PLANE)}
-    assert kinds == {"sandboxes", "templates", "snapshots", "pools", "claims"}
+    assert kinds == {"sandboxes", "templates", "snapshots", "volumes", "pools", "claims"}
 
 
 def test_plane_subjects_are_what_the_builders_build() -> None:
@@ -59,12 +59,17 @@ def test_plane_subjects_are_what_the_builders_build() -> None:
 
 
 def test_lifecycle_events_are_the_contract_events() -> None:
-    """The lifecycle publishes SandboxEvent and NetworkEvent on the stream the contract names."""
+    """The lifecycle publishes SandboxEvent and NetworkEvent (and SandboxEvents of volumes) on
+    the stream the contract names."""
     from sandpod_lifecycle import events
 
-    sandbox, network = EVENTS
-    assert (sandbox.message, network.message) == (SandboxEvent, NetworkEvent)
-    for stream in (sandbox, network):
+    sandbox, network, volume = EVENTS
+    assert (sandbox.message, network.message, volume.message) == (
+        SandboxEvent,
+        NetworkEvent,
+        SandboxEvent,
+    )
+    for stream in (sandbox, network, volume):
         assert stream.stream.replace("<storage>", "sandpod") == events.STREAM
         subject = stream.subject.replace("<prefix>", "acme").replace("<name>", "demo")
         for event_type in stream.types:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports this mod
     from sandpod.pools import AsyncPools, ClaimInfo, PoolInfo, Pools
     from sandpod.sync import ExecStream, Sandbox
     from sandpod.templates import AsyncTemplates, Template, TemplateInfo, Templates
+    from sandpod.volumes import AsyncVolumes, VolumeInfo, VolumeMount, Volumes
 
 __version__ = "0.1.0"
 
@@ -46,6 +47,7 @@ _LAZY: dict[str, str] = {
     "AsyncPools": "sandpod.pools",
     "AsyncSandbox": "sandpod.aio",
     "AsyncTemplates": "sandpod.templates",
+    "AsyncVolumes": "sandpod.volumes",
     "ClaimInfo": "sandpod.pools",
     "CommandFailed": "sandpod.errors",
     "ExecLost": "sandpod.errors",
@@ -64,6 +66,9 @@ _LAZY: dict[str, str] = {
     "Template": "sandpod.templates",
     "TemplateInfo": "sandpod.templates",
     "Templates": "sandpod.templates",
+    "VolumeInfo": "sandpod.volumes",
+    "VolumeMount": "sandpod.volumes",
+    "Volumes": "sandpod.volumes",
     "errors": "sandpod.errors",
 }
 
@@ -72,6 +77,7 @@ __all__ = [
     "AsyncPools",
     "AsyncSandbox",
     "AsyncTemplates",
+    "AsyncVolumes",
     "ClaimInfo",
     "CommandFailed",
     "ExecLost",
@@ -90,6 +96,9 @@ __all__ = [
     "Template",
     "TemplateInfo",
     "Templates",
+    "VolumeInfo",
+    "VolumeMount",
+    "Volumes",
     "__version__",
     "errors",
 ]

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from sandpod.channel import CONTROL_TIMEOUT, DEFAULT_TIMEOUT, bus_channel
@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # the families are imported on first use: see AsyncSandbox.fs
     from sandpod.pty import AsyncPtys
     from sandpod.session import AsyncSessions
     from sandpod.snapshots import AsyncSnapshots, SnapshotInfo
+    from sandpod.volumes import VolumeMount
     from sandpod.watch import AsyncWatches
 
 __all__ = ["AsyncExecStream", "AsyncSandbox", "Command"]
@@ -247,6 +248,7 @@ class AsyncSandbox:
         network: Mapping[str, Any] | None = None,
         snapshot: str | None = None,
         idle_policy: str | None = None,
+        volumes: Sequence[VolumeMount | str] = (),
         wait: float = 60.0,
         nats_url: str | None = None,
         prefix: str | None = None,
@@ -267,10 +269,13 @@ class AsyncSandbox:
             idle_policy: what ``idle_timeout`` means: ``"Delete"`` or ``"Hibernate"`` (its
                 files kept, processes stopped, memory freed; the next call wakes it and is
                 answered once it runs again); default: the template's.
+            volumes: SandboxVolumes to mount: ``VolumeMount("data", "/data", read_only=True)``
+                or ``"data:/data:ro"`` (see :mod:`sandpod.volumes`).
             wait: seconds to wait for Ready.
 
         Raises:
-            ResourceInvalid: bad arguments or unknown template.
+            ResourceInvalid: bad arguments or unknown template or volume.
+            VolumeInUse: a volume is held by another sandbox (named) in a conflicting mode.
             SandboxError: the sandbox failed to start (the reason is in the message), or no
                 lifecycle service answers.
         """
@@ -287,6 +292,7 @@ class AsyncSandbox:
                 network=network,
                 snapshot=snapshot,
                 idle_policy=idle_policy,
+                volumes=volumes,
             )
             info = await create_sandbox(sbx.bus, sbx.subjects, obj, wait=wait)
         except BaseException:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sandpod_bus import Bus, Inbound, NoResponders
@@ -110,8 +110,10 @@ def create_object(
     network: Mapping[str, Any] | None = None,
     snapshot: str | None = None,
     idle_policy: str | None = None,
+    volumes: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
-    """The Sandbox object for a create request. Raises BadRequest for a reserved
+    r"""The Sandbox object for a create request (``volumes``: ``VolumeMount``\s or
+    ``name:/path[:ro]`` strings, see :mod:`sandpod.volumes`). Raises BadRequest for a reserved
     (``sandpod.dev/``) label, as lifecycle would; ResourceInvalid naming the field for a bad
     ``network`` policy (``spec.network.allow[0]``)."""
     refuse_reserved({"metadata": {"labels": dict(labels or {})}})
@@ -132,6 +134,10 @@ def create_object(
         from sandpod_contract.network import NetworkPolicy  # lazy: not on the exec path
 
         spec["network"] = NetworkPolicy.from_dict(dict(network), "spec.network").to_dict()
+    if volumes:
+        from sandpod.volumes import mount_specs  # lazy: not on the exec path
+
+        spec["volumes"] = mount_specs(volumes)
     meta: dict[str, Any] = {"labels": dict(labels or {})}
     if name:
         meta["name"] = name

@@ -6,8 +6,8 @@ Each method runs its async twin on the SDK's private loop thread (:mod:`sandpod.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator, Mapping
-from typing import Any, Self
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 from sandpod._loop import run
 from sandpod._twins import iterate, twin
@@ -27,6 +27,9 @@ from sandpod.snapshots import Snapshots
 from sandpod.watch import Watches
 from sandpod_contract.messages.sandboxes import SandboxEvent
 from sandpod_contract.messages.system import Activity, Info, SandboxMetrics
+
+if TYPE_CHECKING:
+    from sandpod.volumes import VolumeMount
 
 __all__ = ["ExecStream", "Sandbox"]
 
@@ -93,6 +96,7 @@ class Sandbox:
         network: Mapping[str, Any] | None = None,
         snapshot: str | None = None,
         idle_policy: str | None = None,
+        volumes: Sequence[VolumeMount | str] = (),
         wait: float = 60.0,
         nats_url: str | None = None,
         prefix: str | None = None,
@@ -111,6 +115,7 @@ class Sandbox:
                     network=network,
                     snapshot=snapshot,
                     idle_policy=idle_policy,
+                    volumes=volumes,
                     wait=wait,
                     nats_url=nats_url,
                     prefix=prefix,

@@ -37,6 +37,7 @@ KINDS: dict[str, KindInfo] = {
         KindInfo("SandboxWarmPool", _GROUP, _VERSION, "sandboxwarmpools"),
         KindInfo("SandboxClaim", _GROUP, _VERSION, "sandboxclaims"),
         KindInfo("SandboxSnapshot", _GROUP, _VERSION, "sandboxsnapshots"),
+        KindInfo("SandboxVolume", _GROUP, _VERSION, "sandboxvolumes"),
     )
 }
 

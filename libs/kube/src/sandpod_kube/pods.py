@@ -338,6 +338,42 @@ class PodApi:
         except ResourceNotFound:
             return
 
+    # -- SandboxVolumes' claims (sandpod_kube.volumes) ------------------------------------------
+
+    async def apply_pvc(self, manifest: Mapping[str, Any]) -> None:
+        """Server-side apply a PersistentVolumeClaim (idempotent)."""
+        await self._apply(
+            "PersistentVolumeClaim", self._core.patch_namespaced_persistent_volume_claim, manifest
+        )
+
+    async def get_pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim as the API server has it; None when there is none."""
+        try:
+            return await self._call(
+                f"get PersistentVolumeClaim {namespace}/{name}",
+                "PersistentVolumeClaim",
+                name,
+                self._core.read_namespaced_persistent_volume_claim,
+                name,
+                namespace,
+            )
+        except ResourceNotFound:
+            return None
+
+    async def delete_pvc(self, namespace: str, name: str) -> None:
+        """Delete the claim (idempotent); its PersistentVolume follows its reclaim policy."""
+        try:
+            await self._call(
+                f"delete PersistentVolumeClaim {namespace}/{name}",
+                "PersistentVolumeClaim",
+                name,
+                self._core.delete_namespaced_persistent_volume_claim,
+                name,
+                namespace,
+            )
+        except ResourceNotFound:
+            return
+
     # -- the network guard's access (sandpod_kube.guardpod) ---------------------------------
 
     async def apply_guard_access(self, manifests: Sequence[Mapping[str, Any]]) -> None:

@@ -107,7 +107,8 @@ class PodSettings:
     Each attribute is read from ``SANDPOD_POD_<NAME>`` (``EXECD_IMAGE``, ``DEFAULT_IMAGE``,
     ``NATS_SECRET``, ``NATS_PORT``, ``NATS_NAMESPACE``, ``NATS_POD_LABELS`` as ``k=v,...``,
     ``NATS_CIDRS`` comma-separated, ``RUN_AS_USER``, ``GRACE`` for grace_seconds, ``BUNDLE_SIZE``,
-    ``START_DEADLINE``, ``IMAGE_PULL_SECRETS`` comma-separated).
+    ``START_DEADLINE``, ``IMAGE_PULL_SECRETS`` comma-separated, ``VOLUME_STORAGE_CLASS``,
+    ``VOLUME_ACCESS_MODE``).
 
     Attributes:
         execd_image: the ``sandpod-execd`` image (the bundle under ``/sandpod-bundle``).
@@ -131,6 +132,10 @@ class PodSettings:
         guard_api_cidrs: where the guard reaches the API server (the ``kubernetes`` Service's
             endpoints; the per-template NetworkPolicy lets Pods reach them, the guard's chain
             keeps the sandbox's uid out).
+        volume_storage_class: the StorageClass of SandboxVolumes' PVCs when the volume names
+            none (None: the cluster's default class).
+        volume_access_mode: the PVCs' access mode (``ReadWriteOnce``: readers of a volume
+            must then share the writer's node; ``ReadWriteMany`` where the class offers it).
     """
 
     execd_image: str = "ghcr.io/sandpod/sandpod-execd:0.1.0"
@@ -151,6 +156,8 @@ class PodSettings:
     guard_image: str = "ghcr.io/sandpod/sandpod-lifecycle:0.1.0"
     guard_dns: tuple[str, ...] = ()
     guard_api_cidrs: tuple[str, ...] = ()
+    volume_storage_class: str | None = None  # SandboxVolumes' PVCs (None: the cluster default)
+    volume_access_mode: str = "ReadWriteOnce"  # readers on other nodes need ReadWriteMany
 
     def __post_init__(self) -> None:
         if self.netguard and not self.guard_dns:
@@ -220,6 +227,8 @@ class PodSettings:
             guard_image=text("GUARD_IMAGE", base.guard_image),
             guard_dns=items("GUARD_DNS"),
             guard_api_cidrs=api_cidrs,
+            volume_storage_class=text("VOLUME_STORAGE_CLASS", "") or None,
+            volume_access_mode=text("VOLUME_ACCESS_MODE", base.volume_access_mode),
         )
 
 
@@ -239,6 +248,8 @@ class SandboxPod:
     disk: str | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     creds_secret: str | None = None  # the Sandbox's own NATS creds Secret (None: shared URL)
+    # SandboxVolumes: (volume name, mount path, read-only), each its PVC (sandpod_kube.volumes)
+    volumes: tuple[tuple[str, str, bool], ...] = ()
 
 
 def creds_secret_name(sandbox: str) -> str:
@@ -370,6 +381,10 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
         spec["imagePullSecrets"] = [{"name": s} for s in settings.image_pull_secrets]
     if pod.creds_secret:
         _mount_creds(spec, pod.creds_secret)
+    if pod.volumes:
+        from sandpod_kube.volumes import mount_volumes  # it renders onto this module's output
+
+        mount_volumes(spec, pod.volumes)
     if settings.netguard:
         from sandpod_kube.guardpod import add_guard  # it renders onto this module's output
 

@@ -614,6 +614,17 @@ ERRORS: list[errors.SandpodError] = [
     ),
     errors.ResourceInvalid("spec.idleTimeoutSeconds must be >= 0", field="spec.idleTimeoutSeconds"),
     errors.ResourceExpired("watch of Sandbox: too old resource version: 5 (812)", kind="Sandbox"),
+    errors.VolumeInUse(
+        "SandboxVolume 'data' is mounted by sbx-a: cannot mount it read-write",
+        name="data",
+        holders="sbx-a",
+    ),
+    errors.VolumeQuotaExceeded(
+        "tenant 'acme' would hold 120Gi of volumes, over its quota of 100Gi",
+        quota="volume_bytes",
+        limit=107374182400,
+        setting="SANDPOD_VOLUME_MAX_BYTES",
+    ),
     errors.ClaimError("claim default/c1 could not be served"),
     errors.PoolNotFound("no SandboxWarmPool 'python' in namespace 'default'", pool="python"),
     errors.ClaimTimeout(

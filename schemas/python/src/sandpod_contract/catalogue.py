@@ -182,6 +182,16 @@ EVENTS: tuple[EventStream, ...] = (
         doc="a sandbox's egress policy applied, and destinations its enforcers refused "
         "(rate-limited); retained 7 days",
     ),
+    EventStream(
+        kind="volume",
+        subject="<prefix>.events.volume.<name>.<type>",
+        message=sandboxes.SandboxEvent,
+        types=sandboxes.VOLUME_EVENT_TYPES,
+        published_by="lifecycle",
+        stream="<storage>-events",
+        doc="a SandboxVolume created, claimed by a sandbox (reason: the sandbox; message: "
+        "read-only or read-write), released, deleted; retained 7 days",
+    ),
 )
 
 _BY_KEY = {(op.family, op.verb): op for op in DATA_PLANE}

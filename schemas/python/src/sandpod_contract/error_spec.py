@@ -242,6 +242,17 @@ DETAILS: Mapping[str, Details] = {
     ),
     "store.invalid": Details(optional={"field": _FIELD}),
     "store.expired": Details(required={"kind": _d("string", "the resource kind")}),
+    "store.quota_exceeded": Details(
+        required={
+            "quota": _d("string", "volumes (their count) or volume_bytes (their sizes' sum)"),
+            "limit": _d("integer", "the quota"),
+            "setting": _d("string", "the setting that raises it"),
+        }
+    ),
+    "store.in_use": Details(
+        required={"name": _d("string", "the volume")},
+        optional={"holders": _d("string", "the sandboxes holding it, comma-separated")},
+    ),
 }
 
 

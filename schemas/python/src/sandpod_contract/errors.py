@@ -92,6 +92,8 @@ __all__ = [
     "TemplateError",
     "UnknownSubject",
     "UnsupportedVersion",
+    "VolumeInUse",
+    "VolumeQuotaExceeded",
     "WatchError",
     "WatchLimit",
     "WatchNotFound",
@@ -659,6 +661,24 @@ class ResourceExpired(StoreError):
     summary = (
         "the revision to watch from is older than the store keeps (compacted); "
         "list again and watch from the list's revision"
+    )
+
+
+class VolumeInUse(StoreError):
+    code = "store.in_use"
+    retryable = True
+    summary = (
+        "the SandboxVolume is mounted by another sandbox (details name the holders); "
+        "delete or wait for them, or mount it read-only"
+    )
+
+
+class VolumeQuotaExceeded(StoreError):
+    code = "store.quota_exceeded"
+    retryable = False
+    summary = (
+        "the tenant's SandboxVolumes would exceed a quota (details: quota, limit, setting); "
+        "delete some or ask the operator to raise the setting"
     )
 
 

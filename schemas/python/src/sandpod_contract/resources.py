@@ -18,6 +18,7 @@ from sandpod_contract.builds import TemplateBuild
 from sandpod_contract.errors import ResourceInvalid
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.times import from_rfc3339
+from sandpod_contract.volumes import VolumeMount
 
 __all__ = [
     "API_VERSION",
@@ -267,6 +268,7 @@ class SandboxSpec:
     network: NetworkPolicy | None = None  # None: the template's (sandpod_contract.network)
     snapshot_ref: str | None = None  # wire: snapshotRef.name, a SandboxSnapshot to start from
     idle_policy: IdlePolicy | None = None  # None: the template's
+    volumes: tuple[VolumeMount, ...] = ()  # SandboxVolumes to mount (sandpod_contract.volumes)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SandboxSpec:
@@ -302,6 +304,7 @@ class SandboxSpec:
                 if raw.get("idlePolicy") is None
                 else _enum("spec.idlePolicy", IdlePolicy, raw["idlePolicy"])
             ),
+            volumes=VolumeMount.parse("spec.volumes", raw.get("volumes")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -323,6 +326,8 @@ class SandboxSpec:
             out["snapshotRef"] = {"name": self.snapshot_ref}
         if self.idle_policy is not None:
             out["idlePolicy"] = str(self.idle_policy)
+        if self.volumes:
+            out["volumes"] = [v.to_dict() for v in self.volumes]
         return out
 
 
@@ -471,6 +476,7 @@ class SandboxTemplateSpec:
     build: TemplateBuild | None = None  # how the template is built (sandpod_contract.builds)
     snapshot_ref: str | None = None  # its sandboxes start from this SandboxSnapshot
     idle_policy: IdlePolicy = IdlePolicy.DELETE  # what its sandboxes' idleness means
+    volumes: tuple[VolumeMount, ...] = ()  # mounted by each of its sandboxes (a Sandbox's win)
 
     @property
     def egress(self) -> tuple[str, ...]:
@@ -512,4 +518,5 @@ class SandboxTemplateSpec:
             build=TemplateBuild.from_dict(raw.get("build")),
             snapshot_ref=_ref("spec.snapshotRef", raw.get("snapshotRef")),
             idle_policy=_enum("spec.idlePolicy", IdlePolicy, raw.get("idlePolicy", "Delete")),
+            volumes=VolumeMount.parse("spec.volumes", raw.get("volumes")),
         )

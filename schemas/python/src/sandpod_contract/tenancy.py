@@ -112,4 +112,13 @@ class Scope:
         if name is None or meta.get("namespace", LIFECYCLE_NAMESPACE) != LIFECYCLE_NAMESPACE:
             return None
         meta.update(name=name, namespace=self.tenant)
-        return {**obj, "metadata": meta}
+        out = {**obj, "metadata": meta}
+        spec = obj.get("spec")
+        if isinstance(spec, dict) and isinstance(spec.get("volumes"), list):  # volume ids too
+            vols = [
+                {**v, "name": self.name_of(str(v.get("name", ""))) or v.get("name")}
+                for v in spec["volumes"]
+                if isinstance(v, dict)
+            ]
+            out["spec"] = {**spec, "volumes": vols}
+        return out

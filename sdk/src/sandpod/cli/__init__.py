@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pool": ("pool_cmd", "warm pools: create, ls, get, scale, rm"),
     "claim": ("pool_cmd", "claim a ready sandbox from a pool"),
     "claims": ("pool_cmd", "list claims"),
+    "volume": ("volume_cmd", "persistent volumes: create, ls, get, rm"),
     "release": ("pool_cmd", "end claims (their sandboxes go)"),
     "cp": ("fs_cmd", "copy a file into or out of a sandbox"),
     "ps": ("proc_cmd", "list a sandbox's background processes"),

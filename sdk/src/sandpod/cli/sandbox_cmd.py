@@ -89,6 +89,14 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--permanent", action="store_true", help="no lifetime at all (explicit)")
     p.add_argument("-l", "--label", action="append", default=[], metavar="K=V")
     p.add_argument("-e", "--env", action="append", default=[], metavar="K=V")
+    p.add_argument(
+        "-v",
+        "--volume",
+        action="append",
+        default=[],
+        metavar="NAME:/PATH[:ro]",
+        help="mount a SandboxVolume (sandpod volume create); :ro read-only",
+    )
     add_output(p)
     p.set_defaults(run=lambda a: run(_create(a)))
 
@@ -147,12 +155,26 @@ async def _create(a: argparse.Namespace) -> int:
         labels=pairs(a.label, "--label"),
         env=pairs(a.env, "--env"),
         snapshot=a.snapshot,
+        volumes=_mounts(a.volume),
         nats_url=a.nats_url,
         prefix=a.prefix,
     )
     async with sbx:
         _print(a.output, [await sbx.describe()])
     return 0
+
+
+def _mounts(texts: list[str]) -> list[str]:
+    """``--volume`` values, checked for shape here (the service validates the rest)."""
+    if texts:
+        from sandpod.volumes import parse_mount  # lazy: only when a volume is named
+
+        for text in texts:
+            try:
+                parse_mount(text)
+            except ValueError as exc:
+                raise SystemExit(f"error: {exc}") from None
+    return texts
 
 
 def _print(fmt: str, items: list[SandboxInfo], *, one: bool = True) -> None:

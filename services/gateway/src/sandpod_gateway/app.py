@@ -33,6 +33,7 @@ from sandpod_gateway.handlers import (
     sandboxes,
     snapshots,
     tickets,
+    volumes,
     ws,
 )
 from sandpod_gateway.middleware import GatewayMiddleware
@@ -113,6 +114,10 @@ def routes(ctx: Context) -> list[BaseRoute]:
         _Route("/v1/claims", pools.claim_create, methods=["POST"]),
         _Route("/v1/claims/{name}", pools.claim_get, methods=["GET"]),
         _Route("/v1/claims/{name}", pools.claim_delete, methods=["DELETE"]),
+        _Route("/v1/volumes", volumes.volume_list, methods=["GET"]),
+        _Route("/v1/volumes", volumes.volume_create, methods=["POST"]),
+        _Route("/v1/volumes/{name}", volumes.volume_get, methods=["GET"]),
+        _Route("/v1/volumes/{name}", volumes.volume_delete, methods=["DELETE"]),
         _Route("/v1/credentials/nats", credentials.nats, methods=["POST"]),
     ]
     if ctx.settings.web_dir.is_dir():

@@ -157,6 +157,8 @@ _STATUS: tuple[tuple[str, int], ...] = (
     ("store.not_found", 404),
     ("store.already_exists", 409),
     ("store.conflict", 409),
+    ("store.in_use", 409),
+    ("store.quota_exceeded", 429),
     ("store.invalid", 422),
     ("store.", 503),
     ("exec.not_found", 404),

@@ -192,6 +192,21 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {"items": {"type": "array", "items": {"$ref": _S + "Pool"}}},
     },
+    "Volume": {
+        "type": "object",
+        "description": "a sandpod.dev/v1alpha1 SandboxVolume; status.writer and status.readers "
+        "are the sandboxes mounting it read-write and read-only",
+        "properties": {"apiVersion": STR, "kind": STR, "metadata": OBJ, "spec": OBJ, "status": OBJ},
+    },
+    "VolumeCreate": {
+        "type": "object",
+        "required": ["name", "size"],
+        "properties": {"name": STR, "size": STR, "storage_class": STR},
+    },
+    "VolumeList": {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"$ref": _S + "Volume"}}},
+    },
     "Claim": {
         "type": "object",
         "description": "a sandpod.dev/v1alpha1 SandboxClaim; "
@@ -685,6 +700,27 @@ def _paths() -> dict[str, Any]:
                 "claims",
                 params=[NAME],
                 reply="Claim",
+            ),
+        },
+        "/v1/volumes": {
+            "get": _op("listVolumes", "the tenant's volumes", "volumes", reply="VolumeList"),
+            "post": _op(
+                "createVolume",
+                "create a persistent volume of a size (its storage is made at once)",
+                "volumes",
+                ok=201,
+                body="VolumeCreate",
+                reply="Volume",
+            ),
+        },
+        "/v1/volumes/{name}": {
+            "get": _op("getVolume", "one volume", "volumes", params=[NAME], reply="Volume"),
+            "delete": _op(
+                "deleteVolume",
+                "delete a volume and its data (409 store.in_use while mounted)",
+                "volumes",
+                params=[NAME],
+                reply="Volume",
             ),
         },
         "/v1/credentials/nats": {

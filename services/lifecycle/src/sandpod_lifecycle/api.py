@@ -1,4 +1,5 @@
-"""The control-plane API (``<prefix>.api.sandboxes.*``, ``<prefix>.api.templates.*``).
+"""The control-plane API (``<prefix>.api.sandboxes.*``, ``<prefix>.api.templates.*``; the
+volumes' ``<prefix>.api.volumes.*`` is :mod:`sandpod_lifecycle.volumes`).
 
 Handlers validate, apply safe defaults and write the store; the reconciler does the rest. Any
 replica can answer any request (queue group): the store's optimistic concurrency keeps them
@@ -9,6 +10,9 @@ No request may set a reserved (``sandpod.dev/``) label or annotation or an owner
 (:mod:`sandpod_contract.reserved`: other services trust them). On a tenant's subject
 (``<prefix>.api.t.<tenant>.…``) every name is the tenant's and the service sets the tenant
 label (:mod:`sandpod_service.scoping`); templates are then read-only.
+
+A Sandbox's volumes (its own ``spec.volumes`` and its template's, resolved into its spec) are
+claimed before it is written and released if the write fails (:class:`Volumes`).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from sandpod_lifecycle.objects import (
     template_from_map,
     with_condition,
 )
+from sandpod_lifecycle.volumes import Volumes, effective_mounts
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.scoping import (
     scope,
@@ -91,8 +96,10 @@ class LifecycleApi:
         *,
         clock: Clock = REAL,
         always_allowed: Sequence[Rule] = (),
+        volumes: Volumes | None = None,
     ) -> None:
         self.store = store
+        self.volumes = volumes or Volumes(store, None)  # SandboxVolumes: claims (volumes.py)
         self.events = events
         self.clock = clock
         self._always_allowed = tuple(always_allowed)  # SANDPOD_NET_ALWAYS_ALLOW
@@ -124,8 +131,19 @@ class LifecycleApi:
             obj, spec = await self._from_snapshot(obj, spec)
         template = await self.template(obj.metadata.namespace, spec.template_ref)
         obj = apply_defaults(obj, spec, template, self.clock.now())
+        mounts = self.volumes.scoped_mounts(effective_mounts(template.volumes, spec.volumes))
+        if mounts:  # the template's resolved in: what the driver binds, and what is released
+            obj = dataclasses.replace(
+                obj, spec={**obj.spec, "volumes": [m.to_dict() for m in mounts]}
+            )
         SandboxSpec.from_dict(obj.spec)  # defaults must still satisfy the schema
-        created = await self.store.create(obj)
+        ns, name = obj.metadata.namespace, obj.metadata.name
+        await self.volumes.claim(ns, name, mounts)
+        try:
+            created = await self.store.create(obj)
+        except BaseException:
+            await self.volumes.release(ns, name, [m.name for m in mounts])
+            raise
         status = with_condition(
             SandboxStatus(
                 phase=Phase.PENDING, shutdown_time=SandboxSpec.from_dict(created.spec).shutdown_time

@@ -66,7 +66,7 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
                 *(sbx, *node_plane, events, INBOX_ALL),
                 *(*kv_owned, *events_stream, *reads),
             ),
-            sub_allow=(*_kinds(s, "sandboxes", "templates", "snapshots"), INBOX_ALL),
+            sub_allow=(*_kinds(s, "sandboxes", "templates", "snapshots", "volumes"), INBOX_ALL),
         ),
         "pool": Permissions(
             pub_allow=(api, sbx, INBOX_ALL, *kv_store),

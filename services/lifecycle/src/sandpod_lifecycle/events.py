@@ -126,6 +126,24 @@ class Events:
         except SandpodError as exc:  # an event lost is logged, never fatal to reconciling
             log.warning("event_publish_failed", subject=subject, error=exc.message)
 
+    async def publish_volume(
+        self, *, name: str, namespace: str, type_: str, phase: str, sandbox: str = "", how: str = ""
+    ) -> None:
+        """``volume.<type_>`` of SandboxVolume ``name`` (``sandbox``: who claimed or released
+        it; ``how``: read-only or read-write)."""
+        if not self._allowed(f"{name}#volume", namespace, f"volume.{type_}"):
+            return
+        event = SandboxEvent(
+            name=name,
+            namespace=namespace,
+            type=type_,
+            phase=phase,
+            reason=sandbox,
+            message=how,
+            time=time.time(),
+        )
+        await self._send(self._subjects.event("volume", name, type_), event)
+
     async def publish_network(
         self,
         *,

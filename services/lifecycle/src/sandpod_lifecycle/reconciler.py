@@ -29,6 +29,7 @@ from sandpod_lifecycle.hibernation import Hibernator
 from sandpod_lifecycle.lifetime import Failures, bound_at
 from sandpod_lifecycle.objects import SANDBOX, TEMPLATE
 from sandpod_lifecycle.steps import Configure, Outcome, Probe, StepConfig, Steps, Templates
+from sandpod_lifecycle.volumes import StaleHolders, Volumes
 from sandpod_service.clock import REAL, Clock
 from sandpod_service.leases import LeaseKeeper
 from sandpod_service.workqueue import WorkQueue
@@ -95,6 +96,7 @@ class Reconciler:
             hibernator=hibernator,
         )
         self._steps = Steps(config, self._failures)
+        self._stale_holders = StaleHolders(Volumes(store, None, events))
         self._resync_now = asyncio.Event()
         self.reconciled = 0  # for tests and metrics
         if isinstance(driver, ReportsLoss):
@@ -209,6 +211,7 @@ class Reconciler:
         for orphan in instances - names - kept:
             log.warning("orphan_instance_destroyed", sandbox=orphan)
             await self.driver.destroy(orphan)
+        await self._stale_holders.sweep(SANDBOX)  # volumes held by Sandboxes that are gone
 
     async def _handle(self, name: str) -> float | None:
         """One pass over ``namespace/name`` for the work queue; seconds until the next (None:

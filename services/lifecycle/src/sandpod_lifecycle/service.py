@@ -7,11 +7,11 @@ per-object leases in a NATS KV bucket (kv), or one leader elected on the Lease
 once, one that loses it stops acting. The ``kubernetes`` runtime needs the ``kube`` store: its
 Pods are owned by the Sandbox objects.
 
-The API subscriptions (``<prefix>.api.sandboxes.*`` and ``.templates.*``, queue group
-``sandpod-lifecycle``) routes by
-``(kind, verb)`` through the contract's control-plane catalogue; the reconciler runs as one task
-owned by the service's supervisor. Stopping leaves instances running (a restarted replica adopts
-them through the driver) and releases this replica's leases so others take over at once.
+The API subscriptions (``<prefix>.api.sandboxes.*``, ``.templates.*`` and ``.volumes.*``,
+queue group ``sandpod-lifecycle``) routes by ``(kind, verb)`` through the contract's
+control-plane catalogue; the reconciler runs as one task owned by the service's supervisor.
+Stopping leaves instances running (a restarted replica adopts them through the driver) and
+releases this replica's leases so others take over at once.
 """
 
 from __future__ import annotations
@@ -65,9 +65,11 @@ from sandpod_lifecycle.runtime.installation import Installation, remove_cgroup_p
 from sandpod_lifecycle.runtime.local import JAIL_FILE, LocalRuntime, LocalRuntimeConfig
 from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.runtime.process import ProcessDriver
+from sandpod_lifecycle.runtime.volumes import LocalVolumeBackend
 from sandpod_lifecycle.settings import LifecycleSettings
 from sandpod_lifecycle.snapshots.wiring import Snapshots, start_snapshots
 from sandpod_lifecycle.steps import Templates
+from sandpod_lifecycle.volumes import VolumeBackend, Volumes
 from sandpod_service import Supervisor
 from sandpod_service.api import ApiServer, Handler
 from sandpod_service.clock import REAL, Clock
@@ -243,6 +245,17 @@ class LifecycleService:
             return driver
         return ProcessDriver(launcher)
 
+    def _volume_backend(self) -> VolumeBackend | None:
+        """Where SandboxVolumes' storage is made: the local runtime's filesystems, Kubernetes'
+        PVCs (None on the process runtime, which has no volumes; see ``runtime/volumes.py``)."""
+        if self._local is not None:
+            return LocalVolumeBackend(self._local[0].volumes)
+        if self._pod_api is not None:
+            from sandpod_lifecycle.runtime.podvolumes import PvcVolumeBackend
+
+            return PvcVolumeBackend(self._pod_api, self.settings.pods)
+        return None
+
     def _auth_file(self) -> AuthFile | None:
         """The registry credentials of the settings, or Docker's default file (None: none).
 
@@ -283,6 +296,8 @@ class LifecycleService:
             store, events, clock=self.clock, always_allowed=self.settings.always_allow
         )
         driver = self._driver(api.template)
+        backend = self._volume_backend()
+        api.volumes = volumes = Volumes(store, backend, events, self.settings.volumes)
         await self._start_egress(events, driver)
         builds = self._builds(bus, store, driver)
         self._template_builds = builds
@@ -340,6 +355,10 @@ class LifecycleService:
             ("templates", "get"): api.template_get,
             ("templates", "list"): api.template_list,
             ("templates", "delete"): api.template_delete,
+            ("volumes", "create"): volumes.create,
+            ("volumes", "get"): volumes.get,
+            ("volumes", "list"): volumes.list,
+            ("volumes", "delete"): volumes.delete,
         }
         routes.update(snapshots.routes())
         self.supervisor.spawn(self.reconciler.run(), name="reconciler")

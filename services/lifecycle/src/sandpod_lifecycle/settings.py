@@ -30,6 +30,8 @@
 | ``SANDPOD_DISK_DEFAULT`` | ``10Gi`` | local runtime: disk quota of a template naming none |
 | ``SANDPOD_DISK_RESERVE`` | ``2Gi`` | local runtime: free host space a create needs |
 | ``SANDPOD_DISK_PREALLOCATE`` | false | local runtime: reserve each sandbox's disk on the host |
+| ``SANDPOD_VOLUME_MAX_COUNT`` | 100 | SandboxVolumes one tenant may hold (0: no limit) |
+| ``SANDPOD_VOLUME_MAX_BYTES`` | ``100Gi`` | ... and the sum of their sizes (0: no limit) |
 | ``SANDPOD_IMAGE_DIR`` | ``<state>/images`` | local runtime: the node's image store |
 | ``SANDPOD_IMAGE_AUTH_FILE`` | Docker's | registry credentials (``config.json`` format) |
 | ``SANDPOD_INSECURE_REGISTRIES`` | none | hosts (comma-separated) pulled over plain HTTP |
@@ -90,6 +92,7 @@ from sandpod_lifecycle.network.proxyconfig import ProxySettings
 from sandpod_lifecycle.runtime.base import MIN_DISK
 from sandpod_lifecycle.runtime.local_driver import parse_quantity
 from sandpod_lifecycle.snapshots.api import SnapshotQuota
+from sandpod_lifecycle.volumes import VolumeLimits
 from sandpod_service import env_bool, env_float, env_int, env_str
 from sandpod_service.env import SettingsError
 
@@ -130,6 +133,7 @@ class LifecycleSettings:
     disk_default: int = 10 << 30  # local runtime: bytes (see runtime/diskquota.py)
     disk_reserve: int = 2 << 30
     disk_preallocate: bool = False
+    volumes: VolumeLimits = dataclasses.field(default_factory=VolumeLimits)  # per tenant
     default_rootfs: Path | None = None  # local runtime: the base of a template naming none
     image_dir: Path | None = None  # local runtime: the node's image store (None: <state>/images)
     image_auth_file: Path | None = None  # registry credentials (Docker config.json format)
@@ -198,6 +202,10 @@ class LifecycleSettings:
             disk_default=_quantity(env, "SANDPOD_DISK_DEFAULT", base.disk_default, MIN_DISK),
             disk_reserve=_quantity(env, "SANDPOD_DISK_RESERVE", base.disk_reserve, 0),
             disk_preallocate=env_bool(env, "SANDPOD_DISK_PREALLOCATE", False),
+            volumes=VolumeLimits(
+                max_count=env_int(env, "SANDPOD_VOLUME_MAX_COUNT", 100, minimum=0),
+                max_bytes=_quantity(env, "SANDPOD_VOLUME_MAX_BYTES", 100 << 30, 0),
+            ),
             default_rootfs=_absolute(env, "SANDPOD_DEFAULT_ROOTFS"),
             image_dir=_absolute(env, "SANDPOD_IMAGE_DIR"),
             image_auth_file=_absolute(env, "SANDPOD_IMAGE_AUTH_FILE"),

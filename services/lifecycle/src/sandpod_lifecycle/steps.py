@@ -63,6 +63,7 @@ from sandpod_lifecycle.lifetime import (
 )
 from sandpod_lifecycle.objects import SANDBOX, same_status, transition, with_condition
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
+from sandpod_lifecycle.volumes import Volumes
 from sandpod_service.clock import Clock
 from sandpod_service.leases import LeaseKeeper
 from sandpod_store import Resource, SandboxView, Store
@@ -247,6 +248,10 @@ class Steps:
             template = await self._templates(view.namespace, view.spec.template_ref)
             started = view.status.phase in (Phase.RUNNING, Phase.PAUSED)
             owner = Owner(view.namespace, view.obj.metadata.uid, started=started)
+            if view.spec.volumes:  # the API claimed them (a no-op again); a Sandbox written to
+                # the store directly (kubectl, a pool) is held to the same rules here
+                volumes = Volumes(self.store, None, self.events)
+                await volumes.claim(view.namespace, view.name, view.spec.volumes)
             instance = await self.driver.ensure(view.name, view.spec, template, owner)
             if not await self._ready_probe(view.name, self._ready_timeout):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
@@ -449,6 +454,10 @@ class Steps:
         if reason is not ConditionReason.DELETED:
             expired = Condition(ConditionType.EXPIRED, "True", reason, msg)
             await self._set(view, Phase.TERMINATED, None, expired)
+        if view.spec.volumes:  # its instance is gone: others may mount them now (before the
+            # object goes, so whoever waits for the object to be gone finds them free)
+            names = [v.name for v in view.spec.volumes]
+            await Volumes(self.store, None, self.events).release(view.namespace, view.name, names)
         with contextlib.suppress(ResourceNotFound):
             await self.store.delete(SANDBOX, view.namespace, view.name)
         await self.events.publish(

@@ -22,6 +22,8 @@ from sandpod_contract.errors import (
     SnapshotInUse,
     SnapshotQuotaExceeded,
     SnapshotUnsupported,
+    VolumeInUse,
+    VolumeQuotaExceeded,
 )
 from sandpod_contract.operations import Operation
 
@@ -30,6 +32,7 @@ __all__ = [
     "NETWORK_EVENT_TYPES",
     "PUBLIC_PORTS_ANNOTATION",
     "SANDBOX_EVENT_TYPES",
+    "VOLUME_EVENT_TYPES",
     "Expose",
     "NetworkEvent",
     "NetworkState",
@@ -240,6 +243,10 @@ SANDBOX_EVENT_TYPES: tuple[str, ...] = (
     "woken",
 )
 
+# The ``type`` of a SandboxVolume's events (a :class:`SandboxEvent`: ``phase`` the volume's,
+# ``reason`` the sandbox that claimed or released it, ``message`` read-only / read-write).
+VOLUME_EVENT_TYPES: tuple[str, ...] = ("created", "claimed", "released", "deleted")
+
 _NOT_FOUND = (ResourceNotFound,)
 _CHANGE = (ResourceNotFound, ResourceConflict)
 
@@ -312,6 +319,24 @@ CONTROL_PLANE: tuple[Operation, ...] = (
     Operation("templates", "get", Ref, ObjectReply, "read a SandboxTemplate", _NOT_FOUND),
     Operation("templates", "list", Selection, ObjectsReply, "list SandboxTemplates"),
     Operation("templates", "delete", Ref, ObjectReply, "delete a SandboxTemplate", _NOT_FOUND),
+    Operation(
+        "volumes",
+        "create",
+        ObjectRequest,
+        ObjectReply,
+        "create a SandboxVolume (its storage is made at once)",
+        (ResourceInvalid, ResourceExists, VolumeQuotaExceeded),
+    ),
+    Operation("volumes", "get", Ref, ObjectReply, "read a SandboxVolume", _NOT_FOUND),
+    Operation("volumes", "list", Selection, ObjectsReply, "list SandboxVolumes"),
+    Operation(
+        "volumes",
+        "delete",
+        Ref,
+        ObjectReply,
+        "delete a SandboxVolume and its data (refused while a sandbox mounts it)",
+        (ResourceNotFound, VolumeInUse),
+    ),
     Operation(
         "snapshots",
         "create",

@@ -38,6 +38,7 @@ __all__ = [
     "RuntimeUnavailable",
     "SeccompMode",
     "SnapshotLayer",
+    "VolumeBind",
 ]
 
 MiB = 1024 * 1024
@@ -161,6 +162,18 @@ class SnapshotLayer:
     owner: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class VolumeBind:
+    """A SandboxVolume in an instance: ``source`` (a host directory, the volume's mounted
+    filesystem) bound at ``target`` inside (validated by ``sandpod_contract.volumes``), read-only
+    or not. A read-write bind hands the volume's files to the instance's uid first."""
+
+    source: Path
+    target: str
+    read_only: bool = False
+    key: tuple[str, str] = ("", "")  # (namespace, name) of the volume: whose files to hand over
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceSpec:
     """What to create.
@@ -206,9 +219,13 @@ class InstanceSpec:
     seccomp: SeccompMode = "default"
     network: NetworkPolicy | None = None
     snapshot: tuple[SnapshotLayer, ...] = ()
+    volumes: tuple[VolumeBind, ...] = ()  # SandboxVolumes bound into the instance
 
     def __post_init__(self) -> None:
         validate_sandbox_id(self.sandbox_id)
+        for vol in self.volumes:
+            if not vol.source.is_absolute() or not vol.target.startswith("/"):
+                raise ValueError(f"a volume bind needs absolute paths, got {vol}")
         if self.seccomp not in ("default", "nested", "unconfined"):
             raise ValueError(f"seccomp must be default, nested or unconfined, got {self.seccomp!r}")
         for name, value in (("uid", self.uid), ("gid", self.gid)):

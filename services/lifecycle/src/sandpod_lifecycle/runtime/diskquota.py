@@ -57,7 +57,15 @@ from pathlib import Path
 
 from sandpod_lifecycle.runtime.base import ACTIVE
 
-__all__ = ["DiskOptions", "DiskQuotaError", "attach", "detach", "mark_opaque", "probe"]
+__all__ = [
+    "DiskOptions",
+    "DiskQuotaError",
+    "attach",
+    "detach",
+    "mark_opaque",
+    "mount_image",
+    "probe",
+]
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -113,18 +121,33 @@ def probe() -> str:
     return ACTIVE
 
 
-def attach(state_dir: Path, sandbox_dir: Path, size: int, options: DiskOptions) -> Path:
+def attach(
+    state_dir: Path, sandbox_dir: Path, size: int, options: DiskOptions, *, durable: bool = False
+) -> Path:
     """Give ``sandbox_dir`` a filesystem of ``size`` bytes mounted at ``sandbox_dir/disk``
     (host mount namespace) and return the mount point. Safe to undo with :func:`detach` at any
-    point of a failure.
+    point of a failure. ``durable``: a filesystem that outlives its sandboxes (a volume): with a
+    journal and write barriers, so a host crash leaves it consistent.
 
     Raises:
         DiskQuotaError: the host is short of space, or the image could not be made or mounted.
     """
     _check_room(state_dir, size, options)
-    template = _template(state_dir, size)
+    template = _template(state_dir, size, durable)
     image, mount_point = sandbox_dir / IMAGE, sandbox_dir / MOUNT
     _copy_sparse(template, image, size, options.preallocate)
+    mount_image(image, mount_point, options, durable=durable)
+    return mount_point
+
+
+def mount_image(
+    image: Path, mount_point: Path, options: DiskOptions, *, durable: bool = False
+) -> None:
+    """Mount the ext4 ``image`` at ``mount_point`` (made if missing) through a loop device.
+
+    Raises:
+        DiskQuotaError: no loop device, or the mount failed.
+    """
     mount_point.mkdir(mode=0o755, exist_ok=True)
     fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
@@ -133,7 +156,8 @@ def attach(state_dir: Path, sandbox_dir: Path, size: int, options: DiskOptions) 
         os.close(fd)  # the loop device holds the file now
     try:
         flags = MS_NOSUID | MS_NODEV | MS_NOATIME
-        data = "noinit_itable,nobarrier" + ("" if options.preallocate else ",discard")
+        data = "noinit_itable" + ("" if durable else ",nobarrier")
+        data += "" if options.preallocate else ",discard"
         if (
             _libc.mount(
                 f"/dev/loop{device[0]}".encode(),
@@ -145,10 +169,9 @@ def attach(state_dir: Path, sandbox_dir: Path, size: int, options: DiskOptions) 
             != 0
         ):
             err = ctypes.get_errno()
-            raise DiskQuotaError(err, f"cannot mount the sandbox's disk: {os.strerror(err)}")
+            raise DiskQuotaError(err, f"cannot mount the disk: {os.strerror(err)}")
     finally:
         os.close(device[1])  # auto-clear: the device frees itself once unmounted and closed
-    return mount_point
 
 
 def detach(sandbox_dir: Path) -> None:
@@ -177,12 +200,12 @@ def _check_room(state_dir: Path, size: int, options: DiskOptions) -> None:
         )
 
 
-def _template(state_dir: Path, size: int) -> Path:
+def _template(state_dir: Path, size: int, journal: bool = False) -> Path:
     """The mkfs'd template image for ``size``, made once (under a lock shared by every driver
     process of this state dir)."""
     templates = state_dir / TEMPLATES
     templates.mkdir(mode=0o700, exist_ok=True)
-    path = templates / f"ext4-{size}.img"
+    path = templates / f"ext4{'j' if journal else ''}-{size}.img"
     if path.exists():
         return path
     with (templates / "lock").open("a") as lock:
@@ -207,7 +230,7 @@ def _template(state_dir: Path, size: int) -> Path:
             "-i",
             "16384",
             "-O",
-            "^has_journal,^resize_inode",
+            "has_journal,^resize_inode" if journal else "^has_journal,^resize_inode",
             "-E",
             "lazy_itable_init=1,nodiscard",
             "-L",

@@ -101,6 +101,8 @@ class HolderLayout:
     # a restored workspace: read-only layers under ``workspace`` (then its upper), top first
     workspace_lower: tuple[Path, ...] = ()
     workspace_work: Path | None = None  # overlayfs scratch of the workspace (with a lower)
+    # SandboxVolumes: (host source, mount path inside, read-only), bound last (see holder.sh)
+    volumes: tuple[tuple[Path, str, bool], ...] = ()
 
     def lowerdir(self) -> str:
         """overlayfs' ``lowerdir``: the top layer first, the base last."""
@@ -129,6 +131,9 @@ class HolderLayout:
             _check_path(path)
         if self.workspace_lower and self.workspace_work is None:
             raise ValueError("a workspace with lower layers needs its overlay work directory")
+        for source, target, _ in self.volumes:
+            _check_path(source)
+            _check_path(Path(target))
         if len(self.lowerdir()) > MAX_LOWERDIR:  # mount(2) takes one page of options
             raise ValueError(
                 f"an image of {len(self.layers)} layers does not fit one overlay mount's "
@@ -183,6 +188,8 @@ class HolderLayout:
             self.overlay_options(),
             ":".join(str(p) for p in self.workspace_lower),
             str(self.workspace_work or ""),
+            str(len(self.volumes)),
+            *(x for s, t, ro in self.volumes for x in (str(s), t, "ro" if ro else "rw")),
             *(str(m) for m in self.masks),
         ]
 

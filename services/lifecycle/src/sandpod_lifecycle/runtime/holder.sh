@@ -3,7 +3,7 @@
 # the host's sh as
 #   sh -c <this file> sandpod-holder lower upper work root workspace name tmp_bytes uid gid \
 #     rootless helper seccomp shm_bytes tmp_in_upper overlay_options ws_lower ws_work \
-#     <masked path>...
+#     nvolumes [volume_source mount_path ro|rw]... <masked path>...
 # lower is overlayfs' lowerdir: one base directory, or an image's layers (top first, ":"-joined).
 # It builds the sandbox's root with host tools, pivots into it and waits forever, after
 # printing "ready <host pid> [skipped dir]..." on stdout. Every value is a positional argument,
@@ -52,6 +52,38 @@ if ! mount -t overlay overlay \
     fi
   done
 fi
+# SandboxVolumes: "$1" triples (host source, mount path, ro|rw) after their count, before the
+# masked paths (the driver refuses a mount path under one). Each component of a mount path is
+# made in the new root without following a symlink of the base (an image could point one at a
+# host directory: we still see the host here); nothing runs in the sandbox yet, so nothing can
+# swap one in between the check and the mount.
+nvol=$1
+shift
+while [ "$nvol" -gt 0 ]; do
+  src=$1 dst=$2 mode=$3
+  shift 3
+  nvol=$((nvol - 1))
+  cur=$root
+  set -f
+  IFS=/
+  for c in $dst; do
+    [ -n "$c" ] || continue
+    cur=$cur/$c
+    if [ -L "$cur" ]; then
+      echo "volume mount path $dst crosses a symlink of the base (/${cur#"$root"/})" >&2
+      exit 1
+    fi
+    [ -d "$cur" ] || mkdir "$cur"
+  done
+  unset IFS
+  set +f
+  mount --bind "$src" "$cur"
+  if [ "$mode" = ro ]; then
+    mount -o remount,bind,ro,nosuid,nodev "$cur"
+  else
+    mount -o remount,bind,nosuid,nodev "$cur"
+  fi
+done
 for m in "$@"; do
   if [ -d "$root$m" ]; then
     mount -t tmpfs -o ro,nosuid,nodev,noexec,size=4k,mode=0755 sandpod-masked "$root$m"

@@ -17,6 +17,7 @@ freeze it (see ``cgroups.py``). Its traces on the host, all removed by ``destroy
     <state_dir>/<id>/disk/       filesystem, mounted here; upper/, work/ and workspace/ are
                                  then in disk/ (and /tmp is upper/tmp)
     <state_dir>/.disk/           one mkfs'd template image per disk size
+    <state_dir>/.volumes/        SandboxVolumes (``volumes.py``): never removed by ``destroy``
     <cgroup hierarchy>/<parent>/<id>/   one per hierarchy used
 
 The jail file (:class:`sandpod_service.jailfile.JailFile`, the one format execd reads too) is
@@ -64,6 +65,7 @@ from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCg
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
 from sandpod_lifecycle.runtime.uids import next_uid
+from sandpod_lifecycle.runtime.volumes import LocalVolumes
 from sandpod_service import jailfile
 from sandpod_service.jailfile import JailDisk, JailFile, JailReservation, JailWorkspace
 from sandpod_service.procs import cgroup_join_file
@@ -133,6 +135,7 @@ class LocalRuntime:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # id -> (lock, users)
         self._launchers: dict[str, subprocess.Popen[bytes]] = {}  # ours to reap
         self._disk_quota: str | None = None  # diskquota.probe(), once
+        self.volumes = LocalVolumes(config.state_dir, config.disk)  # SandboxVolumes' storage
 
     # -- RuntimeDriver -------------------------------------------------------------------------
 
@@ -156,6 +159,7 @@ class LocalRuntime:
                 raise InstanceExists(f"sandbox {sid!r} already has an instance", sandbox_id=sid)
             uid, gid = self._allocate(spec)  # from here on every trace is ours to remove
             try:
+                await self._volumes(spec, uid, gid, chown=caps.root)
                 await self._create(spec, base, plan, caps, uid=uid, gid=gid)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
@@ -370,6 +374,7 @@ class LocalRuntime:
             tmp_in_upper=quota,
             workspace_lower=tuple(reversed(snap_ws)),
             workspace_work=top / "wswork" if restored else None,
+            volumes=tuple((v.source, v.target, v.read_only) for v in spec.volumes),
         )
         procs = [cgroup_join_file(c) for c in cg.holder_joined]
         try:
@@ -418,6 +423,21 @@ class LocalRuntime:
             notes=tuple(notes),
         )
         _write_jail(d / JAIL_FILE, running)
+
+    async def _volumes(self, spec: InstanceSpec, uid: int, gid: int, *, chown: bool) -> None:
+        """Check the volume binds and hand each read-write one's files to the sandbox's uid
+        (see ``volumes.py``; rootless, every sandbox's uid is ours already). Raises ValueError
+        for a bind the sandbox could not see."""
+        for vol in spec.volumes:
+            for mask in (self.config.state_dir, *self.config.mask_paths):
+                target, masked = Path(vol.target), Path(mask)
+                if target == masked or masked in target.parents or target in masked.parents:
+                    raise ValueError(
+                        f"volume mount path {vol.target} overlaps {mask}, which this node masks "
+                        "in every sandbox: choose another mount path"
+                    )
+            if chown and not vol.read_only and vol.key != ("", ""):
+                await asyncio.to_thread(self.volumes.hand_over, *vol.key, uid, gid)
 
     async def _attach(self, spec: InstanceSpec, holder: int) -> str | None:
         """Give the instance its link when it has a policy and this node gives egress. Returns

@@ -60,6 +60,7 @@ from sandpod_lifecycle.runtime.base import (
     Resources,
     RuntimeFailure,
     SnapshotLayer,
+    VolumeBind,
 )
 from sandpod_lifecycle.runtime.images import ImageRoot, image_root, unhealthy
 from sandpod_lifecycle.runtime.local import LocalRuntime
@@ -277,7 +278,11 @@ class LocalDriver:
             raise CreateFailed("this node cannot restore snapshots (the local runtime as root can)")
         root = template if restore is None else restore.root
         image = await self._image(sandbox_id, root)
+        """A new jail: on the template's image (pulled once per node), else its base."""
+        image = await self._image(sandbox_id, template)
+        namespace = self._namespaces.get(sandbox_id, "default")
         instance = InstanceSpec(
+            volumes=await self._volume_binds(namespace, spec),
             sandbox_id=sandbox_id,
             resources=_resources(template),
             env={e.name: e.value for e in (*template.env, *spec.env)},
@@ -317,6 +322,18 @@ class LocalDriver:
         except BaseException:
             await self._release(sandbox_id)
             raise
+
+    async def _volume_binds(self, namespace: str, spec: SandboxSpec) -> tuple[VolumeBind, ...]:
+        """The Sandbox's volumes (the API resolved its template's into ``spec.volumes`` and
+        claimed them) as binds of their filesystems on this node. Raises CreateFailed."""
+        binds = []
+        for vol in spec.volumes:
+            try:
+                source = await asyncio.to_thread(self._runtime.volumes.source, namespace, vol.name)
+            except OSError as exc:
+                raise CreateFailed(f"SandboxVolume {vol.name!r}: {exc}", volume=vol.name) from exc
+            binds.append(VolumeBind(source, vol.mount_path, vol.read_only, (namespace, vol.name)))
+        return tuple(binds)
 
     @property
     def images(self) -> ImageStore | None:

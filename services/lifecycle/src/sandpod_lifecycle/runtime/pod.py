@@ -208,6 +208,7 @@ class PodDriver:
             disk=template.resources.disk,
             env={e.name: e.value for e in (*template.env, *spec.env)},
             creds_secret=creds_secret_name(sandbox_id) if self._creds else None,
+            volumes=tuple((v.name, v.mount_path, v.read_only) for v in spec.volumes),
         )
         try:
             pods = await self._pods(sandbox_id)
