@@ -122,13 +122,13 @@ async def test_concurrent_calls_on_a_hibernated_sandbox_are_all_answered(plat: P
 
 async def test_a_call_arriving_while_it_hibernates_gets_its_answer(plat: Platform) -> None:
     """An exec sent while the sandbox is Hibernating (a 60 MB workspace keeps it there a
-    while) is answered: it waits for the hibernation to end, then for the wake."""
+    while) is answered: by its execd while that drains, or -- once it stopped serving -- after
+    the hibernation ended and the wake (never ExecLost, never a lost request)."""
     sbx = await _create(plat)
     await _sh(sbx, "head -c 60000000 /dev/urandom > /workspace/big && echo y > /workspace/s")
     await _until_phase(sbx, "Hibernating", "Hibernated")
     out = await sbx.exec(["cat", "/workspace/s"])
-    assert out.stdout == "y\n"
-    assert await _phase(sbx) == "Running"
+    assert out.stdout == "y\n"  # answered by the draining execd, or after the wake
     await sbx.kill()
     await sbx.close()
 

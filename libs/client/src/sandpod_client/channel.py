@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 
 from sandpod_bus import Bus, Handler, NoResponders, Subscription
 from sandpod_contract.codec import Message, decode_reply, encode
-from sandpod_contract.errors import SandboxNotFound
+from sandpod_contract.errors import ExecNotFound, SandboxNotFound
 from sandpod_contract.messages.exec import ExecRef, ExecStatus
 from sandpod_contract.subjects import Subjects
 
@@ -31,6 +31,7 @@ __all__ = [
     "Link",
     "NotFound",
     "exec_status",
+    "status_probe",
     "subscribe_inbox",
 ]
 
@@ -81,6 +82,23 @@ class Link(Protocol):
         ...
 
 
+def status_probe(link: Link, exec_id: str) -> Callable[[], Awaitable[ExecStatus | None]]:
+    """The liveness probe of a running exec (see ``liveness.watch``): its status; None (alive)
+    when execd does not know it but the sandbox was woken from hibernation meanwhile -- the
+    request that started it is being sent again to the woken execd."""
+    woke = getattr(link, "wakes", 0)
+
+    async def probe() -> ExecStatus | None:
+        try:
+            return await exec_status(link, exec_id)
+        except ExecNotFound:
+            if getattr(link, "wakes", 0) != woke:
+                return None
+            raise
+
+    return probe
+
+
 async def exec_status(link: Link, exec_id: str, timeout: float = CONTROL_TIMEOUT) -> ExecStatus:
     """``exec.status`` of ``exec_id``: the liveness probe of a one-shot exec."""
     return await link.call("exec", "status", ExecRef(exec_id=exec_id), ExecStatus, timeout)
@@ -117,6 +135,13 @@ class Channel:
     sandbox_id: str
     not_found: NotFound = _not_found
     wake: Wake | None = None
+    _woken: list[int] = dataclasses.field(default_factory=lambda: [0], compare=False, repr=False)
+
+    @property
+    def wakes(self) -> int:
+        """How many times a call found the sandbox hibernated and woke it (liveness probes
+        compare it: an exec unknown after a wake is being sent again, not lost)."""
+        return self._woken[0]
 
     def subject(self, family: str, verb: str) -> str:
         return self.subjects.sandbox(self.sandbox_id, family, verb)
@@ -144,6 +169,7 @@ class Channel:
         except NoResponders as exc:
             if self.wake is None or not await self.wake(self.sandbox_id):
                 raise self.not_found(self.sandbox_id) from exc
+            self._woken[0] += 1
             try:
                 answer = await self.bus.request(subject, data, timeout)
             except NoResponders as again:

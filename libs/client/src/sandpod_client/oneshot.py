@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import uuid
 
-from sandpod_client.channel import CONTROL_TIMEOUT, Link, exec_status
+from sandpod_client.channel import CONTROL_TIMEOUT, Link, status_probe
 from sandpod_client.liveness import PROBE_INTERVAL, watch
 from sandpod_contract.errors import SandpodError
 from sandpod_contract.messages.exec import (
@@ -68,7 +68,7 @@ async def run_oneshot(
     try:
         result = await watch(
             ch.call("exec", "run", req, ExecResult, deadline),
-            lambda: exec_status(ch, exec_id),
+            status_probe(ch, exec_id),
             what=f"exec {exec_id}",
             interval=probe_interval,
         )

@@ -23,7 +23,13 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from sandpod_bus import Inbound, Subscription
-from sandpod_client.channel import CONTROL_TIMEOUT, NO_DEADLINE, Link, exec_status, subscribe_inbox
+from sandpod_client.channel import (
+    CONTROL_TIMEOUT,
+    NO_DEADLINE,
+    Link,
+    status_probe,
+    subscribe_inbox,
+)
 from sandpod_client.liveness import MAX_MISSED, PROBE_INTERVAL, watch
 from sandpod_contract.codec import decode_map, unpack
 from sandpod_contract.errors import (
@@ -316,7 +322,7 @@ class ExecStream:
         try:
             await watch(
                 self._ch.call("exec", "stdin", req, ExecStatus, NO_DEADLINE),
-                lambda: exec_status(self._ch, self.exec_id),
+                status_probe(self._ch, self.exec_id),
                 what=f"a stdin write to exec {self.exec_id}",
                 interval=self.probe_interval,
                 exit_means_lost=False,

@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import dataclasses
 import time
 
@@ -40,6 +42,8 @@ class ExecRegistry:
         # exec id -> raw return code (negative: killed by that signal); None: never exited
         # (spawn failed) or not known.
         self._recent: collections.OrderedDict[str, int | None] = collections.OrderedDict()
+        self._none_running = asyncio.Event()  # set whenever no one-shot exec runs
+        self._none_running.set()
 
     def __contains__(self, exec_id: str) -> bool:
         return exec_id in self.oneshots or exec_id in self.streams or exec_id in self._recent
@@ -53,12 +57,25 @@ class ExecRegistry:
         call without one, e.g. the route's release after the handler, keeps what is known)."""
         self.oneshots.pop(exec_id, None)
         self.streams.pop(exec_id, None)
+        if not self.oneshots:
+            self._none_running.set()
         if returncode is None:
             returncode = self._recent.get(exec_id)
         self._recent[exec_id] = returncode
         self._recent.move_to_end(exec_id)
         while len(self._recent) > RECENT_LIMIT:
             self._recent.popitem(last=False)
+
+    def started(self, exec_id: str) -> None:
+        """A one-shot exec is starting (its process not spawned yet)."""
+        self.oneshots[exec_id] = None
+        self._none_running.clear()
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait until no one-shot exec runs, ``timeout`` seconds at most; whether none does."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._none_running.wait(), timeout)
+        return not self.oneshots
 
     def was_recent(self, exec_id: str) -> bool:
         return exec_id in self._recent

@@ -55,6 +55,8 @@ from sandpod_service import Supervisor
 
 __all__ = ["ExecdService"]
 
+MAX_DRAIN = 60.0  # seconds a release may wait for running commands, whatever it asks
+
 log = structlog.get_logger("sandpod.execd")
 WARM_UP_TIMEOUT = 5.0  # seconds for the throwaway command that warms a new jail
 
@@ -145,11 +147,16 @@ class ExecdService:
             isolation="jail" if sbx.jail else "none",
         )
 
-    async def _release(self, sandbox_id: str) -> None:
-        """Stop serving ``sandbox_id``: unsubscribe, then kill everything it started."""
+    async def _release(self, sandbox_id: str, drain: float = 0.0) -> None:
+        """Stop serving ``sandbox_id``: unsubscribe, let its running one-shot commands finish
+        for up to ``drain`` seconds (their callers get their answers), then kill everything
+        it started."""
         sub = self._subs.pop(sandbox_id, None)
         if sub is not None:
             await sub.stop()
+        sbx = self.sandboxes.get(sandbox_id)
+        if sbx is not None and drain > 0:
+            await sbx.registry.drained(min(drain, MAX_DRAIN))
         sbx = self.sandboxes.pop(sandbox_id, None)
         if sbx is None:
             return
@@ -160,6 +167,12 @@ class ExecdService:
                 proc.kill_tree()
         kill_marked(sandbox_id, sbx.env_workspace)
         log.info("sandbox_released", sandbox_id=sandbox_id)
+
+    async def _drain_release(self, msg: Inbound, release: Release) -> None:
+        await self._release(release.sandbox_id, release.drain)
+        if msg.reply:
+            payload = encode(NodeSandboxes(sandbox_ids=tuple(sorted(self.sandboxes))))
+            await self._respond(msg.reply, payload)
 
     async def _on_node(self, msg: Inbound) -> None:
         """``serve`` / ``release`` / ``list`` from the lifecycle service of this node.
@@ -178,7 +191,12 @@ class ExecdService:
                     self.sandboxes[req.sandbox_id] = sbx
                     await self._serve(sbx)
             elif verb == "release":
-                await self._release(decode(Release, msg.data).sandbox_id)
+                release = decode(Release, msg.data)
+                if release.drain > 0 and self.supervisor.try_spawn(
+                    self._drain_release(msg, release), "node-release"
+                ):
+                    return  # answered once drained: other node requests go on meanwhile
+                await self._release(release.sandbox_id)
             elif verb != "list":
                 raise UnknownSubject(f"no node operation {verb}")
             payload = encode(NodeSandboxes(sandbox_ids=tuple(sorted(self.sandboxes))))

@@ -38,6 +38,9 @@ __all__ = ["FILES_ONLY", "Hibernator"]
 
 log = structlog.get_logger("sandpod.lifecycle.hibernation")
 
+# seconds a command that started just before the hibernation may run on (below the node
+# request's 10 s deadline); one still running then is killed with the instance
+DRAIN = 8.0
 FILES_ONLY = (
     "hibernated: its files are kept in snapshot {name}; its processes were stopped (this node "
     "does not checkpoint processes) and its memory freed; its next use wakes it"
@@ -60,7 +63,7 @@ class Hibernator:
         """
         owner = Owner(view.namespace, view.obj.metadata.uid)
         name = hibernation_name(owner, view.name)
-        await self.driver.stop_serving(view.name)
+        await self.driver.stop_serving(view.name, drain=DRAIN)
         obj = await self._pending(view, name)
         await self.snapshots.capture_now(obj)
         await self.driver.destroy(view.name)

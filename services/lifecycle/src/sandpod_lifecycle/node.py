@@ -85,14 +85,14 @@ class NodeLauncher:
         self._served = set(reply.sandbox_ids)
         return pid
 
-    async def stop(self, sandbox_id: str, grace: float = 5.0) -> None:
+    async def stop(self, sandbox_id: str, grace: float = 5.0, *, drain: float = 0.0) -> None:
+        """Stop serving ``sandbox_id`` (``drain``: let its running commands finish that long)."""
         if self._alive() is None:
             self._served.discard(sandbox_id)
             return
         try:
-            self._served = set(
-                (await self._request("release", Release(sandbox_id=sandbox_id))).sandbox_ids
-            )
+            release = Release(sandbox_id=sandbox_id, drain=drain)
+            self._served = set((await self._request("release", release)).sandbox_ids)
         except SandpodError:
             self._served.discard(sandbox_id)
 

@@ -31,10 +31,13 @@ class Serve(Message):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Release(Message):
-    """``release``: stop serving a sandbox and kill every process it started (idempotent)."""
+    """``release``: stop serving a sandbox and kill every process it started (idempotent).
+    ``drain``: seconds to let commands already running finish first (their callers get their
+    answers; a hibernating sandbox's), new requests finding no responder meanwhile."""
 
     TYPE = "node.release"
     sandbox_id: str  # releasing a sandbox not served is a no-op (the reply lists what is)
+    drain: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -99,7 +99,7 @@ class ExecHandlers:
     def register_run(self, sbx: SandboxContext, req: ExecRequest) -> str:
         """Synchronous part of ``exec.run``: admit and register, so probes find it at once."""
         exec_id = self._admit(sbx, req.exec_id)
-        sbx.registry.oneshots[exec_id] = None
+        sbx.registry.started(exec_id)
         return exec_id
 
     async def run(self, sbx: SandboxContext, req: ExecRequest, exec_id: str) -> ExecResult:

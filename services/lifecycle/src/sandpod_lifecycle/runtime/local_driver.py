@@ -452,10 +452,14 @@ class LocalDriver:
         """The namespace of the Sandbox an instance serves (None: not ensured by this run)."""
         return self._namespaces.get(sandbox_id)
 
-    async def stop_serving(self, sandbox_id: str) -> None:
-        """Stop the instance's execd (requests then find no responder, and wake it again);
-        the jail and its processes stay until :meth:`destroy`."""
-        await self._launcher.stop(sandbox_id)
+    async def stop_serving(self, sandbox_id: str, drain: float = 0.0) -> None:
+        """Stop the instance's execd (requests then find no responder, and wake it again),
+        letting commands already running finish for up to ``drain`` seconds (their callers
+        get their answers); the jail and its processes stay until :meth:`destroy`."""
+        if isinstance(self._launcher, NodeLauncher):
+            await self._launcher.stop(sandbox_id, drain=drain)
+        else:
+            await self._launcher.stop(sandbox_id)
 
     async def destroy(self, sandbox_id: str) -> None:
         self._namespaces.pop(sandbox_id, None)
