@@ -28,6 +28,7 @@ from typing import Protocol, TypeVar
 from sandpod_bus import Bus
 from sandpod_client import CONTROL_TIMEOUT, NO_DEADLINE, REPLY_SLACK, Limits, Link
 from sandpod_client import Channel as WireChannel
+from sandpod_client.channel import hibernated
 from sandpod_contract.codec import Message, decode_reply, encode
 from sandpod_contract.errors import SandboxNotFound
 from sandpod_contract.subjects import Subjects, validate_sandbox_id
@@ -74,7 +75,12 @@ def bus_channel(bus: Bus, subjects: Subjects, sandbox_id: str) -> WireChannel:
         from sandpod_contract.messages.sandboxes import ObjectReply, Ref  # lazy: rare path
         from sandpod_contract.resources import Phase
 
-        try:
+        try:  # a cheap look first: only a hibernated sandbox is worth a (long) wake
+            data = await bus.request(
+                subjects.api("sandboxes", "get"), encode(Ref(name=name)), CONTROL_TIMEOUT
+            )
+            if not hibernated(decode_reply(ObjectReply, data).object):
+                return False
             data = await bus.request(
                 subjects.api("sandboxes", "wake"),
                 encode(Ref(name=name, wait=WAKE_WAIT)),

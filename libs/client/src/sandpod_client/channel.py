@@ -14,13 +14,14 @@ name and no subject.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from sandpod_bus import Bus, Handler, NoResponders, Subscription
 from sandpod_contract.codec import Message, decode_reply, encode
 from sandpod_contract.errors import ExecNotFound, SandboxNotFound
 from sandpod_contract.messages.exec import ExecRef, ExecStatus
+from sandpod_contract.resources import ConditionReason, ConditionType, Phase
 from sandpod_contract.subjects import Subjects
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "Link",
     "NotFound",
     "exec_status",
+    "hibernated",
     "status_probe",
     "subscribe_inbox",
 ]
@@ -80,6 +82,19 @@ class Link(Protocol):
     async def publish(self, family: str, verb: str, msg: Message) -> None:
         """One message with no reply (acks, keepalives)."""
         ...
+
+
+def hibernated(sandbox: Mapping[str, Any]) -> bool:
+    """Whether a Sandbox object (a ``sandboxes.get`` reply) is hibernated, hibernating or
+    being woken: a call that found no execd should wake it and wait, not fail."""
+    status = sandbox.get("status") or {}
+    phase = status.get("phase")
+    if phase in (Phase.HIBERNATED, Phase.HIBERNATING):
+        return True
+    ready: Mapping[str, Any] = next(
+        (c for c in status.get("conditions") or () if c.get("type") == ConditionType.READY), {}
+    )
+    return bool(phase == Phase.PENDING and ready.get("reason") == ConditionReason.WAKING)
 
 
 def status_probe(link: Link, exec_id: str) -> Callable[[], Awaitable[ExecStatus | None]]:

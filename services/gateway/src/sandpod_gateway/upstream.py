@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from sandpod_bus import Bus, NoResponders
 from sandpod_client import Channel
+from sandpod_client.channel import hibernated
 from sandpod_contract.codec import Message, decode_reply, encode
 from sandpod_contract.errors import SandboxUnavailable, SandpodError
 from sandpod_contract.messages.sandboxes import ObjectReply, Ref
@@ -68,7 +69,11 @@ class Upstream:
         async def wake(_: str) -> bool:
             """A hibernated sandbox answers after the lifecycle woke it (on the tenant's
             subject: only its own sandbox can be woken)."""
-            try:
+            ref = Ref(name=sid, namespace=LIFECYCLE_NAMESPACE)
+            try:  # a cheap look first: only a hibernated sandbox is worth a (long) wake
+                got = await self.api("sandboxes", "get", ref, ObjectReply, tenant=scope.tenant)
+                if not hibernated(got.object):
+                    return False
                 woken = await self.api(
                     "sandboxes",
                     "wake",

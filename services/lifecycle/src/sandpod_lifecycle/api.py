@@ -308,7 +308,7 @@ class LifecycleApi:
                 await self.wait(obj, left, _not_hibernating)
                 continue
             if phase is not Phase.HIBERNATED:
-                if phase is Phase.PENDING and left > 0:
+                if _waking(obj) and left > 0:  # another caller woke it: wait for the same
                     obj = await self.wait(obj, left, _settled)
                 return ObjectReply(object=obj.to_dict())
             status = with_condition(
@@ -495,6 +495,14 @@ def _network_applied(obj: Resource | None) -> bool:
         return True
     applied = SandboxStatus.from_dict(obj.status).network
     return applied is not None and applied.observed_generation >= obj.metadata.generation
+
+
+def _waking(obj: Resource) -> bool:
+    """Pending because a wake restores it (not a create, not a lost instance)."""
+    if _phase(obj) is not Phase.PENDING:
+        return False
+    ready = SandboxView.of(obj).condition(ConditionType.READY)
+    return ready is not None and ready.reason == ConditionReason.WAKING
 
 
 def _not_hibernating(obj: Resource | None) -> bool:
