@@ -66,6 +66,8 @@ NEEDS: dict[str, list[Access]] = {
         ("sandpod.dev", "sandboxvolumes", "update", "status"),  # claims
         ("", "persistentvolumeclaims", "patch", ""),  # a volume's PVC (server-side apply)
         ("", "persistentvolumeclaims", "delete", ""),
+        ("sandpod.dev", "sandboxsnapshots", "watch", ""),  # the snapshot controller
+        ("sandpod.dev", "sandboxsnapshots", "update", "status"),  # Failed: Unsupported here
     ],
     "pool": [
         ("sandpod.dev", "sandboxwarmpools", "watch", ""),
@@ -100,6 +102,7 @@ REFUSED: dict[str, list[Access]] = {
         ("networking.k8s.io", "networkpolicies", "create", ""),
         ("sandpod.dev", "sandboxes", "update", "status"),
         ("sandpod.dev", "sandboxtemplates", "create", ""),
+        ("sandpod.dev", "sandboxsnapshots", "list", ""),
     ],
     "gateway": [
         ("sandpod.dev", "sandboxes", "get", ""),
