@@ -114,3 +114,32 @@ async def test_pool_defaults_and_scale_subresource_come_from_the_crd(
     created = await kube.create(_obj("SandboxWarmPool", namespace, {}))
     assert created.spec["replicas"] == 1
     assert created.spec["updateStrategy"] == {"type": "RollingUpdate"}
+
+
+async def test_a_snapshot_round_trips_through_the_api_server(
+    kube: KubeStore, namespace: str
+) -> None:
+    """A SandboxSnapshot and the status the controller writes (layers, sizes, Ready) are
+    accepted and read back as written by the real API server; a layer without a sha256 digest
+    or of an unknown part is refused."""
+    from sandpod_contract.snapshots import LayerRef, SnapshotPhase, SnapshotSpec, SnapshotStatus
+
+    obj = Resource(
+        api_version="sandpod.dev/v1alpha1",
+        kind="SandboxSnapshot",
+        metadata=ObjectMeta(name="snap", namespace=namespace),
+        spec=SnapshotSpec(source_ref="src", ttl_seconds=60, retain_count=3).to_dict(),
+    )
+    created = await kube.create(obj)
+    layer = LayerRef(digest="sha256:" + "a" * 64, size=10, part="workspace", owner=200001)
+    status = SnapshotStatus(
+        phase=SnapshotPhase.READY, parent="p", layers=(layer,), size_bytes=10, total_bytes=10
+    )
+    stored = await kube.update_status(dataclasses.replace(created, status=status.to_dict()))
+    assert SnapshotStatus.from_dict(stored.status) == status
+    assert SnapshotSpec.from_dict(stored.spec).retain_count == 3
+    for bad in ({"digest": "md5:x", "part": "workspace"}, {"digest": layer.digest, "part": "etc"}):
+        with pytest.raises(ResourceInvalid):
+            await kube.update_status(
+                dataclasses.replace(stored, status={**status.to_dict(), "layers": [bad]})
+            )
