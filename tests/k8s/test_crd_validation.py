@@ -11,6 +11,7 @@ import yaml
 
 from k8s.envtest import REPO
 from sandpod_contract.errors import ResourceExpired, ResourceInvalid
+from sandpod_contract.snapshots import LayerRef, SnapshotPhase, SnapshotSpec, SnapshotStatus
 from sandpod_kube import KINDS, KubeStore
 from sandpod_store import ObjectMeta, Resource
 
@@ -122,8 +123,6 @@ async def test_a_snapshot_round_trips_through_the_api_server(
     """A SandboxSnapshot and the status the controller writes (layers, sizes, Ready) are
     accepted and read back as written by the real API server; a layer without a sha256 digest
     or of an unknown part is refused."""
-    from sandpod_contract.snapshots import LayerRef, SnapshotPhase, SnapshotSpec, SnapshotStatus
-
     obj = Resource(
         api_version="sandpod.dev/v1alpha1",
         kind="SandboxSnapshot",
