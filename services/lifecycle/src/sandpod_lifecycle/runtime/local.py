@@ -46,7 +46,7 @@ from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.subjects import SANDBOX_ID_RE
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.trust import SandboxTrust, write_trust
-from sandpod_lifecycle.runtime import diskquota, hostcaps, idmap, seccomp
+from sandpod_lifecycle.runtime import diskquota, hostcaps, seccomp, snapmounts
 from sandpod_lifecycle.runtime.base import (
     ACTIVE,
     CreateFailed,
@@ -59,7 +59,6 @@ from sandpod_lifecycle.runtime.base import (
     NetworkNotSupported,
     RuntimeTimeout,
     RuntimeUnavailable,
-    SnapshotLayer,
 )
 from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCgroups
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
@@ -317,7 +316,7 @@ class LocalRuntime:
         else:  # a root-owned base's directories cannot be copied up in our user namespace
             _writable_var_tmp(top / "upper")
         snap_root, snap_ws = await asyncio.to_thread(
-            _mount_snapshot,
+            snapmounts.mount,
             d,
             spec,
             base,
@@ -382,7 +381,7 @@ class LocalRuntime:
                 layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
             )
         finally:  # the holder's mount namespace keeps its own copies
-            await asyncio.to_thread(_unmount_snapshot, d)
+            await asyncio.to_thread(snapmounts.unmount, d)
         self._launchers[sid] = popen
         notes = list(caps.notes) if rootless else []
         if skipped:
@@ -563,7 +562,7 @@ class LocalRuntime:
         if popen is not None and await wait_exit(popen, self.config.destroy_timeout):
             del self._launchers[sandbox_id]
         try:  # the sandbox's own filesystem, if any: its processes are gone
-            await asyncio.to_thread(_unmount_snapshot, d)  # a create that crashed half-way
+            await asyncio.to_thread(snapmounts.unmount, d)  # a create that crashed half-way
             await asyncio.to_thread(diskquota.detach, d)
         except OSError as exc:
             raise DestroyFailed(f"cannot unmount the disk of {sandbox_id!r}: {exc}") from exc
@@ -617,59 +616,6 @@ def _make_dirs(d: Path, top: Path, *, restored: bool, quota: bool) -> None:
         path.chmod(mode)  # upper's mode is the sandbox's "/": never 0700
     if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
         diskquota.mark_opaque(top / "upper" / "tmp")
-
-
-def _mount_snapshot(
-    d: Path, spec: InstanceSpec, base: Path, *, uid: int, rootless: bool, unshare: str
-) -> tuple[list[Path], list[Path]]:
-    """Mount each layer of ``spec.snapshot`` id-mapped (its owner's files as ``uid``'s) in
-    ``d/lowers``: the (rootfs, workspace) mount points, bottom first.
-
-    Raises:
-        CreateFailed: this instance cannot be restored (rootless, or on the host root).
-    """
-    layers: tuple[SnapshotLayer, ...] = spec.snapshot
-    if not layers:
-        return [], []
-    if rootless:
-        raise CreateFailed(
-            "restoring a snapshot needs id-mapped mounts, which need root: run the "
-            "lifecycle as root",
-            sandbox_id=spec.sandbox_id,
-        )
-    if os.path.realpath(base) == "/":
-        raise CreateFailed(
-            "a sandbox on the host root (template rootfs: /) cannot be restored from a "
-            "snapshot: its layers would lie inside its own base; use a template with an "
-            "image or the default base",
-            sandbox_id=spec.sandbox_id,
-        )
-    lowers = d / "lowers"
-    lowers.mkdir(mode=0o700)
-    namespaces: dict[int, int] = {}
-    rootfs: list[Path] = []
-    workspace: list[Path] = []
-    try:
-        for i, layer in enumerate(layers):
-            if layer.owner not in namespaces:
-                namespaces[layer.owner] = idmap.userns_fd(layer.owner, uid, unshare)
-            target = lowers / str(i)
-            target.mkdir()
-            idmap.mount_idmapped(layer.path, target, namespaces[layer.owner])
-            (rootfs if layer.part == "rootfs" else workspace).append(target)
-    finally:
-        for fd in namespaces.values():
-            os.close(fd)
-    return rootfs, workspace
-
-
-def _unmount_snapshot(d: Path) -> None:
-    """Detach whatever :func:`_mount_snapshot` left mounted (never remove through a mount)."""
-    lowers = d / "lowers"
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(lowers):
-            idmap.detach(Path(entry.path))
-        lowers.rmdir()
 
 
 def _write_resolv_conf(base: Path, upper: Path, nameserver: str) -> None:
