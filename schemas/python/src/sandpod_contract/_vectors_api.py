@@ -210,7 +210,10 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ("full", Serve(sandbox_id="demo", jail="/run/sandpod/jails/demo.json")),
         ("minimal", Serve(sandbox_id="demo")),
     ],
-    "node.release": [("basic", Release(sandbox_id="demo"))],
+    "node.release": [
+        ("full", Release(sandbox_id="demo", drain=8.0)),
+        ("minimal", Release(sandbox_id="demo")),
+    ],
     "node.sandboxes": [
         ("basic", NodeSandboxes(sandbox_ids=("demo", "sbx-7f3a"))),
         ("none", NodeSandboxes(sandbox_ids=())),
