@@ -22,7 +22,7 @@ from sandpod_lifecycle.driver import Driver
 from sandpod_lifecycle.events import Events
 from sandpod_store import SandboxView
 
-__all__ = ["SANDBOX_SOURCE", "TEMPLATE_SOURCE", "apply_egress", "wanted"]
+__all__ = ["SANDBOX_SOURCE", "TEMPLATE_SOURCE", "announce_applied", "apply_egress", "wanted"]
 
 SANDBOX_SOURCE = "sandbox"
 TEMPLATE_SOURCE = "template"
@@ -46,10 +46,13 @@ async def apply_egress(
     *,
     fresh: bool = False,
     always_allowed: Sequence[Rule] = (),
+    announce: bool = True,
 ) -> NetworkStatus | None:
     """The ``status.network`` ``view`` should have, applying the policy first if it changed
     (or, ``fresh``, always: a new instance has nothing applied whatever the status says); None
-    when the current one is right. ``always_allowed``: see :func:`wanted`.
+    when the current one is right. ``always_allowed``: see :func:`wanted`. ``announce=False``:
+    the caller publishes the ``network.updated`` event (:func:`announce_applied`) once it has
+    recorded the status, so a client woken by the event reads what it says.
 
     Raises:
         RuntimeFailure: the runtime could not apply it (the pass is retried).
@@ -62,19 +65,26 @@ async def apply_egress(
             return None
         return dataclasses.replace(current, observed_generation=generation)
     result = await driver.apply_network(view.name, policy)
-    await events.publish_network(
-        name=view.name,
-        namespace=view.namespace,
-        type_="updated",
-        generation=generation,
-        policy=policy.to_dict(),
-        enforced=result.enforced,
-        reason=result.reason,
-    )
-    return NetworkStatus(
+    applied = NetworkStatus(
         policy=policy,
         source=source,
         enforced=result.enforced,
         reason=result.reason,
         observed_generation=generation,
+    )
+    if announce:
+        await announce_applied(events, view, applied)
+    return applied
+
+
+async def announce_applied(events: Events, view: SandboxView, applied: NetworkStatus) -> None:
+    """The ``network.updated`` event of a policy the runtime applied to ``view``'s instance."""
+    await events.publish_network(
+        name=view.name,
+        namespace=view.namespace,
+        type_="updated",
+        generation=applied.observed_generation,
+        policy=applied.policy.to_dict(),
+        enforced=applied.enforced,
+        reason=applied.reason,
     )

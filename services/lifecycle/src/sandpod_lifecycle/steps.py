@@ -51,7 +51,7 @@ from sandpod_contract.resources import (
 from sandpod_contract.subjects import Subjects
 from sandpod_contract.times import to_rfc3339
 from sandpod_lifecycle.driver import Driver, Instance, Owner, RenewsCredentials
-from sandpod_lifecycle.egress import apply_egress
+from sandpod_lifecycle.egress import announce_applied, apply_egress
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.hibernation import FILES_ONLY, Hibernator
 from sandpod_lifecycle.lifetime import (
@@ -213,7 +213,12 @@ class Steps:
             return view
         try:
             network = await apply_egress(
-                view, template, self.driver, self.events, always_allowed=self._always_allowed
+                view,
+                template,
+                self.driver,
+                self.events,
+                always_allowed=self._always_allowed,
+                announce=False,
             )
         except RuntimeFailure as exc:
             log.warning("network_apply_failed", sandbox=view.name, error=exc.message)
@@ -221,7 +226,11 @@ class Steps:
         if network is None:
             return view
         status = dataclasses.replace(view.status, network=network)
-        return SandboxView.of(await self.store.update_status(view.with_status(status)))
+        updated = SandboxView.of(await self.store.update_status(view.with_status(status)))
+        before = view.status.network
+        if before is None or (before.policy, before.source) != (network.policy, network.source):
+            await announce_applied(self.events, view, network)
+        return updated
 
     async def _observe_generation(self, view: SandboxView) -> bool:
         """A spec change: env (a claim's) reaches the running sandbox's new commands. False:
