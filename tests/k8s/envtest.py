@@ -85,6 +85,7 @@ def _issue(
     issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
     *,
     server: bool = False,
+    sans: tuple[str, ...] = (),
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     issuer_name, issuer_key = issuer or (subject, key)
@@ -107,16 +108,25 @@ def _issue(
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     if server:
-        names: list[x509.GeneralName] = [
-            x509.DNSName("localhost"),
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        ]
+        names: list[x509.GeneralName] = []
+        for san in ("localhost", "127.0.0.1", *sans):
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(san)))
+            except ValueError:
+                names.append(x509.DNSName(san))
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def make_pki(directory: Path) -> None:
-    """Write ca.crt, apiserver.{crt,key}, admin.{crt,key}, sa.{key,pub} into ``directory``."""
+def make_pki(
+    directory: Path,
+    *,
+    sans: tuple[str, ...] = (),
+    clients: tuple[tuple[str, str, str | None], ...] = (),
+) -> None:
+    """Write ca.crt, apiserver.{crt,key}, admin.{crt,key}, sa.{key,pub} into ``directory``,
+    plus a ``<stem>.{crt,key}`` client certificate per ``(stem, cn, org)`` of ``clients``; the
+    API server's certificate also names ``sans`` (IP addresses or DNS names)."""
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("sandpod-envtest-ca")
     ca = _issue(ca_name, ca_key, None)
@@ -124,9 +134,10 @@ def make_pki(directory: Path) -> None:
     for stem, subject, server in (
         ("apiserver", _name("kube-apiserver"), True),
         ("admin", _name("sandpod-test-admin", "system:masters"), False),
+        *((stem, _name(cn, org), False) for stem, cn, org in clients),
     ):
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = _issue(subject, key, (ca_name, ca_key), server=server)
+        cert = _issue(subject, key, (ca_name, ca_key), server=server, sans=sans)
         (directory / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(directory / f"{stem}.key", key)
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -180,7 +191,7 @@ class ControlPlane:
 
     def start(self, timeout: float = 120.0) -> None:
         bin_dir = binaries_dir()
-        make_pki(self.dir)
+        self.make_pki()
         etcd_url, peer_url = (f"http://127.0.0.1:{p}" for p in (self.etcd_port, self.peer_port))
         self._spawn(
             "etcd",
@@ -200,6 +211,10 @@ class ControlPlane:
         self._start_apiserver(etcd_url)
         self._wait_ready(timeout)
 
+    def make_pki(self) -> None:
+        """The certificates and keys (the real node's plane names more addresses)."""
+        make_pki(self.dir)
+
     def restart_apiserver(self, timeout: float = 120.0) -> None:
         """Stop kube-apiserver (etcd keeps the data) and start it again on the same port."""
         apiserver = self.procs.pop()
@@ -213,31 +228,31 @@ class ControlPlane:
         self._wait_ready(timeout)
 
     def _start_apiserver(self, etcd_url: str) -> None:
-        bin_dir = binaries_dir()
+        self._spawn("kube-apiserver", self.apiserver_argv(etcd_url))
+
+    def apiserver_argv(self, etcd_url: str) -> list[str]:
+        """kube-apiserver's command line (the real node's plane serves on its own address)."""
         d = self.dir
-        self._spawn(
-            "kube-apiserver",
-            [
-                str(bin_dir / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.port}",
-                f"--cert-dir={d / 'certs'}",
-                f"--tls-cert-file={d / 'apiserver.crt'}",
-                f"--tls-private-key-file={d / 'apiserver.key'}",
-                f"--client-ca-file={d / 'ca.crt'}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--authorization-mode=RBAC",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-account-key-file={d / 'sa.pub'}",
-                f"--service-account-signing-key-file={d / 'sa.key'}",
-                # No node or Service IPs here; the endpoint reconciler refuses loopback addresses.
-                "--endpoint-reconciler-type=none",
-                "--allow-privileged=true",
-                "--v=1",
-            ],
-        )
+        return [
+            str(binaries_dir() / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.port}",
+            f"--cert-dir={d / 'certs'}",
+            f"--tls-cert-file={d / 'apiserver.crt'}",
+            f"--tls-private-key-file={d / 'apiserver.key'}",
+            f"--client-ca-file={d / 'ca.crt'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            # No node or Service IPs here; the endpoint reconciler refuses loopback addresses.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--v=1",
+        ]
 
     def _wait_ready(self, timeout: float) -> None:
         context = ssl.create_default_context(cafile=str(self.ca_file))

@@ -49,6 +49,7 @@ from sandpod_contract.errors import SandpodError
 from sandpod_image import debian
 from sandpod_image.auth import default_auth_path, load_auth_file
 from sandpod_image.layers import PackResult
+from sandpod_image.nodeimages import NodeImageFailed, host_python_home, nats_image, pause_image
 from sandpod_image.ocilayout import HistoryEntry, ImageConfig, OciLayout
 from sandpod_image.pushlayout import PushProgress, push_layout
 
@@ -253,7 +254,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         default="execd,base,services",
-        help="comma-separated: execd, base, services (lifecycle, pool and gateway on the base)",
+        help="comma-separated: execd, base, services (lifecycle, pool and gateway on the base), "
+        "node (sandpod-pause and sandpod-nats, for a Kubernetes node: make cluster)",
     )
     parser.add_argument(
         "--service-python",
@@ -266,7 +268,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache/sandpod/rootfs")
     parser.add_argument("--tag", default="latest")
     parser.add_argument("--compress", default="gzip", choices=("gzip", "zstd", "none"))
-    parser.add_argument("--python-home", type=Path, help="a relocatable CPython for the bundle")
+    parser.add_argument(
+        "--python-home",
+        help="a relocatable CPython for the bundle, or 'host': Debian's python3.11, for Debian 12 "
+        "based sandbox images only (when uv's standalone CPython cannot be downloaded)",
+    )
     parser.add_argument("--base-rootfs", type=Path, help="pack this tree instead of mmdebstrap")
     parser.add_argument(
         "--push",
@@ -333,15 +339,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         repo=args.repo, out=args.out, cache=args.cache, tag=args.tag, uv=uv, compress=args.compress
     )
     wanted = {name.strip() for name in args.only.split(",") if name.strip()}
-    unknown = wanted - {"execd", "base", "services"}
+    unknown = wanted - {"execd", "base", "services", "node"}
     if unknown:
         print(f"unknown image(s): {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
     written: list[Path] = []
     try:
         if "execd" in wanted:
-            home = args.python_home or managed_python(build)
-            written.append(execd_image(build, home))
+            if args.python_home == "host":
+                with tempfile.TemporaryDirectory(prefix="sandpod-python-") as tmp:
+                    written.append(execd_image(build, host_python_home(Path(tmp) / "python")))
+            else:
+                home = Path(args.python_home) if args.python_home else managed_python(build)
+                written.append(execd_image(build, home))
             print(f"sandpod-execd: {written[-1]}:{build.tag}")
         if wanted & {"base", "services"}:
             base = base_image(build, args.base_rootfs)
@@ -353,9 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for service in SERVICES:
                 written.append(service_image(build, base, service, args.service_python))
                 print(f"sandpod-{service}: {written[-1]}:{build.tag}")
+        if "node" in wanted:
+            written.append(pause_image(build.repo, build.out, build.tag, build.compress))
+            written.append(nats_image(build.out, build.tag, build.compress))
+            print(f"sandpod-pause, sandpod-nats: {build.out}:{build.tag}")
         if args.push:
             push_images(written, args.push, build.tag, auth_file=args.auth_file)
-    except MakeImagesFailed as exc:
+    except (MakeImagesFailed, NodeImageFailed) as exc:
         print(f"make images: {exc}", file=sys.stderr)
         return 1
     return 0

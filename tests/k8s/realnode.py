@@ -1,0 +1,615 @@
+"""A real single-node Kubernetes cluster: the suite's ``real_node`` fixture and ``make cluster``.
+
+What runs, all in the node's own network namespace (``k8s/nodenet.py``), as root:
+
+    etcd, kube-apiserver                      deploy/envtest/build.sh (as the fast layer's)
+    kube-controller-manager, kube-scheduler,  the same build's ``kube-node`` multi-call binary
+    kubelet, kube-proxy (nftables mode)
+    containerd + runc                         Debian's packages; config and state in our dirs
+    CNI bridge + host-local + portmap          Debian's containernetworking-plugins
+    cluster DNS                                k8s/clusterdns.py (Services' names, no upstream)
+
+The project's images (``build/images``: execd, base, services, pause, nats) are imported into
+containerd's ``k8s.io`` namespace as ``sandpod.local/<name>:latest`` (``ctr images import``), so
+nothing is pulled. State lives in ``workdir`` and ``/run/sandpod-node-<id>`` (unix sockets need
+short paths); kubelet's cgroups under ``/sandpod-node-<id>``. :meth:`RealNode.stop` deletes every
+Pod through the API first (the kubelet tears their sandboxes and networks down), then stops the
+processes and sweeps what a crash may leave: mounts under our dirs, shims, Pod network namespaces.
+
+Readiness is observed, never slept on: ``/readyz``, containerd's socket answering ``ctr
+version``, and the Node's ``Ready`` condition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kubernetes import client
+
+from k8s.envtest import REPO, ControlPlane, binaries_dir, make_pki
+from k8s.nodenet import KUBERNETES_SERVICE_IP, NodeNet
+from sandpod_kube import KubeSettings
+
+__all__ = ["IMAGE_PREFIX", "NODE_IMAGES", "RealNode", "missing_parts"]
+
+IMAGE_PREFIX = "sandpod.local"
+NODE_IMAGES = (
+    "sandpod-pause",
+    "sandpod-nats",
+    "sandpod-execd",
+    "sandpod-base",
+    "sandpod-lifecycle",
+    "sandpod-pool",
+    "sandpod-gateway",
+)
+NODE_NAME = "sandpod-node"
+API_PORT = 6443
+
+
+def missing_parts(images: Path) -> str | None:
+    """None when everything the node needs is installed and built, else what to run."""
+    for tool, package in (
+        ("containerd", "containerd"),
+        ("runc", "runc"),
+        ("nft", "nftables"),
+        ("nsenter", "util-linux"),
+    ):
+        if shutil.which(tool) is None:
+            return f"{tool} not found: apt-get install {package}"
+    if not Path("/usr/lib/cni/bridge").exists():
+        return "CNI plugins not found: apt-get install containernetworking-plugins"
+    if not os.access(binaries_dir() / "kube-node", os.X_OK):
+        return f"kube-node not found in {binaries_dir()}: run deploy/envtest/build.sh"
+    absent = [n for n in NODE_IMAGES if not (images / n / "index.json").exists()]
+    if absent:
+        return f"{', '.join(absent)} not in {images}: run `make images-node`"
+    return None
+
+
+class NodePlane(ControlPlane):
+    """etcd + kube-apiserver inside the node's namespace, serving on the node's address."""
+
+    def __init__(self, workdir: Path, net: NodeNet) -> None:
+        super().__init__(workdir, (2379, 2380, API_PORT))
+        self.net = net
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.net.node_ip}:{API_PORT}"
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        # A session of its own, as every node process: a Ctrl-C meant for `make cluster` must
+        # not reach the API server before the Pods are deleted through it.
+        with (self.dir / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                [*self.net.enter(), *argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs.append(proc)
+        return proc
+
+    def make_pki(self) -> None:
+        make_pki(
+            self.dir,
+            sans=(
+                self.net.node_ip,
+                KUBERNETES_SERVICE_IP,
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            clients=(
+                ("kubelet", f"system:node:{NODE_NAME}", "system:nodes"),
+                ("apiserver-kubelet", "kube-apiserver-kubelet-client", "system:masters"),
+            ),
+        )
+
+    def apiserver_argv(self, etcd_url: str) -> list[str]:
+        d = self.dir
+        return [
+            str(binaries_dir() / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={self.net.node_ip}",
+            f"--secure-port={API_PORT}",
+            f"--cert-dir={d / 'certs'}",
+            f"--tls-cert-file={d / 'apiserver.crt'}",
+            f"--tls-private-key-file={d / 'apiserver.key'}",
+            f"--client-ca-file={d / 'ca.crt'}",
+            f"--kubelet-client-certificate={d / 'apiserver-kubelet.crt'}",
+            f"--kubelet-client-key={d / 'apiserver-kubelet.key'}",
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--service-cluster-ip-range={self.net.service_cidr}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            "--allow-privileged=true",
+            "--v=1",
+        ]
+
+
+class RealNode:
+    """A whole single-node cluster; ``start()`` / ``stop()`` (see the module docstring)."""
+
+    def __init__(self, workdir: Path, images: Path) -> None:
+        self.dir = workdir
+        self.images = images
+        self.net: NodeNet | None = None
+        self.plane: NodePlane | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.run_dir: Path | None = None
+        self.cgroup_root = ""
+        self.netns_before: set[str] = set()
+
+    # -- public ------------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> KubeSettings:
+        if self.plane is None:
+            raise RuntimeError("the node is not started")
+        return self.plane.settings
+
+    @property
+    def socket(self) -> Path:
+        if self.run_dir is None:
+            raise RuntimeError("the node is not started")
+        return self.run_dir / "containerd.sock"
+
+    def start(self, progress: bool = False) -> None:
+        say = (lambda m: print(f"node: {m}", flush=True)) if progress else (lambda m: None)
+        self.netns_before = set(os.listdir("/run/netns")) if Path("/run/netns").is_dir() else set()
+        self.net = net = NodeNet.up()
+        ident = net.ident
+        self.run_dir = Path(f"/run/sandpod-node-{ident}")
+        self.run_dir.mkdir(mode=0o700)
+        self.cgroup_root = f"/sandpod-node-{ident}"
+        say(f"network namespace {net.netns}, node {net.node_ip}, pods {net.pod_cidr}")
+        self.plane = NodePlane(self.dir / "plane", net)
+        (self.dir / "plane").mkdir(parents=True)
+        self.plane.start()
+        say(f"kube-apiserver ready at {self.plane.url}")
+        self._start_containerd()
+        say("containerd ready; importing images")
+        for name in NODE_IMAGES:
+            self._import(name)
+        say(f"imported {len(NODE_IMAGES)} images; starting the controllers and the kubelet")
+        self._write_kubeconfigs()
+        self._start_components()
+        self._wait_node_ready()
+        say(f"node {NODE_NAME} Ready")
+
+    def stop(self) -> None:
+        if self.plane is not None:
+            with contextlib.suppress(Exception):
+                self._delete_all_pods()
+        for name in (
+            "kubelet",
+            "kube-proxy",
+            "clusterdns",
+            "kube-scheduler",
+            "kube-controller-manager",
+        ):
+            self._terminate(name)
+        self._kill_shims()
+        self._terminate("containerd")
+        if self.plane is not None:
+            self.plane.stop()
+        self._sweep_mounts()
+        self._sweep_netns()
+        self._sweep_cgroups()
+        if self.net is not None:
+            self.net.down()
+        if self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def ctr(self, *args: str, input_file: Path | None = None) -> str:
+        argv = ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args]
+        with contextlib.ExitStack() as stack:
+            stdin = stack.enter_context(input_file.open("rb")) if input_file else None
+            done = subprocess.run(argv, stdin=stdin, capture_output=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)}: {done.stderr.decode(errors='replace')}")
+        return done.stdout.decode()
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.dir / f"{name}.log"
+        if not path.exists() and self.plane is not None:
+            return self.plane.log_tail(name, lines)
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        assert self.net is not None
+        with (self.dir / f"{name}.log").open("ab") as log:
+            self.procs[name] = subprocess.Popen(
+                [*self.net.enter(), *argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+
+    def _terminate(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def _start_containerd(self) -> None:
+        assert self.run_dir is not None and self.net is not None
+        root = self.dir / "containerd"
+        cni = self.dir / "cni"
+        (cni / "net.d").mkdir(parents=True)
+        (cni / "net.d" / "10-sandpod.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "1.0.0",
+                    "name": "sandpod-node",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": "cni0",
+                            "isGateway": True,
+                            "ipMasq": False,
+                            "hairpinMode": True,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": self.net.pod_cidr}]],
+                                "routes": [{"dst": "0.0.0.0/0"}],
+                                "dataDir": str(cni / "ipam"),
+                            },
+                        },
+                        {"type": "portmap", "capabilities": {"portMappings": True}},
+                    ],
+                }
+            )
+        )
+        config = self.dir / "containerd.toml"
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        config.write_text(f"""version = 2
+root = "{root / "root"}"
+state = "{self.run_dir / "state"}"
+[grpc]
+  address = "{self.socket}"
+[ttrpc]
+  address = "{self.run_dir / "ttrpc.sock"}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{root / "opt"}"
+[{cri}]
+  sandbox_image = "{IMAGE_PREFIX}/sandpod-pause:latest"
+  enable_unprivileged_ports = false
+  # Root here may lack CAP_SYS_RESOURCE (a container host): no process may lower its OOM score
+  # below its parent's, and runc fails a Pod sandbox at -998. Clamp at containerd's own score.
+  restrict_oom_score_adj = true
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+  discard_unpacked_layers = false
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.runc.options]
+  BinaryName = "{os.environ.get("SANDPOD_NODE_RUNC") or shutil.which("runc")}"
+  SystemdCgroup = false
+[{cri}.cni]
+  bin_dir = "/usr/lib/cni"
+  conf_dir = "{cni / "net.d"}"
+""")
+        self._spawn(
+            "containerd",
+            [
+                "containerd",
+                "--config",
+                str(config),
+                "--log-level",
+                os.environ.get("SANDPOD_NODE_CONTAINERD_LOG", "warn"),
+            ],
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            self._check_alive()
+            try:
+                self.ctr("version")
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _import(self, name: str) -> None:
+        """``build/images/<name>`` (an OCI layout) -> ``sandpod.local/<name>:latest``."""
+        tarball = self.dir / f"{name}.tar"
+        subprocess.run(["tar", "-C", str(self.images / name), "-cf", str(tarball), "."], check=True)
+        try:
+            self.ctr("images", "import", "--base-name", f"{IMAGE_PREFIX}/{name}", str(tarball))
+        finally:
+            tarball.unlink()
+        listed = self.ctr("images", "ls", "-q")
+        if f"{IMAGE_PREFIX}/{name}:latest" not in listed.split():
+            raise RuntimeError(f"{name} was not imported (no 'latest' ref in its index?)")
+
+    def _write_kubeconfigs(self) -> None:
+        assert self.plane is not None
+        d = self.plane.dir
+        for user, stem in (("kubelet", "kubelet"), ("admin", "admin")):
+            (self.dir / f"{user}.kubeconfig").write_text(
+                "apiVersion: v1\nkind: Config\ncurrent-context: node\n"
+                f"clusters:\n- name: node\n  cluster:\n    server: {self.plane.url}\n"
+                f"    certificate-authority: {d / 'ca.crt'}\n"
+                f"users:\n- name: {user}\n  user:\n"
+                f"    client-certificate: {d / (stem + '.crt')}\n"
+                f"    client-key: {d / (stem + '.key')}\n"
+                "contexts:\n- name: node\n  context: {cluster: node, user: "
+                f"{user}}}\n"
+            )
+
+    def _start_components(self) -> None:
+        assert self.plane is not None and self.net is not None
+        node = str(binaries_dir() / "kube-node")
+        admin = str(self.dir / "admin.kubeconfig")
+        d = self.plane.dir
+        self._spawn(
+            "kube-controller-manager",
+            [
+                node,
+                "kube-controller-manager",
+                f"--kubeconfig={admin}",
+                f"--authentication-kubeconfig={admin}",
+                f"--authorization-kubeconfig={admin}",
+                f"--root-ca-file={d / 'ca.crt'}",
+                f"--service-account-private-key-file={d / 'sa.key'}",
+                "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                f"--cluster-cidr={self.net.pod_cidr}",
+                f"--service-cluster-ip-range={self.net.service_cidr}",
+                "--allocate-node-cidrs=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=10257",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                node,
+                "kube-scheduler",
+                f"--kubeconfig={admin}",
+                f"--authentication-kubeconfig={admin}",
+                f"--authorization-kubeconfig={admin}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=10259",
+                "--v=1",
+            ],
+        )
+        proxy_config = self.dir / "kube-proxy.yaml"
+        proxy_config.write_text(f"""apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {{kubeconfig: {admin}}}
+hostnameOverride: {NODE_NAME}
+clusterCIDR: {self.net.pod_cidr}
+bindAddress: {self.net.node_ip}
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+nftables: {{masqueradeAll: true}}
+conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
+""")
+        self._spawn("kube-proxy", [node, "kube-proxy", f"--config={proxy_config}", "--v=1"])
+        resolv = self.dir / "resolv.conf"
+        resolv.write_text(f"nameserver {self.net.node_ip}\n")
+        kubelet_config = self.dir / "kubelet.yaml"
+        kubelet_config.write_text(f"""apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: {self.cgroup_root}
+containerRuntimeEndpoint: unix://{self.socket}
+address: {self.net.node_ip}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+  x509: {{clientCAFile: {d / "ca.crt"}}}
+authorization: {{mode: AlwaysAllow}}
+clusterDNS: [{self.net.node_ip}]
+clusterDomain: cluster.local
+resolvConf: {resolv}
+failSwapOn: false
+protectKernelDefaults: false
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {{memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%}}
+maxPods: 250
+podPidsLimit: 4096
+rotateCertificates: false
+staticPodPath: ""
+syncFrequency: 10s
+""")
+        self._spawn(
+            "clusterdns",
+            [
+                sys.executable,
+                str(REPO / "tests/k8s/clusterdns.py"),
+                "--listen",
+                self.net.node_ip,
+                "--kubeconfig",
+                admin,
+            ],
+        )
+        self._make_cgroup_root()
+        self._spawn(
+            "kubelet",
+            [
+                node,
+                "kubelet",
+                f"--config={kubelet_config}",
+                f"--kubeconfig={self.dir / 'kubelet.kubeconfig'}",
+                f"--root-dir={self.dir / 'kubelet'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={self.net.node_ip}",
+                "--v=1",
+            ],
+        )
+
+    def _make_cgroup_root(self) -> None:
+        """The kubelet's cgroup root, in every v1 hierarchy (it refuses a missing one); a new
+        cpuset starts empty, so it gets its parent's CPUs and memory nodes."""
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            if hierarchy.name == "unified" or not (hierarchy / "tasks").exists():
+                continue
+            top = hierarchy / self.cgroup_root[1:]
+            top.mkdir(exist_ok=True)
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                if (top / knob).exists():
+                    (top / knob).write_text((hierarchy / knob).read_text())
+
+    def _wait_node_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        last = "not registered"
+        with self.settings.api_client() as api_client:
+            core = client.CoreV1Api(api_client)
+            while time.monotonic() < deadline:
+                self._check_alive()
+                try:
+                    node = core.read_node(NODE_NAME)
+                except client.ApiException as exc:
+                    last = f"HTTP {exc.status}"
+                else:
+                    for cond in node.status.conditions or []:
+                        if cond.type == "Ready":
+                            if cond.status == "True":
+                                return
+                            last = f"{cond.reason}: {cond.message}"
+                time.sleep(0.2)
+        raise RuntimeError(f"node never Ready ({last}):\n{self.log_tail('kubelet')}")
+
+    # -- teardown ----------------------------------------------------------------------------
+
+    def _delete_all_pods(self, timeout: float = 60) -> None:
+        with self.settings.api_client() as api_client:
+            core = client.CoreV1Api(api_client)
+            for pod in core.list_pod_for_all_namespaces(_request_timeout=10).items:
+                with contextlib.suppress(client.ApiException):
+                    core.delete_namespaced_pod(
+                        pod.metadata.name,
+                        pod.metadata.namespace,
+                        grace_period_seconds=0,
+                        _request_timeout=10,
+                    )
+            deadline = time.monotonic() + timeout
+            while (
+                core.list_pod_for_all_namespaces(_request_timeout=10).items
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.2)
+
+    def _kill_shims(self) -> None:
+        """containerd's shims outlive it by design; ours are the ones naming our socket."""
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (
+                cmdline
+                and cmdline[0].endswith(b"containerd-shim-runc-v2")
+                and str(self.socket).encode() in cmdline
+            ):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(int(pid), signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        if self.cgroup_root:  # every container process the kubelet put under our root
+            for tasks in Path("/sys/fs/cgroup/pids").glob(f"{self.cgroup_root[1:]}/**/tasks"):
+                for pid in tasks.read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+
+    def _sweep_mounts(self) -> None:
+        prefixes = tuple(str(p) for p in (self.dir, self.run_dir) if p is not None)
+        for _ in range(3):
+            mounts = [
+                line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            ]
+            ours = [m for m in mounts if m.startswith(prefixes)]
+            if not ours:
+                return
+            for target in sorted(ours, key=len, reverse=True):
+                subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+    def _sweep_netns(self) -> None:
+        if not Path("/run/netns").is_dir():
+            return
+        for name in set(os.listdir("/run/netns")) - self.netns_before:
+            if name.startswith("cni-"):
+                subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+    def _sweep_cgroups(self) -> None:
+        if not self.cgroup_root:
+            return
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            top = hierarchy / self.cgroup_root[1:]
+            if not top.is_dir():
+                continue
+            for cg in sorted(
+                (p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
+            ):
+                with contextlib.suppress(OSError):
+                    cg.rmdir()
+            with contextlib.suppress(OSError):
+                top.rmdir()
+
+
+def main() -> None:
+    """``make cluster``: start a node, print how to reach it, stop it on Ctrl-C."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description="a real single-node cluster (tests/k8s)")
+    parser.add_argument("--images", type=Path, default=REPO / "build/images")
+    args = parser.parse_args()
+    if (problem := missing_parts(args.images)) is not None:
+        raise SystemExit(problem)
+    node = RealNode(Path(tempfile.mkdtemp(prefix="sandpod-node-", dir="/var/tmp")), args.images)
+    try:
+        node.start(progress=True)
+        print(
+            f"node: export KUBECONFIG={node.dir / 'admin.kubeconfig'}; Ctrl-C stops it", flush=True
+        )
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        print("node: stopping", flush=True)
+        node.stop()
+        shutil.rmtree(node.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    main()
