@@ -10,7 +10,7 @@ CC ?= cc
 WEB := services/gateway/src/sandpod_gateway/web
 NODE_CLIENT := clients/node
 
-.PHONY: install web node-client up check lint types imports test bench vectors openapi clean envtest s3test chart-crds images
+.PHONY: install web node-client up check lint types imports test bench vectors openapi clean envtest s3test chart-crds images cluster-images cluster
 
 $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
@@ -79,6 +79,14 @@ images: install  ## the project's images as OCI layouts in build/images/ without
 	@# With SANDPOD_IMAGE_REGISTRY=host[:port]/prefix set, each image is also pushed there (our own push code;
 	@# credentials from the Docker config.json, SANDPOD_INSECURE_REGISTRIES for plain HTTP beyond loopback).
 	$(BIN)/python -m sandpod_image.makeimages --out build/images $(if $(PYTHON_HOME),--python-home $(PYTHON_HOME))
+
+APP_VERSION := $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' deploy/helm/sandpod/Chart.yaml)
+
+cluster-images: install  ## the images a real test node runs (tests/node, make cluster), tagged with the chart's appVersion; execd on Debian's python3.11
+	$(BIN)/python -m sandpod_image.makeimages --out build/images --python-home host --tag $(APP_VERSION) --only execd,base,services,node
+
+cluster: envtest cluster-images  ## a real single-node Kubernetes cluster (kubelet, containerd, CNI) until Ctrl-C; prints its KUBECONFIG
+	cd tests && ../$(BIN)/python -m k8s.realnode
 
 chart-crds:  ## copy schemas/crds/ into the Helm chart (tests/k8s/test_helm.py fails on drift)
 	cp schemas/crds/*.yaml deploy/helm/sandpod/crds/

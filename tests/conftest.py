@@ -56,9 +56,10 @@ class NatsServer:
     """A real nats-server with JetStream on a free loopback port (``config``: a config file,
     e.g. operator mode; the address, port and JetStream flags still come from here)."""
 
-    def __init__(self, store: Path, config: Path | None = None) -> None:
+    def __init__(self, store: Path, config: Path | None = None, host: str = "127.0.0.1") -> None:
         if not NATS_BIN.exists():
             pytest.fail(f"{NATS_BIN} missing: install dev deps with `make install`")
+        self.host = host
         self.port = free_port()
         self.store = store
         self.config = config
@@ -66,11 +67,11 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
     def start(self) -> None:
         config = ["-c", str(self.config)] if self.config else []
-        address = ["-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store)]
+        address = ["-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store)]
         self.proc = subprocess.Popen(
             [str(NATS_BIN), *config, *address],
             stdout=subprocess.DEVNULL,
@@ -83,7 +84,7 @@ class NatsServer:
         if self.proc.poll() is not None:
             pytest.fail(f"nats-server exited with {self.proc.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
                 return s.recv(4).startswith(b"INFO")
         except OSError:
             return False

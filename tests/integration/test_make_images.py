@@ -94,7 +94,7 @@ def test_execd_image_holds_exactly_the_bundle(
     assert len(info["Layers"]) == 1
     manifest, config = read_image(layout, "latest")
     assert config["config"]["User"] == "65532:65532"
-    assert config["config"]["Cmd"][0] == "/sandpod-bundle/python/bin/python3"
+    assert config["config"]["Cmd"] == ["/bin/cp", "-a", "/sandpod-bundle/.", "/opt/sandpod/"]
     (layer,) = manifest["layers"]
     unpacked = tmp_path / "unpacked"
     unpacked.mkdir()
@@ -111,6 +111,12 @@ def test_execd_image_holds_exactly_the_bundle(
         timeout=300,
     )
     assert tree_digest(unpacked / "sandpod-bundle") == tree_digest(expected)
+    # The copy the Pod's init container runs needs no libc: a static busybox, nothing else.
+    assert sorted(p.name for p in unpacked.iterdir()) == ["bin", "sandpod-bundle"]
+    assert os.readlink(unpacked / "bin/cp") == "busybox"
+    assert b"statically linked" in subprocess.run(
+        ["file", str(unpacked / "bin/busybox")], capture_output=True, check=True
+    ).stdout
     launcher = (unpacked / "sandpod-bundle/bin/sandpod-execd").stat()
     assert (launcher.st_uid, launcher.st_gid, launcher.st_mode & 0o777) == (0, 0, 0o755)
 

@@ -38,7 +38,7 @@ from k8s.envtest import REPO, ControlPlane, binaries_dir, make_pki
 from k8s.nodenet import KUBERNETES_SERVICE_IP, NodeNet
 from sandpod_kube import KubeSettings
 
-__all__ = ["IMAGE_PREFIX", "NODE_IMAGES", "RealNode", "missing_parts"]
+__all__ = ["IMAGE_PREFIX", "NODE_IMAGES", "TAG", "RealNode", "image", "missing_parts"]
 
 IMAGE_PREFIX = "sandpod.local"
 NODE_IMAGES = (
@@ -51,6 +51,20 @@ NODE_IMAGES = (
     "sandpod-gateway",
 )
 NODE_NAME = "sandpod-node"
+# The images' tag: the chart's appVersion, so the chart's defaults name them (a non-latest tag
+# also makes the kubelet's default pull policy IfNotPresent: nothing is ever pulled).
+TAG = next(
+    line.split(":", 1)[1].strip().strip('"')
+    for line in (REPO / "deploy/helm/sandpod/Chart.yaml").read_text().splitlines()
+    if line.startswith("appVersion:")
+)
+
+
+def image(name: str) -> str:
+    """The reference the node knows ``name`` (``sandpod-base`` ...) by."""
+    return f"{IMAGE_PREFIX}/{name}:{TAG}"
+
+
 API_PORT = 6443
 
 
@@ -70,7 +84,7 @@ def missing_parts(images: Path) -> str | None:
         return f"kube-node not found in {binaries_dir()}: run deploy/envtest/build.sh"
     absent = [n for n in NODE_IMAGES if not (images / n / "index.json").exists()]
     if absent:
-        return f"{', '.join(absent)} not in {images}: run `make images-node`"
+        return f"{', '.join(absent)} not in {images}: run `make cluster-images`"
     return None
 
 
@@ -214,6 +228,11 @@ class RealNode:
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
+    def pids(self) -> set[int]:
+        """The node's own processes (for the suite's leaked-process guard)."""
+        plane = {p.pid for p in self.plane.procs} if self.plane is not None else set()
+        return plane | {p.pid for p in self.procs.values()}
+
     def ctr(self, *args: str, input_file: Path | None = None) -> str:
         argv = ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args]
         with contextlib.ExitStack() as stack:
@@ -299,7 +318,7 @@ state = "{self.run_dir / "state"}"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{root / "opt"}"
 [{cri}]
-  sandbox_image = "{IMAGE_PREFIX}/sandpod-pause:latest"
+  sandbox_image = "{image("sandpod-pause")}"
   enable_unprivileged_ports = false
   # Root here may lack CAP_SYS_RESOURCE (a container host): no process may lower its OOM score
   # below its parent's, and runc fails a Pod sandbox at -998. Clamp at containerd's own score.
@@ -339,7 +358,7 @@ state = "{self.run_dir / "state"}"
                 time.sleep(0.1)
 
     def _import(self, name: str) -> None:
-        """``build/images/<name>`` (an OCI layout) -> ``sandpod.local/<name>:latest``."""
+        """``build/images/<name>`` (an OCI layout) -> ``sandpod.local/<name>:<TAG>``."""
         tarball = self.dir / f"{name}.tar"
         subprocess.run(["tar", "-C", str(self.images / name), "-cf", str(tarball), "."], check=True)
         try:
@@ -347,8 +366,8 @@ state = "{self.run_dir / "state"}"
         finally:
             tarball.unlink()
         listed = self.ctr("images", "ls", "-q")
-        if f"{IMAGE_PREFIX}/{name}:latest" not in listed.split():
-            raise RuntimeError(f"{name} was not imported (no 'latest' ref in its index?)")
+        if image(name) not in listed.split():
+            raise RuntimeError(f"{name} was not imported (no '{TAG}' ref: `make cluster-images`)")
 
     def _write_kubeconfigs(self) -> None:
         assert self.plane is not None

@@ -7,8 +7,9 @@ OCI runtime reads. The Dockerfiles in ``deploy/images/`` stay for those who buil
 - ``sandpod-execd``: scratch plus one layer, ``/sandpod-bundle``: a relocatable CPython
   (``--python-home``; by default uv's managed 3.11) and what ``deploy/images/build-execd-bundle.sh``
   installs (the same script execd.Dockerfile and tests/integration/test_execd_bundle.py run).
-  Its default command copies the bundle into ``/opt/sandpod`` with the bundle's own interpreter,
-  as the Dockerfile's busybox ``cp -a`` does (scratch has no ``cp``).
+  Its default command copies the bundle into ``/opt/sandpod`` with a static ``/bin/cp`` (Debian's
+  ``busybox-static``), as the Dockerfile's busybox ``cp -a`` does: the Pod runtime's init
+  container runs exactly that, and the bundle's interpreter cannot start on scratch (no libc).
 - ``sandpod-lifecycle``, ``sandpod-pool``, ``sandpod-gateway``: ``sandpod-base`` (the same
   layer blob) plus one layer, ``/opt/sandpod/site``: the service and its locked dependencies
   installed by uv for the base's python3.11 (the host's Debian one: same suite, same ABI), and
@@ -83,10 +84,6 @@ _GATEWAY_ENV: Final = (
     "SANDPOD_GATEWAY_WEB_DIR=/opt/sandpod-web",
 )
 SERVICES: Final = ("lifecycle", "pool", "gateway")
-_COPY_BUNDLE: Final = (
-    "import shutil; shutil.copytree('/sandpod-bundle', '/opt/sandpod', symlinks=True, "
-    "dirs_exist_ok=True)"
-)
 
 
 class MakeImagesFailed(Exception):
@@ -150,17 +147,30 @@ def execd_image(build: Build, python_home: Path) -> Path:
             cwd=build.repo,
             env=env,
         )
+        # A static busybox as /bin/cp: the Pod runtime's init container runs `cp -a` (scratch has
+        # no libc for the bundle's own interpreter to start from). Debian's busybox-static.
+        busybox = Path(tmp) / "bin" / "busybox"
+        busybox.parent.mkdir()
+        shutil.copy2(_static_busybox(), busybox)
+        (busybox.parent / "cp").symlink_to("busybox")
         layout = OciLayout(build.out / "sandpod-execd")
         layout.add_layer(
             Path(tmp), created_by="build-execd-bundle.sh", owner=ROOT_OWNER, compress=build.compress
         )
     config = ImageConfig(
         user="65532:65532",
-        cmd=(f"/{BUNDLE}/python/bin/python3", "-c", _COPY_BUNDLE),
+        cmd=("/bin/cp", "-a", f"/{BUNDLE}/.", "/opt/sandpod/"),
         labels={"org.opencontainers.image.title": "sandpod-execd"},
     )
     layout.write_image(config, ref=build.tag)
     return layout.root
+
+
+def _static_busybox() -> Path:
+    path = Path("/bin/busybox")
+    if not path.is_file():
+        raise MakeImagesFailed("/bin/busybox missing: apt-get install busybox-static")
+    return path
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,89 @@
+"""Fixtures for tests on a real node (tests/k8s/realnode.py): kubelet, containerd, runc, CNI.
+
+``real_node`` starts once per session, on first use, and fails (never skips) with what to run
+when a part is missing. ``node_nats`` is a NATS on the host end of the node's link, the address
+Pods reach; ``node_cluster`` is a Kubernetes-mode installation on the node (the test starts the
+services it needs, as host processes) whose sandboxes are real Pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import SESSION_DAEMON_PIDS, NatsServer
+from k8s.cluster import NS, Cluster, cluster_setup
+from k8s.envtest import REPO
+from k8s.realnode import RealNode, image, missing_parts
+from sandpod_kube import KubeStore, apply_crds
+
+IMAGES = REPO / "build" / "images"
+
+
+@pytest.fixture(scope="session")
+def real_node() -> Iterator[RealNode]:
+    if problem := missing_parts(IMAGES):
+        pytest.fail(problem)
+    node = RealNode(Path(tempfile.mkdtemp(prefix="sandpod-node-", dir="/var/tmp")), IMAGES)
+    manifests = [
+        doc
+        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+    ]
+    try:
+        node.start()
+        apply_crds(node.settings, manifests)
+    except Exception as exc:
+        node.stop()
+        pytest.fail(f"the real node did not come up: {exc}")
+    SESSION_DAEMON_PIDS.update(node.pids())
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="session")
+def node_nats(
+    real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NatsServer]:
+    assert real_node.net is not None
+    server = NatsServer(tmp_path_factory.mktemp("node-nats"), host=real_node.net.host_ip)
+    server.start()
+    assert server.proc is not None
+    SESSION_DAEMON_PIDS.add(server.proc.pid)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def node_cluster(
+    real_node: RealNode, node_nats: NatsServer, tmp_path: Path
+) -> AsyncIterator[Cluster]:
+    """Lifecycle and pool (as the test starts them) on the node's API server; Pods are real."""
+    assert real_node.plane is not None
+    await asyncio.to_thread(cluster_setup, real_node.settings, node_nats.url)
+    c = Cluster(real_node.plane, node_nats, tmp_path)
+    c.store = await KubeStore.connect(real_node.settings)
+    try:
+        yield c
+    finally:
+        await c.cleanup()
+        await c.store.close()
+
+
+def pod_env() -> dict[str, str]:
+    """The Pod runtime's settings for the node's images."""
+    return {
+        "SANDPOD_RUNTIME": "kubernetes",
+        "SANDPOD_POD_EXECD_IMAGE": image("sandpod-execd"),
+        "SANDPOD_POD_DEFAULT_IMAGE": image("sandpod-base"),
+        "SANDPOD_RESYNC": "0.5",
+        "SANDPOD_READY_TIMEOUT": "120",
+    }
+
+
+__all__ = ["IMAGES", "NS", "node_cluster", "node_nats", "pod_env", "real_node"]
