@@ -206,13 +206,16 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
             "basic",
             SnapshotTaken(
                 sandbox_id="demo",
-                file="/tmp/sandpod-snapshot-1f2e.tar",
+                file="/var/lib/sandpod/snapshots/1f2e.tar",
                 size=10240,
                 entries=3,
                 mechanism="signals",
             ),
         ),
-        ("minimal", SnapshotTaken(sandbox_id="demo", file="/tmp/s.tar", size=0, entries=0)),
+        (
+            "minimal",
+            SnapshotTaken(sandbox_id="demo", file="/var/lib/sandpod/s.tar", size=0, entries=0),
+        ),
     ],
     "exec.request": [
         (

@@ -68,10 +68,11 @@ async def write_snapshot(root: Path, state_dir: Path) -> tuple[Path, int]:
         SandboxError: the archive could not be written (disk full, unreadable file).
     """
     try:
-        if not stat.S_ISDIR(root.lstat().st_mode):
-            raise FsNotADirectory(f"{root.name}: not a directory", path=str(root))
+        st = await asyncio.to_thread(root.lstat)
     except FileNotFoundError:
         raise FsNotFound("the directory to snapshot does not exist", path=str(root)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise FsNotADirectory(f"{root.name}: not a directory", path=str(root))
     where = state_dir / "snapshots"
     await asyncio.to_thread(where.mkdir, 0o700, True, True)
     dest = where / f"{uuid.uuid4().hex}.tar"
@@ -82,4 +83,3 @@ async def write_snapshot(root: Path, state_dir: Path) -> tuple[Path, int]:
             dest.unlink()
         raise SandboxError(f"cannot archive the sandbox's files: {exc}") from exc
     return dest, entries
-

@@ -26,9 +26,9 @@ from sandpod_contract.messages.system import (
     SnapshotTaken,
 )
 from sandpod_execd import __version__, cgstats, sysmetrics
-from sandpod_execd.snaptar import write_snapshot
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.sandbox import WORKSPACE_ALIAS, SandboxContext
+from sandpod_execd.snaptar import write_snapshot
 
 __all__ = ["SystemHandlers"]
 
