@@ -70,9 +70,9 @@ async def write_snapshot(root: Path, state_dir: Path) -> tuple[Path, int]:
     try:
         st = await asyncio.to_thread(root.lstat)
     except FileNotFoundError:
-        raise FsNotFound("the directory to snapshot does not exist", path=str(root)) from None
+        raise FsNotFound("the directory to snapshot does not exist", path=root.name) from None
     if not stat.S_ISDIR(st.st_mode):
-        raise FsNotADirectory(f"{root.name}: not a directory", path=str(root))
+        raise FsNotADirectory(f"{root.name}: not a directory", path=root.name)
     where = state_dir / "snapshots"
     await asyncio.to_thread(where.mkdir, 0o700, True, True)
     dest = where / f"{uuid.uuid4().hex}.tar"

@@ -73,8 +73,9 @@ class SystemHandlers:
         frozen (see :mod:`sandpod_execd.snaptar`)."""
         if not 0 < req.timeout <= MAX_FREEZE_TIMEOUT:
             raise BadRequest(f"timeout must be in (0, {MAX_FREEZE_TIMEOUT:g}] seconds")
+        inside = req.path == WORKSPACE_ALIAS or req.path.startswith(WORKSPACE_ALIAS + "/")
         rel = req.path.removeprefix(WORKSPACE_ALIAS)
-        if sbx.jail is not None or (rel and not rel.startswith("/")) or ".." in rel.split("/"):
+        if sbx.jail is not None or not inside or ".." in rel.split("/"):
             raise BadRequest("sys.snapshot takes /workspace or a directory below it (Pods only)")
         was_frozen = sbx.freezer.frozen
         state = await sbx.freezer.freeze(req.timeout)
