@@ -92,7 +92,7 @@ def _ws(cluster: Cluster, name: str) -> Path:
 
 
 async def _sh(sbx: AsyncSandbox, script: str) -> str:
-    r = await sbx.exec(["sh", "-c", script], cwd="/workspace", timeout=60)
+    r = await sbx.exec("/workspace", ["sh", "-c", script], timeout=60)
     assert r.exit_code == 0, (r.exit_code, r.stderr)
     return r.stdout
 
