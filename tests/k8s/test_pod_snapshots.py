@@ -240,7 +240,7 @@ async def test_an_idle_pod_sandbox_hibernates_without_its_pod_and_exec_wakes_it(
         assert await _pods(cluster, sbx.id) == []
         await cluster.kubelet.until("execd stopped", lambda: sbx.id in cluster.kubelet.stopped)
         listed = await AsyncSandbox.list(nats_url=cluster.nats.url, prefix=cluster.prefix)
-        assert [x.phase for x in listed if x.id == sbx.id] == ["Hibernated"]
+        assert [x.phase for x in listed if x.name == sbx.id] == ["Hibernated"]
         cond = (await sbx.describe()).condition("Hibernated") or {}
         assert (cond.get("status"), cond.get("reason")) == ("True", "FilesOnly")
         shutil.rmtree(_ws(cluster, sbx.id))  # a deleted Pod's emptyDir is gone
@@ -266,14 +266,16 @@ async def test_another_tenant_cannot_restore_a_pod_snapshot(cluster: Cluster) ->
         beta = Subjects(cluster.prefix, tenant="beta")
         obj = {"kind": "Sandbox", "metadata": {"name": "src"}, "spec": {}}
         request = ObjectRequest(object=obj, wait_ready=DEADLINE)
-        await api_call(bus, acme, "sandboxes", "create", request, ObjectReply, DEADLINE + 10)
+        await api_call(bus, acme, "sandboxes", "create", request, ObjectReply, timeout=DEADLINE)
         snap_obj = {
             "kind": "SandboxSnapshot",
             "metadata": {"name": "mine"},
             "spec": {"sourceRef": {"name": "src"}},
         }
         request = ObjectRequest(object=snap_obj, wait_ready=DEADLINE)
-        made = await api_call(bus, acme, "snapshots", "create", request, ObjectReply, DEADLINE)
+        made = await api_call(
+            bus, acme, "snapshots", "create", request, ObjectReply, timeout=DEADLINE
+        )
         snap_id = made.object["metadata"]["name"]
         assert made.object["status"]["phase"] == "Ready"
         for target in ("mine", snap_id):
@@ -284,7 +286,7 @@ async def test_another_tenant_cannot_restore_a_pod_snapshot(cluster: Cluster) ->
             steal = {"kind": "Sandbox", "spec": {"snapshotRef": {"name": target}}}
             request = ObjectRequest(object=steal, wait_ready=DEADLINE)
             with pytest.raises(ResourceInvalid):
-                await api_call(bus, beta, "sandboxes", "create", request, ObjectReply, 30)
+                await api_call(bus, beta, "sandboxes", "create", request, ObjectReply, timeout=30)
         await api_call(bus, acme, "sandboxes", "delete", Ref(name="src"), ObjectReply)
     finally:
         await bus.close()
