@@ -16,6 +16,7 @@ import pytest
 from sandpod_execd.snaptar import _write as write_archive
 from sandpod_lifecycle.runtime.podtar import (
     CaptureRefused,
+    PodManifest,
     changes,
     merge_layers,
     read_archive,
@@ -42,12 +43,12 @@ def _tree(root: Path) -> dict[str, tuple[str, int, str]]:
     return out
 
 
-def _capture(ws: Path, tmp: Path, n: int, base: object) -> tuple[Path, object]:
+def _capture(ws: Path, tmp: Path, n: int, base: PodManifest | None) -> tuple[Path, PodManifest]:
     full = tmp / f"full{n}.tar"
     write_archive(ws, full)
     manifest = read_archive(full)
     layer = tmp / f"layer{n}.tar"
-    write_layer(full, manifest, changes(base, manifest), layer)  # type: ignore[arg-type]
+    write_layer(full, manifest, changes(base, manifest), layer)
     return layer, manifest
 
 
@@ -90,7 +91,10 @@ def test_two_captures_merge_back_to_the_tree_exactly(tmp_path: Path) -> None:
     assert _tree(_restore([first, second], tmp_path)) == _tree(ws)
 
 
-def _hostile(tmp: Path, *members: tuple[str, bytes | str | None, bytes]) -> Path:
+Member = tuple[str, bytes | str | None, bytes]
+
+
+def _hostile(tmp: Path, *members: Member) -> Path:
     """A tar of ``members``: (name, b"file" data | "symlink target" | None for a dir, type)."""
     path = tmp / "hostile.tar"
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -109,8 +113,8 @@ def _hostile(tmp: Path, *members: tuple[str, bytes | str | None, bytes]) -> Path
     return path
 
 
-ROOT = (".", None, tarfile.DIRTYPE)
-HOSTILE = {
+ROOT: Member = (".", None, tarfile.DIRTYPE)
+HOSTILE: dict[str, list[Member]] = {
     "dotdot": [ROOT, ("./../../etc/x", b"pwned", tarfile.REGTYPE)],
     "absolute": [ROOT, ("/etc/x", b"pwned", tarfile.REGTYPE)],
     "symlink-then-file": [
@@ -128,7 +132,7 @@ HOSTILE = {
 def test_a_hostile_sandbox_archive_is_refused(tmp_path: Path, attack: str) -> None:
     """An archive a sandbox made (it controls what execd's file holds once thawed) with a member
     that could land outside the layer is refused before anything is written."""
-    path = _hostile(tmp_path, *HOSTILE[attack])  # type: ignore[arg-type]
+    path = _hostile(tmp_path, *HOSTILE[attack])
     with pytest.raises(CaptureRefused):
         read_archive(path)
 
@@ -136,10 +140,10 @@ def test_a_hostile_sandbox_archive_is_refused(tmp_path: Path, attack: str) -> No
 def test_a_layer_whose_member_sits_under_a_symlink_is_refused_on_merge(tmp_path: Path) -> None:
     """Merging (the restore) checks every member again: a layer with a file below a symlink
     (written by anything but this code) never reaches the Pod."""
-    path = _hostile(tmp_path, *HOSTILE["symlink-then-file"])  # type: ignore[arg-type]
+    path = _hostile(tmp_path, *HOSTILE["symlink-then-file"])
     out = tmp_path / "merged.tar"
     with pytest.raises(CaptureRefused):
         merge_layers([path], out)
-    dotdot = _hostile(tmp_path, *HOSTILE["dotdot"])  # type: ignore[arg-type]
+    dotdot = _hostile(tmp_path, *HOSTILE["dotdot"])
     with pytest.raises(CaptureRefused):
         merge_layers([dotdot], out)
