@@ -49,15 +49,16 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
     # user of its own (sandpod_lifecycle.builds.buildcreds).
     contexts = object_subjects(s.storage("build-contexts"))
     # snapshot layers (both modes, unless they go to S3): the lifecycle alone writes, reads
-    # and deletes them
-    reads: tuple[str, ...] = object_owner_subjects(s.storage("snapshots"))
+    # and deletes them (reading finds a chunk's stream by subject: STREAM.NAMES)
+    snapshots = object_owner_subjects(s.storage("snapshots"))
+    reads: tuple[str, ...] = (*snapshots, "$JS.API.STREAM.NAMES")
     if node is not None:
         kv_store = (*kv_subjects(s.storage("resources")), *kv_subjects(s.storage("leases")))
         kv_owned = tuple(
             x for b in ("resources", "leases") for x in kv_owner_subjects(s.storage(b))
         )
         node_plane = (s.node_plane(),)
-        reads = (*object_reader_subjects(s.storage("build-contexts")), *reads)
+        reads = (*object_reader_subjects(s.storage("build-contexts")), *snapshots)
     users = {
         "lifecycle": Permissions(
             pub_allow=(
