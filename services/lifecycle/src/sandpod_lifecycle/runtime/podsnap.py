@@ -158,7 +158,8 @@ class PodSnapshots:
         request = SnapshotTake(path=WORKSPACE, timeout=FREEZE_TIMEOUT)
         taken = await ch.call("sys", "snapshot", request, SnapshotTaken, ARCHIVE_TIMEOUT)
         try:
-            reader = FileReader(ch, taken.file, size_hint=taken.size)
+            # never more than execd wrote: the sandbox may replace the file once thawed
+            reader = FileReader(ch, taken.file, size_hint=taken.size, max_size=taken.size)
             try:
                 with dest.open("wb") as out:
                     async for chunk in reader:
