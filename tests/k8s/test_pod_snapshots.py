@@ -348,3 +348,55 @@ async def test_a_restore_stream_cannot_write_outside_the_workspace_through_execd
         finally:
             await bus.close()
         await sbx.kill()
+
+
+LOOP = "i=0; while :; do i=$((i+1)); echo $i > counter; sleep 0.02; done"
+
+
+def _count(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except (OSError, ValueError):  # not written yet, or caught mid-write
+        return 0
+
+
+@pytest.mark.parametrize("freezer", ["signals", "auto"])
+async def test_a_snapshot_freezes_the_commands_for_the_copy_then_lets_them_run_on(
+    cluster: Cluster, freezer: str
+) -> None:
+    """A background writer is frozen for the copy (the condition names the mechanism: signals
+    or the cgroup freezer) and runs on afterwards; a paused sandbox's snapshot leaves it
+    paused. A second snapshot with nothing changed adds no layer."""
+    cluster.kubelet.execd_env["SANDPOD_EXECD_FREEZER"] = freezer
+    _lifecycle(cluster)
+    await cluster.answering()
+    try:
+        async with await AsyncSandbox.create(
+            name=f"kf-{uuid.uuid4().hex[:6]}", **_conn(cluster)
+        ) as sbx:
+            counter = _ws(cluster, sbx.id) / "counter"
+            await sbx.proc.start(LOOP)
+
+            async def counting(above: int) -> bool:
+                return _count(counter) > above
+
+            await _until("the counter runs", lambda: counting(2))
+            info = (await sbx.pause()).phase
+            assert info == "Paused"
+            snap = await sbx.snapshot()
+            ready = next(c for c in snap.raw["status"]["conditions"] if c["type"] == "Ready")
+            mechanism = "signals" if freezer == "signals" else "cgroup"
+            assert f"frozen by {mechanism}" in ready["message"]
+            assert (await sbx.describe()).phase == "Paused"
+            held = _count(counter)
+            again = await sbx.snapshot()
+            assert again.raw["status"]["layers"] == snap.raw["status"]["layers"]
+            assert _count(counter) == held  # still frozen after both snapshots
+            await sbx.resume()
+            await _until("the counter runs on", lambda: counting(held + 2))
+            await sbx.snapshot()
+            after = _count(counter)
+            await _until("and on after a snapshot", lambda: counting(after + 2))
+            await sbx.kill()
+    finally:
+        await asyncio.to_thread(delete_all, cluster.plane.settings, "SandboxSnapshot", [NS])
