@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
 from k8s.cluster import NS, Cluster
@@ -170,34 +171,29 @@ async def test_a_pod_snapshot_restores_byte_exact_into_new_pods_and_forks_are_is
 
 
 async def test_a_changed_layer_object_is_refused_on_restore(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, snapshots_in: S3Server | None
 ) -> None:
-    """A layer whose object was changed in the S3 server behind the platform's back is never
-    unpacked: the restored Sandbox fails (SnapshotUnavailable), it does not start empty."""
-    server = S3Server(tmp_path / "s3root")
-    server.start()
-    try:
-        _lifecycle(
-            cluster,
-            SANDPOD_SNAPSHOT_S3_ENDPOINT=server.endpoint,
-            SANDPOD_SNAPSHOT_S3_BUCKET="layers",
-            SANDPOD_SNAPSHOT_S3_ACCESS_KEY_ID=server.access_key,
-            SANDPOD_SNAPSHOT_S3_SECRET_ACCESS_KEY=server.secret_key,
-        )
-        await cluster.answering()
-        async with await AsyncSandbox.create(
-            name=f"kc-{uuid.uuid4().hex[:6]}", **_conn(cluster)
-        ) as src:
-            await _sh(src, "echo precious > f")
-            snap = await src.snapshot()
-            digest = snap.raw["status"]["layers"][-1]["digest"]
-            server.object_path("layers", digest).write_bytes(b"changed behind its back")
-            with pytest.raises(SandboxError, match="cannot be restored"):
-                await AsyncSandbox.create(snapshot=snap.name, **_conn(cluster))
-            await src.kill()
-    finally:
-        await asyncio.to_thread(delete_all, cluster.plane.settings, "SandboxSnapshot", [NS])
-        server.stop()
+    """A layer whose object was changed behind the platform's back (in the S3 server's
+    storage, or put again in the JetStream object store) is never unpacked: the restored
+    Sandbox fails (SnapshotUnavailable), it does not start empty or with other files."""
+    async with await AsyncSandbox.create(
+        name=f"kc-{uuid.uuid4().hex[:6]}", **_conn(cluster)
+    ) as src:
+        await _sh(src, "echo precious > f")
+        snap = await src.snapshot()
+        digest = snap.raw["status"]["layers"][-1]["digest"]
+        if snapshots_in is not None:
+            snapshots_in.object_path("layers", digest).write_bytes(b"changed behind its back")
+        else:
+            nc = await nats.connect(cluster.nats.url)
+            try:
+                store = await nc.jetstream().object_store(f"{cluster.prefix}-snapshots")
+                await store.put(digest, b"changed behind its back")
+            finally:
+                await nc.close()
+        with pytest.raises(SandboxError, match="cannot be restored"):
+            await AsyncSandbox.create(snapshot=snap.name, **_conn(cluster))
+        await src.kill()
 
 
 async def _pods(cluster: Cluster, name: str) -> list[str]:
