@@ -51,9 +51,11 @@ from sandpod_contract.errors import BlobCorrupt, SandpodError
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.fs import FsRemove, FsRemoved
 from sandpod_contract.messages.system import Info, Pong, SnapshotTake, SnapshotTaken
+from sandpod_contract.resources import ConditionReason
 from sandpod_contract.subjects import Subjects
-from sandpod_lifecycle.runtime.base import RuntimeFailure, SnapshotLayer
+from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure, SnapshotLayer
 from sandpod_lifecycle.runtime.podtar import (
+    CaptureRefused,
     PodManifest,
     changes,
     merge_layers,
@@ -260,10 +262,12 @@ class PodSnapshots:
         self, sandbox_id: str, name: str, layers: tuple[SnapshotLayer, ...]
     ) -> int:
         """Unpack the layers (from :meth:`restore_layers`) into the Pod's ``/workspace``;
-        the number of entries restored. The Pod's execd is waited for (``READY_TIMEOUT``).
+        the number of entries restored. The Pod's execd is waited for (``READY_TIMEOUT``). A
+        Pod with a capture record already (restored or captured before: a lifecycle restarted
+        while its Sandbox was Pending) is left as it is (0).
 
         Raises:
-            CaptureRefused: a layer holds a hostile member.
+            InstanceUnhealthy: SnapshotUnavailable (terminal): a layer holds a hostile member.
             RuntimeFailure: execd did not answer, or its ``tar`` refused the stream.
         """
         ch = self._channel(sandbox_id)
@@ -272,14 +276,22 @@ class PodSnapshots:
             if staged is None:
                 return 0
             await _answering(ch)
-            merged = staged / "merged.tar"
-            entries = await asyncio.to_thread(merge_layers, [x.path for x in layers], merged)
-            manifest = await asyncio.to_thread(read_archive, merged)
             try:
                 instance = await self._instance(ch)
+                if self._load(sandbox_id, instance) is not None:
+                    return 0  # this Pod was restored (or captured) already: its files are newer
+                merged = staged / "merged.tar"
+                entries = await asyncio.to_thread(merge_layers, [x.path for x in layers], merged)
+                manifest = await asyncio.to_thread(read_archive, merged)
                 await extract(ch, WORKSPACE, _chunks(merged))
             except SandpodError as exc:
                 raise RuntimeFailure(f"cannot restore {sandbox_id}'s files: {exc}") from exc
+            except CaptureRefused as exc:  # never unpacked: the Sandbox fails, saying why
+                raise InstanceUnhealthy(
+                    f"snapshot {name} cannot be restored: {exc}",
+                    reason=ConditionReason.SNAPSHOT_UNAVAILABLE,
+                    terminal=True,
+                ) from exc
             chain = self._fetched.get(staged)
             if chain is not None:
                 self._write(sandbox_id, name, instance, chain, manifest)
