@@ -52,6 +52,7 @@ DATA_ERRORS: dict[str, ErrorTuple] = {
     "sys.freeze": (e.SandboxError,),
     "sys.thaw": (e.SandboxError,),
     "sys.freezer": (),
+    "sys.snapshot": (e.SandboxError, e.FsError),
     "exec.run": (*_PAUSED, *_SPAWN, e.ExecIdInUse),
     "exec.fetch": _STREAM,
     "exec.start": (*_PAUSED, *_SPAWN, e.ExecIdInUse),

@@ -43,6 +43,8 @@ from sandpod_contract.messages.system import (
     Info,
     Pong,
     SandboxMetrics,
+    SnapshotTake,
+    SnapshotTaken,
 )
 
 __all__ = ["ACCEPT", "ERRORS", "ERROR_ACCEPT", "EXAMPLES", "MESSAGE_RULES", "REJECT", "RULES"]
@@ -194,6 +196,26 @@ EXAMPLES: dict[str, list[tuple[str, Message]]] = {
         ),
         ("thawed", FreezeState(sandbox_id="demo", frozen=False, mechanism="cgroup", processes=3)),
         ("minimal", FreezeState(sandbox_id="demo", frozen=False)),
+    ],
+    "sys.snapshot": [
+        ("basic", SnapshotTake(path="/workspace", timeout=5.0)),
+        ("minimal", SnapshotTake()),
+    ],
+    "sys.snapshot_taken": [
+        (
+            "basic",
+            SnapshotTaken(
+                sandbox_id="demo",
+                file="/var/lib/sandpod/snapshots/1f2e.tar",
+                size=10240,
+                entries=3,
+                mechanism="signals",
+            ),
+        ),
+        (
+            "minimal",
+            SnapshotTaken(sandbox_id="demo", file="/var/lib/sandpod/s.tar", size=0, entries=0),
+        ),
     ],
     "exec.request": [
         (

@@ -48,18 +48,17 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
     # server's 4 KiB CONNECT line). In Kubernetes mode each builder Pod reads them with a
     # user of its own (sandpod_lifecycle.builds.buildcreds).
     contexts = object_subjects(s.storage("build-contexts"))
-    reads: tuple[str, ...] = ()
+    # snapshot layers (both modes, unless they go to S3): the lifecycle alone writes, reads
+    # and deletes them (reading finds a chunk's stream by subject: STREAM.NAMES)
+    snapshots = object_owner_subjects(s.storage("snapshots"))
+    reads: tuple[str, ...] = (*snapshots, "$JS.API.STREAM.NAMES")
     if node is not None:
         kv_store = (*kv_subjects(s.storage("resources")), *kv_subjects(s.storage("leases")))
         kv_owned = tuple(
             x for b in ("resources", "leases") for x in kv_owner_subjects(s.storage(b))
         )
         node_plane = (s.node_plane(),)
-        # snapshot layers (embedded mode): the lifecycle alone writes, reads and deletes them
-        reads = (
-            *object_reader_subjects(s.storage("build-contexts")),
-            *object_owner_subjects(s.storage("snapshots")),
-        )
+        reads = (*object_reader_subjects(s.storage("build-contexts")), *snapshots)
     users = {
         "lifecycle": Permissions(
             pub_allow=(

@@ -4,12 +4,15 @@ With ``idlePolicy: Hibernate`` (the sandbox's, else its template's), an idle san
 deleted. The steps (``steps.py``) call :meth:`Hibernator.hibernate`:
 
     phase Hibernating   its execd stops serving (a request now finds no responder: the
-                        client asks the lifecycle to wake it, see ``sandpod_client.channel``)
+                        client asks the lifecycle to wake it, see ``sandpod_client.channel``);
+                        a Pod's execd freezes its commands instead (new ones are refused with
+                        ``sandbox.paused``) until the Pod is deleted
     capture             its writable layer and workspace, frozen, into the snapshot
                         ``hib-<hash of namespace/name/uid>`` (labelled with the sandbox: it
                         cannot be deleted while the sandbox exists; its layers only add to
                         what the sandbox started from)
-    destroy             its processes end, its memory and cgroups are freed
+    destroy             its processes end, its memory and cgroups are freed (the Pod is
+                        deleted; the Sandbox stays)
     phase Hibernated    condition Hibernated=True, reason FilesOnly: processes do not survive
 
 A wake (``sandboxes.wake``: the SDK's and gateway's calls do it on their own when they find
@@ -20,7 +23,9 @@ request is answered once it runs. Deleting the sandbox deletes its hibernation s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from typing import Protocol
 
 import structlog
 
@@ -28,13 +33,12 @@ from sandpod_contract.errors import ResourceNotFound
 from sandpod_contract.resources import API_VERSION
 from sandpod_contract.snapshots import SnapshotPhase, SnapshotSpec, SnapshotStatus
 from sandpod_lifecycle.driver import Owner
-from sandpod_lifecycle.runtime.local_driver import LocalDriver
 from sandpod_lifecycle.snapshots.controller import SnapshotController
 from sandpod_lifecycle.snapshots.objects import HIBERNATION_LABEL, SNAPSHOT
 from sandpod_lifecycle.snapshots.restore import hibernation_name
 from sandpod_store import ObjectMeta, Resource, SandboxView, Store
 
-__all__ = ["FILES_ONLY", "Hibernator"]
+__all__ = ["FILES_ONLY", "HibernatingDriver", "Hibernator"]
 
 log = structlog.get_logger("sandpod.lifecycle.hibernation")
 
@@ -47,8 +51,21 @@ FILES_ONLY = (
 )
 
 
+class HibernatingDriver(Protocol):
+    """A runtime that can hibernate: ``LocalDriver`` (its execd stops serving) or
+    ``PodDriver`` (its commands are frozen; the Pod is deleted)."""
+
+    name: str
+
+    async def stop_serving(self, sandbox_id: str, drain: float = 0.0) -> None: ...
+    async def resume(self, sandbox_id: str) -> None: ...
+    async def destroy(self, sandbox_id: str) -> None: ...
+
+
 class Hibernator:
-    def __init__(self, store: Store, driver: LocalDriver, snapshots: SnapshotController) -> None:
+    def __init__(
+        self, store: Store, driver: HibernatingDriver, snapshots: SnapshotController
+    ) -> None:
         self.store = store
         self.driver = driver
         self.snapshots = snapshots
@@ -64,8 +81,14 @@ class Hibernator:
         owner = Owner(view.namespace, view.obj.metadata.uid)
         name = hibernation_name(owner, view.name)
         await self.driver.stop_serving(view.name, drain=DRAIN)
-        obj = await self._pending(view, name)
-        await self.snapshots.capture_now(obj)
+        try:
+            obj = await self._pending(view, name)
+            await self.snapshots.capture_now(obj)
+        except BaseException:
+            if self.driver.name == "kubernetes":  # its commands were frozen: they run on
+                with contextlib.suppress(Exception):
+                    await self.driver.resume(view.name)
+            raise
         await self.driver.destroy(view.name)
         log.info("sandbox_hibernated", sandbox=view.name, snapshot=name)
         return name

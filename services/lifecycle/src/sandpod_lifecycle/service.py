@@ -315,9 +315,12 @@ class LifecycleService:
             quota=self.settings.snapshot_quota,
         )
         self.snapshots = snapshots
+        from sandpod_lifecycle.runtime.pod import PodDriver
+
         hibernator = (
             Hibernator(store, driver, snapshots.controller)
-            if isinstance(driver, LocalDriver) and snapshots.controller.snapshots is not None
+            if isinstance(driver, (LocalDriver, PodDriver))
+            and snapshots.controller.snapshots is not None
             else None
         )
         self.supervisor.spawn(snapshots.controller.run(), name="snapshots")

@@ -425,7 +425,7 @@ class Steps:
                 ConditionType.HIBERNATED,
                 "False",
                 ConditionReason.HIBERNATE_UNSUPPORTED,
-                "this runtime cannot hibernate (the local runtime as root can): it keeps running",
+                "this runtime cannot hibernate (local as root and Pods can): it keeps running",
             )
             await self._set(view, view.status.phase, None, cond)
             return Outcome.DONE

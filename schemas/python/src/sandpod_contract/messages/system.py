@@ -22,6 +22,8 @@ __all__ = [
     "Info",
     "Pong",
     "SandboxMetrics",
+    "SnapshotTake",
+    "SnapshotTaken",
 ]
 
 
@@ -162,6 +164,33 @@ class FreezeState(Message):
     detail: str = ""
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotTake(Message):
+    """``sys.snapshot`` (the lifecycle's, Kubernetes mode): write ``path`` (a directory, e.g.
+    ``/workspace``) as one POSIX tar file while the sandbox's commands are frozen (``sys.freeze``
+    semantics; a sandbox already paused stays paused, any other is thawed after the copy).
+    ``timeout``: how long execd may take to freeze them. The reply names the file, which the
+    caller reads (``fs.read``) and removes (``fs.remove``)."""
+
+    TYPE = "sys.snapshot"
+    path: str = "/workspace"
+    timeout: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotTaken(Message):
+    """Reply to ``sys.snapshot``: the tar file (``file``, a path ``fs.read`` accepts), its
+    ``size`` in bytes, how many ``entries`` it holds, and how the commands were frozen
+    (``mechanism``: ``cgroup`` or ``signals``, as in :class:`FreezeState`)."""
+
+    TYPE = "sys.snapshot_taken"
+    sandbox_id: str
+    file: str
+    size: int
+    entries: int
+    mechanism: str = ""
+
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation("sys", "ping", Empty, Pong, "liveness; answers without touching any command"),
     Operation("sys", "info", Empty, Info, "runtime, isolation and limits of this execd"),
@@ -171,4 +200,5 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("sys", "freeze", Freeze, FreezeState, "stop every command's process tree (pause)"),
     Operation("sys", "thaw", Empty, FreezeState, "continue the frozen processes (resume)"),
     Operation("sys", "freezer", Empty, FreezeState, "whether the processes are frozen, and how"),
+    Operation("sys", "snapshot", SnapshotTake, SnapshotTaken, "a directory as a tar, frozen"),
 )

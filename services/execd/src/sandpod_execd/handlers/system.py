@@ -22,10 +22,13 @@ from sandpod_contract.messages.system import (
     Info,
     Pong,
     SandboxMetrics,
+    SnapshotTake,
+    SnapshotTaken,
 )
 from sandpod_execd import __version__, cgstats, sysmetrics
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.sandbox import WORKSPACE_ALIAS, SandboxContext
+from sandpod_execd.snaptar import write_snapshot
 
 __all__ = ["SystemHandlers"]
 
@@ -56,12 +59,40 @@ class SystemHandlers:
             ("sys", "freeze"): Route(self.freeze, activity=False),
             ("sys", "thaw"): Route(self.thaw),
             ("sys", "freezer"): Route(self.freezer, inline=True, quiet=True, activity=False),
+            # the lifecycle's snapshot (Kubernetes mode): no activity, a probe of the sandbox
+            ("sys", "snapshot"): Route(self.snapshot, activity=False),
         }
 
     async def freeze(self, sbx: SandboxContext, req: Freeze) -> FreezeState:
         if not 0 < req.timeout <= MAX_FREEZE_TIMEOUT:
             raise BadRequest(f"timeout must be in (0, {MAX_FREEZE_TIMEOUT:g}] seconds")
         return await sbx.freezer.freeze(req.timeout)
+
+    async def snapshot(self, sbx: SandboxContext, req: SnapshotTake) -> SnapshotTaken:
+        """``req.path`` (``/workspace`` or below) as a tar file, written while the commands are
+        frozen (see :mod:`sandpod_execd.snaptar`)."""
+        if not 0 < req.timeout <= MAX_FREEZE_TIMEOUT:
+            raise BadRequest(f"timeout must be in (0, {MAX_FREEZE_TIMEOUT:g}] seconds")
+        inside = req.path == WORKSPACE_ALIAS or req.path.startswith(WORKSPACE_ALIAS + "/")
+        rel = req.path.removeprefix(WORKSPACE_ALIAS)
+        if sbx.jail is not None or not inside or ".." in rel.split("/"):
+            raise BadRequest("sys.snapshot takes /workspace or a directory below it (Pods only)")
+        was_frozen = sbx.freezer.frozen
+        state = await sbx.freezer.freeze(req.timeout)
+        try:
+            file, entries = await write_snapshot(
+                sbx.workspace / rel.strip("/"), self._settings.state_dir
+            )
+        finally:
+            if not was_frozen:
+                await sbx.freezer.thaw()
+        return SnapshotTaken(
+            sandbox_id=sbx.sandbox_id,
+            file=str(file),
+            size=file.stat().st_size,
+            entries=entries,
+            mechanism=state.mechanism,
+        )
 
     async def thaw(self, sbx: SandboxContext, _: Empty) -> FreezeState:
         return await sbx.freezer.thaw()

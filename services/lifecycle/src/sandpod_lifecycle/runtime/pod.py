@@ -35,6 +35,13 @@ this module maps the reconciler's verbs onto it:
     renew_credentials -> with per-sandbox NATS creds (a ``CredsPolicy``): re-mint the sandbox's
                 JWT into its Secret when it gets old or the sandbox's lifetime grew
                 (``podcreds`` says when); called by the reconciler on each pass over a live one.
+    restore  -> (``restores`` set: snapshots are on) a Sandbox that has not run yet and starts
+                from a snapshot (its own ``snapshotRef``, its template's, or the one it
+                hibernated into) gets the snapshot's files streamed into the new Pod's
+                /workspace once the Pod is Ready, before ``ensure`` returns (so before the
+                Sandbox is Ready): ``podsnap.PodSnapshots.restore_into``, once per Pod uid.
+    stop_serving -> (hibernation) freeze the commands through execd: new commands are refused
+                while the files are captured and the Pod deleted.
     pause    -> a Pod cannot be frozen through the API, but execd is the parent of every command
                 it starts: ``sys.freeze`` (execd stops its commands' trees; see
                 ``sandpod_execd.freezer``), ``sys.thaw`` on resume. ``inspect`` asks execd
@@ -58,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 
@@ -102,6 +110,19 @@ MECHANISMS = {"cgroup": ConditionReason.CGROUP_FROZEN, "signals": ConditionReaso
 Freezer = Callable[[str, str], Awaitable[FreezeState]]
 # (namespace, template name or None for the built-in one) -> its spec; raises SandpodError
 Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
+
+
+class PodRestores(Protocol):
+    """Restores a new Pod's files from the snapshot its Sandbox starts from (``wiring``)."""
+
+    async def restore(
+        self, sandbox_id: str, owner: Owner, spec: SandboxSpec, template: SandboxTemplateSpec
+    ) -> None:
+        """Raises InstanceUnhealthy (SnapshotPending / SnapshotUnavailable), RuntimeFailure."""
+
+    def forget(self, sandbox_id: str) -> None: ...
+
+
 GUARD_BOUND = (
     "enforced in the Pod by the network guard; the template's NetworkPolicy still bounds what "
     "it allows (it can narrow, never widen)"
@@ -142,6 +163,8 @@ class PodDriver:
         self._installation = installation
         self._ready_timeout = ready_timeout
         self._namespace = namespace
+        self.restores: PodRestores | None = None  # set by the snapshots' wiring
+        self._restored: dict[str, str] = {}  # sandbox -> uid of the Pod its files went into
         if not settings.nats_pinned:
             log.warning(
                 "nats_egress_not_pinned",
@@ -240,6 +263,10 @@ class PodDriver:
             raise RuntimeFailure(f"Pod of {sandbox_id}: {exc}") from exc
         if not state.ready:
             self._not_ready(sandbox_id, state)
+        fresh = not owner.started and self._restored.get(sandbox_id) != state.uid
+        if self.restores is not None and fresh:  # once per Pod (a failed one: again)
+            await self.restores.restore(sandbox_id, owner, spec, template)
+            self._restored[sandbox_id] = state.uid
         return self._instance(state)
 
     async def _create(
@@ -401,7 +428,16 @@ class PodDriver:
         except SandpodError as exc:
             raise RuntimeFailure(f"thaw {sandbox_id}: {exc.message}") from exc
 
+    async def stop_serving(self, sandbox_id: str, drain: float = 0.0) -> None:
+        """Hibernation's first step: freeze the commands (new ones are refused with
+        ``sandbox.paused``) while the files are captured; ``drain`` is not waited for (a
+        Pod's commands cannot outlive it). Raises RuntimeFailure (see :meth:`pause`)."""
+        await self.pause(sandbox_id)
+
     async def destroy(self, sandbox_id: str) -> None:
+        self._restored.pop(sandbox_id, None)
+        if self.restores is not None:
+            self.restores.forget(sandbox_id)
         namespaces = set()
         for pod in await self._pods(sandbox_id):
             await self._api.delete(pod.namespace, pod.name, self._settings.grace_seconds)

@@ -3,7 +3,8 @@
 Data flow: a store watch of SandboxSnapshots (and a periodic resync) puts ``namespace/name`` on a
 keyed work queue; a worker takes a ``Pending`` one, checks its source (the same Sandbox object,
 running or paused), captures it through the node's :class:`LocalSnapshots` (frozen, layered,
-stored) and writes ``Ready`` with the layer chain -- or ``Failed`` with the reason. A capture
+stored; in Kubernetes mode ``PodSnapshots``, through the Pod's execd) and writes ``Ready``
+with the layer chain -- or ``Failed`` with the reason. A capture
 that fails for a reason that may pass (a full disk, the object store down) is retried with
 backoff, then fails. Only after ``Ready`` is written does the instance's capture record move on
 (the next snapshot of it diffs from this one): a lifecycle killed mid-capture leaves a
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import structlog
 
@@ -45,8 +47,8 @@ from sandpod_lifecycle.driver import Owner
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.objects import SANDBOX
 from sandpod_lifecycle.runtime.base import InstanceNotFound, RuntimeFailure
-from sandpod_lifecycle.runtime.localsnap import Capture, LocalSnapshots
-from sandpod_lifecycle.runtime.snaplayers import LayerInfo
+from sandpod_lifecycle.runtime.podsnap import WORKSPACE_ONLY, PodCapture
+from sandpod_lifecycle.runtime.snaplayers import LayerInfo, LayerStore
 from sandpod_lifecycle.snapshots.objects import (
     HIBERNATION_LABEL,
     SNAPSHOT,
@@ -66,11 +68,34 @@ RETRY = 2.0  # seconds before a capture that may pass is tried again
 ADOPT_AFTER = 10.0  # seconds after which a snapshot the API never completed is taken anyway
 MAX_ATTEMPTS = 5
 UNSUPPORTED = (
-    "this lifecycle's runtime cannot take snapshots (the local runtime as root can; "
-    "Kubernetes mode does not yet)"
+    "this lifecycle's runtime cannot take snapshots (the local runtime as root and the "
+    "kubernetes runtime can)"
 )
 
 Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
+
+
+class Captured(Protocol):
+    """What a capture returns (``localsnap.Capture``, ``podsnap.PodCapture``)."""
+
+    @property
+    def chain(self) -> tuple[LayerInfo, ...]: ...
+    @property
+    def new(self) -> tuple[LayerInfo, ...]: ...
+    @property
+    def previous(self) -> str | None: ...
+
+
+class Snapshotter(Protocol):
+    """A runtime's captures (``LocalSnapshots``: frozen jails; ``PodSnapshots``: through a
+    Pod's execd)."""
+
+    layers: LayerStore
+
+    async def capture(self, sandbox_id: str, restored: tuple[LayerInfo, ...] = ()) -> Any:
+        """A :class:`Captured` (Any: each runtime's commit takes its own)."""
+
+    def commit(self, capture: Any, name: str) -> None: ...
 
 
 class SnapshotController:
@@ -79,7 +104,7 @@ class SnapshotController:
         *,
         store: Store,
         events: Events,
-        snapshots: LocalSnapshots | None,
+        snapshots: Snapshotter | None,
         templates: Templates,
         restores: Restores | None = None,
         clock: Clock = REAL,
@@ -253,7 +278,7 @@ class SnapshotController:
             await self._retain_source(ns, spec.source_ref, spec.retain_count)
 
     async def _ready(
-        self, obj: Resource, cap: Capture, template: str | None, parent: str | None
+        self, obj: Resource, cap: Captured, template: str | None, parent: str | None
     ) -> None:
         layers = tuple(_ref(x) for x in cap.chain)
         status = SnapshotStatus(
@@ -266,6 +291,8 @@ class SnapshotController:
             ready_time=to_rfc3339(self._clock.now()),
         )
         message = f"{len(cap.new)} new layer(s), {len(layers)} in all"
+        if isinstance(cap, PodCapture):  # what differs from the local runtime's, said
+            message += f"; {WORKSPACE_ONLY}; commands frozen by {cap.mechanism or 'nothing'}"
         status = with_phase(
             status, SnapshotPhase.READY, SnapshotReason.CAPTURED, message, self._clock.now()
         )

@@ -21,6 +21,7 @@ from sandpod_contract.snapshots import SnapshotPhase, SnapshotStatus
 from sandpod_lifecycle.driver import Owner
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, SnapshotLayer
 from sandpod_lifecycle.runtime.localsnap import LocalSnapshots
+from sandpod_lifecycle.runtime.podsnap import PodSnapshots
 from sandpod_lifecycle.runtime.snaplayers import LayerCorrupt, LayerInfo, SnapshotStoreFailed
 from sandpod_lifecycle.snapshots.objects import SNAPSHOT
 from sandpod_store import Store
@@ -45,7 +46,9 @@ def hibernation_name(owner: Owner, sandbox_id: str) -> str:
 
 
 class Restores:
-    def __init__(self, store: Store, templates: Templates, snapshots: LocalSnapshots) -> None:
+    def __init__(
+        self, store: Store, templates: Templates, snapshots: LocalSnapshots | PodSnapshots
+    ) -> None:
         self.store = store
         self._templates = templates
         self.snapshots = snapshots

@@ -1,0 +1,291 @@
+"""Pod snapshots as layers: a sandbox's tar checked, diffed and written in overlay format; a
+chain of layers merged back into one tar.
+
+A Pod sandbox's files reach the lifecycle as the tar execd wrote of its ``/workspace``
+(``sys.snapshot``). The sandbox controls what that tar holds, so nothing in it is unpacked by
+``tar``: :func:`read_archive` reads it member by member and refuses (``CaptureRefused``) any
+member that could land outside the layer -- an absolute name, a ``..`` component, a name below
+a member that is not a directory (the symlink-then-file trick), a hard link to anything but an
+earlier regular file of the archive, a device (whiteouts are 0/0 character devices: a sandbox
+must not forge one), a name seen twice. What passes becomes a :class:`PodManifest` (every
+entry's type, mode, owner, mtime, size, link target and the SHA-256 of its data).
+
+:func:`write_layer` writes the layer tar of what changed since the previous capture's manifest,
+in the format :mod:`snaplayers` stores (the local runtime's layers are the same: names ``./``,
+numeric owners, a whiteout is a 0/0 character device): new and changed entries, their parent
+directories, a whiteout for each entry gone. Only headers are written (owners, modes and
+whiteouts are tar fields), so the lifecycle needs no privilege, and every header is rebuilt
+from the checked fields (no xattr or other pax record of the sandbox's passes through).
+
+:func:`merge_layers` is the restore: the chain's layer tars, bottom first, resolved as overlayfs
+would (a whiteout hides what is below; a non-directory replaces a directory's whole subtree; an
+opaque directory hides what is below it), each member checked again, written as one tar for the
+sandbox's own ``tar -x`` (``sandpod_client.archive.extract``) to unpack in a fresh Pod.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import tarfile
+from pathlib import Path
+from typing import IO
+
+import msgpack
+
+from sandpod_lifecycle.runtime.snapdiff import CaptureFailed
+
+__all__ = [
+    "CaptureRefused",
+    "PodManifest",
+    "changes",
+    "merge_layers",
+    "read_archive",
+    "write_layer",
+]
+
+MANIFEST_VERSION = 1
+OPAQUE = "trusted.overlay.opaque"
+CHUNK = 1 << 20
+# (type, mode, uid, gid, mtime_ns, size, link target, sha256 hex of the data or "")
+Row = tuple[str, int, int, int, int, int, str, str]
+
+
+class CaptureRefused(CaptureFailed):
+    """The sandbox's archive holds a member that could write outside its layer: refused."""
+
+    code = "snapshot.capture_refused"
+    retryable = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodManifest:
+    """Every entry of a captured tree ("" is the root): relative path -> :data:`Row`."""
+
+    entries: dict[str, Row]
+
+    def encode(self) -> bytes:
+        rows = [[p, *r] for p, r in self.entries.items()]
+        data: bytes = msgpack.packb({"version": MANIFEST_VERSION, "entries": rows})
+        return data
+
+    @classmethod
+    def decode(cls, data: bytes) -> PodManifest:
+        raw = msgpack.unpackb(data)
+        if not isinstance(raw, dict) or raw.get("version") != MANIFEST_VERSION:
+            raise ValueError("unknown manifest version")
+        entries: dict[str, Row] = {}
+        for p, t, mode, uid, gid, mtime, size, link, digest in raw["entries"]:
+            row = (str(t), int(mode), int(uid), int(gid), int(mtime), int(size), str(link))
+            entries[str(p)] = (*row, str(digest))
+        return cls(entries)
+
+
+def _name(raw: str) -> str:
+    """A member's name as a relative path ("" for the root), or CaptureRefused."""
+    if raw.startswith("/") or "\x00" in raw:
+        raise CaptureRefused(f"the archive names an absolute path: {raw[:200]!r}")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise CaptureRefused(f"the archive names a path with '..': {raw[:200]!r}")
+    return "/".join(parts)
+
+
+def _kind(m: tarfile.TarInfo) -> str:
+    if m.isdir():
+        return "dir"
+    if m.issym():
+        return "symlink"
+    if m.islnk():
+        return "hardlink"
+    if m.isfifo():
+        return "fifo"
+    if m.isreg():
+        return "file"
+    raise CaptureRefused(f"the archive holds a device or unknown member: {m.name[:200]!r}")
+
+
+def read_archive(path: Path) -> PodManifest:
+    """Check every member of the tar ``path`` and return the tree's manifest.
+
+    Raises:
+        CaptureRefused: a member could write outside the layer (see the module docstring).
+        CaptureFailed: the file is not a readable tar.
+    """
+    entries: dict[str, Row] = {}
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for m in tar:
+                name, kind = _name(m.name), _kind(m)
+                if name in entries:
+                    raise CaptureRefused(f"the archive names {name[:200]!r} twice")
+                parent = name.rpartition("/")[0]
+                if name and parent not in entries and parent:
+                    raise CaptureRefused(f"{name[:200]!r} comes before its directory")
+                if name and entries.get(parent, ("dir",))[0] != "dir":
+                    raise CaptureRefused(f"{name[:200]!r} is below a member that is no directory")
+                if not name and kind != "dir":
+                    raise CaptureRefused("the archive's root is not a directory")
+                link, digest = "", ""
+                if kind == "symlink":
+                    link = m.linkname
+                elif kind == "hardlink":
+                    link = _name(m.linkname)
+                    if entries.get(link, ("",))[0] != "file":
+                        raise CaptureRefused(f"{name[:200]!r} links to no earlier regular file")
+                    digest = entries[link][7]
+                elif kind == "file":
+                    digest = _sha256(tar.extractfile(m))
+                mtime = int(m.mtime * 1_000_000_000)
+                entries[name] = (kind, m.mode & 0o7777, m.uid, m.gid, mtime, m.size, link, digest)
+    except tarfile.TarError as exc:
+        raise CaptureFailed(f"the sandbox's archive is not a readable tar: {exc}") from exc
+    if "" not in entries:
+        raise CaptureRefused("the archive has no root directory")
+    return PodManifest(entries)
+
+
+def _sha256(f: IO[bytes] | None) -> str:
+    sha = hashlib.sha256()
+    if f is not None:
+        while chunk := f.read(CHUNK):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def changes(old: PodManifest | None, new: PodManifest) -> tuple[list[str], list[str]]:
+    """(entries to write, entries to white out) to turn ``old`` into ``new`` (None: all)."""
+    if old is None:
+        return sorted(new.entries), []
+    write = {p for p, row in new.entries.items() if old.entries.get(p) != row}
+    for p in list(write):  # a directory replaced by another kind: nothing below shows through
+        if old.entries.get(p, ("dir",))[0] != "dir" or new.entries[p][0] != "dir":
+            write |= {q for q in new.entries if q.startswith(p + "/")}
+    gone = [p for p in old.entries if p not in new.entries]
+    hidden = {p for p in gone if _covered(p, old, new)}
+    parents = {a for p in (*write, *gone) for a in _ancestors(p)}
+    return sorted(write | parents | {""}), sorted(set(gone) - hidden)
+
+
+def _covered(path: str, old: PodManifest, new: PodManifest) -> bool:
+    """Under an ancestor that is gone or no directory now: hidden without a whiteout."""
+    return any(
+        a not in new.entries or new.entries[a][0] != "dir" or old.entries[a][0] != "dir"
+        for a in _ancestors(path)
+    )
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))] if path else []
+
+
+def write_layer(
+    archive: Path, new: PodManifest, changed: tuple[list[str], list[str]], out: Path
+) -> int:
+    """Write the layer tar ``out``: the entries ``changed[0]`` (from ``archive``, checked by
+    :func:`read_archive`) and a whiteout per ``changed[1]``; the number of entries. Owners,
+    modes and whiteouts are tar headers: no privilege is needed to write them."""
+    write, gone = changed
+    wanted = set(write)
+    done: set[str] = set()
+    with tarfile.open(archive, "r:") as tar, tarfile.open(out, "w", format=PAX) as layer:
+        for m in tar:
+            name = _name(m.name)
+            if name not in wanted:
+                continue
+            info = _header(m, name)
+            if m.islnk() and _name(m.linkname) in done:
+                info.linkname = _arc(_name(m.linkname))
+                layer.addfile(info)
+            elif m.islnk() or m.isreg():  # a hard link to a file of an older layer: its data
+                src = m if m.isreg() else tar.getmember(m.linkname)
+                info.type, info.size, info.linkname = tarfile.REGTYPE, src.size, ""
+                layer.addfile(info, tar.extractfile(src))
+            else:
+                layer.addfile(info)
+            done.add(name)
+        for name in gone:
+            whiteout = tarfile.TarInfo(_arc(name))
+            whiteout.type, whiteout.mode, whiteout.devmajor, whiteout.devminor = CHR, 0o600, 0, 0
+            layer.addfile(whiteout)
+    return len(done) + len(gone)
+
+
+PAX = tarfile.PAX_FORMAT
+CHR = tarfile.CHRTYPE
+
+
+def _arc(name: str) -> str:
+    return f"./{name}" if name else "."
+
+
+def _header(m: tarfile.TarInfo, name: str) -> tarfile.TarInfo:
+    """A clean copy of ``m``'s header: its name normalised, numeric owners, no extra records
+    (no xattrs: a sandbox cannot smuggle an overlay attribute through its archive)."""
+    info = tarfile.TarInfo(_arc(name))
+    info.type, info.mode, info.uid, info.gid = m.type, m.mode & 0o7777, m.uid, m.gid
+    info.mtime, info.size, info.linkname = m.mtime, m.size if m.isreg() else 0, m.linkname
+    return info
+
+
+def merge_layers(layers: list[Path], out: Path) -> int:
+    """Resolve the layer tars ``layers`` (bottom first) as overlayfs would and write the tree
+    as one tar at ``out`` (the root as ``.``); the number of entries.
+
+    Raises:
+        CaptureRefused: a layer holds a hostile member (they are checked as captures are).
+    """
+    tree: dict[str, tuple[int, tarfile.TarInfo]] = {}
+    tars = [tarfile.open(p, "r:") for p in layers]  # noqa: SIM115 - closed below
+    try:
+        for i, tar in enumerate(tars):
+            for m in tar:
+                name = _name(m.name)
+                if m.ischr() and m.devmajor == 0 and m.devminor == 0:  # a whiteout
+                    _drop(tree, name, itself=True)
+                    continue
+                if not (m.isdir() or m.isreg() or m.issym() or m.islnk() or m.isfifo()):
+                    raise CaptureRefused(f"a layer holds a device: {m.name[:200]!r}")
+                opaque = m.pax_headers.get(f"SCHILY.xattr.{OPAQUE}") == "y"
+                if not m.isdir() or opaque:
+                    _drop(tree, name, itself=False)
+                if not all(a in tree and tree[a][1].isdir() for a in _ancestors(name)):
+                    raise CaptureRefused(f"{name[:200]!r} is below a member that is no directory")
+                tree[name] = (i, m)
+        with tarfile.open(out, "w", format=PAX) as merged:
+            return _emit(tars, tree, merged)
+    finally:
+        for tar in tars:
+            tar.close()
+
+
+def _emit(
+    tars: list[tarfile.TarFile],
+    tree: dict[str, tuple[int, tarfile.TarInfo]],
+    merged: tarfile.TarFile,
+) -> int:
+    written: set[str] = set()
+    for name in sorted(tree):  # a directory sorts before what it holds
+        i, m = tree[name]
+        info = _header(m, name)
+        target = _name(m.linkname) if m.islnk() else ""
+        if m.islnk() and target in written and tree[target][0] == i:
+            info.linkname = _arc(target)
+            merged.addfile(info)
+        elif m.islnk() or m.isreg():  # a link whose file was replaced above it: its own data
+            src = m if m.isreg() else tars[i].getmember(m.linkname)
+            info.type, info.size, info.linkname = tarfile.REGTYPE, src.size, ""
+            merged.addfile(info, tars[i].extractfile(src))
+        else:
+            merged.addfile(info)
+        written.add(name)
+    return len(written)
+
+
+def _drop(tree: dict[str, tuple[int, tarfile.TarInfo]], rel: str, *, itself: bool) -> None:
+    prefix = rel + "/" if rel else ""
+    for key in [k for k in tree if k.startswith(prefix) and k != rel]:
+        del tree[key]
+    if itself:
+        tree.pop(rel, None)
