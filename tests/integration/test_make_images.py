@@ -114,9 +114,12 @@ def test_execd_image_holds_exactly_the_bundle(
     # The copy the Pod's init container runs needs no libc: a static busybox, nothing else.
     assert sorted(p.name for p in unpacked.iterdir()) == ["bin", "sandpod-bundle"]
     assert os.readlink(unpacked / "bin/cp") == "busybox"
-    assert b"statically linked" in subprocess.run(
-        ["file", str(unpacked / "bin/busybox")], capture_output=True, check=True
-    ).stdout
+    assert (
+        b"statically linked"
+        in subprocess.run(
+            ["file", str(unpacked / "bin/busybox")], capture_output=True, check=True
+        ).stdout
+    )
     launcher = (unpacked / "sandpod-bundle/bin/sandpod-execd").stat()
     assert (launcher.st_uid, launcher.st_gid, launcher.st_mode & 0o777) == (0, 0, 0o755)
 

@@ -33,30 +33,30 @@ TTL = 5
 
 def build_table(api: client.ApiClient) -> dict[str, list[str]]:
     """name (absolute, lower case) -> IPv4 addresses."""
-    core = client.CoreV1Api(api)
-    discovery = client.DiscoveryV1Api(api)
+    services = client.CoreV1Api(api).list_service_for_all_namespaces().to_dict()["items"]
+    slices = client.DiscoveryV1Api(api).list_endpoint_slice_for_all_namespaces().to_dict()
     table: dict[str, list[str]] = {}
     headless: set[tuple[str, str]] = set()
-    for svc in core.list_service_for_all_namespaces().items:
-        name = f"{svc.metadata.name}.{svc.metadata.namespace}.{DOMAIN}"
-        ip = svc.spec.cluster_ip
+    for svc in services:
+        meta = svc["metadata"]
+        ip = svc["spec"].get("cluster_ip")
         if ip and ip != "None":
-            table[name] = [ip]
+            table[f"{meta['name']}.{meta['namespace']}.{DOMAIN}"] = [ip]
         else:
-            headless.add((svc.metadata.namespace, svc.metadata.name))
-    for eps in discovery.list_endpoint_slice_for_all_namespaces().items:
-        owner = (eps.metadata.labels or {}).get("kubernetes.io/service-name")
-        ns = eps.metadata.namespace
+            headless.add((meta["namespace"], meta["name"]))
+    for eps in slices["items"]:
+        owner = (eps["metadata"].get("labels") or {}).get("kubernetes.io/service-name")
+        ns = eps["metadata"]["namespace"]
         if owner is None:
             continue
-        for ep in eps.endpoints or []:
-            if ep.conditions is not None and ep.conditions.ready is False:
+        for ep in eps.get("endpoints") or []:
+            if (ep.get("conditions") or {}).get("ready") is False:
                 continue
-            for address in ep.addresses or []:
+            for address in ep.get("addresses") or []:
                 if (ns, owner) in headless:
                     table.setdefault(f"{owner}.{ns}.{DOMAIN}", []).append(address)
-                if ep.hostname:
-                    table[f"{ep.hostname}.{owner}.{ns}.{DOMAIN}"] = [address]
+                if ep.get("hostname"):
+                    table[f"{ep['hostname']}.{owner}.{ns}.{DOMAIN}"] = [address]
     return table
 
 
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--listen", required=True)
     parser.add_argument("--kubeconfig", required=True)
     args = parser.parse_args()
-    table = Table(config.new_client_from_config(args.kubeconfig))
+    table = Table(config.new_client_from_config(args.kubeconfig))  # type: ignore[no-untyped-call]
     threading.Thread(target=table.refresh_forever, daemon=True).start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((args.listen, 53))

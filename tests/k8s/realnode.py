@@ -182,7 +182,10 @@ class RealNode:
         return self.run_dir / "containerd.sock"
 
     def start(self, progress: bool = False) -> None:
-        say = (lambda m: print(f"node: {m}", flush=True)) if progress else (lambda m: None)
+        def say(message: str) -> None:
+            if progress:
+                print(f"node: {message}", flush=True)
+
         self.netns_before = set(os.listdir("/run/netns")) if Path("/run/netns").is_dir() else set()
         self.net = net = NodeNet.up()
         ident = net.ident
@@ -519,7 +522,7 @@ syncFrequency: 10s
                 except client.ApiException as exc:
                     last = f"HTTP {exc.status}"
                 else:
-                    for cond in node.status.conditions or []:
+                    for cond in (node.status.conditions if node.status else None) or []:
                         if cond.type == "Ready":
                             if cond.status == "True":
                                 return
@@ -532,11 +535,11 @@ syncFrequency: 10s
     def _delete_all_pods(self, timeout: float = 60) -> None:
         with self.settings.api_client() as api_client:
             core = client.CoreV1Api(api_client)
-            for pod in core.list_pod_for_all_namespaces(_request_timeout=10).items:
+            for pod in core.list_pod_for_all_namespaces(_request_timeout=10).to_dict()["items"]:
                 with contextlib.suppress(client.ApiException):
                     core.delete_namespaced_pod(
-                        pod.metadata.name,
-                        pod.metadata.namespace,
+                        pod["metadata"]["name"],
+                        pod["metadata"]["namespace"],
                         grace_period_seconds=0,
                         _request_timeout=10,
                     )
