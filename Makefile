@@ -82,8 +82,14 @@ images: install  ## the project's images as OCI layouts in build/images/ without
 
 APP_VERSION := $(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' deploy/helm/sandpod/Chart.yaml)
 
-cluster-images: install  ## the images a real test node runs (tests/node, make cluster), tagged with the chart's appVersion; execd on Debian's python3.11
-	$(BIN)/python -m sandpod_image.makeimages --out build/images --python-home host --tag $(APP_VERSION) --only execd,base,services,node
+cluster-images: install build/images/.cluster-$(APP_VERSION)  ## the images a real test node runs (tests/node, make cluster), tagged with the chart's appVersion; rebuilt when their sources change
+
+# Rebuilt only when a file the images are made of changed (the node tests run these images: stale
+# ones would test old code). execd's bundle runs Debian's python3.11 (no standalone CPython to
+# download here); zstd layers (containerd >= 1.5 reads them) keep the rebuild short.
+build/images/.cluster-$(APP_VERSION): $(shell git ls-files libs services schemas/python deploy/images uv.lock 2>/dev/null)
+	$(BIN)/python -m sandpod_image.makeimages --out build/images --python-home host --tag $(APP_VERSION) --compress zstd --only execd,base,services,node
+	touch $@
 
 cluster: envtest cluster-images  ## a real single-node Kubernetes cluster (kubelet, containerd, CNI) until Ctrl-C; prints its KUBECONFIG
 	cd tests && ../$(BIN)/python -m k8s.realnode
@@ -91,7 +97,7 @@ cluster: envtest cluster-images  ## a real single-node Kubernetes cluster (kubel
 chart-crds:  ## copy schemas/crds/ into the Helm chart (tests/k8s/test_helm.py fails on drift)
 	cp schemas/crds/*.yaml deploy/helm/sandpod/crds/
 
-test: install envtest s3test  ## the whole test suite against a real nats-server (and kube-apiserver, versitygw)
+test: install envtest s3test cluster-images  ## the whole test suite against a real nats-server (and kube-apiserver, versitygw)
 	$(BIN)/pytest
 
 check: lint types imports test  ## everything CI runs

@@ -9,6 +9,7 @@ services it needs, as host processes) whose sandboxes are real Pods.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -40,10 +41,12 @@ def real_node() -> Iterator[RealNode]:
         apply_crds(node.settings, manifests)
     except Exception as exc:
         node.stop()
+        shutil.rmtree(node.dir, ignore_errors=True)
         pytest.fail(f"the real node did not come up: {exc}")
     SESSION_DAEMON_PIDS.update(node.pids())
     yield node
     node.stop()
+    shutil.rmtree(node.dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

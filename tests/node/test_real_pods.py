@@ -11,10 +11,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from k8s.cluster import NS, Cluster
 from node.conftest import pod_env
 from sandpod import AsyncSandbox
 from sandpod_store import ObjectMeta, Resource
+
+# A real node's Pods start in seconds, but the node itself takes ~40 s on first use.
+pytestmark = pytest.mark.timeout(400)
 
 STATUS = "grep -E '^(Uid|CapEff|CapBnd|CapPrm|Seccomp|NoNewPrivs):' /proc/self/status"
 

@@ -44,6 +44,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "sandpod.natsUrl" -}}
 {{- if .Values.natsUrl -}}
 {{- .Values.natsUrl -}}
+{{- else if .Values.bundledNats.enabled -}}
+{{- printf "nats://%s-nats.%s.svc:4222" (include "sandpod.fullname" .) .Release.Namespace -}}
 {{- else if .Values.nats.enabled -}}
 {{- $name := .Values.nats.fullnameOverride | default (ternary .Release.Name (printf "%s-nats" .Release.Name) (contains "nats" .Release.Name)) -}}
 {{- printf "nats://%s.%s.svc:4222" ($name | trunc 63 | trimSuffix "-") .Release.Namespace -}}
@@ -82,6 +84,16 @@ app.kubernetes.io/component: {{ .component }}
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+# What sandbox Pods run: the execd bundle image of this release, the default sandbox image, and
+# the Secret (rendered by this chart in every sandbox namespace) holding execd's NATS URL.
+- name: SANDPOD_POD_EXECD_IMAGE
+  value: {{ include "sandpod.image" (dict "root" . "component" "execd") | quote }}
+- name: SANDPOD_POD_NATS_SECRET
+  value: {{ .Values.sandboxes.natsSecret | quote }}
+{{- with .Values.sandboxes.defaultImage }}
+- name: SANDPOD_POD_DEFAULT_IMAGE
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 
 {{/* Pod-level pieces shared by the three Deployments; call with (dict "root" $ "component" c). */}}

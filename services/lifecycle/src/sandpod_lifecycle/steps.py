@@ -29,6 +29,7 @@ look again later asks ``wake_at`` (wall time), which the reconciler turns into a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import enum
@@ -70,6 +71,8 @@ from sandpod_store import Resource, SandboxView, Store
 
 __all__ = ["Configure", "Outcome", "Probe", "Steps", "Templates"]
 
+# While execd has not answered yet, how often the instance is checked for having ended.
+PROBE_ALIVE_EVERY = 1.0
 log = structlog.get_logger("sandpod.lifecycle.reconciler")
 
 UNHEALTHY_RECHECK = 2.0  # seconds between looks at an instance that waits on a transient problem
@@ -262,7 +265,11 @@ class Steps:
                 volumes = Volumes(self.store, None, self.events)
                 await volumes.claim(view.namespace, view.name, view.spec.volumes)
             instance = await self.driver.ensure(view.name, view.spec, template, owner)
-            if not await self._ready_probe(view.name, self._ready_timeout):
+
+            async def ensure_again() -> None:
+                await self.driver.ensure(view.name, view.spec, template, owner)
+
+            if not await self._probe_while_alive(view.name, ensure_again):
                 raise TimeoutError(f"execd did not answer within {self._ready_timeout:g}s")
             # Ready only with its egress policy applied (never a window of the wrong one); a
             # re-created instance gets it too, whatever status.network says of the last one.
@@ -293,6 +300,26 @@ class Steps:
         if view.spec.operating_mode is OperatingMode.PAUSED:
             return await self._step(SandboxView.of(updated), "")
         return Outcome.DONE
+
+    async def _probe_while_alive(
+        self, name: str, ensure_again: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """execd's first answer, raced against the instance ending: a container that starts and
+        exits at once (a real kubelet reports it Ready for that moment) is diagnosed by the
+        driver's ``ensure`` (InstanceUnhealthy) within a second, not after the ready timeout."""
+        probe = asyncio.ensure_future(self._ready_probe(name, self._ready_timeout))
+        try:
+            while True:
+                done, _ = await asyncio.wait({probe}, timeout=PROBE_ALIVE_EVERY)
+                if done:
+                    return probe.result()
+                if await self.driver.inspect(name) is None:
+                    await ensure_again()  # raises for an instance that ended
+        finally:
+            if not probe.done():
+                probe.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await probe
 
     async def _fail(self, view: SandboxView, reason: ConditionReason, message: str) -> Outcome:
         """Give up: destroy the instance, ``Failed`` with the runtime's reason (kept until the

@@ -1,0 +1,133 @@
+"""`helm install deploy/helm/sandpod` on the real node, NATS from the chart itself, and a sandbox
+made through it: the services run as Pods from the project's images, the lifecycle Pod makes the
+sandbox's Pod, and the SDK on the host execs in it over the chart's NATS. Uninstall leaves
+nothing of the release behind (the CRDs stay, as Helm keeps ``crds/`` by design).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from k8s.chart import helm_binary, missing_helm, without_dependencies
+from k8s.realnode import IMAGE_PREFIX, RealNode, image
+from sandpod import AsyncSandbox
+from sandpod_kube import ensure_namespace
+
+pytestmark = pytest.mark.timeout(600)
+
+RELEASE = "sp"
+INSTANCE = "app.kubernetes.io/instance"
+
+
+def _helm(node: RealNode, *args: str, timeout: float = 300) -> str:
+    done = subprocess.run(
+        [str(helm_binary()), "--kubeconfig", str(node.dir / "admin.kubeconfig"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)}: {done.stdout}{done.stderr}")
+    return done.stdout
+
+
+def _values(ns: str) -> dict[str, Any]:
+    return {
+        "image": {"repository": IMAGE_PREFIX, "pullPolicy": "IfNotPresent"},
+        "nats": {"enabled": False},
+        "bundledNats": {"enabled": True, "persistence": {"enabled": False}},
+        "sandboxes": {"defaultImage": image("sandpod-base")},
+        "lifecycle": {"replicas": 1, "pdb": {"enabled": False}},
+        "pool": {"replicas": 1, "pdb": {"enabled": False}},
+        "gateway": {"replicas": 1, "hpa": {"enabled": False}, "pdb": {"enabled": False}},
+        "logLevel": "debug",
+    }
+
+
+def _objects_of_release(api: client.ApiClient, ns: str) -> list[str]:
+    """Everything labelled with the release, namespaced (in ``ns``) and cluster-wide."""
+    selector = f"{INSTANCE}={RELEASE}"
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    rbac = client.RbacAuthorizationV1Api(api)
+    admission = client.AdmissionregistrationV1Api(api)
+    found: list[str] = []
+    for kind, listing in (
+        ("Pod", lambda: core.list_namespaced_pod(ns, label_selector=selector)),
+        ("Secret", lambda: core.list_namespaced_secret(ns, label_selector=selector)),
+        ("Service", lambda: core.list_namespaced_service(ns, label_selector=selector)),
+        (
+            "ServiceAccount",
+            lambda: core.list_namespaced_service_account(ns, label_selector=selector),
+        ),
+        ("Deployment", lambda: apps.list_namespaced_deployment(ns, label_selector=selector)),
+        ("StatefulSet", lambda: apps.list_namespaced_stateful_set(ns, label_selector=selector)),
+        ("ClusterRole", lambda: rbac.list_cluster_role(label_selector=selector)),
+        ("ClusterRoleBinding", lambda: rbac.list_cluster_role_binding(label_selector=selector)),
+        (
+            "ValidatingAdmissionPolicy",
+            lambda: admission.list_validating_admission_policy(label_selector=selector),
+        ),
+    ):
+        found += [f"{kind}/{o['metadata']['name']}" for o in listing().to_dict()["items"]]
+    return found
+
+
+async def test_the_chart_installs_runs_a_sandbox_and_uninstalls_cleanly(
+    real_node: RealNode, tmp_path: Path
+) -> None:
+    if problem := missing_helm():
+        pytest.fail(problem)
+    ns = f"sandpod-{uuid.uuid4().hex[:6]}"
+    await asyncio.to_thread(ensure_namespace, real_node.settings, ns)
+    chart = without_dependencies(tmp_path)
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(_values(ns)))
+    await asyncio.to_thread(
+        _helm,
+        real_node,
+        "install",
+        RELEASE,
+        str(chart),
+        "-n",
+        ns,
+        "-f",
+        str(values),
+        "--wait",
+        "--timeout",
+        "5m",
+    )
+    sbx: AsyncSandbox | None = None
+    with real_node.settings.api_client() as api:
+        core = client.CoreV1Api(api)
+        nats_pod = core.list_namespaced_pod(
+            ns, label_selector=f"{INSTANCE}={RELEASE},app.kubernetes.io/component=nats"
+        ).to_dict()["items"][0]
+        nats_url = f"nats://{nats_pod['status']['pod_ip']}:4222"  # the host routes to Pod IPs
+        try:
+            sbx = await AsyncSandbox.create(wait=180, nats_url=nats_url, prefix="sandpod")
+            r = await sbx.exec("cat /proc/1/cgroup | grep -c kubepods; id -u")
+            assert r.exit_code == 0 and r.stdout.split()[1] != "0", r
+            await sbx.fs.write("/workspace/hello", b"through the chart")
+            assert await sbx.fs.read("/workspace/hello") == b"through the chart"
+            sandbox_pod = core.read_namespaced_pod(sbx.id, ns).to_dict()
+            assert sandbox_pod["spec"]["containers"][0]["image"] == image("sandpod-base")
+            await sbx.kill()
+        finally:
+            if sbx is not None:
+                await sbx.close()
+        await asyncio.to_thread(_helm, real_node, "uninstall", RELEASE, "-n", ns, "--wait")
+        left = await asyncio.to_thread(_objects_of_release, api, ns)
+        assert left == [], left
+        pods = core.list_namespaced_pod(ns).to_dict()["items"]
+        assert [
+            p["metadata"]["name"] for p in pods if not p["metadata"]["deletion_timestamp"]
+        ] == []
