@@ -156,7 +156,9 @@ class LocalRuntime:
         async with self._lock(sid):
             if self._dir(sid).exists() or sid in plan.sandbox_ids():
                 raise InstanceExists(f"sandbox {sid!r} already has an instance", sandbox_id=sid)
-            uid, gid = self._allocate(spec)  # from here on every trace is ours to remove
+            # from here on every trace is ours to remove; in a thread: it reads every jail
+            # record and every process's uids, which would stall the loop (other creates)
+            uid, gid = await asyncio.to_thread(self._allocate, spec)
             try:
                 await self._volumes(spec, uid, gid, chown=caps.root)
                 await self._create(spec, base, plan, caps, uid=uid, gid=gid)
