@@ -63,7 +63,7 @@ from sandpod_lifecycle.runtime.base import (
 from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCgroups
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
-from sandpod_lifecycle.runtime.uids import next_uid
+from sandpod_lifecycle.runtime.uids import busy_uids, next_uid
 from sandpod_lifecycle.runtime.volumes import LocalVolumes
 from sandpod_service import jailfile
 from sandpod_service.jailfile import JailDisk, JailFile, JailReservation, JailWorkspace
@@ -483,13 +483,15 @@ class LocalRuntime:
         """
         sid = spec.sandbox_id
         self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # every process's uids, read before the lock (see next_uid): creates at once overlap it
+        busy = busy_uids() if spec.uid is None else set()
         with (self.config.state_dir / ".lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             uid = spec.uid
             if uid is None:
                 used = {record.uid for record in self._records().values()}
                 uid = next_uid(  # never a uid anything of an old sandbox may still hold
-                    self.config.state_dir, self.config.uid_base, self.config.uid_count, used
+                    self.config.state_dir, self.config.uid_base, self.config.uid_count, used, busy
                 )
                 if uid is None:
                     raise CreateFailed("no free sandbox uid left in the configured range")

@@ -50,15 +50,22 @@ def _process_uids(pid_dir: Path) -> set[int]:
     return set()
 
 
-def next_uid(state_dir: Path, base: int, count: int, held: Iterable[int]) -> int | None:
+def next_uid(
+    state_dir: Path, base: int, count: int, held: Iterable[int], busy: set[int] | None = None
+) -> int | None:
     """The next uid of ``[base, base + count)`` after the persisted cursor that nothing uses;
-    advances the cursor. None: every uid of the range is in use."""
+    advances the cursor. None: every uid of the range is in use.
+
+    ``busy``: :func:`busy_uids`, if the caller took it already (None: taken here). It may be
+    taken before the allocation lock: a uid no process runs as cannot gain one meanwhile but
+    through an allocation (a jail record, in ``held``) -- a sandbox's processes cannot change
+    uid, and a new process of an old uid is forked by one that already ran as it."""
     cursor_file = state_dir / CURSOR_FILE
     try:
         last = int(cursor_file.read_text())
     except (OSError, ValueError):
         last = base - 1
-    taken = set(held) | busy_uids()
+    taken = set(held) | (busy_uids() if busy is None else busy)
     start = (last + 1 - base) % count
     for step in range(count):
         uid = base + (start + step) % count
