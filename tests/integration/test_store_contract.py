@@ -214,6 +214,32 @@ async def test_watch_from_a_list_revision_sees_every_later_change(store: Store) 
         (EventType.DELETED, "after"),
     ]
     assert [e.revision for e in events] == sorted(e.revision for e in events)
+
+
+async def test_watch_of_one_name_sees_only_that_objects_changes(store: Store) -> None:
+    """watch(name=...) yields the named object's changes, none of its neighbours'."""
+    _, revision = await store.list("Sandbox")
+    events: list[WatchEvent] = []
+
+    async def collect() -> None:
+        async for event in store.watch("Sandbox", "default", revision, name="mine"):
+            events.append(event)
+            if event.type is EventType.DELETED:
+                return
+
+    watcher = asyncio.create_task(collect())
+    await store.create(sandbox("other"))
+    mine = await store.create(sandbox("mine"))
+    await store.update(_with(await store.get("Sandbox", "default", "other"), labels={"v": "2"}))
+    await store.update(_with(mine, labels={"v": "2"}))
+    await store.delete("Sandbox", "default", "other")
+    await store.delete("Sandbox", "default", "mine")
+    await asyncio.wait_for(watcher, 10)
+    assert [(e.type, e.name) for e in events] == [
+        (EventType.ADDED, "mine"),
+        (EventType.MODIFIED, "mine"),
+        (EventType.DELETED, "mine"),
+    ]
     assert events[1].resource is not None and events[1].resource.metadata.labels == {"v": "2"}
 
 
