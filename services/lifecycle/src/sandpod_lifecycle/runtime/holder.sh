@@ -5,14 +5,18 @@
 #     rootless helper seccomp shm_bytes tmp_in_upper overlay_options ws_lower ws_work \
 #     nvolumes [volume_source mount_path ro|rw]... <masked path>...
 # lower is overlayfs' lowerdir: one base directory, or an image's layers (top first, ":"-joined).
-# It builds the sandbox's root with host tools, pivots into it and waits forever, after
-# printing "ready <host pid> [skipped dir]..." on stdout. Every value is a positional argument,
+# It prints "pid <host pid>" on stdout, builds the sandbox's root with host tools, pivots into
+# it and waits forever, after printing "ready <host pid> [skipped dir]..." on stdout. Every value is a positional argument,
 # never spliced into shell text; any error (set -eu) ends it, with the reason on stderr.
 set -eu
 base=$1 upper=$2 work=$3 root=$4 ws=$5 name=$6 tmpsize=$7 uid=$8 gid=$9
 rootless=${10} helper=${11} seccomp=${12} shmsize=${13} tmp_in_upper=${14} ovlopts=${15}
 ws_lower=${16} ws_work=${17}
 shift 17
+# Our host pid (this /proc is still the host's), said at once: the driver gives the network
+# namespace its link while the root is built (nothing but this script runs in it until ready).
+read -r hostpid _ < /proc/self/stat
+echo "pid $hostpid"
 skipped=
 # As root with the helper, the mounts, directories and links below are made by the helper
 # (sandpod-jail-exec --root-ops: the same steps as system calls), batched: one process instead
@@ -214,7 +218,6 @@ done
 if [ "$rootless" = 1 ] && [ ! -e "$root/etc/fstab" ]; then
   { mkdir -p "$root/etc" && : > "$root/etc/fstab"; } 2>/dev/null || true
 fi
-read -r hostpid _ < /proc/self/stat
 # The seccomp helper (a static binary) is opened now and executed after pivot_root through
 # its descriptor: it loads the filter and becomes the waiting shell, which says ready, so the
 # driver reads the filter's state once ready. Without it the shell waits unfiltered.

@@ -36,7 +36,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableSequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -378,9 +378,20 @@ class LocalRuntime:
             volumes=tuple((v.source, v.target, v.read_only) for v in spec.volumes),
         )
         procs = [cgroup_join_file(c) for c in cg.holder_joined]
+        egress: str | None = None
+
+        async def attach(pid: int) -> None:  # while the holder builds the root (see launch)
+            nonlocal egress
+            egress = await self._attach(spec, pid)
+
         try:
             popen, holder, skipped = await launch(
-                layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
+                layout,
+                caps.tools,
+                procs,
+                hostcaps.PATH,
+                self.config.create_timeout,
+                on_pid=attach,
             )
         finally:  # the holder's mount namespace keeps its own copies
             await asyncio.to_thread(snapmounts.unmount, d)
@@ -391,16 +402,9 @@ class LocalRuntime:
                 f"rootless: these directories of the base have mounts below them and "
                 f"are empty in the sandbox: {' '.join(skipped)}"
             )
-        egress = await self._attach(spec, holder)
         protections["holder_oom"] = oom_protection(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
-        if egress is not None:
-            protections["egress"] = egress
-            if self.egress is not None and spec.network is not None:
-                off = self.egress.ipv6_off
-                protections["egress_ipv6"] = ACTIVE if off is None else f"off: {off}"
-                if off is not None:
-                    notes.append(f"IPv4 egress only: {off}")
+        self._egress_protections(spec, egress, protections, notes)
         protections.update(
             network=ACTIVE,
             rootfs=ACTIVE,
@@ -424,6 +428,23 @@ class LocalRuntime:
             notes=tuple(notes),
         )
         _write_jail(d / JAIL_FILE, running)
+
+    def _egress_protections(
+        self,
+        spec: InstanceSpec,
+        egress: str | None,
+        protections: dict[str, str],
+        notes: MutableSequence[str],
+    ) -> None:
+        """Record the ``egress`` protection ``_attach`` returned (None: no network asked)."""
+        if egress is None:
+            return
+        protections["egress"] = egress
+        if self.egress is not None and spec.network is not None:
+            off = self.egress.ipv6_off
+            protections["egress_ipv6"] = ACTIVE if off is None else f"off: {off}"
+            if off is not None:
+                notes.append(f"IPv4 egress only: {off}")
 
     async def _volumes(self, spec: InstanceSpec, uid: int, gid: int, *, chown: bool) -> None:
         """Check the volume binds and hand each read-write one's files to the sandbox's uid
