@@ -11,6 +11,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
+import nats as nats_client
 import pytest
 
 from conftest import NatsServer
@@ -214,6 +215,7 @@ async def test_watch_from_a_list_revision_sees_every_later_change(store: Store) 
         (EventType.DELETED, "after"),
     ]
     assert [e.revision for e in events] == sorted(e.revision for e in events)
+    assert events[1].resource is not None and events[1].resource.metadata.labels == {"v": "2"}
 
 
 async def test_watch_of_one_name_sees_only_that_objects_changes(store: Store) -> None:
@@ -240,7 +242,30 @@ async def test_watch_of_one_name_sees_only_that_objects_changes(store: Store) ->
         (EventType.MODIFIED, "mine"),
         (EventType.DELETED, "mine"),
     ]
-    assert events[1].resource is not None and events[1].resource.metadata.labels == {"v": "2"}
+
+
+async def test_kv_a_closed_watch_leaves_no_consumer_behind(nats: NatsServer) -> None:
+    """KV: each watch is a JetStream consumer and the server caps a stream's consumers (1000):
+    a closed watch's consumer is removed within seconds (not a minute), so waits at a high rate
+    do not pile up to the cap."""
+    bus = await Bus.connect(BusSettings(url=nats.url))
+    nc = await nats_client.connect(nats.url)  # the test's own look at the stream
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    try:
+        kv = await KvStore.open(bus, bucket=bucket)
+        for i in range(3):
+            watch = kv.watch("Sandbox", "default", 0, name=f"s{i}")
+            waiting = asyncio.ensure_future(anext(watch))
+            await kv.create(sandbox(f"s{i}"))
+            assert (await asyncio.wait_for(waiting, 10)).name == f"s{i}"
+            await watch.aclose()
+        js = nc.jetstream()
+        async with asyncio.timeout(30):  # the old threshold (60 s) fails here
+            while (await js.stream_info(f"KV_{bucket}")).state.consumer_count:
+                await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+        await bus.close()
 
 
 async def test_kv_update_at_a_known_revision_skips_the_read_and_still_detects_conflicts(
