@@ -4,7 +4,8 @@ Issue 16: on the local runtime a fork (a create from a snapshot: id-mapped read-
 a fresh writable layer) costs what a plain create costs whatever the workspace holds, and the
 target is p50 <= 50 ms per fork. This bench times ``AsyncSandbox.create`` (request -> Ready
 reply: the instance is up and its execd answers) for ``n`` creates started at once, for plain
-creates and forks of a snapshot, ``--rounds`` times each, interleaved so load hits both alike.
+creates and forks of a snapshot, ``--rounds`` times each (n < 10: as often as makes 10 samples a
+round), interleaved so load hits both alike.
 
 The floor, also n at once, is what any namespace jail costs on this host: ``unshare`` (mount,
 pid, ipc, uts, net namespaces) mounting an overlay of the same base with a fresh writable layer,
@@ -101,10 +102,14 @@ async def main_async(counts: list[int], rounds: int) -> None:
             await creates(url, 1, None)  # warm-up: first-use probes, caches
             for _ in range(rounds):
                 for n in counts:
-                    loads.append(os.getloadavg()[0])
-                    results.setdefault(("floor", n), []).extend(await floor_samples(base, n))
-                    results.setdefault(("create", n), []).extend(await creates(url, n, None))
-                    results.setdefault(("fork", n), []).extend(await creates(url, n, snap))
+                    for _ in range(max(1, 10 // n)):  # at least 10 samples per round
+                        loads.append(os.getloadavg()[0])
+                        floor = await floor_samples(base, n)
+                        results.setdefault(("floor", n), []).extend(floor)
+                        created = await creates(url, n, None)
+                        results.setdefault(("create", n), []).extend(created)
+                        forked = await creates(url, n, snap)
+                        results.setdefault(("fork", n), []).extend(forked)
     print(f"local create -> Ready, n at once, {rounds} round(s); target: fork p50 <= 50 ms")
     print(f"load average (1 min) during the runs: {min(loads):.2f} .. {max(loads):.2f}")
     for n in counts:
