@@ -14,18 +14,22 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
    it: they are execd's children, and the jail entry raises a negative score to 0;
 2. ``unshare --mount --pid --ipc --uts --net --cgroup --fork --kill-child`` creates the
    namespaces (private mount propagation: nothing we mount leaks to the host);
-3. ``holder`` (``/bin/sh``, pid 1 inside) builds the root with host tools while it still sees
-   the host: overlayfs (lower = the read-only base, upper/work = the sandbox's writable layer),
-   empty read-only tmpfs over masked host paths (the state dir with every other sandbox), a
-   fresh ``/proc`` for the new pid namespace, private ``/tmp`` (a tmpfs, or with a disk quota
-   the writable layer's own ``/tmp``), ``/run``, ``/dev`` (a few device nodes, its own devpts,
-   ``/dev/shm``), ``/workspace`` bound from the host; bounds the ipc namespace's SysV shared
-   memory to ``/dev/shm``'s size (both outlive the processes that filled them, charged to the
-   sandbox's memory: they must leave room); sets the hostname,
+3. ``holder`` (``/bin/sh``, pid 1 inside) first says its host pid (``pid <n>``: the driver gives
+   the network namespace its link meanwhile, see ``launch``'s ``on_pid``), then builds the root
+   while it still sees the host -- as root with the seccomp helper, in one batch of system calls
+   (``sandpod-jail-exec --root-ops``: one process, not ~30 tool spawns, most of a create
+   otherwise), else with the host's tools: overlayfs (lower = the read-only base, upper/work =
+   the sandbox's writable layer), empty read-only tmpfs over masked host paths (the state dir
+   with every other sandbox), a fresh ``/proc`` for the new pid namespace, private ``/tmp`` (a
+   tmpfs, or with a disk quota the writable layer's own ``/tmp``), ``/run``, ``/dev`` (a few
+   device nodes, its own devpts, ``/dev/shm``), ``/workspace`` bound from the host; bounds the
+   ipc namespace's SysV shared memory to ``/dev/shm``'s size (both outlive the processes that
+   filled them, charged to the sandbox's memory: they must leave room); sets the hostname,
    brings ``lo`` up (the network namespace has nothing else), adds the sandbox user to
-   ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
-   old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
-   so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and ``umount``
+   ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches
+   the old one with the base's ``umount`` (the old root's binaries are unusable from the new
+   root), so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and
+   ``umount``
 (rootless also an ``/etc/fstab``: util-linux's ``umount`` there fails without one, so the
 holder writes an empty one in the writable layer when the base, an image, has none);
 4. it re-executes, through ``sandpod-jail-exec --filter-only`` (opened before ``pivot_root``,
