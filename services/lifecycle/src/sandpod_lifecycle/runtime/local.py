@@ -36,7 +36,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableSequence
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableSequence, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -301,11 +301,12 @@ class LocalRuntime:
         gid: int,
     ) -> None:
         sid, d = spec.sandbox_id, self._dir(spec.sandbox_id)
-        disk_bytes, top = await self._disk(spec, d)
+        rootless = not caps.root
+        unshare = caps.tools.get("unshare") or "unshare"
+        disk_bytes, top, (snap_root, snap_ws) = await self._mounts(spec, d, base, uid, unshare)
         quota = disk_bytes is not None
         restored = bool(spec.snapshot)
         _make_dirs(d, top, restored=restored, quota=quota)
-        rootless = not caps.root
         trust_env: dict[str, str] = {}
         if self.egress is not None and spec.network is not None:
             _write_resolv_conf(base, top / "upper", str(self.egress.gateway))
@@ -317,15 +318,6 @@ class LocalRuntime:
             os.chown(top / "workspace", uid, gid)
         else:  # a root-owned base's directories cannot be copied up in our user namespace
             _writable_var_tmp(top / "upper")
-        snap_root, snap_ws = await asyncio.to_thread(
-            snapmounts.mount,
-            d,
-            spec,
-            base,
-            uid=uid,
-            rootless=rootless,
-            unshare=caps.tools.get("unshare") or "unshare",
-        )
         cg = plan.for_sandbox(sid)
         record = JailFile(
             sandbox_id=sid,
@@ -428,6 +420,26 @@ class LocalRuntime:
             notes=tuple(notes),
         )
         _write_jail(d / JAIL_FILE, running)
+
+    async def _mounts(
+        self, spec: InstanceSpec, d: Path, base: Path, uid: int, unshare: str
+    ) -> tuple[int | None, Path, tuple[Sequence[Path], Sequence[Path]]]:
+        """The disk (``_disk``: a loop mount) and a restore's id-mapped layers (``snapmounts``,
+        in ``d/lowers``): independent, so made at once; both have finished, or failed, when
+        this returns or raises (the caller's teardown never races a mount)."""
+        rootless = not (await self.capabilities()).root
+        disk, snaps = await asyncio.gather(
+            self._disk(spec, d),
+            asyncio.to_thread(
+                snapmounts.mount, d, spec, base, uid=uid, rootless=rootless, unshare=unshare
+            ),
+            return_exceptions=True,
+        )
+        if isinstance(disk, BaseException):
+            raise disk
+        if isinstance(snaps, BaseException):
+            raise snaps
+        return disk[0], disk[1], snaps
 
     def _egress_protections(
         self,
