@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import cast
 
 import nats as nats_client
 import pytest
@@ -254,7 +255,9 @@ async def test_kv_a_closed_watch_leaves_no_consumer_behind(nats: NatsServer) -> 
     try:
         kv = await KvStore.open(bus, bucket=bucket)
         for i in range(3):
-            watch = kv.watch("Sandbox", "default", 0, name=f"s{i}")
+            watch = cast(
+                "AsyncGenerator[WatchEvent, None]", kv.watch("Sandbox", "default", 0, name=f"s{i}")
+            )
             waiting = asyncio.ensure_future(anext(watch))
             await kv.create(sandbox(f"s{i}"))
             assert (await asyncio.wait_for(waiting, 10)).name == f"s{i}"
