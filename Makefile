@@ -19,7 +19,7 @@ $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.t
 	$(UV) sync --all-packages --locked
 	@touch $@
 
-$(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c services/execd/native/seccomp_gen.c $(wildcard /usr/include/seccomp.h) $(BIN)/sandpod
+$(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c services/execd/native/root_ops.c services/execd/native/seccomp_gen.c $(wildcard /usr/include/seccomp.h) $(BIN)/sandpod
 	@# The local runtime's one-step jail entry; without a C compiler execd falls back to sh+nsenter.
 	@# Static when libc.a exists: no dynamic loading at every command's entry (~0.2 ms, measured).
 	@# The seccomp filters are compiled here with libseccomp (libseccomp-dev) into a header the
@@ -33,7 +33,7 @@ $(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c services/execd/nativ
 	  $(VENV)/build/seccomp/gen > $(VENV)/build/seccomp/seccomp_bpf.h.tmp || exit 1; \
 	  mv $(VENV)/build/seccomp/seccomp_bpf.h.tmp $(VENV)/build/seccomp/seccomp_bpf.h; \
 	else echo "WARNING: libseccomp-dev missing: sandboxes run WITHOUT a seccomp filter (apt-get install libseccomp-dev; make install)"; fi; \
-	$(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -static -o $@ $< 2>/dev/null || $(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -o $@ $<; fi
+	$(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -static -o $@ $< services/execd/native/root_ops.c 2>/dev/null || $(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -o $@ $< services/execd/native/root_ops.c; fi
 
 $(WEB)/node_modules/.package-lock.json: $(WEB)/package-lock.json
 	@# xterm.js for the gateway's web terminal, from the npm registry (never committed, no CDN)

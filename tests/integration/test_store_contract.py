@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import cast
 
+import nats as nats_client
 import pytest
 
 from conftest import NatsServer
@@ -215,6 +217,58 @@ async def test_watch_from_a_list_revision_sees_every_later_change(store: Store) 
     ]
     assert [e.revision for e in events] == sorted(e.revision for e in events)
     assert events[1].resource is not None and events[1].resource.metadata.labels == {"v": "2"}
+
+
+async def test_watch_of_one_name_sees_only_that_objects_changes(store: Store) -> None:
+    """watch(name=...) yields the named object's changes, none of its neighbours'."""
+    _, revision = await store.list("Sandbox")
+    events: list[WatchEvent] = []
+
+    async def collect() -> None:
+        async for event in store.watch("Sandbox", "default", revision, name="mine"):
+            events.append(event)
+            if event.type is EventType.DELETED:
+                return
+
+    watcher = asyncio.create_task(collect())
+    await store.create(sandbox("other"))
+    mine = await store.create(sandbox("mine"))
+    await store.update(_with(await store.get("Sandbox", "default", "other"), labels={"v": "2"}))
+    await store.update(_with(mine, labels={"v": "2"}))
+    await store.delete("Sandbox", "default", "other")
+    await store.delete("Sandbox", "default", "mine")
+    await asyncio.wait_for(watcher, 10)
+    assert [(e.type, e.name) for e in events] == [
+        (EventType.ADDED, "mine"),
+        (EventType.MODIFIED, "mine"),
+        (EventType.DELETED, "mine"),
+    ]
+
+
+async def test_kv_a_closed_watch_leaves_no_consumer_behind(nats: NatsServer) -> None:
+    """KV: each watch is a JetStream consumer and the server caps a stream's consumers (1000):
+    a closed watch's consumer is removed within seconds (not a minute), so waits at a high rate
+    do not pile up to the cap."""
+    bus = await Bus.connect(BusSettings(url=nats.url))
+    nc = await nats_client.connect(nats.url)  # the test's own look at the stream
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    try:
+        kv = await KvStore.open(bus, bucket=bucket)
+        for i in range(3):
+            watch = cast(
+                "AsyncGenerator[WatchEvent, None]", kv.watch("Sandbox", "default", 0, name=f"s{i}")
+            )
+            waiting = asyncio.ensure_future(anext(watch))
+            await kv.create(sandbox(f"s{i}"))
+            assert (await asyncio.wait_for(waiting, 10)).name == f"s{i}"
+            await watch.aclose()
+        js = nc.jetstream()
+        async with asyncio.timeout(30):  # the old threshold (60 s) fails here
+            while (await js.stream_info(f"KV_{bucket}")).state.consumer_count:
+                await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+        await bus.close()
 
 
 async def test_kv_update_at_a_known_revision_skips_the_read_and_still_detects_conflicts(

@@ -7,6 +7,7 @@
  *   sandpod-jail-exec [--seccomp=MODE] [--userns] CGROUP_PROCS... -- HOLDER_PID CWD UID GID --
  *                     COMMAND [ARGS...]
  *   sandpod-jail-exec [--seccomp=MODE] --filter-only COMMAND [ARGS...]   (the holder's last step)
+ *   sandpod-jail-exec --root-ops OP ARGS...   (the holder's mounts, in one process: root_ops.c)
  *
  *   1. write 0 to each cgroup file named (`tasks` on v1: see cgroup_join_file in sandpod_service;
  *      `cgroup.procs` on v2), joining the command's cgroups before anything runs; raise a
@@ -125,9 +126,12 @@ static int forward(void) {
     exit(128 + sig);
 }
 
+int root_ops(int argc, char **argv); /* root_ops.c: the holder's root-building steps */
+
 int main(int argc, char **argv) {
     int i = 1, userns = 0;
     const char *seccomp = "default";
+    if (argc > 1 && strcmp(argv[1], "--root-ops") == 0) return root_ops(argc - 2, argv + 2);
     if (i < argc && strncmp(argv[i], "--seccomp=", 10) == 0) seccomp = argv[i++] + 10;
     if (i < argc && strcmp(argv[i], "--filter-only") == 0) {
         if (i + 1 >= argc) return fail("no command", NULL);

@@ -31,6 +31,7 @@ from sandpod_contract.errors import (
 __all__ = ["KvBucket", "KvEntry", "subject_matches"]
 
 WRONG_LAST_SEQUENCE = 10071  # JetStream API error code of a failed compare-and-set
+INACTIVE_THRESHOLD = 5.0  # seconds: see _consume
 WATCH_BUFFER = 1024  # entries buffered per watcher before the consumer waits for the reader
 
 
@@ -153,7 +154,11 @@ class KvBucket:
                 stream=self._stream,
                 cb=on_msg,
                 ordered_consumer=True,
-                inactive_threshold=60.0,
+                # a closed watch's consumer goes 5 s later (an open one, idle or not, has
+                # interest and stays): the server caps a stream's consumers (1000) and every
+                # wait on one object is a watch of its own -- at 60 s, 100 creates at once,
+                # their waits and deletes' waits reached the cap within a minute
+                inactive_threshold=INACTIVE_THRESHOLD,
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
                 config=api.ConsumerConfig(opt_start_seq=max(start, 1)),
             )

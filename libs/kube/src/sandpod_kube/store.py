@@ -301,7 +301,11 @@ class KubeStore:
         return open_watch
 
     async def watch(
-        self, kind: str, namespace: str | None = None, from_revision: int = 0
+        self,
+        kind: str,
+        namespace: str | None = None,
+        from_revision: int = 0,
+        name: str | None = None,
     ) -> AsyncIterator[WatchEvent]:
         """Every change after ``from_revision``; 0 means the current objects (as ADDED) and on.
 
@@ -319,6 +323,8 @@ class KubeStore:
         try:
             async for event in stream:
                 resource = Resource.from_dict(event["object"])
+                if name is not None and resource.metadata.name != name:
+                    continue  # one object's changes only (filtered here, not by the API server)
                 etype = EventType(event["type"])
                 yield WatchEvent(
                     etype,

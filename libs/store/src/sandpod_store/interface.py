@@ -71,6 +71,11 @@ class Store(Protocol):
         """Remove the object. Raises ResourceNotFound, ResourceConflict."""
 
     def watch(
-        self, kind: str, namespace: str | None = None, from_revision: int = 0
+        self,
+        kind: str,
+        namespace: str | None = None,
+        from_revision: int = 0,
+        name: str | None = None,
     ) -> AsyncIterator[WatchEvent]:
-        """Every change after ``from_revision``, in order."""
+        """Every change after ``from_revision``, in order; with ``name``, of that object only
+        (a waiter on one object then does not receive every other object's changes)."""

@@ -151,9 +151,15 @@ class KvStore:
             ) from None
 
     async def watch(
-        self, kind: str, namespace: str | None = None, from_revision: int = 0
+        self,
+        kind: str,
+        namespace: str | None = None,
+        from_revision: int = 0,
+        name: str | None = None,
     ) -> AsyncIterator[WatchEvent]:
-        async for entry in self._bucket.watch(f"{kind}.{namespace or '*'}.*", from_revision):
+        # with a name, the server filters: one object's changes are all that cross the bus
+        pattern = f"{kind}.{namespace or '*'}.{name or '*'}"
+        async for entry in self._bucket.watch(pattern, from_revision):
             _, ns, name = entry.key.split(".", 2)
             if entry.deleted:
                 self._seen.pop(entry.key, None)

@@ -98,13 +98,21 @@ class MemoryStore:
         await self._record(EventType.DELETED, current)
 
     async def watch(
-        self, kind: str, namespace: str | None = None, from_revision: int = 0
+        self,
+        kind: str,
+        namespace: str | None = None,
+        from_revision: int = 0,
+        name: str | None = None,
     ) -> AsyncIterator[WatchEvent]:
         cursor = from_revision
         while True:
             for event in [e for e in self._events if e.revision > cursor]:
                 cursor = event.revision
-                if event.kind == kind and namespace in (None, event.namespace):
+                if (
+                    event.kind == kind
+                    and namespace in (None, event.namespace)
+                    and name in (None, event.name)
+                ):
                     yield event
             async with self._news:
                 if not any(e.revision > cursor for e in self._events):

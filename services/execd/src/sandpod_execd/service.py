@@ -187,9 +187,10 @@ class ExecdService:
                 validate_sandbox_id(req.sandbox_id)
                 if req.sandbox_id not in self.sandboxes:
                     sbx = self._context(req.sandbox_id, self.settings.jail_file(req.sandbox_id))
-                    await _warm_up(sbx)
                     self.sandboxes[req.sandbox_id] = sbx
                     await self._serve(sbx)
+                    # after the reply, not before: a create is Ready without waiting for it
+                    self.supervisor.try_spawn(_warm_up(sbx), "warm-up")
             elif verb == "release":
                 release = decode(Release, msg.data)
                 if release.drain > 0 and self.supervisor.try_spawn(
@@ -341,10 +342,11 @@ class ExecdService:
 
 
 async def _warm_up(sbx: SandboxContext) -> None:
-    """Run one throwaway command in a jail before serving it, so the first real command (a
+    """Run one throwaway command in a jail once it is served, so the first real command (a
     claimant's, right after a warm-pool bind) does not pay for the cold path: the jail's
     overlay dentries, its cgroup tree and the entry helper's pages. Measured on the claim
-    benchmark; a failure is only logged (the sandbox's commands report their own errors)."""
+    benchmark; a failure is only logged (the sandbox's commands report their own errors). It
+    runs beside the serve reply, off a create's path to Ready (a few ms of a local create)."""
     if sbx.jail is None:
         return
     try:

@@ -446,7 +446,8 @@ class LifecycleApi:
 
         async def follow() -> None:
             nonlocal last
-            async for event in self.store.watch(kind, ns, int(obj.metadata.resource_version)):
+            revision = int(obj.metadata.resource_version)
+            async for event in self.store.watch(kind, ns, revision, name=name):
                 if event.name != name:
                     continue
                 last = None if event.type is EventType.DELETED else event.resource

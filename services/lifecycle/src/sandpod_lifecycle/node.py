@@ -41,6 +41,7 @@ class NodeLauncher:
         self._request = request
         self._served: set[str] = set()
         self._node_pid: int | None = None
+        self._listed: int | None = None  # the node execd whose list ``_served`` holds
         self._lock = asyncio.Lock()
 
     def _alive(self) -> int | None:
@@ -51,6 +52,9 @@ class NodeLauncher:
         return pid
 
     async def _ensure_node(self) -> int:
+        pid = self._alive()
+        if pid is not None and pid == self._listed:  # running, and its list is known: no lock,
+            return pid  # no round trip (creates at once do not queue behind each other here)
         async with self._lock:
             pid = self._alive()
             deadline = time.monotonic() + START_TIMEOUT
@@ -77,6 +81,7 @@ class NodeLauncher:
                     await asyncio.sleep(0.02)
             if pid is None:  # started, answered, but its record is gone: someone stopped it
                 raise LauncherBusy(f"the node execd of {self.node!r} exited while starting")
+            self._listed = pid
             return pid
 
     async def start(self, sandbox_id: str, env: Mapping[str, str]) -> int:

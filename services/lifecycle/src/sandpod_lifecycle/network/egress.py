@@ -364,11 +364,11 @@ class Egress:
     def _attach(self, sandbox_id: str, holder_pid: int, policy: NetworkPolicy) -> SandboxAddresses:
         fw = self._firewall()
         with self._records.lock():
-            records = self._records.all()
-            if sandbox_id in records:
-                index = records[sandbox_id].index
+            indexes = self._records.indexes()
+            if sandbox_id in indexes:
+                index = indexes[sandbox_id]
             else:
-                index = self.plan.free_index(r.index for r in records.values())
+                index = self.plan.free_index(indexes.values())
             self._records.put(sandbox_id, NetRecord(index, policy, holder_pid))
         addrs = self.plan.sandbox(index)
         name = self.links.create(addrs, holder_pid)

@@ -316,10 +316,12 @@ add rule inet {t} postrouting ip saddr {c.plan.slice} oifname != "{pre}*" masque
             script += f"delete counter inet {t} denied_{n}\n"
             try:
                 self.nft.run(script)
+                self._index_sets[addrs.index] = set()  # known empty: a reuse lists nothing
                 return
             except NftError:
                 pass  # not all of it exists (any more): remove what does, by listing
         self.drop_index(addrs.index, ifname)
+        self._index_sets[addrs.index] = set()
 
     def drop_index(self, index: int, ifname: str) -> None:
         """Remove everything of sandbox chain ``index`` (a leftover of a crashed run too)."""

@@ -89,6 +89,22 @@ class Records:
                         out[entry.name.removesuffix(".json")] = record
         return out
 
+    def indexes(self) -> dict[str, int]:
+        """sandbox id -> index of every record of this version: what allocating an index needs,
+        without decoding each policy (``all`` does; this is O(sandboxes) under the lock)."""
+        out = {}
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.dir):
+                if not entry.name.endswith(".json"):
+                    continue
+                try:
+                    data = json.loads(Path(entry.path).read_bytes())
+                    if isinstance(data, dict) and data.get("version") == VERSION:
+                        out[entry.name.removesuffix(".json")] = int(data["index"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+        return out
+
     def put(self, sandbox_id: str, record: NetRecord) -> None:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self._path(sandbox_id)

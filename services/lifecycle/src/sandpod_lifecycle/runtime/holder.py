@@ -14,18 +14,22 @@ sandbox's namespaces and mounts live exactly as long as it does; execd enters th
    it: they are execd's children, and the jail entry raises a negative score to 0;
 2. ``unshare --mount --pid --ipc --uts --net --cgroup --fork --kill-child`` creates the
    namespaces (private mount propagation: nothing we mount leaks to the host);
-3. ``holder`` (``/bin/sh``, pid 1 inside) builds the root with host tools while it still sees
-   the host: overlayfs (lower = the read-only base, upper/work = the sandbox's writable layer),
-   empty read-only tmpfs over masked host paths (the state dir with every other sandbox), a
-   fresh ``/proc`` for the new pid namespace, private ``/tmp`` (a tmpfs, or with a disk quota
-   the writable layer's own ``/tmp``), ``/run``, ``/dev`` (a few device nodes, its own devpts,
-   ``/dev/shm``), ``/workspace`` bound from the host; bounds the ipc namespace's SysV shared
-   memory to ``/dev/shm``'s size (both outlive the processes that filled them, charged to the
-   sandbox's memory: they must leave room); sets the hostname,
+3. ``holder`` (``/bin/sh``, pid 1 inside) first says its host pid (``pid <n>``: the driver gives
+   the network namespace its link meanwhile, see ``launch``'s ``on_pid``), then builds the root
+   while it still sees the host -- as root with the seccomp helper, in one batch of system calls
+   (``sandpod-jail-exec --root-ops``: one process, not ~30 tool spawns, most of a create
+   otherwise), else with the host's tools: overlayfs (lower = the read-only base, upper/work =
+   the sandbox's writable layer), empty read-only tmpfs over masked host paths (the state dir
+   with every other sandbox), a fresh ``/proc`` for the new pid namespace, private ``/tmp`` (a
+   tmpfs, or with a disk quota the writable layer's own ``/tmp``), ``/run``, ``/dev`` (a few
+   device nodes, its own devpts, ``/dev/shm``), ``/workspace`` bound from the host; bounds the
+   ipc namespace's SysV shared memory to ``/dev/shm``'s size (both outlive the processes that
+   filled them, charged to the sandbox's memory: they must leave room); sets the hostname,
    brings ``lo`` up (the network namespace has nothing else), adds the sandbox user to
-   ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches the
-   old one with the base's ``umount`` (the old root's binaries are unusable from the new root),
-   so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and ``umount``
+   ``/etc/passwd`` (in the upper layer), then ``pivot_root``\\s into the new root and detaches
+   the old one with the base's ``umount`` (the old root's binaries are unusable from the new
+   root), so no host path is reachable any more: the base must provide ``sh``, ``sleep`` and
+   ``umount``
 (rootless also an ``/etc/fstab``: util-linux's ``umount`` there fails without one, so the
 holder writes an empty one in the writable layer when the base, an image, has none);
 4. it re-executes, through ``sandpod-jail-exec --filter-only`` (opened before ``pivot_root``,
@@ -55,7 +59,7 @@ import contextlib
 import dataclasses
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -228,6 +232,8 @@ async def launch(
     cgroup_procs: Sequence[str],
     path_env: str,
     timeout: float,
+    *,
+    on_pid: Callable[[int], Awaitable[object]] | None = None,
 ) -> tuple[subprocess.Popen[bytes], int, list[str]]:
     """Start the holder; return (the launcher process, the holder's host pid, the base's
     top-level directories left empty) once it is ready. Only a rootless holder leaves any: one
@@ -237,28 +243,58 @@ async def launch(
     after destroy. It runs in its own session, so a signal to our process group never reaches
     a sandbox.
 
+    ``on_pid(holder pid)`` runs as soon as the holder's namespaces exist, while it builds the
+    root (the network link, say), and has finished, whatever happened, when this returns or
+    raises: its exception, when the holder is ready, is raised (the holder killed).
+
     Raises:
         RuntimeError: the holder exited or did not become ready in ``timeout`` seconds (the
             message quotes its log); the caller kills the cgroups and cleans up.
     """
     popen, ready_r = _start(layout, layout.argv(tools, cgroup_procs), path_env)
+    lines = _Lines(ready_r)
+    early: asyncio.Future[object] | None = None
     try:
-        line = await asyncio.wait_for(_read_line(ready_r), timeout)
+        async with asyncio.timeout(timeout):
+            line = await lines.next()
+            first = line.decode(errors="replace").split()
+            if len(first) == 2 and first[0] == "pid" and first[1].isdigit():
+                if on_pid is not None:
+                    early = asyncio.ensure_future(on_pid(int(first[1])))
+                line = await lines.next()
     except TimeoutError:
         line = b""
+    except BaseException:  # cancelled: so is the early work (the caller tears everything down)
+        if early is not None:
+            early.cancel()
+        raise
     finally:
         os.close(ready_r)
+    failed: Exception | None = None
+    if early is not None:  # never left running: it is waited for on every path
+        try:
+            await early
+        except Exception as exc:  # raised below, once the holder is dealt with
+            failed = exc
     if not line:  # EOF: the holder failed; give the launcher a moment to exit and say so
         await wait_exit(popen, 2.0)
     words = line.decode(errors="replace").split()
     if len(words) >= 2 and words[0] == "ready" and words[1].isdigit():
-        return popen, int(words[1]), words[2:]
+        if failed is None:
+            return popen, int(words[1]), words[2:]
+        await _kill(popen)
+        raise failed
     reason = "timed out" if popen.poll() is None else f"exited with {popen.returncode}"
-    with contextlib.suppress(OSError):
-        os.killpg(popen.pid, 9)  # the caller kills the cgroups too; this one we must reap
-    await wait_exit(popen, 5.0)
+    await _kill(popen)
     tail = layout.log.read_text(errors="replace")[-2000:].strip()
     raise RuntimeError(f"sandbox holder {reason}: {tail or 'no output'}")
+
+
+async def _kill(popen: subprocess.Popen[bytes]) -> None:
+    """Kill the launcher's process group and reap it (the caller kills the cgroups too)."""
+    with contextlib.suppress(OSError):
+        os.killpg(popen.pid, 9)
+    await wait_exit(popen, 5.0)
 
 
 def _start(
@@ -313,23 +349,31 @@ def _set_once(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-async def _read_line(fd: int) -> bytes:
-    """Bytes up to the first newline (or EOF) from ``fd``, without blocking the loop."""
-    os.set_blocking(fd, False)
-    loop = asyncio.get_running_loop()
-    buf = b""
-    while b"\n" not in buf:
-        try:
-            chunk = os.read(fd, 256)
-        except BlockingIOError:
-            ready: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(fd, _set_once, ready)
+class _Lines:
+    """Lines from ``fd`` without blocking the loop (what follows a line is kept for the next)."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._fd = fd
+        self._buf = b""
+
+    async def next(self) -> bytes:
+        """The next line without its newline; b"" at EOF."""
+        loop = asyncio.get_running_loop()
+        while b"\n" not in self._buf:
             try:
-                await ready
-            finally:
-                loop.remove_reader(fd)
-            continue
-        if not chunk:
-            break
-        buf += chunk
-    return buf.split(b"\n", 1)[0]
+                chunk = os.read(self._fd, 256)
+            except BlockingIOError:
+                ready: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(self._fd, _set_once, ready)
+                try:
+                    await ready
+                finally:
+                    loop.remove_reader(self._fd)
+                continue
+            if not chunk:
+                line, self._buf = self._buf, b""
+                return line  # EOF: a last line without its newline, or b""
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line

@@ -36,7 +36,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableSequence, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -63,7 +63,7 @@ from sandpod_lifecycle.runtime.base import (
 from sandpod_lifecycle.runtime.cgroups import UNDELEGATED, CgroupPlan, SandboxCgroups
 from sandpod_lifecycle.runtime.diskquota import DiskOptions
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
-from sandpod_lifecycle.runtime.uids import next_uid
+from sandpod_lifecycle.runtime.uids import busy_uids, next_uid
 from sandpod_lifecycle.runtime.volumes import LocalVolumes
 from sandpod_service import jailfile
 from sandpod_service.jailfile import JailDisk, JailFile, JailReservation, JailWorkspace
@@ -156,7 +156,9 @@ class LocalRuntime:
         async with self._lock(sid):
             if self._dir(sid).exists() or sid in plan.sandbox_ids():
                 raise InstanceExists(f"sandbox {sid!r} already has an instance", sandbox_id=sid)
-            uid, gid = self._allocate(spec)  # from here on every trace is ours to remove
+            # from here on every trace is ours to remove; in a thread: it reads every jail
+            # record and every process's uids, which would stall the loop (other creates)
+            uid, gid = await asyncio.to_thread(self._allocate, spec)
             try:
                 await self._volumes(spec, uid, gid, chown=caps.root)
                 await self._create(spec, base, plan, caps, uid=uid, gid=gid)
@@ -299,11 +301,12 @@ class LocalRuntime:
         gid: int,
     ) -> None:
         sid, d = spec.sandbox_id, self._dir(spec.sandbox_id)
-        disk_bytes, top = await self._disk(spec, d)
+        rootless = not caps.root
+        unshare = caps.tools.get("unshare") or "unshare"
+        disk_bytes, top, (snap_root, snap_ws) = await self._mounts(spec, d, base, uid, unshare)
         quota = disk_bytes is not None
         restored = bool(spec.snapshot)
         _make_dirs(d, top, restored=restored, quota=quota)
-        rootless = not caps.root
         trust_env: dict[str, str] = {}
         if self.egress is not None and spec.network is not None:
             _write_resolv_conf(base, top / "upper", str(self.egress.gateway))
@@ -315,15 +318,6 @@ class LocalRuntime:
             os.chown(top / "workspace", uid, gid)
         else:  # a root-owned base's directories cannot be copied up in our user namespace
             _writable_var_tmp(top / "upper")
-        snap_root, snap_ws = await asyncio.to_thread(
-            snapmounts.mount,
-            d,
-            spec,
-            base,
-            uid=uid,
-            rootless=rootless,
-            unshare=caps.tools.get("unshare") or "unshare",
-        )
         cg = plan.for_sandbox(sid)
         record = JailFile(
             sandbox_id=sid,
@@ -376,9 +370,20 @@ class LocalRuntime:
             volumes=tuple((v.source, v.target, v.read_only) for v in spec.volumes),
         )
         procs = [cgroup_join_file(c) for c in cg.holder_joined]
+        egress: str | None = None
+
+        async def attach(pid: int) -> None:  # while the holder builds the root (see launch)
+            nonlocal egress
+            egress = await self._attach(spec, pid)
+
         try:
             popen, holder, skipped = await launch(
-                layout, caps.tools, procs, hostcaps.PATH, self.config.create_timeout
+                layout,
+                caps.tools,
+                procs,
+                hostcaps.PATH,
+                self.config.create_timeout,
+                on_pid=attach,
             )
         finally:  # the holder's mount namespace keeps its own copies
             await asyncio.to_thread(snapmounts.unmount, d)
@@ -389,16 +394,9 @@ class LocalRuntime:
                 f"rootless: these directories of the base have mounts below them and "
                 f"are empty in the sandbox: {' '.join(skipped)}"
             )
-        egress = await self._attach(spec, holder)
         protections["holder_oom"] = oom_protection(cg, holder)
         protections.update(dict.fromkeys(NAMESPACE_PROTECTIONS, ACTIVE))
-        if egress is not None:
-            protections["egress"] = egress
-            if self.egress is not None and spec.network is not None:
-                off = self.egress.ipv6_off
-                protections["egress_ipv6"] = ACTIVE if off is None else f"off: {off}"
-                if off is not None:
-                    notes.append(f"IPv4 egress only: {off}")
+        self._egress_protections(spec, egress, protections, notes)
         protections.update(
             network=ACTIVE,
             rootfs=ACTIVE,
@@ -422,6 +420,43 @@ class LocalRuntime:
             notes=tuple(notes),
         )
         _write_jail(d / JAIL_FILE, running)
+
+    async def _mounts(
+        self, spec: InstanceSpec, d: Path, base: Path, uid: int, unshare: str
+    ) -> tuple[int | None, Path, tuple[Sequence[Path], Sequence[Path]]]:
+        """The disk (``_disk``: a loop mount) and a restore's id-mapped layers (``snapmounts``,
+        in ``d/lowers``): independent, so made at once; both have finished, or failed, when
+        this returns or raises (the caller's teardown never races a mount)."""
+        rootless = not (await self.capabilities()).root
+        disk, snaps = await asyncio.gather(
+            self._disk(spec, d),
+            asyncio.to_thread(
+                snapmounts.mount, d, spec, base, uid=uid, rootless=rootless, unshare=unshare
+            ),
+            return_exceptions=True,
+        )
+        if isinstance(disk, BaseException):
+            raise disk
+        if isinstance(snaps, BaseException):
+            raise snaps
+        return disk[0], disk[1], snaps
+
+    def _egress_protections(
+        self,
+        spec: InstanceSpec,
+        egress: str | None,
+        protections: dict[str, str],
+        notes: MutableSequence[str],
+    ) -> None:
+        """Record the ``egress`` protection ``_attach`` returned (None: no network asked)."""
+        if egress is None:
+            return
+        protections["egress"] = egress
+        if self.egress is not None and spec.network is not None:
+            off = self.egress.ipv6_off
+            protections["egress_ipv6"] = ACTIVE if off is None else f"off: {off}"
+            if off is not None:
+                notes.append(f"IPv4 egress only: {off}")
 
     async def _volumes(self, spec: InstanceSpec, uid: int, gid: int, *, chown: bool) -> None:
         """Check the volume binds and hand each read-write one's files to the sandbox's uid
@@ -481,13 +516,15 @@ class LocalRuntime:
         """
         sid = spec.sandbox_id
         self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # every process's uids, read before the lock (see next_uid): creates at once overlap it
+        busy = busy_uids() if spec.uid is None else set()
         with (self.config.state_dir / ".lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             uid = spec.uid
             if uid is None:
                 used = {record.uid for record in self._records().values()}
                 uid = next_uid(  # never a uid anything of an old sandbox may still hold
-                    self.config.state_dir, self.config.uid_base, self.config.uid_count, used
+                    self.config.state_dir, self.config.uid_base, self.config.uid_count, used, busy
                 )
                 if uid is None:
                     raise CreateFailed("no free sandbox uid left in the configured range")

@@ -30,7 +30,7 @@ def busy_uids(proc: Path = Path("/proc")) -> set[int]:
     with contextlib.suppress(OSError):
         for entry in os.scandir(proc):
             if entry.name.isdigit():
-                uids.update(_process_uids(Path(entry.path)))
+                uids.update(_process_uids(entry.path))
     with contextlib.suppress(OSError):
         for line in (proc / "key-users").read_text().splitlines():
             head = line.split(":", 1)[0].strip()
@@ -39,26 +39,42 @@ def busy_uids(proc: Path = Path("/proc")) -> set[int]:
     return uids
 
 
-def _process_uids(pid_dir: Path) -> set[int]:
+def _process_uids(pid_dir: str) -> set[int]:
+    """The real, effective, saved and filesystem uids of a process (its ``Uid:`` line, found in
+    the first KiB of ``status``: the 9th line; the whole file only if it is not there). Bytes,
+    no decoding: this runs for every process on the host at every create."""
     try:
-        status = (pid_dir / "status").read_text()
+        with open(f"{pid_dir}/status", "rb") as f:
+            head = f.read(1024)
+            start = head.find(b"\nUid:")
+            end = head.find(b"\n", start + 1) if start >= 0 else -1
+            if end < 0:
+                head = head + f.read()
+                start = head.find(b"\nUid:")
+                end = head.find(b"\n", start + 1) if start >= 0 else len(head)
     except OSError:
         return set()  # gone meanwhile
-    for line in status.splitlines():
-        if line.startswith("Uid:"):
-            return {int(u) for u in line.split()[1:]}
-    return set()
+    if start < 0:
+        return set()
+    return {int(u) for u in head[start + 5 : end].split()}
 
 
-def next_uid(state_dir: Path, base: int, count: int, held: Iterable[int]) -> int | None:
+def next_uid(
+    state_dir: Path, base: int, count: int, held: Iterable[int], busy: set[int] | None = None
+) -> int | None:
     """The next uid of ``[base, base + count)`` after the persisted cursor that nothing uses;
-    advances the cursor. None: every uid of the range is in use."""
+    advances the cursor. None: every uid of the range is in use.
+
+    ``busy``: :func:`busy_uids`, if the caller took it already (None: taken here). It may be
+    taken before the allocation lock: a uid no process runs as cannot gain one meanwhile but
+    through an allocation (a jail record, in ``held``) -- a sandbox's processes cannot change
+    uid, and a new process of an old uid is forked by one that already ran as it."""
     cursor_file = state_dir / CURSOR_FILE
     try:
         last = int(cursor_file.read_text())
     except (OSError, ValueError):
         last = base - 1
-    taken = set(held) | busy_uids()
+    taken = set(held) | (busy_uids() if busy is None else busy)
     start = (last + 1 - base) % count
     for step in range(count):
         uid = base + (start + step) % count
