@@ -13,7 +13,9 @@ by it (the garbage collector removes them with it) and named ``<sandbox>-netguar
                                                                the guard container mounts a
                                                                projected, expiring token
     Role            get/list/watch sandboxes, resourceNames: [<sandbox>]   (read only: the
-                    guard never writes; status.network is lifecycle's to write)
+                    guard never writes; status.network is lifecycle's to write); and get
+                    secrets, resourceNames: the Secrets its policy's header injections name
+                    (``inject[].secret: <secret>/<key>``; re-applied on every policy update)
     RoleBinding     the Role to the ServiceAccount
 
 To create a Role the lifecycle must itself hold what it grants (RBAC's escalation check): it
@@ -22,9 +24,10 @@ does, it watches every Sandbox; the chart adds create/delete on these three kind
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sandpod_contract.network import NetworkPolicy
 from sandpod_kube.podspec import PodSettings, SandboxPod
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "guard_access_manifests",
     "guard_account_name",
     "guard_security_context",
+    "injected_secrets",
 ]
 
 GUARD_VERBS = ("get", "list", "watch")
@@ -45,17 +49,44 @@ GUARD_RUN = "/run/sandpod-guard"
 GUARD_TOKEN_SECONDS = 3600  # the kubelet renews it at 80% of its life
 
 
+def injected_secrets(policy: NetworkPolicy) -> list[str]:
+    """The Kubernetes Secrets ``policy``'s header injections name (``<secret>/<key>``)."""
+    return sorted({i.secret.split("/", 1)[0] for i in policy.inject if "/" in i.secret})
+
+
 def guard_account_name(sandbox: str) -> str:
     """The guard's ServiceAccount (and Role, RoleBinding) of a Sandbox."""
     return f"{sandbox}-netguard"
 
 
 def guard_access_manifests(
-    namespace: str, sandbox: str, owner: Mapping[str, Any], labels: Mapping[str, str]
+    namespace: str,
+    sandbox: str,
+    owner: Mapping[str, Any],
+    labels: Mapping[str, str],
+    secrets: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding giving sandbox ``sandbox``'s guard read access to
-    that one Sandbox; ``owner`` is the Sandbox's ownerReference."""
+    that one Sandbox and to the Secrets named in ``secrets`` (its header injections'); ``owner``
+    is the Sandbox's ownerReference."""
     name = guard_account_name(sandbox)
+    rules: list[dict[str, Any]] = [
+        {
+            "apiGroups": ["sandpod.dev"],
+            "resources": ["sandboxes"],
+            "resourceNames": [sandbox],
+            "verbs": list(GUARD_VERBS),
+        }
+    ]
+    if secrets:
+        rules.append(
+            {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": sorted(set(secrets)),
+                "verbs": ["get"],
+            }
+        )
     meta = {
         "name": name,
         "namespace": namespace,
@@ -73,14 +104,7 @@ def guard_access_manifests(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": meta,
-            "rules": [
-                {
-                    "apiGroups": ["sandpod.dev"],
-                    "resources": ["sandboxes"],
-                    "resourceNames": [sandbox],
-                    "verbs": list(GUARD_VERBS),
-                }
-            ],
+            "rules": rules,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
