@@ -70,9 +70,13 @@ class PodNetns(NetnsPair):
             "sandpod_lifecycle.network.podguard",
         ]
         self.guard_log = log
+        own = {  # the guard's memory emptyDir and the trust emptyDir, here
+            "SANDPOD_GUARD_CA_DIR": str(log.parent / "guard-ca"),
+            "SANDPOD_GUARD_TRUST_FILE": str(log.parent / "trust" / "egress.pem"),
+        }
         with log.open("ab") as out:
             self.guard = subprocess.Popen(
-                argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
+                argv, env={**os.environ, **own, **env}, stdout=out, stderr=subprocess.STDOUT
             )
 
     def stop_guard(self) -> int | None:
