@@ -34,6 +34,7 @@ __all__ = [
     "GUARD_CAPABILITIES",
     "GUARD_CONTAINER",
     "GUARD_VERBS",
+    "TRUST_FILE",
     "add_guard",
     "guard_access_manifests",
     "guard_account_name",
@@ -46,6 +47,8 @@ GUARD_CONTAINER = "netguard"
 GUARD_CAPABILITIES = ("NET_ADMIN", "NET_BIND_SERVICE")  # its nftables table; port 53
 GUARD_TOKEN_MOUNT = "/var/run/sandpod/netguard"  # noqa: S105 - a path
 GUARD_RUN = "/run/sandpod-guard"
+TRUST_MOUNT = "/run/sandpod-trust"  # the guard's interception certificates, for the sandbox
+TRUST_FILE = f"{TRUST_MOUNT}/egress.pem"
 GUARD_TOKEN_SECONDS = 3600  # the kubelet renews it at 80% of its life
 
 
@@ -145,6 +148,8 @@ def add_guard(spec: dict[str, Any], pod: SandboxPod, settings: PodSettings) -> N
         {"name": "SANDPOD_KUBE_TOKEN_FILE", "value": f"{GUARD_TOKEN_MOUNT}/token"},
         {"name": "SANDPOD_KUBE_CA_FILE", "value": f"{GUARD_TOKEN_MOUNT}/ca.crt"},
         {"name": "SANDPOD_GUARD_READY_FILE", "value": f"{GUARD_RUN}/ready"},
+        {"name": "SANDPOD_GUARD_CA_DIR", "value": f"{GUARD_RUN}/ca"},
+        {"name": "SANDPOD_GUARD_TRUST_FILE", "value": TRUST_FILE},
     ]
     ready = f"import os, sys; sys.exit(not os.path.exists({GUARD_RUN + '/ready'!r}))"
     guard = {
@@ -163,8 +168,14 @@ def add_guard(spec: dict[str, Any], pod: SandboxPod, settings: PodSettings) -> N
         "volumeMounts": [
             {"name": "netguard-token", "mountPath": GUARD_TOKEN_MOUNT, "readOnly": True},
             {"name": "netguard-run", "mountPath": GUARD_RUN},
+            {"name": "netguard-trust", "mountPath": TRUST_MOUNT},
         ],
     }
+    for container in spec["containers"]:  # the authorities of its header injections, read-only
+        container.setdefault("volumeMounts", []).append(
+            {"name": "netguard-trust", "mountPath": TRUST_MOUNT, "readOnly": True}
+        )
+        container.setdefault("env", []).append({"name": "NODE_EXTRA_CA_CERTS", "value": TRUST_FILE})
     spec["initContainers"].insert(0, guard)  # before anything of the sandbox's uid runs
     spec["serviceAccountName"] = guard_account_name(pod.name)
     spec["volumes"] += [
@@ -188,6 +199,7 @@ def add_guard(spec: dict[str, Any], pod: SandboxPod, settings: PodSettings) -> N
             },
         },
         {"name": "netguard-run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "netguard-trust", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
     spec["dnsPolicy"] = "None"
     spec["dnsConfig"] = {"nameservers": ["127.0.0.1"]}
