@@ -15,8 +15,11 @@ by it (the garbage collector removes them with it) and named ``<sandbox>-netguar
     Role            get/list/watch sandboxes, resourceNames: [<sandbox>]   (read only: the
                     guard never writes; status.network is lifecycle's to write); and get
                     secrets, resourceNames: the Secrets its policy's header injections name
-                    (``inject[].secret: <secret>/<key>``; re-applied on every policy update)
+                    (``inject[].secret: <secret>/<key>``; re-applied on every policy update);
+                    get/patch configmaps, resourceNames: [<sandbox>-netguard]
     RoleBinding     the Role to the ServiceAccount
+    ConfigMap       <sandbox>-netguard: the guard's refusal report (``guardreport.py``), the
+                    one object it may write; lifecycle reads it and publishes the events
 
 To create a Role the lifecycle must itself hold what it grants (RBAC's escalation check): it
 does, it watches every Sandbox; the chart adds create/delete on these three kinds.
@@ -34,6 +37,7 @@ __all__ = [
     "GUARD_CAPABILITIES",
     "GUARD_CONTAINER",
     "GUARD_VERBS",
+    "REPORT_LABEL",
     "TRUST_FILE",
     "add_guard",
     "guard_access_manifests",
@@ -43,6 +47,7 @@ __all__ = [
 ]
 
 GUARD_VERBS = ("get", "list", "watch")
+REPORT_LABEL = "sandpod.dev/netguard-report"  # on each guard's report ConfigMap
 GUARD_CONTAINER = "netguard"
 GUARD_CAPABILITIES = ("NET_ADMIN", "NET_BIND_SERVICE")  # its nftables table; port 53
 GUARD_TOKEN_MOUNT = "/var/run/sandpod/netguard"  # noqa: S105 - a path
@@ -81,6 +86,14 @@ def guard_access_manifests(
             "verbs": list(GUARD_VERBS),
         }
     ]
+    rules.append(
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [name],
+            "verbs": ["get", "patch"],
+        }
+    )
     if secrets:
         rules.append(
             {
@@ -115,6 +128,11 @@ def guard_access_manifests(
             "metadata": meta,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {**meta, "labels": {**labels, REPORT_LABEL: "true"}},
         },
     ]
 

@@ -38,12 +38,14 @@ from prometheus_client import CollectorRegistry
 
 from sandpod_contract.errors import ResourceInvalid, SandpodError, StoreError
 from sandpod_contract.network import NetworkMode, NetworkPolicy, Rule
+from sandpod_kube.guardreport import write_report
 from sandpod_kube.guardwatch import watch_sandbox
 from sandpod_lifecycle.network.firewall import UnknownRule
 from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nft import Nft, NftError
 from sandpod_lifecycle.network.podguard.egress import GuardEgress
 from sandpod_lifecycle.network.podguard.firewall import GuardTable, PodFirewall
+from sandpod_lifecycle.network.podguard.report import GuardReporter
 from sandpod_lifecycle.network.podguard.settings import GuardSettings
 from sandpod_lifecycle.network.resolver import NodeResolver
 from sandpod_lifecycle.network.sandboxnet import Denial, SandboxNet
@@ -199,9 +201,12 @@ class Guard:
                     s, lookup, resolver.resolved_names, self.on_denied, metrics.denied
                 )
                 self.egress.start()
+            reporter = self._reporter(firewall)
+            self.report = reporter.add
             async with asyncio.TaskGroup() as group:
                 follow = group.create_task(self._follow(), name="guard-watch")
                 refresh = group.create_task(self._refresh(), name="guard-secrets")
+                reports = group.create_task(reporter.run(), name="guard-reports")
                 stopping = group.create_task(stop.wait(), name="guard-stop")
                 synced = group.create_task(self._synced.wait(), name="guard-synced")
                 await asyncio.wait((stopping, synced), return_when=asyncio.FIRST_COMPLETED)
@@ -215,6 +220,7 @@ class Guard:
                 synced.cancel()
                 follow.cancel()
                 refresh.cancel()
+                reports.cancel()
         finally:
             await resolver.close()
             if self.egress is not None:
@@ -235,6 +241,23 @@ class Guard:
                 log.warning("guard_watch_failed", error=exc.message, retry_in=delay)
             await self._sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
+
+    def _reporter(self, firewall: PodFirewall) -> GuardReporter:
+        """Refusals to the Sandbox's report ConfigMap (``report.py``); the table's drops
+        (policy and IPv6) count as ``connect``."""
+        s = self.settings
+
+        async def write(text: str) -> None:
+            await write_report(s.kube, s.namespace, s.sandbox_id, text)
+
+        def counters() -> dict[str, int]:
+            try:
+                return {"connect": firewall.denied() + firewall.refused_ipv6()}
+            except NftError as exc:
+                log.warning("guard_counters_unreadable", error=str(exc))
+                return {}
+
+        return GuardReporter(write, counters, interval=s.report_interval, sleep=self._sleep)
 
     async def _refresh(self) -> None:
         """Re-read the injected Secrets now and then (a rotated value reaches the proxy)."""

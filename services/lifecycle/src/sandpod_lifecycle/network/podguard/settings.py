@@ -15,6 +15,7 @@
 | ``SANDPOD_GUARD_CA_DIR`` | ``/run/sandpod-guard/ca`` | the Pod's interception authorities |
 | ``SANDPOD_GUARD_TRUST_FILE`` | ``/run/sandpod-trust/egress.pem`` | their certificates (sandbox) |
 | ``SANDPOD_GUARD_SECRET_REFRESH`` | 60 | seconds between two reads of the injected Secrets |
+| ``SANDPOD_GUARD_REPORT_INTERVAL`` | 1 | seconds between two refusal reports (at most) |
 
 The egress proxy's own knobs: ``SANDPOD_EGRESS_*`` (``proxyconfig.ProxySettings``).
 
@@ -82,6 +83,7 @@ class GuardSettings:
     ca_dir: Path = Path("/run/sandpod-guard/ca")
     trust_file: Path = Path("/run/sandpod-trust/egress.pem")
     secret_refresh: float = 60.0
+    report_interval: float = 1.0
     proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)
     dns: ResolverSettings
     kube: KubeSettings
@@ -125,6 +127,7 @@ class GuardSettings:
                 env_str(env, "SANDPOD_GUARD_TRUST_FILE", "/run/sandpod-trust/egress.pem")
             ),
             secret_refresh=env_float(env, "SANDPOD_GUARD_SECRET_REFRESH", 60.0),
+            report_interval=env_float(env, "SANDPOD_GUARD_REPORT_INTERVAL", 1.0),
             proxy=ProxySettings.from_env(env),
             dns=ResolverSettings.from_env(env),
             kube=KubeSettings.from_env(env),
