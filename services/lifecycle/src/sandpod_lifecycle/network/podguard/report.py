@@ -175,8 +175,8 @@ class GuardReporter:
             await self.flush()
 
 
-Publish = Callable[[str, str, str, str, str, int], Awaitable[None]]
-# (namespace, sandbox, kind, destination, rule, count) -> a network.denied event
+Publish = Callable[[str, str, Refusal], Awaitable[None]]
+# (namespace, sandbox, refusal) -> a network.denied event
 
 
 class ReportReader:
@@ -203,7 +203,7 @@ class ReportReader:
             if (grown := total - last.totals.get(kind, 0)) > 0:
                 self._denied.labels(kind).inc(grown)
         for r in report.recent:
-            await self._publish(namespace, sandbox, r.kind, r.destination, r.rule, r.count)
+            await self._publish(namespace, sandbox, r)
         return len(report.recent)
 
     def forget(self, namespace: str, sandbox: str) -> None:
