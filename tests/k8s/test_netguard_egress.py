@@ -26,18 +26,30 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from prometheus_client import CollectorRegistry
 
+from conftest import NatsServer
 from egress_harness import InternetCA, make_test_ca
 from fakenet import FakeNet
-from guard_harness import PodGuards, PodNetns, create_sandbox, set_policy
+from guard_harness import PodGuards, PodNetns, create_sandbox, guard_token, set_policy
 from k8s.envtest import ControlPlane
 from k8s.kubelet import FakeKubelet
 from k8s.test_netguard_pod import SETTINGS, _nats_secret
+from sandpod_bus import Bus, BusSettings
+from sandpod_bus.transport import Inbound
+from sandpod_contract.codec import decode
+from sandpod_contract.messages.sandboxes import NetworkEvent
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
-from sandpod_kube import KubeStore, PodApi
+from sandpod_contract.subjects import Subjects
+from sandpod_kube import KubeSettings, KubeStore, PodApi, StoreForbidden
+from sandpod_kube.guardreport import write_report
 from sandpod_lifecycle.driver import Owner
+from sandpod_lifecycle.events import Events
+from sandpod_lifecycle.network.metrics import NetworkMetrics
+from sandpod_lifecycle.network.podguard.report import GuardReport, Refusal
 from sandpod_lifecycle.network.secretstore import placeholder
+from sandpod_lifecycle.runtime.guardreports import follow_guard_reports
 from sandpod_lifecycle.runtime.pod import GUARD_IPV4_ONLY, PodDriver
 
 pytestmark = pytest.mark.skipif(
@@ -395,3 +407,73 @@ def _link_local(ifname: str) -> str:
         if name == ifname and scope == "20":
             return ":".join(raw[i : i + 4] for i in range(0, 32, 4))
     raise AssertionError(f"no link-local address on {ifname}")
+
+
+async def test_refusals_in_the_pod_become_the_sandboxs_events_and_cannot_be_forged(
+    world: PodWorld, nats: NatsServer
+) -> None:
+    """A refused lookup (dns), a refused Host (sni, the proxy) and a refused IP literal
+    (connect, the table's drop counter) inside the Pod reach the sandbox's ``network.denied``
+    events on the real event stream, and ``sandpod_lifecycle_network_denied_total``, through
+    the guard's report ConfigMap and lifecycle's reader. Another sandbox's guard credential
+    cannot write this sandbox's report (403), and what it writes to its own is published under
+    its own name only."""
+    w = world
+    bus = await Bus.connect(BusSettings(url=nats.url))
+    subjects = Subjects(f"pg{uuid.uuid4().hex[:6]}")
+    events = Events(bus, subjects, stream=subjects.storage("events"))
+    await events.setup()
+    seen: asyncio.Queue[tuple[str, NetworkEvent]] = asyncio.Queue()
+
+    async def on_event(msg: Inbound) -> None:
+        await seen.put((msg.subject, decode(NetworkEvent, msg.data)))
+
+    sub = await bus.subscribe(subjects.events_all(), on_event)
+    registry = CollectorRegistry()
+    metrics = NetworkMetrics(registry)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            reader = tg.create_task(
+                follow_guard_reports(w.plane.settings, w.namespace, events, metrics.denied)
+            )
+            code, _ = await w.pod.as_sandbox(w.uid, "getent", "ahostsv4", "denied.test")
+            assert code != 0
+            assert (await w.request("http", "allowed.test", "denied.test")).startswith("refused:")
+            assert (await w.request("http", w.net.public2, "x")).startswith("refused:Timeout")
+            want = {("dns", "denied.test"), ("sni", "denied.test:80"), ("connect", "")}
+            got: set[tuple[str, str]] = set()
+            async with asyncio.timeout(30):
+                while not want <= got:
+                    subject, event = await seen.get()
+                    assert subject == subjects.event("network", w.name, "denied"), subject
+                    got.add((event.kind, event.destination))
+            for kind in ("dns", "sni", "connect"):
+                value = registry.get_sample_value(
+                    "sandpod_lifecycle_network_denied_total", {"kind": kind}
+                )
+                assert value is not None and value >= 1, (kind, value)
+            await _forgery_refused(w, subjects, seen)
+            reader.cancel()
+    finally:
+        await sub.drain()
+        await bus.close()
+
+
+async def _forgery_refused(
+    w: PodWorld, subjects: Subjects, seen: asyncio.Queue[tuple[str, NetworkEvent]]
+) -> None:
+    """B's guard token: A's report is forbidden; B's own report is published as B's."""
+    b = await create_sandbox(w.store, w.namespace, f"sbx-b-{uuid.uuid4().hex[:6]}")
+    token_b = await guard_token(w.plane.settings, b)
+    as_b = KubeSettings(host=w.plane.url, ca_file=str(w.plane.ca_file), token=token_b)
+    forged = GuardReport(99, (Refusal("connect", "203.0.113.9:443", "forged"),), {"connect": 1})
+    with pytest.raises(StoreForbidden):
+        await write_report(as_b, w.namespace, w.name, forged.to_json())
+    await write_report(as_b, w.namespace, b.metadata.name, forged.to_json())
+    async with asyncio.timeout(30):
+        while True:
+            subject, event = await seen.get()
+            if event.destination == "203.0.113.9:443":
+                break
+            assert subject == subjects.event("network", w.name, "denied")  # A's real ones
+    assert subject == subjects.event("network", b.metadata.name, "denied"), subject
