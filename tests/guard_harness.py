@@ -322,7 +322,8 @@ class PodGuards:
             return str(answer.status.token)
 
     async def close(self) -> None:
-        codes = {name: pod.stop_guard() for name, pod in self.netns.items()}
+        # in a thread: the relays on this loop must serve the guards' last API calls meanwhile
+        codes = {name: await asyncio.to_thread(pod.stop_guard) for name, pod in self.netns.items()}
         for pod in self.netns.values():
             pod.remove()
         for relay in self._relays:

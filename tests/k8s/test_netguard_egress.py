@@ -431,30 +431,32 @@ async def test_refusals_in_the_pod_become_the_sandboxs_events_and_cannot_be_forg
     sub = await bus.subscribe(subjects.events_all(), on_event)
     registry = CollectorRegistry()
     metrics = NetworkMetrics(registry)
+    reader = asyncio.create_task(
+        follow_guard_reports(w.plane.settings, w.namespace, events, metrics.denied)
+    )
     try:
-        async with asyncio.TaskGroup() as tg:
-            reader = tg.create_task(
-                follow_guard_reports(w.plane.settings, w.namespace, events, metrics.denied)
+        code, _ = await w.pod.as_sandbox(w.uid, "getent", "ahostsv4", "denied.test")
+        assert code != 0
+        assert (await w.request("http", "allowed.test", "denied.test")).startswith("refused:")
+        assert (await w.request("http", w.net.public2, "x")).startswith("refused:Timeout")
+        want = {("dns", "denied.test"), ("sni", "denied.test:80"), ("connect", "")}
+        got: set[tuple[str, str]] = set()
+        while not want <= got:
+            try:
+                subject, event = await asyncio.wait_for(seen.get(), 30)
+            except TimeoutError:
+                raise AssertionError(f"events seen: {got}, want {want}") from None
+            assert subject == subjects.event("network", w.name, "denied"), subject
+            got.add((event.kind, event.destination))
+        for kind in ("dns", "sni", "connect"):
+            value = registry.get_sample_value(
+                "sandpod_lifecycle_network_denied_total", {"kind": kind}
             )
-            code, _ = await w.pod.as_sandbox(w.uid, "getent", "ahostsv4", "denied.test")
-            assert code != 0
-            assert (await w.request("http", "allowed.test", "denied.test")).startswith("refused:")
-            assert (await w.request("http", w.net.public2, "x")).startswith("refused:Timeout")
-            want = {("dns", "denied.test"), ("sni", "denied.test:80"), ("connect", "")}
-            got: set[tuple[str, str]] = set()
-            async with asyncio.timeout(30):
-                while not want <= got:
-                    subject, event = await seen.get()
-                    assert subject == subjects.event("network", w.name, "denied"), subject
-                    got.add((event.kind, event.destination))
-            for kind in ("dns", "sni", "connect"):
-                value = registry.get_sample_value(
-                    "sandpod_lifecycle_network_denied_total", {"kind": kind}
-                )
-                assert value is not None and value >= 1, (kind, value)
-            await _forgery_refused(w, subjects, seen)
-            reader.cancel()
+            assert value is not None and value >= 1, (kind, value)
+        await _forgery_refused(w, subjects, seen)
     finally:
+        reader.cancel()  # its watch thread is joined on the way out (up to 10 s)
+        await asyncio.gather(reader, return_exceptions=True)
         await sub.drain()
         await bus.close()
 

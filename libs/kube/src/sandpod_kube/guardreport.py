@@ -35,6 +35,7 @@ from sandpod_kube.watch import WatchStream
 __all__ = ["REPORT_KEY", "watch_reports", "write_report"]
 
 REPORT_KEY = "report"
+WRITE_TIMEOUT = 5.0  # seconds: a stuck write must not hold the guard's exit for long
 _SUFFIX = guard_account_name("")  # "-netguard"
 
 
@@ -54,7 +55,7 @@ async def write_report(settings: KubeSettings, namespace: str, sandbox: str, tex
                     name,
                     namespace,
                     {"data": {REPORT_KEY: text}},
-                    _request_timeout=settings.request_timeout,
+                    _request_timeout=min(settings.request_timeout, WRITE_TIMEOUT),
                 )
             except ApiException as exc:
                 what = f"patch ConfigMap {namespace}/{name}"

@@ -60,8 +60,18 @@ async def follow_guard_reports(
         try:
             async for ns, sandbox, text in watch_reports(kube, namespace):
                 await reader.seen(ns, sandbox, text)
+                _cancelled_meanwhile()
                 delay = RETRY_MIN
         except StoreError as exc:
             log.warning("guard_reports_watch_failed", error=exc.message, retry_in=delay)
         await sleep(delay)
         delay = min(delay * 2, RETRY_MAX)
+
+
+def _cancelled_meanwhile() -> None:
+    """Raise CancelledError if this task was cancelled while publishing: the NATS client can
+    turn a cancellation during a JetStream publish into a publish error, which ``Events``
+    logs and swallows, and the loop would go on as if never asked to stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -165,6 +165,7 @@ class GuardReporter:
             return False
         self._seq += 1
         self._pending = {}
+        log.info("guard_report_written", seq=self._seq, refusals=len(batch))
         return True
 
     async def run(self) -> None:
