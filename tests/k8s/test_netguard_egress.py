@@ -11,7 +11,6 @@ attack then succeeds.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import json
 import os
@@ -44,6 +43,7 @@ from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.subjects import Subjects
 from sandpod_kube import KubeSettings, KubeStore, PodApi, StoreForbidden
 from sandpod_kube.guardreport import write_report
+from sandpod_kube.guardwatch import read_secret_keys
 from sandpod_lifecycle.driver import Owner
 from sandpod_lifecycle.events import Events
 from sandpod_lifecycle.network.metrics import NetworkMetrics
@@ -277,7 +277,7 @@ async def test_a_secret_from_a_kubernetes_secret_is_injected_and_never_readable(
     code, out = await asyncio.to_thread(_run_on_host, anonymous, w.api_url)  # reached: refused
     assert code == 0 and out.strip() in ("401", "403"), out
     # the positive control: the guard's credential (and only it) reads the Secret
-    assert await asyncio.to_thread(_secret_as_admin, w) == SECRET
+    assert await _secret_as_guard(w) == SECRET
 
 
 SNOOP = r"""
@@ -310,10 +310,11 @@ def _run_on_host(script: str, *args: str) -> tuple[int, str]:
     return done.returncode, done.stdout
 
 
-def _secret_as_admin(w: PodWorld) -> str:
-    with w.plane.settings.api_client() as api_client:
-        secret = client.CoreV1Api(api_client).read_namespaced_secret("tok", w.namespace)
-        return base64.b64decode(secret.data["value"]).decode()
+async def _secret_as_guard(w: PodWorld) -> str:
+    """What the guard's own token (the kubelet's projection of its ServiceAccount) reads."""
+    token = (w.root / "token").read_text()
+    as_guard = KubeSettings(host=w.plane.url, ca_file=str(w.plane.ca_file), token=token)
+    return (await read_secret_keys(as_guard, w.namespace, "tok"))["value"]
 
 
 async def test_ipv6_is_refused_in_the_pod_and_said_so(world: PodWorld) -> None:

@@ -36,13 +36,26 @@ from prometheus_client import Counter
 from sandpod_contract.errors import StoreError
 from sandpod_lifecycle.network.sandboxnet import Denial
 
-__all__ = ["MAX_RECENT", "GuardReport", "GuardReporter", "Refusal", "ReportReader"]
+__all__ = [
+    "MAX_RECENT",
+    "GuardReport",
+    "GuardReporter",
+    "Refusal",
+    "ReportInvalid",
+    "ReportReader",
+]
 
 log = structlog.get_logger("sandpod.lifecycle.network.podguard")
 
 VERSION = 1
 MAX_RECENT = 64  # distinct refusals per batch
 MAX_TEXT = 64 * 1024  # a report lifecycle accepts (a ConfigMap holds 1 MiB)
+
+
+class ReportInvalid(ValueError):
+    """A report that is not a well-formed version-1 report. ``code`` is stable."""
+
+    code = "network.guard_report_invalid"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,16 +89,19 @@ class GuardReport:
 
     @classmethod
     def from_json(cls, text: str) -> GuardReport:
-        """Raises ValueError for anything but a well-formed version-1 report."""
+        """Raises ReportInvalid for anything but a well-formed version-1 report."""
         if len(text) > MAX_TEXT:
-            raise ValueError("report too large")
-        raw = json.loads(text)
+            raise ReportInvalid("report too large")
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise ReportInvalid(f"not JSON: {exc}") from exc
         if not isinstance(raw, dict) or raw.get("v") != VERSION:
-            raise ValueError("not a version-1 report")
+            raise ReportInvalid("not a version-1 report")
         recent = raw.get("recent")
         totals = raw.get("totals")
         if not isinstance(recent, list) or not isinstance(totals, dict):
-            raise ValueError("recent must be a list, totals a map")
+            raise ReportInvalid("recent must be a list, totals a map")
         refusals = tuple(_refusal(r) for r in recent[:MAX_RECENT])
         counts = {str(k): _count(v) for k, v in list(totals.items())[:16]}
         return cls(_count(raw.get("seq")), refusals, counts, _count(raw.get("lost", 0)))
@@ -93,16 +109,16 @@ class GuardReport:
 
 def _count(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{value!r} is no count")
+        raise ReportInvalid(f"{value!r} is no count")
     return value
 
 
 def _refusal(raw: Any) -> Refusal:
     if not isinstance(raw, dict):
-        raise ValueError("a refusal must be a map")
+        raise ReportInvalid("a refusal must be a map")
     fields = [raw.get(k) for k in ("kind", "destination", "rule")]
     if not all(isinstance(f, str) and len(f) <= 300 for f in fields):
-        raise ValueError("kind, destination and rule must be short strings")
+        raise ReportInvalid("kind, destination and rule must be short strings")
     kind, destination, rule = (str(f) for f in fields)
     return Refusal(kind, destination, rule, max(1, _count(raw.get("count", 1))))
 
@@ -192,7 +208,7 @@ class ReportReader:
         """Handle one version of a report; returns how many events it published."""
         try:
             report = GuardReport.from_json(text)
-        except ValueError as exc:  # a guard's bug or a tampered report: nothing published
+        except ReportInvalid as exc:  # a guard's bug or a tampered report: nothing published
             log.warning("guard_report_malformed", sandbox=sandbox, error=str(exc))
             return 0
         key = (namespace, sandbox)
