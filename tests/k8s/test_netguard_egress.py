@@ -110,10 +110,10 @@ class PodWorld:
         return str(self.shared / "internet-ca.pem")
 
     async def policy(self, raw: dict[str, object]) -> NetworkPolicy:
-        """What lifecycle does on an update: status.network, then ``apply_network``."""
+        """What lifecycle does on an update: ``apply_network``, then status.network."""
         policy = NetworkPolicy.from_dict(raw)
-        await set_policy(self.store, self.namespace, self.name, policy)
         await self.driver.apply_network(self.name, policy)
+        await set_policy(self.store, self.namespace, self.name, policy)
         return policy
 
     def log(self) -> str:
@@ -480,3 +480,35 @@ async def _forgery_refused(
                 break
             assert subject == subjects.event("network", w.name, "denied")  # A's real ones
     assert subject == subjects.event("network", b.metadata.name, "denied"), subject
+
+
+async def test_an_injection_added_at_runtime_reaches_the_guard_and_its_credential(
+    world: PodWorld,
+) -> None:
+    """A policy update that injects from another Secret (``tok2``): lifecycle's
+    ``apply_network`` grants the guard that Secret and takes ``tok`` away; the next request
+    carries the new value; the old Secret is no longer readable with the guard's token."""
+    w = world
+    other = f"other-{uuid.uuid4().hex}"
+    await asyncio.to_thread(_secret, w, "tok2", other)
+    raw = {**INJECTING, "inject": [{"domain": "api.example.test", "secret": "tok2/value"}]}
+    await w.policy(raw)
+    bearer = f"Bearer {placeholder('tok2/value')}"
+
+    async def injected() -> bool:
+        seen = await w.request("http", "api.example.test", "api.example.test", bearer)
+        return f"Authorization: Bearer {other}" in seen
+
+    async with asyncio.timeout(30):
+        while not await injected():
+            pass
+    with pytest.raises(StoreForbidden):
+        await _secret_as_guard(w)  # tok: no longer granted
+
+
+def _secret(w: PodWorld, name: str, value: str) -> None:
+    with w.plane.settings.api_client() as api_client:
+        client.CoreV1Api(api_client).create_namespaced_secret(
+            w.namespace,
+            client.V1Secret(metadata=client.V1ObjectMeta(name=name), string_data={"value": value}),
+        )

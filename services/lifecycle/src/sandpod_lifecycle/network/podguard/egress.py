@@ -61,6 +61,7 @@ class GuardSecrets:
     def __init__(self, settings: GuardSettings) -> None:
         self._settings = settings
         self._values: Mapping[str, str] = {}
+        self.complete = True  # every Secret the policy names was read at the last refresh
 
     def get(self, name: str) -> str:
         if "/" not in name:
@@ -72,19 +73,23 @@ class GuardSecrets:
 
     async def refresh(self, policy: NetworkPolicy) -> None:
         """Read every Secret ``policy`` injects from; one that cannot be read keeps its last
-        values (a transient failure) or has none (never read: its injections fail closed)."""
+        values (a transient failure) or has none (never read: its injections fail closed), and
+        :attr:`complete` turns False (the guard then retries soon: a grant may be on its way)."""
         s = self._settings
         values: dict[str, str] = {}
+        complete = True
         for secret in injected_secrets(policy):
             try:
                 keys = await read_secret_keys(s.kube, s.namespace, secret)
             except StoreError as exc:
                 log.warning("guard_secret_unreadable", secret=secret, error=exc.message)
+                complete = False
                 prefix = f"{secret}/"
                 values |= {k: v for k, v in self._values.items() if k.startswith(prefix)}
                 continue
             values |= {f"{secret}/{key}": value for key, value in keys.items()}
         self._values = values
+        self.complete = complete
 
 
 class GuardEgress:

@@ -56,6 +56,7 @@ log = structlog.get_logger("sandpod.lifecycle.network.podguard")
 
 DENY_ALL = NetworkPolicy(mode=NetworkMode.DENY_ALL)
 RETRY_MIN, RETRY_MAX = 0.5, 10.0  # seconds between two watch attempts after a failure
+SECRET_RETRY = 2.0  # seconds to the next read of a Secret the guard could not read
 
 
 def with_nats(
@@ -262,9 +263,11 @@ class Guard:
     async def _refresh(self) -> None:
         """Re-read the injected Secrets now and then (a rotated value reaches the proxy)."""
         while True:
-            await self._sleep(self.settings.secret_refresh)
-            if self.egress is not None:
-                await self.egress.secrets.refresh(self._source)
+            secrets = None if self.egress is None else self.egress.secrets
+            complete = secrets is None or secrets.complete
+            await self._sleep(self.settings.secret_refresh if complete else SECRET_RETRY)
+            if secrets is not None:
+                await secrets.refresh(self._source)
 
     def on_denied(self, denial: Denial) -> None:
         """A refusal of the resolver or the proxy (rate-limited by them): logged, and handed
