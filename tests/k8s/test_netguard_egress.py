@@ -491,7 +491,10 @@ async def test_an_injection_added_at_runtime_reaches_the_guard_and_its_credentia
     w = world
     other = f"other-{uuid.uuid4().hex}"
     await asyncio.to_thread(_secret, w, "tok2", other)
-    raw = {**INJECTING, "inject": [{"domain": "api.example.test", "secret": "tok2/value"}]}
+    raw: dict[str, object] = {
+        **INJECTING,
+        "inject": [{"domain": "api.example.test", "secret": "tok2/value"}],
+    }
     await w.policy(raw)
     bearer = f"Bearer {placeholder('tok2/value')}"
 
