@@ -102,11 +102,11 @@ MECHANISMS = {"cgroup": ConditionReason.CGROUP_FROZEN, "signals": ConditionReaso
 Freezer = Callable[[str, str], Awaitable[FreezeState]]
 # (namespace, template name or None for the built-in one) -> its spec; raises SandpodError
 Templates = Callable[[str, str | None], Awaitable[SandboxTemplateSpec]]
-GUARD_IPV4_ONLY = "IPv4 egress only: the network guard refuses all IPv6 in the Pod"
 GUARD_BOUND = (
     "enforced in the Pod by the network guard; the template's NetworkPolicy still bounds what "
     "it allows (it can narrow, never widen)"
 )
+GUARD_IPV4_ONLY = "IPv4 egress only: the network guard refuses all IPv6 in the Pod"
 OWN_POLICY = (
     "the sandbox's own policy is not enforced on Kubernetes: its template's NetworkPolicy "
     "applies (NetworkPolicies are additive, so one Pod's cannot be narrower than its template's)"
