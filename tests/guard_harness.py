@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 from kubernetes import client
 
 from dnsauth import AuthServer
-from netns_pair import NetnsPair
+from netns_pair import NetnsPair, ip
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import NetworkStatus
 from sandpod_kube import KubeSettings, KubeStore, PodApi
@@ -53,6 +54,16 @@ class PodNetns(NetnsPair):
     def create(self) -> None:  # type: ignore[override]
         super().create(default_route=True, attempts=1)
 
+    def add_ipv6(self) -> None:
+        """IPv6 as in a dual-stack cluster: a ULA /64 on the veth (host end ``gateway6``, inside
+        ``address6``), a default v6 route via the host end (which forwards: the fake internet's
+        v6 side is reachable when the host has IPv6 forwarding on)."""
+        a, b = (f"{random.randrange(1, 0xFFFF):x}" for _ in range(2))
+        self.gateway6, self.address6 = f"fd7f:{a}:{b}::1", f"fd7f:{a}:{b}::2"
+        ip("addr", "add", f"{self.gateway6}/64", "dev", self.host_if, "nodad")
+        ip("-n", self.name, "addr", "add", f"{self.address6}/64", "dev", self.peer_if, "nodad")
+        ip("-n", self.name, "-6", "route", "add", "default", "via", self.gateway6)
+
     def start_guard(self, env: dict[str, str], log: Path, caps: str = GUARD_CAPS) -> None:
         """The guard's entry point, in the namespace, with the guard container's capabilities
         (``caps``: a setpriv bounding set, to run it with fewer)."""
@@ -70,9 +81,13 @@ class PodNetns(NetnsPair):
             "sandpod_lifecycle.network.podguard",
         ]
         self.guard_log = log
+        own = {  # the guard's memory emptyDir and the trust emptyDir, here
+            "SANDPOD_GUARD_CA_DIR": str(log.parent / "guard-ca"),
+            "SANDPOD_GUARD_TRUST_FILE": str(log.parent / "trust" / "egress.pem"),
+        }
         with log.open("ab") as out:
             self.guard = subprocess.Popen(
-                argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
+                argv, env={**os.environ, **own, **env}, stdout=out, stderr=subprocess.STDOUT
             )
 
     def stop_guard(self) -> int | None:
@@ -244,7 +259,10 @@ class PodGuards:
     ) -> None:
         self.admin, self.api_port, self.ca_file, self.state = admin, api_port, ca_file, state
         self.records = records
+        self.env: dict[str, str] = {}  # more of the guard's environment (a test's knobs)
+        self.ipv6 = False  # give each Pod's namespace IPv6 too (``PodNetns.add_ipv6``)
         self.netns: dict[str, PodNetns] = {}
+        self.api_urls: dict[str, str] = {}  # the API server as each Pod reaches it
         self.auth: dict[str, AuthServer] = {}
         self._relays: list[Relay] = []
 
@@ -253,6 +271,8 @@ class PodGuards:
         pod = PodNetns()
         self.netns[name] = pod
         pod.create()
+        if self.ipv6:
+            pod.add_ipv6()
         auth = AuthServer(pod.gateway)
         for host, address in self.records:
             auth.add(host, "A", 300, address)
@@ -261,6 +281,7 @@ class PodGuards:
         relay = Relay(pod.gateway, ("127.0.0.1", self.api_port))
         await relay.start()
         self._relays.append(relay)
+        self.api_urls[name] = f"https://{pod.gateway}:{relay.port}"
         root = self.state / name
         root.mkdir(parents=True)
         token = root / "token"
@@ -276,6 +297,9 @@ class PodGuards:
                 "SANDPOD_KUBE_CA_FILE": str(self.ca_file),  # the projected volume's files
                 "SANDPOD_KUBE_TOKEN_FILE": str(token),
                 "SANDPOD_GUARD_READY_FILE": str(ready),
+                "SANDPOD_GUARD_CA_DIR": str(root / "guard-ca"),  # its memory emptyDir
+                "SANDPOD_GUARD_TRUST_FILE": str(root / "trust" / "egress.pem"),  # the shared one
+                **self.env,
             },
             root / "guard.log",
         )
@@ -298,7 +322,8 @@ class PodGuards:
             return str(answer.status.token)
 
     async def close(self) -> None:
-        codes = {name: pod.stop_guard() for name, pod in self.netns.items()}
+        # in a thread: the relays on this loop must serve the guards' last API calls meanwhile
+        codes = {name: await asyncio.to_thread(pod.stop_guard) for name, pod in self.netns.items()}
         for pod in self.netns.values():
             pod.remove()
         for relay in self._relays:

@@ -38,7 +38,7 @@ from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.driver import Owner
 from sandpod_lifecycle.network.podguard.guard import policy_of
 from sandpod_lifecycle.network.podguard.settings import GuardSettings
-from sandpod_lifecycle.runtime.pod import PodDriver
+from sandpod_lifecycle.runtime.pod import GUARD_IPV4_ONLY, PodDriver
 from sandpod_store import Resource
 
 SETTINGS = PodSettings(
@@ -126,7 +126,7 @@ async def test_the_driver_gives_the_pod_its_guard_and_nothing_else(
             assert spec["dnsPolicy"] == "None"
             assert spec["dnsConfig"]["nameservers"] == ["127.0.0.1"]
             enforcement = await driver.apply_network(name, ALLOW)
-            assert enforcement.enforced and not enforcement.reason
+            assert enforcement.enforced and enforcement.reason == GUARD_IPV4_ONLY
             own = NetworkPolicy.from_dict(
                 {"mode": "public", "deny": ["a.test"], "limits": {"maxConnections": 5}}
             )

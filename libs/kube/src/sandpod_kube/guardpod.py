@@ -13,8 +13,13 @@ by it (the garbage collector removes them with it) and named ``<sandbox>-netguar
                                                                the guard container mounts a
                                                                projected, expiring token
     Role            get/list/watch sandboxes, resourceNames: [<sandbox>]   (read only: the
-                    guard never writes; status.network is lifecycle's to write)
+                    guard never writes; status.network is lifecycle's to write); and get
+                    secrets, resourceNames: the Secrets its policy's header injections name
+                    (``inject[].secret: <secret>/<key>``; re-applied on every policy update);
+                    get/patch configmaps, resourceNames: [<sandbox>-netguard]
     RoleBinding     the Role to the ServiceAccount
+    ConfigMap       <sandbox>-netguard: the guard's refusal report (``guardreport.py``), the
+                    one object it may write; lifecycle reads it and publishes the events
 
 To create a Role the lifecycle must itself hold what it grants (RBAC's escalation check): it
 does, it watches every Sandbox; the chart adds create/delete on these three kinds.
@@ -22,27 +27,39 @@ does, it watches every Sandbox; the chart adds create/delete on these three kind
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sandpod_contract.network import NetworkPolicy
 from sandpod_kube.podspec import PodSettings, SandboxPod
 
 __all__ = [
     "GUARD_CAPABILITIES",
     "GUARD_CONTAINER",
     "GUARD_VERBS",
+    "REPORT_LABEL",
+    "TRUST_FILE",
     "add_guard",
     "guard_access_manifests",
     "guard_account_name",
     "guard_security_context",
+    "injected_secrets",
 ]
 
 GUARD_VERBS = ("get", "list", "watch")
+REPORT_LABEL = "sandpod.dev/netguard-report"  # on each guard's report ConfigMap
 GUARD_CONTAINER = "netguard"
 GUARD_CAPABILITIES = ("NET_ADMIN", "NET_BIND_SERVICE")  # its nftables table; port 53
 GUARD_TOKEN_MOUNT = "/var/run/sandpod/netguard"  # noqa: S105 - a path
 GUARD_RUN = "/run/sandpod-guard"
+TRUST_MOUNT = "/run/sandpod-trust"  # the guard's interception certificates, for the sandbox
+TRUST_FILE = f"{TRUST_MOUNT}/egress.pem"
 GUARD_TOKEN_SECONDS = 3600  # the kubelet renews it at 80% of its life
+
+
+def injected_secrets(policy: NetworkPolicy) -> list[str]:
+    """The Kubernetes Secrets ``policy``'s header injections name (``<secret>/<key>``)."""
+    return sorted({i.secret.split("/", 1)[0] for i in policy.inject if "/" in i.secret})
 
 
 def guard_account_name(sandbox: str) -> str:
@@ -51,11 +68,41 @@ def guard_account_name(sandbox: str) -> str:
 
 
 def guard_access_manifests(
-    namespace: str, sandbox: str, owner: Mapping[str, Any], labels: Mapping[str, str]
+    namespace: str,
+    sandbox: str,
+    owner: Mapping[str, Any],
+    labels: Mapping[str, str],
+    secrets: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding giving sandbox ``sandbox``'s guard read access to
-    that one Sandbox; ``owner`` is the Sandbox's ownerReference."""
+    that one Sandbox and to the Secrets named in ``secrets`` (its header injections'); ``owner``
+    is the Sandbox's ownerReference."""
     name = guard_account_name(sandbox)
+    rules: list[dict[str, Any]] = [
+        {
+            "apiGroups": ["sandpod.dev"],
+            "resources": ["sandboxes"],
+            "resourceNames": [sandbox],
+            "verbs": list(GUARD_VERBS),
+        }
+    ]
+    rules.append(
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [name],
+            "verbs": ["get", "patch"],
+        }
+    )
+    if secrets:
+        rules.append(
+            {
+                "apiGroups": [""],
+                "resources": ["secrets"],
+                "resourceNames": sorted(set(secrets)),
+                "verbs": ["get"],
+            }
+        )
     meta = {
         "name": name,
         "namespace": namespace,
@@ -73,14 +120,7 @@ def guard_access_manifests(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": meta,
-            "rules": [
-                {
-                    "apiGroups": ["sandpod.dev"],
-                    "resources": ["sandboxes"],
-                    "resourceNames": [sandbox],
-                    "verbs": list(GUARD_VERBS),
-                }
-            ],
+            "rules": rules,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -88,6 +128,11 @@ def guard_access_manifests(
             "metadata": meta,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {**meta, "labels": {**labels, REPORT_LABEL: "true"}},
         },
     ]
 
@@ -121,6 +166,8 @@ def add_guard(spec: dict[str, Any], pod: SandboxPod, settings: PodSettings) -> N
         {"name": "SANDPOD_KUBE_TOKEN_FILE", "value": f"{GUARD_TOKEN_MOUNT}/token"},
         {"name": "SANDPOD_KUBE_CA_FILE", "value": f"{GUARD_TOKEN_MOUNT}/ca.crt"},
         {"name": "SANDPOD_GUARD_READY_FILE", "value": f"{GUARD_RUN}/ready"},
+        {"name": "SANDPOD_GUARD_CA_DIR", "value": f"{GUARD_RUN}/ca"},
+        {"name": "SANDPOD_GUARD_TRUST_FILE", "value": TRUST_FILE},
     ]
     ready = f"import os, sys; sys.exit(not os.path.exists({GUARD_RUN + '/ready'!r}))"
     guard = {
@@ -139,8 +186,14 @@ def add_guard(spec: dict[str, Any], pod: SandboxPod, settings: PodSettings) -> N
         "volumeMounts": [
             {"name": "netguard-token", "mountPath": GUARD_TOKEN_MOUNT, "readOnly": True},
             {"name": "netguard-run", "mountPath": GUARD_RUN},
+            {"name": "netguard-trust", "mountPath": TRUST_MOUNT},
         ],
     }
+    for container in spec["containers"]:  # the authorities of its header injections, read-only
+        container.setdefault("volumeMounts", []).append(
+            {"name": "netguard-trust", "mountPath": TRUST_MOUNT, "readOnly": True}
+        )
+        container.setdefault("env", []).append({"name": "NODE_EXTRA_CA_CERTS", "value": TRUST_FILE})
     spec["initContainers"].insert(0, guard)  # before anything of the sandbox's uid runs
     spec["serviceAccountName"] = guard_account_name(pod.name)
     spec["volumes"] += [
@@ -164,6 +217,7 @@ def add_guard(spec: dict[str, Any], pod: SandboxPod, settings: PodSettings) -> N
             },
         },
         {"name": "netguard-run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "netguard-trust", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
     spec["dnsPolicy"] = "None"
     spec["dnsConfig"] = {"nameservers": ["127.0.0.1"]}

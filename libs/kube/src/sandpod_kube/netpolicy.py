@@ -160,9 +160,7 @@ def _unenforceable(policy: NetworkPolicy, guard: bool = False) -> list[str]:
         ]
         if policy.limits.bandwidth_bytes_per_second is not None:
             notes.append("a bandwidth limit is not enforced in a Pod")
-        if policy.inject:
-            notes.append("header injections need the in-Pod egress proxy")
-        return notes
+        return notes  # header injections: the guard's egress proxy
     notes = [
         f"{kind} rule {r.text!r} is a DNS name (a NetworkPolicy has addresses only)"
         for kind, rules in (("allow", policy.allow), ("deny", policy.deny))

@@ -377,20 +377,24 @@ class PodApi:
     # -- the network guard's access (sandpod_kube.guardpod) ---------------------------------
 
     async def apply_guard_access(self, manifests: Sequence[Mapping[str, Any]]) -> None:
-        """Server-side apply the guard's ServiceAccount, Role and RoleBinding (in that order:
-        the Pod names the ServiceAccount, the binding the Role)."""
+        """Server-side apply the guard's ServiceAccount, Role, RoleBinding (in that order: the
+        Pod names the ServiceAccount, the binding the Role) and report ConfigMap (no data:
+        the guard's own writes to it stay)."""
         patch = {
             "ServiceAccount": self._core.patch_namespaced_service_account,
             "Role": self._rbac.patch_namespaced_role,
             "RoleBinding": self._rbac.patch_namespaced_role_binding,
+            "ConfigMap": self._core.patch_namespaced_config_map,  # its refusal report
         }
         for manifest in manifests:
             kind = str(manifest["kind"])
             await self._apply(kind, patch[kind], manifest)
 
     async def delete_guard_access(self, namespace: str, name: str) -> None:
-        """Delete the guard's RoleBinding, Role and ServiceAccount ``name`` (idempotent)."""
+        """Delete the guard's RoleBinding, Role, ServiceAccount and report ConfigMap ``name``
+        (idempotent)."""
         for kind, delete in (
+            ("ConfigMap", self._core.delete_namespaced_config_map),
             ("RoleBinding", self._rbac.delete_namespaced_role_binding),
             ("Role", self._rbac.delete_namespaced_role),
             ("ServiceAccount", self._core.delete_namespaced_service_account),

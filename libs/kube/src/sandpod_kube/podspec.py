@@ -58,6 +58,8 @@ with ports, connection limits. The Pod then gets:
         own guard ServiceAccount (``sandpod_kube.guardpod``: read its own Sandbox, nothing
         else) -- the sandbox container mounts none (``automountServiceAccountToken: false``)
     dnsPolicy: None, nameserver 127.0.0.1   every container asks the guard's resolver
+    emptyDir "netguard-trust"  the guard's interception certificates, read-only in the sandbox
+                               container (``NODE_EXTRA_CA_CERTS``)
 
 The guard filters by the sandbox container's uid (``run_as_user``): every socket of it goes
 through the same chain the local runtime compiles; its own traffic (upstream DNS to

@@ -100,7 +100,8 @@ SPECIAL_RANGES: tuple[IPNetwork, ...] = tuple(
 _LABEL = r"(?!-)[a-z0-9_-]{1,63}(?<!-)"
 _NAME = re.compile(rf"(\*\.)?{_LABEL}(\.{_LABEL})*")
 _HEADER = re.compile(r"[A-Za-z0-9-]{1,64}")
-_SECRET = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?")
+# a secret's name; in Kubernetes mode "<Secret>/<key>": a key of a Secret in the namespace
+_SECRET = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?(/[-._a-zA-Z0-9]{1,253})?")
 
 
 class NetworkMode(enum.StrEnum):
@@ -253,7 +254,9 @@ class HeaderInjection:
             raise _fail(f"{field}.header", "must be an HTTP header name")
         secret = raw.get("secret")
         if not isinstance(secret, str) or not _SECRET.fullmatch(secret):
-            raise _fail(f"{field}.secret", "must name a secret (lower-case DNS label)")
+            raise _fail(
+                f"{field}.secret", "must name a secret (lower-case DNS label, or Secret/key)"
+            )
         fmt = raw.get("format", "Bearer {secret}")
         if not isinstance(fmt, str) or fmt.count("{secret}") != 1 or len(fmt) > 200:
             raise _fail(f"{field}.format", "must contain {secret} exactly once")

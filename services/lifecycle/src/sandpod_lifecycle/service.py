@@ -114,6 +114,7 @@ class LifecycleService:
         self._egress: Egress | None = None  # the local runtime's sandbox network (root)
         self.node_network: NodeNetwork | None = None  # egress + resolver + refusal reports
         self.network_metrics: NetworkMetrics | None = None
+        self._leading = True  # kube: what the election last said (one replica: always)
         self.metrics = CollectorRegistry()  # the lifecycle's own (not served yet)
         self._closers: list[Callable[[], Awaitable[None]]] = []  # kube clients, last first
 
@@ -150,6 +151,7 @@ class LifecycleService:
     def _leadership(self, leading: bool) -> None:
         """Won: queue everything now (the old leader's work, timers it had). Lost: acquire()
         already refuses every object, so the workers stop acting."""
+        self._leading = leading
         log.info("leadership_changed", leading=leading, replica=self.settings.replica_id)
         if leading and self.reconciler is not None:
             self.reconciler.resync_soon()
@@ -299,6 +301,7 @@ class LifecycleService:
         backend = self._volume_backend()
         api.volumes = volumes = Volumes(store, backend, events, self.settings.volumes)
         await self._start_egress(events, driver)
+        self._start_guard_reports(events)
         builds = self._builds(bus, store, driver)
         self._template_builds = builds
         snapshots = await start_snapshots(
@@ -426,6 +429,21 @@ class LifecycleService:
             log.error("egress_unavailable", error=str(exc))
             self._local[0].egress = None
             self._egress = None
+
+    def _start_guard_reports(self, events: Events) -> None:
+        """Kubernetes with the network guard: its refusals become events (``guardreports``)."""
+        kube = self.settings.kube
+        if self.settings.runtime != "kubernetes" or kube is None or not self.settings.pods.netguard:
+            return
+        from sandpod_lifecycle.runtime.guardreports import follow_guard_reports
+
+        self.network_metrics = metrics = self.network_metrics or NetworkMetrics(self.metrics)
+        self.supervisor.spawn(
+            follow_guard_reports(
+                kube, kube.namespace, events, metrics.denied, leading=lambda: self._leading
+            ),
+            name="guard-reports",
+        )
 
     @property
     def egress(self) -> Egress | None:

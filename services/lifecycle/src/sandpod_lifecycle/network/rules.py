@@ -49,6 +49,7 @@ __all__ = [
     "PROXIED_PORTS",
     "Address",
     "compile_chain",
+    "compile_nat",
     "compile_sandbox",
     "elements",
     "inject_set",
@@ -163,27 +164,47 @@ def compile_sandbox(
         ipv6=v6,
     )
     if proxy is not None:
-        proxied = [(set_name(n, r), set_name6(n, r)) for r in policy.name_rules]
-        if injects(policy, proxy):
-            j = inject_set(n)
-            lines.append(f"add set inet {t} {j} {{ type ipv4_addr; flags timeout; }}")
-            if v6:
-                lines.append(f"add set inet {t} {j}_6 {{ type ipv6_addr; flags timeout; }}")
-            proxied.append((j, f"{j}_6"))
-        for name, name6 in proxied:
-            lines.append(
-                f"add rule inet {t} {nat} ip daddr @{name} tcp dport "
-                f"{PROXIED_PORTS} dnat ip to {proxy}"
-            )
-            if v6 and proxy6 is not None:
-                lines.append(
-                    f"add rule inet {t} {nat} ip6 daddr @{name6} tcp dport "
-                    f"{PROXIED_PORTS} dnat ip6 to {proxy6}"
-                )
+        lines += compile_nat(t, n, policy, proxy, proxy6, ipv6=v6)
     lines.append(f'add element inet {t} dispatch {{ "{ifname}" : jump {chain} }}')
     lines.append(f'add element inet {t} natdispatch {{ "{ifname}" : jump {nat} }}')
     lines.append(f'add element inet {t} deny {{ "{ifname}" : goto {deny} }}')
     return "\n".join(lines) + "\n"
+
+
+def compile_nat(
+    table: str,
+    index: int,
+    policy: NetworkPolicy,
+    proxy: str,
+    proxy6: str | None = None,
+    *,
+    ipv6: bool = False,
+    match: str = "",
+) -> list[str]:
+    """The rules of NAT chain ``nat_<index>`` (already flushed) sending TCP 80/443 of the
+    name-rule sets' and the injection set's addresses to the egress proxy at ``proxy``
+    (``address:port``; ``proxy6``: the IPv6 one), creating the injection set when the policy
+    injects. ``match``: a prefix every rule gets (a Pod: the sandbox's uid)."""
+    t, n, nat = table, index, f"nat_{index}"
+    proxied = [(set_name(n, r), set_name6(n, r)) for r in policy.name_rules]
+    lines = []
+    if injects(policy, proxy):
+        j = inject_set(n)
+        lines.append(f"add set inet {t} {j} {{ type ipv4_addr; flags timeout; }}")
+        if ipv6:
+            lines.append(f"add set inet {t} {j}_6 {{ type ipv6_addr; flags timeout; }}")
+        proxied.append((j, f"{j}_6"))
+    for name, name6 in proxied:
+        lines.append(
+            f"add rule inet {t} {nat} {match}ip daddr @{name} tcp dport "
+            f"{PROXIED_PORTS} dnat ip to {proxy}"
+        )
+        if ipv6 and proxy6 is not None:
+            lines.append(
+                f"add rule inet {t} {nat} {match}ip6 daddr @{name6} tcp dport "
+                f"{PROXIED_PORTS} dnat ip6 to {proxy6}"
+            )
+    return lines
 
 
 def compile_chain(

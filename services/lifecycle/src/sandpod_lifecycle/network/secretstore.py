@@ -12,8 +12,10 @@ Where values live (:class:`SecretSource` is the seam):
   state dir, each 0600, written atomically. Files rather than a JetStream KV bucket: the proxy
   reads a value on each intercepted connection from its own thread, with no bus round trip, and
   the values never cross NATS (whose accounts other components share).
-* Kubernetes mode: a ``SecretSource`` reading the template namespace's ``Secret`` objects
-  through ``sandpod_kube`` (the only module that may import ``kubernetes``); not written yet.
+* Kubernetes mode: ``podguard.egress.GuardSecrets``, the Pod guard's, reading the keys of the
+  sandbox namespace's ``Secret`` objects an ``inject`` entry names as ``<Secret>/<key>``
+  through ``sandpod_kube`` (the only module that may import ``kubernetes``), with the guard's
+  own token; a ``/`` name is refused here (:func:`_check`), so it never reads a local file.
 """
 
 from __future__ import annotations

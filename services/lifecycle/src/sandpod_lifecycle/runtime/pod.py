@@ -74,7 +74,7 @@ from sandpod_contract.messages.system import FreezeState
 from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.times import from_rfc3339
-from sandpod_kube.guardpod import guard_access_manifests, guard_account_name
+from sandpod_kube.guardpod import guard_access_manifests, guard_account_name, injected_secrets
 from sandpod_kube.netpolicy import egress_policy, unenforceable
 from sandpod_kube.podhealth import PodProblem
 from sandpod_kube.pods import PodApi, PodState
@@ -127,6 +127,7 @@ GUARD_BOUND = (
     "enforced in the Pod by the network guard; the template's NetworkPolicy still bounds what "
     "it allows (it can narrow, never widen)"
 )
+GUARD_IPV4_ONLY = "IPv4 egress only: the network guard refuses all IPv6 in the Pod"
 OWN_POLICY = (
     "the sandbox's own policy is not enforced on Kubernetes: its template's NetworkPolicy "
     "applies (NetworkPolicies are additive, so one Pod's cannot be narrower than its template's)"
@@ -269,6 +270,14 @@ class PodDriver:
             self._restored[sandbox_id] = state.uid
         return self._instance(state)
 
+    async def _guard_access(self, pod: SandboxPod, policy: NetworkPolicy) -> None:
+        """The guard's ServiceAccount, Role (its Sandbox; the Secrets ``policy`` injects from)
+        and RoleBinding. Raises StoreError."""
+        manifests = guard_access_manifests(
+            pod.namespace, pod.name, owner_reference(pod), labels_of(pod), injected_secrets(policy)
+        )
+        await self._api.apply_guard_access(manifests)
+
     async def _create(
         self, pod: SandboxPod, template: SandboxTemplateSpec, pods: list[PodState], owner: Owner
     ) -> None:
@@ -276,10 +285,7 @@ class PodDriver:
         stale Pods of an older Sandbox of that name gone, then the Pod. Raises StoreError."""
         await self._apply_policy(pod, template)
         if self._settings.netguard:
-            labels = labels_of(pod)
-            await self._api.apply_guard_access(
-                guard_access_manifests(pod.namespace, pod.name, owner_reference(pod), labels)
-            )
+            await self._guard_access(pod, template.network)
         for stale in pods:
             if stale.owner_uid != owner.uid or stale.terminal:  # an old Sandbox's
                 log.info("stale_pod_deleted", sandbox=pod.name, phase=stale.phase)
@@ -372,9 +378,13 @@ class PodDriver:
         except SandpodError as exc:
             raise RuntimeFailure(f"NetworkPolicy of {sandbox_id}: {exc.message}") from exc
         if self._settings.netguard:  # the guard enforces the sandbox's policy itself
+            try:  # the Secrets its injections name, readable by its guard only
+                await self._guard_access(pod, policy)
+            except SandpodError as exc:
+                raise RuntimeFailure(f"guard access of {sandbox_id}: {exc.message}") from exc
             gaps = unenforceable(policy, guard=True)
             bound = [GUARD_BOUND] if policy != template.network else []
-            return NetworkEnforcement(not gaps, "; ".join([*gaps, *bound]))
+            return NetworkEnforcement(not gaps, "; ".join([*gaps, *bound, GUARD_IPV4_ONLY]))
         if policy != template.network:
             notes.insert(0, OWN_POLICY)
         return NetworkEnforcement(not notes, "; ".join(notes))

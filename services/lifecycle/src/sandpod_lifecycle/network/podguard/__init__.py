@@ -11,6 +11,8 @@ CAP_NET_BIND_SERVICE (the resolver on port 53). Modules:
 | ``settings.py`` | ``GuardSettings`` from the environment (the table of variables) |
 | ``firewall.py`` | ``PodFirewall``: its table, chain by ``rules.compile_chain`` |
 | ``guard.py`` | ``Guard``: table + resolver (``resolver.py``) + the watch of its own Sandbox |
+| ``egress.py`` | ``GuardEgress``: the egress proxy, the Pod's authorities, ``GuardSecrets`` |
+| ``report.py`` | refusals -> the Sandbox's report ConfigMap -> lifecycle's events |
 | ``__main__.py`` | ``python -m sandpod_lifecycle.network.podguard`` |
 
 Run: ``python -m sandpod_lifecycle.network.podguard`` (the lifecycle image).

@@ -8,6 +8,7 @@ before it writes its ready file, so the Pod's sandbox container never starts ung
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import signal
 import sys
 
@@ -42,6 +43,7 @@ async def _main() -> int:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1)  # a stuck guard's threads, on demand (kill -USR1)
     configure_logging("netguard")
     sys.exit(asyncio.run(_main()))
 

@@ -38,14 +38,17 @@ from prometheus_client import CollectorRegistry
 
 from sandpod_contract.errors import ResourceInvalid, SandpodError, StoreError
 from sandpod_contract.network import NetworkMode, NetworkPolicy, Rule
+from sandpod_kube.guardreport import write_report
 from sandpod_kube.guardwatch import watch_sandbox
 from sandpod_lifecycle.network.firewall import UnknownRule
 from sandpod_lifecycle.network.metrics import NetworkMetrics
 from sandpod_lifecycle.network.nft import Nft, NftError
+from sandpod_lifecycle.network.podguard.egress import GuardEgress
 from sandpod_lifecycle.network.podguard.firewall import GuardTable, PodFirewall
+from sandpod_lifecycle.network.podguard.report import GuardReporter
 from sandpod_lifecycle.network.podguard.settings import GuardSettings
 from sandpod_lifecycle.network.resolver import NodeResolver
-from sandpod_lifecycle.network.sandboxnet import SandboxNet
+from sandpod_lifecycle.network.sandboxnet import Denial, SandboxNet
 
 __all__ = ["Guard", "policy_of", "with_nats"]
 
@@ -53,6 +56,7 @@ log = structlog.get_logger("sandpod.lifecycle.network.podguard")
 
 DENY_ALL = NetworkPolicy(mode=NetworkMode.DENY_ALL)
 RETRY_MIN, RETRY_MAX = 0.5, 10.0  # seconds between two watch attempts after a failure
+SECRET_RETRY = 2.0  # seconds to the next read of a Secret the guard could not read
 
 
 def with_nats(
@@ -111,7 +115,10 @@ class _Sink:
             log.info("resolved_for_a_rule_no_longer_in_force", sandbox_id=sandbox_id)
 
     async def add_injected(self, sandbox_id: str, addresses: Sequence[tuple[str, int]]) -> None:
-        """Nothing: a Pod has no egress proxy to inject headers (reported not enforced)."""
+        try:  # an inject domain's addresses go to the guard's egress proxy
+            self._firewall.add_injected([(a, float(t)) for a, t in addresses])
+        except UnknownRule:  # no proxy, or the policy changed meanwhile
+            log.debug("injected_without_set", sandbox_id=sandbox_id)
 
 
 class Guard:
@@ -133,6 +140,10 @@ class Guard:
         self.firewall: PodFirewall | None = None
         self._nats: tuple[ipaddress.IPv4Network, ...] = settings.nats_cidrs
         self._source: NetworkPolicy = DENY_ALL  # what the control plane says, unaugmented
+        self.registry = CollectorRegistry()
+        self.egress: GuardEgress | None = None
+        self.refusals = 0  # refused lookups and connections (resolver, proxy)
+        self.report: Callable[[Denial], None] | None = None
 
     def _effective(self, policy: NetworkPolicy) -> NetworkPolicy:
         s = self.settings
@@ -168,24 +179,35 @@ class Guard:
         """
         s = self.settings
         await self._pin_nats()
-        table = GuardTable(s.dns_port, tuple((n, s.nats_port) for n in self._nats))
+        table = GuardTable(s.dns_port, s.proxy_port, tuple((n, s.nats_port) for n in self._nats))
         self.firewall = firewall = PodFirewall(self._nft, table)
         firewall.setup(self._effective(DENY_ALL))
 
         def lookup(_address: str) -> SandboxNet | None:  # one sandbox per Pod
             return None if firewall.policy is None else SandboxNet(s.sandbox_id, firewall.policy)
 
+        metrics = NetworkMetrics(self.registry)
         resolver = NodeResolver(
             s.dns,
             [("127.0.0.1", s.dns_port)],
             lookup=lookup,
             sink=_Sink(firewall),
-            metrics=NetworkMetrics(CollectorRegistry()),
+            metrics=metrics,
+            on_denied=self.on_denied,
         )
         await resolver.start()
         try:
+            if s.proxy_port is not None:
+                self.egress = GuardEgress(
+                    s, lookup, resolver.resolved_names, self.on_denied, metrics.denied
+                )
+                self.egress.start()
+            reporter = self._reporter(firewall)
+            self.report = reporter.add
             async with asyncio.TaskGroup() as group:
                 follow = group.create_task(self._follow(), name="guard-watch")
+                refresh = group.create_task(self._refresh(), name="guard-secrets")
+                reports = group.create_task(reporter.run(), name="guard-reports")
                 stopping = group.create_task(stop.wait(), name="guard-stop")
                 synced = group.create_task(self._synced.wait(), name="guard-synced")
                 await asyncio.wait((stopping, synced), return_when=asyncio.FIRST_COMPLETED)
@@ -198,8 +220,12 @@ class Guard:
                 await stopping
                 synced.cancel()
                 follow.cancel()
+                refresh.cancel()
+                reports.cancel()
         finally:
             await resolver.close()
+            if self.egress is not None:
+                await self.egress.stop()
 
     async def _follow(self) -> None:
         """Watch the Sandbox forever, re-opening after a failure (backing off)."""
@@ -208,7 +234,8 @@ class Guard:
         while True:
             try:
                 async for sandbox in watch_sandbox(s.kube, s.namespace, s.sandbox_id):
-                    self.update(sandbox)
+                    if self.update(sandbox) and self.egress is not None:
+                        await self.egress.follow(self._source)  # before ready: secrets, trust
                     self._synced.set()
                     delay = RETRY_MIN
             except StoreError as exc:  # forbidden, expired, unreachable: keep what is in force
@@ -216,19 +243,54 @@ class Guard:
             await self._sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
 
-    def update(self, sandbox: Mapping[str, Any] | None) -> None:
-        """Apply the policy ``sandbox`` carries (deny-all for None) if it changed."""
+    def _reporter(self, firewall: PodFirewall) -> GuardReporter:
+        """Refusals to the Sandbox's report ConfigMap (``report.py``); the table's drops
+        (policy and IPv6) count as ``connect``."""
+        s = self.settings
+
+        async def write(text: str) -> None:
+            await write_report(s.kube, s.namespace, s.sandbox_id, text)
+
+        def counters() -> dict[str, int]:
+            try:
+                return {"connect": firewall.denied() + firewall.refused_ipv6()}
+            except NftError as exc:
+                log.warning("guard_counters_unreadable", error=str(exc))
+                return {}
+
+        return GuardReporter(write, counters, interval=s.report_interval, sleep=self._sleep)
+
+    async def _refresh(self) -> None:
+        """Re-read the injected Secrets now and then (a rotated value reaches the proxy)."""
+        while True:
+            secrets = None if self.egress is None else self.egress.secrets
+            complete = secrets is None or secrets.complete
+            await self._sleep(self.settings.secret_refresh if complete else SECRET_RETRY)
+            if secrets is not None:
+                await secrets.refresh(self._source)
+
+    def on_denied(self, denial: Denial) -> None:
+        """A refusal of the resolver or the proxy (rate-limited by them): logged, and handed
+        to ``report`` (the channel to the sandbox's events, when one is wired)."""
+        self.refusals += 1
+        if self.report is not None:
+            self.report(denial)
+
+    def update(self, sandbox: Mapping[str, Any] | None) -> bool:
+        """Apply the policy ``sandbox`` carries (deny-all for None) if it changed; whether it
+        did."""
         try:
             policy = policy_of(sandbox)
         except SandpodError as exc:  # a malformed status: keep what is in force
             log.error("guard_policy_invalid", error=exc.message)
-            return
+            return False
         if policy == self._source or self.firewall is None:
-            return
+            return False
         try:
             self.firewall.apply(self._effective(policy))
         except NftError as exc:
             log.error("guard_policy_not_applied", error=str(exc), detail=exc.detail)
-            return
+            return False
         self._source = policy
         log.info("guard_policy_applied", sandbox_id=self.settings.sandbox_id, mode=policy.mode)
+        return True

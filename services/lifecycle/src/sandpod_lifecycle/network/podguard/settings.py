@@ -11,6 +11,13 @@
 | ``SANDPOD_GUARD_DNS_PORT`` | 53 | the resolver's port on 127.0.0.1 |
 | ``SANDPOD_GUARD_HARD_DENY`` | | more networks no rule opens (comma-separated CIDRs) |
 | ``SANDPOD_GUARD_READY_FILE`` | ``/run/sandpod-guard/ready`` | written once enforcing (probe) |
+| ``SANDPOD_GUARD_PROXY_PORT`` | 3129 | the egress proxy's port on 127.0.0.1 (``off``: none) |
+| ``SANDPOD_GUARD_CA_DIR`` | ``/run/sandpod-guard/ca`` | the Pod's interception authorities |
+| ``SANDPOD_GUARD_TRUST_FILE`` | ``/run/sandpod-trust/egress.pem`` | their certificates (sandbox) |
+| ``SANDPOD_GUARD_SECRET_REFRESH`` | 60 | seconds between two reads of the injected Secrets |
+| ``SANDPOD_GUARD_REPORT_INTERVAL`` | 1 | seconds between two refusal reports (at most) |
+
+The egress proxy's own knobs: ``SANDPOD_EGRESS_*`` (``proxyconfig.ProxySettings``).
 
 Upstream DNS: ``SANDPOD_DNS_*`` (``dnssettings.py``; set ``SANDPOD_DNS_UPSTREAMS`` to the
 cluster DNS: the Pod's own resolv.conf names the guard). The API server: ``SANDPOD_KUBE_*``
@@ -30,7 +37,8 @@ from pathlib import Path
 
 from sandpod_kube import KubeSettings
 from sandpod_lifecycle.network.dnssettings import ResolverSettings
-from sandpod_service import env_int, env_str
+from sandpod_lifecycle.network.proxyconfig import ProxySettings
+from sandpod_service import env_float, env_int, env_str
 
 __all__ = ["GuardSettings"]
 
@@ -49,6 +57,15 @@ def _cidrs(name: str, raw: str) -> tuple[ipaddress.IPv4Network, ...]:
     return tuple(out)
 
 
+def _port_or_off(env: Mapping[str, str], name: str, default: int) -> int | None:
+    if env.get(name, "").strip().lower() == "off":
+        return None
+    port = env_int(env, name, default, minimum=1)
+    if port > 65535:
+        raise ValueError(f"{name}: {port} is no port")
+    return port
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GuardSettings:
     """The guard's knobs (module docstring: the table of variables)."""
@@ -62,6 +79,12 @@ class GuardSettings:
     dns_port: int = 53
     hard_deny: tuple[ipaddress.IPv4Network, ...] = ()
     ready_file: Path = Path("/run/sandpod-guard/ready")
+    proxy_port: int | None = 3129
+    ca_dir: Path = Path("/run/sandpod-guard/ca")
+    trust_file: Path = Path("/run/sandpod-trust/egress.pem")
+    secret_refresh: float = 60.0
+    report_interval: float = 1.0
+    proxy: ProxySettings = dataclasses.field(default_factory=ProxySettings)
     dns: ResolverSettings
     kube: KubeSettings
 
@@ -98,6 +121,14 @@ class GuardSettings:
                 "SANDPOD_GUARD_HARD_DENY", env_str(env, "SANDPOD_GUARD_HARD_DENY", "")
             ),
             ready_file=Path(env_str(env, "SANDPOD_GUARD_READY_FILE", "/run/sandpod-guard/ready")),
+            proxy_port=_port_or_off(env, "SANDPOD_GUARD_PROXY_PORT", 3129),
+            ca_dir=Path(env_str(env, "SANDPOD_GUARD_CA_DIR", "/run/sandpod-guard/ca")),
+            trust_file=Path(
+                env_str(env, "SANDPOD_GUARD_TRUST_FILE", "/run/sandpod-trust/egress.pem")
+            ),
+            secret_refresh=env_float(env, "SANDPOD_GUARD_SECRET_REFRESH", 60.0),
+            report_interval=env_float(env, "SANDPOD_GUARD_REPORT_INTERVAL", 1.0),
+            proxy=ProxySettings.from_env(env),
             dns=ResolverSettings.from_env(env),
             kube=KubeSettings.from_env(env),
         )
