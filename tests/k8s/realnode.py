@@ -166,6 +166,7 @@ class RealNode:
         self.run_dir: Path | None = None
         self.cgroup_root = ""
         self.netns_before: set[str] = set()
+        self._argv: dict[str, list[str]] = {}
 
     # -- public ------------------------------------------------------------------------------
 
@@ -231,6 +232,17 @@ class RealNode:
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
+    def restart_kubelet(self) -> None:
+        """Stop the kubelet (SIGTERM, as systemd does) and start it again with the same state;
+        returns once the Node is Ready again. Running containers are containerd's: they stay."""
+        argv = self._argv.get("kubelet")
+        if argv is None:
+            raise RuntimeError("the kubelet was never started")
+        self._terminate("kubelet")
+        restarted = time.time()
+        self._spawn("kubelet", argv)
+        self._wait_node_ready(since=restarted)
+
     def pids(self) -> set[int]:
         """The node's own processes (for the suite's leaked-process guard)."""
         plane = {p.pid for p in self.plane.procs} if self.plane is not None else set()
@@ -256,6 +268,7 @@ class RealNode:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         assert self.net is not None
+        self._argv[name] = argv
         with (self.dir / f"{name}.log").open("ab") as log:
             self.procs[name] = subprocess.Popen(
                 [*self.net.enter(), *argv],
@@ -510,7 +523,8 @@ syncFrequency: 10s
                 if (top / knob).exists():
                     (top / knob).write_text((hierarchy / knob).read_text())
 
-    def _wait_node_ready(self, timeout: float = 180) -> None:
+    def _wait_node_ready(self, timeout: float = 180, since: float = 0.0) -> None:
+        """Until the Node is Ready (by a heartbeat after ``since``: a restarted kubelet's own)."""
         deadline = time.monotonic() + timeout
         last = "not registered"
         with self.settings.api_client() as api_client:
@@ -524,7 +538,9 @@ syncFrequency: 10s
                 else:
                     for cond in (node.status.conditions if node.status else None) or []:
                         if cond.type == "Ready":
-                            if cond.status == "True":
+                            beat = cond.last_heartbeat_time
+                            fresh = beat is not None and beat.timestamp() >= since - 1
+                            if cond.status == "True" and fresh:
                                 return
                             last = f"{cond.reason}: {cond.message}"
                 time.sleep(0.2)

@@ -19,6 +19,7 @@ from kubernetes import client
 from k8s.chart import helm_binary, missing_helm, without_dependencies
 from k8s.realnode import IMAGE_PREFIX, RealNode, image
 from sandpod import AsyncSandbox
+from sandpod.errors import SandboxError
 from sandpod_kube import ensure_namespace
 
 pytestmark = pytest.mark.timeout(600)
@@ -81,6 +82,33 @@ def _objects_of_release(api: client.ApiClient, ns: str) -> list[str]:
     return found
 
 
+async def _create(nats_url: str) -> AsyncSandbox:
+    """A sandbox through the chart's lifecycle, once it answers (helm --wait sees its Pod
+    Running; its NATS subscriptions follow a moment later)."""
+    async with asyncio.timeout(120):
+        while True:
+            try:
+                return await AsyncSandbox.create(wait=180, nats_url=nats_url, prefix="sandpod")
+            except SandboxError as exc:
+                if "no lifecycle service answers" not in exc.message:
+                    raise
+                await asyncio.sleep(0.2)
+
+
+def _logs(core: client.CoreV1Api, ns: str) -> str:
+    """The last lines of every container of the release's Pods (for a failure's message)."""
+    out = []
+    for pod in core.list_namespaced_pod(ns).to_dict()["items"]:
+        name = pod["metadata"]["name"]
+        for c in pod["spec"]["containers"]:
+            try:
+                text = core.read_namespaced_pod_log(name, ns, container=c["name"], tail_lines=25)
+            except client.ApiException as exc:
+                text = f"(no log: {exc.status})"
+            out.append(f"--- {name}/{c['name']} ({pod['status']['phase']})\n{text}")
+    return "\n".join(out)
+
+
 async def test_the_chart_installs_runs_a_sandbox_and_uninstalls_cleanly(
     real_node: RealNode, tmp_path: Path
 ) -> None:
@@ -113,19 +141,27 @@ async def test_the_chart_installs_runs_a_sandbox_and_uninstalls_cleanly(
         ).to_dict()["items"][0]
         nats_url = f"nats://{nats_pod['status']['pod_ip']}:4222"  # the host routes to Pod IPs
         try:
-            sbx = await AsyncSandbox.create(wait=180, nats_url=nats_url, prefix="sandpod")
+            try:
+                sbx = await _create(nats_url)
+            except Exception as exc:
+                raise AssertionError(f"{exc}\n{_logs(core, ns)}") from exc
             r = await sbx.exec("cat /proc/1/cgroup | grep -c kubepods; id -u")
             assert r.exit_code == 0 and r.stdout.split()[1] != "0", r
             await sbx.fs.write("/workspace/hello", b"through the chart")
             assert await sbx.fs.read("/workspace/hello") == b"through the chart"
-            sandbox_pod = core.read_namespaced_pod(sbx.id, ns).to_dict()
+            sandbox_pod = core.read_namespaced_pod(
+                sbx.id, "default"
+            ).to_dict()  # the API's namespace
             assert sandbox_pod["spec"]["containers"][0]["image"] == image("sandpod-base")
             await sbx.kill()
         finally:
             if sbx is not None:
                 await sbx.close()
         await asyncio.to_thread(_helm, real_node, "uninstall", RELEASE, "-n", ns, "--wait")
-        left = await asyncio.to_thread(_objects_of_release, api, ns)
+        # Deleting a Deployment leaves its Pods to the garbage collector and their grace period.
+        async with asyncio.timeout(120):
+            while left := await asyncio.to_thread(_objects_of_release, api, ns):
+                await asyncio.sleep(0.5)
         assert left == [], left
         pods = core.list_namespaced_pod(ns).to_dict()["items"]
         assert [

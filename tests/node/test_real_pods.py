@@ -13,7 +13,9 @@ import uuid
 
 import pytest
 
+from conftest import SESSION_DAEMON_PIDS
 from k8s.cluster import NS, Cluster
+from k8s.realnode import RealNode
 from node.conftest import pod_env
 from sandpod import AsyncSandbox
 from sandpod_store import ObjectMeta, Resource
@@ -133,3 +135,45 @@ async def test_a_deleted_sandbox_leaves_no_pod_and_its_ttl_is_kept(node_cluster:
                 await asyncio.sleep(0.2)
     finally:
         await pods.close()
+
+
+async def test_a_kubelet_restart_does_not_lose_a_sandbox(
+    node_cluster: Cluster, real_node: RealNode
+) -> None:
+    """The kubelet is restarted under a running sandbox (an upgrade, a crash): the container is
+    containerd's and keeps running, the restarted kubelet adopts it (same Pod, same container,
+    no restart), the Sandbox stays Ready with its files, and new sandboxes still start."""
+    template = await _template(node_cluster)
+    sbx = await _running(node_cluster, template)
+    try:
+        await sbx.fs.write("/workspace/kept", b"across the restart")
+        before = await _container(node_cluster, sbx.id)
+        await asyncio.to_thread(real_node.restart_kubelet)
+        SESSION_DAEMON_PIDS.update(real_node.pids())
+        assert await sbx.fs.read("/workspace/kept") == b"across the restart"
+        after = await _container(node_cluster, sbx.id)
+        assert after[:2] == before[:2], (before, after)  # same Pod uid, same container
+        assert after[3] == 0  # never restarted
+        sandbox = await node_cluster.store.get("Sandbox", NS, sbx.id)
+        assert sandbox.status["phase"] == "Running"
+        second = await AsyncSandbox.create(
+            template, wait=150, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
+        )
+        assert (await second.exec("echo fresh")).stdout == "fresh\n"
+        await second.kill()
+        await second.close()
+    finally:
+        await sbx.kill()
+        await sbx.close()
+
+
+async def _container(cluster: Cluster, name: str) -> tuple[str, str, str, int]:
+    """(Pod uid, sandbox container id, its state, restart count) as the API server has them."""
+    from kubernetes import client
+
+    with cluster.plane.settings.api_client() as api:
+        pod = await asyncio.to_thread(client.CoreV1Api(api).read_namespaced_pod, name, NS)
+    raw = pod.to_dict()
+    (cs,) = [c for c in raw["status"]["container_statuses"] if c["name"] == "sandbox"]
+    state = next(k for k, v in (cs["state"] or {}).items() if v)
+    return raw["metadata"]["uid"], cs["container_id"], state, cs["restart_count"]
