@@ -101,10 +101,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_port(port: int, timeout: float = 10) -> None:
+def _wait_port(port: int, host: str = "127.0.0.1", timeout: float = 10) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), 0.5) as s:
             if s.recv(4).startswith(b"INFO"):
                 return
         time.sleep(0.02)

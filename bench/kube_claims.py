@@ -26,6 +26,15 @@ the CRDs as the store, the case agent-sandbox publishes numbers for (warm claim 
    again before each level.
 
     .venv/bin/python bench/kube_claims.py [--claims 50] [--concurrency 1,4,8,16]
+
+With ``--real-node`` the same questions are asked of real Pods: the whole node of
+tests/k8s/realnode.py (kubelet, containerd, runc, CNI; ``make cluster-images`` first), runtime
+``kubernetes``, every pool member a Pod running execd in the project's images. It adds two
+measurements: cold ``Sandbox -> Pod Running -> first exec`` (``--cold``, one at a time, next to
+the floor of a bare pause Pod reaching Running in the same run) and the memory of the idle pool
+(the Pods' cgroups: sandboxes per node is that divided into this machine's memory).
+
+    .venv/bin/python bench/kube_claims.py --real-node [--pool 50] [--cold 10]
 """
 
 from __future__ import annotations
@@ -46,7 +55,9 @@ import yaml
 
 from _platform import NATS_BIN, _wait_port, free_port, nats_rtt, pct, summary
 from claim_latency import answering, gone
+from k8s.cluster import cluster_setup
 from k8s.envtest import REPO, ControlPlane, missing_binaries
+from k8s.realnode import RealNode, image
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod_bus import Bus, BusSettings
 from sandpod_contract.pooling import POOL_LABEL
@@ -93,13 +104,71 @@ def start_plane(workdir: Path) -> ControlPlane:
         raise SystemExit(problem)
     plane = ControlPlane(workdir, (free_port(), free_port(), free_port()))
     plane.start()
-    manifests = [
+    apply_crds(plane.settings, _manifests())
+    return plane
+
+
+def _manifests() -> list[dict[str, object]]:
+    return [
         doc
         for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
         for doc in yaml.safe_load_all(path.read_text())
     ]
-    apply_crds(plane.settings, manifests)
-    return plane
+
+
+async def real_node_cold(plane: ControlPlane, url: str, n: int) -> None:
+    """Cold creates on the real node: a bare pause Pod to Running (the kubelet + containerd
+    floor), then Sandbox -> Pod Running -> first exec, one at a time."""
+    from kubernetes import client
+
+    floor: list[float] = []
+    with plane.settings.api_client() as api:
+        core = client.CoreV1Api(api)
+        for i in range(n):
+            name = f"floor-pause-{i}"
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {"containers": [{"name": "p", "image": image("sandpod-pause")}]},
+            }
+            t0 = time.perf_counter()
+            await asyncio.to_thread(core.create_namespaced_pod, NS, pod)  # type: ignore[arg-type]
+            while True:
+                raw = await asyncio.to_thread(core.read_namespaced_pod, name, NS)
+                if raw.to_dict()["status"]["phase"] == "Running":
+                    break
+                await asyncio.sleep(0.02)
+            floor.append(time.perf_counter() - t0)
+            await asyncio.to_thread(core.delete_namespaced_pod, name, NS, grace_period_seconds=0)
+    cold: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sbx = await AsyncSandbox.create(wait=300, nats_url=url)
+        await sbx.exec("true")
+        cold.append(time.perf_counter() - t0)
+        await sbx.kill()
+        await sbx.close()
+    print(summary("floor: a bare pause Pod -> Running", floor))
+    print(summary("cold: Sandbox -> Pod Running -> first exec", cold))
+    print(f"  -> cold p50 = {pct(cold, 50) / pct(floor, 50):.2f}x the bare Pod\n")
+
+
+def idle_memory(node: RealNode, pods: int) -> str:
+    """The idle pool's memory: what its Pods' cgroups hold (cgroup v1 memory controller)."""
+    root = Path("/sys/fs/cgroup/memory") / node.cgroup_root.lstrip("/") / "kubepods"
+    used = sum(
+        int((d / "memory.usage_in_bytes").read_text())
+        for d in root.rglob("pod*")
+        if d.is_dir() and d.name.startswith("pod") and (d / "memory.usage_in_bytes").exists()
+    )
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    each = used / max(pods, 1)
+    return (
+        f"idle pool: {pods} Pods hold {used / 2**20:.0f} MiB ({each / 2**20:.1f} MiB each, page "
+        f"cache included): {total / each:.0f} such sandboxes would fit in this machine's "
+        f"{total / 2**30:.0f} GiB by memory alone\n"
+    )
 
 
 async def write_floor(plane: ControlPlane, n: int) -> list[float]:
@@ -200,14 +269,17 @@ async def level(bus: Bus, store: KubeStore, size: int, concurrency: int, count: 
     return line
 
 
-async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
+async def run(
+    args: argparse.Namespace, plane: ControlPlane, tmp: str, node: RealNode | None = None
+) -> None:
     port = free_port()
-    url = f"nats://127.0.0.1:{port}"
+    host = node.net.host_ip if node is not None and node.net is not None else "127.0.0.1"
+    url = f"nats://{host}:{port}"
     nats = subprocess.Popen(
-        [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", tmp],
+        [str(NATS_BIN), "-a", host, "-p", str(port), "-js", "-sd", tmp],
         stderr=subprocess.DEVNULL,
     )
-    _wait_port(port)
+    _wait_port(port, host)
     cert, key = plane.admin_cert
     env = {
         **os.environ,
@@ -226,6 +298,14 @@ async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
         "SANDPOD_POOL_REFILL_DELAY": str(args.refill_delay),
         "SANDPOD_POOL_RESYNC": "60",
     }
+    if node is not None:  # real Pods (see the module docstring)
+        await asyncio.to_thread(cluster_setup, plane.settings, url)
+        env |= {
+            "SANDPOD_RUNTIME": "kubernetes",
+            "SANDPOD_POD_EXECD_IMAGE": image("sandpod-execd"),
+            "SANDPOD_POD_DEFAULT_IMAGE": image("sandpod-base"),
+            "SANDPOD_READY_TIMEOUT": "300",
+        }
     procs = [
         subprocess.Popen([sys.executable, "-m", m], env=env, stderr=subprocess.DEVNULL)
         for m in ("sandpod_lifecycle", "sandpod_pool")
@@ -236,16 +316,24 @@ async def run(args: argparse.Namespace, plane: ControlPlane, tmp: str) -> None:
     try:
         await answering(pools.list)
         await answering(lambda: AsyncSandbox.list(nats_url=url))
-        print(
-            "store: kube (real kube-apiserver + etcd, --unsafe-no-fsync); runtime: process "
-            "(warm claims start no instance: the claim path is store writes + NATS); pool "
-            f"refill delay {args.refill_delay:g} s (no refill during a batch)"
+        runtime = (
+            "kubernetes on a real node (kubelet + containerd + runc: every member a Pod)"
+            if node is not None
+            else "process (warm claims start no instance: the claim path is store writes + NATS)"
         )
+        print(
+            "store: kube (real kube-apiserver + etcd, --unsafe-no-fsync); runtime: "
+            f"{runtime}; pool refill delay {args.refill_delay:g} s (no refill during a batch)"
+        )
+        if node is not None:
+            await real_node_cold(plane, url, args.cold)
         writes = await write_floor(plane, 100)
         rtt = await nats_rtt(url, 500)
         await pools.create("kc", replicas=args.pool)
         fill = await until_warm(store, args.pool)
         print(f"pool of {args.pool} filled in {fill:.2f} s (from empty)\n")
+        if node is not None:
+            print(idle_memory(node, args.pool))
         lat = await latency(bus, store, args.pool, args.claims, args.batch)
         print(summary("floor: API-server write (create)", writes))
         print(summary("floor: bare NATS request/reply", rtt))
@@ -287,8 +375,28 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16]
     )
+    parser.add_argument("--real-node", action="store_true", help="real Pods (module docstring)")
+    parser.add_argument("--cold", type=int, default=10, help="--real-node: cold creates")
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores")
+    if args.real_node:
+        from k8s.realnode import RealNode as Node
+        from k8s.realnode import missing_parts
+
+        images = REPO / "build" / "images"
+        if problem := missing_parts(images):
+            raise SystemExit(problem)
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+            node = Node(Path(tmp) / "node", images)
+            (Path(tmp) / "node").mkdir()
+            node.start(progress=True)
+            try:
+                assert node.plane is not None
+                apply_crds(node.settings, _manifests())
+                asyncio.run(run(args, node.plane, tmp, node))
+            finally:
+                node.stop()
+        return
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         (Path(tmp) / "kube").mkdir()
         plane = start_plane(Path(tmp) / "kube")
