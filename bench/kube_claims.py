@@ -51,12 +51,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import yaml
 
 from _platform import NATS_BIN, _wait_port, free_port, nats_rtt, pct, summary
 from claim_latency import answering, gone
 from k8s.cluster import cluster_setup
-from k8s.envtest import REPO, ControlPlane, missing_binaries
+from k8s.envtest import REPO, ControlPlane, crd_manifests, missing_binaries
 from k8s.realnode import RealNode, image
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod_bus import Bus, BusSettings
@@ -104,16 +103,8 @@ def start_plane(workdir: Path) -> ControlPlane:
         raise SystemExit(problem)
     plane = ControlPlane(workdir, (free_port(), free_port(), free_port()))
     plane.start()
-    apply_crds(plane.settings, _manifests())
+    apply_crds(plane.settings, crd_manifests())
     return plane
-
-
-def _manifests() -> list[dict[str, object]]:
-    return [
-        doc
-        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
-        for doc in yaml.safe_load_all(path.read_text())
-    ]
 
 
 async def real_node_cold(plane: ControlPlane, url: str, n: int) -> None:
@@ -392,7 +383,7 @@ def main() -> None:
             node.start(progress=True)
             try:
                 assert node.plane is not None
-                apply_crds(node.settings, _manifests())
+                apply_crds(node.settings, crd_manifests())
                 asyncio.run(run(args, node.plane, tmp, node))
             finally:
                 node.stop()

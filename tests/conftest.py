@@ -200,19 +200,14 @@ def kube_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Control
 
     Started on first use only. Fails (never skips) when deploy/envtest/build.sh has not been run.
     """
-    import yaml
 
-    from k8s.envtest import REPO, ControlPlane, missing_binaries
+    from k8s.envtest import ControlPlane, crd_manifests, missing_binaries
     from sandpod_kube import apply_crds
 
     if problem := missing_binaries():
         pytest.fail(problem)
     plane = ControlPlane(tmp_path_factory.mktemp("kube"), (free_port(), free_port(), free_port()))
-    manifests = [
-        doc
-        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
-        for doc in yaml.safe_load_all(path.read_text())
-    ]
+    manifests = crd_manifests()
     try:
         plane.start()
         apply_crds(plane.settings, manifests)

@@ -45,6 +45,17 @@ def binaries_dir() -> Path:
     return Path(root) / KUBE_VERSION / "bin"
 
 
+def crd_manifests() -> list[dict[str, object]]:
+    """Every CRD of schemas/crds/, as the API server takes them (``apply_crds``)."""
+    import yaml
+
+    return [
+        doc
+        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+    ]
+
+
 def missing_binaries() -> str | None:
     """None when etcd and kube-apiserver are there, else what to run to build them."""
     bin_dir = binaries_dir()

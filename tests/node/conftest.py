@@ -15,11 +15,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from conftest import SESSION_DAEMON_PIDS, NatsServer
 from k8s.cluster import NS, Cluster, cluster_setup
-from k8s.envtest import REPO
+from k8s.envtest import REPO, crd_manifests
 from k8s.realnode import RealNode, image, missing_parts
 from sandpod_kube import KubeStore, apply_crds
 
@@ -31,11 +30,7 @@ def real_node() -> Iterator[RealNode]:
     if problem := missing_parts(IMAGES):
         pytest.fail(problem)
     node = RealNode(Path(tempfile.mkdtemp(prefix="sandpod-node-", dir="/var/tmp")), IMAGES)
-    manifests = [
-        doc
-        for path in sorted((REPO / "schemas" / "crds").glob("*.yaml"))
-        for doc in yaml.safe_load_all(path.read_text())
-    ]
+    manifests = crd_manifests()
     try:
         node.start()
         apply_crds(node.settings, manifests)

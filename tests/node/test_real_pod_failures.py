@@ -37,6 +37,15 @@ def _failed_with(reason: str):  # type: ignore[no-untyped-def]
     return done
 
 
+async def _started(cluster: Cluster, template: str, name: str) -> AsyncSandbox:
+    """The lifecycle started, then sandbox ``name`` of ``template``, Ready."""
+    _lifecycle(cluster)
+    await cluster.answering()
+    return await AsyncSandbox.create(
+        template, name=name, wait=150, nats_url=cluster.nats.url, prefix=cluster.prefix
+    )
+
+
 def _lifecycle(cluster: Cluster, deadline: int = 300) -> None:
     cluster.service("sandpod_lifecycle", **pod_env(), SANDPOD_POD_START_DEADLINE=str(deadline))
 
@@ -67,16 +76,8 @@ async def test_a_container_the_kernel_oom_kills_is_oomkilled(node_cluster: Clust
     at the limit the kernel kills the largest process, execd, and containerd reports the OOM.
     The Sandbox becomes Failed/OOMKilled (exit code 137), its Pod not replaced."""
     template = await _template(node_cluster, resources={"memory": "72Mi"})
-    _lifecycle(node_cluster)
-    await node_cluster.answering()
     name = f"ro-{uuid.uuid4().hex[:8]}"
-    sbx = await AsyncSandbox.create(
-        template,
-        name=name,
-        wait=150,
-        nats_url=node_cluster.nats.url,
-        prefix=node_cluster.prefix,
-    )
+    sbx = await _started(node_cluster, template, name)
     try:
         assert (await sbx.exec("echo up")).stdout == "up\n"
         with pytest.raises(SandboxError):  # execd dies under the command
@@ -117,16 +118,8 @@ async def test_a_pod_deleted_under_a_running_sandbox_is_poddeleted(node_cluster:
     """kubectl delete pod on a running sandbox: the kubelet stops the container and the Sandbox
     is Failed/PodDeleted rather than quietly restarted with an empty workspace."""
     template = await _template(node_cluster)
-    _lifecycle(node_cluster)
-    await node_cluster.answering()
     name = f"rd-{uuid.uuid4().hex[:8]}"
-    sbx = await AsyncSandbox.create(
-        template,
-        name=name,
-        wait=150,
-        nats_url=node_cluster.nats.url,
-        prefix=node_cluster.prefix,
-    )
+    sbx = await _started(node_cluster, template, name)
     try:
         pods = PodApi(node_cluster.plane.settings)
         try:
