@@ -145,6 +145,20 @@ async def real_node_cold(plane: ControlPlane, url: str, n: int) -> None:
     print(f"  -> cold p50 = {pct(cold, 50) / pct(floor, 50):.2f}x the bare Pod\n")
 
 
+async def small_template(store: KubeStore, args: argparse.Namespace) -> str:
+    """The pool's template on a real node: the default one asks for half a core, so 4 Pods."""
+    await store.create(
+        Resource(
+            api_version="sandpod.dev/v1alpha1",
+            kind="SandboxTemplate",
+            metadata=ObjectMeta(name="kc-small", namespace=NS),
+            spec={"resources": {"cpu": args.pod_cpu, "memory": args.pod_memory}},
+        )
+    )
+    print(f"pool members: template kc-small, {args.pod_cpu} CPU, {args.pod_memory} each")
+    return "kc-small"
+
+
 def idle_memory(node: RealNode, pods: int) -> str:
     """The idle pool's memory: what its Pods' cgroups hold (cgroup v1 memory controller)."""
     root = Path("/sys/fs/cgroup/memory") / node.cgroup_root.lstrip("/") / "kubepods"
@@ -320,7 +334,8 @@ async def run(
             await real_node_cold(plane, url, args.cold)
         writes = await write_floor(plane, 100)
         rtt = await nats_rtt(url, 500)
-        await pools.create("kc", replicas=args.pool)
+        template = await small_template(store, args) if node is not None else None
+        await pools.create("kc", template=template, replicas=args.pool)
         fill = await until_warm(store, args.pool)
         print(f"pool of {args.pool} filled in {fill:.2f} s (from empty)\n")
         if node is not None:
@@ -368,6 +383,8 @@ def main() -> None:
     )
     parser.add_argument("--real-node", action="store_true", help="real Pods (module docstring)")
     parser.add_argument("--cold", type=int, default=10, help="--real-node: cold creates")
+    parser.add_argument("--pod-cpu", default="90m", help="--real-node: each member's CPU")
+    parser.add_argument("--pod-memory", default="128Mi", help="--real-node: each member's memory")
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores")
     if args.real_node:
