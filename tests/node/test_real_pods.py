@@ -177,3 +177,29 @@ async def _container(cluster: Cluster, name: str) -> tuple[str, str, str, int]:
     (cs,) = [c for c in raw["status"]["container_statuses"] if c["name"] == "sandbox"]
     state = next(k for k, v in (cs["state"] or {}).items() if v)
     return raw["metadata"]["uid"], cs["container_id"], state, cs["restart_count"]
+
+
+async def test_small_sandboxes_pack_a_node_as_their_template_says(
+    node_cluster: Cluster, real_node: RealNode
+) -> None:
+    """The real scheduler counts a Pod as max(init container, containers): the execd-install
+    init container must not make every sandbox ask for half a core. Ten sandboxes of 100m fit
+    where four did (2 cores; scheduled = not Unschedulable)."""
+    template = await _template(node_cluster, resources={"cpu": "100m", "memory": "128Mi"})
+    node_cluster.service("sandpod_lifecycle", **pod_env())
+    await node_cluster.answering()
+    boxes = await asyncio.gather(
+        *(
+            AsyncSandbox.create(
+                template, wait=240, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
+            )
+            for _ in range(10)
+        )
+    )
+    try:
+        outs = await asyncio.gather(*(b.exec("echo ok") for b in boxes))
+        assert [o.stdout for o in outs] == ["ok\n"] * 10
+    finally:
+        for b in boxes:
+            await b.kill()
+            await b.close()

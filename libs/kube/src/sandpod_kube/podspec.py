@@ -93,6 +93,7 @@ __all__ = [
 ]
 
 SANDBOX_LABEL = "sandpod.dev/sandbox"
+INIT_CPU_REQUEST = "10m"  # the execd-install copy: a second of I/O, not a core
 TEMPLATE_LABEL = "sandpod.dev/template"
 INSTALLATION_LABEL = "sandpod.dev/installation"
 MANAGED_BY = "sandpod-lifecycle"
@@ -351,7 +352,13 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
                 "image": settings.execd_image,
                 "command": ["cp", "-a", "/sandpod-bundle/.", f"{BUNDLE_MOUNT}/"],
                 "securityContext": _hardened(settings),
-                "resources": {"limits": {"cpu": "500m", "memory": "64Mi"}},
+                # Requests of its own: without them they default to the limits, and a Pod asks
+                # for max(init, sum of containers): half a core per sandbox, whatever its
+                # template (4 sandboxes per 2-core node, found on a real scheduler).
+                "resources": {
+                    "requests": {"cpu": INIT_CPU_REQUEST, "memory": "16Mi"},
+                    "limits": {"cpu": "500m", "memory": "64Mi"},
+                },
                 "volumeMounts": [{"name": "sandpod", "mountPath": BUNDLE_MOUNT}],
             }
         ],
