@@ -7,6 +7,7 @@ nothing of the release behind (the CRDs stay, as Helm keeps ``crds/`` by design)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import uuid
 from pathlib import Path
@@ -82,6 +83,32 @@ def _objects_of_release(api: client.ApiClient, ns: str) -> list[str]:
     return found
 
 
+def _rbac_holds(node: RealNode, ns: str) -> None:
+    """The installed chart's lifecycle, as its own ServiceAccount against the real API server:
+    what it needs is allowed, what it must not do is Forbidden (Secrets are written, never read;
+    no cluster-wide escalation)."""
+    who = f"system:serviceaccount:{ns}:{RELEASE}-sandpod-lifecycle"
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["kubectl", "--kubeconfig", str(node.dir / "admin.kubeconfig"), "--as", who, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    assert kubectl("get", "pods", "-n", "default").returncode == 0
+    assert kubectl("get", "sandboxes.sandpod.dev", "-n", "default").returncode == 0
+    for denied in (
+        ("get", "secrets", "-n", "default"),
+        ("delete", "node", "sandpod-node", "--dry-run=server"),
+        ("create", "clusterrolebinding", "x", "--clusterrole=cluster-admin", f"--user={who}"),
+    ):
+        done = kubectl(*denied)
+        assert done.returncode != 0 and "forbidden" in done.stderr.lower(), (denied, done)
+
+
 async def _create(nats_url: str) -> AsyncSandbox:
     """A sandbox through the chart's lifecycle, once it answers (helm --wait sees its Pod
     Running; its NATS subscriptions follow a moment later)."""
@@ -116,6 +143,10 @@ async def test_the_chart_installs_runs_a_sandbox_and_uninstalls_cleanly(
         pytest.fail(problem)
     ns = f"sandpod-{uuid.uuid4().hex[:6]}"
     await asyncio.to_thread(ensure_namespace, real_node.settings, ns)
+    # The chart owns default/sandpod-nats; the host-process installations of the other tests
+    # (node_cluster) wrote one of their own, which Helm refuses to adopt. It is theirs to remake.
+    with real_node.settings.api_client() as api, contextlib.suppress(client.ApiException):
+        client.CoreV1Api(api).delete_namespaced_secret("sandpod-nats", "default")
     chart = without_dependencies(tmp_path)
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(_values(ns)))
@@ -133,6 +164,7 @@ async def test_the_chart_installs_runs_a_sandbox_and_uninstalls_cleanly(
         "--timeout",
         "5m",
     )
+    await asyncio.to_thread(_rbac_holds, real_node, ns)
     sbx: AsyncSandbox | None = None
     with real_node.settings.api_client() as api:
         core = client.CoreV1Api(api)
