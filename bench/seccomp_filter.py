@@ -192,9 +192,12 @@ def main() -> int:
         shutil.copy(args.header, work / "seccomp_bpf.h")
         (work / "harness.c").write_text(HARNESS)
         helper = work / "sandpod-jail-exec"
-        src = ROOT / "services/execd/native/jail_exec.c"
-        for out, c in ((work / "harness", work / "harness.c"), (helper, src)):
-            subprocess.run([cc, "-O2", "-static", f"-I{work}", "-o", str(out), str(c)], check=True)
+        native = ROOT / "services/execd/native"
+        # the helper is jail_exec.c plus root_ops.c (its --root-ops mode), as the Makefile builds it
+        helper_src = (native / "jail_exec.c", native / "root_ops.c")
+        for out, srcs in ((work / "harness", (work / "harness.c",)), (helper, helper_src)):
+            argv = [cc, "-O2", "-static", f"-I{work}", "-o", str(out), *map(str, srcs)]
+            subprocess.run(argv, check=True)
         res = subprocess.run(
             [str(work / "harness"), str(args.rounds), str(args.calls), str(helper)],
             check=True,
