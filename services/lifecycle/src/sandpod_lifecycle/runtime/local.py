@@ -33,12 +33,10 @@ import contextlib
 import dataclasses
 import fcntl
 import os
-import shutil
-import signal
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableSequence, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import structlog
 
@@ -46,7 +44,7 @@ from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.subjects import SANDBOX_ID_RE
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.trust import SandboxTrust, write_trust
-from sandpod_lifecycle.runtime import diskquota, hostcaps, seccomp, snapmounts
+from sandpod_lifecycle.runtime import diskquota, hostcaps, jaildirs, seccomp, snapmounts
 from sandpod_lifecycle.runtime.base import (
     ACTIVE,
     CreateFailed,
@@ -65,7 +63,6 @@ from sandpod_lifecycle.runtime.diskquota import DiskOptions
 from sandpod_lifecycle.runtime.holder import HolderLayout, launch, oom_protection, wait_exit
 from sandpod_lifecycle.runtime.uids import busy_uids, next_uid
 from sandpod_lifecycle.runtime.volumes import LocalVolumes
-from sandpod_service import jailfile
 from sandpod_service.jailfile import JailDisk, JailFile, JailReservation, JailWorkspace
 from sandpod_service.procs import cgroup_join_file
 
@@ -172,7 +169,7 @@ class LocalRuntime:
         return await self.inspect(sid)
 
     async def inspect(self, sandbox_id: str) -> InstanceStatus:
-        data = _read_jail(self._dir(sandbox_id) / JAIL_FILE)
+        data = jaildirs.read_jail(self._dir(sandbox_id) / JAIL_FILE)
         if not isinstance(data, JailFile):  # none, or a crash right after allocation
             caps = await self.capabilities()
             cgroups = not caps.problems and sandbox_id in self._cgroup_plan(caps).sandbox_ids()
@@ -181,7 +178,7 @@ class LocalRuntime:
             return InstanceStatus(sandbox_id=sandbox_id, exists=True, detail="orphaned traces")
         cg = SandboxCgroups.from_jail(data.cgroups)
         holder = data.holder_pid
-        running = holder is not None and _start_time(holder) == data.holder_start
+        running = holder is not None and jaildirs.start_time(holder) == data.holder_start
         lost = not running and data.phase != "creating"
         detail = "" if running else "holder exited" if lost else "being created"
         return InstanceStatus(
@@ -219,7 +216,7 @@ class LocalRuntime:
             InstanceNotFound: no running instance. RuntimeTimeout: it would not freeze.
         """
         status = await self.inspect(sandbox_id)
-        data = _read_jail(self._dir(sandbox_id) / JAIL_FILE)
+        data = jaildirs.read_jail(self._dir(sandbox_id) / JAIL_FILE)
         if not status.running or not isinstance(data, JailFile):
             raise InstanceNotFound(
                 f"sandbox {sandbox_id!r} has no running instance", sandbox_id=sandbox_id
@@ -306,10 +303,10 @@ class LocalRuntime:
         disk_bytes, top, (snap_root, snap_ws) = await self._mounts(spec, d, base, uid, unshare)
         quota = disk_bytes is not None
         restored = bool(spec.snapshot)
-        _make_dirs(d, top, restored=restored, quota=quota)
+        jaildirs.make_dirs(d, top, restored=restored, quota=quota)
         trust_env: dict[str, str] = {}
         if self.egress is not None and spec.network is not None:
-            _write_resolv_conf(base, top / "upper", str(self.egress.gateway))
+            jaildirs.write_resolv_conf(base, top / "upper", str(self.egress.gateway))
             if self.trust is not None and spec.network.inject:
                 trust = self.trust(spec.network)
                 write_trust(base, top / "upper", trust.pem)
@@ -317,7 +314,7 @@ class LocalRuntime:
         if not rootless:  # rootless, our own uid is the sandbox's uid inside: nothing to chown
             os.chown(top / "workspace", uid, gid)
         else:  # a root-owned base's directories cannot be copied up in our user namespace
-            _writable_var_tmp(top / "upper")
+            jaildirs.writable_var_tmp(top / "upper")
         cg = plan.for_sandbox(sid)
         record = JailFile(
             sandbox_id=sid,
@@ -343,7 +340,7 @@ class LocalRuntime:
             seccomp=spec.seccomp,
             disk=JailDisk(bytes=disk_bytes, mount=top) if disk_bytes is not None else None,
         )
-        _write_jail(d / JAIL_FILE, record)
+        jaildirs.write_jail(d / JAIL_FILE, record)
         protections = cg.create(spec.resources)
         layout = HolderLayout(
             sandbox_id=sid,
@@ -415,11 +412,11 @@ class LocalRuntime:
             record,
             phase="running",
             holder_pid=holder,
-            holder_start=_start_time(holder),
+            holder_start=jaildirs.start_time(holder),
             protections=protections,
             notes=tuple(notes),
         )
-        _write_jail(d / JAIL_FILE, running)
+        jaildirs.write_jail(d / JAIL_FILE, running)
 
     async def _mounts(
         self, spec: InstanceSpec, d: Path, base: Path, uid: int, unshare: str
@@ -532,7 +529,9 @@ class LocalRuntime:
                 self._dir(sid).mkdir(mode=0o700)
             except FileExistsError:
                 raise InstanceExists(f"sandbox {sid!r} already has an instance") from None
-            _write_jail(self._dir(sid) / JAIL_FILE, JailReservation(sandbox_id=sid, uid=uid))
+            jaildirs.write_jail(
+                self._dir(sid) / JAIL_FILE, JailReservation(sandbox_id=sid, uid=uid)
+            )
         return uid, spec.gid if spec.gid is not None else uid
 
     def _records(self) -> dict[str, JailFile | JailReservation]:
@@ -540,7 +539,7 @@ class LocalRuntime:
         records = {}
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.config.state_dir):
-                data = _read_jail(Path(entry.path, JAIL_FILE)) if entry.is_dir() else None
+                data = jaildirs.read_jail(Path(entry.path, JAIL_FILE)) if entry.is_dir() else None
                 if data is not None:
                     records[entry.name] = data
         return records
@@ -552,7 +551,7 @@ class LocalRuntime:
                 raise InstanceNotFound(
                     f"sandbox {sandbox_id!r} has no running instance", sandbox_id=sandbox_id
                 )
-            data = _read_jail(self._dir(sandbox_id) / JAIL_FILE)
+            data = jaildirs.read_jail(self._dir(sandbox_id) / JAIL_FILE)
             if not isinstance(data, JailFile):  # destroyed meanwhile, by another process
                 raise InstanceNotFound(
                     f"sandbox {sandbox_id!r} has no jail file any more", sandbox_id=sandbox_id
@@ -574,7 +573,7 @@ class LocalRuntime:
     async def _teardown(self, sandbox_id: str) -> None:
         """Kill, then remove cgroups and directories. Safe on partial or absent instances."""
         d = self._dir(sandbox_id)
-        data = _read_jail(d / JAIL_FILE)
+        data = jaildirs.read_jail(d / JAIL_FILE)
         cg: SandboxCgroups | None
         if isinstance(data, JailFile):
             cg = SandboxCgroups.from_jail(data.cgroups)
@@ -592,7 +591,7 @@ class LocalRuntime:
         if isinstance(data, JailFile) and (cg is None or cg.core is None):
             # No cgroup tracks the sandbox (rootless without delegation): its pid namespace
             # does. Killing the namespace's init (the holder) kills every process in it.
-            await _kill_holder(data, self.config.destroy_timeout, reap)
+            await jaildirs.kill_holder(data, self.config.destroy_timeout, reap)
         if cg is not None:
             await cg.teardown(self.config.destroy_timeout, reap)
         # The launcher is dead or dying now: reap it, so no zombie of ours outlives destroy.
@@ -604,129 +603,6 @@ class LocalRuntime:
         except OSError as exc:
             raise DestroyFailed(f"cannot unmount the disk of {sandbox_id!r}: {exc}") from exc
         if (d / JAIL_FILE).exists():  # never remove a directory that is not ours
-            errors = await asyncio.to_thread(_remove_tree, d)
+            errors = await asyncio.to_thread(jaildirs.remove_tree, d)
             if errors:
                 raise DestroyFailed(f"cannot remove {d}: {errors[:3]}", path=str(d))
-
-
-async def _kill_holder(data: JailFile, timeout: float, reap: Callable[[], None]) -> None:
-    """SIGKILL the holder named in a jail file (if it is still that process) and wait until it
-    is gone; the kernel then kills the rest of its pid namespace before the holder is reaped.
-
-    Raises:
-        DestroyFailed: it is still there after ``timeout`` seconds.
-    """
-    pid, start = data.holder_pid, data.holder_start
-    if pid is None or start is None:
-        return
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return  # gone
-    try:
-        if _start_time(pid) != start:
-            return  # the pid was recycled: not ours
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while _start_time(pid) == start:  # a zombie of our launcher's: reap() collects it
-            reap()
-            if loop.time() > deadline:
-                raise DestroyFailed(f"sandbox holder {pid} would not die", pids=[pid])
-            await asyncio.sleep(0.005)
-    finally:
-        os.close(fd)
-
-
-def _make_dirs(d: Path, top: Path, *, restored: bool, quota: bool) -> None:
-    """The instance's directories (see the module docstring), with their modes."""
-    for name, mode in (
-        ("upper", 0o755),
-        ("work", 0o700),
-        ("root", 0o755),
-        ("workspace", 0o755),
-        *((("wswork", 0o700),) if restored else ()),
-    ):
-        path = (d if name == "root" else top) / name
-        path.mkdir()
-        path.chmod(mode)  # upper's mode is the sandbox's "/": never 0700
-    if quota:  # /tmp in the writable layer: on the disk quota, and never the base's /tmp
-        diskquota.mark_opaque(top / "upper" / "tmp")
-
-
-def _write_resolv_conf(base: Path, upper: Path, nameserver: str) -> None:
-    """``/etc/resolv.conf`` in the writable layer: the node's resolver on the gateway address
-    (every port-53 packet goes there anyway; this spares the sandbox a dead upstream).
-    ``/etc`` in the writable layer takes the base's mode and owner (overlayfs shows the upper
-    directory's)."""
-    etc = upper / "etc"
-    if not etc.exists():
-        etc.mkdir()
-        with contextlib.suppress(OSError):
-            st = (base / "etc").stat()
-            os.chown(etc, st.st_uid, st.st_gid)
-            etc.chmod(st.st_mode & 0o7777)
-    conf = etc / "resolv.conf"
-    conf.write_text(f"# written by sandpod: the node's resolver\nnameserver {nameserver}\n")
-    conf.chmod(0o644)
-
-
-def _writable_var_tmp(upper: Path) -> None:
-    """Rootless, the base's directories belong to a uid our user namespace does not map, so the
-    overlay refuses to copy one up (EOVERFLOW): ``/var/tmp`` (the base's own is 1777) is made in
-    the writable layer already, ours, so a sandbox can write there as it could as root."""
-    var_tmp = upper / "var" / "tmp"
-    var_tmp.mkdir(parents=True)
-    var_tmp.chmod(0o1777)
-
-
-def _remove_tree(d: Path) -> list[str]:
-    """rm -r ``d``; return what could not be removed. overlayfs leaves a mode-0 ``work``
-    directory in each workdir: as root that does not matter, rootless it is ours to chmod."""
-    errors: list[str] = []
-
-    def retry(_func: Callable[..., Any], path: str, exc: Any) -> None:
-        parent = os.path.dirname(path)
-        try:
-            os.chmod(parent, 0o700)
-            if os.path.isdir(path) and not os.path.islink(path):
-                os.chmod(path, 0o700)
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
-        except OSError as again:
-            errors.append(f"{path}: {again}")
-
-    shutil.rmtree(d, onerror=retry)
-    return errors
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks after boot): with the pid, a unique identity."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rfind(")") + 2 :].split()[19])
-
-
-def _read_jail(path: Path) -> JailFile | JailReservation | None:
-    """The jail file at ``path``; None if there is none, or it is not one this driver wrote
-    (another version: logged, and then treated like a directory that is not ours)."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    try:
-        return jailfile.decode(raw)
-    except jailfile.JailFileInvalid as exc:
-        log.warning("jail_file_unreadable", path=str(path), reason=exc.reason)
-        return None
-
-
-def _write_jail(path: Path, record: JailFile | JailReservation) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(jailfile.encode(record))
-    tmp.chmod(0o600)
-    tmp.replace(path)
