@@ -97,8 +97,12 @@ cluster: envtest cluster-images  ## a real single-node Kubernetes cluster (kubel
 chart-crds:  ## copy schemas/crds/ into the Helm chart (tests/k8s/test_helm.py fails on drift)
 	cp schemas/crds/*.yaml deploy/helm/sandpod/crds/
 
+# Test processes at once (pytest-xdist): the suite mostly waits on processes, sockets and the
+# kernel, so 3 workers on 2 cores finish ~1.6x sooner; each worker starts its own nats-server and
+# API server; the real node's tests share one worker (tests/node/conftest.py). TEST_WORKERS=0: one.
+TEST_WORKERS ?= 3
 test: install envtest s3test cluster-images  ## the whole test suite against a real nats-server (and kube-apiserver, versitygw)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 check: lint types imports test  ## everything CI runs
 
