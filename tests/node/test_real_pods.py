@@ -184,9 +184,8 @@ async def test_small_sandboxes_pack_a_node_as_their_template_says(
 ) -> None:
     """The real scheduler counts a Pod as max(init container, containers): the execd-install
     init container must not make every sandbox ask for half a core. Ten sandboxes of 100m fit
-    where four did (2 cores; scheduled = not Unschedulable). Memory is not what is packed: 256Mi
-    leaves execd room for the page cache of its bundle's copy, which cgroup v1 charges to the
-    Pod and cannot reclaim while it is dirty on a busy disk (a 128Mi limit was killed, 137)."""
+    where four did (2 cores; scheduled = not Unschedulable). Memory is not what is packed: at
+    128Mi one execd was once killed (137, reason Error) on a host at load 25, cause not found."""
     template = await _template(node_cluster, resources={"cpu": "100m", "memory": "256Mi"})
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
