@@ -58,9 +58,7 @@ async def test_an_execd_that_exits_is_execdexited_and_never_restarted(
         pid1 = await sbx.exec("tr '\\0' ' ' < /proc/1/cmdline")
         assert "-m sandpod_execd" in pid1.stdout, pid1  # execd is the container's PID 1
         await sbx.proc.start(["sh", "-c", "kill -TERM 1"], proc_id="stop-execd")
-        failed = await node_cluster.until(
-            "Sandbox", name, _failed_with("ExecdExited"), timeout=120
-        )
+        failed = await node_cluster.until("Sandbox", name, _failed_with("ExecdExited"), timeout=120)
     finally:
         await sbx.close()
     assert failed is not None and failed.status["phase"] == "Failed"

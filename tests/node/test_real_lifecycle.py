@@ -13,7 +13,6 @@ same interval is first shown to be long enough for the running counter to move.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -228,7 +227,8 @@ async def test_an_idle_real_pod_sandbox_hibernates_and_exec_wakes_it_in_a_new_po
         assert (cond.get("status"), cond.get("reason")) == ("True", "FilesOnly")
 
         woke = await sbx.exec(
-            "/workspace", ["sh", "-c", "cat keep/f; stat -c %a keep/f; ls keep; sha256sum keep/blob"]
+            "/workspace",
+            ["sh", "-c", "cat keep/f; stat -c %a keep/f; ls keep; sha256sum keep/blob"],
         )
         assert woke.stdout == f"kept\n604\nblob\nempty\nf\n{digest}  keep/blob\n", woke
         after = await _pod_uids(node_cluster, sbx.id)

@@ -85,9 +85,7 @@ async def test_a_pod_no_node_fits_is_unschedulable_until_the_deadline(
     PodScheduled=False/Unschedulable and says why (Insufficient cpu); the Sandbox waits with
     that reason, then fails with it at the start deadline."""
     template = await _template(node_cluster, resources={"cpu": "64", "memory": "128Mi"})
-    node_cluster.service(
-        "sandpod_lifecycle", **pod_env(), SANDPOD_POD_START_DEADLINE=str(DEADLINE)
-    )
+    node_cluster.service("sandpod_lifecycle", **pod_env(), SANDPOD_POD_START_DEADLINE=str(DEADLINE))
     await node_cluster.answering()
     waiting, failed = await _waits_then_fails(node_cluster, template, "Unschedulable")
     assert "Insufficient cpu" in waiting and "Insufficient cpu" in failed, (waiting, failed)
@@ -109,7 +107,7 @@ async def test_a_pod_whose_secret_is_missing_is_containerconfigerror_until_the_d
     )
     await node_cluster.answering()
     waiting, failed = await _waits_then_fails(node_cluster, template, "ContainerConfigError")
-    assert f'secret "{missing}" not found' in waiting, waiting
+    assert f'secret "{missing}" not found' in waiting and missing in failed, (waiting, failed)
 
 
 async def test_an_execd_that_finds_no_nats_is_execdexited_with_its_words(

@@ -368,9 +368,7 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
                 "image": pod.image or settings.default_image,
                 "command": [f"{BUNDLE_MOUNT}/python/bin/python3", "-m", "sandpod_execd"],
                 "workingDir": "/workspace",
-                # An execd that exits with an error (no NATS, bad settings) says why in its log:
-                # the kubelet copies the log's tail into the terminated state's message, so the
-                # Sandbox's ExecdExited says it too (podhealth keeps its last line).
+                # execd's last log line (no NATS, bad settings...) reaches ExecdExited's message
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "env": env,
                 "resources": {"limits": limits, "requests": limits} if limits else {},

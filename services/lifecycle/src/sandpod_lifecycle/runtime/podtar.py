@@ -42,8 +42,8 @@ from sandpod_lifecycle.runtime.snapdiff import CaptureFailed
 __all__ = [
     "CaptureRefused",
     "PodManifest",
-    "changes",
     "below_root",
+    "changes",
     "merge_layers",
     "read_archive",
     "write_layer",
