@@ -17,7 +17,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from conftest import SESSION_DAEMON_PIDS
 from k8s.cluster import NS, Cluster
+from k8s.realnode import RealNode
 from node.conftest import pod_env
 from node.test_real_pods import _template
 from sandpod import AsyncSandbox
@@ -238,3 +240,40 @@ async def test_an_idle_real_pod_sandbox_hibernates_and_exec_wakes_it_in_a_new_po
         await sbx.kill()
         await sbx.close()
         await asyncio.to_thread(delete_all, node_cluster.plane.settings, "SandboxSnapshot", [NS])
+
+
+async def test_a_real_pod_sandbox_outlives_an_api_server_restart_and_new_ones_start(
+    node_cluster: Cluster, real_node: RealNode
+) -> None:
+    """kube-apiserver is stopped and started again (etcd keeps the data) under a running
+    sandbox: its container keeps running and execd answers throughout (the data plane does not
+    go through the API server), and afterwards the real kubelet and the lifecycle, having
+    re-watched, start a new sandbox's Pod. The first sandbox is still the same Pod."""
+    assert real_node.plane is not None
+    template = await _template(node_cluster)
+    node_cluster.service("sandpod_lifecycle", **pod_env())
+    await node_cluster.answering()
+    first = await AsyncSandbox.create(
+        template, wait=150, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
+    )
+    try:
+        await first.fs.write("/workspace/kept", b"across the restart")
+        before = await _pod_uids(node_cluster, first.id)
+        restart = asyncio.create_task(asyncio.to_thread(real_node.plane.restart_apiserver))
+        while not restart.done():  # execd answers while the API server is down and coming up
+            assert (await first.exec("cat /workspace/kept")).stdout == "across the restart"
+        await restart
+        SESSION_DAEMON_PIDS.update(real_node.pids())  # the new API server: the session's
+        second = await AsyncSandbox.create(
+            template, wait=150, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
+        )
+        try:
+            assert (await second.exec("echo after")).stdout == "after\n"
+        finally:
+            await second.kill()
+            await second.close()
+        assert await _pod_uids(node_cluster, first.id) == before
+        assert (await first.exec("cat /workspace/kept")).stdout == "across the restart"
+    finally:
+        await first.kill()
+        await first.close()
