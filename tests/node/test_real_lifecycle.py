@@ -103,7 +103,8 @@ async def test_pause_stops_a_real_pods_commands_and_resume_continues_the_same_pr
         assert info.phase == "Paused"
         paused = info.condition("Paused") or {}
         assert paused.get("status") == "True", paused
-        # runc gives the container a read-only cgroup fs: execd falls back to SIGSTOP
+        # no writable cgroup for execd in the container (runc mounts the cgroup fs read-only,
+        # on v1 as on v2; this host is v1): execd stops its commands by SIGSTOP
         assert paused.get("reason") == "SignalStopped", paused
         stat = (await sbx.fs.read(f"/proc/{pid}/stat")).decode()
         assert stat.rsplit(")", 1)[1].split()[0] == "T", stat  # stopped, as the kernel says
