@@ -188,7 +188,7 @@ async def test_an_idle_real_pod_sandbox_hibernates_and_exec_wakes_it_in_a_new_po
     """idlePolicy Hibernate: idle, the sandbox's files go through execd into its hibernation
     snapshot in the object store, its Pod is deleted (the kubelet stopped it) while the
     Sandbox stays, Hibernated (FilesOnly); the next exec wakes it in a new real Pod, whose
-    fresh emptyDir gets the files back, modes included, and the old process is gone."""
+    fresh emptyDir gets the files back, modes and content included."""
     template = await _template(node_cluster)
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
