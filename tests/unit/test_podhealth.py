@@ -117,6 +117,25 @@ def _cs(state: dict[str, Any], name: str = "sandbox", **extra: Any) -> dict[str,
             True,
             "exit code 1",
         ),
+        (
+            _pod(
+                "Running",  # a real kubelet: the container ended before the phase says so
+                containerStatuses=[
+                    _cs(
+                        {
+                            "terminated": {
+                                "exitCode": 2,
+                                "reason": "Error",
+                                "message": '{"event": "starting"}\n{"event": "nats_unreachable"}\n',
+                            }
+                        }
+                    )
+                ],
+            ),
+            "ExecdExited",
+            True,
+            'exit code 2 (Error): {"event": "nats_unreachable"}',
+        ),
         (_pod("Failed", reason="Evicted", message="low on memory"), "Evicted", True, "low on"),
         (_pod("Failed", reason="DeadlineExceeded"), "PodFailed", True, "DeadlineExceeded"),
     ],

@@ -17,6 +17,7 @@ from sandpod_execd.snaptar import _write as write_archive
 from sandpod_lifecycle.runtime.podtar import (
     CaptureRefused,
     PodManifest,
+    below_root,
     changes,
     merge_layers,
     read_archive,
@@ -89,6 +90,46 @@ def test_two_captures_merge_back_to_the_tree_exactly(tmp_path: Path) -> None:
     assert "./big" not in names  # unchanged: not stored again
     assert names["./sub/gone"].ischr() and names["./gonedir"].ischr()  # whiteouts
     assert _tree(_restore([first, second], tmp_path)) == _tree(ws)
+
+
+def test_a_restore_unpacks_as_the_sandbox_user_into_a_workspace_it_does_not_own(
+    tmp_path: Path,
+) -> None:
+    """A Pod's /workspace is the kubelet's emptyDir (root's, mode 0777) and the sandbox's tar
+    runs as its user: the merged tar's root member makes ``tar -x -p`` fail ("Cannot utime",
+    what a real node showed on every wake from hibernation); the bytes from
+    :func:`below_root` on unpack to the same tree, a pax-headed long name first included."""
+    ws = tmp_path / "ws"
+    long = "l" * 150  # past ustar's 100 characters: a pax record before its header
+    (ws / long).mkdir(parents=True)
+    (ws / long / "f").write_text("deep")
+    (ws / "a").write_text("alpha")
+    (ws / "a").chmod(0o604)
+    os.utime(ws, (1e9, 1e9))
+    layer, _ = _capture(ws, tmp_path, 1, None)
+    merged = tmp_path / "merged.tar"
+    merge_layers([layer], merged)
+    data = merged.read_bytes()
+    target = tmp_path / "workspace"
+    target.mkdir(mode=0o777)
+    target.chmod(0o777)
+
+    def untar(stream: bytes) -> subprocess.CompletedProcess[bytes]:
+        argv = ["tar", "-x", "-p", "-f", "-"]
+        return subprocess.run(argv, cwd=target, input=stream, capture_output=True, user=65534)
+
+    failed = untar(data)
+    assert failed.returncode == 2 and b"Operation not permitted" in failed.stderr, failed
+    start = below_root(merged)
+    assert 0 < start < len(data)
+    done = untar(data[start:])
+    assert done.returncode == 0, done.stderr
+    assert _tree(target) == _tree(ws)
+    only_root = tmp_path / "root.tar"
+    with tarfile.open(only_root, "w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(tarfile.TarInfo("."))
+    rest = only_root.read_bytes()[below_root(only_root) :]
+    assert rest and not rest.strip(b"\0")  # the end-of-archive blocks: an empty tar
 
 
 Member = tuple[str, bytes | str | None, bytes]

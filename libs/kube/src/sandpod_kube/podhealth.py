@@ -7,7 +7,8 @@ the first problem found, most final first:
 
     phase Failed, reason Evicted              -> Evicted            terminal
     sandbox container terminated, OOMKilled   -> OOMKilled          terminal
-    sandbox container terminated (exit code)  -> ExecdExited        terminal
+    sandbox container terminated (exit code)  -> ExecdExited        terminal (with the last line
+                                                                  of its message: execd's log)
     phase Failed, anything else               -> PodFailed          terminal
     waiting: CrashLoopBackOff                 -> CrashLoop          terminal (OOMKilled when
                                                                   the last exit was one)
@@ -43,6 +44,7 @@ _WAITING = {
     "CreateContainerError": ConditionReason.CONTAINER_CONFIG_ERROR,
 }
 _IMAGE = (ConditionReason.IMAGE_PULL_FAILED, ConditionReason.INVALID_IMAGE)
+MESSAGE_CHARS = 1000  # of a terminated container's last message line
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,11 +73,18 @@ def _terminated(cs: Mapping[str, Any]) -> PodProblem | None:
     code, why = ended.get("exitCode"), str(ended.get("reason") or "")
     detail = f"container {SANDBOX_CONTAINER} terminated: exit code {code}"
     detail += f" ({why})" if why else ""
-    if ended.get("message"):
-        detail += f": {ended['message']}"
+    if said := _last_line(str(ended.get("message") or "")):
+        detail += f": {said}"
     if why == "OOMKilled":
         return PodProblem(ConditionReason.OOM_KILLED, detail)
     return PodProblem(ConditionReason.EXECD_EXITED, detail)
+
+
+def _last_line(message: str) -> str:
+    """What the container said last: with ``terminationMessagePolicy: FallbackToLogsOnError``
+    the kubelet puts up to 80 lines of its log in the message; the last is the error."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1][:MESSAGE_CHARS] if lines else ""
 
 
 def _waiting(cs: Mapping[str, Any]) -> PodProblem | None:

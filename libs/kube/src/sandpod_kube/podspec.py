@@ -368,6 +368,8 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
                 "image": pod.image or settings.default_image,
                 "command": [f"{BUNDLE_MOUNT}/python/bin/python3", "-m", "sandpod_execd"],
                 "workingDir": "/workspace",
+                # execd's last log line (no NATS, bad settings...) reaches ExecdExited's message
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "env": env,
                 "resources": {"limits": limits, "requests": limits} if limits else {},
                 "securityContext": _hardened(settings),

@@ -57,6 +57,7 @@ from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure, Sn
 from sandpod_lifecycle.runtime.podtar import (
     CaptureRefused,
     PodManifest,
+    below_root,
     changes,
     merge_layers,
     read_archive,
@@ -283,7 +284,9 @@ class PodSnapshots:
                 merged = staged / "merged.tar"
                 entries = await asyncio.to_thread(merge_layers, [x.path for x in layers], merged)
                 manifest = await asyncio.to_thread(read_archive, merged)
-                await extract(ch, WORKSPACE, _chunks(merged))
+                # not the root: /workspace is the kubelet's, its mode and times not ours to set
+                start = await asyncio.to_thread(below_root, merged)
+                await extract(ch, WORKSPACE, _chunks(merged, start))
             except SandpodError as exc:
                 raise RuntimeFailure(f"cannot restore {sandbox_id}'s files: {exc}") from exc
             except CaptureRefused as exc:  # never unpacked: the Sandbox fails, saying why
@@ -315,8 +318,9 @@ async def _answering(ch: Channel) -> None:
             await asyncio.sleep(0.05)
 
 
-async def _chunks(path: Path) -> AsyncIterator[bytes]:
+async def _chunks(path: Path, start: int = 0) -> AsyncIterator[bytes]:
     with path.open("rb") as f:
+        f.seek(start)
         while chunk := await asyncio.to_thread(f.read, CHUNK):
             yield chunk
 

@@ -21,6 +21,10 @@ from the checked fields (no xattr or other pax record of the sandbox's passes th
 would (a whiteout hides what is below; a non-directory replaces a directory's whole subtree; an
 opaque directory hides what is below it), each member checked again, written as one tar for the
 sandbox's own ``tar -x`` (``sandpod_client.archive.extract``) to unpack in a fresh Pod.
+:func:`below_root` says where that tar's members below its root begin: the Pod's
+``/workspace`` is an emptyDir the kubelet made (owned by root), so the sandbox's user may not set
+its mode or times and ``tar -x -p`` of the root member fails ("Cannot utime"); the restore
+streams the tar from there on.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from sandpod_lifecycle.runtime.snapdiff import CaptureFailed
 __all__ = [
     "CaptureRefused",
     "PodManifest",
+    "below_root",
     "changes",
     "merge_layers",
     "read_archive",
@@ -281,6 +286,17 @@ def _emit(
             merged.addfile(info)
         written.add(name)
     return len(written)
+
+
+def below_root(path: Path) -> int:
+    """The byte offset in the tar ``path`` (from :func:`merge_layers`: the root member, if
+    any, first) where the members below the root begin -- the end-of-archive blocks when there
+    are none. The bytes from there are a tar of the same members without the root."""
+    with tarfile.open(path, "r:") as tar:
+        for m in tar:
+            if _name(m.name):
+                return m.offset  # its first header block (a pax record's, if it has one)
+        return tar.offset
 
 
 def _drop(tree: dict[str, tuple[int, tarfile.TarInfo]], rel: str, *, itself: bool) -> None:
