@@ -60,7 +60,7 @@ class CredsPolicy:
         """Whether a JWT expiring at ``expires`` must be re-minted (``now``: time of asking)."""
         remaining, fresh = expires - now, self.expiry(shutdown, now) - now
         # The margin rule is for a sandbox near its end whose lifetime grew; bounded by half the
-        # ttl, or a ttl under the margin would re-mint on every pass (found on a real node).
+        # ttl, or a ttl under the margin would re-mint on every pass.
         soon = min(self.margin, self.ttl / 2)
         return remaining < fresh / 2 or (fresh > remaining and remaining < soon)
 
