@@ -82,23 +82,38 @@ async def test_the_creds_file_is_the_kubelets_secret_volume_readable_by_execds_u
     try:
         secret = await asyncio.to_thread(_secret, c, sbx.id)
         version = minted(secret, time.time())
-        r = await sbx.exec(
-            f"cd {CREDS_MOUNT} && readlink {CREDS_KEY} && readlink ..data && "
-            f"stat -L -c '%a %u %g' {CREDS_KEY} && sha256sum < {CREDS_KEY} | cut -c1-64 && "
-            "id -u && id -g && grep -E '^(Uid|Gid):' /proc/1/status && "
-            f"grep ' {CREDS_MOUNT} ' /proc/mounts"
-        )
-        assert r.exit_code == 0, r
-        (link, data, stat, sha, uid, gid, puid, pgid, mount) = r.stdout.splitlines()
-        assert link == f"..data/{CREDS_KEY}"  # the atomic writer's layout: updates swap ..data
-        assert data.startswith("..") and data != "..data", data
+        commands = {
+            "link": f"readlink {CREDS}",
+            "data": f"readlink {CREDS_MOUNT}/..data",
+            "stat": f"stat -L -c '%a %u %g' {CREDS}",
+            "sha": f"sha256sum < {CREDS} | cut -c1-64",
+            "uid": "id -u",
+            "gid": "id -g",
+            "puid": "grep -E '^Uid:' /proc/1/status",
+            "pgid": "grep -E '^Gid:' /proc/1/status",
+            "fs": f"stat -f -c %T {CREDS_MOUNT}/",
+            "write": f"touch {CREDS_MOUNT}/x || true",
+            "ids": "cat /proc/[0-9]*/status | grep -E '^(Uid|Gid):' | sort -u",
+        }
+        seen = {}
+        for key, command in commands.items():
+            r = await sbx.exec(f"( {command} ) 2>&1")
+            assert r.exit_code == 0, (key, r.stdout)
+            seen[key] = r.stdout.strip()
+        link, data, stat, sha, uid, gid, puid, pgid, fs, write, ids = seen.values()
+        # The atomic writer's layout: an update writes a new ..<timestamp> dir and swaps ..data.
+        assert link == f"..data/{CREDS_KEY}", seen
+        assert data.startswith("..") and data != "..data", seen
         mode, owner, group = stat.split()
-        assert int(mode, 8) & 0o077 == int(mode, 8) & 0o040  # group read at most, never others
-        assert int(mode, 8) & 0o400 and int(owner) == 0 and group == gid, stat
-        assert puid.split()[1] == uid and pgid.split()[1] == gid  # execd (pid 1) is that uid
-        assert uid != "0"
-        fstype, options = mount.split()[2], mount.split()[3].split(",")
-        assert fstype == "tmpfs" and "ro" in options, mount  # never on the node's disk
+        assert int(mode, 8) & 0o077 == int(mode, 8) & 0o040, seen  # group read at most
+        assert int(mode, 8) & 0o400 and int(owner) == 0 and group == gid, seen
+        assert puid.split()[1] == uid and pgid.split()[1] == gid, seen  # execd (pid 1): that uid
+        assert uid != "0", seen
+        # The kubelet widens defaultMode 0400 to 0440 for the Pod's fsGroup (the sandbox's gid):
+        # every process in the container is that one uid and gid, so none other reads it.
+        assert ids.splitlines() == sorted({puid, pgid}), seen
+        assert fs == "tmpfs", seen  # never on the node's disk
+        assert "Read-only file system" in write, seen
         assert sha == version.sha  # the file is the Secret lifecycle minted for this sandbox
         conns = connections(oc.nats.connz(), {version.user})
         assert conns and conns[-1].stop is None  # execd's live connection is this JWT's user
