@@ -105,6 +105,7 @@ def report(rotations: list[Rotation], sync: str) -> None:
 
 async def run(node: RealNode, tmp: Path, args: argparse.Namespace) -> None:
     assert node.plane is not None and node.net is not None
+    (tmp / "nats").mkdir()
     op = OperatorNats(tmp / "nats", node.net.host_ip, monitor=True)
     op.server.start()
     prefix = f"b{os.getpid()}"
