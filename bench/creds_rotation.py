@@ -10,12 +10,16 @@ for each of ``--rotations`` rotations, from the Secret's rewrite (the API server
     conn   the NATS server's connection of execd as the new JWT's user started (connz)
 
 next to the half-life (the floor it must stay under: its ratio is the fraction used) and the
-kubelet's ``syncFrequency`` (the node of tests/k8s/realnode.py; ``make cluster-images`` first).
+kubelet's ``syncFrequency`` (the node of tests/k8s/realnode.py sets 10 s; ``--sync-frequency 1m``
+restarts its kubelet with the upstream default first; ``make cluster-images`` first). The
+kubelet rewrites a mounted Secret only when it syncs the Pod (every ``syncFrequency``, plus
+jitter), so the half-life must exceed ``syncFrequency`` + execd's 5 s poll with room to spare.
 Everything is real: etcd, kube-apiserver, kubelet, containerd, runc, an operator-mode
 nats-server; lifecycle runs as a host process with the account seed, as in
 tests/node/test_real_creds.py (whose helpers, tests/node/rotation.py, this shares).
 
     .venv/bin/python bench/creds_rotation.py --real-node [--rotations 4] [--ttl 60]
+    .venv/bin/python bench/creds_rotation.py --real-node --sync-frequency 1m --ttl 240
 """
 
 from __future__ import annotations
@@ -74,6 +78,17 @@ async def _answering(url: str, prefix: str) -> None:
 def _sync_frequency(node: RealNode) -> str:
     found = re.search(r"^syncFrequency: (\S+)$", (node.dir / "kubelet.yaml").read_text(), re.M)
     return found.group(1) if found else "1m (the kubelet's default)"
+
+
+def set_sync_frequency(node: RealNode, value: str) -> None:
+    """Restart the node's kubelet with another ``syncFrequency`` (before any Pod exists)."""
+    config = node.dir / "kubelet.yaml"
+    text, n = re.subn(
+        r"^syncFrequency: \S+$", f"syncFrequency: {value}", config.read_text(), flags=re.M
+    )
+    config.write_text(text if n else f"{text}{line}\n")
+    node.restart_kubelet()
+    print(f"node: kubelet restarted with syncFrequency {value}")
 
 
 def report(rotations: list[Rotation], sync: str) -> None:
@@ -174,6 +189,11 @@ def main() -> None:
     parser.add_argument("--real-node", action="store_true", help="required: a real kubelet")
     parser.add_argument("--rotations", type=int, default=4)
     parser.add_argument("--ttl", type=int, default=60, help="SANDPOD_NATS_CREDS_TTL (>= 60)")
+    parser.add_argument(
+        "--sync-frequency",
+        default=None,
+        help="the kubelet's syncFrequency (e.g. 1m, its default; the node's own: 10s)",
+    )
     args = parser.parse_args()
     if not args.real_node:
         raise SystemExit("only --real-node: a rotation goes through the real kubelet's sync")
@@ -186,6 +206,8 @@ def main() -> None:
         (Path(tmp) / "node").mkdir()
         node.start(progress=True)
         try:
+            if args.sync_frequency:
+                set_sync_frequency(node, args.sync_frequency)
             apply_crds(node.settings, crd_manifests())
             asyncio.run(run(node, Path(tmp), args))
         finally:
