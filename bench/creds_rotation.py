@@ -83,9 +83,8 @@ def _sync_frequency(node: RealNode) -> str:
 def set_sync_frequency(node: RealNode, value: str) -> None:
     """Restart the node's kubelet with another ``syncFrequency`` (before any Pod exists)."""
     config = node.dir / "kubelet.yaml"
-    text, n = re.subn(
-        r"^syncFrequency: \S+$", f"syncFrequency: {value}", config.read_text(), flags=re.M
-    )
+    line = f"syncFrequency: {value}"
+    text, n = re.subn(r"^syncFrequency: \S+$", line, config.read_text(), flags=re.M)
     config.write_text(text if n else f"{text}{line}\n")
     node.restart_kubelet()
     print(f"node: kubelet restarted with syncFrequency {value}")
