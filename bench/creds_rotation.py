@@ -93,7 +93,9 @@ def set_sync_frequency(node: RealNode, value: str) -> None:
 def report(rotations: list[Rotation], sync: str) -> None:
     """Print one line per rotation and the ratios to the half-life."""
     half = rotations[0].half_life
-    print(f"JWT ttl {2 * half:.0f} s: half-life {half:.0f} s; kubelet syncFrequency {sync}")
+    print(
+        f"JWT lifetime {2 * half:.0f} s (exp - iat): half-life {half:.1f} s; kubelet syncFrequency {sync}"
+    )
     print("rotation  secret->file  secret->conn  conn/half-life  left before old exp")
     files, conns = [], []
     for i, rot in enumerate(rotations, 1):
