@@ -94,7 +94,8 @@ def report(rotations: list[Rotation], sync: str) -> None:
     """Print one line per rotation and the ratios to the half-life."""
     half = rotations[0].half_life
     print(
-        f"JWT lifetime {2 * half:.0f} s (exp - iat): half-life {half:.1f} s; kubelet syncFrequency {sync}"
+        f"JWT lifetime {2 * half:.0f} s (exp - iat): half-life {half:.1f} s; "
+        f"kubelet syncFrequency {sync}"
     )
     print("rotation  secret->file  secret->conn  conn/half-life  left before old exp")
     files, conns = [], []
