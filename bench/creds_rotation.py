@@ -53,6 +53,7 @@ from node.rotation import (
 )
 from operator_nats import OperatorNats, kubernetes_service_users
 from sandpod import AsyncSandbox
+from sandpod_contract.errors import SandpodError
 from sandpod_kube import apply_crds
 from sandpod_kube.podspec import CREDS_MOUNT
 
@@ -100,8 +101,11 @@ def report(rotations: list[Rotation], sync: str) -> None:
     print("rotation  secret->file  secret->conn  conn/half-life  left before old exp")
     files, conns = [], []
     for i, rot in enumerate(rotations, 1):
-        if rot.file_delay is None or rot.conn_delay is None or rot.t_conn is None:
-            print(f"{i:8}  not complete (file {rot.t_file}, conn {rot.t_conn})")
+        if rot.conn_delay is None or rot.t_conn is None:
+            print(f"{i:8}  execd never connected as the new JWT's user")
+            continue
+        if rot.file_delay is None:
+            print(f"{i:8}  {'-':>10}    {rot.conn_delay:10.2f} s  {rot.conn_delay / half:13.2f}x")
             continue
         files.append(rot.file_delay)
         conns.append(rot.conn_delay)
@@ -170,12 +174,18 @@ async def run(node: RealNode, tmp: Path, args: argparse.Namespace) -> None:
                 count=args.rotations + 1,  # the last rotation's reconnect lands before this
                 timeout=(args.rotations + 2) * args.ttl,
             )
-            await watcher.kill()
-            swaps = parse_swaps((await sbx.fs.read("/workspace/swaps")).decode())
+            try:  # execd dropped at an expiry (too long a kubelet sync) answers no more
+                await watcher.kill()
+                swaps = parse_swaps((await sbx.fs.read("/workspace/swaps")).decode())
+                print(f"creds mounted at {CREDS_MOUNT}; sandbox {sbx.id} answered throughout")
+            except SandpodError as exc:
+                swaps = []
+                print(f"the sandbox stopped answering ({exc.code}): no file times")
             conns = connections(op.connz(), {v.user for v in versions})
             rotations = timeline(versions, swaps, conns)[: args.rotations]
-            print(f"creds mounted at {CREDS_MOUNT}; sandbox {sbx.id} answered through it all")
             report(rotations, _sync_frequency(node))
+            expired = [c for c in conns if "expired" in c.reason.lower()]
+            print(f"execd connections the server closed for an expired JWT: {len(expired)}")
         finally:
             await sbx.kill()
             await sbx.close()
