@@ -44,6 +44,7 @@ from k8s.envtest import REPO, crd_manifests
 from k8s.realnode import RealNode, image, missing_parts
 from node.rotation import (
     SWAP_WATCHER,
+    Minted,
     Rotation,
     connections,
     minted,
@@ -76,6 +77,18 @@ async def _answering(url: str, prefix: str) -> None:
                 await asyncio.sleep(0.1)
 
 
+async def _settled(op: OperatorNats, versions: list[Minted]) -> None:
+    """Until execd connected as the last version's user, or the one before it expired (then the
+    report shows the rotation incomplete): measuring, so a poll of the server's connz."""
+    if len(versions) < 2:  # lifecycle re-minted nothing (the sandbox failed?)
+        return
+    last, before = versions[-1], versions[-2]
+    while time.time() < before.expires + 5:
+        if connections(await asyncio.to_thread(op.connz), {last.user}):
+            return
+        await asyncio.sleep(0.2)
+
+
 def _sync_frequency(node: RealNode) -> str:
     found = re.search(r"^syncFrequency: (\S+)$", (node.dir / "kubelet.yaml").read_text(), re.M)
     return found.group(1) if found else "1m (the kubelet's default)"
@@ -93,6 +106,9 @@ def set_sync_frequency(node: RealNode, value: str) -> None:
 
 def report(rotations: list[Rotation], sync: str) -> None:
     """Print one line per rotation and the ratios to the half-life."""
+    if not rotations:
+        print("no rotation: lifecycle never rewrote the Secret (0.00x of anything)")
+        return
     half = rotations[0].half_life
     print(
         f"JWT lifetime {2 * half:.0f} s (exp - iat): half-life {half:.1f} s; "
@@ -171,9 +187,10 @@ async def run(node: RealNode, tmp: Path, args: argparse.Namespace) -> None:
                 NS,
                 f"{sbx.id}-nats-creds",
                 after=rv,
-                count=args.rotations + 1,  # the last rotation's reconnect lands before this
+                count=args.rotations,
                 timeout=(args.rotations + 2) * args.ttl,
             )
+            await _settled(op, versions)
             try:  # execd dropped at an expiry (too long a kubelet sync) answers no more
                 await watcher.kill()
                 swaps = parse_swaps((await sbx.fs.read("/workspace/swaps")).decode())
