@@ -26,7 +26,14 @@ from pathlib import Path
 from sandpod_bus.natsauth import KeyPair, sandbox_permissions, user_creds
 from sandpod_contract.subjects import Subjects
 
-__all__ = ["CredsPolicy", "Minted"]
+__all__ = ["KUBELET_DEFAULT_DELIVERY", "CredsPolicy", "Minted"]
+
+# How long a rewritten Secret may take to reach execd in a running Pod with the kubelet's default
+# syncFrequency (1 m, jittered up to 1.5x: it rewrites a Secret volume only when it syncs the Pod)
+# plus execd's 5 s poll of the file. Measured on a real node: 36-63 s to the file, 38-67 s to the
+# reconnect (bench/creds_rotation.py --real-node --sync-frequency 1m); a 60 s ttl (half-life 30 s)
+# there had execd dropped at its first JWT's expiry.
+KUBELET_DEFAULT_DELIVERY = 95.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,6 +62,11 @@ class CredsPolicy:
         """When a JWT minted ``now`` for a sandbox ending at ``shutdown`` should expire."""
         cap = now + self.ttl
         return math.ceil(min(cap, shutdown + self.margin) if shutdown is not None else cap)
+
+    def too_short_for(self, delivery: float = KUBELET_DEFAULT_DELIVERY) -> bool:
+        """Whether the half-life of a ttl-capped JWT is shorter than ``delivery`` (how long a
+        rewritten Secret takes to reach execd): then execd is dropped when the old one expires."""
+        return self.ttl / 2 < delivery
 
     def stale(self, expires: int, shutdown: float | None, now: float) -> bool:
         """Whether a JWT expiring at ``expires`` must be re-minted (``now``: time of asking)."""
