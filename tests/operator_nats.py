@@ -3,16 +3,21 @@
 Built from :func:`sandpod_bus.natsauth.server_config` exactly as an installation's would be: the
 operator, the system account and the app account are preloaded into the memory resolver; users
 (sandboxes, services) are minted per test by the account key and written as creds files.
+``monitor=True`` adds the server's monitoring port on loopback (``connz``: which user JWT each
+connection authenticated with, and when it started), for tests that watch a credential rotate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
-from conftest import NatsServer
+from conftest import NatsServer, free_port
 from sandpod_bus.natsauth import (
     INBOX_ALL,
     OperatorSetup,
@@ -21,8 +26,12 @@ from sandpod_bus.natsauth import (
     server_config,
     user_creds,
 )
+from sandpod_contract.subjects import Subjects
+from sandpod_lifecycle.bus_users import kubernetes_users
 
-__all__ = ["OperatorNats", "Violations", "installation_permissions"]
+__all__ = ["OperatorNats", "Violations", "installation_permissions", "kubernetes_service_users"]
+
+SECRET_MODE = 0o400
 
 
 def installation_permissions(prefix: str) -> Permissions:
@@ -36,13 +45,15 @@ def installation_permissions(prefix: str) -> Permissions:
 class OperatorNats:
     """nats-server in operator mode plus the keys to mint users for it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, host: str = "127.0.0.1", monitor: bool = False) -> None:
         self.root = root
         self.setup: OperatorSetup = operator_setup(int(time.time()))
+        self.monitor_port = free_port() if monitor else None
+        extra = [f'http: "127.0.0.1:{self.monitor_port}"'] if monitor else []
         config = root / "operator.conf"
-        config.write_text(server_config(self.setup))
+        config.write_text(server_config(self.setup, extra=extra))
         (root / "js").mkdir(exist_ok=True)
-        self.server = NatsServer(root / "js", config)
+        self.server = NatsServer(root / "js", config, host=host)
         (root / "creds").mkdir(exist_ok=True)
 
     @property
@@ -67,6 +78,34 @@ class OperatorNats:
         path.write_text(user_creds(self.setup.app.key, name, permissions, now=now, expires=expires))
         path.chmod(0o600)
         return path
+
+    def connz(self) -> list[dict[str, Any]]:
+        """Every connection the server knows, open and closed, with the user (public key) it
+        authenticated as and its ``start``/``stop`` times (needs ``monitor=True``)."""
+        if self.monitor_port is None:
+            raise RuntimeError("OperatorNats(monitor=True) serves connz")
+        url = f"http://127.0.0.1:{self.monitor_port}/connz?state=all&auth=true&limit=100000"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            body: dict[str, Any] = json.load(answer)
+        return list(body.get("connections") or [])
+
+
+def kubernetes_service_users(
+    op: OperatorNats, prefix: str, credentials: dict[str, dict[str, str]], state: Path
+) -> tuple[Path, Path]:
+    """A Kubernetes-mode installation's users on ``op``: lifecycle, pool and gateway each get
+    their least-privilege creds file in ``credentials`` (module -> env, as ``Cluster`` takes
+    it); returns the client user's creds file (an operator's SDK) and the account seed file
+    lifecycle mints sandbox creds with (``SANDPOD_NATS_ACCOUNT_SEED_FILE``)."""
+    users = kubernetes_users(Subjects(prefix))
+    for service in ("lifecycle", "pool", "gateway"):
+        creds = op.creds(f"sandpod-{service}", users[service])
+        credentials[f"sandpod_{service}"] = {"SANDPOD_NATS_CREDS": str(creds)}
+    client_creds = op.creds("sandpod-client", users["client"])
+    seed = state / "account.seed"
+    seed.write_text(op.account_seed)
+    seed.chmod(SECRET_MODE)
+    return client_creds, seed
 
 
 class Violations:

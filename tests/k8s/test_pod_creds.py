@@ -31,16 +31,12 @@ from kubernetes.client.exceptions import ApiException
 from conftest import free_port
 from k8s.cluster import NS, Cluster, cluster_setup, ready
 from k8s.envtest import ControlPlane
-from operator_nats import OperatorNats
+from operator_nats import SECRET_MODE, OperatorNats, kubernetes_service_users
 from sandpod import AsyncPools, AsyncSandbox
 from sandpod_bus.natsauth import creds_jwt, decode_jwt
 from sandpod_contract.pooling import POOL_LABEL
-from sandpod_contract.subjects import Subjects
 from sandpod_kube import KubeStore
 from sandpod_kube.podspec import CREDS_EXPIRES, CREDS_KEY, CREDS_MOUNT
-from sandpod_lifecycle.bus_users import kubernetes_users
-
-SECRET_MODE = 0o400
 
 
 @pytest.fixture
@@ -57,15 +53,8 @@ async def op_cluster(
     await asyncio.to_thread(cluster_setup, kube_apiserver.settings, operator_nats.url)
     c = Cluster(kube_apiserver, operator_nats.server, tmp_path)
     c.store = kube
-    users = kubernetes_users(Subjects(c.prefix))
-    for service in ("lifecycle", "pool", "gateway"):
-        creds = operator_nats.creds(f"sandpod-{service}", users[service])
-        c.credentials[f"sandpod_{service}"] = {"SANDPOD_NATS_CREDS": str(creds)}
-    client_creds = operator_nats.creds("sandpod-client", users["client"])
+    client_creds, seed = kubernetes_service_users(operator_nats, c.prefix, c.credentials, tmp_path)
     monkeypatch.setenv("SANDPOD_NATS_CREDS", str(client_creds))  # the SDK (not execd)
-    seed = tmp_path / "account.seed"
-    seed.write_text(operator_nats.account_seed)
-    seed.chmod(SECRET_MODE)
     async with c.kubelet:
         try:
             yield c, seed

@@ -3,12 +3,15 @@
 ``real_node`` starts once per session, on first use, and fails (never skips) with what to run
 when a part is missing. ``node_nats`` is a NATS on the host end of the node's link, the address
 Pods reach; ``node_cluster`` is a Kubernetes-mode installation on the node (the test starts the
-services it needs, as host processes) whose sandboxes are real Pods.
+services it needs, as host processes) whose sandboxes are real Pods. ``node_operator_nats`` and
+``op_node_cluster`` are the same in NATS operator mode: every service as its own user, every
+sandbox Pod with its own JWT in a Secret the real kubelet mounts (tests/node/test_real_creds.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +23,7 @@ from conftest import SESSION_DAEMON_PIDS, NatsServer
 from k8s.cluster import NS, Cluster, cluster_setup
 from k8s.envtest import REPO, crd_manifests
 from k8s.realnode import RealNode, image, missing_parts
+from operator_nats import OperatorNats, kubernetes_service_users
 from sandpod_kube import KubeStore, apply_crds
 
 IMAGES = REPO / "build" / "images"
@@ -82,6 +86,55 @@ async def node_cluster(
         await c.store.close()
 
 
+@pytest.fixture(scope="session")
+def node_operator_nats(
+    real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorNats]:
+    """An operator-mode NATS on the host end of the node's link, its monitoring on loopback."""
+    assert real_node.net is not None
+    op = OperatorNats(tmp_path_factory.mktemp("node-op-nats"), real_node.net.host_ip, monitor=True)
+    op.server.start()
+    assert op.server.proc is not None
+    SESSION_DAEMON_PIDS.add(op.server.proc.pid)
+    yield op
+    op.server.stop()
+
+
+@dataclasses.dataclass
+class OpCluster:
+    """``cluster``'s services connect as their own users; ``seed`` is the account seed file
+    lifecycle mints sandbox creds with; ``client_creds`` is what the test's SDK connects with."""
+
+    cluster: Cluster
+    nats: OperatorNats
+    seed: Path
+    client_creds: Path
+
+
+@pytest.fixture
+async def op_node_cluster(
+    real_node: RealNode,
+    node_operator_nats: OperatorNats,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[OpCluster]:
+    """``node_cluster`` on the operator-mode NATS: the services as least-privilege users, the
+    SDK as the client user (``SANDPOD_NATS_CREDS``), sandbox Pods with their own creds."""
+    assert real_node.plane is not None
+    await asyncio.to_thread(cluster_setup, real_node.settings, node_operator_nats.url)
+    c = Cluster(real_node.plane, node_operator_nats.server, tmp_path)
+    c.store = await KubeStore.connect(real_node.settings)
+    client_creds, seed = kubernetes_service_users(
+        node_operator_nats, c.prefix, c.credentials, tmp_path
+    )
+    monkeypatch.setenv("SANDPOD_NATS_CREDS", str(client_creds))  # the SDK (not execd)
+    try:
+        yield OpCluster(c, node_operator_nats, seed, client_creds)
+    finally:
+        await c.cleanup()
+        await c.store.close()
+
+
 def pod_env() -> dict[str, str]:
     """The Pod runtime's settings for the node's images."""
     return {
@@ -93,4 +146,14 @@ def pod_env() -> dict[str, str]:
     }
 
 
-__all__ = ["IMAGES", "NS", "node_cluster", "node_nats", "pod_env", "real_node"]
+__all__ = [
+    "IMAGES",
+    "NS",
+    "OpCluster",
+    "node_cluster",
+    "node_nats",
+    "node_operator_nats",
+    "op_node_cluster",
+    "pod_env",
+    "real_node",
+]

@@ -92,6 +92,27 @@ def test_renewal_at_half_life_after_a_renew_and_never_in_a_loop() -> None:
     assert p.stale(short, NOW + HOUR + 60, NOW + HOUR + 60)
 
 
+def test_a_ttl_shorter_than_the_margin_renews_at_half_life_not_on_every_pass() -> None:
+    """ttl 60 s, margin 300 s: a JWT capped by the ttl is fresh for its first half, stale after
+    (before the fix, the margin rule made it stale one second after minting, every pass)."""
+    p = CredsPolicy(KeyPair.generate("account"), Subjects("p"), ttl=60, margin=300)
+    for shutdown in (None, NOW + HOUR):
+        jwt_exp = p.expiry(shutdown, NOW)
+        assert jwt_exp == NOW + 60
+        assert not any(p.stale(jwt_exp, shutdown, NOW + t) for t in range(30))
+        assert p.stale(jwt_exp, shutdown, NOW + 31)
+
+
+def test_a_ttl_whose_half_life_a_default_kubelet_cannot_meet_is_flagged() -> None:
+    """A 60 s ttl (half-life 30 s) is shorter than a default kubelet's Secret delivery (~95 s
+    worst: 1 m syncFrequency, jitter, execd's poll); the default ttl and 190 s are not."""
+    key = KeyPair.generate("account")
+    assert CredsPolicy(key, Subjects("p"), ttl=60).too_short_for()
+    assert not CredsPolicy(key, Subjects("p"), ttl=190).too_short_for()
+    assert not CredsPolicy(key, Subjects("p")).too_short_for()
+    assert not CredsPolicy(key, Subjects("p"), ttl=60).too_short_for(delivery=15)  # 10 s sync
+
+
 def test_minted_creds_are_scoped_to_the_sandbox() -> None:
     minted = policy().mint("s1", NOW + HOUR, NOW)
     claims = decode_jwt(creds_jwt(minted.creds))

@@ -27,7 +27,8 @@ NATS credentials, per sandbox (``SandboxPod.creds_secret`` set; the lifecycle's 
 them when it has the account seed): the Sandbox's own Secret (``creds_secret_manifest``: key
 ``nats.creds``, owned by the Sandbox like the Pod) is mounted read-only at ``CREDS_MOUNT`` (a
 directory, never ``subPath``, so the kubelet's updates of a renewed Secret reach the file), mode
-0400, and ``SANDPOD_NATS_CREDS`` points execd at it. Its user JWT allows only the sandbox's own
+0400 (the kubelet adds group read for the Pod's fsGroup: 0440, root and the sandbox's gid), and
+``SANDPOD_NATS_CREDS`` points execd at it. Its user JWT allows only the sandbox's own
 subjects (``sandpod_bus.natsauth.sandbox_permissions``). Without ``creds_secret`` every Pod
 shares whatever the URL Secret carries (the old, shared mode; lifecycle says so loudly).
 Trade-off: the sandbox's code runs as the same uid as execd, so it can read the file. What it

@@ -179,6 +179,14 @@ class PodDriver:
                 "reach other sandboxes and the control plane. Set SANDPOD_NATS_ACCOUNT_SEED_FILE "
                 "(NATS in operator mode) for per-sandbox credentials",
             )
+        elif creds.too_short_for():
+            log.warning(
+                "nats_creds_ttl_short",
+                half_life=creds.ttl / 2,
+                hint="a kubelet with the default syncFrequency (1m) may deliver a renewed creds "
+                "file after the old JWT expired, and the server then drops the sandbox's execd: "
+                "raise SANDPOD_NATS_CREDS_TTL to 190 s or more (default 86400)",
+            )
 
     def protections(self) -> dict[str, str]:
         # Pause is not an isolation property: its absence is logged by pause(), not here.
