@@ -81,6 +81,9 @@ DEFAULT_PACKAGES = (
     "git",
     "less",
     "libc6-dev",
+    # The lifecycle image's network guard drives nftables through it (ctypes), as the
+    # Dockerfile's ``apt-get install libnftables1``; ~1 MB with its libraries.
+    "libnftables1",
     "make",
     "mount",  # umount: the holder unmounts the old root from inside (holder.sh)
     "nodejs",
