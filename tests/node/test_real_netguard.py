@@ -16,6 +16,8 @@ the guard's: the same probe from an unguarded sandbox Pod on the same node goes 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +27,7 @@ import pytest
 from conftest import NatsServer
 from dnsauth import AuthServer
 from k8s.cluster import NS, Cluster
+from k8s.nodenet import KUBERNETES_SERVICE_IP
 from k8s.realnode import RealNode, image
 from node.conftest import pod_env
 from node.internet import NodeInternet
@@ -34,14 +37,15 @@ from sandpod_store import ObjectMeta, Resource
 
 pytestmark = pytest.mark.timeout(500)
 
-# A TCP connect as the sandbox's uid: "reached" or "refused:<error>"; never hangs (1.5 s).
-PROBE = (
-    "python3 -c 'import socket, sys\n"
-    "try:\n"
-    '    socket.create_connection((sys.argv[1], 80), timeout=1.5).close(); print("reached")\n'
-    "except OSError as e:\n"
-    '    print("refused:" + type(e).__name__)\' '
-)
+# A TCP connect to HOST PORT: "reached" or "refused:<error>"; never hangs (1.5 s).
+PROBE_PY = """import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).close()
+    print("reached")
+except OSError as e:
+    print("refused:" + type(e).__name__)
+"""
+PROBE = f"python3 -c '{PROBE_PY}' "
 GET = "python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=3).read().decode())' "  # noqa: E501
 
 
@@ -131,18 +135,27 @@ async def test_the_pods_guard_enforces_names_and_addresses_on_the_real_node(
 ) -> None:
     """From inside a real sandbox container, under an allowlist of ``allowed.test``: the allowed
     name resolves and its server answers; ``denied.test`` is refused by the guard's resolver
-    (never asked upstream) and its address is unreachable by IP literal -- which an unguarded
-    Pod on the same node reaches; a runtime ``network.update`` opens it within the SDK's
-    apply wait; the refusal reaches the Sandbox's ``network.denied`` events."""
-    policy = {"mode": "allowlist", "allow": ["allowed.test"]}
+    (never asked upstream); by IP literal its address, the node (API server, kubelet), the
+    ``kubernetes`` Service and another sandbox Pod are unreachable -- each of which an
+    unguarded Pod (or the node) on the same node reaches; a runtime ``network.update`` opens
+    ``denied.test`` within the SDK's apply wait; the refusal reaches the Sandbox's
+    ``network.denied`` events."""
+    assert real_node.net is not None
+    node = real_node.net
+    forbidden = [
+        (internet.public2, 80),  # denied.test's address, as an IP literal
+        (node.node_ip, 6443),  # the node: its API server
+        (node.node_ip, 10250),  # and its kubelet
+        (KUBERNETES_SERVICE_IP, 443),  # the API server through its Service (kube-proxy)
+    ]
+    policy: dict[str, object] = {"mode": "allowlist", "allow": ["allowed.test"]}
     template = await _template(node_cluster, policy)
     plain = node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
     open_box = await _create(node_cluster, template)
-    try:  # the positive control: the bridge CNI lets a Pod without the guard reach everything
-        assert await _out(open_box, PROBE + internet.public2) == "reached"
-        pod = (await open_box.exec("cat /proc/1/cgroup")).stdout
-        assert "kubepods" in pod
+    try:  # the positive control: the bridge CNI lets a Pod without the guard reach all of it
+        for host, port in forbidden:
+            assert await _out(open_box, f"{PROBE}{host} {port}") == "reached", (host, port)
     finally:
         await open_box.kill()
         await open_box.close()
@@ -152,42 +165,11 @@ async def test_the_pods_guard_enforces_names_and_addresses_on_the_real_node(
         "sandpod_lifecycle", "lifecycle1", **guard_env(real_node, node_nats, names)
     )
     await node_cluster.answering()
-    sbx = await _create(node_cluster, template)
+    sbx, peer = await asyncio.gather(*(_create(node_cluster, template) for _ in range(2)))
     try:
-        status = await _out(sbx, "grep -E '^(Uid|CapEff):' /proc/self/status")
-        assert "\t0\t" not in status.splitlines()[0] and status.endswith("0000000000000000")
-        answer = await _out(sbx, "getent ahostsv4 allowed.test | head -1")
-        assert answer.split()[:2] == [internet.public, "STREAM"], answer
-        assert await _out(sbx, GET + "http://allowed.test/") == "fakenet public"
-        refused = await sbx.exec("getent ahostsv4 denied.test")
-        assert refused.exit_code != 0 and refused.stdout == "", refused
-        assert names.asked_for("denied.test") == 0, "a refused name never leaves the Pod"
-        assert (await _out(sbx, PROBE + internet.public2)).startswith("refused:")
-
-        events = sbx.network.events()
-        seen: asyncio.Future[NetworkEvent] = asyncio.get_running_loop().create_future()
-
-        async def collect() -> None:
-            async for event in events:
-                if event.type == "denied" and event.destination == "denied.test":
-                    seen.set_result(event)
-                    return
-
-        collector = asyncio.create_task(collect())
-        try:
-            # each probe a real refused lookup; the guard reports at most once a second
-            await until(
-                "a network.denied event of denied.test",
-                lambda: _refused_again(sbx, seen),
-                timeout=60,
-            )
-            event = seen.result()
-            assert event.kind == "dns" and event.name == sbx.id, event
-        finally:
-            collector.cancel()
-            await asyncio.gather(collector, return_exceptions=True)
-            await events.aclose()  # type: ignore[attr-defined]
-
+        await _names_and_addresses(sbx, internet, names, forbidden)
+        await _another_pod(node_cluster, real_node, sbx, peer)
+        await _refusal_event(sbx)
         view = await sbx.network.update(allow=["allowed.test", "denied.test"])
         assert view.applied, view
         took = await until(
@@ -198,8 +180,83 @@ async def test_the_pods_guard_enforces_names_and_addresses_on_the_real_node(
         print(f"network.update applied -> in force in the Pod after {took * 1000:.0f} ms")
         assert await _out(sbx, GET + "http://denied.test/") == "fakenet public2"
     finally:
-        await sbx.kill()
-        await sbx.close()
+        for box in (sbx, peer):
+            await box.kill()
+            await box.close()
+
+
+async def _names_and_addresses(
+    sbx: AsyncSandbox,
+    internet: NodeInternet,
+    names: AuthServer,
+    forbidden: list[tuple[str, int]],
+) -> None:
+    status = await _out(sbx, "grep -E '^(Uid|CapEff):' /proc/self/status")
+    assert "\t0\t" not in status.splitlines()[0] and status.endswith("0000000000000000")
+    answer = await _out(sbx, "getent ahostsv4 allowed.test | head -1")
+    assert answer.split()[:2] == [internet.public, "STREAM"], answer
+    assert await _out(sbx, GET + "http://allowed.test/") == "fakenet public"
+    refused = await sbx.exec("getent ahostsv4 denied.test")
+    assert refused.exit_code != 0 and refused.stdout == "", refused
+    assert names.asked_for("denied.test") == 0, "a refused name never leaves the Pod"
+    for host, port in forbidden:
+        assert (await _out(sbx, f"{PROBE}{host} {port}")).startswith("refused:"), (host, port)
+
+
+async def _another_pod(
+    cluster: Cluster, node: RealNode, sbx: AsyncSandbox, peer: AsyncSandbox
+) -> None:
+    """``peer`` listens on its Pod's address; the node reaches it (so the bridge delivers and
+    no ingress rule stops it: see the README), ``sbx``'s guard keeps ``sbx`` from it."""
+    assert node.net is not None
+    address = await asyncio.to_thread(_pod_ip, cluster, peer.id)
+    server = await peer.proc.start("python3 -m http.server 8000", proc_id="listener")
+    try:
+        await server.wait_for_port(8000, timeout=30)
+        from_node = await asyncio.to_thread(
+            subprocess.run,
+            [*node.net.enter(), sys.executable, "-c", PROBE_PY, address, "8000"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert from_node.stdout.strip() == "reached", from_node
+        assert (await _out(sbx, f"{PROBE}{address} 8000")).startswith("refused:")
+    finally:
+        await server.kill()
+        await server.remove()
+
+
+def _pod_ip(cluster: Cluster, name: str) -> str:
+    from kubernetes import client
+
+    with cluster.plane.settings.api_client() as api:
+        pod = client.CoreV1Api(api).read_namespaced_pod(name, NS)
+    assert pod.status is not None and pod.status.pod_ip, pod.status
+    return str(pod.status.pod_ip)
+
+
+async def _refusal_event(sbx: AsyncSandbox) -> None:
+    """A refused lookup becomes a ``network.denied`` event of the Sandbox (guard -> report
+    ConfigMap -> lifecycle -> NATS): each probe a real refused lookup, until one arrives."""
+    events = sbx.network.events()
+    seen: asyncio.Future[NetworkEvent] = asyncio.get_running_loop().create_future()
+
+    async def collect() -> None:
+        async for event in events:
+            if event.type == "denied" and event.destination == "denied.test":
+                seen.set_result(event)
+                return
+
+    collector = asyncio.create_task(collect())
+    try:
+        await until("a network.denied event of denied.test", lambda: _refused_again(sbx, seen), 60)
+        event = seen.result()
+        assert event.kind == "dns" and event.name == sbx.id, event
+    finally:
+        collector.cancel()
+        await asyncio.gather(collector, return_exceptions=True)
+        await events.aclose()  # type: ignore[attr-defined]
 
 
 async def _refused_again(sbx: AsyncSandbox, seen: asyncio.Future[NetworkEvent]) -> bool:
