@@ -7,7 +7,7 @@ namespaces the test owns. :meth:`NodeInternet.create` adds:
     node netns  spi<tag>  10.202.K.1/30  -- route <public>/24 via 10.202.K.2 -->
     spinet-<tag>  eth0    10.202.K.2/30, default route back to the node
                   lo      <public>.10 and .11: HTTP on port 80 (``fakenet_server.py``: answers
-                          ``fakenet public`` / ``fakenet public2``)
+                          ``fakenet public`` / ``fakenet public2``), .10 on 8080 too
 
 ``<public>`` is a /24 of 11.0.0.0/8 (not one of ``SPECIAL_RANGES``: a "public" address, which a
 guard in public mode would let through), known only inside the node's namespace: the host has no
@@ -25,11 +25,23 @@ import sys
 import uuid
 from pathlib import Path
 
+from kubernetes import client
+
+from k8s.cluster import NS, Cluster
 from k8s.nodenet import NodeNet
 
-__all__ = ["NodeInternet"]
+__all__ = ["PROBE", "PROBE_PY", "NodeInternet", "pod_ip"]
 
 SERVER = Path(__file__).parent.parent / "fakenet_server.py"
+# A TCP connect to HOST PORT: "reached" or "refused:<error>"; never hangs (1.5 s).
+PROBE_PY = """import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).close()
+    print("reached")
+except OSError as e:
+    print("refused:" + type(e).__name__)
+"""
+PROBE = f"python3 -c '{PROBE_PY}' "
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> None:
@@ -40,7 +52,8 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> None:
 
 
 class NodeInternet:
-    """See the module docstring. ``public`` and ``public2`` serve HTTP on port 80."""
+    """See the module docstring. ``public`` and ``public2`` serve HTTP on port 80, ``public``
+    on 8080 too."""
 
     def __init__(self, node: NodeNet) -> None:
         self.node = node
@@ -74,6 +87,7 @@ class NodeInternet:
                 [
                     *("ip", "netns", "exec", ns, sys.executable, str(SERVER)),
                     f"public={self.public}:80",
+                    f"public-8080={self.public}:8080",
                     f"public2={self.public2}:80",
                 ],
                 stdout=subprocess.PIPE,
@@ -107,3 +121,11 @@ class NodeInternet:
             check=False,
         )
         return left + [f"route {r}" for r in done.stdout.splitlines()]
+
+
+def pod_ip(cluster: Cluster, name: str) -> str:
+    """A sandbox Pod's address, as the API server has it."""
+    with cluster.plane.settings.api_client() as api:
+        pod = client.CoreV1Api(api).read_namespaced_pod(name, NS)
+    assert pod.status is not None and pod.status.pod_ip, pod.status
+    return str(pod.status.pod_ip)

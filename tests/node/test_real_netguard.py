@@ -30,22 +30,13 @@ from k8s.cluster import NS, Cluster
 from k8s.nodenet import KUBERNETES_SERVICE_IP
 from k8s.realnode import RealNode, image
 from node.conftest import pod_env
-from node.internet import NodeInternet
+from node.internet import PROBE, PROBE_PY, NodeInternet, pod_ip
 from sandpod import AsyncSandbox
 from sandpod_contract.messages.sandboxes import NetworkEvent
 from sandpod_store import ObjectMeta, Resource
 
 pytestmark = pytest.mark.timeout(500)
 
-# A TCP connect to HOST PORT: "reached" or "refused:<error>"; never hangs (1.5 s).
-PROBE_PY = """import socket, sys
-try:
-    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).close()
-    print("reached")
-except OSError as e:
-    print("refused:" + type(e).__name__)
-"""
-PROBE = f"python3 -c '{PROBE_PY}' "
 GET = "python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=3).read().decode())' "  # noqa: E501
 
 
@@ -209,7 +200,7 @@ async def _another_pod(
     """``peer`` listens on its Pod's address; the node reaches it (so the bridge delivers and
     no ingress rule stops it: see the README), ``sbx``'s guard keeps ``sbx`` from it."""
     assert node.net is not None
-    address = await asyncio.to_thread(_pod_ip, cluster, peer.id)
+    address = await asyncio.to_thread(pod_ip, cluster, peer.id)
     server = await peer.proc.start("python3 -m http.server 8000", proc_id="listener")
     try:
         await server.wait_for_port(8000, timeout=30)
@@ -225,15 +216,6 @@ async def _another_pod(
     finally:
         await server.kill()
         await server.remove()
-
-
-def _pod_ip(cluster: Cluster, name: str) -> str:
-    from kubernetes import client
-
-    with cluster.plane.settings.api_client() as api:
-        pod = client.CoreV1Api(api).read_namespaced_pod(name, NS)
-    assert pod.status is not None and pod.status.pod_ip, pod.status
-    return str(pod.status.pod_ip)
 
 
 async def _refusal_event(sbx: AsyncSandbox) -> None:
