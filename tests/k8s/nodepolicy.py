@@ -31,6 +31,7 @@ restores the sysctl and deletes the RBAC objects.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -68,6 +69,9 @@ def agent_binary() -> Path:
 
 
 def missing_agent() -> str | None:
+    """None when the agent and iptables are installed, else what to run."""
+    if shutil.which("iptables") is None:
+        return "iptables not found: apt-get install iptables"
     if not os.access(agent_binary(), os.X_OK):
         return f"{agent_binary()} not found: run deploy/envtest/build-netpol.sh"
     return None
