@@ -110,6 +110,7 @@ async def test_the_templates_network_policy_is_enforced_inside_real_pods(
         assert await _probe(sbx, internet.public, 80) == "reached", agent.tail()
         for what, (host, port) in forbidden.items():
             assert (await _probe(sbx, host, port)).startswith("refused:"), (what, agent.tail())
+        assert 'verdict="drop"' in agent.tail(100_000), "the refusals are the agent's verdicts"
         assert (await sbx.exec("echo still here")).stdout == "still here\n"
     finally:
         await asyncio.to_thread(agent.stop)
