@@ -1,10 +1,10 @@
 """The network guard in a real sandbox Pod on the real node (issue 15 part 5, issue 17 item 3).
 
-The node's CNI (bridge) enforces no NetworkPolicy, and the kernel here has no nftables ``queue``
-expression, which the NetworkPolicy agents that work with any CNI need (README, "Kubernetes
-networking on the real node"): what stands between a sandbox Pod and the network is the guard,
-the lifecycle image's ``sandpod_lifecycle.network.podguard`` as a native sidecar the real kubelet
-starts (containerd, runc, the Pod's own network namespace, CAP_NET_ADMIN only).
+The node's CNI (bridge) enforces no NetworkPolicy (``test_real_netpol.py`` runs an agent for its
+own test only; README, "Networking on the real node"): here what stands between a sandbox Pod and
+the network is the guard alone, the lifecycle image's ``sandpod_lifecycle.network.podguard`` as
+a native sidecar the real kubelet starts (containerd, runc, the Pod's own network namespace,
+CAP_NET_ADMIN only).
 
 The "internet" is ``node/internet.py``: a namespace of the test's joined to the node's only,
 serving HTTP on two "public" addresses; the names are the test's own DNS server
