@@ -67,9 +67,10 @@ types: install
 imports: install
 	$(BIN)/lint-imports
 
-envtest:  ## build (or reuse, cached) kube-apiserver + etcd + helm for the Kubernetes tests (needs Go)
+envtest:  ## build (or reuse, cached) kube-apiserver + etcd + helm + kube-network-policies for the Kubernetes tests (needs Go)
 	bash deploy/envtest/build.sh
 	bash deploy/envtest/build-helm.sh
+	bash deploy/envtest/build-netpol.sh
 
 s3test:  ## build (or reuse, cached) versitygw, the real S3 server the blob-store tests run against (needs Go)
 	bash deploy/s3test/build.sh

@@ -24,8 +24,10 @@ agent reaches for first: a shell and the core tools (bash, coreutils, procps, le
 pip and venv, git, curl with ca-certificates, a C toolchain (gcc, libc6-dev, make: a ``pip
 install`` that compiles, a ``make``), Node.js, and the archive tools (xz-utils, unzip). ``npm`` is
 left out: it pulls 349 more Debian packages (``node-*``), +166 MB (674 MB, 536 packages with it);
-a template that needs it adds it. No init (tini): the jail's holder is its pid 1 already. The
-variant is ``apt`` (essential packages plus apt): small, and apt still works in the sandbox.
+a template that needs it adds it. ``libnftables1`` (~1 MB) is there for the lifecycle image
+built on this base: its Pod network guard drives nftables through it. No init (tini): the
+jail's holder is its pid 1 already. The variant is ``apt`` (essential packages plus apt): small,
+and apt still works in the sandbox.
 
 Inside, the tree is adjusted once at build time (a ``customize`` hook): Python's
 ``EXTERNALLY-MANAGED`` marker is removed, so ``pip install`` in a sandbox installs (for the
@@ -81,6 +83,9 @@ DEFAULT_PACKAGES = (
     "git",
     "less",
     "libc6-dev",
+    # The lifecycle image's network guard drives nftables through it (ctypes), as the
+    # Dockerfile's ``apt-get install libnftables1``; ~1 MB with its libraries.
+    "libnftables1",
     "make",
     "mount",  # umount: the holder unmounts the old root from inside (holder.sh)
     "nodejs",

@@ -174,11 +174,11 @@ def add_guard(spec: dict[str, Any], pod: SandboxPod, settings: PodSettings) -> N
         "name": GUARD_CONTAINER,
         "image": settings.guard_image,
         "restartPolicy": "Always",
-        "command": ["python", "-m", "sandpod_lifecycle.network.podguard"],
+        "command": ["python3", "-m", "sandpod_lifecycle.network.podguard"],
         "env": env,
         "securityContext": guard_security_context(),
         "startupProbe": {
-            "exec": {"command": ["python", "-c", ready]},
+            "exec": {"command": ["python3", "-c", ready]},
             "periodSeconds": 1,
             "failureThreshold": 120,
         },

@@ -1,0 +1,253 @@
+"""The network guard in a real sandbox Pod on the real node (issue 15 part 5, issue 17 item 3).
+
+The node's CNI (bridge) enforces no NetworkPolicy (``test_real_netpol.py`` runs an agent for its
+own test only; README, "Networking on the real node"): here what stands between a sandbox Pod and
+the network is the guard alone, the lifecycle image's ``sandpod_lifecycle.network.podguard`` as
+a native sidecar the real kubelet starts (containerd, runc, the Pod's own network namespace,
+CAP_NET_ADMIN only).
+
+The "internet" is ``node/internet.py``: a namespace of the test's joined to the node's only,
+serving HTTP on two "public" addresses; the names are the test's own DNS server
+(``dnsauth.AuthServer``) on the host end of the node's link, the guard's upstream. Everything
+is observed from inside the sandbox container through execd, and each refusal is shown to be
+the guard's: the same probe from an unguarded sandbox Pod on the same node goes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from conftest import NatsServer
+from dnsauth import AuthServer
+from k8s.cluster import NS, Cluster
+from k8s.nodenet import KUBERNETES_SERVICE_IP
+from k8s.realnode import RealNode, image
+from node.conftest import pod_env
+from node.internet import PROBE, PROBE_PY, NodeInternet, pod_ip
+from sandpod import AsyncSandbox
+from sandpod_contract.messages.sandboxes import NetworkEvent
+from sandpod_store import ObjectMeta, Resource
+
+pytestmark = pytest.mark.timeout(500)
+
+GET = "python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=3).read().decode())' "  # noqa: E501
+
+
+@pytest.fixture
+async def internet(real_node: RealNode) -> AsyncIterator[NodeInternet]:
+    assert real_node.net is not None
+    net = NodeInternet(real_node.net)
+    await asyncio.to_thread(net.create)
+    try:
+        yield net
+    finally:
+        await asyncio.to_thread(net.close)
+    assert net.leftovers() == []
+
+
+@pytest.fixture
+async def names(real_node: RealNode, internet: NodeInternet) -> AsyncIterator[AuthServer]:
+    """The test's DNS on the host end of the node's link (Pods reach it; the guard forwards)."""
+    assert real_node.net is not None
+    auth = AuthServer(real_node.net.host_ip)
+    auth.add("allowed.test", "A", 300, internet.public)
+    auth.add("denied.test", "A", 300, internet.public2)
+    await auth.start()
+    try:
+        yield auth
+    finally:
+        await auth.close()
+
+
+def guard_env(node: RealNode, nats: NatsServer, dns: AuthServer) -> dict[str, str]:
+    """``pod_env`` with the guard on: the lifecycle image as the guard's, the test DNS as the
+    cluster DNS the guard forwards to, NATS where the node's Pods reach it."""
+    assert node.net is not None
+    return {
+        **pod_env(),
+        "SANDPOD_POD_NETGUARD": "true",
+        "SANDPOD_POD_GUARD_IMAGE": image("sandpod-lifecycle"),
+        "SANDPOD_POD_GUARD_DNS": f"{dns.host}:{dns.port}",
+        "SANDPOD_POD_NATS_PORT": str(nats.port),
+        "SANDPOD_POD_NATS_CIDRS": f"{node.net.host_ip}/32",
+        "SANDPOD_POD_GUARD_API_CIDRS": f"{node.net.node_ip}/32",
+    }
+
+
+async def _template(cluster: Cluster, network: dict[str, object]) -> str:
+    name = f"ng-{uuid.uuid4().hex[:6]}"
+    await cluster.store.create(
+        Resource(
+            api_version="sandpod.dev/v1alpha1",
+            kind="SandboxTemplate",
+            metadata=ObjectMeta(name=name, namespace=NS),
+            spec={"network": network},
+        )
+    )
+    return name
+
+
+async def _create(cluster: Cluster, template: str) -> AsyncSandbox:
+    return await AsyncSandbox.create(
+        template, wait=240, nats_url=cluster.nats.url, prefix=cluster.prefix
+    )
+
+
+async def _out(sbx: AsyncSandbox, command: str) -> str:
+    return (await sbx.exec(command, timeout=30)).stdout.strip()
+
+
+async def until(what: str, check: Callable[[], Awaitable[bool]], timeout: float) -> float:
+    """Probe again and again (each a real attempt from the container) until ``check`` holds;
+    returns the seconds it took. The timeout is the failure bound, not a measurement."""
+    start = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout):
+            while not await check():
+                pass
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout:g}s: {what}") from None
+    return time.monotonic() - start
+
+
+async def test_the_pods_guard_enforces_names_and_addresses_on_the_real_node(
+    node_cluster: Cluster,
+    real_node: RealNode,
+    node_nats: NatsServer,
+    internet: NodeInternet,
+    names: AuthServer,
+) -> None:
+    """From inside a real sandbox container, under an allowlist of ``allowed.test``: the allowed
+    name resolves and its server answers; ``denied.test`` is refused by the guard's resolver
+    (never asked upstream); by IP literal its address, the node (API server, kubelet), the
+    ``kubernetes`` Service and another sandbox Pod are unreachable -- each of which an
+    unguarded Pod (or the node) on the same node reaches; a runtime ``network.update`` opens
+    ``denied.test`` within the SDK's apply wait; the refusal reaches the Sandbox's
+    ``network.denied`` events."""
+    assert real_node.net is not None
+    node = real_node.net
+    forbidden = [
+        (internet.public2, 80),  # denied.test's address, as an IP literal
+        (node.node_ip, 6443),  # the node: its API server
+        (node.node_ip, 10250),  # and its kubelet
+        (KUBERNETES_SERVICE_IP, 443),  # the API server through its Service (kube-proxy)
+    ]
+    policy: dict[str, object] = {"mode": "allowlist", "allow": ["allowed.test"]}
+    template = await _template(node_cluster, policy)
+    plain = node_cluster.service("sandpod_lifecycle", **pod_env())
+    await node_cluster.answering()
+    open_box = await _create(node_cluster, template)
+    try:  # the positive control: the bridge CNI lets a Pod without the guard reach all of it
+        for host, port in forbidden:
+            assert await _out(open_box, f"{PROBE}{host} {port}") == "reached", (host, port)
+    finally:
+        await open_box.kill()
+        await open_box.close()
+    plain.stop()
+
+    node_cluster.service(
+        "sandpod_lifecycle", "lifecycle1", **guard_env(real_node, node_nats, names)
+    )
+    await node_cluster.answering()
+    sbx, peer = await asyncio.gather(*(_create(node_cluster, template) for _ in range(2)))
+    try:
+        await _names_and_addresses(sbx, internet, names, forbidden)
+        await _another_pod(node_cluster, real_node, sbx, peer)
+        await _refusal_event(sbx)
+        view = await sbx.network.update(allow=["allowed.test", "denied.test"])
+        assert view.applied, view
+        took = await until(
+            "denied.test opened by the update",
+            lambda: _opened(sbx, internet.public2),
+            timeout=10,  # the SDK's APPLY_WAIT: an applied update is in force by then
+        )
+        print(f"network.update applied -> in force in the Pod after {took * 1000:.0f} ms")
+        assert await _out(sbx, GET + "http://denied.test/") == "fakenet public2"
+    finally:
+        for box in (sbx, peer):
+            await box.kill()
+            await box.close()
+
+
+async def _names_and_addresses(
+    sbx: AsyncSandbox,
+    internet: NodeInternet,
+    names: AuthServer,
+    forbidden: list[tuple[str, int]],
+) -> None:
+    status = await _out(sbx, "grep -E '^(Uid|CapEff):' /proc/self/status")
+    assert "\t0\t" not in status.splitlines()[0] and status.endswith("0000000000000000")
+    answer = await _out(sbx, "getent ahostsv4 allowed.test | head -1")
+    assert answer.split()[:2] == [internet.public, "STREAM"], answer
+    assert await _out(sbx, GET + "http://allowed.test/") == "fakenet public"
+    refused = await sbx.exec("getent ahostsv4 denied.test")
+    assert refused.exit_code != 0 and refused.stdout == "", refused
+    assert names.asked_for("denied.test") == 0, "a refused name never leaves the Pod"
+    for host, port in forbidden:
+        assert (await _out(sbx, f"{PROBE}{host} {port}")).startswith("refused:"), (host, port)
+
+
+async def _another_pod(
+    cluster: Cluster, node: RealNode, sbx: AsyncSandbox, peer: AsyncSandbox
+) -> None:
+    """``peer`` listens on its Pod's address; the node reaches it (so the bridge delivers and
+    no ingress rule stops it: see the README), ``sbx``'s guard keeps ``sbx`` from it."""
+    assert node.net is not None
+    address = await asyncio.to_thread(pod_ip, cluster, peer.id)
+    server = await peer.proc.start("python3 -m http.server 8000", proc_id="listener")
+    try:
+        await server.wait_for_port(8000, timeout=30)
+        from_node = await asyncio.to_thread(
+            subprocess.run,
+            [*node.net.enter(), sys.executable, "-c", PROBE_PY, address, "8000"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert from_node.stdout.strip() == "reached", from_node
+        assert (await _out(sbx, f"{PROBE}{address} 8000")).startswith("refused:")
+    finally:
+        await server.kill()
+        await server.remove()
+
+
+async def _refusal_event(sbx: AsyncSandbox) -> None:
+    """A refused lookup becomes a ``network.denied`` event of the Sandbox (guard -> report
+    ConfigMap -> lifecycle -> NATS): each probe a real refused lookup, until one arrives."""
+    events = sbx.network.events()
+    seen: asyncio.Future[NetworkEvent] = asyncio.get_running_loop().create_future()
+
+    async def collect() -> None:
+        async for event in events:
+            if event.type == "denied" and event.destination == "denied.test":
+                seen.set_result(event)
+                return
+
+    collector = asyncio.create_task(collect())
+    try:
+        await until("a network.denied event of denied.test", lambda: _refused_again(sbx, seen), 60)
+        event = seen.result()
+        assert event.kind == "dns" and event.name == sbx.id, event
+    finally:
+        collector.cancel()
+        await asyncio.gather(collector, return_exceptions=True)
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def _refused_again(sbx: AsyncSandbox, seen: asyncio.Future[NetworkEvent]) -> bool:
+    if seen.done():
+        return True
+    await sbx.exec("getent ahostsv4 denied.test")
+    return seen.done()
+
+
+async def _opened(sbx: AsyncSandbox, address: str) -> bool:
+    r = await sbx.exec("getent ahostsv4 denied.test | head -1")
+    return r.stdout.startswith(address)
