@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kubernetes import client
 
+from k8s import nodegvisor
 from k8s.envtest import REPO, ControlPlane, binaries_dir, make_pki
 from k8s.nodenet import KUBERNETES_SERVICE_IP, NodeNet
 from sandpod_kube import KubeSettings
@@ -348,7 +349,7 @@ state = "{self.run_dir / "state"}"
 [{cri}.containerd.runtimes.runc.options]
   BinaryName = "{os.environ.get("SANDPOD_NODE_RUNC") or shutil.which("runc")}"
   SystemdCgroup = false
-[{cri}.cni]
+{nodegvisor.containerd_runtime(cri, self.run_dir / "gvisor")}[{cri}.cni]
   bin_dir = "/usr/lib/cni"
   conf_dir = "{cni / "net.d"}"
 """)
@@ -577,7 +578,7 @@ syncFrequency: 10s
                 continue
             if (
                 cmdline
-                and cmdline[0].endswith(b"containerd-shim-runc-v2")
+                and cmdline[0].endswith((b"containerd-shim-runc-v2", b"containerd-shim-runsc-v1"))
                 and str(self.socket).encode() in cmdline
             ):
                 with contextlib.suppress(ProcessLookupError):
