@@ -3,7 +3,21 @@
 deploy/envtest/build-gvisor.sh builds ``runsc`` and ``containerd-shim-runsc-v1`` from gVisor's Go
 module into ``$SANDPOD_ENVTEST_DIR/gvisor-<version>/bin``. When they are there, realnode.py adds
 :func:`containerd_runtime`'s TOML to containerd's config: a CRI runtime ``runsc`` (the handler the
-RuntimeClass names) and gVisor's own ``runsc.toml`` beside it. Absent, the node runs as before.
+RuntimeClass names) whose shim reads ``runsc.toml`` (written here, in the node's run directory)
+for runsc's flags. :func:`ensure_runtime_class` creates the RuntimeClass object itself, as a
+cluster admin would. Without a build the node runs exactly as before (runc only).
+
+Two things stand between gVisor's shim and this host, both handled here or at build time:
+
+- the shim's ``start`` lowers its daemon's OOM score to -999, which needs CAP_SYS_RESOURCE that
+  root lacks here: the build patches it (deploy/envtest/gvisor-shim-oom.patch);
+- the shim is built on containerd 2's shim library, whose ``start`` prints JSON bootstrap
+  parameters, while Debian's containerd 1.6 reads a bare socket address there: the small
+  :data:`SHIM_WRAPPER` containerd runs instead turns one into the other.
+
+runsc runs with the ``systrap`` platform (no KVM here), its own network stack in the Pod's
+network namespace, the Pod's cgroups (v1 here; the sandbox process is charged to the Pod), and
+``oci-seccomp`` so the Pod's seccomp profile is enforced inside the sandbox as runc would.
 """
 
 from __future__ import annotations
@@ -12,16 +26,25 @@ import os
 from pathlib import Path
 
 from k8s.envtest import REPO
+from sandpod_kube import KubeSettings
 
-__all__ = ["HANDLER", "RUNTIME_CLASS", "containerd_runtime", "gvisor_bin", "missing_gvisor"]
+__all__ = [
+    "HANDLER",
+    "RUNTIME_CLASS",
+    "containerd_runtime",
+    "ensure_runtime_class",
+    "gvisor_bin",
+    "missing_gvisor",
+]
 
 GVISOR_VERSION = (REPO / "deploy/envtest/gvisor-version").read_text().strip()
 RUNTIME_CLASS = "gvisor"
 HANDLER = "runsc"
+SHIM = "containerd-shim-runsc-v1"
 
-
-# containerd 1.6 (Debian's) reads a shim's `start` output as the bare socket address; shims built
-# on containerd 2's library print JSON bootstrap parameters ({"version":2,"address":...}) there.
+# containerd 1.6 dials whatever a shim's `start` printed as its socket address; a containerd-2
+# shim prints {"version":2,"address":"unix:///...","protocol":"ttrpc"}. Every other action
+# (the shim daemon itself, `delete`) runs the real binary unchanged.
 SHIM_WRAPPER = """#!/bin/sh
 for arg in "$@"; do
   if [ "$arg" = start ]; then
@@ -47,7 +70,7 @@ def gvisor_bin() -> Path:
 
 def missing_gvisor() -> str | None:
     """None when runsc and its shim are built, else the command that builds them."""
-    for name in ("runsc", "containerd-shim-runsc-v1"):
+    for name in ("runsc", SHIM):
         if not os.access(gvisor_bin() / name, os.X_OK):
             return f"{name} not found in {gvisor_bin()}: run deploy/envtest/build-gvisor.sh"
     return None
@@ -58,44 +81,37 @@ def containerd_runtime(cri: str, state: Path) -> str:
     if missing_gvisor() is not None:
         return ""
     bin_dir = gvisor_bin()
-    state.mkdir(parents=True, exist_ok=True)
-    mode = os.environ.get("SANDPOD_NODE_GVISOR_SHIM", "runsc")
-    flags = ["--platform=systrap", "--ignore-cgroups", f"--debug-log={state}/logs/"]
-    if os.environ.get("SANDPOD_NODE_GVISOR_DEBUG"):
-        flags += ["--debug", "--strace"]
-    if mode in ("runc", "both"):
-        wrapper = state / "runsc"
-        wrapper.write_text(
-            "#!/bin/sh\nexec " + str(bin_dir / "runsc") + " " + " ".join(flags) + ' "$@"\n'
-        )
-        wrapper.chmod(0o755)
-        handler = HANDLER + "-runc" if mode == "both" else HANDLER
-        runc = f"""[{cri}.containerd.runtimes.{handler}]
-  runtime_type = "io.containerd.runc.v2"
-[{cri}.containerd.runtimes.{handler}.options]
-  BinaryName = "{wrapper}"
-  SystemdCgroup = false
-"""
-        if mode == "runc":
-            return runc
-    else:
-        runc = ""
+    (state / "logs").mkdir(parents=True, exist_ok=True)
     config = state / "runsc.toml"
-    lines = [
-        'binary_name = "' + str(bin_dir / "runsc") + '"',
-        f'root = "{state / "root"}"',
-        "[runsc_config]",
-        '  platform = "systrap"',
-        '  ignore-cgroups = "true"',
-        f'  debug-log = "{state}/logs/"',
-    ]
-    config.write_text("\n".join(lines) + "\n")
-    shim = state / "containerd-shim-runsc-v1"
-    shim.write_text(SHIM_WRAPPER.format(shim=bin_dir / "containerd-shim-runsc-v1"))
+    config.write_text(
+        f'binary_name = "{bin_dir / "runsc"}"\n'
+        f'root = "{state / "root"}"\n'
+        "[runsc_config]\n"
+        '  platform = "systrap"\n'
+        '  oci-seccomp = "true"\n'
+        # One file per runsc command: what runs, and why it failed when it does.
+        f'  debug-log = "{state / "logs"}/"\n'
+    )
+    shim = state / SHIM
+    shim.write_text(SHIM_WRAPPER.format(shim=bin_dir / SHIM))
     shim.chmod(0o755)
-    return runc + f"""[{cri}.containerd.runtimes.{HANDLER}]
+    # An absolute runtime_type is the shim binary itself (containerd 1.6 ignores runtime_path).
+    return f"""[{cri}.containerd.runtimes.{HANDLER}]
   runtime_type = "{shim}"
 [{cri}.containerd.runtimes.{HANDLER}.options]
   TypeUrl = "io.containerd.runsc.v1.options"
   ConfigPath = "{config}"
 """
+
+
+def ensure_runtime_class(settings: KubeSettings) -> None:
+    """The ``gvisor`` RuntimeClass (handler ``runsc``), created once per API server."""
+    from kubernetes import client
+
+    body = client.V1RuntimeClass(metadata=client.V1ObjectMeta(name=RUNTIME_CLASS), handler=HANDLER)
+    with settings.api_client() as api_client:
+        try:
+            client.NodeV1Api(api_client).create_runtime_class(body)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise

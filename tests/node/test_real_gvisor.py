@@ -1,0 +1,152 @@
+"""Sandboxes in gVisor: a template's ``runtimeClassName: gvisor`` on the real node.
+
+tests/k8s/nodegvisor.py gives the node's containerd a ``runsc`` runtime (gVisor's own shim and
+runsc, built by deploy/envtest/build-gvisor.sh) and the API server a ``gvisor`` RuntimeClass.
+A template naming it gets a real Pod whose containers run on gVisor's kernel: checked from
+inside (the kernel the container sees is gVisor's, its boot messages in ``dmesg``), from the host
+(a ``runsc-sandbox`` process charged to the Pod's own cgroup), and against a runc sandbox of the
+same node (not gVisor: the checks can tell). execd serves exec and files over NATS from inside
+gVisor, and the Pod's hardening still holds where it applies inside gVisor.
+
+Without the build the tests fail with the command that makes it (never a skip).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from k8s.cluster import NS, Cluster
+from k8s.nodegvisor import RUNTIME_CLASS, ensure_runtime_class, missing_gvisor
+from k8s.realnode import RealNode
+from node.test_real_pods import STATUS, _running, _template
+from sandpod import AsyncSandbox
+
+pytestmark = pytest.mark.timeout(400)
+
+KERNEL = "uname -r; cat /proc/version; dmesg | head -3"
+
+
+@pytest.fixture
+def gvisor(real_node: RealNode) -> str:
+    """The RuntimeClass's name, once the node runs gVisor (else a failure naming the build)."""
+    if problem := missing_gvisor():
+        pytest.fail(f"gVisor is not built: {problem} (then rerun; the node picks it up)")
+    ensure_runtime_class(real_node.settings)
+    return RUNTIME_CLASS
+
+
+def _pod_uid(cluster: Cluster, name: str) -> tuple[str, str | None]:
+    from kubernetes import client
+
+    with cluster.plane.settings.api_client() as api:
+        pod = client.CoreV1Api(api).read_namespaced_pod(name, NS)
+    return pod.metadata.uid, pod.spec.runtime_class_name
+
+
+def _sandbox_cgroups() -> list[str]:
+    """The memory cgroup of every runsc sandbox process on the host (gVisor's 'VM')."""
+    found = []
+    for pid in filter(str.isdigit, (p.name for p in Path("/proc").iterdir())):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            continue
+        if argv0 == b"runsc-sandbox":
+            found += [line.split(":", 2)[2] for line in cgroups.splitlines() if ":memory:" in line]
+    return found
+
+
+async def test_a_gvisor_template_runs_its_sandbox_on_gvisors_kernel(
+    node_cluster: Cluster, gvisor: str
+) -> None:
+    """The template's runtimeClassName reaches the Pod; inside, the kernel is gVisor's; on the
+    host, a runsc sandbox process sits in that Pod's cgroup (its limits bind gVisor as a
+    whole); a runc sandbox of the same node answers none of that."""
+    boxed = await _running(
+        node_cluster,
+        await _template(node_cluster, runtimeClassName=gvisor, resources={"memory": "256Mi"}),
+    )
+    plain = await AsyncSandbox.create(
+        await _template(node_cluster),
+        wait=150,
+        nats_url=node_cluster.nats.url,
+        prefix=node_cluster.prefix,
+    )
+    try:
+        uid, runtime_class = await asyncio.to_thread(_pod_uid, node_cluster, boxed.id)
+        assert runtime_class == gvisor
+        inside = (await boxed.exec(KERNEL)).stdout
+        assert "gvisor" in inside.splitlines()[0], inside  # uname -r: 4.19.0-gvisor
+        assert "Starting gVisor..." in inside, inside  # the sentry's own boot messages
+        runc = await plain.exec(KERNEL)
+        assert "gvisor" not in runc.stdout.lower() and "gvisor" not in runc.stderr.lower()
+        sandboxes = _sandbox_cgroups()
+        assert any(f"/pod{uid}" in cg for cg in sandboxes), (uid, sandboxes)
+        plain_uid, _ = await asyncio.to_thread(_pod_uid, node_cluster, plain.id)
+        assert not any(f"/pod{plain_uid}" in cg for cg in sandboxes)
+        limit = await boxed.exec("grep MemTotal /proc/meminfo")
+        assert limit.stdout.split()[1] == str(256 * 1024), limit  # gVisor sizes to the limit
+    finally:
+        for sbx in (boxed, plain):
+            await sbx.kill()
+            await sbx.close()
+
+
+async def test_execd_serves_exec_and_files_from_inside_gvisor(
+    node_cluster: Cluster, gvisor: str
+) -> None:
+    """execd (started by the Pod's entrypoint inside gVisor) answers over NATS through gVisor's
+    network stack: byte-exact files, a streamed exec, a PTY."""
+    sbx = await _running(node_cluster, await _template(node_cluster, runtimeClassName=gvisor))
+    try:
+        payload = bytes(range(256)) * 1024
+        await sbx.fs.write("/workspace/blob", payload)
+        assert await sbx.fs.read("/workspace/blob") == payload
+        async with sbx.exec_stream(["sh", "-c", "seq 1 5000"]) as stream:
+            out = b"".join([c.data async for c in stream])
+        assert out == "".join(f"{i}\n" for i in range(1, 5001)).encode()
+        term = await sbx.pty.open(["sh", "-c", "tty > /workspace/tty"])
+        async with term:
+            await term.wait()
+        assert (await sbx.fs.read("/workspace/tty")).startswith(b"/dev/pts/")
+    finally:
+        await sbx.kill()
+        await sbx.close()
+
+
+async def test_the_pods_hardening_holds_inside_gvisor(node_cluster: Cluster, gvisor: str) -> None:
+    """test_real_pods' hardening checks, inside gVisor's kernel: not root, no capability, the
+    RuntimeDefault seccomp filter (runsc --oci-seccomp), no new privileges, no token; mount, a
+    user namespace, a raw socket, chroot and a setuid root shell all fail."""
+    sbx = await _running(node_cluster, await _template(node_cluster, runtimeClassName=gvisor))
+    try:
+        assert "gvisor" in (await sbx.exec("uname -r")).stdout
+        status = dict(line.split(":\t", 1) for line in (await sbx.exec(STATUS)).stdout.splitlines())
+        assert status["Uid"].split()[0] != "0"
+        assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == 0
+        assert int(status["CapBnd"], 16) == 0
+        assert status["Seccomp"].strip() == "2", status
+        assert status["NoNewPrivs"].strip() == "1"
+        token = await sbx.exec("ls /var/run/secrets/kubernetes.io 2>&1")
+        assert "No such file or directory" in token.stdout
+        attacks = {
+            "mount": "mount -t tmpfs none /mnt",
+            "userns": "unshare --user --map-root-user true",
+            "raw socket": "python3 -c 'import socket; socket.socket(socket.AF_PACKET, "
+            "socket.SOCK_RAW)'",
+            "chroot": "chroot / true",
+            "setuid": "cp /bin/sh /tmp/sh && chmod u+s /tmp/sh && /tmp/sh -p -c 'id -u'",
+        }
+        for what, command in attacks.items():
+            r = await sbx.exec(command)
+            if what == "setuid":
+                assert r.stdout.strip() == status["Uid"].split()[0], (what, r)
+            else:
+                assert r.exit_code != 0, (what, r)
+    finally:
+        await sbx.kill()
+        await sbx.close()
