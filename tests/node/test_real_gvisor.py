@@ -3,7 +3,7 @@
 tests/k8s/nodegvisor.py gives the node's containerd a ``runsc`` runtime (gVisor's own shim and
 runsc, built by deploy/envtest/build-gvisor.sh) and the API server a ``gvisor`` RuntimeClass.
 A template naming it gets a real Pod whose containers run on gVisor's kernel: checked from
-inside (the kernel the container sees is gVisor's, its boot messages in ``dmesg``), from the host
+inside (the kernel the container sees is gVisor's: ``uname``, ``/proc/version``), from the host
 (a ``runsc-sandbox`` process charged to the Pod's own cgroup), and against a runc sandbox of the
 same node (not gVisor: the checks can tell). execd serves exec and files over NATS from inside
 gVisor, and the Pod's hardening still holds where it applies inside gVisor.
@@ -26,7 +26,8 @@ from sandpod import AsyncSandbox
 
 pytestmark = pytest.mark.timeout(400)
 
-KERNEL = "uname -r; cat /proc/version; dmesg | head -3"
+# dmesg would show gVisor's boot messages, but only to root (syslog needs CAP_SYSLOG).
+KERNEL = "uname -r; cat /proc/version"
 
 
 @pytest.fixture
@@ -80,8 +81,9 @@ async def test_a_gvisor_template_runs_its_sandbox_on_gvisors_kernel(
         uid, runtime_class = await asyncio.to_thread(_pod_uid, node_cluster, boxed.id)
         assert runtime_class == gvisor
         inside = (await boxed.exec(KERNEL)).stdout
-        assert "gvisor" in inside.splitlines()[0], inside  # uname -r: 4.19.0-gvisor
-        assert "Starting gVisor..." in inside, inside  # the sentry's own boot messages
+        release, version = inside.splitlines()
+        assert release.endswith("-gvisor"), inside  # uname -r: 4.19.0-gvisor
+        assert version.startswith(f"Linux version {release} "), inside  # the sentry's
         runc = await plain.exec(KERNEL)
         assert "gvisor" not in runc.stdout.lower() and "gvisor" not in runc.stderr.lower()
         sandboxes = _sandbox_cgroups()
