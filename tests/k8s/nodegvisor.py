@@ -16,8 +16,12 @@ Two things stand between gVisor's shim and this host, both handled here or at bu
   :data:`SHIM_WRAPPER` containerd runs instead turns one into the other.
 
 runsc runs with the ``systrap`` platform (no KVM here), its own network stack in the Pod's
-network namespace, the Pod's cgroups (v1 here; the sandbox process is charged to the Pod), and
-``oci-seccomp`` so the Pod's seccomp profile is enforced inside the sandbox as runc would.
+network namespace and the Pod's cgroups (v1 here; the sandbox process is charged to the Pod).
+The Pod's seccomp profile is not applied inside gVisor (runsc's default): gVisor's kernel is the
+syscall boundary, itself under runsc's own host filter. ``runsc --oci-seccomp`` would apply it,
+but with containerd 1.6's RuntimeDefault profile no thread can start in the sandbox then
+(``pthread_create`` fails: "can't start new thread"), so execd's file API breaks;
+``SANDPOD_NODE_GVISOR_OCI_SECCOMP=1`` turns it on to see that.
 """
 
 from __future__ import annotations
@@ -83,14 +87,12 @@ def containerd_runtime(cri: str, state: Path) -> str:
     bin_dir = gvisor_bin()
     (state / "logs").mkdir(parents=True, exist_ok=True)
     config = state / "runsc.toml"
+    flags = {"platform": "systrap", "debug-log": f"{state / 'logs'}/"}  # a log per runsc command
+    if os.environ.get("SANDPOD_NODE_GVISOR_OCI_SECCOMP"):
+        flags["oci-seccomp"] = "true"
     config.write_text(
-        f'binary_name = "{bin_dir / "runsc"}"\n'
-        f'root = "{state / "root"}"\n'
-        "[runsc_config]\n"
-        '  platform = "systrap"\n'
-        '  oci-seccomp = "true"\n'
-        # One file per runsc command: what runs, and why it failed when it does.
-        f'  debug-log = "{state / "logs"}/"\n'
+        f'binary_name = "{bin_dir / "runsc"}"\nroot = "{state / "root"}"\n[runsc_config]\n'
+        + "".join(f'  {key} = "{value}"\n' for key, value in flags.items())
     )
     shim = state / SHIM
     shim.write_text(SHIM_WRAPPER.format(shim=bin_dir / SHIM))

@@ -121,17 +121,18 @@ async def test_execd_serves_exec_and_files_from_inside_gvisor(
 
 
 async def test_the_pods_hardening_holds_inside_gvisor(node_cluster: Cluster, gvisor: str) -> None:
-    """test_real_pods' hardening checks, inside gVisor's kernel: not root, no capability, the
-    RuntimeDefault seccomp filter (runsc --oci-seccomp), no new privileges, no token; mount, a
-    user namespace, a raw socket, chroot and a setuid root shell all fail."""
+    """test_real_pods' hardening checks where they apply inside gVisor's kernel: not root, no
+    capability, no new privileges, no token; mount, a raw socket, chroot and a setuid root shell
+    all fail, and so does a user namespace. One differs from runc by design: the Pod's seccomp
+    profile is not loaded inside (gVisor's kernel is the syscall boundary; nodegvisor.py says
+    why not --oci-seccomp)."""
     sbx = await _running(node_cluster, await _template(node_cluster, runtimeClassName=gvisor))
     try:
-        assert "gvisor" in (await sbx.exec("uname -r")).stdout
+        assert (await sbx.exec("uname -r")).stdout.strip().endswith("-gvisor")
         status = dict(line.split(":\t", 1) for line in (await sbx.exec(STATUS)).stdout.splitlines())
         assert status["Uid"].split()[0] != "0"
         assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == 0
         assert int(status["CapBnd"], 16) == 0
-        assert status["Seccomp"].strip() == "2", status
         assert status["NoNewPrivs"].strip() == "1"
         token = await sbx.exec("ls /var/run/secrets/kubernetes.io 2>&1")
         assert "No such file or directory" in token.stdout
