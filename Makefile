@@ -10,7 +10,7 @@ CC ?= cc
 WEB := services/gateway/src/sandpod_gateway/web
 NODE_CLIENT := clients/node
 
-.PHONY: install web node-client up check lint types imports test bench vectors openapi clean envtest s3test chart-crds images cluster-images cluster
+.PHONY: install web node-client up check lint types imports test bench vectors openapi clean envtest gvisor s3test chart-crds images cluster-images cluster
 
 $(BIN)/sandpod: pyproject.toml uv.lock */*/pyproject.toml services/*/pyproject.toml
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null || \
@@ -71,6 +71,9 @@ envtest:  ## build (or reuse, cached) kube-apiserver + etcd + helm + kube-networ
 	bash deploy/envtest/build.sh
 	bash deploy/envtest/build-helm.sh
 	bash deploy/envtest/build-netpol.sh
+
+gvisor:  ## build (or reuse, cached) gVisor's runsc + containerd shim for the real node's `gvisor` RuntimeClass (opt-in; needs Go)
+	bash deploy/envtest/build-gvisor.sh
 
 s3test:  ## build (or reuse, cached) versitygw, the real S3 server the blob-store tests run against (needs Go)
 	bash deploy/s3test/build.sh
