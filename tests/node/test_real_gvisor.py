@@ -72,7 +72,7 @@ async def test_a_gvisor_template_runs_its_sandbox_on_gvisors_kernel(
     whole); a runc sandbox of the same node answers none of that."""
     boxed = await _running(
         node_cluster,
-        await _template(node_cluster, runtimeClassName=gvisor, resources={"memory": "256Mi"}),
+        await _template(node_cluster, runtimeClassName=gvisor, resources={"memory": "512Mi"}),
     )
     plain = await AsyncSandbox.create(
         await _template(node_cluster),
@@ -94,7 +94,7 @@ async def test_a_gvisor_template_runs_its_sandbox_on_gvisors_kernel(
         plain_uid, _ = await asyncio.to_thread(_pod_uid, node_cluster, plain.id)
         assert not any(f"/pod{plain_uid}" in cg for cg in sandboxes)
         limit = await boxed.exec("grep MemTotal /proc/meminfo")
-        assert limit.stdout.split()[1] == str(256 * 1024), limit  # gVisor sizes to the limit
+        assert limit.stdout.split()[1] == str(512 * 1024), limit  # gVisor sizes to the limit
     finally:
         for sbx in (boxed, plain):
             await sbx.kill()
