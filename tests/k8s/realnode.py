@@ -6,6 +6,7 @@ What runs, all in the node's own network namespace (``k8s/nodenet.py``), as root
     kube-controller-manager, kube-scheduler,  the same build's ``kube-node`` multi-call binary
     kubelet, kube-proxy (nftables mode)
     containerd + runc                         Debian's packages; config and state in our dirs
+    gVisor's runsc (handler ``runsc``)        only when built (``make gvisor``): k8s/nodegvisor.py
     CNI bridge + host-local + portmap          Debian's containernetworking-plugins
     cluster DNS                                k8s/clusterdns.py (Services' names, no upstream)
 

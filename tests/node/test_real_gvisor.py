@@ -25,19 +25,25 @@ from k8s.realnode import RealNode
 from node.test_real_pods import STATUS, _running, _template
 from sandpod import AsyncSandbox
 
-pytestmark = pytest.mark.timeout(400)
-
 # dmesg would show gVisor's boot messages, but only to root (syslog needs CAP_SYSLOG).
 KERNEL = "uname -r; cat /proc/version"
 
 
+# Opt-in (not in .ci/run: ~250 CPU-s and ~1 GB of Go caches on a cold machine, which the
+# 60-minute cold CI budget has no room for); cached after one `make gvisor`. Decided at import,
+# so a machine without the build does not start a node to find out.
+pytestmark = [
+    pytest.mark.timeout(400),
+    pytest.mark.skipif(
+        missing_gvisor() is not None,
+        reason=f"gVisor is not built (opt-in): {missing_gvisor()}, or `make gvisor`",
+    ),
+]
+
+
 @pytest.fixture
 def gvisor(real_node: RealNode) -> str:
-    """The RuntimeClass's name, once the node runs gVisor (else a failure naming the build)."""
-    if problem := missing_gvisor():
-        # Opt-in (not in .ci/run: ~250 CPU-s and ~1 GB of Go caches on a cold machine, which
-        # the 60-minute cold CI budget has no room for); cached after one `make gvisor`.
-        pytest.skip(f"gVisor is not built (opt-in): {problem}, or `make gvisor`")
+    """The RuntimeClass's name, created on the node's API server as a cluster admin would."""
     ensure_runtime_class(real_node.settings)
     return RUNTIME_CLASS
 
@@ -65,7 +71,7 @@ def _sandbox_cgroups() -> list[str]:
 
 
 async def test_a_gvisor_template_runs_its_sandbox_on_gvisors_kernel(
-    node_cluster: Cluster, gvisor: str
+    gvisor: str, node_cluster: Cluster
 ) -> None:
     """The template's runtimeClassName reaches the Pod; inside, the kernel is gVisor's; on the
     host, a runsc sandbox process sits in that Pod's cgroup (its limits bind gVisor as a
@@ -102,7 +108,7 @@ async def test_a_gvisor_template_runs_its_sandbox_on_gvisors_kernel(
 
 
 async def test_execd_serves_exec_and_files_from_inside_gvisor(
-    node_cluster: Cluster, gvisor: str
+    gvisor: str, node_cluster: Cluster
 ) -> None:
     """execd (started by the Pod's entrypoint inside gVisor) answers over NATS through gVisor's
     network stack: byte-exact files, a streamed exec, a PTY."""
@@ -123,7 +129,7 @@ async def test_execd_serves_exec_and_files_from_inside_gvisor(
         await sbx.close()
 
 
-async def test_the_pods_hardening_holds_inside_gvisor(node_cluster: Cluster, gvisor: str) -> None:
+async def test_the_pods_hardening_holds_inside_gvisor(gvisor: str, node_cluster: Cluster) -> None:
     """test_real_pods' hardening checks where they apply inside gVisor's kernel: not root, no
     capability, no new privileges, no token; mount, a raw socket, chroot and a setuid root shell
     all fail. Two differ from runc by design, both because the Pod's seccomp profile is not
