@@ -32,6 +32,38 @@ if TYPE_CHECKING:
     from operator_nats import OperatorNats
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
+# Tests that share something of the whole host run in one pytest-xdist worker (``make test``
+# runs several): the real node (one per session, not one per worker), and every user of the
+# rootless tests' one unprivileged user (their cleanup kills its processes). By path, in the
+# scheduler: xdist's own ``xdist_group`` marks are lost on pytest >= 9.2 (its node ids are no
+# longer rewritable), so ``--dist loadgroup`` groups by these prefixes here instead.
+XDIST_GROUPS = {
+    "tests/node/": "realnode",
+    "tests/integration/test_rootless.py::": "rootless",
+    "tests/integration/test_rootless_image.py::": "rootless",
+    "tests/integration/test_image_overlay.py::": "rootless",
+    "tests/e2e/test_bus_attacks.py::": "rootless",
+}
+
+
+def xdist_group(nodeid: str) -> str:
+    """The scope a test is scheduled in: its group, else itself (any worker, test by test)."""
+    return next((g for p, g in XDIST_GROUPS.items() if nodeid.startswith(p)), nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class PathGroups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return PathGroups(config, log)
+
+
 # Daemons a session fixture started lazily, inside some test's setup: not that test's leak.
 SESSION_DAEMON_PIDS: set[int] = set()
 NATS_BIN = SCRIPTS / "nats-server"

@@ -47,6 +47,9 @@ async def store(request: pytest.FixtureRequest, nats: NatsServer) -> AsyncIterat
         kube = await KubeStore.connect(settings)
         yield kube
         await kube.close()
+        # and leaves it empty: a later test's lifecycle on this API server would adopt a
+        # Sandbox left here (with pytest-xdist, any test may come next)
+        await asyncio.to_thread(reset)
         return
     bus = await Bus.connect(BusSettings(url=nats.url))
     yield await KvStore.open(bus, bucket=f"test-{uuid.uuid4().hex[:12]}")

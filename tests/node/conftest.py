@@ -27,15 +27,6 @@ from operator_nats import OperatorNats, kubernetes_service_users
 from sandpod_kube import KubeStore, apply_crds
 
 IMAGES = REPO / "build" / "images"
-HERE = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every real-node test runs in one pytest-xdist worker (``make test`` runs several): one
-    node per session, not one per worker (``--dist loadgroup``; without xdist a no-op)."""
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("realnode"))
 
 
 @pytest.fixture(scope="session")
