@@ -102,8 +102,9 @@ chart-crds:  ## copy schemas/crds/ into the Helm chart (tests/k8s/test_helm.py f
 	cp schemas/crds/*.yaml deploy/helm/sandpod/crds/
 
 # Test processes at once (pytest-xdist): the suite mostly waits on processes, sockets and the
-# kernel, so 3 workers on 2 cores finish ~1.6x sooner; each worker starts its own nats-server and
-# API server; the real node's tests share one worker (tests/node/conftest.py). TEST_WORKERS=0: one.
+# kernel, so 3 workers on 2 cores finish sooner; each worker starts its own nats-server and API
+# server; tests that share a host-wide thing (a real node, the rootless user) are grouped by path
+# (XDIST_GROUPS in tests/conftest.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
 test: install envtest s3test cluster-images  ## the whole test suite against a real nats-server (and kube-apiserver, versitygw)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
