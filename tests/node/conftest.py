@@ -23,6 +23,7 @@ from conftest import SESSION_DAEMON_PIDS, NatsServer
 from k8s.cluster import NS, Cluster, cluster_setup
 from k8s.envtest import REPO, crd_manifests
 from k8s.realnode import RealNode, image, missing_parts
+from node.internet import NodeInternet
 from operator_nats import OperatorNats, kubernetes_service_users
 from sandpod_kube import KubeStore, apply_crds
 
@@ -126,6 +127,19 @@ async def op_node_cluster(
         await c.store.close()
 
 
+@pytest.fixture
+async def internet(real_node: RealNode) -> AsyncIterator[NodeInternet]:
+    """A fake internet joined to the node's netns only (``node/internet.py``), gone after."""
+    assert real_node.net is not None
+    net = NodeInternet(real_node.net)
+    await asyncio.to_thread(net.create)
+    try:
+        yield net
+    finally:
+        await asyncio.to_thread(net.close)
+    assert net.leftovers() == []
+
+
 def pod_env() -> dict[str, str]:
     """The Pod runtime's settings for the node's images."""
     return {
@@ -141,6 +155,7 @@ __all__ = [
     "IMAGES",
     "NS",
     "OpCluster",
+    "internet",
     "node_cluster",
     "node_nats",
     "node_operator_nats",

@@ -41,18 +41,6 @@ GET = "python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1],
 
 
 @pytest.fixture
-async def internet(real_node: RealNode) -> AsyncIterator[NodeInternet]:
-    assert real_node.net is not None
-    net = NodeInternet(real_node.net)
-    await asyncio.to_thread(net.create)
-    try:
-        yield net
-    finally:
-        await asyncio.to_thread(net.close)
-    assert net.leftovers() == []
-
-
-@pytest.fixture
 async def names(real_node: RealNode, internet: NodeInternet) -> AsyncIterator[AuthServer]:
     """The test's DNS on the host end of the node's link (Pods reach it; the guard forwards)."""
     assert real_node.net is not None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -29,18 +28,6 @@ from sandpod_kube.podspec import TEMPLATE_LABEL
 from sandpod_store import ObjectMeta, Resource
 
 pytestmark = pytest.mark.timeout(500)
-
-
-@pytest.fixture
-async def internet(real_node: RealNode) -> AsyncIterator[NodeInternet]:
-    assert real_node.net is not None
-    net = NodeInternet(real_node.net)
-    await asyncio.to_thread(net.create)
-    try:
-        yield net
-    finally:
-        await asyncio.to_thread(net.close)
-    assert net.leftovers() == []
 
 
 async def _probe(sbx: AsyncSandbox, host: str, port: int) -> str:

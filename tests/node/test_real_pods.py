@@ -39,6 +39,26 @@ async def _template(cluster: Cluster, **spec: object) -> str:
     return name
 
 
+ATTACKS = {
+    "mount": "mount -t tmpfs none /mnt",
+    "raw socket": "python3 -c 'import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)'",
+    "chroot": "chroot / true",
+    "setuid": "cp /bin/sh /tmp/sh && chmod u+s /tmp/sh && /tmp/sh -p -c 'id -u'",
+}
+
+
+async def attacks_fail(sbx: AsyncSandbox, uid: str, *, userns: bool) -> None:
+    """What the hardening stops fails from inside; a setuid-root copy of sh stays ``uid``
+    (``userns``: an unprivileged user namespace is refused too, as RuntimeDefault does)."""
+    userns_attack = {"userns": "unshare --user --map-root-user true"} if userns else {}
+    for what, command in {**ATTACKS, **userns_attack}.items():
+        r = await sbx.exec(command)
+        if what == "setuid":
+            assert r.stdout.strip() == uid, (what, r)
+        else:
+            assert r.exit_code != 0, (what, r)
+
+
 async def _running(cluster: Cluster, template: str) -> AsyncSandbox:
     cluster.service("sandpod_lifecycle", **pod_env())
     await cluster.answering()
@@ -62,20 +82,7 @@ async def test_the_pods_hardening_holds_from_inside_the_container(node_cluster: 
         where = await sbx.exec("cat /proc/1/cgroup; ls /var/run/secrets/kubernetes.io 2>&1")
         assert "kubepods" in where.stdout  # a container of the kubelet's, not a host process
         assert "No such file or directory" in where.stdout
-        attacks = {
-            "mount": "mount -t tmpfs none /mnt",
-            "userns": "unshare --user --map-root-user true",
-            "raw socket": "python3 -c 'import socket; socket.socket(socket.AF_PACKET, "
-            "socket.SOCK_RAW)'",
-            "chroot": "chroot / true",
-            "setuid": "cp /bin/sh /tmp/sh && chmod u+s /tmp/sh && /tmp/sh -p -c 'id -u'",
-        }
-        for what, command in attacks.items():
-            r = await sbx.exec(command)
-            if what == "setuid":
-                assert r.stdout.strip() == status["Uid"].split()[0], (what, r)
-            else:
-                assert r.exit_code != 0, (what, r)
+        await attacks_fail(sbx, status["Uid"].split()[0], userns=True)
     finally:
         await sbx.kill()
         await sbx.close()
