@@ -10,6 +10,7 @@ import contextlib
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -117,6 +118,23 @@ class Cluster:
                     return
                 except SandboxError:  # no responders yet
                     await asyncio.sleep(0.05)
+
+    async def create(
+        self, template: str | None = None, *, wait: float = 150, **options: Any
+    ) -> AsyncSandbox:
+        """A sandbox of ``template`` through the SDK on this installation's bus and prefix."""
+        return await AsyncSandbox.create(
+            template, wait=wait, nats_url=self.nats.url, prefix=self.prefix, **options
+        )
+
+    async def pod_uids(self, name: str) -> list[str]:
+        """Uids of the sandbox's Pods that are not being deleted (the kubelet confirms that)."""
+        pods = PodApi(self.plane.settings)
+        try:
+            found = await pods.list(f"{INSTALLATION_LABEL}={self.prefix}", NS)
+            return [p.uid for p in found if p.name == name and not p.deleting]
+        finally:
+            await pods.close()
 
     async def until(
         self, kind: str, name: str, done: Callable[[Resource | None], bool], timeout: float = 60

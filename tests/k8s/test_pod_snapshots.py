@@ -40,8 +40,7 @@ from sandpod_contract.codec import decode_reply, encode
 from sandpod_contract.messages.sandboxes import ObjectReply, ObjectRequest, Ref
 from sandpod_contract.messages.system import SnapshotTake, SnapshotTaken
 from sandpod_contract.subjects import Subjects
-from sandpod_kube import PodApi, delete_all
-from sandpod_kube.podspec import INSTALLATION_LABEL
+from sandpod_kube import delete_all
 
 DEADLINE = 90.0
 
@@ -196,15 +195,6 @@ async def test_a_changed_layer_object_is_refused_on_restore(
         await src.kill()
 
 
-async def _pods(cluster: Cluster, name: str) -> list[str]:
-    pods = PodApi(cluster.plane.settings)
-    try:
-        found = await pods.list(f"{INSTALLATION_LABEL}={cluster.prefix}", NS)
-        return [p.uid for p in found if p.name == name and not p.deleting]
-    finally:
-        await pods.close()
-
-
 async def _until(what: str, done: Callable[[], Any], timeout: float = DEADLINE) -> None:
     async with asyncio.timeout(timeout):
         while not await done():
@@ -226,14 +216,14 @@ async def test_an_idle_pod_sandbox_hibernates_without_its_pod_and_exec_wakes_it(
     )
     try:
         await _sh(sbx, "mkdir -p keep/empty && echo kept > keep/f && chmod 0604 keep/f")
-        before = await _pods(cluster, sbx.id)
+        before = await cluster.pod_uids(sbx.id)
         assert len(before) == 1
 
         async def hibernated() -> bool:
             return (await sbx.describe()).phase == "Hibernated"
 
         await _until("Hibernated", hibernated)
-        assert await _pods(cluster, sbx.id) == []
+        assert await cluster.pod_uids(sbx.id) == []
         await cluster.kubelet.until("execd stopped", lambda: sbx.id in cluster.kubelet.stopped)
         listed = await AsyncSandbox.list(nats_url=cluster.nats.url, prefix=cluster.prefix)
         assert [x.phase for x in listed if x.name == sbx.id] == ["Hibernated"]
@@ -242,7 +232,7 @@ async def test_an_idle_pod_sandbox_hibernates_without_its_pod_and_exec_wakes_it(
         shutil.rmtree(_ws(cluster, sbx.id))  # a deleted Pod's emptyDir is gone
 
         assert await _sh(sbx, "cat keep/f; stat -c %a keep/f; ls keep") == "kept\n604\nempty\nf\n"
-        after = await _pods(cluster, sbx.id)
+        after = await cluster.pod_uids(sbx.id)
         assert len(after) == 1 and after != before
         assert (await sbx.describe()).phase == "Running"
     finally:

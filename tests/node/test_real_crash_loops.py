@@ -22,7 +22,6 @@ from k8s.realnode import RealNode, image
 from node.conftest import pod_env
 from node.test_real_pod_failures import _cond, _failed_with
 from node.test_real_pods import _template
-from sandpod import AsyncSandbox
 from sandpod.errors import SandboxError
 from sandpod_kube import PodApi
 
@@ -50,9 +49,7 @@ async def test_an_execd_that_exits_is_execdexited_and_never_restarted(
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
     name = f"re-{uuid.uuid4().hex[:8]}"
-    sbx = await AsyncSandbox.create(
-        template, name=name, wait=150, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
-    )
+    sbx = await node_cluster.create(template, name=name)
     try:
         uid = (await _raw_pod(node_cluster, name))["metadata"]["uid"]
         pid1 = await sbx.exec("tr '\\0' ' ' < /proc/1/cmdline")
@@ -92,13 +89,7 @@ async def test_a_sidecar_the_kubelet_restarts_with_back_off_is_crashloop(
     await node_cluster.answering()
     name = f"rc-{uuid.uuid4().hex[:8]}"
     with pytest.raises(SandboxError, match="CrashLoop"):
-        await AsyncSandbox.create(
-            template,
-            name=name,
-            wait=150,
-            nats_url=node_cluster.nats.url,
-            prefix=node_cluster.prefix,
-        )
+        await node_cluster.create(template, name=name)
     failed = await node_cluster.store.get("Sandbox", NS, name)
     assert failed.status["phase"] == "Failed", failed.status
     cond = _cond(failed, "Failed")

@@ -57,9 +57,7 @@ def _lifecycle(oc: OpCluster, **extra: str) -> None:
 
 async def _sandbox(c: Cluster, prefix: str) -> AsyncSandbox:
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    return await AsyncSandbox.create(
-        name=name, timeout=1800, wait=150, nats_url=c.nats.url, prefix=c.prefix
-    )
+    return await c.create(name=name, timeout=1800)
 
 
 def _secret(c: Cluster, name: str) -> client.V1Secret:

@@ -23,7 +23,6 @@ from k8s.cluster import NS, Cluster
 from k8s.nodegvisor import RUNTIME_CLASS, ensure_runtime_class, missing_gvisor
 from k8s.realnode import RealNode
 from node.test_real_pods import STATUS, _running, _template, attacks_fail
-from sandpod import AsyncSandbox
 
 # dmesg would show gVisor's boot messages, but only to root (syslog needs CAP_SYSLOG).
 KERNEL = "uname -r; cat /proc/version"
@@ -80,12 +79,7 @@ async def test_a_gvisor_template_runs_its_sandbox_on_gvisors_kernel(
         node_cluster,
         await _template(node_cluster, runtimeClassName=gvisor, resources={"memory": "512Mi"}),
     )
-    plain = await AsyncSandbox.create(
-        await _template(node_cluster),
-        wait=150,
-        nats_url=node_cluster.nats.url,
-        prefix=node_cluster.prefix,
-    )
+    plain = await node_cluster.create(await _template(node_cluster))
     try:
         uid, runtime_class = await asyncio.to_thread(_pod_uid, node_cluster, boxed.id)
         assert runtime_class == gvisor

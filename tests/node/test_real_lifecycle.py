@@ -25,7 +25,6 @@ from node.test_real_pods import _template
 from sandpod import AsyncSandbox
 from sandpod.errors import SandboxPaused
 from sandpod_kube import PodApi, delete_all
-from sandpod_kube.podspec import INSTALLATION_LABEL
 
 # A real node's Pods start in seconds, but the node itself takes ~40 s on first use.
 pytestmark = pytest.mark.timeout(400)
@@ -80,14 +79,9 @@ async def test_pause_stops_a_real_pods_commands_and_resume_continues_the_same_pr
     the same process (same pid) from where it stopped, in the same Pod."""
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
-    sbx = await AsyncSandbox.create(
-        await _template(node_cluster),
-        wait=150,
-        nats_url=node_cluster.nats.url,
-        prefix=node_cluster.prefix,
-    )
+    sbx = await node_cluster.create(await _template(node_cluster))
     try:
-        pod_before = await _pod_uids(node_cluster, sbx.id)
+        pod_before = await node_cluster.pod_uids(sbx.id)
         proc = await sbx.proc.start(["sh", "-c", LOOP], proc_id="counter")
 
         async def counting() -> bool:
@@ -128,21 +122,11 @@ async def test_pause_stops_a_real_pods_commands_and_resume_continues_the_same_pr
         r = await sbx.exec(f"cat /workspace/pid; kill -0 {pid} && echo alive")
         assert r.stdout == f"{pid}\nalive\n", r
         assert still < await _count(sbx) < still + 500  # continued, not started again from 0
-        assert await _pod_uids(node_cluster, sbx.id) == pod_before  # the same Pod throughout
+        assert await node_cluster.pod_uids(sbx.id) == pod_before  # the same Pod throughout
         await sbx.proc.kill("counter")
     finally:
         await sbx.kill()
         await sbx.close()
-
-
-async def _pod_uids(cluster: Cluster, name: str) -> list[str]:
-    """Uids of the sandbox's Pods that are not being deleted (the real kubelet confirms)."""
-    pods = PodApi(cluster.plane.settings)
-    try:
-        found = await pods.list(f"{INSTALLATION_LABEL}={cluster.prefix}", NS)
-        return [p.uid for p in found if p.name == name and not p.deleting]
-    finally:
-        await pods.close()
 
 
 async def _any_pod(cluster: Cluster, name: str) -> bool:
@@ -160,17 +144,11 @@ async def test_an_idle_real_pod_sandbox_is_deleted_then_its_pod(node_cluster: Cl
     template = await _template(node_cluster)
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
-    sbx = await AsyncSandbox.create(
-        template,
-        idle_timeout=3,
-        wait=150,
-        nats_url=node_cluster.nats.url,
-        prefix=node_cluster.prefix,
-    )
+    sbx = await node_cluster.create(template, idle_timeout=3)
     name = sbx.id
     try:
         assert (await sbx.exec("echo used")).stdout == "used\n"
-        assert await _pod_uids(node_cluster, name)
+        assert await node_cluster.pod_uids(name)
         gone = await node_cluster.until("Sandbox", name, lambda o: o is None, timeout=120)
         assert gone is None
 
@@ -192,14 +170,7 @@ async def test_an_idle_real_pod_sandbox_hibernates_and_exec_wakes_it_in_a_new_po
     template = await _template(node_cluster)
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
-    sbx = await AsyncSandbox.create(
-        template,
-        idle_timeout=4,
-        idle_policy="Hibernate",
-        wait=150,
-        nats_url=node_cluster.nats.url,
-        prefix=node_cluster.prefix,
-    )
+    sbx = await node_cluster.create(template, idle_timeout=4, idle_policy="Hibernate")
     try:
         r = await sbx.exec(
             "/workspace",
@@ -212,7 +183,7 @@ async def test_an_idle_real_pod_sandbox_hibernates_and_exec_wakes_it_in_a_new_po
         )
         assert r.exit_code == 0, r
         digest = r.stdout.split()[0]
-        before = await _pod_uids(node_cluster, sbx.id)
+        before = await node_cluster.pod_uids(sbx.id)
         assert len(before) == 1
 
         async def hibernated() -> bool:
@@ -234,7 +205,7 @@ async def test_an_idle_real_pod_sandbox_hibernates_and_exec_wakes_it_in_a_new_po
             ["sh", "-c", "cat keep/f; stat -c %a keep/f; ls keep; sha256sum keep/blob"],
         )
         assert woke.stdout == f"kept\n604\nblob\nempty\nf\n{digest}  keep/blob\n", woke
-        after = await _pod_uids(node_cluster, sbx.id)
+        after = await node_cluster.pod_uids(sbx.id)
         assert len(after) == 1 and after != before
         assert (await sbx.describe()).phase == "Running"
     finally:
@@ -254,26 +225,22 @@ async def test_a_real_pod_sandbox_outlives_an_api_server_restart_and_new_ones_st
     template = await _template(node_cluster)
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
-    first = await AsyncSandbox.create(
-        template, wait=150, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
-    )
+    first = await node_cluster.create(template)
     try:
         await first.fs.write("/workspace/kept", b"across the restart")
-        before = await _pod_uids(node_cluster, first.id)
+        before = await node_cluster.pod_uids(first.id)
         restart = asyncio.create_task(asyncio.to_thread(real_node.plane.restart_apiserver))
         while not restart.done():  # execd answers while the API server is down and coming up
             assert (await first.exec("cat /workspace/kept")).stdout == "across the restart"
         await restart
         SESSION_DAEMON_PIDS.update(real_node.pids())  # the new API server: the session's
-        second = await AsyncSandbox.create(
-            template, wait=150, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
-        )
+        second = await node_cluster.create(template)
         try:
             assert (await second.exec("echo after")).stdout == "after\n"
         finally:
             await second.kill()
             await second.close()
-        assert await _pod_uids(node_cluster, first.id) == before
+        assert await node_cluster.pod_uids(first.id) == before
         assert (await first.exec("cat /workspace/kept")).stdout == "across the restart"
     finally:
         await first.kill()

@@ -83,9 +83,7 @@ async def _template(cluster: Cluster, network: dict[str, object]) -> str:
 
 
 async def _create(cluster: Cluster, template: str) -> AsyncSandbox:
-    return await AsyncSandbox.create(
-        template, wait=240, nats_url=cluster.nats.url, prefix=cluster.prefix
-    )
+    return await cluster.create(template, wait=240)
 
 
 async def _out(sbx: AsyncSandbox, command: str) -> str:

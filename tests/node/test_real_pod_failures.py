@@ -41,9 +41,7 @@ async def _started(cluster: Cluster, template: str, name: str) -> AsyncSandbox:
     """The lifecycle started, then sandbox ``name`` of ``template``, Ready."""
     _lifecycle(cluster)
     await cluster.answering()
-    return await AsyncSandbox.create(
-        template, name=name, wait=150, nats_url=cluster.nats.url, prefix=cluster.prefix
-    )
+    return await cluster.create(template, name=name)
 
 
 def _lifecycle(cluster: Cluster, deadline: int = 300) -> None:
@@ -59,13 +57,7 @@ async def test_an_image_no_registry_serves_is_imagepullfailed(node_cluster: Clus
     await node_cluster.answering()
     name = f"ri-{uuid.uuid4().hex[:8]}"
     with pytest.raises(SandboxError, match="ImagePullFailed"):
-        await AsyncSandbox.create(
-            template,
-            name=name,
-            wait=120,
-            nats_url=node_cluster.nats.url,
-            prefix=node_cluster.prefix,
-        )
+        await node_cluster.create(template, name=name, wait=120)
     failed = await node_cluster.until("Sandbox", name, _failed_with("ImagePullFailed"))
     assert failed is not None and failed.status["phase"] == "Failed"
     assert missing in _cond(failed, "Failed")["message"]
@@ -100,13 +92,7 @@ async def test_an_image_execd_cannot_run_in_fails_the_sandbox_at_once(
     await node_cluster.answering()
     name = f"rx-{uuid.uuid4().hex[:8]}"
     with pytest.raises(SandboxError) as info:
-        await AsyncSandbox.create(
-            template,
-            name=name,
-            wait=150,
-            nats_url=node_cluster.nats.url,
-            prefix=node_cluster.prefix,
-        )
+        await node_cluster.create(template, name=name)
     failed = await node_cluster.store.get("Sandbox", NS, name)
     assert failed.status["phase"] == "Failed", failed.status
     reason = _cond(failed, "Failed")["reason"]

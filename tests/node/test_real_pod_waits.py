@@ -21,7 +21,6 @@ from k8s.realnode import RealNode
 from node.conftest import pod_env
 from node.test_real_pod_failures import _cond
 from node.test_real_pods import _template
-from sandpod import AsyncSandbox
 from sandpod.errors import SandboxError
 from sandpod_kube import PodApi
 from sandpod_store import Resource
@@ -72,9 +71,7 @@ async def _waits_then_fails(cluster: Cluster, template: str, reason: str) -> tup
 
 async def _create_fails(cluster: Cluster, template: str, name: str, reason: str) -> SandboxError:
     with pytest.raises(SandboxError, match=reason) as info:
-        await AsyncSandbox.create(
-            template, name=name, wait=150, nats_url=cluster.nats.url, prefix=cluster.prefix
-        )
+        await cluster.create(template, name=name)
     return info.value
 
 

@@ -62,9 +62,7 @@ async def attacks_fail(sbx: AsyncSandbox, uid: str, *, userns: bool) -> None:
 async def _running(cluster: Cluster, template: str) -> AsyncSandbox:
     cluster.service("sandpod_lifecycle", **pod_env())
     await cluster.answering()
-    return await AsyncSandbox.create(
-        template, wait=150, nats_url=cluster.nats.url, prefix=cluster.prefix
-    )
+    return await cluster.create(template)
 
 
 async def test_the_pods_hardening_holds_from_inside_the_container(node_cluster: Cluster) -> None:
@@ -127,9 +125,7 @@ async def test_a_deleted_sandbox_leaves_no_pod_and_its_ttl_is_kept(node_cluster:
     template = await _template(node_cluster)
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
-    sbx = await AsyncSandbox.create(
-        template, timeout=20, wait=150, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
-    )
+    sbx = await node_cluster.create(template, timeout=20)
     name = sbx.id
     await sbx.close()
     await node_cluster.until("Sandbox", name, lambda o: o is None, timeout=120)
@@ -163,9 +159,7 @@ async def test_a_kubelet_restart_does_not_lose_a_sandbox(
         assert after[3] == 0  # never restarted
         sandbox = await node_cluster.store.get("Sandbox", NS, sbx.id)
         assert sandbox.status["phase"] == "Running"
-        second = await AsyncSandbox.create(
-            template, wait=150, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
-        )
+        second = await node_cluster.create(template)
         assert (await second.exec("echo fresh")).stdout == "fresh\n"
         await second.kill()
         await second.close()
@@ -196,14 +190,7 @@ async def test_small_sandboxes_pack_a_node_as_their_template_says(
     template = await _template(node_cluster, resources={"cpu": "100m", "memory": "256Mi"})
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
-    boxes = await asyncio.gather(
-        *(
-            AsyncSandbox.create(
-                template, wait=240, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
-            )
-            for _ in range(10)
-        )
-    )
+    boxes = await asyncio.gather(*(node_cluster.create(template, wait=240) for _ in range(10)))
     try:
         outs = await asyncio.gather(*(b.exec("echo ok") for b in boxes))
         assert [o.stdout for o in outs] == ["ok\n"] * 10
