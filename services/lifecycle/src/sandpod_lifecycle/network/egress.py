@@ -119,6 +119,8 @@ class Egress:
         self._alive: int | None = None  # the liveness lock's descriptor while started
         self.log: NflogSocket | None = None  # the NFLOG group refusals are logged to
         self.ipv6_off: str | None = None  # why sandboxes get no IPv6 (None: they do)
+        # sandbox -> the policy its chain (and bandwidth) was last built from, successfully
+        self._in_force: dict[str, NetworkPolicy] = {}
 
     # -- the installation ----------------------------------------------------------------------
 
@@ -317,6 +319,7 @@ class Egress:
         return True
 
     def _stop(self) -> None:
+        self._in_force.clear()
         if self.firewall is not None:
             self.firewall.remove()
         self.close_log()
@@ -335,6 +338,7 @@ class Egress:
             name = self.links.sandbox(record.index)
             if name in live:
                 fw.apply(sandbox_id, self.plan.sandbox(record.index), name, record.policy)
+                self._in_force[sandbox_id] = record.policy
                 continue
             fw.drop_index(record.index, name)
             self._records.remove(sandbox_id)
@@ -363,6 +367,7 @@ class Egress:
 
     def _attach(self, sandbox_id: str, holder_pid: int, policy: NetworkPolicy) -> SandboxAddresses:
         fw = self._firewall()
+        self._in_force.pop(sandbox_id, None)  # a new link: nothing is in force on it yet
         with self._records.lock():
             indexes = self._records.indexes()
             if sandbox_id in indexes:
@@ -375,6 +380,7 @@ class Egress:
         fw.apply(sandbox_id, addrs, name, policy)
         if policy.limits.bandwidth_bytes_per_second is not None:
             link.set_bandwidth(name, holder_pid, policy.limits.bandwidth_bytes_per_second)
+        self._in_force[sandbox_id] = policy
         return addrs
 
     async def apply(self, sandbox_id: str, policy: NetworkPolicy) -> None:
@@ -390,6 +396,8 @@ class Egress:
         record = self._records.get(sandbox_id)
         if record is None:
             raise KeyError(sandbox_id)
+        if self._in_force.get(sandbox_id) == policy:
+            return  # built from this very policy (a create applies it once more: Ready's rule)
         addrs = self.plan.sandbox(record.index)
         name = self.links.sandbox(record.index)
         self._firewall().apply(sandbox_id, addrs, name, policy)
@@ -397,6 +405,7 @@ class Egress:
         bandwidth = policy.limits.bandwidth_bytes_per_second
         if record.policy.limits.bandwidth_bytes_per_second != bandwidth:
             link.set_bandwidth(name, record.holder, bandwidth)
+        self._in_force[sandbox_id] = policy
 
     async def detach(self, sandbox_id: str) -> None:
         """Remove the sandbox's link, chain, sets and record (idempotent)."""
@@ -406,6 +415,7 @@ class Egress:
         record = self._records.get(sandbox_id)
         if record is None:
             return
+        self._in_force.pop(sandbox_id, None)
         name = self.links.sandbox(record.index)
         link.delete(name)
         if self.firewall is not None:

@@ -20,9 +20,12 @@ is off on both (``nodad``, ``accept_dad=0``: usable at once, not 1-2 s later, on
 has two ends by construction); the host end accepts no router advertisements.
 Without IPv6 the host end's IPv6 is disabled (no link-local address either).
 
-Work is done by iproute2 (``ip -batch``: one process per side) and tc; these functions block,
-callers run them in a thread. Teardown is ``ip link del`` of the host end (the kernel removes
-the peer and the /31's route with it); a holder that died took its end, and with it both.
+A sandbox's link is made with rtnetlink requests from this process (``rtnl.py``: no process
+spawned, about a millisecond; the inside end from a thread that joined the holder's network
+namespace); the rest (the gateway's link, teardown, listings) by iproute2, bandwidth by tc.
+These functions block, callers run them in a thread. Teardown is ``ip link del`` of the host
+end (the kernel removes the peer and the /31's route with it); a holder that died took its
+end, and with it both.
 """
 
 from __future__ import annotations
@@ -31,12 +34,12 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
-import os
 import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from sandpod_lifecycle.network import rtnl
 from sandpod_lifecycle.network.addressing import SandboxAddresses
 
 __all__ = ["LinkError", "LinkNames", "host_networks", "host_networks6", "run"]
@@ -80,42 +83,6 @@ def _run(argv: Sequence[str], stdin: str | None = None) -> str:
     if done.returncode != 0:
         raise LinkError(f"{' '.join(argv[:4])} failed", detail=done.stderr.strip()[-500:])
     return done.stdout
-
-
-def _run_all(*commands: tuple[Sequence[str], str]) -> None:
-    """Run iproute2 commands (argv, stdin) at once; raise LinkError for the first that failed,
-    once all have exited (none is left running)."""
-    procs: list[tuple[Sequence[str], subprocess.Popen[str]]] = []
-    try:
-        for argv, stdin in commands:
-            procs.append((argv, _started(argv, stdin)))
-        results = [
-            (argv, proc.communicate(timeout=TIMEOUT), proc.returncode) for argv, proc in procs
-        ]
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LinkError(f"cannot run {commands[len(procs) - 1][0][0]}", detail=str(exc)) from exc
-    finally:
-        for _, proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for argv, (_, err), rc in results:
-        if rc != 0:
-            raise LinkError(f"{' '.join(argv[:4])} failed", detail=err.strip()[-500:])
-
-
-def _started(argv: Sequence[str], stdin: str) -> subprocess.Popen[str]:
-    """``argv`` started with ``stdin`` already in its input pipe (a batch is a few hundred
-    bytes: it fits the pipe's buffer), so it runs without waiting for us."""
-    r, w = os.pipe2(os.O_CLOEXEC)
-    try:
-        with os.fdopen(w, "w") as writer:
-            writer.write(stdin)
-        return subprocess.Popen(
-            list(argv), stdin=r, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
-        )
-    finally:
-        os.close(r)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -201,51 +168,20 @@ class LinkNames:
         """
         name = self.sandbox(addrs.index)
         delete(name)
-        _run(
-            [
-                "ip",
-                "link",
-                "add",
-                name,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                SANDBOX_IFACE,
-                "netns",
-                str(holder_pid),
-            ]
-        )
-        host = [f"address add {addrs.host}/31 dev {name}"]
-        inside = [f"address add {addrs.sandbox}/31 dev {SANDBOX_IFACE}"]
-        route6 = []
-        if addrs.host6 is None or addrs.sandbox6 is None:
-            _no_ipv6(name)
-        else:
-            _ipv6_static(name)
-            host += [f"address add {addrs.host6}/127 dev {name} nodad"]
-            inside += [
-                f"link set {SANDBOX_IFACE} addrgenmode none",
-                f"address add {addrs.sandbox6}/127 dev {SANDBOX_IFACE} nodad",
-            ]
-            route6 = [f"route add ::/0 via {addrs.host6} dev {SANDBOX_IFACE}"]
-        # The two ends' batches are independent (a route via the /31 peer needs only eth0's
-        # own address): both at once, one process's time instead of two.
-        _run_all(
-            (["ip", "-batch", "-"], "\n".join([*host, f"link set {name} up", ""])),
-            (
-                ["nsenter", f"--target={holder_pid}", "--net", "--", "ip", "-batch", "-"],
-                "\n".join(
-                    [
-                        *inside,
-                        f"link set {SANDBOX_IFACE} up",
-                        f"route add default via {addrs.host} dev {SANDBOX_IFACE}",
-                        *route6,
-                        "",
-                    ]
-                ),
-            ),
-        )
+        try:
+            with rtnl.Rtnl() as nl:
+                nl.add_veth(name, SANDBOX_IFACE, holder_pid)
+                host = nl.index(name)
+                if addrs.host6 is None or addrs.sandbox6 is None:
+                    _no_ipv6(name)
+                else:
+                    _ipv6_static(name)
+                    nl.add_address(host, addrs.host6, 127)
+                nl.add_address(host, addrs.host, 31)
+                nl.set_up(host)
+            rtnl.in_netns_of(holder_pid, lambda: _inside(addrs))
+        except rtnl.RtnlError as exc:
+            raise LinkError(f"cannot set up the link {name}", detail=str(exc)) from exc
         return name
 
     def links(self) -> list[str]:
@@ -253,6 +189,20 @@ class LinkNames:
         out = json.loads(_run(["ip", "-j", "link", "show"]) or "[]")
         names = [str(i.get("ifname", "")) for i in out if isinstance(i, dict)]
         return sorted(n for n in names if n.startswith(self.sandbox_prefix))
+
+
+def _inside(addrs: SandboxAddresses) -> None:
+    """The sandbox end, from a thread in its network namespace: addressed, up, routed."""
+    with rtnl.Rtnl() as nl:
+        eth0 = nl.index(SANDBOX_IFACE)
+        if addrs.host6 is not None and addrs.sandbox6 is not None:
+            nl.no_ipv6_addrgen(eth0)  # it sends from its /127 only (module docstring)
+            nl.add_address(eth0, addrs.sandbox6, 127)
+        nl.add_address(eth0, addrs.sandbox, 31)
+        nl.set_up(eth0)
+        nl.add_default_route(eth0, addrs.host)
+        if addrs.host6 is not None and addrs.sandbox6 is not None:
+            nl.add_default_route(eth0, addrs.host6)
 
 
 def delete(name: str) -> None:
