@@ -150,3 +150,29 @@ async def test_an_image_the_registry_refuses_is_image_pull_failed(
     assert ready is not None and ready["status"] == "False", ready
     assert ready["reason"] == "ImagePullFailed" and image_ref in ready["message"], ready
     assert not list((tmp_path / "jails").glob("img-denied/jail.json"))
+
+
+async def test_a_template_on_a_snapshot_taken_on_an_image_runs_on_that_image(
+    platform: Callable[..., Platform], image_ref: str, auth_file: Path
+) -> None:
+    """A snapshot is a layer over the root it was taken on: a template that names a snapshot
+    taken on an image template (and no image of its own) serves sandboxes on that image with
+    the snapshot's files -- never the snapshot's layers over the default base."""
+    p = platform(SANDPOD_IMAGE_AUTH_FILE=str(auth_file))
+    await p.answering()
+    await p.template("app-src", {"image": image_ref})
+    src = await p.create(f"snap-src-{uuid.uuid4().hex[:6]}", template="app-src")
+    async with src:
+        r = await src.exec("echo prepared > /workspace/state")
+        assert r.exit_code == 0, r.stderr
+        snap = await src.snapshot(name=f"img-{uuid.uuid4().hex[:6]}")
+        await src.kill()
+    await p.template("from-snap", {"snapshotRef": {"name": snap.name}})
+    sbx = await p.create(f"snap-use-{uuid.uuid4().hex[:6]}", template="from-snap")
+    async with sbx:
+        r = await sbx.exec("cat /app/hello /workspace/state; ls /etc")
+        assert r.exit_code == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0].startswith("hello ") and lines[1] == "prepared", lines
+        assert "debian_version" not in r.stdout  # the image's /etc, not the Debian base's
+        await sbx.kill()

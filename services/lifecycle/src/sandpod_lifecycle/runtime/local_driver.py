@@ -278,8 +278,6 @@ class LocalDriver:
             raise CreateFailed("this node cannot restore snapshots (the local runtime as root can)")
         root = template if restore is None else restore.root
         image = await self._image(sandbox_id, root)
-        """A new jail: on the template's image (pulled once per node), else its base."""
-        image = await self._image(sandbox_id, template)
         namespace = self._namespaces.get(sandbox_id, "default")
         instance = InstanceSpec(
             volumes=await self._volume_binds(namespace, spec),
