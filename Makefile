@@ -67,12 +67,13 @@ types: install
 imports: install
 	$(BIN)/lint-imports
 
-envtest:  ## build (or reuse, cached) kube-apiserver + etcd + helm + kube-network-policies for the Kubernetes tests (needs Go)
+envtest:  ## build (or reuse, cached) kube-apiserver + etcd + helm + kube-network-policies + gVisor for the Kubernetes tests (needs Go)
 	bash deploy/envtest/build.sh
 	bash deploy/envtest/build-helm.sh
 	bash deploy/envtest/build-netpol.sh
+	bash deploy/envtest/build-gvisor.sh
 
-gvisor:  ## build (or reuse, cached) gVisor's runsc + containerd shim for the real node's `gvisor` RuntimeClass (opt-in; needs Go)
+gvisor:  ## build (or reuse, cached) gVisor's runsc + containerd shim for the real node's `gvisor` RuntimeClass (part of envtest; needs Go)
 	bash deploy/envtest/build-gvisor.sh
 
 s3test:  ## build (or reuse, cached) versitygw, the real S3 server the blob-store tests run against (needs Go)

@@ -8,8 +8,8 @@ inside (the kernel the container sees is gVisor's: ``uname``, ``/proc/version``)
 same node (not gVisor: the checks can tell). execd serves exec and files over NATS from inside
 gVisor, and the Pod's hardening still holds where it applies inside gVisor.
 
-gVisor is opt-in: without its build (``make gvisor``, cached after once) the tests skip and say
-the command; with it (as on a machine that built it once) they run.
+gVisor is built with the other envtest binaries (``make envtest``, which ``make test`` and
+.ci/run run; cached after once): without that build the tests fail and say the command.
 """
 
 from __future__ import annotations
@@ -28,20 +28,18 @@ from node.test_real_pods import STATUS, _running, _template, attacks_fail
 KERNEL = "uname -r; cat /proc/version"
 
 
-# Opt-in (not in .ci/run: ~250 CPU-s and ~1 GB of Go caches on a cold machine, which the
-# 60-minute cold CI budget has no room for); cached after one `make gvisor`. Decided at import,
-# so a machine without the build does not start a node to find out.
-pytestmark = [
-    pytest.mark.timeout(400),
-    pytest.mark.skipif(
-        missing_gvisor() is not None,
-        reason=f"gVisor is not built (opt-in): {missing_gvisor()}, or `make gvisor`",
-    ),
-]
+pytestmark = pytest.mark.timeout(400)
+
+
+@pytest.fixture(scope="session")
+def gvisor_built() -> None:
+    """Fails, never skips, without the build (``make test`` and .ci/run build it)."""
+    if (missing := missing_gvisor()) is not None:
+        pytest.fail(f"gVisor is not built: {missing} (or `make envtest`)")
 
 
 @pytest.fixture
-def gvisor(real_node: RealNode) -> str:
+def gvisor(gvisor_built: None, real_node: RealNode) -> str:
     """The RuntimeClass's name, created on the node's API server as a cluster admin would."""
     ensure_runtime_class(real_node.settings)
     return RUNTIME_CLASS
