@@ -120,7 +120,7 @@ class Cluster:
                     await asyncio.sleep(0.05)
 
     async def create(
-        self, template: str | None = None, *, wait: float = 150, **options: Any
+        self, template: str | None = None, *, wait: float = 300, **options: Any
     ) -> AsyncSandbox:
         """A sandbox of ``template`` through the SDK on this installation's bus and prefix."""
         return await AsyncSandbox.create(

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shutil
+import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,41 @@ from operator_nats import OperatorNats, kubernetes_service_users
 from sandpod_kube import KubeStore, apply_crds
 
 IMAGES = REPO / "build" / "images"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test on the real node carries what the node saw: its Pods, recent events and the
+    kubelet's and containerd's last lines (a Pod that never got Ready says why there)."""
+    report = yield
+    node = next(
+        (v for v in getattr(item, "funcargs", {}).values() if isinstance(v, RealNode)), None
+    )
+    if node is None or not report.failed or call.when == "teardown":
+        return report
+    kubeconfig = node.dir / "admin.kubeconfig"
+    for title, argv in (
+        ("pods", ["get", "pods", "-A", "-o", "wide"]),
+        ("events", ["get", "events", "-A", "--sort-by=.lastTimestamp"]),
+    ):
+        try:
+            done = subprocess.run(
+                ["kubectl", f"--kubeconfig={kubeconfig}", *argv],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=30,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            report.sections.append((f"real node: {title}", f"kubectl: {exc}"))
+            continue
+        lines = (done.stdout + done.stderr).splitlines()[-40:]
+        report.sections.append((f"real node: {title}", "\n".join(lines)))
+    for component in ("kubelet", "containerd"):
+        report.sections.append((f"real node: {component} log", node.log_tail(component, 30)))
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -147,7 +183,7 @@ def pod_env() -> dict[str, str]:
         "SANDPOD_POD_EXECD_IMAGE": image("sandpod-execd"),
         "SANDPOD_POD_DEFAULT_IMAGE": image("sandpod-base"),
         "SANDPOD_RESYNC": "0.5",
-        "SANDPOD_READY_TIMEOUT": "120",
+        "SANDPOD_READY_TIMEOUT": "240",  # a node's first Pod on a cold, loaded machine
     }
 
 

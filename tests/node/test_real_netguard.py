@@ -83,7 +83,7 @@ async def _template(cluster: Cluster, network: dict[str, object]) -> str:
 
 
 async def _create(cluster: Cluster, template: str) -> AsyncSandbox:
-    return await cluster.create(template, wait=240)
+    return await cluster.create(template)
 
 
 async def _out(sbx: AsyncSandbox, command: str) -> str:

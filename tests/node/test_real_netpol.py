@@ -71,7 +71,7 @@ async def test_the_templates_network_policy_is_enforced_inside_real_pods(
         SANDPOD_POD_NATS_CIDRS=f"{real_node.net.host_ip}/32",
     )
     await node_cluster.answering()
-    sbx, peer = await asyncio.gather(*(node_cluster.create(template, wait=240) for _ in range(2)))
+    sbx, peer = await asyncio.gather(*(node_cluster.create(template) for _ in range(2)))
     agent = PolicyAgent(real_node)
     try:
         (policy,) = await asyncio.to_thread(_policies, real_node, template)

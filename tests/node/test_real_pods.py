@@ -190,7 +190,7 @@ async def test_small_sandboxes_pack_a_node_as_their_template_says(
     template = await _template(node_cluster, resources={"cpu": "100m", "memory": "256Mi"})
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
-    boxes = await asyncio.gather(*(node_cluster.create(template, wait=240) for _ in range(10)))
+    boxes = await asyncio.gather(*(node_cluster.create(template) for _ in range(10)))
     try:
         outs = await asyncio.gather(*(b.exec("echo ok") for b in boxes))
         assert [o.stdout for o in outs] == ["ok\n"] * 10
