@@ -176,6 +176,11 @@ def _failed_reason(obj: Resource | None) -> str:
     return str(failed.get("reason", "")) if failed.get("status") == "True" else ""
 
 
+def _failed_message(obj: Resource | None) -> str:
+    conditions = (obj.status.get("conditions") or []) if obj is not None else []
+    return str(next((c for c in conditions if c["type"] == "Failed"), {}).get("message", ""))
+
+
 def _step_output(logs: list[str]) -> dict[str, str]:
     out = [line.removeprefix("  | ") for line in logs if line.startswith("  | ")]
     return {k: v.strip() for k, _, v in (line.partition(":") for line in out) if v}
@@ -259,6 +264,8 @@ async def test_a_template_builds_in_a_real_builder_pod_and_its_sandbox_pod_pulls
         )
     failed = await node_cluster.store.get("Sandbox", NS, denied)
     assert _failed_reason(failed) == "ImagePullFailed", failed
+    said = _failed_message(failed)
+    assert status.image in said and "401 Unauthorized" in said, said  # the registry's refusal
 
     # With the Secret (imagePullSecrets), containerd pulls it with the htpasswd credentials.
     (lifecycle,) = node_cluster.procs
