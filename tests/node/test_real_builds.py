@@ -48,11 +48,11 @@ pytestmark = pytest.mark.timeout(900)
 
 BUILD_WAIT = 480.0  # seconds the SDK follows one build
 # The run step reports what runc gave the builder container (the bounding set survives the
-# jail's drop to the build uid) and writes a file; the base's own env reaches it.
-STEP = (
-    "grep -E '^(Uid|CapBnd|Seccomp|NoNewPrivs):' /proc/self/status; "
-    'echo "$GREETING" > /data/step'
-)
+# jail's drop to the build uid), attacks with the container's SYS_ADMIN (a mount), and writes
+# a file with the template's env.
+STATUS = "grep -E '^(Uid|CapEff|CapBnd|Seccomp|NoNewPrivs):' /proc/self/status"
+ATTACK = "mount -t tmpfs none /tmp 2>/dev/null && echo 'mount: done' || echo 'mount: refused'"
+STEP = f'{STATUS}; {ATTACK}; echo "$GREETING" > /data/step'
 
 
 @pytest.fixture(scope="module")
@@ -209,9 +209,7 @@ async def test_a_template_builds_in_a_real_builder_pod_and_its_sandbox_pod_pulls
     termination message it wrote is the build's result; the Pod is deleted after. A Sandbox of
     the template cannot pull the pushed image without the registry Secret (ImagePullFailed);
     with it, the Sandbox is a real Pod of that image and sees the step's and the copy's files."""
-    base, _ = await _setup(
-        node_cluster, node_registry, tmp_path, SANDPOD_POD_START_DEADLINE="30"
-    )
+    base, _ = await _setup(node_cluster, node_registry, tmp_path, SANDPOD_POD_START_DEADLINE="30")
     context = tmp_path / "app"
     context.mkdir()
     (context / "main.py").write_text("print('hello from the app')\n")
@@ -255,6 +253,7 @@ async def test_a_template_builds_in_a_real_builder_pod_and_its_sandbox_pod_pulls
     assert seen["Uid"].split()[0] == "65532", logs
     assert int(seen["CapBnd"], 16) == _caps_mask(BUILD_CAPABILITIES), seen
     assert seen["Seccomp"] == "2" and seen["NoNewPrivs"] == "1", seen
+    assert int(seen["CapEff"], 16) == 0 and seen["mount"] == "refused", seen
 
     # The control: a Sandbox Pod without the registry Secret cannot pull the image.
     denied = f"nd-{uuid.uuid4().hex[:6]}"

@@ -24,7 +24,9 @@ def _tar(path: Path, *members: tuple[tarfile.TarInfo, bytes]) -> Path:
     return path
 
 
-def _info(name: str, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, link: str = "") -> tarfile.TarInfo:
+def _info(
+    name: str, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, link: str = ""
+) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.linkname = kind, mode, link
     return info
