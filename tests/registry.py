@@ -156,7 +156,7 @@ class _Front:
 
     @property
     def host(self) -> str:
-        return f"{self.bind}:{self.port}"
+        return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
         self.thread.start()

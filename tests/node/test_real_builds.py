@@ -170,15 +170,11 @@ def _ended(raw: dict[str, Any]) -> dict[str, Any]:
     return dict((statuses[0].get("state") or {}).get("terminated") or {})
 
 
-def _failed_reason(obj: Resource | None) -> str:
+def _failed(obj: Resource | None) -> dict[str, Any]:
+    """The Sandbox's ``Failed`` condition when it is True (else empty)."""
     conditions = (obj.status.get("conditions") or []) if obj is not None else []
-    failed = next((c for c in conditions if c["type"] == "Failed"), {})
-    return str(failed.get("reason", "")) if failed.get("status") == "True" else ""
-
-
-def _failed_message(obj: Resource | None) -> str:
-    conditions = (obj.status.get("conditions") or []) if obj is not None else []
-    return str(next((c for c in conditions if c["type"] == "Failed"), {}).get("message", ""))
+    failed: dict[str, Any] = next((c for c in conditions if c["type"] == "Failed"), {})
+    return failed if failed.get("status") == "True" else {}
 
 
 def _step_output(logs: list[str]) -> dict[str, str]:
@@ -261,9 +257,9 @@ async def test_a_template_builds_in_a_real_builder_pod_and_its_sandbox_pod_pulls
         await AsyncSandbox.create(
             name, name=denied, wait=150, nats_url=node_cluster.nats.url, prefix=node_cluster.prefix
         )
-    failed = await node_cluster.store.get("Sandbox", NS, denied)
-    assert _failed_reason(failed) == "ImagePullFailed", failed
-    said = _failed_message(failed)
+    failed = _failed(await node_cluster.store.get("Sandbox", NS, denied))
+    assert failed.get("reason") == "ImagePullFailed", failed
+    said = str(failed["message"])
     assert status.image in said and "401 Unauthorized" in said, said  # the registry's refusal
 
     # With the Secret (imagePullSecrets), containerd pulls it with the htpasswd credentials.
