@@ -42,7 +42,7 @@ storage:
   delete:
     enabled: true
 http:
-  addr: 127.0.0.1:{port}
+  addr: {bind}:{port}
 {auth}"""
 _HTPASSWD = """\
 auth:
@@ -53,21 +53,25 @@ auth:
 
 
 class TestRegistry:
-    """A docker-registry process (``users``: name -> password for htpasswd auth, else open)."""
+    """A docker-registry process (``users``: name -> password for htpasswd auth, else open;
+    ``bind``: the address it listens on, loopback unless a real node's Pods must reach it)."""
 
     __test__ = False  # not a test class, whatever pytest thinks of its name
 
-    def __init__(self, root: Path, users: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, root: Path, users: dict[str, str] | None = None, bind: str = "127.0.0.1"
+    ) -> None:
         if not Path(REGISTRY_BIN).exists():
             pytest.fail("docker-registry missing: apt-get install docker-registry (Debian)")
         self.root = root
         self.port = free_port()
         self.users = users
+        self.bind = bind
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.bind}:{self.port}"
 
     def start(self) -> None:
         data = self.root / "data"
@@ -83,7 +87,7 @@ class TestRegistry:
             )
             auth = _HTPASSWD.format(path=htpasswd)
         config = self.root / "config.yml"
-        config.write_text(_CONFIG.format(data=data, port=self.port, auth=auth))
+        config.write_text(_CONFIG.format(data=data, bind=self.bind, port=self.port, auth=auth))
         log = (self.root / "registry.log").open("wb")
         self.proc = subprocess.Popen(
             [REGISTRY_BIN, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT
@@ -98,7 +102,7 @@ class TestRegistry:
             log = (self.root / "registry.log").read_text()
             pytest.fail(f"docker-registry exited with {self.proc.returncode}: {log[-2000:]}")
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
+            conn = http.client.HTTPConnection(self.bind, self.port, timeout=1)
             conn.request("GET", "/v2/")
             status = conn.getresponse().status
             conn.close()

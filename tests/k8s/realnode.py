@@ -16,6 +16,10 @@ nothing is pulled. State lives in ``workdir`` and ``/run/sandpod-node-<id>`` (un
 short paths); kubelet's cgroups under ``/sandpod-node-<id>``. :meth:`RealNode.stop` deletes every
 Pod through the API first (the kubelet tears their sandboxes and networks down), then stops the
 processes and sweeps what a crash may leave: mounts under our dirs, shims, Pod network namespaces.
+Registries: containerd reads ``<workdir>/certs.d/<host>/hosts.toml`` at every pull (CRI
+``config_path``); :meth:`RealNode.trust_plain_http_registry` writes one for a test's plain-HTTP
+registry, scoped to that one host (no global insecure setting; credentials stay the Pod's
+``imagePullSecrets``).
 
 Readiness is observed, never slept on: ``/readyz``, containerd's socket answering ``ctr
 version``, and the Node's ``Ready`` condition.
@@ -245,6 +249,21 @@ class RealNode:
         self._spawn("kubelet", argv)
         self._wait_node_ready(since=restarted)
 
+    @property
+    def registry_hosts(self) -> Path:
+        """containerd's per-registry host configs (``<host>/hosts.toml``), read at each pull."""
+        return self.dir / "certs.d"
+
+    def trust_plain_http_registry(self, host: str) -> None:
+        """Let the node pull from ``host`` (``ip:port``) over plain HTTP: a ``hosts.toml`` for
+        that host only (containerd reads it at the next pull, no restart)."""
+        d = self.registry_hosts / host
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "hosts.toml").write_text(
+            f'server = "http://{host}"\n\n[host."http://{host}"]\n'
+            '  capabilities = ["pull", "resolve"]\n'
+        )
+
     def pids(self) -> set[int]:
         """The node's own processes (for the suite's leaked-process guard)."""
         plane = {p.pid for p in self.plane.procs} if self.plane is not None else set()
@@ -353,6 +372,8 @@ state = "{self.run_dir / "state"}"
 {nodegvisor.containerd_runtime(cri, self.run_dir / "gvisor")}[{cri}.cni]
   bin_dir = "/usr/lib/cni"
   conf_dir = "{cni / "net.d"}"
+[{cri}.registry]
+  config_path = "{self.registry_hosts}"
 """)
         self._spawn(
             "containerd",

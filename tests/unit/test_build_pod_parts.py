@@ -18,8 +18,9 @@ from sandpod_kube.buildpod import (
     build_pod_manifest,
     build_pod_name,
 )
+from sandpod_kube.pods import PodState
 from sandpod_kube.podspec import CREDS_KEY, CREDS_MOUNT, INSTALLATION_LABEL, SANDBOX_LABEL
-from sandpod_lifecycle.builds.kube import validate_registry
+from sandpod_lifecycle.builds.kube import _outcome, validate_registry
 from sandpod_lifecycle.builds.podwire import MESSAGE_LIMIT, BuildOutcome, BuildRequest, image_tag
 from sandpod_lifecycle.settings import LifecycleSettings
 
@@ -169,6 +170,40 @@ def test_a_failed_outcome_fits_a_termination_message_and_raises_its_typed_error(
     auth = BuildOutcome.from_json(BuildOutcome.failed(ImageAuthFailed("refused")).to_json())
     with pytest.raises(ImageAuthFailed):
         auth.raise_error()
+
+
+def test_a_builder_that_died_without_a_result_says_its_last_log_line() -> None:
+    """A builder that crashed before writing its result (found on the real node: a
+    ``TypeError``) leaves the end of its log as the message (``FallbackToLogsOnError``); the
+    build's error names the exit code and that log's last line, never just "no reason"."""
+    container = build_pod_manifest(_pod(), BuildPodSettings())["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    raw = {
+        "metadata": {"name": "data-build-abab", "namespace": "team-a"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "build",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 1,
+                            "reason": "Error",
+                            "message": "Traceback (most recent call last):\n  ...\n"
+                            "TypeError: TarFile.extract() got an unexpected keyword\n",
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    outcome = _outcome(PodState.of(raw), "data")
+    with pytest.raises(BuildFailed) as raised:
+        outcome.raise_error()
+    assert raised.value.message.endswith(
+        "ended Failed without a result: exit code 1: "
+        "TypeError: TarFile.extract() got an unexpected keyword"
+    ), raised.value.message
 
 
 def test_a_builds_own_nats_creds_are_mounted_and_owned_by_its_template() -> None:

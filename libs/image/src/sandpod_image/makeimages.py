@@ -41,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +244,13 @@ def _stage_service(build: Build, service: str, python: Path, stage: Path) -> tup
     export = ["export", "--quiet", "--locked", "--no-dev", "--no-editable", "--no-hashes"]
     _run([*build.uv, *export, "--package", f"sandpod-{service}", "-o", str(req)], cwd=build.repo)
     install = ["pip", "install", "--quiet", "--python", str(python), "--no-deps"]
+    # uv reuses a wheel it built from a local directory until that directory's pyproject.toml
+    # changes: an edited module would ship stale (the node tests ran old builder code). The
+    # workspace's own packages are rebuilt every time; the locked ones come from the cache.
+    for line in req.read_text().splitlines():
+        if line.startswith("./"):
+            pyproject = tomllib.loads((build.repo / line / "pyproject.toml").read_text())
+            install += ["--refresh-package", str(pyproject["project"]["name"])]
     _run([*build.uv, *install, "--target", str(site), "-r", str(req)], cwd=build.repo)
     req.unlink()
     shutil.rmtree(site / "bin", ignore_errors=True)  # absolute shebangs: python3 -m instead

@@ -11,7 +11,9 @@ own builder entry point from the lifecycle's image::
 which builds with the lifecycle's build code (the cache keys, the layer commit, the OCI export:
 the bytes a local build makes) and pushes the image with ``sandpod_image``'s push code. Its
 outcome comes back as the container's termination message (``terminationMessagePath``: a
-small JSON the kubelet copies into the Pod's status), so the controller needs no log access.
+small JSON the kubelet copies into the Pod's status), so the controller needs no log access;
+a builder that dies before writing it leaves the end of its log there instead
+(``FallbackToLogsOnError``).
 With per-build NATS credentials (``creds_secret``: operator mode) the build's own Secret is
 mounted read-only at ``CREDS_MOUNT`` with the inbox prefix its JWT allows; without, the builder
 connects with the installation's URL Secret only, as sandbox Pods then do.
@@ -235,7 +237,9 @@ def build_pod_manifest(pod: BuildPod, settings: BuildPodSettings) -> dict[str, A
                 "env": env,
                 "resources": {"limits": limits, "requests": limits} if limits else {},
                 "terminationMessagePath": RESULT_PATH,
-                "terminationMessagePolicy": "File",
+                # a builder that dies before writing its result (a crash, a bad image) leaves
+                # its log's last lines there instead of nothing (kube.py reads the last one)
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": {
                     "runAsUser": 0,
                     "runAsGroup": 0,

@@ -23,6 +23,7 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from sandpod_lifecycle.builds.safetar import extract_member
 from sandpod_lifecycle.runtime.base import RuntimeFailure
 
 __all__ = ["CommitFailed", "commit_upper", "unpack_tar", "workdir_layer"]
@@ -121,7 +122,8 @@ def workdir_layer(dest: Path, workdir: str, lowers: Sequence[Path]) -> None:
 def unpack_tar(tar: Path, dest: Path, at: str, lowers: Sequence[Path]) -> None:
     """Unpack the client's tar ``tar`` into a new layer ``dest`` at directory ``at``.
 
-    Python's ``data`` filter refuses what must never reach a layer: absolute names, ``..``,
+    Python's ``data`` filter (``safetar``: also where Python predates it) refuses what must
+    never reach a layer: absolute names, ``..``,
     links pointing outside, device nodes, setuid bits; entries are root's (the client's
     owners mean nothing here).
 
@@ -133,4 +135,4 @@ def unpack_tar(tar: Path, dest: Path, at: str, lowers: Sequence[Path]) -> None:
         for member in archive:
             member.uid = member.gid = 0
             member.uname = member.gname = "root"
-            archive.extract(member, target, filter="data")
+            extract_member(archive, member, target)

@@ -413,7 +413,15 @@ def _outcome(state: PodState, template: str) -> BuildOutcome:
             return BuildOutcome.from_json(state.message)
         except ValueError:
             pass
-    why = state.problem.message if state.problem else f"exit code {state.exit_code}"
+    if state.exit_code is not None:
+        why = f"exit code {state.exit_code}"
+    else:
+        why = state.problem.message if state.problem else "no reason given"
+    # not the result's JSON: the end of the builder's log (FallbackToLogsOnError), e.g. a
+    # traceback's last line
+    said = [line.strip() for line in state.message.splitlines() if line.strip()]
+    if said:
+        why += f": {said[-1][:1000]}"
     return BuildOutcome.failed(
         BuildFailed(
             f"the builder Pod {state.name} ended {state.phase} without a result: {why}",
