@@ -142,13 +142,21 @@ class FakeNet:
             _ip("route", "add", "default", "via", self.host_addr, netns=ns)
             for addr in (self.public, self.public2, self.private, self.metadata):
                 _ip("address", "add", f"{addr}/32", "dev", "lo", netns=ns)
+            if self.ipv6:
+                self._create6()
+            # Servers first, host routes last (and removed first by close): the metadata address
+            # is the same in every FakeNet, so a concurrent one's route (another xdist worker's)
+            # may win by metric; it must never lead to a namespace whose servers are not up.
+            self._start_server()
             for dst in (str(self.public_net), str(self.private_net), f"{self.metadata}/32"):
                 route = [dst, "via", self.ns_addr, "metric", str(self.metric)]
                 _ip("route", "add", *route)
                 self._routes.append(route)
             if self.ipv6:
-                self._create6()
-            self._start_server()
+                for dst in (str(self.public6_net), str(self.private6_net), f"{self.metadata6}/128"):
+                    route = [dst, "via", self.ns_addr6, "metric", str(self.metric)]
+                    _ip("-6", "route", "add", *route)
+                    self._routes.append(["-6", *route])
         except BaseException:
             self.close()
             raise
@@ -160,10 +168,6 @@ class FakeNet:
         _ip("-6", "route", "add", "default", "via", self.host_addr6, netns=ns)
         for addr in (self.public6, self.public6b, self.private6, self.metadata6):
             _ip("address", "add", f"{addr}/128", "dev", "lo", "nodad", netns=ns)
-        for dst in (str(self.public6_net), str(self.private6_net), f"{self.metadata6}/128"):
-            route = [dst, "via", self.ns_addr6, "metric", str(self.metric)]
-            _ip("-6", "route", "add", *route)
-            self._routes.append(["-6", *route])
 
     def add_address(self, address: str) -> None:
         """Another address of the fake internet (in ``public_net`` or ``private_net``)."""
@@ -234,6 +238,11 @@ class FakeNet:
         return int(sock.getsockname()[1])
 
     def close(self) -> None:
+        for route in self._routes:  # first: no route may lead to servers that are gone
+            if route[0] == "-6":
+                _ip("-6", "route", "del", *route[1:], check=False)
+            else:
+                _ip("route", "del", *route, check=False)
         for sock in self._host_socks:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -243,11 +252,6 @@ class FakeNet:
             self._server.wait()
             if self._server.stdout is not None:
                 self._server.stdout.close()
-        for route in self._routes:
-            if route[0] == "-6":
-                _ip("-6", "route", "del", *route[1:], check=False)
-            else:
-                _ip("route", "del", *route, check=False)
         _ip("link", "del", self.host_if, check=False)
         _ip("netns", "del", self.netns, check=False)
 

@@ -63,7 +63,7 @@ def _left_in_group(pgid: int) -> list[str]:
     what it started (once it exits they are reparented, out of the suite's own leak check)."""
     left = []
     for p in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):  # gone meanwhile
             if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
                 left.append(" ".join(p.info["cmdline"] or [])[:200])
                 p.kill()
