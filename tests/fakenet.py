@@ -26,15 +26,24 @@ received (the spoofing test), ``GET /bytes/<n>`` sends n bytes (throughput). DNS
 the resolver's tests bring their own server on these addresses (``add_address`` gives more).
 ``close`` removes the namespace, its veth, every route and the server; ``leftovers`` says what
 of it still exists (tests assert it is empty).
+
+Every FakeNet holds an exclusive lock on ``/run/sandpod-fakenet/fn<tag>.lock`` from before its
+namespace exists until it is gone. A run killed mid-test (SIGKILL, a CI timeout) cannot close
+its FakeNet, and what it leaves is harmful: its host routes to the *shared* metadata addresses
+lead to a namespace whose server died, so another FakeNet's metadata with a higher metric
+answers with a reset. ``create`` therefore first removes every ``fn<tag>`` namespace whose lock
+nobody holds (or that has no lock file), with its veth, routes and processes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -46,6 +55,8 @@ __all__ = ["FakeNet"]
 
 SERVER = Path(__file__).with_name("fakenet_server.py")
 PRIVATE_POOL_AVOID = ipaddress.ip_network("10.240.0.0/12")  # sandbox pools live here
+LOCKS = Path("/run/sandpod-fakenet")  # fn<tag>.lock: held by the process owning that FakeNet
+NAME = re.compile(r"fn[0-9a-f]{8}")
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> str:
@@ -72,6 +83,39 @@ def _free(candidates: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
         if not any(net.overlaps(t) for t in taken):
             return net
     raise RuntimeError("no free test network")
+
+
+def _reap_stale() -> list[str]:
+    """Remove the fake internets of runs that died without closing them (see the module
+    docstring); returns their names."""
+    listed = json.loads(_ip("-j", "netns", "list", check=False) or "[]")
+    reaped = []
+    for name in (str(n.get("name", "")) for n in listed):
+        if not NAME.fullmatch(name):
+            continue
+        lock = LOCKS / f"{name}.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None  # a FakeNet locks before its namespace exists: this one is a leftover
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # its owner runs
+            for pid in _ip("netns", "pids", name, check=False).split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), 9)
+            _ip("link", "del", f"{name}h", check=False)  # its routes go with it
+            _ip("netns", "del", name, check=False)
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            reaped.append(name)
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return reaped
 
 
 class FakeNet:
@@ -121,6 +165,7 @@ class FakeNet:
         self._server: subprocess.Popen[str] | None = None
         self._host_socks: list[socket.socket] = []
         self._routes: list[list[str]] = []
+        self._lock: int | None = None
 
     def __enter__(self) -> FakeNet:
         self.create()
@@ -131,8 +176,12 @@ class FakeNet:
 
     def create(self) -> None:
         ns = self.netns
-        _ip("netns", "add", ns)
+        _reap_stale()
+        LOCKS.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock = os.open(LOCKS / f"{ns}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
+            _ip("netns", "add", ns)
             _ip("link", "add", self.host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _ip("address", "add", f"{self.host_addr}/30", "dev", self.host_if)
             _ip("link", "set", self.host_if, "up")
@@ -254,6 +303,11 @@ class FakeNet:
                 self._server.stdout.close()
         _ip("link", "del", self.host_if, check=False)
         _ip("netns", "del", self.netns, check=False)
+        if self._lock is not None:
+            with contextlib.suppress(FileNotFoundError):
+                (LOCKS / f"{self.netns}.lock").unlink()
+            os.close(self._lock)
+            self._lock = None
 
     def leftovers(self) -> list[str]:
         """What of this fake internet still exists (namespace, link, routes)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import socket
@@ -27,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from fakenet import FakeNet
 from sandpod_contract.network import NetworkPolicy
+from sandpod_lifecycle.network.addressing import PoolExhausted, claimed_ids
 from sandpod_lifecycle.network.denials import DenialWatch
 from sandpod_lifecycle.network.egress import Egress, EgressSettings
 from sandpod_lifecycle.network.metrics import NetworkMetrics
@@ -587,8 +589,51 @@ async def test_a_dead_installations_table_and_links_are_removed_by_the_next_one(
         await new.start()
         assert leftovers(gone) == [] and leftovers(crashed) == []
         assert leftovers(running)  # alive: untouched
+        held = set(claimed_ids(registry))
+        assert crashed.installation_id not in held and gone.installation_id not in held
+        assert {running.installation_id, new.installation_id} <= held
+        alive = tmp_path / "net-alive"
+        assert not (alive / f"{crashed.installation_id}.lock").exists()
+        assert (alive / f"{running.installation_id}.lock").exists()
         await new.stop()
         assert leftovers(new) == []
     finally:
         for egress in (gone, crashed, running, new):
+            await egress.stop()
+
+
+async def test_dead_installations_never_exhaust_the_address_pool(tmp_path: Path) -> None:
+    """A pool of two slices: installations that crashed (their state dirs kept, as a test run
+    or a stopped ``sandpod up`` keeps them) do not use it up; each new one takes back a dead
+    one's slice. Two running ones still fill it: a third is refused by name."""
+    octet = 64 + int(uuid.uuid4().hex[:2], 16) % 64
+    pool = ipaddress.IPv4Network(f"10.{octet}.{32 * (uuid.uuid4().int % 8)}.0/19")
+    registry = tmp_path / "net-ranges.json"
+
+    def installation(name: str) -> Egress:
+        (tmp_path / name).mkdir()
+        settings = EgressSettings(pool=pool, registry=registry, ipv6=False)
+        return Egress(settings, uuid.uuid4().hex[:10], tmp_path / name, tmp_path / name)
+
+    started: list[Egress] = []
+    try:
+        for n in range(4):  # each one crashes: its lock dropped, its state dir kept
+            egress = installation(f"crashed{n}")
+            await egress.start()
+            started.append(egress)
+            assert egress.plan.slice.subnet_of(pool)
+            assert egress._alive is not None
+            os.close(egress._alive)
+            egress._alive = None
+        one, two, three = installation("one"), installation("two"), installation("three")
+        for egress in (one, two):
+            await egress.start()
+            started.append(egress)
+        assert one.plan.slice != two.plan.slice
+        assert set(claimed_ids(registry)) == {one.installation_id, two.installation_id}
+        started.append(three)
+        with pytest.raises(PoolExhausted, match="SANDPOD_NET_POOL"):
+            await three.start()
+    finally:
+        for egress in started:
             await egress.stop()

@@ -47,6 +47,7 @@ __all__ = [
     "claim_slice",
     "claim_slice6",
     "claimed_ids",
+    "release",
     "release_stale",
 ]
 
@@ -238,6 +239,28 @@ def release_stale(registry: Path) -> list[str]:
         if gone:
             _write(registry, claims)
     return sorted({g for g in gone if g})
+
+
+def release(registry: Path, idents: set[str]) -> list[str]:
+    """Give back every slice the installations ``idents`` hold, in every pool (they are dead
+    and left nothing on the host: the caller made sure); returns those that held any."""
+    if not registry.exists() or not idents:
+        return []
+    fd = os.open(registry.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "r+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        claims = _read(registry)
+        held = [
+            (s, i, str(e.get("id")))
+            for s, slices in claims.items()
+            for i, e in slices.items()
+            if e.get("id") in idents
+        ]
+        for pool, index, _ in held:
+            del claims[pool][index]
+        if held:
+            _write(registry, claims)
+    return sorted({ident for _, _, ident in held})
 
 
 def _read(registry: Path) -> dict[str, dict[int, dict[str, object]]]:

@@ -23,16 +23,18 @@ only counted, noted at start), read by ``denials.DenialLog``, closed by :meth:`c
 
 Each attached sandbox has a record (``records.py``), written before its link exists, so a
 restarted lifecycle knows every link and chain that is its own. While started, an installation
-holds a shared lock on ``<registry dir>/net-alive/<id>.lock``: another installation starting on
-the host removes the table and links of one whose state dir is gone, or whose lock nobody holds
-and which has no sandbox link left (a crash), and never touches a running one.
+holds a shared lock on ``<registry dir>/net-alive/<id>.lock`` (``liveness.py``): another
+installation starting on the host removes the table and links of one whose state dir is gone, or
+whose lock nobody holds and which has no sandbox link left (a crash, or a stop that kept its
+state dir), gives back its slices so the pool never runs out of dead installations' claims, and
+never touches a running one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import fcntl
 import ipaddress
 import os
 from collections.abc import Sequence
@@ -41,7 +43,7 @@ from pathlib import Path
 import structlog
 
 from sandpod_contract.network import NetworkPolicy, Rule
-from sandpod_lifecycle.network import ipv6, link
+from sandpod_lifecycle.network import ipv6, link, liveness
 from sandpod_lifecycle.network.addressing import (
     DEFAULT_POOL,
     DEFAULT_POOL6,
@@ -51,11 +53,12 @@ from sandpod_lifecycle.network.addressing import (
     claim_slice,
     claim_slice6,
     claimed_ids,
+    release,
     release_stale,
 )
 from sandpod_lifecycle.network.firewall import Firewall, FirewallConfig
 from sandpod_lifecycle.network.nflog import NflogSocket, NflogUnavailable, preferred_group
-from sandpod_lifecycle.network.nft import Nft
+from sandpod_lifecycle.network.nft import Nft, NftError
 from sandpod_lifecycle.network.records import NetRecord, Records
 
 __all__ = ["Egress", "EgressSettings"]
@@ -63,6 +66,7 @@ __all__ = ["Egress", "EgressSettings"]
 log = structlog.get_logger("sandpod.lifecycle.network")
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+REAP_BATCH = 64  # dead installations judged per batch (each holds a lock descriptor)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -154,12 +158,9 @@ class Egress:
     def _start(self) -> list[str]:
         s = self.settings
         if s.registry is not None:
-            self._hold_alive(s.registry)
-            for ident in release_stale(s.registry):
-                self._remove_installation(ident)
-            for ident in claimed_ids(s.registry):
-                if ident != self.installation_id and self._orphaned(s.registry, ident):
-                    self._remove_installation(ident)
+            if self._alive is None:
+                self._alive = liveness.hold(s.registry.parent / "net-alive", self.installation_id)
+            self._reap(s.registry)
         plan = claim_slice(
             self.installation_id, self._state_dir, s.pool, s.registry, link.host_networks()
         )
@@ -232,51 +233,51 @@ class Egress:
             self.log.close()
             self.log = None
 
-    def _hold_alive(self, registry: Path) -> None:
-        """Hold (shared: replicas of one installation may share it) this installation's
-        liveness lock while it runs; the kernel drops it when the process dies."""
-        if self._alive is not None:
-            return
+    def _reap(self, registry: Path) -> None:
+        """Remove what dead installations left: the table and links of one whose state dir is
+        gone, and of one that nobody runs and that has no sandbox link left (a crash, or a stop
+        that kept its state dir: its slices are given back too, while its liveness lock is
+        held exclusively, so it cannot start meanwhile). One look at the host's links and
+        tables serves every installation judged."""
         alive = registry.parent / "net-alive"
-        alive.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = os.open(
-            alive / f"{self.installation_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        self._alive = fd
+        names = link.host_links()
+        tables = {
+            str(i.get("table", {}).get("name"))
+            for i in self._firewall_nft().json("list tables inet")
+        }
+        for ident in release_stale(registry):
+            self._remove_installation(ident, names, tables)
+        others = {*claimed_ids(registry), *liveness.lock_ids(alive)} - {self.installation_id}
+        judged = sorted(i for i in others if i.isalnum())
+        for start in range(0, len(judged), REAP_BATCH):  # each batch's locks held till released
+            with contextlib.ExitStack() as held:
+                dead = set()
+                for ident in judged[start : start + REAP_BATCH]:
+                    if not held.enter_context(liveness.claim_dead(alive, ident)):
+                        continue
+                    if link.LinkNames.of(ident).links(names):
+                        continue  # its sandboxes run on: the next start of it adopts them
+                    self._remove_installation(ident, names, tables)
+                    dead.add(ident)
+                for ident in release(registry, dead):
+                    log.info("egress_slices_released", installation=ident)
+                for ident in dead:
+                    liveness.forget(alive, ident)
 
-    @staticmethod
-    def _orphaned(registry: Path, ident: str) -> bool:
-        """Another installation's network with no lifecycle running (nobody holds its
-        liveness lock) and no sandbox left (no sandbox link): its table and gateway link are
-        leftovers of a crash (sandboxes still attached keep theirs for the next start)."""
-        path = registry.parent / "net-alive" / f"{ident}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return False  # an installation of an older version: never ours to judge
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
-        return not link.LinkNames.of(ident).links()
-
-    def _remove_installation(self, ident: str) -> None:
-        """Remove the table and links of a dead installation (its state dir is gone)."""
+    def _remove_installation(self, ident: str, names: list[str], tables: set[str]) -> None:
+        """Remove the table and links of a dead installation (``names``: the host's links,
+        ``tables``: its nftables tables, both looked at just before)."""
         if not ident.isalnum():
             return
-        nft = self._firewall_nft()
-        if any(
-            i.get("table", {}).get("name") == f"sandpod_{ident}"
-            for i in nft.json("list tables inet")
-        ):
-            nft.run(f"delete table inet sandpod_{ident}")
-        names = link.LinkNames.of(ident)
-        for name in [*names.links(), names.gateway]:
+        if f"sandpod_{ident}" in tables:
+            with contextlib.suppress(NftError):  # another installation starting removed it
+                self._firewall_nft().run(f"delete table inet sandpod_{ident}")
+        ln = link.LinkNames.of(ident)
+        gone = [n for n in [*ln.links(names), ln.gateway] if n in names]
+        for name in gone:
             link.delete(name)
-        log.info("egress_stale_installation_removed", installation=ident)
+        if gone or f"sandpod_{ident}" in tables:
+            log.info("egress_stale_installation_removed", installation=ident)
 
     def _host_filters(self) -> list[str]:
         """Other tables whose forward chains drop by default: they may drop our traffic too

@@ -35,6 +35,7 @@ import dataclasses
 import ipaddress
 import json
 import re
+import socket
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +43,7 @@ from pathlib import Path
 from sandpod_lifecycle.network import rtnl
 from sandpod_lifecycle.network.addressing import SandboxAddresses
 
-__all__ = ["LinkError", "LinkNames", "host_networks", "host_networks6", "run"]
+__all__ = ["LinkError", "LinkNames", "host_links", "host_networks", "host_networks6", "run"]
 
 SANDBOX_IFACE = "eth0"
 OURS = re.compile(r"sp[0-9a-f]{6}[-gh]")  # any installation's links (see LinkNames)
@@ -184,11 +185,16 @@ class LinkNames:
             raise LinkError(f"cannot set up the link {name}", detail=str(exc)) from exc
         return name
 
-    def links(self) -> list[str]:
-        """Host ends of this installation's sandboxes that exist now."""
-        out = json.loads(_run(["ip", "-j", "link", "show"]) or "[]")
-        names = [str(i.get("ifname", "")) for i in out if isinstance(i, dict)]
+    def links(self, names: Sequence[str] | None = None) -> list[str]:
+        """Host ends of this installation's sandboxes that exist now (among ``names``, a
+        :func:`host_links` taken earlier, when given)."""
+        names = host_links() if names is None else names
         return sorted(n for n in names if n.startswith(self.sandbox_prefix))
+
+
+def host_links() -> list[str]:
+    """The names of every link in the host's network namespace (no subprocess)."""
+    return [name for _, name in socket.if_nameindex()]
 
 
 def _inside(addrs: SandboxAddresses) -> None:
