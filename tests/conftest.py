@@ -79,6 +79,33 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return PathGroups(config, log)
 
 
+# Where the suite's time goes, summed over setup, call and teardown: per xdist group (a group
+# runs on one worker, in series: the longest one is the suite's floor) and per file. Printed at
+# the end of every run, so each CI log says what to rebalance or speed up.
+_TIME_BY_GROUP: dict[str, float] = {}
+_TIME_BY_FILE: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _TIME_BY_FILE[path] = _TIME_BY_FILE.get(path, 0.0) + report.duration
+    group = xdist_group(report.nodeid)
+    if group != report.nodeid:
+        _TIME_BY_GROUP[group] = _TIME_BY_GROUP.get(group, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: object) -> None:
+    if not _TIME_BY_FILE or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    write = getattr(terminalreporter, "write_line", print)
+    total = sum(_TIME_BY_FILE.values())
+    write(f"test time: {total:.0f} s in all (summed over workers)")
+    for group, seconds in sorted(_TIME_BY_GROUP.items(), key=lambda kv: -kv[1]):
+        write(f"  group {group}: {seconds:.0f} s in series")
+    for path, seconds in sorted(_TIME_BY_FILE.items(), key=lambda kv: -kv[1])[:20]:
+        write(f"  {seconds:7.1f} s  {path}")
+
+
 # Daemons a session fixture started lazily, inside some test's setup: not that test's leak.
 SESSION_DAEMON_PIDS: set[int] = set()
 NATS_BIN = SCRIPTS / "nats-server"
