@@ -20,7 +20,9 @@ FORCE="${1:-}"
 
 log() { echo "netpol: $*" >&2; }
 
-if [[ "$FORCE" != "--force" && -x "$EXE" ]] && "$EXE" -h 2>&1 | grep -q -- -nfqueue-id; then
+# grep reads all of the help: with -q it would exit at the match, the binary would die of SIGPIPE,
+# and pipefail would call a good binary missing (a needless rebuild of minutes in some warm runs)
+if [[ "$FORCE" != "--force" && -x "$EXE" ]] && "$EXE" -h 2>&1 | grep -- -nfqueue-id >/dev/null; then
   log "reusing kube-network-policies $VERSION in $BIN"
   echo "$EXE"
   exit 0
