@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -369,3 +370,59 @@ def test_snapshots_and_forks_under_up(tmp_path: Path) -> None:
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+def test_up_makes_a_default_sandbox_lost_with_the_host_anew(tmp_path: Path) -> None:
+    """`sandpod up` killed outright (a reboot, an OOM kill), and its default sandbox's jail with
+    it: the next `sandpod up` finds that Sandbox Failed (InstanceLost), says so, and creates it
+    anew instead of waiting a minute for it to answer and giving up."""
+    port, http_port = free_port(), free_port()
+    argv = [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port)]
+    argv += ["--gateway-port", str(http_port)]
+
+    def up() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    first = up()
+    second: subprocess.Popen[str] | None = None
+    try:
+        _read_until(first, "Ctrl-C stops everything")
+        jail = json.loads((tmp_path / "jails" / "default" / "jail.json").read_text())
+        holder = psutil.Process(jail["holder_pid"])
+        # no clean stop (nothing destroys the jail), and the jail and every process of this
+        # installation go too, as a reboot takes them
+        everything = [*psutil.Process(first.pid).children(recursive=True), holder]
+        everything += holder.children(recursive=True)
+        for proc in everything:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        first.kill()
+        first.wait()
+        psutil.wait_procs(everything, timeout=15)
+        second = up()
+        banner = "".join(_read_until(second, "Ctrl-C stops everything"))
+        assert "sandbox default had failed (InstanceLost" in banner, banner
+        env = {**os.environ, "SANDPOD_NATS_URL": f"nats://127.0.0.1:{port}"}
+        env["SANDPOD_STATE_DIR"] = str(tmp_path)
+        env.pop("SANDPOD_NATS_CREDS", None)
+        run = subprocess.run(
+            [SANDPOD, "exec", "default", "--", "echo", "back"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (run.stdout, run.returncode) == ("back\n", 0), run.stderr
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(30) == 0
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

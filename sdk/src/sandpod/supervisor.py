@@ -268,32 +268,27 @@ class Supervisor:
         return "local" if os.geteuid() == 0 or user_namespaces() else "process"
 
     async def _ensure_sandbox(self, sandbox_id: str) -> None:
-        """Create ``sandbox_id`` as a permanent Sandbox unless it exists; wait until Ready."""
+        """Create ``sandbox_id`` as a permanent Sandbox unless it exists; wait until it answers.
+        One that failed (lost with the host's processes at a reboot: found Failed at once, or
+        once the lifecycle notices) is made anew, once."""
         self.progress(f"ensuring sandbox {sandbox_id} (permanent)")
         t0 = time.monotonic()
         try:
-            async with await self._client() as admin:
-                obj = create_object(
-                    name=sandbox_id,
-                    template=None,
-                    timeout=None,
-                    permanent=True,
-                    idle_timeout=0,  # never idle-deleted (None would take the template's)
-                    labels=None,
-                    env=None,
-                )
-                await create_sandbox(admin.bus, admin.subjects, obj, wait=60)
+            await self._create_permanent(sandbox_id)
         except ResourceExists:
             pass
         except SandpodError as exc:
             raise StartupError(f"sandbox {sandbox_id} did not start: {exc}") from exc
         async with await self._client(sandbox_id) as sbx:
-            deadline = time.monotonic() + 60
+            deadline, remade = time.monotonic() + 60, False
             while True:
                 try:
                     self.workspaces[sandbox_id] = (await sbx.runtime_info(timeout=1.0)).workspace
                     break
                 except SandpodError as exc:
+                    if not remade and await self._remake_if_failed(sbx):
+                        deadline, remade = time.monotonic() + 60, True
+                        continue
                     if time.monotonic() > deadline:
                         raise StartupError(f"sandbox {sandbox_id} is not answering: {exc}") from exc
                     await asyncio.sleep(0.1)
@@ -302,6 +297,39 @@ class Supervisor:
             status, why = isolated.get("status"), isolated.get("message", "")
             self.isolation[sandbox_id] = "full" if status == "True" else f"DEGRADED: {why}"
         self.progress(f"sandbox {sandbox_id} ready in {(time.monotonic() - t0) * 1000:.0f} ms")
+
+    async def _remake_if_failed(self, sbx: AsyncSandbox) -> bool:
+        """Delete and create ``sbx`` again if it is Failed (a Failed sandbox's instance is
+        gone: nothing more is lost); False if it is not."""
+        try:
+            info = await sbx.describe()
+            if info.phase != "Failed":
+                return False
+            why = info.condition("Failed") or {}
+            self.progress(
+                f"sandbox {sbx.id} had failed ({why.get('reason')}: {why.get('message')}): "
+                "creating it anew (its old files are gone)"
+            )
+            await sbx.kill()
+            await self._create_permanent(sbx.id)
+        except SandpodError as exc:
+            raise StartupError(
+                f"sandbox {sbx.id} failed and could not be made anew: {exc}"
+            ) from exc
+        return True
+
+    async def _create_permanent(self, sandbox_id: str) -> None:
+        async with await self._client() as admin:
+            obj = create_object(
+                name=sandbox_id,
+                template=None,
+                timeout=None,
+                permanent=True,
+                idle_timeout=0,  # never idle-deleted (None would take the template's)
+                labels=None,
+                env=None,
+            )
+            await create_sandbox(admin.bus, admin.subjects, obj, wait=60)
 
     async def _start_lifecycle(self) -> None:
         env = self._env(
