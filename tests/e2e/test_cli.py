@@ -399,9 +399,9 @@ def test_up_makes_a_default_sandbox_lost_with_the_host_anew(tmp_path: Path) -> N
         # installation go too, as a reboot takes them
         everything = [*psutil.Process(first.pid).children(recursive=True), holder]
         everything += holder.children(recursive=True)
-        for proc in everything:
+        for victim in everything:
             with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
+                victim.kill()
         first.kill()
         first.wait()
         psutil.wait_procs(everything, timeout=15)
