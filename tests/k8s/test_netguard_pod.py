@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 import shutil
 import uuid
@@ -25,7 +26,7 @@ from guard_harness import PodGuards, create_sandbox, guard_token, set_policy
 from k8s.envtest import ControlPlane
 from k8s.kubelet import FakeKubelet
 from sandpod_contract.network import NetworkPolicy
-from sandpod_contract.resources import SandboxSpec, SandboxTemplateSpec
+from sandpod_contract.resources import EnvVar, SandboxSpec, SandboxTemplateSpec
 from sandpod_kube import KubeSettings, KubeStore, PodApi, StoreForbidden
 from sandpod_kube.guardpod import (
     GUARD_CONTAINER,
@@ -33,11 +34,13 @@ from sandpod_kube.guardpod import (
     guard_account_name,
     guard_security_context,
 )
+from sandpod_kube.guardtrust import BUNDLE_FILE, TRUST_BUNDLE_CONTAINER, TRUST_MOUNT
 from sandpod_kube.guardwatch import watch_sandbox
 from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.driver import Owner
 from sandpod_lifecycle.network.podguard.guard import policy_of
 from sandpod_lifecycle.network.podguard.settings import GuardSettings
+from sandpod_lifecycle.network.secretstore import placeholder
 from sandpod_lifecycle.runtime.pod import GUARD_IPV4_ONLY, PodDriver
 from sandpod_store import Resource
 
@@ -140,6 +143,78 @@ async def test_the_driver_gives_the_pod_its_guard_and_nothing_else(
             await kubelet.until("deleted", lambda: name not in kubelet.seen)
     finally:
         await api.close()
+
+
+INJECT = NetworkPolicy.from_dict(
+    {
+        "mode": "allowlist",
+        "allow": ["api.example.test:443"],
+        "inject": [{"domain": "api.example.test", "secret": "tok/value"}],
+    }
+)
+
+
+async def test_only_a_pod_whose_policy_injects_gets_the_trust_bundle_and_placeholders(
+    kube_apiserver: ControlPlane, namespace: str, store: KubeStore, tmp_path: Path
+) -> None:
+    """A template injecting a header: the Pod's init containers end with ``trust-bundle`` (the
+    sandbox's image, its securityContext, after the guard and the execd bundle), and its
+    commands' environment names the merged bundle and the secret's placeholder, never a
+    value. A template without injections: neither."""
+    api = PodApi(kube_apiserver.settings)
+    kubelet = FakeKubelet(kube_apiserver.settings, namespace, tmp_path)
+    kubelet.run_execd = False
+    pods = {}
+    try:
+        async with kubelet:
+            for policy in (INJECT, ALLOW):
+                template = SandboxTemplateSpec(network=policy, env=(EnvVar("MINE", "1"),))
+
+                async def templates(
+                    _n: str, _t: str | None, t: SandboxTemplateSpec = template
+                ) -> SandboxTemplateSpec:
+                    return t
+
+                driver = PodDriver(
+                    api,
+                    SETTINGS,
+                    installation="ig",
+                    ready_timeout=30,
+                    namespace=namespace,
+                    templates=templates,
+                )
+                sandbox = await create_sandbox(store, namespace, f"sbx-{uuid.uuid4().hex[:8]}")
+                name = sandbox.metadata.name
+                await driver.ensure(
+                    name, SandboxSpec(), template, Owner(namespace, sandbox.metadata.uid)
+                )
+                pods[policy] = (await asyncio.to_thread(raw_pod, kube_apiserver, namespace, name))[
+                    "spec"
+                ]
+                await driver.destroy(name)
+    finally:
+        await api.close()
+    spec = pods[INJECT]
+    names = [c["name"] for c in spec["initContainers"]]
+    assert names == [GUARD_CONTAINER, "execd-install", TRUST_BUNDLE_CONTAINER], names
+    merge, (main,) = spec["initContainers"][-1], spec["containers"]
+    assert merge["image"] == main["image"] and merge["securityContext"] == main["securityContext"]
+    assert merge["command"][1:3] == ["-I", "-S"]  # nothing of the image's Python setup runs
+    assert {m["name"]: m.get("readOnly", False) for m in merge["volumeMounts"]} == {
+        "sandpod": True,
+        "netguard-trust": False,  # it writes the merged bundle there
+    }
+    assert {"name": "netguard-trust", "mountPath": TRUST_MOUNT, "readOnly": True} in main[
+        "volumeMounts"
+    ]
+    env = json.loads(next(e["value"] for e in main["env"] if e["name"] == "SANDPOD_EXECD_ENV"))
+    assert env["SSL_CERT_FILE"] == env["REQUESTS_CA_BUNDLE"] == BUNDLE_FILE
+    assert env["SANDPOD_SECRET_TOK_VALUE"] == placeholder("tok/value") and env["MINE"] == "1"
+    plain = pods[ALLOW]
+    assert TRUST_BUNDLE_CONTAINER not in [c["name"] for c in plain["initContainers"]]
+    (main,) = plain["containers"]
+    env = json.loads(next(e["value"] for e in main["env"] if e["name"] == "SANDPOD_EXECD_ENV"))
+    assert env == {"MINE": "1"}, "no injection: no Sandpod authority is trusted"
 
 
 async def _first(

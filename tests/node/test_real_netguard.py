@@ -23,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from kubernetes import client
 
 from conftest import NatsServer
 from dnsauth import AuthServer
@@ -33,6 +34,8 @@ from node.conftest import pod_env
 from node.internet import PROBE, PROBE_PY, NodeInternet, pod_ip
 from sandpod import AsyncSandbox
 from sandpod_contract.messages.sandboxes import NetworkEvent
+from sandpod_kube.guardtrust import BUNDLE_FILE
+from sandpod_lifecycle.network.secretstore import placeholder
 from sandpod_store import ObjectMeta, Resource
 
 pytestmark = pytest.mark.timeout(500)
@@ -237,3 +240,57 @@ async def _refused_again(sbx: AsyncSandbox, seen: asyncio.Future[NetworkEvent]) 
 async def _opened(sbx: AsyncSandbox, address: str) -> bool:
     r = await sbx.exec("getent ahostsv4 denied.test | head -1")
     return r.stdout.startswith(address)
+
+
+HTTPS = (
+    "python3 -c 'import sys, urllib.request as u, urllib.error as e\n"
+    "try: print(u.urlopen(sys.argv[1], timeout=10).status)\n"
+    "except e.HTTPError as x: print(x.code)\n"
+    'except e.URLError as x: print("failed:", x.reason)\' '
+)
+
+
+async def test_an_injecting_pods_commands_trust_the_guard_for_that_domain_by_default(
+    node_cluster: Cluster,
+    real_node: RealNode,
+    node_nats: NatsServer,
+    internet: NodeInternet,
+    names: AuthServer,
+) -> None:
+    """A template injecting a Kubernetes Secret's value as a header for ``api.test``: in the
+    real Pod, the commands' environment holds the placeholder, never the value; HTTPS to
+    ``api.test`` with the client's *default* trust completes the TLS handshake with the guard's
+    interception certificate (the guard then answers 502: the fake internet has no port 443),
+    because the init container ``trust-bundle`` merged the image's CA bundle with the guard's
+    authority. The control: the image's own bundle alone refuses that certificate."""
+    names.add("api.test", "A", 300, internet.public)
+    value, tok = f"s3cr3t-{uuid.uuid4().hex}", f"tok{uuid.uuid4().hex[:6]}"
+    body = client.V1Secret(metadata=client.V1ObjectMeta(name=tok), string_data={"value": value})
+    with node_cluster.plane.settings.api_client() as api:
+        await asyncio.to_thread(client.CoreV1Api(api).create_namespaced_secret, NS, body)
+    policy: dict[str, object] = {
+        "mode": "allowlist",
+        "allow": ["api.test:443"],
+        "inject": [{"domain": "api.test", "secret": f"{tok}/value"}],
+    }
+    template = await _template(node_cluster, policy)
+    node_cluster.service("sandpod_lifecycle", **guard_env(real_node, node_nats, names))
+    await node_cluster.answering()
+    sbx = await _create(node_cluster, template)
+    try:
+        env = await _out(sbx, "env")
+        want = f"SANDPOD_SECRET_{tok.upper()}_VALUE={placeholder(f'{tok}/value')}"
+        assert want in env.splitlines(), env
+        assert value not in env
+        bundle = await _out(sbx, "echo $SSL_CERT_FILE; grep -c 'BEGIN CERT' $SSL_CERT_FILE")
+        path, count = bundle.splitlines()
+        system = await _out(sbx, "grep -c 'BEGIN CERT' /etc/ssl/certs/ca-certificates.crt")
+        assert path == BUNDLE_FILE and int(count) == int(system) + 1, (bundle, system)
+        assert await _out(sbx, HTTPS + "https://api.test/") == "502"
+        alone = await _out(
+            sbx, "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt " + HTTPS + "https://api.test/"
+        )
+        assert alone.startswith("failed:") and "CERTIFICATE_VERIFY_FAILED" in alone, alone
+    finally:
+        await sbx.kill()
+        await sbx.close()

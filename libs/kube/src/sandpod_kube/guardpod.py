@@ -31,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandpod_contract.network import NetworkPolicy
-from sandpod_kube.podspec import PodSettings, SandboxPod
+from sandpod_kube.guardtrust import TRUST_FILE, TRUST_MOUNT, trust_bundle_container
+from sandpod_kube.podspec import BUNDLE_MOUNT, PodSettings, SandboxPod
 
 __all__ = [
     "GUARD_CAPABILITIES",
@@ -52,8 +53,6 @@ GUARD_CONTAINER = "netguard"
 GUARD_CAPABILITIES = ("NET_ADMIN", "NET_BIND_SERVICE")  # its nftables table; port 53
 GUARD_TOKEN_MOUNT = "/var/run/sandpod/netguard"  # noqa: S105 - a path
 GUARD_RUN = "/run/sandpod-guard"
-TRUST_MOUNT = "/run/sandpod-trust"  # the guard's interception certificates, for the sandbox
-TRUST_FILE = f"{TRUST_MOUNT}/egress.pem"
 GUARD_TOKEN_SECONDS = 3600  # the kubelet renews it at 80% of its life
 
 
@@ -193,8 +192,14 @@ def add_guard(spec: dict[str, Any], pod: SandboxPod, settings: PodSettings) -> N
         container.setdefault("volumeMounts", []).append(
             {"name": "netguard-trust", "mountPath": TRUST_MOUNT, "readOnly": True}
         )
-        container.setdefault("env", []).append({"name": "NODE_EXTRA_CA_CERTS", "value": TRUST_FILE})
     spec["initContainers"].insert(0, guard)  # before anything of the sandbox's uid runs
+    if pod.trust_bundle:  # after the execd bundle is there (its Python runs the merge)
+        main = spec["containers"][0]
+        python = f"{BUNDLE_MOUNT}/python/bin/python3"
+        merge = trust_bundle_container(
+            main["image"], python, dict(main["securityContext"]), ("sandpod", BUNDLE_MOUNT)
+        )
+        spec["initContainers"].append(merge)
     spec["serviceAccountName"] = guard_account_name(pod.name)
     spec["volumes"] += [
         {
@@ -217,7 +222,7 @@ def add_guard(spec: dict[str, Any], pod: SandboxPod, settings: PodSettings) -> N
             },
         },
         {"name": "netguard-run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
-        {"name": "netguard-trust", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "netguard-trust", "emptyDir": {"medium": "Memory", "sizeLimit": "4Mi"}},
     ]
     spec["dnsPolicy"] = "None"
     spec["dnsConfig"] = {"nameservers": ["127.0.0.1"]}

@@ -71,10 +71,11 @@ import structlog
 
 from sandpod_contract.errors import ResourceExists, ResourceNotFound, SandpodError, StoreError
 from sandpod_contract.messages.system import FreezeState
-from sandpod_contract.network import NetworkPolicy
+from sandpod_contract.network import NetworkPolicy, effective_policy
 from sandpod_contract.resources import ConditionReason, SandboxSpec, SandboxTemplateSpec
 from sandpod_contract.times import from_rfc3339
 from sandpod_kube.guardpod import guard_access_manifests, guard_account_name, injected_secrets
+from sandpod_kube.guardtrust import trust_env
 from sandpod_kube.netpolicy import egress_policy, unenforceable
 from sandpod_kube.podhealth import PodProblem
 from sandpod_kube.pods import PodApi, PodState
@@ -91,6 +92,7 @@ from sandpod_kube.podspec import (
     pod_manifest,
 )
 from sandpod_lifecycle.driver import Instance, Owner
+from sandpod_lifecycle.network.secretstore import placeholder_env
 from sandpod_lifecycle.runtime.base import (
     CreateFailed,
     InstanceUnhealthy,
@@ -203,6 +205,21 @@ class PodDriver:
             protections["network-guard"] = "active"
         return protections
 
+    def _injects(self, spec: SandboxSpec, template: SandboxTemplateSpec) -> bool:
+        """The guard runs and the sandbox's policy injects headers at its start."""
+        policy = effective_policy(template.network, spec.network)
+        return self._settings.netguard and bool(policy.inject)
+
+    def _command_env(self, spec: SandboxSpec, template: SandboxTemplateSpec) -> dict[str, str]:
+        """The default environment of the sandbox's commands: with injections, the secrets'
+        placeholders and the guard's trust bundle (``sandpod_kube.guardtrust``), under the
+        template's and the sandbox's own variables (as in the local runtime)."""
+        env = {e.name: e.value for e in (*template.env, *spec.env)}
+        if not self._injects(spec, template):
+            return env
+        policy = effective_policy(template.network, spec.network)
+        return {**placeholder_env(policy), **trust_env(), **env}
+
     def _selector(self, sandbox_id: str | None = None) -> str:
         mine = f"{INSTALLATION_LABEL}={self._installation}"
         return f"{mine},{SANDBOX_LABEL}={sandbox_id}" if sandbox_id else mine
@@ -238,9 +255,10 @@ class PodDriver:
             cpu=template.resources.cpu,
             memory=template.resources.memory,
             disk=template.resources.disk,
-            env={e.name: e.value for e in (*template.env, *spec.env)},
+            env=self._command_env(spec, template),
             creds_secret=creds_secret_name(sandbox_id) if self._creds else None,
             volumes=tuple((v.name, v.mount_path, v.read_only) for v in spec.volumes),
+            trust_bundle=self._injects(spec, template),
         )
         try:
             pods = await self._pods(sandbox_id)

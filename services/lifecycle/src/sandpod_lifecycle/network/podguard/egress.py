@@ -22,7 +22,10 @@ this Pod alone rather than of the installation: a Pod needs no copy of an instal
 key (which every guard would then hold), and a key that leaks from one Pod impersonates its
 domains to that Pod only. Their certificates go to ``SANDPOD_GUARD_TRUST_FILE`` (an emptyDir the
 sandbox container mounts read-only) on every policy change; the sandbox trusts them for the
-named domains and nothing else.
+named domains and nothing else. When the Pod's policy injected at its start, the init
+container ``trust-bundle`` copied the image's system CA bundle beside them, and each rewrite also
+rewrites ``bundle.pem`` (the two together, what the sandbox's commands trust by default:
+``sandpod_kube.guardtrust``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter
 from sandpod_contract.errors import StoreError
 from sandpod_contract.network import NetworkPolicy
 from sandpod_kube.guardpod import injected_secrets
+from sandpod_kube.guardtrust import rebuild_bundle
 from sandpod_kube.guardwatch import read_secret_keys
 from sandpod_lifecycle.network.ca import InterceptionCA
 from sandpod_lifecycle.network.podguard.settings import GuardSettings
@@ -146,4 +150,5 @@ class GuardEgress:
         tmp.write_text(pem)
         os.chmod(tmp, 0o644)  # the sandbox's uid reads it
         os.replace(tmp, target)
-        log.info("guard_trust_written", domains=list(domains), path=str(target))
+        merged = rebuild_bundle(target)  # the image's bundle with them, when the Pod has one
+        log.info("guard_trust_written", domains=list(domains), path=str(target), bundle=merged)

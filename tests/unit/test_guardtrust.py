@@ -1,0 +1,83 @@
+"""The trust bundle of a guarded Pod whose policy injects headers (``sandpod_kube.guardtrust``):
+the init container's script and the guard's rewrite make the same file, the image's system
+bundle first, then the guard's authorities; the script runs isolated from the image's Python
+setup."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandpod_kube.guardtrust import TRUST_SCRIPT, rebuild_bundle
+
+IMAGE = b"-----BEGIN CERTIFICATE-----\nimage root\n-----END CERTIFICATE-----"  # no final \n
+AUTHORITY = b"-----BEGIN CERTIFICATE-----\napi.example.test\n-----END CERTIFICATE-----\n"
+
+
+def _script(trust: Path, *bundles: Path, env: dict[str, str] | None = None) -> None:
+    argv = [sys.executable, "-I", "-S", "-c", TRUST_SCRIPT, str(trust), *map(str, bundles)]
+    subprocess.run(argv, check=True, capture_output=True, env=env)
+
+
+@pytest.mark.parametrize("guard_first", [True, False])
+def test_the_init_container_and_the_guard_write_the_same_bundle(
+    tmp_path: Path, guard_first: bool
+) -> None:
+    """The image's first bundle that exists, then the authorities; whoever writes last (the
+    guard's first policy may land before or after the init container ran), the same bytes."""
+    trust, image = tmp_path / "trust", tmp_path / "image"
+    trust.mkdir()
+    image.mkdir()
+    (image / "ca-bundle.crt").write_bytes(IMAGE)
+    (image / "cert.pem").write_bytes(b"a later candidate: never read\n")
+    egress = trust / "egress.pem"
+    if guard_first:
+        egress.write_bytes(AUTHORITY)
+        assert rebuild_bundle(egress) is False  # nothing of the image's yet: nothing written
+        _script(trust, image / "ca-certificates.crt", image / "ca-bundle.crt", image / "cert.pem")
+    else:
+        _script(trust, image / "ca-certificates.crt", image / "ca-bundle.crt", image / "cert.pem")
+        assert (trust / "bundle.pem").read_bytes() == IMAGE + b"\n"  # no authority yet
+        egress.write_bytes(AUTHORITY)
+        assert rebuild_bundle(egress) is True
+    written = (trust / "bundle.pem").read_bytes()
+    assert written == IMAGE + b"\n" + AUTHORITY
+    assert (trust / "image-bundle.pem").read_bytes() == IMAGE
+    assert stat.S_IMODE((trust / "bundle.pem").stat().st_mode) == 0o644  # the sandbox reads it
+    assert rebuild_bundle(egress) and (trust / "bundle.pem").read_bytes() == written
+    egress.write_bytes(b"")  # the policy no longer injects: the image's bundle alone
+    assert rebuild_bundle(egress) and (trust / "bundle.pem").read_bytes() == IMAGE + b"\n"
+    assert sorted(p.name for p in trust.iterdir()) == [
+        "bundle.pem",
+        "egress.pem",
+        "image-bundle.pem",
+    ], "no temporary file left"
+
+
+def test_an_image_without_a_system_bundle_gets_the_authorities_alone(tmp_path: Path) -> None:
+    trust = tmp_path / "trust"
+    trust.mkdir()
+    (trust / "egress.pem").write_bytes(AUTHORITY)
+    _script(trust, tmp_path / "missing.crt")
+    assert (trust / "bundle.pem").read_bytes() == AUTHORITY
+    assert (trust / "image-bundle.pem").read_bytes() == b""
+
+
+def test_the_images_python_setup_never_runs_in_the_script(tmp_path: Path) -> None:
+    """An image that plants ``sitecustomize`` on ``PYTHONPATH`` (or in its environment) gets
+    none of it run: ``-I -S`` ignores both; without them the planted code would run."""
+    trust, planted = tmp_path / "trust", tmp_path / "planted"
+    trust.mkdir()
+    planted.mkdir()
+    ran = tmp_path / "ran"
+    (planted / "sitecustomize.py").write_text(f"open({str(ran)!r}, 'w').write('ran')\n")
+    env = {**os.environ, "PYTHONPATH": str(planted)}
+    _script(trust, tmp_path / "none", env=env)
+    assert not ran.exists()
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)  # the control
+    assert ran.read_text() == "ran"
