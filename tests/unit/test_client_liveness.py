@@ -11,7 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from sandpod_bus import NoResponders
+from sandpod_client.channel import Channel, status_probe
 from sandpod_client.liveness import Probe, watch
+from sandpod_contract.codec import encode_error
 from sandpod_contract.errors import (
     ExecLost,
     ExecNotFound,
@@ -20,7 +23,8 @@ from sandpod_contract.errors import (
     SandboxUnavailable,
     SandpodError,
 )
-from sandpod_contract.messages.exec import ExecStatus
+from sandpod_contract.messages.exec import ExecRef, ExecStatus
+from sandpod_contract.subjects import Subjects
 
 
 def _probe(answers: Iterator[ExecStatus | SandpodError]) -> Probe:
@@ -86,3 +90,44 @@ async def test_the_work_result_is_returned_and_a_failure_cancels_the_work() -> N
     with pytest.raises(SandboxUnavailable):
         await watch(task, _probe(iter([SandboxNotFound()])), what="x", interval=0.001)
     assert task.cancelled()
+
+
+class _WokenBus:
+    """A bus whose sandbox has hibernated: the first request finds no execd; from the moment
+    the wake has begun, the woken execd answers, and knows no exec yet."""
+
+    max_payload = 1 << 20
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        self.asked.append(subject)
+        if len(self.asked) == 1:
+            raise NoResponders(subject)
+        return encode_error(ExecNotFound("exec 'e' is unknown to this execd"))
+
+
+async def test_an_exec_unknown_to_an_execd_woken_meanwhile_is_not_lost() -> None:
+    """The exec's request found the sandbox hibernated and waits for its wake; the woken
+    execd answers the liveness probe before the request is sent to it again. That "unknown
+    exec" is the request still on its way, not a restarted execd: the probe says alive."""
+    bus = _WokenBus()
+    waking, probed = asyncio.Event(), asyncio.Event()
+
+    async def wake(_sandbox: str) -> bool:
+        waking.set()
+        await probed.wait()  # the wake returns only after the probe has asked
+        return True
+
+    link = Channel(bus, Subjects("t"), "sbx", wake=wake)  # type: ignore[arg-type]
+    probe = status_probe(link, "e")
+    call = asyncio.ensure_future(link.call("exec", "run", ExecRef(exec_id="e"), ExecStatus, 1))
+    await waking.wait()
+    try:
+        assert await probe() is None
+    finally:
+        probed.set()
+    with pytest.raises(ExecNotFound):  # the re-sent request's own answer, in this fake
+        await call
+    assert await probe() is None  # and later probes too: the wake happened

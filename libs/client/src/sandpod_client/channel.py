@@ -154,8 +154,8 @@ class Channel:
 
     @property
     def wakes(self) -> int:
-        """How many times a call found the sandbox hibernated and woke it (liveness probes
-        compare it: an exec unknown after a wake is being sent again, not lost)."""
+        """How many times a call found the sandbox hibernated and began to wake it (liveness
+        probes compare it: an exec unknown since a wake began is being sent again, not lost)."""
         return self._woken[0]
 
     def subject(self, family: str, verb: str) -> str:
@@ -182,9 +182,13 @@ class Channel:
         try:
             answer = await self.bus.request(subject, data, timeout)
         except NoResponders as exc:
-            if self.wake is None or not await self.wake(self.sandbox_id):
+            if self.wake is None:
                 raise self.not_found(self.sandbox_id) from exc
+            # Counted before the wake returns: the woken execd may answer a liveness probe
+            # ("exec unknown") while this request still waits to be sent again to it.
             self._woken[0] += 1
+            if not await self.wake(self.sandbox_id):
+                raise self.not_found(self.sandbox_id) from exc
             try:
                 answer = await self.bus.request(subject, data, timeout)
             except NoResponders as again:
