@@ -6,7 +6,9 @@ The guard (``podguard``) writes the authorities of the Pod's injected domains to
 policy change. The image's system bundle is only readable from the image, so an init container
 ``trust-bundle`` (the sandbox's image, its uid, the execd bundle's Python run isolated: no code
 of the image runs, and only after the guard's firewall is up) copies it to
-``image-bundle.pem`` and writes ``bundle.pem`` = image bundle + ``egress.pem``; the guard
+``merged/image-bundle.pem`` and writes ``merged/bundle.pem`` = image bundle + ``egress.pem``
+(``merged/``: a directory of its own, not sticky like the emptyDir, so the guard may replace
+files of the sandbox's uid there); the guard
 rewrites ``bundle.pem`` (:func:`rebuild_bundle`) each time it rewrites ``egress.pem``, so a
 domain added to ``inject`` at runtime is trusted by the clients started after the update.
 
@@ -38,8 +40,11 @@ __all__ = [
 
 TRUST_MOUNT = "/run/sandpod-trust"  # the emptyDir "netguard-trust"
 TRUST_FILE = f"{TRUST_MOUNT}/egress.pem"  # the guard's authorities
+# The init container's files, in a directory of its own: the emptyDir is sticky (1777), where
+# the guard (uid 0 without CAP_FOWNER) could not replace a file of the sandbox's uid.
+MERGED = "merged"
 IMAGE_BUNDLE = "image-bundle.pem"  # the image's system bundle, as the init container found it
-BUNDLE_FILE = f"{TRUST_MOUNT}/bundle.pem"  # the two together: what commands trust
+BUNDLE_FILE = f"{TRUST_MOUNT}/{MERGED}/bundle.pem"  # the two together: what commands trust
 TRUST_BUNDLE_CONTAINER = "trust-bundle"
 # Where images keep their system bundle (Debian/Ubuntu/Alpine, Fedora/RHEL, others): the first
 # one that is a file is the image's (network/trust.py's BUNDLES, for the local runtime).
@@ -54,6 +59,9 @@ SYSTEM_BUNDLES = (
 TRUST_SCRIPT = r"""
 import os, sys
 trust, candidates = sys.argv[1], sys.argv[2:]
+merged = os.path.join(trust, "merged")
+os.makedirs(merged, exist_ok=True)
+os.chmod(merged, 0o777)  # not sticky: the guard replaces what is written here
 image = b""
 for path in candidates:
     if os.path.isfile(path):
@@ -61,11 +69,11 @@ for path in candidates:
             image = f.read()
         break
 def put(name, data):
-    tmp = os.path.join(trust, "." + name + ".tmp")
+    tmp = os.path.join(merged, "." + name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
     os.chmod(tmp, 0o644)
-    os.replace(tmp, os.path.join(trust, name))
+    os.replace(tmp, os.path.join(merged, name))
 put("image-bundle.pem", image)
 try:
     with open(os.path.join(trust, "egress.pem"), "rb") as f:
@@ -113,11 +121,11 @@ def trust_bundle_container(
 
 
 def rebuild_bundle(trust_file: Path) -> bool:
-    """The guard's half: ``bundle.pem`` beside ``trust_file`` (its ``egress.pem``) from
-    ``image-bundle.pem`` and ``trust_file`` again (atomically); False (nothing written) when no
-    image bundle was copied (no injection at the Pod's start, or the init container has not run
-    yet: it writes both itself)."""
-    trust_dir = trust_file.parent
+    """The guard's half: ``merged/bundle.pem`` beside ``trust_file`` (its ``egress.pem``) from
+    ``merged/image-bundle.pem`` and ``trust_file`` again (atomically); False (nothing written)
+    when no image bundle was copied (no injection at the Pod's start, or the init container has
+    not run yet: it writes both itself)."""
+    trust_dir = trust_file.parent / MERGED
     try:
         image = (trust_dir / IMAGE_BUNDLE).read_bytes()
     except FileNotFoundError:

@@ -150,5 +150,9 @@ class GuardEgress:
         tmp.write_text(pem)
         os.chmod(tmp, 0o644)  # the sandbox's uid reads it
         os.replace(tmp, target)
-        merged = rebuild_bundle(target)  # the image's bundle with them, when the Pod has one
+        try:  # the image's bundle with them, when the Pod has one
+            merged = rebuild_bundle(target)
+        except OSError as exc:  # the certificates are written: a client told of them trusts
+            log.error("guard_trust_bundle_failed", error=str(exc))
+            merged = False
         log.info("guard_trust_written", domains=list(domains), path=str(target), bundle=merged)
