@@ -74,6 +74,17 @@ def as_token(plane: ControlPlane, token: str) -> KubeSettings:
     return KubeSettings(host=plane.url, ca_file=str(plane.ca_file), token=token)
 
 
+def _driver(api: PodApi, namespace: str, template: SandboxTemplateSpec) -> PodDriver:
+    """A Pod driver with the guard on whose every template is ``template``."""
+
+    async def templates(_namespace: str, _name: str | None) -> SandboxTemplateSpec:
+        return template
+
+    return PodDriver(
+        api, SETTINGS, installation="ig", ready_timeout=30, namespace=namespace, templates=templates
+    )
+
+
 async def test_the_driver_gives_the_pod_its_guard_and_nothing_else(
     kube_apiserver: ControlPlane, namespace: str, store: KubeStore, tmp_path: Path
 ) -> None:
@@ -85,18 +96,7 @@ async def test_the_driver_gives_the_pod_its_guard_and_nothing_else(
     name = sandbox.metadata.name
     api = PodApi(kube_apiserver.settings)
     template = SandboxTemplateSpec(network=ALLOW)
-
-    async def templates(_namespace: str, _name: str | None) -> SandboxTemplateSpec:
-        return template
-
-    driver = PodDriver(
-        api,
-        SETTINGS,
-        installation="ig",
-        ready_timeout=30,
-        namespace=namespace,
-        templates=templates,
-    )
+    driver = _driver(api, namespace, template)
     kubelet = FakeKubelet(kube_apiserver.settings, namespace, tmp_path)
     kubelet.run_execd = False
     try:
@@ -169,20 +169,7 @@ async def test_only_a_pod_whose_policy_injects_gets_the_trust_bundle_and_placeho
         async with kubelet:
             for policy in (INJECT, ALLOW):
                 template = SandboxTemplateSpec(network=policy, env=(EnvVar("MINE", "1"),))
-
-                async def templates(
-                    _n: str, _t: str | None, t: SandboxTemplateSpec = template
-                ) -> SandboxTemplateSpec:
-                    return t
-
-                driver = PodDriver(
-                    api,
-                    SETTINGS,
-                    installation="ig",
-                    ready_timeout=30,
-                    namespace=namespace,
-                    templates=templates,
-                )
+                driver = _driver(api, namespace, template)
                 sandbox = await create_sandbox(store, namespace, f"sbx-{uuid.uuid4().hex[:8]}")
                 name = sandbox.metadata.name
                 await driver.ensure(
