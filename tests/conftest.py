@@ -45,9 +45,14 @@ REAL_NODE_A = (
     "test_real_gvisor",
 )
 XDIST_GROUPS = {
-    # two real nodes at once, each serving half of tests/node (about 11 minutes each)
+    # two real nodes at once, each serving half of tests/node (about 10 minutes each)
     **{f"tests/node/{f}.py::": "realnode-a" for f in REAL_NODE_A},
     "tests/node/": "realnode-b",
+    # the one bench smoke run that starts a real node of its own: in a node group's series
+    # (balancing the two: ~2 min), so no third real node starts beside the groups' two
+    "tests/integration/test_bench_smoke.py::test_bench_smoke_run[creds_rotation.py]": (
+        "realnode-a"
+    ),
     "tests/integration/test_rootless.py::": "rootless",
     "tests/integration/test_rootless_image.py::": "rootless",
     "tests/integration/test_image_overlay.py::": "rootless",
