@@ -34,6 +34,7 @@ __all__ = [
     "TRUST_MOUNT",
     "TRUST_SCRIPT",
     "rebuild_bundle",
+    "replace_file",
     "trust_bundle_container",
     "trust_env",
 ]
@@ -122,9 +123,9 @@ def trust_bundle_container(
 
 def rebuild_bundle(trust_file: Path) -> bool:
     """The guard's half: ``merged/bundle.pem`` beside ``trust_file`` (its ``egress.pem``) from
-    ``merged/image-bundle.pem`` and ``trust_file`` again (atomically); False (nothing written)
-    when no image bundle was copied (no injection at the Pod's start, or the init container has
-    not run yet: it writes both itself)."""
+    ``merged/image-bundle.pem`` and ``trust_file`` again; False (nothing written) when no image
+    bundle was copied (no injection at the Pod's start, or the init container has not run yet:
+    it writes both itself)."""
     trust_dir = trust_file.parent / MERGED
     try:
         image = (trust_dir / IMAGE_BUNDLE).read_bytes()
@@ -136,8 +137,13 @@ def rebuild_bundle(trust_file: Path) -> bool:
         pem = b""
     if image and not image.endswith(b"\n"):
         image += b"\n"
-    tmp = trust_dir / ".bundle.pem.tmp"
-    tmp.write_bytes(image + pem)
-    os.chmod(tmp, 0o644)  # the sandbox's uid reads it
-    os.replace(tmp, trust_dir / "bundle.pem")
+    replace_file(trust_dir / "bundle.pem", image + pem)
     return True
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """``path`` holds ``data``, readable by the sandbox's uid, never half-written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)

@@ -205,20 +205,22 @@ class PodDriver:
             protections["network-guard"] = "active"
         return protections
 
-    def _injects(self, spec: SandboxSpec, template: SandboxTemplateSpec) -> bool:
-        """The guard runs and the sandbox's policy injects headers at its start."""
+    def _injecting(self, spec: SandboxSpec, template: SandboxTemplateSpec) -> NetworkPolicy | None:
+        """The sandbox's policy at its start when the guard runs and it injects headers."""
         policy = effective_policy(template.network, spec.network)
-        return self._settings.netguard and bool(policy.inject)
+        return policy if self._settings.netguard and policy.inject else None
 
-    def _command_env(self, spec: SandboxSpec, template: SandboxTemplateSpec) -> dict[str, str]:
+    @staticmethod
+    def _command_env(
+        spec: SandboxSpec, template: SandboxTemplateSpec, injecting: NetworkPolicy | None
+    ) -> dict[str, str]:
         """The default environment of the sandbox's commands: with injections, the secrets'
         placeholders and the guard's trust bundle (``sandpod_kube.guardtrust``), under the
         template's and the sandbox's own variables (as in the local runtime)."""
         env = {e.name: e.value for e in (*template.env, *spec.env)}
-        if not self._injects(spec, template):
+        if injecting is None:
             return env
-        policy = effective_policy(template.network, spec.network)
-        return {**placeholder_env(policy), **trust_env(), **env}
+        return {**placeholder_env(injecting), **trust_env(), **env}
 
     def _selector(self, sandbox_id: str | None = None) -> str:
         mine = f"{INSTALLATION_LABEL}={self._installation}"
@@ -244,6 +246,7 @@ class PodDriver:
         """
         if owner is None or not owner.uid:
             raise RuntimeFailure("the kubernetes runtime needs the Sandbox's namespace and uid")
+        injecting = self._injecting(spec, template)
         pod = SandboxPod(
             name=sandbox_id,
             namespace=owner.namespace,
@@ -255,10 +258,10 @@ class PodDriver:
             cpu=template.resources.cpu,
             memory=template.resources.memory,
             disk=template.resources.disk,
-            env=self._command_env(spec, template),
+            env=self._command_env(spec, template, injecting),
             creds_secret=creds_secret_name(sandbox_id) if self._creds else None,
             volumes=tuple((v.name, v.mount_path, v.read_only) for v in spec.volumes),
-            trust_bundle=self._injects(spec, template),
+            trust_bundle=injecting is not None,
         )
         try:
             pods = await self._pods(sandbox_id)

@@ -31,7 +31,6 @@ rewrites ``bundle.pem`` (the two together, what the sandbox's commands trust by 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable, Mapping
 
 import structlog
@@ -40,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter
 from sandpod_contract.errors import StoreError
 from sandpod_contract.network import NetworkPolicy
 from sandpod_kube.guardpod import injected_secrets
-from sandpod_kube.guardtrust import rebuild_bundle
+from sandpod_kube.guardtrust import rebuild_bundle, replace_file
 from sandpod_kube.guardwatch import read_secret_keys
 from sandpod_lifecycle.network.ca import InterceptionCA
 from sandpod_lifecycle.network.podguard.settings import GuardSettings
@@ -146,10 +145,7 @@ class GuardEgress:
         pem = self.ca.trust_pem(domains) if domains else ""
         target = self.settings.trust_file
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(pem)
-        os.chmod(tmp, 0o644)  # the sandbox's uid reads it
-        os.replace(tmp, target)
+        replace_file(target, pem.encode())  # the sandbox's uid reads it
         try:  # the image's bundle with them, when the Pod has one
             merged = rebuild_bundle(target)
         except OSError as exc:  # the certificates are written: a client told of them trusts
