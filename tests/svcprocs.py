@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -46,7 +47,10 @@ class ServiceProc:
         self.proc: subprocess.Popen[bytes] = self._spawn()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        with self.log.open("ab") as out:
+        self.stopped = False  # set by stop() and kill(): an exit the test asked for
+        with self.log.open("ab") as out:  # when it began: a slow start shows in the log
+            out.write(f"# spawned at {datetime.now(UTC).isoformat()}\n".encode())
+            out.flush()
             return subprocess.Popen(
                 [*self.wrap, sys.executable, "-m", self.module],
                 env=self.env,
@@ -60,11 +64,13 @@ class ServiceProc:
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all (what a crash looks like)."""
+        self.stopped = True
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(20)
 
     def stop(self) -> None:
+        self.stopped = True
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -72,6 +78,15 @@ class ServiceProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+    def exited(self) -> str | None:
+        """Why this replica is not running when it should (its exit code and log tail)."""
+        code = self.proc.poll()
+        return (
+            None
+            if code is None or self.stopped
+            else f"{self.module} exited with {code}:\n{self.tail()}"
+        )
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

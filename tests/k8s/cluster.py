@@ -109,15 +109,22 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    async def answering(self) -> None:
-        """Until the lifecycle API answers (the service starts concurrently with the test)."""
-        async with asyncio.timeout(60):
-            while True:
-                try:
-                    await AsyncSandbox.list(nats_url=self.nats.url, prefix=self.prefix)
-                    return
-                except SandboxError:  # no responders yet
-                    await asyncio.sleep(0.05)
+    async def answering(self, timeout: float = 90) -> None:
+        """Until the lifecycle API answers (the service starts concurrently with the test); a
+        service that exits, or one still silent after ``timeout``, fails with its log."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                await AsyncSandbox.list(nats_url=self.nats.url, prefix=self.prefix)
+                return
+            except SandboxError:  # no responders yet
+                pass
+            if dead := [why for p in self.procs if (why := p.exited())]:
+                pytest.fail("\n".join(dead))
+            if asyncio.get_running_loop().time() > deadline:
+                tails = "\n".join(f"{p.module} ({p.replica}):\n{p.tail()}" for p in self.procs)
+                pytest.fail(f"no lifecycle API answers after {timeout:.0f} s:\n{tails}")
+            await asyncio.sleep(0.05)
 
     async def create(
         self, template: str | None = None, *, wait: float = 300, **options: Any
