@@ -25,9 +25,10 @@ exit code 1), ``exit`` (the container terminated with exit code 3: phase Failed,
 ``restartPolicy: Never``). :meth:`oom_kill` kills a running Pod's execd and reports it
 OOMKilled (exit code 137, phase Failed). ``uids`` records every Pod uid seen per name, so a
 test can tell one long-waited Pod from a create/delete storm.
-The image's filesystem
-does not exist here: the Pod's ``/workspace`` and ``/tmp`` emptyDirs become directories under the
-kubelet's state dir.
+The Pod's ``/workspace`` and ``/tmp`` emptyDirs become directories under the kubelet's state
+dir, made afresh for each new Pod (an earlier Pod's of the same name are removed), and so does a
+small image filesystem (:data:`IMAGE_FILES`, execd's ``SANDPOD_ROOTFS``): the root filesystem
+whose changes a snapshot captures. Commands still run on the host (their ``/`` is the host's).
 
 Builder Pods (label ``sandpod.dev/build``) run what their container spec says: its
 ``command`` + ``args`` as a host process, ``python3`` being this checkout's interpreter (the
@@ -53,6 +54,7 @@ import base64
 import contextlib
 import datetime
 import os
+import shutil
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -72,6 +74,40 @@ SCHEDULER_MESSAGE = (
     "0/3 nodes are available: 3 Insufficient memory. preemption: 0/3 nodes are "
     "available: 3 No preemption victims found for incoming pod."
 )
+
+
+# The root filesystem every sandbox Pod's container starts with here: (path, content or None
+# for a directory), made before its execd starts (so before any change of the sandbox's).
+IMAGE_FILES: tuple[tuple[str, str | None], ...] = (
+    ("app", None),
+    ("app/readme", "from the image\n"),
+    ("app/old", "an image file\n"),
+    ("app/lib", None),
+    ("app/lib/mod.py", "VALUE = 1\n"),
+    ("etc", None),
+    ("etc/motd", "welcome\n"),
+)
+IMAGE_MTIME = 1_700_000_000
+
+
+def _fresh_pod_files(root: Path) -> None:
+    """A new Pod's emptyDirs and image filesystem under ``root``: what an earlier Pod of the
+    same name left is gone, as a real kubelet's new Pod starts from nothing."""
+    for part in ("workspace", "tmp", "rootfs"):
+        shutil.rmtree(root / part, ignore_errors=True)
+    (root / "workspace").mkdir(parents=True)
+    (root / "tmp").mkdir()
+    image = root / "rootfs"
+    image.mkdir()
+    for rel, content in IMAGE_FILES:
+        path = image / rel
+        if content is None:
+            path.mkdir(0o755)
+        else:
+            path.write_text(content)
+            path.chmod(0o644)
+    for rel, _ in reversed(IMAGE_FILES):
+        os.utime(image / rel, (IMAGE_MTIME, IMAGE_MTIME), follow_symlinks=False)
 
 
 def _remap(value: str, mounts: Mapping[str, Path]) -> str:
@@ -263,14 +299,14 @@ class FakeKubelet:
             return
         container = raw["spec"]["containers"][0]
         root = self.state / "pods" / name
-        for volume in ("workspace", "tmp"):
-            (root / volume).mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(_fresh_pod_files, root)
         mounts = await self._secret_volumes(raw, container, root)
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("SANDPOD_")},
             **{k: _remap(v, mounts) for k, v in (await self._env(container)).items()},
             "SANDPOD_WORKSPACE": str(root / "workspace"),  # the Pod's emptyDirs, here
             "SANDPOD_STATE_DIR": str(root / "tmp"),
+            "SANDPOD_ROOTFS": str(root / "rootfs"),  # the image's files, here
             **self.execd_env,
         }
         with (root / "execd.log").open("ab") as log:

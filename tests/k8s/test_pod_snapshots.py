@@ -140,7 +140,8 @@ async def test_a_pod_snapshot_restores_byte_exact_into_new_pods_and_forks_are_is
         assert len(s2["layers"]) == len(s1["layers"]) + 1  # one layer added to the chain
         assert s2["sizeBytes"] < 10_000 < s1["sizeBytes"]  # the blob was not stored again
         ready = next(c for c in s2["conditions"] if c["type"] == "Ready")
-        assert "/workspace only" in ready["message"] and "frozen by" in ready["message"]
+        assert "/workspace and root fs changes" in ready["message"], ready
+        assert "frozen by" in ready["message"]
         if snapshots_in is not None:
             digests = [x["digest"] for x in s2["layers"]]
             assert all(snapshots_in.object_path("layers", d).exists() for d in digests)
@@ -164,6 +165,69 @@ async def test_a_pod_snapshot_restores_byte_exact_into_new_pods_and_forks_are_is
             for fork in forks:
                 await fork.kill()
                 await fork.close()
+    finally:
+        await src.kill()
+        await src.close()
+
+
+def _root(cluster: Cluster, name: str) -> Path:
+    """The Pod's root filesystem here (the fake kubelet's image files: ``IMAGE_FILES``)."""
+    return cluster.state / "pods" / name / "rootfs"
+
+
+ROOT_CHANGES = (
+    "echo new > $R/app/new && chmod 0600 $R/app/new && rm $R/app/old && "
+    "echo changed > $R/app/readme && mkdir -m 0750 $R/app/made && ln -s readme $R/app/link && "
+    "rm -r $R/app/lib && mkdir $R/app/lib && echo other > $R/app/lib/x && echo 1 > $R/etc/added"
+)
+
+
+async def test_a_pod_snapshot_keeps_the_root_filesystems_changes_deletions_too(
+    cluster: Cluster, snapshots_in: S3Server | None
+) -> None:
+    """What the sandbox changed outside /workspace, in its container's root filesystem, is
+    captured in the same snapshot as its own part: files written, made, linked, chmod-ed, and
+    the image's files it deleted (a directory replaced by a new one loses what the image had
+    in it). A sandbox restored from it has exactly that root filesystem before it is Ready;
+    a second snapshot stores only the next change, and its restore applies the whole chain.
+    The image's untouched files are never stored."""
+    src = await AsyncSandbox.create(name=f"kr-{uuid.uuid4().hex[:6]}", **_conn(cluster))
+    try:
+        root = _root(cluster, src.id)
+        image = _tree(root)
+        await _sh(src, f"R={root} && {ROOT_CHANGES}")
+        first = await src.snapshot(name=f"r1-{uuid.uuid4().hex[:4]}")
+        s1 = first.raw["status"]
+        assert {x["part"] for x in s1["layers"]} == {"workspace", "rootfs"}, s1
+        changed = _tree(root)
+        assert changed != image and "app/old" not in changed and "etc/motd" in changed
+
+        restored = await AsyncSandbox.create(snapshot=first.name, **_conn(cluster))
+        try:
+            assert (await restored.describe()).phase == "Running"
+            assert _tree(_root(cluster, restored.id)) == changed
+            await _sh(
+                restored,
+                f"R={_root(cluster, restored.id)} && rm $R/app/new && "
+                "echo again > $R/app/made/f && rm $R/etc/motd",
+            )
+            second = await restored.snapshot(name=f"r2-{uuid.uuid4().hex[:4]}")
+            s2 = second.raw["status"]
+            assert len(s2["layers"]) == len(s1["layers"]) + 1, s2  # the root part's change
+            assert s2["sizeBytes"] < 10_000, s2
+            again = _tree(_root(cluster, restored.id))
+        finally:
+            await restored.kill()
+            await restored.close()
+        third = await AsyncSandbox.create(snapshot=second.name, **_conn(cluster))
+        try:
+            tree = _tree(_root(cluster, third.id))
+            assert tree == again, (tree, again)
+            assert "app/new" not in tree and "etc/motd" not in tree and "app/lib/mod.py" not in tree
+            assert tree["app/made/f"][2] == b"again\n".hex()
+        finally:
+            await third.kill()
+            await third.close()
     finally:
         await src.kill()
         await src.close()

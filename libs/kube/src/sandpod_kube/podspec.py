@@ -334,6 +334,7 @@ def pod_manifest(pod: SandboxPod, settings: PodSettings) -> dict[str, Any]:
         },
         {"name": "SANDPOD_WORKSPACE", "value": "/workspace"},
         {"name": "SANDPOD_STATE_DIR", "value": "/tmp/sandpod"},  # noqa: S108 - the Pod's own emptyDir
+        {"name": "SANDPOD_ROOTFS", "value": "/"},  # its changes are snapshotted (sys.snapshot)
         {"name": "SANDPOD_EXECD_ENV", "value": json.dumps(dict(pod.env), sort_keys=True)},
         {"name": "HOME", "value": "/workspace"},
         {"name": "PYTHONPATH", "value": f"{BUNDLE_MOUNT}/site"},  # the bundle's packages only

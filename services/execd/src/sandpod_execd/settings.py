@@ -53,6 +53,9 @@ class ExecdSettings:
     sandbox_ids: tuple[str, ...] = ("default",)
     state_dir: Path = dataclasses.field(default_factory=lambda: DEFAULT_STATE_DIR)
     workspace: Path | None = None  # None: <state_dir>/workspaces/<sandbox id>
+    # SANDPOD_ROOTFS: the sandbox's own root filesystem ("/" in a Pod), whose changes since
+    # execd started ``sys.snapshot`` can capture; None: the host's (never captured)
+    rootfs: Path | None = None
     max_execs: int = 1024
     max_request_bytes: int = MiB
     default_max_output: int = 16 * MiB
@@ -100,6 +103,9 @@ class ExecdSettings:
         if workspace and len(ids) > 1:
             raise ValueError("SANDPOD_WORKSPACE is per sandbox: serve one sandbox id with it")
         jail = env_str(env, "SANDPOD_EXECD_JAIL", "") or None
+        rootfs = env_str(env, "SANDPOD_ROOTFS", "")
+        if rootfs and not rootfs.startswith("/"):
+            raise ValueError(f"SANDPOD_ROOTFS must be an absolute path, not {rootfs!r}")
         base_env = _json_env(env_str(env, "SANDPOD_EXECD_ENV", "") or "{}")
         if jail and len(ids) > 1 and "{sandbox_id}" not in jail:
             raise ValueError("SANDPOD_EXECD_JAIL serving several ids needs {sandbox_id} in it")
@@ -114,6 +120,7 @@ class ExecdSettings:
             node=node,
             state_dir=Path(env_str(env, "SANDPOD_STATE_DIR", str(DEFAULT_STATE_DIR))).expanduser(),
             workspace=Path(workspace).expanduser() if workspace else None,
+            rootfs=Path(rootfs) if rootfs else None,
             base_env=base_env,
             max_execs=env_int(env, "SANDPOD_EXECD_MAX_EXECS", cls.max_execs, minimum=1),
             max_request_bytes=env_int(

@@ -13,6 +13,19 @@ Data flow: request -> freeze (``Freezer.freeze``; a sandbox already frozen is no
 -> walk ``path`` on a thread, writing ``<state dir>/snapshots/<random>.tar`` -> thaw -> reply
 with the file's path, size and entry count. A failed copy removes the file and still thaws.
 
+The root filesystem (``rootfs``: ``/`` in a Pod, the container's image plus its writable layer)
+is captured in the same freeze as a second tar of what changed since execd started: the writable
+layer itself is out of a container's sight, but every entry the sandbox created, wrote, renamed,
+chmod-ed or linked has a ctime at or after that moment (the kernel sets it; no call sets it
+back), and the image's entries were unpacked before the container started. The walk stays on
+the root's device (mounts -- /proc, /workspace, /tmp, the runtime's /etc/hosts... -- are not the
+layer) and holds:
+
+    every changed entry       with its data (files), as in the workspace's tar
+    their directories         headers only, so the tar unpacks (their metadata is context)
+    a changed directory's     ``SANDPOD.children`` pax record: its entries' names, "/"-joined;
+      complete listing        what is not listed was deleted (an image file removed, renamed)
+
 What the file holds is only what the sandbox's files are; the lifecycle never trusts it as more
 (it checks every member before packing a layer: see ``sandpod_lifecycle.runtime.podtar``).
 """
@@ -29,9 +42,10 @@ from pathlib import Path
 
 from sandpod_contract.errors import FsNotADirectory, FsNotFound, SandboxError
 
-__all__ = ["write_snapshot"]
+__all__ = ["CHILDREN", "write_rootfs_changes", "write_snapshot"]
 
 SKIPPED = (stat.S_IFSOCK,)  # sockets cannot be archived (tar skips them too)
+CHILDREN = "SANDPOD.children"  # pax record of a changed directory: its entries' names
 
 
 def _write(root: Path, dest: Path) -> int:
@@ -57,6 +71,85 @@ def _write(root: Path, dest: Path) -> int:
                     children = sorted(e.name for e in it)
                 stack.extend((path / c, f"{name}/{c}") for c in reversed(children))
     return entries
+
+
+def _changed(
+    root: Path, since_ns: int, skip: frozenset[Path]
+) -> tuple[dict[str, os.stat_result], dict[str, list[str]]]:
+    """Entries below ``root`` on its device whose ctime is at or after ``since_ns`` (relative
+    name -> lstat; "" is ``root``), and the names in each such directory."""
+    dev = root.lstat().st_dev
+    changed: dict[str, os.stat_result] = {}
+    listings: dict[str, list[str]] = {}
+    stack = [("", root)]
+    while stack:
+        rel, path = stack.pop()
+        try:
+            st = path.lstat()
+        except FileNotFoundError:  # a process outside the frozen ones removed it: not ours
+            continue
+        if st.st_dev != dev or path in skip or stat.S_IFMT(st.st_mode) in SKIPPED:
+            continue
+        if st.st_ctime_ns >= since_ns:
+            changed[rel] = st
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        try:
+            names = sorted(os.listdir(path))
+        except PermissionError:  # an image directory the sandbox's user cannot read: not its
+            continue
+        if rel in changed:
+            listings[rel] = names
+        stack.extend((f"{rel}/{n}" if rel else n, path / n) for n in reversed(names))
+    return changed, listings
+
+
+def _write_changes(root: Path, since_ns: int, skip: frozenset[Path], dest: Path) -> int:
+    changed, listings = _changed(root, since_ns, skip)
+    members = set(changed)
+    for rel in changed:  # their directories, so that the tar unpacks
+        parts = rel.split("/")
+        members.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    members.add("")
+    with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in sorted(members):  # a directory sorts before what it holds
+            path = root / rel if rel else root
+            info = tar.gettarinfo(str(path), arcname=f"./{rel}" if rel else ".")
+            info.uname = info.gname = ""
+            if rel in listings:
+                info.pax_headers = {CHILDREN: "/".join(listings[rel])}
+            if info.isreg():  # a changed file (the others are directories)
+                with path.open("rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+    return len(members)
+
+
+async def write_rootfs_changes(
+    root: Path, since: float, state_dir: Path, skip: tuple[Path, ...] = ()
+) -> tuple[Path, int]:
+    """What changed in the root filesystem ``root`` since ``since`` (a time.time() value) as a
+    tar under ``state_dir`` (see the module docstring); (file, entries). ``skip``: paths on the
+    same device that are not the sandbox's (execd's own state). The caller has frozen the
+    sandbox's commands.
+
+    Raises:
+        SandboxError: the archive could not be written (disk full, unreadable file).
+    """
+    where = state_dir / "snapshots"
+    await asyncio.to_thread(where.mkdir, 0o700, True, True)
+    dest = where / f"{uuid.uuid4().hex}.rootfs.tar"
+    since_ns = int(since * 1_000_000_000)
+    try:
+        entries = await asyncio.to_thread(
+            _write_changes, root, since_ns, frozenset((*skip, where)), dest
+        )
+    except (OSError, tarfile.TarError) as exc:
+        with contextlib.suppress(OSError):
+            dest.unlink()
+        raise SandboxError(f"cannot archive the sandbox's root filesystem: {exc}") from exc
+    return dest, entries
 
 
 async def write_snapshot(root: Path, state_dir: Path) -> tuple[Path, int]:

@@ -57,6 +57,9 @@ class Info(Message):
     default_max_output: int  # per-stream capture cap of one-shot exec
     families: tuple[str, ...] = ()
     max_output_limit: int | None = None  # largest max_output honoured (None: an older execd)
+    # the sandbox's own root filesystem as execd's commands see it ("/" in a Pod), whose
+    # changes ``sys.snapshot`` can capture; "": none (the process runtime, an older execd)
+    rootfs: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,18 +173,23 @@ class SnapshotTake(Message):
     ``/workspace``) as one POSIX tar file while the sandbox's commands are frozen (``sys.freeze``
     semantics; a sandbox already paused stays paused, any other is thawed after the copy).
     ``timeout``: how long execd may take to freeze them. The reply names the file, which the
-    caller reads (``fs.read``) and removes (``fs.remove``)."""
+    caller reads (``fs.read``) and removes (``fs.remove``). ``rootfs``: in the same freeze, also
+    write what changed in the sandbox's root filesystem since execd started (the container's
+    writable layer as the sandbox sees it: see ``Info.rootfs``) as a second tar."""
 
     TYPE = "sys.snapshot"
     path: str = "/workspace"
     timeout: float = 5.0
+    rootfs: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotTaken(Message):
     """Reply to ``sys.snapshot``: the tar file (``file``, a path ``fs.read`` accepts), its
     ``size`` in bytes, how many ``entries`` it holds, and how the commands were frozen
-    (``mechanism``: ``cgroup`` or ``signals``, as in :class:`FreezeState`)."""
+    (``mechanism``: ``cgroup`` or ``signals``, as in :class:`FreezeState`). With ``rootfs``
+    asked and an execd that has a root filesystem to capture, ``rootfs_file`` names the second
+    tar (its size and entries alongside); "" otherwise."""
 
     TYPE = "sys.snapshot_taken"
     sandbox_id: str
@@ -189,6 +197,9 @@ class SnapshotTaken(Message):
     size: int
     entries: int
     mechanism: str = ""
+    rootfs_file: str = ""
+    rootfs_size: int = 0
+    rootfs_entries: int = 0
 
 
 OPERATIONS: tuple[Operation, ...] = (

@@ -11,7 +11,7 @@ import socket
 import time
 
 from sandpod_contract.catalogue import DATA_PLANE, PROTOCOL_VERSION
-from sandpod_contract.errors import BadRequest
+from sandpod_contract.errors import BadRequest, SandboxError
 from sandpod_contract.messages.common import Empty
 from sandpod_contract.messages.system import (
     Activity,
@@ -28,7 +28,7 @@ from sandpod_contract.messages.system import (
 from sandpod_execd import __version__, cgstats, sysmetrics
 from sandpod_execd.handlers import Deps, Route
 from sandpod_execd.sandbox import WORKSPACE_ALIAS, SandboxContext
-from sandpod_execd.snaptar import write_snapshot
+from sandpod_execd.snaptar import write_rootfs_changes, write_snapshot
 
 __all__ = ["SystemHandlers"]
 
@@ -77,12 +77,20 @@ class SystemHandlers:
         rel = req.path.removeprefix(WORKSPACE_ALIAS)
         if sbx.jail is not None or not inside or ".." in rel.split("/"):
             raise BadRequest("sys.snapshot takes /workspace or a directory below it (Pods only)")
+        state_dir, rootfs = self._settings.state_dir, self._settings.rootfs
         was_frozen = sbx.freezer.frozen
         state = await sbx.freezer.freeze(req.timeout)
+        root_file, root_entries = None, 0
         try:
-            file, entries = await write_snapshot(
-                sbx.workspace / rel.strip("/"), self._settings.state_dir
-            )
+            file, entries = await write_snapshot(sbx.workspace / rel.strip("/"), state_dir)
+            if req.rootfs and rootfs is not None:  # the same frozen moment as the workspace's
+                try:
+                    root_file, root_entries = await write_rootfs_changes(
+                        rootfs, self._started, state_dir, (sbx.workspace, state_dir)
+                    )
+                except SandboxError:
+                    file.unlink(missing_ok=True)
+                    raise
         finally:
             if not was_frozen:
                 await sbx.freezer.thaw()
@@ -92,6 +100,9 @@ class SystemHandlers:
             size=file.stat().st_size,
             entries=entries,
             mechanism=state.mechanism,
+            rootfs_file=str(root_file or ""),
+            rootfs_size=root_file.stat().st_size if root_file else 0,
+            rootfs_entries=root_entries,
         )
 
     async def thaw(self, sbx: SandboxContext, _: Empty) -> FreezeState:
@@ -136,6 +147,7 @@ class SystemHandlers:
             default_max_output=s.default_max_output,
             families=self._families,
             max_output_limit=s.max_output_limit,
+            rootfs=str(s.rootfs or ""),
         )
 
     async def metrics(self, sbx: SandboxContext, _: Empty) -> SandboxMetrics:

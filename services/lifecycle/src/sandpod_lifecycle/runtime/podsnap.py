@@ -1,17 +1,20 @@
 """Snapshots of Pod sandboxes (Kubernetes mode): captured and restored through the Pod's execd.
 
 A Pod's files are reachable only through its execd, over NATS with the lifecycle's own
-credentials. What is captured is the sandbox's ``/workspace`` (its emptyDir): the container's
-root filesystem is the image plus whatever the runtime's writable layer holds, which execd
-cannot tell apart from the image reliably from inside the container, so it is not captured
-(the Snapshot's condition says so).
+credentials. Two parts are captured, in one freeze: the sandbox's ``/workspace`` (its emptyDir,
+whole) and what changed in the container's root filesystem since execd started (the writable
+layer as the sandbox sees it: ``sandpod_execd.snaptar``, ``podtar``, ``podroot``). Each part
+has its layers (``LayerInfo.part``: ``workspace`` or ``rootfs``) and its manifest in the
+capture record. An execd without a root filesystem to capture (an older one) gives the
+workspace only, and the Snapshot's condition says so.
 
 Capture (:meth:`PodSnapshots.capture`):
 
     sys.snapshot      execd freezes the commands (cgroup freezer or SIGSTOP: the reply says
-                      which), writes /workspace as a tar into a private file, thaws them
-    fs.read           the lifecycle downloads the file (flow-controlled chunks) into staging,
-    fs.remove         then removes it from the Pod
+                      which), writes /workspace and the root filesystem's changes as two tars
+                      into private files, thaws them
+    fs.read           the lifecycle downloads the files (flow-controlled chunks) into staging,
+    fs.remove         then removes them from the Pod
     check + diff      ``podtar.read_archive`` refuses hostile members; ``podtar.changes``
                       against the instance's capture record (its last capture, or the
                       snapshot it was restored from) says what changed
@@ -22,10 +25,11 @@ Capture (:meth:`PodSnapshots.capture`):
 Restore (:meth:`PodSnapshots.restore_into`, called by the Pod driver once a new Pod is Ready
 and before the Sandbox is): every layer is fetched and verified against its digest
 (a changed object is ``LayerCorrupt``: the Sandbox fails ``SnapshotUnavailable``), the chain
-is merged (``podtar.merge_layers``: whiteouts become absences) and streamed into the Pod's
-``/workspace`` by the sandbox's own ``tar -x`` (``sandpod_client.archive.extract``: as the
-sandbox's user, inside the Pod). The restored tree becomes the instance's capture record, so
-the next snapshot of it stores only what changed since.
+is merged per part (``podtar.merge_layers``: whiteouts become absences, listings apply) and
+streamed into the Pod's ``/workspace`` by the sandbox's own ``tar -x``
+(``sandpod_client.archive.extract``: as the sandbox's user, inside the Pod); the root part goes
+into the Pod's root filesystem (``podroot.unpack_rootfs``). The restored trees become the
+instance's capture record, so the next snapshot of it stores only what changed since.
 
 A capture record is valid for one instance: the execd that answered ``sys.info`` (hostname,
 pid, start time), which is new in every Pod.
@@ -38,8 +42,9 @@ import contextlib
 import dataclasses
 import hashlib
 import shutil
-from collections.abc import AsyncIterator
+import tarfile
 from pathlib import Path
+from typing import Literal
 
 import msgpack
 import zstandard
@@ -54,6 +59,7 @@ from sandpod_contract.messages.system import Info, Pong, SnapshotTake, SnapshotT
 from sandpod_contract.resources import ConditionReason
 from sandpod_contract.subjects import Subjects
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure, SnapshotLayer
+from sandpod_lifecycle.runtime.podroot import file_chunks, unpack_rootfs
 from sandpod_lifecycle.runtime.podtar import (
     CaptureRefused,
     PodManifest,
@@ -72,13 +78,14 @@ from sandpod_lifecycle.runtime.snaplayers import (
 
 __all__ = ["WORKSPACE_ONLY", "PodCapture", "PodSnapshots"]
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
+PARTS = ("workspace", "rootfs")
 WORKSPACE = "/workspace"
 FREEZE_TIMEOUT = 10.0  # seconds execd may take to freeze the commands
 ARCHIVE_TIMEOUT = 600.0  # seconds execd may take to write the archive (a large workspace)
 READY_TIMEOUT = 30.0  # seconds a new Pod's execd has to answer before a restore
 CHUNK = 1 << 20
-WORKSPACE_ONLY = "Kubernetes mode: /workspace only (the container's root filesystem is not)"
+WORKSPACE_ONLY = "/workspace only (this execd cannot capture the container's root filesystem)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,16 +96,20 @@ class PodCapture:
     chain: tuple[LayerInfo, ...]
     new: tuple[LayerInfo, ...]  # 0 or 1 layer
     instance: str  # the execd it was taken from
-    manifest: PodManifest
+    manifests: dict[str, PodManifest]  # part -> its tree (the root's: what changed)
     mechanism: str  # how the commands were frozen
     previous: str | None = None  # the committed capture (or restore) this one adds to
+
+    @property
+    def workspace_only(self) -> bool:
+        return "rootfs" not in self.manifests
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Record:
     name: str
     chain: tuple[LayerInfo, ...]
-    manifest: PodManifest
+    manifests: dict[str, PodManifest]
 
 
 class PodSnapshots:
@@ -113,9 +124,10 @@ class PodSnapshots:
     def _channel(self, sandbox_id: str) -> Channel:
         return Channel(self._bus, self._subjects, sandbox_id)
 
-    async def _instance(self, ch: Channel) -> str:
+    async def _instance(self, ch: Channel) -> tuple[str, str]:
+        """(the execd instance's identity, its root filesystem: "" if it captures none)."""
         info = await ch.call("sys", "info", Empty(), Info, 10.0)
-        return f"{info.hostname}/{info.pid}/{info.started_at!r}"
+        return f"{info.hostname}/{info.pid}/{info.started_at!r}", info.rootfs
 
     async def capture(self, sandbox_id: str, restored: tuple[LayerInfo, ...] = ()) -> PodCapture:
         """Capture the running Pod sandbox ``sandbox_id``; ``restored``: the chain it was
@@ -127,54 +139,68 @@ class PodSnapshots:
                 SnapshotStoreFailed: the layer could not be made or stored.
         """
         ch = self._channel(sandbox_id)
-        instance = await self._instance(ch)
+        instance, _ = await self._instance(ch)
         staged = self.layers.staging()
         try:
-            full = staged / "full.tar"
-            taken = await self._download(ch, full)
-            manifest = await asyncio.to_thread(read_archive, full)
+            files = {part: staged / f"{part}.tar" for part in PARTS}
+            taken = await self._download(ch, files)
             record = self._load(sandbox_id, instance)
-            chain = restored if record is None else record.chain
-            new: tuple[LayerInfo, ...] = ()
-            base = None if record is None else record.manifest
-            if base is None or base.entries != manifest.entries:
-                diff = changes(base, manifest)
-                await asyncio.to_thread(write_layer, full, manifest, diff, staged / "layer.tar")
+            manifests: dict[str, PodManifest] = {}
+            new: list[LayerInfo] = []
+            for part, full in files.items():
+                if not full.exists():  # no root part: an execd that cannot capture it
+                    continue
+                manifests[part] = manifest = await asyncio.to_thread(read_archive, full)
+                base = None if record is None else record.manifests.get(part)
+                if base is not None and base.entries == manifest.entries:
+                    continue
+                diff = changes(base, manifest, whiteouts=part == "workspace")
+                if diff == ([""], []) and (base is not None or part == "rootfs"):
+                    continue  # the root's own metadata is never restored: no change
+                layer = staged / f"{part}.layer.tar"
+                await asyncio.to_thread(write_layer, full, manifest, diff, layer)
                 await asyncio.to_thread(full.unlink)
-                owner = manifest.entries[""][2]
-                new = (await self._seal(staged / "layer.tar", owner),)
+                owner = manifests["workspace"].entries[""][2]
+                new.append(await self._seal(layer, part, owner))
+            chain = restored if record is None else record.chain
             previous = None if record is None else record.name
             return PodCapture(
                 sandbox_id,
                 (*chain, *new),
-                new,
+                tuple(new),
                 instance,
-                manifest,
+                manifests,
                 taken.mechanism,
                 previous,
             )
         finally:
             await asyncio.to_thread(shutil.rmtree, staged, True)
 
-    async def _download(self, ch: Channel, dest: Path) -> SnapshotTaken:
-        """``sys.snapshot`` of the workspace, read into ``dest`` and removed from the Pod."""
-        request = SnapshotTake(path=WORKSPACE, timeout=FREEZE_TIMEOUT)
+    async def _download(self, ch: Channel, dest: dict[str, Path]) -> SnapshotTaken:
+        """``sys.snapshot`` of the workspace and the root filesystem's changes, read into
+        ``dest[part]`` (the root's only when execd wrote it) and removed from the Pod."""
+        request = SnapshotTake(path=WORKSPACE, timeout=FREEZE_TIMEOUT, rootfs=True)
         taken = await ch.call("sys", "snapshot", request, SnapshotTaken, ARCHIVE_TIMEOUT)
+        files = [("workspace", taken.file, taken.size)]
+        if taken.rootfs_file:
+            files.append(("rootfs", taken.rootfs_file, taken.rootfs_size))
         try:
-            # never more than execd wrote: the sandbox may replace the file once thawed
-            reader = FileReader(ch, taken.file, size_hint=taken.size, max_size=taken.size)
-            try:
-                with dest.open("wb") as out:
-                    async for chunk in reader:
-                        await asyncio.to_thread(out.write, chunk)
-            finally:
-                await reader.aclose()
+            for part, file, size in files:
+                # never more than execd wrote: the sandbox may replace the file once thawed
+                reader = FileReader(ch, file, size_hint=size, max_size=size)
+                try:
+                    with dest[part].open("wb") as out:
+                        async for chunk in reader:
+                            await asyncio.to_thread(out.write, chunk)
+                finally:
+                    await reader.aclose()
         finally:
-            with contextlib.suppress(SandpodError):
-                await ch.call("fs", "remove", FsRemove(path=taken.file), FsRemoved, 30.0)
+            for _, file, _ in files:
+                with contextlib.suppress(SandpodError):
+                    await ch.call("fs", "remove", FsRemove(path=file), FsRemoved, 30.0)
         return taken
 
-    async def _seal(self, tar: Path, owner: int) -> LayerInfo:
+    async def _seal(self, tar: Path, part: str, owner: int) -> LayerInfo:
         """Compress, hash and store the layer tar ``tar``; its LayerInfo."""
         blob = tar.with_suffix(".zst")
         digest, size = await asyncio.to_thread(_compress, tar, blob)
@@ -185,11 +211,11 @@ class PodSnapshots:
             raise SnapshotStoreFailed(f"cannot store a layer: {exc}") from exc
         if stored.digest != digest:
             raise SnapshotStoreFailed(f"layer {digest} was stored as {stored.digest}")
-        return LayerInfo(digest, size, "workspace", owner, unpacked)
+        return LayerInfo(digest, size, part, owner, unpacked)
 
     def commit(self, capture: PodCapture, name: str) -> None:
         """Record ``capture`` (stored as snapshot ``name``): the next capture diffs from it."""
-        self._write(capture.sandbox_id, name, capture.instance, capture.chain, capture.manifest)
+        self._write(capture.sandbox_id, name, capture.instance, capture.chain, capture.manifests)
 
     def _write(
         self,
@@ -197,14 +223,14 @@ class PodSnapshots:
         name: str,
         instance: str,
         chain: tuple[LayerInfo, ...],
-        manifest: PodManifest,
+        manifests: dict[str, PodManifest],
     ) -> None:
         raw = {
             "version": RECORD_VERSION,
             "name": name,
             "instance": instance,
             "chain": [dataclasses.asdict(layer) for layer in chain],
-            "manifest": manifest.encode(),
+            "manifests": {part: m.encode() for part, m in manifests.items()},
         }
         path = self._records / sandbox_id
         tmp = path.with_suffix(".tmp")
@@ -217,7 +243,8 @@ class PodSnapshots:
             if raw.get("version") != RECORD_VERSION or raw["instance"] != instance:
                 return None  # another Pod of the same name: its files are not ours
             chain = tuple(LayerInfo(**layer) for layer in raw["chain"])
-            return _Record(str(raw["name"]), chain, PodManifest.decode(raw["manifest"]))
+            manifests = {str(p): PodManifest.decode(m) for p, m in raw["manifests"].items()}
+            return _Record(str(raw["name"]), chain, manifests)
         except (OSError, ValueError, TypeError, KeyError, msgpack.UnpackException):
             return None
 
@@ -228,7 +255,7 @@ class PodSnapshots:
 
     async def restore_layers(self, chain: tuple[LayerInfo, ...]) -> tuple[SnapshotLayer, ...]:
         """The chain's layer tars, fetched and verified into one staging directory (removed
-        by :meth:`restore_into`); a layer of another part than the workspace is left out.
+        by :meth:`restore_into`).
 
         Raises:
             LayerCorrupt: a stored layer was changed. SnapshotStoreFailed: cannot fetch.
@@ -236,7 +263,7 @@ class PodSnapshots:
         staged = self.layers.staging()
         out = []
         try:
-            for i, layer in enumerate(x for x in chain if x.part == "workspace"):
+            for i, layer in enumerate(x for x in chain if x.part in PARTS):
                 blob, tar = staged / f"{i}.zst", staged / f"{i}.tar"
                 try:
                     await self.layers.blobs.get_file(layer.digest, blob)  # checks the digest
@@ -249,7 +276,10 @@ class PodSnapshots:
                 except SandpodError as exc:
                     raise SnapshotStoreFailed(f"cannot fetch layer {layer.digest}: {exc}") from exc
                 await asyncio.to_thread(_decompress, blob, tar)
-                out.append(SnapshotLayer(tar, "workspace", layer.owner))
+                part: Literal["rootfs", "workspace"] = (
+                    "rootfs" if layer.part == "rootfs" else "workspace"
+                )
+                out.append(SnapshotLayer(tar, part, layer.owner))
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, staged, True)
             raise
@@ -262,13 +292,14 @@ class PodSnapshots:
     async def restore_into(
         self, sandbox_id: str, name: str, layers: tuple[SnapshotLayer, ...]
     ) -> int:
-        """Unpack the layers (from :meth:`restore_layers`) into the Pod's ``/workspace``;
-        the number of entries restored. The Pod's execd is waited for (``READY_TIMEOUT``). A
-        Pod with a capture record already (restored or captured before: a lifecycle restarted
-        while its Sandbox was Pending) is left as it is (0).
+        """Unpack the layers (from :meth:`restore_layers`) into the Pod's ``/workspace`` and
+        root filesystem; the number of entries restored. The Pod's execd is waited for
+        (``READY_TIMEOUT``). A Pod with a capture record already (restored or captured before:
+        a lifecycle restarted while its Sandbox was Pending) is left as it is (0).
 
         Raises:
-            InstanceUnhealthy: SnapshotUnavailable (terminal): a layer holds a hostile member.
+            InstanceUnhealthy: SnapshotUnavailable (terminal): a layer holds a hostile member,
+                or the Pod's execd cannot restore a root filesystem the snapshot holds.
             RuntimeFailure: execd did not answer, or its ``tar`` refused the stream.
         """
         ch = self._channel(sandbox_id)
@@ -278,15 +309,10 @@ class PodSnapshots:
                 return 0
             await _answering(ch)
             try:
-                instance = await self._instance(ch)
+                instance, rootfs = await self._instance(ch)
                 if self._load(sandbox_id, instance) is not None:
                     return 0  # this Pod was restored (or captured) already: its files are newer
-                merged = staged / "merged.tar"
-                entries = await asyncio.to_thread(merge_layers, [x.path for x in layers], merged)
-                manifest = await asyncio.to_thread(read_archive, merged)
-                # not the root: /workspace is the kubelet's, its mode and times not ours to set
-                start = await asyncio.to_thread(below_root, merged)
-                await extract(ch, WORKSPACE, _chunks(merged, start))
+                manifests, entries = await self._unpack(ch, staged, layers, rootfs)
             except SandpodError as exc:
                 raise RuntimeFailure(f"cannot restore {sandbox_id}'s files: {exc}") from exc
             except CaptureRefused as exc:  # never unpacked: the Sandbox fails, saying why
@@ -297,12 +323,48 @@ class PodSnapshots:
                 ) from exc
             chain = self._fetched.get(staged)
             if chain is not None:
-                self._write(sandbox_id, name, instance, chain, manifest)
+                self._write(sandbox_id, name, instance, chain, manifests)
             return entries
         finally:
             if staged is not None:
                 self._fetched.pop(staged, None)
                 await asyncio.to_thread(shutil.rmtree, staged, True)
+
+    async def _unpack(
+        self, ch: Channel, staged: Path, layers: tuple[SnapshotLayer, ...], rootfs: str
+    ) -> tuple[dict[str, PodManifest], int]:
+        """Each part's chain merged, checked and unpacked into the Pod: (manifests, entries)."""
+        manifests: dict[str, PodManifest] = {}
+        entries = 0
+        for part in PARTS:
+            tars = [x.path for x in layers if x.part == part]
+            if not tars and part == "rootfs" and not rootfs:
+                continue  # neither captured nor capturable: the workspace alone, as before
+            merged = staged / f"{part}.merged.tar"
+            if not tars:  # nothing of it in the chain: the root as the image has it
+                await asyncio.to_thread(_empty_tree, merged)
+            entries += await asyncio.to_thread(merge_layers, tars, merged) if tars else 0
+            manifests[part] = await asyncio.to_thread(read_archive, merged)
+            if part == "workspace":
+                # not the root: /workspace is the kubelet's, its mode and times not ours to set
+                start = await asyncio.to_thread(below_root, merged)
+                await extract(ch, WORKSPACE, file_chunks(merged, start))
+            elif not rootfs:
+                raise CaptureRefused(
+                    "the snapshot holds root filesystem changes, and this Pod's execd cannot "
+                    "restore them (it is older than the snapshot's: update the execd image)"
+                )
+            elif tars:
+                await unpack_rootfs(ch, rootfs, merged)
+        return manifests, entries
+
+
+def _empty_tree(path: Path) -> None:
+    """A tar of one empty root directory (a part with no layer)."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        root = tarfile.TarInfo(".")
+        root.type, root.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(root)
 
 
 async def _answering(ch: Channel) -> None:
@@ -316,13 +378,6 @@ async def _answering(ch: Channel) -> None:
             if asyncio.get_running_loop().time() >= deadline:
                 raise RuntimeFailure(f"execd of {ch.sandbox_id} did not answer: {exc}") from exc
             await asyncio.sleep(0.05)
-
-
-async def _chunks(path: Path, start: int = 0) -> AsyncIterator[bytes]:
-    with path.open("rb") as f:
-        f.seek(start)
-        while chunk := await asyncio.to_thread(f.read, CHUNK):
-            yield chunk
 
 
 def _compress(src: Path, blob: Path) -> tuple[str, int]:

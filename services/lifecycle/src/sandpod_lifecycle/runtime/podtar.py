@@ -17,6 +17,15 @@ directories, a whiteout for each entry gone. Only headers are written (owners, m
 whiteouts are tar fields), so the lifecycle needs no privilege, and every header is rebuilt
 from the checked fields (no xattr or other pax record of the sandbox's passes through).
 
+The root filesystem's tar (execd's ``sys.snapshot`` with ``rootfs``) holds only what changed
+since the container started, and a changed directory's complete listing as a ``SANDPOD.children``
+record (names, "/"-joined): an entry not listed was deleted, though it may be one of the
+image's, which no capture holds. So that part's layers have no whiteouts (:func:`changes` with
+``whiteouts=False``: an entry missing from a capture is unchanged since the image, or its
+directory's listing says it is gone); a listing is checked (plain names only), kept in the
+layer's header, and applied by :func:`merge_layers` (what it does not name below that
+directory is dropped) and, in the new Pod, by the restore (:func:`listings`).
+
 :func:`merge_layers` is the restore: the chain's layer tars, bottom first, resolved as overlayfs
 would (a whiteout hides what is below; a non-directory replaces a directory's whole subtree; an
 opaque directory hides what is below it), each member checked again, written as one tar for the
@@ -44,6 +53,7 @@ __all__ = [
     "PodManifest",
     "below_root",
     "changes",
+    "listings",
     "merge_layers",
     "read_archive",
     "write_layer",
@@ -51,6 +61,7 @@ __all__ = [
 
 MANIFEST_VERSION = 1
 OPAQUE = "trusted.overlay.opaque"
+CHILDREN = "SANDPOD.children"  # a changed directory's complete listing (sandpod_execd.snaptar)
 CHUNK = 1 << 20
 # (type, mode, uid, gid, mtime_ns, size, link target, sha256 hex of the data or "")
 Row = tuple[str, int, int, int, int, int, str, str]
@@ -110,6 +121,20 @@ def _kind(m: tarfile.TarInfo) -> str:
     raise CaptureRefused(f"the archive holds a device or unknown member: {m.name[:200]!r}")
 
 
+def _listing(m: tarfile.TarInfo) -> list[str] | None:
+    """A directory member's checked ``SANDPOD.children`` record, or None; CaptureRefused when
+    it is on another kind of member or names anything but plain entries."""
+    raw = m.pax_headers.get(CHILDREN)
+    if raw is None:
+        return None
+    if not m.isdir():
+        raise CaptureRefused(f"a listing on a member that is no directory: {m.name[:200]!r}")
+    names = raw.split("/") if raw else []
+    if any(n in ("", ".", "..") or "\x00" in n for n in names):
+        raise CaptureRefused(f"a listing names no plain entry: {m.name[:200]!r}")
+    return names
+
+
 def read_archive(path: Path) -> PodManifest:
     """Check every member of the tar ``path`` and return the tree's manifest.
 
@@ -131,16 +156,7 @@ def read_archive(path: Path) -> PodManifest:
                     raise CaptureRefused(f"{name[:200]!r} is below a member that is no directory")
                 if not name and kind != "dir":
                     raise CaptureRefused("the archive's root is not a directory")
-                link, digest = "", ""
-                if kind == "symlink":
-                    link = m.linkname
-                elif kind == "hardlink":
-                    link = _name(m.linkname)
-                    if entries.get(link, ("",))[0] != "file":
-                        raise CaptureRefused(f"{name[:200]!r} links to no earlier regular file")
-                    digest = entries[link][7]
-                elif kind == "file":
-                    digest = _sha256(tar.extractfile(m))
+                link, digest = _content(tar, m, name, kind, entries)
                 mtime = int(m.mtime * 1_000_000_000)
                 entries[name] = (kind, m.mode & 0o7777, m.uid, m.gid, mtime, m.size, link, digest)
     except tarfile.TarError as exc:
@@ -148,6 +164,27 @@ def read_archive(path: Path) -> PodManifest:
     if "" not in entries:
         raise CaptureRefused("the archive has no root directory")
     return PodManifest(entries)
+
+
+def _content(
+    tar: tarfile.TarFile, m: tarfile.TarInfo, name: str, kind: str, entries: dict[str, Row]
+) -> tuple[str, str]:
+    """(link target, digest) of the checked member ``m``: a file's data, a hard link's file's,
+    a directory's listing (none: "")."""
+    names = _listing(m)  # refused on anything but a directory
+    if kind == "symlink":
+        return m.linkname, ""
+    if kind == "hardlink":
+        link = _name(m.linkname)
+        if entries.get(link, ("",))[0] != "file":
+            raise CaptureRefused(f"{name[:200]!r} links to no earlier regular file")
+        return link, entries[link][7]
+    if kind == "file":
+        return "", _sha256(tar.extractfile(m))
+    if names is not None:  # a listing is part of what a directory is
+        listed = "/".join(names).encode("utf-8", "surrogateescape")
+        return "", "children:" + hashlib.sha256(listed).hexdigest()
+    return "", ""
 
 
 def _sha256(f: IO[bytes] | None) -> str:
@@ -158,10 +195,16 @@ def _sha256(f: IO[bytes] | None) -> str:
     return sha.hexdigest()
 
 
-def changes(old: PodManifest | None, new: PodManifest) -> tuple[list[str], list[str]]:
-    """(entries to write, entries to white out) to turn ``old`` into ``new`` (None: all)."""
+def changes(
+    old: PodManifest | None, new: PodManifest, *, whiteouts: bool = True
+) -> tuple[list[str], list[str]]:
+    """(entries to write, entries to white out) to turn ``old`` into ``new`` (None: all).
+    ``whiteouts=False`` (the root filesystem's part): an entry of ``old`` missing from ``new``
+    is no deletion (a directory's listing says which are), so none is written."""
     if old is None:
         return sorted(new.entries), []
+    if not whiteouts:
+        old = PodManifest({p: row for p, row in old.entries.items() if p in new.entries})
     write = {p for p, row in new.entries.items() if old.entries.get(p) != row}
     for p in list(write):  # a directory replaced by another kind: nothing below shows through
         if old.entries.get(p, ("dir",))[0] != "dir" or new.entries[p][0] != "dir":
@@ -231,6 +274,8 @@ def _header(m: tarfile.TarInfo, name: str) -> tarfile.TarInfo:
     info = tarfile.TarInfo(_arc(name))
     info.type, info.mode, info.uid, info.gid = m.type, m.mode & 0o7777, m.uid, m.gid
     info.mtime, info.size, info.linkname = m.mtime, m.size if m.isreg() else 0, m.linkname
+    if (names := _listing(m)) is not None:
+        info.pax_headers = {CHILDREN: "/".join(names)}
     return info
 
 
@@ -255,6 +300,8 @@ def merge_layers(layers: list[Path], out: Path) -> int:
                 opaque = m.pax_headers.get(f"SCHILY.xattr.{OPAQUE}") == "y"
                 if not m.isdir() or opaque:
                     _drop(tree, name, itself=False)
+                elif (names := _listing(m)) is not None:  # what it does not name is gone
+                    _keep_only(tree, name, set(names))
                 if not all(a in tree and tree[a][1].isdir() for a in _ancestors(name)):
                     raise CaptureRefused(f"{name[:200]!r} is below a member that is no directory")
                 tree[name] = (i, m)
@@ -305,3 +352,26 @@ def _drop(tree: dict[str, tuple[int, tarfile.TarInfo]], rel: str, *, itself: boo
         del tree[key]
     if itself:
         tree.pop(rel, None)
+
+
+def _keep_only(tree: dict[str, tuple[int, tarfile.TarInfo]], rel: str, names: set[str]) -> None:
+    """Drop what the directory ``rel`` holds in ``tree`` below the entries ``names``."""
+    prefix = rel + "/" if rel else ""
+    for key in [k for k in tree if k.startswith(prefix) and k != rel]:
+        if key[len(prefix) :].partition("/")[0] not in names:
+            del tree[key]
+
+
+def listings(path: Path) -> dict[str, list[str]]:
+    """The directories of the tar ``path`` (from :func:`merge_layers`) that carry a listing:
+    relative path -> the names it holds (what else a restored Pod has there is removed).
+
+    Raises:
+        CaptureRefused: a listing names anything but plain entries.
+    """
+    out: dict[str, list[str]] = {}
+    with tarfile.open(path, "r:") as tar:
+        for m in tar:
+            if (names := _listing(m)) is not None:
+                out[_name(m.name)] = names
+    return out

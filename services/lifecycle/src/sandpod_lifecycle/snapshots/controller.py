@@ -292,7 +292,8 @@ class SnapshotController:
         )
         message = f"{len(cap.new)} new layer(s), {len(layers)} in all"
         if isinstance(cap, PodCapture):  # what differs from the local runtime's, said
-            message += f"; {WORKSPACE_ONLY}; commands frozen by {cap.mechanism or 'nothing'}"
+            parts = WORKSPACE_ONLY if cap.workspace_only else "/workspace and root fs changes"
+            message += f"; {parts}; commands frozen by {cap.mechanism or 'nothing'}"
         status = with_phase(
             status, SnapshotPhase.READY, SnapshotReason.CAPTURED, message, self._clock.now()
         )
