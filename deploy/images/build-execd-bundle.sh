@@ -17,6 +17,14 @@ req="$(mktemp)"
 trap 'rm -f "$req"' EXIT
 # Workspace members come out as ./relative paths, resolved from the repository root (cwd).
 $uv export --quiet --locked --no-dev --no-editable --no-hashes --package sandpod-execd -o "$req"
-$uv pip install --quiet --python "$python" --target "$dest/site" --no-deps -r "$req"
+# uv reuses a wheel it built from a local directory until that directory's pyproject.toml
+# changes: an edited execd would ship stale (the real-node tests ran an old execd). The
+# workspace's own packages are rebuilt every time; the locked ones come from the cache.
+refresh=()
+while read -r member; do
+  name="$(sed -n 's/^name = "\(.*\)"$/\1/p' "$member/pyproject.toml" | head -n 1)"
+  refresh+=(--refresh-package "$name")
+done < <(grep '^\./' "$req")
+$uv pip install --quiet --python "$python" --target "$dest/site" --no-deps "${refresh[@]}" -r "$req"
 rm -rf "$dest/site/bin"  # console scripts with absolute shebangs: the launcher replaces them
 install -m 0755 "$here/sandpod-execd.sh" "$dest/bin/sandpod-execd"

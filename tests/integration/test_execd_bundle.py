@@ -23,6 +23,12 @@ from sandpod.errors import SandpodError
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "images" / "build-execd-bundle.sh"
+OWN_PACKAGES = (
+    "services/execd/src/sandpod_execd",
+    "schemas/python/src/sandpod_contract",
+    "libs/bus/src/sandpod_bus",
+    "libs/service/src/sandpod_service",
+)
 
 
 def uv_command() -> str:
@@ -46,6 +52,10 @@ def test_execd_bundle_serves_with_nothing_but_its_own_files(
         timeout=300,
     )
     assert not list((bundle / "site").glob("pytest*")), "dev tools leaked into the bundle"
+    for package in OWN_PACKAGES:  # this checkout's code, never a wheel uv built earlier
+        for source in (REPO / package).rglob("*.py"):
+            built = bundle / "site" / Path(package).name / source.relative_to(REPO / package)
+            assert built.read_bytes() == source.read_bytes(), f"stale in the bundle: {built}"
     sid = f"bundle-{uuid.uuid4().hex[:8]}"
     env = {
         "PATH": "/usr/bin:/bin",
