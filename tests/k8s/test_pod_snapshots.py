@@ -198,7 +198,7 @@ async def test_a_pod_snapshot_keeps_the_root_filesystems_changes_deletions_too(
         await _sh(src, f"R={root} && {ROOT_CHANGES}")
         first = await src.snapshot(name=f"r1-{uuid.uuid4().hex[:4]}")
         s1 = first.raw["status"]
-        assert {x["part"] for x in s1["layers"]} == {"workspace", "rootfs"}, s1
+        assert {x["part"] for x in s1["layers"]} == {"workspace", "podroot"}, s1
         changed = _tree(root)
         assert changed != image and "app/old" not in changed and "etc/motd" in changed
 

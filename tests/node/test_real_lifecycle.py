@@ -166,7 +166,8 @@ async def test_an_idle_real_pod_sandbox_hibernates_and_exec_wakes_it_in_a_new_po
     """idlePolicy Hibernate: idle, the sandbox's files go through execd into its hibernation
     snapshot in the object store, its Pod is deleted (the kubelet stopped it) while the
     Sandbox stays, Hibernated (FilesOnly); the next exec wakes it in a new real Pod, whose
-    fresh emptyDir gets the files back, modes and content included."""
+    fresh emptyDir gets the files back, modes and content included, and whose container's root
+    filesystem gets what the sandbox wrote outside /workspace (/var/tmp)."""
     template = await _template(node_cluster)
     node_cluster.service("sandpod_lifecycle", **pod_env())
     await node_cluster.answering()
@@ -178,7 +179,8 @@ async def test_an_idle_real_pod_sandbox_hibernates_and_exec_wakes_it_in_a_new_po
                 "sh",
                 "-c",
                 "mkdir -p keep/empty && echo kept > keep/f && chmod 0604 keep/f && "
-                "head -c 200000 /dev/urandom > keep/blob && sha256sum keep/blob",
+                "head -c 200000 /dev/urandom > keep/blob && echo outside > /var/tmp/kept && "
+                "sha256sum keep/blob",
             ],
         )
         assert r.exit_code == 0, r
@@ -202,9 +204,14 @@ async def test_an_idle_real_pod_sandbox_hibernates_and_exec_wakes_it_in_a_new_po
 
         woke = await sbx.exec(
             "/workspace",
-            ["sh", "-c", "cat keep/f; stat -c %a keep/f; ls keep; sha256sum keep/blob"],
+            [
+                "sh",
+                "-c",
+                "cat keep/f; stat -c %a keep/f; ls keep; sha256sum keep/blob; cat /var/tmp/kept",
+            ],
         )
-        assert woke.stdout == f"kept\n604\nblob\nempty\nf\n{digest}  keep/blob\n", woke
+        expected = f"kept\n604\nblob\nempty\nf\n{digest}  keep/blob\noutside\n"
+        assert woke.stdout == expected, woke
         after = await node_cluster.pod_uids(sbx.id)
         assert len(after) == 1 and after != before
         assert (await sbx.describe()).phase == "Running"

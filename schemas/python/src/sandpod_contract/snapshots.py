@@ -98,7 +98,7 @@ class LayerRef:
 
     digest: str
     size: int  # bytes of the blob (compressed)
-    part: str  # rootfs | workspace
+    part: str  # rootfs | workspace (the local runtime's) | podroot (a Pod's root fs changes)
     owner: int  # the uid its files belonged to when captured
     unpacked: int = 0  # bytes of its files
 
@@ -107,8 +107,8 @@ class LayerRef:
         if not isinstance(raw, Mapping) or not _DIGEST.fullmatch(str(raw.get("digest", ""))):
             raise _fail("status.layers", "each layer needs a sha256 digest")
         part = str(raw.get("part", ""))
-        if part not in ("rootfs", "workspace"):
-            raise _fail("status.layers", "part must be rootfs or workspace")
+        if part not in ("rootfs", "workspace", "podroot"):
+            raise _fail("status.layers", "part must be rootfs, workspace or podroot")
         return cls(
             digest=str(raw["digest"]),
             size=int(raw.get("size", 0)),

@@ -155,10 +155,11 @@ class Resources:
 @dataclasses.dataclass(frozen=True, slots=True)
 class SnapshotLayer:
     """One unpacked layer of a snapshot on this node: its files, which part of a sandbox it
-    holds (``rootfs`` or ``workspace``) and the uid (= gid) that owned them when captured."""
+    holds (``rootfs`` or ``workspace``; ``podroot``: a Pod's root filesystem changes) and the
+    uid (= gid) that owned them when captured."""
 
     path: Path
-    part: Literal["rootfs", "workspace"]
+    part: Literal["rootfs", "workspace", "podroot"]
     owner: int
 
 

@@ -123,6 +123,8 @@ class LocalSnapshots:
         """
         out = []
         for layer in chain:
+            if layer.part == "podroot":  # a Pod's root fs changes: not this runtime's layer
+                continue
             info = await self.layers.fetch(layer.digest, part=layer.part, owner=layer.owner)
             path = self.layers.path(layer.digest)
             if info.part == "workspace":

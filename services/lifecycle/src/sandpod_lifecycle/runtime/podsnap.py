@@ -4,7 +4,7 @@ A Pod's files are reachable only through its execd, over NATS with the lifecycle
 credentials. Two parts are captured, in one freeze: the sandbox's ``/workspace`` (its emptyDir,
 whole) and what changed in the container's root filesystem since execd started (the writable
 layer as the sandbox sees it: ``sandpod_execd.snaptar``, ``podtar``, ``podroot``). Each part
-has its layers (``LayerInfo.part``: ``workspace`` or ``rootfs``) and its manifest in the
+has its layers (``LayerInfo.part``: ``workspace`` or ``podroot``) and its manifest in the
 capture record. An execd without a root filesystem to capture (an older one) gives the
 workspace only, and the Snapshot's condition says so.
 
@@ -79,7 +79,7 @@ from sandpod_lifecycle.runtime.snaplayers import (
 __all__ = ["WORKSPACE_ONLY", "PodCapture", "PodSnapshots"]
 
 RECORD_VERSION = 2
-PARTS = ("workspace", "rootfs")
+PARTS = ("workspace", "podroot")  # (a local snapshot's rootfs layers are not a Pod's)
 WORKSPACE = "/workspace"
 FREEZE_TIMEOUT = 10.0  # seconds execd may take to freeze the commands
 ARCHIVE_TIMEOUT = 600.0  # seconds execd may take to write the archive (a large workspace)
@@ -102,7 +102,7 @@ class PodCapture:
 
     @property
     def workspace_only(self) -> bool:
-        return "rootfs" not in self.manifests
+        return "podroot" not in self.manifests
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,7 +155,7 @@ class PodSnapshots:
                 if base is not None and base.entries == manifest.entries:
                     continue
                 diff = changes(base, manifest, whiteouts=part == "workspace")
-                if diff == ([""], []) and (base is not None or part == "rootfs"):
+                if diff == ([""], []) and (base is not None or part == "podroot"):
                     continue  # the root's own metadata is never restored: no change
                 layer = staged / f"{part}.layer.tar"
                 await asyncio.to_thread(write_layer, full, manifest, diff, layer)
@@ -183,7 +183,7 @@ class PodSnapshots:
         taken = await ch.call("sys", "snapshot", request, SnapshotTaken, ARCHIVE_TIMEOUT)
         files = [("workspace", taken.file, taken.size)]
         if taken.rootfs_file:
-            files.append(("rootfs", taken.rootfs_file, taken.rootfs_size))
+            files.append(("podroot", taken.rootfs_file, taken.rootfs_size))
         try:
             for part, file, size in files:
                 # never more than execd wrote: the sandbox may replace the file once thawed
@@ -276,8 +276,8 @@ class PodSnapshots:
                 except SandpodError as exc:
                     raise SnapshotStoreFailed(f"cannot fetch layer {layer.digest}: {exc}") from exc
                 await asyncio.to_thread(_decompress, blob, tar)
-                part: Literal["rootfs", "workspace"] = (
-                    "rootfs" if layer.part == "rootfs" else "workspace"
+                part: Literal["workspace", "podroot"] = (
+                    "podroot" if layer.part == "podroot" else "workspace"
                 )
                 out.append(SnapshotLayer(tar, part, layer.owner))
         except BaseException:
@@ -338,7 +338,7 @@ class PodSnapshots:
         entries = 0
         for part in PARTS:
             tars = [x.path for x in layers if x.part == part]
-            if not tars and part == "rootfs" and not rootfs:
+            if not tars and part == "podroot" and not rootfs:
                 continue  # neither captured nor capturable: the workspace alone, as before
             merged = staged / f"{part}.merged.tar"
             if not tars:  # nothing of it in the chain: the root as the image has it
