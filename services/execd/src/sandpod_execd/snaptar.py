@@ -77,30 +77,36 @@ def _changed(
     root: Path, since_ns: int, skip: frozenset[Path]
 ) -> tuple[dict[str, os.stat_result], dict[str, list[str]]]:
     """Entries below ``root`` on its device whose ctime is at or after ``since_ns`` (relative
-    name -> lstat; "" is ``root``), and the names in each such directory."""
-    dev = root.lstat().st_dev
+    name -> lstat; "" is ``root``), and the names in each such directory. (``os.scandir`` and
+    plain strings: 157,000 entries of /usr took 0.67 s here, with Path objects 1.9 s)."""
+    top = root.lstat()
+    dev, skipped = top.st_dev, {str(p) for p in skip}
     changed: dict[str, os.stat_result] = {}
     listings: dict[str, list[str]] = {}
-    stack = [("", root)]
+    if top.st_ctime_ns >= since_ns:
+        changed[""] = top
+    stack = [("", str(root))]
     while stack:
         rel, path = stack.pop()
         try:
-            st = path.lstat()
-        except FileNotFoundError:  # a process outside the frozen ones removed it: not ours
-            continue
-        if st.st_dev != dev or path in skip or stat.S_IFMT(st.st_mode) in SKIPPED:
-            continue
-        if st.st_ctime_ns >= since_ns:
-            changed[rel] = st
-        if not stat.S_ISDIR(st.st_mode):
-            continue
-        try:
-            names = sorted(os.listdir(path))
-        except PermissionError:  # an image directory the sandbox's user cannot read: not its
-            continue
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except (PermissionError, FileNotFoundError, NotADirectoryError):
+            continue  # an image directory the sandbox's user cannot read: nothing in it is its
         if rel in changed:
-            listings[rel] = names
-        stack.extend((f"{rel}/{n}" if rel else n, path / n) for n in reversed(names))
+            listings[rel] = [e.name for e in entries]
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:  # a process outside the frozen ones removed it: not ours
+                continue
+            if st.st_dev != dev or entry.path in skipped or stat.S_IFMT(st.st_mode) in SKIPPED:
+                continue
+            name = f"{rel}/{entry.name}" if rel else entry.name
+            if st.st_ctime_ns >= since_ns:
+                changed[name] = st
+            if stat.S_ISDIR(st.st_mode):
+                stack.append((name, entry.path))
     return changed, listings
 
 
