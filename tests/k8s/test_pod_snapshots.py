@@ -97,21 +97,32 @@ async def _sh(sbx: AsyncSandbox, script: str) -> str:
     return r.stdout
 
 
-def _tree(root: Path) -> dict[str, tuple[str, int, str]]:
-    """path -> (type, permission bits, content or link target) of every entry below root."""
-    out: dict[str, tuple[str, int, str]] = {}
+def _tree(root: Path) -> dict[str, tuple[str, int, str, str]]:
+    """path -> (type, permission bits, content or link target, user.* xattrs) of every entry
+    below root."""
+    out: dict[str, tuple[str, int, str, str]] = {}
     for dirpath, dirs, files in os.walk(root):
         for name in dirs + files:
             p = Path(dirpath) / name
             st = p.lstat()
             rel = str(p.relative_to(root))
             if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("link", 0, os.readlink(p))
-            elif stat.S_ISDIR(st.st_mode):
-                out[rel] = ("dir", stat.S_IMODE(st.st_mode), "")
+                out[rel] = ("link", 0, os.readlink(p), "")
+                continue
+            attrs = ",".join(
+                f"{n}={os.getxattr(p, n)!r}" for n in sorted(os.listxattr(p)) if n[:5] == "user."
+            )
+            if stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", stat.S_IMODE(st.st_mode), "", attrs)
             else:
-                out[rel] = ("file", stat.S_IMODE(st.st_mode), p.read_bytes().hex())
+                out[rel] = ("file", stat.S_IMODE(st.st_mode), p.read_bytes().hex(), attrs)
     return out
+
+
+XATTRS = (
+    "python3 -c \"import os; os.setxattr('a', 'user.note', b'hello'); "
+    "os.setxattr('d', 'user.bin', bytes(range(256)))\""
+)
 
 
 FILES = (
@@ -127,12 +138,13 @@ async def test_a_pod_snapshot_restores_byte_exact_into_new_pods_and_forks_are_is
     """A Pod sandbox's /workspace is captured through its execd (frozen: the status says how,
     and that only /workspace is captured); a second snapshot after a few changes stores one
     small layer with whiteouts; a sandbox created from it gets exactly the source's files
-    (modes, symlinks, empty directories; deleted files and directories absent) before it is
+    (modes, symlinks, empty directories, user.* extended attributes, binary ones too; deleted
+    files and directories absent) before it is
     Ready; two forks do not see each other's writes. With S3 the layers are the server's
     objects."""
     src = await AsyncSandbox.create(name=f"ks-{uuid.uuid4().hex[:6]}", **_conn(cluster))
     try:
-        await _sh(src, FILES)
+        await _sh(src, f"{FILES} && {XATTRS}")
         first = await src.snapshot(name=f"s1-{uuid.uuid4().hex[:4]}")
         await _sh(src, "rm d/doomed && rm -r gone && echo later > d/later && chmod 0640 a")
         second = await src.snapshot(name=f"s2-{uuid.uuid4().hex[:4]}")
@@ -149,7 +161,9 @@ async def test_a_pod_snapshot_restores_byte_exact_into_new_pods_and_forks_are_is
         restored = await AsyncSandbox.create(snapshot=second.name, **_conn(cluster))
         try:
             assert (await restored.describe()).phase == "Running"
-            assert _tree(_ws(cluster, restored.id)) == _tree(_ws(cluster, src.id))
+            tree = _tree(_ws(cluster, restored.id))
+            assert tree == _tree(_ws(cluster, src.id))
+            assert "user.note=b'hello'" in tree["a"][3] and "user.bin" in tree["d"][3]
             assert not (_ws(cluster, restored.id) / "gone").exists()
             assert await _sh(restored, "cat d/later") == "later\n"
         finally:

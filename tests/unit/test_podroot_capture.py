@@ -1,5 +1,6 @@
 """A Pod's root filesystem part: execd's walk of what changed since it started, and the
-lifecycle's checks, diffs and merges of it (listings instead of whiteouts).
+lifecycle's checks, diffs and merges of it (listings instead of whiteouts); user.* extended
+attributes through both parts.
 
 The end-to-end proof (a Pod's changes restored into a new Pod through its execd) is
 tests/k8s/test_pod_snapshots.py::test_a_pod_snapshot_keeps_the_root_filesystems_changes_deletions_too.
@@ -7,6 +8,7 @@ tests/k8s/test_pod_snapshots.py::test_a_pod_snapshot_keeps_the_root_filesystems_
 
 from __future__ import annotations
 
+import io
 import os
 import tarfile
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandpod_execd.snaptar import CHILDREN, _write_changes
+from sandpod_execd.snaptar import _write as write_archive
 from sandpod_lifecycle.runtime.podtar import (
     CaptureRefused,
     PodManifest,
@@ -146,3 +149,52 @@ def test_a_root_capture_of_an_unchanged_root_is_the_root_alone(tmp_path: Path) -
         [],
     )
     assert os.path.getsize(full) > 0
+
+
+def _one_file(tmp: Path, name: str, records: dict[str, str]) -> Path:
+    path = tmp / name
+    root, member = tarfile.TarInfo("."), tarfile.TarInfo("./f")
+    root.type = tarfile.DIRTYPE
+    member.pax_headers = records
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(root)
+        tar.addfile(member, io.BytesIO(b""))
+    return path
+
+
+def test_user_xattrs_are_kept_and_diffed_and_no_other_namespace_passes(tmp_path: Path) -> None:
+    """A file's user.* attributes reach the layer and the merge; changing only them is a change
+    (the next layer holds the file); trusted.* / security.* records in a sandbox's archive never
+    reach a layer (an overlay attribute would change what the restore means); a value larger
+    than Linux allows is refused."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f").write_text("x")
+    os.setxattr(ws / "f", "user.note", b"\xff\x00binary")
+    full1 = tmp_path / "full1.tar"
+    write_archive(ws, full1)
+    m1 = read_archive(full1)
+    layer = tmp_path / "l1.tar"
+    write_layer(full1, m1, changes(None, m1), layer)
+    merged = tmp_path / "merged.tar"
+    merge_layers([layer], merged)
+    record = _members(merged)["./f"].pax_headers["SCHILY.xattr.user.note"]
+    assert record.encode("utf-8", "surrogateescape") == b"\xff\x00binary"
+
+    os.setxattr(ws / "f", "user.note", b"other")
+    full2 = tmp_path / "full2.tar"
+    write_archive(ws, full2)
+    assert "f" in changes(m1, read_archive(full2))[0]
+
+    forged = _one_file(
+        tmp_path,
+        "forged.tar",
+        {"SCHILY.xattr.trusted.overlay.opaque": "y", "SCHILY.xattr.user.a": "1"},
+    )
+    out = tmp_path / "forged-layer.tar"
+    manifest = read_archive(forged)
+    write_layer(forged, manifest, changes(None, manifest), out)
+    assert set(_members(out)["./f"].pax_headers) == {"SCHILY.xattr.user.a"}
+    huge = _one_file(tmp_path, "huge.tar", {"SCHILY.xattr.user.a": "v" * 70_000})
+    with pytest.raises(CaptureRefused):
+        read_archive(huge)

@@ -5,9 +5,9 @@ reachable from nowhere else). Consistency needs the copy to happen while nothing
 writes, but a frozen sandbox refuses new commands (``sys.freeze``), so the sandbox's own ``tar``
 cannot be used: execd writes the archive itself (stdlib :mod:`tarfile`, POSIX/pax format:
 names of any length, modes, numeric owners, times, symlinks, hard links, empty directories,
-FIFOs; never following a symlink) into a private file, then thaws the commands (unless the
-sandbox was paused before: it stays paused). The caller reads the file with ``fs.read``
-(flow-controlled, any size) and removes it with ``fs.remove``.
+FIFOs, ``user.*`` extended attributes; never following a symlink) into a private file, then
+thaws the commands (unless the sandbox was paused before: it stays paused). The caller reads
+the file with ``fs.read`` (flow-controlled, any size) and removes it with ``fs.remove``.
 
 Data flow: request -> freeze (``Freezer.freeze``; a sandbox already frozen is not frozen again)
 -> walk ``path`` on a thread, writing ``<state dir>/snapshots/<random>.tar`` -> thaw -> reply
@@ -46,6 +46,7 @@ __all__ = ["CHILDREN", "write_rootfs_changes", "write_snapshot"]
 
 SKIPPED = (stat.S_IFSOCK,)  # sockets cannot be archived (tar skips them too)
 CHILDREN = "SANDPOD.children"  # pax record of a changed directory: its entries' names
+XATTR = "SCHILY.xattr."  # pax records of extended attributes (GNU tar's, star's)
 
 
 def _write(root: Path, dest: Path) -> int:
@@ -60,6 +61,7 @@ def _write(root: Path, dest: Path) -> int:
                 continue
             info = tar.gettarinfo(str(path), arcname=name)
             info.uname = info.gname = ""  # numeric owners only
+            info.pax_headers = _user_xattrs(path, st)
             if info.isreg():
                 with path.open("rb") as f:
                     tar.addfile(info, f)
@@ -71,6 +73,24 @@ def _write(root: Path, dest: Path) -> int:
                     children = sorted(e.name for e in it)
                 stack.extend((path / c, f"{name}/{c}") for c in reversed(children))
     return entries
+
+
+def _user_xattrs(path: Path, st: os.stat_result) -> dict[str, str]:
+    """``path``'s ``user.*`` extended attributes as pax records (GNU tar's ``SCHILY.xattr.``:
+    ``tar -x --xattrs`` in the sandbox sets them back); the other namespaces are not the
+    sandbox's to restore. A symlink has none (Linux allows no user.* on one)."""
+    if stat.S_ISLNK(st.st_mode):
+        return {}
+    try:
+        names = [n for n in os.listxattr(path, follow_symlinks=False) if n.startswith("user.")]
+        return {
+            XATTR + n: os.getxattr(path, n, follow_symlinks=False).decode(
+                "utf-8", "surrogateescape"
+            )
+            for n in names
+        }
+    except OSError:  # a filesystem without xattrs, or one that went away: none
+        return {}
 
 
 def _changed(
@@ -122,8 +142,9 @@ def _write_changes(root: Path, since_ns: int, skip: frozenset[Path], dest: Path)
             path = root / rel if rel else root
             info = tar.gettarinfo(str(path), arcname=f"./{rel}" if rel else ".")
             info.uname = info.gname = ""
+            info.pax_headers = _user_xattrs(path, path.lstat())
             if rel in listings:
-                info.pax_headers = {CHILDREN: "/".join(listings[rel])}
+                info.pax_headers[CHILDREN] = "/".join(listings[rel])
             if info.isreg():  # a changed file (the others are directories)
                 with path.open("rb") as f:
                     tar.addfile(info, f)

@@ -15,7 +15,9 @@ in the format :mod:`snaplayers` stores (the local runtime's layers are the same:
 numeric owners, a whiteout is a 0/0 character device): new and changed entries, their parent
 directories, a whiteout for each entry gone. Only headers are written (owners, modes and
 whiteouts are tar fields), so the lifecycle needs no privilege, and every header is rebuilt
-from the checked fields (no xattr or other pax record of the sandbox's passes through).
+from the checked fields: of the sandbox's pax records only ``user.*`` extended attributes
+(``SCHILY.xattr.user.``, at most 64 KiB each: part of an entry's digest) and a directory's
+listing pass through -- never an overlay or security attribute.
 
 The root filesystem's tar (execd's ``sys.snapshot`` with ``rootfs``) holds only what changed
 since the container started, and a changed directory's complete listing as a ``SANDPOD.children``
@@ -62,6 +64,8 @@ __all__ = [
 MANIFEST_VERSION = 1
 OPAQUE = "trusted.overlay.opaque"
 CHILDREN = "SANDPOD.children"  # a changed directory's complete listing (sandpod_execd.snaptar)
+USER_XATTR = "SCHILY.xattr.user."  # the extended attributes a capture keeps
+MAX_XATTR = 65536
 CHUNK = 1 << 20
 # (type, mode, uid, gid, mtime_ns, size, link target, sha256 hex of the data or "")
 Row = tuple[str, int, int, int, int, int, str, str]
@@ -157,6 +161,12 @@ def read_archive(path: Path) -> PodManifest:
                 if not name and kind != "dir":
                     raise CaptureRefused("the archive's root is not a directory")
                 link, digest = _content(tar, m, name, kind, entries)
+                if xattrs := _user_xattrs(m):  # part of what the entry is: a change is a diff
+                    listed = "\0".join(f"{k}={v}" for k, v in sorted(xattrs.items()))
+                    digest += (
+                        ";xattrs:"
+                        + hashlib.sha256(listed.encode("utf-8", "surrogateescape")).hexdigest()
+                    )
                 mtime = int(m.mtime * 1_000_000_000)
                 entries[name] = (kind, m.mode & 0o7777, m.uid, m.gid, mtime, m.size, link, digest)
     except tarfile.TarError as exc:
@@ -185,6 +195,16 @@ def _content(
         listed = "/".join(names).encode("utf-8", "surrogateescape")
         return "", "children:" + hashlib.sha256(listed).hexdigest()
     return "", ""
+
+
+def _user_xattrs(m: tarfile.TarInfo) -> dict[str, str]:
+    """``m``'s ``user.*`` extended attributes (pax records); the other namespaces are dropped
+    (a sandbox must not smuggle ``trusted.overlay.*`` or ``security.*`` through its archive).
+    Raises CaptureRefused on a value larger than Linux allows (64 KiB)."""
+    out = {k: v for k, v in m.pax_headers.items() if k.startswith(USER_XATTR)}
+    if any(len(v.encode("utf-8", "surrogateescape")) > MAX_XATTR for v in out.values()):
+        raise CaptureRefused(f"an extended attribute larger than 64 KiB: {m.name[:200]!r}")
+    return out
 
 
 def _sha256(f: IO[bytes] | None) -> str:
@@ -270,12 +290,14 @@ def _arc(name: str) -> str:
 
 def _header(m: tarfile.TarInfo, name: str) -> tarfile.TarInfo:
     """A clean copy of ``m``'s header: its name normalised, numeric owners, no extra records
-    (no xattrs: a sandbox cannot smuggle an overlay attribute through its archive)."""
+    but its ``user.*`` extended attributes and listing (a sandbox cannot smuggle an overlay
+    attribute through its archive)."""
     info = tarfile.TarInfo(_arc(name))
     info.type, info.mode, info.uid, info.gid = m.type, m.mode & 0o7777, m.uid, m.gid
     info.mtime, info.size, info.linkname = m.mtime, m.size if m.isreg() else 0, m.linkname
+    info.pax_headers = _user_xattrs(m)
     if (names := _listing(m)) is not None:
-        info.pax_headers = {CHILDREN: "/".join(names)}
+        info.pax_headers[CHILDREN] = "/".join(names)
     return info
 
 
