@@ -57,7 +57,7 @@ _PRELUDE = (
     "tar --version 2>/dev/null | grep -q GNU && x='--xattrs --sparse'; "
 )
 _ARCHIVE = _PRELUDE + "exec tar -c $x $1 -f - ."
-_EXTRACT = _PRELUDE + "exec tar -x -p $x $1 ${x:+$2} -f -"  # $2: GNU tar only
+_EXTRACT = _PRELUDE + "exec tar -x -p $x $1 -f -"
 
 
 class ArchiveFailed(FsError):
@@ -75,8 +75,8 @@ class ArchiveUnsupported(ArchiveFailed):
     summary = "the sandbox's image has no tar (or no sh): add it to the template's image"
 
 
-def _argv(script: str, gzip: bool, *more: str) -> list[str]:
-    return ["sh", "-c", script, "sandpod-archive", "-z" if gzip else "", *more]
+def _argv(script: str, gzip: bool) -> list[str]:
+    return ["sh", "-c", script, "sandpod-archive", "-z" if gzip else ""]
 
 
 async def archive(
@@ -124,12 +124,9 @@ async def extract(
     gzip: bool = False,
     progress: Progress | None = None,
     exec_id: str | None = None,
-    keep_dirs: bool = False,
 ) -> int:
     """Unpack the tar stream ``source`` into the directory ``path`` (made if missing; what is
     there stays unless the archive replaces it). Returns the bytes read from ``source``.
-    ``keep_dirs``: directories that exist keep their owner, mode and times (GNU tar's
-    ``--no-overwrite-dir``: a restore into a root filesystem whose directories are the image's).
 
     Raises:
         FsNotADirectory, FsPermissionDenied: ``path`` is a file, or cannot be made or entered.
@@ -140,8 +137,7 @@ async def extract(
         await ch.call("fs", "mkdir", FsMkdir(path=path, parents=True), FsEntry, _OP_TIMEOUT)
     except FsAlreadyExists as exc:  # something that is not a directory is there
         raise FsNotADirectory(f"{path}: exists and is not a directory", path=path) from exc
-    argv = _argv(_EXTRACT, gzip, "--no-overwrite-dir" if keep_dirs else "")
-    es = ExecStream(ch, argv=argv, cwd=path, stdin_open=True, exec_id=exec_id)
+    es = ExecStream(ch, argv=_argv(_EXTRACT, gzip), cwd=path, stdin_open=True, exec_id=exec_id)
     stderr = bytearray()
     try:
         await _start(ch, es, path)
