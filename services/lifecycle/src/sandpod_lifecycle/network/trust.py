@@ -1,14 +1,14 @@
 """What a sandbox with header injections must carry: the interception authorities in its CA
 bundle, and placeholders for the secrets in its environment.
 
-The holder wiring (at sandbox creation, and again when a policy update changes ``inject``)
-writes :attr:`SandboxTrust.pem` into the sandbox's *writable layer*: :func:`merge_bundle` adds
-it to the image's system bundle between marker lines (replacing an earlier block, so an update
-rewrites rather than accumulates), and the same PEM goes to :data:`EXTRA_PEM` for runtimes that
-ship their own roots (Node's ``NODE_EXTRA_CA_CERTS``, Python requests' certifi through
-``REQUESTS_CA_BUNDLE``). Processes already running keep the bundle they loaded: a domain added
-to ``inject`` at runtime is intercepted only for clients started after the update (until then
-their TLS to it fails closed, it never goes out without the check).
+The holder wiring, at sandbox creation only, writes :attr:`SandboxTrust.pem` into the
+sandbox's *writable layer*: :func:`merge_bundle` adds it to the image's system bundle between
+marker lines (replacing an earlier block, so a rewrite never accumulates), and the same PEM goes
+to :data:`EXTRA_PEM` for runtimes that ship their own roots (Node's ``NODE_EXTRA_CA_CERTS``,
+Python requests' certifi through ``REQUESTS_CA_BUNDLE``). A policy update that adds a domain to
+``inject`` reaches the proxy at once, but not this trust (not yet: the bundle is not rewritten
+in a running sandbox): the sandbox's TLS to that domain fails closed -- it never goes out
+without the check -- until the sandbox is recreated.
 
 A sandbox without injections gets nothing: it trusts no Sandpod authority at all.
 """
