@@ -363,10 +363,11 @@ def no_leaked_processes(_session_daemons: None) -> Iterator[None]:
     ]
     _, alive = psutil.wait_procs(after, timeout=10)
     alive = [p for p in alive if _really_alive(p)]
+    leaked = [(p.pid, _cmdline(p)) for p in alive]  # before the kill: a zombie has none
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    assert not alive, f"test leaked processes: {[(p.pid, p.cmdline()) for p in alive]}"
+    assert not alive, f"test leaked processes: {leaked}"
 
 
 # Every process this session starts inherits this marker (launchers pass the environment on,
@@ -432,6 +433,13 @@ def no_leaked_execds_per_module(_session_daemons: None) -> Iterator[None]:
     before = session_execds()
     yield
     _check_execds(before, "module")
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:  # gone meanwhile, or a zombie
+        return ["?"]
 
 
 def _really_alive(proc: psutil.Process) -> bool:

@@ -20,6 +20,7 @@ const FRAME_TYPES = new Map(SUBJECTS.frames.types.map((t) => [t.kind, t.type]));
 const OPERATIONS = new Map(SUBJECTS.operations.map((op) => [`${op.family}.${op.verb}`, op]));
 const REPLY_SLACK = 10; // seconds added to a command's timeout for the reply deadline (README)
 const DEFAULT_DEADLINE = 60; // seconds, for requests that do not run a command
+const STALL_MS = 3000; // no frame for this long: ask execd to re-send from the next expected one
 const NO_DEADLINE = 24 * 3600; // seconds: a command without timeout; liveness probing ends a dead wait
 const PROBE_EVERY = 1; // seconds between liveness probes (README "Liveness probing")
 const FETCH_MAX_BYTES = 512 * 1024;
@@ -141,8 +142,17 @@ export class Sandbox {
     let resumedAt = 0;
     const ack = (seq) => this.publish("exec.ack", { exec_id: execId, seq });
     const keepalive = setInterval(() => ack(expected - 1), ((started.abandon_after?.value ?? 60) * 1000) / 4);
+    // A lost frame is seen when a later one comes; the last ones (the exit frame too) have
+    // nothing after them: when no frame came for STALL_MS, ask execd to re-send from the next.
+    let lastFrame = Date.now();
+    const watchdog = setInterval(() => {
+      if (Date.now() - lastFrame < STALL_MS) return;
+      lastFrame = Date.now();
+      this.request("exec.resume", { exec_id: execId, from_seq: expected }).catch(() => {});
+    }, STALL_MS);
     try {
       for await (const msg of sub) {
+        lastFrame = Date.now();
         const raw = unpack(msg.data);
         const type = FRAME_TYPES.get(isMap(raw) ? raw.kind : undefined);
         if (!type) throw makeError("bad_request", `unknown frame kind on ${sub.getSubject()}`);
@@ -173,6 +183,7 @@ export class Sandbox {
       throw makeError("connection.lost", "the frame subscription closed before the exit frame");
     } finally {
       clearInterval(keepalive);
+      clearInterval(watchdog);
     }
   }
 

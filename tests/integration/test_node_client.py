@@ -6,6 +6,7 @@ checked is the second-language client end to end: exec, streaming with acks, fs,
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -16,9 +17,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import nats as nats_py
 import pytest
+from nats.aio.msg import Msg
 
 from conftest import Execd, NatsServer, wait_until
+from sandpod_contract.codec import decode, encode
+from sandpod_contract.messages.exec import (
+    ExecExit,
+    ExecResume,
+    ExecStart,
+    ExecStarted,
+    ExecStatus,
+    OutputChunk,
+)
+from sandpod_contract.subjects import DEFAULT_PREFIX, Subjects
 
 CLIENT = Path(__file__).resolve().parents[2] / "clients" / "node"
 NODE = shutil.which("node")
@@ -195,3 +208,51 @@ def test_missing_dependencies_fail_with_the_make_target(
     monkeypatch.setattr(sys.modules[__name__], "CLIENT", tmp_path)
     with pytest.raises(pytest.fail.Exception, match="make node-client"):
         _require_node()
+
+
+async def test_a_stream_whose_last_frames_were_lost_is_resumed_not_hung(nats: NatsServer) -> None:
+    """Frames are NATS core messages: a slow consumer or a reconnect can lose some. A gap shows
+    when a later frame comes; the last frames (the exit frame too) have nothing after them. A
+    responder that answers exec.start as execd does, publishes the first chunk and then stops
+    (the rest "lost") gets an exec.resume from the Node client once it heard nothing for a
+    while, re-sends from there, and the client ends with the whole output (before the fix it
+    waited forever: the process timeout failed the test)."""
+    nc = await nats_py.connect(nats.url)
+    subjects = Subjects(DEFAULT_PREFIX)
+    resumed: list[int] = []
+    frames: list[OutputChunk | ExecExit] = []
+
+    async def on_start(msg: Msg) -> None:
+        start = decode(ExecStart, msg.data)
+        exec_id = start.exec_id or "x"
+        frames[:] = [
+            OutputChunk(exec_id=exec_id, seq=1, stream="stdout", data=b"first "),
+            OutputChunk(exec_id=exec_id, seq=2, stream="stdout", data=b"lost\n"),
+            ExecExit(exec_id=exec_id, seq=3, exit_code=0, stdout_size=11),
+        ]
+        await msg.respond(encode(ExecStarted(exec_id=exec_id, pid=1, window=65536)))
+        await nc.publish(start.deliver, encode(frames[0]))  # then silence
+        starts.append(start.deliver)
+
+    async def on_resume(msg: Msg) -> None:
+        req = decode(ExecResume, msg.data)
+        resumed.append(req.from_seq)
+        await msg.respond(encode(ExecStatus(exec_id=req.exec_id, state="exited")))
+        for frame in frames[req.from_seq - 1 :]:
+            await nc.publish(starts[0], encode(frame))
+
+    starts: list[str] = []
+    await nc.subscribe(subjects.sandbox("lossy", "exec", "start"), cb=on_start)
+    await nc.subscribe(subjects.sandbox("lossy", "exec", "resume"), cb=on_resume)
+    await nc.subscribe(subjects.sandbox("lossy", "exec", "ack"), cb=_ignore)
+    try:
+        r = await asyncio.to_thread(client, nats, "stream", {"shell": "x"}, "lossy")
+    finally:
+        await nc.close()
+    assert resumed and resumed[0] == 2, resumed
+    assert r["exit_code"] == 0
+    assert r["stdout"]["sha256"] == hashlib.sha256(b"first lost\n").hexdigest()
+
+
+async def _ignore(_: Msg) -> None:
+    """Acks need no answer (publish only)."""

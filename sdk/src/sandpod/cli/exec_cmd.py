@@ -253,7 +253,7 @@ def _run_info(args: argparse.Namespace) -> int:
 
 def _human(key: str, value: object) -> str:
     """One ``sys.info`` value for people: sizes in KiB/MiB, the start as a date, lists joined."""
-    if value is None:
+    if value is None or value == "":  # absent: a dash, never a blank that reads as nothing
         return "-"
     if key in _SIZES and isinstance(value, int):
         return human_bytes(value)
