@@ -92,6 +92,23 @@ async def test_execd_killed_during_a_blocked_stdin_write_gives_sandbox_unavailab
             assert info.value.retryable
 
 
+async def test_a_stdin_write_after_execd_died_gives_sandbox_unavailable(
+    nats: NatsServer, start_execd: Callable[..., Execd]
+) -> None:
+    """execd was killed between two writes (no request in flight: the next one finds nobody
+    subscribed): the caller of a started exec learns SandboxUnavailable, retryable -- never
+    SandboxNotFound, which would say the sandbox never existed (a CI run saw that race when a
+    chunk of a large write went out just after the kill)."""
+    execd = start_execd()
+    async with await AsyncSandbox.connect(execd.ids[0], nats_url=nats.url) as sbx:  # noqa: SIM117 - the stream needs sbx
+        async with sbx.exec_stream("echo up; exec sleep 30", stdin_open=True) as st:
+            assert (await st.__anext__()).data == b"up\n"
+            execd.kill()
+            with pytest.raises(SandboxUnavailable) as info:
+                await asyncio.wait_for(st.write(b"late"), 15)
+            assert info.value.retryable
+
+
 async def test_execd_restarted_mid_exec_gives_exec_lost(
     nats: NatsServer, start_execd: Callable[..., Execd], tmp_path: Path
 ) -> None:

@@ -315,7 +315,9 @@ class ExecStream:
 
         Raises:
             StreamClosed: the command exited or closed its stdin.
-            SandboxUnavailable, ExecLost: execd died or was replaced during the write.
+            SandboxUnavailable, ExecLost: execd died or was replaced during the write (also
+                when it was gone before a chunk was sent: the exec was started, so it was
+                there).
         """
         await self.start()
         req = StdinWrite(exec_id=self.exec_id, data=data, eof=eof)
@@ -329,6 +331,10 @@ class ExecStream:
             )
         except ExecNotFound as exc:
             raise StreamClosed("the command has already exited") from exc
+        except SandboxNotFound as exc:  # no execd for the next chunk: the one we had is gone
+            raise SandboxUnavailable(
+                f"execd stopped answering during a stdin write to exec {self.exec_id}"
+            ) from exc
 
     async def signal(self, sig: int) -> None:
         """Send signal ``sig`` to the command's process group (a finished one: nothing)."""
