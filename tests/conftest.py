@@ -149,7 +149,12 @@ class NatsServer:
         return f"nats://{self.host}:{self.port}"
 
     def start(self) -> None:
-        config = ["-c", str(self.config)] if self.config else []
+        if self.config is None:  # JetStream's default limit is 75% of the free disk: a worker's
+            # streams (each lifecycle's events stream reserves 256 MiB) exhausted it on a full
+            # disk and lifecycles exited at start ("insufficient storage resources available")
+            self.config = self.store.parent / f"{self.store.name}-js.conf"
+            self.config.write_text("jetstream { max_file_store: 1TB }\n")
+        config = ["-c", str(self.config)]
         address = ["-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store)]
         self.proc = subprocess.Popen(
             [str(NATS_BIN), *config, *address],
