@@ -11,6 +11,9 @@ keep-alive server on 0.0.0.0:<port> with
     GET  /release          lets /sse send its next event
     GET  /poll?hold=S      answers after S seconds (a long poll)
     POST /upload           sha256 and length of the (Content-Length or chunked) body
+    GET  /smuggle          "ok", then a second, forged response nobody asked for (an attack)
+    GET  /unframed         a body with neither length nor chunks: it ends when the app closes
+    GET  /hangup           closes the connection without answering
     GET  /ws               WebSocket echo (text and binary; the subprotocol "echo" if offered)
 
     python3 _preview_app.py PORT
@@ -168,6 +171,22 @@ async def do_upload(w: asyncio.StreamWriter, req: Request) -> None:
     await reply(w, 200, json.dumps(digest).encode(), "application/json")
 
 
+async def do_smuggle(w: asyncio.StreamWriter, req: Request) -> None:
+    forged = head(200, {"content-type": "text/plain", "content-length": "6"}) + b"forged"
+    w.write(head(200, {"content-type": "text/plain", "content-length": "2"}) + b"ok" + forged)
+    await w.drain()
+
+
+async def do_unframed(w: asyncio.StreamWriter, req: Request) -> None:
+    w.write(b"HTTP/1.1 200 X\r\ncontent-type: text/plain\r\n\r\nuntil the end")
+    await w.drain()
+    w.close()
+
+
+async def do_hangup(w: asyncio.StreamWriter, req: Request) -> None:
+    w.close()
+
+
 ROUTES = {
     "/ping": do_ping,
     "/bytes": do_bytes,
@@ -175,6 +194,9 @@ ROUTES = {
     "/release": do_release,
     "/poll": do_poll,
     "/upload": do_upload,
+    "/smuggle": do_smuggle,
+    "/unframed": do_unframed,
+    "/hangup": do_hangup,
 }
 
 
@@ -203,6 +225,8 @@ async def serve_one(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> bool:
         await reply(w, 404, b"no such page", "text/plain")
     else:
         await route(w, req)
+    if w.is_closing():
+        return False
     await w.drain()
     return hdrs.get("connection", "").lower() != "close"
 

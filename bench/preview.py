@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -105,11 +106,17 @@ async def digest(c: Lean, path: str) -> str:
 async def main(calls: int, mib: int, nats_mib: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with lifecycle(Path(tmp), runtime="process") as url:
-            with gateway(url) as (base, key, _):
-                await run(base, key, calls, mib, nats_mib)
+            with gateway(url) as (base, key, proc):
+                await run(base, key, calls, mib, nats_mib, proc.pid)
 
 
-async def run(base: str, key: str, calls: int, mib: int, nats_mib: int) -> None:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(base: str, key: str, calls: int, mib: int, nats_mib: int, gw_pid: int) -> None:
     port = free_port()
     gw_port = int(base.rsplit(":", 1)[1])
     async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {key}"}) as c:
@@ -130,10 +137,14 @@ async def run(base: str, key: str, calls: int, mib: int, nats_mib: int) -> None:
         blob = where["stdout"].strip() + "/pv.bin"
         print(f"sandbox address {address} (process runtime), app port {port}")
         async with Lean(port, None) as direct, Lean(gw_port, key) as proxied:
+            cpu = cpu_seconds(gw_pid)
             d, g = await round_trips(direct, proxied, f"{prefix}/ping", calls)
+            cpu = cpu_seconds(gw_pid) - cpu
             print(f"round trip direct   {_p50_p99(d)} (floor)")
             print(f"round trip gateway  {_p50_p99(g)}")
             print(f"round trip ratio    p50 {pct(g, 50) / pct(d, 50):.2f}x (target <= 1.50x)")
+            per = cpu / (calls + min(WARMUP, calls)) * 1e6
+            print(f"gateway CPU per proxied round trip {per:.0f} us (user + system)")
             n = mib << 20
             floor = await download(direct, f"/bytes?n={n}")
             rate = await download(proxied, f"{prefix}/bytes?n={n}")

@@ -44,28 +44,39 @@ class Gateway:
 GatewayFactory = Callable[..., Awaitable[Gateway]]
 
 
+async def open_gateway(
+    nats_url: str, *, clock: Callable[[], float] = time.time, **overrides: object
+) -> Gateway:
+    """A gateway in this process, on the running event loop (stop it with ``close_gateway``);
+    keyword arguments override settings; ``clock``: the wall clock preview links expire by."""
+    settings = dataclasses.replace(
+        GatewaySettings(bus=BusSettings(url=nats_url, name="gateway-test"), port=0, grace=2.0),
+        **overrides,  # type: ignore[arg-type]
+    )
+    bus = await Bus.connect(settings.bus)
+    service = GatewayService(settings, clock=clock)
+    await service.start(bus)
+    return Gateway(service, bus)
+
+
+async def close_gateway(gw: Gateway) -> None:
+    await gw.service.stop(2.0)
+    await gw.bus.drain()
+
+
 @pytest.fixture
 async def start_gateway(nats: NatsServer) -> AsyncIterator[GatewayFactory]:
-    """Start in-process gateways (stopped at teardown); keyword arguments override settings;
-    ``clock``: the wall clock preview links expire by."""
+    """Start in-process gateways (stopped at teardown); see ``open_gateway``."""
     started: list[Gateway] = []
 
     async def start(clock: Callable[[], float] = time.time, **overrides: object) -> Gateway:
-        settings = dataclasses.replace(
-            GatewaySettings(bus=BusSettings(url=nats.url, name="gateway-test"), port=0, grace=2.0),
-            **overrides,  # type: ignore[arg-type]
-        )
-        bus = await Bus.connect(settings.bus)
-        service = GatewayService(settings, clock=clock)
-        await service.start(bus)
-        gw = Gateway(service, bus)
+        gw = await open_gateway(nats.url, clock=clock, **overrides)
         started.append(gw)
         return gw
 
     yield start
     for gw in started:
-        await gw.service.stop(2.0)
-        await gw.bus.drain()
+        await close_gateway(gw)
 
 
 @pytest.fixture

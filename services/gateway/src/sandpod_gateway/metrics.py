@@ -6,6 +6,8 @@ a path or a tenant.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["GatewayMetrics"]
@@ -44,3 +46,19 @@ class GatewayMetrics:
             ["direction"],
             registry=registry,
         )
+        # a request's (count, latency) children by (method, route, status): labels() takes a
+        # lock and builds tuples, a few microseconds per request (the label sets are bounded)
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One answered request (or WebSocket session): its count and its latency."""
+        key = (method, route, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = (
+                self.requests.labels(method, route, str(status)),
+                self.latency.labels(method, route),
+            )
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)

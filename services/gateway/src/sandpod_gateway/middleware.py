@@ -19,10 +19,11 @@ logs. ``/metrics`` needs an admin key or the metrics token unless ``metrics_auth
 from __future__ import annotations
 
 import hmac
+import itertools
 import json
 import re
+import secrets
 import time
-import uuid
 from urllib.parse import parse_qs
 
 import structlog
@@ -41,7 +42,16 @@ from sandpod_gateway.errors import (
 from sandpod_gateway.preview import PreviewGate, PreviewRoute
 from sandpod_gateway.tenancy import Scope as TenantScope
 
-__all__ = ["PUBLIC_PATHS", "GatewayMiddleware"]
+__all__ = [
+    "PREVIEW_HOST",
+    "PREVIEW_PATH",
+    "PUBLIC_PATHS",
+    "GatewayMiddleware",
+    "record",
+    "refusal",
+    "refusal_headers",
+    "request_id",
+]
 
 log = structlog.get_logger("sandpod.gateway.http")
 
@@ -52,6 +62,10 @@ _KEY_PROTO = "sandpod.key."
 _TICKET_PROTO = "sandpod.ticket."
 PUBLIC_PREFIXES = ("/static/",)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# Request ids made here: this process's random prefix and a counter (unique without a syscall
+# per request, which uuid4 makes)
+_ID_PREFIX = secrets.token_hex(8)
+_ID_COUNTER = itertools.count()
 
 
 class _Label:
@@ -61,8 +75,8 @@ class _Label:
         self.path = path
 
 
-_PREVIEW_PATH = _Label("/v1/sandboxes/{name}/ports/{port}/{path}")
-_PREVIEW_HOST = _Label("{port}-{id}.<preview domain>")
+PREVIEW_PATH = _Label("/v1/sandboxes/{name}/ports/{port}/{path}")
+PREVIEW_HOST = _Label("{port}-{id}.<preview domain>")
 
 
 class GatewayMiddleware:
@@ -76,7 +90,7 @@ class GatewayMiddleware:
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        rid = _request_id(headers)
+        rid = request_id(headers)
         structlog.contextvars.bind_contextvars(request_id=rid)
         scope.setdefault("state", {})["request_id"] = rid
         started = time.perf_counter()
@@ -99,7 +113,7 @@ class GatewayMiddleware:
         tenant = ""
         preview = self.preview.match(scope)
         if preview is not None:
-            scope["route"] = _PREVIEW_HOST if preview.by_host else _PREVIEW_PATH
+            scope["route"] = PREVIEW_HOST if preview.by_host else PREVIEW_PATH
         try:
             if preview is not None:
                 tenant = await self._preview(scope, receive, send_with_id, status, preview)
@@ -115,18 +129,9 @@ class GatewayMiddleware:
                 )
                 await self._guarded(scope, receive, send_with_id, status)
         finally:
-            route = _route(scope)
+            method = scope.get("method", "WS")
             elapsed = time.perf_counter() - started
-            self.ctx.metrics.requests.labels(scope.get("method", "WS"), route, str(status[0])).inc()
-            self.ctx.metrics.latency.labels(scope.get("method", "WS"), route).observe(elapsed)
-            log.info(
-                "http_request",
-                method=scope.get("method", "WS"),
-                route=route,
-                status=status[0],
-                ms=round(elapsed * 1000, 2),
-                tenant=tenant or None,
-            )
+            record(self.ctx, method, scope.get("route"), status[0], elapsed, tenant=tenant)
             structlog.contextvars.unbind_contextvars("request_id")
 
     async def _preview(
@@ -150,7 +155,7 @@ class GatewayMiddleware:
             ok = await self.preview.admit(scope, route)
         except SandpodError as exc:
             self.ctx.metrics.rejected.labels(exc.code.split(".", 1)[0]).inc()
-            extra = _refusal_headers(exc)
+            extra = refusal_headers(exc)
             await self._refuse(scope, send, exc, extra)
             return ""
         structlog.contextvars.bind_contextvars(sandbox_id=ok.target.sandbox_id)
@@ -250,27 +255,55 @@ class GatewayMiddleware:
     async def _refuse(
         self, scope: Scope, send: Send, error: SandpodError, extra: dict[str, str]
     ) -> None:
-        body = json.dumps(error_body(error)).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *((k.encode(), v.encode()) for k, v in extra.items()),
-        ]
+        status, headers, body = refusal(error, extra)
         prefix = "websocket." if scope["type"] == "websocket" else ""
         if prefix and "websocket.http.response" not in scope.get("extensions", {}):
             await send({"type": "websocket.close", "code": 1008})
             return
-        await send(
-            {
-                "type": f"{prefix}http.response.start",
-                "status": http_status(error.code),
-                "headers": headers,
-            }
-        )
+        await send({"type": f"{prefix}http.response.start", "status": status, "headers": headers})
         await send({"type": f"{prefix}http.response.body", "body": body})
 
 
-def _refusal_headers(exc: SandpodError) -> dict[str, str]:
+def record(
+    ctx: Context,
+    method: str,
+    route: object,
+    status: int,
+    elapsed: float,
+    *,
+    tenant: str,
+    **fields: object,
+) -> None:
+    """The canonical log line and the request metrics of one request (``fields``: what the
+    caller has not bound to the log context)."""
+    label = getattr(route, "path", None)
+    label = str(label) if label else "unmatched"  # the route's template: a bounded label
+    ctx.metrics.observe_request(method, label, status, elapsed)
+    log.info(
+        "http_request",
+        **fields,
+        method=method,
+        route=label,
+        status=status,
+        ms=round(elapsed * 1000, 2),
+        tenant=tenant or None,
+    )
+
+
+def refusal(
+    error: SandpodError, extra: dict[str, str]
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """A refusal as an HTTP response: status, headers and the JSON error body."""
+    body = json.dumps(error_body(error)).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.encode(), v.encode()) for k, v in extra.items()),
+    ]
+    return http_status(error.code), headers, body
+
+
+def refusal_headers(exc: SandpodError) -> dict[str, str]:
     """What a preview refusal adds: the auth challenge, or when to retry."""
     if exc.code.startswith("auth."):
         return {"www-authenticate": 'Bearer realm="sandpod"'}
@@ -279,13 +312,13 @@ def _refusal_headers(exc: SandpodError) -> dict[str, str]:
     return {}
 
 
-def _request_id(headers: list[tuple[bytes, bytes]]) -> str:
+def request_id(headers: list[tuple[bytes, bytes]]) -> str:
     for k, v in headers:
         if k == b"x-request-id":
             value = v.decode("latin-1")
             if _REQUEST_ID.fullmatch(value):
                 return value
-    return uuid.uuid4().hex
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 def _credentials(scope: Scope, headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
@@ -311,10 +344,3 @@ def _credentials(scope: Scope, headers: list[tuple[bytes, bytes]]) -> tuple[str 
 def _query(scope: Scope, name: str) -> str | None:
     values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
     return values[0] if values else None
-
-
-def _route(scope: Scope) -> str:
-    """The matched route's template (bounded label), else a fixed placeholder."""
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    return str(path) if path else "unmatched"

@@ -141,9 +141,8 @@ class PreviewGate:
         self, scope: Scope, receive: Receive, send: Send, route: PreviewRoute, ok: Admitted
     ) -> None:
         """Relay the admitted request (HTTP or WebSocket) to the sandbox's port."""
-        headers = self._upstream_headers(scope, route, ok)
-        query = _strip_token(scope.get("query_string", b""))
-        target = (route.path or "/") + ("?" + query if query else "")
+        headers = self.upstream_headers(scope, route, ok.address)
+        target = self.target(scope, route).decode("latin-1")
         if scope["type"] == "websocket":
             url = f"ws://{_netloc(ok.address, route.port)}{target}"
             await self._serve_ws(scope, receive, send, url, headers)
@@ -245,9 +244,17 @@ class PreviewGate:
 
     # -- headers ---------------------------------------------------------------------------------
 
-    def _upstream_headers(
-        self, scope: Scope, route: PreviewRoute, ok: Admitted
+    @staticmethod
+    def target(scope: Scope, route: PreviewRoute) -> bytes:
+        """The request target on the upstream: the app's path and the query without our token."""
+        query = _strip_token(scope.get("query_string", b""))
+        return ((route.path or "/") + ("?" + query if query else "")).encode("latin-1")
+
+    def upstream_headers(
+        self, scope: Scope, route: PreviewRoute, address: str
     ) -> list[tuple[bytes, bytes]]:
+        """The request's headers as the app gets them: hop-by-hop ones, the gateway's
+        credentials and the client's X-Forwarded-* dropped, ours added."""
         connection = {t.strip() for t in _header(scope, b"connection").lower().split(",")}
         out: list[tuple[bytes, bytes]] = []
         forwarded_for = b""
@@ -266,7 +273,7 @@ class PreviewGate:
             out.append((k, v))
         client = scope.get("client")
         out += [
-            (b"host", _netloc(ok.address, route.port).encode()),
+            (b"host", _netloc(address, route.port).encode()),
             (b"x-forwarded-for", forwarded_for + (client[0] if client else "").encode()),
             (b"x-forwarded-proto", _scheme(scope).encode()),
             (b"x-forwarded-host", _header(scope, b"host").encode("latin-1")),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import time
 from collections.abc import Callable, Generator
@@ -23,6 +24,7 @@ from sandpod_contract.subjects import Subjects
 from sandpod_gateway import redact
 from sandpod_gateway.app import build_app
 from sandpod_gateway.context import Context
+from sandpod_gateway.front import FastPath, FrontProtocol
 from sandpod_gateway.keys import KeyStore
 from sandpod_gateway.links import LinkSigner
 from sandpod_gateway.metrics import GatewayMetrics
@@ -67,6 +69,7 @@ class GatewayService:
         self._server: _Server | None = None
         self._sock: socket.socket | None = None
         self._trimmer: Trimmer | None = None
+        self._fast: FastPath | None = None
 
     @property
     def url(self) -> str:
@@ -102,10 +105,12 @@ class GatewayService:
             preview_pool=ConnectionPool(s.preview_connect_timeout),
         )
         self.ctx = ctx
+        self._fast = FastPath(ctx)
         config = uvicorn.Config(
             build_app(ctx),
             loop="none",
-            http="httptools",
+            # previews on the fast path; every other request goes on to uvicorn's httptools
+            http=functools.partial(FrontProtocol, fast=self._fast),  # type: ignore[arg-type]
             ws="websockets-sansio",
             lifespan="off",
             log_config=None,
@@ -137,6 +142,8 @@ class GatewayService:
         await self.supervisor.close(grace)
         if self.ctx is not None:
             self.ctx.preview_pool.close()
+        if self._fast is not None:
+            self._fast.close()
         if self._trimmer is not None:
             self._trimmer.cancel()
         if self._sock is not None:

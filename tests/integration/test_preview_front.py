@@ -1,0 +1,242 @@
+"""The gateway's front protocol (``sandpod_gateway.front``): preview requests relayed on the fast
+path, everything else handed to uvicorn, on raw keep-alive connections whose bytes the test
+controls.
+
+The gateway runs in this process on uvloop, as ``python -m sandpod_gateway`` does (uvloop's
+transports behave differently from asyncio's: a check that passed on asyncio broke every
+connection under uvloop): each test runs its scenario in ``uvloop.run``. The app is
+``bench/_preview_app.py`` in a process-runtime sandbox.
+
+Attacks: an app that writes a second, forged response after its real one (it must never reach
+the client, whose connection the next request -- for any sandbox -- may use); refusals and
+credentials on a kept connection; a request body the gateway refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+
+import pytest
+import uvloop
+from gateway_harness import Gateway, close_gateway, mint_key, open_gateway
+from test_preview import Site, _site, lifecycle_on  # noqa: F401
+
+from conftest import NatsServer
+
+__all__: list[str] = []
+
+Scenario = Callable[[Site], Awaitable[None]]
+
+
+class Raw:
+    """One keep-alive HTTP/1.1 connection to the gateway, spoken byte by byte."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.r, self.w = reader, writer
+
+    @classmethod
+    async def open(cls, site: Site) -> Raw:
+        port = int(site.gw.url.rsplit(":", 1)[1])
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    def send(self, method: str, path: str, key: str | None, body: bytes = b"") -> None:
+        lines = [f"{method} {path} HTTP/1.1", "host: gw"]
+        if key:
+            lines.append(f"authorization: Bearer {key}")
+        if body:
+            lines.append(f"content-length: {len(body)}")
+        self.w.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+
+    async def response(self) -> tuple[int, dict[str, str], bytes]:
+        """The next response: status, headers (lowercased names), body."""
+        async with asyncio.timeout(30):
+            raw = await self.r.readuntil(b"\r\n\r\n")
+            lines = raw.decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ")[1])
+            headers = {}
+            for line in lines[1:]:
+                if line:
+                    k, _, v = line.partition(":")
+                    headers[k.strip().lower()] = v.strip()
+            if "content-length" in headers:
+                return status, headers, await self.r.readexactly(int(headers["content-length"]))
+            if headers.get("transfer-encoding") == "chunked":
+                body = b""
+                while size := int((await self.r.readuntil(b"\r\n")).split(b";")[0], 16):
+                    body += await self.r.readexactly(size)
+                    await self.r.readexactly(2)
+                await self.r.readuntil(b"\r\n")
+                return status, headers, body
+            return status, headers, await self.r.read()
+
+    async def get(self, path: str, key: str | None) -> tuple[int, dict[str, str], bytes]:
+        self.send("GET", path, key)
+        return await self.response()
+
+    async def closed(self) -> bool:
+        """Whether the gateway closed the connection (EOF within 10 s)."""
+        async with asyncio.timeout(10):
+            return await self.r.read() == b""
+
+    def close(self) -> None:
+        self.w.close()
+
+
+@pytest.fixture
+def on_uvloop(nats: NatsServer, lifecycle_on: Callable[[str], str]) -> Callable[[Scenario], None]:
+    """Run a scenario on uvloop against a site (a lifecycle, an in-process gateway, the app)."""
+
+    def run(scenario: Scenario) -> None:
+        async def main() -> None:
+            assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+            started: list[Gateway] = []
+
+            async def start(**overrides: object) -> Gateway:
+                started.append(await open_gateway(nats.url, **overrides))
+                return started[-1]
+
+            try:
+                await scenario(await _site(start, lifecycle_on, "process"))
+            finally:
+                for gw in started:
+                    await close_gateway(gw)
+
+        uvloop.run(main())
+
+    return run
+
+
+def test_an_apps_forged_second_response_never_reaches_the_client(
+    on_uvloop: Callable[[Scenario], None],
+) -> None:
+    on_uvloop(_forged_second_response)
+
+
+async def _forged_second_response(site: Site) -> None:
+    c = await Raw.open(site)
+    try:
+        status, _, body = await c.get(f"{site.base}/smuggle", site.key)
+        assert (status, body) == (200, b"ok")
+        # the same client connection, next request: the app's real answer, not the forgery
+        status, _, body = await c.get(f"{site.base}/ping", site.key)
+        assert (status, body) == (200, b"pong")
+        status, _, body = await c.get(f"{site.base}/echo?n=2", site.key)
+        assert status == 200
+        assert json.loads(body)["query"] == "n=2"
+    finally:
+        c.close()
+
+
+def test_pipelined_requests_are_answered_in_order(on_uvloop: Callable[[Scenario], None]) -> None:
+    on_uvloop(_pipelined_requests_are_answered_in_order)
+
+
+async def _pipelined_requests_are_answered_in_order(site: Site) -> None:
+    c = await Raw.open(site)
+    try:
+        for i in range(5):  # one write would do too; the gateway must not care
+            c.send("GET", f"{site.base}/echo?i={i}", site.key)
+        for i in range(5):
+            status, headers, body = await c.response()
+            assert status == 200
+            assert json.loads(body)["query"] == f"i={i}"
+            assert headers["x-request-id"]
+    finally:
+        c.close()
+
+
+def test_one_connection_carries_previews_and_api_calls(
+    on_uvloop: Callable[[Scenario], None],
+) -> None:
+    on_uvloop(_one_connection_carries_previews_and_api_calls)
+
+
+async def _one_connection_carries_previews_and_api_calls(site: Site) -> None:
+    """A preview, then an API call (the connection goes on to uvicorn from that request's
+    first byte), then a preview again (now through uvicorn's path)."""
+    c = await Raw.open(site)
+    try:
+        assert (await c.get(f"{site.base}/ping", site.key))[::2] == (200, b"pong")
+        status, _, body = await c.get("/v1/sandboxes", site.key)
+        assert status == 200, body
+        assert "web" in [s["metadata"]["name"] for s in json.loads(body)["items"]]
+        assert (await c.get(f"{site.base}/ping", site.key))[::2] == (200, b"pong")
+    finally:
+        c.close()
+
+
+def test_refusals_keep_a_connection_in_step(on_uvloop: Callable[[Scenario], None]) -> None:
+    on_uvloop(_refusals_keep_a_connection_in_step)
+
+
+async def _refusals_keep_a_connection_in_step(site: Site) -> None:
+    """Another tenant's key (404, as for a missing sandbox), no key (401), a revoked-looking
+    key (401): each answered on the same connection, which then carries a good request."""
+    stranger = await mint_key(site.gw, "evil")
+    c = await Raw.open(site)
+    try:
+        status, _, body = await c.get(f"{site.base}/ping", stranger)
+        assert status == 404, body
+        assert json.loads(body)["code"] == "sandbox.not_found"
+        status, headers, body = await c.get(f"{site.base}/ping", None)
+        assert status == 401, body
+        assert headers["www-authenticate"].startswith("Bearer")
+        status, _, _ = await c.get(f"{site.base}/ping", "spk_000000000000_" + "0" * 48)
+        assert status == 401
+        assert (await c.get(f"{site.base}/ping", site.key))[::2] == (200, b"pong")
+        # a refused request's body is never read: the gateway closes rather than guess
+        c.send("POST", f"{site.base}/upload", stranger, b"x" * 100)
+        assert (await c.response())[0] == 404
+        assert await c.closed()
+    finally:
+        c.close()
+
+
+def test_bodies_go_up_exactly_and_unframed_bodies_end_at_close(
+    on_uvloop: Callable[[Scenario], None],
+) -> None:
+    on_uvloop(_bodies_go_up_exactly_and_unframed_bodies_end_at_close)
+
+
+async def _bodies_go_up_exactly_and_unframed_bodies_end_at_close(site: Site) -> None:
+    c = await Raw.open(site)
+    try:
+        body = bytes(range(256)) * 4000  # 1 MB: several reads, the upstream's buffer fills
+        c.send("POST", f"{site.base}/upload", site.key, body)
+        status, _, answer = await c.response()
+        assert status == 200
+        assert json.loads(answer) == {
+            "sha256": hashlib.sha256(body).hexdigest(),
+            "length": len(body),
+        }
+        # no length, no chunks: the app's close ends the body; the client gets it chunked
+        # and keeps its connection
+        status, headers, answer = await c.get(f"{site.base}/unframed", site.key)
+        assert (status, answer) == (200, b"until the end")
+        assert headers["transfer-encoding"] == "chunked"
+        assert (await c.get(f"{site.base}/ping", site.key))[::2] == (200, b"pong")
+    finally:
+        c.close()
+
+
+def test_an_app_that_hangs_up_gives_a_typed_502(on_uvloop: Callable[[Scenario], None]) -> None:
+    on_uvloop(_an_app_that_hangs_up_gives_a_typed_502)
+
+
+async def _an_app_that_hangs_up_gives_a_typed_502(site: Site) -> None:
+    c = await Raw.open(site)
+    try:
+        status, _, body = await c.get(f"{site.base}/hangup", site.key)
+        assert status == 502
+        assert json.loads(body)["code"] == "sandbox.port_unreachable"
+        assert await c.closed()
+    finally:
+        c.close()
+    c = await Raw.open(site)  # the gateway itself is unharmed
+    try:
+        assert (await c.get(f"{site.base}/ping", site.key))[::2] == (200, b"pong")
+    finally:
+        c.close()
