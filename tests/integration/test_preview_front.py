@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -95,7 +96,7 @@ def on_uvloop(nats: NatsServer, lifecycle_on: Callable[[str], str]) -> Callable[
             started: list[Gateway] = []
 
             async def start(**overrides: object) -> Gateway:
-                started.append(await open_gateway(nats.url, **overrides))
+                started.append(await open_gateway(nats.url, clock=time.time, **overrides))
                 return started[-1]
 
             try:
