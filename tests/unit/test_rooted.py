@@ -28,6 +28,7 @@ from sandpod_execd.files.rooted import (
 )
 from sandpod_execd.pathglob import GlobSet
 from sandpod_execd.watching import Watcher
+from sandpod_service import openat2 as openat2_mod
 
 pytestmark = pytest.mark.skipif(
     not openat2_available(), reason="this kernel has no openat2: run on Linux >= 5.6"
@@ -327,7 +328,7 @@ class _Racing:
     """A syscall that first fails ``eagain`` times with EAGAIN (what openat2 says when a rename
     elsewhere on the host raced a scoped ".."), then is the real one."""
 
-    real = rooted._syscall()  # before any test replaces it
+    real = openat2_mod._syscall()  # before any test replaces it
 
     def __init__(self, eagain: int) -> None:
         self.eagain = eagain
@@ -350,7 +351,7 @@ def test_openat2_retries_the_eagain_of_a_racing_rename(
     top = os.open(world[0], os.O_RDONLY | os.O_DIRECTORY)
 
     def open_in_root(racing: _Racing, path: str) -> int:
-        monkeypatch.setattr(rooted, "_syscall", lambda: racing)
+        monkeypatch.setattr(openat2_mod, "_syscall", lambda: racing)
         return rooted.openat2(top, path, os.O_RDONLY, resolve=RESOLVE_IN_ROOT)
 
     try:
@@ -360,7 +361,7 @@ def test_openat2_retries_the_eagain_of_a_racing_rename(
         always = _Racing(eagain=10**6)
         with pytest.raises(BlockingIOError):  # EAGAIN
             open_in_root(always, "workspace/..")
-        assert always.calls == rooted.EAGAIN_RETRIES
+        assert always.calls == openat2_mod.EAGAIN_RETRIES
         missing = _Racing(eagain=0)
         with pytest.raises(FileNotFoundError):
             open_in_root(missing, "workspace/missing")

@@ -32,11 +32,9 @@ needs them), everything reached from it with the user's.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import functools
 import os
-import platform
 import posixpath
 import stat
 from collections.abc import Callable, Generator, Iterator
@@ -46,6 +44,15 @@ import structlog
 
 from sandpod_contract.errors import FsError
 from sandpod_execd.files.identity import Identity, acting
+from sandpod_service.openat2 import (
+    RESOLVE_BENEATH,
+    RESOLVE_IN_ROOT,
+    RESOLVE_NO_MAGICLINKS,
+    RESOLVE_NO_SYMLINKS,
+    RESOLVE_NO_XDEV,
+    openat2,
+    openat2_available,
+)
 
 if TYPE_CHECKING:
     from sandpod_execd.jail import Jail
@@ -74,76 +81,9 @@ __all__ = [
 
 log = structlog.get_logger("sandpod.execd.fs")
 
-# struct open_how's resolve flags (linux/openat2.h).
-RESOLVE_NO_XDEV = 0x01
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-RESOLVE_IN_ROOT = 0x10
-_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437}  # same number on both (asm-generic)
 MAX_SYMLINKS = 40  # as the kernel: links followed for one path
 MAX_DEPTH = 256  # directory levels a tree walk descends
-# openat2(2): with RESOLVE_IN_ROOT or RESOLVE_BENEATH, a ".." resolved while anything on the
-# system was renamed or mounted fails with EAGAIN, and "the caller may choose to retry". On a
-# busy host that is a matter of chance, not of the path: retry at once, a bounded number of times.
-EAGAIN_RETRIES = 64
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
-
-
-@functools.cache
-def _syscall() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    if platform.machine() not in _SYS_OPENAT2:
-        return None
-    fn = ctypes.CDLL(None, use_errno=True).syscall
-    fn.restype = ctypes.c_long
-    return fn
-
-
-def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
-    """The ``openat2(2)`` system call; returns a new descriptor (``O_CLOEXEC`` is added).
-
-    A scoped resolution's EAGAIN (a rename or mount elsewhere raced a "..") is retried up to
-    ``EAGAIN_RETRIES`` times before it is raised.
-
-    Raises:
-        OSError: as the kernel says; ENOSYS where the call does not exist.
-    """
-    fn = _syscall()
-    if fn is None:
-        raise OSError(errno.ENOSYS, "openat2 is not wired for this architecture", path)
-    how = _OpenHow(
-        flags | os.O_CLOEXEC, mode if flags & (os.O_CREAT | os.O_TMPFILE) else 0, resolve
-    )
-    for _ in range(EAGAIN_RETRIES):
-        fd = int(
-            fn(
-                ctypes.c_long(_SYS_OPENAT2[platform.machine()]),
-                ctypes.c_long(dirfd),  # syscall(2) reads every argument as a long
-                os.fsencode(path),
-                ctypes.byref(how),
-                ctypes.c_size_t(ctypes.sizeof(how)),
-            )
-        )
-        if fd >= 0:
-            return fd
-        err = ctypes.get_errno()
-        if err != errno.EAGAIN:
-            break
-    raise OSError(err, os.strerror(err), path)
-
-
-@functools.cache
-def openat2_available() -> bool:
-    """Whether this kernel has ``openat2`` with ``RESOLVE_IN_ROOT`` (probed once on ``/``)."""
-    try:
-        os.close(openat2(-100, "/", os.O_PATH, 0, RESOLVE_IN_ROOT))
-    except OSError:
-        return False
-    return True
 
 
 def named(exc: OSError, path: str, other: str | None = None) -> OSError:

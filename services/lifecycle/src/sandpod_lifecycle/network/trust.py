@@ -1,16 +1,21 @@
 """What a sandbox with header injections must carry: the interception authorities in its CA
 bundle, and placeholders for the secrets in its environment.
 
-The holder wiring, at sandbox creation only, writes :attr:`SandboxTrust.pem` into the
-sandbox's *writable layer*: :func:`merge_bundle` adds it to the image's system bundle between
-marker lines (replacing an earlier block, so a rewrite never accumulates), and the same PEM goes
-to :data:`EXTRA_PEM` for runtimes that ship their own roots (Node's ``NODE_EXTRA_CA_CERTS``,
-Python requests' certifi through ``REQUESTS_CA_BUNDLE``). A policy update that adds a domain to
-``inject`` reaches the proxy at once, but not this trust (not yet: the bundle is not rewritten
-in a running sandbox): the sandbox's TLS to that domain fails closed -- it never goes out
-without the check -- until the sandbox is recreated.
+At creation, :func:`write_trust` puts :attr:`SandboxTrust.pem` into the sandbox's *writable
+layer*: :func:`merge_bundle` adds it to the image's system bundle between marker lines
+(replacing an earlier block, so a rewrite never accumulates), and the same PEM goes to
+:data:`EXTRA_PEM` for runtimes that ship their own roots (Node's ``NODE_EXTRA_CA_CERTS``, Python
+requests' certifi through ``REQUESTS_CA_BUNDLE``). Every sandbox of a node that runs the egress
+proxy gets those two variables and the file (empty without injections), so that a policy update
+adding a domain to ``inject`` is trusted at once: the local runtime rewrites the running
+sandbox's files (:mod:`sandpod_lifecycle.runtime.jailtrust`), and new processes -- a ``curl``,
+``git``, ``pip``, ``node`` started after the update -- trust the new authority. A process that
+loaded its bundle before keeps the old one: its TLS to the new domain fails closed (it never goes
+out unchecked) until it is restarted. A secret added later has no placeholder variable in the
+running sandbox (the environment was fixed at creation); its header is injected all the same.
 
-A sandbox without injections gets nothing: it trusts no Sandpod authority at all.
+A sandbox without injections trusts no Sandpod authority at all: no block in its bundle, an
+empty :data:`EXTRA_PEM`.
 """
 
 from __future__ import annotations
@@ -73,21 +78,24 @@ def merge_bundle(bundle: str, pem: str) -> str:
     return bundle + _BEGIN + pem + _END
 
 
-def write_trust(base: Path, upper: Path, pem: str) -> list[str]:
-    """Put ``pem`` in a new sandbox's writable layer ``upper`` over its root ``base``: merged
-    into each system bundle of :data:`BUNDLES` the base has, and alone in :data:`EXTRA_PEM`.
-    Returns the paths written (inside the sandbox). Nothing is written when ``pem`` is "".
+def write_trust(base: Path, upper: Path, trust: SandboxTrust) -> dict[str, str]:
+    """Put ``trust`` in a new sandbox's writable layer ``upper`` over its root ``base``: its PEM
+    merged into each system bundle of :data:`BUNDLES` the base has (none when it is ""), and
+    alone in :data:`EXTRA_PEM` (written even when empty). Returns the environment the
+    sandbox's commands get: the placeholders, ``NODE_EXTRA_CA_CERTS``, and
+    ``REQUESTS_CA_BUNDLE`` when the base has the system bundle it names.
 
     Raises:
         OSError: the writable layer cannot be written (the create fails).
     """
-    if not pem:
-        return []
-    written = []
+    pem = trust.pem
+    env = {**trust.env, "NODE_EXTRA_CA_CERTS": EXTRA_PEM}
+    if (base / BUNDLES[0].lstrip("/")).is_file():
+        env["REQUESTS_CA_BUNDLE"] = BUNDLES[0]
     for inside in (*BUNDLES, EXTRA_PEM):
         rel = inside.lstrip("/")
         source = base / rel
-        if inside != EXTRA_PEM and not source.is_file():
+        if inside != EXTRA_PEM and (not pem or not source.is_file()):
             continue
         text = merge_bundle(source.read_text(errors="replace"), pem) if inside != EXTRA_PEM else pem
         target = upper / rel
@@ -97,5 +105,4 @@ def write_trust(base: Path, upper: Path, pem: str) -> list[str]:
             os.chmod(upper / parent, 0o755)  # noqa: S103 -- world-readable system dirs
         target.write_text(text)
         target.chmod(0o644)
-        written.append(inside)
-    return written
+    return env

@@ -44,7 +44,7 @@ from sandpod_contract.network import NetworkPolicy
 from sandpod_contract.subjects import SANDBOX_ID_RE
 from sandpod_lifecycle.network.egress import Egress
 from sandpod_lifecycle.network.trust import SandboxTrust, write_trust
-from sandpod_lifecycle.runtime import diskquota, hostcaps, jaildirs, seccomp, snapmounts
+from sandpod_lifecycle.runtime import diskquota, hostcaps, jaildirs, jailtrust, seccomp, snapmounts
 from sandpod_lifecycle.runtime.base import (
     ACTIVE,
     CreateFailed,
@@ -243,6 +243,7 @@ class LocalRuntime:
                 "the policy cannot be applied"
             )
         async with self._lock(sandbox_id):
+            before = self.egress.policy(sandbox_id)
             try:
                 await self.egress.apply(sandbox_id, policy)
             except KeyError:
@@ -250,6 +251,24 @@ class LocalRuntime:
                     f"sandbox {sandbox_id!r} has no network link on this node",
                     sandbox_id=sandbox_id,
                 ) from None
+            if self.trust is not None and before is not None:
+                await self._retrust(sandbox_id, self.trust(before).pem, self.trust(policy).pem)
+
+    async def _retrust(self, sandbox_id: str, before: str, after: str) -> None:
+        """The running sandbox's trust files follow its injections (see
+        :mod:`~sandpod_lifecycle.runtime.jailtrust`). A failure is logged: the proxy already
+        intercepts, so TLS to a domain the files do not yet trust fails closed."""
+        if before == after:
+            return
+        data = jaildirs.read_jail(self._dir(sandbox_id) / JAIL_FILE)
+        if not isinstance(data, JailFile):
+            return
+        try:
+            written = await asyncio.to_thread(jailtrust.retrust, data, after)
+        except (OSError, ProcessLookupError) as exc:
+            log.warning("trust_rewrite_failed", sandbox_id=sandbox_id, error=str(exc))
+            return
+        log.info("trust_rewritten", sandbox_id=sandbox_id, files=written)
 
     async def destroy(self, sandbox_id: str) -> None:
         async with self._lock(sandbox_id):
@@ -307,10 +326,8 @@ class LocalRuntime:
         trust_env: dict[str, str] = {}
         if self.egress is not None and spec.network is not None:
             jaildirs.write_resolv_conf(base, top / "upper", str(self.egress.gateway))
-            if self.trust is not None and spec.network.inject:
-                trust = self.trust(spec.network)
-                write_trust(base, top / "upper", trust.pem)
-                trust_env = trust.env
+            if self.trust is not None:  # every sandbox: an injection may be added later
+                trust_env = write_trust(base, top / "upper", self.trust(spec.network))
         if not rootless:  # rootless, our own uid is the sandbox's uid inside: nothing to chown
             os.chown(top / "workspace", uid, gid)
         else:  # a root-owned base's directories cannot be copied up in our user namespace
