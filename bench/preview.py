@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -71,18 +75,36 @@ class Lean:
         return length
 
 
-async def round_trips(direct: Lean, proxied: Lean, path: str, calls: int) -> list[list[float]]:
-    """Latencies of both, interleaved (a call of each per round) after a warm-up."""
-    for c in (direct, proxied):
+async def round_trips(clients: list[tuple[Lean, str]], calls: int) -> list[list[float]]:
+    """Latencies of each (client, path), interleaved (a call of each per round) after a
+    warm-up."""
+    for c, path in clients:
         for _ in range(min(WARMUP, calls)):
-            await c.get(path if c is proxied else "/ping")
-    out: list[list[float]] = [[], []]
+            await c.get(path)
+    out: list[list[float]] = [[] for _ in clients]
     for _ in range(calls):
-        for i, (c, p) in enumerate(((direct, "/ping"), (proxied, path))):
+        for i, (c, path) in enumerate(clients):
             t0 = time.perf_counter()
-            await c.get(p)
+            await c.get(path)
             out[i].append(time.perf_counter() - t0)
     return out
+
+
+@contextlib.contextmanager
+def relay(upstream: int) -> Iterator[int]:
+    """A do-nothing relay to ``upstream`` (bench/_relay.py) in a process of its own: its port."""
+    port = free_port()
+    script = Path(__file__).parent / "_relay.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(port), str(upstream)], stdout=subprocess.PIPE
+    )
+    try:
+        if proc.stdout is None or not proc.stdout.readline():
+            raise SystemExit("the reference relay did not start")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _p50_p99(samples: list[float]) -> str:
@@ -107,7 +129,7 @@ async def main(calls: int, mib: int, nats_mib: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with lifecycle(Path(tmp), runtime="process") as url:
             with gateway(url) as (base, key, proc):
-                await run(base, key, calls, mib, nats_mib, proc.pid)
+                await run(base, key, calls, mib, nats_mib, gw_pid=proc.pid)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -116,7 +138,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run(base: str, key: str, calls: int, mib: int, nats_mib: int, gw_pid: int) -> None:
+async def run(base: str, key: str, calls: int, mib: int, nats_mib: int, *, gw_pid: int) -> None:
     port = free_port()
     gw_port = int(base.rsplit(":", 1)[1])
     async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {key}"}) as c:
@@ -136,15 +158,26 @@ async def run(base: str, key: str, calls: int, mib: int, nats_mib: int, gw_pid: 
         where = (await c.post("/v1/sandboxes/pv/exec", json=write, timeout=150)).json()
         blob = where["stdout"].strip() + "/pv.bin"
         print(f"sandbox address {address} (process runtime), app port {port}")
+        with relay(port) as relay_port:
+            async with (
+                Lean(port, None) as direct,
+                Lean(gw_port, key) as proxied,
+                Lean(relay_port, None) as relayed,
+            ):
+                cpu = cpu_seconds(gw_pid)
+                clients = [(direct, "/ping"), (proxied, f"{prefix}/ping"), (relayed, "/ping")]
+                d, g, via = await round_trips(clients, calls)
+                cpu = cpu_seconds(gw_pid) - cpu
+        print(f"round trip direct   {_p50_p99(d)} (floor)")
+        print(f"round trip gateway  {_p50_p99(g)}")
+        print(f"round trip ratio    p50 {pct(g, 50) / pct(d, 50):.2f}x (target <= 1.50x)")
+        print(
+            f"round trip through a do-nothing relay (bench/_relay.py) {_p50_p99(via)}: "
+            f"{pct(via, 50) / pct(d, 50):.2f}x, the least an extra hop adds here"
+        )
+        per = cpu / (calls + min(WARMUP, calls)) * 1e6
+        print(f"gateway CPU per proxied round trip {per:.0f} us (user + system)")
         async with Lean(port, None) as direct, Lean(gw_port, key) as proxied:
-            cpu = cpu_seconds(gw_pid)
-            d, g = await round_trips(direct, proxied, f"{prefix}/ping", calls)
-            cpu = cpu_seconds(gw_pid) - cpu
-            print(f"round trip direct   {_p50_p99(d)} (floor)")
-            print(f"round trip gateway  {_p50_p99(g)}")
-            print(f"round trip ratio    p50 {pct(g, 50) / pct(d, 50):.2f}x (target <= 1.50x)")
-            per = cpu / (calls + min(WARMUP, calls)) * 1e6
-            print(f"gateway CPU per proxied round trip {per:.0f} us (user + system)")
             n = mib << 20
             floor = await download(direct, f"/bytes?n={n}")
             rate = await download(proxied, f"{prefix}/bytes?n={n}")
