@@ -34,7 +34,7 @@ from sandpod_kube.guardpod import (
     guard_account_name,
     guard_security_context,
 )
-from sandpod_kube.guardtrust import BUNDLE_FILE, TRUST_BUNDLE_CONTAINER, TRUST_MOUNT
+from sandpod_kube.guardtrust import BUNDLE_FILE, TRUST_BUNDLE_CONTAINER, TRUST_MOUNT, trust_env
 from sandpod_kube.guardwatch import watch_sandbox
 from sandpod_kube.podspec import PodSettings
 from sandpod_lifecycle.driver import Owner
@@ -154,13 +154,14 @@ INJECT = NetworkPolicy.from_dict(
 )
 
 
-async def test_only_a_pod_whose_policy_injects_gets_the_trust_bundle_and_placeholders(
+async def test_every_guarded_pod_gets_the_trust_bundle_and_injections_their_placeholders(
     kube_apiserver: ControlPlane, namespace: str, store: KubeStore, tmp_path: Path
 ) -> None:
     """A template injecting a header: the Pod's init containers end with ``trust-bundle`` (the
     sandbox's image, its securityContext, after the guard and the execd bundle), and its
     commands' environment names the merged bundle and the secret's placeholder, never a
-    value. A template without injections: neither."""
+    value. A template without injections: the same bundle and variables (an injection may be
+    added while it runs: the guard then puts its authority in the bundle), no placeholder."""
     api = PodApi(kube_apiserver.settings)
     kubelet = FakeKubelet(kube_apiserver.settings, namespace, tmp_path)
     kubelet.run_execd = False
@@ -198,10 +199,10 @@ async def test_only_a_pod_whose_policy_injects_gets_the_trust_bundle_and_placeho
     assert env["SSL_CERT_FILE"] == env["REQUESTS_CA_BUNDLE"] == BUNDLE_FILE
     assert env["SANDPOD_SECRET_TOK_VALUE"] == placeholder("tok/value") and env["MINE"] == "1"
     plain = pods[ALLOW]
-    assert TRUST_BUNDLE_CONTAINER not in [c["name"] for c in plain["initContainers"]]
+    assert [c["name"] for c in plain["initContainers"]] == names
     (main,) = plain["containers"]
     env = json.loads(next(e["value"] for e in main["env"] if e["name"] == "SANDPOD_EXECD_ENV"))
-    assert env == {"MINE": "1"}, "no injection: no Sandpod authority is trusted"
+    assert env == {"MINE": "1", **trust_env()}, "no injection: no placeholder"
 
 
 async def _first(

@@ -262,7 +262,9 @@ async def test_an_injecting_pods_commands_trust_the_guard_for_that_domain_by_def
     ``api.test`` with the client's *default* trust completes the TLS handshake with the guard's
     interception certificate (the guard then answers 502: the fake internet has no port 443),
     because the init container ``trust-bundle`` merged the image's CA bundle with the guard's
-    authority. The control: the image's own bundle alone refuses that certificate."""
+    authority. The control: the image's own bundle alone refuses that certificate. A second
+    sandbox of a template without the injection trusts no Sandpod authority until
+    ``network.update`` adds it; then the same HTTPS goes through with the default trust."""
     names.add("api.test", "A", 300, internet.public)
     value, tok = f"s3cr3t-{uuid.uuid4().hex}", f"tok{uuid.uuid4().hex[:6]}"
     body = client.V1Secret(metadata=client.V1ObjectMeta(name=tok), string_data={"value": value})
@@ -298,3 +300,19 @@ async def test_an_injecting_pods_commands_trust_the_guard_for_that_domain_by_def
     finally:
         await sbx.kill()
         await sbx.close()
+    plain = await _template(node_cluster, {"mode": "allowlist", "allow": ["api.test:443"]})
+    later = await _create(node_cluster, plain)
+    try:
+        assert await _out(later, "echo $SSL_CERT_FILE") == BUNDLE_FILE
+        count = "grep -c 'BEGIN CERT' $SSL_CERT_FILE"
+        assert int(await _out(later, count)) == system, "no injection: no Sandpod authority"
+        await later.network.update(inject=policy["inject"])  # type: ignore[arg-type]
+
+        async def trusted() -> bool:
+            return int(await _out(later, count)) == system + 1
+
+        await until("the authority of the injection added at runtime", trusted, timeout=30)
+        assert await _out(later, HTTPS + "https://api.test/") == "502"
+    finally:
+        await later.kill()
+        await later.close()

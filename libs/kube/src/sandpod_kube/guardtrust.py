@@ -1,5 +1,6 @@
-"""What a guarded sandbox Pod trusts when its policy injects headers: the image's own system CA
-bundle plus the guard's interception authorities, as one file its commands use by default.
+"""What a guarded sandbox Pod trusts: the image's own system CA bundle plus the guard's
+interception authorities of the domains its policy injects into (none, until it does), as one
+file its commands use by default.
 
 The guard (``podguard``) writes the authorities of the Pod's injected domains to
 ``egress.pem`` in the ``netguard-trust`` emptyDir (read-only in the sandbox container) on every
@@ -16,8 +17,10 @@ Commands get it through their environment (:func:`trust_env`, in ``SANDPOD_EXECD
 never hands its own environment to a command): ``SSL_CERT_FILE`` (OpenSSL's default paths:
 Python's ``ssl``, curl, Go), ``REQUESTS_CA_BUNDLE`` (requests and pip), ``CURL_CA_BUNDLE``,
 ``GIT_SSL_CAINFO``, and ``NODE_EXTRA_CA_CERTS`` = ``egress.pem`` (Node adds it to its own roots).
-A Pod whose policy injects nothing at its start gets neither the init container nor the
-variables: it trusts no Sandpod authority, as in the local runtime.
+Every guarded Pod gets the init container and the variables, so an injection added while it
+runs is trusted by the commands started after the update; while its policy injects nothing,
+``egress.pem`` is empty and the bundle is the image's own: it trusts no Sandpod authority, as
+in the local runtime.
 """
 
 from __future__ import annotations

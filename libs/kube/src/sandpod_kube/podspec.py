@@ -60,9 +60,10 @@ with ports, connection limits. The Pod then gets:
         else) -- the sandbox container mounts none (``automountServiceAccountToken: false``)
     dnsPolicy: None, nameserver 127.0.0.1   every container asks the guard's resolver
     emptyDir "netguard-trust"  the guard's interception certificates, read-only in the sandbox
-                               container; with ``SandboxPod.trust_bundle`` (its policy injects
-                               headers) also the image's CA bundle merged with them, written by
-                               the init container "trust-bundle" (``sandpod_kube.guardtrust``)
+                               container; with ``SandboxPod.trust_bundle`` (every guarded Pod:
+                               an injection may come at its start or later) also the image's CA
+                               bundle merged with them, written by the init container
+                               "trust-bundle" (``sandpod_kube.guardtrust``)
 
 The guard filters by the sandbox container's uid (``run_as_user``): every socket of it goes
 through the same chain the local runtime compiles; its own traffic (upstream DNS to
@@ -256,8 +257,9 @@ class SandboxPod:
     creds_secret: str | None = None  # the Sandbox's own NATS creds Secret (None: shared URL)
     # SandboxVolumes: (volume name, mount path, read-only), each its PVC (sandpod_kube.volumes)
     volumes: tuple[tuple[str, str, bool], ...] = ()
-    # with the guard: the policy injects headers, so its commands trust the guard's authorities
-    # (``sandpod_kube.guardtrust``; ``env`` holds the variables, the runtime puts them there)
+    # with the guard: its commands trust the guard's authorities, whichever domains the policy
+    # injects now or later (``sandpod_kube.guardtrust``; ``env`` holds the variables, the
+    # runtime puts them there)
     trust_bundle: bool = False
 
 

@@ -210,17 +210,19 @@ class PodDriver:
         policy = effective_policy(template.network, spec.network)
         return policy if self._settings.netguard and policy.inject else None
 
-    @staticmethod
     def _command_env(
-        spec: SandboxSpec, template: SandboxTemplateSpec, injecting: NetworkPolicy | None
+        self, spec: SandboxSpec, template: SandboxTemplateSpec, injecting: NetworkPolicy | None
     ) -> dict[str, str]:
-        """The default environment of the sandbox's commands: with injections, the secrets'
-        placeholders and the guard's trust bundle (``sandpod_kube.guardtrust``), under the
-        template's and the sandbox's own variables (as in the local runtime)."""
+        """The default environment of the sandbox's commands: in a guarded Pod, the guard's
+        trust bundle (``sandpod_kube.guardtrust``: the image's bundle alone until an injection,
+        at the start or added later, puts the guard's authorities in it) and the placeholders
+        of the secrets injected at the start, under the template's and the sandbox's own
+        variables (as in the local runtime)."""
         env = {e.name: e.value for e in (*template.env, *spec.env)}
-        if injecting is None:
+        if not self._settings.netguard:
             return env
-        return {**placeholder_env(injecting), **trust_env(), **env}
+        placeholders = placeholder_env(injecting) if injecting is not None else {}
+        return {**placeholders, **trust_env(), **env}
 
     def _selector(self, sandbox_id: str | None = None) -> str:
         mine = f"{INSTALLATION_LABEL}={self._installation}"
@@ -261,7 +263,7 @@ class PodDriver:
             env=self._command_env(spec, template, injecting),
             creds_secret=creds_secret_name(sandbox_id) if self._creds else None,
             volumes=tuple((v.name, v.mount_path, v.read_only) for v in spec.volumes),
-            trust_bundle=injecting is not None,
+            trust_bundle=self._settings.netguard,  # an injection may be added while it runs
         )
         try:
             pods = await self._pods(sandbox_id)
