@@ -151,6 +151,21 @@ def test_a_root_capture_of_an_unchanged_root_is_the_root_alone(tmp_path: Path) -
     assert os.path.getsize(full) > 0
 
 
+def test_a_directory_whose_only_change_is_its_mtime_is_no_root_change() -> None:
+    """A restore writes into ``/var/tmp``, which moves its mtime: the first capture of the
+    restored Pod must not store a layer for that alone. Its listing (digest), mode or owner
+    changing still is a change, and the workspace part keeps comparing mtimes."""
+    root = ("dir", 0o755, 0, 0, 1, 0, "", "")
+    var = ("dir", 0o1777, 0, 0, 1, 0, "", "children:aa")
+    old = PodManifest({"": root, "var/tmp": var})
+    moved = PodManifest({"": root, "var/tmp": (*var[:4], 2, *var[5:])})
+    assert changes(old, moved, whiteouts=False) == ([""], [])
+    assert changes(old, moved) == (["", "var", "var/tmp"], [])
+    for other in ((*var[:1], 493, *var[2:]), (*var[:7], "children:bb")):
+        changed = PodManifest({"": root, "var/tmp": other})
+        assert changes(old, changed, whiteouts=False) == (["", "var", "var/tmp"], [])
+
+
 def _one_file(tmp: Path, name: str, records: dict[str, str]) -> Path:
     path = tmp / name
     root, member = tarfile.TarInfo("."), tarfile.TarInfo("./f")

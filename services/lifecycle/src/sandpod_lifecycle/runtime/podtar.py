@@ -220,12 +220,15 @@ def changes(
 ) -> tuple[list[str], list[str]]:
     """(entries to write, entries to white out) to turn ``old`` into ``new`` (None: all).
     ``whiteouts=False`` (the root filesystem's part): an entry of ``old`` missing from ``new``
-    is no deletion (a directory's listing says which are), so none is written."""
+    is no deletion (a directory's listing says which are), so none is written; and a
+    directory whose only change is its mtime is unchanged (writing into it, as a restore does,
+    moves it; its listing's digest is what says its entries changed)."""
     if old is None:
         return sorted(new.entries), []
+    same = _same if whiteouts else _same_but_dir_mtime
     if not whiteouts:
         old = PodManifest({p: row for p, row in old.entries.items() if p in new.entries})
-    write = {p for p, row in new.entries.items() if old.entries.get(p) != row}
+    write = {p for p, row in new.entries.items() if not same(old.entries.get(p), row)}
     for p in list(write):  # a directory replaced by another kind: nothing below shows through
         if old.entries.get(p, ("dir",))[0] != "dir" or new.entries[p][0] != "dir":
             write |= {q for q in new.entries if q.startswith(p + "/")}
@@ -233,6 +236,16 @@ def changes(
     hidden = {p for p in gone if _covered(p, old, new)}
     parents = {a for p in (*write, *gone) for a in _ancestors(p)}
     return sorted(write | parents | {""}), sorted(set(gone) - hidden)
+
+
+def _same(old: Row | None, new: Row) -> bool:
+    return old == new
+
+
+def _same_but_dir_mtime(old: Row | None, new: Row) -> bool:
+    if old is None or old[0] != "dir" or new[0] != "dir":
+        return old == new
+    return old[:4] + old[5:] == new[:4] + new[5:]  # (type, mode, uid, gid, _, size, ...)
 
 
 def _covered(path: str, old: PodManifest, new: PodManifest) -> bool:
