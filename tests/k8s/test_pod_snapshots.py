@@ -202,8 +202,9 @@ async def test_a_pod_snapshot_keeps_the_root_filesystems_changes_deletions_too(
     """What the sandbox changed outside /workspace, in its container's root filesystem, is
     captured in the same snapshot as its own part: files written, made, linked, chmod-ed, and
     the image's files it deleted (a directory replaced by a new one loses what the image had
-    in it). A sandbox restored from it has exactly that root filesystem before it is Ready;
-    a second snapshot stores only the next change, and its restore applies the whole chain.
+    in it). A sandbox restored from it has exactly that root filesystem before it is Ready
+    (and a snapshot of it stores no layer: the restore's own writes are no change); a second
+    snapshot stores only the next change, and its restore applies the whole chain.
     The image's untouched files are never stored."""
     src = await AsyncSandbox.create(name=f"kr-{uuid.uuid4().hex[:6]}", **_conn(cluster))
     try:
@@ -220,6 +221,9 @@ async def test_a_pod_snapshot_keeps_the_root_filesystems_changes_deletions_too(
         try:
             assert (await restored.describe()).phase == "Running"
             assert _tree(_root(cluster, restored.id)) == changed
+            # nothing changed since the restore (which wrote into the image's directories)
+            same = await restored.snapshot(name=f"r0-{uuid.uuid4().hex[:4]}")
+            assert len(same.raw["status"]["layers"]) == len(s1["layers"]), same.raw["status"]
             await _sh(
                 restored,
                 f"R={_root(cluster, restored.id)} && rm $R/app/new && "
