@@ -48,6 +48,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -193,6 +194,7 @@ class FakeNet:
                 _ip("address", "add", f"{addr}/32", "dev", "lo", netns=ns)
             if self.ipv6:
                 self._create6()
+            self._wait_operational()
             # Servers first, host routes last (and removed first by close): the metadata address
             # is the same in every FakeNet, so a concurrent one's route (another xdist worker's)
             # may win by metric; it must never lead to a namespace whose servers are not up.
@@ -209,6 +211,20 @@ class FakeNet:
         except BaseException:
             self.close()
             raise
+
+    def _wait_operational(self, timeout: float = 10.0) -> None:
+        """Until the host end can send: it came up before its peer, so the kernel activates its
+        queue later (linkwatch, behind the rtnl lock; until then it drops what it sends, the
+        first ARP request into the fake internet included), as for a sandbox's link
+        (``sandpod_lifecycle.network.link``). ``ip link set up`` once more takes the rtnl lock:
+        it returns after linkwatch's work on the link is done."""
+        state = Path("/sys/class/net", self.host_if, "operstate")
+        deadline = time.monotonic() + timeout
+        while state.read_text().strip() != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.host_if} not operational after {timeout:g} s")
+            time.sleep(0.001)
+        _ip("link", "set", self.host_if, "up")
 
     def _create6(self) -> None:
         ns = self.netns

@@ -153,6 +153,25 @@ def test_up_reports_a_busy_port_with_what_to_do(tmp_path: Path) -> None:
     assert "in use" in run.stderr and "--nats-url" in run.stderr
 
 
+def test_up_without_jetstream_room_for_the_event_stream_says_what_to_do(tmp_path: Path) -> None:
+    """An event stream larger than the JetStream storage its nats-server would get (here a
+    1 PiB SANDPOD_EVENTS_MAX_BYTES) is refused before anything starts, with the sizes and the
+    fixes, not a lifecycle's traceback; a size that is no size is refused too."""
+    port = free_port()
+    argv = [SANDPOD, "up", "--state-dir", str(tmp_path), "--port", str(port), "--no-gateway"]
+    env = {**os.environ, "SANDPOD_EVENTS_MAX_BYTES": str(1 << 50)}
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and "starting nats-server" not in run.stdout
+    said = run.stderr
+    assert "error: JetStream would not have room for Sandpod's event stream" in said
+    assert "reserves 1024 TiB" in said and "free disk space there" in said
+    assert "SANDPOD_EVENTS_MAX_BYTES=" in said and "--nats-url" in said
+    env["SANDPOD_EVENTS_MAX_BYTES"] = "lots"
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "SANDPOD_EVENTS_MAX_BYTES must be" in run.stderr, run.stderr
+
+
 def test_exec_without_nats_tells_how_to_start_it() -> None:
     """`sandpod exec` with no NATS running says to run `sandpod up`."""
     env = {**os.environ, "SANDPOD_NATS_URL": "nats://127.0.0.1:1"}

@@ -4,7 +4,9 @@
 installation id, a registry in the test's directory); on exit it destroys every jail, stops the
 egress and asserts nothing of it is left (links, table, gateway link, routes of its slice).
 :func:`probe` runs a Python script *inside* a sandbox, as its unprivileged user, that tries
-each ``host:port`` at once and reports what answered.
+each ``host:port`` at once and reports what answered (a refusal says which step failed, the
+connect or the reply, and after how long: a failure in CI tells a dropped SYN from a slow
+server).
 """
 
 from __future__ import annotations
@@ -28,17 +30,19 @@ from sandpod_lifecycle.runtime.local import LocalRuntime, LocalRuntimeConfig
 
 ROOTFS: weakref.WeakKeyDictionary[LocalRuntime, Path] = weakref.WeakKeyDictionary()
 PROBE = r"""
-import json, socket, sys, concurrent.futures as cf
+import json, socket, sys, time, concurrent.futures as cf
 def reach(t):
     h, p = t.rsplit(":", 1)
+    t0, step = time.monotonic(), "connect"
     try:
         s = socket.create_connection((h, int(p)), timeout=1.5)
+        step = "reply"
         s.sendall(b"GET / HTTP/1.0\r\n\r\n")
         data = s.recv(200)
         s.close()
         return data.decode(errors="replace").split("\r\n\r\n", 1)[-1].strip() or "connected"
     except OSError as e:
-        return "refused:" + type(e).__name__
+        return f"refused:{type(e).__name__} ({step}, {time.monotonic() - t0:.2f} s)"
 with cf.ThreadPoolExecutor(32) as ex:
     print(json.dumps(dict(zip(sys.argv[1:], ex.map(reach, sys.argv[1:])))))
 """

@@ -253,13 +253,15 @@ async def test_a_live_policy_update_takes_effect_both_ways(
     rt, _ = node
     s = await make(rt, PUBLIC)
     target = f"{fakenet.public}:80"
-    assert reached(await probe(s, target)) == {target}
+    first = await probe(s, target)  # at once: the link must carry traffic when create returns
+    assert reached(first) == {target}, first
     for policy, want in ((DENY_ALL, set()), (PUBLIC, {target})):
         t0 = time.perf_counter()
         await rt.apply_network(s.sandbox_id, policy)
         took = time.perf_counter() - t0
         print(f"apply_network -> {policy.mode.value}: {took * 1000:.2f} ms")
-        assert reached(await probe(s, target)) == want
+        got = await probe(s, target)
+        assert reached(got) == want, (policy.mode.value, got)
     assert (await rt.inspect(s.sandbox_id)).holder_pid == s.holder_pid
     still = NetworkPolicy.from_dict({"mode": "allowlist", "allow": [f"{fakenet.public}/32"]})
     assert await _held(rt, s, fakenet.public, still) == "fakenet public"

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -148,3 +149,38 @@ def test_a_sandbox_link_for_a_holder_that_is_gone_is_a_link_error(name: str) -> 
     with pytest.raises(LinkError, match="cannot set up the link"):
         links.create(addrs, gone.pid)
     assert not os.path.exists(f"/sys/class/net/{links.sandbox(7)}")
+
+
+def test_a_sandbox_link_carries_traffic_the_moment_it_is_made(name: str) -> None:
+    """When ``LinkNames.create`` returns, the host end is operational, not only up: a veth end
+    brought up before its peer gets its transmit queue from the kernel's linkwatch work, later
+    (until then a noop queue drops what the host sends, a sandbox's first ARP reply among
+    them: its first connection waited a 1 s ARP retry, or failed on a busy host, although the
+    sandbox was Ready). Many links, each checked at once (it was late about one time in
+    three), and the first connection from inside goes through."""
+    links = LinkNames.of("abcdef0000")
+    late: list[tuple[int, str]] = []
+    with socket.create_server(("0.0.0.0", 0)) as server:
+        port = server.getsockname()[1]
+        for index in range(40):
+            holder = subprocess.Popen(["unshare", "--net", "--", "sleep", "600"])
+            try:
+                ns = f"/proc/{holder.pid}/ns/net"
+                while os.readlink(ns) == os.readlink("/proc/self/ns/net"):
+                    assert holder.poll() is None, f"unshare --net exited {holder.returncode}"
+                base = HOST + 2 * index
+                host_end = links.create(SandboxAddresses(index, base, base + 1), holder.pid)
+                state = Path(f"/sys/class/net/{host_end}/operstate").read_text().strip()
+                if state != "up":
+                    late.append((index, state))
+
+                def connect(to: str = str(base)) -> None:
+                    socket.create_connection((to, port), timeout=10).close()
+
+                in_netns_of(holder.pid, connect)
+                server.accept()[0].close()
+            finally:
+                delete(links.sandbox(index))
+                holder.kill()
+                holder.wait()
+    assert late == [], f"host ends not operational when create returned: {late}"

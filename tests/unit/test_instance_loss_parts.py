@@ -40,10 +40,10 @@ class Clock:
 class FakeBus:
     def __init__(self) -> None:
         self.published: list[str] = []
-        self.streams: list[tuple[str, list[str], float, dict[str, int]]] = []
+        self.streams: list[tuple[str, list[str], float, dict[str, int | str | None]]] = []
 
     async def ensure_stream(
-        self, name: str, subjects: list[str], max_age: float, **bounds: int
+        self, name: str, subjects: list[str], max_age: float, **bounds: int | str | None
     ) -> None:
         self.streams.append((name, subjects, max_age, bounds))
 
@@ -85,14 +85,24 @@ def test_the_rate_limiter_remembers_a_bounded_number_of_keys(
 
 
 async def test_events_bound_the_stream_and_drop_a_flood_per_object() -> None:
-    """setup() asks for a stream bounded in bytes, age and per subject; a flood of one
-    object's events publishes ``burst`` of them, another object's still get through."""
+    """setup() asks for a stream bounded in bytes, age and per subject (naming the setting of
+    its size, for the error if JetStream has no room); a flood of one object's events
+    publishes ``burst`` of them, another object's still get through."""
     bus, clock = FakeBus(), Clock()
     limits = EventLimits(max_bytes=8 << 20, max_age=3600, max_msgs_per_subject=10, burst=5)
     events = Events(bus, Subjects("t"), stream="t-events", limits=limits, clock=clock)  # type: ignore[arg-type]
     await events.setup()
     assert bus.streams == [
-        ("t-events", ["t.events.>"], 3600, {"max_bytes": 8 << 20, "max_msgs_per_subject": 10})
+        (
+            "t-events",
+            ["t.events.>"],
+            3600,
+            {
+                "max_bytes": 8 << 20,
+                "max_msgs_per_subject": 10,
+                "size_setting": "SANDPOD_EVENTS_MAX_BYTES",
+            },
+        )
     ]
     for _ in range(500):
         await events.publish(name="flappy", namespace="default", type_="ready", phase="Running")

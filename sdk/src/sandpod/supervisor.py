@@ -14,6 +14,11 @@ execds it starts), and the CLI and SDK of this user find ``client.creds`` there 
 (:func:`sandpod.config.resolve_nats_creds`). The state dir is 0700; logs, nats.conf and every
 key or creds file 0600. With ``--nats-url`` nothing is provisioned: ``SANDPOD_NATS_CREDS`` (or
 none) is what every child uses.
+
+Before starting its own nats-server the supervisor checks that JetStream will have room for the
+lifecycle's event stream (``events_max_bytes``, passed to it as ``SANDPOD_EVENTS_MAX_BYTES``;
+see :mod:`sandpod._jetstream_room`): a disk too full for it is a :class:`StartupError` saying
+what to do, before any child starts, instead of a lifecycle that exits at start.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from sandpod._hostprocs import (
     wait_exit,
     write_private,
 )
+from sandpod._jetstream_room import EVENTS_MAX_BYTES, room_problem
 from sandpod.aio import AsyncSandbox
 from sandpod.control import create_object, create_sandbox, list_sandboxes
 from sandpod.errors import ResourceExists, SandpodError
@@ -73,6 +79,7 @@ class PlatformConfig:
     ready_timeout: float = 20.0
     gateway_port: int | None = 8080  # HTTP API and web terminal; None: no gateway
     default_rootfs: Path | None = None  # a prepared base; None: built in <state_dir>/rootfs
+    events_max_bytes: int = EVENTS_MAX_BYTES  # the lifecycle's SANDPOD_EVENTS_MAX_BYTES
 
 
 @dataclasses.dataclass
@@ -159,6 +166,7 @@ class Supervisor:
         private_dir(self.config.state_dir)
         private_dir(self.logs)
         if self.config.nats_url is None:
+            self._check_jetstream_room()
             await self._provision_auth()
             await self._start_nats()
         else:
@@ -219,6 +227,18 @@ class Supervisor:
                 f"{err.decode(errors='replace').strip()}"
             )
         self.creds = {u: str(cfg.state_dir / AUTH_DIR / f"{u}.creds") for u in SERVICE_USERS}
+
+    def _check_jetstream_room(self) -> None:
+        """Refuse to start when our nats-server's JetStream could not hold the event stream.
+
+        Raises:
+            StartupError: it could not; the message says how much it gets and what to do.
+        """
+        store = self.config.state_dir / "nats"
+        store.mkdir(parents=True, exist_ok=True)
+        problem = room_problem(store, self.config.events_max_bytes)
+        if problem is not None:
+            raise StartupError(problem)
 
     async def _start_nats(self) -> None:
         cfg = self.config
@@ -340,6 +360,7 @@ class Supervisor:
             SANDPOD_DESTROY_ON_EXIT="true",  # `sandpod up` leaves no process behind
             # the gateway runs as we do: its uid alone may connect into sandboxes (previews)
             SANDPOD_NET_GATEWAY_UID=str(os.geteuid()),
+            SANDPOD_EVENTS_MAX_BYTES=str(self.config.events_max_bytes),  # what was checked
         )
         if "execd" in self.creds:
             env["SANDPOD_EXECD_NATS_CREDS"] = self.creds["execd"]

@@ -16,10 +16,12 @@ from collections.abc import AsyncIterator
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
+from sandpod_bus.capacity import insufficient_storage, out_of_storage
 from sandpod_contract.errors import (
     ConnectionLost,
     ResourceConflict,
@@ -191,14 +193,24 @@ def _store_error(exc: BaseException) -> StoreError:
     return StoreError(f"JetStream error: {exc}", cause=type(exc).__name__)
 
 
-async def open_bucket(js: JetStreamContext, name: str, history: int) -> KvBucket:
-    """Open bucket ``name``, creating it if needed."""
+async def open_bucket(nc: NatsClient, name: str, history: int) -> KvBucket:
+    """Open bucket ``name``, creating it if needed.
+
+    Raises:
+        InsufficientStorage: JetStream has no room left to create it.
+        ConnectionLost, StoreError: the connection or JetStream failed.
+    """
+    js = nc.jetstream()
     try:
         kv = await js.key_value(name)
     except nats.js.errors.BucketNotFoundError:
         try:
             kv = await js.create_key_value(bucket=name, history=history)
         except nats.errors.Error as exc:
+            if out_of_storage(exc):
+                raise await insufficient_storage(
+                    nc, what=f"KV bucket {name}", stream=f"KV_{name}", reserve=-1
+                ) from exc
             raise _store_error(exc) from exc
     except nats.errors.ConnectionClosedError as exc:
         raise ConnectionLost("NATS connection is closed") from exc

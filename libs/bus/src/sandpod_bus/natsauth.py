@@ -38,6 +38,7 @@ from sandpod_contract.tenancy import validate_tenant
 
 __all__ = [
     "INBOX_ALL",
+    "JS_ACCOUNT_INFO",
     "MAX_TENANT_SANDBOXES",
     "NO_LIMIT",
     "Account",
@@ -64,6 +65,9 @@ __all__ = [
 ]
 
 INBOX_ALL = "_INBOX.>"
+# The account's JetStream figures (read only): a service that makes streams or buckets asks
+# them to explain a refused reservation (sandpod_bus.capacity); never granted to tenants.
+JS_ACCOUNT_INFO = "$JS.API.INFO"
 NO_LIMIT = -1
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 _PREFIXES = {

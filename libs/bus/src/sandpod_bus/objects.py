@@ -24,9 +24,11 @@ from typing import BinaryIO
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.object_store import ObjectStore
 
+from sandpod_bus.capacity import insufficient_storage, out_of_storage
 from sandpod_contract.errors import (
     ConnectionLost,
     RequestTimeout,
@@ -173,13 +175,23 @@ class ObjectBucket:
         ]
 
 
-async def open_objects(js: JetStreamContext, bucket: str) -> ObjectBucket:
-    """The bucket ``bucket``, created if missing."""
+async def open_objects(nc: NatsClient, bucket: str) -> ObjectBucket:
+    """The bucket ``bucket``, created if missing.
+
+    Raises:
+        InsufficientStorage: JetStream has no room left to create it.
+        ConnectionLost, RequestTimeout, StoreError: the connection or JetStream failed.
+    """
+    js = nc.jetstream()
     try:
         try:
             store = await js.object_store(bucket)
         except nats.js.errors.BucketNotFoundError:
             store = await js.create_object_store(bucket)
     except nats.errors.Error as exc:
+        if out_of_storage(exc):
+            raise await insufficient_storage(
+                nc, what=f"object store {bucket}", stream=f"OBJ_{bucket}", reserve=-1
+            ) from exc
         raise _transport_error(exc, f"cannot open object store {bucket}") from exc
     return ObjectBucket(store, bucket, js)

@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 
 from sandpod_bus._natspy import websocket_support
+from sandpod_bus.capacity import insufficient_storage, out_of_storage
 from sandpod_bus.credswatch import CredsWatch
 from sandpod_bus.errors import NoResponders
 from sandpod_bus.kv import KvBucket, open_bucket
@@ -303,12 +304,22 @@ class Bus:
         return Subscription(sub)
 
     async def kv(self, bucket: str, *, history: int = 1) -> KvBucket:
-        """The JetStream key-value bucket ``bucket`` (created with ``history`` if missing)."""
-        return await open_bucket(self._nc.jetstream(), bucket, history)
+        """The JetStream key-value bucket ``bucket`` (created with ``history`` if missing).
+
+        Raises:
+            InsufficientStorage: JetStream has no room left to make it.
+            StoreError: JetStream failed otherwise.
+        """
+        return await open_bucket(self._nc, bucket, history)
 
     async def objects(self, bucket: str) -> ObjectBucket:
-        """The JetStream object-store bucket ``bucket`` (created if missing)."""
-        return await open_objects(self._nc.jetstream(), bucket)
+        """The JetStream object-store bucket ``bucket`` (created if missing).
+
+        Raises:
+            InsufficientStorage: JetStream has no room left to make it.
+            StoreError: JetStream failed otherwise.
+        """
+        return await open_objects(self._nc, bucket)
 
     async def ensure_stream(
         self,
@@ -318,10 +329,21 @@ class Bus:
         *,
         max_bytes: int = -1,
         max_msgs_per_subject: int = -1,
+        size_setting: str | None = None,
     ) -> None:
         """Create (or update) JetStream stream ``name`` capturing ``subjects``, keeping
         messages for ``max_age`` seconds and at most ``max_bytes`` in all and
-        ``max_msgs_per_subject`` per subject (-1: unlimited); the oldest go first when full."""
+        ``max_msgs_per_subject`` per subject (-1: unlimited); the oldest go first when full.
+
+        Args:
+            size_setting: the caller's setting that chose ``max_bytes``, named as a remedy
+                when JetStream has no room for the stream.
+
+        Raises:
+            InsufficientStorage: the server (or the account) cannot reserve ``max_bytes``;
+                the message says how much is reserved already and what to do.
+            StoreError: JetStream failed otherwise.
+        """
         js = self._nc.jetstream()
         config = nats.js.api.StreamConfig(
             name=name,
@@ -337,6 +359,14 @@ class Bus:
             except nats.js.errors.BadRequestError:  # exists with another config: update it
                 await js.update_stream(config)
         except nats.errors.Error as exc:
+            if out_of_storage(exc):
+                raise await insufficient_storage(
+                    self._nc,
+                    what=f"stream {name}",
+                    stream=name,
+                    reserve=max_bytes,
+                    setting=size_setting,
+                ) from exc
             raise StoreError(f"cannot create stream {name}: {exc}") from exc
 
     async def js_publish(self, subject: str, payload: bytes, timeout: float = 5.0) -> int:

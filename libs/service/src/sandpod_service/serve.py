@@ -3,6 +3,12 @@
 ``serve(service)``: configure logging, connect the bus, ``service.start(bus)``, then on
 SIGTERM/SIGINT: ``service.stop(grace)`` (stop intake, finish in-flight work up to the grace
 period, cancel stragglers with a log line), drain NATS, return 0.
+
+A start that cannot succeed exits 2 with one log line instead of a traceback: NATS unreachable
+(``nats_unreachable``), or a typed error from ``start`` (``service_start_failed`` with its code,
+message and details, e.g. ``store.insufficient_storage`` when JetStream has no room for a
+stream); whatever had started is stopped first. Any other exception is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Protocol
 import structlog
 
 from sandpod_bus import Bus, BusSettings
-from sandpod_contract.errors import ConnectionLost
+from sandpod_contract.errors import ConnectionLost, SandpodError
 from sandpod_service.logs import configure_logging
 
 __all__ = ["Service", "serve"]
@@ -55,7 +61,11 @@ async def serve(
         except ConnectionLost as exc:
             log.error("nats_unreachable", url=bus_settings.url, error=exc.message)
             return 2
-        await service.start(bus)
+        try:
+            await service.start(bus)
+        except SandpodError as exc:  # typed: its message says what is wrong and what to do
+            await _abandon_start(service, bus, exc, grace)
+            return 2
         log.info("service_started", nats=bus_settings.url)
         if ready is not None:
             ready.set()
@@ -71,3 +81,13 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def _abandon_start(service: Service, bus: Bus, exc: SandpodError, grace: float) -> None:
+    """Report a start that failed with ``exc``, stop what had started, close the bus."""
+    log.error("service_start_failed", code=exc.code, error=exc.message, details=exc.details)
+    try:
+        await service.stop(grace)
+    except Exception:  # a half-started service: closing the bus is what is left to do
+        log.exception("service_stop_failed")
+    await bus.drain(timeout=grace)

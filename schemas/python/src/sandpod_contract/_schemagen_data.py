@@ -647,6 +647,16 @@ ERRORS: list[errors.SandpodError] = [
         limit=107374182400,
         setting="SANDPOD_VOLUME_MAX_BYTES",
     ),
+    errors.InsufficientStorage(
+        "JetStream cannot reserve 256 MiB for stream sandpod-events: ...",
+        stream="sandpod-events",
+        reserve_bytes=268435456,
+        account_reserved_bytes=0,
+        account_stored_bytes=0,
+        account_limit_bytes=-1,
+        account_streams=2,
+        setting="SANDPOD_EVENTS_MAX_BYTES",
+    ),
     errors.ClaimError("claim default/c1 could not be served"),
     errors.PoolNotFound("no SandboxWarmPool 'python' in namespace 'default'", pool="python"),
     errors.ClaimTimeout(

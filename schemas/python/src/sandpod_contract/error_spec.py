@@ -249,6 +249,19 @@ DETAILS: Mapping[str, Details] = {
             "setting": _d("string", "the setting that raises it"),
         }
     ),
+    "store.insufficient_storage": Details(
+        required={
+            "stream": _d("string", "the JetStream stream (KV_<bucket>, OBJ_<bucket> for buckets)"),
+            "reserve_bytes": _d("integer", "what it would reserve (0: no limit of its own)"),
+        },
+        optional={
+            "account_reserved_bytes": _d("integer", "what the account's streams reserve already"),
+            "account_stored_bytes": _d("integer", "what the account's streams hold"),
+            "account_limit_bytes": _d("integer", "the account's storage limit (-1: none)"),
+            "account_streams": _d("integer", "how many streams the account has"),
+            "setting": _d("string", "the setting that sizes the stream, if one does"),
+        },
+    ),
     "store.in_use": Details(
         required={"name": _d("string", "the volume")},
         optional={"holders": _d("string", "the sandboxes holding it, comma-separated")},

@@ -54,6 +54,7 @@ __all__ = [
     "ImageLayerRefused",
     "ImageNotFound",
     "ImageUnsupported",
+    "InsufficientStorage",
     "InternalError",
     "InvalidCwd",
     "PayloadTooLarge",
@@ -661,6 +662,16 @@ class ResourceExpired(StoreError):
     summary = (
         "the revision to watch from is older than the store keeps (compacted); "
         "list again and watch from the list's revision"
+    )
+
+
+class InsufficientStorage(StoreError):
+    code = "store.insufficient_storage"
+    retryable = False
+    summary = (
+        "JetStream cannot reserve the storage a stream or bucket needs (details: stream, "
+        "reserve_bytes and the account's figures); free disk space on the NATS server, raise "
+        "its jetstream max_file_store (or the account's limit), or make the stream smaller"
     )
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sandpod._jetstream_room import EVENTS_MAX_BYTES, MIN_EVENTS_BYTES
 from sandpod.config import DEFAULT_STATE_DIR
 from sandpod.supervisor import PlatformConfig, StartupError, Supervisor
 
@@ -66,7 +67,27 @@ def _say(line: str) -> None:
     print(f"sandpod: {line}", flush=True)
 
 
+def _events_max_bytes() -> int | None:
+    """``SANDPOD_EVENTS_MAX_BYTES`` (the event stream's size), or None if it is no size."""
+    given = os.environ.get("SANDPOD_EVENTS_MAX_BYTES", "").strip()
+    if not given:
+        return EVENTS_MAX_BYTES
+    try:
+        value = int(given)
+    except ValueError:
+        return None
+    return value if value >= MIN_EVENTS_BYTES else None
+
+
 def _run(args: argparse.Namespace) -> int:
+    events_max_bytes = _events_max_bytes()
+    if events_max_bytes is None:
+        print(
+            f"error: SANDPOD_EVENTS_MAX_BYTES must be a number of bytes, at least "
+            f"{MIN_EVENTS_BYTES} (1 MiB); unset, {EVENTS_MAX_BYTES} (256 MiB)",
+            file=sys.stderr,
+        )
+        return 2
     config = PlatformConfig(
         state_dir=args.state_dir.resolve(),
         nats_url=args.nats_url,
@@ -77,6 +98,7 @@ def _run(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         gateway_port=None if args.no_gateway else args.gateway_port,
         default_rootfs=args.default_rootfs.resolve() if args.default_rootfs else None,
+        events_max_bytes=events_max_bytes,
     )
     return asyncio.run(_up(config))
 

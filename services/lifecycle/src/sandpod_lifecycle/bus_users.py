@@ -2,13 +2,16 @@
 definition behind both the embedded ``sandpod up`` (:mod:`sandpod_lifecycle.embedded_auth`) and
 Kubernetes mode's setup tool (:mod:`sandpod_lifecycle.natsauth_setup`).
 
-Anything not in a user's allow lists is a permission violation, refused by the server.
+Anything not in a user's allow lists is a permission violation, refused by the server. The
+services that make JetStream streams or buckets may read the account's JetStream figures
+(``JS_ACCOUNT_INFO``), to explain a reservation the server refuses.
 """
 
 from __future__ import annotations
 
 from sandpod_bus.natsauth import (
     INBOX_ALL,
+    JS_ACCOUNT_INFO,
     Permissions,
     kv_owner_subjects,
     kv_subjects,
@@ -63,16 +66,16 @@ def _users(subjects: Subjects, node: str | None) -> dict[str, Permissions]:
         "lifecycle": Permissions(
             pub_allow=(
                 *(sbx, *node_plane, events, INBOX_ALL),
-                *(*kv_owned, *events_stream, *reads),
+                *(*kv_owned, *events_stream, *reads, JS_ACCOUNT_INFO),
             ),
             sub_allow=(*_kinds(s, "sandboxes", "templates", "snapshots", "volumes"), INBOX_ALL),
         ),
         "pool": Permissions(
-            pub_allow=(api, sbx, INBOX_ALL, *kv_store),
+            pub_allow=(api, sbx, INBOX_ALL, *kv_store, JS_ACCOUNT_INFO),
             sub_allow=(*_kinds(s, "pools", "claims"), INBOX_ALL),
         ),
         "gateway": Permissions(
-            pub_allow=(api, sbx, INBOX_ALL, *keys), sub_allow=(INBOX_ALL, events)
+            pub_allow=(api, sbx, INBOX_ALL, *keys, JS_ACCOUNT_INFO), sub_allow=(INBOX_ALL, events)
         ),
         "client": Permissions(pub_allow=(api, sbx, *contexts), sub_allow=(INBOX_ALL, events)),
     }

@@ -26,9 +26,10 @@ from sandpod_contract.errors import SandpodError
 from sandpod_contract.messages.sandboxes import NetworkEvent, SandboxEvent
 from sandpod_contract.subjects import Subjects
 
-__all__ = ["STREAM", "EventLimits", "Events", "RateLimiter"]
+__all__ = ["SIZE_SETTING", "STREAM", "EventLimits", "Events", "RateLimiter"]
 
 STREAM = "sandpod-events"
+SIZE_SETTING = "SANDPOD_EVENTS_MAX_BYTES"  # sizes the stream (settings.py reads it)
 MAX_TRACKED = 10_000  # objects whose bucket is remembered (least recently used forgotten)
 
 log = structlog.get_logger("sandpod.lifecycle.events")
@@ -99,12 +100,20 @@ class Events:
         self._limiter = RateLimiter(self.limits.burst, self.limits.rate, clock)
 
     async def setup(self) -> None:
+        """Create (or update) the stream, reserving ``limits.max_bytes`` of JetStream.
+
+        Raises:
+            InsufficientStorage: JetStream cannot reserve that much; the message names the
+                stream, the sizes and the remedies (:data:`SIZE_SETTING` among them).
+            StoreError: JetStream failed otherwise.
+        """
         await self._bus.ensure_stream(
             self.stream,
             [self._subjects.events_all()],
             self.limits.max_age,
             max_bytes=self.limits.max_bytes,
             max_msgs_per_subject=self.limits.max_msgs_per_subject,
+            size_setting=SIZE_SETTING,
         )
 
     def _allowed(self, name: str, namespace: str, type_: str) -> bool:

@@ -22,7 +22,8 @@
 | ``SANDPOD_NATS_ACCOUNT_SEED_FILE`` | unset | the NATS account's seed: per-sandbox creds (Pods) |
 | ``SANDPOD_NATS_CREDS_TTL`` | 86400 s | longest life of a sandbox's JWT (renewed at half) |
 | ``SANDPOD_NATS_CREDS_MARGIN`` | 300 s | a sandbox JWT outlives its ``shutdownTime`` by this |
-| ``SANDPOD_EVENTS_MAX_BYTES`` | 256 MiB | stream ``<prefix>-events``: size (oldest dropped) |
+| ``SANDPOD_EVENTS_MAX_BYTES`` | 256 MiB | stream ``<prefix>-events``: size (oldest dropped), |
+| | | reserved in JetStream at start (no room: ``store.insufficient_storage`` says what to do) |
 | ``SANDPOD_EVENTS_MAX_AGE`` | 604800 s | ... and age of its events (7 days) |
 | ``SANDPOD_EVENTS_MAX_PER_SUBJECT`` | 100 | ... and events kept per sandbox and event type |
 | ``SANDPOD_EVENTS_BURST`` | 20 | events one sandbox may publish at once ... |
@@ -85,7 +86,7 @@ from sandpod_contract.subjects import DEFAULT_PREFIX
 from sandpod_kube import KubeSettings, LeaderSettings, store_settings
 from sandpod_kube.buildpod import BuildPodSettings
 from sandpod_kube.podspec import PodSettings
-from sandpod_lifecycle.events import EventLimits
+from sandpod_lifecycle.events import SIZE_SETTING, EventLimits
 from sandpod_lifecycle.network.dnssettings import ResolverSettings
 from sandpod_lifecycle.network.egress import EgressSettings
 from sandpod_lifecycle.network.proxyconfig import ProxySettings
@@ -232,7 +233,7 @@ class LifecycleSettings:
 
 def _event_limits(env: Mapping[str, str], base: EventLimits) -> EventLimits:
     return EventLimits(
-        max_bytes=env_int(env, "SANDPOD_EVENTS_MAX_BYTES", base.max_bytes, minimum=1 << 20),
+        max_bytes=env_int(env, SIZE_SETTING, base.max_bytes, minimum=1 << 20),
         max_age=env_float(env, "SANDPOD_EVENTS_MAX_AGE", base.max_age, minimum=60),
         max_msgs_per_subject=env_int(
             env, "SANDPOD_EVENTS_MAX_PER_SUBJECT", base.max_msgs_per_subject, minimum=1

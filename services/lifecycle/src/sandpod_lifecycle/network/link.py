@@ -23,6 +23,9 @@ Without IPv6 the host end's IPv6 is disabled (no link-local address either).
 A sandbox's link is made with rtnetlink requests from this process (``rtnl.py``: no process
 spawned, about a millisecond; the inside end from a thread that joined the holder's network
 namespace); the rest (the gateway's link, teardown, listings) by iproute2, bandwidth by tc.
+``create`` returns once the host end is operational, not only up (``_wait_operational``): the
+kernel activates a veth end that came up before its peer later, and until then drops what
+the host sends the sandbox.
 These functions block, callers run them in a thread. Teardown is ``ip link del`` of the host
 end (the kernel removes the peer and the /31's route with it); a holder that died took its
 end, and with it both.
@@ -37,6 +40,7 @@ import json
 import re
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -181,6 +185,7 @@ class LinkNames:
                 nl.add_address(host, addrs.host, 31)
                 nl.set_up(host)
             rtnl.in_netns_of(holder_pid, lambda: _inside(addrs))
+            _wait_operational(name, host)
         except rtnl.RtnlError as exc:
             raise LinkError(f"cannot set up the link {name}", detail=str(exc)) from exc
         return name
@@ -190,6 +195,39 @@ class LinkNames:
         :func:`host_links` taken earlier, when given)."""
         names = host_links() if names is None else names
         return sorted(n for n in names if n.startswith(self.sandbox_prefix))
+
+
+def _wait_operational(name: str, index: int, timeout: float = TIMEOUT) -> None:
+    """Return once host end ``name`` (interface ``index``) can send.
+
+    The host end comes up before its peer, so its carrier comes from the peer's open, and the
+    kernel activates its transmit queue (until then the noop queue, which drops everything)
+    and sets its operstate later, from its linkwatch work, which waits for the rtnl lock: a
+    busy host (namespaces made and torn down) delays it. A sandbox that is Ready before then
+    loses what the host sends it, its first ARP reply included (its first connection waits a
+    1 s ARP retry, or times out). Linkwatch sets the operstate and activates the queue in one
+    hold of the lock, so once the operstate is up one more request under the lock (setting
+    the link up again changes nothing) returns only after the queue is active.
+
+    Raises:
+        LinkError: not operational within ``timeout`` seconds, or the link is gone.
+    """
+    state = Path("/sys/class/net", name, "operstate")
+    deadline = time.monotonic() + timeout
+    pause = 0.0005
+    while True:
+        try:
+            now = state.read_text().strip()
+        except OSError as exc:  # its holder died: the kernel removed both ends
+            raise LinkError(f"the link {name} is gone", detail=str(exc)) from exc
+        if now == "up":
+            break
+        if time.monotonic() > deadline:
+            raise LinkError(f"the link {name} is not operational after {timeout:g} s", detail=now)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+    with rtnl.Rtnl() as nl:
+        nl.set_up(index)
 
 
 def host_links() -> list[str]:
