@@ -15,8 +15,9 @@ from _platform import free_port
 
 
 @contextlib.contextmanager
-def gateway(nats_url: str) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
-    """Yield (base URL, API key of tenant "default", the gateway process)."""
+def gateway(nats_url: str, **extra: str) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    """Yield (base URL, API key of tenant "default", the gateway process); ``extra``: more
+    environment (settings) for the gateway."""
     port = free_port()
     env = {
         **os.environ,
@@ -25,6 +26,7 @@ def gateway(nats_url: str) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]
         "SANDPOD_LOG_LEVEL": "warning",
         "SANDPOD_GATEWAY_RATE": "1000000",
         "SANDPOD_GATEWAY_BURST": "1000000",
+        **extra,
     }
     proc = subprocess.Popen([sys.executable, "-m", "sandpod_gateway"], env=env)
     url = f"http://127.0.0.1:{port}"

@@ -128,8 +128,11 @@ async def digest(c: Lean, path: str) -> str:
 async def main(calls: int, mib: int, nats_mib: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with lifecycle(Path(tmp), runtime="process") as url:
-            with gateway(url) as (base, key, proc):
-                await run(base, key, calls, mib, nats_mib, gw_pid=proc.pid)
+            with (
+                gateway(url) as (base, key, proc),
+                gateway(url, SANDPOD_GATEWAY_PREVIEW_FAST_PATH="false") as (slow, _, _),
+            ):
+                await run(base, key, calls, mib, nats_mib, gw_pid=proc.pid, slow=slow)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -138,7 +141,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run(base: str, key: str, calls: int, mib: int, nats_mib: int, *, gw_pid: int) -> None:
+async def run(
+    base: str, key: str, calls: int, mib: int, nats_mib: int, *, gw_pid: int, slow: str
+) -> None:
+    """``base``: the gateway measured; ``slow``: a second one with the preview fast path off
+    (``SANDPOD_GATEWAY_PREVIEW_FAST_PATH=false``: previews through uvicorn, as before it)."""
     port = free_port()
     gw_port = int(base.rsplit(":", 1)[1])
     async with httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {key}"}) as c:
@@ -163,10 +170,16 @@ async def run(base: str, key: str, calls: int, mib: int, nats_mib: int, *, gw_pi
                 Lean(port, None) as direct,
                 Lean(gw_port, key) as proxied,
                 Lean(relay_port, None) as relayed,
+                Lean(int(slow.rsplit(":", 1)[1]), key) as uvicorn,
             ):
                 cpu = cpu_seconds(gw_pid)
-                clients = [(direct, "/ping"), (proxied, f"{prefix}/ping"), (relayed, "/ping")]
-                d, g, via = await round_trips(clients, calls)
+                clients = [
+                    (direct, "/ping"),
+                    (proxied, f"{prefix}/ping"),
+                    (relayed, "/ping"),
+                    (uvicorn, f"{prefix}/ping"),
+                ]
+                d, g, via, old = await round_trips(clients, calls)
                 cpu = cpu_seconds(gw_pid) - cpu
         print(f"round trip direct   {_p50_p99(d)} (floor)")
         print(f"round trip gateway  {_p50_p99(g)}")
@@ -174,6 +187,10 @@ async def run(base: str, key: str, calls: int, mib: int, nats_mib: int, *, gw_pi
         print(
             f"round trip through a do-nothing relay (bench/_relay.py) {_p50_p99(via)}: "
             f"{pct(via, 50) / pct(d, 50):.2f}x, the least an extra hop adds here"
+        )
+        print(
+            f"round trip through the gateway without its fast path (uvicorn) {_p50_p99(old)}: "
+            f"{pct(old, 50) / pct(d, 50):.2f}x"
         )
         per = cpu / (calls + min(WARMUP, calls)) * 1e6
         print(f"gateway CPU per proxied round trip {per:.0f} us (user + system)")

@@ -17,6 +17,7 @@ from sandpod_gateway.preview import _strip_cookie, _strip_token, _token
 from sandpod_gateway.proxy import ConnectionPool
 from sandpod_gateway.settings import GatewaySettings
 from sandpod_gateway.targets import public_ports, tenant_of
+from sandpod_gateway.upconn import UpstreamPool
 
 __all__: list[str] = []
 
@@ -128,6 +129,61 @@ async def test_the_pool_keeps_a_bounded_number_of_idle_connections() -> None:
             s.close()
         for w in accepted:
             w.close()
+
+
+async def test_the_fast_paths_pool_keeps_a_bounded_number_of_idle_connections() -> None:
+    """The fast path's pool (``upconn.UpstreamPool``): an idle connection is reused, one the
+    server closed is not, at most ``max_idle`` per target and ``max_total`` in all (the least
+    recently used target's go), and a closed port is PortUnreachable."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def on_conn(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        accepted.append(w)
+
+    servers = [await asyncio.start_server(on_conn, "127.0.0.1", 0) for _ in range(3)]
+    ports = [s.sockets[0].getsockname()[1] for s in servers]
+    pool = UpstreamPool(1.0, max_idle=2, max_total=3)
+    try:
+        first = await pool.connect("127.0.0.1", ports[0])
+        pool.release(first, True)
+        again = pool.idle("127.0.0.1", ports[0])
+        assert again is first and again.reused
+        assert pool.idle("127.0.0.1", ports[0]) is None
+        conns = [await pool.connect("127.0.0.1", ports[0]) for _ in range(3)]
+        for c in conns:
+            pool.release(c, True)
+        assert pool._total == 2 and conns[2].closed  # per target
+        for p in ports[1:]:
+            pool.release(await pool.connect("127.0.0.1", p), True)
+        # in all: the least recently used target's connections went first
+        assert pool._total == 3 and list(pool._idle) == [("127.0.0.1", p) for p in ports]
+        assert len(pool._idle[("127.0.0.1", ports[0])]) == 1
+        pool.release(await pool.connect("127.0.0.1", ports[2]), True)
+        assert pool._total == 3 and ("127.0.0.1", ports[0]) not in pool._idle
+        while accepted:  # the servers close every connection: none is handed out again
+            accepted.pop().close()
+        for _ in range(100):  # the loop delivers the closes
+            if all(c.closed for q in pool._idle.values() for c in q):
+                break
+            await asyncio.sleep(0.01)
+        assert all(pool.idle("127.0.0.1", p) is None for p in ports)
+        free = ports[0]
+        servers[0].close()
+        await servers[0].wait_closed()
+        with pytest.raises(PortUnreachable):
+            await UpstreamPool(1.0).connect("127.0.0.1", free)
+    finally:
+        pool.close()
+        for s in servers:
+            s.close()
+        for w in accepted:
+            w.close()
+
+
+def test_the_fast_path_can_be_switched_off() -> None:
+    assert GatewaySettings.from_env({}).preview_fast_path
+    off = {"SANDPOD_GATEWAY_PREVIEW_FAST_PATH": "false"}
+    assert not GatewaySettings.from_env(off).preview_fast_path
 
 
 async def test_lookups_without_credentials_are_rate_limited(start_gateway: GatewayFactory) -> None:

@@ -110,7 +110,9 @@ class GatewayService:
             build_app(ctx),
             loop="none",
             # previews on the fast path; every other request goes on to uvicorn's httptools
-            http=functools.partial(FrontProtocol, fast=self._fast),  # type: ignore[arg-type]
+            http=functools.partial(FrontProtocol, fast=self._fast)  # type: ignore[arg-type]
+            if s.preview_fast_path
+            else "httptools",
             ws="websockets-sansio",
             lifespan="off",
             log_config=None,

@@ -33,6 +33,7 @@
 | ``SANDPOD_GATEWAY_PREVIEW_LINK_TTL`` | 3600 s | default life of a signed preview link |
 | ``SANDPOD_GATEWAY_PREVIEW_LINK_MAX_TTL`` | 7 days | longest life a link may ask for |
 | ``SANDPOD_GATEWAY_PREVIEW_CACHE_TTL`` | 1 s | a replica trusts addresses, public ports |
+| ``SANDPOD_GATEWAY_PREVIEW_FAST_PATH`` | ``true`` | ``false``: previews through uvicorn too |
 | ``SANDPOD_GRACE`` | 10 s | shutdown grace for in-flight requests |
 | ``SANDPOD_LOG_LEVEL`` | ``info`` | log level |
 
@@ -48,7 +49,7 @@ from pathlib import Path
 
 from sandpod_bus import BusSettings
 from sandpod_contract.subjects import DEFAULT_PREFIX, Subjects
-from sandpod_service import env_float, env_int, env_str
+from sandpod_service import env_bool, env_float, env_int, env_str
 
 __all__ = ["GatewaySettings"]
 
@@ -89,6 +90,7 @@ class GatewaySettings:
     preview_link_ttl: float = 3600.0
     preview_link_max_ttl: float = 7 * 86400.0
     preview_cache_ttl: float = 1.0
+    preview_fast_path: bool = True  # front.py; off: every request goes through uvicorn
 
     @property
     def bucket_base(self) -> str:
@@ -164,6 +166,9 @@ class GatewaySettings:
             ),
             preview_cache_ttl=env_float(
                 env, "SANDPOD_GATEWAY_PREVIEW_CACHE_TTL", d.preview_cache_ttl, minimum=0.0
+            ),
+            preview_fast_path=env_bool(
+                env, "SANDPOD_GATEWAY_PREVIEW_FAST_PATH", d.preview_fast_path
             ),
         )
 
