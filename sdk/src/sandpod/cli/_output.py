@@ -66,17 +66,12 @@ def dump(value: Any, fmt: str) -> str:
 
 
 def human_bytes(n: int | None) -> str:
-    """``67108864`` -> ``64 MiB``; exact multiples print without decimals."""
+    """``268435456`` -> ``256 MiB``; exact multiples print without decimals; None -> ``-``."""
     if n is None:
         return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            break
-        size /= 1024
-    if unit == "B":
-        return f"{n} B"
-    return f"{size:.0f} {unit}" if size == int(size) else f"{size:.1f} {unit}"
+    from sandpod_bus.capacity import human_bytes as sized  # here: the CLI starts lazily
+
+    return sized(n)
 
 
 def human_duration(seconds: float) -> str:

@@ -38,6 +38,8 @@ __all__ = [
     "error_body",
     "error_response",
     "http_status",
+    "no_http_response",
+    "port_unreachable",
     "sandbox_not_found",
 ]
 
@@ -215,6 +217,24 @@ def error_body(err: SandpodError) -> dict[str, Any]:
 
 def error_response(err: SandpodError, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(err), status_code=http_status(err.code), headers=headers)
+
+
+def port_unreachable(port: int, exc: BaseException) -> PortUnreachable:
+    """Connecting to ``port`` of a sandbox failed with ``exc``."""
+    return PortUnreachable(
+        f"nothing accepts connections on port {port} of the sandbox "
+        f"({type(exc).__name__}): start a server listening on 0.0.0.0:{port} "
+        "(or the sandbox's address) first",
+        port=port,
+    )
+
+
+def no_http_response(port: int, reason: object) -> PortUnreachable:
+    """``port`` of a sandbox took the request and closed without an HTTP response."""
+    return PortUnreachable(
+        f"port {port} of the sandbox closed the connection without an HTTP response ({reason})",
+        port=port,
+    )
 
 
 def sandbox_not_found(name: str) -> SandboxNotFound:

@@ -32,7 +32,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sandpod_contract.errors import InternalError, SandpodError
 from sandpod_gateway.context import Context
-from sandpod_gateway.errors import PortUnreachable
+from sandpod_gateway.errors import no_http_response
 from sandpod_gateway.middleware import (
     PREVIEW_HOST,
     PREVIEW_PATH,
@@ -279,7 +279,7 @@ class FrontProtocol(asyncio.Protocol):
                 if exc.started:
                     log.info("preview_upstream_cut", port=req.route.port, error=str(exc))
                 else:
-                    status = self._refuse(_no_response(req.route.port, exc), rid, close)
+                    status = self._refuse(no_http_response(req.route.port, exc), rid, close)
             except SandpodError as exc:
                 # a refused request's body is never read: the connection cannot go on
                 close = close or self._body_left > 0
@@ -431,13 +431,6 @@ class FrontProtocol(asyncio.Protocol):
         data, self._buf = bytes(self._buf), bytearray()
         if data:
             proto.data_received(data)
-
-
-def _no_response(port: int, exc: UpstreamBroken) -> PortUnreachable:
-    return PortUnreachable(
-        f"port {port} of the sandbox closed the connection without an HTTP response ({exc})",
-        port=port,
-    )
 
 
 def _parse_head(

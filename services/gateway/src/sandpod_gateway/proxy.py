@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 import structlog
 from starlette.types import Message, Receive, Send
 
-from sandpod_gateway.errors import PortUnreachable
+from sandpod_gateway.errors import no_http_response, port_unreachable
 
 __all__ = ["HOP_BY_HOP", "ConnectionPool", "UpstreamRequest", "relay_http"]
 
@@ -135,12 +135,7 @@ class ConnectionPool:
             async with asyncio.timeout(timeout):
                 reader, writer = await asyncio.open_connection(address, port, limit=HEAD_LIMIT)
         except (OSError, TimeoutError) as exc:
-            raise PortUnreachable(
-                f"nothing accepts connections on port {port} of the sandbox "
-                f"({type(exc).__name__}): start a server listening on 0.0.0.0:{port} "
-                "(or the sandbox's address) first",
-                port=port,
-            ) from exc
+            raise port_unreachable(port, exc) from exc
         return _Conn((address, port), reader, writer)
 
     def release(self, conn: _Conn, reusable: bool) -> None:
@@ -199,11 +194,7 @@ async def relay_http(
                 return
             if retry:
                 continue
-            raise PortUnreachable(
-                f"port {req.port} of the sandbox closed the connection without an HTTP "
-                f"response ({exc})",
-                port=req.port,
-            ) from None
+            raise no_http_response(req.port, exc) from None
         except BaseException:
             conn.writer.close()
             raise

@@ -21,7 +21,7 @@ from typing import Protocol, cast
 
 import httptools
 
-from sandpod_gateway.errors import PortUnreachable
+from sandpod_gateway.errors import port_unreachable
 from sandpod_gateway.proxy import HOP_BY_HOP
 
 __all__ = ["ClientSide", "UpstreamBroken", "UpstreamConnection", "UpstreamPool"]
@@ -251,12 +251,7 @@ class UpstreamPool:
                     lambda: UpstreamConnection((address, port), loop), address, port
                 )
         except (OSError, TimeoutError) as exc:
-            raise PortUnreachable(
-                f"nothing accepts connections on port {port} of the sandbox "
-                f"({type(exc).__name__}): start a server listening on 0.0.0.0:{port} "
-                "(or the sandbox's address) first",
-                port=port,
-            ) from exc
+            raise port_unreachable(port, exc) from exc
         return conn
 
     def release(self, conn: UpstreamConnection, reusable: bool) -> None:
