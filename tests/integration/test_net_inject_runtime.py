@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_net_inject_public import fakenet, internet  # noqa: F401 (fixtures)
 from test_net_lifecycle import DEADLINE, _start_platform
 
 from conftest import NatsServer
 from dnsauth import AuthServer
-from egress_harness import InternetCA, make_test_ca
+from egress_harness import InternetCA
 from fakenet import FakeNet
 from sandpod import AsyncSandbox
 from sandpod_lifecycle.network.secretstore import FileSecretStore
@@ -38,24 +38,12 @@ HEADERS = (
 )
 
 
-@pytest.fixture
-def internet(tmp_path: Path) -> InternetCA:
-    return make_test_ca(tmp_path / "internet", ["api.example.test"])
-
-
-@pytest.fixture
-def fakenet(internet: InternetCA) -> Iterator[FakeNet]:
-    with FakeNet(tls_cert=internet.cert_file) as net:
-        yield net
-    assert not net.leftovers()
-
-
 async def test_an_injection_added_at_runtime_is_trusted_by_new_commands_and_removed_again(
     nats: NatsServer,
     tmp_path: Path,
     default_rootfs: Path | None,
-    fakenet: FakeNet,
-    internet: InternetCA,
+    fakenet: FakeNet,  # noqa: F811 (the fixture)
+    internet: InternetCA,  # noqa: F811 (the fixture)
 ) -> None:
     secret = f"s3cr3t-{uuid.uuid4().hex}"
     auth = AuthServer()
