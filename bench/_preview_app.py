@@ -14,6 +14,7 @@ keep-alive server on 0.0.0.0:<port> with
     GET  /smuggle          "ok", then a second, forged response nobody asked for (an attack)
     GET  /unframed         a body with neither length nor chunks: it ends when the app closes
     GET  /hangup           closes the connection without answering
+    GET  /cut              promises 100 bytes, sends 10, closes
     GET  /ws               WebSocket echo (text and binary; the subprotocol "echo" if offered)
 
     python3 _preview_app.py PORT
@@ -187,6 +188,12 @@ async def do_hangup(w: asyncio.StreamWriter, req: Request) -> None:
     w.close()
 
 
+async def do_cut(w: asyncio.StreamWriter, req: Request) -> None:
+    w.write(head(200, {"content-type": "text/plain", "content-length": "100"}) + b"0123456789")
+    await w.drain()
+    w.close()
+
+
 ROUTES = {
     "/ping": do_ping,
     "/bytes": do_bytes,
@@ -197,6 +204,7 @@ ROUTES = {
     "/smuggle": do_smuggle,
     "/unframed": do_unframed,
     "/hangup": do_hangup,
+    "/cut": do_cut,
 }
 
 

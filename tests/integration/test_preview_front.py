@@ -236,6 +236,15 @@ async def _an_app_that_hangs_up_gives_a_typed_502(site: Site) -> None:
         assert await c.closed()
     finally:
         c.close()
+    c = await Raw.open(site)  # cut after its head: the client's response is cut off too
+    try:
+        c.send("GET", f"{site.base}/cut", site.key)
+        async with asyncio.timeout(30):
+            head = await c.r.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200") and b"content-length: 100" in head
+            assert await c.r.read() == b"0123456789"  # then the end: never a reused stream
+    finally:
+        c.close()
     c = await Raw.open(site)  # the gateway itself is unharmed
     try:
         assert (await c.get(f"{site.base}/ping", site.key))[::2] == (200, b"pong")

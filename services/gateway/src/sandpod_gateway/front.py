@@ -277,6 +277,7 @@ class FrontProtocol(asyncio.Protocol):
             except UpstreamBroken as exc:
                 close = True
                 if exc.started:
+                    status = exc.status  # what the client got before the cut
                     log.info("preview_upstream_cut", port=req.route.port, error=str(exc))
                 else:
                     status = self._refuse(no_http_response(req.route.port, exc), rid, close)

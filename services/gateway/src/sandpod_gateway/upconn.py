@@ -40,11 +40,13 @@ class ClientSide(Protocol):
 
 class UpstreamBroken(Exception):
     """The upstream closed, or spoke something that is not HTTP/1.x; ``started`` says whether
-    the client already got the response's head (then the response can only be cut off)."""
+    the client already got the response's head (then the response can only be cut off, and
+    ``status`` is the one it got)."""
 
-    def __init__(self, message: str, started: bool) -> None:
+    def __init__(self, message: str, started: bool, status: int = 0) -> None:
         super().__init__(message)
         self.started = started
+        self.status = status
 
 
 class _Junk(Exception):
@@ -208,7 +210,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._complete = True
         self._client = None
         if self._done is not None and not self._done.done():
-            self._done.set_exception(UpstreamBroken(message, self._started))
+            self._done.set_exception(UpstreamBroken(message, self._started, self._status))
 
 
 class UpstreamPool:
