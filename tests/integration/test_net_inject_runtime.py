@@ -6,12 +6,14 @@ extra file, no block in its bundle) and ``https://api.example.test`` is the fake
 server, whose certificate the sandbox does not trust. ``sbx.network.update(inject=...)`` then
 adds the injection: the lifecycle rewrites the running sandbox's trust files through its root
 (``runtime/jailtrust.py``), so a new ``curl`` with the default trust gets through the proxy and
-the server sees the secret. Removing the injection takes the authority out again.
+the server sees the secret, and new commands get the secret's placeholder variable (the
+lifecycle's ``sys.configure``). Removing the injection takes the authority out again.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from dnsauth import AuthServer
 from egress_harness import InternetCA
 from fakenet import FakeNet
 from sandpod import AsyncSandbox
-from sandpod_lifecycle.network.secretstore import FileSecretStore
+from sandpod_lifecycle.network.secretstore import FileSecretStore, placeholder
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the local runtime needs root: run the suite as root, as CI does"
@@ -79,6 +81,13 @@ async def test_an_injection_added_at_runtime_is_trusted_by_new_commands_and_remo
             assert view.enforced, view
             seen = await run(HEADERS)  # a new command, the default trust
             assert f"Authorization: Bearer {secret}" in seen, seen
+
+            async def has_placeholder() -> bool:  # new commands get the secret's variable
+                return (await run("echo $SANDPOD_SECRET_TOK")).strip() == placeholder("tok")
+
+            end = time.monotonic() + 30
+            while not await has_placeholder():
+                assert time.monotonic() < end, "no SANDPOD_SECRET_TOK in a new command's env"
             assert (await run(f"grep -c '{MARK}' {BUNDLE}")).strip() == "1"
             assert "BEGIN CERTIFICATE" in await run(f"cat {EXTRA}")
             assert secret not in await run(f"cat {EXTRA} {BUNDLE}; env")

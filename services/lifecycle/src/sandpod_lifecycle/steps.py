@@ -62,6 +62,7 @@ from sandpod_lifecycle.lifetime import (
     idle_after,
     lifetime_over,
 )
+from sandpod_lifecycle.network.secretstore import placeholder_env
 from sandpod_lifecycle.objects import SANDBOX, same_status, transition, with_condition
 from sandpod_lifecycle.runtime.base import InstanceUnhealthy, RuntimeFailure
 from sandpod_lifecycle.volumes import Volumes
@@ -236,8 +237,9 @@ class Steps:
         return updated
 
     async def _observe_generation(self, view: SandboxView) -> bool:
-        """A spec change: env (a claim's) reaches the running sandbox's new commands. False:
-        its execd did not take it (retry)."""
+        """A spec change: env (a claim's) reaches the running sandbox's new commands, with the
+        placeholders of the secrets its enforced policy injects (one added at runtime gets its
+        variable too). False: its execd did not take it (retry)."""
         settled = (bound_at(view) or 0.0) + self._bind_settle
         if self._clock.now() < settled:
             # Just bound by a claim: the pool service has given execd the claim's env already;
@@ -246,6 +248,9 @@ class Steps:
             self._wake_at(view.key, settled)
             return True
         env = {e.name: e.value for e in view.spec.env}
+        network = view.status.network
+        if network is not None and network.enforced and network.policy.inject:
+            env = {**placeholder_env(network.policy), **env}
         generation = view.obj.metadata.generation
         if self._configure is not None and not await self._configure(view.name, env, generation):
             return False
