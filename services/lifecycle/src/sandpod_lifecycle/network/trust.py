@@ -11,8 +11,8 @@ adding a domain to ``inject`` is trusted at once: the local runtime rewrites the
 sandbox's files (:mod:`sandpod_lifecycle.runtime.jailtrust`), and new processes -- a ``curl``,
 ``git``, ``pip``, ``node`` started after the update -- trust the new authority. A process that
 loaded its bundle before keeps the old one: its TLS to the new domain fails closed (it never goes
-out unchecked) until it is restarted. A secret added later has no placeholder variable in the
-running sandbox (the environment was fixed at creation); its header is injected all the same.
+out unchecked) until it is restarted. A secret added later gets its placeholder variable in
+new commands through the lifecycle's ``sys.configure`` (``steps.py``).
 
 A sandbox without injections trusts no Sandpod authority at all: no block in its bundle, an
 empty :data:`EXTRA_PEM`.
