@@ -507,6 +507,10 @@ podPidsLimit: 4096
 rotateCertificates: false
 staticPodPath: ""
 syncFrequency: 10s
+# each node its own (not /var/log/pods): a kubelet's log GC deletes the pod log directories of
+# Pods it does not know, so with two nodes at once one deleted the other's, and a termination
+# message read from the logs was lost
+podLogsDir: {self.dir / "pod-logs"}
 """)
         self._spawn(
             "clusterdns",
