@@ -9,7 +9,8 @@ connection under uvloop): each test runs its scenario in ``uvloop.run``. The app
 
 Attacks: an app that writes a second, forged response after its real one (it must never reach
 the client, whose connection the next request -- for any sandbox -- may use); refusals and
-credentials on a kept connection; a request body the gateway refuses.
+credentials on a kept connection; a request body the gateway refuses; a kept connection that
+goes on using an admission after its key was revoked or its port made private again.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 import uvloop
 from gateway_harness import Gateway, close_gateway, mint_key, open_gateway
-from test_preview import Site, _site, lifecycle_on  # noqa: F401
+from test_preview import Site, _site, _until, lifecycle_on  # noqa: F401
 
 from conftest import NatsServer
+from sandpod_gateway.keys import KeyStore
 
 __all__: list[str] = []
 
@@ -87,10 +89,11 @@ class Raw:
 
 
 @pytest.fixture
-def on_uvloop(nats: NatsServer, lifecycle_on: Callable[[str], str]) -> Callable[[Scenario], None]:
-    """Run a scenario on uvloop against a site (a lifecycle, an in-process gateway, the app)."""
+def on_uvloop(nats: NatsServer, lifecycle_on: Callable[[str], str]) -> Callable[..., None]:
+    """Run a scenario on uvloop against a site (a lifecycle, an in-process gateway, the app);
+    keyword arguments are the gateway's settings."""
 
-    def run(scenario: Scenario) -> None:
+    def run(scenario: Scenario, **settings: object) -> None:
         async def main() -> None:
             assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
             started: list[Gateway] = []
@@ -100,7 +103,7 @@ def on_uvloop(nats: NatsServer, lifecycle_on: Callable[[str], str]) -> Callable[
                 return started[-1]
 
             try:
-                await scenario(await _site(start, lifecycle_on, "process"))
+                await scenario(await _site(start, lifecycle_on, "process", **settings))
             finally:
                 for gw in started:
                     await close_gateway(gw)
@@ -194,6 +197,54 @@ async def _refusals_keep_a_connection_in_step(site: Site) -> None:
         assert await c.closed()
     finally:
         c.close()
+
+
+def test_a_kept_connection_is_admitted_afresh_when_its_grounds_change(
+    on_uvloop: Callable[..., None],
+) -> None:
+    # the Sandbox records cached for 5 minutes: a revoked key is refused because its record
+    # left the key cache, not because the Sandbox's expired
+    on_uvloop(_kept_connection_admitted_afresh, preview_cache_ttl=300.0)
+
+
+async def _kept_connection_admitted_afresh(site: Site) -> None:
+    """A connection keeps its last admission for its next requests (no key check per request):
+    other credentials, another sandbox, a revoked key or a port made private again on that same
+    connection are each decided afresh."""
+    owner = await mint_key(site.gw, "acme")  # site.key is revoked below; this one stays
+    stranger = await mint_key(site.gw, "evil")
+    c = await Raw.open(site)
+    anon = await Raw.open(site)
+    try:
+        for _ in range(3):
+            assert (await c.get(f"{site.base}/ping", site.key))[::2] == (200, b"pong")
+        assert (await c.get(f"{site.base}/ping", stranger))[0] == 404
+        assert (await c.get(f"{site.base}/ping", None))[0] == 401
+        assert (await c.get(f"{site.base}/ping", site.key))[::2] == (200, b"pong")
+        other = f"/v1/sandboxes/evil--web/ports/{site.port}/ping"  # the same key elsewhere
+        assert (await c.get(other, site.key))[0] == 404
+        assert (await c.get(f"{site.base}/ping", site.key))[::2] == (200, b"pong")
+        store = await KeyStore.open(site.gw.bus, site.gw.service.settings.bucket_base)
+        await store.revoke(site.key.split("_")[1])
+
+        async def revoked() -> bool:
+            return (await c.get(f"{site.base}/ping", site.key))[0] == 401
+
+        await _until(revoked, "the revoked key to be refused on the kept connection", 10)
+        async with site.gw.client(owner) as api:
+            r = await api.post(
+                "/v1/sandboxes/web/previews", json={"port": site.port, "public": True}
+            )
+            assert r.status_code == 201, r.text
+            for _ in range(3):
+                assert (await anon.get(f"{site.base}/ping", None))[::2] == (200, b"pong")
+            r = await api.delete(f"/v1/sandboxes/web/previews/{site.port}")
+            assert r.status_code == 200, r.text
+        # this replica forgets its record of the Sandbox at once: so does the kept connection
+        assert (await anon.get(f"{site.base}/ping", None))[0] == 401
+    finally:
+        c.close()
+        anon.close()
 
 
 def test_bodies_go_up_exactly_and_unframed_bodies_end_at_close(

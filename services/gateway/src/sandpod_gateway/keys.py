@@ -172,6 +172,11 @@ class KeyStore:
             raise Unauthenticated()
         return record
 
+    def still_cached(self, record: ApiKey) -> bool:
+        """Whether ``record`` is still the cached record of its key and not revoked (the watch
+        drops a record the moment the bucket changes it)."""
+        return self._cache.get(record.key_id) is record and not record.revoked
+
     async def still_valid(self, record: ApiKey) -> ApiKey:
         """The live record of a key verified earlier (a WebSocket ticket's).
 

@@ -18,6 +18,12 @@ than an API key. In order:
    a request without credentials never learns whether a sandbox exists. The Sandbox reads such
    requests cause (step 3, when not cached) are rate-limited per client address (429).
 
+A client connection on the fast path (:mod:`sandpod_gateway.front`) keeps its last admission
+by key or public port as a :class:`Pass` and reuses it (:meth:`PreviewGate.recall`) only for the
+same credential headers, sandbox and port, and only while the key's record and the Sandbox's are
+the ones still cached: a key revoked, or a port made private on this replica, ends it at once;
+on another replica within the cache's TTL, as for every request. Links are never kept.
+
 Before forwarding, the gateway's own credentials are removed (its key headers, the link token in
 the query, its cookie) and ``X-Forwarded-For/-Proto/-Host/-Prefix`` are added. Bytes go straight
 from the gateway to the sandbox's address (``status.endpoint.address``) over TCP: see
@@ -48,7 +54,16 @@ from sandpod_gateway.targets import SandboxPorts, tenant_of
 from sandpod_gateway.tenancy import Scope as TenantScope
 from sandpod_gateway.wsrelay import open_upstream_ws, relay_ws
 
-__all__ = ["COOKIE", "MAX_LABEL", "PreviewGate", "PreviewRoute", "host_label", "path_prefix"]
+__all__ = [
+    "COOKIE",
+    "MAX_LABEL",
+    "Admitted",
+    "Pass",
+    "PreviewGate",
+    "PreviewRoute",
+    "host_label",
+    "path_prefix",
+]
 
 COOKIE = "sandpod_preview"
 _Headers = list[tuple[bytes, bytes]]
@@ -73,6 +88,19 @@ class Admitted:
     address: str
     tenant: str | None  # the caller's tenant when it used a key or link (log line)
     cookie: str | None  # a Set-Cookie value to add (first hit with ?token=)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pass:
+    """An admission a client connection keeps (:meth:`PreviewGate.recall`): what it was decided
+    on -- the credentials the request carried, the sandbox and port it named, the key record
+    and Sandbox record read -- and the decision."""
+
+    credentials: tuple[bytes, ...]
+    route: tuple[str, int, bool]
+    key: ApiKey | None
+    found: SandboxPorts
+    admitted: Admitted
 
 
 def path_prefix(sandbox_id: str, port: int) -> str:
@@ -110,6 +138,11 @@ class PreviewGate:
 
     async def admit(self, scope: Scope, route: PreviewRoute) -> Admitted:
         """Decide (see the module docstring). Raises the typed refusal."""
+        return (await self.admit_for(scope, route))[0]
+
+    async def admit_for(self, scope: Scope, route: PreviewRoute) -> tuple[Admitted, Pass | None]:
+        """:meth:`admit`, and the pass a client connection may keep for its next requests
+        (None for a signed link: it expires on its own clock)."""
         key = await self._key(scope)
         global_id = route.segment if tenant_of(route.segment) else None
         if key is not None:
@@ -119,22 +152,47 @@ class PreviewGate:
             else:
                 sid = own.own_id(route.segment)
             if sid:
-                return await self._target(sid, route, key.tenant, None)
+                ok = await self._target(sid, route, key.tenant, None)
+                return ok, self._pass(scope, route, key, ok)
         token, from_query = _token(scope)
         if token is not None:
             link = await self._link(token, global_id, route.port)
             cookie = self._cookie(scope, route, token, link) if from_query else None
-            return await self._target(link.sandbox_id, route, link.tenant, cookie)
+            return await self._target(link.sandbox_id, route, link.tenant, cookie), None
         if global_id is not None:
             self._limit_lookups(scope, global_id)
             found = await self.ctx.targets.get(global_id)
             if found is not None and route.port in found.public:
-                return self._ready(found, route, None, None)
+                ok = self._ready(found, route, None, None)
+                return ok, self._pass(scope, route, key, ok)
         if key is not None:
             raise sandbox_not_found(route.segment)
         raise Unauthenticated(
             "this preview needs an API key (Authorization: Bearer), a signed link "
             "(?token= from POST /v1/sandboxes/{name}/previews), or a public port"
+        )
+
+    def recall(self, kept: Pass | None, scope: Scope, route: PreviewRoute) -> Admitted | None:
+        """The decision ``kept`` holds if this request would get the same one now: the same
+        credential headers, byte for byte (the key in them was verified), for the same sandbox
+        and port, while the key's record and the Sandbox's are the very ones it was decided on
+        in the gateway's caches (a revoked or changed key, or a Sandbox record changed or older
+        than the cache's TTL, leaves the cache, so the request is decided afresh). None: decide
+        with :meth:`admit_for`."""
+        if kept is None or kept.route != (route.segment, route.port, route.by_host):
+            return None
+        if kept.credentials != _credentials(scope):
+            return None
+        if kept.key is not None and not self.ctx.keys.still_cached(kept.key):
+            return None
+        if self.ctx.targets.cached(kept.found.sandbox_id) is not kept.found:
+            return None
+        return kept.admitted
+
+    @staticmethod
+    def _pass(scope: Scope, route: PreviewRoute, key: ApiKey | None, ok: Admitted) -> Pass:
+        return Pass(
+            _credentials(scope), (route.segment, route.port, route.by_host), key, ok.target, ok
         )
 
     async def serve(
@@ -310,6 +368,15 @@ def _our_key(scope: Scope) -> str | None:
             value = str(v.decode("latin-1")).strip()
             return value.partition(" ")[2].strip() if k == b"authorization" else value
     return None
+
+
+_CREDENTIALS = frozenset({b"authorization", b"x-api-key", b"cookie"})
+
+
+def _credentials(scope: Scope) -> tuple[bytes, ...]:
+    """Every header admission reads credentials from (names and values, in order); the query
+    is not among them: a request with ``?token=`` never reuses a pass (see front)."""
+    return tuple(k + b":" + v for k, v in scope["headers"] if k in _CREDENTIALS)
 
 
 def _is_our_key(name: bytes, value: bytes) -> bool:

@@ -104,6 +104,12 @@ class Targets:
             self._cache.popitem(last=False)
         return found
 
+    def cached(self, sandbox_id: str) -> SandboxPorts | None:
+        """What ``get`` would answer from the cache now (None: not cached, or no such
+        sandbox)."""
+        hit = self._cache.get(sandbox_id)
+        return hit[1] if hit is not None and hit[0] > self._clock() else None
+
     def known(self, sandbox_id: str) -> bool:
         """Whether ``get`` would answer from the cache (no control-plane request)."""
         hit = self._cache.get(sandbox_id)

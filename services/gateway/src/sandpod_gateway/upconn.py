@@ -37,6 +37,13 @@ class ClientSide(Protocol):
 
     def hold_reading(self, hold: bool) -> None: ...
 
+    def response_end(
+        self, conn: UpstreamConnection, status: int, reusable: bool, error: UpstreamBroken | None
+    ) -> None:
+        """The exchange is over (called once per :meth:`UpstreamConnection.begin`, after the
+        last of its bytes went to :meth:`writelines`): ``status``, whether the connection may
+        carry another request, or the ``error`` that ended it."""
+
 
 class UpstreamBroken(Exception):
     """The upstream closed, or spoke something that is not HTTP/1.x; ``started`` says whether
@@ -56,16 +63,15 @@ class _Junk(Exception):
 class UpstreamConnection(asyncio.Protocol):
     """One TCP connection to ``address:port``, carrying one request at a time."""
 
-    def __init__(self, key: tuple[str, int], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, key: tuple[str, int]) -> None:
         self.key = key
-        self._loop = loop  # asked once (see FrontProtocol: get_running_loop costs a syscall)
         self.transport: asyncio.Transport | None = None
         self.reused = False
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
         self._client: ClientSide | None = None
         self._extra: list[bytes] = []
-        self._done: asyncio.Future[tuple[int, bool]] | None = None
+        self._end: tuple[ClientSide, bool, UpstreamBroken | None] | None = None  # to report
         self._reason = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._status = 0
@@ -78,22 +84,20 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- one exchange ----------------------------------------------------------------------------
 
-    def begin(
-        self, client: ClientSide, head: bytes, extra: list[bytes]
-    ) -> asyncio.Future[tuple[int, bool]]:
+    def begin(self, client: ClientSide, head: bytes, extra: list[bytes]) -> None:
         """Send a request's ``head`` (its body follows through :meth:`write`); the response goes
-        to ``client`` with ``extra`` header lines added. The future gives (status, whether the
-        connection may carry another request) or raises :class:`UpstreamBroken`."""
+        to ``client`` with ``extra`` header lines added, and its end to
+        ``client.response_end`` (no future, no task: the next pipelined request can start
+        from that call)."""
         if self.transport is None:
             raise RuntimeError("begin() before the connection was made")
         self._client = client
         self._extra = extra
-        self._done = self._loop.create_future()
+        self._end = None
         self._reason, self._headers, self._status = b"", [], 0
         self._started = self._chunked = self._until_eof = self._interim = False
         self._complete = False
         self.transport.write(head)
-        return self._done
 
     def write(self, body: bytes) -> None:
         """A piece of the request's body."""
@@ -124,6 +128,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._fail(f"not an HTTP/1.x response ({exc})")
         finally:
             self._flush(client)
+        self._report()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -135,6 +140,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._flush(client)
         else:
             self._fail("the sandbox's port closed the connection" + (f" ({exc})" if exc else ""))
+        self._report()
 
     def pause_writing(self) -> None:
         if self._client is not None:
@@ -196,9 +202,9 @@ class UpstreamConnection(asyncio.Protocol):
         if self._chunked:
             self._out.append(b"0\r\n\r\n")
         self._complete = True
+        if self._client is not None:
+            self._end = (self._client, reusable, None)
         self._client = None
-        if self._done is not None and not self._done.done():
-            self._done.set_result((self._status, reusable))
 
     def _flush(self, client: ClientSide | None) -> None:
         if self._out:
@@ -208,9 +214,17 @@ class UpstreamConnection(asyncio.Protocol):
 
     def _fail(self, message: str) -> None:
         self._complete = True
+        if self._client is not None:
+            self._end = (self._client, False, UpstreamBroken(message, self._started, self._status))
         self._client = None
-        if self._done is not None and not self._done.done():
-            self._done.set_exception(UpstreamBroken(message, self._started, self._status))
+
+    def _report(self) -> None:
+        """The exchange's end to its client, once its bytes are written (last: the client may
+        start another exchange on this connection from the call)."""
+        if self._end is not None:
+            client, reusable, error = self._end
+            self._end = None
+            client.response_end(self, self._status, reusable, error)
 
 
 class UpstreamPool:
@@ -250,7 +264,7 @@ class UpstreamPool:
         try:
             async with asyncio.timeout(self._timeout):
                 _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection((address, port), loop), address, port
+                    lambda: UpstreamConnection((address, port)), address, port
                 )
         except (OSError, TimeoutError) as exc:
             raise port_unreachable(port, exc) from exc
