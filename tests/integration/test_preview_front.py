@@ -28,6 +28,7 @@ from test_preview import Site, _site, _until, lifecycle_on  # noqa: F401
 
 from conftest import NatsServer
 from sandpod_gateway.keys import KeyStore
+from sandpod_gateway.preview import PreviewGate
 
 __all__: list[str] = []
 
@@ -245,6 +246,46 @@ async def _kept_connection_admitted_afresh(site: Site) -> None:
     finally:
         c.close()
         anon.close()
+
+
+def test_a_bug_in_the_relay_ends_its_request_with_a_500_not_the_gateway(
+    on_uvloop: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that raises (here: building the upstream head) answers that request with a typed
+    500 and closes its connection, on both paths a request takes (its connection's first,
+    admitted by a task; a later one, from ``data_received``); other connections go on."""
+    broken = [False]
+    real = PreviewGate.upstream_headers
+
+    def upstream_headers(self: PreviewGate, *args: object) -> list[tuple[bytes, bytes]]:
+        if broken[0]:
+            raise RuntimeError("a bug")
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PreviewGate, "upstream_headers", upstream_headers)
+
+    async def scenario(site: Site) -> None:
+        ping = f"{site.base}/ping"
+        for first in (False, True):
+            broken[0] = False
+            c = await Raw.open(site)
+            try:
+                if not first:
+                    assert (await c.get(ping, site.key))[::2] == (200, b"pong")
+                broken[0] = True
+                status, _, body = await c.get(ping, site.key)
+                assert (status, json.loads(body)["code"]) == (500, "internal"), body
+                assert await c.closed()
+            finally:
+                c.close()
+        broken[0] = False
+        c = await Raw.open(site)
+        try:
+            assert (await c.get(ping, site.key))[::2] == (200, b"pong")
+        finally:
+            c.close()
+
+    on_uvloop(scenario)
 
 
 def test_bodies_go_up_exactly_and_unframed_bodies_end_at_close(

@@ -258,11 +258,7 @@ class FrontProtocol(asyncio.Protocol):
         self._body_left = req.body - len(body)
         self._pending = [body] if body else []
         self._req = req
-        ok = self._fast.gate.recall(self._pass, req.scope, req.route)
-        if ok is None:
-            self._spawn(self._admit(req))
-        else:
-            self._guarded(req, self._admitted, req, ok)
+        self._guarded(req, self._start, req)
 
     def _parse(self, head: bytes) -> _Request | None:
         """The request ``head`` opens, if the fast path can carry it (see the module)."""
@@ -311,6 +307,13 @@ class FrontProtocol(asyncio.Protocol):
             step(*args)
         except Exception as exc:
             self._crashed(req, exc)
+
+    def _start(self, req: _Request) -> None:
+        ok = self._fast.gate.recall(self._pass, req.scope, req.route)
+        if ok is None:
+            self._spawn(self._admit(req))
+        else:
+            self._admitted(req, ok)
 
     async def _admit(self, req: _Request) -> None:
         try:
