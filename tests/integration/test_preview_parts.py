@@ -109,15 +109,15 @@ async def test_the_pool_keeps_a_bounded_number_of_idle_connections() -> None:
         conns = [await pool.acquire("127.0.0.1", p) for p in (ports[0], ports[0], ports[0])]
         for c in conns:
             pool.release(c, True)
-        assert pool._total == 2  # per target
+        assert len(pool._idle) == 2  # per target
         more = [await pool.acquire("127.0.0.1", p) for p in (ports[1], ports[2])]
         for c in more:
             pool.release(c, True)
-        assert pool._total == 3 and list(pool._idle) == [(("127.0.0.1", ports[0]))] + [
+        assert len(pool._idle) == 3 and pool._idle.targets() == [(("127.0.0.1", ports[0]))] + [
             ("127.0.0.1", p) for p in ports[1:]
         ]
         pool.release(await pool.acquire("127.0.0.1", ports[2], fresh=True), True)
-        assert pool._total == 3 and ("127.0.0.1", ports[0]) not in pool._idle
+        assert len(pool._idle) == 3 and ("127.0.0.1", ports[0]) not in pool._idle.targets()
         free = servers[0].sockets[0].getsockname()[1]
         servers[0].close()
         await servers[0].wait_closed()
@@ -152,18 +152,18 @@ async def test_the_fast_paths_pool_keeps_a_bounded_number_of_idle_connections() 
         conns = [await pool.connect("127.0.0.1", ports[0]) for _ in range(3)]
         for c in conns:
             pool.release(c, True)
-        assert pool._total == 2 and conns[2].closed  # per target
+        assert len(pool._idle) == 2 and conns[2].closed  # per target
         for p in ports[1:]:
             pool.release(await pool.connect("127.0.0.1", p), True)
         # in all: the least recently used target's connections went first
-        assert pool._total == 3 and list(pool._idle) == [("127.0.0.1", p) for p in ports]
-        assert len(pool._idle[("127.0.0.1", ports[0])]) == 1
+        assert len(pool._idle) == 3 and pool._idle.targets() == [("127.0.0.1", p) for p in ports]
+        assert pool._idle.count(("127.0.0.1", ports[0])) == 1
         pool.release(await pool.connect("127.0.0.1", ports[2]), True)
-        assert pool._total == 3 and ("127.0.0.1", ports[0]) not in pool._idle
+        assert len(pool._idle) == 3 and ("127.0.0.1", ports[0]) not in pool._idle.targets()
         while accepted:  # the servers close every connection: none is handed out again
             accepted.pop().close()
         for _ in range(100):  # the loop delivers the closes
-            if all(c.closed for q in pool._idle.values() for c in q):
+            if all(c.closed for c in pool._idle):
                 break
             await asyncio.sleep(0.01)
         assert all(pool.idle("127.0.0.1", p) is None for p in ports)

@@ -19,7 +19,6 @@ upstream connection is closed, never reused.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
@@ -28,6 +27,7 @@ import structlog
 from starlette.types import Message, Receive, Send
 
 from sandpod_gateway.errors import no_http_response, port_unreachable
+from sandpod_gateway.idle import IdleConnections
 
 __all__ = ["HOP_BY_HOP", "ConnectionPool", "UpstreamRequest", "relay_http"]
 
@@ -102,12 +102,7 @@ class ConnectionPool:
 
     def __init__(self, connect_timeout: float, max_idle: int = 32, max_total: int = 512) -> None:
         self._timeout = connect_timeout
-        self._max_idle = max_idle
-        self._max_total = max_total
-        self._total = 0
-        self._idle: collections.OrderedDict[tuple[str, int], collections.deque[_Conn]] = (
-            collections.OrderedDict()
-        )
+        self._idle: IdleConnections[_Conn] = IdleConnections(_close, max_idle, max_total)
 
     async def acquire(self, address: str, port: int, fresh: bool = False) -> _Conn:
         """A connection to ``address:port``: an idle one unless ``fresh``.
@@ -115,17 +110,10 @@ class ConnectionPool:
         Raises:
             PortUnreachable: nothing accepts connections there within the connect timeout.
         """
-        key = (address, port)
-        idle = self._idle.get(key)
-        while idle and not fresh:
-            conn = idle.pop()
-            self._total -= 1
-            if not idle:
-                del self._idle[key]  # no empty entries left behind for gone sandboxes
-            if not conn.reader.at_eof() and not conn.writer.is_closing():
-                conn.reused = True
-                return conn
-            conn.writer.close()
+        conn = None if fresh else self._idle.take((address, port), _open)
+        if conn is not None:
+            conn.reused = True
+            return conn
         return await self.connect(address, port, self._timeout)
 
     @staticmethod
@@ -140,29 +128,20 @@ class ConnectionPool:
 
     def release(self, conn: _Conn, reusable: bool) -> None:
         if reusable and not conn.writer.is_closing():
-            idle = self._idle.setdefault(conn.key, collections.deque())
-            self._idle.move_to_end(conn.key)
-            if len(idle) < self._max_idle:
-                idle.append(conn)
-                self._total += 1
-                self._evict()
-                return
-        conn.writer.close()
-
-    def _evict(self) -> None:
-        while self._total > self._max_total:
-            key, oldest = next(iter(self._idle.items()))
-            oldest.popleft().writer.close()
-            self._total -= 1
-            if not oldest:
-                del self._idle[key]
+            self._idle.keep(conn.key, conn)
+        else:
+            conn.writer.close()
 
     def close(self) -> None:
-        for idle in self._idle.values():
-            for conn in idle:
-                conn.writer.close()
-        self._idle.clear()
-        self._total = 0
+        self._idle.close_all()
+
+
+def _open(conn: _Conn) -> bool:
+    return not conn.reader.at_eof() and not conn.writer.is_closing()
+
+
+def _close(conn: _Conn) -> None:
+    conn.writer.close()
 
 
 async def relay_http(

@@ -16,12 +16,12 @@ a client connection that the next request, for another sandbox, may use.
 from __future__ import annotations
 
 import asyncio
-import collections
 from typing import Protocol, cast
 
 import httptools
 
 from sandpod_gateway.errors import port_unreachable
+from sandpod_gateway.idle import IdleConnections
 from sandpod_gateway.proxy import HOP_BY_HOP
 
 __all__ = ["ClientSide", "UpstreamBroken", "UpstreamConnection", "UpstreamPool"]
@@ -233,26 +233,16 @@ class UpstreamPool:
 
     def __init__(self, connect_timeout: float, max_idle: int = 32, max_total: int = 512) -> None:
         self._timeout = connect_timeout
-        self._max_idle = max_idle
-        self._max_total = max_total
-        self._total = 0
-        self._idle: collections.OrderedDict[
-            tuple[str, int], collections.deque[UpstreamConnection]
-        ] = collections.OrderedDict()
+        self._idle: IdleConnections[UpstreamConnection] = IdleConnections(
+            UpstreamConnection.close, max_idle, max_total
+        )
 
     def idle(self, address: str, port: int) -> UpstreamConnection | None:
         """An idle connection to ``address:port`` that is still open, or None."""
-        key = (address, port)
-        idle = self._idle.get(key)
-        while idle:
-            conn = idle.pop()
-            self._total -= 1
-            if not idle:
-                del self._idle[key]  # no empty entries left behind for gone sandboxes
-            if not conn.closed:
-                conn.reused = True
-                return conn
-        return None
+        conn = self._idle.take((address, port), _open)
+        if conn is not None:
+            conn.reused = True
+        return conn
 
     async def connect(self, address: str, port: int) -> UpstreamConnection:
         """A new connection.
@@ -273,24 +263,12 @@ class UpstreamPool:
     def release(self, conn: UpstreamConnection, reusable: bool) -> None:
         if not reusable or conn.closed:
             conn.close()
-            return
-        idle = self._idle.setdefault(conn.key, collections.deque())
-        self._idle.move_to_end(conn.key)
-        if len(idle) >= self._max_idle:
-            conn.close()
-            return
-        idle.append(conn)
-        self._total += 1
-        while self._total > self._max_total:
-            key, oldest = next(iter(self._idle.items()))
-            oldest.popleft().close()
-            self._total -= 1
-            if not oldest:
-                del self._idle[key]
+        else:
+            self._idle.keep(conn.key, conn)
 
     def close(self) -> None:
-        for idle in self._idle.values():
-            for conn in idle:
-                conn.close()
-        self._idle.clear()
-        self._total = 0
+        self._idle.close_all()
+
+
+def _open(conn: UpstreamConnection) -> bool:
+    return not conn.closed
