@@ -132,6 +132,7 @@ class NodeNet:
 
     def down(self) -> None:
         """Delete the namespace, the veth and the host route (idempotent)."""
-        subprocess.run(["ip", "route", "del", self.pod_cidr], capture_output=True, check=False)
+        route = ["ip", "route", "del", self.pod_cidr, "dev", self.host_if]  # ours, not a twin's
+        subprocess.run(route, capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)

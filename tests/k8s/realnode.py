@@ -16,6 +16,10 @@ nothing is pulled. State lives in ``workdir`` and ``/run/sandpod-node-<id>`` (un
 short paths); kubelet's cgroups under ``/sandpod-node-<id>``. :meth:`RealNode.stop` deletes every
 Pod through the API first (the kubelet tears their sandboxes and networks down), then stops the
 processes and sweeps what a crash may leave: mounts under our dirs, shims, Pod network namespaces.
+A test run that dies without stopping its node (SIGKILL, a lost session) leaves it running: the
+run dir's ``owner.json`` names the test process (pid and start time), and the next node to start
+stops every node whose owner is gone (:func:`reap_orphans`; a live run's node is never touched).
+The Pods' network namespaces of a reaped node (``cni-…``, not named after it) stay.
 Registries: containerd reads ``<workdir>/certs.d/<host>/hosts.toml`` at every pull (CRI
 ``config_path``); :meth:`RealNode.trust_plain_http_registry` writes one for a test's plain-HTTP
 registry, scoped to that one host (no global insecure setting; credentials stay the Pod's
@@ -44,7 +48,15 @@ from k8s.envtest import REPO, ControlPlane, binaries_dir, make_pki
 from k8s.nodenet import KUBERNETES_SERVICE_IP, NodeNet
 from sandpod_kube import KubeSettings
 
-__all__ = ["IMAGE_PREFIX", "NODE_IMAGES", "TAG", "RealNode", "image", "missing_parts"]
+__all__ = [
+    "IMAGE_PREFIX",
+    "NODE_IMAGES",
+    "TAG",
+    "RealNode",
+    "image",
+    "missing_parts",
+    "reap_orphans",
+]
 
 IMAGE_PREFIX = "sandpod.local"
 NODE_IMAGES = (
@@ -57,6 +69,8 @@ NODE_IMAGES = (
     "sandpod-gateway",
 )
 NODE_NAME = "sandpod-node"
+RUN_ROOT = Path("/run")
+OWNER = "owner.json"  # in a node's run dir: the test process that runs it (see reap_orphans)
 # The images' tag: the chart's appVersion, so the chart's defaults name them (a non-latest tag
 # also makes the kubelet's default pull policy IfNotPresent: nothing is ever pulled).
 TAG = next(
@@ -193,11 +207,15 @@ class RealNode:
             if progress:
                 print(f"node: {message}", flush=True)
 
+        for gone in reap_orphans():
+            print(f"node: stopped {gone}, left by a test run that is gone", file=sys.stderr)
         self.netns_before = set(os.listdir("/run/netns")) if Path("/run/netns").is_dir() else set()
         self.net = net = NodeNet.up()
         ident = net.ident
-        self.run_dir = Path(f"/run/sandpod-node-{ident}")
+        self.run_dir = RUN_ROOT / f"sandpod-node-{ident}"
         self.run_dir.mkdir(mode=0o700)
+        owner = {"pid": os.getpid(), "start": _start_time(os.getpid()), "dir": str(self.dir)}
+        (self.run_dir / OWNER).write_text(json.dumps({**owner, "octet": net.octet}))
         self.cgroup_root = f"/sandpod-node-{ident}"
         say(f"network namespace {net.netns}, node {net.node_ip}, pods {net.pod_cidr}")
         self.plane = NodePlane(self.dir / "plane", net)
@@ -617,6 +635,26 @@ podLogsDir: {self.dir / "pod-logs"}
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(int(pid), signal.SIGKILL)
 
+    def _kill_by_paths(self) -> None:
+        """SIGKILL every process whose command line names our work or run directory (what a
+        dead test run left: the plane, containerd, the kubelet, the shims), and wait for them."""
+        marks = tuple(str(p).encode() for p in (self.dir, self.run_dir) if p is not None)
+        killed = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if any(mark in cmdline for mark in marks):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(int(pid))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_running(pid) for pid in killed):
+            time.sleep(0.05)
+
     def _sweep_mounts(self) -> None:
         prefixes = tuple(str(p) for p in (self.dir, self.run_dir) if p is not None)
         for _ in range(3):
@@ -650,6 +688,53 @@ podLogsDir: {self.dir / "pod-logs"}
                     cg.rmdir()
             with contextlib.suppress(OSError):
                 top.rmdir()
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot): a pid and this name one process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def reap_orphans(run_root: Path = RUN_ROOT) -> list[str]:
+    """Stop the nodes of test runs that died without stopping them (a SIGKILL, a lost session):
+    each ``sandpod-node-<id>`` run dir whose owner file names a process that is gone (or a pid
+    now another process's). A node whose owner lives -- another test run on this host -- is
+    never touched, nor is one without a readable owner file. Returns the run dirs stopped."""
+    reaped = []
+    for run_dir in sorted(run_root.glob("sandpod-node-*")):
+        try:
+            owner = json.loads((run_dir / OWNER).read_text())
+            pid, start, workdir = int(owner["pid"]), owner["start"], Path(owner["dir"])
+            net = NodeNet(run_dir.name.removeprefix("sandpod-node-"), int(owner["octet"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not workdir.is_absolute() or len(workdir.parts) < 3:
+            continue  # never a directory whose name alone would match half the host
+        if _running(pid) and _start_time(pid) == start:
+            continue
+        node = RealNode(workdir, Path())
+        node.run_dir, node.net = run_dir, net
+        node.cgroup_root = f"/sandpod-node-{net.ident}"
+        node._kill_by_paths()
+        node._kill_shims()
+        node._sweep_mounts()
+        node._sweep_cgroups()
+        net.down()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+        reaped.append(str(run_dir))
+    return reaped
 
 
 def main() -> None:
