@@ -150,10 +150,15 @@ class ExecdService:
     async def _release(self, sandbox_id: str, drain: float = 0.0) -> None:
         """Stop serving ``sandbox_id``: unsubscribe, let its running one-shot commands finish
         for up to ``drain`` seconds (their callers get their answers), then kill everything
-        it started."""
+        it started.
+
+        The unsubscribe drains: requests the server routed here before it saw the unsubscribe
+        (on their way, or queued in the subscription) are handled, not dropped -- a dropped
+        request's caller would wait its whole timeout, while one sent later finds no responder
+        at once (and wakes a hibernating sandbox)."""
         sub = self._subs.pop(sandbox_id, None)
         if sub is not None:
-            await sub.stop()
+            await sub.drain()
         sbx = self.sandboxes.get(sandbox_id)
         if sbx is not None and drain > 0:
             await sbx.registry.drained(min(drain, MAX_DRAIN))

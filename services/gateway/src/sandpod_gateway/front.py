@@ -287,7 +287,8 @@ class FrontProtocol(asyncio.Protocol):
         route = self._fast.gate.match(scope)
         if route is None or (not route.by_host and not route.path):
             return None  # an API request, or the path form's bare prefix (a redirect)
-        if any(p.startswith(b"token=") for p in scope["query_string"].split(b"&")):
+        query = scope["query_string"]
+        if b"token=" in query and any(p.startswith(b"token=") for p in query.split(b"&")):
             return None  # a link's first hit sets its cookie: the slow path does that
         return _Request(scope, route, length, close)
 

@@ -305,7 +305,8 @@ class PreviewGate:
     @staticmethod
     def target(scope: Scope, route: PreviewRoute) -> bytes:
         """The request target on the upstream: the app's path and the query without our token."""
-        query = _strip_token(scope.get("query_string", b""))
+        raw = scope.get("query_string", b"")
+        query = _strip_token(raw) if raw else ""
         return ((route.path or "/") + ("?" + query if query else "")).encode("latin-1")
 
     def upstream_headers(
@@ -313,11 +314,12 @@ class PreviewGate:
     ) -> list[tuple[bytes, bytes]]:
         """The request's headers as the app gets them: hop-by-hop ones, the gateway's
         credentials and the client's X-Forwarded-* dropped, ours added."""
-        connection = {t.strip() for t in _header(scope, b"connection").lower().split(",")}
+        listed = _header(scope, b"connection")  # more hop-by-hop names (rarely any)
+        connection = {t.strip().encode("latin-1") for t in listed.lower().split(",")} - {b""}
         out: list[tuple[bytes, bytes]] = []
         forwarded_for = b""
         for k, v in scope["headers"]:
-            if k in HOP_BY_HOP or k.decode("latin-1") in connection or k == b"content-length":
+            if k in HOP_BY_HOP or k == b"content-length" or (connection and k in connection):
                 continue
             if k in (b"authorization", b"x-api-key") and _is_our_key(k, v):
                 continue
@@ -353,9 +355,12 @@ def _raw_path(scope: Scope) -> str:
     return raw.decode("latin-1") if raw else str(scope["path"])
 
 
+_HTTP_SCHEME = {"ws": "http", "wss": "https"}
+
+
 def _scheme(scope: Scope) -> str:
     scheme = str(scope.get("scheme", "http"))
-    return {"ws": "http", "wss": "https"}.get(scheme, scheme)
+    return _HTTP_SCHEME.get(scheme, scheme)
 
 
 def _netloc(address: str, port: int) -> str:
