@@ -668,11 +668,23 @@ podLogsDir: {self.dir / "pod-logs"}
                 subprocess.run(["umount", "-l", target], capture_output=True, check=False)
 
     def _sweep_netns(self) -> None:
+        """Pod network namespaces left behind (named ``cni-…``, not after this node): those
+        made since it started that no process is in. Another node's live Pods' are made
+        meanwhile too: deleting theirs made containerd report their sandboxes gone and their
+        kubelet kill and restart their containers (a CI run's build test stuck its Pod in
+        PodInitializing so)."""
         if not Path("/run/netns").is_dir():
             return
+        used = _namespaces_in_use()
         for name in set(os.listdir("/run/netns")) - self.netns_before:
-            if name.startswith("cni-"):
-                subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+            if not name.startswith("cni-"):
+                continue
+            try:
+                if os.stat(f"/run/netns/{name}").st_ino in used:
+                    continue
+            except OSError:
+                continue
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
     def _sweep_cgroups(self) -> None:
         if not self.cgroup_root:
@@ -688,6 +700,16 @@ podLogsDir: {self.dir / "pod-logs"}
                     cg.rmdir()
             with contextlib.suppress(OSError):
                 top.rmdir()
+
+
+def _namespaces_in_use() -> set[int]:
+    """The inodes of the network namespaces some process is in."""
+    used = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                used.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+    return used
 
 
 def _start_time(pid: int) -> int | None:

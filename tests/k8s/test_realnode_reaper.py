@@ -1,4 +1,6 @@
-"""The real test node's reaper (``realnode.reap_orphans``): the node of a test run that died
+"""What a real test node sweeps, and what it must leave alone.
+
+The reaper (``realnode.reap_orphans``): the node of a test run that died
 without stopping it (a SIGKILL, a lost session) is stopped when the next node starts -- its
 processes, mounts and directories -- while a node whose test run lives (another run on this
 host) is never touched, nor one whose owner is unknown.
@@ -13,13 +15,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from k8s.realnode import OWNER, _start_time, reap_orphans
+from k8s.realnode import OWNER, RealNode, _start_time, reap_orphans
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="a fake node mounts a tmpfs: run the suite as root (the CI does)"
@@ -98,3 +101,33 @@ def test_a_dead_runs_node_is_stopped_and_a_live_runs_node_is_not(
     assert sorted(reaped) == sorted([str(dead.run_dir), str(reused.run_dir)])
     assert dead.gone() and reused.gone()
     assert live.intact() and unknown.intact()
+
+
+def test_a_stopping_node_leaves_another_nodes_live_pod_network_namespaces() -> None:
+    """A node's stop deletes the ``cni-…`` namespaces made since it started that no process is
+    in (its own Pods', dead by then), never a live one: another node's running Pod's. Only the
+    test's two namespaces are candidates (every other one counts as older than the node), so
+    a real node running beside this test is out of reach."""
+    tag = uuid.uuid4().hex[:8]
+    live, dead = f"cni-t{tag}-live", f"cni-t{tag}-dead"
+    before = set(os.listdir("/run/netns")) if Path("/run/netns").is_dir() else set()
+    for name in (live, dead):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    pod = subprocess.Popen(["ip", "netns", "exec", live, "sleep", "600"])
+    try:
+        for _ in range(200):  # the pause process is in its namespace once it sleeps
+            ns = os.stat(f"/run/netns/{live}").st_ino
+            if os.stat(f"/proc/{pod.pid}/ns/net").st_ino == ns:
+                break
+            time.sleep(0.01)
+        node = RealNode(Path("/nonexistent"), Path())
+        node.netns_before = set(os.listdir("/run/netns")) - {live, dead}
+        node._sweep_netns()
+        left = set(os.listdir("/run/netns"))
+        assert live in left and dead not in left
+        assert before <= left  # nothing older was touched
+    finally:
+        pod.kill()
+        pod.wait(10)
+        for name in (live, dead):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
