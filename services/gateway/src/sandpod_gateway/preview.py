@@ -94,12 +94,11 @@ class Admitted:
 class Pass:
     """An admission a client connection keeps (:meth:`PreviewGate.recall`): what it was decided
     on -- the credentials the request carried, the sandbox and port it named, the key record
-    and Sandbox record read -- and the decision."""
+    read -- and the decision (whose ``target`` is the Sandbox record read)."""
 
     credentials: tuple[bytes, ...]
     route: tuple[str, int, bool]
     key: ApiKey | None
-    found: SandboxPorts
     admitted: Admitted
 
 
@@ -185,15 +184,14 @@ class PreviewGate:
             return None
         if kept.key is not None and not self.ctx.keys.still_cached(kept.key):
             return None
-        if self.ctx.targets.cached(kept.found.sandbox_id) is not kept.found:
+        found = kept.admitted.target
+        if self.ctx.targets.cached(found.sandbox_id) is not found:
             return None
         return kept.admitted
 
     @staticmethod
     def _pass(scope: Scope, route: PreviewRoute, key: ApiKey | None, ok: Admitted) -> Pass:
-        return Pass(
-            _credentials(scope), (route.segment, route.port, route.by_host), key, ok.target, ok
-        )
+        return Pass(_credentials(scope), (route.segment, route.port, route.by_host), key, ok)
 
     async def serve(
         self, scope: Scope, receive: Receive, send: Send, route: PreviewRoute, ok: Admitted
