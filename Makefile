@@ -35,6 +35,20 @@ $(BIN)/sandpod-jail-exec: services/execd/native/jail_exec.c services/execd/nativ
 	else echo "WARNING: libseccomp-dev missing: sandboxes run WITHOUT a seccomp filter (apt-get install libseccomp-dev; make install)"; fi; \
 	$(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -static -o $@ $< services/execd/native/root_ops.c 2>/dev/null || $(CC) -O2 -Wall -Wextra -I$(VENV)/build/seccomp -o $@ $< services/execd/native/root_ops.c; fi
 
+FRONT := services/gateway/native
+# rustup's cargo when PATH lacks it (a non-login root shell), else Debian's
+CARGO ?= $(shell command -v cargo 2>/dev/null || { [ -x $(HOME)/.cargo/bin/cargo ] && echo $(HOME)/.cargo/bin/cargo; } || echo cargo)
+
+$(BIN)/sandpod-front: $(wildcard $(FRONT)/src/*.rs) $(FRONT)/Cargo.toml $(FRONT)/Cargo.lock $(BIN)/sandpod
+	@# The gateway's native preview front (hyper + tokio from the crate registry, pinned by
+	@# Cargo.lock): kept preview admissions relayed without Python (sandpod_gateway/native.py).
+	@# Without cargo the gateway relays every request itself, slower, and says so at start.
+	@if command -v $(CARGO) >/dev/null 2>&1; then \
+	  echo "building sandpod-front (cargo build --release; the first build fetches its crates)"; \
+	  $(CARGO) build --release --locked --quiet --manifest-path $(FRONT)/Cargo.toml --target-dir $(VENV)/build/front && \
+	  cp $(VENV)/build/front/release/sandpod-front $@.tmp && mv -f $@.tmp $@; \
+	else echo "note: no cargo: the gateway relays previews in Python (install cargo, then make install)"; fi
+
 $(WEB)/node_modules/.package-lock.json: $(WEB)/package-lock.json
 	@# xterm.js for the gateway's web terminal, from the npm registry (never committed, no CDN)
 	npm ci --prefix $(WEB) --no-audit --no-fund
@@ -47,7 +61,7 @@ $(NODE_CLIENT)/node_modules/.package-lock.json: $(NODE_CLIENT)/package-lock.json
 
 node-client: $(NODE_CLIENT)/node_modules/.package-lock.json  ## the Node.js client's dependencies (npm ci)
 
-install: $(BIN)/sandpod $(BIN)/sandpod-jail-exec web node-client  ## .venv with every package (editable), dev tools, the jail entry helper, xterm.js, the Node client's deps
+install: $(BIN)/sandpod $(BIN)/sandpod-jail-exec $(BIN)/sandpod-front web node-client  ## .venv with every package (editable), dev tools, the jail entry helper, the gateway's native front, xterm.js, the Node client's deps
 
 up: install  ## start NATS + execd serving sandbox "default" in the foreground
 	$(BIN)/sandpod up
@@ -60,6 +74,11 @@ lint: install
 	@# shell that ships (the holder, deploy scripts) and CI's own; shellcheck: Debian's apt package
 	@command -v shellcheck >/dev/null || { echo "make lint needs shellcheck: apt-get install shellcheck (Debian's package)"; exit 1; }
 	shellcheck .ci/run $$(git ls-files '*.sh')
+	@# the native front: rustfmt's layout and clippy's warnings as errors (where rustup has them)
+	@if $(CARGO) fmt --version >/dev/null 2>&1 && $(CARGO) clippy --version >/dev/null 2>&1; then \
+	  $(CARGO) fmt --check --manifest-path $(FRONT)/Cargo.toml && \
+	  $(CARGO) clippy --quiet --release --locked --manifest-path $(FRONT)/Cargo.toml --target-dir $(VENV)/build/front -- -D warnings; \
+	else echo "note: no cargo fmt/clippy: the native front is not linted"; fi
 
 types: install
 	$(BIN)/mypy
@@ -111,6 +130,9 @@ chart-crds:  ## copy schemas/crds/ into the Helm chart (tests/k8s/test_helm.py f
 TEST_WORKERS ?= 3
 FUZZ := tests/integration/test_gateway_openapi.py::test_fuzzed_requests_never_hit_a_server_error
 test: install envtest s3test cluster-images  ## the whole test suite against a real nats-server (and kube-apiserver, versitygw)
+	@# the native front's own tests (its pass decoding on native/vectors.json, which the Python
+	@# side's tests/unit/test_front_wire.py reads too); the gateway tests run it for real
+	@if [ -x $(BIN)/sandpod-front ]; then $(CARGO) test --quiet --release --locked --manifest-path $(FRONT)/Cargo.toml --target-dir $(VENV)/build/front; fi
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --deselect $(FUZZ)
 	$(BIN)/pytest $(FUZZ)
 

@@ -134,6 +134,14 @@ async def do_echo(w: asyncio.StreamWriter, req: Request) -> None:
     await reply(w, 200, json.dumps(data).encode(), "application/json")
 
 
+async def do_headers(w: asyncio.StreamWriter, req: Request) -> None:
+    """Answers with the response headers the query names (``h=name:value``, repeated): what
+    an app may put in its own responses."""
+    extra = dict(v.split(":", 1) for v in parse_qs(req.url.query).get("h", []))
+    w.write(head(200, {**extra, "content-type": "text/plain", "content-length": "3"}) + b"app")
+    await w.drain()
+
+
 async def do_bytes(w: asyncio.StreamWriter, req: Request) -> None:
     n = int(req.q.get("n", "0"))
     w.write(head(200, {"content-type": "application/octet-stream", "content-length": str(n)}))
@@ -196,6 +204,7 @@ async def do_cut(w: asyncio.StreamWriter, req: Request) -> None:
 
 ROUTES = {
     "/ping": do_ping,
+    "/headers": do_headers,
     "/bytes": do_bytes,
     "/sse": do_sse,
     "/release": do_release,

@@ -8,6 +8,7 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.9
 ARG NODE_IMAGE=node:22-bookworm-slim
+ARG RUST_IMAGE=rust:1-bookworm
 
 FROM ${UV_IMAGE} AS uv
 
@@ -17,6 +18,13 @@ WORKDIR /web
 COPY services/gateway/src/sandpod_gateway/web/package.json services/gateway/src/sandpod_gateway/web/package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY services/gateway/src/sandpod_gateway/web/terminal.html ./
+
+# sandpod-front, the native preview front (services/gateway/native; crates from the registry,
+# Cargo.lock pins them); the gateway finds it on PATH and starts it.
+FROM ${RUST_IMAGE} AS front
+WORKDIR /front
+COPY services/gateway/native/ ./
+RUN cargo build --release --locked
 
 FROM ${PYTHON_IMAGE} AS build
 COPY --from=uv /uv /usr/local/bin/uv
@@ -32,6 +40,7 @@ RUN groupadd --system --gid 10001 sandpod \
  && useradd --system --uid 10001 --gid sandpod --home-dir /tmp --no-create-home sandpod
 COPY --from=build /opt/sandpod /opt/sandpod
 COPY --from=web /web /opt/sandpod-web
+COPY --from=front /front/target/release/sandpod-front /usr/local/bin/sandpod-front
 ENV PATH=/opt/sandpod/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp SANDPOD_STATE_DIR=/tmp/state
 USER 10001:10001

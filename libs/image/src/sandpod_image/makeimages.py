@@ -257,7 +257,19 @@ def _stage_service(build: Build, service: str, python: Path, stage: Path) -> tup
     if service != "gateway":
         return _SERVICE_ENV
     _stage_web(build.repo, stage / "opt/sandpod-web")
+    _stage_front(build.repo, stage / "usr/local/bin")
     return _SERVICE_ENV + _GATEWAY_ENV
+
+
+def _stage_front(repo: Path, dest: Path) -> None:
+    """The gateway's native preview front (``make install`` builds it; the gateway finds it on
+    PATH). Without it the image's gateway relays previews in Python, as it says at start."""
+    front = repo / ".venv/bin/sandpod-front"
+    if not front.is_file():
+        print(f"note: {front} missing (no cargo at make install): the gateway image has no front")
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(front, dest / "sandpod-front")
 
 
 def _stage_web(repo: Path, dest: Path) -> None:

@@ -49,6 +49,7 @@ from sandpod_gateway.middleware import (
     refusal_headers,
     request_id,
 )
+from sandpod_gateway.native import NativeFront, peer_of
 from sandpod_gateway.preview import Admitted, Pass, PreviewGate, PreviewRoute
 from sandpod_gateway.upconn import UpstreamBroken, UpstreamConnection, UpstreamPool
 
@@ -64,11 +65,14 @@ _HOLD_AT = 1 << 20  # pipelined bytes buffered before reading pauses
 class FastPath:
     """What every front connection shares: the gate, the upstream pool, the limits."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, native: NativeFront | None = None) -> None:
         self.ctx = ctx
         self.gate = PreviewGate(ctx)
         self.pool = UpstreamPool(ctx.settings.preview_connect_timeout)
         self.max_head = ctx.settings.max_header_bytes
+        # behind sandpod-front (native.py): connections come from it alone, naming the client;
+        # admissions it may keep go back to it as passes
+        self.native = native
 
     def close(self) -> None:
         self.pool.close()
@@ -99,6 +103,7 @@ class _Request:
         "address",
         "body",
         "close",
+        "epoch",
         "extra",
         "head",
         "retried",
@@ -123,6 +128,7 @@ class _Request:
         self.head = b""  # for the upstream
         self.extra: list[bytes] = []  # header lines the response gets
         self.retried = False  # on a new connection, after a kept one turned out stale
+        self.epoch = 0  # the native front's epoch when the decision began
 
 
 class FrontProtocol(asyncio.Protocol):
@@ -280,7 +286,7 @@ class FrontProtocol(asyncio.Protocol):
             "query_string": url.query or b"",
             "root_path": "",
             "headers": headers,
-            "client": self._client,
+            "client": peer_of(headers) if self._fast.native else self._client,
             "server": self._server,
             "state": {},
         }
@@ -310,6 +316,8 @@ class FrontProtocol(asyncio.Protocol):
             self._crashed(req, exc)
 
     def _start(self, req: _Request) -> None:
+        if self._fast.native is not None:
+            req.epoch = self._fast.native.epoch.value
         ok = self._fast.gate.recall(self._pass, req.scope, req.route)
         if ok is None:
             self._spawn(self._admit(req))
@@ -335,6 +343,11 @@ class FrontProtocol(asyncio.Protocol):
         req.tenant = ok.tenant or ""
         req.address = ok.address
         req.head, req.extra = self._heads(req)
+        native, kept = self._fast.native, self._pass
+        if native is not None and kept is not None and kept.admitted is ok:
+            line = native.pass_line(self._fast.gate, kept, req.scope, req.route, epoch=req.epoch)
+            if line is not None:
+                req.extra.append(line)
         conn = self._fast.pool.idle(req.address, req.route.port)
         if conn is None:
             self._spawn(self._connect(req))
@@ -376,8 +389,14 @@ class FrontProtocol(asyncio.Protocol):
 
     def _send(self, req: _Request, conn: UpstreamConnection) -> None:
         self._upstream = conn
-        if self._write_paused and conn.transport is not None:
-            conn.transport.pause_reading()
+        if conn.transport is not None:
+            # a kept connection may come back paused: its last response ended in the read that
+            # filled its client's buffer (pause_writing paused it; resume_writing found no
+            # upstream to resume), and a paused connection never reads its next response
+            if self._write_paused:
+                conn.transport.pause_reading()
+            else:
+                conn.transport.resume_reading()
         conn.begin(self, req.head, req.extra)
         self._flush()
 

@@ -20,6 +20,7 @@ import json
 import re
 import secrets
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -87,6 +88,8 @@ class KeyStore:
         self._bucket = bucket
         self._cache: collections.OrderedDict[str, ApiKey] = collections.OrderedDict()
         self._cache_size = cache_size
+        # called when a cached record changes or leaves (the native front's epoch)
+        self.on_change: Callable[[], None] = _nothing
 
     @classmethod
     async def open(cls, bus: Bus, base: str, cache_size: int = 4096) -> KeyStore:
@@ -198,6 +201,7 @@ class KeyStore:
         self._cache[record.key_id] = record
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
+            self.on_change()
 
     async def follow(self, stopping: asyncio.Event) -> None:
         """Drop cached records the moment the bucket changes them, until ``stopping`` is set."""
@@ -217,9 +221,15 @@ class KeyStore:
                 start = await self._bucket.revision()
                 async for entry in self._bucket.watch(">", start):
                     self._cache.pop(entry.key, None)
+                    self.on_change()
                     backoff = 0.1
             except SandpodError as exc:
                 log.warning("key_watch_failed", error=exc.message)
                 self._cache.clear()  # we may have missed changes meanwhile
+                self.on_change()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+
+
+def _nothing() -> None:
+    pass

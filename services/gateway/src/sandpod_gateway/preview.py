@@ -326,8 +326,8 @@ class PreviewGate:
             if k == b"x-forwarded-for":
                 forwarded_for = v + b", "
                 continue
-            if k.startswith(b"x-forwarded-"):
-                continue  # ours are authoritative
+            if k.startswith((b"x-forwarded-", b"x-sandpod-front-")):
+                continue  # ours are authoritative; the native front's are for the gateway
             out.append((k, v))
         client = scope.get("client")
         out += [

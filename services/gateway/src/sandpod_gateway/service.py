@@ -28,6 +28,7 @@ from sandpod_gateway.front import FastPath, FrontProtocol
 from sandpod_gateway.keys import KeyStore
 from sandpod_gateway.links import LinkSigner
 from sandpod_gateway.metrics import GatewayMetrics
+from sandpod_gateway.native import NativeFront, find_front, with_front_peer
 from sandpod_gateway.proxy import ConnectionPool
 from sandpod_gateway.quotas import Quotas
 from sandpod_gateway.ratelimit import RateLimiter
@@ -70,6 +71,7 @@ class GatewayService:
         self._sock: socket.socket | None = None
         self._trimmer: Trimmer | None = None
         self._fast: FastPath | None = None
+        self.native: NativeFront | None = None
 
     @property
     def url(self) -> str:
@@ -105,9 +107,11 @@ class GatewayService:
             preview_pool=ConnectionPool(s.preview_connect_timeout),
         )
         self.ctx = ctx
-        self._fast = FastPath(ctx)
+        self.native = native = self._native(ctx)
+        self._fast = FastPath(ctx, native)
+        app = build_app(ctx)
         config = uvicorn.Config(
-            build_app(ctx),
+            with_front_peer(app) if native is not None else app,
             loop="none",
             # previews on the fast path; every other request goes on to uvicorn's httptools
             http=functools.partial(FrontProtocol, fast=self._fast)  # type: ignore[arg-type]
@@ -132,12 +136,32 @@ class GatewayService:
         sock.setblocking(False)
         self._sock = sock
         self.port = int(sock.getsockname()[1])
-        self.supervisor.spawn(self._server.serve(sockets=[sock]), name="uvicorn")
+        served = sock if native is None else native.backend_socket()
+        self.supervisor.spawn(self._server.serve(sockets=[served]), name="uvicorn")
+        if native is not None:
+            keys.on_change = ctx.targets.on_change = native.epoch.bump
+            self.supervisor.spawn(native.run(sock, self._stopping), name="front")
         self.supervisor.spawn(keys.follow(self._stopping), name="key-watch")
         ctx.ready.set()
         log.info("gateway_listening", url=self.url)
 
+    def _native(self, ctx: Context) -> NativeFront | None:
+        """sandpod-front in front of uvicorn when it is on and installed (see native.py)."""
+        s = self.settings
+        if not (s.preview_front and s.preview_fast_path):
+            return None
+        binary = find_front()
+        if binary is None:
+            log.info(
+                "front_not_installed",
+                hint="previews relay in Python; `make install` builds sandpod-front (needs cargo)",
+            )
+            return None
+        return NativeFront(ctx, binary)
+
     async def stop(self, grace: float) -> None:
+        if self.native is not None:
+            await self.native.stop(grace)  # first: it drains its requests through uvicorn
         if self._server is not None:
             self._server.should_exit = True
         self._stopping.set()
@@ -146,6 +170,8 @@ class GatewayService:
             self.ctx.preview_pool.close()
         if self._fast is not None:
             self._fast.close()
+        if self.native is not None:
+            self.native.close()
         if self._trimmer is not None:
             self._trimmer.cancel()
         if self._sock is not None:

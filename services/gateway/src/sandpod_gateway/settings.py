@@ -91,6 +91,9 @@ class GatewaySettings:
     preview_link_max_ttl: float = 7 * 86400.0
     preview_cache_ttl: float = 1.0
     preview_fast_path: bool = True  # front.py; off: every request goes through uvicorn
+    # native.py: sandpod-front (services/gateway/native) in front when it is installed; off:
+    # the gateway's own front.py takes the connections
+    preview_front: bool = True
 
     @property
     def bucket_base(self) -> str:
@@ -170,6 +173,7 @@ class GatewaySettings:
             preview_fast_path=env_bool(
                 env, "SANDPOD_GATEWAY_PREVIEW_FAST_PATH", d.preview_fast_path
             ),
+            preview_front=env_bool(env, "SANDPOD_GATEWAY_PREVIEW_FRONT", d.preview_front),
         )
 
 

@@ -74,6 +74,8 @@ class Targets:
             collections.OrderedDict()
         )
         self._pending: dict[str, asyncio.Future[SandboxPorts | None]] = {}
+        # called when a cached record leaves before its time (the native front's epoch)
+        self.on_change: Callable[[], None] = _nothing
 
     async def get(self, sandbox_id: str) -> SandboxPorts | None:
         """The sandbox ``sandbox_id`` (None: no such sandbox, or no tenant owns such an id).
@@ -102,6 +104,7 @@ class Targets:
         self._cache.move_to_end(sandbox_id)
         while len(self._cache) > self._capacity:
             self._cache.popitem(last=False)
+            self.on_change()
         return found
 
     def cached(self, sandbox_id: str) -> SandboxPorts | None:
@@ -109,6 +112,11 @@ class Targets:
         sandbox)."""
         hit = self._cache.get(sandbox_id)
         return hit[1] if hit is not None and hit[0] > self._clock() else None
+
+    def fresh_for(self, sandbox_id: str) -> float:
+        """Seconds the cached record of ``sandbox_id`` stays ``get``'s answer (0: none)."""
+        hit = self._cache.get(sandbox_id)
+        return max(0.0, hit[0] - self._clock()) if hit is not None else 0.0
 
     def known(self, sandbox_id: str) -> bool:
         """Whether ``get`` would answer from the cache (no control-plane request)."""
@@ -118,6 +126,7 @@ class Targets:
     def forget(self, sandbox_id: str) -> None:
         """Drop what this replica knows of ``sandbox_id`` (its exposure just changed)."""
         self._cache.pop(sandbox_id, None)
+        self.on_change()
 
     async def _read(self, sandbox_id: str) -> SandboxPorts | None:
         tenant = tenant_of(sandbox_id)
@@ -140,3 +149,7 @@ class Targets:
             phase=str(status.get("phase") or ""),
             public=public_ports(meta.get("annotations")),
         )
+
+
+def _nothing() -> None:
+    pass
