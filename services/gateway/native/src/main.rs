@@ -119,6 +119,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Ctrl-C at a terminal reaches the whole process group: the gateway, which owns this
+    // process, stops it (SIGTERM, after its connections drain); dying first would only make
+    // the gateway start it again while it shuts down
+    // SAFETY: setting a signal's disposition to ignore, before any thread exists.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
     if let Some(parent) = args.parent {
         // the gateway gone (even killed), the front goes too: it must not hold the port
         // SAFETY: plain syscalls without pointers.
