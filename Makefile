@@ -39,13 +39,13 @@ FRONT := services/gateway/native
 # rustup's cargo when PATH lacks it (a non-login root shell), else Debian's
 CARGO ?= $(shell command -v cargo 2>/dev/null || { [ -x $(HOME)/.cargo/bin/cargo ] && echo $(HOME)/.cargo/bin/cargo; } || echo cargo)
 
-$(BIN)/sandpod-front: $(wildcard $(FRONT)/src/*.rs) $(FRONT)/Cargo.toml $(FRONT)/Cargo.lock $(BIN)/sandpod
+$(BIN)/sandpod-front: $(wildcard $(FRONT)/src/*.rs) $(FRONT)/Cargo.toml $(BIN)/sandpod
 	@# The gateway's native preview front (hyper + tokio from the crate registry, pinned by
-	@# Cargo.lock): kept preview admissions relayed without Python (sandpod_gateway/native.py).
+	@# exact versions in Cargo.toml): kept preview admissions relayed without Python (sandpod_gateway/native.py).
 	@# Without cargo the gateway relays every request itself, slower, and says so at start.
 	@if command -v $(CARGO) >/dev/null 2>&1; then \
 	  echo "building sandpod-front (cargo build --release; the first build fetches its crates)"; \
-	  $(CARGO) build --release --locked --quiet --manifest-path $(FRONT)/Cargo.toml --target-dir $(VENV)/build/front && \
+	  $(CARGO) build --release --quiet --manifest-path $(FRONT)/Cargo.toml --target-dir $(VENV)/build/front && \
 	  cp $(VENV)/build/front/release/sandpod-front $@.tmp && mv -f $@.tmp $@; \
 	else echo "note: no cargo: the gateway relays previews in Python (install cargo, then make install)"; fi
 
@@ -77,7 +77,7 @@ lint: install
 	@# the native front: rustfmt's layout and clippy's warnings as errors (where rustup has them)
 	@if $(CARGO) fmt --version >/dev/null 2>&1 && $(CARGO) clippy --version >/dev/null 2>&1; then \
 	  $(CARGO) fmt --check --manifest-path $(FRONT)/Cargo.toml && \
-	  $(CARGO) clippy --quiet --release --locked --manifest-path $(FRONT)/Cargo.toml --target-dir $(VENV)/build/front -- -D warnings; \
+	  $(CARGO) clippy --quiet --release --manifest-path $(FRONT)/Cargo.toml --target-dir $(VENV)/build/front -- -D warnings; \
 	else echo "note: no cargo fmt/clippy: the native front is not linted"; fi
 
 types: install
@@ -132,7 +132,7 @@ FUZZ := tests/integration/test_gateway_openapi.py::test_fuzzed_requests_never_hi
 test: install envtest s3test cluster-images  ## the whole test suite against a real nats-server (and kube-apiserver, versitygw)
 	@# the native front's own tests (its pass decoding on native/vectors.json, which the Python
 	@# side's tests/unit/test_front_wire.py reads too); the gateway tests run it for real
-	@if [ -x $(BIN)/sandpod-front ]; then $(CARGO) test --quiet --release --locked --manifest-path $(FRONT)/Cargo.toml --target-dir $(VENV)/build/front; fi
+	@if [ -x $(BIN)/sandpod-front ]; then $(CARGO) test --quiet --release --manifest-path $(FRONT)/Cargo.toml --target-dir $(VENV)/build/front; fi
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --deselect $(FUZZ)
 	$(BIN)/pytest $(FUZZ)
 

@@ -20,11 +20,11 @@ RUN npm ci --no-audit --no-fund
 COPY services/gateway/src/sandpod_gateway/web/terminal.html ./
 
 # sandpod-front, the native preview front (services/gateway/native; crates from the registry,
-# Cargo.lock pins them); the gateway finds it on PATH and starts it.
+# Cargo.toml pins their versions); the gateway finds it on PATH and starts it.
 FROM ${RUST_IMAGE} AS front
 WORKDIR /front
 COPY services/gateway/native/ ./
-RUN cargo build --release --locked
+RUN cargo build --release
 
 FROM ${PYTHON_IMAGE} AS build
 COPY --from=uv /uv /usr/local/bin/uv
